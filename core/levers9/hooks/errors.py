@@ -1,0 +1,151 @@
+"""The errors plugins raise and the core understands.
+
+Providers translate their SDK's failures into these so the scheduler can act on
+them without knowing any SDK: capacity and quota errors fail over to the next
+candidate at once, throttling is retried with backoff, authentication and
+invalid-request errors are reported to the operator and not retried.
+"""
+
+from __future__ import annotations
+
+
+class Levers9Error(Exception):
+    """Base of every error levers9 raises on purpose."""
+
+
+class ProviderError(Levers9Error):
+    """A provider refused or failed an operation.
+
+    ``retryable`` tells the scheduler whether the same call may succeed later
+    without anyone changing anything. ``plugin`` is filled in by the core when
+    the error crosses the hook boundary, so messages always name the plugin.
+    """
+
+    retryable: bool = False
+    #: short machine-readable kind, used in placement reports and metrics
+    kind: str = "provider_error"
+
+    def __init__(self, message: str, *, plugin: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.plugin = plugin
+        #: the provider's own error code (``InsufficientInstanceCapacity``, ``OutOfHostCapacity``...)
+        self.code = code
+
+    def __str__(self) -> str:
+        where = f"[{self.plugin}] " if self.plugin else ""
+        code = f" ({self.code})" if self.code else ""
+        return f"{where}{self.message}{code}"
+
+
+class InsufficientCapacity(ProviderError):
+    """The provider has no machine of this kind free right now (not the caller's fault).
+
+    The scheduler marks the (pool, GPU type, region) unavailable for a while and
+    tries the next candidate immediately.
+    """
+
+    kind = "insufficient_capacity"
+
+
+class QuotaExceeded(ProviderError):
+    """The account's limit for this kind of machine is reached.
+
+    Treated like insufficient capacity for failover, but reported to the operator
+    as something they can fix.
+    """
+
+    kind = "quota_exceeded"
+
+
+class AuthenticationFailed(ProviderError):
+    """The provider rejected the credentials; retrying will not help."""
+
+    kind = "authentication_failed"
+
+
+class Throttled(ProviderError):
+    """The provider asked us to slow down; the same call may succeed after ``retry_after`` seconds."""
+
+    kind = "throttled"
+    retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        plugin: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, plugin=plugin, code=code)
+        self.retry_after = retry_after
+
+
+class InvalidRequest(ProviderError):
+    """The request cannot be satisfied by this provider as asked (bad settings, unknown shape, too many GPUs)."""
+
+    kind = "invalid_request"
+
+
+class CheckpointUnavailable(Levers9Error):
+    """Checkpointing was asked of a host or runtime that cannot do it; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RestoreFailed(Levers9Error):
+    """Restoring a checkpoint failed; the caller should start the container cold and mark the checkpoint failed."""
+
+
+class PluginError(Levers9Error):
+    """A plugin misbehaved: it raised something untyped, returned the wrong type, or is missing a hook.
+
+    Always names the plugin and the hook, so an operator knows whom to blame.
+    """
+
+    def __init__(self, plugin: str, hook: str, message: str) -> None:
+        super().__init__(f"plugin {plugin!r}, hook {hook}: {message}")
+        self.plugin = plugin
+        self.hook = hook
+        self.message = message
+
+
+class PluginTimeout(PluginError):
+    """A plugin's hook did not answer within its deadline."""
+
+    def __init__(self, plugin: str, hook: str, timeout: float) -> None:
+        super().__init__(plugin, hook, f"did not answer within {timeout:g} s")
+        self.timeout = timeout
+
+
+class PluginLoadError(Levers9Error):
+    """Raised in strict mode when any plugin failed to load; lists every failure."""
+
+    def __init__(self, failures: list[tuple[str, str]]) -> None:
+        lines = "\n".join(f"  {name}: {error}" for name, error in failures)
+        super().__init__(f"{len(failures)} plugin(s) failed to load:\n{lines}")
+        self.failures = failures
+
+
+class UnknownPlugin(Levers9Error):
+    """A provider or runtime name that no loaded plugin answers to."""
+
+
+__all__ = [
+    "AuthenticationFailed",
+    "CheckpointUnavailable",
+    "InsufficientCapacity",
+    "InvalidRequest",
+    "Levers9Error",
+    "PluginError",
+    "PluginLoadError",
+    "PluginTimeout",
+    "ProviderError",
+    "QuotaExceeded",
+    "RestoreFailed",
+    "Throttled",
+    "UnknownPlugin",
+]

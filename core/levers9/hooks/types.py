@@ -1,0 +1,249 @@
+"""Typed data objects passed through the hook spec.
+
+Every argument and result of a hook is one of these (or a list of them), so a
+plugin author sees exactly what they receive and what they must return, and the
+core validates what comes back before using it. They are immutable: a plugin
+that wants to change one builds a new one with ``model_copy(update=...)``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------- provisioning
+
+
+class Pool(_Frozen):
+    """A pool as a provider sees it: the operator's config for it, with the provider's settings already validated."""
+
+    name: str
+    provider: str
+    runtime: str
+    #: canonical GPU type (see ``levers9 gpu normalize``), or None for a CPU pool
+    gpu: str | None = None
+    #: GPUs per worker machine
+    gpu_count: int = 0
+    region: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    preemptible: bool = False
+    #: the provider's settings, an instance of the model its ``levers9_provider_settings`` returned
+    settings: Any = None
+
+
+class Resources(_Frozen):
+    """What one worker machine must have."""
+
+    #: CPU in millicores (1000 = one core)
+    cpu_millicores: int = Field(1000, ge=1)
+    memory_mib: int = Field(1024, ge=1)
+    gpu: str | None = None
+    gpu_count: int = Field(0, ge=0)
+
+
+class ProvisionRequest(_Frozen):
+    """Everything a provider needs to start one worker machine for a pool."""
+
+    pool: Pool
+    resources: Resources
+    #: levers9's own id for the machine; providers tag what they create with it
+    #: (``levers9:machine-id``) so the reconciler can match it later
+    machine_id: str
+    #: the token this machine's worker or agent uses to dial the controlplane;
+    #: scoped to this one machine, never log it
+    token: str = Field(repr=False)
+    #: where the worker dials, for example ``grpc://cp.example.com:1993``
+    controlplane_url: str
+    region: str | None = None
+
+
+class MachineState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATED = "terminated"
+    UNKNOWN = "unknown"
+
+
+class Machine(_Frozen):
+    """A machine as the provider reports it."""
+
+    #: the provider's id for it (EC2 instance id, OCI instance OCID, Lambda instance id, pod name...)
+    provider_id: str
+    #: levers9's id, read back from the machine's tags; None for a machine levers9 did not tag
+    machine_id: str | None = None
+    pool: str
+    state: MachineState = MachineState.PENDING
+    gpu: str | None = None
+    gpu_count: int = 0
+    region: str | None = None
+    address: str | None = None
+    created_at: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+class Availability(StrEnum):
+    AVAILABLE = "available"
+    LIMITED = "limited"
+    UNAVAILABLE = "unavailable"
+    UNKNOWN = "unknown"
+
+
+class GpuOffer(_Frozen):
+    """One kind of GPU machine a provider can start for a pool."""
+
+    #: canonical GPU type
+    gpu: str
+    #: GPUs per machine
+    gpu_count: int = Field(ge=1)
+    #: memory of one GPU
+    gpu_memory_mib: int = Field(ge=1)
+    region: str | None = None
+    #: the provider's name for the machine kind (``p5.48xlarge``, ``BM.GPU.H100.8``, ``gpu_8x_h100_sxm5``)
+    instance_type: str | None = None
+    cpu_millicores: int | None = None
+    memory_mib: int | None = None
+    availability: Availability = Availability.UNKNOWN
+    #: US dollars per machine-hour, when the provider publishes it
+    price_per_hour: float | None = Field(None, ge=0)
+    spot: bool = False
+
+
+class GpuDevice(_Frozen):
+    """A GPU actually present on a machine."""
+
+    index: int = Field(ge=0)
+    uuid: str
+    #: the name as the driver reports it (``NVIDIA H100 80GB HBM3``)
+    model: str
+    #: canonical GPU type, or None when the model is not in the catalog
+    gpu: str | None = None
+    memory_mib: int = Field(ge=0)
+
+
+# --------------------------------------------------------------------------- runtimes
+
+
+class Isolation(StrEnum):
+    NONE = "none"  # a plain process: development only
+    NAMESPACES = "namespaces"  # Linux namespaces and cgroups (runc)
+    SANDBOX = "sandbox"  # a user-space kernel (gVisor)
+    VM = "vm"
+
+
+class RuntimeContext(_Frozen):
+    """Which runtime is being asked, with the pool's settings for it and where it may keep state."""
+
+    name: str
+    #: an instance of the model the runtime's ``levers9_runtime_settings`` returned, or None
+    settings: Any = None
+    #: a directory the runtime owns on this host (bundles, logs, checkpoints)
+    state_dir: str
+
+
+class RuntimeCapabilities(_Frozen):
+    """What a runtime can do on this host, and why not when it can't."""
+
+    available: bool
+    unavailable_reason: str | None = None
+    isolation: Isolation
+    gpu: bool = False
+    checkpoint: bool = False
+    checkpoint_reason: str | None = None
+    version: str | None = None
+
+
+class Mount(_Frozen):
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class ContainerSpec(_Frozen):
+    """One container to run."""
+
+    container_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    #: a local image: a directory holding a root filesystem, an OCI layout or a ``docker save`` tarball
+    image: str
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/"
+    user: str | None = None
+    cpu_millicores: int = Field(1000, ge=1)
+    memory_mib: int = Field(1024, ge=1)
+    pids_limit: int | None = Field(None, ge=1)
+    gpus: list[GpuDevice] = Field(default_factory=list)
+    mounts: list[Mount] = Field(default_factory=list)
+    network: Literal["bridge", "host", "none"] = "bridge"
+    ports: list[int] = Field(default_factory=list)
+
+
+class PreparedContainer(_Frozen):
+    """A container whose bundle is ready; start it, or restore a checkpoint into it."""
+
+    container_id: str
+    runtime: str
+    spec: ContainerSpec
+    #: the runtime's working directory for this container (an OCI bundle for runc and runsc)
+    bundle_dir: str | None = None
+
+
+class ContainerStatus(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+class ContainerState(_Frozen):
+    container_id: str
+    status: ContainerStatus
+    pid: int | None = None
+    exit_code: int | None = None
+    oom_killed: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    #: ``host:port`` where the container's first port is reachable from the worker
+    address: str | None = None
+
+
+class LogChunk(_Frozen):
+    """Bytes of a container's combined output from ``offset``; read again from ``next_offset``."""
+
+    data: bytes
+    next_offset: int = Field(ge=0)
+    #: True when the container has exited and nothing more will come
+    eof: bool = False
+
+
+# --------------------------------------------------------------------------- checkpointing
+
+
+class CheckpointSupport(_Frozen):
+    """Whether a runtime's containers can be checkpointed on this host."""
+
+    available: bool
+    #: why not (CRIU's own words where CRIU is the reason), or a note when available
+    reason: str | None = None
+    #: ``runsc``, ``criu``...
+    mechanism: str
+
+
+class CheckpointImage(_Frozen):
+    checkpoint_id: str
+    runtime: str
+    #: a directory or file on this host holding the image
+    path: str
+    size_bytes: int = Field(ge=0)
+    created_at: datetime | None = None
