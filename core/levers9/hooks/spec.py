@@ -190,7 +190,12 @@ def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> P
 
 @hookspec
 def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
-    """Start a prepared container and return once its process is running (or has already exited)."""
+    """Start a prepared container and return once its process is running (or has already exited).
+
+    Called by the worker right after ``levers9_container_prepare`` for a cold
+    start. A process that fails to start is reported as exited with its code,
+    not raised, so the task's error carries the container's own output.
+    """
     raise NotImplementedError
 
 
@@ -206,7 +211,12 @@ def levers9_container_state(runtime: RuntimeContext, container_id: str) -> Conta
 
 @hookspec
 def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
-    """Send ``signal`` to the container's processes. Killing an exited or unknown container succeeds."""
+    """Send ``signal`` to the container's processes.
+
+    Called when a task is cancelled or times out (SIGTERM, then SIGKILL after a
+    grace period) and when the worker shuts down. Killing an exited or unknown
+    container succeeds.
+    """
     raise NotImplementedError
 
 

@@ -1,0 +1,50 @@
+"""The ``levers9`` command.
+
+Start-up time is a feature: ``levers9 --help`` must answer instantly even with
+every plugin installed, so this module imports only typer and the light parts
+of the core, and each command imports what it needs when it runs. A test
+checks that no cloud or cluster SDK is imported by ``--help`` or ``plugins``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from levers9.__about__ import __version__
+from levers9.cli import config_cmd, gpu_cmd, plugins_cmd
+
+app = typer.Typer(
+    name="levers9",
+    help="levers9: run containers on any compute, through provider and runtime plugins.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"levers9 {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """levers9: run containers on any compute, through provider and runtime plugins."""
+
+
+app.command("plugins")(plugins_cmd.plugins)
+app.add_typer(config_cmd.app, name="config")
+app.add_typer(gpu_cmd.app, name="gpu")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The operator's config file, as pydantic models.
+
+One file holds everything an operator decides: where state lives, which ports
+to listen on, which plugins may load, and the pools. Each model forbids unknown
+keys so a typo is an error, not a silently ignored setting. A pool's
+``settings`` are validated later by the provider plugin that owns them (see
+:mod:`levers9.config.load`), because only the plugin knows its own schema.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from levers9.config.quantities import parse_memory_mib
+
+POOL_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+MemoryMiB = Annotated[int, BeforeValidator(parse_memory_mib)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def default_home() -> Path:
+    """The user's levers9 directory: ``$LEVERS9_HOME`` or ``~/.levers9``."""
+    return Path(os.environ.get("LEVERS9_HOME") or Path.home() / ".levers9").expanduser()
+
+
+class StateConfig(_Strict):
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the database; empty means SQLite in the data directory. "
+        "For several controlplane replicas use PostgreSQL: postgresql+psycopg://user@host/levers9",
+    )
+    redis_url: str | None = Field(
+        None,
+        description="Redis URL (redis://host:6379/0); empty means an embedded in-process Redis, "
+        "which is only for a single controlplane.",
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[a-z][a-z0-9+]*://", value):
+            raise ValueError(f"{value!r} is not a database URL; expected sqlite:///PATH or postgresql+psycopg://...")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(redis|rediss|unix)://", value):
+            raise ValueError(f"{value!r} is not a Redis URL; expected redis://HOST:PORT/DB, rediss:// or unix://")
+        return value
+
+
+class ListenConfig(_Strict):
+    host: str = Field("127.0.0.1", description="Address the controlplane binds; 0.0.0.0 for every interface.")
+    grpc_port: Port = Field(1993, description="gRPC: SDK, CLI, workers and agents.")
+    http_port: Port = Field(1994, description="HTTP: REST under /api/v1 and the gateway.")
+    metrics_port: Port = Field(9090, description="Prometheus metrics.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ListenConfig:
+        ports = {"grpc_port": self.grpc_port, "http_port": self.http_port, "metrics_port": self.metrics_port}
+        if len(set(ports.values())) != len(ports):
+            raise ValueError(f"the listeners need three different ports, got {ports}")
+        return self
+
+
+class PluginsConfig(_Strict):
+    allow: list[str] | None = Field(
+        None,
+        description="Only these plugins load (entry-point names); absent means every installed plugin. "
+        "LEVERS9_PLUGINS_ALLOW (comma-separated) replaces it.",
+    )
+    block: list[str] = Field(
+        default_factory=list,
+        description="These plugins never load. LEVERS9_PLUGINS_BLOCK adds to it.",
+    )
+    strict: bool = Field(
+        False,
+        description="Refuse to start when any plugin fails to load (LEVERS9_PLUGINS_STRICT=1 does the same).",
+    )
+    hook_timeout_s: float = Field(30.0, gt=0, description="Deadline for one plugin hook call, in seconds.")
+
+
+class FallbackConfig(_Strict):
+    to: list[str] = Field(
+        default_factory=list,
+        description="Where this pool's work may go when the pool has no capacity: other pool names, or 'cpu'.",
+    )
+    after_s: float = Field(60.0, ge=0, description="How long work waits for this pool before falling back.")
+
+
+def _gpu_type(value: object) -> object:
+    if value is None or not isinstance(value, str):
+        return value
+    from levers9.gpu.catalog import UnknownGpuType, canonical
+
+    try:
+        return canonical(value)
+    except UnknownGpuType as exc:
+        raise ValueError(str(exc)) from None
+
+
+class PoolConfig(_Strict):
+    provider: str = Field(description="The provider plugin that supplies this pool's workers (entry-point name).")
+    runtime: str = Field("runc", description="The container runtime plugin workers use (runc, gvisor, process...).")
+    gpu: Annotated[str | None, BeforeValidator(_gpu_type)] = Field(
+        None, description="Canonical GPU type of every worker (see `levers9 gpu normalize`); empty for CPU."
+    )
+    gpu_count: int | None = Field(None, description="GPUs per worker machine: 1, 2, 4 or 8 (default 1 with a GPU).")
+    cpu: float = Field(1.0, gt=0, description="CPU cores per worker.")
+    memory: MemoryMiB = Field(2048, description="Memory per worker, in MiB or as 16GiB.")
+    min_workers: int = Field(0, ge=0, description="Workers kept running even with no work.")
+    max_workers: int = Field(10, ge=0, description="Never more workers than this.")
+    priority: int = Field(0, description="Among pools offering the same GPU type, higher is tried first.")
+    region: str | None = Field(None, description="The provider region, where it has them.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels work can select this pool by.")
+    preemptible: bool = Field(False, description="Workers may be reclaimed (spot); work is retried elsewhere.")
+    idle_timeout_s: float = Field(300.0, ge=0, description="An idle worker above min_workers is released after this.")
+    fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="Provider settings, validated by the provider plugin's own schema."
+    )
+    runtime_settings: dict[str, Any] = Field(
+        default_factory=dict, description="Runtime settings, validated by the runtime plugin's own schema."
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key in labels:
+            if not _LABEL_KEY.match(key):
+                raise ValueError(
+                    f"label key {key!r} is not valid; use letters, digits, '-', '_', '.' "
+                    "with an optional DNS prefix (example.com/gpu-class)"
+                )
+        return labels
+
+    @model_validator(mode="after")
+    def _counts(self) -> PoolConfig:
+        if self.gpu is None:
+            if self.gpu_count not in (None, 0):
+                raise ValueError(f"gpu_count is {self.gpu_count} but the pool has no gpu type; set gpu: or drop it")
+            self.gpu_count = 0
+        else:
+            if self.gpu_count is None:
+                self.gpu_count = 1
+            if self.gpu_count not in (1, 2, 4, 8):
+                raise ValueError(
+                    f"gpu_count must be 1, 2, 4 or 8 (the machine sizes providers sell), got {self.gpu_count}"
+                )
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
+        return self
+
+
+class Config(_Strict):
+    version: Literal[1] = Field(1, description="Config format version.")
+    data_dir: str = Field(
+        default_factory=lambda: str(default_home() / "data"),
+        description="Where the embedded database, logs and checkpoints live.",
+    )
+    state: StateConfig = Field(default_factory=StateConfig)
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    pools: dict[Annotated[str, Field(pattern=POOL_NAME)], PoolConfig] = Field(
+        default_factory=dict, description="Pools by name (lowercase letters, digits and '-')."
+    )
+
+    @property
+    def database_url(self) -> str:
+        return self.state.database_url or f"sqlite:///{Path(self.data_dir).expanduser() / 'levers9.db'}"

@@ -1,0 +1,423 @@
+"""The typed facade: the only way the core calls plugins.
+
+Each method has a typed signature (so mypy checks every call site in the core),
+runs the plugin's synchronous hook in a worker thread with a deadline (so a
+plugin blocking on its SDK never stalls the event loop), checks what the plugin
+returned against the spec, and turns untyped exceptions into
+:class:`~levers9.hooks.errors.PluginError` naming the plugin and the hook.
+
+Dispatch follows the spec: provider hooks go to the plugin a pool names,
+runtime hooks to the plugin a runtime context names, ``levers9_gpu_devices`` to
+every plugin (each isolated), checkpoint hooks to the first plugin that answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import functools
+import logging
+import types
+import typing
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from levers9.hooks.errors import (
+    CheckpointUnavailable,
+    Levers9Error,
+    PluginError,
+    PluginTimeout,
+    ProviderError,
+    RestoreFailed,
+    UnknownPlugin,
+)
+from levers9.hooks.manager import PluginSet
+from levers9.hooks.types import (
+    CheckpointImage,
+    CheckpointSupport,
+    ContainerSpec,
+    ContainerState,
+    GpuDevice,
+    GpuOffer,
+    LogChunk,
+    Machine,
+    Pool,
+    PreparedContainer,
+    ProvisionRequest,
+    RuntimeCapabilities,
+    RuntimeContext,
+)
+
+log = logging.getLogger("levers9.plugins")
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 30.0
+#: provisioning calls may legitimately take longer (image lookups, launch)
+PROVISION_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """One plugin's failure in a hook asked of every plugin; the others' answers are kept."""
+
+    plugin: str
+    hook: str
+    error: str
+
+
+@dataclass(frozen=True)
+class GpuDiscovery:
+    devices: list[GpuDevice]
+    failures: list[PluginFailure]
+
+
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
+class Hooks:
+    """Typed, isolated access to every loaded plugin's hooks."""
+
+    def __init__(self, plugins: PluginSet, *, timeout: float = DEFAULT_TIMEOUT, max_threads: int = 32) -> None:
+        self.plugins = plugins
+        self.timeout = timeout
+        # A dedicated pool: a plugin that hangs forever holds one of these threads,
+        # never one of the event loop's default executor.
+        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="levers9-hook")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ----------------------------------------------------------------- names
+
+    def providers(self) -> list[str]:
+        return self.plugins.implementers("levers9_provider_settings")
+
+    def runtimes(self) -> list[str]:
+        names = self.plugins.implementers("levers9_runtime_settings")
+        names += [n for n in self.plugins.implementers("levers9_runtime_capabilities") if n not in names]
+        return names
+
+    def _require(self, kind: str, name: str, known: list[str]) -> None:
+        if name in known:
+            return
+        record = self.plugins.records.get(name)
+        if record is not None and record.status != "loaded":
+            why = "is blocked by the plugin policy" if record.status == "blocked" else f"failed: {record.error}"
+            raise UnknownPlugin(f"{kind} {name!r} is installed but not loaded: it {why}")
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        listing = ", ".join(known) if known else "none"
+        raise UnknownPlugin(f"unknown {kind} {name!r}.{hint} Installed {kind}s: {listing}")
+
+    # ----------------------------------------------------------------- settings (sync: used while loading config)
+
+    def provider_settings_model(self, provider: str) -> type[BaseModel]:
+        self._require("provider", provider, self.providers())
+        return self._settings_model(provider, "levers9_provider_settings")
+
+    def runtime_settings_model(self, runtime: str) -> type[BaseModel] | None:
+        self._require("runtime", runtime, self.runtimes())
+        if self.plugins.impl(runtime, "levers9_runtime_settings") is None:
+            return None
+        return self._settings_model(runtime, "levers9_runtime_settings")
+
+    def _settings_model(self, plugin: str, hook: str) -> type[BaseModel]:
+        impl = self.plugins.impl(plugin, hook)
+        assert impl is not None
+        try:
+            model = impl.function()
+        except Exception as exc:
+            raise PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise PluginError(plugin, hook, f"returned {model!r}, expected a pydantic BaseModel subclass")
+        return model
+
+    # ----------------------------------------------------------------- provider hooks
+
+    async def gpu_offers(self, pool: Pool, *, timeout: float | None = None) -> list[GpuOffer]:
+        _expect(pool, Pool, "pool")
+        offers: list[GpuOffer] = await self._one(
+            pool.provider, "levers9_gpu_offers", list[GpuOffer], timeout, pool=pool
+        )
+        from levers9.gpu.catalog import CATALOG
+
+        for offer in offers:
+            if offer.gpu not in CATALOG:
+                raise PluginError(
+                    pool.provider,
+                    "levers9_gpu_offers",
+                    f"offered GPU type {offer.gpu!r}, which is not canonical; normalise it with levers9.gpu.normalize",
+                )
+        return offers
+
+    async def provision(self, request: ProvisionRequest, *, timeout: float | None = None) -> Machine:
+        _expect(request, ProvisionRequest, "request")
+        machine: Machine = await self._one(
+            request.pool.provider,
+            "levers9_provision",
+            Machine,
+            timeout or PROVISION_TIMEOUT,
+            request=request,
+        )
+        if machine.pool != request.pool.name:
+            raise PluginError(
+                request.pool.provider,
+                "levers9_provision",
+                f"returned a machine of pool {machine.pool!r} for pool {request.pool.name!r}",
+            )
+        return machine
+
+    async def terminate(self, pool: Pool, provider_id: str, *, timeout: float | None = None) -> None:
+        _expect(pool, Pool, "pool")
+        _expect(provider_id, str, "provider_id")
+        await self._one(
+            pool.provider, "levers9_terminate", None, timeout, pool=pool, provider_id=provider_id
+        )
+
+    async def list_machines(self, pool: Pool, *, timeout: float | None = None) -> list[Machine]:
+        _expect(pool, Pool, "pool")
+        machines: list[Machine] = await self._one(
+            pool.provider, "levers9_list_machines", list[Machine], timeout, pool=pool
+        )
+        strays = [m.provider_id for m in machines if m.pool != pool.name]
+        if strays:
+            # Reporting another pool's machines would get them terminated by this pool's reconciler.
+            raise PluginError(
+                pool.provider,
+                "levers9_list_machines",
+                f"reported machines of other pools for pool {pool.name!r}: {', '.join(strays)}",
+            )
+        return machines
+
+    # ----------------------------------------------------------------- GPU discovery on this machine
+
+    async def gpu_devices(self, *, timeout: float | None = None) -> GpuDiscovery:
+        """Ask every plugin; merge by uuid; a plugin that fails or hangs is logged and left out."""
+        hook = "levers9_gpu_devices"
+        names = self.plugins.implementers(hook)
+        results = await asyncio.gather(
+            *(self._one(name, hook, list[GpuDevice], timeout) for name in names), return_exceptions=True
+        )
+        devices: dict[str, GpuDevice] = {}
+        failures: list[PluginFailure] = []
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                log.warning("GPU discovery by plugin %r failed: %s", name, result)
+                failures.append(PluginFailure(name, hook, str(result)))
+                continue
+            for device in result:
+                devices.setdefault(device.uuid, device)
+        return GpuDiscovery(sorted(devices.values(), key=lambda d: d.index), failures)
+
+    # ----------------------------------------------------------------- runtime hooks
+
+    async def runtime_capabilities(
+        self, runtime: RuntimeContext, *, timeout: float | None = None
+    ) -> RuntimeCapabilities:
+        self._require("runtime", runtime.name, self.runtimes())
+        result: RuntimeCapabilities = await self._one(
+            runtime.name, "levers9_runtime_capabilities", RuntimeCapabilities, timeout, runtime=runtime
+        )
+        return result
+
+    async def container_prepare(
+        self, runtime: RuntimeContext, spec: ContainerSpec, *, timeout: float | None = None
+    ) -> PreparedContainer:
+        _expect(spec, ContainerSpec, "spec")
+        result: PreparedContainer = await self._one(
+            runtime.name, "levers9_container_prepare", PreparedContainer, timeout, runtime=runtime, spec=spec
+        )
+        return result
+
+    async def container_start(
+        self, runtime: RuntimeContext, container: PreparedContainer, *, timeout: float | None = None
+    ) -> ContainerState:
+        _expect(container, PreparedContainer, "container")
+        result: ContainerState = await self._one(
+            runtime.name, "levers9_container_start", ContainerState, timeout, runtime=runtime, container=container
+        )
+        return result
+
+    async def container_state(
+        self, runtime: RuntimeContext, container_id: str, *, timeout: float | None = None
+    ) -> ContainerState:
+        result: ContainerState = await self._one(
+            runtime.name,
+            "levers9_container_state",
+            ContainerState,
+            timeout,
+            runtime=runtime,
+            container_id=container_id,
+        )
+        return result
+
+    async def container_kill(
+        self, runtime: RuntimeContext, container_id: str, signal: int, *, timeout: float | None = None
+    ) -> None:
+        await self._one(
+            runtime.name,
+            "levers9_container_kill",
+            None,
+            timeout,
+            runtime=runtime,
+            container_id=container_id,
+            signal=signal,
+        )
+
+    async def container_logs(
+        self, runtime: RuntimeContext, container_id: str, offset: int, *, timeout: float | None = None
+    ) -> LogChunk:
+        result: LogChunk = await self._one(
+            runtime.name,
+            "levers9_container_logs",
+            LogChunk,
+            timeout,
+            runtime=runtime,
+            container_id=container_id,
+            offset=offset,
+        )
+        return result
+
+    async def container_remove(
+        self, runtime: RuntimeContext, container_id: str, *, timeout: float | None = None
+    ) -> None:
+        await self._one(
+            runtime.name, "levers9_container_remove", None, timeout, runtime=runtime, container_id=container_id
+        )
+
+    # ----------------------------------------------------------------- checkpoint hooks (first answer wins)
+
+    async def checkpoint_support(
+        self, runtime: RuntimeContext, *, timeout: float | None = None
+    ) -> CheckpointSupport:
+        answer: CheckpointSupport | None = await self._first(
+            "levers9_checkpoint_support", CheckpointSupport, timeout, runtime=runtime
+        )
+        if answer is None:
+            return CheckpointSupport(
+                available=False,
+                reason=f"no installed plugin checkpoints containers of runtime {runtime.name!r}",
+                mechanism="none",
+            )
+        return answer
+
+    async def checkpoint(
+        self, runtime: RuntimeContext, container_id: str, image_dir: str, *, timeout: float | None = None
+    ) -> CheckpointImage:
+        image: CheckpointImage | None = await self._first(
+            "levers9_checkpoint",
+            CheckpointImage,
+            timeout,
+            runtime=runtime,
+            container_id=container_id,
+            image_dir=image_dir,
+        )
+        if image is None:
+            raise CheckpointUnavailable(f"no installed plugin checkpoints containers of runtime {runtime.name!r}")
+        return image
+
+    async def restore(
+        self,
+        runtime: RuntimeContext,
+        container: PreparedContainer,
+        image: CheckpointImage,
+        *,
+        timeout: float | None = None,
+    ) -> ContainerState:
+        _expect(container, PreparedContainer, "container")
+        _expect(image, CheckpointImage, "image")
+        state: ContainerState | None = await self._first(
+            "levers9_restore", ContainerState, timeout, runtime=runtime, container=container, image=image
+        )
+        if state is None:
+            raise RestoreFailed(f"no installed plugin restores containers of runtime {runtime.name!r}")
+        return state
+
+    # ----------------------------------------------------------------- calling
+
+    async def _first(self, hook: str, result_type: Any, timeout: float | None, **kwargs: Any) -> Any:
+        for name in self.plugins.implementers(hook):
+            answer = await self._one(name, hook, result_type | None, timeout, **kwargs)
+            if answer is not None:
+                return answer
+        return None
+
+    async def _one(self, plugin: str, hook: str, result_type: Any, timeout: float | None, **kwargs: Any) -> Any:
+        impl = self.plugins.impl(plugin, hook)
+        if impl is None:
+            record = self.plugins.records.get(plugin)
+            if record is None or record.status != "loaded":
+                self._require("plugin", plugin, [r.name for r in self.plugins.loaded()])
+            raise PluginError(plugin, hook, "is not implemented by this plugin")
+        args = {name: kwargs[name] for name in impl.argnames}
+        deadline = self.timeout if timeout is None else timeout
+        call: Callable[[], Any] = functools.partial(impl.function, **args)
+        loop = asyncio.get_running_loop()
+        try:
+            result = await asyncio.wait_for(loop.run_in_executor(self._executor, call), deadline)
+        except TimeoutError:
+            log.error("plugin %r hook %s timed out after %g s", plugin, hook, deadline)
+            raise PluginTimeout(plugin, hook, deadline) from None
+        except ProviderError as exc:
+            if exc.plugin is None:
+                exc.plugin = plugin
+            raise
+        except Levers9Error:
+            raise
+        except Exception as exc:
+            raise PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}") from exc
+        return _check_result(plugin, hook, result, result_type)
+
+
+def _check_result(plugin: str, hook: str, result: Any, result_type: Any) -> Any:
+    if result_type is None:
+        if result is not None:
+            raise PluginError(plugin, hook, f"returned {type(result).__name__}, expected None")
+        return None
+    try:
+        return _adapter(result_type).validate_python(result, strict=True)
+    except ValidationError as exc:
+        expected = _type_name(result_type)
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        detail = f" at {where}" if where else ""
+        raise PluginError(
+            plugin,
+            hook,
+            f"returned {_describe(result)}, expected {expected}{detail}: {first['msg']}",
+        ) from None
+
+
+def _type_name(tp: Any) -> str:
+    args = typing.get_args(tp)
+    if not args:
+        return getattr(tp, "__name__", str(tp))
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in args)}]"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, list):
+        inner = {type(v).__name__ for v in value}
+        return f"list[{' | '.join(sorted(inner)) or '...'}]"
+    return type(value).__name__
+
+
+def _expect(value: Any, tp: type, name: str) -> None:
+    """Argument checks at the facade boundary: cheap, and they catch core bugs before a plugin sees them."""
+    if not isinstance(value, tp):
+        raise TypeError(f"{name} must be {tp.__name__}, got {type(value).__name__}")
+
+
+__all__ = ["GpuDiscovery", "Hooks", "PluginFailure"]

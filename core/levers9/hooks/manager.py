@@ -1,0 +1,294 @@
+"""Finding, loading and isolating plugins.
+
+Every plugin, built-in or third-party, is an entry point in the ``levers9``
+group. Loading is per plugin: one that fails to import, implements a hook that
+does not exist, or has a signature the spec does not allow is recorded with its
+error and left out, and every other plugin keeps working. Strict mode (config
+``plugins.strict`` or ``LEVERS9_PLUGINS_STRICT=1``) turns any such failure into
+an error, for CI and for operators who prefer to fail fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+from typing import Any, Literal
+
+import pluggy
+
+from levers9.hooks import spec as spec_module
+from levers9.hooks.errors import PluginLoadError
+from levers9.hooks.markers import PROJECT
+
+log = logging.getLogger("levers9.plugins")
+
+ENTRY_POINT_GROUP = "levers9"
+HOOK_PREFIX = "levers9_"
+ENV_ALLOW = "LEVERS9_PLUGINS_ALLOW"
+ENV_BLOCK = "LEVERS9_PLUGINS_BLOCK"
+ENV_STRICT = "LEVERS9_PLUGINS_STRICT"
+
+#: hook names of the spec, in the order the spec declares them
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name in vars(spec_module) if name.startswith(HOOK_PREFIX) and callable(getattr(spec_module, name))
+)
+
+Status = Literal["loaded", "failed", "blocked"]
+
+
+@dataclass
+class PluginRecord:
+    """What ``levers9 plugins`` reports about one plugin."""
+
+    name: str
+    module: str
+    distribution: str | None = None
+    version: str | None = None
+    status: Status = "loaded"
+    error: str | None = None
+    hooks: list[str] = field(default_factory=list)
+
+    @property
+    def builtin(self) -> bool:
+        return self.distribution == "levers9"
+
+    @property
+    def roles(self) -> list[str]:
+        roles = []
+        if "levers9_provider_settings" in self.hooks:
+            roles.append("provider")
+        if "levers9_runtime_settings" in self.hooks or "levers9_runtime_capabilities" in self.hooks:
+            roles.append("runtime")
+        if "levers9_checkpoint_support" in self.hooks:
+            roles.append("checkpoint")
+        if "levers9_gpu_devices" in self.hooks:
+            roles.append("gpu-discovery")
+        return roles
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "module": self.module,
+            "distribution": self.distribution,
+            "version": self.version,
+            "builtin": self.builtin,
+            "status": self.status,
+            "error": self.error,
+            "roles": self.roles,
+            "hooks": self.hooks,
+        }
+
+
+@dataclass(frozen=True)
+class PluginPolicy:
+    """Which plugins an operator lets load. ``allow=None`` means every installed plugin."""
+
+    allow: frozenset[str] | None = None
+    block: frozenset[str] = frozenset()
+    strict: bool = False
+
+    def permits(self, name: str) -> bool:
+        if name in self.block:
+            return False
+        return self.allow is None or name in self.allow
+
+    @classmethod
+    def from_env(
+        cls,
+        allow: Iterable[str] | None = None,
+        block: Iterable[str] = (),
+        strict: bool = False,
+        environ: Mapping[str, str] | None = None,
+    ) -> PluginPolicy:
+        """Combine config with the environment: the env allow list replaces config's, block lists add up."""
+        env = os.environ if environ is None else environ
+        env_allow = _split(env.get(ENV_ALLOW))
+        env_block = _split(env.get(ENV_BLOCK))
+        env_strict = env.get(ENV_STRICT, "").strip().lower() in {"1", "true", "yes", "on"}
+        final_allow = env_allow if env_allow is not None else (None if allow is None else list(allow))
+        return cls(
+            allow=None if final_allow is None else frozenset(final_allow),
+            block=frozenset(block) | frozenset(env_block or ()),
+            strict=strict or env_strict,
+        )
+
+
+def _split(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+class _Levers9PluginManager(pluggy.PluginManager):
+    """A pluggy manager that also treats unmarked ``levers9_*`` functions as hook implementations.
+
+    A plugin author who forgets ``@hookimpl`` would otherwise have hooks that are
+    silently never called; with this, the function still registers and a
+    misspelled name is caught by :func:`unknown_hooks`.
+    """
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith(HOOK_PREFIX):
+            method = getattr(plugin, name, None)
+            if callable(method) and not isinstance(method, type):
+                return {}
+        return opts
+
+
+def unknown_hooks(plugin: object) -> list[str]:
+    """Names a plugin defines with the hook prefix that the spec does not know, with a suggestion each."""
+    problems = []
+    for name in dir(plugin):
+        if not name.startswith(HOOK_PREFIX) or name in HOOK_NAMES:
+            continue
+        if not callable(getattr(plugin, name, None)):
+            continue
+        close = difflib.get_close_matches(name, HOOK_NAMES, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; known hooks: {', '.join(HOOK_NAMES)}"
+        problems.append(f"implements unknown hook {name}{hint}")
+    return problems
+
+
+class PluginSet:
+    """The loaded plugins and what became of every plugin that was found.
+
+    Owns the pluggy manager; the typed facade (:class:`levers9.hooks.facade.Hooks`)
+    is what the rest of the core calls.
+    """
+
+    def __init__(self, policy: PluginPolicy | None = None) -> None:
+        self.policy = policy or PluginPolicy()
+        self.pm = _Levers9PluginManager(PROJECT)
+        self.pm.add_hookspecs(spec_module)
+        self.records: dict[str, PluginRecord] = {}
+
+    # ----------------------------------------------------------------- loading
+
+    def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """Load every installed plugin the policy permits; see the module docstring for failure handling."""
+        seen: set[str] = set()
+        for ep in metadata.entry_points(group=group):
+            if ep.name in seen:
+                # Two distributions claiming one name: the first wins, the second is reported.
+                dist = _dist_name(ep)
+                self.records[f"{ep.name} ({dist})"] = PluginRecord(
+                    name=ep.name,
+                    module=ep.value,
+                    distribution=dist,
+                    version=_dist_version(ep),
+                    status="failed",
+                    error=f"another installed plugin is already named {ep.name!r}",
+                )
+                continue
+            seen.add(ep.name)
+            record = PluginRecord(
+                name=ep.name, module=ep.value, distribution=_dist_name(ep), version=_dist_version(ep)
+            )
+            self.records[ep.name] = record
+            if not self.policy.permits(ep.name):
+                record.status = "blocked"
+                continue
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self._fail(record, f"import failed: {type(exc).__name__}: {exc}")
+                continue
+            self._register(record, plugin)
+        self._finish()
+
+    def add(self, name: str, plugin: object, *, distribution: str | None = None) -> PluginRecord:
+        """Register an in-process plugin (tests, embedding); goes through the same checks as entry points."""
+        module = plugin.__name__ if isinstance(plugin, ModuleType) else type(plugin).__qualname__
+        record = PluginRecord(name=name, module=module, distribution=distribution)
+        self.records[name] = record
+        if not self.policy.permits(name):
+            record.status = "blocked"
+            return record
+        self._register(record, plugin)
+        self._finish()
+        return record
+
+    def _register(self, record: PluginRecord, plugin: object) -> None:
+        problems = unknown_hooks(plugin)
+        if problems:
+            self._fail(record, "; ".join(problems))
+            return
+        try:
+            self.pm.register(plugin, name=record.name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            self._fail(record, f"invalid hook implementation: {exc}")
+            return
+        record.hooks = [
+            impl_name
+            for impl_name in HOOK_NAMES
+            if any(impl.plugin_name == record.name for impl in getattr(self.pm.hook, impl_name).get_hookimpls())
+        ]
+
+    def _fail(self, record: PluginRecord, error: str) -> None:
+        record.status = "failed"
+        record.error = error
+        log.error("plugin %r (%s) not loaded: %s", record.name, record.module, error)
+
+    def _finish(self) -> None:
+        failures = [(r.name, r.error or "") for r in self.records.values() if r.status == "failed"]
+        if failures and self.policy.strict:
+            raise PluginLoadError(failures)
+
+    # ----------------------------------------------------------------- queries
+
+    def loaded(self) -> list[PluginRecord]:
+        return [r for r in self.records.values() if r.status == "loaded"]
+
+    def failures(self) -> list[PluginRecord]:
+        return [r for r in self.records.values() if r.status == "failed"]
+
+    def implementers(self, hook_name: str) -> list[str]:
+        """Names of loaded plugins implementing ``hook_name``, in registration order."""
+        return [impl.plugin_name for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls())]
+
+    def impl(self, plugin_name: str, hook_name: str) -> pluggy.HookImpl | None:
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            if impl.plugin_name == plugin_name:
+                return impl
+        return None
+
+    def unknown_names(self, names: Sequence[str]) -> list[str]:
+        """Names in an allow or block list that match no installed plugin (typos, usually)."""
+        known = {r.name for r in self.records.values()}
+        return [n for n in names if n not in known]
+
+
+def _dist_name(ep: metadata.EntryPoint) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return None if dist is None else str(dist.metadata["Name"])
+
+
+def _dist_version(ep: metadata.EntryPoint) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return None if dist is None else str(dist.version)
+
+
+def load_plugins(policy: PluginPolicy | None = None) -> PluginSet:
+    """The usual way in: a plugin set with every permitted installed plugin loaded."""
+    plugins = PluginSet(policy or PluginPolicy.from_env())
+    plugins.load_entry_points()
+    return plugins
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "HOOK_NAMES",
+    "PluginPolicy",
+    "PluginRecord",
+    "PluginSet",
+    "load_plugins",
+    "unknown_hooks",
+]

@@ -1,0 +1,85 @@
+"""Shared test fixtures: fake installed plugin distributions and CLI runs in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Installed:
+    """A directory that, on sys.path or PYTHONPATH, makes Python see extra installed distributions."""
+
+    root: Path
+
+    def add(self, dist: str, plugins: dict[str, str], modules: dict[str, str]) -> None:
+        """Install distribution ``dist`` with entry points ``plugins`` (name -> module) and module sources."""
+        info = self.root / f"{dist.replace('-', '_')}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        lines = "\n".join(f"{name} = {module}" for name, module in plugins.items())
+        (info / "entry_points.txt").write_text(f"[levers9]\n{lines}\n")
+        for module, source in modules.items():
+            (self.root / f"{module}.py").write_text(textwrap.dedent(source))
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Installed]:
+    """Extra plugin distributions, visible to this process and to subprocesses run with ``cli``."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    yield Installed(root)
+    for name in list(sys.modules):
+        module = sys.modules[name]
+        if (getattr(module, "__file__", None) or "").startswith(str(root)):
+            del sys.modules[name]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., Result]:
+    """Run the installed ``levers9`` command in a subprocess, with an empty levers9 home."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> Result:
+        full_env = {**os.environ, "LEVERS9_HOME": str(home), "COLUMNS": "200", "NO_COLOR": "1"}
+        for key in ("LEVERS9_CONFIG", "LEVERS9_PLUGINS_ALLOW", "LEVERS9_PLUGINS_BLOCK", "LEVERS9_PLUGINS_STRICT"):
+            full_env.pop(key, None)
+        full_env.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "-m", "levers9.cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=tmp_path,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Tests never see the developer's own config or plugin policy."""
+    for key in ("LEVERS9_CONFIG", "LEVERS9_PLUGINS_ALLOW", "LEVERS9_PLUGINS_BLOCK", "LEVERS9_PLUGINS_STRICT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("LEVERS9_HOME", str(tmp_path / "levers9-home"))
