@@ -83,3 +83,17 @@ def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for key in ("LEVERS9_CONFIG", "LEVERS9_PLUGINS_ALLOW", "LEVERS9_PLUGINS_BLOCK", "LEVERS9_PLUGINS_STRICT"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("LEVERS9_HOME", str(tmp_path / "levers9-home"))
+
+
+@pytest.fixture
+def write_tool() -> Callable[[Path, str, str], Path]:
+    """Write an executable shell script that stands in for a tool: ``write_tool(directory, name, body)``."""
+
+    def write(directory: Path, name: str, body: str) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        return path
+
+    return write

@@ -71,7 +71,8 @@ def test_provider_typo_lists_installed_providers(tmp_path: Path) -> None:
     assert issue.startswith(f"{path}:3: pools.cpu.provider:")
     assert "unknown provider 'toycloude'" in issue
     assert "Did you mean 'toycloud'" in issue
-    assert "ec2" in issue and "lambda_labs" in issue
+    assert "ec2" in issue
+    assert "lambda_labs" in issue
 
 
 def test_provider_settings_validated_by_the_plugin_with_lines(tmp_path: Path) -> None:
@@ -221,7 +222,7 @@ def test_memory_quantities(value: object, mib: int) -> None:
 
 @pytest.mark.parametrize("value", ["lots", "16 parsecs", -1, 0, True, "0.3MiB"])
 def test_bad_memory_quantities(value: object) -> None:
-    with pytest.raises(ValueError, match="MiB|size|boolean"):
+    with pytest.raises(ValueError, match=r"MiB|size|boolean"):
         parse_memory_mib(value)
 
 

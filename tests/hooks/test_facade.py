@@ -8,6 +8,7 @@ small plugins defined here, registered through the same manager.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from datetime import UTC, datetime
@@ -393,7 +394,9 @@ def test_provider_timeout_is_typed() -> None:
     plugins.add("slow", Slow())
     hooks = Hooks(plugins)
     try:
-        with pytest.raises(PluginTimeout, match="plugin 'slow', hook levers9_terminate: did not answer within 0.2 s"):
+        with pytest.raises(
+            PluginTimeout, match=re.escape("plugin 'slow', hook levers9_terminate: did not answer within 0.2 s")
+        ):
             hooks_run(hooks.terminate(Pool(name="p", provider="slow", runtime="x"), "i-1", timeout=0.2))
     finally:
         hooks.close()

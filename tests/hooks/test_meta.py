@@ -25,9 +25,7 @@ def _test_function_names() -> set[str]:
     names: set[str] = set()
     for path in (REPO / "tests").rglob("test_*.py"):
         tree = ast.parse(path.read_text(), filename=str(path))
-        names.update(
-            node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        )
+        names.update(node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
     return names
 
 

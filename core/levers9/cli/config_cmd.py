@@ -101,11 +101,7 @@ def _prefixed(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict
     def rewrite(node: Any) -> Any:
         if isinstance(node, dict):
             return {
-                k: (
-                    v.replace("#/$defs/", f"#/$defs/{prefix}.")
-                    if k == "$ref" and isinstance(v, str)
-                    else rewrite(v)
-                )
+                k: (v.replace("#/$defs/", f"#/$defs/{prefix}.") if k == "$ref" and isinstance(v, str) else rewrite(v))
                 for k, v in node.items()
             }
         if isinstance(node, list):
@@ -116,5 +112,3 @@ def _prefixed(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict
         defs[f"{prefix}.{name}"] = rewrite(sub)
     result: dict[str, Any] = rewrite(schema)
     return result
-
-

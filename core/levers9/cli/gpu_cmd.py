@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from levers9.cli.output import err, out, print_json
+from levers9.cli.output import print_json
 
 app = typer.Typer(help="GPU types: normalise names, list the catalog.", no_args_is_help=True)
 
@@ -18,7 +20,7 @@ def normalize(
     from levers9.gpu.catalog import CATALOG, suggest
     from levers9.gpu.normalize import normalize as to_canonical
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         canonical = to_canonical(name)
         rows.append(
@@ -34,10 +36,10 @@ def normalize(
     else:
         for row in rows:
             if row["canonical"]:
-                out.print(f"{row['input']}\t{row['canonical']}", markup=False)
+                typer.echo(f"{row['input']}\t{row['canonical']}")
             else:
                 hint = f"; closest: {', '.join(row['suggestions'])}" if row["suggestions"] else ""
-                err.print(f"{row['input']}\tunknown GPU type{hint}", markup=False)
+                typer.echo(f"{row['input']}\tunknown GPU type{hint}", err=True)
     if any(row["canonical"] is None for row in rows):
         raise typer.Exit(1)
 
@@ -51,4 +53,4 @@ def list_types(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
         print_json([{"name": t.name, "vendor": t.vendor, "memory_mib": t.memory_mib} for t in CATALOG.values()])
         return
     for t in CATALOG.values():
-        out.print(f"{t.name}\t{t.vendor}\t{t.memory_mib // 1024} GiB", markup=False)
+        typer.echo(f"{t.name}\t{t.vendor}\t{t.memory_mib // 1024} GiB")

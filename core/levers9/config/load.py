@@ -219,9 +219,7 @@ def _pool(name: str, pool: PoolConfig, settings: BaseModel | None) -> Pool:
 # --------------------------------------------------------------------------- error formatting
 
 
-def _issues_from(
-    exc: ValidationError, prefix: LocPath, source: SourceMap, model: type[BaseModel]
-) -> list[ConfigIssue]:
+def _issues_from(exc: ValidationError, prefix: LocPath, source: SourceMap, model: type[BaseModel]) -> list[ConfigIssue]:
     issues = []
     for err in exc.errors():
         loc: LocPath = tuple(p for p in err["loc"] if isinstance(p, str | int))

@@ -70,14 +70,15 @@ def _build(node: yaml.Node, path: Path, source: SourceMap, constructor: yaml.Saf
             key = constructor.construct_object(key_node, deep=True)
             if not isinstance(key, str | int | float | bool) and key is not None:
                 raise YamlSyntaxError(source.file, key_node.start_mark.line + 1, "mapping keys must be scalars")
+            path_key: str | int = key if isinstance(key, str | int) and not isinstance(key, bool) else str(key)
             if key in result:
-                first = source.lines.get((*path, key))
+                first = source.lines.get((*path, path_key))
                 raise YamlSyntaxError(
                     source.file,
                     key_node.start_mark.line + 1,
                     f"duplicate key {key!r} (first defined on line {first})",
                 )
-            child_path = (*path, key if isinstance(key, str | int) else str(key))
+            child_path = (*path, path_key)
             source.lines[child_path] = key_node.start_mark.line + 1
             result[key] = _build(value_node, child_path, source, constructor)
         return result

@@ -177,9 +177,7 @@ class Hooks:
     async def terminate(self, pool: Pool, provider_id: str, *, timeout: float | None = None) -> None:
         _expect(pool, Pool, "pool")
         _expect(provider_id, str, "provider_id")
-        await self._one(
-            pool.provider, "levers9_terminate", None, timeout, pool=pool, provider_id=provider_id
-        )
+        await self._one(pool.provider, "levers9_terminate", None, timeout, pool=pool, provider_id=provider_id)
 
     async def list_machines(self, pool: Pool, *, timeout: float | None = None) -> list[Machine]:
         _expect(pool, Pool, "pool")
@@ -296,9 +294,7 @@ class Hooks:
 
     # ----------------------------------------------------------------- checkpoint hooks (first answer wins)
 
-    async def checkpoint_support(
-        self, runtime: RuntimeContext, *, timeout: float | None = None
-    ) -> CheckpointSupport:
+    async def checkpoint_support(self, runtime: RuntimeContext, *, timeout: float | None = None) -> CheckpointSupport:
         answer: CheckpointSupport | None = await self._first(
             "levers9_checkpoint_support", CheckpointSupport, timeout, runtime=runtime
         )

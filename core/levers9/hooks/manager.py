@@ -187,9 +187,7 @@ class PluginSet:
                 )
                 continue
             seen.add(ep.name)
-            record = PluginRecord(
-                name=ep.name, module=ep.value, distribution=_dist_name(ep), version=_dist_version(ep)
-            )
+            record = PluginRecord(name=ep.name, module=ep.value, distribution=_dist_name(ep), version=_dist_version(ep))
             self.records[ep.name] = record
             if not self.policy.permits(ep.name):
                 record.status = "blocked"
@@ -255,7 +253,8 @@ class PluginSet:
         return [impl.plugin_name for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls())]
 
     def impl(self, plugin_name: str, hook_name: str) -> pluggy.HookImpl | None:
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+        impls: list[pluggy.HookImpl] = getattr(self.pm.hook, hook_name).get_hookimpls()
+        for impl in impls:
             if impl.plugin_name == plugin_name:
                 return impl
         return None

@@ -90,7 +90,11 @@ class ProviderContract:
 
     def _pool(self, hooks: Hooks, settings: dict[str, Any], name: str) -> Pool:
         config = Config.model_validate(
-            {"pools": {name: {"provider": self.provider, "runtime": "process", **self.pool_fields, "settings": settings}}}
+            {
+                "pools": {
+                    name: {"provider": self.provider, "runtime": "process", **self.pool_fields, "settings": settings}
+                }
+            }
         )
         pools, _ = resolve(config, SourceMap("<contract>"), hooks)
         return pools[name]
@@ -133,11 +137,7 @@ class ProviderContract:
             time.sleep(self.poll_interval)
 
     def listed(self, hooks: Hooks, pool: Pool) -> dict[str, Machine]:
-        return {
-            m.provider_id: m
-            for m in run(hooks.list_machines(pool))
-            if m.state is not MachineState.TERMINATED
-        }
+        return {m.provider_id: m for m in run(hooks.list_machines(pool)) if m.state is not MachineState.TERMINATED}
 
     # ------------------------------------------------------------------ the contract
 
@@ -223,16 +223,19 @@ class ProviderContract:
 
     def test_failures_are_typed_errors(self, levers9_hooks: Hooks, failing_pool_settings: dict[str, Any]) -> None:
         pool = self._pool(levers9_hooks, failing_pool_settings, f"contract-fail-{uuid.uuid4().hex[:6]}")
+        error: ProviderError | None = None
         try:
             machine = run(levers9_hooks.provision(self.request(pool)))
         except ProviderError as exc:
-            assert exc.plugin == self.provider
-            return
+            error = exc
         except PluginError as exc:
             pytest.fail(
                 f"provider {self.provider!r} failed with an untyped error; raise one of levers9.hooks.errors "
                 f"(InsufficientCapacity, QuotaExceeded, AuthenticationFailed, Throttled, InvalidRequest): {exc}"
             )
+        if error is not None:
+            assert error.plugin == self.provider
+            return
         run(levers9_hooks.terminate(pool, machine.provider_id))
         pytest.fail(
             f"provider {self.provider!r}: provisioning with failing_pool_settings succeeded "

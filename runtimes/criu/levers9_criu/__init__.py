@@ -1,1 +1,98 @@
-"""placeholder"""
+"""Checkpointing of runc containers through CRIU.
+
+runc does not checkpoint by itself: it hands the container's processes to
+CRIU, which needs root and a kernel whose features (and vDSO layout) it
+understands. Whether that holds is a property of the host, not of runc, so it
+lives in a plugin of its own that answers the checkpoint hooks for the ``runc``
+runtime only, and other runtimes (gVisor checkpoints itself) stay unaffected.
+
+The answer is CRIU's own: ``criu check`` is run and, when it fails, its error
+lines become the reason, so an operator reads what CRIU objected to rather
+than a paraphrase. ``criu check`` inspects the kernel and is slow enough that
+it is run once per process; :func:`clear_cache` forgets the answer (tests, or
+after the host changed). Checkpointing and restoring themselves come with a
+later change; this module only tells whether they can work here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from levers9 import probe
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import CheckpointSupport, RuntimeContext
+
+__all__ = [
+    "CHECK_TIMEOUT",
+    "MECHANISM",
+    "SERVED_RUNTIMES",
+    "check_host",
+    "clear_cache",
+    "levers9_checkpoint_support",
+]
+
+#: the runtimes whose containers CRIU checkpoints here
+SERVED_RUNTIMES = frozenset({"runc"})
+MECHANISM = "criu"
+#: seconds ``criu check`` may take before the host is reported unable to checkpoint
+CHECK_TIMEOUT = 30.0
+
+_lock = threading.Lock()
+_cache: dict[str, CheckpointSupport] = {}
+
+
+def clear_cache() -> None:
+    """Forget the cached ``criu check`` answers, so the next question runs it again."""
+    with _lock:
+        _cache.clear()
+
+
+def _failure_reason(result: probe.ProbeResult) -> str:
+    if result.rc == probe.TIMED_OUT:
+        return f"'criu check' did not finish within {CHECK_TIMEOUT:g} s"
+    lines = result.output_lines()
+    # CRIU prefixes what it objects to with "Error"; keep only those when there are any
+    errors = [line for line in lines if line.startswith("Error")] or lines
+    if not errors:
+        return f"'criu check' failed with exit status {result.rc} and printed nothing"
+    return f"'criu check' failed with exit status {result.rc}:\n" + "\n".join(errors)
+
+
+def _run_check(path: str) -> CheckpointSupport:
+    result = probe.run([path, "check"], timeout=CHECK_TIMEOUT)
+    if not result.ok:
+        return CheckpointSupport(available=False, reason=_failure_reason(result), mechanism=MECHANISM)
+    version = probe.run([path, "--version"], timeout=CHECK_TIMEOUT)
+    named = next((line for line in version.output_lines() if line.startswith("Version:")), None)
+    note = f"'criu check' passed (CRIU {named.split(':', 1)[1].strip()})" if named else "'criu check' passed"
+    return CheckpointSupport(available=True, reason=note, mechanism=MECHANISM)
+
+
+def check_host() -> CheckpointSupport:
+    """Whether CRIU can checkpoint on this host, in CRIU's own words when it cannot; cached per process."""
+    if os.geteuid() != 0:
+        return CheckpointSupport(
+            available=False,
+            reason=f"criu needs root to checkpoint and restore, and levers9 runs as uid {os.geteuid()}",
+            mechanism=MECHANISM,
+        )
+    path = probe.which("criu")
+    if path is None:
+        return CheckpointSupport(
+            available=False,
+            reason="criu not found on PATH (apt-get install -y criu)",
+            mechanism=MECHANISM,
+        )
+    with _lock:
+        cached = _cache.get(path)
+        if cached is None:
+            cached = _cache[path] = _run_check(path)
+        return cached
+
+
+@hookimpl
+def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | None:
+    if runtime.name not in SERVED_RUNTIMES:
+        return None
+    return check_host()

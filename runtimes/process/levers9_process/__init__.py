@@ -1,1 +1,73 @@
-"""placeholder"""
+"""The process runtime: a container's command run as a plain child process of the worker.
+
+It exists for development and CI, where installing runc or gVisor is a chore
+and isolation does not matter: the command sees the host's filesystem,
+network, users and GPUs, and nothing limits what it may do. Because that is
+easy to forget once a pool is configured, the first capability report in a
+process logs a warning (logger ``levers9.runtime.process``). A process cannot
+be checkpointed: there is no container boundary to freeze. Running the
+process comes with the container hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from pydantic import BaseModel, ConfigDict
+
+from levers9 import __version__
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import Isolation, RuntimeCapabilities, RuntimeContext
+
+__all__ = [
+    "CHECKPOINT_REASON",
+    "ISOLATION_WARNING",
+    "ProcessSettings",
+    "levers9_runtime_capabilities",
+    "levers9_runtime_settings",
+]
+
+logger = logging.getLogger("levers9.runtime.process")
+
+CHECKPOINT_REASON = "the process runtime isolates nothing and cannot checkpoint"
+ISOLATION_WARNING = (
+    "the 'process' runtime isolates nothing: commands run as plain processes with the worker's "
+    "privileges, filesystem, network and GPUs; use it for development only"
+)
+
+_warn_lock = threading.Lock()
+_warned = False
+
+
+class ProcessSettings(BaseModel):
+    """A pool's ``runtime_settings:`` for ``runtime: process``: none are accepted yet, so typos are caught."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _warn_once() -> None:
+    global _warned
+    with _warn_lock:
+        if _warned:
+            return
+        _warned = True
+    logger.warning(ISOLATION_WARNING)
+
+
+@hookimpl
+def levers9_runtime_settings() -> type[ProcessSettings]:
+    return ProcessSettings
+
+
+@hookimpl
+def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities:
+    _warn_once()
+    return RuntimeCapabilities(
+        available=True,
+        isolation=Isolation.NONE,
+        gpu=True,
+        checkpoint=False,
+        checkpoint_reason=CHECKPOINT_REASON,
+        version=__version__,
+    )

@@ -1,1 +1,135 @@
-"""placeholder"""
+"""The runc runtime: containers isolated by Linux namespaces and cgroups, through the host's ``runc``.
+
+runc is the reference OCI runtime and what most container engines use
+underneath, so a pool that wants ordinary container isolation with the least
+overhead (and direct GPU access through the NVIDIA container toolkit) names
+``runtime: runc``. This module only declares the settings and reports what this
+host's runc can do; running containers comes with the container hooks.
+
+Decisions worth knowing when reading the capability report:
+
+* **GPU** is reported only when the NVIDIA container toolkit's OCI hook
+  (``nvidia-container-runtime-hook``) or its CLI (``nvidia-ctk``) is on PATH:
+  runc itself knows nothing about GPUs, and without the toolkit a container
+  would start without its devices and driver libraries.
+* **Checkpointing** is reported as False here, with a reason pointing at the
+  ``criu`` plugin. runc checkpoints only through CRIU, and whether CRIU works
+  on this kernel is the ``criu`` plugin's ``levers9_checkpoint_support``
+  answer, which the core asks of every plugin. Answering it a second time here
+  would duplicate CRIU's probe and could claim support when the plugin that
+  would do the checkpointing is not even installed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from levers9 import probe
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import Isolation, RuntimeCapabilities, RuntimeContext
+
+__all__ = [
+    "CHECKPOINT_REASON",
+    "NVIDIA_HOOKS",
+    "VERSION_TIMEOUT",
+    "RuncSettings",
+    "find_nvidia_hook",
+    "levers9_runtime_capabilities",
+    "levers9_runtime_settings",
+    "parse_version",
+    "settings_of",
+]
+
+#: seconds ``runc --version`` may take before runc is reported unusable
+VERSION_TIMEOUT = 10.0
+
+#: the NVIDIA container toolkit programs that can give a runc container its GPUs, in order of preference
+NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-ctk")
+
+CHECKPOINT_REASON = (
+    "checkpointing of runc containers is provided by the 'criu' plugin; "
+    "its levers9_checkpoint_support says whether this host can"
+)
+
+_VERSION = re.compile(r"^runc version (\S+)", re.MULTILINE)
+
+
+class RuncSettings(BaseModel):
+    """A pool's ``runtime_settings:`` for ``runtime: runc``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: the runc executable: a name looked up on PATH, or a path
+    binary: str = Field("runc", min_length=1)
+    #: runc's ``--root``, where it keeps container state; None keeps runc's default (``/run/runc``)
+    root: str | None = None
+    #: let systemd manage the containers' cgroups (runc ``--systemd-cgroup``)
+    systemd_cgroup: bool = False
+    #: set ``noNewPrivileges`` so no process in a container can gain privileges through setuid binaries
+    no_new_privileges: bool = True
+
+
+def settings_of(runtime: RuntimeContext) -> RuncSettings:
+    """The runtime's settings, or the defaults when the pool gave none."""
+    if isinstance(runtime.settings, RuncSettings):
+        return runtime.settings
+    if runtime.settings is None:
+        return RuncSettings()
+    return RuncSettings.model_validate(runtime.settings)
+
+
+def parse_version(output: str) -> str | None:
+    """The version from ``runc --version`` output (``runc version 1.1.5+ds1`` gives ``1.1.5+ds1``)."""
+    match = _VERSION.search(output)
+    return match.group(1) if match else None
+
+
+def find_nvidia_hook() -> str | None:
+    """The path of the first NVIDIA container toolkit program on PATH, or None."""
+    for name in NVIDIA_HOOKS:
+        path = probe.which(name)
+        if path:
+            return path
+    return None
+
+
+@hookimpl
+def levers9_runtime_settings() -> type[RuncSettings]:
+    return RuncSettings
+
+
+@hookimpl
+def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities:
+    settings = settings_of(runtime)
+
+    def unavailable(reason: str) -> RuntimeCapabilities:
+        return RuntimeCapabilities(
+            available=False,
+            unavailable_reason=reason,
+            isolation=Isolation.NAMESPACES,
+            checkpoint=False,
+            checkpoint_reason=CHECKPOINT_REASON,
+        )
+
+    path = probe.which(settings.binary)
+    if path is None:
+        where = " on PATH" if "/" not in settings.binary else ""
+        return unavailable(f"runc binary {settings.binary!r} not found{where} (apt-get install -y runc)")
+    result = probe.run([path, "--version"], timeout=VERSION_TIMEOUT)
+    if not result.ok:
+        detail = "; ".join(result.output_lines()) or "no output"
+        return unavailable(f"'{path} --version' failed with exit status {result.rc}: {detail}")
+    version = parse_version(result.stdout)
+    if version is None:
+        first = (result.output_lines() or ["no output"])[0]
+        return unavailable(f"{path} does not look like runc: '--version' printed {first!r}")
+    return RuntimeCapabilities(
+        available=True,
+        isolation=Isolation.NAMESPACES,
+        gpu=find_nvidia_hook() is not None,
+        checkpoint=False,
+        checkpoint_reason=CHECKPOINT_REASON,
+        version=version,
+    )

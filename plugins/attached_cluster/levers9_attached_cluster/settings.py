@@ -1,0 +1,75 @@
+"""Pool settings of the ``attached_cluster`` provider.
+
+The Kubernetes shapes (tolerations, label and image syntax) are the ones
+``local_k8s`` defines, imported from there so the two providers validate pod
+placement identically; that module imports nothing but pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from levers9_local_k8s.settings import (
+    DnsLabel,
+    DnsSubdomain,
+    ImageRef,
+    NodeSelector,
+    ResourceName,
+    SecretName,
+    Toleration,
+)
+
+
+def _check_unique(value: list[str]) -> list[str]:
+    if len(set(value)) != len(value):
+        raise ValueError("names must not repeat")
+    return value
+
+
+class AttachedClusterSettings(BaseModel):
+    """Settings of a pool served by a customer's cluster through the levers9 agent running inside it.
+
+    There is no credential here: the agent authenticates with the token the
+    controlplane issued when the cluster was attached, and the controlplane never
+    holds credentials for the cluster's API server.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: DnsLabel = Field(
+        description="Name the cluster was attached under ('levers9 cluster attach NAME'); orders for this "
+        "pool go to that cluster's agent."
+    )
+    namespace: DnsLabel = Field(
+        "levers9", description="Namespace in the attached cluster where the agent creates worker Jobs."
+    )
+    worker_image: ImageRef = Field(
+        description="Worker image the agent's Jobs run; it must be pullable from inside the attached cluster."
+    )
+    service_account: DnsSubdomain | None = Field(
+        None, description="ServiceAccount of the worker pods; left out, the namespace's 'default'."
+    )
+    node_selector: NodeSelector = Field(
+        default_factory=dict, description="Node labels a worker pod requires in the attached cluster."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations for the attached cluster's tainted GPU nodes."
+    )
+    gpu_resource_name: ResourceName = Field(
+        "nvidia.com/gpu", description="Extended resource the attached cluster's device plugin advertises."
+    )
+    image_pull_secrets: Annotated[list[SecretName], AfterValidator(_check_unique)] = Field(
+        default_factory=list,
+        description="Names of docker-registry Secrets that already exist in the namespace (names only).",
+    )
+    privileged: bool = Field(
+        False, description="Run the worker privileged; needed only for the runc and gvisor runtimes."
+    )
+    order_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description="How long the controlplane waits for the agent to acknowledge a create or delete order.",
+    )

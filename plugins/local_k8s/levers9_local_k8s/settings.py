@@ -1,0 +1,244 @@
+"""Pool settings of the ``local_k8s`` provider, and the Kubernetes shapes ``attached_cluster`` reuses.
+
+Everything here validates with the rules the Kubernetes API server applies
+(label syntax, toleration rules, DNS names), so a typo fails when the config is
+loaded rather than as a 422 at provisioning time. Only pydantic is imported:
+the ``kubernetes`` client is imported by the hooks that call the API.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+# --------------------------------------------------------------------------- Kubernetes name syntax
+
+#: RFC 1123 label: namespaces, most object names
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: RFC 1123 subdomain: Secret, ServiceAccount and PriorityClass names, label-key prefixes
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: the name part of a label key, and a non-empty label value
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+#: a container image reference: [registry[:port]/]path[:tag][@sha256:digest]
+_IMAGE_REF = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[a-f0-9]{64})?$"
+)
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid DNS-1123 label (lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters)"
+        )
+    return value
+
+
+def _check_dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
+            "at most 253 characters)"
+        )
+    return value
+
+
+def _check_label_key(value: str) -> str:
+    prefix, slash, name = value.rpartition("/")
+    if slash and not prefix:
+        raise ValueError(f"label key {value!r} has an empty prefix before '/'")
+    if prefix:
+        _check_dns_subdomain(prefix)
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        raise ValueError(
+            f"label key {value!r}: the name part must be 1-63 characters of letters, digits, '-', '_' "
+            "or '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _check_label_value(value: str) -> str:
+    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+        raise ValueError(
+            f"label value {value!r} must be empty or 1-63 characters of letters, digits, '-', '_' "
+            "or '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _check_secret_name(value: str) -> str:
+    """The name of a Secret; the value is not echoed, since a pasted credential is the usual mistake."""
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            "not the name of a Secret (a DNS-1123 subdomain); give the name of an existing "
+            "docker-registry Secret, never its contents"
+        )
+    return value
+
+
+def _check_image(value: str) -> str:
+    if not _IMAGE_REF.match(value):
+        raise ValueError(
+            f"{value!r} is not a container image reference like 'registry.example.com/levers9/worker:0.1.0'"
+        )
+    return value
+
+
+def _check_resource_name(value: str) -> str:
+    """An extended resource name: it must carry a domain prefix, as ``nvidia.com/gpu`` does."""
+    _check_label_key(value)
+    prefix = value.rpartition("/")[0]
+    if not prefix:
+        raise ValueError(f"extended resource {value!r} needs a domain prefix, for example 'nvidia.com/gpu'")
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        raise ValueError(f"extended resource {value!r} may not use the reserved kubernetes.io prefix")
+    return value
+
+
+def _check_node_selector(value: dict[str, str]) -> dict[str, str]:
+    for key, label_value in value.items():
+        _check_label_key(key)
+        _check_label_value(label_value)
+    return value
+
+
+def _check_unique(value: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for item in value:
+        if item in seen:
+            raise ValueError(f"{item!r} is listed twice")
+        seen.add(item)
+    return value
+
+
+DnsLabel = Annotated[str, AfterValidator(_check_dns_label)]
+DnsSubdomain = Annotated[str, AfterValidator(_check_dns_subdomain)]
+SecretName = Annotated[str, AfterValidator(_check_secret_name)]
+ImageRef = Annotated[str, AfterValidator(_check_image)]
+ResourceName = Annotated[str, AfterValidator(_check_resource_name)]
+NodeSelector = Annotated[dict[str, str], AfterValidator(_check_node_selector)]
+
+
+class Toleration(BaseModel):
+    """One pod toleration, validated with the API server's rules.
+
+    ``operator: Exists`` takes no ``value``; an empty ``key`` matches every taint
+    and so requires ``Exists``; ``toleration_seconds`` only means something for
+    ``NoExecute`` taints.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str | None = Field(
+        None,
+        description="Taint key to tolerate, for example 'nvidia.com/gpu'. Empty means every key "
+        "(then operator must be Exists).",
+    )
+    operator: Literal["Equal", "Exists"] = Field(
+        "Equal", description="'Equal' matches key and value; 'Exists' matches any value of the key."
+    )
+    value: str | None = Field(None, description="Taint value to match; must be empty with operator Exists.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        None,
+        ge=0,
+        description="How long a NoExecute taint is tolerated before the pod is evicted; only with effect "
+        "NoExecute. Empty tolerates it for ever.",
+    )
+
+    @model_validator(mode="after")
+    def _api_rules(self) -> Self:
+        if self.key:
+            _check_label_key(self.key)
+        elif self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator 'Exists'")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator 'Exists' must not have a value")
+        if self.value:
+            _check_label_value(self.value)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("toleration_seconds is only allowed with effect 'NoExecute'")
+        return self
+
+
+# --------------------------------------------------------------------------- local_k8s settings
+
+
+def _check_kubeconfig(value: str | None) -> str | None:
+    if value is None or value == "in-cluster":
+        return value
+    if not value.strip():
+        raise ValueError("kubeconfig must be a file path, 'in-cluster', or left out")
+    return value
+
+
+class LocalK8sSettings(BaseModel):
+    """Settings of a pool whose workers run as Kubernetes Jobs in the controlplane's own cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: DnsLabel = Field(
+        "levers9",
+        description="Namespace the worker Jobs (and the Secrets holding their tokens) are created in.",
+    )
+    kubeconfig: Annotated[str | None, AfterValidator(_check_kubeconfig)] = Field(
+        None,
+        description="Path to a kubeconfig file, or 'in-cluster' to use the pod's service-account token. "
+        "Left out: $KUBECONFIG or ~/.kube/config, else in-cluster. The file is read, never copied into "
+        "config.",
+    )
+    context: str | None = Field(
+        None, min_length=1, description="kubeconfig context to use; left out, the file's current context."
+    )
+    worker_image: ImageRef = Field(
+        description="Image of the levers9 worker each Job runs, for example "
+        "'registry.example.com/levers9/worker:0.1.0'. Pin a tag or digest in production."
+    )
+    service_account: DnsSubdomain | None = Field(
+        None, description="ServiceAccount the worker pods run as; left out, the namespace's 'default'."
+    )
+    node_selector: NodeSelector = Field(
+        default_factory=dict,
+        description="Node labels a worker pod requires, for example "
+        "{'nvidia.com/gpu.product': 'NVIDIA-H100-80GB-HBM3'}.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Tolerations for tainted GPU nodes, e.g. key 'nvidia.com/gpu', Exists.",
+    )
+    gpu_resource_name: ResourceName = Field(
+        "nvidia.com/gpu",
+        description="Extended resource the device plugin advertises; requested as the pod's GPU limit.",
+    )
+    image_pull_secrets: Annotated[list[SecretName], AfterValidator(_check_unique)] = Field(
+        default_factory=list,
+        description="Names of existing docker-registry Secrets in the namespace (names only, never credentials).",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        None, description="PriorityClass of the worker pods, so GPU workers can preempt batch work."
+    )
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="Hard limit on a worker Job's lifetime (spec.activeDeadlineSeconds); left out, "
+        "a worker lives until levers9 releases it.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        3600,
+        ge=0,
+        description="Seconds a finished Job is kept for inspection before Kubernetes deletes it; "
+        "null keeps it until levers9 terminates it.",
+    )
+    privileged: bool = Field(
+        False,
+        description="Run the worker container privileged. Needed only when the pool's runtime (runc, gvisor) "
+        "creates containers inside the pod; leave off for the 'process' runtime.",
+    )
