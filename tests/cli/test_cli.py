@@ -150,3 +150,15 @@ def test_gpu_normalize(cli: Callable[..., Any]) -> None:
     rows = json.loads(result.stdout)
     assert rows[0]["canonical"] == "RTX4090"
     assert rows[1]["canonical"] is None
+
+
+def test_global_config_option_sets_the_plugin_policy(cli: Callable[..., Any], tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("plugins:\n  block: [oci, ec2]\n")
+    names = {p["name"] for p in json.loads(cli("--config", str(path), "plugins", "--json").stdout)}
+    assert "oci" not in names
+    assert "ec2" not in names
+    assert "lambda_labs" in names
+    result = cli("--config", str(path), "config", "check")
+    assert result.returncode == 0, result.stderr
+    assert f"{path}: ok, 0 pool(s)" in result.stdout

@@ -8,6 +8,9 @@ checks that no cloud or cluster SDK is imported by ``--help`` or ``plugins``.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import typer
 
 from levers9.__about__ import __version__
@@ -33,8 +36,18 @@ def _main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Config file for every command (default: $LEVERS9_CONFIG, else ~/.levers9/levers9.yaml).",
+        dir_okay=False,
+    ),
 ) -> None:
     """levers9: run containers on any compute, through provider and runtime plugins."""
+    if config is not None:
+        # Commands find the config through the environment, so workers and agents
+        # started from this process inherit the same choice.
+        os.environ["LEVERS9_CONFIG"] = str(config)
 
 
 app.command("plugins")(plugins_cmd.plugins)

@@ -36,8 +36,9 @@ def plugins(
         print_json([r.as_dict() for r in records])
         return
     table = Table(box=None, pad_edge=False)
-    for column in ("name", "distribution", "status", "roles", "hooks"):
-        table.add_column(column)
+    for column in ("name", "distribution", "status", "roles"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("hooks", overflow="fold")
     for r in records:
         dist = f"{r.distribution or '?'} {r.version or ''}".strip()
         status = {"loaded": "[green]loaded[/]", "failed": "[red]failed[/]", "blocked": "[yellow]blocked[/]"}[r.status]
