@@ -444,3 +444,53 @@ def hooks_run(awaitable: Any) -> Any:
     from levers9.testing.provider_contract import run
 
     return run(awaitable)
+
+
+def test_listing_many_pools_isolates_a_failing_or_hanging_provider(hooks: Hooks, tmp_path: Path) -> None:
+    release = threading.Event()
+
+    class Broken:
+        def levers9_provider_settings(self) -> type[BaseModel]:
+            return MemoryRuntime.Settings
+
+        def levers9_list_machines(self, pool: Pool) -> list[Any]:
+            raise ConnectionError("API endpoint unreachable")
+
+        def levers9_gpu_offers(self, pool: Pool) -> list[Any]:
+            raise ConnectionError("API endpoint unreachable")
+
+    class Wedged:
+        def levers9_provider_settings(self) -> type[BaseModel]:
+            return MemoryRuntime.Settings
+
+        def levers9_list_machines(self, pool: Pool) -> list[Any]:
+            release.wait(30)
+            return []
+
+        def levers9_gpu_offers(self, pool: Pool) -> list[Any]:
+            release.wait(30)
+            return []
+
+    hooks.plugins.add("broken", Broken())
+    hooks.plugins.add("wedged", Wedged())
+    toy = toy_pool(hooks, tmp_path)
+    machine = hooks_run(hooks.provision(request(toy)))
+    pools = [
+        toy,
+        Pool(name="b", provider="broken", runtime="process"),
+        Pool(name="w", provider="wedged", runtime="process"),
+    ]
+    try:
+        listing = hooks_run(hooks.list_machines_for(pools, timeout=0.5))
+        offers = hooks_run(hooks.gpu_offers_for(pools, timeout=0.5))
+    finally:
+        release.set()
+    assert list(listing.answers) == ["toy"]
+    assert [m.provider_id for m in listing.answers["toy"]] == [machine.provider_id]
+    failed = {f.plugin: f.error for f in listing.failures}
+    assert set(failed) == {"broken", "wedged"}
+    assert "pool 'b'" in failed["broken"]
+    assert "ConnectionError: API endpoint unreachable" in failed["broken"]
+    assert "did not answer within 0.5 s" in failed["wedged"]
+    assert [o.gpu for o in offers.answers["toy"]] == ["T4"]
+    assert {f.plugin for f in offers.failures} == {"broken", "wedged"}

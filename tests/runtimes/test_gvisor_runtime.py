@@ -100,19 +100,36 @@ def test_real_runsc_is_available_with_a_platform_it_has(
     assert run_tool(runsc_path, "--version").stdout.splitlines()[0] == f"runsc version {report.version}"
 
 
-def test_default_platform_against_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
+def test_default_platform_works_with_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
     real_platforms = platforms_of(require("runsc"))
-    # Debian 12's runsc predates systrap; a newer build has it. Either way the report must say which.
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor"))
+    # Debian 12's runsc predates systrap; 'auto' must still give a working sandbox, on ptrace.
+    ctx = context("gvisor")
+    report = levers9_gvisor.levers9_runtime_capabilities(ctx)
+    assert report.available, report.unavailable_reason
+    info = levers9_gvisor.inspect_runsc("runsc")
+    expected = "systrap" if "systrap" in real_platforms else "ptrace"
+    assert levers9_gvisor.resolve_platform(levers9_gvisor.GvisorSettings(), info) == expected
+    assert levers9_gvisor.levers9_checkpoint_support(ctx).available  # type: ignore[union-attr]
+
+
+def test_explicit_systrap_against_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
+    real_platforms = platforms_of(require("runsc"))
+    ctx = context("gvisor", {"platform": "systrap"})
+    report = levers9_gvisor.levers9_runtime_capabilities(ctx)
     assert report.version is not None
     if "systrap" in real_platforms:
         assert report.available, report.unavailable_reason
     else:
+        # named explicitly: reported, never silently swapped for another platform
         assert not report.available
         reason = report.unavailable_reason or ""
         assert "'systrap'" in reason
         assert all(name in reason for name in real_platforms), reason
         assert report.checkpoint is False
+        support = levers9_gvisor.levers9_checkpoint_support(ctx)
+        assert support is not None
+        assert not support.available
+        assert support.reason == reason
 
 
 def test_kvm_platform_against_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
@@ -146,7 +163,10 @@ def test_platforms_fall_back_to_the_flag_description(fake_runsc: Callable[..., P
     info = levers9_gvisor.inspect_runsc(str(runsc))
     assert info.platforms == ("ptrace", "kvm")
     assert info.nvproxy is False
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)}))
+    assert levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)})).available
+    report = levers9_gvisor.levers9_runtime_capabilities(
+        context("gvisor", {"binary": str(runsc), "platform": "systrap"})
+    )
     assert not report.available
     assert report.unavailable_reason
     assert "'systrap'" in report.unavailable_reason
@@ -188,3 +208,13 @@ def test_checkpoint_support(context: Context, require: Callable[[str], str]) -> 
 @pytest.mark.parametrize("name", ["runc", "process", "gVisor", "runsc"])
 def test_checkpoint_support_ignores_other_runtimes(name: str, context: Context) -> None:
     assert levers9_gvisor.levers9_checkpoint_support(context(name)) is None
+
+
+def test_auto_with_no_platform_it_can_choose(fake_runsc: Callable[..., Path], context: Context) -> None:
+    runsc = fake_runsc(platforms="kvm\\n", flags=OLD_FLAGS)
+    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)}))
+    assert not report.available
+    assert report.unavailable_reason
+    assert "offers none of the platforms 'auto' chooses from (systrap, ptrace; it offers: kvm)" in (
+        report.unavailable_reason
+    )

@@ -19,10 +19,10 @@ import functools
 import logging
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -73,6 +73,14 @@ class PluginFailure:
 @dataclass(frozen=True)
 class GpuDiscovery:
     devices: list[GpuDevice]
+    failures: list[PluginFailure]
+
+
+@dataclass(frozen=True)
+class PoolAnswers(Generic[T]):
+    """Answers of a hook asked for many pools at once; a failing pool is in ``failures``, not an exception."""
+
+    answers: dict[str, T]
     failures: list[PluginFailure]
 
 
@@ -193,6 +201,35 @@ class Hooks:
                 f"reported machines of other pools for pool {pool.name!r}: {', '.join(strays)}",
             )
         return machines
+
+    async def gpu_offers_for(self, pools: list[Pool], *, timeout: float | None = None) -> PoolAnswers[list[GpuOffer]]:
+        """Offers of every pool at once; a provider that fails or hangs costs only its own pools."""
+        return await self._per_pool(pools, "levers9_gpu_offers", self.gpu_offers, timeout)
+
+    async def list_machines_for(self, pools: list[Pool], *, timeout: float | None = None) -> PoolAnswers[list[Machine]]:
+        """Machines of every pool at once, for the reconciler; a failing pool is skipped this round, never
+        treated as empty (which would look like every machine had vanished)."""
+        return await self._per_pool(pools, "levers9_list_machines", self.list_machines, timeout)
+
+    async def _per_pool(
+        self,
+        pools: list[Pool],
+        hook: str,
+        call: Callable[..., Awaitable[T]],
+        timeout: float | None,
+    ) -> PoolAnswers[T]:
+        results = await asyncio.gather(*(call(pool, timeout=timeout) for pool in pools), return_exceptions=True)
+        answers: dict[str, T] = {}
+        failures: list[PluginFailure] = []
+        for pool, result in zip(pools, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                log.warning("%s for pool %r (provider %r) failed: %s", hook, pool.name, pool.provider, result)
+                failures.append(PluginFailure(pool.provider, hook, f"pool {pool.name!r}: {result}"))
+            else:
+                answers[pool.name] = result
+        return PoolAnswers(answers, failures)
 
     # ----------------------------------------------------------------- GPU discovery on this machine
 
@@ -416,4 +453,4 @@ def _expect(value: Any, tp: type, name: str) -> None:
         raise TypeError(f"{name} must be {tp.__name__}, got {type(value).__name__}")
 
 
-__all__ = ["GpuDiscovery", "Hooks", "PluginFailure"]
+__all__ = ["GpuDiscovery", "Hooks", "PluginFailure", "PoolAnswers"]

@@ -12,10 +12,13 @@ runsc changes quickly and distributions ship old builds (Debian 12 has a
 runtime being unavailable, with the reason, rather than failing later when a
 container starts:
 
-* the ``systrap`` platform (the default, and gVisor's own default since 2023)
-  is unknown to older builds, which offer ``ptrace`` and ``kvm`` only; the
-  platforms are read from ``runsc help platforms`` (or, failing that, from the
-  ``-platform`` flag's description), never guessed from the version string;
+* the ``systrap`` platform (gVisor's own default since 2023) is unknown to
+  older builds, which offer ``ptrace`` and ``kvm`` only; the platforms are read
+  from ``runsc help platforms`` (or, failing that, from the ``-platform``
+  flag's description), never guessed from the version string. The default,
+  ``auto``, takes systrap where the build has it and ptrace otherwise, so a
+  pool works out of the box on both; a platform named explicitly is honoured
+  or reported, never swapped;
 * ``kvm`` also needs ``/dev/kvm`` to be readable and writable;
 * ``nvproxy`` (GPU access) needs a build that has the ``-nvproxy`` flag. GPUs
   are reported only when ``nvproxy`` is set and supported.
@@ -47,6 +50,7 @@ __all__ = [
     "parse_flag_platforms",
     "parse_help_platforms",
     "parse_version",
+    "resolve_platform",
     "settings_of",
 ]
 
@@ -59,7 +63,9 @@ PROBE_TIMEOUT = 10.0
 
 KVM_DEVICE = "/dev/kvm"
 
-Platform = Literal["systrap", "ptrace", "kvm"]
+Platform = Literal["auto", "systrap", "ptrace", "kvm"]
+#: what ``auto`` picks, best first: systrap is faster than ptrace and needs no /dev/kvm
+AUTO_PREFERENCE = ("systrap", "ptrace")
 
 _VERSION = re.compile(r"^runsc version (\S+)", re.MULTILINE)
 _PLATFORM_FLAG = re.compile(r"specifies which platform to use:\s*([^\n]*)")
@@ -74,8 +80,8 @@ class GvisorSettings(BaseModel):
 
     #: the runsc executable: a name looked up on PATH, or a path
     binary: str = Field("runsc", min_length=1)
-    #: how the sandbox intercepts system calls (runsc ``--platform``)
-    platform: Platform = "systrap"
+    #: how the sandbox intercepts system calls (runsc ``--platform``); ``auto``: systrap, else ptrace
+    platform: Platform = "auto"
     #: the sandbox's network: gVisor's own stack, the host's stack, or none (runsc ``--network``)
     network: Literal["sandbox", "host", "none"] = "sandbox"
     #: give containers the host's NVIDIA GPUs through gVisor's GPU proxy (runsc ``--nvproxy``)
@@ -167,6 +173,13 @@ def inspect_runsc(binary: str, *, want_flags: bool = True) -> RunscInfo:
     return RunscInfo(path, version, None, platforms, nvproxy)
 
 
+def resolve_platform(settings: GvisorSettings, info: RunscInfo) -> str | None:
+    """The platform runsc will be started with, or None when ``auto`` finds none this build offers."""
+    if settings.platform != "auto":
+        return settings.platform
+    return next((name for name in AUTO_PREFERENCE if name in info.platforms), None)
+
+
 def _settings_problem(settings: GvisorSettings, info: RunscInfo) -> str | None:
     """Why this runsc cannot run containers with these settings, or None when it can."""
     if not info.platforms:
@@ -174,12 +187,18 @@ def _settings_problem(settings: GvisorSettings, info: RunscInfo) -> str | None:
             f"could not tell which platforms runsc {info.version} supports "
             f"('runsc help platforms' and 'runsc flags' named none)"
         )
-    if settings.platform not in info.platforms:
+    platform = resolve_platform(settings, info)
+    if platform is None:
+        return (
+            f"runsc {info.version} offers none of the platforms 'auto' chooses from "
+            f"({', '.join(AUTO_PREFERENCE)}; it offers: {', '.join(info.platforms)}); set runtime_settings.platform"
+        )
+    if platform not in info.platforms:
         return (
             f"runsc {info.version} does not support platform {settings.platform!r} "
             f"(it offers: {', '.join(info.platforms)}); set runtime_settings.platform to one of those"
         )
-    if settings.platform == "kvm" and not os.access(KVM_DEVICE, os.R_OK | os.W_OK):
+    if platform == "kvm" and not os.access(KVM_DEVICE, os.R_OK | os.W_OK):
         return f"platform 'kvm' needs {KVM_DEVICE} readable and writable, and it is not"
     if settings.nvproxy and not info.nvproxy:
         return f"nvproxy is set but runsc {info.version} has no -nvproxy flag (GPUs need a newer gVisor)"
@@ -218,9 +237,12 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
 def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | None:
     if runtime.name != NAME:
         return None
-    info = inspect_runsc(settings_of(runtime).binary, want_flags=False)
-    if info.problem is not None:
-        return CheckpointSupport(available=False, reason=info.problem, mechanism=MECHANISM)
+    settings = settings_of(runtime)
+    info = inspect_runsc(settings.binary)
+    # a sandbox that cannot start cannot be checkpointed either: same answer as the capabilities
+    problem = info.problem or _settings_problem(settings, info)
+    if problem is not None:
+        return CheckpointSupport(available=False, reason=problem, mechanism=MECHANISM)
     return CheckpointSupport(
         available=True,
         reason=f"runsc {info.version} checkpoints and restores whole sandboxes itself",
