@@ -233,3 +233,23 @@ def test_parse_only_pass_reports_structure_errors() -> None:
     assert issue.file == "inline.yaml"
     assert issue.line == 2
     assert "pools.Bad_Name" in issue.path
+
+
+def test_unknown_nested_settings_key_lists_that_models_fields(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        pools:
+          lab:
+            provider: agent_machine
+            settings:
+              worker_image: levers9/worker:1
+              ssh:
+                user: ops
+                jump: {hots: bastion.example.com}
+        """,
+    )
+    missing, unknown = problems(path)
+    assert missing == f"{path}:8: pools.lab.settings.ssh.jump.host: required field is missing"
+    assert unknown.startswith(f"{path}:8: pools.lab.settings.ssh.jump.hots: unknown field 'hots'. Did you mean 'host'")
+    assert unknown.endswith("Accepted: host, port, user")

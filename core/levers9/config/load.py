@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -246,40 +246,39 @@ def _strip_validator_locs(loc: LocPath) -> LocPath:
 
 
 def _fields_at(model: type[BaseModel], loc: LocPath) -> list[str]:
-    """The field names of the model found by walking ``loc`` from ``model``; [] when the walk gets lost."""
-    current: Any = model
+    """The field names of the model found by walking ``loc`` from ``model``; [] when the walk gets lost.
+
+    Used to list what would be accepted in place of an unknown key, however deep it sits
+    (``pools.NAME.settings.ssh.jump.hots``).
+    """
+    current: type[BaseModel] | None = model
+    skip_key = False
     for part in _strip_validator_locs(loc):
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(str(part))
-            if field is None:
-                return []
-            current = _model_in(field.annotation)
-        elif current is dict or current is list:
-            continue  # a key of a dict of models, or an index of a list of models
-        elif isinstance(current, tuple):
-            current = current[1]
-        else:
+        if skip_key:  # the key of a dict of models, or the index of a list of models
+            skip_key = False
+            continue
+        if current is None:
             return []
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        current, skip_key = _model_in(field.annotation)
+    return list(current.model_fields) if current is not None and not skip_key else []
 
 
-def _model_in(annotation: Any) -> Any:
-    """Find the model inside ``X | None``, ``dict[str, X]``, ``list[X]``, ``Annotated[...]``."""
-    from typing import get_args, get_origin
+def _model_in(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The model inside ``X | None``, ``Annotated[X, ...]``, ``dict[str, X]`` or ``list[X]``.
 
+    The flag says whether a key or index comes between the field and the model.
+    """
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    args = get_args(annotation)
+        return annotation, False
     origin = get_origin(annotation)
-    for arg in reversed(args):
-        found = _model_in(arg)
+    for arg in reversed(get_args(annotation)):
+        found, nested = _model_in(arg)
         if found is not None:
-            if origin in (dict, list):
-                return ("container", found)
-            return found
-    return None
+            return found, nested or origin in (dict, list)
+    return None, False
 
 
 def _suggest(name: str, choices: Sequence[str]) -> str:
