@@ -3,9 +3,9 @@
 A joined machine runs ``levers9 agent``, which dials the controlplane with a
 token issued for it and runs worker containers when told to. ``levers9 machine
 create`` installs that agent over SSH using the ``ssh`` block below. No
-password or key material is ever a value here, only paths. Only pydantic and
-the standard library are imported; docker and paramiko are imported by the code
-that uses them.
+password or key material is ever a value here, only paths. Only pydantic,
+:mod:`levers9.config.fields` and the standard library are imported; docker and
+paramiko are imported by the code that uses them.
 """
 
 from __future__ import annotations
@@ -17,16 +17,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from levers9.config.fields import ImageRef, pattern
+
 _HOSTNAME_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
 _DOCKER_NETWORK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_IMAGE_REF = re.compile(
-    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-    r"(?:@sha256:[a-f0-9]{64})?$"
-)
 
 
 def check_host(value: str) -> str:
@@ -46,20 +41,6 @@ def check_host(value: str) -> str:
     return value
 
 
-def _check_user(value: str) -> str:
-    if not _USER.match(value):
-        raise ValueError(f"{value!r} is not a valid login name")
-    return value
-
-
-def _check_image(value: str) -> str:
-    if not _IMAGE_REF.match(value):
-        raise ValueError(
-            f"{value!r} is not a container image reference like 'registry.example.com/levers9/worker:0.1.0'"
-        )
-    return value
-
-
 def _check_network(value: str) -> str:
     if value == "none" or value.startswith("container:"):
         raise ValueError(f"network mode {value!r} cannot work: the worker must reach the controlplane")
@@ -74,6 +55,7 @@ def _none_word(value: Any) -> Any:
 
 
 Host = Annotated[str, AfterValidator(check_host)]
+LoginName = Annotated[str, pattern(_USER, "a valid login name", "ubuntu")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -84,7 +66,7 @@ class JumpHost(BaseModel):
 
     host: Host = Field(description="Bastion host name or IP address.")
     port: Port = Field(22, description="SSH port of the bastion.")
-    user: Annotated[str, AfterValidator(_check_user)] | None = Field(
+    user: LoginName | None = Field(
         None, description="Login on the bastion; left out, the same user as the target machine."
     )
 
@@ -94,7 +76,7 @@ class SshBootstrap(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    user: Annotated[str, AfterValidator(_check_user)] = Field("root", description="Login user on the machine.")
+    user: LoginName = Field("root", description="Login user on the machine.")
     port: Port = Field(22, description="SSH port of the machine.")
     key_file: Path | None = Field(
         None,
@@ -121,7 +103,7 @@ class AgentMachineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    worker_image: Annotated[str, AfterValidator(_check_image)] = Field(
+    worker_image: ImageRef = Field(
         description="Image of the levers9 worker the agent runs in Docker, for example "
         "'registry.example.com/levers9/worker:0.1.0'."
     )

@@ -1,31 +1,24 @@
 """Pool settings of the ``attached_cluster`` provider.
 
-The Kubernetes shapes (tolerations, label and image syntax) are the ones
+The Kubernetes shapes (tolerations, label and name syntax) are the ones
 ``local_k8s`` defines, imported from there so the two providers validate pod
-placement identically; that module imports nothing but pydantic.
+placement identically; that module imports nothing but pydantic and
+:mod:`levers9.config.fields`, which also supplies the image syntax.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import BaseModel, ConfigDict, Field
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-
+from levers9.config.fields import ImageRef, UniqueList
 from levers9_local_k8s.settings import (
     DnsLabel,
     DnsSubdomain,
-    ImageRef,
     NodeSelector,
     ResourceName,
     SecretName,
     Toleration,
 )
-
-
-def _check_unique(value: list[str]) -> list[str]:
-    if len(set(value)) != len(value):
-        raise ValueError("names must not repeat")
-    return value
 
 
 class AttachedClusterSettings(BaseModel):
@@ -60,7 +53,7 @@ class AttachedClusterSettings(BaseModel):
     gpu_resource_name: ResourceName = Field(
         "nvidia.com/gpu", description="Extended resource the attached cluster's device plugin advertises."
     )
-    image_pull_secrets: Annotated[list[SecretName], AfterValidator(_check_unique)] = Field(
+    image_pull_secrets: UniqueList[SecretName] = Field(
         default_factory=list,
         description="Names of docker-registry Secrets that already exist in the namespace (names only).",
     )

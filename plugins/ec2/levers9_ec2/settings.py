@@ -2,7 +2,8 @@
 
 Credentials are never values here: the pool names an AWS profile, or the
 environment variables that hold an access key, or nothing at all (the default
-credential chain: instance role, SSO, environment). Only pydantic is imported.
+credential chain: instance role, SSO, environment). Only pydantic and
+:mod:`levers9.config.fields` are imported.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from levers9.config.fields import UniqueList, env_var_name, pattern
+
 #: what an AWS access key id looks like (long-term AKIA..., temporary ASIA...)
 _ACCESS_KEY_ID = re.compile(r"^(AKIA|ASIA|AIDA|AROA)[A-Z0-9]{12,}$")
 #: commercial, GovCloud, China and ISO partitions: us-east-1, us-gov-west-1, cn-north-1, us-isob-east-1
@@ -39,34 +41,6 @@ _INSTANCE_PROFILE = re.compile(
 RESERVED_TAG_PREFIX = "levers9:"
 
 
-def _check_env_name(value: str) -> str:
-    if _ACCESS_KEY_ID.match(value):
-        raise ValueError(
-            "this looks like an access key itself; give the NAME of the environment variable that holds it"
-        )
-    if not _ENV_NAME.match(value):
-        raise ValueError(
-            "not an environment variable name (letters, digits and _, not starting with a digit); give the "
-            "variable's name, not its value, which is not repeated here"
-        )
-    return value
-
-
-def _pattern(regex: re.Pattern[str], what: str, example: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not regex.match(value):
-            raise ValueError(f"{value!r} is not {what} (for example {example!r})")
-        return value
-
-    return AfterValidator(check)
-
-
-def _check_unique(value: list[str]) -> list[str]:
-    if len(set(value)) != len(value):
-        raise ValueError("entries must not repeat")
-    return value
-
-
 def _check_tags(value: dict[str, str]) -> dict[str, str]:
     if len(value) > 40:
         raise ValueError("at most 40 extra tags (EC2 allows 50 per resource and levers9 sets its own)")
@@ -82,8 +56,11 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-EnvName = Annotated[str, AfterValidator(_check_env_name)]
-Region = Annotated[str, _pattern(_REGION, "an AWS region", "us-east-1")]
+EnvName = Annotated[str, env_var_name(_ACCESS_KEY_ID, "an access key")]
+Region = Annotated[str, pattern(_REGION, "an AWS region", "us-east-1")]
+InstanceType = Annotated[str, pattern(_INSTANCE_TYPE, "an EC2 instance type", "p5.48xlarge")]
+SubnetId = Annotated[str, pattern(_SUBNET_ID, "a subnet id", "subnet-0123456789abcdef0")]
+SecurityGroupId = Annotated[str, pattern(_SG_ID, "a security group id", "sg-0123456789abcdef0")]
 
 
 class Ec2Settings(BaseModel):
@@ -92,20 +69,17 @@ class Ec2Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     region: Region = Field(description="AWS region every call of this pool goes to, for example 'us-east-1'.")
-    availability_zones: Annotated[list[str], AfterValidator(_check_unique)] = Field(
+    availability_zones: UniqueList[str] = Field(
         default_factory=list,
         description="Availability zones to offer and launch in, for example ['us-east-1a']; empty, every "
         "zone the subnets cover.",
     )
-    instance_types: Annotated[
-        list[Annotated[str, _pattern(_INSTANCE_TYPE, "an EC2 instance type", "p5.48xlarge")]],
-        AfterValidator(_check_unique),
-    ] = Field(
+    instance_types: UniqueList[InstanceType] = Field(
         default_factory=list,
         description="Restrict offers to these instance types, for example ['p5.48xlarge', 'g6e.xlarge']; "
         "empty, every type with GPUs matching the pool.",
     )
-    ami: Annotated[str, _pattern(_AMI_ID, "an AMI id", "ami-0123456789abcdef0")] | None = Field(
+    ami: Annotated[str, pattern(_AMI_ID, "an AMI id", "ami-0123456789abcdef0")] | None = Field(
         None,
         description="AMI the workers boot (NVIDIA driver and container toolkit installed). Give this "
         "or ami_ssm_parameter.",
@@ -113,7 +87,7 @@ class Ec2Settings(BaseModel):
     ami_ssm_parameter: (
         Annotated[
             str,
-            _pattern(
+            pattern(
                 _SSM_PARAMETER,
                 "an SSM parameter name",
                 "/aws/service/deeplearning/ami/x86_64/<ami-type>/latest/ami-id",
@@ -126,18 +100,12 @@ class Ec2Settings(BaseModel):
         description="SSM parameter holding the AMI id, resolved at launch (ImageId 'resolve:ssm:<name>'), "
         "e.g. a Deep Learning AMI's '/aws/service/deeplearning/ami/<arch>/<ami-type>/latest/ami-id'.",
     )
-    subnet_ids: Annotated[
-        list[Annotated[str, _pattern(_SUBNET_ID, "a subnet id", "subnet-0123456789abcdef0")]],
-        AfterValidator(_check_unique),
-    ] = Field(
+    subnet_ids: UniqueList[SubnetId] = Field(
         default_factory=list,
         description="Subnets to launch into, one or more per zone; the workers need outbound access to the "
         "controlplane (NAT or public IP). Empty, the region's default VPC.",
     )
-    security_group_ids: Annotated[
-        list[Annotated[str, _pattern(_SG_ID, "a security group id", "sg-0123456789abcdef0")]],
-        AfterValidator(_check_unique),
-    ] = Field(
+    security_group_ids: UniqueList[SecurityGroupId] = Field(
         default_factory=list,
         description="Security groups of the workers; workers only dial out, so no inbound rule is needed.",
     )
@@ -152,7 +120,7 @@ class Ec2Settings(BaseModel):
         "left out, no SSH key.",
     )
     iam_instance_profile: (
-        Annotated[str, _pattern(_INSTANCE_PROFILE, "an instance profile name or ARN", "levers9-worker")] | None
+        Annotated[str, pattern(_INSTANCE_PROFILE, "an instance profile name or ARN", "levers9-worker")] | None
     ) = Field(None, description="Instance profile (name or ARN) the workers run with.")
     market: Literal["on-demand", "spot"] | None = Field(
         None,

@@ -1,7 +1,8 @@
 """Pool settings of the ``lambda_labs`` provider (Lambda Cloud API v1).
 
 The API key never appears in config: the pool names the environment variable
-that holds it. Only pydantic is imported; the hooks talk to the API with httpx.
+that holds it. Only pydantic and :mod:`levers9.config.fields` are imported; the
+hooks talk to the API with httpx.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from levers9.config.fields import UniqueList, env_var_name, pattern
+
+#: Cloud API keys start with 'secret_'
+_API_KEY = re.compile(r"^secret_")
 #: us-east-1, us-west-3, us-south-1, europe-central-1, asia-northeast-1, me-west-1
 _REGION = re.compile(r"^[a-z]+(-[a-z]+)*-[0-9]+$")
 #: gpu_1x_a10, gpu_8x_h100_sxm5, gpu_1x_gh200
@@ -19,34 +23,6 @@ _INSTANCE_TYPE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)+$")
 #: names of SSH keys and filesystems as the Lambda console shows them
 _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
-
-
-def _check_env_name(value: str) -> str:
-    if value.startswith("secret_"):
-        raise ValueError(
-            "this looks like a Lambda API key itself; give the NAME of the environment variable that holds it"
-        )
-    if not _ENV_NAME.match(value):
-        raise ValueError(
-            "not an environment variable name (letters, digits and _, not starting with a digit); give the "
-            "variable's name, not its value, which is not repeated here"
-        )
-    return value
-
-
-def _pattern(regex: re.Pattern[str], what: str, example: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not regex.match(value):
-            raise ValueError(f"{value!r} is not {what} (for example {example!r})")
-        return value
-
-    return AfterValidator(check)
-
-
-def _check_unique(value: list[str]) -> list[str]:
-    if len(set(value)) != len(value):
-        raise ValueError("entries must not repeat")
-    return value
 
 
 def _check_api_url(value: HttpUrl) -> HttpUrl:
@@ -57,7 +33,9 @@ def _check_api_url(value: HttpUrl) -> HttpUrl:
     return value
 
 
-Name = Annotated[str, _pattern(_RESOURCE_NAME, "a Lambda resource name", "my-key")]
+Name = Annotated[str, pattern(_RESOURCE_NAME, "a Lambda resource name", "my-key")]
+Region = Annotated[str, pattern(_REGION, "a Lambda region", "us-east-1")]
+InstanceType = Annotated[str, pattern(_INSTANCE_TYPE, "a Lambda instance type", "gpu_8x_h100_sxm5")]
 
 
 class LambdaLabsSettings(BaseModel):
@@ -65,7 +43,7 @@ class LambdaLabsSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    api_key_env: Annotated[str, AfterValidator(_check_env_name)] = Field(
+    api_key_env: Annotated[str, env_var_name(_API_KEY, "a Lambda API key")] = Field(
         "LAMBDA_API_KEY",
         description="Name of the environment variable holding the Cloud API key (the name, never the key).",
     )
@@ -74,28 +52,23 @@ class LambdaLabsSettings(BaseModel):
         description="Base URL of the Cloud API. The older https://cloud.lambdalabs.com/api/v1 is deprecated "
         "and redirects; override only for tests.",
     )
-    regions: Annotated[
-        list[Annotated[str, _pattern(_REGION, "a Lambda region", "us-east-1")]], AfterValidator(_check_unique)
-    ] = Field(
+    regions: UniqueList[Region] = Field(
         default_factory=list,
         description="Regions to launch in, for example ['us-east-1', 'us-west-1']; empty, any region that "
         "reports capacity.",
     )
-    instance_types: Annotated[
-        list[Annotated[str, _pattern(_INSTANCE_TYPE, "a Lambda instance type", "gpu_8x_h100_sxm5")]],
-        AfterValidator(_check_unique),
-    ] = Field(
+    instance_types: UniqueList[InstanceType] = Field(
         default_factory=list,
         description="Restrict offers to these instance types, for example ['gpu_8x_h100_sxm5']; empty, every "
         "type whose GPUs match the pool.",
     )
-    ssh_key_names: Annotated[list[Name], AfterValidator(_check_unique)] = Field(
+    ssh_key_names: UniqueList[Name] = Field(
         min_length=1,
         max_length=1,
         description="Name of an SSH key already registered with Lambda. The launch API requires exactly one, "
         "even though workers are started by user data, not SSH.",
     )
-    file_system_names: Annotated[list[Name], AfterValidator(_check_unique)] = Field(
+    file_system_names: UniqueList[Name] = Field(
         default_factory=list,
         max_length=1,
         description="Persistent filesystem to attach (at most one at launch); it must be in the launch "

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from levers9.config.fields import UniqueList
+
 
 def _check_command(value: list[str] | None) -> list[str] | None:
     if value is not None:
@@ -14,12 +16,6 @@ def _check_command(value: list[str] | None) -> list[str] | None:
             raise ValueError("worker_command must name a program")
         if any(not part for part in value):
             raise ValueError("worker_command must not contain empty arguments")
-    return value
-
-
-def _check_gpus(value: list[int] | None) -> list[int] | None:
-    if value is not None and len(set(value)) != len(value):
-        raise ValueError("a GPU index is listed twice")
     return value
 
 
@@ -42,7 +38,7 @@ class LocalSettings(BaseModel):
         description="Directory for the workers' pid files and logs. Left out: $XDG_STATE_HOME/levers9/local "
         "(~/.local/state/levers9/local).",
     )
-    visible_gpus: Annotated[list[Annotated[int, Field(ge=0)]] | None, AfterValidator(_check_gpus)] = Field(
+    visible_gpus: UniqueList[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         description="Indices of the GPUs local workers may be given (as CUDA_VISIBLE_DEVICES); left out, "
         "every GPU discovery finds. Each GPU goes to at most one worker at a time.",

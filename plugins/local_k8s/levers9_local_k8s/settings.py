@@ -2,8 +2,9 @@
 
 Everything here validates with the rules the Kubernetes API server applies
 (label syntax, toleration rules, DNS names), so a typo fails when the config is
-loaded rather than as a 422 at provisioning time. Only pydantic is imported:
-the ``kubernetes`` client is imported by the hooks that call the API.
+loaded rather than as a 422 at provisioning time. Only pydantic and
+:mod:`levers9.config.fields` are imported: the ``kubernetes`` client is
+imported by the hooks that call the API.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+# ImageRef is re-exported: it has been importable from here, and pod specs are where images are named
+from levers9.config.fields import ImageRef as ImageRef
+from levers9.config.fields import UniqueList
+
 # --------------------------------------------------------------------------- Kubernetes name syntax
 
 #: RFC 1123 label: namespaces, most object names
@@ -21,14 +26,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: the name part of a label key, and a non-empty label value
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-#: a container image reference: [registry[:port]/]path[:tag][@sha256:digest]
-_IMAGE_REF = re.compile(
-    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-    r"(?:@sha256:[a-f0-9]{64})?$"
-)
 
 
 def _check_dns_label(value: str) -> str:
@@ -82,14 +79,6 @@ def _check_secret_name(value: str) -> str:
     return value
 
 
-def _check_image(value: str) -> str:
-    if not _IMAGE_REF.match(value):
-        raise ValueError(
-            f"{value!r} is not a container image reference like 'registry.example.com/levers9/worker:0.1.0'"
-        )
-    return value
-
-
 def _check_resource_name(value: str) -> str:
     """An extended resource name: it must carry a domain prefix, as ``nvidia.com/gpu`` does."""
     _check_label_key(value)
@@ -108,19 +97,9 @@ def _check_node_selector(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-def _check_unique(value: list[str]) -> list[str]:
-    seen: set[str] = set()
-    for item in value:
-        if item in seen:
-            raise ValueError(f"{item!r} is listed twice")
-        seen.add(item)
-    return value
-
-
 DnsLabel = Annotated[str, AfterValidator(_check_dns_label)]
 DnsSubdomain = Annotated[str, AfterValidator(_check_dns_subdomain)]
 SecretName = Annotated[str, AfterValidator(_check_secret_name)]
-ImageRef = Annotated[str, AfterValidator(_check_image)]
 ResourceName = Annotated[str, AfterValidator(_check_resource_name)]
 NodeSelector = Annotated[dict[str, str], AfterValidator(_check_node_selector)]
 
@@ -218,7 +197,7 @@ class LocalK8sSettings(BaseModel):
         "nvidia.com/gpu",
         description="Extended resource the device plugin advertises; requested as the pod's GPU limit.",
     )
-    image_pull_secrets: Annotated[list[SecretName], AfterValidator(_check_unique)] = Field(
+    image_pull_secrets: UniqueList[SecretName] = Field(
         default_factory=list,
         description="Names of existing docker-registry Secrets in the namespace (names only, never credentials).",
     )

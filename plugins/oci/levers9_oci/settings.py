@@ -2,7 +2,8 @@
 
 Credentials stay where the OCI SDK keeps them: an SDK config file and profile
 (which point at the API signing key), or instance / resource principals. Only
-pydantic is imported; the ``oci`` SDK is imported by the hooks that call it.
+pydantic and :mod:`levers9.config.fields` are imported; the ``oci`` SDK is
+imported by the hooks that call it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from levers9.config.fields import EnvVarName, UniqueList, pattern
+
 #: OCI region identifiers: us-ashburn-1, eu-frankfurt-1, us-gov-ashburn-1, ap-tokyo-1
 _REGION = re.compile(r"^[a-z]+(-[a-z]+)+-[0-9]+$")
 #: availability domain names carry a tenancy-specific prefix: 'Uocm:PHX-AD-1'
@@ -40,39 +42,6 @@ def _ocid(*types: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _check_env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise ValueError(
-            "not an environment variable name (letters, digits and _, not starting with a digit); give the "
-            "variable's name, not its value, which is not repeated here"
-        )
-    return value
-
-
-def _check_unique(value: list[str]) -> list[str]:
-    if len(set(value)) != len(value):
-        raise ValueError("entries must not repeat")
-    return value
-
-
-def _check_region(value: str) -> str:
-    if not _REGION.match(value):
-        raise ValueError(f"{value!r} is not an OCI region identifier (for example 'us-ashburn-1')")
-    return value
-
-
-def _check_ad(value: str) -> str:
-    if not _AVAILABILITY_DOMAIN.match(value):
-        raise ValueError(f"{value!r} is not an availability domain name (for example 'Uocm:PHX-AD-1')")
-    return value
-
-
-def _check_shape(value: str) -> str:
-    if not _SHAPE.match(value):
-        raise ValueError(f"{value!r} is not an OCI shape name (for example 'BM.GPU.H100.8')")
-    return value
-
-
 def _check_tags(value: dict[str, str]) -> dict[str, str]:
     for key, tag_value in value.items():
         if not 1 <= len(key) <= 100:
@@ -82,6 +51,11 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
         if key.startswith(RESERVED_TAG_PREFIX):
             raise ValueError(f"tag key {key!r} uses the prefix {RESERVED_TAG_PREFIX!r}, which levers9 reserves")
     return value
+
+
+Region = Annotated[str, pattern(_REGION, "an OCI region identifier", "us-ashburn-1")]
+AvailabilityDomain = Annotated[str, pattern(_AVAILABILITY_DOMAIN, "an availability domain name", "Uocm:PHX-AD-1")]
+Shape = Annotated[str, pattern(_SHAPE, "an OCI shape name", "BM.GPU.H100.8")]
 
 
 class ShapeConfig(BaseModel):
@@ -114,23 +88,21 @@ class OciSettings(BaseModel):
         None,
         description="Path of the API signing key, overriding the profile's key_file (a path, never the key).",
     )
-    pass_phrase_env: Annotated[str, AfterValidator(_check_env_name)] | None = Field(
+    pass_phrase_env: EnvVarName | None = Field(
         None,
         description="Name of the environment variable holding the signing key's pass phrase, if encrypted.",
     )
-    region: Annotated[str, AfterValidator(_check_region)] | None = Field(
+    region: Region | None = Field(
         None, description="Region identifier, for example 'us-ashburn-1'; left out, the profile's region."
     )
     compartment_id: Annotated[str, _ocid("compartment", "tenancy")] = Field(
         description="Compartment the workers are launched and listed in (ocid1.compartment... or the "
         "tenancy's OCID for the root compartment)."
     )
-    availability_domains: Annotated[list[Annotated[str, AfterValidator(_check_ad)]], AfterValidator(_check_unique)] = (
-        Field(
-            default_factory=list,
-            description="Availability domains to launch in, for example ['Uocm:US-ASHBURN-AD-1']; empty, "
-            "every domain of the region.",
-        )
+    availability_domains: UniqueList[AvailabilityDomain] = Field(
+        default_factory=list,
+        description="Availability domains to launch in, for example ['Uocm:US-ASHBURN-AD-1']; empty, "
+        "every domain of the region.",
     )
     subnet_id: Annotated[str, _ocid("subnet")] = Field(
         description="Subnet of the workers' primary VNIC (ocid1.subnet...); it needs a route out to the controlplane."
@@ -141,7 +113,7 @@ class OciSettings(BaseModel):
     image_id: Annotated[str, _ocid("image")] = Field(
         description="Image the workers boot (ocid1.image...), with the NVIDIA driver for GPU shapes."
     )
-    shapes: Annotated[list[Annotated[str, AfterValidator(_check_shape)]], AfterValidator(_check_unique)] = Field(
+    shapes: UniqueList[Shape] = Field(
         default_factory=list,
         description="Restrict offers to these shapes, for example ['BM.GPU.H100.8', 'VM.GPU.A10.1']; "
         "empty, every shape with GPUs matching the pool.",
