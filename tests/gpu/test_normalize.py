@@ -59,6 +59,7 @@ def _load(name: str) -> Any:
         ("NVIDIA GH200 144G HBM3e", "GH200"),
         ("NVIDIA B200", "B200"),
         ("AMD Instinct MI300X", "MI300X"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTXPRO6000"),
         # not in the catalog
         ("NVIDIA GeForce RTX 3090", None),
         ("NVIDIA RTX 6000 Ada Generation", None),
@@ -67,7 +68,7 @@ def _load(name: str) -> Any:
         ("NVIDIA H800", None),
         ("NVIDIA A800 80GB PCIe", None),
         ("NVIDIA GB200", None),
-        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", None),
+        ("NVIDIA RTX PRO 4000 Blackwell", None),
         ("Tesla K80", None),
         ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
         ("", None),

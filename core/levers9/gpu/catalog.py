@@ -118,11 +118,21 @@ _TYPES: tuple[GpuType, ...] = (
         ("B200-180GB", "B200-SXM", "B200-SXM6"),
         "Blackwell, 180 GB HBM3e",
     ),
+    # 288 GB (decimal) of HBM3e per GPU; EC2's p6-b300 reports 275040 MiB, the same figure.
+    GpuType("B300", "nvidia", 275040, ("B300-288GB", "B300-SXM"), "Blackwell Ultra, 288 GB HBM3e"),
     GpuType("L40", "nvidia", _gib(48), (), "Ada Lovelace, 48 GB GDDR6"),
     GpuType("L40S", "nvidia", _gib(48), (), "Ada Lovelace, 48 GB GDDR6; training and inference"),
     GpuType("A6000", "nvidia", _gib(48), ("RTX-A6000",), "Ampere workstation (RTX A6000), 48 GB GDDR6"),
     GpuType("RTX4090", "nvidia", _gib(24), ("GeForce-RTX-4090",), "Ada Lovelace consumer card, 24 GB GDDR6X"),
     GpuType("RTX5090", "nvidia", _gib(32), ("GeForce-RTX-5090",), "Blackwell consumer card, 32 GB GDDR7"),
+    # EC2's g7e names it "RTX PRO Server 6000"; nvidia-smi says "NVIDIA RTX PRO 6000 Blackwell Server Edition".
+    GpuType(
+        "RTXPRO6000",
+        "nvidia",
+        _gib(96),
+        ("RTX-PRO-6000", "RTX-PRO-Server-6000", "RTX-PRO-6000-Blackwell", "RTX-PRO-6000-Blackwell-Server-Edition"),
+        "Blackwell workstation and server card, 96 GB GDDR7",
+    ),
     # V100 without a size means the 16 GB card: it is what p3 (but p3dn), OCI's
     # GPU3 shapes, GKE's nvidia-tesla-v100 and Lambda's gpu_8x_v100 provide.
     GpuType(

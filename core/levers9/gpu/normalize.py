@@ -44,7 +44,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from levers9.gpu.catalog import UnknownGpuType, canonical
+from levers9.gpu.catalog import CATALOG, UnknownGpuType, canonical
 
 __all__ = [
     "from_ec2_gpu_info",
@@ -75,7 +75,9 @@ _MODEL_WORDS: dict[str, str] = {
     "H200": "H200",
     "GH200": "GH200",
     "B200": "B200",
+    "B300": "B300",
     "A6000": "A6000",
+    "RTXPRO6000": "RTXPRO6000",
     "RTXA6000": "A6000",
     "RTX4090": "RTX4090",
     "RTX5090": "RTX5090",
@@ -129,6 +131,10 @@ def _model_from_text(text: str, memory_mib: int | None = None) -> str | None:
     for i, word in enumerate(words):
         if word == "RTX" and i + 1 < len(words) and words[i + 1] in _RTX_SUFFIXES:
             return _MODEL_WORDS["RTX" + words[i + 1]]
+        if word == "RTX" and words[i + 1 : i + 2] == ["PRO"]:
+            # "RTX PRO 6000 Blackwell Server Edition", EC2's "RTX PRO Server 6000"; other RTX PRO cards
+            # (4500, 5000) are not in the catalog
+            return "RTXPRO6000" if "6000" in words[i + 2 : i + 4] else None
         if word in _MODEL_WORDS:
             return _MODEL_WORDS[word]
         if word in ("A100", "V100"):
@@ -263,6 +269,10 @@ def from_k8s_labels(labels: Mapping[str, str]) -> tuple[str | None, int]:
 # --------------------------------------------------------------------------- cloud APIs
 
 
+#: below this share of the catalog's memory, a reported GPU is a slice, not the whole card
+_WHOLE_GPU_SHARE = 0.85
+
+
 def from_ec2_gpu_info(gpu_info: Mapping[str, Any]) -> tuple[str | None, int]:
     """The canonical type and GPU count of an EC2 instance type, from ``DescribeInstanceTypes``.
 
@@ -294,6 +304,10 @@ def from_ec2_gpu_info(gpu_info: Mapping[str, Any]) -> tuple[str | None, int]:
         total += max(_int(entry.get("Count")) or 0, 0)
     # EC2 has no instance type mixing GPU models; if one appears, refuse to call it either.
     gpu = next(iter(types)) if len(types) == 1 else None
+    if gpu is not None and memory is not None and memory < CATALOG[gpu].memory_mib * _WHOLE_GPU_SHARE:
+        # A fraction of a GPU (g6f sells an eighth of an L4 as 2861 MiB): like a MIG slice,
+        # it is not the GPU type a job asked for.
+        return None, total
     return gpu, total
 
 
