@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
+from levers9 import probe
 from levers9.gpu.nvidia_smi import COMMAND, parse_query_gpu
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import GpuDevice
@@ -60,24 +60,15 @@ def levers9_gpu_devices() -> list[GpuDevice]:
     binary = find_nvidia_smi()
     if binary is None:
         return []
-    try:
-        result = subprocess.run(
-            [binary, *COMMAND[1:]],
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{binary} did not answer within {TIMEOUT_S:g} s") from None
-    except OSError as exc:
-        raise RuntimeError(f"could not run {binary}: {exc}") from exc
-    if result.returncode != 0:
+    result = probe.run([binary, *COMMAND[1:]], timeout=TIMEOUT_S)
+    if result.rc == probe.TIMED_OUT:
+        raise RuntimeError(f"{binary} did not answer within {TIMEOUT_S:g} s")
+    if result.rc in (probe.NOT_FOUND, probe.NOT_EXECUTABLE):
+        raise RuntimeError(f"could not run {binary}: {result.stderr.strip()}")
+    if result.rc != 0:
         # nvidia-smi prints most of its failures on stdout, so report both streams.
         message = "\n".join(part for part in (result.stderr.strip(), result.stdout.strip()) if part)
         if _NO_DEVICES in message:
             return []
-        raise RuntimeError(f"{binary} exited with status {result.returncode}: {message or '(no output)'}")
+        raise RuntimeError(f"{binary} exited with status {result.rc}: {message or '(no output)'}")
     return parse_query_gpu(result.stdout)
