@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 @dataclass
 class Installed:

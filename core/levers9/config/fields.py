@@ -34,6 +34,7 @@ __all__ = [
     "IMAGE_REF",
     "EnvVarName",
     "ImageRef",
+    "Port",
     "UniqueList",
     "env_var_name",
     "image_ref",
@@ -142,3 +143,6 @@ def image_ref(value: str) -> str:
 
 #: a container image reference, for example ``registry.example.com/levers9/worker:0.1.0``
 ImageRef = Annotated[str, AfterValidator(image_ref)]
+
+#: a TCP port number
+Port = Annotated[int, Field(ge=1, le=65535)]

@@ -16,13 +16,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from levers9.config.fields import Port
 from levers9.config.quantities import parse_memory_mib
 
 POOL_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 MemoryMiB = Annotated[int, BeforeValidator(parse_memory_mib)]
-Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
@@ -258,11 +258,6 @@ class PluginSet:
             if impl.plugin_name == plugin_name:
                 return impl
         return None
-
-    def unknown_names(self, names: Sequence[str]) -> list[str]:
-        """Names in an allow or block list that match no installed plugin (typos, usually)."""
-        known = {r.name for r in self.records.values()}
-        return [n for n in names if n not in known]
 
 
 def _dist_name(ep: metadata.EntryPoint) -> str | None:

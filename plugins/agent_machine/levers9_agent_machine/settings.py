@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from levers9.config.fields import ImageRef, pattern
+from levers9.config.fields import ImageRef, Port, pattern
 
 _HOSTNAME_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
@@ -56,7 +56,6 @@ def _none_word(value: Any) -> Any:
 
 Host = Annotated[str, AfterValidator(check_host)]
 LoginName = Annotated[str, pattern(_USER, "a valid login name", "ubuntu")]
-Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class JumpHost(BaseModel):
