@@ -103,7 +103,7 @@ def test_unknown_top_level_field_lists_accepted(tmp_path: Path) -> None:
     [issue] = problems(path)
     assert issue.startswith(f"{path}:3: pool:")
     assert "Did you mean 'pools'?" in issue
-    assert "Accepted: version, data_dir, state, listen, plugins, pools" in issue
+    assert "Accepted: version, data_dir, state, listen, plugins, scheduler, pools" in issue
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_yaml_syntax_error_has_a_line(tmp_path: Path) -> None:
     assert issue.startswith(f"{path}:3: not valid YAML")
 
 
-def test_fallback_targets_must_exist(tmp_path: Path) -> None:
+def test_pool_fallback_is_refused_pointing_to_the_request_preference(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         """
@@ -159,16 +159,12 @@ def test_fallback_targets_must_exist(tmp_path: Path) -> None:
             gpu: T4
             settings: {state_dir: /tmp/t}
             fallback:
-              to: [cpu, gpuu]
-          gpu2:
-            provider: toycloud
-            runtime: process
-            settings: {state_dir: /tmp/t}
+              to: [cpu]
         """,
     )
     [issue] = problems(path)
-    assert issue.startswith(f"{path}:8: pools.gpu.fallback.to[1]:")
-    assert "Accepted: cpu, gpu, gpu2" in issue
+    assert issue.startswith(f"{path}:7: pools.gpu.fallback:")
+    assert "gpu=['H100', 'L40S', 'cpu']" in issue
 
 
 def test_unknown_runtime_and_plugin_policy_names(tmp_path: Path) -> None:

@@ -166,13 +166,6 @@ def resolve(config: Config, source: SourceMap, hooks: Hooks) -> tuple[dict[str, 
         base: LocPath = ("pools", name)
         ok, settings = _validate_settings(hooks, "provider", pool.provider, pool.settings, base, issues)
         rt_ok, rt_settings = _validate_settings(hooks, "runtime", pool.runtime, pool.runtime_settings, base, issues)
-        for i, target in enumerate(pool.fallback.to):
-            where = (*base, "fallback", "to", i)
-            if target == name:
-                issues.add(where, "a pool cannot fall back to itself", target)
-            elif target != "cpu" and target not in config.pools:
-                known = ["cpu", *sorted(config.pools)]
-                issues.add(where, f"not a pool.{_suggest(target, known)} Accepted: {', '.join(known)}", target)
         if ok and rt_ok:
             pools[name] = _pool(name, pool, settings)
             runtime_settings[name] = rt_settings

@@ -45,6 +45,12 @@ class StateConfig(_Strict):
         description="Redis URL (redis://host:6379/0); empty means an embedded in-process Redis, "
         "which is only for a single controlplane.",
     )
+    secret_key_file: str | None = Field(
+        None,
+        description="File holding the key that encrypts secrets at rest (one Fernet key per line, the first "
+        "encrypts, the rest still decrypt, for rotation). Empty means secret.key in the data directory, "
+        "created on first start. LEVERS9_SECRET_KEY (comma-separated keys) overrides both.",
+    )
 
     @field_validator("database_url")
     @classmethod
@@ -92,12 +98,45 @@ class PluginsConfig(_Strict):
     hook_timeout_s: float = Field(30.0, gt=0, description="Deadline for one plugin hook call, in seconds.")
 
 
-class FallbackConfig(_Strict):
-    to: list[str] = Field(
-        default_factory=list,
-        description="Where this pool's work may go when the pool has no capacity: other pool names, or 'cpu'.",
+class SchedulerConfig(_Strict):
+    unavailable_ttl_s: float = Field(
+        180.0,
+        gt=0,
+        description="After a provider says it has no capacity or quota for a GPU type, that (pool, GPU type, "
+        "region) is skipped for this long and the next choice is tried at once.",
     )
-    after_s: float = Field(60.0, ge=0, description="How long work waits for this pool before falling back.")
+    max_wait_s: float = Field(
+        900.0,
+        gt=0,
+        description="A request that could be placed nowhere for this long fails, listing every pool and GPU "
+        "type tried and why each failed.",
+    )
+    retry_initial_s: float = Field(1.0, gt=0, description="First wait before asking providers again.")
+    retry_max_s: float = Field(60.0, gt=0, description="Waits between retries double up to this.")
+    worker_keepalive_s: float = Field(
+        30.0, gt=0, description="A worker that has not been heard from for this long is dead; its work is requeued."
+    )
+    register_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A machine whose worker has not registered this long after it was provisioned is "
+        "terminated and its record removed.",
+    )
+    provision_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Deadline for one provider call that starts a machine; past it the next choice is tried.",
+    )
+    reconcile_interval_s: float = Field(
+        60.0, gt=0, description="How often each pool's machines are compared with the provider's own listing."
+    )
+    batch_size: int = Field(256, ge=1, le=10_000, description="Requests placed per round trip to Redis.")
+
+    @model_validator(mode="after")
+    def _backoff(self) -> SchedulerConfig:
+        if self.retry_initial_s > self.retry_max_s:
+            raise ValueError(f"retry_initial_s ({self.retry_initial_s}) is above retry_max_s ({self.retry_max_s})")
+        return self
 
 
 def _gpu_type(value: object) -> object:
@@ -127,7 +166,16 @@ class PoolConfig(_Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="Labels work can select this pool by.")
     preemptible: bool = Field(False, description="Workers may be reclaimed (spot); work is retried elsewhere.")
     idle_timeout_s: float = Field(300.0, ge=0, description="An idle worker above min_workers is released after this.")
-    fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    cpu_work: bool = Field(
+        False,
+        description="Let CPU-only work run on this GPU pool's workers. Off by default so GPU machines stay "
+        "free for the work that needs them.",
+    )
+    fallback: Any = Field(
+        None,
+        description="Not supported: where work may go is the request's choice (gpu=[...], fallback=['cpu']).",
+        json_schema_extra={"deprecated": True},
+    )
     settings: dict[str, Any] = Field(
         default_factory=dict, description="Provider settings, validated by the provider plugin's own schema."
     )
@@ -146,12 +194,25 @@ class PoolConfig(_Strict):
                 )
         return labels
 
+    @field_validator("fallback")
+    @classmethod
+    def _no_pool_fallback(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(
+                "pools take no fallback: sending work to hardware its author did not list would break the "
+                "request's contract. List the alternatives in the request instead: "
+                "gpu=['H100', 'L40S', 'cpu'] (or fallback=['cpu'], fallback_after=120)"
+            )
+        return None
+
     @model_validator(mode="after")
     def _counts(self) -> PoolConfig:
         if self.gpu is None:
             if self.gpu_count not in (None, 0):
                 raise ValueError(f"gpu_count is {self.gpu_count} but the pool has no gpu type; set gpu: or drop it")
             self.gpu_count = 0
+            if self.cpu_work:
+                raise ValueError("cpu_work only applies to a GPU pool; a CPU pool always takes CPU work")
         else:
             if self.gpu_count is None:
                 self.gpu_count = 1
@@ -173,6 +234,7 @@ class Config(_Strict):
     state: StateConfig = Field(default_factory=StateConfig)
     listen: ListenConfig = Field(default_factory=ListenConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     pools: dict[Annotated[str, Field(pattern=POOL_NAME)], PoolConfig] = Field(
         default_factory=dict, description="Pools by name (lowercase letters, digits and '-')."
     )
