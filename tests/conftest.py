@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.postgres import database_url, postgres_server, postgres_url  # noqa: F401
+from tests.fixtures.redis import redis_factory, redis_server, redis_url  # noqa: F401
+
 
 @dataclass
 class Installed:

@@ -1,0 +1,245 @@
+"""Opening the database: URL handling, SQLite tuning and schema migrations.
+
+Operators write the URLs they know (``sqlite:///path``, ``postgresql://...``);
+they are mapped here to the async drivers levers9 uses, so nobody has to know
+that ``aiosqlite`` or psycopg's async mode exist.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from levers9.state.errors import DatabaseUrlError, StateError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+log = logging.getLogger(__name__)
+
+#: how long a SQLite connection waits for another writer before failing, in milliseconds
+SQLITE_BUSY_TIMEOUT_MS = 15_000
+#: an arbitrary constant: the PostgreSQL advisory lock held while migrating, so replicas migrate one at a time
+_MIGRATION_LOCK = 0x1E7E_0509
+
+_ACCEPTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql://USER@HOST/DB or postgresql+psycopg://USER@HOST/DB"
+_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+
+
+def normalize_url(url: str) -> URL:
+    """The async SQLAlchemy URL for what an operator wrote.
+
+    psycopg 3 serves both sync and async under one dialect name, so a
+    PostgreSQL URL keeps working if someone hands it to a sync tool.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        # SQLAlchemy's own message repeats the whole string, password included.
+        raise DatabaseUrlError(f"the database URL cannot be parsed; expected {_ACCEPTED}") from None
+    driver = _DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise DatabaseUrlError(
+            f"database URL scheme {parsed.drivername!r} is not supported ({parsed.render_as_string()}); "
+            f"expected {_ACCEPTED}"
+        )
+    parsed = parsed.set(drivername=driver)
+    if driver.startswith("sqlite"):
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:") or "mode=memory" in database:
+            raise DatabaseUrlError(
+                "an in-memory SQLite database loses every task on restart and is not shared between "
+                "connections; give a file path: sqlite:///PATH (a temporary directory in tests)"
+            )
+        parsed = parsed.set(database=str(Path(database).expanduser()))
+    return parsed
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as it may appear in logs and errors: never with its password."""
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except ArgumentError:
+            return "<unparseable database URL>"
+    return url.render_as_string(hide_password=True)
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # SQLAlchemy, not the sqlite3 module, decides when transactions begin (see _sqlite_begin).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # WAL lets readers proceed while one writer commits; the controlplane and CLI share the file.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    """Start every transaction holding SQLite's write lock.
+
+    A deferred transaction that reads and then writes must upgrade its lock;
+    if another connection wrote in between, SQLite fails at once with
+    "database is locked" and ``busy_timeout`` does not help. Taking the lock at
+    BEGIN makes writers queue for it instead. SQLite has one writer at a time
+    anyway, so little concurrency is lost, and WAL readers outside levers9
+    (backups, the sqlite3 shell) are not blocked.
+    """
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """The Alembic configuration, built in code so no alembic.ini has to ship or be found.
+
+    With ``url`` the Alembic commands (``revision --autogenerate``, ``history``)
+    can be used by a developer on a scratch database; :meth:`Database.migrate`
+    hands Alembic its own connection instead.
+    """
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parent.parent / "migrations"))
+    if url is not None:
+        sync = normalize_url(url)
+        if sync.drivername == "sqlite+aiosqlite":
+            sync = sync.set(drivername="sqlite")
+        # ConfigParser interpolation would read a '%' in a password as a placeholder.
+        config.set_main_option("sqlalchemy.url", sync.render_as_string(hide_password=False).replace("%", "%%"))
+    return config
+
+
+class Database:
+    """An async engine and its session factory; one per process, shared by every store."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    @property
+    def url(self) -> str:
+        """The URL without its password, for logs."""
+        return safe_url(self.engine.url)
+
+    def __repr__(self) -> str:
+        return f"Database({self.url!r})"
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session inside one transaction: committed when the block ends, rolled back if it raises."""
+        async with self.sessions() as session, session.begin():
+            yield session
+
+    async def migrate(self) -> None:
+        """Bring the schema to the newest migration; does nothing when it is already there."""
+        from alembic import command
+
+        config = alembic_config()
+
+        def upgrade(connection: Connection) -> None:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+        async with self.engine.connect() as connection:
+            sqlite = self.dialect == "sqlite"
+            if sqlite:
+                # Alembic rebuilds SQLite tables to alter them ("batch" mode); with foreign keys on,
+                # dropping the old copy would cascade-delete rows that point at it.
+                await connection.run_sync(_sqlite_pragma, "foreign_keys=OFF")
+            try:
+                async with connection.begin():
+                    if self.dialect == "postgresql":
+                        await connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+                    await connection.run_sync(upgrade)
+                    if sqlite:
+                        await connection.run_sync(_sqlite_foreign_key_check)
+            finally:
+                if sqlite:
+                    await connection.run_sync(_sqlite_pragma, "foreign_keys=ON")
+        log.debug("database %s is at the newest schema", self.url)
+
+    async def close(self) -> None:
+        """Close every pooled connection; the Database cannot be used afterwards."""
+        await self.engine.dispose()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _sqlite_pragma(connection: Connection, pragma: str) -> None:
+    # A PRAGMA issued inside a transaction is ignored, so it goes to the driver outside SQLAlchemy's.
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(f"PRAGMA {pragma}")
+    finally:
+        cursor.close()
+
+
+def _sqlite_foreign_key_check(connection: Connection) -> None:
+    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+    if broken:
+        tables = sorted({str(row[0]) for row in broken})
+        raise StateError(f"the migration left rows whose foreign keys point nowhere, in: {', '.join(tables)}")
+
+
+async def open_database(url: str, *, migrate: bool = True) -> Database:
+    """Open the database at ``url`` (see :func:`normalize_url`) and, by default, migrate it to the newest schema.
+
+    For SQLite the file's directory is created, so a fresh data directory works.
+    """
+    parsed = normalize_url(url)
+    options: dict[str, Any] = {}
+    if parsed.drivername == "sqlite+aiosqlite":
+        assert parsed.database is not None  # normalize_url refuses an empty path
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        if importlib.util.find_spec("psycopg") is None:
+            raise DatabaseUrlError(
+                "PostgreSQL needs the psycopg driver, which is not installed: pip install 'levers9[postgres]'"
+            )
+        # A database restarted under a running controlplane leaves dead pooled connections.
+        options["pool_pre_ping"] = True
+    engine = create_async_engine(parsed, **options)
+    if parsed.drivername == "sqlite+aiosqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_connect)
+        event.listen(engine.sync_engine, "begin", _sqlite_begin)
+    database = Database(engine)
+    log.info("opening database %s", database.url)
+    if migrate:
+        try:
+            await database.migrate()
+        except BaseException:
+            await database.close()
+            raise
+    return database
+
+
+__all__ = ["Database", "alembic_config", "normalize_url", "open_database", "safe_url"]

@@ -1,0 +1,321 @@
+"""The database schema, as SQLAlchemy 2 declarative models.
+
+These models are the reference the Alembic migrations are tested against (an
+autogenerate comparison finds no difference on SQLite or PostgreSQL), so a
+change here needs a new migration under ``levers9/state/migrations/versions``.
+
+Conventions that keep both databases alike:
+
+* primary keys are text, a short prefix and a random UUID (``task_4f…``), so
+  ids can be made before a row is written and say what they name in a log;
+* every timestamp is timezone-aware UTC, also on SQLite, which has no time
+  zone type (see :class:`UtcDateTime`);
+* states are strings with a CHECK constraint rather than database enums,
+  because adding an enum value is a migration on PostgreSQL and is not even
+  expressible on SQLite;
+* constraints and indexes have names from one naming convention, so a later
+  migration can alter them by name on both databases.
+
+Nothing outside the stores should see these classes: the stores return frozen
+records, so no ORM object outlives its session.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from levers9.state.sql.records import CheckpointStatus, MachineState, TaskStatus, TokenKind
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TASK_STATUSES = tuple(status.value for status in TaskStatus)
+TOKEN_KINDS = tuple(kind.value for kind in TokenKind)
+MACHINE_STATES = tuple(state.value for state in MachineState)
+CHECKPOINT_STATUSES = tuple(status.value for status in CheckpointStatus)
+
+
+def new_id(prefix: str) -> str:
+    """A fresh primary key such as ``task_9f0c…``: the prefix says what it names, the UUID makes it unique."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zone type and would
+    hand back naive datetimes, which compare wrongly with aware ones and make
+    "is this token expired" a ``TypeError``. Values go in as UTC and come back
+    tagged UTC on both. Naive datetimes are refused on the way in, because
+    guessing their zone is how off-by-hours bugs start.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"timestamp {value.isoformat()} has no time zone; pass an aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON()}
+
+
+metadata = Base.metadata
+
+
+class Workspace(Base):
+    __tablename__ = "workspaces"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    __table_args__ = (CheckConstraint(_one_of("kind", TOKEN_KINDS), name="kind"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str | None] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    #: what the token stands for besides a workspace, such as a machine id
+    subject: Mapped[str | None] = mapped_column(String(128), index=True)
+    #: SHA-256 of the token; the token itself is never stored
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class App(Base):
+    __tablename__ = "apps"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+
+
+class Stub(Base):
+    """A function as it was deployed: its image and its resource and GPU configuration."""
+
+    __tablename__ = "stubs"
+    __table_args__ = (UniqueConstraint("app_id", "config_hash"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    app_id: Mapped[str] = mapped_column(ForeignKey("apps.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    config: Mapped[dict[str, Any]]
+    config_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+
+
+class Deployment(Base):
+    __tablename__ = "deployments"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    app_id: Mapped[str] = mapped_column(ForeignKey("apps.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    active_version: Mapped[int | None]
+    created_at: Mapped[datetime]
+
+
+class DeploymentVersion(Base):
+    __tablename__ = "deployment_versions"
+    __table_args__ = (UniqueConstraint("deployment_id", "version"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    version: Mapped[int]
+    stub_id: Mapped[str] = mapped_column(ForeignKey("stubs.id"))
+    created_at: Mapped[datetime]
+
+
+class Task(Base):
+    """One call of a function; SQL is its source of truth, Redis only its working copy."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (CheckConstraint(_one_of("status", TASK_STATUSES), name="status"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+    stub_id: Mapped[str | None] = mapped_column(ForeignKey("stubs.id", ondelete="SET NULL"))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: the scheduler's serialized placement request; opaque here
+    request: Mapped[dict[str, Any]]
+    container_id: Mapped[str | None] = mapped_column(String(128))
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    pool: Mapped[str | None] = mapped_column(String(64))
+    gpu: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class TaskPlacement(Base):
+    """One step of a task's placement history: where it was tried and what happened."""
+
+    __tablename__ = "task_placements"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int]
+    at: Mapped[datetime]
+    outcome: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str | None] = mapped_column(String(64))
+    gpu: Mapped[str | None] = mapped_column(String(64))
+    region: Mapped[str | None] = mapped_column(String(64))
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Secret(Base):
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    #: the value, encrypted with the secret key (see levers9.state.crypto)
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Machine(Base):
+    __tablename__ = "machines"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", MACHINE_STATES), name="state"),
+        Index("ix_machines_pool_state", "pool", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(64))
+    provider: Mapped[str] = mapped_column(String(64))
+    #: the provider's own id for the machine (an EC2 instance id...), once it has one
+    provider_id: Mapped[str | None] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    gpu: Mapped[str | None] = mapped_column(String(64))
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0)
+    region: Mapped[str | None] = mapped_column(String(64))
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    token_id: Mapped[str | None] = mapped_column(ForeignKey("tokens.id", ondelete="SET NULL"))
+    #: the machine is given up on if its worker has not registered by then
+    register_by: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    registered_at: Mapped[datetime | None]
+    terminated_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (CheckConstraint(_one_of("status", CHECKPOINT_STATUSES), name="status"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    stub_id: Mapped[str | None] = mapped_column(ForeignKey("stubs.id", ondelete="SET NULL"), index=True)
+    task_id: Mapped[str | None] = mapped_column(ForeignKey("tasks.id", ondelete="SET NULL"))
+    status: Mapped[str] = mapped_column(String(16))
+    runtime: Mapped[str] = mapped_column(String(64))
+    gpu: Mapped[str | None] = mapped_column(String(64))
+    path: Mapped[str | None] = mapped_column(Text)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Cluster(Base):
+    """A Kubernetes cluster attached by a workspace; its settings hold a kubeconfig, so they are encrypted."""
+
+    __tablename__ = "clusters"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str] = mapped_column(String(64))
+    settings_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+
+
+__all__ = [
+    "CHECKPOINT_STATUSES",
+    "MACHINE_STATES",
+    "NAMING_CONVENTION",
+    "TASK_STATUSES",
+    "TOKEN_KINDS",
+    "App",
+    "Base",
+    "Checkpoint",
+    "Cluster",
+    "Deployment",
+    "DeploymentVersion",
+    "Machine",
+    "Secret",
+    "Stub",
+    "Task",
+    "TaskPlacement",
+    "Token",
+    "UtcDateTime",
+    "Workspace",
+    "metadata",
+    "new_id",
+    "utcnow",
+]

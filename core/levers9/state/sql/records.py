@@ -1,0 +1,244 @@
+"""What the stores return: frozen records and the state enums.
+
+Records are plain dataclasses rather than ORM objects so that nothing handed
+to the scheduler or the API is tied to a database session: an ORM object used
+after its session ends either raises or, worse, silently loads stale data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETE = "complete"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+    @property
+    def terminal(self) -> bool:
+        """A finished task never changes status again."""
+        return self not in (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+
+class TokenKind(StrEnum):
+    USER = "user"
+    WORKER = "worker"
+    AGENT = "agent"
+    MACHINE = "machine"
+
+
+class MachineState(StrEnum):
+    REQUESTED = "requested"
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
+class CheckpointStatus(StrEnum):
+    PENDING = "pending"
+    AVAILABLE = "available"
+    FAILED = "failed"
+    RESTORE_FAILED = "restore_failed"
+
+
+class PlacementOutcome(StrEnum):
+    """The outcomes the core records; the column takes any short string, so a new one needs no migration."""
+
+    PLACED = "placed"
+    UNAVAILABLE = "unavailable"
+    FAILED = "failed"
+    REQUEUED = "requeued"
+    GAVE_UP = "gave_up"
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def parse_enum(enum: type[E], value: str, what: str) -> E:
+    """``value`` as a member of ``enum``, or a ValueError that lists what would be accepted."""
+    try:
+        return enum(value)
+    except ValueError:
+        accepted = ", ".join(member.value for member in enum)
+        raise ValueError(f"{what} {value!r} is not one of: {accepted}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceRecord:
+    id: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A token's metadata; the token itself is shown once, when issued, and its hash never leaves the store."""
+
+    id: str
+    kind: TokenKind
+    workspace_id: str | None
+    subject: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppRecord:
+    id: str
+    workspace_id: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StubRecord:
+    id: str
+    workspace_id: str
+    app_id: str
+    name: str
+    kind: str
+    #: image, cpu, memory, GPU preference, timeout, retries...
+    config: dict[str, Any]
+    config_hash: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRecord:
+    id: str
+    workspace_id: str
+    app_id: str
+    name: str
+    active_version: int | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentVersionRecord:
+    id: str
+    deployment_id: str
+    version: int
+    stub_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    id: str
+    workspace_id: str
+    stub_id: str | None
+    status: TaskStatus
+    #: how many times the task was requeued after a failed or lost attempt
+    attempts: int
+    #: the scheduler's serialized placement request
+    request: dict[str, Any]
+    container_id: str | None
+    worker_id: str | None
+    pool: str | None
+    gpu: str | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementEvent:
+    """One entry of a task's placement history.
+
+    When recording, ``attempt`` and ``at`` may be left out: they default to the
+    task's current attempt number and the time of recording. Read back from
+    :meth:`~levers9.state.sql.tasks.TaskStore.history`, both are always set.
+    """
+
+    task_id: str
+    outcome: str
+    pool: str | None = None
+    gpu: str | None = None
+    region: str | None = None
+    worker_id: str | None = None
+    reason: str | None = None
+    attempt: int | None = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MachineRecord:
+    id: str
+    pool: str
+    provider: str
+    provider_id: str | None
+    state: MachineState
+    gpu: str | None
+    gpu_count: int
+    region: str | None
+    worker_id: str | None
+    token_id: str | None
+    register_by: datetime | None
+    created_at: datetime
+    registered_at: datetime | None
+    terminated_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    id: str
+    workspace_id: str
+    stub_id: str | None
+    task_id: str | None
+    status: CheckpointStatus
+    runtime: str
+    gpu: str | None
+    path: str | None
+    size_bytes: int | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    """An attached cluster; its settings stay encrypted until asked for with ``ClusterStore.settings``."""
+
+    id: str
+    workspace_id: str
+    name: str
+    kind: str
+    pool: str
+    has_settings: bool
+    created_at: datetime
+
+
+__all__ = [
+    "AppRecord",
+    "CheckpointRecord",
+    "CheckpointStatus",
+    "ClusterRecord",
+    "DeploymentRecord",
+    "DeploymentVersionRecord",
+    "MachineRecord",
+    "MachineState",
+    "PlacementEvent",
+    "PlacementOutcome",
+    "StubRecord",
+    "TaskRecord",
+    "TaskStatus",
+    "TokenKind",
+    "TokenRecord",
+    "WorkspaceRecord",
+    "parse_enum",
+]

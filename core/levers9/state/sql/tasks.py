@@ -1,0 +1,325 @@
+"""Tasks and their placement history: the source of truth the scheduler rebuilds from after a restart.
+
+Redis holds the scheduler's working queues; this table holds what must
+survive the controlplane: every task that is not finished is read back by
+:meth:`TaskStore.unfinished` at start. Status changes follow one rule set:
+
+* ``pending`` -> ``running`` (a container started) -> a terminal status;
+* ``pending`` or ``running`` -> ``pending`` again through :meth:`TaskStore.requeue`,
+  which counts an attempt;
+* terminal statuses (complete, error, cancelled, timeout) never change again;
+  finishing twice with the same status is accepted, so a retried RPC is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
+from levers9.state.sql._common import require
+from levers9.state.sql.database import Database
+from levers9.state.sql.models import Task, TaskPlacement, Workspace, new_id, utcnow
+from levers9.state.sql.records import PlacementEvent, PlacementOutcome, TaskRecord, TaskStatus, parse_enum
+
+_UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
+_OUTCOME_MAX = 32
+
+
+def _task(row: Task) -> TaskRecord:
+    return TaskRecord(
+        id=row.id,
+        workspace_id=row.workspace_id,
+        stub_id=row.stub_id,
+        status=TaskStatus(row.status),
+        attempts=row.attempts,
+        request=dict(row.request),
+        container_id=row.container_id,
+        worker_id=row.worker_id,
+        pool=row.pool,
+        gpu=row.gpu,
+        error=row.error,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _event(row: TaskPlacement) -> PlacementEvent:
+    return PlacementEvent(
+        task_id=row.task_id,
+        outcome=row.outcome,
+        pool=row.pool,
+        gpu=row.gpu,
+        region=row.region,
+        worker_id=row.worker_id,
+        reason=row.reason,
+        attempt=row.attempt,
+        at=row.at,
+    )
+
+
+class TaskStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create(
+        self, workspace_id: str, request: dict[str, Any], *, stub_id: str | None = None, task_id: str | None = None
+    ) -> TaskRecord:
+        """A new pending task; ``task_id`` lets the caller choose the id (made here when None)."""
+        [record] = await self.create_many(
+            workspace_id, [request if task_id is None else (task_id, request)], stub_id=stub_id
+        )
+        return record
+
+    async def create_many(
+        self,
+        workspace_id: str,
+        requests: Sequence[dict[str, Any] | tuple[str, dict[str, Any]]],
+        *,
+        stub_id: str | None = None,
+    ) -> list[TaskRecord]:
+        """Many pending tasks in one transaction (a ``map`` over inputs): all are stored, or none.
+
+        Each item is a request (its task id is made here) or a ``(task_id,
+        request)`` pair, for a scheduler that names its requests itself.
+        """
+        now = utcnow()
+        rows: list[Task] = []
+        chosen: list[str] = []
+        for item in requests:
+            if isinstance(item, tuple):
+                task_id, request = item
+                chosen.append(task_id)
+            else:
+                task_id, request = new_id("task"), item
+            rows.append(
+                Task(
+                    id=task_id,
+                    workspace_id=workspace_id,
+                    stub_id=stub_id,
+                    status=TaskStatus.PENDING.value,
+                    attempts=0,
+                    request=request,
+                    container_id=None,
+                    worker_id=None,
+                    pool=None,
+                    gpu=None,
+                    error=None,
+                    created_at=now,
+                    updated_at=now,
+                    started_at=None,
+                    finished_at=None,
+                )
+            )
+        if not rows:
+            return []
+        try:
+            async with self._db.transaction() as session:
+                await require(session, Workspace, workspace_id, "workspace")
+                session.add_all(rows)
+                await session.flush()
+                return [_task(row) for row in rows]
+        except IntegrityError:
+            # The workspace was checked above, so a violated constraint is a reused id or a missing stub.
+            shown = ", ".join(chosen[:5]) + ("..." if len(chosen) > 5 else "")
+            raise AlreadyExists(
+                f"a task id given ({shown or 'none'}) already exists, or stub {stub_id!r} does not; nothing was stored"
+            ) from None
+
+    async def get(self, task_id: str) -> TaskRecord | None:
+        async with self._db.transaction() as session:
+            row = await session.get(Task, task_id)
+            return None if row is None else _task(row)
+
+    async def unfinished(self) -> list[TaskRecord]:
+        """Every pending and running task, oldest first: what a restarted controlplane must pick up again."""
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Task).where(Task.status.in_(_UNFINISHED)).order_by(Task.created_at, Task.id)
+            )
+            return [_task(row) for row in rows]
+
+    async def for_workspace(
+        self, workspace_id: str, *, statuses: Sequence[str] | None = None, limit: int = 100
+    ) -> list[TaskRecord]:
+        """A workspace's tasks, newest first."""
+        query = select(Task).where(Task.workspace_id == workspace_id)
+        if statuses is not None:
+            query = query.where(Task.status.in_([parse_enum(TaskStatus, s, "task status").value for s in statuses]))
+        async with self._db.transaction() as session:
+            rows = await session.scalars(query.order_by(Task.created_at.desc(), Task.id).limit(limit))
+            return [_task(row) for row in rows]
+
+    async def record(self, events: Sequence[PlacementEvent]) -> None:
+        """Append placement history for many tasks in one transaction (the scheduler calls it once per batch).
+
+        A ``placed`` event also stores where the task went (worker, pool, GPU)
+        on the task itself, unless the task finished meanwhile (cancelled while
+        the scheduler was placing it). Unknown task ids fail the whole batch.
+        """
+        if not events:
+            return
+        for event in events:
+            if not event.outcome or len(event.outcome) > _OUTCOME_MAX:
+                raise ValueError(f"placement outcome {event.outcome!r} must be 1-{_OUTCOME_MAX} characters")
+        now = utcnow()
+        ids = sorted({event.task_id for event in events})
+        async with self._db.transaction() as session:
+            # Locked in id order, so two batches touching the same tasks cannot deadlock.
+            found = {
+                row.id: (row.attempts, row.status)
+                for row in await session.execute(
+                    select(Task.id, Task.attempts, Task.status)
+                    .where(Task.id.in_(ids))
+                    .order_by(Task.id)
+                    .with_for_update()
+                )
+            }
+            missing = [task_id for task_id in ids if task_id not in found]
+            if missing:
+                raise NotFound("task", ", ".join(missing))
+            history: list[dict[str, Any]] = []
+            placed: dict[str, dict[str, Any]] = {}
+            for event in events:
+                attempts, status = found[event.task_id]
+                history.append(
+                    {
+                        "task_id": event.task_id,
+                        "attempt": attempts if event.attempt is None else event.attempt,
+                        "at": now if event.at is None else event.at,
+                        "outcome": event.outcome,
+                        "pool": event.pool,
+                        "gpu": event.gpu,
+                        "region": event.region,
+                        "worker_id": event.worker_id,
+                        "reason": event.reason,
+                    }
+                )
+                if event.outcome == PlacementOutcome.PLACED and status in _UNFINISHED:
+                    placed[event.task_id] = {
+                        "id": event.task_id,
+                        "worker_id": event.worker_id,
+                        "pool": event.pool,
+                        "gpu": event.gpu,
+                        "updated_at": now,
+                    }
+            await session.execute(insert(TaskPlacement), history)
+            if placed:
+                await session.execute(update(Task), list(placed.values()))
+
+    async def set_running(self, task_id: str, worker_id: str, container_id: str) -> TaskRecord:
+        """The task's container started on ``worker_id``; only a pending task can start.
+
+        Repeating the call for the same worker and container returns the task
+        unchanged, so a worker that retries its report is not refused.
+        """
+        now = utcnow()
+        async with self._db.transaction() as session:
+            row = await require(session, Task, task_id, "task", lock=True)
+            if row.status == TaskStatus.RUNNING and (row.worker_id, row.container_id) == (worker_id, container_id):
+                return _task(row)
+            if row.status != TaskStatus.PENDING:
+                raise InvalidTransition(
+                    f"task {task_id} is {row.status}"
+                    + (
+                        f" in container {row.container_id} on {row.worker_id}"
+                        if row.status == TaskStatus.RUNNING
+                        else ""
+                    )
+                    + "; only a pending task can start running"
+                )
+            row.status = TaskStatus.RUNNING.value
+            row.worker_id = worker_id
+            row.container_id = container_id
+            row.started_at = now
+            row.updated_at = now
+            return _task(row)
+
+    async def finish(self, task_id: str, status: str, error: str | None = None) -> TaskRecord:
+        """End the task with a terminal ``status``. Finishing again with the same status changes nothing."""
+        final = parse_enum(TaskStatus, status, "task status")
+        if not final.terminal:
+            raise ValueError(
+                f"finish takes a terminal status (complete, error, cancelled, timeout), got {status!r}; "
+                "use requeue to make a task pending again"
+            )
+        now = utcnow()
+        async with self._db.transaction() as session:
+            row = await require(session, Task, task_id, "task", lock=True)
+            current = TaskStatus(row.status)
+            if current == final:
+                return _task(row)
+            if current.terminal:
+                raise InvalidTransition(f"task {task_id} already finished as {current}; it cannot become {final}")
+            row.status = final.value
+            row.error = error
+            row.finished_at = now
+            row.updated_at = now
+            return _task(row)
+
+    async def cancel(self, task_id: str) -> bool:
+        """Cancel the task; True if this call cancelled it, False if it had already finished.
+
+        Cancelling races with completion by nature, so losing that race is not
+        an error: the task keeps the outcome it finished with.
+        """
+        async with self._db.transaction() as session:
+            row = await require(session, Task, task_id, "task", lock=True)
+            if TaskStatus(row.status).terminal:
+                return False
+            now = utcnow()
+            row.status = TaskStatus.CANCELLED.value
+            row.finished_at = now
+            row.updated_at = now
+            return True
+
+    async def requeue(self, task_id: str, reason: str) -> TaskRecord:
+        """Make a pending or running task pending again, counting one more attempt and recording why.
+
+        Where it ran (worker, container, pool, GPU) is cleared from the task and
+        kept in its history, attributed to the attempt that ended.
+        """
+        now = utcnow()
+        async with self._db.transaction() as session:
+            row = await require(session, Task, task_id, "task", lock=True)
+            if TaskStatus(row.status).terminal:
+                raise InvalidTransition(f"task {task_id} already finished as {row.status}; it cannot be requeued")
+            session.add(
+                TaskPlacement(
+                    task_id=task_id,
+                    attempt=row.attempts,
+                    at=now,
+                    outcome=PlacementOutcome.REQUEUED.value,
+                    pool=row.pool,
+                    gpu=row.gpu,
+                    region=None,
+                    worker_id=row.worker_id,
+                    reason=reason,
+                )
+            )
+            row.status = TaskStatus.PENDING.value
+            row.attempts += 1
+            row.worker_id = None
+            row.container_id = None
+            row.pool = None
+            row.gpu = None
+            row.started_at = None
+            row.updated_at = now
+            return _task(row)
+
+    async def history(self, task_id: str) -> list[PlacementEvent]:
+        """The task's placement history in the order it was recorded."""
+        async with self._db.transaction() as session:
+            await require(session, Task, task_id, "task")
+            rows = await session.scalars(
+                select(TaskPlacement).where(TaskPlacement.task_id == task_id).order_by(TaskPlacement.id)
+            )
+            return [_event(row) for row in rows]
+
+
+__all__ = ["TaskStore"]

@@ -1,0 +1,173 @@
+"""Workspaces, and the API tokens that act in them.
+
+Only a token's SHA-256 is stored (see :func:`levers9.state.crypto.hash_token`):
+someone who reads the database or a backup learns nothing that lets them call
+the API.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from levers9.state.crypto import hash_token, new_token
+from levers9.state.errors import AlreadyExists, NotFound
+from levers9.state.sql._common import check_name, retry_on_race
+from levers9.state.sql.database import Database
+from levers9.state.sql.models import Token, Workspace, new_id, utcnow
+from levers9.state.sql.records import TokenKind, TokenRecord, WorkspaceRecord, parse_enum
+
+#: ``last_used_at`` is only rewritten when it is older than this, so verifying a
+#: token on every RPC does not turn every RPC into a database write
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def _workspace(row: Workspace) -> WorkspaceRecord:
+    return WorkspaceRecord(id=row.id, name=row.name, created_at=row.created_at)
+
+
+def _token(row: Token) -> TokenRecord:
+    return TokenRecord(
+        id=row.id,
+        kind=TokenKind(row.kind),
+        workspace_id=row.workspace_id,
+        subject=row.subject,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        last_used_at=row.last_used_at,
+    )
+
+
+class WorkspaceStore:
+    """Workspaces: the unit that owns apps, tasks and secrets and never sees another's."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create(self, name: str) -> WorkspaceRecord:
+        check_name(name, "workspace name", 128)
+        try:
+            async with self._db.transaction() as session:
+                row = Workspace(id=new_id("ws"), name=name, created_at=utcnow())
+                session.add(row)
+                await session.flush()
+                return _workspace(row)
+        except IntegrityError:
+            raise AlreadyExists(f"a workspace named {name!r} already exists") from None
+
+    async def get_or_create(self, name: str) -> WorkspaceRecord:
+        """The workspace called ``name``, made if missing (the default workspace of a fresh install)."""
+        check_name(name, "workspace name", 128)
+
+        async def attempt() -> WorkspaceRecord:
+            async with self._db.transaction() as session:
+                row = await session.scalar(select(Workspace).where(Workspace.name == name))
+                if row is None:
+                    row = Workspace(id=new_id("ws"), name=name, created_at=utcnow())
+                    session.add(row)
+                    await session.flush()
+                return _workspace(row)
+
+        return await retry_on_race(attempt)
+
+    async def get(self, workspace_id: str) -> WorkspaceRecord | None:
+        async with self._db.transaction() as session:
+            row = await session.get(Workspace, workspace_id)
+            return None if row is None else _workspace(row)
+
+    async def by_name(self, name: str) -> WorkspaceRecord | None:
+        async with self._db.transaction() as session:
+            row = await session.scalar(select(Workspace).where(Workspace.name == name))
+            return None if row is None else _workspace(row)
+
+
+class TokenStore:
+    """API tokens for users, workers, agents and machines."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def issue(
+        self,
+        kind: str,
+        *,
+        workspace_id: str | None = None,
+        subject: str | None = None,
+        ttl_s: float | None = None,
+    ) -> tuple[TokenRecord, str]:
+        """A new token: its record and the token itself, which is returned this once and never stored."""
+        token_kind = parse_enum(TokenKind, kind, "token kind")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"ttl_s must be above 0 seconds (or None for a token that never expires), got {ttl_s}")
+        token = new_token(token_kind.value)
+        now = utcnow()
+        async with self._db.transaction() as session:
+            if workspace_id is not None and await session.get(Workspace, workspace_id) is None:
+                raise NotFound("workspace", workspace_id)
+            row = Token(
+                id=new_id("tok"),
+                workspace_id=workspace_id,
+                kind=token_kind.value,
+                subject=subject,
+                token_hash=hash_token(token),
+                created_at=now,
+                expires_at=None if ttl_s is None else now + timedelta(seconds=ttl_s),
+                revoked_at=None,
+                last_used_at=None,
+            )
+            session.add(row)
+            await session.flush()
+            return _token(row), token
+
+    async def verify(self, token: str, *, kind: str | None = None) -> TokenRecord | None:
+        """The token's record if it is valid (known, not revoked, not expired, of ``kind`` if given), else None.
+
+        Every failure gives the same None, so a caller cannot tell an attacker
+        which of them it was.
+        """
+        wanted = None if kind is None else parse_enum(TokenKind, kind, "token kind")
+        now = utcnow()
+        async with self._db.transaction() as session:
+            row = await session.scalar(select(Token).where(Token.token_hash == hash_token(token)))
+            if row is None or row.revoked_at is not None:
+                return None
+            if row.expires_at is not None and row.expires_at <= now:
+                return None
+            if wanted is not None and row.kind != wanted.value:
+                return None
+            if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
+                row.last_used_at = now
+            return _token(row)
+
+    async def get(self, token_id: str) -> TokenRecord | None:
+        async with self._db.transaction() as session:
+            row = await session.get(Token, token_id)
+            return None if row is None else _token(row)
+
+    async def revoke(self, token_id: str) -> bool:
+        """Revoke one token; False if it does not exist. Revoking twice keeps the first time."""
+        async with self._db.transaction() as session:
+            row = await session.get(Token, token_id, with_for_update=True)
+            if row is None:
+                return False
+            if row.revoked_at is None:
+                row.revoked_at = utcnow()
+            return True
+
+    async def revoke_subject(self, subject: str) -> int:
+        """Revoke every live token of ``subject`` (a machine being terminated); returns how many."""
+        async with self._db.transaction() as session:
+            result = await session.execute(
+                update(Token)
+                .where(Token.subject == subject, Token.revoked_at.is_(None))
+                .values(revoked_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            count: int = result.rowcount  # type: ignore[attr-defined]
+            return count
+
+
+__all__ = ["LAST_USED_RESOLUTION", "TokenStore", "WorkspaceStore"]
