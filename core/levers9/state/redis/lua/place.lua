@@ -1,0 +1,83 @@
+-- ARGV: prefix, now_ms, limit, recheck_ms.
+-- Places up to `limit` due requests in one atomic step: for each, the first preference
+-- group (in order, once its not-before time has come) with a fitting worker wins, and
+-- within the group the fullest fitting worker. Being one script, two schedulers sharing
+-- this Redis can never place a request twice or overcommit a worker.
+local now = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local recheck = tonumber(ARGV[4])
+local backlog = P .. 'backlog'
+
+local function fit(pool, cpu, mem, gpus)
+  local idx = P .. 'idx:' .. pool
+  local lower = gpus * GPU_UNIT + math.min(cpu, GPU_UNIT - 1)
+  local offset = 0
+  while true do
+    local page = redis.call('ZRANGEBYSCORE', idx, lower, '+inf', 'WITHSCORES', 'LIMIT', offset, 32)
+    if #page == 0 then return nil end
+    local dropped = 0
+    for i = 1, #page, 2 do
+      local wid = page[i]
+      local w = redis.call('HMGET', wkey(wid), 'cpu_free', 'mem_free', 'gpu_free', 'status')
+      if w[4] ~= 'running' or redis.call('EXISTS', P .. 'alive:' .. wid) == 0 then
+        -- gone quiet or draining: out of the index; the reaper requeues a dead worker's work
+        redis.call('ZREM', idx, wid)
+        dropped = dropped + 1
+      elseif tonumber(w[1]) >= cpu and tonumber(w[2]) >= mem and tonumber(w[3]) >= gpus then
+        return wid, tonumber(page[i + 1])
+      end
+    end
+    offset = offset + #page / 2 - dropped
+  end
+end
+
+local due = redis.call('ZRANGEBYSCORE', backlog, '-inf', now, 'LIMIT', 0, limit)
+local placed, unplaced = {}, {}
+for _, rid in ipairs(due) do
+  local rkey = P .. 'r:' .. rid
+  local r = redis.call('HMGET', rkey, 'cpu', 'mem', 'gpus', 'groups', 'enq', 'state')
+  if not r[1] or r[6] ~= 'queued' then
+    redis.call('ZREM', backlog, rid)
+  else
+    local cpu, mem, gpus = tonumber(r[1]), tonumber(r[2]), 0
+    local best, best_score, best_pool
+    local next_gate
+    for _, group in ipairs(split(r[4], '|')) do
+      local nb, g, list = string.match(group, '^(%d+);(%d+);(.*)$')
+      nb = tonumber(nb)
+      if nb <= now then
+        for _, pool in ipairs(split(list, ',')) do
+          local wid, s = fit(pool, cpu, mem, tonumber(g))
+          if wid and (not best or s < best_score) then best, best_score, best_pool, gpus = wid, s, pool, tonumber(g) end
+        end
+        if best then break end
+      elseif not next_gate or nb < next_gate then
+        next_gate = nb
+      end
+    end
+    if best then
+      local key = wkey(best)
+      redis.call('HINCRBY', key, 'cpu_free', 0 - cpu)
+      redis.call('HINCRBY', key, 'mem_free', 0 - mem)
+      redis.call('HINCRBY', key, 'gpu_free', 0 - gpus)  -- not -gpus: Lua's -0 reaches Redis as "-0", not an integer
+      redis.call('HINCRBY', key, 'running', 1)
+      redis.call('HSET', key, 'idle_since', 0)
+      reindex(best, best_pool)
+      redis.call('ZREM', backlog, rid)
+      redis.call('HSET', rkey, 'state', 'placed', 'worker', best, 'pool', best_pool, 'held', gpus)
+      redis.call('RPUSH', P .. 'wq:' .. best, rid)
+      redis.call('SADD', P .. 'wr:' .. best, rid)
+      unmet_rem(rid, r[4])
+      placed[#placed + 1] = rid
+      placed[#placed + 1] = best
+      placed[#placed + 1] = best_pool
+    else
+      local again = now + recheck
+      if next_gate and next_gate < again then again = next_gate end
+      redis.call('ZADD', backlog, again, rid)
+      unmet_add(rid, r[4], r[5])
+      unplaced[#unplaced + 1] = rid
+    end
+  end
+end
+return {placed, unplaced}
