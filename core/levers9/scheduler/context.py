@@ -1,0 +1,48 @@
+"""Everything the scheduler's parts share, in one object so each part's constructor stays short."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from levers9.config.model import SchedulerConfig
+    from levers9.hooks.facade import Hooks
+    from levers9.scheduler.availability import Unavailable
+    from levers9.scheduler.pools import PoolSpec
+    from levers9.state.redis.backlog import Backlog
+    from levers9.state.redis.workers import WorkerRegistry
+    from levers9.state.sql.machines import MachineStore
+    from levers9.state.sql.tasks import TaskStore
+    from levers9.state.sql.workspaces import TokenStore
+
+
+@dataclass
+class Context:
+    backlog: Backlog
+    workers: WorkerRegistry
+    unavailable: Unavailable
+    hooks: Hooks
+    pools: dict[str, PoolSpec]
+    settings: SchedulerConfig
+    tasks: TaskStore
+    machines: MachineStore
+    tokens: TokenStore
+    #: where provisioned workers dial
+    controlplane_url: str
+    clock: Callable[[], float] = time.time
+    #: set to make the placement loop run now rather than at its next tick
+    placer_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set to make the planner run now (a provider just said no: try the next candidate at once)
+    planner_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def backoff_s(self, rounds: int) -> float:
+        """Exponential wait between tries, capped: retry_initial_s, doubling, at most retry_max_s."""
+        s = self.settings
+        return float(min(s.retry_max_s, s.retry_initial_s * 2 ** max(0, min(rounds, 30))))

@@ -1,0 +1,206 @@
+"""The capacity planner: getting a worker for work that fits on none, in preference order.
+
+It runs on the replica holding the lease. Each pass reads the unmet requests
+oldest first and walks each one's candidate pools in preference order:
+
+1. a candidate marked unavailable (a provider said no within the TTL) is skipped,
+   with the provider's reason noted for the request;
+2. room on a machine of that pool that is already starting is reserved (in this
+   pass's accounting), so one machine serves several requests;
+3. else, if the pool is under ``max_workers``, a machine is started;
+4. else the pool is full, noted, and the next candidate is tried.
+
+A request that found nothing waits with exponential backoff (capped), and
+after its deadline fails with every pool and GPU type tried and why each failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from levers9.scheduler.context import Context
+from levers9.scheduler.pools import PoolSpec
+from levers9.scheduler.provisioning import Provisioner
+from levers9.state.redis.backlog import RequestState
+
+__all__ = ["PassReport", "Planner"]
+
+log = logging.getLogger(__name__)
+
+#: machine states that count against a pool's max_workers
+ACTIVE = ("requested", "starting", "running", "draining", "terminating")
+STARTING = ("requested", "starting")
+
+
+@dataclass
+class _Slot:
+    cpu: int
+    mem: int
+    gpus: int
+
+    def take(self, cpu: int, mem: int, gpus: int) -> bool:
+        if self.cpu >= cpu and self.mem >= mem and self.gpus >= gpus:
+            self.cpu, self.mem, self.gpus = self.cpu - cpu, self.mem - mem, self.gpus - gpus
+            return True
+        return False
+
+
+@dataclass
+class PassReport:
+    considered: int = 0
+    reserved: int = 0
+    started: int = 0
+    waiting: int = 0
+    gave_up: int = 0
+
+
+class Planner:
+    def __init__(self, ctx: Context, provisioner: Provisioner, *, window: int = 2000) -> None:
+        self.ctx = ctx
+        self.provisioner = provisioner
+        self.window = window
+        #: rounds in a row that found nothing, per request, for the backoff
+        self._rounds: dict[str, int] = {}
+
+    async def plan_once(self) -> PassReport:
+        ctx = self.ctx
+        now = ctx.now_ms()
+        report = PassReport()
+        ids = await ctx.backlog.unmet(self.window)
+        states = [s for s in await ctx.backlog.get_many(ids) if s is not None and s.state == "queued"]
+        report.considered = len(states)
+        if not states:
+            self._rounds.clear()
+            return report
+
+        machines = await ctx.machines.list(states=list(ACTIVE))
+        count: dict[str, int] = {}
+        slots: dict[str, list[_Slot]] = {}
+        for m in machines:
+            count[m.pool] = count.get(m.pool, 0) + 1
+            pool = ctx.pools.get(m.pool)
+            if m.state in STARTING and pool is not None:
+                slots.setdefault(m.pool, []).append(_Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count))
+        marks: dict[tuple[str, str | None, str | None], str | None] = {}
+        events: list[tuple[str, str, PoolSpec | None, str]] = []
+
+        for st in states:
+            req = st.request
+            if req.deadline_ms and now >= req.deadline_ms:
+                await self._give_up(st, now)
+                report.gave_up += 1
+                continue
+            tried = dict(_parse_tried(st.tried))
+            before = dict(tried)
+            outcome = "none"
+            for group in req.groups:
+                if group.not_before_ms > now:
+                    continue
+                for name in group.pools:
+                    pool = ctx.pools.get(name)
+                    if pool is None:
+                        tried[name] = "the pool is no longer configured"
+                        continue
+                    key = (name, pool.gpu, pool.pool.region)
+                    if key not in marks:
+                        marks[key] = await ctx.unavailable.reason(*key)
+                    if marks[key] is not None:
+                        tried[name] = f"unavailable: {marks[key]}"
+                        continue
+                    if any(s.take(req.cpu_millicores, req.memory_mib, group.gpu_count) for s in slots.get(name, [])):
+                        outcome = "reserved"
+                        break
+                    throttle = self.provisioner.throttled_until(name)
+                    if throttle is not None:
+                        tried[name] = f"{throttle.reason}; asking again in {(throttle.until_ms - now) / 1000:.0f} s"
+                        outcome = "waiting"
+                        break
+                    if count.get(name, 0) < pool.max_workers:
+                        if now < st.next_plan_ms:
+                            outcome = "waiting"
+                            break
+                        await self.provisioner.start(pool, f"request {req.id} fits on no worker")
+                        count[name] = count.get(name, 0) + 1
+                        slot = _Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count)
+                        slot.take(req.cpu_millicores, req.memory_mib, group.gpu_count)
+                        slots.setdefault(name, []).append(slot)
+                        tried.pop(name, None)
+                        outcome = "started"
+                        report.started += 1
+                        break
+                    tried[name] = f"at max_workers ({pool.max_workers}) with no room free"
+                if outcome != "none":
+                    break
+
+            if outcome == "reserved":
+                report.reserved += 1
+            elif outcome == "started":
+                self._rounds.pop(req.id, None)
+            else:
+                report.waiting += 1
+            next_plan = st.next_plan_ms
+            if outcome == "none" and now >= st.next_plan_ms:
+                rounds = self._rounds.get(req.id, 0)
+                self._rounds[req.id] = rounds + 1
+                next_plan = now + round(ctx.backoff_s(rounds) * 1000)
+            if tried != before or next_plan != st.next_plan_ms:
+                await ctx.backlog.note_plan(req.id, next_plan_ms=next_plan, tried=_format_tried(tried))
+                for name, reason in tried.items():
+                    if before.get(name) != reason and name in ctx.pools:
+                        events.append((req.id, "unavailable", ctx.pools[name], reason))
+        if events:
+            await self._record(events)
+        return report
+
+    async def _give_up(self, st: RequestState, now: int) -> None:
+        ctx = self.ctx
+        req = st.request
+        finished = await ctx.backlog.finish(req.id, now)
+        self._rounds.pop(req.id, None)
+        if finished is None or finished.state != "queued":
+            return  # placed in the meantime
+        waited = (now - req.enqueued_ms) / 1000
+        tried = dict(_parse_tried(st.tried))
+        lines = []
+        for group in req.groups:
+            for name in group.pools:
+                pool = ctx.pools.get(name)
+                what = pool.describe() if pool else name
+                reason = tried.get(name) or "no worker had room and no machine could be added"
+                if group.not_before_ms > now:
+                    reason = "not tried: its fallback had not opened"
+                lines.append(f"  - {what}: {reason}")
+        message = f"no worker for this request after {waited:.0f} s; tried:\n" + "\n".join(lines)
+        log.warning("request %s gave up: %s", req.id, message)
+        await ctx.tasks.finish(req.id, "error", error=message)
+        await self._record([(req.id, "gave_up", None, message)])
+
+    async def _record(self, events: list[tuple[str, str, PoolSpec | None, str]]) -> None:
+        from levers9.state.sql.records import PlacementEvent
+
+        await self.ctx.tasks.record(
+            [
+                PlacementEvent(
+                    task_id=rid,
+                    outcome=outcome,
+                    pool=pool.name if pool else None,
+                    gpu=pool.gpu if pool else None,
+                    region=pool.pool.region if pool else None,
+                    reason=reason,
+                )
+                for rid, outcome, pool, reason in events
+            ]
+        )
+
+
+def _parse_tried(lines: tuple[str, ...]) -> list[tuple[str, str]]:
+    out = []
+    for line in lines:
+        pool, _, reason = line.partition("\t")
+        out.append((pool, reason))
+    return out
+
+
+def _format_tried(tried: dict[str, str]) -> list[str]:
+    return [f"{pool}\t{reason.replace(chr(10), ' ')}" for pool, reason in tried.items()]

@@ -1,0 +1,77 @@
+"""Pools as the scheduler sees them: the provider's view plus sizes, limits and ownership."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from levers9.hooks.types import Pool, Resources
+
+if TYPE_CHECKING:
+    from levers9.config.load import LoadedConfig
+    from levers9.config.model import PoolConfig
+
+__all__ = ["PoolSpec", "pool_specs"]
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    pool: Pool
+    #: what one worker machine of the pool has
+    cpu_millicores: int
+    memory_mib: int
+    min_workers: int = 0
+    max_workers: int = 10
+    priority: int = 0
+    idle_timeout_s: float = 300.0
+    cpu_work: bool = False
+    #: the workspace that attached this pool's cluster; None for the operator's shared pools
+    workspace: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+    @property
+    def gpu(self) -> str | None:
+        return self.pool.gpu
+
+    @property
+    def gpu_count(self) -> int:
+        return self.pool.gpu_count
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(
+            cpu_millicores=self.cpu_millicores, memory_mib=self.memory_mib, gpu=self.gpu, gpu_count=self.gpu_count
+        )
+
+    def describe(self) -> str:
+        """``h100 (2x H100, ec2 us-east-1)``: for error messages that list pools."""
+        what = f"{self.gpu_count}x {self.gpu}" if self.gpu else "CPU"
+        where = self.pool.provider + (f" {self.pool.region}" if self.pool.region else "")
+        return f"{self.name} ({what}, {where})"
+
+    @classmethod
+    def from_config(cls, pool: Pool, config: PoolConfig, *, workspace: str | None = None) -> PoolSpec:
+        return cls(
+            pool=pool,
+            cpu_millicores=round(config.cpu * 1000),
+            memory_mib=config.memory,
+            min_workers=config.min_workers,
+            max_workers=config.max_workers,
+            priority=config.priority,
+            idle_timeout_s=config.idle_timeout_s,
+            cpu_work=config.cpu_work,
+            workspace=workspace,
+        )
+
+
+def pool_specs(loaded: LoadedConfig) -> dict[str, PoolSpec]:
+    """Every pool of a loaded config, ready for the scheduler."""
+    return {name: PoolSpec.from_config(pool, loaded.config.pools[name]) for name, pool in loaded.pools.items()}
+
+
+def by_name(pools: Mapping[str, PoolSpec] | list[PoolSpec]) -> dict[str, PoolSpec]:
+    return dict(pools) if isinstance(pools, Mapping) else {p.name: p for p in pools}

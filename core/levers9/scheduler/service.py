@@ -1,0 +1,328 @@
+"""The scheduler as the controlplane runs it: submit, place, reap, plan, keep pools.
+
+Every replica places and reaps (both are single Lua steps, safe side by side);
+only the replica holding the lease plans capacity and looks after pools. SQL is
+written first on submit and the backlog is rebuilt from it at start, so a
+restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from levers9.config.model import SchedulerConfig
+from levers9.scheduler.availability import Unavailable
+from levers9.scheduler.candidates import NoPoolOffers, candidates, groups
+from levers9.scheduler.context import Context
+from levers9.scheduler.controller import PoolController, UpkeepReport
+from levers9.scheduler.lease import Lease
+from levers9.scheduler.planner import PassReport, Planner
+from levers9.scheduler.pools import PoolSpec
+from levers9.scheduler.provisioning import Provisioner
+from levers9.scheduler.request import PlacementRequest
+from levers9.state.redis.backlog import Backlog, PlaceResult, QueuedRequest
+from levers9.state.redis.scripts import Scripts
+from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from levers9.hooks.facade import Hooks
+    from levers9.state.sql.database import Database
+
+__all__ = ["RebuildReport", "Scheduler"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RebuildReport:
+    requeued_pending: int = 0
+    requeued_running: int = 0
+    failed: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        redis: Redis,
+        hooks: Hooks,
+        pools: dict[str, PoolSpec],
+        settings: SchedulerConfig | None = None,
+        controlplane_url: str = "grpc://127.0.0.1:1993",
+        prefix: str = "l9:",
+        clock: Callable[[], float] = time.time,
+        name: str | None = None,
+    ) -> None:
+        from levers9.state.sql.machines import MachineStore
+        from levers9.state.sql.tasks import TaskStore
+        from levers9.state.sql.workspaces import TokenStore
+
+        scripts = Scripts(redis, prefix)
+        self.redis = redis
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.ctx = Context(
+            backlog=Backlog(redis, prefix, scripts),
+            workers=WorkerRegistry(redis, prefix, scripts),
+            unavailable=Unavailable(redis, prefix),
+            hooks=hooks,
+            pools=dict(pools),
+            settings=settings or SchedulerConfig(),
+            tasks=TaskStore(db),
+            machines=MachineStore(db),
+            tokens=TokenStore(db),
+            controlplane_url=controlplane_url,
+            clock=clock,
+        )
+        self.provisioner = Provisioner(self.ctx)
+        self.planner = Planner(self.ctx, self.provisioner)
+        self.controller = PoolController(self.ctx, self.provisioner)
+        self.lease = Lease(redis, f"{prefix}lease:planner", self.name, ttl_s=15)
+        self._runner: asyncio.Task[None] | None = None
+        self._upkeep_at = 0.0
+        self._reconcile_at = 0.0
+
+    @property
+    def backlog(self) -> Backlog:
+        return self.ctx.backlog
+
+    @property
+    def workers(self) -> WorkerRegistry:
+        return self.ctx.workers
+
+    @property
+    def settings(self) -> SchedulerConfig:
+        return self.ctx.settings
+
+    # ------------------------------------------------------------------ requests
+
+    def _queued(self, request: PlacementRequest) -> QueuedRequest:
+        """Raises :class:`NoPoolOffers` when no configured pool could ever take the request."""
+        wait_s = request.max_wait_s or self.settings.max_wait_s
+        return QueuedRequest(
+            id=request.id,
+            cpu_millicores=request.cpu_millicores,
+            memory_mib=request.memory_mib,
+            gpu_count=request.gpu.count,
+            groups=groups(candidates(request, self.ctx.pools)),
+            enqueued_ms=request.submitted_ms,
+            workspace=request.workspace,
+            deadline_ms=request.submitted_ms + round(wait_s * 1000),
+        )
+
+    async def submit(self, request: PlacementRequest, *, stub_id: str | None = None) -> None:
+        await self.submit_many([request], stub_id=stub_id)
+
+    async def submit_many(self, requests: Sequence[PlacementRequest], *, stub_id: str | None = None) -> None:
+        """Store the requests as pending tasks, then queue them. Refuses all if any can never be placed."""
+        queued = [self._queued(r) for r in requests]
+        by_workspace: dict[str, list[PlacementRequest]] = {}
+        for r in requests:
+            by_workspace.setdefault(r.workspace, []).append(r)
+        for workspace, batch in by_workspace.items():
+            await self.ctx.tasks.create_many(workspace, [(r.id, r.to_json()) for r in batch], stub_id=stub_id)
+        await self.backlog.enqueue(queued)
+        self.ctx.placer_wanted.set()
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel a task that has not finished; False when it already had."""
+        finished = await self.backlog.finish(request_id, self.ctx.now_ms())
+        if finished is not None and finished.pool:
+            await self.backlog.wake(finished.pool, self.ctx.now_ms())
+            self.ctx.placer_wanted.set()
+        return await self.ctx.tasks.cancel(request_id)
+
+    async def rebuild(self) -> RebuildReport:
+        """Put SQL's unfinished tasks back into Redis after a restart (Redis may have lost them)."""
+        report = RebuildReport()
+        pending = []
+        unfinished = await self.ctx.tasks.unfinished()
+        for start in range(0, len(unfinished), 500):
+            chunk = unfinished[start : start + 500]
+            known = await self.backlog.get_many([t.id for t in chunk])
+            for task, state in zip(chunk, known, strict=True):
+                if state is not None:
+                    continue
+                if task.status == "running":
+                    await self.ctx.tasks.requeue(task.id, "the controlplane restarted and lost track of its worker")
+                    report.requeued_running += 1
+                else:
+                    report.requeued_pending += 1
+                try:
+                    pending.append(self._queued(PlacementRequest.from_json(task.request)))
+                except NoPoolOffers as exc:
+                    await self.ctx.tasks.finish(task.id, "error", error=f"after a restart with a new config: {exc}")
+                    report.failed += 1
+                except ValueError as exc:
+                    await self.ctx.tasks.finish(task.id, "error", error=f"its stored request is unreadable: {exc}")
+                    report.failed += 1
+        await self.backlog.enqueue(pending)
+        if pending:
+            log.info("rebuilt the backlog from SQL: %s", report)
+        self.ctx.placer_wanted.set()
+        return report
+
+    async def place_once(self) -> PlaceResult:
+        """One batch of placements, with their history written to SQL in one transaction."""
+        from levers9.state.sql.records import PlacementEvent
+
+        ctx = self.ctx
+        result = await self.backlog.place(
+            ctx.now_ms(), limit=ctx.settings.batch_size, recheck_ms=round(ctx.settings.retry_initial_s * 1000)
+        )
+        if result.placed:
+            await ctx.tasks.record(
+                [
+                    PlacementEvent(
+                        task_id=p.request,
+                        outcome="placed",
+                        pool=p.pool,
+                        gpu=ctx.pools[p.pool].gpu if p.pool in ctx.pools else None,
+                        region=ctx.pools[p.pool].pool.region if p.pool in ctx.pools else None,
+                        worker_id=p.worker,
+                    )
+                    for p in result.placed
+                ]
+            )
+        if result.unplaced:
+            ctx.planner_wanted.set()
+        return result
+
+    # ------------------------------------------------------------------ workers
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        ctx = self.ctx
+        if info.machine_id:
+            await ctx.machines.mark_registered(info.machine_id, info.id)
+        ttl = round(ctx.settings.worker_keepalive_s * 1000)
+        await ctx.workers.register(info, now_ms=ctx.now_ms(), ttl_ms=ttl)
+        await ctx.backlog.wake(info.pool, ctx.now_ms())
+        ctx.placer_wanted.set()
+
+    async def heartbeat(self, worker: str) -> bool:
+        ttl = round(self.settings.worker_keepalive_s * 1000)
+        return await self.workers.heartbeat(worker, now_ms=self.ctx.now_ms(), ttl_ms=ttl)
+
+    async def take(self, worker: str, max_count: int = 1) -> list[str]:
+        return await self.backlog.take(worker, max_count)
+
+    async def started(self, request_id: str, worker: str, container_id: str) -> None:
+        await self.ctx.tasks.set_running(request_id, worker, container_id)
+
+    async def finished(self, request_id: str, status: str, error: str | None = None) -> None:
+        """A worker reports a task done; its resources go back and the pool's waiting work is woken."""
+        ctx = self.ctx
+        done = await ctx.backlog.finish(request_id, ctx.now_ms())
+        await ctx.tasks.finish(request_id, status, error=error)
+        if done is not None and done.pool:
+            await ctx.backlog.wake(done.pool, ctx.now_ms())
+            ctx.placer_wanted.set()
+
+    async def reap_once(self) -> list[str]:
+        """Remove workers whose keepalive lapsed and requeue their work; returns the requeued request ids."""
+        ctx = self.ctx
+        requeued: list[str] = []
+        for worker in await ctx.workers.silent():
+            state = await ctx.workers.get(worker)
+            ids = await ctx.workers.remove(worker, now_ms=ctx.now_ms())
+            if ids is None:
+                continue
+            log.warning("worker %s stopped reporting; requeued %d requests", worker, len(ids))
+            for rid in ids:
+                await ctx.tasks.requeue(rid, f"worker {worker} stopped reporting")
+            requeued += ids
+            if state is not None and state.info.machine_id:
+                self.ctx.planner_wanted.set()
+        if requeued:
+            ctx.placer_wanted.set()
+        return requeued
+
+    # ------------------------------------------------------------------ leader work
+
+    async def plan_once(self) -> PassReport:
+        return await self.planner.plan_once()
+
+    async def upkeep_once(self) -> UpkeepReport:
+        return await self.controller.tick()
+
+    async def reconcile_once(self) -> UpkeepReport:
+        return await self.controller.reconcile()
+
+    # ------------------------------------------------------------------ running
+
+    async def start(self) -> None:
+        """Rebuild from SQL and start the loops in the background."""
+        await self.rebuild()
+        self._runner = asyncio.create_task(self.run(), name=f"scheduler {self.name}")
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._loop("placement", self._place_step))
+            tg.create_task(self._loop("reaper", self._reap_step))
+            tg.create_task(self._loop("leader", self._leader_step))
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+            self._runner = None
+        await self.provisioner.close()
+        with contextlib.suppress(Exception):
+            await self.lease.release()
+
+    async def _loop(self, name: str, step: Callable[[], Awaitable[float]]) -> None:
+        """Run ``step`` forever; it returns how long to sleep. A failing step is logged, never fatal."""
+        while True:
+            try:
+                wait = await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduler %s loop failed; retrying", name)
+                wait = 1.0
+            await asyncio.sleep(wait)
+
+    async def _wait(self, event: asyncio.Event, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+        event.clear()
+
+    async def _place_step(self) -> float:
+        result = await self.place_once()
+        if len(result.placed) + len(result.unplaced) >= self.settings.batch_size:
+            return 0  # more may be due right now
+        due = await self.backlog.next_due_ms()
+        now = self.ctx.now_ms()
+        timeout = 1.0 if due is None else min(1.0, max(0.0, (due - now) / 1000))
+        await self._wait(self.ctx.placer_wanted, timeout)
+        return 0
+
+    async def _reap_step(self) -> float:
+        await self.reap_once()
+        return max(0.5, self.settings.worker_keepalive_s / 3)
+
+    async def _leader_step(self) -> float:
+        if not await self.lease.acquire():
+            return 5.0
+        await self.plan_once()
+        now = self.ctx.clock()
+        if now - self._upkeep_at >= 5.0:
+            await self.upkeep_once()
+            self._upkeep_at = now
+        if now - self._reconcile_at >= self.settings.reconcile_interval_s:
+            await self.reconcile_once()
+            self._reconcile_at = now
+        await self._wait(self.ctx.planner_wanted, 1.0)
+        return 0

@@ -1,0 +1,166 @@
+"""A scheduler wired to real SQL, a Redis, and a provider plugin installed through the plugin manager."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.asyncio import Redis
+
+from levers9.config.model import SchedulerConfig
+from levers9.gpu.preference import parse_gpu
+from levers9.hooks.facade import Hooks
+from levers9.hooks.manager import load_plugins
+from levers9.hooks.types import Pool
+from levers9.scheduler.pools import PoolSpec
+from levers9.scheduler.request import PlacementRequest
+from levers9.scheduler.service import Scheduler
+from levers9.state.redis.connect import connect
+from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.database import Database, open_database
+from levers9.state.sql.workspaces import WorkspaceStore
+from tests.scheduler.flaky_provider import SOURCE
+
+if TYPE_CHECKING:
+    from tests.conftest import Installed
+
+_ids = itertools.count()
+
+
+@dataclass
+class Harness:
+    cloud: Path
+    hooks: Hooks
+    db: Database
+    redis: Redis
+    workspace: str
+    pools: dict[str, PoolSpec]
+    settings: SchedulerConfig
+    schedulers: list[Scheduler] = field(default_factory=list)
+
+    def scheduler(self, redis: Redis | None = None, db: Database | None = None) -> Scheduler:
+        s = Scheduler(
+            db=db or self.db, redis=redis or self.redis, hooks=self.hooks, pools=self.pools, settings=self.settings
+        )
+        self.schedulers.append(s)
+        return s
+
+    def behave(self, **actions: str) -> None:
+        """What the provider does on its next provision of each GPU type (``cpu`` for CPU machines)."""
+        (self.cloud / "behaviour.json").write_text(json.dumps(actions))
+
+    def calls(self) -> list[tuple[str, str]]:
+        path = self.cloud / "calls.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [(c["pool"], c["action"]) for c in map(json.loads, lines)]
+
+    def machines(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted((self.cloud / "machines").glob("*.json"))]
+
+    def request(self, gpu: object = None, **kw: Any) -> PlacementRequest:
+        gpu_kw = {k: kw.pop(k) for k in ("gpu_count", "fallback", "fallback_after") if k in kw}
+        return PlacementRequest(
+            id=kw.pop("id", f"task_{next(_ids)}"),
+            workspace=kw.pop("workspace", self.workspace),
+            gpu=parse_gpu(gpu, **gpu_kw),  # type: ignore[arg-type]
+            submitted_ms=kw.pop("submitted_ms", int(time.time() * 1000)),
+            **kw,
+        )
+
+    async def settle(self, scheduler: Scheduler) -> None:
+        """Wait for the provider calls in flight (they run in the background)."""
+        tasks = list(scheduler.provisioner._tasks.values())
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def register_started(self, scheduler: Scheduler) -> list[str]:
+        """Play the workers of every machine the provider started: each dials in and registers."""
+        registered = await scheduler.workers.ids()
+        out = []
+        for m in self.machines():
+            wid = f"worker-{m['id']}"
+            if wid in registered or not m.get("machine_id"):
+                continue
+            pool = self.pools[m["pool"]]
+            info = WorkerInfo(
+                id=wid, pool=pool.name, cpu_millicores=pool.cpu_millicores, memory_mib=pool.memory_mib,
+                gpu=pool.gpu, gpu_count=pool.gpu_count, runtime=pool.pool.runtime, machine_id=m["machine_id"],
+            )  # fmt: skip
+            await scheduler.register_worker(info)
+            out.append(wid)
+        return out
+
+
+def pool(hooks: Hooks, cloud: Path, name: str, gpu: str | None = None, count: int = 1, **kw: Any) -> PoolSpec:
+    settings = hooks.provider_settings_model("flaky")(state_dir=str(cloud))
+    p = Pool(name=name, provider="flaky", runtime="runc", gpu=gpu, gpu_count=count if gpu else 0, settings=settings)
+    sizes = {"cpu_millicores": 4000, "memory_mib": 8192}
+    sizes.update({k: kw.pop(k) for k in ("cpu_millicores", "memory_mib") if k in kw})
+    return PoolSpec(pool=p, **sizes, **kw)
+
+
+MakeHarness = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+async def make_harness(installed: Installed, tmp_path: Path) -> AsyncIterator[MakeHarness]:
+    installed.add("levers9-flaky", {"flaky": "l9_flaky"}, {"l9_flaky": SOURCE})
+    hooks = Hooks(load_plugins())
+    cloud = tmp_path / "cloud"
+    (cloud / "machines").mkdir(parents=True)
+    made: list[Harness] = []
+    opened: list[Database] = []
+    clients: list[Redis] = []
+
+    async def make(
+        pools: list[tuple[Any, ...] | dict[str, Any]],
+        *,
+        database_url: str | None = None,
+        redis: Redis | None = None,
+        **settings: Any,
+    ) -> Harness:
+        db = await open_database(database_url or f"sqlite:///{tmp_path / 'levers9.db'}")
+        opened.append(db)
+        if redis is None:
+            redis = connect(None)
+            clients.append(redis)
+        specs = {}
+        for item in pools:
+            if isinstance(item, dict):
+                args, kwargs = (), dict(item)
+            elif item and isinstance(item[-1], dict):
+                args, kwargs = item[:-1], dict(item[-1])
+            else:
+                args, kwargs = item, {}
+            spec = pool(hooks, cloud, *args, **kwargs)
+            specs[spec.name] = spec
+        ws = await WorkspaceStore(db).get_or_create("ws1")
+        base = {"retry_initial_s": 0.01, "retry_max_s": 0.05}
+        h = Harness(cloud, hooks, db, redis, ws.id, specs, SchedulerConfig(**(base | settings)))
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        for s in h.schedulers:
+            await s.stop()
+    for db in opened:
+        await db.close()
+    for client in clients:
+        await client.aclose()
+    hooks.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20.0) -> None:
+    """Poll until ``check`` holds; fails naming ``what`` (a deadline for a hang, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for: {what}")
+        await asyncio.sleep(0.02)

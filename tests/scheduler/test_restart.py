@@ -1,0 +1,148 @@
+"""Durability and concurrency: a restart mid-backlog loses nothing; two schedulers never place twice.
+
+Run against real PostgreSQL and SQLite, and against a real redis-server and the
+embedded Redis (whose contents die with the process, the harshest restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import fakeredis
+
+from levers9.state.redis.connect import EmbeddedRedis, connect
+from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.database import open_database
+from levers9.state.sql.tasks import TaskStore
+from tests.fixtures.redis import RedisFactory
+from tests.scheduler.conftest import MakeHarness, eventually
+
+WORKERS = [WorkerInfo(f"w{i}", "cpu", 4000, 8192) for i in range(10)]
+
+
+async def placed_counts(tasks: TaskStore, ids: list[str]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for tid in ids:
+        counts[tid] = sum(1 for e in await tasks.history(tid) if e.outcome == "placed")
+    return counts
+
+
+async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
+    make_harness: MakeHarness, database_url: str, redis_factory: RedisFactory
+) -> None:
+    client = redis_factory()
+    embedded = isinstance(client, fakeredis.FakeAsyncRedis)
+    h = await make_harness([("cpu",)], database_url=database_url, redis=client, batch_size=50)
+    first = h.scheduler()
+    for w in WORKERS:
+        await first.register_worker(w)
+    requests = [h.request(None) for _ in range(300)]
+    ids = [r.id for r in requests]
+    await first.submit_many(requests)
+    placed = (await first.place_once()).placed
+    assert len(placed) == 40  # 10 workers x 4 CPUs, one CPU each
+    tasks = TaskStore(h.db)
+    for p in placed[:25]:
+        [rid] = await first.take(p.worker) or [None]
+        assert rid is not None
+        await tasks.set_running(rid, p.worker, f"c-{rid}")
+    await first.stop()  # the controlplane goes away; the test plays what comes back
+    await h.db.close()
+
+    # A new controlplane process: new connections; with an embedded Redis, nothing survived.
+    db = await open_database(database_url)
+    try:
+        redis = connect(None, embedded=EmbeddedRedis()) if embedded else redis_factory()
+        second = h.scheduler(redis=redis, db=db)
+        report = await second.rebuild()
+        if embedded:
+            assert (report.requeued_pending, report.requeued_running) == (275, 25)
+        else:
+            assert (report.requeued_pending, report.requeued_running) == (0, 0)
+        for w in WORKERS:
+            await second.register_worker(w)
+        tasks = TaskStore(db)
+        done: set[str] = set()
+        for _ in range(200):
+            for p in (await second.place_once()).placed:
+                await second.finished(p.request, "complete")
+                done.add(p.request)
+            # on a surviving Redis the first run's placements are still there: finish those too
+            for tid in ids:
+                state = await second.backlog.get(tid)
+                if state is not None and state.state in ("placed", "running") and tid not in done:
+                    await second.finished(tid, "complete")
+                    done.add(tid)
+            if len(done) == len(ids):
+                break
+        assert done == set(ids), f"{len(set(ids) - done)} tasks were lost"
+        statuses = Counter([(await tasks.get(tid)).status for tid in ids])  # type: ignore[union-attr]
+        assert statuses == Counter({"complete": 300})
+        counts = await placed_counts(tasks, ids)
+        if not embedded:
+            assert set(counts.values()) == {1}, "with Redis intact nothing is placed twice"
+        assert await second.backlog.size() == 0
+        if embedded:
+            await redis.aclose()
+    finally:
+        await db.close()
+
+
+async def test_two_schedulers_sharing_one_redis_place_every_request_exactly_once(
+    make_harness: MakeHarness, database_url: str, redis_server: str
+) -> None:
+    a_redis, b_redis = connect(redis_server), connect(redis_server)
+    await a_redis.flushall()
+    h = await make_harness([("cpu", None, 1, {"cpu_millicores": 64000})], database_url=database_url, redis=a_redis,
+                           batch_size=17)  # fmt: skip
+    db_b = await open_database(database_url)
+    try:
+        a, b = h.scheduler(), h.scheduler(redis=b_redis, db=db_b)
+        for i in range(8):
+            await a.register_worker(WorkerInfo(f"w{i}", "cpu", 64000, 10**6))
+        requests = [h.request(None, cpu_millicores=100) for _ in range(600)]
+        await a.submit_many(requests)
+
+        async def drain(s: object) -> list[str]:
+            got: list[str] = []
+            while await a.backlog.size():
+                got += [p.request for p in (await s.place_once()).placed]  # type: ignore[attr-defined]
+                await asyncio.sleep(0)
+            return got
+
+        one, two = await asyncio.gather(drain(a), drain(b))
+        assert one, "both schedulers took part"
+        assert two, "both schedulers took part"
+        assert sorted(one + two) == sorted(r.id for r in requests)
+        counts = await placed_counts(TaskStore(h.db), [r.id for r in requests])
+        assert set(counts.values()) == {1}
+        states = await a.workers.get_many([f"w{i}" for i in range(8)])
+        assert sum(64000 - s.cpu_free for s in states if s) == 600 * 100
+    finally:
+        await db_b.close()
+        await b_redis.aclose()
+        await a_redis.aclose()
+
+
+async def test_the_running_scheduler_starts_a_machine_and_places_on_it(make_harness: MakeHarness) -> None:
+    h = await make_harness([("h100", "H100"), ("a100", "A100-80")])
+    h.behave(H100="capacity")
+    s = h.scheduler()
+    await s.start()
+    req = h.request(["H100", "A100-80"])
+    await s.submit(req)
+
+    async def machine_started() -> bool:
+        return any(m["pool"] == "a100" for m in h.machines())
+
+    await eventually(machine_started, "the planner to fail over to a100 and start a machine")
+    await h.register_started(s)
+
+    async def placed() -> bool:
+        state = await s.backlog.get(req.id)
+        return state is not None and state.state == "placed" and state.pool == "a100"
+
+    await eventually(placed, "the placement loop to place the request on the new worker")
+    await s.stop()
+    assert s._runner is None
