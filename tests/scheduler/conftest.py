@@ -108,8 +108,21 @@ def pool(hooks: Hooks, cloud: Path, name: str, gpu: str | None = None, count: in
 MakeHarness = Callable[..., Awaitable[Harness]]
 
 
+@pytest.fixture(params=["sqlite+embedded", "postgresql+redis-server"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str | None]:
+    """(database URL, Redis URL) for a harness that is not given its own: the one-machine defaults,
+    and the real servers several replicas would share."""
+    if request.param == "sqlite+embedded":
+        return f"sqlite:///{tmp_path / 'levers9.db'}", None
+    redis_url: str = request.getfixturevalue("redis_url")
+    postgres_url: str = request.getfixturevalue("postgres_url")
+    return postgres_url, redis_url
+
+
 @pytest.fixture
-async def make_harness(installed: Installed, tmp_path: Path) -> AsyncIterator[MakeHarness]:
+async def make_harness(
+    installed: Installed, tmp_path: Path, backend: tuple[str, str | None]
+) -> AsyncIterator[MakeHarness]:
     installed.add("levers9-flaky", {"flaky": "l9_flaky"}, {"l9_flaky": SOURCE})
     hooks = Hooks(load_plugins())
     cloud = tmp_path / "cloud"
@@ -125,10 +138,10 @@ async def make_harness(installed: Installed, tmp_path: Path) -> AsyncIterator[Ma
         redis: Redis | None = None,
         **settings: Any,
     ) -> Harness:
-        db = await open_database(database_url or f"sqlite:///{tmp_path / 'levers9.db'}")
+        db = await open_database(database_url or backend[0])
         opened.append(db)
         if redis is None:
-            redis = connect(None)
+            redis = connect(backend[1])
             clients.append(redis)
         specs = {}
         for item in pools:

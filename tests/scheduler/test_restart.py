@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from pathlib import Path
 
 import fakeredis
+import pytest
 
 from levers9.state.redis.connect import EmbeddedRedis, connect
 from levers9.state.redis.workers import WorkerInfo
@@ -17,6 +19,13 @@ from levers9.state.sql.database import open_database
 from levers9.state.sql.tasks import TaskStore
 from tests.fixtures.redis import RedisFactory
 from tests.scheduler.conftest import MakeHarness, eventually
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> tuple[str, str | None]:
+    """These tests choose their database and Redis themselves, over every combination."""
+    return f"sqlite:///{tmp_path / 'levers9.db'}", None
+
 
 WORKERS = [WorkerInfo(f"w{i}", "cpu", 4000, 8192) for i in range(10)]
 
