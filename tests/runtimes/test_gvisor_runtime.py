@@ -70,8 +70,10 @@ def test_parse_version() -> None:
 
 
 def test_parse_platforms() -> None:
-    assert levers9_gvisor.parse_help_platforms("ptrace\nkvm\n") == ("ptrace", "kvm")
-    assert levers9_gvisor.parse_help_platforms("systrap\nptrace\nkvm\n\n") == ("systrap", "ptrace", "kvm")
+    # runsc lists them in Go map order, different on every run: the parse sorts them
+    assert levers9_gvisor.parse_help_platforms("ptrace\nkvm\n") == ("kvm", "ptrace")
+    assert levers9_gvisor.parse_help_platforms("kvm\nptrace\n") == ("kvm", "ptrace")
+    assert levers9_gvisor.parse_help_platforms("systrap\nptrace\nkvm\n\n") == ("kvm", "ptrace", "systrap")
     assert levers9_gvisor.parse_flag_platforms(OLD_FLAGS) == ("ptrace", "kvm")
     assert levers9_gvisor.parse_flag_platforms(NEW_FLAGS) == ("systrap", "ptrace", "kvm")
     assert levers9_gvisor.parse_flag_platforms("  -debug\n") == ()

@@ -122,9 +122,13 @@ def parse_version(output: str) -> str | None:
 
 
 def parse_help_platforms(output: str) -> tuple[str, ...]:
-    """The platforms ``runsc help platforms`` lists, one name a line."""
+    """The platforms ``runsc help platforms`` lists, one name a line, sorted.
+
+    runsc prints them in Go map order, which changes from run to run; sorting keeps
+    messages that list them identical between two asks.
+    """
     names = (line.strip() for line in output.splitlines())
-    return tuple(name for name in names if _PLATFORM_NAME.match(name))
+    return tuple(sorted(name for name in names if _PLATFORM_NAME.match(name)))
 
 
 def parse_flag_platforms(output: str) -> tuple[str, ...]:
