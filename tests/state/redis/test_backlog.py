@@ -156,3 +156,15 @@ async def test_two_schedulers_place_every_request_exactly_once(redis_factory: Re
     assert b
     states = await reg.get_many([f"w{i}" for i in range(20)])
     assert sum(50_000 - s.cpu_free for s in states if s) == 1000 * 1000
+
+
+async def test_a_late_heartbeat_puts_the_worker_back_in_placement(redis_factory: RedisFactory) -> None:
+    client = redis_factory()
+    backlog, reg = Backlog(client, "t:"), WorkerRegistry(client, "t:")
+    await add(reg, "w", "cpu")
+    await client.delete("t:alive:w")  # silent for a moment
+    await backlog.enqueue([q("r", Group(0, ("cpu",), 0))])
+    assert (await backlog.place(NOW)).unplaced == ["r"]  # and placement dropped it from the index
+    assert await reg.heartbeat("w", now_ms=NOW, ttl_ms=TTL)  # back before the reaper came
+    assert await reg.remove("w", now_ms=NOW) is None
+    assert [p.worker for p in (await backlog.place(NOW + 5_000)).placed] == ["w"]
