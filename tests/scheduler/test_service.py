@@ -1,0 +1,107 @@
+"""The scheduler's own entry points: pools from a config file, cancelling, a worker reporting."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from levers9.config.load import load_config
+from levers9.hooks.manager import PluginPolicy, load_plugins
+from levers9.scheduler.pools import pool_specs
+from levers9.state.sql.tasks import TaskStore
+from tests.scheduler.conftest import MakeHarness
+
+
+def test_pool_specs_from_a_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "levers9.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            pools:
+              h100:
+                provider: toycloud
+                runtime: process
+                gpu: h100-80gb
+                gpu_count: 8
+                cpu: 96
+                memory: 1TiB
+                min_workers: 1
+                max_workers: 4
+                priority: 3
+                idle_timeout_s: 60
+                labels: {{zone: eu}}
+                settings: {{state_dir: {tmp_path}}}
+              cpu:
+                provider: toycloud
+                runtime: process
+                settings: {{state_dir: {tmp_path}}}
+            """
+        )
+    )
+    loaded = load_config(path, plugins=load_plugins(PluginPolicy()))
+    try:
+        specs = pool_specs(loaded)
+    finally:
+        loaded.hooks.close()
+    h100 = specs["h100"]
+    assert (h100.gpu, h100.gpu_count, h100.cpu_millicores, h100.memory_mib) == ("H100", 8, 96_000, 1_048_576)
+    assert (h100.min_workers, h100.max_workers, h100.priority, h100.idle_timeout_s) == (1, 4, 3, 60.0)
+    assert h100.pool.labels == {"zone": "eu"}
+    assert type(h100.pool.settings).__name__ == "ToyCloudSettings"
+    assert h100.workspace is None
+    assert specs["cpu"].resources.gpu is None
+    assert h100.describe() == "h100 (8x H100, toycloud)"
+
+
+async def test_cancel_a_queued_and_a_placed_request(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu",)])
+    s = h.scheduler()
+    queued, placed = h.request(None), h.request(None, cpu_millicores=4000)
+    await s.submit(placed)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [wid] = await h.register_started(s)
+    assert [p.request for p in (await s.place_once()).placed] == [placed.id]
+    await s.submit(queued)
+    assert (await s.place_once()).unplaced == [queued.id]  # the only worker is full
+
+    assert await s.cancel(placed.id)
+    worker = await s.workers.get(wid)
+    assert worker is not None
+    assert (worker.cpu_free, worker.running) == (4000, 0), "cancelling gives the worker its resources back"
+    assert [p.request for p in (await s.place_once()).placed] == [queued.id], "and the waiting request gets them"
+
+    assert await s.cancel(queued.id)
+    assert not await s.cancel(queued.id), "a finished task stays finished"
+    tasks = TaskStore(h.db)
+    for tid in (placed.id, queued.id):
+        task = await tasks.get(tid)
+        assert task is not None
+        assert task.status == "cancelled"
+    assert await s.backlog.get(queued.id) is None
+
+
+async def test_a_worker_takes_runs_and_finishes_a_request(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu",)])
+    s = h.scheduler()
+    req = h.request(None)
+    await s.submit(req)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [wid] = await h.register_started(s)
+    await s.place_once()
+    assert await s.heartbeat(wid)
+    assert await s.take(wid, 10) == [req.id]
+    await s.started(req.id, wid, "ctr-1")
+    task = await TaskStore(h.db).get(req.id)
+    assert task is not None
+    assert (task.status, task.worker_id, task.container_id) == ("running", wid, "ctr-1")
+    await s.finished(req.id, "complete")
+    task = await TaskStore(h.db).get(req.id)
+    assert task is not None
+    assert task.status == "complete"
+    worker = await s.workers.get(wid)
+    assert worker is not None
+    assert (worker.cpu_free, worker.running) == (4000, 0)
