@@ -23,6 +23,7 @@ from levers9.scheduler.context import Context
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.state.redis.backlog import RequestState
+from levers9.state.sql.records import PlacementEvent
 
 __all__ = ["PassReport", "Planner"]
 
@@ -177,8 +178,6 @@ class Planner:
         await self._record([(req.id, "gave_up", None, message)])
 
     async def _record(self, events: list[tuple[str, str, PoolSpec | None, str]]) -> None:
-        from levers9.state.sql.records import PlacementEvent
-
         await self.ctx.tasks.record(
             [
                 PlacementEvent(

@@ -32,6 +32,10 @@ from levers9.scheduler.request import PlacementRequest
 from levers9.state.redis.backlog import Backlog, PlaceResult, QueuedRequest
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
+from levers9.state.sql.machines import MachineStore
+from levers9.state.sql.records import PlacementEvent
+from levers9.state.sql.tasks import TaskStore
+from levers9.state.sql.workspaces import TokenStore
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -65,10 +69,6 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         name: str | None = None,
     ) -> None:
-        from levers9.state.sql.machines import MachineStore
-        from levers9.state.sql.tasks import TaskStore
-        from levers9.state.sql.workspaces import TokenStore
-
         scripts = Scripts(redis, prefix)
         self.redis = redis
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -175,8 +175,6 @@ class Scheduler:
 
     async def place_once(self) -> PlaceResult:
         """One batch of placements, with their history written to SQL in one transaction."""
-        from levers9.state.sql.records import PlacementEvent
-
         ctx = self.ctx
         result = await self.backlog.place(
             ctx.now_ms(), limit=ctx.settings.batch_size, recheck_ms=round(ctx.settings.retry_initial_s * 1000)
