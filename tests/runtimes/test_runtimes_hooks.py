@@ -45,7 +45,7 @@ def test_hook_levers9_runtime_settings(plugin_manager: pluggy.PluginManager) -> 
     assert (runc.binary, runc.root) == ("runc", None)
     assert (runc.systemd_cgroup, runc.no_new_privileges) == (False, True)
     gvisor = levers9_gvisor.GvisorSettings()
-    assert (gvisor.binary, gvisor.platform, gvisor.network) == ("runsc", "auto", "sandbox")
+    assert (gvisor.binary, gvisor.platform, gvisor.network) == ("runsc", "auto", "auto")
     assert (gvisor.nvproxy, gvisor.root) == (False, None)
     with pytest.raises(ValidationError):
         levers9_gvisor.GvisorSettings.model_validate({"platform": "hypervisor"})

@@ -22,20 +22,46 @@ container starts:
 * ``kvm`` also needs ``/dev/kvm`` to be readable and writable;
 * ``nvproxy`` (GPU access) needs a build that has the ``-nvproxy`` flag. GPUs
   are reported only when ``nvproxy`` is set and supported.
+* ``network: sandbox`` (gVisor's own network stack) is refused by older runsc
+  builds on newer kernels: they decide "this is the root network namespace" by
+  whether ``/proc/sys/net/core/rmem_default`` exists, and newer kernels show it
+  in every namespace. ``auto`` (the default) therefore starts one probe sandbox
+  per runsc build and uses ``sandbox`` when it works, else ``host``: the host
+  kernel's stack, but still inside the container's own network namespace on
+  the worker's bridge. The choice is logged once.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
+import secrets
+import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from levers9 import probe
+from levers9.containers.node import NodeSettings, bridge_for, images_for
+from levers9.containers.oci import OciEngine, OciFlavor
+from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import CheckpointSupport, Isolation, RuntimeCapabilities, RuntimeContext
+from levers9.hooks.types import (
+    CheckpointImage,
+    CheckpointSupport,
+    ContainerSpec,
+    ContainerState,
+    Isolation,
+    LogChunk,
+    PreparedContainer,
+    RuntimeCapabilities,
+    RuntimeContext,
+)
 
 __all__ = [
     "MECHANISM",
@@ -43,8 +69,17 @@ __all__ = [
     "PROBE_TIMEOUT",
     "GvisorSettings",
     "RunscInfo",
+    "engine",
     "inspect_runsc",
+    "levers9_checkpoint",
     "levers9_checkpoint_support",
+    "levers9_container_kill",
+    "levers9_container_logs",
+    "levers9_container_prepare",
+    "levers9_container_remove",
+    "levers9_container_start",
+    "levers9_container_state",
+    "levers9_restore",
     "levers9_runtime_capabilities",
     "levers9_runtime_settings",
     "parse_flag_platforms",
@@ -73,7 +108,7 @@ _PLATFORM_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 _NVPROXY_FLAG = re.compile(r"^\s*-nvproxy\b", re.MULTILINE)
 
 
-class GvisorSettings(BaseModel):
+class GvisorSettings(NodeSettings):
     """A pool's ``runtime_settings:`` for ``runtime: gvisor``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -82,8 +117,9 @@ class GvisorSettings(BaseModel):
     binary: str = Field("runsc", min_length=1)
     #: how the sandbox intercepts system calls (runsc ``--platform``); ``auto``: systrap, else ptrace
     platform: Platform = "auto"
-    #: the sandbox's network: gVisor's own stack, the host's stack, or none (runsc ``--network``)
-    network: Literal["sandbox", "host", "none"] = "sandbox"
+    #: the sandbox's network (runsc ``--network``): gVisor's own stack, the host kernel's stack (still inside the
+    #: container's own network namespace), none, or ``auto``: sandbox where this runsc can use it, else host
+    network: Literal["auto", "sandbox", "host", "none"] = "auto"
     #: give containers the host's NVIDIA GPUs through gVisor's GPU proxy (runsc ``--nvproxy``)
     nvproxy: bool = False
     #: runsc's ``--root``, where it keeps container state; None keeps runsc's default
@@ -252,3 +288,143 @@ def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | N
         reason=f"runsc {info.version} checkpoints and restores whole sandboxes itself",
         mechanism=MECHANISM,
     )
+
+
+log = logging.getLogger(__name__)
+
+_INFO_CACHE: dict[tuple[str, float], RunscInfo] = {}
+_NETWORK_CACHE: dict[tuple[str, str], tuple[bool, str]] = {}
+
+
+def _info(binary: str) -> RunscInfo:
+    """inspect_runsc, remembered per executable and its mtime: the container hooks ask on every call."""
+    path = probe.which(binary)
+    try:
+        key = (path or binary, Path(path).stat().st_mtime if path else 0.0)
+    except OSError:
+        return inspect_runsc(binary)
+    if key not in _INFO_CACHE:
+        _INFO_CACHE[key] = inspect_runsc(binary)
+    return _INFO_CACHE[key]
+
+
+def engine(runtime: RuntimeContext) -> OciEngine:
+    """The OCI engine driving this host's runsc with the pool's settings."""
+    settings = settings_of(runtime)
+    info = _info(settings.binary)
+    problem = info.problem or _settings_problem(settings, info)
+    if problem is not None or info.path is None:
+        raise InvalidRequest(f"gvisor cannot run containers here: {problem}")
+    platform = resolve_platform(settings, info)
+    assert platform is not None  # _settings_problem said so
+    network = settings.network
+    if network == "auto":
+        works, _ = sandbox_network_works(runtime, info.path, platform)
+        network = "sandbox" if works else "host"
+    argv = [info.path, "--root", settings.root or str(Path(runtime.state_dir) / "runsc"),
+            "--platform", platform, "--network", network]  # fmt: skip
+    if settings.nvproxy:
+        argv.append("--nvproxy")
+    flavor = OciFlavor(NAME, tuple(argv), run=("run",))
+    return OciEngine(flavor, Path(runtime.state_dir), images=images_for(runtime, settings), bridge=bridge_for(settings))
+
+
+def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) -> tuple[bool, str]:
+    """Whether this runsc can run a sandbox with its own network stack here, and runsc's words if not.
+
+    Asked once per runsc build and platform (a probe sandbox running ``true`` in a fresh network
+    namespace); the answer is logged, since ``auto`` then decides how containers are networked.
+    """
+    key = (runsc, platform)
+    if key in _NETWORK_CACHE:
+        return _NETWORK_CACHE[key]
+    from levers9.containers.spec import oci_config
+
+    image = images_for(runtime, settings_of(runtime)).resolve("host")
+    netns = f"l9p-{secrets.token_hex(5)}"
+    probe_id = f"l9-probe-{secrets.token_hex(5)}"
+    with tempfile.TemporaryDirectory(prefix="l9-runsc-probe-") as tmp:
+        root, bundle = Path(tmp) / "root", Path(tmp) / "bundle"
+        bundle.mkdir()
+        spec = ContainerSpec(container_id=probe_id, image="host", command=["true"], memory_mib=256)
+        config = oci_config(spec, rootfs=str(image.layers[-1]), image_env=image.config.env,
+                            binds=[(b.source, b.target) for b in image.binds], netns_path=f"/var/run/netns/{netns}")  # fmt: skip
+        config["root"]["readonly"] = True
+        config["linux"].pop("cgroupsPath", None)
+        (bundle / "config.json").write_text(json.dumps(config))
+        subprocess.run(["ip", "netns", "add", netns], capture_output=True, timeout=30, check=False)
+        try:
+            done = subprocess.run(
+                [runsc, "--root", str(root), "--platform", platform, "--network", "sandbox",
+                 "run", "--bundle", str(bundle), probe_id],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            answer = (done.returncode == 0, lines[-1] if lines else f"exit status {done.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            answer = (False, str(exc))
+        finally:
+            subprocess.run([runsc, "--root", str(root), "delete", "-force", probe_id], capture_output=True,
+                           timeout=60, check=False)  # fmt: skip
+            subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
+    if answer[0]:
+        log.info("gvisor: runsc %s runs sandboxes with its own network stack here", runsc)
+    else:
+        log.warning("gvisor: runsc %s cannot use its own network stack here (%s); network 'auto' uses 'host' "
+                    "inside each container's own network namespace", runsc, answer[1])  # fmt: skip
+    _NETWORK_CACHE[key] = answer
+    return answer
+
+
+@hookimpl
+def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
+    settings = settings_of(runtime)
+    if spec.network == "host" and settings.network not in ("host", "auto"):
+        raise InvalidRequest(
+            f"container {spec.container_id} asks for the host network, but this pool's gVisor runs with "
+            f"network {settings.network!r}; set runtime_settings.network: host for such pools"
+        )
+    if spec.gpus and not settings.nvproxy:
+        raise InvalidRequest("GPUs under gVisor need runtime_settings.nvproxy: true (and a runsc with -nvproxy)")
+    return engine(runtime).prepare(spec)
+
+
+@hookimpl
+def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
+    return engine(runtime).start(container)
+
+
+@hookimpl
+def levers9_container_state(runtime: RuntimeContext, container_id: str) -> ContainerState:
+    return engine(runtime).state(container_id)
+
+
+@hookimpl
+def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
+    engine(runtime).kill(container_id, signal)
+
+
+@hookimpl
+def levers9_container_logs(runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
+    return engine(runtime).logs(container_id, offset)
+
+
+@hookimpl
+def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
+    engine(runtime).remove(container_id)
+
+
+@hookimpl
+def levers9_checkpoint(runtime: RuntimeContext, container_id: str, image_dir: str) -> CheckpointImage | None:
+    if runtime.name != NAME:
+        return None
+    return engine(runtime).checkpoint(container_id, image_dir)
+
+
+@hookimpl
+def levers9_restore(
+    runtime: RuntimeContext, container: PreparedContainer, image: CheckpointImage
+) -> ContainerState | None:
+    if runtime.name != NAME:
+        return None
+    return engine(runtime).restore(container, image)

@@ -5,25 +5,41 @@ and isolation does not matter: the command sees the host's filesystem,
 network, users and GPUs, and nothing limits what it may do. Because that is
 easy to forget once a pool is configured, the first capability report in a
 process logs a warning (logger ``levers9.runtime.process``). A process cannot
-be checkpointed: there is no container boundary to freeze. Running the
-process comes with the container hooks.
+be checkpointed: there is no container boundary to freeze. The container hooks
+run the command through :mod:`levers9.containers.process`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from levers9 import __version__
+from levers9.containers.process import ProcessEngine
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import Isolation, RuntimeCapabilities, RuntimeContext
+from levers9.hooks.types import (
+    ContainerSpec,
+    ContainerState,
+    Isolation,
+    LogChunk,
+    PreparedContainer,
+    RuntimeCapabilities,
+    RuntimeContext,
+)
 
 __all__ = [
     "CHECKPOINT_REASON",
     "ISOLATION_WARNING",
     "ProcessSettings",
+    "levers9_container_kill",
+    "levers9_container_logs",
+    "levers9_container_prepare",
+    "levers9_container_remove",
+    "levers9_container_start",
+    "levers9_container_state",
     "levers9_runtime_capabilities",
     "levers9_runtime_settings",
 ]
@@ -71,3 +87,38 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         checkpoint_reason=CHECKPOINT_REASON,
         version=__version__,
     )
+
+
+def _engine(runtime: RuntimeContext) -> ProcessEngine:
+    return ProcessEngine(Path(runtime.state_dir))
+
+
+@hookimpl
+def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
+    _warn_once()
+    return _engine(runtime).prepare(spec)
+
+
+@hookimpl
+def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
+    return _engine(runtime).start(container)
+
+
+@hookimpl
+def levers9_container_state(runtime: RuntimeContext, container_id: str) -> ContainerState:
+    return _engine(runtime).state(container_id)
+
+
+@hookimpl
+def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
+    _engine(runtime).kill(container_id, signal)
+
+
+@hookimpl
+def levers9_container_logs(runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
+    return _engine(runtime).logs(container_id, offset)
+
+
+@hookimpl
+def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
+    _engine(runtime).remove(container_id)

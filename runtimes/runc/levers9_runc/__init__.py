@@ -3,8 +3,8 @@
 runc is the reference OCI runtime and what most container engines use
 underneath, so a pool that wants ordinary container isolation with the least
 overhead (and direct GPU access through the NVIDIA container toolkit) names
-``runtime: runc``. This module only declares the settings and reports what this
-host's runc can do; running containers comes with the container hooks.
+``runtime: runc``. The container hooks hand the work to the shared OCI engine
+(:mod:`levers9.containers.oci`); this module says how to drive runc.
 
 Decisions worth knowing when reading the capability report:
 
@@ -23,19 +23,37 @@ Decisions worth knowing when reading the capability report:
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from levers9 import probe
+from levers9.containers.node import NodeSettings, bridge_for, images_for
+from levers9.containers.oci import OciEngine, OciFlavor
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import Isolation, RuntimeCapabilities, RuntimeContext
+from levers9.hooks.types import (
+    ContainerSpec,
+    ContainerState,
+    Isolation,
+    LogChunk,
+    PreparedContainer,
+    RuntimeCapabilities,
+    RuntimeContext,
+)
 
 __all__ = [
     "CHECKPOINT_REASON",
     "NVIDIA_HOOKS",
     "VERSION_TIMEOUT",
     "RuncSettings",
+    "engine",
     "find_nvidia_hook",
+    "levers9_container_kill",
+    "levers9_container_logs",
+    "levers9_container_prepare",
+    "levers9_container_remove",
+    "levers9_container_start",
+    "levers9_container_state",
     "levers9_runtime_capabilities",
     "levers9_runtime_settings",
     "parse_version",
@@ -56,7 +74,7 @@ CHECKPOINT_REASON = (
 _VERSION = re.compile(r"^runc version (\S+)", re.MULTILINE)
 
 
-class RuncSettings(BaseModel):
+class RuncSettings(NodeSettings):
     """A pool's ``runtime_settings:`` for ``runtime: runc``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -133,3 +151,50 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         checkpoint_reason=CHECKPOINT_REASON,
         version=version,
     )
+
+
+def engine(runtime: RuntimeContext) -> OciEngine:
+    """The OCI engine driving this host's runc with the pool's settings."""
+    settings = settings_of(runtime)
+    binary = probe.which(settings.binary) or settings.binary
+    argv = [binary, "--root", settings.root or str(Path(runtime.state_dir) / "runc")]
+    if settings.systemd_cgroup:
+        argv.append("--systemd-cgroup")
+    hooks = {}
+    nvidia = find_nvidia_hook()
+    if nvidia and nvidia.endswith("nvidia-container-runtime-hook"):
+        hooks = {"prestart": [{"path": nvidia, "args": [nvidia, "prestart"]}]}
+    # --keep: the stopped container (and its memory cgroup) stays until the shim has read whether OOM killed it
+    flavor = OciFlavor("runc", tuple(argv), run=("run", "--keep"), no_new_privileges=settings.no_new_privileges,
+                       oci_hooks=hooks)  # fmt: skip
+    return OciEngine(flavor, Path(runtime.state_dir), images=images_for(runtime, settings), bridge=bridge_for(settings))
+
+
+@hookimpl
+def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
+    return engine(runtime).prepare(spec)
+
+
+@hookimpl
+def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
+    return engine(runtime).start(container)
+
+
+@hookimpl
+def levers9_container_state(runtime: RuntimeContext, container_id: str) -> ContainerState:
+    return engine(runtime).state(container_id)
+
+
+@hookimpl
+def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
+    engine(runtime).kill(container_id, signal)
+
+
+@hookimpl
+def levers9_container_logs(runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
+    return engine(runtime).logs(container_id, offset)
+
+
+@hookimpl
+def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
+    engine(runtime).remove(container_id)

@@ -1,0 +1,393 @@
+"""Running containers with an OCI runtime (runc or runsc): the engine behind both runtime plugins.
+
+The hooks are stateless calls from worker threads, so everything about a
+container lives in its own directory under the runtime's state dir::
+
+    containers/<id>/
+      meta.json        the spec, the network attachment, forwarded ports
+      bundle/          config.json, and rootfs/ (an overlay mount)
+      upper/ work/     the container's private writable layer
+      output.log       stdout and stderr, appended by the container
+      shim.pid         the shim supervising it (see levers9.containers.shim)
+      exit.json        how it ended, written by the shim
+
+Removal undoes each step in reverse and is idempotent, so a worker that
+crashed half way can call it again and nothing is left: no mount, cgroup,
+network namespace, forwarder or directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from levers9.containers import shim
+from levers9.containers.rootfs import mount_overlay, unmount
+from levers9.containers.spec import cgroups_path, oci_config
+from levers9.hooks.errors import InvalidRequest, Levers9Error, RestoreFailed
+from levers9.hooks.types import (
+    CheckpointImage,
+    ContainerSpec,
+    ContainerState,
+    ContainerStatus,
+    LogChunk,
+    PreparedContainer,
+)
+
+if TYPE_CHECKING:
+    from levers9.containers.images import ImageStore
+    from levers9.containers.network import Bridge
+
+__all__ = ["START_TIMEOUT_S", "ContainerRecords", "OciEngine", "OciFlavor"]
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+LOG_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class OciFlavor:
+    """How to drive one OCI runtime binary."""
+
+    #: the levers9 runtime name (``runc``, ``gvisor``)
+    name: str
+    #: the binary with its global flags (``runc --root R``, ``runsc --root R --platform ptrace``)
+    argv: tuple[str, ...]
+    #: the foreground run command after the global flags
+    run: tuple[str, ...] = ("run",)
+    no_new_privileges: bool = True
+    oci_hooks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+class ContainerRecords:
+    """A runtime's containers as directories: what every engine keeps, and how logs are read back."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    def _dir(self, container_id: str) -> Path:
+        return self.state_dir / "containers" / container_id
+
+    def _meta(self, container_id: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self._dir(container_id) / "meta.json").read_text())
+            return data
+        except (OSError, ValueError):
+            return None
+
+    def _write_meta(self, container_id: str, meta: dict[str, Any]) -> None:
+        path = self._dir(container_id) / "meta.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path)
+
+    def _exit(self, container_id: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self._dir(container_id) / shim.EXIT_FILE).read_text())
+            return data
+        except (OSError, ValueError):
+            return None
+
+    def logs(self, container_id: str, offset: int) -> LogChunk:
+        path = self._dir(container_id) / shim.LOG_FILE
+        ended = self._exit(container_id) is not None
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(LOG_CHUNK)
+                size = os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return LogChunk(data=b"", next_offset=offset, eof=True)
+        nxt = offset + len(data)
+        return LogChunk(data=data, next_offset=nxt, eof=ended and nxt >= size)
+
+    def _exited_state(self, container_id: str, ended: dict[str, Any]) -> ContainerState:
+        return ContainerState(
+            container_id=container_id,
+            status=ContainerStatus.EXITED,
+            exit_code=ended.get("exit_code"),
+            oom_killed=bool(ended.get("oom_killed")),
+            started_at=_time(ended.get("started_at")),
+            finished_at=_time(ended.get("finished_at")),
+        )
+
+    def _wait_for_shim(self, container_id: str) -> None:
+        """After a kill: until the shim has written how the container ended, or gave up."""
+        cdir = self._dir(container_id)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while self._exit(container_id) is None and _alive(_pid(cdir / shim.PID_FILE)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        shim_pid = _pid(cdir / shim.PID_FILE)
+        if shim_pid and _alive(shim_pid):
+            with contextlib.suppress(OSError):
+                os.kill(shim_pid, signal.SIGKILL)
+
+    def _spawn(self, argv: Sequence[str]) -> None:
+        """Start ``argv`` as nobody's child (setsid --fork), so it outlives a worker restart."""
+        subprocess.run(["setsid", "--fork", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30, check=True)  # fmt: skip
+
+
+class OciEngine(ContainerRecords):
+    def __init__(self, flavor: OciFlavor, state_dir: Path, *, images: ImageStore, bridge: Bridge | None) -> None:
+        super().__init__(state_dir)
+        self.flavor = flavor
+        self.images = images
+        self.bridge = bridge
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.flavor.argv, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, spec: ContainerSpec) -> PreparedContainer:
+        cdir = self._dir(spec.container_id)
+        bundle = cdir / "bundle"
+        if (cdir / "meta.json").exists():
+            meta = self._meta(spec.container_id) or {}
+            if meta.get("spec") != spec.model_dump(mode="json"):
+                raise InvalidRequest(f"container {spec.container_id} already exists with a different spec")
+            return PreparedContainer(container_id=spec.container_id, runtime=self.flavor.name, spec=spec,
+                                     bundle_dir=str(bundle))  # fmt: skip
+        image = self.images.resolve(spec.image)
+        cdir.mkdir(parents=True, exist_ok=True)
+        try:
+            mount_overlay(list(image.layers), cdir / "upper", cdir / "work", bundle / "rootfs")
+            netns: str | None = None
+            attachment: dict[str, Any] | None = None
+            if spec.network == "bridge":
+                if self.bridge is None:
+                    raise InvalidRequest("network 'bridge' needs the worker's bridge, which this runtime was not given")
+                self.bridge.ensure()
+                att = self.bridge.attach(spec.container_id)
+                netns = att.netns_path
+                attachment = {"ip": att.ip, "netns": att.netns_path}
+            config = oci_config(
+                spec,
+                rootfs=str(bundle / "rootfs"),
+                image_env=image.config.env,
+                binds=[(b.source, b.target) for b in image.binds],
+                netns_path=netns,
+                no_new_privileges=self.flavor.no_new_privileges,
+                hooks=self.flavor.oci_hooks or None,
+            )
+            (bundle / "config.json").write_text(json.dumps(config, indent=1))
+            (cdir / shim.LOG_FILE).touch()
+            self._write_meta(spec.container_id, {"spec": spec.model_dump(mode="json"), "network": attachment,
+                                                 "forwards": []})  # fmt: skip
+        except BaseException:
+            self.remove(spec.container_id)
+            raise
+        return PreparedContainer(container_id=spec.container_id, runtime=self.flavor.name, spec=spec,
+                                 bundle_dir=str(bundle))  # fmt: skip
+
+    # ------------------------------------------------------------------ start and restore
+
+    def start(self, container: PreparedContainer) -> ContainerState:
+        return self._launch(container, [*self.flavor.run, "--bundle", self._bundle(container), container.container_id])
+
+    def restore(self, container: PreparedContainer, image: CheckpointImage) -> ContainerState:
+        if not Path(image.path).is_dir():
+            self.remove(container.container_id)
+            raise RestoreFailed(f"checkpoint {image.checkpoint_id} is missing its image at {image.path}")
+        action = ["restore", "--image-path", image.path, "--bundle", self._bundle(container), container.container_id]
+        state = self._launch(container, action)
+        exit_info = self._exit(container.container_id)
+        if state.status is ContainerStatus.EXITED and exit_info and exit_info.get("exit_code") not in (0, None):
+            output = self.logs(container.container_id, 0).data.decode(errors="replace")[-2000:]
+            self.remove(container.container_id)
+            raise RestoreFailed(f"restoring {image.checkpoint_id} failed: {output.strip() or 'no output'}")
+        return state
+
+    def _bundle(self, container: PreparedContainer) -> str:
+        if not (self._dir(container.container_id) / "meta.json").exists():
+            raise InvalidRequest(f"container {container.container_id} was not prepared (or was removed)")
+        return str(self._dir(container.container_id) / "bundle")
+
+    def _launch(self, container: PreparedContainer, action: Sequence[str]) -> ContainerState:
+        cid = container.container_id
+        cdir = self._dir(cid)
+        if not (cdir / shim.PID_FILE).exists():
+            _own_memory_cgroup(cgroups_path(cid), container.spec.memory_mib * 1024 * 1024)
+            argv = shim.command(runtime=self.flavor.argv, action=action, container_id=cid, state_dir=cdir,
+                                cgroup=cgroups_path(cid))  # fmt: skip
+            self._spawn(argv)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            state = self.state(cid)
+            if state.status in (ContainerStatus.RUNNING, ContainerStatus.EXITED):
+                break
+            if time.monotonic() > deadline:
+                self.remove(cid)
+                raise Levers9Error(f"container {cid} did not start within {START_TIMEOUT_S:g} s")
+            time.sleep(0.01)
+        if state.status is ContainerStatus.RUNNING and container.spec.ports:
+            self._forward(container.spec)
+            state = self.state(cid)
+        return state
+
+    def _forward(self, spec: ContainerSpec) -> None:
+        from levers9.containers.network import forwarder_command
+
+        meta = self._meta(spec.container_id) or {}
+        if meta.get("forwards"):
+            return
+        target = (meta.get("network") or {}).get("ip") or "127.0.0.1"
+        forwards = []
+        if spec.network == "bridge":
+            for port in spec.ports:
+                ready = self._dir(spec.container_id) / f"forward-{port}.port"
+                pidfile = ready.with_suffix(".pid")
+                argv = forwarder_command(target, port, "127.0.0.1", 0, ready)
+                # the shell records its pid, then becomes the forwarder: removal needs the pid to stop it
+                self._spawn(["sh", "-c", 'echo $$ > "$0"; exec "$@"', str(pidfile), *argv])
+                deadline = time.monotonic() + 10
+                while not ready.exists() or not ready.read_text().strip():
+                    if time.monotonic() > deadline:
+                        raise Levers9Error(f"the port forwarder for {spec.container_id}:{port} did not start")
+                    time.sleep(0.01)
+                forwards.append(
+                    {"port": port, "host_port": int(ready.read_text().split()[0]), "pid": _pid(pidfile) or 0}
+                )
+        elif spec.network == "host":
+            forwards = [{"port": p, "host_port": p, "pid": 0} for p in spec.ports]
+        meta["forwards"] = forwards
+        self._write_meta(spec.container_id, meta)
+
+    # ------------------------------------------------------------------ observe and control
+
+    def state(self, container_id: str) -> ContainerState:
+        meta = self._meta(container_id)
+        if meta is None:
+            return ContainerState(container_id=container_id, status=ContainerStatus.UNKNOWN)
+        forwards = meta.get("forwards") or []
+        address = f"127.0.0.1:{forwards[0]['host_port']}" if forwards else None
+        ended = self._exit(container_id)
+        if ended is not None:
+            return self._exited_state(container_id, ended)
+        proc = self._run("state", container_id, timeout=30)
+        if proc.returncode == 0:
+            info = json.loads(proc.stdout)
+            status = {"created": ContainerStatus.CREATED, "running": ContainerStatus.RUNNING,
+                      "paused": ContainerStatus.RUNNING}.get(info.get("status"), ContainerStatus.CREATED)  # fmt: skip
+            return ContainerState(container_id=container_id, status=status, pid=info.get("pid") or None,
+                                  started_at=_parse_created(info.get("created")), address=address)  # fmt: skip
+        return ContainerState(container_id=container_id, status=ContainerStatus.CREATED)
+
+    def kill(self, container_id: str, sig: int) -> None:
+        if self._exit(container_id) is not None or self._meta(container_id) is None:
+            return
+        proc = self._run("kill", container_id, str(sig), timeout=30)
+        if proc.returncode != 0 and self._exit(container_id) is None:
+            out = (proc.stderr or proc.stdout).lower()
+            if "not running" not in out and "does not exist" not in out and "not exist" not in out:
+                raise Levers9Error(f"{self.flavor.name} kill {container_id} failed: {out.strip()}")
+
+    def remove(self, container_id: str) -> None:
+        cdir = self._dir(container_id)
+        meta = self._meta(container_id) or {}
+        if (cdir / shim.PID_FILE).exists() and self._exit(container_id) is None:
+            with contextlib.suppress(Levers9Error, subprocess.TimeoutExpired):
+                self.kill(container_id, signal.SIGKILL)
+        self._wait_for_shim(container_id)
+        self._run("delete", "--force", container_id, timeout=60)
+        for forward in meta.get("forwards") or []:
+            if forward.get("pid"):
+                with contextlib.suppress(OSError):
+                    os.kill(int(forward["pid"]), signal.SIGTERM)
+        if self.bridge is not None:
+            self.bridge.detach(container_id)
+        unmount(cdir / "bundle" / "rootfs")
+        _remove_cgroups(cgroups_path(container_id))
+        shutil.rmtree(cdir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ checkpoint (runsc)
+
+    def checkpoint(self, container_id: str, image_dir: str) -> CheckpointImage:
+        Path(image_dir).mkdir(parents=True, exist_ok=True)
+        proc = self._run("checkpoint", "--image-path", image_dir, "--leave-running", container_id, timeout=600)
+        if proc.returncode != 0:
+            raise Levers9Error(
+                f"{self.flavor.name} checkpoint of {container_id} failed: {(proc.stderr or proc.stdout).strip()}"
+            )
+        size = sum(p.stat().st_size for p in Path(image_dir).rglob("*") if p.is_file())
+        return CheckpointImage(checkpoint_id=uuid.uuid4().hex, runtime=self.flavor.name, path=image_dir,
+                               size_bytes=size, created_at=datetime.now(UTC))  # fmt: skip
+
+
+def _time(value: object) -> datetime | None:
+    return datetime.fromtimestamp(float(value), UTC) if isinstance(value, int | float) else None
+
+
+def _parse_created(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value[:26].rstrip("Z") + "+00:00" if value.endswith("Z") else value)
+    except ValueError:
+        return None
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _own_memory_cgroup(path: str, limit_bytes: int, root: Path = Path("/sys/fs/cgroup")) -> None:
+    """Create the container's memory cgroup, with its limit, before the runtime does.
+
+    runsc deletes the cgroups it created the moment the sandbox ends, taking the
+    OOM counter with it before the shim can read it. A cgroup that already
+    exists is joined and left alone (its limit too, hence setting it here), and
+    :func:`_remove_cgroups` removes it at the end.
+    """
+    memory = root / "memory"
+    if not memory.is_dir():
+        return  # cgroup v2: the shim's polling reads memory.events while the cgroup lives
+    directory = memory / path.lstrip("/")
+    with contextlib.suppress(OSError):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        if (directory / "memory.memsw.limit_in_bytes").exists():
+            (directory / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+
+
+def _remove_cgroups(path: str, root: Path = Path("/sys/fs/cgroup")) -> None:
+    """runc removes its cgroups on delete; this catches what a crash or runsc leaves."""
+    rel = path.lstrip("/")
+    candidates = [root / rel] + [c / rel for c in root.iterdir() if c.is_dir()] if root.exists() else []
+    for directory in candidates:
+        if directory.is_dir():
+            with contextlib.suppress(OSError):
+                directory.rmdir()

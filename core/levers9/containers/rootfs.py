@@ -1,0 +1,57 @@
+"""A container's root filesystem: the image's layers read-only, with a private writable layer on top.
+
+Overlayfs lets every container of an image share one unpacked copy of its
+layers (see :mod:`levers9.containers.images`) while writing only to its own
+upper directory, which is thrown away with the container.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from levers9.hooks.errors import Levers9Error
+
+__all__ = ["RootfsError", "is_mounted", "mount_overlay", "unmount"]
+
+
+class RootfsError(Levers9Error):
+    """The root filesystem could not be set up or taken down; the message has the kernel's answer."""
+
+
+def is_mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/self/mountinfo") as info:
+        return any(line.split()[4] == target for line in info)
+
+
+def mount_overlay(layers: Sequence[Path], upper: Path, work: Path, target: Path) -> None:
+    """Mount ``layers`` (lowest first) under a fresh ``upper`` at ``target``; idempotent."""
+    if not layers:
+        raise RootfsError("an image needs at least one layer")
+    for path in (upper, work, target):
+        path.mkdir(parents=True, exist_ok=True)
+    if is_mounted(target):
+        return
+    lower = ":".join(str(p) for p in reversed(layers))  # overlayfs lists the topmost lower layer first
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    if len(options) > 4000:
+        raise RootfsError(f"{len(layers)} layers make an overlay option string too long for the kernel")
+    proc = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(target)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RootfsError(f"mounting the root filesystem at {target} failed: {(proc.stderr or proc.stdout).strip()}")
+
+
+def unmount(target: Path) -> None:
+    """Unmount ``target`` if mounted; lazily when still busy, so removal never hangs on a stray process."""
+    if not target.exists() or not is_mounted(target):
+        return
+    proc = subprocess.run(["umount", str(target)], capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0 and is_mounted(target):
+        lazy = subprocess.run(["umount", "-l", str(target)], capture_output=True, text=True, timeout=60, check=False)
+        if lazy.returncode != 0 and is_mounted(target):
+            raise RootfsError(f"could not unmount {target}: {(lazy.stderr or proc.stderr).strip()}")

@@ -1,0 +1,475 @@
+"""Container networking against the real kernel: namespaces, veths and a bridge made with ``ip``.
+
+Each test gets a bridge and a /24 of its own (claimed in a shared directory, so parallel workers
+and parallel runs never pick the same one) and container ids that no other run uses, and its
+fixture destroys the bridge and checks that no namespace or interface of the test is left,
+whether the test passed or not. Traffic only ever goes to addresses these tests created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from levers9.containers.network import (
+    Attachment,
+    Bridge,
+    NetworkError,
+    PortForward,
+    forwarder_command,
+    netns_name,
+    veth_name,
+)
+
+# Serves on an ephemeral port of the namespace it runs in, prints the port, and echoes every
+# connection until the client's EOF, then half-closes its side: the test for half-close handling.
+ECHO_SERVER = """
+import socket, sys, threading
+def serve(conn):
+    with conn:
+        while data := conn.recv(65536):
+            conn.sendall(data)
+        conn.shutdown(socket.SHUT_WR)
+srv = socket.create_server((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+
+# Sends its payload, half-closes, and prints everything it reads until EOF.
+CLIENT = """
+import socket, sys
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as s:
+    s.sendall(sys.argv[3].encode())
+    s.shutdown(socket.SHUT_WR)
+    chunks = []
+    while data := s.recv(65536):
+        chunks.append(data)
+sys.stdout.write(b"".join(chunks).decode())
+"""
+
+SUBNET_POOL = ipaddress.IPv4Network("10.210.0.0/16")
+CLAIMS = Path(tempfile.gettempdir()) / "levers9-test-subnets"
+
+
+def ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], check=False, capture_output=True, text=True, timeout=60)
+
+
+def netns_list() -> set[str]:
+    return {line.split()[0] for line in ip("netns", "list").stdout.splitlines() if line.strip()}
+
+
+def link_exists(name: str) -> bool:
+    return ip("link", "show", "dev", name).returncode == 0
+
+
+def addresses_in(ns: str) -> set[str]:
+    links = json.loads(ip("-n", ns, "-j", "-4", "addr", "show", "dev", "eth0").stdout or "[]")
+    return {f"{a['local']}/{a['prefixlen']}" for link in links for a in link["addr_info"]}
+
+
+def in_use_networks() -> list[ipaddress.IPv4Network]:
+    links = json.loads(ip("-j", "-4", "addr", "show").stdout or "[]")
+    return [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in links
+        for a in link["addr_info"]
+    ]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture
+def subnet() -> Iterator[str]:
+    """A /24 of 10.210.0.0/16 that no other live test process holds and no interface uses."""
+    CLAIMS.mkdir(parents=True, exist_ok=True)
+    candidates = list(SUBNET_POOL.subnets(new_prefix=24))
+    secrets.SystemRandom().shuffle(candidates)
+    used = in_use_networks()
+    for candidate in candidates:
+        if any(candidate.overlaps(net) for net in used):
+            continue
+        claim = CLAIMS / str(candidate.network_address)
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            with contextlib.suppress(OSError, ValueError):
+                if not pid_alive(int(claim.read_text())):
+                    claim.unlink()  # left by a run that died; the next test may take it
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        try:
+            yield str(candidate)
+        finally:
+            claim.unlink(missing_ok=True)
+        return
+    pytest.fail(f"no free /24 left in {SUBNET_POOL}; see {CLAIMS}")
+
+
+@pytest.fixture
+def new_id() -> Iterator[Callable[[str], str]]:
+    """Container ids unique to this test run, remembered so teardown can check what they left behind."""
+    made: list[str] = []
+    run = secrets.token_hex(6)
+
+    def make(name: str) -> str:
+        made.append(f"l9test-{run}-{name}")
+        return made[-1]
+
+    yield make
+    # Runs after the bridge fixture's teardown (it depends on this one), so this sees the final state.
+    leftovers = [netns_name(cid) for cid in made if netns_name(cid) in netns_list()]
+    leftovers += [veth_name(cid) for cid in made if link_exists(veth_name(cid))]
+    assert not leftovers, f"left behind: {leftovers}"
+
+
+@pytest.fixture
+def bridge(tmp_path: Path, subnet: str, new_id: Callable[[str], str]) -> Iterator[Bridge]:
+    br = Bridge(name=f"l9t{secrets.token_hex(5)}", subnet=subnet, state_dir=tmp_path / "net")
+    try:
+        br.ensure()
+        yield br
+    finally:
+        br.destroy()
+        assert not link_exists(br.name), f"bridge {br.name} left behind"
+
+
+@contextlib.contextmanager
+def echo_server(attachment: Attachment) -> Iterator[int]:
+    """An echo server inside the container's namespace, listening on its address; yields the port."""
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", attachment.netns_name, sys.executable, "-c", ECHO_SERVER, attachment.ip],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.strip():
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"echo server in {attachment.netns_name} did not start: {err}")
+        yield int(line)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
+def client_in(ns: str, host: str, port: int, payload: str) -> str:
+    """Run the client inside a namespace and return what it read back."""
+    done = ip("netns", "exec", ns, sys.executable, "-c", CLIENT, host, str(port), payload)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_two_containers_reach_each_other_the_gateway_and_the_host(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    a = bridge.attach(new_id("a"))
+    b = bridge.attach(new_id("b"))
+
+    assert a.ip != b.ip
+    assert a.gateway == b.gateway == str(bridge.network.network_address + 1)
+    for att in (a, b):
+        assert ipaddress.IPv4Address(att.ip) in bridge.network
+        assert att.prefix_len == 24
+        assert att.netns_path == f"/var/run/netns/{att.netns_name}"
+        assert Path(att.netns_path).exists()
+        assert att.netns_name in netns_list()
+        assert addresses_in(att.netns_name) == {f"{att.ip}/24"}
+        routes = json.loads(ip("-n", att.netns_name, "-j", "route", "show", "default").stdout)
+        assert [r["gateway"] for r in routes] == [att.gateway]
+        veth = json.loads(ip("-j", "link", "show", "dev", att.veth_host).stdout)[0]
+        assert veth["master"] == bridge.name
+        assert len(att.veth_host) <= 15
+
+    with echo_server(a) as port:
+        assert client_in(b.netns_name, a.ip, port, "from b to a") == "from b to a"
+        # The host reaches a container directly through the bridge's route.
+        with socket.create_connection((a.ip, port), timeout=30) as s:
+            s.sendall(b"from host")
+            s.shutdown(socket.SHUT_WR)
+            assert s.makefile("rb").read() == b"from host"
+
+    # A container reaches the host at the gateway address.
+    with socket.create_server((bridge.gateway, 0)) as srv:
+        srv.settimeout(60)
+        port = srv.getsockname()[1]
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", b.netns_name, sys.executable, "-c", CLIENT, bridge.gateway, str(port), "to gw"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            conn, (peer, _) = srv.accept()
+            with conn:
+                assert conn.makefile("rb").read() == b"to gw"
+                conn.sendall(b"from gw")
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert peer == b.ip
+        assert (proc.returncode, out) == (0, "from gw"), err
+
+
+def test_attach_is_idempotent_and_detach_releases_everything(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    cid = new_id("x")
+    first = bridge.attach(cid)
+    assert bridge.attach(cid) == first
+    assert bridge.attachments() == [first]
+
+    bridge.detach(cid)
+    assert first.netns_name not in netns_list()
+    assert not Path(first.netns_path).exists()
+    assert not link_exists(first.veth_host)
+    assert bridge.attachments() == []
+    bridge.detach(cid)  # nothing left to do is not an error
+    bridge.detach(new_id("never-attached"))
+
+    again = bridge.attach(cid)
+    assert again.netns_name in netns_list()
+    assert addresses_in(again.netns_name) == {f"{again.ip}/24"}
+
+
+def test_detached_addresses_are_reused_and_never_shared(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    a = bridge.attach(new_id("a"))
+    b = bridge.attach(new_id("b"))
+    bridge.detach(a.container_id)
+    c = bridge.attach(new_id("c"))
+    assert c.ip == a.ip
+    assert c.ip != b.ip
+    assert {x.container_id for x in bridge.attachments()} == {b.container_id, c.container_id}
+
+
+def test_attach_repairs_what_a_crash_left_half_done(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    """A record whose veth vanished (a crash mid-attach) is wired again with the address it had."""
+    att = bridge.attach(new_id("a"))
+    assert ip("link", "del", "dev", att.veth_host).returncode == 0
+
+    repaired = bridge.attach(att.container_id)
+    assert repaired == att
+    assert link_exists(att.veth_host)
+    assert addresses_in(att.netns_name) == {f"{att.ip}/24"}
+
+
+def test_concurrent_attaches_get_distinct_addresses(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    ids = [new_id(f"c{i}") for i in range(20)]
+    start = threading.Barrier(len(ids))
+
+    def attach(cid: str) -> Attachment:
+        # A Bridge object per thread, like separate worker processes sharing one state directory.
+        mine = Bridge(bridge.name, str(bridge.network), bridge.state_dir)
+        start.wait()
+        return mine.attach(cid)
+
+    with ThreadPoolExecutor(len(ids)) as pool:
+        attached = list(pool.map(attach, ids))
+
+    ips = [a.ip for a in attached]
+    assert len(set(ips)) == len(ids)
+    assert bridge.gateway not in ips
+    assert sorted(bridge.attachments(), key=lambda a: a.container_id) == sorted(attached, key=lambda a: a.container_id)
+    for att in attached:
+        assert addresses_in(att.netns_name) == {f"{att.ip}/24"}
+
+    def detach(cid: str) -> None:
+        Bridge(bridge.name, str(bridge.network), bridge.state_dir).detach(cid)
+
+    with ThreadPoolExecutor(len(ids)) as pool:
+        list(pool.map(detach, ids))
+    assert bridge.attachments() == []
+    assert not {netns_name(cid) for cid in ids} & netns_list()
+
+
+def test_ensure_is_idempotent_and_refuses_what_it_does_not_own(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    bridge.ensure()
+    bridge.ensure()
+    info = json.loads(ip("-j", "-4", "addr", "show", "dev", bridge.name).stdout)[0]
+    assert [f"{a['local']}/{a['prefixlen']}" for a in info["addr_info"]] == [f"{bridge.gateway}/24"]
+    assert "UP" in info["flags"]
+
+    with pytest.raises(NetworkError, match="not a bridge"):
+        Bridge(name="lo", subnet="10.211.0.0/24", state_dir=bridge.state_dir.parent / "lo").ensure()
+
+    other = Bridge(
+        name=f"l9t{secrets.token_hex(5)}", subnet=str(bridge.network), state_dir=bridge.state_dir.parent / "o"
+    )
+    with pytest.raises(NetworkError, match="overlaps"):
+        other.ensure()
+    assert not link_exists(other.name)
+
+    with pytest.raises(NetworkError, match="interface name"):
+        Bridge(name="a-name-far-too-long")
+    with pytest.raises(NetworkError, match="IPv4"):
+        Bridge(name="l9tx", subnet="10.210.0.1/24")
+
+
+def test_destroy_leaves_no_bridge_veth_or_netns(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    attached = [bridge.attach(new_id(name)) for name in ("a", "b", "c")]
+
+    bridge.destroy()
+
+    assert not link_exists(bridge.name)
+    for att in attached:
+        assert not link_exists(att.veth_host)
+        assert att.netns_name not in netns_list()
+    assert bridge.attachments() == []
+    bridge.destroy()  # already gone is fine
+
+
+async def test_port_forward_echoes_two_connections_and_half_closes(
+    bridge: Bridge, new_id: Callable[[str], str]
+) -> None:
+    att = bridge.attach(new_id("fwd"))
+    with echo_server(att) as port:
+        forward = PortForward(att.ip, port)
+        host_port = await forward.start()
+        assert forward.port == host_port
+        try:
+            async with asyncio.timeout(60):
+                r1, w1 = await asyncio.open_connection("127.0.0.1", host_port)
+                r2, w2 = await asyncio.open_connection("127.0.0.1", host_port)
+                w1.write(b"one")
+                w2.write(b"two")
+                assert await r1.readexactly(3) == b"one"
+                assert await r2.readexactly(3) == b"two"
+
+                # EOF from the client reaches the server, which answers the rest and then closes.
+                w2.write(b" and more")
+                w2.write_eof()
+                assert await r2.read() == b" and more"
+                # The other connection is unaffected.
+                w1.write(b"still here")
+                assert await r1.readexactly(10) == b"still here"
+                w1.write_eof()
+                assert await r1.read() == b""
+                for w in (w1, w2):
+                    w.close()
+                    await w.wait_closed()
+        finally:
+            await forward.close()
+
+
+async def test_port_forward_close_drops_open_connections(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    att = bridge.attach(new_id("fwd"))
+    with echo_server(att) as port:
+        tasks_before = asyncio.all_tasks()
+        forward = PortForward(att.ip, port)
+        host_port = await forward.start()
+        try:
+            async with asyncio.timeout(60):
+                reader, writer = await asyncio.open_connection("127.0.0.1", host_port)
+                writer.write(b"ping")
+                assert await reader.readexactly(4) == b"ping"
+
+                await forward.close()
+
+                try:
+                    rest = await reader.read()
+                except ConnectionResetError:
+                    rest = b""
+                assert rest == b""
+                writer.close()
+                with contextlib.suppress(ConnectionResetError):
+                    await writer.wait_closed()
+                assert asyncio.all_tasks() <= tasks_before
+                with pytest.raises(ConnectionRefusedError):
+                    await asyncio.open_connection("127.0.0.1", host_port)
+        finally:
+            await forward.close()
+
+
+async def test_port_forward_to_a_closed_port_drops_the_client(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    att = bridge.attach(new_id("fwd"))
+    # Nothing listens in a fresh namespace: the container's kernel refuses, and the client sees its connection end.
+    forward = PortForward(att.ip, 7)
+    host_port = await forward.start()
+    try:
+        async with asyncio.timeout(60):
+            reader, writer = await asyncio.open_connection("127.0.0.1", host_port)
+            try:
+                rest = await reader.read()
+            except ConnectionResetError:
+                rest = b""
+            assert rest == b""
+            writer.close()
+            with contextlib.suppress(ConnectionResetError):
+                await writer.wait_closed()
+    finally:
+        await forward.close()
+
+
+def test_forwarder_process_forwards_and_exits_on_sigterm(
+    bridge: Bridge, new_id: Callable[[str], str], tmp_path: Path
+) -> None:
+    att = bridge.attach(new_id("fwd"))
+    ready = tmp_path / "forward.port"
+    with echo_server(att) as port:
+        proc = subprocess.Popen(
+            forwarder_command(att.ip, port, "127.0.0.1", 0, ready),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    out, err = proc.communicate()
+                    pytest.fail(f"forwarder never became ready (exit {proc.returncode}): {out}{err}")
+                time.sleep(0.05)
+            host_port = int(ready.read_text())
+
+            with socket.create_connection(("127.0.0.1", host_port), timeout=30) as s:
+                s.sendall(b"through a process")
+                s.shutdown(socket.SHUT_WR)
+                assert s.makefile("rb").read() == b"through a process"
+
+            with socket.create_connection(("127.0.0.1", host_port), timeout=30) as held:
+                held.sendall(b"open")
+                assert held.recv(4) == b"open"
+                proc.send_signal(signal.SIGTERM)
+                out, err = proc.communicate(timeout=60)
+                assert proc.returncode == 0, err
+                try:
+                    rest = held.recv(100)
+                except ConnectionResetError:
+                    rest = b""
+                assert rest == b""
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", host_port), timeout=30).close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()

@@ -1,0 +1,89 @@
+"""The process runtime runs a command as a supervised host process, through the hook spec."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from levers9.hooks.errors import InvalidRequest
+from levers9.hooks.facade import Hooks
+from levers9.hooks.manager import PluginPolicy, load_plugins
+from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, Mount, RuntimeContext
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[tuple[Hooks, RuntimeContext]]:
+    hooks = Hooks(load_plugins(PluginPolicy()))
+    ctx = RuntimeContext(name="process", state_dir=str(tmp_path / "process"))
+    try:
+        yield hooks, ctx
+    finally:
+        hooks.close()
+
+
+async def run(hooks: Hooks, ctx: RuntimeContext, command: list[str], **kw: object) -> str:
+    cid = f"p-{secrets.token_hex(5)}"
+    spec = ContainerSpec(container_id=cid, image="host", command=command, **kw)  # type: ignore[arg-type]
+    await hooks.container_start(ctx, await hooks.container_prepare(ctx, spec))
+    return cid
+
+
+async def wait(hooks: Hooks, ctx: RuntimeContext, cid: str) -> ContainerState:
+    deadline = time.monotonic() + 60
+    while (state := await hooks.container_state(ctx, cid)).status is not ContainerStatus.EXITED:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{cid} did not exit")
+        await asyncio.sleep(0.02)
+    return state
+
+
+async def test_exit_code_output_and_environment(rt: tuple[Hooks, RuntimeContext], tmp_path: Path) -> None:
+    hooks, ctx = rt
+    code = "import os, sys; print(os.getcwd(), os.environ['ANSWER']); sys.exit(7)"
+    cid = await run(hooks, ctx, ["python3", "-c", code], env={"ANSWER": "42"}, workdir=str(tmp_path))
+    state = await wait(hooks, ctx, cid)
+    assert state.exit_code == 7
+    chunk = await hooks.container_logs(ctx, cid, 0)
+    assert chunk.data.decode().strip() == f"{tmp_path} 42"
+    assert chunk.eof
+    await hooks.container_remove(ctx, cid)
+    assert not (tmp_path / "process" / "containers" / cid).exists()
+
+
+async def test_kill_takes_the_whole_process_group(rt: tuple[Hooks, RuntimeContext]) -> None:
+    hooks, ctx = rt
+    marker = f"levers9-child-{secrets.token_hex(4)}"
+    cid = await run(hooks, ctx, ["bash", "-c", f"(exec -a {marker}-bg sleep 600) & exec -a {marker} sleep 601"])
+    assert (await hooks.container_state(ctx, cid)).status is ContainerStatus.RUNNING
+    await hooks.container_kill(ctx, cid, signal.SIGKILL)
+    state = await wait(hooks, ctx, cid)
+    assert state.exit_code == 128 + signal.SIGKILL
+    await hooks.container_remove(ctx, cid)
+    await hooks.container_remove(ctx, cid)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False).stdout
+    assert not left.strip()
+    assert (await hooks.container_state(ctx, cid)).status is ContainerStatus.UNKNOWN
+
+
+async def test_what_needs_isolation_is_refused(rt: tuple[Hooks, RuntimeContext], tmp_path: Path) -> None:
+    hooks, ctx = rt
+    spec = ContainerSpec(
+        container_id="p-refused",
+        image="/images/python.tar",
+        command=["true"],
+        mounts=[Mount(source=str(tmp_path), target="/data")],
+        network="none",
+    )
+    with pytest.raises(InvalidRequest) as info:
+        await hooks.container_prepare(ctx, spec)
+    message = str(info.value)
+    assert "image '/images/python.tar'" in message
+    assert "mounts" in message
+    assert "network 'none'" in message
