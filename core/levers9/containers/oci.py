@@ -68,6 +68,11 @@ class OciFlavor:
     run: tuple[str, ...] = ("run",)
     no_new_privileges: bool = True
     oci_hooks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: extra global flags per container network mode (runsc takes ``--network`` per sandbox)
+    network_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: whether ``checkpoint --leave-running`` keeps the container running (runc with CRIU); if not, the engine
+    #: checkpoints and restores in place
+    leave_running: bool = False
 
 
 class ContainerRecords:
@@ -148,8 +153,16 @@ class OciEngine(ContainerRecords):
         self.images = images
         self.bridge = bridge
 
-    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.flavor.argv, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    def _argv(self, container_id: str) -> tuple[str, ...]:
+        """The runtime's argv for this container: its global flags plus those of its network mode."""
+        network = ((self._meta(container_id) or {}).get("spec") or {}).get("network", "bridge")
+        return (*self.flavor.argv, *self.flavor.network_flags.get(network, ()))
+
+    def _run(self, container_id: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self._argv(container_id), *args, container_id], capture_output=True, text=True, timeout=timeout,
+            check=False,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ prepare
 
@@ -222,7 +235,7 @@ class OciEngine(ContainerRecords):
         cdir = self._dir(cid)
         if not (cdir / shim.PID_FILE).exists():
             _own_memory_cgroup(cgroups_path(cid), container.spec.memory_mib * 1024 * 1024)
-            argv = shim.command(runtime=self.flavor.argv, action=action, container_id=cid, state_dir=cdir,
+            argv = shim.command(runtime=self._argv(cid), action=action, container_id=cid, state_dir=cdir,
                                 cgroup=cgroups_path(cid))  # fmt: skip
             self._spawn(argv)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -278,7 +291,7 @@ class OciEngine(ContainerRecords):
         ended = self._exit(container_id)
         if ended is not None:
             return self._exited_state(container_id, ended)
-        proc = self._run("state", container_id, timeout=30)
+        proc = self._run(container_id, "state", timeout=30)
         if proc.returncode == 0:
             info = json.loads(proc.stdout)
             status = {"created": ContainerStatus.CREATED, "running": ContainerStatus.RUNNING,
@@ -290,7 +303,8 @@ class OciEngine(ContainerRecords):
     def kill(self, container_id: str, sig: int) -> None:
         if self._exit(container_id) is not None or self._meta(container_id) is None:
             return
-        proc = self._run("kill", container_id, str(sig), timeout=30)
+        proc = subprocess.run([*self._argv(container_id), "kill", container_id, str(sig)], capture_output=True,
+                              text=True, timeout=30, check=False)  # fmt: skip
         if proc.returncode != 0 and self._exit(container_id) is None:
             out = (proc.stderr or proc.stdout).lower()
             if "not running" not in out and "does not exist" not in out and "not exist" not in out:
@@ -303,7 +317,7 @@ class OciEngine(ContainerRecords):
             with contextlib.suppress(Levers9Error, subprocess.TimeoutExpired):
                 self.kill(container_id, signal.SIGKILL)
         self._wait_for_shim(container_id)
-        self._run("delete", "--force", container_id, timeout=60)
+        self._run(container_id, "delete", "--force", timeout=60)
         for forward in meta.get("forwards") or []:
             if forward.get("pid"):
                 with contextlib.suppress(OSError):
@@ -317,15 +331,38 @@ class OciEngine(ContainerRecords):
     # ------------------------------------------------------------------ checkpoint (runsc)
 
     def checkpoint(self, container_id: str, image_dir: str) -> CheckpointImage:
+        """Checkpoint the container into ``image_dir`` and keep it running.
+
+        runsc's own ``--leave-running`` tears the sandbox down on the builds
+        Debian ships, so the engine checkpoints (which stops the sandbox) and at
+        once restores the same container, from the image just taken, in place:
+        same id, same root filesystem with its writes, same log. The container
+        pauses for the restore and keeps its state.
+        """
+        meta = self._meta(container_id)
+        if meta is None or self._exit(container_id) is not None:
+            raise Levers9Error(f"container {container_id} is not running, so it cannot be checkpointed")
         Path(image_dir).mkdir(parents=True, exist_ok=True)
-        proc = self._run("checkpoint", "--image-path", image_dir, "--leave-running", container_id, timeout=600)
+        native = ("--leave-running",) if self.flavor.leave_running else ()
+        proc = self._run(container_id, "checkpoint", "--image-path", image_dir, *native, timeout=600)
         if proc.returncode != 0:
             raise Levers9Error(
                 f"{self.flavor.name} checkpoint of {container_id} failed: {(proc.stderr or proc.stdout).strip()}"
             )
         size = sum(p.stat().st_size for p in Path(image_dir).rglob("*") if p.is_file())
-        return CheckpointImage(checkpoint_id=uuid.uuid4().hex, runtime=self.flavor.name, path=image_dir,
-                               size_bytes=size, created_at=datetime.now(UTC))  # fmt: skip
+        image = CheckpointImage(checkpoint_id=uuid.uuid4().hex, runtime=self.flavor.name, path=image_dir,
+                                size_bytes=size, created_at=datetime.now(UTC))  # fmt: skip
+        if self.flavor.leave_running:
+            return image
+        self._wait_for_shim(container_id)
+        cdir = self._dir(container_id)
+        for name in (shim.EXIT_FILE, shim.PID_FILE, shim.CHILD_FILE):
+            (cdir / name).unlink(missing_ok=True)
+        spec = ContainerSpec.model_validate(meta["spec"])
+        container = PreparedContainer(container_id=container_id, runtime=self.flavor.name, spec=spec,
+                                      bundle_dir=str(cdir / "bundle"))  # fmt: skip
+        self.restore(container, image)
+        return image
 
 
 def _time(value: object) -> datetime | None:

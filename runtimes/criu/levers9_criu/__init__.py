@@ -10,8 +10,10 @@ The answer is CRIU's own: ``criu check`` is run and, when it fails, its error
 lines become the reason, so an operator reads what CRIU objected to rather
 than a paraphrase. ``criu check`` inspects the kernel and is slow enough that
 it is run once per process; :func:`clear_cache` forgets the answer (tests, or
-after the host changed). Checkpointing and restoring themselves come with a
-later change; this module only tells whether they can work here.
+after the host changed). Checkpoint and restore go through runc (``runc
+checkpoint --leave-running``, ``runc restore``), which drives CRIU; on a host
+where ``criu check`` fails they raise :class:`CheckpointUnavailable` with
+CRIU's reason, and the container is left running untouched.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ import os
 import threading
 
 from levers9 import probe
+from levers9.hooks.errors import CheckpointUnavailable, RestoreFailed
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import CheckpointSupport, RuntimeContext
+from levers9.hooks.types import (
+    CheckpointImage,
+    CheckpointSupport,
+    ContainerState,
+    PreparedContainer,
+    RuntimeContext,
+)
 
 __all__ = [
     "CHECK_TIMEOUT",
@@ -29,7 +38,9 @@ __all__ = [
     "SERVED_RUNTIMES",
     "check_host",
     "clear_cache",
+    "levers9_checkpoint",
     "levers9_checkpoint_support",
+    "levers9_restore",
 ]
 
 #: the runtimes whose containers CRIU checkpoints here
@@ -96,3 +107,29 @@ def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | N
     if runtime.name not in SERVED_RUNTIMES:
         return None
     return check_host()
+
+
+@hookimpl
+def levers9_checkpoint(runtime: RuntimeContext, container_id: str, image_dir: str) -> CheckpointImage | None:
+    if runtime.name not in SERVED_RUNTIMES:
+        return None
+    support = check_host()
+    if not support.available:
+        raise CheckpointUnavailable(support.reason or "criu cannot checkpoint on this host")
+    import levers9_runc
+
+    return levers9_runc.engine(runtime).checkpoint(container_id, image_dir)
+
+
+@hookimpl
+def levers9_restore(
+    runtime: RuntimeContext, container: PreparedContainer, image: CheckpointImage
+) -> ContainerState | None:
+    if runtime.name not in SERVED_RUNTIMES:
+        return None
+    support = check_host()
+    if not support.available:
+        raise RestoreFailed(f"cannot restore {image.checkpoint_id}: {support.reason}")
+    import levers9_runc
+
+    return levers9_runc.engine(runtime).restore(container, image)

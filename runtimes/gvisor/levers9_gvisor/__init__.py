@@ -321,11 +321,17 @@ def engine(runtime: RuntimeContext) -> OciEngine:
     if network == "auto":
         works, _ = sandbox_network_works(runtime, info.path, platform)
         network = "sandbox" if works else "host"
-    argv = [info.path, "--root", settings.root or str(Path(runtime.state_dir) / "runsc"),
-            "--platform", platform, "--network", network]  # fmt: skip
+    argv = [info.path, "--root", settings.root or str(Path(runtime.state_dir) / "runsc"), "--platform", platform]
     if settings.nvproxy:
         argv.append("--nvproxy")
-    flavor = OciFlavor(NAME, tuple(argv), run=("run",))
+    # A container asking for no network gets a sandbox with none: the only way gVisor can checkpoint it
+    # when its own network stack is unavailable (runsc cannot checkpoint a sandbox using the host's).
+    flags: dict[str, tuple[str, ...]] = {
+        "bridge": ("--network", network),
+        "host": ("--network", "host"),
+        "none": ("--network", "none"),
+    }
+    flavor = OciFlavor(NAME, tuple(argv), run=("run",), network_flags=flags)
     return OciEngine(flavor, Path(runtime.state_dir), images=images_for(runtime, settings), bridge=bridge_for(settings))
 
 

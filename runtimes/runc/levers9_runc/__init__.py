@@ -166,7 +166,7 @@ def engine(runtime: RuntimeContext) -> OciEngine:
         hooks = {"prestart": [{"path": nvidia, "args": [nvidia, "prestart"]}]}
     # --keep: the stopped container (and its memory cgroup) stays until the shim has read whether OOM killed it
     flavor = OciFlavor("runc", tuple(argv), run=("run", "--keep"), no_new_privileges=settings.no_new_privileges,
-                       oci_hooks=hooks)  # fmt: skip
+                       oci_hooks=hooks, leave_running=True)  # fmt: skip
     return OciEngine(flavor, Path(runtime.state_dir), images=images_for(runtime, settings), bridge=bridge_for(settings))
 
 

@@ -1,0 +1,1 @@
+"""The worker: what runs containers on a machine for the controlplane."""
