@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["START_TIMEOUT_S", "ContainerRecords", "OciEngine", "OciFlavor"]
 
 START_TIMEOUT_S = 30.0
+CONTAINER_PID = "container.pid"
 STOP_TIMEOUT_S = 15.0
 LOG_CHUNK = 1 << 20
 
@@ -210,14 +211,22 @@ class OciEngine(ContainerRecords):
     # ------------------------------------------------------------------ start and restore
 
     def start(self, container: PreparedContainer) -> ContainerState:
-        return self._launch(container, [*self.flavor.run, "--bundle", self._bundle(container), container.container_id])
+        cid = container.container_id
+        return self._launch(
+            container, [*self.flavor.run, *self._pid_file(cid), "--bundle", self._bundle(container), cid]
+        )
+
+    def _pid_file(self, container_id: str) -> list[str]:
+        """The runtime writes the container's pid here once it exists: how start and state see it without asking."""
+        return ["--pid-file", str(self._dir(container_id) / CONTAINER_PID)]
 
     def restore(self, container: PreparedContainer, image: CheckpointImage) -> ContainerState:
         if not Path(image.path).is_dir():
             self.remove(container.container_id)
             raise RestoreFailed(f"checkpoint {image.checkpoint_id} is missing its image at {image.path}")
-        action = ["restore", "--image-path", image.path, "--bundle", self._bundle(container), container.container_id]
-        state = self._launch(container, action)
+        cid = container.container_id
+        action = ["restore", "--image-path", image.path, *self._pid_file(cid), "--bundle", self._bundle(container), cid]
+        state = self._launch(container, action, confirm=True)
         exit_info = self._exit(container.container_id)
         if state.status is ContainerStatus.EXITED and exit_info and exit_info.get("exit_code") not in (0, None):
             output = self.logs(container.container_id, 0).data.decode(errors="replace")[-2000:]
@@ -230,7 +239,12 @@ class OciEngine(ContainerRecords):
             raise InvalidRequest(f"container {container.container_id} was not prepared (or was removed)")
         return str(self._dir(container.container_id) / "bundle")
 
-    def _launch(self, container: PreparedContainer, action: Sequence[str]) -> ContainerState:
+    def _launch(self, container: PreparedContainer, action: Sequence[str], *, confirm: bool = False) -> ContainerState:
+        """Start the shim and wait until the container runs (or already ended).
+
+        ``confirm`` asks the runtime itself rather than trusting the pid file: a restore writes the pid
+        before it has loaded the image, and only the runtime knows when the restored container is running.
+        """
         cid = container.container_id
         cdir = self._dir(cid)
         if not (cdir / shim.PID_FILE).exists():
@@ -241,16 +255,28 @@ class OciEngine(ContainerRecords):
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             state = self.state(cid)
+            if state.status is ContainerStatus.RUNNING and confirm and self._runtime_status(cid) != "running":
+                state = state.model_copy(update={"status": ContainerStatus.CREATED})
             if state.status in (ContainerStatus.RUNNING, ContainerStatus.EXITED):
                 break
             if time.monotonic() > deadline:
                 self.remove(cid)
                 raise Levers9Error(f"container {cid} did not start within {START_TIMEOUT_S:g} s")
-            time.sleep(0.01)
+            time.sleep(0.002)
         if state.status is ContainerStatus.RUNNING and container.spec.ports:
             self._forward(container.spec)
             state = self.state(cid)
         return state
+
+    def _runtime_status(self, container_id: str) -> str | None:
+        proc = self._run(container_id, "state", timeout=30)
+        if proc.returncode != 0:
+            return None
+        try:
+            status = json.loads(proc.stdout).get("status")
+        except ValueError:
+            return None
+        return str(status) if status else None
 
     def _forward(self, spec: ContainerSpec) -> None:
         from levers9.containers.network import forwarder_command
@@ -291,6 +317,15 @@ class OciEngine(ContainerRecords):
         ended = self._exit(container_id)
         if ended is not None:
             return self._exited_state(container_id, ended)
+        cdir = self._dir(container_id)
+        pid = _pid(cdir / CONTAINER_PID)
+        if pid is not None and _alive(pid):
+            started = datetime.fromtimestamp((cdir / CONTAINER_PID).stat().st_mtime, UTC)
+            return ContainerState(container_id=container_id, status=ContainerStatus.RUNNING, pid=pid,
+                                  started_at=started, address=address)  # fmt: skip
+        if _alive(_pid(cdir / shim.PID_FILE)):
+            # starting, or just ended and the shim is writing it down
+            return ContainerState(container_id=container_id, status=ContainerStatus.CREATED, address=address)
         proc = self._run(container_id, "state", timeout=30)
         if proc.returncode == 0:
             info = json.loads(proc.stdout)
@@ -356,7 +391,7 @@ class OciEngine(ContainerRecords):
             return image
         self._wait_for_shim(container_id)
         cdir = self._dir(container_id)
-        for name in (shim.EXIT_FILE, shim.PID_FILE, shim.CHILD_FILE):
+        for name in (shim.EXIT_FILE, shim.PID_FILE, shim.CHILD_FILE, CONTAINER_PID):
             (cdir / name).unlink(missing_ok=True)
         spec = ContainerSpec.model_validate(meta["spec"])
         container = PreparedContainer(container_id=container_id, runtime=self.flavor.name, spec=spec,
