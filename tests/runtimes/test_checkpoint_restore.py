@@ -26,6 +26,7 @@ from levers9.hooks.types import ContainerSpec, ContainerStatus, RuntimeContext
 from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.database import open_database
 from levers9.state.sql.workspaces import WorkspaceStore
+from levers9.worker.checkpoints import LocalStorage, NodeCache, publish
 from levers9.worker.startup import start_container
 
 APP = """
@@ -78,6 +79,10 @@ async def gvisor(tmp_path: Path, require: Callable[[str], str]) -> AsyncIterator
         bridge_for(ctx.settings).destroy()
         hooks.close()
     assert not list((tmp_path / "gvisor" / "containers").glob("*")), "containers left behind"
+    import subprocess
+
+    left = subprocess.run(["pgrep", "-af", str(tmp_path)], capture_output=True, text=True, check=False).stdout
+    assert not left.strip(), f"processes left behind: {left}"
 
 
 def spec(cid: str) -> ContainerSpec:
@@ -128,17 +133,21 @@ async def test_a_corrupted_checkpoint_starts_cold_and_is_marked_failed(
     await until(hooks, ctx, "source", "READY")
     image = await hooks.checkpoint(ctx, "source", str(tmp_path / "images" / "ck2"), timeout=300)
     await hooks.container_remove(ctx, "source")
-    for f in Path(image.path).glob("*"):
-        f.write_bytes(b"\0garbage" * 1000)
 
     db = await open_database(f"sqlite:///{tmp_path / 'levers9.db'}")
     try:
         ws = await WorkspaceStore(db).create("ws")
         store = CheckpointStore(db)
-        record = await store.create(ws.id, "gvisor", path=image.path)
-        record = await store.set_status(record.id, "available", size_bytes=image.size_bytes)
+        storage, cache = LocalStorage(tmp_path / "storage"), NodeCache(tmp_path / "cache", max_bytes=10**10)
+        record = await publish(image, workspace_id=ws.id, stub_id=None, task_id=None, gpu=None, store=store,
+                               storage=storage, cache=cache)  # fmt: skip
+        assert record.status == "available"
+        for f in cache.path_for(record.id).glob("*"):  # the node's copy goes bad
+            f.write_bytes(b"\0garbage" * 1000)
 
-        started = await start_container(hooks, ctx, spec("next"), checkpoint=record, checkpoints=store)
+        started = await start_container(
+            hooks, ctx, spec("next"), checkpoint=record, checkpoints=store, storage=storage, cache=cache
+        )
         assert started.restored_from is None
         assert started.restore_error
         assert started.state.status is ContainerStatus.RUNNING
@@ -147,6 +156,32 @@ async def test_a_corrupted_checkpoint_starts_cold_and_is_marked_failed(
         assert marked is not None
         assert marked.status == "restore_failed"
         assert marked.error
+    finally:
+        await db.close()
+
+
+async def test_a_published_checkpoint_is_restored_from_storage_on_another_node(
+    gvisor: tuple[Hooks, RuntimeContext], tmp_path: Path
+) -> None:
+    hooks, ctx = gvisor
+    await start_container(hooks, ctx, spec("origin"))
+    token = (await until(hooks, ctx, "origin", "READY")).split("READY ", 1)[1].split()[0]
+    image = await hooks.checkpoint(ctx, "origin", str(tmp_path / "images" / "ck3"), timeout=300)
+    db = await open_database(f"sqlite:///{tmp_path / 'levers9.db'}")
+    try:
+        ws = await WorkspaceStore(db).create("ws")
+        store, storage = CheckpointStore(db), LocalStorage(tmp_path / "storage")
+        record = await publish(image, workspace_id=ws.id, stub_id=None, task_id=None, gpu=None, store=store,
+                               storage=storage, cache=NodeCache(tmp_path / "cache-a", max_bytes=10**10))  # fmt: skip
+        other_node = NodeCache(tmp_path / "cache-b", max_bytes=10**10)  # empty: the image must be downloaded
+        started = await start_container(
+            hooks, ctx, spec("elsewhere"), checkpoint=record, checkpoints=store, storage=storage, cache=other_node
+        )
+        assert started.restored_from == record.id
+        assert other_node.has(record.id)
+        out = await until(hooks, ctx, "elsewhere", "alive")
+        assert "starting up" not in out
+        assert f"alive {token}" in out.splitlines()[0]
     finally:
         await db.close()
 
@@ -188,3 +223,61 @@ async def test_criu_on_this_kernel_is_reported_unavailable_and_the_container_kee
         await hooks.container_remove(ctx, "c1")
         bridge_for(ctx.settings).destroy()
         hooks.close()
+
+
+READY_APP = """
+import os, secrets, time
+print("starting up", flush=True)
+time.sleep(2)
+token = secrets.token_hex(8)
+open(os.environ["LEVERS9_READY_FILE"], "w").close()
+while True:
+    print("alive", token, flush=True)
+    time.sleep(0.1)
+"""
+
+
+async def test_the_worker_checkpoints_once_the_container_says_it_is_ready(
+    gvisor: tuple[Hooks, RuntimeContext], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from levers9.worker.startup import checkpoint_when_ready, with_ready_signal
+
+    caplog.set_level("INFO")
+    hooks, ctx = gvisor
+    base = ContainerSpec(container_id="app", image="host", command=["python3", "-c", READY_APP], network="none")
+    signals = tmp_path / "signals" / "app"
+    spec_ready = with_ready_signal(base, signals)
+    await start_container(hooks, ctx, spec_ready)
+    image = await checkpoint_when_ready(
+        hooks, ctx, spec_ready, host_dir=signals, image_dir=tmp_path / "images" / "app", free_bytes=10**12
+    )
+    assert image is not None, (
+        f"{caplog.text} / state {await hooks.container_state(ctx, 'app')} / {await text(hooks, ctx, 'app')}"
+    )
+    assert (signals / "ready").exists()
+    assert (await hooks.container_state(ctx, "app")).status is ContainerStatus.RUNNING
+    token = (await until(hooks, ctx, "app", "alive")).split("alive ", 1)[1].split()[0]
+
+    prepared = await hooks.container_prepare(ctx, with_ready_signal(base.model_copy(update={"container_id": "app2"}),
+                                                                    tmp_path / "signals" / "app2"))  # fmt: skip
+    await hooks.restore(ctx, prepared, image, timeout=300)
+    out = await until(hooks, ctx, "app2", "alive")
+    assert "starting up" not in out
+    assert out.splitlines()[0] == f"alive {token}"
+
+
+async def test_no_checkpoint_when_the_container_ends_before_it_is_ready(
+    gvisor: tuple[Hooks, RuntimeContext], tmp_path: Path
+) -> None:
+    from levers9.worker.startup import checkpoint_when_ready, with_ready_signal
+
+    hooks, ctx = gvisor
+    spec_ready = with_ready_signal(
+        ContainerSpec(container_id="quits", image="host", command=["true"], network="none"), tmp_path / "sig"
+    )
+    await start_container(hooks, ctx, spec_ready)
+    image = await checkpoint_when_ready(
+        hooks, ctx, spec_ready, host_dir=tmp_path / "sig", image_dir=tmp_path / "img", free_bytes=10**12
+    )
+    assert image is None
+    assert not (tmp_path / "img").exists()

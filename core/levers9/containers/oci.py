@@ -128,14 +128,15 @@ class ContainerRecords:
             finished_at=_time(ended.get("finished_at")),
         )
 
-    def _wait_for_shim(self, container_id: str) -> None:
-        """After a kill: until the shim has written how the container ended, or gave up."""
+    def _wait_for_shim(self, container_id: str, *, until_gone: bool = False) -> None:
+        """After a kill: until the shim has written how the container ended (and, with ``until_gone``, has
+        finished deleting it, which must happen before the same id is used again), or gave up."""
         cdir = self._dir(container_id)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while self._exit(container_id) is None and _alive(_pid(cdir / shim.PID_FILE)):
+        while _alive(_pid(cdir / shim.PID_FILE)) and (until_gone or self._exit(container_id) is None):
             if time.monotonic() > deadline:
                 break
-            time.sleep(0.02)
+            time.sleep(0.01)
         shim_pid = _pid(cdir / shim.PID_FILE)
         if shim_pid and _alive(shim_pid):
             with contextlib.suppress(OSError):
@@ -353,6 +354,12 @@ class OciEngine(ContainerRecords):
                 self.kill(container_id, signal.SIGKILL)
         self._wait_for_shim(container_id)
         self._run(container_id, "delete", "--force", timeout=60)
+        # whatever the runtime no longer knows about but still runs (a crash half way) goes too
+        for name in (CONTAINER_PID, shim.CHILD_FILE):
+            pid = _pid(cdir / name)
+            if pid and _alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         for forward in meta.get("forwards") or []:
             if forward.get("pid"):
                 with contextlib.suppress(OSError):
@@ -389,7 +396,7 @@ class OciEngine(ContainerRecords):
                                 size_bytes=size, created_at=datetime.now(UTC))  # fmt: skip
         if self.flavor.leave_running:
             return image
-        self._wait_for_shim(container_id)
+        self._wait_for_shim(container_id, until_gone=True)
         cdir = self._dir(container_id)
         for name in (shim.EXIT_FILE, shim.PID_FILE, shim.CHILD_FILE, CONTAINER_PID):
             (cdir / name).unlink(missing_ok=True)

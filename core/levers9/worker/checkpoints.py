@@ -1,0 +1,793 @@
+"""Where checkpoint images live: the node's cache, and the workspace's durable storage.
+
+A checkpoint is only worth taking if a task on *another* machine can restore
+it, so every image is uploaded to the workspace's storage (a directory on a
+single machine, S3 or an S3-compatible store otherwise). The node keeps its
+own copy too, so a second start of the same function on the same node does not
+download again; that cache is bounded, and evicts what was used least recently.
+
+Images are gigabytes of memory pages that hardly compress, so they travel as
+one plain tar, streamed both ways: never held in memory, never copied whole to
+a temporary file first.
+
+The database records the *storage key* of each checkpoint (``CheckpointRecord.path``),
+never a node's local path: the key means the same thing on every node, a local
+path only on the one that wrote it. :func:`fetch_for_start` turns the key back
+into a local directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from levers9.hooks.errors import Levers9Error
+from levers9.hooks.types import CheckpointImage
+from levers9.state.sql.checkpoints import CheckpointStore
+from levers9.state.sql.records import CheckpointRecord, CheckpointStatus
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
+
+__all__ = [
+    "CheckpointMissing",
+    "CheckpointStorage",
+    "LocalStorage",
+    "NodeCache",
+    "S3Storage",
+    "StorageError",
+    "dump_fits",
+    "fetch_for_start",
+    "publish",
+    "storage_from_url",
+    "storage_key",
+]
+
+log = logging.getLogger(__name__)
+
+#: one name in a key or the cache: no separators, no leading dot (so never ``.``/``..`` nor a temporary name)
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+#: the key segment of a checkpoint that belongs to no stub
+_NO_STUB = "_"
+#: how much is read or written at a time while streaming a tar; big enough that Python's overhead disappears
+_CHUNK = 1 << 20
+#: the most of an error message kept in the database
+_ERROR_LIMIT = 2000
+
+
+class CheckpointMissing(Levers9Error):
+    """The storage has no image under that key: the checkpoint cannot be restored, start cold."""
+
+
+class StorageError(Levers9Error):
+    """The storage failed for a reason other than a missing image (permissions, a missing bucket, the network).
+
+    ``code`` is the store's own error code (``NoSuchBucket``, ``AccessDenied``...) when it gave one.
+    """
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class CheckpointStorage(Protocol):
+    """The workspace's durable storage for checkpoint images, one object per image."""
+
+    def put_dir(self, key: str, source: Path) -> int:
+        """Store the directory ``source`` under ``key``, replacing what was there; returns the bytes stored."""
+        ...
+
+    def get_dir(self, key: str, dest: Path) -> None:
+        """Unpack the image under ``key`` into ``dest``, which must not exist; all of it appears at once, or nothing.
+
+        Raises :class:`CheckpointMissing` when there is nothing under ``key``.
+        """
+        ...
+
+    def delete(self, key: str) -> None:
+        """Forget ``key``; deleting what is not there is not an error."""
+        ...
+
+    def describe(self) -> str:
+        """Where the images go, for messages."""
+        ...
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _check_segment(value: str, what: str) -> str:
+    if not _SEGMENT.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} cannot name a checkpoint: use letters, digits, '_' and '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _check_key(key: str) -> str:
+    """Keys become file paths and object names: refuse anything that could climb out of the storage's root."""
+    for part in key.split("/"):
+        if part != _NO_STUB and not _SEGMENT.fullmatch(part):
+            raise ValueError(f"checkpoint storage key {key!r} must be '/'-separated names of letters, digits, '_', '-'")
+    return key
+
+
+def storage_key(workspace_id: str, stub_id: str | None, checkpoint_id: str) -> str:
+    """The key of a checkpoint in its workspace's storage.
+
+    The workspace comes first so that two workspaces sharing one bucket never
+    read each other's images, and an operator can delete a workspace's prefix.
+    ``_`` stands for "no stub" and cannot collide with a real id (ids start
+    with a letter or digit).
+    """
+    stub = _NO_STUB if stub_id is None else _check_segment(stub_id, "stub id")
+    return f"{_check_segment(workspace_id, 'workspace id')}/{stub}/{_check_segment(checkpoint_id, 'checkpoint id')}"
+
+
+# --------------------------------------------------------------------------- tar streaming
+
+
+def _write_tar(source: Path, out: IO[bytes]) -> None:
+    """The directory's contents (not the directory itself, whose name is the sender's business) as a tar stream."""
+    if not source.is_dir():
+        raise NotADirectoryError(f"checkpoint image {source} is not a directory")
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK) as tar:
+        for child in sorted(source.iterdir()):
+            tar.add(child, arcname=child.name)
+
+
+def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """The ``data`` filter, except that directories keep their permissions (which it would leave to the umask).
+
+    The owner keeps full access, or the directory's own contents could not be
+    cleaned up by the worker later.
+    """
+    filtered = tarfile.data_filter(member, dest)
+    if filtered is not None and filtered.isdir():
+        return filtered.replace(mode=(member.mode & 0o755) | 0o700, deep=False)
+    return filtered
+
+
+def _unpack(stream: IO[bytes], dest: Path) -> None:
+    """Unpack a tar stream into ``dest`` all at once: a reader never sees half an image, even after a crash.
+
+    The filter refuses members and links that would reach outside ``dest`` (a
+    tampered object must not write anywhere else on the node), device files and
+    set-id bits, and drops the archive's owners, so files belong to whoever
+    restores them.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
+            tar.extractall(staging, filter=_safe_member)
+        os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+class _PipeReader:
+    """The reading end of a pipe fed by another thread, counting bytes and passing on the feeder's failure.
+
+    Without the failure check, a feeder that died half-way would look like a
+    short but complete stream, and half an image would be stored as a whole one.
+    """
+
+    def __init__(self, raw: IO[bytes], failure: list[BaseException]) -> None:
+        self._raw = raw
+        self._failure = failure
+        self.count = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._raw.read(-1 if size is None else size)
+        self.count += len(data)
+        at_end = size is None or size < 0 or len(data) < size
+        if at_end and self._failure:
+            raise self._failure[0]
+        return data
+
+    def drain(self) -> None:
+        while self.read(_CHUNK):
+            pass
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+def _pump(produce: Callable[[IO[bytes]], None], consume: Callable[[Any], None], *, name: str) -> int:
+    """Run ``produce`` in a thread writing into a pipe that ``consume`` reads here; returns the bytes that passed.
+
+    This is how a tar is streamed into an upload, or a download into tar
+    extraction, with only the pipe's buffers in memory. Either side failing stops
+    the other: a dead producer ends the stream with its error, a dead consumer
+    closes the pipe under the producer. The producer's error wins, since the
+    consumer's is then only a consequence of it.
+    """
+    read_fd, write_fd = os.pipe()
+    writer = os.fdopen(write_fd, "wb", buffering=_CHUNK)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            produce(writer)
+        except BaseException as exc:
+            failure.append(exc)  # before closing: the reader looks for it when the stream ends
+        finally:
+            with contextlib.suppress(OSError):  # the reader already gave up
+                writer.close()
+
+    reader = _PipeReader(os.fdopen(read_fd, "rb", buffering=_CHUNK), failure)
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    consumer_error: BaseException | None = None
+    try:
+        consume(reader)
+        reader.drain()  # a tar reader stops at the end marker; let the producer finish its padding
+    except BaseException as exc:
+        consumer_error = exc
+    finally:
+        reader.close()
+        thread.join()
+    if failure and not (isinstance(failure[0], BrokenPipeError) and consumer_error is not None):
+        raise failure[0]
+    if consumer_error is not None:
+        raise consumer_error
+    return reader.count
+
+
+# --------------------------------------------------------------------------- local directory
+
+
+class LocalStorage:
+    """Images as tar files in a directory: the storage of a single machine, or of a shared filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{_check_key(key)}.tar"
+
+    def put_dir(self, key: str, source: Path) -> int:
+        """Written under a temporary name then renamed, so a crash never leaves a truncated image under ``key``."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb", buffering=_CHUNK) as out:
+                _write_tar(source, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+        return target.stat().st_size
+
+    def get_dir(self, key: str, dest: Path) -> None:
+        path = self._path(key)
+        try:
+            stream = open(path, "rb", buffering=_CHUNK)  # noqa: SIM115 - closed below, after the missing case
+        except FileNotFoundError:
+            raise CheckpointMissing(f"no checkpoint image at {path}") from None
+        with stream:
+            _unpack(stream, dest)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+
+    def describe(self) -> str:
+        return str(self.root)
+
+
+# --------------------------------------------------------------------------- S3
+
+
+_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+class S3Storage:
+    """Images as objects in an S3 bucket (or an S3-compatible store: MinIO, Ceph, R2...).
+
+    Credentials come from boto3's default chain (environment, shared files,
+    instance profile), never from the URL, so no secret ends up in config or
+    in the database. With a custom ``endpoint_url``, path-style addressing is
+    used: most S3-compatible stores do not serve bucket names as host names.
+    """
+
+    def __init__(
+        self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, region: str | None = None
+    ) -> None:
+        if not bucket:
+            raise ValueError("an S3 checkpoint storage needs a bucket")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    def _s3(self) -> Any:
+        """The client, made on first use: boto3 is slow to import and only S3 users need it."""
+        with self._client_lock:
+            if self._client is None:
+                import boto3.session
+                from botocore.config import Config
+
+                config = Config(s3={"addressing_style": "path"}) if self.endpoint_url else None
+                self._client = boto3.session.Session().client(
+                    "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config
+                )
+            return self._client
+
+    def _object(self, key: str) -> str:
+        name = f"{_check_key(key)}.tar"
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._object(key)}"
+
+    def _fail(self, action: str, key: str, exc: Exception) -> NoReturn:
+        from botocore.exceptions import ClientError
+
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code") or "") or None
+            message = error.get("Message") or str(exc)
+            raise StorageError(
+                f"{action} {self._where(key)} failed: {code or 'error'}: {message} (bucket {self.bucket!r}, key {self._object(key)!r})",
+                code=code,
+            ) from exc
+        raise StorageError(
+            f"{action} {self._where(key)} failed: {exc} (bucket {self.bucket!r}, key {self._object(key)!r})"
+        ) from exc
+
+    def put_dir(self, key: str, source: Path) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client, name = self._s3(), self._object(key)
+
+        def upload(stream: Any) -> None:
+            try:
+                client.upload_fileobj(stream, self.bucket, name)
+            except (BotoCoreError, ClientError) as exc:
+                self._fail("uploading", key, exc)
+
+        return _pump(lambda out: _write_tar(source, out), upload, name=f"tar {source.name}")
+
+    def get_dir(self, key: str, dest: Path) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client, name = self._s3(), self._object(key)
+
+        def download(out: IO[bytes]) -> None:
+            try:
+                client.download_fileobj(self.bucket, name, out)
+            except ClientError as exc:
+                if _code(exc) in _MISSING_CODES:
+                    self._missing_or_no_bucket(key)
+                self._fail("downloading", key, exc)
+            except BotoCoreError as exc:
+                self._fail("downloading", key, exc)
+
+        _pump(download, lambda stream: _unpack(stream, dest), name=f"download {name}")
+
+    def _missing_or_no_bucket(self, key: str) -> NoReturn:
+        """A HEAD of a missing object and one in a missing bucket both answer a bare 404: tell them apart.
+
+        A missing bucket is a misconfiguration that an operator must hear about,
+        not a missing checkpoint to silently start cold for, forever.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._s3().head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
+                raise StorageError(
+                    f"the checkpoint bucket {self.bucket!r} does not exist (key {self._object(key)!r})",
+                    code="NoSuchBucket",
+                ) from None
+        except BotoCoreError:
+            pass
+        raise CheckpointMissing(f"no checkpoint image at {self._where(key)}")
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._s3().delete_object(Bucket=self.bucket, Key=self._object(key))
+        except ClientError as exc:
+            if _code(exc) not in _MISSING_CODES:
+                self._fail("deleting", key, exc)
+        except BotoCoreError as exc:
+            self._fail("deleting", key, exc)
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code") or "")
+
+
+# --------------------------------------------------------------------------- choosing the storage
+
+_ACCEPTED = (
+    "nothing (the default directory), an absolute path (/var/lib/levers9/checkpoints), "
+    "file:///absolute/path, or s3://bucket/prefix?endpoint_url=http://host:port&region=us-east-1"
+)
+_S3_OPTIONS = frozenset({"endpoint_url", "region"})
+
+
+def storage_from_url(url: str | None, *, default_root: Path) -> CheckpointStorage:
+    """The storage an operator named, checked now so that a typo fails at start-up, not at the first checkpoint."""
+    if not url:
+        return LocalStorage(default_root)
+    if url.startswith("/"):
+        return LocalStorage(Path(url))
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/") or parts.query:
+            raise ValueError(f"checkpoint storage {url!r}: a file URL needs an absolute path, file:///path")
+        return LocalStorage(Path(parts.path))
+    if parts.scheme == "s3":
+        if not parts.netloc:
+            raise ValueError(f"checkpoint storage {url!r} names no bucket; expected s3://bucket/prefix")
+        options = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
+        unknown = sorted(set(options) - _S3_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"checkpoint storage {url!r}: unknown option(s) {', '.join(unknown)}; "
+                f"accepted: {', '.join(sorted(_S3_OPTIONS))}"
+            )
+        for option, values in options.items():
+            if len(values) != 1 or not values[0]:
+                raise ValueError(f"checkpoint storage {url!r}: give {option} exactly once, with a value")
+        return S3Storage(
+            parts.netloc,
+            parts.path,
+            endpoint_url=options.get("endpoint_url", [None])[0],
+            region=options.get("region", [None])[0],
+        )
+    raise ValueError(f"checkpoint storage {url!r} is not understood; expected {_ACCEPTED}")
+
+
+# --------------------------------------------------------------------------- the node's cache
+
+
+class NodeCache:
+    """The images this node holds, ``<root>/<checkpoint id>/``, bounded to ``max_bytes`` by least-recent use.
+
+    Several worker processes may share one cache, so every change to an entry
+    happens under an ``flock`` on ``<root>/.locks/<id>.lock``: an exclusive lock
+    to download, adopt or evict, a shared one while an image is only being read
+    (:meth:`hold`). The lock file's modification time records the last use;
+    access times are useless for that on ``noatime``/``relatime`` mounts.
+    Unfinished downloads live under ``.<id>.*`` names, invisible as entries, and
+    are cleared by the next download of the same id.
+    """
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("the checkpoint cache size cannot be negative")
+        self.root = root
+        self.max_bytes = max_bytes
+        self._locks = root / ".locks"
+        self._locks.mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, checkpoint_id: str) -> Path:
+        return self.root / _check_segment(checkpoint_id, "checkpoint id")
+
+    def has(self, checkpoint_id: str) -> bool:
+        return self.path_for(checkpoint_id).is_dir()
+
+    @contextlib.contextmanager
+    def _locked(self, checkpoint_id: str, operation: int) -> Iterator[int | None]:
+        """Hold the id's lock, yielding its descriptor, or None when ``LOCK_NB`` was asked and it is taken.
+
+        Eviction deletes lock files (else one would stay per checkpoint ever
+        seen); a lock taken on a file that was deleted meanwhile protects
+        nothing, so the file is checked to still be the one at the path.
+        """
+        path = self._locks / f"{_check_segment(checkpoint_id, 'checkpoint id')}.lock"
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, operation)
+            except BlockingIOError:
+                os.close(fd)
+                yield None
+                return
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current.st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _touch(fd: int) -> None:
+        # the clock, not the kernel's coarse file timestamps: two uses a millisecond apart must still be ordered
+        now = time.time_ns()
+        os.utime(fd, ns=(now, now))
+
+    def _clear_unfinished(self, checkpoint_id: str) -> None:
+        """Leftovers of a download or copy that died; only called with the id's exclusive lock held."""
+        for leftover in self.root.glob(f".{checkpoint_id}.*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def hold(self, checkpoint_id: str) -> Iterator[Path]:
+        """Keep the image from eviction while it is read (a restore); many may hold it at once."""
+        with self._locked(checkpoint_id, fcntl.LOCK_SH) as fd:
+            assert fd is not None
+            path = self.path_for(checkpoint_id)
+            if not path.is_dir():
+                raise CheckpointMissing(f"checkpoint {checkpoint_id} is not in the node cache {self.root}")
+            self._touch(fd)
+            yield path
+
+    def adopt(self, checkpoint_id: str, source: Path) -> Path:
+        """Take a freshly dumped image into the cache: a rename on the same filesystem, else a copy."""
+        if not source.is_dir():
+            raise NotADirectoryError(f"checkpoint image {source} is not a directory")
+        with self._locked(checkpoint_id, fcntl.LOCK_EX) as fd:
+            assert fd is not None
+            dest = self.path_for(checkpoint_id)
+            if dest.exists():
+                raise FileExistsError(f"checkpoint {checkpoint_id} is already in the node cache at {dest}")
+            self._clear_unfinished(checkpoint_id)
+            try:
+                os.rename(source, dest)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                staging = Path(tempfile.mkdtemp(prefix=f".{checkpoint_id}.", dir=self.root))
+                try:
+                    shutil.copytree(source, staging, symlinks=True, dirs_exist_ok=True)
+                    os.rename(staging, dest)
+                except BaseException:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise
+                shutil.rmtree(source, ignore_errors=True)
+            self._touch(fd)
+            return dest
+
+    def fetch(self, checkpoint_id: str, storage: CheckpointStorage, key: str) -> Path:
+        """The cached image, downloading it first when absent; one download per node however many ask at once."""
+        with self._locked(checkpoint_id, fcntl.LOCK_SH) as fd:
+            assert fd is not None
+            if self.has(checkpoint_id):
+                self._touch(fd)
+                return self.path_for(checkpoint_id)
+        with self._locked(checkpoint_id, fcntl.LOCK_EX) as fd:
+            assert fd is not None
+            dest = self.path_for(checkpoint_id)
+            if not dest.is_dir():  # someone else may have downloaded it while this waited for the lock
+                self._clear_unfinished(checkpoint_id)
+                storage.get_dir(key, dest)
+            self._touch(fd)
+            return dest
+
+    def remove(self, checkpoint_id: str) -> bool:
+        """Drop one image (a checkpoint that will never be restored); False when it was absent."""
+        with self._locked(checkpoint_id, fcntl.LOCK_EX) as fd:
+            assert fd is not None
+            path = self.path_for(checkpoint_id)
+            self._clear_unfinished(checkpoint_id)
+            if not path.is_dir():
+                return False
+            shutil.rmtree(path)
+            return True
+
+    def _entries(self) -> list[tuple[int, str, Path]]:
+        """(last use in ns, id, path) of every image, least recently used first."""
+        entries = []
+        for path in self.root.iterdir():
+            if path.name.startswith(".") or not _SEGMENT.fullmatch(path.name) or not path.is_dir():
+                continue
+            try:
+                used = (self._locks / f"{path.name}.lock").stat().st_mtime_ns
+            except FileNotFoundError:
+                used = path.stat().st_mtime_ns
+            entries.append((used, path.name, path))
+        return sorted(entries)
+
+    def size_bytes(self) -> int:
+        """The bytes the cached images take."""
+        return sum(_tree_size(path) for _, _, path in self._entries())
+
+    def evict(self, keep: int = 0) -> list[str]:
+        """Remove least recently used images until the cache fits in ``max_bytes``; returns the ids removed.
+
+        The ``keep`` most recently used images are never removed (the one just
+        fetched, say, even when it alone is over the limit), nor is any image
+        whose lock is held: it is being downloaded, adopted or read.
+        """
+        entries = self._entries()
+        candidates = entries[: max(len(entries) - keep, 0)]
+        sizes = {name: _tree_size(path) for _, name, path in entries}
+        total = sum(sizes.values())
+        evicted: list[str] = []
+        for _, name, path in candidates:
+            if total <= self.max_bytes:
+                break
+            with self._locked(name, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
+                if fd is None:
+                    continue
+                try:
+                    shutil.rmtree(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    log.warning("could not evict checkpoint %s from %s: %s", name, self.root, exc)
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._locks / f"{name}.lock")
+                total -= sizes[name]
+                evicted.append(name)
+        if evicted:
+            log.info("evicted %d checkpoint(s) from %s: %s", len(evicted), self.root, ", ".join(evicted))
+        return evicted
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.root).free
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for directory, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(directory, name)).st_size
+    return total
+
+
+# --------------------------------------------------------------------------- publishing and fetching
+
+
+def _describe_error(exc: BaseException) -> str:
+    text = str(exc)
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:_ERROR_LIMIT]
+
+
+async def _evict_quietly(cache: NodeCache) -> None:
+    """Trim the cache; a failure here must not fail the checkpoint or the start that caused it."""
+    try:
+        await asyncio.to_thread(cache.evict, 1)
+    except Exception:
+        log.exception("trimming the checkpoint cache %s failed", cache.root)
+
+
+async def publish(
+    image: CheckpointImage,
+    *,
+    workspace_id: str,
+    stub_id: str | None,
+    task_id: str | None,
+    gpu: str | None,
+    store: CheckpointStore,
+    storage: CheckpointStorage,
+    cache: NodeCache,
+) -> CheckpointRecord:
+    """Record a fresh image, keep it in the node cache and upload it; only then can other tasks restore it.
+
+    The record stays ``pending`` until the upload is complete, so no start
+    anywhere tries an image that is not fully stored. Any failure marks it
+    ``failed`` with the reason (for the operator) and is raised again; the
+    node's copy is dropped then, as nothing will ever restore it.
+    """
+    record = await store.create(workspace_id, image.runtime, stub_id=stub_id, task_id=task_id, gpu=gpu)
+    key = storage_key(workspace_id, stub_id, record.id)
+    uploaded = False
+    try:
+        local = await asyncio.to_thread(cache.adopt, record.id, Path(image.path))
+        size = await asyncio.to_thread(storage.put_dir, key, local)
+        uploaded = True
+        record = await store.set_status(record.id, CheckpointStatus.AVAILABLE.value, path=key, size_bytes=size)
+    except BaseException as exc:
+        await _mark_failed(record, exc, key=key, uploaded=uploaded, store=store, storage=storage, cache=cache)
+        raise
+    log.info("checkpoint %s stored at %s (%d bytes)", record.id, f"{storage.describe()} {key}", size)
+    await _evict_quietly(cache)
+    return record
+
+
+async def _mark_failed(
+    record: CheckpointRecord,
+    exc: BaseException,
+    *,
+    key: str,
+    uploaded: bool,
+    store: CheckpointStore,
+    storage: CheckpointStorage,
+    cache: NodeCache,
+) -> None:
+    """Best effort on every step: the original failure is what the caller must see, not a second one."""
+    log.warning("checkpoint %s could not be published to %s: %s", record.id, storage.describe(), exc)
+    try:
+        await store.set_status(record.id, CheckpointStatus.FAILED.value, error=_describe_error(exc))
+    except Exception:
+        log.exception("could not mark checkpoint %s failed", record.id)
+    try:
+        if uploaded:
+            await asyncio.to_thread(storage.delete, key)
+        await asyncio.to_thread(cache.remove, record.id)
+    except Exception:
+        log.exception("could not clean up after checkpoint %s", record.id)
+
+
+async def fetch_for_start(record: CheckpointRecord, *, storage: CheckpointStorage, cache: NodeCache) -> CheckpointImage:
+    """The image to restore ``record`` from, as a directory on this node (downloaded only when not cached).
+
+    To keep eviction away while the runtime reads it, restore inside
+    ``cache.hold(record.id)``.
+    """
+    if record.path is None:
+        raise CheckpointMissing(f"checkpoint {record.id} has no stored image (it is {record.status})")
+    local = await asyncio.to_thread(cache.fetch, record.id, storage, record.path)
+    await _evict_quietly(cache)
+    return CheckpointImage(
+        checkpoint_id=record.id,
+        runtime=record.runtime,
+        path=str(local),
+        size_bytes=record.size_bytes or 0,
+        created_at=record.created_at,
+    )
+
+
+# --------------------------------------------------------------------------- should a checkpoint be taken at all
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}" if unit != "B" else f"{size} B"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def dump_fits(memory_usage_bytes: int, memory_limit_bytes: int, free_cache_bytes: int) -> str | None:
+    """Why a checkpoint of a container using ``memory_usage_bytes`` should not be taken, or None when it fits.
+
+    The dump is about the size of the memory in use. Restoring brings all of
+    it back at once, so a container over its limit (page cache counted by its
+    cgroup, say) would be killed on restore; and the dump must fit on the node's
+    disk beside the cache. A limit of 0 or less means the container has none.
+    """
+    if memory_usage_bytes < 0 or free_cache_bytes < 0:
+        raise ValueError("memory in use and free space cannot be negative")
+    if 0 < memory_limit_bytes < memory_usage_bytes:
+        return (
+            f"the dump (~{_human(memory_usage_bytes)}, the memory in use) would not fit in the container's "
+            f"memory limit ({_human(memory_limit_bytes)}) when restored"
+        )
+    if memory_usage_bytes > free_cache_bytes:
+        return (
+            f"the dump (~{_human(memory_usage_bytes)}, the memory in use) would not fit in the "
+            f"{_human(free_cache_bytes)} free for the node's checkpoint cache"
+        )
+    return None
