@@ -54,7 +54,7 @@ def test_plugins_json_lists_builtin_providers_and_runtimes_with_hooks(cli: Calla
     for runtime in ("runc", "gvisor", "process"):
         assert "runtime" in plugins[runtime]["roles"], runtime
         assert "levers9_runtime_capabilities" in plugins[runtime]["hooks"]
-    assert plugins["criu"]["hooks"] == ["levers9_checkpoint", "levers9_checkpoint_support", "levers9_restore"]
+    assert sorted(plugins["criu"]["hooks"]) == ["levers9_checkpoint", "levers9_checkpoint_support", "levers9_restore"]
     assert plugins["nvidia_smi"]["hooks"] == ["levers9_gpu_devices"]
     assert plugins["toycloud"]["distribution"] == "levers9-toycloud"
     assert plugins["toycloud"]["builtin"] is False
