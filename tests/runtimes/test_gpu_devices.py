@@ -79,3 +79,59 @@ def test_every_recorded_machine_maps_each_gpu_to_its_node(dev: Path) -> None:
         config = oci_config(spec, rootfs="/tmp/rootfs", dev=dev)
         paths = {d["path"] for d in config["linux"]["devices"]}
         assert {f"/dev/nvidia{g.index}" for g in devices} <= paths, path.name
+
+
+CDI = DATA.parent / "cdi"
+
+
+def test_a_cdi_spec_is_applied_exactly(tmp_path: Path) -> None:
+    from levers9.containers.cdi import apply_edits, load_specs
+
+    root = tmp_path / "host"
+    (root / "dev" / "dri").mkdir(parents=True)
+    nodes = {"nvidia0": (195, 0), "nvidiactl": (195, 255), "nvidia-uvm": (510, 0), "nvidia-uvm-tools": (510, 1),
+             "nvidia-modeset": (195, 254), "dri/card1": (226, 1), "dri/renderD128": (226, 128)}  # fmt: skip
+    for name, (major, minor) in nodes.items():
+        os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    specs = load_specs([CDI])
+    assert specs is not None
+    assert set(specs.devices) == {"0", "GPU-520e01f2-cf30-6396-abef-e8e9a5233b0e", "all"}
+
+    gpu = GpuDevice(
+        index=0, uuid="GPU-520e01f2-cf30-6396-abef-e8e9a5233b0e", model="NVIDIA RTX A6000", memory_mib=49140
+    )
+    spec = ContainerSpec(container_id="cdi", image="host", command=["nvidia-smi"], gpus=[gpu])
+    config = oci_config(spec, rootfs="/tmp/rootfs", dev=tmp_path / "no-dev")  # no legacy nodes found
+    apply_edits(config, specs.edits_for([gpu]), root=root)
+
+    env = dict(item.split("=", 1) for item in config["process"]["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void", "the CDI spec turns the legacy hook off"
+    got = {d["path"]: (d["major"], d["minor"]) for d in config["linux"]["devices"]}
+    assert got == {f"/dev/{name}": numbers for name, numbers in nodes.items()}
+    allowed = {(r["major"], r["minor"]) for r in config["linux"]["resources"]["devices"] if r["allow"]}
+    assert allowed == set(nodes.values())
+    mounts = {m["destination"]: m["source"] for m in config["mounts"] if m["type"] == "bind"}
+    assert mounts["/usr/bin/nvidia-smi"] == "/usr/bin/nvidia-smi"
+    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.575.64.03"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.575.64.03"
+    create = config["hooks"]["createContainer"]
+    assert [h["args"][1] for h in create] == ["create-symlinks", "update-ldcache", "chmod"]
+    assert all(h["path"] == "/usr/bin/nvidia-cdi-hook" for h in create)
+
+
+def test_a_gpu_the_cdi_spec_does_not_know_is_refused() -> None:
+    from levers9.containers.cdi import load_specs
+    from levers9.hooks.errors import InvalidRequest
+
+    specs = load_specs([CDI])
+    assert specs is not None
+    stranger = GpuDevice(
+        index=3, uuid="GPU-00000000-0000-0000-0000-000000000000", model="NVIDIA H100", memory_mib=81559
+    )
+    with pytest.raises(InvalidRequest, match="has no device GPU-00000000"):
+        specs.edits_for([stranger])
+
+
+def test_no_cdi_directories_means_no_specs(tmp_path: Path) -> None:
+    from levers9.containers.cdi import load_specs
+
+    assert load_specs([tmp_path / "missing"]) is None

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from levers9.containers import shim
+from levers9.containers.cdi import apply_edits, load_specs
 from levers9.containers.rootfs import mount_overlay, unmount
 from levers9.containers.spec import cgroups_path, oci_config
 from levers9.hooks.errors import InvalidRequest, Levers9Error, RestoreFailed
@@ -190,6 +191,9 @@ class OciEngine(ContainerRecords):
                 att = self.bridge.attach(spec.container_id)
                 netns = att.netns_path
                 attachment = {"ip": att.ip, "netns": att.netns_path}
+            # GPUs: the host's CDI spec when it has one (exact nodes, libraries and hooks), else device
+            # nodes by index plus the runtime's own GPU hook (the NVIDIA prestart hook for runc)
+            cdi = load_specs() if spec.gpus else None
             config = oci_config(
                 spec,
                 rootfs=str(bundle / "rootfs"),
@@ -197,8 +201,10 @@ class OciEngine(ContainerRecords):
                 binds=[(b.source, b.target) for b in image.binds],
                 netns_path=netns,
                 no_new_privileges=self.flavor.no_new_privileges,
-                hooks=self.flavor.oci_hooks or None,
+                hooks=None if cdi else (self.flavor.oci_hooks or None),
             )
+            if cdi is not None:
+                apply_edits(config, cdi.edits_for(spec.gpus))
             (bundle / "config.json").write_text(json.dumps(config, indent=1))
             (cdir / shim.LOG_FILE).touch()
             self._write_meta(spec.container_id, {"spec": spec.model_dump(mode="json"), "network": attachment,
