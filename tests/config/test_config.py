@@ -103,7 +103,7 @@ def test_unknown_top_level_field_lists_accepted(tmp_path: Path) -> None:
     [issue] = problems(path)
     assert issue.startswith(f"{path}:3: pool:")
     assert "Did you mean 'pools'?" in issue
-    assert "Accepted: version, data_dir, state, listen, plugins, scheduler, pools" in issue
+    assert "Accepted: version, data_dir, state, listen, plugins, scheduler, checkpoints, pools" in issue
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
@@ -249,3 +249,14 @@ def test_unknown_nested_settings_key_lists_that_models_fields(tmp_path: Path) ->
     assert missing == f"{path}:8: pools.lab.settings.ssh.jump.host: required field is missing"
     assert unknown.startswith(f"{path}:8: pools.lab.settings.ssh.jump.hots: unknown field 'hots'. Did you mean 'host'")
     assert unknown.endswith("Accepted: host, port, user")
+
+
+def test_checkpoint_storage_is_checked_when_the_config_is_read(tmp_path: Path) -> None:
+    path = write(tmp_path, "checkpoints:\n  storage_url: ftp://files.example.com/ck\n")
+    [issue] = problems(path)
+    assert issue.startswith(f"{path}:2: checkpoints.storage_url:")
+    assert "s3://bucket/prefix" in issue
+    good = write(tmp_path, "checkpoints:\n  storage_url: s3://ckpts/levers9?region=eu-west-1\n  cache_max: 5GiB\n")
+    loaded = load_config(good, plugins=load_plugins(PluginPolicy()))
+    loaded.hooks.close()
+    assert loaded.config.checkpoints.cache_max == 5120

@@ -139,6 +139,30 @@ class SchedulerConfig(_Strict):
         return self
 
 
+class CheckpointsConfig(_Strict):
+    storage_url: str | None = Field(
+        None,
+        description="Where checkpoint images are kept for every node to restore from: a directory "
+        "(/var/lib/levers9/checkpoints or file:///...), or s3://bucket/prefix (?endpoint_url=...&region=...). "
+        "Empty means checkpoints/ in the data directory, which only this machine can read.",
+    )
+    cache_dir: str | None = Field(
+        None, description="Each node's local copies; empty means checkpoint-cache/ in the data directory."
+    )
+    cache_max: MemoryMiB = Field(
+        20480, description="How much the node cache may hold before the least recently used images go (MiB or 20GiB)."
+    )
+
+    @field_validator("storage_url")
+    @classmethod
+    def _storage(cls, value: str | None) -> str | None:
+        if value:
+            from levers9.worker.checkpoints import storage_from_url
+
+            storage_from_url(value, default_root=Path("/"))  # raises with the accepted forms
+        return value
+
+
 def _gpu_type(value: object) -> object:
     if value is None or not isinstance(value, str):
         return value
@@ -235,6 +259,7 @@ class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
     pools: dict[Annotated[str, Field(pattern=POOL_NAME)], PoolConfig] = Field(
         default_factory=dict, description="Pools by name (lowercase letters, digits and '-')."
     )
