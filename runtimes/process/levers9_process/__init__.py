@@ -18,14 +18,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from levers9 import __version__
+from levers9.containers.hooks import container_hooks
 from levers9.containers.process import ProcessEngine
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     ContainerSpec,
-    ContainerState,
     Isolation,
-    LogChunk,
-    PreparedContainer,
     RuntimeCapabilities,
     RuntimeContext,
 )
@@ -93,32 +91,14 @@ def _engine(runtime: RuntimeContext) -> ProcessEngine:
     return ProcessEngine(Path(runtime.state_dir))
 
 
-@hookimpl
-def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
+def _warn(runtime: RuntimeContext, spec: ContainerSpec) -> None:
     _warn_once()
-    return _engine(runtime).prepare(spec)
 
 
-@hookimpl
-def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
-    return _engine(runtime).start(container)
-
-
-@hookimpl
-def levers9_container_state(runtime: RuntimeContext, container_id: str) -> ContainerState:
-    return _engine(runtime).state(container_id)
-
-
-@hookimpl
-def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
-    _engine(runtime).kill(container_id, signal)
-
-
-@hookimpl
-def levers9_container_logs(runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
-    return _engine(runtime).logs(container_id, offset)
-
-
-@hookimpl
-def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
-    _engine(runtime).remove(container_id)
+_hooks = container_hooks(_engine, check=_warn)
+levers9_container_prepare = _hooks.prepare
+levers9_container_start = _hooks.start
+levers9_container_state = _hooks.state
+levers9_container_kill = _hooks.kill
+levers9_container_logs = _hooks.logs
+levers9_container_remove = _hooks.remove

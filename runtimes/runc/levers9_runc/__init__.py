@@ -28,15 +28,12 @@ from pathlib import Path
 from pydantic import ConfigDict, Field
 
 from levers9 import probe
+from levers9.containers.hooks import container_hooks
 from levers9.containers.node import NodeSettings, bridge_for, images_for
 from levers9.containers.oci import OciEngine, OciFlavor
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
-    ContainerSpec,
-    ContainerState,
     Isolation,
-    LogChunk,
-    PreparedContainer,
     RuntimeCapabilities,
     RuntimeContext,
 )
@@ -170,31 +167,10 @@ def engine(runtime: RuntimeContext) -> OciEngine:
     return OciEngine(flavor, Path(runtime.state_dir), images=images_for(runtime, settings), bridge=bridge_for(settings))
 
 
-@hookimpl
-def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
-    return engine(runtime).prepare(spec)
-
-
-@hookimpl
-def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
-    return engine(runtime).start(container)
-
-
-@hookimpl
-def levers9_container_state(runtime: RuntimeContext, container_id: str) -> ContainerState:
-    return engine(runtime).state(container_id)
-
-
-@hookimpl
-def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
-    engine(runtime).kill(container_id, signal)
-
-
-@hookimpl
-def levers9_container_logs(runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
-    return engine(runtime).logs(container_id, offset)
-
-
-@hookimpl
-def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
-    engine(runtime).remove(container_id)
+_hooks = container_hooks(engine)
+levers9_container_prepare = _hooks.prepare
+levers9_container_start = _hooks.start
+levers9_container_state = _hooks.state
+levers9_container_kill = _hooks.kill
+levers9_container_logs = _hooks.logs
+levers9_container_remove = _hooks.remove
