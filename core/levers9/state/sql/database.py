@@ -85,10 +85,12 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
+        # First the wait for a busy file: switching to WAL needs a moment of exclusive access, and a
+        # replica starting while another migrates must queue for it, not fail at once.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         # WAL lets readers proceed while one writer commits; the controlplane and CLI share the file.
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA synchronous=NORMAL")
     finally:
         cursor.close()
