@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -31,6 +31,15 @@ class NodeSettings(BaseModel):
     image_cache: str | None = Field(
         None, description="Where unpacked image layers are kept; empty means images/ in the runtime's state dir."
     )
+
+    @classmethod
+    def of(cls, runtime: RuntimeContext) -> Self:
+        """The pool's settings for this runtime, or the defaults when the pool gave none."""
+        if isinstance(runtime.settings, cls):
+            return runtime.settings
+        if runtime.settings is None:
+            return cls()
+        return cls.model_validate(runtime.settings)
 
     @field_validator("bridge")
     @classmethod

@@ -19,15 +19,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["CHILD_FILE", "EXIT_FILE", "LOG_FILE", "PID_FILE", "SCRIPT", "command", "oom_killed"]
+__all__ = ["CHILD_FILE", "EXIT_FILE", "LOG_FILE", "PID_FILE", "SCRIPT", "command"]
 
 EXIT_FILE = "exit.json"
 LOG_FILE = "output.log"
 PID_FILE = "shim.pid"
 CHILD_FILE = "child.pid"
 SCRIPT = Path(__file__).resolve().with_name("shim.sh")
-
-_CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def command(
@@ -47,21 +45,3 @@ def command(
         "/bin/sh", str(SCRIPT), container_id, os.fspath(state_dir), cgroup or "-", "1" if delete else "0",
         str(len(runtime)), *runtime, *action,
     ]  # fmt: skip
-
-
-def oom_killed(cgroup: str, root: str = _CGROUP_ROOT) -> bool:
-    """Whether the kernel's OOM killer acted in the container's memory cgroup (v1 or v2)."""
-    rel = cgroup.strip("/")
-    if not rel or rel == "-":
-        return False  # no cgroup of its own (the process runtime): never read the root's counters
-    for path in (f"{root}/memory/{rel}/memory.oom_control", f"{root}/{rel}/memory.events"):
-        try:
-            with open(path) as f:
-                text = f.read()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "oom_kill" and value.strip().isdigit():
-                return int(value) > 0
-    return False

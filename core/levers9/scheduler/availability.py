@@ -31,6 +31,3 @@ class Unavailable:
         """Why the combination is marked unavailable, or None when it may be tried."""
         value = await self.redis.get(self._key(pool, gpu, region))
         return None if value is None else str(value)
-
-    async def clear(self, pool: str, gpu: str | None, region: str | None) -> None:
-        await self.redis.delete(self._key(pool, gpu, region))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,7 +70,3 @@ class PoolSpec:
 def pool_specs(loaded: LoadedConfig) -> dict[str, PoolSpec]:
     """Every pool of a loaded config, ready for the scheduler."""
     return {name: PoolSpec.from_config(pool, loaded.config.pools[name]) for name, pool in loaded.pools.items()}
-
-
-def by_name(pools: Mapping[str, PoolSpec] | list[PoolSpec]) -> dict[str, PoolSpec]:
-    return dict(pools) if isinstance(pools, Mapping) else {p.name: p for p in pools}

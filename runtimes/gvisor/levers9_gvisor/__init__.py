@@ -144,11 +144,7 @@ class RunscInfo:
 
 def settings_of(runtime: RuntimeContext) -> GvisorSettings:
     """The runtime's settings, or the defaults when the pool gave none."""
-    if isinstance(runtime.settings, GvisorSettings):
-        return runtime.settings
-    if runtime.settings is None:
-        return GvisorSettings()
-    return GvisorSettings.model_validate(runtime.settings)
+    return GvisorSettings.of(runtime)
 
 
 def parse_version(output: str) -> str | None:

@@ -88,11 +88,7 @@ class RuncSettings(NodeSettings):
 
 def settings_of(runtime: RuntimeContext) -> RuncSettings:
     """The runtime's settings, or the defaults when the pool gave none."""
-    if isinstance(runtime.settings, RuncSettings):
-        return runtime.settings
-    if runtime.settings is None:
-        return RuncSettings()
-    return RuncSettings.model_validate(runtime.settings)
+    return RuncSettings.of(runtime)
 
 
 def parse_version(output: str) -> str | None:
