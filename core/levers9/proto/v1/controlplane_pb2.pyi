@@ -1,0 +1,289 @@
+from levers9.proto.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("workspace_id", "workspace_name", "token_id")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    workspace_name: str
+    token_id: str
+    def __init__(self, workspace_id: _Optional[str] = ..., workspace_name: _Optional[str] = ..., token_id: _Optional[str] = ...) -> None: ...
+
+class StubConfig(_message.Message):
+    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    KEEP_WARM_S_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    app: str
+    name: str
+    image: str
+    cpu_millicores: int
+    memory_mib: int
+    gpu: _containers.RepeatedScalarFieldContainer[str]
+    gpu_count: int
+    fallback_after_s: float
+    retries: int
+    timeout_s: float
+    secrets: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    keep_warm_s: float
+    python_version: str
+    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ...) -> None: ...
+
+class GetOrCreateStubRequest(_message.Message):
+    __slots__ = ("config", "handler")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    config: StubConfig
+    handler: bytes
+    def __init__(self, config: _Optional[_Union[StubConfig, _Mapping]] = ..., handler: _Optional[bytes] = ...) -> None: ...
+
+class GetOrCreateStubResponse(_message.Message):
+    __slots__ = ("stub_id", "created")
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    stub_id: str
+    created: bool
+    def __init__(self, stub_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class DeployRequest(_message.Message):
+    __slots__ = ("stub_id", "name")
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    stub_id: str
+    name: str
+    def __init__(self, stub_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeployResponse(_message.Message):
+    __slots__ = ("deployment_id", "version")
+    DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    deployment_id: str
+    version: int
+    def __init__(self, deployment_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class InvokeRequest(_message.Message):
+    __slots__ = ("stub_id", "args")
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    stub_id: str
+    args: bytes
+    def __init__(self, stub_id: _Optional[str] = ..., args: _Optional[bytes] = ...) -> None: ...
+
+class Call(_message.Message):
+    __slots__ = ("args",)
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    args: bytes
+    def __init__(self, args: _Optional[bytes] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("stub_id", "calls")
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    stub_id: str
+    calls: _containers.RepeatedCompositeFieldContainer[Call]
+    def __init__(self, stub_id: _Optional[str] = ..., calls: _Optional[_Iterable[_Union[Call, _Mapping]]] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ("task_ids",)
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("task_ids",)
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TaskEvent(_message.Message):
+    __slots__ = ("task_id", "status", "result", "message")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    status: str
+    result: _common_pb2.TaskResult
+    message: str
+    def __init__(self, task_id: _Optional[str] = ..., status: _Optional[str] = ..., result: _Optional[_Union[_common_pb2.TaskResult, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("id", "stub_id", "status", "attempts", "worker_id", "pool", "gpu", "error", "created_at", "started_at", "finished_at", "function")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    stub_id: str
+    status: str
+    attempts: int
+    worker_id: str
+    pool: str
+    gpu: str
+    error: str
+    created_at: float
+    started_at: float
+    finished_at: float
+    function: str
+    def __init__(self, id: _Optional[str] = ..., stub_id: _Optional[str] = ..., status: _Optional[str] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., gpu: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., function: _Optional[str] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("limit", "status")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    status: str
+    def __init__(self, limit: _Optional[int] = ..., status: _Optional[str] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
+
+class StreamLogsRequest(_message.Message):
+    __slots__ = ("task_id", "follow")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    follow: bool
+    def __init__(self, task_id: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ListPoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolInfo(_message.Message):
+    __slots__ = ("name", "provider", "runtime", "gpu", "gpu_count", "min_workers", "max_workers", "workers", "starting", "unavailable")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    provider: str
+    runtime: str
+    gpu: str
+    gpu_count: int
+    min_workers: int
+    max_workers: int
+    workers: int
+    starting: int
+    unavailable: str
+    def __init__(self, name: _Optional[str] = ..., provider: _Optional[str] = ..., runtime: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., workers: _Optional[int] = ..., starting: _Optional[int] = ..., unavailable: _Optional[str] = ...) -> None: ...
+
+class ListPoolsResponse(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
+
+class WorkerSummary(_message.Message):
+    __slots__ = ("id", "pool", "status", "gpu", "gpu_total", "gpu_free", "cpu_millicores", "cpu_free", "memory_mib", "memory_free", "running", "machine_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FREE_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    CPU_FREE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    pool: str
+    status: str
+    gpu: str
+    gpu_total: int
+    gpu_free: int
+    cpu_millicores: int
+    cpu_free: int
+    memory_mib: int
+    memory_free: int
+    running: int
+    machine_id: str
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., status: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_total: _Optional[int] = ..., gpu_free: _Optional[int] = ..., cpu_millicores: _Optional[int] = ..., cpu_free: _Optional[int] = ..., memory_mib: _Optional[int] = ..., memory_free: _Optional[int] = ..., running: _Optional[int] = ..., machine_id: _Optional[str] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerSummary]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,170 @@
+from levers9.proto.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "uuid", "model", "gpu", "memory_mib")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    gpu: str
+    memory_mib: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., memory_mib: _Optional[int] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    machine_id: str
+    cpu_millicores: int
+    memory_mib: int
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    runtime: str
+    hostname: str
+    version: str
+    running: _containers.RepeatedScalarFieldContainer[str]
+    worker_id: str
+    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    keepalive_s: float
+    runtime: str
+    runtime_settings_json: str
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ...) -> None: ...
+
+class StubDefinition(_message.Message):
+    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SecretEnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    KEEP_WARM_S_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    stub_id: str
+    workspace_id: str
+    image: str
+    handler: bytes
+    python_version: str
+    env: _containers.ScalarMap[str, str]
+    keep_warm_s: float
+    name: str
+    kind: str
+    secret_env: _containers.ScalarMap[str, str]
+    cpu_millicores: int
+    memory_mib: int
+    gpu_count: int
+    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ...) -> None: ...
+
+class ContainerRequest(_message.Message):
+    __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    stub_id: str
+    args: bytes
+    cpu_millicores: int
+    memory_mib: int
+    gpu_count: int
+    timeout_s: float
+    attempt: int
+    def __init__(self, task_id: _Optional[str] = ..., stub_id: _Optional[str] = ..., args: _Optional[bytes] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class CancelTask(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class ControllerMessage(_message.Message):
+    __slots__ = ("stub", "request", "cancel", "drain")
+    STUB_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    stub: StubDefinition
+    request: ContainerRequest
+    cancel: CancelTask
+    drain: bool
+    def __init__(self, stub: _Optional[_Union[StubDefinition, _Mapping]] = ..., request: _Optional[_Union[ContainerRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class TaskStarted(_message.Message):
+    __slots__ = ("task_id", "container_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    container_id: str
+    def __init__(self, task_id: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
+
+class TaskLog(_message.Message):
+    __slots__ = ("task_id", "data")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    data: bytes
+    def __init__(self, task_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("started", "results", "logs", "keepalive", "draining")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    started: _containers.RepeatedCompositeFieldContainer[TaskStarted]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskResult]
+    logs: _containers.RepeatedCompositeFieldContainer[TaskLog]
+    keepalive: bool
+    draining: bool
+    def __init__(self, started: _Optional[_Iterable[_Union[TaskStarted, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.TaskResult, _Mapping]]] = ..., logs: _Optional[_Iterable[_Union[TaskLog, _Mapping]]] = ..., keepalive: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
