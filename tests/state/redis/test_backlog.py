@@ -168,3 +168,18 @@ async def test_a_late_heartbeat_puts_the_worker_back_in_placement(redis_factory:
     assert await reg.heartbeat("w", now_ms=NOW, ttl_ms=TTL)  # back before the reaper came
     assert await reg.remove("w", now_ms=NOW) is None
     assert [p.worker for p in (await backlog.place(NOW + 5_000)).placed] == ["w"]
+
+
+async def test_finish_many_gives_back_resources_like_finish_in_one_step(redis_factory: RedisFactory) -> None:
+    backlog, reg = await setup(redis_factory)
+    await add(reg, "w1", "p", cpu=1000, mem=1024)
+    await backlog.enqueue([q(f"r{i}", Group(0, ("p",), 0), cpu=400, mem=100, enq=NOW + i) for i in range(3)])
+    placed = await backlog.place(NOW + 10)
+    assert sorted(p.request for p in placed.placed) == ["r0", "r1"]  # the third does not fit yet
+    done = await backlog.finish_many(["r0", "nope", "r1"], NOW + 20)
+    assert [d.state if d else None for d in done] == ["placed", None, "placed"]
+    state = await reg.get("w1")
+    assert state is not None
+    assert (state.cpu_free, state.memory_free, state.running) == (1000, 1024, 0)
+    assert await backlog.get("r0") is None
+    assert await backlog.get("r2") is not None  # untouched: still waiting

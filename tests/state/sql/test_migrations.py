@@ -12,6 +12,9 @@ from sqlalchemy import Connection, inspect, text
 from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
+#: the newest migration; a new migration file changes this
+HEAD = "0002"
+
 EVERY_TABLE = {
     "workspaces",
     "tokens",
@@ -25,6 +28,8 @@ EVERY_TABLE = {
     "machines",
     "checkpoints",
     "clusters",
+    "task_io",
+    "task_logs",
 }
 
 
@@ -48,14 +53,14 @@ async def test_migrate_from_empty_then_again(database_url: str) -> None:
         assert await _tables(db) == set()
         await db.migrate()
         assert await _tables(db) == EVERY_TABLE | {"alembic_version"}
-        assert await _revision(db) == ["0001"]
+        assert await _revision(db) == [HEAD]
         await db.migrate()  # already at head: nothing happens, nothing fails
-        assert await _revision(db) == ["0001"]
+        assert await _revision(db) == [HEAD]
     finally:
         await db.close()
     reopened = await open_database(database_url)
     try:
-        assert await _revision(reopened) == ["0001"]
+        assert await _revision(reopened) == [HEAD]
     finally:
         await reopened.close()
 
@@ -65,7 +70,7 @@ async def test_replicas_starting_together_migrate_once(database_url: str) -> Non
     databases = [db for db in opened if isinstance(db, Database)]
     try:
         assert len(databases) == 3, f"some replicas failed to open: {opened}"
-        assert await _revision(databases[0]) == ["0001"]
+        assert await _revision(databases[0]) == [HEAD]
         assert await _tables(databases[0]) == EVERY_TABLE | {"alembic_version"}
     finally:
         for db in databases:

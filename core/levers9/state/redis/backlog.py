@@ -143,6 +143,17 @@ class Backlog:
         state, worker, pool = out
         return Finished(state, worker or None, pool or None)
 
+    async def finish_many(self, requests: Sequence[str], now_ms: int) -> list[Finished | None]:
+        """:meth:`finish` for many requests in one atomic step, in order."""
+        out: list[Finished | None] = []
+        for start in range(0, len(requests), 1000):
+            chunk = requests[start : start + 1000]
+            flat = list(await self.scripts("finish_many", now_ms, *chunk))
+            for i in range(0, len(flat), 3):
+                state, worker, pool = flat[i : i + 3]
+                out.append(Finished(state, worker or None, pool or None) if state else None)
+        return out
+
     async def wake(self, pool: str, now_ms: int, count: int = 256) -> int:
         """Make the oldest requests waiting on ``pool`` due now (it just gained capacity)."""
         return int(await self.scripts("wake", pool, now_ms, count))

@@ -1,19 +1,26 @@
 """Connecting to Redis, or to an embedded one when no URL is configured.
 
-One machine should not need a Redis server to try levers9, so an empty
-``state.redis_url`` gives an in-process Redis (fakeredis with real Lua), which the
-same scheduler code runs against. It lives and dies with the process: SQL is the
-source of truth and the backlog is rebuilt from it at start.
+One machine should not need a Redis to set up to try levers9, so an empty
+``state.redis_url`` gives an embedded one, which the same scheduler code runs
+against. It lives and dies with the controlplane: SQL is the source of truth
+and the backlog is rebuilt from it at start. Two kinds:
+
+* a private ``redis-server`` child on a unix socket (:class:`ManagedRedis`), when
+  the binary is installed: the scheduler's Lua runs many times faster there;
+* an in-process Redis (fakeredis with real Lua, :class:`EmbeddedRedis`) otherwise,
+  or when ``LEVERS9_EMBEDDED_REDIS=memory``.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["EmbeddedRedis", "connect"]
+__all__ = ["EmbeddedRedis", "ManagedRedis", "connect"]
 
 
 class EmbeddedRedis:
@@ -38,3 +45,72 @@ def connect(url: str | None, *, embedded: EmbeddedRedis | None = None) -> Redis:
     from redis.asyncio import Redis
 
     return Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+class ManagedRedis:
+    """A ``redis-server`` child process private to this controlplane: a unix socket, no persistence.
+
+    It is told to die with its parent (``PR_SET_PDEATHSIG``), so even a controlplane
+    killed with SIGKILL leaves no Redis behind.
+    """
+
+    def __init__(self, workdir: Path, binary: str) -> None:
+        import subprocess
+
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.workdir = workdir
+        self.socket = workdir / "redis.sock"
+        self.socket.unlink(missing_ok=True)
+        self._log = workdir / "redis.log"
+        self.process = subprocess.Popen(
+            [binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no", "--logfile", str(self._log)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+
+    @classmethod
+    def start(cls, workdir: Path, *, timeout: float = 20.0) -> ManagedRedis | None:
+        """A running server, or None when ``redis-server`` is not installed (or may not be used)."""
+        import shutil
+        import time
+
+        if os.environ.get("LEVERS9_EMBEDDED_REDIS", "auto") == "memory":
+            return None
+        binary = shutil.which("redis-server")
+        if binary is None:
+            return None
+        managed = cls(workdir, binary)
+        deadline = time.monotonic() + timeout
+        while not managed.socket.exists():
+            if managed.process.poll() is not None or time.monotonic() > deadline:
+                managed.stop()
+                tail = managed._log.read_text(errors="replace")[-1000:] if managed._log.exists() else ""
+                raise RuntimeError(f"the embedded redis-server did not start: {tail}")
+            time.sleep(0.01)
+        return managed
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.socket.unlink(missing_ok=True)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the controlplane dies, however it dies."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -10,7 +10,20 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.commands.core import AsyncScript
 
-NAMES = ("enqueue", "place", "finish", "take", "register", "heartbeat", "remove", "drain", "wake", "note")
+NAMES = (
+    "enqueue",
+    "place",
+    "finish",
+    "finish_many",
+    "take",
+    "register",
+    "heartbeat",
+    "remove",
+    "drain",
+    "cordon",
+    "wake",
+    "note",
+)
 
 
 @cache

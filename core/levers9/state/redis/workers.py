@@ -96,6 +96,10 @@ class WorkerRegistry:
         """Stop placing on the worker if it has been idle for ``idle_ms``; True when it now drains."""
         return bool(await self.scripts("drain", worker, now_ms, idle_ms))
 
+    async def cordon(self, worker: str) -> bool:
+        """Stop placing on the worker even while it is busy (it is shutting down); False when unknown."""
+        return bool(await self.scripts("cordon", worker))
+
     async def ids(self, pool: str | None = None) -> set[str]:
         key = f"{self.prefix}pool:{pool}" if pool else f"{self.prefix}workers"
         return {str(w) for w in await self.redis.smembers(key)}

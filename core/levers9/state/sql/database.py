@@ -7,6 +7,7 @@ that ``aiosqlite`` or psycopg's async mode exist.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 from collections.abc import AsyncIterator
@@ -135,6 +136,11 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+        # SQLite has one writer, and every levers9 transaction takes the write lock at BEGIN. Queueing
+        # this process's transactions here, instead of letting each connection poll SQLite's busy
+        # handler, keeps a busy controlplane fast and never fails a transaction with "database is
+        # locked" while another of its own commits.
+        self._serial: asyncio.Lock | None = asyncio.Lock() if engine.dialect.name == "sqlite" else None
 
     @property
     def dialect(self) -> str:
@@ -152,7 +158,11 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session inside one transaction: committed when the block ends, rolled back if it raises."""
-        async with self.sessions() as session, session.begin():
+        if self._serial is None:
+            async with self.sessions() as session, session.begin():
+                yield session
+            return
+        async with self._serial, self.sessions() as session, session.begin():
             yield session
 
     async def migrate(self) -> None:

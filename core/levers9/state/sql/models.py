@@ -157,6 +157,8 @@ class Stub(Base):
     config: Mapped[dict[str, Any]]
     config_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
+    #: the cloudpickled function; deferred so listing stubs does not load code
+    handler: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
 
 
 class Deployment(Base):
@@ -204,6 +206,29 @@ class Task(Base):
     updated_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+
+
+class TaskIO(Base):
+    """A call's arguments and, once it finished, its result or error detail."""
+
+    __tablename__ = "task_io"
+
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    args: Mapped[bytes] = mapped_column(LargeBinary)
+    result: Mapped[bytes | None] = mapped_column(LargeBinary)
+    error_type: Mapped[str | None] = mapped_column(String(255))
+    traceback: Mapped[str | None] = mapped_column(Text)
+
+
+class TaskLog(Base):
+    """A chunk of a task's output, in the order the worker sent it."""
+
+    __tablename__ = "task_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class TaskPlacement(Base):

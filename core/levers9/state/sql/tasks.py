@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
 from levers9.state.sql._common import require
 from levers9.state.sql.database import Database
-from levers9.state.sql.models import Task, TaskPlacement, Workspace, new_id, utcnow
+from levers9.state.sql.models import Task, TaskIO, TaskPlacement, Workspace, new_id, utcnow
 from levers9.state.sql.records import PlacementEvent, PlacementOutcome, TaskRecord, TaskStatus, parse_enum
 
 _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
@@ -82,14 +82,18 @@ class TaskStore:
         requests: Sequence[dict[str, Any] | tuple[str, dict[str, Any]]],
         *,
         stub_id: str | None = None,
+        args: Sequence[bytes] | None = None,
     ) -> list[TaskRecord]:
         """Many pending tasks in one transaction (a ``map`` over inputs): all are stored, or none.
 
         Each item is a request (its task id is made here) or a ``(task_id,
         request)`` pair, for a scheduler that names its requests itself.
+        ``args``, when given, holds each call's serialized arguments, in order.
         """
+        if args is not None and len(args) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(args)} argument payloads")
         now = utcnow()
-        rows: list[Task] = []
+        rows: list[dict[str, Any]] = []
         chosen: list[str] = []
         for item in requests:
             if isinstance(item, tuple):
@@ -98,38 +102,42 @@ class TaskStore:
             else:
                 task_id, request = new_id("task"), item
             rows.append(
-                Task(
-                    id=task_id,
-                    workspace_id=workspace_id,
-                    stub_id=stub_id,
-                    status=TaskStatus.PENDING.value,
-                    attempts=0,
-                    request=request,
-                    container_id=None,
-                    worker_id=None,
-                    pool=None,
-                    gpu=None,
-                    error=None,
-                    created_at=now,
-                    updated_at=now,
-                    started_at=None,
-                    finished_at=None,
-                )
+                {
+                    "id": task_id,
+                    "workspace_id": workspace_id,
+                    "stub_id": stub_id,
+                    "status": TaskStatus.PENDING.value,
+                    "attempts": 0,
+                    "request": request,
+                    "container_id": None,
+                    "worker_id": None,
+                    "pool": None,
+                    "gpu": None,
+                    "error": None,
+                    "created_at": now,
+                    "updated_at": now,
+                    "started_at": None,
+                    "finished_at": None,
+                }
             )
         if not rows:
             return []
         try:
             async with self._db.transaction() as session:
                 await require(session, Workspace, workspace_id, "workspace")
-                session.add_all(rows)
-                await session.flush()
-                return [_task(row) for row in rows]
+                # Core inserts in one executemany: a map of thousands of calls is one round trip, not thousands.
+                await session.execute(insert(Task), rows)
+                if args is not None:
+                    await session.execute(
+                        insert(TaskIO), [{"task_id": row["id"], "args": a} for row, a in zip(rows, args, strict=True)]
+                    )
         except IntegrityError:
             # The workspace was checked above, so a violated constraint is a reused id or a missing stub.
             shown = ", ".join(chosen[:5]) + ("..." if len(chosen) > 5 else "")
             raise AlreadyExists(
                 f"a task id given ({shown or 'none'}) already exists, or stub {stub_id!r} does not; nothing was stored"
             ) from None
+        return [_task(Task(**row)) for row in rows]
 
     async def get(self, task_id: str) -> TaskRecord | None:
         async with self._db.transaction() as session:

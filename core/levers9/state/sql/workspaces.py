@@ -7,6 +7,7 @@ the API.
 
 from __future__ import annotations
 
+import builtins
 from datetime import timedelta
 
 from sqlalchemy import select, update
@@ -83,6 +84,12 @@ class WorkspaceStore:
             row = await session.scalar(select(Workspace).where(Workspace.name == name))
             return None if row is None else _workspace(row)
 
+    async def list(self) -> builtins.list[WorkspaceRecord]:
+        """Every workspace, by name: for operators, who are the only ones allowed to see them all."""
+        async with self._db.transaction() as session:
+            rows = await session.scalars(select(Workspace).order_by(Workspace.name))
+            return [_workspace(row) for row in rows]
+
 
 class TokenStore:
     """API tokens for users, workers, agents and machines."""
@@ -146,6 +153,18 @@ class TokenStore:
         async with self._db.transaction() as session:
             row = await session.get(Token, token_id)
             return None if row is None else _token(row)
+
+    async def list_for_workspace(self, workspace_id: str | None) -> builtins.list[TokenRecord]:
+        """A workspace's tokens, oldest first, revoked and expired ones included so their history stays visible.
+
+        ``None`` lists only the tokens bound to no workspace (operators' tokens,
+        the machines of shared pools), never every token: a None that slipped
+        through cannot widen a listing to all workspaces at once.
+        """
+        owner = Token.workspace_id.is_(None) if workspace_id is None else Token.workspace_id == workspace_id
+        async with self._db.transaction() as session:
+            rows = await session.scalars(select(Token).where(owner).order_by(Token.created_at, Token.id))
+            return [_token(row) for row in rows]
 
     async def revoke(self, token_id: str) -> bool:
         """Revoke one token; False if it does not exist. Revoking twice keeps the first time."""

@@ -33,6 +33,10 @@ end
 
 local due = redis.call('ZRANGEBYSCORE', backlog, '-inf', now, 'LIMIT', 0, limit)
 local placed, unplaced = {}, {}
+-- Capacity only shrinks during one pass, so once a request of some shape (groups, cpu, memory)
+-- found no worker, every later one of the same shape would not either: a map of thousands of
+-- identical calls waiting on a few busy workers costs one search per pass, not thousands.
+local hopeless = {}
 for _, rid in ipairs(due) do
   local rkey = P .. 'r:' .. rid
   local r = redis.call('HMGET', rkey, 'cpu', 'mem', 'gpus', 'groups', 'enq', 'state')
@@ -42,7 +46,14 @@ for _, rid in ipairs(due) do
     local cpu, mem, gpus = tonumber(r[1]), tonumber(r[2]), 0
     local best, best_score, best_pool
     local next_gate
-    for _, group in ipairs(split(r[4], '|')) do
+    local shape = r[4] .. '/' .. r[1] .. '/' .. r[2]
+    local groups = split(r[4], '|')
+    local gate = hopeless[shape]
+    if gate ~= nil then
+      groups = {}
+      if gate ~= 0 then next_gate = gate end
+    end
+    for _, group in ipairs(groups) do
       local nb, g, list = string.match(group, '^(%d+);(%d+);(.*)$')
       nb = tonumber(nb)
       if nb <= now then
@@ -72,6 +83,7 @@ for _, rid in ipairs(due) do
       placed[#placed + 1] = best
       placed[#placed + 1] = best_pool
     else
+      if hopeless[shape] == nil then hopeless[shape] = next_gate or 0 end
       local again = now + recheck
       if next_gate and next_gate < again then again = next_gate end
       redis.call('ZADD', backlog, again, rid)
