@@ -61,6 +61,15 @@ def test_cpu_fallback_opens_after_fallback_after() -> None:
     assert found == (Group(0, ("a100",), 1), Group(1_000_000 + 30_000, ("cpu",), 0))
 
 
+def test_cpu_fallback_opens_at_once_when_no_pool_offers_a_listed_gpu() -> None:
+    # Nothing offers B200 or H200: waiting fallback_after for them could never help.
+    found = groups(candidates(req(["B200", "H200", "cpu"], fallback_after=30), POOLS))
+    assert found == (Group(0, ("cpu",), 0),)
+    # With one listed GPU offered, the fallback still waits for it.
+    found = groups(candidates(req(["B200", "A100-80", "cpu"], fallback_after=30), POOLS))
+    assert found == (Group(0, ("a100",), 1), Group(1_000_000 + 30_000, ("cpu",), 0))
+
+
 def test_cpu_only_work_stays_off_gpu_pools_unless_the_pool_allows_it() -> None:
     assert groups(candidates(req(None), POOLS)) == (Group(0, ("cpu",), 0),)
     pools = dict(POOLS, shared=spec("shared", "L4", 1, cpu_work=True))

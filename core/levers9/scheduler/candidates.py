@@ -3,7 +3,8 @@
 Pools are grouped by the position of their GPU type in the request's preference
 list, then by the operator's pool priority; within a group the fullest fitting
 worker wins (that choice is made in Redis, see ``place.lua``). A CPU fallback is
-one more group that opens ``fallback_after`` seconds after submission.
+one more group that opens ``fallback_after`` seconds after submission, or at once
+when no pool offers any of the GPU types the request lists.
 
 A request no pool could ever take is refused here, before it is stored, with
 the configured pools and their GPU types in the message: waiting would not help.
@@ -97,6 +98,9 @@ def candidates(request: PlacementRequest, pools: Mapping[str, PoolSpec]) -> list
         found.append(Candidate(pool, rank, not_before, gpus))
     if not found:
         raise NoPoolOffers(_nothing_fits(request, refused))
+    if wanted.wants_gpu and all(c.pool.gpu is None for c in found):
+        # No pool offers any GPU the request lists: waiting for one cannot help, so the fallback opens now.
+        found = [Candidate(c.pool, c.rank, 0, c.gpu_count) for c in found]
     found.sort(key=lambda c: (c.rank, -c.pool.priority, c.pool.name))
     return found
 

@@ -38,6 +38,9 @@ class Context:
     placer_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     #: set to make the planner run now (a provider just said no: try the next candidate at once)
     planner_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: told (provider, seconds, outcome) after every provider call that starts a machine; outcomes are
+    #: ok, capacity, quota, throttled, timeout, error and cancelled (see :mod:`levers9.scheduler.provisioning`)
+    on_provisioned: Callable[[str, float, str], None] | None = None
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

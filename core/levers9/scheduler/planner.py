@@ -63,6 +63,9 @@ class Planner:
         self.window = window
         #: rounds in a row that found nothing, per request, for the backoff
         self._rounds: dict[str, int] = {}
+        #: when each request may next ask for a machine; kept here, not written to Redis each pass,
+        #: since only the lease holder plans (a new holder starts without backoff, which is harmless)
+        self._next_plan: dict[str, int] = {}
 
     async def plan_once(self) -> PassReport:
         ctx = self.ctx
@@ -73,7 +76,11 @@ class Planner:
         report.considered = len(states)
         if not states:
             self._rounds.clear()
+            self._next_plan.clear()
             return report
+        if len(self._next_plan) > 4 * self.window:
+            live = {st.request.id for st in states}
+            self._next_plan = {k: v for k, v in self._next_plan.items() if k in live}
 
         machines = await ctx.machines.list(states=list(ACTIVE))
         count: dict[str, int] = {}
@@ -118,7 +125,7 @@ class Planner:
                         outcome = "waiting"
                         break
                     if count.get(name, 0) < pool.max_workers:
-                        if now < st.next_plan_ms:
+                        if now < max(st.next_plan_ms, self._next_plan.get(req.id, 0)):
                             outcome = "waiting"
                             break
                         await self.provisioner.start(pool, f"request {req.id} fits on no worker")
@@ -138,14 +145,18 @@ class Planner:
                 report.reserved += 1
             elif outcome == "started":
                 self._rounds.pop(req.id, None)
+                self._next_plan.pop(req.id, None)
             else:
                 report.waiting += 1
-            next_plan = st.next_plan_ms
-            if outcome == "none" and now >= st.next_plan_ms:
+            next_plan = max(st.next_plan_ms, self._next_plan.get(req.id, 0))
+            if outcome == "none" and now >= next_plan:
                 rounds = self._rounds.get(req.id, 0)
                 self._rounds[req.id] = rounds + 1
                 next_plan = now + round(ctx.backoff_s(rounds) * 1000)
-            if tried != before or next_plan != st.next_plan_ms:
+                self._next_plan[req.id] = next_plan
+            if tried != before:
+                # Redis gets the reasons (the give-up message and `levers9 tasks` show them); the
+                # backoff alone changes every pass and stays here
                 await ctx.backlog.note_plan(req.id, next_plan_ms=next_plan, tried=_format_tried(tried))
                 for name, reason in tried.items():
                     if before.get(name) != reason and name in ctx.pools:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -26,11 +27,12 @@ from levers9.hooks.errors import (
     InsufficientCapacity,
     Levers9Error,
     PluginError,
+    PluginTimeout,
     ProviderError,
     QuotaExceeded,
     Throttled,
 )
-from levers9.hooks.types import ProvisionRequest
+from levers9.hooks.types import Machine, ProvisionRequest
 from levers9.scheduler.context import Context
 from levers9.scheduler.pools import PoolSpec
 
@@ -92,7 +94,7 @@ class Provisioner:
     async def _provision(self, pool: PoolSpec, machine_id: str, request: ProvisionRequest) -> None:
         ctx = self.ctx
         try:
-            machine = await ctx.hooks.provision(request, timeout=ctx.settings.provision_timeout_s)
+            machine = await self._call_provider(pool, request)
         except asyncio.CancelledError:
             await self._failed(machine_id, "the controlplane stopped while the machine was being started")
             raise
@@ -121,6 +123,26 @@ class Provisioner:
             await ctx.machines.set_provider_id(machine_id, machine.provider_id)
             await ctx.machines.set_state(machine_id, "starting")
             log.info("machine %s is starting as %s in pool %s", machine_id, machine.provider_id, pool.name)
+
+    async def _call_provider(self, pool: PoolSpec, request: ProvisionRequest) -> Machine:
+        """The provider's provision hook, timed for :attr:`Context.on_provisioned`; its errors pass through."""
+        ctx = self.ctx
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            machine = await ctx.hooks.provision(request, timeout=ctx.settings.provision_timeout_s)
+            outcome = "ok"
+            return machine
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            raise
+        finally:
+            if ctx.on_provisioned is not None:
+                try:
+                    ctx.on_provisioned(pool.pool.provider, time.monotonic() - started, outcome)
+                except Exception:
+                    # An observer (metrics) must never turn a started machine into a failed one.
+                    log.exception("the provisioning observer failed")
 
     async def _unavailable(self, pool: PoolSpec, reason: str) -> None:
         ctx = self.ctx
@@ -168,6 +190,21 @@ class Provisioner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _outcome(exc: BaseException) -> str:
+    """A short label for a failed provider call, matching how :meth:`Provisioner._provision` reacts to it."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(exc, InsufficientCapacity):
+        return "capacity"
+    if isinstance(exc, QuotaExceeded):
+        return "quota"
+    if isinstance(exc, Throttled) or (isinstance(exc, ProviderError) and exc.retryable):
+        return "throttled"
+    if isinstance(exc, PluginTimeout):
+        return "timeout"
+    return "error"
 
 
 def _utc(epoch_s: float) -> datetime:

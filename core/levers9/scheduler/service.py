@@ -29,6 +29,7 @@ from levers9.scheduler.planner import PassReport, Planner
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.scheduler.request import PlacementRequest
+from levers9.state.errors import InvalidTransition, NotFound
 from levers9.state.redis.backlog import Backlog, PlaceResult, QueuedRequest
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
@@ -68,6 +69,7 @@ class Scheduler:
         prefix: str = "l9:",
         clock: Callable[[], float] = time.time,
         name: str | None = None,
+        on_placed: Callable[[PlaceResult], Awaitable[None]] | None = None,
     ) -> None:
         scripts = Scripts(redis, prefix)
         self.redis = redis
@@ -89,6 +91,8 @@ class Scheduler:
         self.planner = Planner(self.ctx, self.provisioner)
         self.controller = PoolController(self.ctx, self.provisioner)
         self.lease = Lease(redis, f"{prefix}lease:planner", self.name, ttl_s=15)
+        #: told of every batch of placements, once its history is stored (the server wakes worker sessions)
+        self.on_placed = on_placed
         self._runner: asyncio.Task[None] | None = None
         self._upkeep_at = 0.0
         self._reconcile_at = 0.0
@@ -121,17 +125,33 @@ class Scheduler:
             deadline_ms=request.submitted_ms + round(wait_s * 1000),
         )
 
-    async def submit(self, request: PlacementRequest, *, stub_id: str | None = None) -> None:
-        await self.submit_many([request], stub_id=stub_id)
+    async def submit(self, request: PlacementRequest, *, stub_id: str | None = None, args: bytes | None = None) -> None:
+        await self.submit_many([request], stub_id=stub_id, args=None if args is None else [args])
 
-    async def submit_many(self, requests: Sequence[PlacementRequest], *, stub_id: str | None = None) -> None:
-        """Store the requests as pending tasks, then queue them. Refuses all if any can never be placed."""
+    async def submit_many(
+        self,
+        requests: Sequence[PlacementRequest],
+        *,
+        stub_id: str | None = None,
+        args: Sequence[bytes] | None = None,
+    ) -> None:
+        """Store the requests as pending tasks (with each call's ``args``), then queue them.
+
+        Refuses all if any can never be placed.
+        """
         queued = [self._queued(r) for r in requests]
-        by_workspace: dict[str, list[PlacementRequest]] = {}
-        for r in requests:
-            by_workspace.setdefault(r.workspace, []).append(r)
+        if args is not None and len(args) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(args)} argument payloads")
+        by_workspace: dict[str, list[tuple[PlacementRequest, bytes | None]]] = {}
+        for i, r in enumerate(requests):
+            by_workspace.setdefault(r.workspace, []).append((r, None if args is None else args[i]))
         for workspace, batch in by_workspace.items():
-            await self.ctx.tasks.create_many(workspace, [(r.id, r.to_json()) for r in batch], stub_id=stub_id)
+            await self.ctx.tasks.create_many(
+                workspace,
+                [(r.id, r.to_json()) for r, _ in batch],
+                stub_id=stub_id,
+                args=None if args is None else [a or b"" for _, a in batch],
+            )
         await self.backlog.enqueue(queued)
         self.ctx.placer_wanted.set()
 
@@ -193,6 +213,8 @@ class Scheduler:
                     for p in result.placed
                 ]
             )
+            if self.on_placed is not None:
+                await self.on_placed(result)
         if result.unplaced:
             ctx.planner_wanted.set()
         return result
@@ -227,6 +249,41 @@ class Scheduler:
             await ctx.backlog.wake(done.pool, ctx.now_ms())
             ctx.placer_wanted.set()
 
+    async def release_many(self, request_ids: Sequence[str]) -> None:
+        """Return the resources of finished requests (their SQL rows are written by the caller) and wake pools."""
+        ctx = self.ctx
+        now = ctx.now_ms()
+        freed: dict[str, int] = {}
+        for done in await ctx.backlog.finish_many(request_ids, now) if request_ids else []:
+            if done is not None and done.pool:
+                freed[done.pool] = freed.get(done.pool, 0) + 1
+        for pool, count in freed.items():
+            # wake about as many waiting requests as places were freed, not the whole queue: each woken
+            # request is looked at by the next placement pass, and most could not fit anyway
+            await ctx.backlog.wake(pool, now, count=2 * count)
+        if freed:
+            ctx.placer_wanted.set()
+
+    async def retry(self, request_id: str, reason: str) -> bool:
+        """Run a failed attempt again: free its worker, count the attempt in SQL and queue the request anew.
+
+        Returns False when the task can no longer run (it finished meanwhile, or no pool fits it any more).
+        """
+        ctx = self.ctx
+        await self.release_many([request_id])
+        try:
+            task = await ctx.tasks.requeue(request_id, reason)
+        except (InvalidTransition, NotFound):
+            return False
+        try:
+            queued = self._queued(PlacementRequest.from_json(task.request))
+        except NoPoolOffers as exc:
+            await ctx.tasks.finish(request_id, "error", error=f"{reason}; cannot run it again: {exc}")
+            return False
+        await ctx.backlog.enqueue([queued])
+        ctx.placer_wanted.set()
+        return True
+
     async def reap_once(self) -> list[str]:
         """Remove workers whose keepalive lapsed and requeue their work; returns the requeued request ids."""
         ctx = self.ctx
@@ -238,8 +295,13 @@ class Scheduler:
                 continue
             log.warning("worker %s stopped reporting; requeued %d requests", worker, len(ids))
             for rid in ids:
-                await ctx.tasks.requeue(rid, f"worker {worker} stopped reporting")
-            requeued += ids
+                try:
+                    await ctx.tasks.requeue(rid, f"worker {worker} stopped reporting")
+                except InvalidTransition:
+                    # it finished while Redis still counted it on the worker: nothing to run again
+                    await ctx.backlog.finish(rid, ctx.now_ms())
+                    continue
+                requeued.append(rid)
             if state is not None and state.info.machine_id:
                 self.ctx.planner_wanted.set()
         if requeued:
@@ -314,7 +376,12 @@ class Scheduler:
     async def _leader_step(self) -> float:
         if not await self.lease.acquire():
             return 5.0
+        started = time.monotonic()
         await self.plan_once()
+        # A pass over a long backlog is costly, and a busy backlog asks for one after every
+        # placement batch; leaving four times the pass's own length between passes keeps
+        # planning under a fifth of a core while a short backlog is still planned at once.
+        gap = min(1.0, 4 * (time.monotonic() - started))
         now = self.ctx.clock()
         if now - self._upkeep_at >= 5.0:
             await self.upkeep_once()
@@ -322,5 +389,7 @@ class Scheduler:
         if now - self._reconcile_at >= self.settings.reconcile_interval_s:
             await self.reconcile_once()
             self._reconcile_at = now
+        if gap > 0.01:
+            await asyncio.sleep(gap)
         await self._wait(self.ctx.planner_wanted, 1.0)
         return 0
