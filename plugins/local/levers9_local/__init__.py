@@ -1,17 +1,51 @@
 """The ``local`` provider: levers9 workers as processes on the controlplane's own machine.
 
 This is the provider of ``levers9 up`` and of development setups: a "machine" is
-a ``levers9 worker`` child process, GPUs are the ones discovery finds on this
-host, and nothing is rented or tagged anywhere. It exists so that the whole
-path from a call to a running container (scheduler, provisioning hook,
-registration with a token, runtime plugin) can be exercised on one laptop with
-exactly the code production runs; only the provider differs.
+a ``levers9 worker`` process, GPUs are the ones discovery finds on this host,
+and nothing is rented or tagged anywhere. It exists so that the whole path from
+a call to a running container (scheduler, provisioning hook, registration with
+a token, runtime plugin) can be exercised on one laptop with exactly the code
+production runs; only the provider differs.
 
 Its settings are therefore about sharing one host: which command starts a
-worker, which GPUs workers may take, where their pid files and logs live and
-how long a worker gets to stop. How many workers and how big each is are the
-pool's own ``max_workers``, ``cpu`` and ``memory``. In this version
-the plugin declares its settings only; the provisioning hooks come later.
+worker, which GPUs workers may take, where their records and logs live and how
+long a worker gets to stop. How many workers and how big each is are the pool's
+own ``max_workers``, ``cpu`` and ``memory``.
+
+What the hooks do:
+
+* ``levers9_provision`` starts ``worker_command`` (default
+  ``python -m levers9 worker``) detached: in its own session, stdin from
+  ``/dev/null``, output appended to ``<state_dir>/<pool>/<machine_id>.log``,
+  and re-parented to init through a short-lived launcher, so it outlives a
+  controlplane that is killed and never becomes that controlplane's zombie.
+  Everything the worker needs is in its environment, never its argv (which
+  anyone can read in ``ps``): ``LEVERS9_CONTROLPLANE_URL``, ``LEVERS9_TOKEN``,
+  ``LEVERS9_MACHINE_ID``, ``LEVERS9_POOL``, ``LEVERS9_CPU_MILLICORES``,
+  ``LEVERS9_MEMORY_MIB``, ``LEVERS9_GPU_COUNT``, ``CUDA_VISIBLE_DEVICES`` (the
+  GPU indices it was given, empty for a CPU worker), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+  (so those indices are nvidia-smi's) and ``LEVERS9_DISCONNECT_EXIT_S=120`` (a
+  worker left without its controlplane exits after that long). The rest of the
+  controlplane's environment is inherited. Each GPU goes to at most one live
+  worker; asking for more than are free raises ``InsufficientCapacity``.
+  The provider id is the machine id.
+* ``levers9_list_machines`` reads ``<state_dir>/<pool>/<machine_id>.json``
+  records and reports those whose process is still the one recorded (pid,
+  start time and boot id all match): ``running`` while the worker lives,
+  ``stopping`` while only processes it started remain. Records of workers that
+  are gone are deleted. A new controlplane therefore finds the workers the
+  previous one started.
+* ``levers9_terminate`` sends SIGTERM to the worker's session, SIGKILL to
+  what is left after ``stop_grace_s``, waits until nothing of it runs, then
+  deletes the record. The log is kept for a week after its last write.
+  Unknown or already stopped workers are success, and a recorded pid that now
+  belongs to another process is never signalled.
+* ``levers9_gpu_offers`` offers, for a GPU pool, this host's GPUs of the pool's
+  type (``visible_gpus`` restricts them) when it has at least ``gpu_count``;
+  a CPU pool, or a type the host lacks, gets no offer.
+
+:mod:`levers9_local.provider` has the record layout, :mod:`levers9_local.processes`
+how workers are started, recognised and stopped.
 """
 
 from __future__ import annotations
@@ -19,12 +53,45 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import GpuOffer, Machine, Pool, ProvisionRequest
+from levers9_local.provider import LocalProvider
 from levers9_local.settings import LocalSettings
 
-__all__ = ["LocalSettings", "levers9_provider_settings"]
+__all__ = [
+    "LocalProvider",
+    "LocalSettings",
+    "levers9_gpu_offers",
+    "levers9_list_machines",
+    "levers9_provider_settings",
+    "levers9_provision",
+    "levers9_terminate",
+]
+
+# Stateless apart from its GPU discovery cache: records on disk are the provider's whole memory.
+_provider = LocalProvider()
 
 
 @hookimpl
 def levers9_provider_settings() -> type[BaseModel]:
     """Declare ``local`` a provider whose pools are validated with :class:`LocalSettings`."""
     return LocalSettings
+
+
+@hookimpl
+def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
+    return _provider.gpu_offers(pool)
+
+
+@hookimpl
+def levers9_provision(request: ProvisionRequest) -> Machine:
+    return _provider.provision(request)
+
+
+@hookimpl
+def levers9_terminate(pool: Pool, provider_id: str) -> None:
+    _provider.terminate(pool, provider_id)
+
+
+@hookimpl
+def levers9_list_machines(pool: Pool) -> list[Machine]:
+    return _provider.list_machines(pool)

@@ -1,0 +1,110 @@
+"""This host's GPUs, as the local provider hands them out.
+
+The local provider owns no cloud catalogue: what it can offer is what the
+driver reports on this machine, read with the core's own ``nvidia-smi``
+discovery, so the controlplane and the workers it starts agree on what a GPU
+index means. ``nvidia-smi`` can take seconds while the driver wakes the GPUs,
+and the scheduler asks for offers often, so answers are kept for a minute;
+GPUs do not come and go faster than that on a running host.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from levers9.gpu.catalog import CATALOG
+from levers9.hooks.types import Availability, GpuDevice, GpuOffer
+
+__all__ = ["CACHE_S", "Discover", "NvidiaSmiDiscovery", "eligible", "offer"]
+
+#: a function returning this host's GPUs; raises when the host's GPU tool is present but fails
+Discover = Callable[[], list[GpuDevice]]
+
+#: how long a discovery answer is reused
+CACHE_S = 60.0
+
+
+class NvidiaSmiDiscovery:
+    """``nvidia-smi`` discovery with a short memory, one answer per binary.
+
+    Keyed by the binary so that pointing ``LEVERS9_NVIDIA_SMI`` elsewhere takes
+    effect at once. Failures are not remembered: a driver that was loading a
+    moment ago may answer now.
+    """
+
+    def __init__(self, cache_s: float = CACHE_S) -> None:
+        self._cache_s = cache_s
+        self._lock = threading.Lock()
+        self._answers: dict[str | None, tuple[float, list[GpuDevice]]] = {}
+
+    def __call__(self) -> list[GpuDevice]:
+        # Imported here: plugin modules are imported by `levers9 --help`, which should not pay for discovery.
+        from levers9.discovery.nvidia_smi import find_nvidia_smi, levers9_gpu_devices
+
+        binary = find_nvidia_smi()
+        if binary is None:
+            return []
+        with self._lock:
+            cached = self._answers.get(binary)
+            if cached is not None and time.monotonic() - cached[0] < self._cache_s:
+                return list(cached[1])
+        devices = levers9_gpu_devices()
+        with self._lock:
+            self._answers[binary] = (time.monotonic(), devices)
+        return list(devices)
+
+
+def eligible(devices: Iterable[GpuDevice], visible: list[int] | None, gpu: str | None) -> list[GpuDevice]:
+    """The GPUs workers may be given: those in ``visible`` (all when None) and of type ``gpu`` (any when None).
+
+    An index in ``visible_gpus`` that discovery does not find is not handed
+    out: a worker given a GPU that is not there would fail every job it takes.
+    """
+    chosen = [
+        device
+        for device in devices
+        if (visible is None or device.index in visible) and (gpu is None or device.gpu == gpu)
+    ]
+    return sorted(chosen, key=lambda device: device.index)
+
+
+def _host_memory_mib() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def offer(gpu: str, per_worker: int, devices: list[GpuDevice], free: int, region: str | None) -> GpuOffer | None:
+    """The one offer this host makes for ``per_worker`` GPUs of type ``gpu``, or None if it never could.
+
+    ``devices`` are the eligible GPUs of that type and ``free`` how many of them
+    no live worker holds. CPU and memory are the host's: local workers share it.
+    """
+    if len(devices) < per_worker:
+        return None
+    # The driver reports slightly less than the nominal size; the smallest GPU is what a job can count on.
+    memory = min(device.memory_mib for device in devices)
+    if not memory:  # the driver does not report it: the catalog's nominal size is the best guess
+        known = CATALOG.get(gpu)
+        if known is None:
+            return None
+        memory = known.memory_mib
+    cpus = os.cpu_count()
+    return GpuOffer(
+        gpu=gpu,
+        gpu_count=per_worker,
+        gpu_memory_mib=memory,
+        region=region,
+        instance_type="local",
+        cpu_millicores=cpus * 1000 if cpus else None,
+        memory_mib=_host_memory_mib(),
+        availability=Availability.AVAILABLE if free >= per_worker else Availability.UNAVAILABLE,
+    )

@@ -1,0 +1,77 @@
+"""The levers9 provider contract, run against the installed ``local`` plugin through the real plugin manager.
+
+Once for a CPU pool, and once for a T4 pool on a host whose ``nvidia-smi`` is a
+script reporting two T4s (``LEVERS9_NVIDIA_SMI``, the core discovery's own
+override), so the GPU path runs exactly as on a GPU host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from levers9.testing import ProviderContract
+from tests.plugins.local.conftest import FAKE_WORKER, processes_mentioning
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(tmp_path: Path) -> Iterator[None]:
+    """Fail a test that leaves a fake worker running (after the contract's own clean-up has run)."""
+    yield
+    leaked = processes_mentioning(str(tmp_path))
+    for pid in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not leaked, f"processes left running: {leaked}"
+
+
+def _settings(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return {
+        "state_dir": str(tmp_path / "state"),
+        "worker_command": [sys.executable, str(FAKE_WORKER), str(out)],
+        "stop_grace_s": 2,
+        **extra,
+    }
+
+
+class TestLocalContract(ProviderContract):
+    provider = "local"
+    settle_timeout = 10.0
+
+    @pytest.fixture
+    def pool_settings(self, tmp_path: Path) -> dict[str, Any]:
+        return _settings(tmp_path)
+
+    @pytest.fixture
+    def failing_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
+        return _settings(tmp_path, worker_command=[str(tmp_path / "no-such-levers9")])
+
+
+class TestLocalGpuContract(ProviderContract):
+    provider = "local"
+    pool_fields: ClassVar[dict[str, Any]] = {"gpu": "T4", "gpu_count": 1}
+    settle_timeout = 10.0
+
+    @pytest.fixture(autouse=True)
+    def two_t4s(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text("#!/bin/sh\nprintf '0, GPU-a, Tesla T4, 15360\\n1, GPU-b, Tesla T4, 15360\\n'\n")
+        smi.chmod(0o755)
+        monkeypatch.setenv("LEVERS9_NVIDIA_SMI", str(smi))
+
+    @pytest.fixture
+    def pool_settings(self, tmp_path: Path) -> dict[str, Any]:
+        return _settings(tmp_path)
+
+    @pytest.fixture
+    def failing_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
+        return _settings(tmp_path, visible_gpus=[5])
