@@ -1,0 +1,96 @@
+"""Who is calling: bearer tokens checked against their hashes in SQL, with a short in-process cache.
+
+Every call is authenticated, and a hot path (a worker streaming thousands of
+results, a map submitting batches) must not pay a SQL round trip per call; a
+verified token is therefore remembered for ``cache_s`` seconds. Revocation takes
+effect within that window on every replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from levers9.state.crypto import hash_token
+from levers9.state.sql.records import TokenKind
+from levers9.state.sql.workspaces import TokenStore
+
+__all__ = ["CACHE_S", "Authenticator", "PermissionDenied", "Principal", "Unauthenticated", "bearer"]
+
+CACHE_S = 10.0
+
+
+class Unauthenticated(Exception):
+    """No token, an unknown, revoked or expired token, or a token of the wrong kind for the call."""
+
+
+class PermissionDenied(Exception):
+    """A valid token asking for something outside its scope (another workspace's task, a user API with a worker token)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: str
+    kind: TokenKind
+    #: None for controlplane-wide tokens (machines of shared pools)
+    workspace_id: str | None
+    #: the machine id of a machine token, the user name of a user token
+    subject: str | None
+
+    def require_workspace(self) -> str:
+        if self.workspace_id is None:
+            raise PermissionDenied(f"a {self.kind.value} token is not bound to a workspace")
+        return self.workspace_id
+
+
+def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` header, if present."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+class Authenticator:
+    def __init__(
+        self, tokens: TokenStore, *, cache_s: float = CACHE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._tokens = tokens
+        self._cache: dict[str, tuple[float, Principal]] = {}
+        self._cache_s = cache_s
+        self._clock = clock
+
+    async def verify(self, token: str | None, *kinds: TokenKind) -> Principal:
+        """The principal behind ``token``; raises :class:`Unauthenticated` unless it is valid and of one of ``kinds``."""
+        if not token:
+            raise Unauthenticated(
+                "no token: send 'authorization: Bearer <token>' (see 'levers9 up' or ~/.levers9/config)"
+            )
+        key = hash_token(token)
+        now = self._clock()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            principal = hit[1]
+        else:
+            record = await self._tokens.verify(token)
+            if record is None:
+                self._cache.pop(key, None)
+                raise Unauthenticated("the token is unknown, revoked or expired")
+            principal = Principal(record.id, record.kind, record.workspace_id, record.subject)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key] = (now + self._cache_s, principal)
+        if kinds and principal.kind not in kinds:
+            wanted = " or ".join(k.value for k in kinds)
+            raise Unauthenticated(f"this call needs a {wanted} token, not a {principal.kind.value} token")
+        return principal
+
+    def forget(self, token_id: str) -> None:
+        """Drop a revoked token from the cache at once (on this replica)."""
+        for key, (_, principal) in list(self._cache.items()):
+            if principal.token_id == token_id:
+                del self._cache[key]

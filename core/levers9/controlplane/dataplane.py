@@ -1,0 +1,358 @@
+"""Every operation on calls, in one place: the gRPC servicers (and later the gateway) only translate.
+
+The path of a call: :meth:`DataPlane.submit` stores it (SQL first, then the
+Redis backlog); the scheduler places it on a worker and the hub wakes that
+worker's session; the session takes it with :meth:`DataPlane.take`, which
+also loads its arguments; the worker reports with :meth:`DataPlane.report`,
+which stores outcomes in one transaction per batch, retries failed attempts
+the stub allows to retry, frees the worker's resources and wakes watchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from levers9.controlplane.auth import Principal
+from levers9.controlplane.hub import Hub
+from levers9.controlplane.metrics import Metrics
+from levers9.controlplane.services import Services
+from levers9.gpu.preference import GpuRequest, parse_gpu
+from levers9.scheduler.request import PlacementRequest
+from levers9.state.errors import NotFound
+from levers9.state.redis.backlog import PlaceResult
+from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.calls import CallResult, CallStore, Dispatch, Finish
+from levers9.state.sql.models import new_id
+from levers9.state.sql.records import StubRecord
+
+__all__ = ["DataPlane", "InvalidStub", "StubSettings", "TaskOutcome", "WorkerReport"]
+
+log = logging.getLogger(__name__)
+
+_KINDS = ("function", "endpoint", "queue")
+#: worker reports queued before sessions wait for the flusher (backpressure)
+_MAX_QUEUED_REPORTS = 10_000
+
+
+class InvalidStub(ValueError):
+    """A stub definition that can never run; the message names the field and what is accepted."""
+
+
+class StubSettings(BaseModel):
+    """A stub's configuration as stored in SQL; validated once, when the stub is defined."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = "function"
+    app: str = "default"
+    name: str = Field(min_length=1, max_length=128)
+    image: str = "host"
+    cpu_millicores: int = Field(125, ge=1, le=1_024_000)
+    memory_mib: int = Field(128, ge=1, le=16 * 1024 * 1024)
+    gpu: tuple[str, ...] = ()
+    gpu_count: int = Field(0, ge=0)
+    fallback_after_s: float | None = Field(None, ge=0)
+    retries: int = Field(0, ge=0, le=100)
+    timeout_s: float = Field(0.0, ge=0)
+    secrets: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    keep_warm_s: float = Field(60.0, ge=0, le=86_400)
+    python_version: str = ""
+    #: sha256 of the handler, so changed code makes a new stub
+    handler_sha256: str = ""
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value not in _KINDS:
+            raise ValueError(f"kind must be one of {', '.join(_KINDS)}, got {value!r}")
+        return value
+
+    def gpu_request(self) -> GpuRequest:
+        """The placement GPU preference; raises InvalidStub naming the field on a bad GPU spec."""
+        try:
+            return parse_gpu(
+                list(self.gpu) or None,
+                self.gpu_count or None,
+                fallback_after=self.fallback_after_s,
+            )
+        except (ValueError, TypeError) as exc:
+            raise InvalidStub(f"gpu: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    task_id: str
+    status: str
+    result: bytes | None = None
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+
+
+@dataclass
+class WorkerReport:
+    started: list[tuple[str, str]] = field(default_factory=list)
+    outcomes: list[TaskOutcome] = field(default_factory=list)
+    logs: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class _Running:
+    stub_id: str | None
+    attempts: int
+    dispatched: float
+
+
+class DataPlane:
+    def __init__(self, services: Services, hub: Hub, metrics: Metrics | None = None) -> None:
+        self.services = services
+        self.hub = hub
+        self.metrics = metrics
+        self.calls = CallStore(services.db)
+        self._stubs: dict[str, tuple[StubRecord, StubSettings]] = {}
+        self._gpu: dict[str, GpuRequest] = {}
+        self._running: dict[str, _Running] = {}
+        services.scheduler.on_placed = self._on_placed
+        #: reports waiting to be stored; one flusher stores everything that piled up in one go, so
+        #: a busy worker's thousands of small messages cost a few transactions, not thousands
+        self._reports: list[tuple[str, WorkerReport]] = []
+        self._reports_ready = asyncio.Event()
+        self._reports_room = asyncio.Event()
+        self._reports_room.set()
+        self._flusher: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ stubs
+
+    async def get_or_create_stub(self, principal: Principal, raw: dict[str, Any], handler: bytes) -> tuple[str, bool]:
+        workspace = principal.require_workspace()
+        if not handler:
+            raise InvalidStub("handler: empty; the SDK sends the pickled function here")
+        try:
+            settings = StubSettings.model_validate({**raw, "handler_sha256": hashlib.sha256(handler).hexdigest()})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "config"
+            raise InvalidStub(f"{where}: {first['msg']}") from None
+        settings.gpu_request()
+        missing = [name for name in settings.secrets if name not in await self.services.secrets.names(workspace)]
+        if missing:
+            raise InvalidStub(
+                f"secrets: {', '.join(missing)} not found in this workspace; create them first "
+                "(POST /api/v1/secrets or `levers9 secret create`)"
+            )
+        app = await self.services.apps.get_or_create(workspace, settings.app)
+        stub = await self.services.stubs.get_or_create(
+            workspace, app.id, settings.name, settings.kind, settings.model_dump(mode="json")
+        )
+        created = await self.calls.handler(stub.id) is None
+        if created:
+            await self.calls.set_handler(stub.id, handler)
+        return stub.id, created
+
+    async def stub(self, stub_id: str, workspace: str | None = None) -> tuple[StubRecord, StubSettings]:
+        """A stub and its settings (cached: a stub never changes); another workspace's stub is NotFound."""
+        hit = self._stubs.get(stub_id)
+        if hit is None:
+            record = await self.services.stubs.get(stub_id)
+            if record is None:
+                raise NotFound("stub", stub_id)
+            hit = (record, StubSettings.model_validate(record.config))
+            self._stubs[stub_id] = hit
+        if workspace is not None and hit[0].workspace_id != workspace:
+            raise NotFound("stub", stub_id)
+        return hit
+
+    # ------------------------------------------------------------------ calls
+
+    async def submit(self, principal: Principal, stub_id: str, args: Sequence[bytes]) -> list[str]:
+        """Store and queue one call per payload; raises NoPoolOffers (storing nothing) if no pool can run them."""
+        workspace = principal.require_workspace()
+        record, settings = await self.stub(stub_id, workspace)
+        if record.kind != "function":
+            raise InvalidStub(f"stub {stub_id} is a {record.kind}; only functions are called this way")
+        gpu = self._gpu.get(stub_id)
+        if gpu is None:
+            gpu = self._gpu[stub_id] = settings.gpu_request()
+        now_ms = int(time.time() * 1000)
+        requests = [
+            PlacementRequest(
+                id=new_id("task"),
+                workspace=workspace,
+                cpu_millicores=settings.cpu_millicores,
+                memory_mib=settings.memory_mib,
+                gpu=gpu,
+                submitted_ms=now_ms,
+            )
+            for _ in args
+        ]
+        await self.services.scheduler.submit_many(requests, stub_id=stub_id, args=args)
+        return [r.id for r in requests]
+
+    async def watch(self, principal: Principal, task_ids: Sequence[str]) -> AsyncIterator[CallResult]:
+        """Yield each task's outcome as it finishes; finished ones first. Unknown ids raise NotFound at once."""
+        workspace = principal.require_workspace()
+        wanted = list(dict.fromkeys(task_ids))
+        owned = await self.calls.owned(workspace, wanted)
+        missing = [t for t in wanted if t not in owned]
+        if missing:
+            raise NotFound("task", ", ".join(missing[:5]) + ("..." if len(missing) > 5 else ""))
+        pending = set(wanted)
+        w = self.hub.watch(wanted)  # before reading, so nothing finishing in between is missed
+        try:
+            for result in await self.calls.results(wanted, workspace_id=workspace):
+                pending.discard(result.task_id)
+                yield result
+            while pending:
+                try:
+                    ids = await _wait(w.ready.get(), 5.0)
+                except TimeoutError:
+                    ids = list(pending)  # a missed wake-up costs a poll, never a result
+                while not w.ready.empty():  # everything that finished meanwhile, in one query
+                    ids = ids + w.ready.get_nowait()
+                ready = [t for t in ids if t in pending]
+                for result in await self.calls.results(ready, workspace_id=workspace):
+                    pending.discard(result.task_id)
+                    yield result
+        finally:
+            self.hub.unwatch(w)
+
+    async def cancel(self, principal: Principal, task_id: str) -> bool:
+        workspace = principal.require_workspace()
+        task = await self.services.tasks.get(task_id)
+        if task is None or task.workspace_id != workspace:
+            raise NotFound("task", task_id)
+        cancelled = await self.services.scheduler.cancel(task_id)
+        if cancelled:
+            if task.worker_id:
+                await self.hub.cancel(task.worker_id, task_id)
+            await self.hub.finished([task_id])
+        return cancelled
+
+    # ------------------------------------------------------------------ workers
+
+    async def register_worker(self, principal: Principal, info: WorkerInfo) -> None:
+        await self.services.scheduler.register_worker(info)
+
+    async def take(self, worker_id: str, max_count: int = 256) -> list[Dispatch]:
+        ids = await self.services.scheduler.take(worker_id, max_count)
+        if not ids:
+            return []
+        found = await self.calls.dispatch(ids)
+        now = time.monotonic()
+        out: list[Dispatch] = []
+        for d in found:
+            if d.status not in ("pending", "running"):
+                # cancelled or finished while it waited: give the worker's resources back
+                await self.services.scheduler.release_many([d.task_id])
+                continue
+            self._running[d.task_id] = _Running(d.stub_id, d.attempts, now)
+            out.append(d)
+        return out
+
+    async def report(self, worker_id: str, report: WorkerReport) -> None:
+        """Queue a worker's report for the flusher; waits only when far too much is already queued."""
+        await self._reports_room.wait()
+        self._reports.append((worker_id, report))
+        if len(self._reports) >= _MAX_QUEUED_REPORTS:
+            self._reports_room.clear()
+        self._reports_ready.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_reports(), name="report flusher")
+
+    async def close(self) -> None:
+        """Store what is queued, then stop the flusher."""
+        if self._flusher is not None:
+            while self._reports:
+                await asyncio.sleep(0.01)
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+
+    async def _flush_reports(self) -> None:
+        while True:
+            await self._reports_ready.wait()
+            self._reports_ready.clear()
+            batch, self._reports = self._reports, []
+            self._reports_room.set()
+            if not batch:
+                continue
+            for attempt in range(5):
+                try:
+                    await self._store(batch)
+                    break
+                except Exception:
+                    log.exception("storing %d worker reports failed (attempt %d)", len(batch), attempt + 1)
+                    await asyncio.sleep(0.2 * 2**attempt)
+
+    async def _store(self, batch: list[tuple[str, WorkerReport]]) -> None:
+        """Everything in ``batch``, in order: starts, then output, then outcomes, a few transactions in all."""
+        by_worker: dict[str, WorkerReport] = {}
+        for worker_id, report in batch:
+            merged = by_worker.setdefault(worker_id, WorkerReport())
+            merged.started += report.started
+            merged.outcomes += report.outcomes
+            merged.logs += report.logs
+        logs = [chunk for r in by_worker.values() for chunk in r.logs]
+        for worker_id, r in by_worker.items():
+            if r.started:
+                await self.calls.start_many(worker_id, r.started)
+        if logs:
+            await self.calls.append_logs(logs)
+        for worker_id, r in by_worker.items():
+            if r.outcomes:
+                await self._finish(worker_id, r.outcomes)
+
+    async def _finish(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> None:
+        final: list[Finish] = []
+        for o in outcomes:
+            running = self._running.get(o.task_id)
+            if o.status in ("error", "timeout") and running is not None and running.stub_id:
+                _, settings = await self.stub(running.stub_id)
+                if running.attempts < settings.retries:
+                    self._running.pop(o.task_id, None)
+                    reason = f"attempt {running.attempts + 1} failed: {o.error or o.status}"
+                    await self.services.scheduler.retry(o.task_id, reason[:2000])
+                    continue
+            final.append(
+                Finish(o.task_id, o.status, o.result, (o.error or "")[:10_000] or None, o.error_type, o.traceback)
+            )
+        stored = await self.calls.finish_many(final, worker_id=worker_id)
+        # resources come back even for reports that were not stored (a duplicate, a late attempt)
+        await self.services.scheduler.release_many([f.task_id for f in final])
+        if stored:
+            await self.hub.finished(stored)
+        now = time.monotonic()
+        by_id = {f.task_id: f for f in final}
+        for task_id in stored:
+            running = self._running.pop(task_id, None)
+            if self.metrics is not None:
+                self.metrics.task_finished(by_id[task_id].status, now - running.dispatched if running else 0.0)
+
+    async def forget_worker(self, worker_id: str, task_ids: Sequence[str]) -> None:
+        for task_id in task_ids:
+            self._running.pop(task_id, None)
+
+    async def _on_placed(self, result: PlaceResult) -> None:
+        await self.hub.placed(p.worker for p in result.placed)
+        if self.metrics is not None:
+            pools = self.services.pools
+            for p in result.placed:
+                spec = pools.get(p.pool)
+                self.metrics.placed(p.pool, (spec.gpu if spec else None) or "cpu")
+
+
+async def _wait(awaitable: Any, timeout: float) -> Any:
+    import asyncio
+
+    return await asyncio.wait_for(awaitable, timeout)

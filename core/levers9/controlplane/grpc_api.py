@@ -1,0 +1,282 @@
+"""The ControlPlane gRPC service (SDK and CLI): authentication and translation over the data plane."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from levers9.controlplane.auth import Principal, bearer
+from levers9.controlplane.dataplane import DataPlane
+from levers9.controlplane.grpc_errors import streaming, unary
+from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
+from levers9.state.errors import NotFound
+from levers9.state.sql.calls import CallResult
+from levers9.state.sql.records import TaskRecord, TaskStatus, TokenKind
+
+__all__ = ["ControlPlaneService", "task_event"]
+
+Context = grpc.aio.ServicerContext[Any, Any]
+_MAX_SUBMIT = 10_000
+
+
+def task_event(result: CallResult) -> controlplane_pb2.TaskEvent:
+    error = None
+    if result.status != TaskStatus.COMPLETE.value:
+        kind = result.error_type or result.status
+        message = result.error or ""
+        if message.startswith(f"{kind}: "):
+            message = message[len(kind) + 2 :]  # stored as "Type: message" for listings
+        error = common_pb2.RemoteError(type=kind, message=message, traceback=result.traceback or "")
+    return controlplane_pb2.TaskEvent(
+        task_id=result.task_id,
+        status=result.status,
+        result=common_pb2.TaskResult(
+            task_id=result.task_id, status=result.status, result=result.result or b"", error=error
+        ),
+    )
+
+
+def _epoch(value: Any) -> float:
+    return value.timestamp() if value is not None else 0.0
+
+
+def _task(record: TaskRecord, function: str = "") -> controlplane_pb2.Task:
+    return controlplane_pb2.Task(
+        id=record.id,
+        stub_id=record.stub_id or "",
+        status=record.status.value,
+        attempts=record.attempts,
+        worker_id=record.worker_id or "",
+        pool=record.pool or "",
+        gpu=record.gpu or "",
+        error=record.error or "",
+        created_at=_epoch(record.created_at),
+        started_at=_epoch(record.started_at),
+        finished_at=_epoch(record.finished_at),
+        function=function,
+    )
+
+
+class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+        self.services = dataplane.services
+
+    async def _user(self, context: Context) -> Principal:
+        principal = await self.services.auth.verify(bearer(context.invocation_metadata()), TokenKind.USER)
+        principal.require_workspace()
+        return principal
+
+    async def _function_name(self, stub_id: str | None) -> str:
+        if not stub_id:
+            return ""
+        try:
+            record, _ = await self.dp.stub(stub_id)
+        except NotFound:
+            return ""
+        return record.name
+
+    @unary
+    async def WhoAmI(
+        self, request: controlplane_pb2.WhoAmIRequest, context: Context
+    ) -> controlplane_pb2.WhoAmIResponse:
+        principal = await self._user(context)
+        workspace = await self.services.workspaces.get(principal.require_workspace())
+        return controlplane_pb2.WhoAmIResponse(
+            workspace_id=principal.require_workspace(),
+            workspace_name=workspace.name if workspace else "",
+            token_id=principal.token_id,
+        )
+
+    @unary
+    async def GetOrCreateStub(
+        self, request: controlplane_pb2.GetOrCreateStubRequest, context: Context
+    ) -> controlplane_pb2.GetOrCreateStubResponse:
+        principal = await self._user(context)
+        c = request.config
+        raw: dict[str, Any] = {
+            "kind": c.kind or "function",
+            "app": c.app or "default",
+            "name": c.name,
+            "image": c.image or "host",
+            "gpu": list(c.gpu),
+            "gpu_count": c.gpu_count,
+            "retries": c.retries,
+            "timeout_s": c.timeout_s,
+            "secrets": list(c.secrets),
+            "env": dict(c.env),
+            "python_version": c.python_version,
+        }
+        if c.cpu_millicores:
+            raw["cpu_millicores"] = c.cpu_millicores
+        if c.memory_mib:
+            raw["memory_mib"] = c.memory_mib
+        if c.HasField("fallback_after_s"):
+            raw["fallback_after_s"] = c.fallback_after_s
+        if c.HasField("keep_warm_s"):
+            raw["keep_warm_s"] = c.keep_warm_s
+        stub_id, created = await self.dp.get_or_create_stub(principal, raw, request.handler)
+        return controlplane_pb2.GetOrCreateStubResponse(stub_id=stub_id, created=created)
+
+    @unary
+    async def Deploy(
+        self, request: controlplane_pb2.DeployRequest, context: Context
+    ) -> controlplane_pb2.DeployResponse:
+        principal = await self._user(context)
+        workspace = principal.require_workspace()
+        record, _ = await self.dp.stub(request.stub_id, workspace)
+        name = request.name or record.name
+        version = await self.services.deployments.create_version(workspace, record.app_id, name, record.id)
+        deployment = await self.services.deployments.get(workspace, name)
+        assert deployment is not None
+        await self.services.deployments.activate(deployment.id, version)
+        return controlplane_pb2.DeployResponse(deployment_id=deployment.id, version=version)
+
+    @streaming
+    async def Invoke(
+        self, request: controlplane_pb2.InvokeRequest, context: Context
+    ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
+        principal = await self._user(context)
+        [task_id] = await self.dp.submit(principal, request.stub_id, [request.args])
+        yield controlplane_pb2.TaskEvent(task_id=task_id, status=TaskStatus.PENDING.value, message="queued")
+        async for result in self.dp.watch(principal, [task_id]):
+            yield task_event(result)
+
+    @unary
+    async def Submit(
+        self, request: controlplane_pb2.SubmitRequest, context: Context
+    ) -> controlplane_pb2.SubmitResponse:
+        principal = await self._user(context)
+        if len(request.calls) > _MAX_SUBMIT:
+            raise ValueError(f"calls: at most {_MAX_SUBMIT} per Submit, got {len(request.calls)}; send several")
+        ids = await self.dp.submit(principal, request.stub_id, [c.args for c in request.calls])
+        return controlplane_pb2.SubmitResponse(task_ids=ids)
+
+    @streaming
+    async def Watch(
+        self, request: controlplane_pb2.WatchRequest, context: Context
+    ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
+        principal = await self._user(context)
+        async for result in self.dp.watch(principal, list(request.task_ids)):
+            yield task_event(result)
+
+    @unary
+    async def ListTasks(
+        self, request: controlplane_pb2.ListTasksRequest, context: Context
+    ) -> controlplane_pb2.ListTasksResponse:
+        principal = await self._user(context)
+        statuses = [request.status] if request.status else None
+        records = await self.services.tasks.for_workspace(
+            principal.require_workspace(), statuses=statuses, limit=min(max(request.limit or 100, 1), 10_000)
+        )
+        names = {sid: await self._function_name(sid) for sid in {r.stub_id for r in records if r.stub_id}}
+        return controlplane_pb2.ListTasksResponse(tasks=[_task(r, names.get(r.stub_id or "", "")) for r in records])
+
+    async def _owned_task(self, principal: Principal, task_id: str) -> TaskRecord:
+        record = await self.services.tasks.get(task_id)
+        if record is None or record.workspace_id != principal.require_workspace():
+            raise NotFound("task", task_id)  # another workspace's task is simply not there
+        return record
+
+    @unary
+    async def GetTask(self, request: controlplane_pb2.GetTaskRequest, context: Context) -> controlplane_pb2.Task:
+        principal = await self._user(context)
+        record = await self._owned_task(principal, request.task_id)
+        return _task(record, await self._function_name(record.stub_id))
+
+    @unary
+    async def CancelTask(
+        self, request: controlplane_pb2.CancelTaskRequest, context: Context
+    ) -> controlplane_pb2.CancelTaskResponse:
+        principal = await self._user(context)
+        return controlplane_pb2.CancelTaskResponse(cancelled=await self.dp.cancel(principal, request.task_id))
+
+    @streaming
+    async def StreamLogs(
+        self, request: controlplane_pb2.StreamLogsRequest, context: Context
+    ) -> AsyncIterator[controlplane_pb2.LogChunk]:
+        principal = await self._user(context)
+        await self._owned_task(principal, request.task_id)
+        after = 0
+        while True:
+            chunks = await self.dp.calls.logs(request.task_id, after=after)
+            for chunk_id, data in chunks:
+                after = chunk_id
+                yield controlplane_pb2.LogChunk(data=data)
+            if chunks:
+                continue
+            if not request.follow:
+                return
+            record = await self.services.tasks.get(request.task_id)
+            if record is None or record.status.terminal:
+                # one more read: output written just before the task finished
+                for chunk_id, data in await self.dp.calls.logs(request.task_id, after=after):
+                    after = chunk_id
+                    yield controlplane_pb2.LogChunk(data=data)
+                return
+            await asyncio.sleep(0.25)
+
+    @unary
+    async def ListPools(
+        self, request: controlplane_pb2.ListPoolsRequest, context: Context
+    ) -> controlplane_pb2.ListPoolsResponse:
+        principal = await self._user(context)
+        workspace = principal.require_workspace()
+        ctx = self.services.scheduler.ctx
+        out = []
+        for spec in self.services.pools.values():
+            if spec.workspace is not None and spec.workspace != workspace:
+                continue
+            workers = await ctx.workers.in_pool(spec.name)
+            starting = await self.services.machines.list(pool=spec.name, states=["requested", "starting"])
+            unavailable = await ctx.unavailable.reason(spec.name, spec.gpu, spec.pool.region)
+            out.append(
+                controlplane_pb2.PoolInfo(
+                    name=spec.name,
+                    provider=spec.pool.provider,
+                    runtime=spec.pool.runtime,
+                    gpu=spec.gpu or "",
+                    gpu_count=spec.gpu_count,
+                    min_workers=spec.min_workers,
+                    max_workers=spec.max_workers,
+                    workers=len(workers),
+                    starting=len(starting),
+                    unavailable=unavailable or "",
+                )
+            )
+        return controlplane_pb2.ListPoolsResponse(pools=out)
+
+    @unary
+    async def ListWorkers(
+        self, request: controlplane_pb2.ListWorkersRequest, context: Context
+    ) -> controlplane_pb2.ListWorkersResponse:
+        principal = await self._user(context)
+        workspace = principal.require_workspace()
+        registry = self.services.scheduler.ctx.workers
+        out = []
+        for name, spec in self.services.pools.items():
+            if request.pool and name != request.pool:
+                continue
+            if spec.workspace is not None and spec.workspace != workspace:
+                continue
+            for w in await registry.in_pool(name):
+                out.append(
+                    controlplane_pb2.WorkerSummary(
+                        id=w.info.id,
+                        pool=w.info.pool,
+                        status=w.status,
+                        gpu=w.info.gpu or "",
+                        gpu_total=w.info.gpu_count,
+                        gpu_free=w.gpu_free,
+                        cpu_millicores=w.info.cpu_millicores,
+                        cpu_free=w.cpu_free,
+                        memory_mib=w.info.memory_mib,
+                        memory_free=w.memory_free,
+                        running=w.running,
+                        machine_id=w.info.machine_id or "",
+                    )
+                )
+        return controlplane_pb2.ListWorkersResponse(workers=out)

@@ -1,0 +1,254 @@
+"""The Worker gRPC service: registration and the session each worker holds open.
+
+A session is one bidirectional stream. Downstream, the controlplane sends a
+stub's definition the first time the session needs it, then container
+requests as the scheduler places work on the worker, and cancellations.
+Upstream, the worker sends keepalives and batches of started tasks, results
+and output. Workers authenticate with their own machine (or pool worker)
+token; a worker of one machine cannot speak for another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from levers9.controlplane.auth import PermissionDenied, Principal, bearer
+from levers9.controlplane.dataplane import DataPlane, TaskOutcome, WorkerReport
+from levers9.controlplane.grpc_errors import unary
+from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
+from levers9.scheduler.pools import PoolSpec
+from levers9.state.errors import NotFound
+from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.records import TokenKind
+
+__all__ = ["WORKER_ID_KEY", "WorkerService"]
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+WORKER_ID_KEY = "levers9-worker-id"
+_TAKE = 256
+
+
+def _metadata(context: Context, key: str) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v.decode() if isinstance(v, bytes) else v
+    return None
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+        self.services = dataplane.services
+
+    async def _principal(self, context: Context) -> Principal:
+        return await self.services.auth.verify(
+            bearer(context.invocation_metadata()), TokenKind.MACHINE, TokenKind.WORKER
+        )
+
+    async def _pool_of(self, principal: Principal, asked: str) -> tuple[PoolSpec, str | None]:
+        """The pool the token may serve and the machine id it speaks for."""
+        pools = self.services.pools
+        machine_id: str | None = None
+        if principal.kind is TokenKind.MACHINE:
+            machine_id = principal.subject
+            machine = await self.services.machines.get(machine_id or "")
+            if machine is None:
+                raise PermissionDenied(f"machine {machine_id} is not known (terminated?); its token is no longer valid")
+            pool_name = machine.pool
+        else:
+            pool_name = principal.subject or ""
+        if asked and asked != pool_name:
+            raise PermissionDenied(f"this token serves pool {pool_name!r}, not {asked!r}")
+        spec = pools.get(pool_name)
+        if spec is None:
+            raise NotFound("pool", f"{pool_name} (configured pools: {', '.join(sorted(pools)) or 'none'})")
+        return spec, machine_id
+
+    @unary
+    async def Register(self, request: worker_pb2.RegisterRequest, context: Context) -> worker_pb2.RegisterResponse:
+        principal = await self._principal(context)
+        spec, machine_id = await self._pool_of(principal, request.pool)
+        registry = self.services.scheduler.workers
+        worker_id = ""
+        if request.worker_id:
+            old = await registry.get(request.worker_id)
+            if old is None or old.info.machine_id == machine_id:
+                worker_id = request.worker_id  # a reconnect keeps its id, so late reports still match
+        worker_id = worker_id or f"wkr_{uuid.uuid4().hex[:16]}"
+        gpus = [g for g in request.gpus if not spec.gpu or g.gpu == spec.gpu]
+        info = WorkerInfo(
+            id=worker_id,
+            pool=spec.name,
+            cpu_millicores=min(request.cpu_millicores or spec.cpu_millicores, spec.cpu_millicores),
+            memory_mib=min(request.memory_mib or spec.memory_mib, spec.memory_mib),
+            gpu=spec.gpu,
+            gpu_count=min(spec.gpu_count, len(gpus)) if spec.gpu else 0,
+            runtime=spec.pool.runtime,
+            machine_id=machine_id,
+            address=request.hostname or None,
+            workspace=spec.workspace,
+        )
+        if spec.gpu and info.gpu_count < spec.gpu_count:
+            log.warning(
+                "worker %s of pool %s found %d %s GPUs, the pool promises %d",
+                worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
+            )  # fmt: skip
+        await self.dp.register_worker(principal, info)
+        settings = self.services.loaded.runtime_settings.get(spec.name)
+        log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, request.hostname)
+        return worker_pb2.RegisterResponse(
+            worker_id=worker_id,
+            keepalive_s=max(0.5, self.services.config.scheduler.worker_keepalive_s / 3),
+            runtime=spec.pool.runtime,
+            runtime_settings_json=json.dumps(settings.model_dump(mode="json")) if settings is not None else "",
+        )
+
+    async def Session(
+        self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage], context: Context
+    ) -> AsyncIterator[worker_pb2.ControllerMessage]:
+        try:
+            principal = await self._principal(context)
+            worker_id = _metadata(context, WORKER_ID_KEY) or ""
+            state = await self.services.scheduler.workers.get(worker_id)
+            if state is None:
+                raise NotFound("worker", f"{worker_id} (register again)")
+            _, machine_id = await self._pool_of(principal, state.info.pool)
+            if state.info.machine_id != machine_id:
+                raise PermissionDenied(f"worker {worker_id} belongs to another machine")
+        except Exception as exc:
+            from levers9.controlplane.grpc_errors import status_of
+
+            await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
+            return
+        session = _Session(self.dp, worker_id, gpus=state.info.gpu_count)
+        async for message in session.run(request_iterator):
+            yield message
+
+
+class _Session:
+    def __init__(self, dp: DataPlane, worker_id: str, *, gpus: int) -> None:
+        self.dp = dp
+        self.worker_id = worker_id
+        #: GPUs of this worker: a GPU stub placed here by its CPU fallback runs without any
+        self.gpus = gpus
+        self.sent_stubs: set[str] = set()
+        self.draining = False
+        self.lost = False
+
+    async def run(
+        self, incoming: AsyncIterator[worker_pb2.WorkerMessage]
+    ) -> AsyncIterator[worker_pb2.ControllerMessage]:
+        event, cancels = self.dp.hub.attach_worker(self.worker_id)
+        reader = asyncio.create_task(self._read(incoming, event), name=f"session {self.worker_id}")
+        try:
+            while not reader.done():
+                event.clear()
+                while not cancels.empty():
+                    yield worker_pb2.ControllerMessage(cancel=worker_pb2.CancelTask(task_id=cancels.get_nowait()))
+                if self.lost:
+                    return
+                took = await self.dp.take(self.worker_id, _TAKE)
+                for d in took:
+                    if d.stub_id and d.stub_id not in self.sent_stubs:
+                        yield worker_pb2.ControllerMessage(stub=await self._stub(d.stub_id))
+                        self.sent_stubs.add(d.stub_id)
+                    _, settings = await self.dp.stub(d.stub_id or "")
+                    yield worker_pb2.ControllerMessage(
+                        request=worker_pb2.ContainerRequest(
+                            task_id=d.task_id,
+                            stub_id=d.stub_id or "",
+                            args=d.args,
+                            cpu_millicores=settings.cpu_millicores,
+                            memory_mib=settings.memory_mib,
+                            gpu_count=settings.gpu_count if self.gpus else 0,
+                            timeout_s=settings.timeout_s,
+                            attempt=d.attempts,
+                        )
+                    )
+                if len(took) >= _TAKE:
+                    continue
+                waiter = asyncio.create_task(event.wait())
+                done, _ = await asyncio.wait({waiter, reader}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                if waiter not in done:
+                    waiter.cancel()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self.dp.hub.detach_worker(self.worker_id)
+            if self.draining:
+                await self._leave()
+
+    async def _stub(self, stub_id: str) -> worker_pb2.StubDefinition:
+        record, settings = await self.dp.stub(stub_id)
+        handler = await self.dp.calls.handler(stub_id) or b""
+        secret_env: dict[str, str] = {}
+        for name in settings.secrets:
+            value = await self.dp.services.secrets.get(record.workspace_id, name)
+            if value is not None:
+                secret_env[name] = value
+        return worker_pb2.StubDefinition(
+            stub_id=stub_id,
+            workspace_id=record.workspace_id,
+            image=settings.image,
+            handler=handler,
+            python_version=settings.python_version,
+            env=settings.env,
+            secret_env=secret_env,
+            keep_warm_s=settings.keep_warm_s,
+            name=record.name,
+            kind=record.kind,
+            cpu_millicores=settings.cpu_millicores,
+            memory_mib=settings.memory_mib,
+            gpu_count=settings.gpu_count if self.gpus else 0,
+        )
+
+    async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage], event: asyncio.Event) -> None:
+        scheduler = self.dp.services.scheduler
+        async for message in incoming:
+            if message.keepalive and not await scheduler.heartbeat(self.worker_id):
+                log.warning("worker %s was presumed dead; asking it to register again", self.worker_id)
+                self.lost = True
+                event.set()
+                return
+            if message.draining and not self.draining:
+                self.draining = True
+                await scheduler.workers.cordon(self.worker_id)
+                log.info("worker %s is draining", self.worker_id)
+            if message.started or message.results or message.logs:
+                report = WorkerReport(
+                    started=[(s.task_id, s.container_id) for s in message.started],
+                    outcomes=[
+                        TaskOutcome(
+                            task_id=r.task_id,
+                            status=r.status,
+                            result=r.result or None,
+                            error=(f"{r.error.type}: {r.error.message}" if r.HasField("error") else None),
+                            error_type=r.error.type if r.HasField("error") else None,
+                            traceback=r.error.traceback if r.HasField("error") else None,
+                        )
+                        for r in message.results
+                    ],
+                    logs=[(entry.task_id, entry.data) for entry in message.logs],
+                )
+                await self.dp.report(self.worker_id, report)
+
+    async def _leave(self) -> None:
+        """A drained worker that hung up is gone for good: take it out now instead of waiting for the reaper."""
+        scheduler = self.dp.services.scheduler
+        with contextlib.suppress(Exception):
+            ids = await scheduler.workers.remove(self.worker_id, now_ms=scheduler.ctx.now_ms(), force=True)
+            for rid in ids or []:
+                await scheduler.ctx.tasks.requeue(rid, f"worker {self.worker_id} left while draining")
+            if ids:
+                scheduler.ctx.placer_wanted.set()

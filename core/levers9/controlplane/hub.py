@@ -1,0 +1,166 @@
+"""Wake-ups between the parts of the controlplane: new work for a worker, a finished task, a cancellation.
+
+A worker's session and a caller's watch may live on different replicas than
+the scheduler that placed the task or the session that received its result.
+Each event is therefore delivered to this replica's waiters at once and
+published on one Redis channel for the others. Events only wake; the data
+itself is always read from Redis or SQL, so a lost message costs at most a
+poll interval, never a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = ["Hub", "Watch"]
+
+log = logging.getLogger(__name__)
+
+
+class Watch:
+    """Task ids a caller waits on; ``ready`` receives the ids as they finish."""
+
+    def __init__(self, ids: Iterable[str]) -> None:
+        self.ids = set(ids)
+        self.ready: asyncio.Queue[list[str]] = asyncio.Queue()
+
+
+class Hub:
+    def __init__(self, redis: Redis, *, prefix: str = "l9:", name: str) -> None:
+        self._redis = redis
+        self._channel = f"{prefix}events"
+        self._name = name
+        self._work: dict[str, asyncio.Event] = {}
+        self._cancels: dict[str, asyncio.Queue[str]] = {}
+        self._watches: dict[str, set[Watch]] = defaultdict(set)
+        self._listener: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._listener = asyncio.create_task(self._listen(), name="hub listener")
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+            self._listener = None
+
+    # ------------------------------------------------------------------ workers
+
+    def attach_worker(self, worker_id: str) -> tuple[asyncio.Event, asyncio.Queue[str]]:
+        """The event set when work is placed on ``worker_id`` and the queue its cancellations arrive on."""
+        event = self._work.setdefault(worker_id, asyncio.Event())
+        cancels = self._cancels.setdefault(worker_id, asyncio.Queue())
+        event.set()  # look once at once: work may have been placed before the session attached
+        return event, cancels
+
+    def detach_worker(self, worker_id: str) -> None:
+        self._work.pop(worker_id, None)
+        self._cancels.pop(worker_id, None)
+
+    async def placed(self, worker_ids: Iterable[str]) -> None:
+        ids = set(worker_ids)
+        remote = [w for w in ids if not self._wake_worker(w)]
+        if remote:
+            await self._publish("w", remote)
+
+    async def cancel(self, worker_id: str, task_id: str) -> None:
+        if not self._cancel_local(worker_id, task_id):
+            await self._publish("c", [f"{worker_id}/{task_id}"])
+
+    def _cancel_local(self, worker_id: str, task_id: str) -> bool:
+        queue = self._cancels.get(worker_id)
+        if queue is None:
+            return False
+        queue.put_nowait(task_id)
+        self._wake_worker(worker_id)  # the session waits on one event for work and cancellations alike
+        return True
+
+    def _wake_worker(self, worker_id: str) -> bool:
+        event = self._work.get(worker_id)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    # ------------------------------------------------------------------ tasks
+
+    def watch(self, ids: Iterable[str]) -> Watch:
+        w = Watch(ids)
+        for task_id in w.ids:
+            self._watches[task_id].add(w)
+        return w
+
+    def unwatch(self, w: Watch) -> None:
+        for task_id in w.ids:
+            waiting = self._watches.get(task_id)
+            if waiting is not None:
+                waiting.discard(w)
+                if not waiting:
+                    del self._watches[task_id]
+
+    async def finished(self, task_ids: Iterable[str]) -> None:
+        ids = list(task_ids)
+        if not ids:
+            return
+        self._deliver(ids)
+        await self._publish("t", ids)
+
+    def _deliver(self, ids: Iterable[str]) -> None:
+        by_watch: dict[Watch, list[str]] = defaultdict(list)
+        for task_id in ids:
+            for w in self._watches.get(task_id, ()):
+                by_watch[w].append(task_id)
+        for w, found in by_watch.items():
+            w.ready.put_nowait(found)
+
+    # ------------------------------------------------------------------ between replicas
+
+    async def _publish(self, kind: str, items: list[str]) -> None:
+        try:
+            await self._redis.publish(self._channel, f"{self._name}|{kind}|{','.join(items)}")
+        except Exception as exc:  # a wake-up is an optimisation; pollers catch up
+            log.warning("could not publish %s event: %s", kind, exc)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(self._channel)
+                try:
+                    while True:
+                        message = await pubsub.get_message(timeout=1.0)
+                        if message is not None:
+                            self._on_message(str(message.get("data", "")))
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("event subscription failed, retrying: %s", exc)
+                await asyncio.sleep(1.0)
+
+    def _on_message(self, data: str) -> None:
+        sender, _, rest = data.partition("|")
+        kind, _, payload = rest.partition("|")
+        if sender == self._name or not payload:
+            return
+        items = payload.split(",")
+        if kind == "w":
+            for worker_id in items:
+                self._wake_worker(worker_id)
+        elif kind == "t":
+            self._deliver(items)
+        elif kind == "c":
+            for item in items:
+                worker_id, _, task_id = item.partition("/")
+                self._cancel_local(worker_id, task_id)

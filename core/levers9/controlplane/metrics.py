@@ -1,0 +1,138 @@
+"""Prometheus metrics of one controlplane process, served on the metrics port.
+
+Each :class:`Metrics` owns its registry instead of using prometheus_client's
+global one: a process (or a test) may build several, and the global registry
+refuses a second metric with the same name.
+
+Counters and histograms are fed by the code paths where things happen
+(placements, provider calls, finished tasks); the gauges describe shared state
+that other replicas change too (the backlog, the workers), so they are read
+from Redis by :meth:`Metrics.refresh` rather than tracked incrementally, which
+would drift as soon as another replica placed work or the reaper removed a worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from levers9.controlplane.services import Services
+
+__all__ = ["CPU_LABEL", "Metrics"]
+
+#: the ``gpu`` label of CPU pools and workers: a real value rather than an empty
+#: label, so ``{gpu="cpu"}`` can be selected like any GPU type
+CPU_LABEL = "cpu"
+
+#: a provider call takes from under a second (a local process) to many minutes (bare metal)
+_PROVISIONING_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+#: tasks range from sub-second calls to day-long training runs
+_TASK_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
+#: worker statuses every configured pool reports, at 0 when it has none, so a
+#: dashboard sees an empty pool as 0 instead of a gap
+_SEEDED_STATUSES = ("running", "draining")
+
+
+def _gpu(gpu: str | None) -> str:
+    return gpu or CPU_LABEL
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.backlog_depth = Gauge(
+            "levers9_backlog_depth",
+            "Requests waiting in the backlog for a worker (queued, not yet placed), across all replicas.",
+            registry=self.registry,
+        )
+        self.placements = Counter(
+            "levers9_placements_total",
+            "Requests this replica placed on a worker, by pool and GPU type.",
+            ["pool", "gpu"],
+            registry=self.registry,
+        )
+        self.provisioning = Histogram(
+            "levers9_provisioning_seconds",
+            "Duration of provider calls that start a machine (not the machine's boot), by provider and outcome.",
+            ["provider", "outcome"],
+            buckets=_PROVISIONING_BUCKETS,
+            registry=self.registry,
+        )
+        self.workers = Gauge(
+            "levers9_workers",
+            "Registered workers by pool, GPU type and status (running, draining; silent: keepalive lapsed).",
+            ["pool", "gpu", "status"],
+            registry=self.registry,
+        )
+        self.task_duration = Histogram(
+            "levers9_task_duration_seconds",
+            "How long finished tasks ran, from their dispatch to a worker to their end (0 if they never ran), by final status.",
+            ["status"],
+            buckets=_TASK_BUCKETS,
+            registry=self.registry,
+        )
+        self.tasks_finished = Counter(
+            "levers9_tasks_finished_total",
+            "Tasks that reached a final status (complete, error, cancelled, timeout) through this replica.",
+            ["status"],
+            registry=self.registry,
+        )
+
+    def placed(self, pool: str, gpu: str | None, n: int = 1) -> None:
+        self.placements.labels(pool=pool, gpu=_gpu(gpu)).inc(n)
+
+    def provisioned(self, provider: str, seconds: float, outcome: str) -> None:
+        """Fits :attr:`levers9.scheduler.context.Context.on_provisioned`, so it can be handed to the scheduler as is."""
+        self.provisioning.labels(provider=provider, outcome=outcome).observe(max(0.0, seconds))
+
+    def task_finished(self, status: str, seconds: float) -> None:
+        """``seconds`` is how long the task ran (0 when it never started), so queueing does not blur run times."""
+        self.tasks_finished.labels(status=status).inc()
+        self.task_duration.labels(status=status).observe(max(0.0, seconds))
+
+    async def refresh(self, services: Services) -> None:
+        """Set the gauges from Redis; Redis errors propagate (the caller logs them) and the gauges keep their values.
+
+        Everything is read before any gauge changes, and the changes happen
+        without yielding to the event loop, so a scrape served by the same loop
+        never sees a half-updated set of series. Series of pools that are gone
+        from both the config and Redis are dropped rather than left at their
+        last value.
+        """
+        workers = services.scheduler.workers
+        depth = await services.scheduler.backlog.size()
+        ids = sorted(await workers.ids())
+        silent = set(await workers.silent())
+        states = await workers.get_many(ids)
+        counts = {
+            (spec.name, _gpu(spec.gpu), status): 0 for spec in services.pools.values() for status in _SEEDED_STATUSES
+        }
+        for wid, state in zip(ids, states, strict=True):
+            if state is not None:
+                key = (state.info.pool, _gpu(state.info.gpu), "silent" if wid in silent else state.status)
+                counts[key] = counts.get(key, 0) + 1
+        self.backlog_depth.set(depth)
+        self.workers.clear()
+        for (pool, gpu, status), count in counts.items():
+            self.workers.labels(pool=pool, gpu=gpu, status=status).set(count)
+
+    def asgi_app(self) -> ASGIApp:
+        """The app for the metrics port; it also answers ASGI lifespan events, which prometheus_client's app refuses."""
+        scrape = make_asgi_app(registry=self.registry)
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "lifespan":
+                while True:
+                    message = await receive()
+                    if message["type"] == "lifespan.startup":
+                        await send({"type": "lifespan.startup.complete"})
+                    elif message["type"] == "lifespan.shutdown":
+                        await send({"type": "lifespan.shutdown.complete"})
+                        return
+            else:
+                await scrape(scope, receive, send)
+
+        return app

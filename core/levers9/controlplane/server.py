@@ -1,0 +1,193 @@
+"""One controlplane process: gRPC, HTTP and metrics listeners over one set of services, stopped gracefully.
+
+Start-up order matters: the database is migrated and the backlog rebuilt from
+SQL before any listener opens, so the first worker that reconnects after a
+restart finds its tasks already queued. Shutdown runs the other way: the
+listeners stop taking calls (in-flight ones get ``grace_s`` to finish), then
+the scheduler and the stores close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import uvicorn
+
+from levers9.controlplane.dataplane import DataPlane
+from levers9.controlplane.grpc_api import ControlPlaneService
+from levers9.controlplane.grpc_worker import WorkerService
+from levers9.controlplane.http import create_http_app
+from levers9.controlplane.hub import Hub
+from levers9.controlplane.metrics import Metrics
+from levers9.controlplane.services import Services, open_services
+from levers9.proto.v1 import controlplane_pb2_grpc, worker_pb2_grpc
+
+if TYPE_CHECKING:
+    from levers9.config.load import LoadedConfig
+
+__all__ = ["GRPC_OPTIONS", "Listeners", "Server", "serve"]
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+]
+
+
+@dataclass(frozen=True)
+class Listeners:
+    host: str
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+
+    @classmethod
+    def from_config(cls, loaded: LoadedConfig) -> Listeners:
+        listen = loaded.config.listen
+        return cls(listen.host, listen.grpc_port, listen.http_port, listen.metrics_port)
+
+    def advertised_grpc(self) -> str:
+        """The URL workers dial: ``$LEVERS9_ADVERTISE_URL``, else this host and the gRPC port."""
+        explicit = os.environ.get("LEVERS9_ADVERTISE_URL")
+        if explicit:
+            return explicit
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        return f"grpc://{host}:{self.grpc_port}"
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the server process decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Server:
+    def __init__(self, loaded: LoadedConfig, listeners: Listeners | None = None) -> None:
+        self.loaded = loaded
+        self.listeners = listeners or Listeners.from_config(loaded)
+        self.services: Services | None = None
+        self.metrics = Metrics()
+        self._grpc: grpc.aio.Server | None = None
+        self._http: list[_Uvicorn] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.hub: Hub | None = None
+        self.dataplane: DataPlane | None = None
+
+    async def start(self) -> None:
+        ls = self.listeners
+        services = self.services = await open_services(self.loaded, controlplane_url=ls.advertised_grpc())
+        try:
+            services.scheduler.ctx.on_provisioned = self.metrics.provisioned
+            self.hub = Hub(services.redis, name=services.scheduler.name)
+            await self.hub.start()
+            self.dataplane = DataPlane(services, self.hub, self.metrics)
+            await services.scheduler.start()
+
+            server = grpc.aio.server(options=GRPC_OPTIONS)
+            add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
+            add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
+            add_api(ControlPlaneService(self.dataplane), server)
+            add_worker(WorkerService(self.dataplane), server)
+            address = f"{ls.host}:{ls.grpc_port}"
+            if server.add_insecure_port(address) == 0:
+                raise OSError(f"cannot listen for gRPC on {address}")
+            await server.start()
+            self._grpc = server
+            for app, port in ((create_http_app(services, metrics=self.metrics), ls.http_port),
+                              (self.metrics.asgi_app(), ls.metrics_port)):  # fmt: skip
+                http = _Uvicorn(uvicorn.Config(app, host=ls.host, port=port, log_level="warning", lifespan="off"))
+                self._http.append(http)
+                self._tasks.append(asyncio.create_task(http.serve(), name=f"http :{port}"))
+            while not all(h.started for h in self._http):
+                failed = [t for t in self._tasks if t.done()]
+                if failed:
+                    failed[0].result()
+                    raise OSError("an HTTP listener stopped while starting (is its port taken?)")
+                await asyncio.sleep(0.02)
+            self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("levers9 controlplane listening: gRPC %s:%d, HTTP :%d, metrics :%d",
+                 ls.host, ls.grpc_port, ls.http_port, ls.metrics_port)  # fmt: skip
+
+    async def _refresh_metrics(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                assert self.services is not None
+                await self.metrics.refresh(self.services)
+            await asyncio.sleep(5.0)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop listening (calls in flight get ``grace_s``), then the scheduler, then the stores.
+
+        Every step has a deadline: a stuck step is logged and skipped, so a stop always ends.
+        """
+        if self._grpc is not None:
+            await _step("gRPC listener", self._grpc.stop(grace_s), grace_s + 5)
+            self._grpc = None
+        for http in self._http:
+            http.should_exit = True
+            http.force_exit = True  # do not wait for idle keep-alive connections
+        for task in self._tasks:
+            if task.get_name() == "metrics":
+                task.cancel()
+        await _step("HTTP listeners", asyncio.gather(*self._tasks, return_exceptions=True), grace_s)
+        if self.dataplane is not None:
+            await _step("worker reports", self.dataplane.close(), 10)
+        self._tasks.clear()
+        self._http.clear()
+        if self.services is not None:
+            await _step("scheduler", self.services.scheduler.stop(), 30)
+        if self.hub is not None:
+            await _step("event hub", self.hub.close(), 5)
+        if self.services is not None:
+            await _step("state", self.services.close(), 10)
+            self.services = None
+        log.info("the controlplane stopped")
+
+
+async def _step(what: str, awaitable: Any, timeout: float) -> None:
+    log.debug("stopping %s", what)
+    try:
+        await asyncio.wait_for(asyncio.ensure_future(awaitable), timeout)
+    except TimeoutError:
+        log.error("stopping %s took over %.0f s; going on without it", what, timeout)
+    except Exception as exc:
+        log.warning("stopping %s failed: %s", what, exc)
+
+
+async def serve(
+    loaded: LoadedConfig, listeners: Listeners | None = None, *, ready: asyncio.Event | None = None
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    server = Server(loaded, listeners)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("stopping the controlplane")
+    finally:
+        await server.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

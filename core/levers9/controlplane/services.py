@@ -1,0 +1,119 @@
+"""Everything one controlplane process holds, built once from the config and shared by every front end."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from levers9.controlplane.auth import Authenticator
+from levers9.scheduler.pools import PoolSpec, pool_specs
+from levers9.scheduler.service import Scheduler
+from levers9.state.crypto import SecretBox
+from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
+from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
+from levers9.state.sql.database import Database, open_database
+from levers9.state.sql.machines import MachineStore
+from levers9.state.sql.secrets import SecretStore
+from levers9.state.sql.tasks import TaskStore
+from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from levers9.config.load import LoadedConfig
+    from levers9.config.model import Config
+    from levers9.hooks.facade import Hooks
+
+__all__ = ["Services", "open_services"]
+
+
+@dataclass
+class Services:
+    loaded: LoadedConfig
+    db: Database
+    redis: Redis
+    box: SecretBox
+    scheduler: Scheduler
+    auth: Authenticator
+    workspaces: WorkspaceStore
+    tokens: TokenStore
+    apps: AppStore
+    stubs: StubStore
+    deployments: DeploymentStore
+    tasks: TaskStore
+    secrets: SecretStore
+    machines: MachineStore
+    embedded_redis: EmbeddedRedis | None = None
+    managed_redis: ManagedRedis | None = None
+
+    @property
+    def config(self) -> Config:
+        return self.loaded.config
+
+    @property
+    def hooks(self) -> Hooks:
+        return self.loaded.hooks
+
+    @property
+    def pools(self) -> dict[str, PoolSpec]:
+        return self.scheduler.ctx.pools
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+        await self.db.close()
+        if self.managed_redis is not None:
+            self.managed_redis.stop()
+
+
+async def open_services(loaded: LoadedConfig, *, controlplane_url: str, prefix: str = "l9:") -> Services:
+    """Open the database (migrating it), connect Redis (embedded when no URL is configured) and build the stores."""
+    config = loaded.config
+    db = await open_database(config.database_url)
+    embedded: EmbeddedRedis | None = None
+    managed: ManagedRedis | None = None
+    try:
+        url = config.state.redis_url
+        if not url:
+            managed = ManagedRedis.start(Path(config.data_dir).expanduser() / "redis")
+            if managed is not None:
+                url = managed.url
+            else:
+                embedded = EmbeddedRedis()
+        redis = connect(url, embedded=embedded)
+        box = SecretBox.from_config(config.state.secret_key_file, config.data_dir)
+        tokens = TokenStore(db)
+        scheduler = Scheduler(
+            db=db,
+            redis=redis,
+            hooks=loaded.hooks,
+            pools=pool_specs(loaded),
+            settings=config.scheduler,
+            controlplane_url=controlplane_url,
+            prefix=prefix,
+        )
+    except BaseException:
+        await db.close()
+        if managed is not None:
+            managed.stop()
+        raise
+    return Services(
+        loaded=loaded,
+        db=db,
+        redis=redis,
+        box=box,
+        scheduler=scheduler,
+        auth=Authenticator(tokens),
+        workspaces=WorkspaceStore(db),
+        tokens=tokens,
+        apps=AppStore(db),
+        stubs=StubStore(db),
+        deployments=DeploymentStore(db),
+        tasks=TaskStore(db),
+        secrets=SecretStore(db, box),
+        machines=MachineStore(db),
+        embedded_redis=embedded,
+        managed_redis=managed,
+    )

@@ -1,0 +1,115 @@
+"""Real controlplane Services (SQLite and PostgreSQL, embedded Redis) from a config file, and an API client on them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from levers9.config.load import load_config
+from levers9.controlplane.http import create_http_app
+from levers9.controlplane.metrics import Metrics
+from levers9.controlplane.services import Services, open_services
+from levers9.gpu.preference import parse_gpu
+from levers9.scheduler.request import PlacementRequest
+from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.records import WorkspaceRecord
+
+CONFIG = """\
+version: 1
+data_dir: {data_dir}
+state:
+  database_url: {database_url}
+pools:
+  cpu:
+    provider: local
+    runtime: process
+    cpu: 2
+    memory: 4GiB
+    min_workers: 0
+    max_workers: 3
+  gpu-l4:
+    provider: local
+    runtime: process
+    gpu: L4
+    cpu: 8
+    memory: 32GiB
+    max_workers: 2
+    priority: 5
+"""
+
+
+@pytest.fixture
+async def services(tmp_path: Path, database_url: str) -> AsyncIterator[Services]:
+    path = tmp_path / "levers9.yaml"
+    path.write_text(CONFIG.format(data_dir=tmp_path / "data", database_url=database_url))
+    loaded = load_config(path)
+    try:
+        opened = await open_services(loaded, controlplane_url="grpc://127.0.0.1:1993")
+        try:
+            yield opened
+        finally:
+            await opened.scheduler.stop()
+            await opened.close()
+    finally:
+        loaded.hooks.close()
+
+
+@dataclass
+class Api:
+    services: Services
+    metrics: Metrics
+    client: httpx.AsyncClient
+    #: a user token bound to no workspace
+    operator: str
+
+    async def user(self, name: str) -> tuple[WorkspaceRecord, str]:
+        """A workspace (made if missing) and a new user token in it."""
+        workspace = await self.services.workspaces.get_or_create(name)
+        _, token = await self.services.tokens.issue("user", workspace_id=workspace.id, subject=f"someone@{name}")
+        return workspace, token
+
+    async def submit(self, workspace: WorkspaceRecord, task_id: str, *, gpu: str | None = None, **kw: int) -> None:
+        """A task through the scheduler, as the SDK's submit would make it."""
+        request = PlacementRequest(
+            id=task_id,
+            workspace=workspace.id,
+            gpu=parse_gpu(gpu),
+            submitted_ms=int(time.time() * 1000),
+            **kw,
+        )
+        await self.services.scheduler.submit(request)
+
+    async def worker(self, worker_id: str, pool: str, *, workspace: str | None = None) -> WorkerInfo:
+        """A worker of ``pool`` registered as its process would, sized like the pool."""
+        spec = self.services.pools[pool]
+        info = WorkerInfo(
+            id=worker_id,
+            pool=pool,
+            cpu_millicores=spec.cpu_millicores,
+            memory_mib=spec.memory_mib,
+            gpu=spec.gpu,
+            gpu_count=spec.gpu_count,
+            runtime=spec.pool.runtime,
+            address="10.0.0.7:7000",
+            workspace=workspace,
+        )
+        await self.services.scheduler.register_worker(info)
+        return info
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def api(services: Services) -> AsyncIterator[Api]:
+    metrics = Metrics()
+    app = create_http_app(services, metrics=metrics)
+    _, operator = await services.tokens.issue("user", subject="root")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://levers9.test") as client:
+        yield Api(services, metrics, client, operator)
