@@ -1,0 +1,62 @@
+"""What a worker is asked to run and what it reports back, independent of the wire.
+
+The worker's session turns protobuf messages into these, hands them to the
+:class:`~levers9.worker.pool.ContainerPool`, and turns the outcomes back into
+messages; the pool never sees gRPC and the session never sees a container.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Call", "Outcome", "RemoteErrorInfo", "StubSpec"]
+
+
+@dataclass(frozen=True)
+class StubSpec:
+    """A function as its containers run it; the same for every call of the stub."""
+
+    stub_id: str
+    workspace_id: str
+    name: str
+    #: "host" or a local image path the runtime can resolve
+    image: str
+    #: the cloudpickled handler; loaded only inside the container, never by the worker
+    handler: bytes
+    #: "3.11": the Python the handler was pickled with
+    python_version: str
+    cpu_millicores: int
+    memory_mib: int
+    gpu_count: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    #: decrypted workspace secrets, given to the container as environment variables; never logged
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    #: seconds an idle container is kept for the next call of this stub
+    keep_warm_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Call:
+    task_id: str
+    #: cloudpickled (args, kwargs); opaque to the worker
+    args: bytes
+    #: seconds the call may run; 0 means no limit
+    timeout_s: float = 0.0
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class RemoteErrorInfo:
+    type: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    task_id: str
+    #: complete, error, cancelled or timeout
+    status: str
+    #: cloudpickled return value (complete), or the cloudpickled exception when it could be pickled (error)
+    result: bytes = b""
+    error: RemoteErrorInfo | None = None

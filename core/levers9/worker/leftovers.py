@@ -1,0 +1,57 @@
+"""Removing what a worker that died without cleaning up left behind: its containers and its state.
+
+Containers are started detached, so they outlive a worker that is killed
+(SIGKILL, a crash, a host under memory pressure). Whoever starts the next
+worker on the same state directory, or the provider that killed the old one,
+calls :func:`remove_leftovers` so that nothing keeps running unaccounted for.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from levers9.hooks.facade import Hooks
+from levers9.hooks.types import RuntimeContext
+
+__all__ = ["remove_leftovers"]
+
+log = logging.getLogger(__name__)
+
+
+def _settings(hooks: Hooks, runtime: str) -> BaseModel | None:
+    try:
+        model = hooks.runtime_settings_model(runtime)
+        return None if model is None else model()
+    except (ValidationError, Exception):  # a runtime whose settings need values: remove with none
+        return None
+
+
+async def remove_leftovers(hooks: Hooks, state_dir: Path, *, delete: bool = False) -> int:
+    """Remove every container found under ``state_dir`` (and the directory itself with ``delete``); how many."""
+    runtimes = state_dir / "runtime"
+    removed = 0
+    if runtimes.is_dir():
+        for runtime_dir in sorted(p for p in runtimes.iterdir() if p.is_dir()):
+            containers = runtime_dir / "containers"
+            if not containers.is_dir():
+                continue
+            name = runtime_dir.name
+            if name not in hooks.runtimes():
+                log.warning("containers of runtime %r left in %s, but no such runtime is installed", name, runtime_dir)
+                continue
+            context = RuntimeContext(name=name, settings=_settings(hooks, name), state_dir=str(runtime_dir))
+            for container in sorted(p.name for p in containers.iterdir() if p.is_dir()):
+                try:
+                    await hooks.container_remove(context, container)
+                    removed += 1
+                except Exception as exc:
+                    log.warning("could not remove leftover container %s (%s): %s", container, name, exc)
+    if removed:
+        log.info("removed %d containers a previous worker left in %s", removed, state_dir)
+    if delete:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    return removed

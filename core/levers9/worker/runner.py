@@ -1,0 +1,355 @@
+"""The program inside every container of a stub: ``python -m levers9.worker.runner``.
+
+It loads the stub's cloudpickled function once, then serves the calls the
+worker sends over one authenticated TCP connection, one at a time, for as
+long as the container lives; a warm container thus pays the interpreter's
+start and the function's imports once, not per call.
+
+Protocol (frames as in :mod:`levers9.worker.frames`):
+
+* the worker connects and sends ``hello`` with the container's token; any
+  other first frame, or a wrong token, closes that connection and the runner
+  keeps listening (another container on the bridge must not be able to lock
+  the worker out). After a good ``hello`` the runner stops listening and
+  answers ``ready``;
+* ``call`` (``task_id``; payload: cloudpickled ``(args, kwargs)``) is answered
+  by any number of ``log`` frames (``task_id``, ``stream``; payload: output
+  bytes) while the function runs, then one ``result`` (``task_id``, ``status``
+  ``complete`` with the cloudpickled value, or ``error`` with an ``error``
+  object and the cloudpickled exception when it could be pickled);
+* the connection ending, or ``shutdown``, ends the runner.
+
+Only the standard library, cloudpickle and the frames module are imported:
+this is on every container's start-up path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import importlib
+import inspect
+import io
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import Any, BinaryIO
+
+from levers9.worker import frames
+
+# untyped; imported by name so the type checker needs no stubs for it
+cloudpickle: Any = importlib.import_module("cloudpickle")
+
+__all__ = [
+    "ENV_HANDLER",
+    "ENV_HOST",
+    "ENV_PORT",
+    "ENV_PYTHON",
+    "ENV_TOKEN",
+    "main",
+]
+
+ENV_PORT = "LEVERS9_RUNNER_PORT"
+ENV_TOKEN = "LEVERS9_RUNNER_TOKEN"
+ENV_HANDLER = "LEVERS9_HANDLER_FILE"
+ENV_PYTHON = "LEVERS9_PYTHON_VERSION"
+#: where to listen; the worker narrows it to loopback when the container shares the host's network
+ENV_HOST = "LEVERS9_RUNNER_HOST"
+
+#: seconds a connection may take to say hello before the runner drops it and listens again
+HELLO_TIMEOUT_S = 10.0
+#: the worker shows these to people; a runaway message or traceback must not exceed a frame header
+MAX_MESSAGE_CHARS = 16_000
+MAX_TRACEBACK_CHARS = 64_000
+
+_THIS_FILE = os.path.abspath(__file__)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a call that failed reports: plain text for the worker, plus the exception for the caller."""
+
+    type: str
+    message: str
+    traceback: str = ""
+    exception: bytes = b""
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "type": self.type[:200],
+            "message": _clip(self.message, MAX_MESSAGE_CHARS),
+            "traceback": _clip(self.traceback, MAX_TRACEBACK_CHARS),
+        }
+
+
+class _Terminated(BaseException):
+    """SIGTERM: unwinds through user code (running its ``finally`` blocks) but is never reported as its error."""
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+# --------------------------------------------------------------------------- output capture
+
+
+class Channel:
+    """The authenticated connection, shared by the serving loop and every thread that prints."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        #: the call whose output is being captured, or None between calls
+        self.task_id: str | None = None
+
+    def send(self, kind: str, payload: bytes = b"", **fields: Any) -> None:
+        with self._lock:
+            frames.send_frame(self.sock, kind, payload, **fields)
+
+    def send_log(self, stream: str, data: bytes) -> bool:
+        """Send output as the current call's; False when no call is running (or the worker is gone)."""
+        task_id = self.task_id
+        if task_id is None:
+            return False
+        try:
+            self.send("log", data, task_id=task_id, stream=stream)
+        except OSError:
+            return False
+        return True
+
+
+class _Sink(io.RawIOBase):
+    """The bottom of ``sys.stdout``/``sys.stderr``: the current call's log, else the container's own output."""
+
+    def __init__(self, name: str, fd: int) -> None:
+        super().__init__()
+        self.stream = name
+        self.fd = fd
+        self.channel: Channel | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        """The container's own output: what a subprocess handed ``sys.stdout`` writes to, uncaptured."""
+        return self.fd
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        if self.channel is None or not self.channel.send_log(self.stream, chunk):
+            _write_fd(self.fd, chunk)
+        return len(chunk)
+
+
+def _write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        pass  # the container's log is gone; output has nowhere to go
+
+
+def _capture(name: str, fd: int) -> tuple[io.TextIOWrapper, _Sink]:
+    sink = _Sink(name, fd)
+    buffered = io.BufferedWriter(sink, buffer_size=8192)
+    text = io.TextIOWrapper(buffered, encoding="utf-8", errors="backslashreplace", line_buffering=True)
+    return text, sink
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # user code closed or replaced the stream
+            stream.flush()
+
+
+# --------------------------------------------------------------------------- the function
+
+
+def _expected_python(expected: str) -> Failure | None:
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if not expected or expected == here:
+        return None
+    return Failure(
+        "PythonVersionMismatch",
+        f"the function was pickled with Python {expected}, this image runs {here}; "
+        f"deploy it from Python {here} or use an image with Python {expected}",
+    )
+
+
+def load_handler(path: str, expected_python: str) -> tuple[Callable[..., Any] | None, Failure | None]:
+    """The function, or why every call will fail: checked once, when the container starts."""
+    mismatch = _expected_python(expected_python)
+    if mismatch is not None:
+        return None, mismatch  # unpickling code objects of another Python would crash or mislead
+    try:
+        with open(path, "rb") as f:
+            handler = cloudpickle.load(f)
+    except Exception as exc:
+        return None, _failure(exc, prefix="loading the function failed: ")
+    if not callable(handler):
+        return None, Failure("TypeError", f"the stub's handler is a {type(handler).__name__}, not a callable")
+    return handler, None
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's code down, without the runner's and asyncio's frames above it."""
+    tb: TracebackType | None = exc.__traceback__
+    asyncio_dir = os.path.join(os.path.dirname(os.__file__), "asyncio")
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if filename != _THIS_FILE and not filename.startswith(asyncio_dir):
+            break
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _pickled_exception(exc: BaseException) -> bytes:
+    """Best effort: only bytes the caller can load again, else nothing."""
+    try:
+        data = bytes(cloudpickle.dumps(exc))
+        cloudpickle.loads(data)
+    except Exception:
+        return b""
+    return data if len(data) <= frames.MAX_PAYLOAD_BYTES else b""
+
+
+def _failure(exc: BaseException, *, prefix: str = "") -> Failure:
+    return Failure(type(exc).__name__, prefix + str(exc), _user_traceback(exc), _pickled_exception(exc))
+
+
+class Executor:
+    """Runs calls of one function; coroutines share one event loop for the container's life."""
+
+    def __init__(self, handler: Callable[..., Any] | None, problem: Failure | None) -> None:
+        self.handler = handler
+        self.problem = problem
+        self._loop: Any = None
+
+    def run(self, args_payload: bytes) -> bytes | Failure:
+        if self.handler is None:
+            assert self.problem is not None
+            return self.problem
+        try:
+            args, kwargs = cloudpickle.loads(args_payload)
+            result = self.handler(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = self._await(result)
+        except _Terminated:
+            raise
+        except BaseException as exc:  # SystemExit from user code is the call's error, not the container's end
+            return _failure(exc)
+        try:
+            data = bytes(cloudpickle.dumps(result))
+        except Exception as exc:
+            return _failure(exc, prefix=f"the function's return value ({type(result).__name__}) could not be pickled: ")
+        if len(data) > frames.MAX_PAYLOAD_BYTES:
+            return Failure(
+                "ResultTooLarge",
+                f"the function's return value pickles to {len(data)} bytes, over the limit of {frames.MAX_PAYLOAD_BYTES}",
+            )
+        return data
+
+    def _await(self, awaitable: Any) -> Any:
+        if self._loop is None:
+            import asyncio  # only async functions pay for it
+
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+
+        async def wait() -> Any:
+            return await awaitable
+
+        return self._loop.run_until_complete(wait())
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def accept_worker(host: str, port: int, token: str) -> tuple[socket.socket, BinaryIO]:
+    """The worker's connection, once it proved it holds the token; other connections are dropped."""
+    with socket.create_server((host, port)) as listener:
+        while True:
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(HELLO_TIMEOUT_S)
+            stream = conn.makefile("rb")
+            try:
+                hello = frames.recv_frame(stream, max_payload=0)
+            except (OSError, frames.ProtocolError):
+                hello = None
+            if hello is not None and hello.kind == "hello" and _token_matches(hello.header.get("token"), token):
+                conn.settimeout(None)
+                return conn, stream
+            stream.close()
+            conn.close()
+
+
+def _token_matches(given: object, token: str) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def serve(channel: Channel, stream: BinaryIO, executor: Executor) -> int:
+    """Answer calls until the worker hangs up; the exit status of the runner."""
+    while True:
+        frame = frames.recv_frame(stream)
+        if frame is None or frame.kind == "shutdown":
+            return 0
+        if frame.kind != "call":
+            raise frames.ProtocolError(f"unexpected frame {frame.kind!r} from the worker")
+        task_id = frame.text("task_id")
+        _flush_output()  # what was printed before the call belongs to the container's log
+        channel.task_id = task_id
+        try:
+            answer = executor.run(frame.payload)
+        finally:
+            _flush_output()
+            channel.task_id = None
+        if isinstance(answer, Failure):
+            channel.send("result", answer.exception, task_id=task_id, status="error", error=answer.fields())
+        else:
+            channel.send("result", answer, task_id=task_id, status="complete")
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+def main() -> int:
+    try:
+        port = int(os.environ[ENV_PORT])
+        token = os.environ[ENV_TOKEN]
+        handler_file = os.environ[ENV_HANDLER]
+    except (KeyError, ValueError) as exc:
+        print(f"levers9 runner: {ENV_PORT}, {ENV_TOKEN} and {ENV_HANDLER} must be set ({exc!r})", file=sys.stderr)
+        return 2
+    # as PID 1 of a container, SIGTERM is ignored unless handled
+    signal.signal(signal.SIGTERM, _terminate)
+    stdout, out_sink = _capture("stdout", 1)
+    stderr, err_sink = _capture("stderr", 2)
+    sys.stdout, sys.stderr = stdout, stderr
+    try:
+        executor = Executor(*load_handler(handler_file, os.environ.get(ENV_PYTHON, "")))
+        conn, stream = accept_worker(os.environ.get(ENV_HOST, "0.0.0.0"), port, token)
+        channel = Channel(conn)
+        out_sink.channel = err_sink.channel = channel
+        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        channel.send("ready", python=python, pid=os.getpid())
+        return serve(channel, stream, executor)
+    except _Terminated:
+        return 128 + signal.SIGTERM
+    except (OSError, frames.ProtocolError) as exc:
+        print(f"levers9 runner: the worker's connection failed: {exc}", file=sys.__stderr__)
+        return 1
+    finally:
+        _flush_output()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

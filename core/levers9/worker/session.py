@@ -1,0 +1,409 @@
+"""``levers9 worker``: dial the controlplane, register, and run what the session delivers.
+
+The worker only ever dials out. It registers with its own token (a machine
+token from its provider, or a pool worker token), then holds one session
+stream: container requests come down, batches of started tasks, results and
+output go up. If the controlplane goes away the worker keeps running its
+calls, reconnects with backoff and re-sends the results of the last minute
+(storing a result is idempotent, so a result lost in the break is not lost).
+SIGTERM makes it drain: it says so, takes no new work, finishes what it has,
+then leaves. A worker that cannot reach its controlplane for
+``disconnect_exit_s`` stops by itself, so nothing runs orphaned for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from levers9.__about__ import __version__
+from levers9.hooks.facade import Hooks
+from levers9.hooks.types import GpuDevice, RuntimeContext
+from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from levers9.worker.calls import Call, Outcome, StubSpec
+from levers9.worker.leftovers import remove_leftovers
+from levers9.worker.pool import ContainerPool
+
+__all__ = ["WorkerOptions", "WorkerProcess", "options_from_env"]
+
+log = logging.getLogger(__name__)
+
+WORKER_ID_KEY = "levers9-worker-id"
+#: results re-sent after a reconnect; storing is idempotent and a late duplicate is ignored
+RESEND_WINDOW_S = 120.0
+
+
+@dataclass
+class WorkerOptions:
+    controlplane: str
+    token: str = field(repr=False)
+    pool: str = ""
+    machine_id: str = ""
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    state_dir: Path = Path("/var/lib/levers9/worker")
+    #: exit after this long without a session to the controlplane; 0 = never
+    disconnect_exit_s: float = 0.0
+    visible_gpus: list[int] | None = None
+    #: after SIGTERM, how long running calls may go on before they are stopped (0 = as long as they take)
+    drain_timeout_s: float = 0.0
+
+
+def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Defaults for the worker command from the variables providers set (``LEVERS9_*``)."""
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for key, name, kind in (
+        ("LEVERS9_CONTROLPLANE_URL", "controlplane", str),
+        ("LEVERS9_TOKEN", "token", str),
+        ("LEVERS9_POOL", "pool", str),
+        ("LEVERS9_MACHINE_ID", "machine_id", str),
+        ("LEVERS9_CPU_MILLICORES", "cpu_millicores", int),
+        ("LEVERS9_MEMORY_MIB", "memory_mib", int),
+        ("LEVERS9_DISCONNECT_EXIT_S", "disconnect_exit_s", float),
+        ("LEVERS9_WORKER_STATE_DIR", "state_dir", Path),
+    ):
+        if env.get(key):
+            out[name] = kind(env[key])
+    grace = env.get("LEVERS9_STOP_GRACE_S")
+    if grace:
+        # the provider SIGKILLs after its grace: leave a few seconds to remove the containers
+        out["drain_timeout_s"] = max(1.0, float(grace) - 3.0)
+    cuda = env.get("CUDA_VISIBLE_DEVICES")
+    if cuda is not None and all(p.strip().isdigit() for p in cuda.split(",") if p.strip()):
+        out["visible_gpus"] = [int(p) for p in cuda.split(",") if p.strip()]
+    return out
+
+
+def grpc_target(url: str) -> tuple[str, bool]:
+    """``grpc://host:port`` -> (``host:port``, tls?)."""
+    for scheme, tls in (("grpcs://", True), ("https://", True), ("grpc://", False), ("http://", False)):
+        if url.startswith(scheme):
+            return url[len(scheme) :].rstrip("/"), tls
+    return url, False
+
+
+class _Outbox:
+    """What the worker has to say, batched: one message carries every result ready within a few ms."""
+
+    def __init__(self) -> None:
+        self.started: list[worker_pb2.TaskStarted] = []
+        self.results: list[common_pb2.TaskResult] = []
+        self.logs: list[worker_pb2.TaskLog] = []
+        self.draining = False
+        self.wake = asyncio.Event()
+        self.recent: deque[tuple[float, common_pb2.TaskResult]] = deque()
+
+    def started_task(self, task_id: str, container_id: str) -> None:
+        self.started.append(worker_pb2.TaskStarted(task_id=task_id, container_id=container_id))
+        self.wake.set()
+
+    def result(self, message: common_pb2.TaskResult) -> None:
+        self.results.append(message)
+        now = time.monotonic()
+        self.recent.append((now, message))
+        while self.recent and now - self.recent[0][0] > RESEND_WINDOW_S:
+            self.recent.popleft()
+        self.wake.set()
+
+    def log(self, task_id: str, data: bytes) -> None:
+        self.logs.append(worker_pb2.TaskLog(task_id=task_id, data=data))
+        self.wake.set()
+
+    def resend_recent(self) -> None:
+        pending = {id(m) for m in self.results}
+        self.results.extend(m for _, m in self.recent if id(m) not in pending)
+        self.wake.set()
+
+    async def messages(self, keepalive_s: float, stop: asyncio.Event) -> AsyncIterator[worker_pb2.WorkerMessage]:
+        last_keepalive = 0.0
+        sent_draining = False
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), keepalive_s)
+            self.wake.clear()
+            await asyncio.sleep(0.002)  # let a burst of results collect into one message
+            now = time.monotonic()
+            message = worker_pb2.WorkerMessage(
+                started=self.started,
+                results=self.results[:2000],
+                logs=self.logs,
+                keepalive=now - last_keepalive >= keepalive_s * 0.9,
+                draining=self.draining and not sent_draining,
+            )
+            self.started, self.results, self.logs = [], self.results[2000:], []
+            if self.results:
+                self.wake.set()
+            if message.keepalive:
+                last_keepalive = now
+            sent_draining = sent_draining or message.draining
+            if message.ByteSize():
+                yield message
+
+
+class WorkerProcess:
+    def __init__(self, options: WorkerOptions, hooks: Hooks) -> None:
+        self.options = options
+        self.hooks = hooks
+        self.worker_id = ""
+        self.stubs: dict[str, StubSpec] = {}
+        self.inflight: dict[str, asyncio.Task[None]] = {}
+        self.outbox = _Outbox()
+        self.draining = asyncio.Event()
+        self.pool: ContainerPool | None = None
+        self.runtime = ""
+        self.gpus: list[GpuDevice] = []
+        self._stopped = asyncio.Event()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.drain)
+        # a worker that was killed on this state directory may have left containers running
+        await remove_leftovers(self.hooks, self.options.state_dir)
+        self.options.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        drainer = asyncio.create_task(self._drain_deadline())
+        try:
+            self.gpus = await self._discover_gpus()
+            return await self._sessions()
+        finally:
+            drainer.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            if self.pool is not None:
+                await self.pool.close()
+            shutil.rmtree(self.options.state_dir, ignore_errors=True)
+
+    def drain(self) -> None:
+        if not self.draining.is_set():
+            log.info("draining: no new work; finishing %d running calls", len(self.inflight))
+            self.draining.set()
+            self.outbox.draining = True
+            self.outbox.wake.set()
+
+    async def _drain_deadline(self) -> None:
+        """Stop waiting for running calls before whoever sent SIGTERM sends SIGKILL, so containers are removed."""
+        await self.draining.wait()
+        limit = self.options.drain_timeout_s
+        if limit <= 0:
+            return
+        deadline = time.monotonic() + limit
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if self.inflight:
+            log.warning("%d calls still running after %.0f s of draining; stopping them", len(self.inflight), limit)
+            for task in list(self.inflight.values()):
+                task.cancel()
+        self._stopped.set()
+
+    async def _discover_gpus(self) -> list[GpuDevice]:
+        found = (await self.hooks.gpu_devices()).devices
+        visible = self.options.visible_gpus
+        return [g for g in found if visible is None or g.index in visible]
+
+    async def _sessions(self) -> int:
+        backoff = 0.5
+        last_ok = time.monotonic()
+        target, tls = grpc_target(self.options.controlplane)
+        while True:
+            if self.draining.is_set() and not self.inflight and not self.outbox.results:
+                return 0
+            creds = grpc.ssl_channel_credentials() if tls else None
+            options = [
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ]
+            channel = (
+                grpc.aio.secure_channel(target, creds, options) if creds else grpc.aio.insecure_channel(target, options)
+            )
+            try:
+                async with channel:
+                    factory: Any = worker_pb2_grpc.WorkerStub  # generated, unannotated
+                    stub: worker_pb2_grpc.WorkerStub = factory(channel)
+                    response = await self._register(stub)
+                    backoff = 0.5
+                    await self._session(stub, response)
+                    last_ok = time.monotonic()
+                    if self.draining.is_set() and not self.inflight:
+                        return 0
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    log.error("the controlplane refused this worker: %s", exc.details())
+                    if not self.inflight:
+                        return 2
+                else:
+                    log.warning("controlplane %s unreachable (%s); retrying in %.1fs", target, exc.code().name, backoff)
+            limit = self.options.disconnect_exit_s
+            if limit and time.monotonic() - last_ok > limit:
+                log.error("no controlplane for %.0f s; stopping", limit)
+                return 3
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, 15.0)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_KEY, self.worker_id))
+
+    async def _register(self, stub: worker_pb2_grpc.WorkerStub) -> worker_pb2.RegisterResponse:
+        request = worker_pb2.RegisterRequest(
+            pool=self.options.pool,
+            machine_id=self.options.machine_id,
+            cpu_millicores=self.options.cpu_millicores,
+            memory_mib=self.options.memory_mib,
+            gpus=[
+                worker_pb2.Gpu(index=g.index, uuid=g.uuid, model=g.model, gpu=g.gpu or "", memory_mib=g.memory_mib)
+                for g in self.gpus
+            ],
+            runtime=self.runtime,
+            hostname=socket.gethostname(),
+            version=__version__,
+            running=list(self.inflight),
+            worker_id=self.worker_id,
+        )
+        response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)
+        if self.worker_id and response.worker_id != self.worker_id:
+            log.warning("registered again as %s (was %s)", response.worker_id, self.worker_id)
+        self.worker_id = response.worker_id
+        await self._ensure_pool(response)
+        self.outbox.resend_recent()
+        log.info("registered as %s (runtime %s)", self.worker_id, response.runtime)
+        return response
+
+    async def _ensure_pool(self, response: worker_pb2.RegisterResponse) -> None:
+        if self.pool is not None and self.runtime == response.runtime:
+            return
+        if self.pool is not None:
+            await self.pool.close()
+        model = self.hooks.runtime_settings_model(response.runtime)
+        settings = None
+        if model is not None:
+            settings = model.model_validate(json.loads(response.runtime_settings_json or "{}"))
+        state = self.options.state_dir / "runtime" / response.runtime
+        state.mkdir(parents=True, exist_ok=True)
+        context = RuntimeContext(name=response.runtime, settings=settings, state_dir=str(state))
+        capabilities = await self.hooks.runtime_capabilities(context)
+        if not capabilities.available:
+            raise RuntimeError(f"runtime {response.runtime} is not available here: {capabilities.unavailable_reason}")
+        self.runtime = response.runtime
+        self.pool = ContainerPool(self.hooks, context, state_dir=self.options.state_dir / "containers", gpus=self.gpus)
+
+    async def _session(self, stub: worker_pb2_grpc.WorkerStub, response: worker_pb2.RegisterResponse) -> None:
+        stop = asyncio.Event()
+        call = stub.Session(self.outbox.messages(response.keepalive_s, stop), metadata=self._metadata())
+        reaper = asyncio.create_task(self._reap_idle())
+        try:
+            async for message in call:
+                kind = message.WhichOneof("kind")
+                if kind == "stub":
+                    self._add_stub(message.stub)
+                elif kind == "request":
+                    self._start(message.request)
+                elif kind == "cancel":
+                    task = self.inflight.get(message.cancel.task_id)
+                    if task is not None and self.pool is not None:
+                        await self.pool.cancel(message.cancel.task_id)
+                elif kind == "drain":
+                    self.drain()
+                if self.draining.is_set() and not self.inflight and not self.outbox.results:
+                    break
+        finally:
+            stop.set()
+            self.outbox.wake.set()
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            call.cancel()
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.pool is not None:
+                with contextlib.suppress(Exception):
+                    await self.pool.reap_idle()
+            if self.draining.is_set() and not self.inflight and not self.outbox.results:
+                self.outbox.wake.set()
+
+    def _add_stub(self, d: worker_pb2.StubDefinition) -> None:
+        self.stubs[d.stub_id] = StubSpec(
+            stub_id=d.stub_id,
+            workspace_id=d.workspace_id,
+            name=d.name,
+            image=d.image or "host",
+            handler=d.handler,
+            python_version=d.python_version,
+            cpu_millicores=d.cpu_millicores or 125,
+            memory_mib=d.memory_mib or 128,
+            gpu_count=d.gpu_count,
+            env=dict(d.env),
+            secret_env=dict(d.secret_env),
+            keep_warm_s=d.keep_warm_s,
+        )
+
+    def _start(self, request: worker_pb2.ContainerRequest) -> None:
+        if request.task_id in self.inflight:
+            return  # delivered twice (a reconnect): it is already running here
+        stub = self.stubs.get(request.stub_id)
+        call = Call(task_id=request.task_id, args=request.args, timeout_s=request.timeout_s, attempt=request.attempt)
+        self.inflight[request.task_id] = asyncio.create_task(self._run(stub, call), name=request.task_id)
+
+    async def _run(self, stub: StubSpec | None, call: Call) -> None:
+        try:
+            if stub is None or self.pool is None:
+                outcome = Outcome(
+                    call.task_id, "error", error=_error("WorkerError", "the stub was not sent before its call")
+                )
+            else:
+                outcome = await self.pool.run(
+                    stub,
+                    call,
+                    on_started=lambda cid: self.outbox.started_task(call.task_id, cid),
+                    on_log=self.outbox.log,
+                )
+        except Exception as exc:
+            log.exception("running %s failed in the worker", call.task_id)
+            outcome = Outcome(call.task_id, "error", error=_error("WorkerError", f"{type(exc).__name__}: {exc}"))
+        finally:
+            self.inflight.pop(call.task_id, None)
+        error = None
+        if outcome.error is not None:
+            error = common_pb2.RemoteError(
+                type=outcome.error.type, message=outcome.error.message, traceback=outcome.error.traceback
+            )
+        self.outbox.result(
+            common_pb2.TaskResult(task_id=call.task_id, status=outcome.status, result=outcome.result, error=error)
+        )
+
+
+def _error(kind: str, message: str) -> Any:
+    from levers9.worker.calls import RemoteErrorInfo
+
+    return RemoteErrorInfo(kind, message)
+
+
+def default_state_dir(machine_id: str) -> Path:
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "levers9" / "worker" / (machine_id or f"pid-{os.getpid()}")
+
+
+def main_entry(options: WorkerOptions, hooks: Hooks) -> int:
+    logging.basicConfig(
+        level=os.environ.get("LEVERS9_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(WorkerProcess(options, hooks).run())
