@@ -2,10 +2,57 @@
 
 This module stays light on purpose: ``levers9 --help`` and every plugin import
 it, so it must not pull in the SDK's, the server's or any provider's
-dependencies. Plugins use ``from levers9 import hookimpl``.
+dependencies. Plugins use ``from levers9 import hookimpl``; programs use
+``@levers9.function``, whose SDK is imported the first time it is named.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from levers9.__about__ import __version__
 from levers9.hooks.markers import hookimpl
 
-__all__ = ["__version__", "hookimpl"]
+if TYPE_CHECKING:
+    from levers9.sdk import (
+        CallCancelled,
+        CallTimeout,
+        ControlPlaneError,
+        Function,
+        FunctionCall,
+        InvalidFunction,
+        RemoteError,
+        Unschedulable,
+        endpoint,
+        function,
+        queue,
+    )
+
+_SDK = {
+    "CallCancelled", "CallTimeout", "ControlPlaneError", "Function", "FunctionCall", "InvalidFunction",
+    "RemoteError", "Unschedulable", "endpoint", "function", "queue",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SDK:
+        return getattr(importlib.import_module("levers9.sdk"), name)
+    raise AttributeError(f"module 'levers9' has no attribute {name!r}")
+
+
+__all__ = [
+    "CallCancelled",
+    "CallTimeout",
+    "ControlPlaneError",
+    "Function",
+    "FunctionCall",
+    "InvalidFunction",
+    "RemoteError",
+    "Unschedulable",
+    "__version__",
+    "endpoint",
+    "function",
+    "hookimpl",
+    "queue",
+]

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from levers9.__about__ import __version__
-from levers9.cli import config_cmd, gpu_cmd, plugins_cmd
+from levers9.cli import client_cmds, config_cmd, context_cmd, gpu_cmd, plugins_cmd, run_cmd, server_cmd
 
 app = typer.Typer(
     name="levers9",
@@ -53,6 +53,16 @@ def _main(
 app.command("plugins")(plugins_cmd.plugins)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(gpu_cmd.app, name="gpu")
+app.add_typer(context_cmd.app, name="context")
+app.command("tasks")(client_cmds.tasks)
+app.command("logs")(client_cmds.logs)
+app.command("pools")(client_cmds.pools)
+app.command("workers")(client_cmds.workers)
+app.command("run", context_settings=run_cmd.CONTEXT_SETTINGS)(run_cmd.run)
+app.command("server")(server_cmd.server)
+app.command("worker")(server_cmd.worker)
+app.command("up")(server_cmd.up)
+app.add_typer(server_cmd.token_app, name="token")
 
 
 def main() -> None:

@@ -1,0 +1,119 @@
+"""``levers9 context``: the controlplanes this user can reach, and which one commands use.
+
+Tokens are never printed: ``list`` says whether a context has one, which is what
+a person debugging "unauthenticated" needs, without putting the secret on screen.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from levers9.cli.output import err, out, print_json
+
+app = typer.Typer(help="Manage client contexts: which controlplane commands and the SDK talk to.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_contexts(as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per context.")) -> None:
+    """List the contexts; the current one is marked with '*'."""
+    from levers9.sdk.context import ContextError, load_contexts
+
+    try:
+        contexts = load_contexts()
+    except ContextError as exc:
+        _fail(exc)
+    rows = sorted(contexts.contexts.values(), key=lambda c: c.name)
+    if as_json:
+        print_json(
+            [
+                {
+                    "name": c.name,
+                    "current": c.name == contexts.current,
+                    "grpc": c.grpc,
+                    "http": c.http,
+                    "workspace": c.workspace,
+                    "token": bool(c.token),
+                }
+                for c in rows
+            ]
+        )
+        return
+    if not rows:
+        err.print("no contexts: run `levers9 up` (one machine) or `levers9 context add ...`", markup=False)
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("", "name", "grpc", "http", "workspace", "token"):
+        table.add_column(column, no_wrap=True)
+    for c in rows:
+        table.add_row(
+            "*" if c.name == contexts.current else "",
+            Text(c.name),
+            Text(c.grpc),
+            Text(c.http or "-"),
+            Text(c.workspace or "-"),
+            "set" if c.token else "-",
+        )
+    out.print(table)
+
+
+@app.command("use")
+def use(name: str = typer.Argument(..., help="The context to make current.")) -> None:
+    """Make NAME the context that commands and the SDK use by default."""
+    from levers9.sdk.context import ContextError, use_context
+
+    try:
+        ctx = use_context(name)
+    except ContextError as exc:
+        _fail(exc)
+    out.print(f"using context {ctx.name!r} ({ctx.grpc})", markup=False)
+
+
+@app.command("add")
+def add(
+    name: str = typer.Argument(..., help="A name for the controlplane, e.g. 'local' or 'team'."),
+    grpc: str = typer.Option(
+        ..., "--grpc", help="The controlplane's gRPC address: HOST:PORT, or grpcs://HOST[:PORT] for TLS."
+    ),
+    token: str = typer.Option(..., "--token", help="The API token; '-' reads it from standard input."),
+    http: str = typer.Option("", "--http", help="The controlplane's HTTP URL, e.g. http://127.0.0.1:1994."),
+    workspace: str = typer.Option("", "--workspace", help="The token's workspace, for display."),
+) -> None:
+    """Add or replace a context and make it current."""
+    from levers9.sdk.context import Context, ContextError, save_context
+
+    if token == "-":
+        # Keeps the token out of shell history and the process list.
+        token = sys.stdin.readline().strip()
+        if not token:
+            err.print("error: no token on standard input", markup=False)
+            raise typer.Exit(1)
+    try:
+        path = save_context(Context(name=name, grpc=grpc, http=http, token=token, workspace=workspace))
+    except ContextError as exc:
+        _fail(exc)
+    out.print(f"context {name!r} saved in {path}; it is now current", markup=False)
+
+
+@app.command("remove")
+def remove(name: str = typer.Argument(..., help="The context to forget.")) -> None:
+    """Forget a context; when it was current, no context is current until `levers9 context use`."""
+    from levers9.sdk.context import ContextError, load_contexts, remove_context
+
+    try:
+        was_current = load_contexts().current == name
+        remove_context(name)
+    except ContextError as exc:
+        _fail(exc)
+    note = "; no context is current now (`levers9 context use NAME`)" if was_current else ""
+    out.print(f"context {name!r} removed{note}", markup=False)
+
+
+def _fail(exc: Exception) -> NoReturn:
+    err.print(f"error: {exc}", markup=False)
+    raise typer.Exit(1) from None

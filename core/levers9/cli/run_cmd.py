@@ -1,0 +1,186 @@
+"""``levers9 run FILE[::FUNCTION] [ARGS...]``: run a local app against a context's controlplane.
+
+The app is ordinary Python that uses the SDK; this command only chooses the
+context (through ``$LEVERS9_CONTEXT``, which the SDK reads, so code the app
+starts inherits it too) and starts the app the way ``python FILE`` would: its
+directory first on ``sys.path``, ``sys.argv`` its own. With ``::FUNCTION`` the
+file is imported instead and that function called with the remaining arguments
+as strings, which saves writing an argument parser for a quick entry point.
+
+Arguments after FILE belong to the app, options included, except ``-c`` and
+``--context``; put ``--`` before the app's arguments when they use those too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any, NoReturn
+
+import typer
+
+from levers9.cli.client_cmds import context_option, resolve_context
+from levers9.cli.output import err
+
+#: click settings for the command: unknown options are the app's, not errors
+CONTEXT_SETTINGS: dict[str, Any] = {"ignore_unknown_options": True}
+
+
+def run(
+    target: str = typer.Argument(..., metavar="FILE[::FUNCTION]", help="The app file, and a function in it to call."),
+    args: list[str] | None = typer.Argument(None, metavar="ARGS", help="Arguments for the app or the function."),
+    context: str | None = context_option(),
+) -> None:
+    """Run a Python app that uses levers9, against the chosen context's controlplane."""
+    import os
+
+    from levers9.sdk.context import ENV_CONTEXT
+
+    app_args = list(args or [])
+    file_text, _, function = target.rpartition("::") if "::" in target else (target, "", "")
+    path = Path(file_text)
+    if not file_text or not path.exists():
+        _fail(f"no such file: {file_text or target}")
+    if function and not path.is_file():
+        _fail(f"{path} is not a file: FILE::FUNCTION imports a Python file")
+    if context is not None:
+        os.environ[ENV_CONTEXT] = resolve_context(context).name
+
+    # As `python FILE` does: the app's own modules import, and argv is the app's.
+    app_dir = path.resolve() if path.is_dir() else path.resolve().parent
+    sys.path.insert(0, str(app_dir))
+    sys.argv = [str(path), *app_args]
+
+    if not function:
+        import runpy
+
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            _app_failed(exc)
+        return
+
+    try:
+        module = _import_file(path)
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        _app_failed(exc)
+    target_fn = getattr(module, function, None)
+    if target_fn is None:
+        names = ", ".join(_functions(module)) or "none"
+        _fail(f"{path} has no function {function!r} (functions: {names})")
+    if not callable(target_fn):
+        _fail(f"{path}: {function!r} is a {type(target_fn).__name__}, not a function")
+    _check_arguments(path, function, target_fn, app_args)
+    try:
+        result = target_fn(*app_args)
+        if _awaitable(result):
+            import asyncio
+
+            result = asyncio.run(_wait(result))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        _app_failed(exc)
+    if result is not None:
+        print(result)
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import ``path`` under its file name, so that ``if __name__ == "__main__"`` stays off."""
+    import importlib
+    import importlib.util
+
+    name = path.stem
+    resolved = path.resolve()
+    existing = sys.modules.get(name)
+    if existing is not None:
+        existing_file = getattr(existing, "__file__", None)
+        if existing_file is None or Path(existing_file).resolve() != resolved:
+            _fail(
+                f"{path}: its module name {name!r} is already taken by {existing_file or 'a built-in module'}; rename the file"
+            )
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        _fail(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    # The app is not installed where its functions run: cloudpickle must send its code by
+    # value, as it does for __main__, rather than by a module name the container cannot import.
+    cloudpickle: Any = importlib.import_module("cloudpickle")
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def _check_arguments(path: Path, function: str, fn: Any, args: list[str]) -> None:
+    """Refuse arguments the function cannot take before calling it, naming its signature."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to check against (a builtin, an odd callable): let the call decide
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        _fail(f"{path}::{function}{signature}: {exc} (given {len(args)}: {' '.join(args) or 'none'})")
+
+
+def _functions(module: ModuleType) -> list[str]:
+    """The public callables the module itself defines, for the 'no such function' message."""
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and callable(value)
+        and not isinstance(value, type)
+        and getattr(value, "__module__", None) == module.__name__
+    )
+
+
+def _awaitable(value: Any) -> bool:
+    import inspect
+
+    return inspect.isawaitable(value)
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _app_failed(exc: BaseException) -> NoReturn:
+    """Print the app's traceback without this command's frames above it, and exit 1."""
+    import traceback
+
+    traceback.print_exception(type(exc), exc, _app_frames(exc.__traceback__), file=sys.stderr)
+    raise typer.Exit(1) from None
+
+
+def _app_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the first frame that is the app's; runpy and importlib frames are noise to its author."""
+    import runpy
+
+    ours = {str(Path(__file__).resolve()), str(Path(runpy.__file__).resolve())}
+    current = tb
+    while current is not None:
+        filename = current.tb_frame.f_code.co_filename
+        if not (filename.startswith("<frozen ") or str(Path(filename).resolve()) in ours):
+            return current
+        current = current.tb_next
+    return None
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"error: {message}", markup=False)
+    raise typer.Exit(1)

@@ -1,0 +1,332 @@
+"""``levers9 server``, ``levers9 worker``, ``levers9 up`` and ``levers9 token``: the commands that run levers9."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from levers9.config.load import LoadedConfig
+    from levers9.controlplane.server import Listeners
+
+__all__ = ["server", "token_app", "up", "worker"]
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: the config `levers9 up` writes when there is none: one local pool on this machine
+STARTER_CONFIG = """\
+# levers9 configuration, written by `levers9 up` (edit freely; `levers9 config check` validates it).
+# State: SQLite and an embedded Redis in data_dir. See docs/config.md for every key.
+version: 1
+pools:
+  local:
+    provider: local          # workers are processes on this machine
+    runtime: {runtime}       # process: no isolation, no root needed; runc or gvisor for containers
+    cpu: {cpu}
+    memory: {memory}
+    min_workers: 1
+    max_workers: 1
+"""
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=_LOG_FORMAT, stream=sys.stderr)
+    for noisy in ("uvicorn.access", "httpx", "aiosqlite", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(config: Path | None) -> LoadedConfig:
+    from levers9.cli.output import err
+    from levers9.config.load import ConfigError, load_config
+    from levers9.hooks.errors import PluginLoadError
+
+    try:
+        return load_config(config)
+    except (ConfigError, PluginLoadError) as exc:
+        err.print(str(exc), markup=False)
+        raise typer.Exit(2) from None
+
+
+def _listeners(loaded: LoadedConfig, host: str | None, grpc_port: int | None, http_port: int | None,
+               metrics_port: int | None) -> Listeners:  # fmt: skip
+    from levers9.controlplane.server import Listeners
+
+    base = Listeners.from_config(loaded)
+    return Listeners(
+        host or base.host,
+        base.grpc_port if grpc_port is None else grpc_port,
+        base.http_port if http_port is None else http_port,
+        base.metrics_port if metrics_port is None else metrics_port,
+    )
+
+
+_HOST = typer.Option(None, "--host", help="Address to bind (default: listen.host of the config).")
+_GRPC = typer.Option(None, "--grpc-port", help="gRPC port (default: listen.grpc_port, 1993).")
+_HTTP = typer.Option(None, "--http-port", help="HTTP port (default: listen.http_port, 1994).")
+_METRICS = typer.Option(None, "--metrics-port", help="Metrics port (default: listen.metrics_port, 9090).")
+_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
+
+
+def server(
+    host: str | None = _HOST,
+    grpc_port: int | None = _GRPC,
+    http_port: int | None = _HTTP,
+    metrics_port: int | None = _METRICS,
+    log_level: str = _LEVEL,
+) -> None:
+    """Run the controlplane: gRPC, REST under /api/v1 and metrics, with the scheduler and pool controllers."""
+    from levers9.controlplane.server import serve
+
+    _logging(log_level)
+    loaded = _load(None)
+    try:
+        asyncio.run(serve(loaded, _listeners(loaded, host, grpc_port, http_port, metrics_port)))
+    finally:
+        loaded.hooks.close()
+
+
+def worker(
+    controlplane: str | None = typer.Option(
+        None, "--controlplane", help="grpc://HOST:PORT to dial ($LEVERS9_CONTROLPLANE_URL)."
+    ),
+    pool: str | None = typer.Option(None, "--pool", help="Pool to serve ($LEVERS9_POOL); a machine token implies it."),
+    cpu: float | None = typer.Option(None, "--cpu", help="CPU cores to offer (default: what the pool says)."),
+    memory: int | None = typer.Option(None, "--memory", help="MiB of memory to offer (default: what the pool says)."),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="Where containers are prepared (removed at exit)."),
+    cleanup: bool = typer.Option(
+        False, "--cleanup", help="Only remove the containers and state a killed worker left in --state-dir, then exit."
+    ),
+    log_level: str = _LEVEL,
+) -> None:
+    """Run a worker: dial the controlplane, register, run calls through the pool's runtime.
+
+    The token comes from $LEVERS9_TOKEN only (never an argument: arguments are visible in `ps`).
+    """
+    from levers9.hooks.facade import Hooks
+    from levers9.hooks.manager import PluginPolicy, PluginSet
+    from levers9.worker.session import WorkerOptions, default_state_dir, main_entry, options_from_env
+
+    values = options_from_env()
+    if cleanup:
+        _cleanup(state_dir or values.get("state_dir"))
+        return
+    if controlplane:
+        values["controlplane"] = controlplane
+    if pool:
+        values["pool"] = pool
+    if cpu is not None:
+        values["cpu_millicores"] = round(cpu * 1000)
+    if memory is not None:
+        values["memory_mib"] = memory
+    if state_dir is not None:
+        values["state_dir"] = state_dir
+    missing = [name for name, var in (("controlplane", "LEVERS9_CONTROLPLANE_URL"), ("token", "LEVERS9_TOKEN"))
+               if not values.get(name)]  # fmt: skip
+    if missing:
+        typer.echo(
+            f"levers9 worker: missing {', '.join(missing)}: set $LEVERS9_CONTROLPLANE_URL and $LEVERS9_TOKEN", err=True
+        )
+        raise typer.Exit(2)
+    values.setdefault("state_dir", default_state_dir(values.get("machine_id", "")))
+    options = WorkerOptions(**values)
+    plugins = PluginSet(PluginPolicy.from_env())
+    plugins.load_entry_points()
+    hooks = Hooks(plugins)
+    try:
+        code = main_entry(options, hooks)
+    finally:
+        hooks.close()
+    raise typer.Exit(code)
+
+
+def _cleanup(state_dir: Path | None) -> None:
+    from levers9.hooks.facade import Hooks
+    from levers9.hooks.manager import PluginPolicy, PluginSet
+    from levers9.worker.leftovers import remove_leftovers
+
+    if state_dir is None:
+        typer.echo("levers9 worker --cleanup needs --state-dir (or $LEVERS9_WORKER_STATE_DIR)", err=True)
+        raise typer.Exit(2)
+    _logging("info")
+    plugins = PluginSet(PluginPolicy.from_env())
+    plugins.load_entry_points()
+    hooks = Hooks(plugins)
+    try:
+        asyncio.run(remove_leftovers(hooks, Path(state_dir), delete=True))
+    finally:
+        hooks.close()
+
+
+def up(
+    host: str | None = _HOST,
+    grpc_port: int | None = _GRPC,
+    http_port: int | None = _HTTP,
+    metrics_port: int | None = _METRICS,
+    runtime: str = typer.Option(
+        "process", "--runtime", help="Runtime of the starter pool, when `up` writes the config."
+    ),
+    context: str = typer.Option("local", "--context", help="Name of the context written to ~/.levers9/config."),
+    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Start levers9 on this machine: the controlplane and a local pool, SQLite and embedded Redis.
+
+    Writes a starter config (~/.levers9/levers9.yaml) when there is none, and a
+    context with a token to ~/.levers9/config, then runs until Ctrl-C, which
+    also stops the pool's workers.
+    """
+    from levers9.config.load import default_config_path
+
+    _logging(log_level)
+    path = default_config_path()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        memory = max(512, min(8192, _memory_mib() // 2))
+        path.write_text(STARTER_CONFIG.format(runtime=runtime, cpu=os.cpu_count() or 1, memory=memory))
+        typer.echo(f"wrote a starter config: {path}")
+    loaded = _load(path)
+    listeners = _listeners(loaded, host, grpc_port, http_port, metrics_port)
+    try:
+        asyncio.run(_up(loaded, listeners, context))
+    finally:
+        loaded.hooks.close()
+
+
+def _memory_mib() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 4096
+
+
+async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> None:
+    import signal
+
+    from levers9.controlplane.server import Server
+    from levers9.sdk.context import Context, save_context
+
+    server = Server(loaded, listeners)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        assert server.services is not None
+        token, workspace = await _user_token(server.services, context_name)
+        host = "127.0.0.1" if listeners.host in ("0.0.0.0", "::", "") else listeners.host
+        path = save_context(
+            Context(
+                name=context_name,
+                grpc=f"{host}:{listeners.grpc_port}",
+                http=f"http://{host}:{listeners.http_port}",
+                token=token,
+                workspace=workspace,
+            )
+        )
+        pools = ", ".join(f"{s.name} ({s.pool.provider}/{s.pool.runtime})" for s in server.services.pools.values())
+        typer.echo(
+            f"levers9 is up: gRPC {host}:{listeners.grpc_port}, HTTP http://{host}:{listeners.http_port}/api/v1, "
+            f"metrics :{listeners.metrics_port}\n"
+            f"pools: {pools or 'none'}\n"
+            f"context {context_name!r} (workspace {workspace}) written to {path}\n"
+            "next: levers9 run examples/hello.py   (Ctrl-C here stops levers9 and its local workers)",
+            err=False,
+        )
+        sys.stdout.flush()
+        await stop.wait()
+    finally:
+        if server.services is not None:
+            await _stop_local_workers(server)
+        await server.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _user_token(services: object, context_name: str) -> tuple[str, str]:
+    """The context's token if it still works, else a new user token of the default workspace."""
+    from levers9.controlplane.services import Services
+    from levers9.sdk.context import ContextError, current_context
+
+    assert isinstance(services, Services)
+    workspace = await services.workspaces.get_or_create("default")
+    try:
+        existing = current_context(context_name)
+        record = await services.tokens.verify(existing.token, kind="user") if existing.token else None
+        if record is not None and record.workspace_id == workspace.id:
+            return existing.token, workspace.name
+    except ContextError:
+        pass
+    _, token = await services.tokens.issue("user", workspace_id=workspace.id, subject=f"levers9 up ({context_name})")
+    return token, workspace.name
+
+
+async def _stop_local_workers(server: object) -> None:
+    """`up` owns its local workers: they stop with it (a `levers9 server` leaves machines to the reconciler)."""
+    from levers9.controlplane.server import Server
+
+    assert isinstance(server, Server)
+    assert server.services is not None
+    services = server.services
+    await services.scheduler.stop()
+    for spec in services.pools.values():
+        if spec.pool.provider != "local":
+            continue
+        for machine in await services.machines.list(pool=spec.name):
+            if machine.state.value in ("terminated",):
+                continue
+            await services.scheduler.provisioner.terminate(
+                spec, machine.id, machine.provider_id, "levers9 up is stopping"
+            )
+
+
+token_app = typer.Typer(help="Issue and revoke API tokens (needs the controlplane's database, so run it there).")
+
+
+@token_app.command("create")
+def token_create(
+    workspace: str = typer.Option("default", "--workspace", "-w", help="Workspace the token acts in (made if new)."),
+    kind: str = typer.Option("user", "--kind", help="user, or worker for a pool's manually started workers."),
+    pool: str | None = typer.Option(None, "--pool", help="For --kind worker: the pool its workers serve."),
+    ttl: float | None = typer.Option(None, "--ttl", help="Seconds until it expires (default: never)."),
+) -> None:
+    """Print a new token (shown once; only its hash is stored)."""
+    from levers9.config.load import default_config_path, read_config
+
+    if kind not in ("user", "worker"):
+        typer.echo(f"--kind must be user or worker, got {kind!r}", err=True)
+        raise typer.Exit(2)
+    if kind == "worker" and not pool:
+        typer.echo("--kind worker needs --pool: a worker token serves one pool", err=True)
+        raise typer.Exit(2)
+    path = default_config_path()
+    cfg = read_config(path)[0] if path.exists() else None
+
+    async def issue() -> str:
+        from levers9.config.model import Config
+        from levers9.state.sql.database import open_database
+        from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
+
+        db = await open_database((cfg or Config()).database_url)
+        try:
+            if kind == "worker":
+                _, token = await TokenStore(db).issue("worker", subject=pool, ttl_s=ttl)
+            else:
+                ws = await WorkspaceStore(db).get_or_create(workspace)
+                _, token = await TokenStore(db).issue(
+                    "user", workspace_id=ws.id, subject="levers9 token create", ttl_s=ttl
+                )
+            return token
+        finally:
+            await db.close()
+
+    typer.echo(asyncio.run(issue()))

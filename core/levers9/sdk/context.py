@@ -1,0 +1,257 @@
+"""Client contexts: which controlplane the SDK and the CLI talk to, and with which token.
+
+A user may reach several controlplanes (the one ``levers9 up`` started on this
+machine, a team's shared one), so each is a named context in one small YAML
+file, ``~/.levers9/config``, and one of them is current. The file holds tokens,
+so it is only ever replaced whole (a reader never sees half a file) and only
+its owner may read it.
+
+The SDK imports this module inside every user program, so it stays on the
+standard library and PyYAML.
+
+Selection, strongest first: an explicit name (``-c NAME``), ``$LEVERS9_CONTEXT``,
+the file's ``current``. ``$LEVERS9_GRPC`` and ``$LEVERS9_TOKEN`` then override
+the chosen context's address and token, which is how a CI job or a container
+points the SDK somewhere without writing a file; with no file and no selection,
+``$LEVERS9_GRPC`` alone is enough.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from levers9.hooks.errors import Levers9Error
+
+__all__ = [
+    "ENV_CONTEXT",
+    "ENV_GRPC",
+    "ENV_ONLY_NAME",
+    "ENV_TOKEN",
+    "Context",
+    "ContextError",
+    "ContextFile",
+    "config_path",
+    "current_context",
+    "load_contexts",
+    "remove_context",
+    "save_context",
+    "use_context",
+]
+
+ENV_CONTEXT = "LEVERS9_CONTEXT"
+ENV_GRPC = "LEVERS9_GRPC"
+ENV_TOKEN = "LEVERS9_TOKEN"
+
+#: the name of the context made from ``$LEVERS9_GRPC`` when no file or selection exists
+ENV_ONLY_NAME = "env"
+
+_NO_CONTEXT = "no levers9 context: run `levers9 up` (one machine) or `levers9 context add ...`"
+_FIELDS = ("grpc", "http", "token", "workspace")
+
+
+class ContextError(Levers9Error):
+    """No usable context: none configured, an unknown name, or a config file that does not parse."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """How to reach one controlplane."""
+
+    name: str
+    #: ``host:port``; ``grpcs://host:port`` or ``https://host[:port]`` for TLS
+    grpc: str
+    #: the controlplane's HTTP base URL (web endpoints, the API), when known
+    http: str = ""
+    token: str = field(default="", repr=False)
+    #: the workspace the token belongs to; informational, the token decides
+    workspace: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        """The file's entry for this context (its name is the key, so it is not repeated)."""
+        return {key: getattr(self, key) for key in _FIELDS if getattr(self, key)}
+
+
+@dataclass
+class ContextFile:
+    """The parsed config file; ``exists`` is false when there was no file to read."""
+
+    path: Path
+    current: str | None = None
+    contexts: dict[str, Context] = field(default_factory=dict)
+    exists: bool = True
+
+    def get(self, name: str) -> Context:
+        """The context called ``name``; the error lists the ones that exist, since a typo is the usual cause."""
+        try:
+            return self.contexts[name]
+        except KeyError:
+            known = ", ".join(sorted(self.contexts)) or "none"
+            raise ContextError(f"unknown levers9 context {name!r} in {self.path} (known: {known})") from None
+
+    def to_yaml(self) -> str:
+        document: dict[str, Any] = {}
+        if self.current is not None:
+            document["current"] = self.current
+        document["contexts"] = {name: ctx.as_dict() for name, ctx in sorted(self.contexts.items())}
+        return yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+
+
+def config_path() -> Path:
+    """``$LEVERS9_HOME/config``, else ``~/.levers9/config``."""
+    # Imported here: the config model pulls in pydantic, which a user program that only
+    # reads its context should not pay for at import time.
+    from levers9.config.model import default_home
+
+    return default_home() / "config"
+
+
+def load_contexts(path: Path | None = None) -> ContextFile:
+    """Read the context file; a missing file is an empty one (``exists`` false), a malformed one an error."""
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ContextFile(path=path, exists=False)
+    except OSError as exc:
+        raise ContextError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ContextError(f"{path}{where}: not valid YAML: {problem}") from None
+    return _parse(path, document)
+
+
+def save_context(ctx: Context, make_current: bool = True) -> Path:
+    """Add or replace ``ctx`` in the file; it becomes current when asked, or when nothing else is."""
+    if not ctx.name.strip():
+        raise ContextError("a context needs a name")
+    if not ctx.grpc.strip():
+        raise ContextError(f"context {ctx.name!r} needs a grpc address (host:port)")
+    contexts = load_contexts()
+    contexts.contexts[ctx.name] = ctx
+    if make_current or contexts.current not in contexts.contexts:
+        contexts.current = ctx.name
+    _write(contexts)
+    return contexts.path
+
+
+def use_context(name: str) -> Context:
+    """Make ``name`` the current context."""
+    contexts = load_contexts()
+    if not contexts.exists:
+        raise ContextError(_NO_CONTEXT)
+    ctx = contexts.get(name)
+    contexts.current = name
+    _write(contexts)
+    return ctx
+
+
+def remove_context(name: str) -> None:
+    """Forget ``name``; removing the current context leaves none current rather than guessing another."""
+    contexts = load_contexts()
+    if not contexts.exists:
+        raise ContextError(_NO_CONTEXT)
+    contexts.get(name)
+    del contexts.contexts[name]
+    if contexts.current == name:
+        contexts.current = None
+    _write(contexts)
+
+
+def current_context(name: str | None = None) -> Context:
+    """The context to use now: ``name``, else ``$LEVERS9_CONTEXT``, else the file's current; env overrides on top."""
+    env = os.environ
+    chosen = name or env.get(ENV_CONTEXT) or None
+    contexts = load_contexts()
+    if chosen is not None:
+        if not contexts.exists:
+            raise ContextError(f"{_NO_CONTEXT} (asked for {chosen!r}; {contexts.path} does not exist)")
+        ctx = contexts.get(chosen)
+    elif contexts.current is not None:
+        ctx = contexts.get(contexts.current)
+    elif env.get(ENV_GRPC):
+        ctx = Context(name=ENV_ONLY_NAME, grpc=env[ENV_GRPC])
+    elif not contexts.exists:
+        raise ContextError(_NO_CONTEXT)
+    else:
+        known = ", ".join(sorted(contexts.contexts)) or "none"
+        raise ContextError(
+            f"no current levers9 context in {contexts.path}: run `levers9 context use NAME` (known: {known})"
+        )
+    overrides = {key: env[var] for key, var in (("grpc", ENV_GRPC), ("token", ENV_TOKEN)) if env.get(var)}
+    return replace(ctx, **overrides) if overrides else ctx
+
+
+def _parse(path: Path, document: Any) -> ContextFile:
+    """Check the file's shape by hand; every message names the file and the key at fault."""
+    if document is None:
+        return ContextFile(path=path)
+    if not isinstance(document, dict):
+        raise ContextError(f"{path}: expected a mapping with 'current' and 'contexts', got {_kind(document)}")
+    unknown = sorted(str(k) for k in document if k not in ("current", "contexts"))
+    if unknown:
+        raise ContextError(f"{path}: {unknown[0]}: unknown key (expected 'current' and 'contexts')")
+    current = document.get("current")
+    if current is not None and not isinstance(current, str):
+        raise ContextError(f"{path}: current: expected a context name, got {_kind(current)}")
+    raw = document.get("contexts") or {}
+    if not isinstance(raw, dict):
+        raise ContextError(f"{path}: contexts: expected a mapping of name to context, got {_kind(raw)}")
+    contexts: dict[str, Context] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ContextError(f"{path}: contexts.{name}: a context name must be a non-empty string")
+        where = f"contexts.{name}"
+        if not isinstance(entry, dict):
+            raise ContextError(f"{path}: {where}: expected a mapping with grpc, token, http, workspace")
+        values: dict[str, str] = {}
+        for key, value in entry.items():
+            if key not in _FIELDS:
+                raise ContextError(f"{path}: {where}.{key}: unknown key (expected one of {', '.join(_FIELDS)})")
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                # A token of digits would otherwise arrive as a number, or worse as an octal one.
+                raise ContextError(f"{path}: {where}.{key}: expected a string, got {_kind(value)} (quote it)")
+            values[key] = value
+        if not values.get("grpc"):
+            raise ContextError(f"{path}: {where}.grpc: missing (the controlplane's host:port)")
+        contexts[name] = Context(name=name, **values)
+    # A ``current`` naming no context is left for current_context to report, so that
+    # `levers9 context use` and `add` can still repair the file.
+    return ContextFile(path=path, current=current, contexts=contexts)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _write(contexts: ContextFile) -> None:
+    """Replace the file in one rename, created 0600 from the start so the token is never readable by others."""
+    path = contexts.path
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o600)
+            handle.write(contexts.to_yaml())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    contexts.exists = True

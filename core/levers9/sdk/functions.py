@@ -1,0 +1,548 @@
+"""``@levers9.function`` and what it returns: a local function that can also run remotely.
+
+The decorated object still runs locally when called directly; ``.remote``
+runs one call on a worker and returns its value, ``.spawn`` starts one and
+returns a handle, ``.map`` runs one call per input with many in flight and
+yields results in input order. The GPU preference is checked here, on the
+user's machine, so a misspelt GPU type fails before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import json
+import linecache
+import re
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import grpc
+
+from levers9.proto.v1 import controlplane_pb2
+from levers9.sdk import serialize
+from levers9.sdk.client import Client, client_for, translate
+from levers9.sdk.errors import CallCancelled, CallTimeout, InvalidFunction, RemoteError, RemoteTraceback
+
+__all__ = ["Function", "FunctionCall", "endpoint", "function", "queue"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: calls sent per Submit
+_BATCH = 500
+#: calls of one map in flight at once, by default
+DEFAULT_MAP_CONCURRENCY = 2000
+
+
+_DYNAMIC = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (.+)$')
+
+
+def _with_sources(text: str, source_file: str | None) -> str:
+    """Put file names and source lines back into a remote traceback of code sent by value.
+
+    Code pickled by value loses its file name (cloudpickle writes ``<dynamic-code>``)
+    but keeps its line numbers, and the caller has the file: the user's own script.
+    """
+    if not source_file:
+        return text
+    out: list[str] = []
+    for line in text.splitlines():
+        match = _DYNAMIC.match(line)
+        if match is None:
+            out.append(line)
+            continue
+        indent, number, name = match.groups()
+        out.append(f'{indent}File "{source_file}", line {number}, in {name}')
+        source = linecache.getline(source_file, int(number)).strip()
+        if source:
+            out.append(f"{indent}    {source}")
+    return "\n".join(out) + "\n"
+
+
+def _outcome(result: controlplane_pb2.TaskEvent, source_file: str | None = None) -> Any:
+    """The call's value, or raise what it raised (with the remote traceback as its cause)."""
+    r = result.result
+    if r.status == "complete":
+        return serialize.loads(r.result)
+    error = r.error
+    if r.status == "timeout":
+        raise CallTimeout(error.message or f"task {r.task_id} ran past its timeout")
+    if r.status == "cancelled":
+        raise CallCancelled(f"task {r.task_id} was cancelled")
+    exc: BaseException | None = None
+    if r.result:
+        try:
+            loaded = serialize.loads(r.result)
+            if isinstance(loaded, BaseException):
+                exc = loaded
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = RemoteError(error.type or r.status, error.message or "the call failed")
+    if error.traceback:
+        exc.__cause__ = RemoteTraceback(_with_sources(error.traceback, source_file))
+    raise exc
+
+
+class FunctionCall(Generic[R]):
+    """A call started with ``spawn``: wait for it with :meth:`get`, stop it with :meth:`cancel`."""
+
+    def __init__(self, client: Client, task_id: str, source: str | None = None) -> None:
+        self.client = client
+        self.task_id = task_id
+        self._source = source
+
+    def __repr__(self) -> str:
+        return f"FunctionCall({self.task_id!r})"
+
+    def get(self, timeout: float | None = None) -> R:
+        event = self.client.run(_watch_one(self.client, self.task_id), timeout)
+        value: R = _outcome(event, self._source)
+        return value
+
+    def cancel(self) -> bool:
+        async def cancel() -> bool:
+            try:
+                response = await self.client.stub.CancelTask(
+                    controlplane_pb2.CancelTaskRequest(task_id=self.task_id), metadata=self.client.metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise translate(exc, self.client.ctx) from None
+            return bool(response.cancelled)
+
+        return self.client.run(cancel())
+
+
+#: how long a watch keeps reconnecting to a controlplane that went away (a restart, a failover)
+RECONNECT_S = 120.0
+
+
+async def _watch(client: Client, task_ids: Sequence[str]) -> AsyncIterator[controlplane_pb2.TaskEvent]:
+    """Outcomes of ``task_ids`` as they finish, riding out a controlplane restart.
+
+    Tasks live in SQL, so a watch that breaks because the controlplane went
+    away is simply opened again for the tasks not yet seen.
+    """
+    waiting = list(dict.fromkeys(task_ids))
+    deadline: float | None = None
+    delay = 0.2
+    while waiting:
+        try:
+            async for event in client.stub.Watch(
+                controlplane_pb2.WatchRequest(task_ids=waiting), metadata=client.metadata
+            ):
+                if event.HasField("result") and event.task_id in waiting:
+                    waiting.remove(event.task_id)
+                    deadline, delay = None, 0.2
+                    yield event
+            if waiting:
+                raise RuntimeError(f"the controlplane ended a watch with {len(waiting)} tasks unfinished")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+                raise translate(exc, client.ctx) from None
+            now = asyncio.get_running_loop().time()
+            deadline = deadline or now + RECONNECT_S
+            if now > deadline:
+                raise translate(exc, client.ctx) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _watch_one(client: Client, task_id: str) -> controlplane_pb2.TaskEvent:
+    async for event in _watch(client, [task_id]):
+        return event
+    raise RuntimeError(f"the controlplane ended the watch of {task_id} without its result")
+
+
+class Function(Generic[P, R]):
+    def __init__(self, fn: Callable[P, R], config: dict[str, Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.config = config
+        self._handler: bytes | None = None
+        code = getattr(fn, "__code__", None)
+        #: where the function's source is, to restore it in remote tracebacks
+        self._source: str | None = code.co_filename if code is not None else None
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run locally, in this process."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<levers9.Function {self.config['name']}>"
+
+    # ------------------------------------------------------------------ registration
+
+    def _client(self) -> Client:
+        return client_for(None)
+
+    async def _stub_id(self, client: Client) -> str:
+        if self._handler is None:
+            self._handler = serialize.dumps_function(self.fn)
+        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode() + self._handler).hexdigest()
+        key = (id(self), digest)
+        known = client.stub_ids.get(key)
+        if known is not None:
+            return known
+        c = self.config
+        config = controlplane_pb2.StubConfig(
+            kind=c["kind"], app=c["app"], name=c["name"], image=c["image"],
+            cpu_millicores=c["cpu_millicores"], memory_mib=c["memory_mib"], gpu=c["gpu"], gpu_count=c["gpu_count"],
+            retries=c["retries"], timeout_s=c["timeout_s"], secrets=c["secrets"], env=c["env"],
+            python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
+        )  # fmt: skip
+        if c["fallback_after_s"] is not None:
+            config.fallback_after_s = c["fallback_after_s"]
+        if c["keep_warm_s"] is not None:
+            config.keep_warm_s = c["keep_warm_s"]
+        try:
+            response = await client.stub.GetOrCreateStub(
+                controlplane_pb2.GetOrCreateStubRequest(config=config, handler=self._handler),
+                metadata=client.metadata,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, client.ctx) from None
+        client.stub_ids[key] = response.stub_id
+        return str(response.stub_id)
+
+    # ------------------------------------------------------------------ calling
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run one call on a worker and return its value (or raise what it raised)."""
+        client = self._client()
+        event = client.run(self._invoke(client, serialize.dumps_args(args, kwargs)))
+        value: R = _outcome(event, self._source)
+        return value
+
+    async def remote_aio(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``remote`` for async code: awaits without blocking the caller's event loop."""
+        client = self._client()
+        event = await client.run_async(self._invoke(client, serialize.dumps_args(args, kwargs)))
+        value: R = _outcome(event, self._source)
+        return value
+
+    async def _invoke(self, client: Client, payload: bytes) -> controlplane_pb2.TaskEvent:
+        stub_id = await self._stub_id(client)
+        task_id = ""
+        try:
+            async for event in client.stub.Invoke(
+                controlplane_pb2.InvokeRequest(stub_id=stub_id, args=payload), metadata=client.metadata
+            ):
+                task_id = event.task_id
+                if event.HasField("result"):
+                    found: controlplane_pb2.TaskEvent = event
+                    return found
+        except grpc.aio.AioRpcError as exc:
+            if not task_id or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise translate(exc, client.ctx) from None
+            # the call is stored: follow it to its end across the controlplane's restart
+        if not task_id:
+            raise RuntimeError("the controlplane ended the call without its result")
+        return await _watch_one(client, task_id)
+
+    def spawn(self, *args: P.args, **kwargs: P.kwargs) -> FunctionCall[R]:
+        """Start one call and return at once; ``.get()`` on the handle waits for its value."""
+        client = self._client()
+        [task_id] = client.run(self._submit(client, [serialize.dumps_args(args, kwargs)]))
+        return FunctionCall(client, task_id, self._source)
+
+    async def _submit(self, client: Client, payloads: Sequence[bytes]) -> list[str]:
+        stub_id = await self._stub_id(client)
+        try:
+            response = await client.stub.Submit(
+                controlplane_pb2.SubmitRequest(
+                    stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]
+                ),
+                metadata=client.metadata,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, client.ctx) from None
+        return list(response.task_ids)
+
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        kwargs: dict[str, Any] | None = None,
+        concurrency: int = DEFAULT_MAP_CONCURRENCY,
+        return_exceptions: bool = False,
+        progress: bool | None = None,
+    ) -> Iterator[R]:
+        """One call per input (``zip`` of ``iterables``), results in input order.
+
+        At most ``concurrency`` calls are in flight at once, so a huge input is
+        streamed rather than queued whole. With ``return_exceptions`` a failed
+        call yields its exception instead of raising it. A progress bar is shown
+        when stderr is a terminal (``progress`` forces it on or off).
+        """
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        inputs = zip(*iterables, strict=False)
+        extra = kwargs or {}
+        payloads = (serialize.dumps_args(tuple(args), extra) for args in inputs)
+        total = _length(iterables)
+        show = sys.stderr.isatty() if progress is None else progress
+        client = self._client()
+        queue: Any = __import__("queue").Queue()
+        done = object()
+
+        async def produce() -> None:
+            try:
+                async for index, event in self._stream(client, payloads, concurrency):
+                    queue.put((index, event))
+            except BaseException as exc:  # handed to the consuming thread
+                queue.put((-1, exc))
+            finally:
+                queue.put((-2, done))
+
+        future = asyncio.run_coroutine_threadsafe(produce(), client._loop)
+        bar = _Progress(total, self.config["name"]) if show else None
+        buffered: dict[int, controlplane_pb2.TaskEvent] = {}
+        next_index = 0
+        try:
+            while True:
+                index, item = queue.get()
+                if index == -2:
+                    break
+                if index == -1:
+                    raise item
+                buffered[index] = item
+                if bar is not None:
+                    bar.advance()
+                while next_index in buffered:
+                    event = buffered.pop(next_index)
+                    next_index += 1
+                    if return_exceptions:
+                        try:
+                            yield _outcome(event, self._source)
+                        except Exception as exc:
+                            yield exc  # type: ignore[misc]
+                    else:
+                        yield _outcome(event, self._source)
+        finally:
+            future.cancel()
+            if bar is not None:
+                bar.close()
+
+    async def _stream(
+        self, client: Client, payloads: Iterator[bytes], concurrency: int
+    ) -> AsyncIterator[tuple[int, controlplane_pb2.TaskEvent]]:
+        """Submit in batches, keep at most ``concurrency`` unfinished, yield (input index, outcome) as they finish."""
+        results: asyncio.Queue[tuple[int, controlplane_pb2.TaskEvent] | BaseException] = asyncio.Queue()
+        slots = asyncio.Semaphore(concurrency)
+        watchers: list[asyncio.Task[None]] = []
+        submitted = 0
+        finished = 0
+
+        async def watch(ids: list[str], first: int) -> None:
+            index = {task_id: first + i for i, task_id in enumerate(ids)}
+            try:
+                async for event in _watch(client, ids):
+                    if event.task_id in index:
+                        slots.release()
+                        await results.put((index.pop(event.task_id), event))
+            except BaseException as exc:
+                await results.put(exc)
+
+        # Once the first window is out, calls go in chunks of a quarter window as results free room:
+        # one Submit and one Watch per chunk, not per call, while the window stays mostly full.
+        chunk = max(1, min(_BATCH, concurrency // 4))
+
+        async def submit_all() -> None:
+            nonlocal submitted
+            batch: list[bytes] = []
+            exhausted = False
+            while not exhausted:
+                await slots.acquire()
+                payload = next(payloads, None)
+                if payload is None:
+                    slots.release()
+                    exhausted = True
+                else:
+                    batch.append(payload)
+                first_window = submitted + len(batch) <= concurrency
+                full = len(batch) >= (_BATCH if first_window else chunk)
+                if batch and (exhausted or full or (first_window and slots.locked())):
+                    ids = await self._submit(client, batch)
+                    watchers.append(asyncio.create_task(watch(ids, submitted)))
+                    submitted += len(ids)
+                    batch = []
+
+        submitter = asyncio.create_task(submit_all())
+        try:
+            while True:
+                if submitter.done() and finished == submitted:
+                    submitter.result()
+                    return
+                if submitter.done():
+                    submitter.result()  # raises what submitting raised
+                    item = await results.get()
+                else:
+                    getter = asyncio.create_task(results.get())
+                    await asyncio.wait({getter, submitter}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        continue
+                    item = getter.result()
+                if isinstance(item, BaseException):
+                    raise item
+                finished += 1
+                yield item
+        finally:
+            submitter.cancel()
+            for w in watchers:
+                w.cancel()
+
+
+def _length(iterables: Sequence[Iterable[Any]]) -> int | None:
+    lengths = [len(i) for i in iterables if hasattr(i, "__len__")]  # type: ignore[arg-type]
+    return min(lengths) if lengths and len(lengths) == len(iterables) else None
+
+
+class _Progress:
+    def __init__(self, total: int | None, name: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn(f"{name}.map"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
+        )
+        self._task = self._progress.add_task(name, total=total)
+        self._progress.start()
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+# ---------------------------------------------------------------------- decorators
+
+
+def _config(fn: Callable[..., Any], kind: str, **options: Any) -> dict[str, Any]:
+    from levers9.gpu.preference import parse_gpu
+
+    gpu = options.pop("gpu")
+    gpu_count = options.pop("gpu_count")
+    fallback = options.pop("fallback")
+    fallback_after = options.pop("fallback_after")
+    try:
+        request = parse_gpu(gpu, gpu_count, fallback=fallback, fallback_after=fallback_after)
+    except (ValueError, TypeError) as exc:
+        raise InvalidFunction(f"{fn.__qualname__}: gpu: {exc}") from None
+    preference = list(request.types) or (["any"] if request.any_gpu else [])
+    if request.fallback_cpu:
+        preference.append("cpu")
+    cpu = options.pop("cpu")
+    memory = options.pop("memory")
+    timeout = options.pop("timeout")
+    if cpu <= 0:
+        raise InvalidFunction(f"{fn.__qualname__}: cpu must be above 0 cores, got {cpu}")
+    if memory <= 0:
+        raise InvalidFunction(f"{fn.__qualname__}: memory must be above 0 MiB, got {memory}")
+    if timeout is not None and timeout <= 0:
+        raise InvalidFunction(f"{fn.__qualname__}: timeout must be above 0 seconds (or None), got {timeout}")
+    secrets = options.pop("secrets") or ()
+    return {
+        "kind": kind,
+        "app": options.pop("app") or _app_name(fn),
+        "name": options.pop("name") or fn.__qualname__.replace("<locals>.", ""),
+        "image": options.pop("image"),
+        "cpu_millicores": max(1, round(cpu * 1000)),
+        "memory_mib": int(memory),
+        "gpu": preference,
+        "gpu_count": request.count if request.wants_gpu else 0,
+        "fallback_after_s": fallback_after,
+        "retries": int(options.pop("retries")),
+        "timeout_s": float(timeout or 0),
+        "secrets": [secrets] if isinstance(secrets, str) else list(secrets),
+        "env": dict(options.pop("env") or {}),
+        "keep_warm_s": options.pop("keep_warm"),
+    }
+
+
+def _app_name(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", "") or "app"
+    if module == "__main__":
+        file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if file:
+            from pathlib import Path
+
+            return Path(file).stem
+    return module.rsplit(".", 1)[-1]
+
+
+def function(
+    _fn: Callable[P, R] | None = None,
+    *,
+    cpu: float = 0.125,
+    memory: int = 128,
+    gpu: str | Sequence[str] | None = None,
+    gpu_count: int | None = None,
+    fallback: str | Sequence[str] | None = None,
+    fallback_after: float | None = None,
+    retries: int = 0,
+    timeout: float | None = None,
+    secrets: str | Sequence[str] | None = None,
+    env: dict[str, str] | None = None,
+    image: str = "host",
+    keep_warm: float | None = None,
+    app: str | None = None,
+    name: str | None = None,
+) -> Any:
+    """Make a function runnable on levers9 workers: ``f.remote(...)``, ``f.map(...)``, ``f.spawn(...)``.
+
+    ``gpu`` is a GPU type, a list in order of preference (the first with free
+    capacity wins), ``"any"``, or None for CPU. ``fallback="cpu"`` (or ``"cpu"``
+    as the last entry of ``gpu``) runs the call on CPU when no listed GPU can be
+    had within ``fallback_after`` seconds. ``cpu`` is in cores, ``memory`` in
+    MiB, ``timeout`` in seconds. ``retries`` reruns a call that raised, up to
+    that many more times. ``secrets`` names workspace secrets to expose as
+    environment variables; ``env`` adds plain ones.
+    """
+    if retries < 0:
+        raise InvalidFunction(f"retries must be 0 or more, got {retries}")
+    if isinstance(fallback, str):
+        fallback = [fallback]
+
+    def wrap(fn: Callable[P, R]) -> Function[P, R]:
+        if inspect.isclass(fn):
+            raise InvalidFunction(f"@levers9.function decorates functions, not classes ({fn.__qualname__})")
+        config = _config(
+            fn, "function", cpu=cpu, memory=memory, gpu=gpu, gpu_count=gpu_count, fallback=fallback,
+            fallback_after=fallback_after, retries=retries, timeout=timeout, secrets=secrets, env=env,
+            image=image, keep_warm=keep_warm, app=app, name=name,
+        )  # fmt: skip
+        return Function(fn, config)
+
+    return wrap(_fn) if _fn is not None else wrap
+
+
+def endpoint(_fn: Callable[P, R] | None = None, *, path: str | None = None, **options: Any) -> Any:
+    """An HTTP endpoint: registered as a stub of kind ``endpoint``; served by the gateway."""
+    return _other_kind("endpoint", _fn, {"path": path}, options)
+
+
+def queue(_fn: Callable[P, R] | None = None, **options: Any) -> Any:
+    """A queue consumer: registered as a stub of kind ``queue``; served by the gateway."""
+    return _other_kind("queue", _fn, {}, options)
+
+
+def _other_kind(kind: str, fn: Callable[..., Any] | None, extra: dict[str, Any], options: dict[str, Any]) -> Any:
+    def wrap(f: Callable[..., Any]) -> Function[Any, Any]:
+        decorated: Function[Any, Any] = function(f, **options)
+        decorated.config["kind"] = kind
+        if extra.get("path"):
+            decorated.config["env"] = {**decorated.config["env"], "LEVERS9_ENDPOINT_PATH": extra["path"]}
+        return decorated
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def register(fn: Function[Any, Any], context: str | None = None) -> str:
+    """Register ``fn``'s stub now (``levers9 deploy`` and tests); returns its id."""
+    client = client_for(context)
+    return client.run(fn._stub_id(client))
