@@ -1,0 +1,282 @@
+"""levers9 end to end, as a user meets it: `levers9 up`, then programs that call functions remotely.
+
+Real processes and sockets throughout: the controlplane (`levers9 up`, SQLite
+and the embedded Redis), local workers it starts through the `local`
+provider, containers of the `process` runtime, and user programs using the
+SDK in their own processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.levers9_up import Up, _processes_mentioning
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_hello_example_runs_through_levers9_run(levers9_up: Up) -> None:
+    levers9_up.start()
+    done = levers9_up.levers9("run", str(EXAMPLES / "hello.py"))
+    assert done.returncode == 0, done.stderr
+    assert "7 squared on a levers9 worker: 49" in done.stdout
+    assert "squares of 0..9: [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]" in done.stdout
+
+
+def test_gpu_preference_falls_back_to_cpu_on_a_machine_without_gpus(levers9_up: Up) -> None:
+    levers9_up.start()
+    done = levers9_up.python(
+        """
+        import os, levers9
+
+        @levers9.function(gpu=["H100", "cpu"])
+        def where():
+            return os.getpid()
+
+        print("RESULT", where.remote() != os.getpid())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "RESULT True" in done.stdout  # it ran, in another process
+    tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
+    [task] = [t for t in tasks if t.get("function") == "where"]
+    assert (task["status"], task["pool"], task["gpu"]) == ("complete", "local", "")
+
+
+def test_map_over_1000_inputs_returns_1000_results_in_order(levers9_up: Up) -> None:
+    levers9_up.start()
+    done = levers9_up.python(
+        """
+        import levers9
+
+        @levers9.function(cpu=0.1, memory=64)
+        def double(x):
+            return 2 * x
+
+        out = list(double.map(range(1000)))
+        assert out == [2 * x for x in range(1000)], out[:20]
+        print("OK", len(out))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "OK 1000" in done.stdout
+
+
+def test_a_remote_exception_is_raised_with_its_remote_traceback(levers9_up: Up) -> None:
+    levers9_up.start()
+    done = levers9_up.python(
+        """
+        import levers9
+
+        class Bad(ValueError):
+            pass
+
+        @levers9.function()
+        def explode(n):
+            def inner():
+                raise Bad(f"no good: {n}")
+            inner()
+
+        try:
+            explode.remote(42)
+        except Bad as exc:
+            print("CAUGHT", type(exc).__name__, exc)
+            raise
+        """
+    )
+    assert done.returncode == 1
+    assert "CAUGHT Bad no good: 42" in done.stdout, done.stderr
+    print(done.stderr)
+    # the remote frames, with the user's own function names, are printed as the cause
+    assert "Remote traceback" in done.stderr
+    assert "in explode" in done.stderr
+    assert "in inner" in done.stderr
+    assert 'raise Bad(f"no good: {n}")' in done.stderr
+
+
+def test_a_gpu_no_pool_offers_fails_fast_naming_the_pools(levers9_up: Up) -> None:
+    levers9_up.start()
+    started = time.monotonic()
+    done = levers9_up.python(
+        """
+        import levers9
+
+        @levers9.function(gpu="H100")
+        def needs_h100():
+            return 1
+
+        try:
+            needs_h100.remote()
+        except levers9.Unschedulable as exc:
+            print("REFUSED", exc)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED" in done.stdout
+    assert "local (CPU, local)" in done.stdout
+    assert "CPU only, and the request needs a GPU" in done.stdout
+    assert "the pools offer no GPUs" in done.stdout
+    assert time.monotonic() - started < 30  # refused at once, not after a wait
+
+
+def test_a_worker_killed_mid_task_has_its_task_completed_elsewhere(levers9_up: Up) -> None:
+    levers9_up.min_workers = 2
+    levers9_up.start()
+    marker = levers9_up.root / "attempts"
+    program = levers9_up.root / "slow_app.py"
+    program.write_text(
+        f"""
+import os, time, levers9
+
+@levers9.function(cpu=2)
+def slow():
+    with open({str(marker)!r}, "a") as f:
+        f.write(str(os.getpid()) + "\\n")
+    time.sleep(6)
+    return "finished"
+
+print("RESULT", slow.remote(), flush=True)
+"""
+    )
+    # the kill has to land between the call starting and finishing, so the program runs in the background
+    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "the call never started"
+        os.kill(_worker_running_a_call(levers9_up), signal.SIGKILL)
+        out, err = app.communicate(timeout=240)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+    assert app.returncode == 0, err
+    assert "RESULT finished" in out
+    # started twice: once on the killed worker, then again on another one
+    assert len(marker.read_text().splitlines()) == 2
+    tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
+    [task] = [t for t in tasks if t.get("function") == "slow"]
+    assert task["status"] == "complete"
+    assert task["attempts"] == 1
+
+
+def _worker_running_a_call(up: Up) -> int:
+    """The pid of the `levers9 worker` whose state directory holds a container right now."""
+    for pid, cmd in _processes_mentioning(str(up.root)):
+        if not cmd.endswith("-m levers9 worker"):
+            continue
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        state = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"LEVERS9_WORKER_STATE_DIR=")), "")
+        if state and list(Path(state).glob("runtime/*/containers/*")):
+            return pid
+    raise AssertionError("no worker runs a container")
+
+
+def test_the_controlplane_killed_and_restarted_mid_run_loses_no_task(levers9_up: Up) -> None:
+    levers9_up.start()
+    program = levers9_up.root / "spawner.py"
+    program.write_text(
+        """
+import json, sys, time, levers9
+
+@levers9.function(cpu=0.25)
+def slow(i):
+    time.sleep(2)
+    return i * i
+
+calls = [slow.spawn(i) for i in range(12)]
+print("SPAWNED", flush=True)
+results = [c.get(timeout=300) for c in calls]
+print("RESULTS", json.dumps(results), flush=True)
+"""
+    )
+    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    try:
+        assert app.stdout is not None
+        assert app.stdout.readline().strip() == "SPAWNED"
+        time.sleep(1.0)  # some calls are running now, the rest wait
+        levers9_up.kill()  # SIGKILL: no shutdown of any kind; the workers keep running
+        time.sleep(1.0)
+        levers9_up.start(wait_workers=0)  # same home: same SQLite file, same ports
+        out, err = app.communicate(timeout=300)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+    assert app.returncode == 0, err
+    results = json.loads(out.split("RESULTS", 1)[1])
+    assert results == [i * i for i in range(12)]
+    tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
+    mine = [t for t in tasks if t.get("function") == "slow"]
+    assert len(mine) == 12
+    assert all(t["status"] == "complete" for t in mine)
+
+
+def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(levers9_up: Up) -> None:
+    import grpc
+
+    from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc
+
+    levers9_up.start()
+    done = levers9_up.python(
+        """
+        import levers9
+
+        @levers9.function()
+        def mine():
+            return "private"
+
+        call = mine.spawn()
+        assert call.get(timeout=120) == "private"
+        print("TASK", call.task_id)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.split("TASK", 1)[1].strip()
+    other = levers9_up.levers9("token", "create", "--workspace", "team-b")
+    assert other.returncode == 0, other.stderr
+    intruder = other.stdout.strip()
+    owner = levers9_up.token()
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{levers9_up.grpc_port}")
+    try:
+        api = controlplane_pb2_grpc.ControlPlaneStub(channel)  # type: ignore[no-untyped-call]
+        as_b = (("authorization", f"Bearer {intruder}"),)
+        as_a = (("authorization", f"Bearer {owner}"),)
+        assert api.GetTask(controlplane_pb2.GetTaskRequest(task_id=task_id), metadata=as_a).status == "complete"
+        for attempt in (
+            lambda: api.GetTask(controlplane_pb2.GetTaskRequest(task_id=task_id), metadata=as_b),
+            lambda: list(api.Watch(controlplane_pb2.WatchRequest(task_ids=[task_id]), metadata=as_b)),
+            lambda: list(api.StreamLogs(controlplane_pb2.StreamLogsRequest(task_id=task_id), metadata=as_b)),
+            lambda: api.CancelTask(controlplane_pb2.CancelTaskRequest(task_id=task_id), metadata=as_b),
+        ):
+            with pytest.raises(grpc.RpcError) as caught:
+                attempt()
+            # exactly what a task that does not exist gives: B cannot even learn that it exists
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        listed = api.ListTasks(controlplane_pb2.ListTasksRequest(limit=1000), metadata=as_b)
+        assert task_id not in [t.id for t in listed.tasks]
+        with pytest.raises(grpc.RpcError) as caught:
+            api.ListTasks(controlplane_pb2.ListTasksRequest(), metadata=(("authorization", "Bearer nonsense"),))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+    # and over REST
+    import httpx
+
+    r = httpx.get(f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}",
+                  headers={"authorization": f"Bearer {intruder}"}, timeout=10)  # fmt: skip
+    assert r.status_code == 404
