@@ -87,3 +87,24 @@ async def test_what_needs_isolation_is_refused(rt: tuple[Hooks, RuntimeContext],
     assert "image '/images/python.tar'" in message
     assert "mounts" in message
     assert "network 'none'" in message
+
+
+async def test_the_environment_never_shows_on_a_command_line(rt: tuple[Hooks, RuntimeContext]) -> None:
+    hooks, ctx = rt
+    secret = f"s3cret-{secrets.token_hex(8)}"
+    cid = await run(hooks, ctx, ["sleep", "30"], env={"API_KEY": secret})
+    try:
+        seen = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if secret.encode() in (entry / "cmdline").read_bytes():
+                        seen.append(entry.name)
+                except OSError:
+                    continue
+        assert not seen, f"the secret is in the command line of processes {seen} (readable by anyone with ps)"
+        state = await hooks.container_state(ctx, cid)
+        assert state.pid is not None
+        assert secret.encode() in Path(f"/proc/{state.pid}/environ").read_bytes()  # it did reach the command
+    finally:
+        await hooks.container_remove(ctx, cid)

@@ -143,10 +143,14 @@ class ContainerRecords:
             with contextlib.suppress(OSError):
                 os.kill(shim_pid, signal.SIGKILL)
 
-    def _spawn(self, argv: Sequence[str]) -> None:
-        """Start ``argv`` as nobody's child (setsid --fork), so it outlives a worker restart."""
+    def _spawn(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+        """Start ``argv`` as nobody's child (setsid --fork), so it outlives a worker restart.
+
+        ``env`` is its whole environment when given: values that must not show in ``ps`` (secrets,
+        tokens) go there, never into the arguments.
+        """
         subprocess.run(["setsid", "--fork", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30, check=True)  # fmt: skip
+                       stderr=subprocess.DEVNULL, timeout=30, check=True, env=env)  # fmt: skip
 
 
 class OciEngine(ContainerRecords):

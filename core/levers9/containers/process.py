@@ -54,10 +54,12 @@ class ProcessEngine(ContainerRecords):
             raise InvalidRequest(f"container {spec.container_id} was not prepared (or was removed)")
         if not (cdir / shim.PID_FILE).exists():
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"), **spec.env}
-            action = ["env", "-i", "-C", spec.workdir, *(f"{k}={v}" for k, v in env.items()), *spec.command]
+            # The environment goes to the shim as its environment, which the command inherits: on the
+            # command line, secrets and the runner's token would be readable by anyone through ps.
+            action = ["env", "-C", spec.workdir, *spec.command]
             argv = shim.command(runtime=[], action=action, container_id=spec.container_id, state_dir=cdir,
                                 cgroup="", delete=False)  # fmt: skip
-            self._spawn(argv)
+            self._spawn(argv, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while (state := self.state(spec.container_id)).status is ContainerStatus.CREATED:
             if time.monotonic() > deadline:
@@ -84,10 +86,24 @@ class ProcessEngine(ContainerRecords):
         if self._exit(container_id) is not None:
             return
         child = _pid(self._dir(container_id) / shim.CHILD_FILE)
-        if child and _alive(child):
-            # the shim started it in its own session: the group is the command and everything it forked
-            with contextlib.suppress(ProcessLookupError):
+        if not child or not _alive(child):
+            return
+        # The shim starts the command in its own session, so the group is the command and everything it
+        # forked. Just after start the child may not have become its group's leader yet (setsid is its
+        # first act): then there is no such group for a moment, and the signal must not be lost.
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
                 os.killpg(child, sig)
+                return
+            except ProcessLookupError:
+                if not _alive(child):
+                    return
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, sig)
+                    return
+                time.sleep(0.005)
 
     def remove(self, container_id: str) -> None:
         cdir = self._dir(container_id)
