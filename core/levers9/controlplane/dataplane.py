@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 _KINDS = ("function", "endpoint", "queue")
 #: worker reports queued before sessions wait for the flusher (backpressure)
 _MAX_QUEUED_REPORTS = 10_000
+#: submitted calls whose arguments are kept in memory until a worker takes them
+_MAX_FRESH = 200_000
 
 
 class InvalidStub(ValueError):
@@ -97,6 +99,7 @@ class TaskOutcome:
     error: str | None = None
     error_type: str | None = None
     traceback: str | None = None
+    container_id: str | None = None
 
 
 @dataclass
@@ -130,6 +133,9 @@ class DataPlane:
         self._reports_room = asyncio.Event()
         self._reports_room.set()
         self._flusher: asyncio.Task[None] | None = None
+        #: arguments of calls submitted here and not yet taken, so a worker's take needs no SQL read;
+        #: bounded, and anything missing is read from SQL (the source of truth)
+        self._fresh: dict[str, tuple[str, str, bytes]] = {}
 
     # ------------------------------------------------------------------ stubs
 
@@ -196,6 +202,9 @@ class DataPlane:
             for _ in args
         ]
         await self.services.scheduler.submit_many(requests, stub_id=stub_id, args=args)
+        if len(self._fresh) < _MAX_FRESH:
+            for r, payload in zip(requests, args, strict=True):
+                self._fresh[r.id] = (workspace, stub_id, payload)
         return [r.id for r in requests]
 
     async def watch(self, principal: Principal, task_ids: Sequence[str]) -> AsyncIterator[CallResult]:
@@ -214,13 +223,21 @@ class DataPlane:
                 yield result
             while pending:
                 try:
-                    ids = await _wait(w.ready.get(), 5.0)
+                    items = await _wait(w.ready.get(), 5.0)
                 except TimeoutError:
-                    ids = list(pending)  # a missed wake-up costs a poll, never a result
+                    items = [(t, None) for t in pending]  # a missed wake-up costs a poll, never a result
                 while not w.ready.empty():  # everything that finished meanwhile, in one query
-                    ids = ids + w.ready.get_nowait()
-                ready = [t for t in ids if t in pending]
-                for result in await self.calls.results(ready, workspace_id=workspace):
+                    items = items + w.ready.get_nowait()
+                to_read: list[str] = []
+                for task_id, known in items:
+                    if task_id not in pending:
+                        continue
+                    if known is None:
+                        to_read.append(task_id)
+                    else:
+                        pending.discard(task_id)
+                        yield known
+                for result in await self.calls.results(to_read, workspace_id=workspace):
                     pending.discard(result.task_id)
                     yield result
         finally:
@@ -247,7 +264,16 @@ class DataPlane:
         ids = await self.services.scheduler.take(worker_id, max_count)
         if not ids:
             return []
-        found = await self.calls.dispatch(ids)
+        found: list[Dispatch] = []
+        unknown: list[str] = []
+        for task_id in ids:
+            fresh = self._fresh.pop(task_id, None)
+            if fresh is None:
+                unknown.append(task_id)
+            else:  # a first attempt, taken straight from the backlog: still pending
+                found.append(Dispatch(task_id, fresh[0], fresh[1], fresh[2], 0, "pending"))
+        if unknown:
+            found += await self.calls.dispatch(unknown)
         now = time.monotonic()
         out: list[Dispatch] = []
         for d in found:
@@ -305,8 +331,17 @@ class DataPlane:
             merged.logs += report.logs
         logs = [chunk for r in by_worker.values() for chunk in r.logs]
         for worker_id, r in by_worker.items():
-            if r.started:
-                await self.calls.start_many(worker_id, r.started)
+            # a call that started and ended within this batch is stored once, by its finish
+            ending = {o.task_id for o in r.outcomes}
+            started = dict(r.started)
+            only_started = [(t, c) for t, c in r.started if t not in ending]
+            r.outcomes = [
+                TaskOutcome(o.task_id, o.status, o.result, o.error, o.error_type, o.traceback, started.get(o.task_id))
+                if o.task_id in started else o
+                for o in r.outcomes
+            ]  # fmt: skip
+            if only_started:
+                await self.calls.start_many(worker_id, only_started)
         if logs:
             await self.calls.append_logs(logs)
         for worker_id, r in by_worker.items():
@@ -321,17 +356,43 @@ class DataPlane:
                 _, settings = await self.stub(running.stub_id)
                 if running.attempts < settings.retries:
                     self._running.pop(o.task_id, None)
+                    self._fresh.pop(o.task_id, None)
                     reason = f"attempt {running.attempts + 1} failed: {o.error or o.status}"
                     await self.services.scheduler.retry(o.task_id, reason[:2000])
                     continue
             final.append(
-                Finish(o.task_id, o.status, o.result, (o.error or "")[:10_000] or None, o.error_type, o.traceback)
+                Finish(
+                    o.task_id,
+                    o.status,
+                    o.result,
+                    (o.error or "")[:10_000] or None,
+                    o.error_type,
+                    o.traceback,
+                    container_id=o.container_id,
+                )
             )
         stored = await self.calls.finish_many(final, worker_id=worker_id)
         # resources come back even for reports that were not stored (a duplicate, a late attempt)
         await self.services.scheduler.release_many([f.task_id for f in final])
         if stored:
-            await self.hub.finished(stored)
+            # watchers on this replica get the outcome itself: no read back from SQL
+            outcome = {f.task_id: f for f in final}
+            await self.hub.finished(
+                stored,
+                {
+                    t: CallResult(
+                        t,
+                        "",
+                        outcome[t].status,
+                        outcome[t].result,
+                        outcome[t].error,
+                        outcome[t].error_type,
+                        outcome[t].traceback,
+                        0,
+                    )
+                    for t in stored
+                },
+            )
         now = time.monotonic()
         by_id = {f.task_id: f for f in final}
         for task_id in stored:

@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -30,7 +30,8 @@ class Watch:
 
     def __init__(self, ids: Iterable[str]) -> None:
         self.ids = set(ids)
-        self.ready: asyncio.Queue[list[str]] = asyncio.Queue()
+        #: (task id, its outcome when the finisher handed it over on this replica, else None: read it)
+        self.ready: asyncio.Queue[list[tuple[str, Any]]] = asyncio.Queue()
 
 
 class Hub:
@@ -107,18 +108,19 @@ class Hub:
                 if not waiting:
                     del self._watches[task_id]
 
-    async def finished(self, task_ids: Iterable[str]) -> None:
+    async def finished(self, task_ids: Iterable[str], outcomes: Mapping[str, Any] | None = None) -> None:
+        """Tasks finished: wake their watchers here (with ``outcomes`` when given) and on other replicas."""
         ids = list(task_ids)
         if not ids:
             return
-        self._deliver(ids)
+        self._deliver(ids, outcomes)
         await self._publish("t", ids)
 
-    def _deliver(self, ids: Iterable[str]) -> None:
-        by_watch: dict[Watch, list[str]] = defaultdict(list)
+    def _deliver(self, ids: Iterable[str], outcomes: Mapping[str, Any] | None = None) -> None:
+        by_watch: dict[Watch, list[tuple[str, Any]]] = defaultdict(list)
         for task_id in ids:
             for w in self._watches.get(task_id, ()):
-                by_watch[w].append(task_id)
+                by_watch[w].append((task_id, outcomes.get(task_id) if outcomes else None))
         for w, found in by_watch.items():
             w.ready.put_nowait(found)
 

@@ -92,6 +92,7 @@ class Planner:
                 slots.setdefault(m.pool, []).append(_Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count))
         marks: dict[tuple[str, str | None, str | None], str | None] = {}
         events: list[tuple[str, str, PoolSpec | None, str]] = []
+        notes: list[tuple[str, int, list[str]]] = []
 
         for st in states:
             req = st.request
@@ -157,10 +158,12 @@ class Planner:
             if tried != before:
                 # Redis gets the reasons (the give-up message and `levers9 tasks` show them); the
                 # backoff alone changes every pass and stays here
-                await ctx.backlog.note_plan(req.id, next_plan_ms=next_plan, tried=_format_tried(tried))
+                notes.append((req.id, next_plan, _format_tried(tried)))
                 for name, reason in tried.items():
                     if before.get(name) != reason and name in ctx.pools:
                         events.append((req.id, "unavailable", ctx.pools[name], reason))
+        if notes:
+            await ctx.backlog.note_plans(notes)
         if events:
             await self._record(events)
         return report

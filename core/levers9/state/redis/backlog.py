@@ -160,7 +160,15 @@ class Backlog:
 
     async def note_plan(self, request: str, *, next_plan_ms: int, tried: Sequence[str]) -> None:
         """Record the planner's progress on a request (only while it is still known)."""
-        await self.scripts("note", request, next_plan_ms, "\n".join(tried))
+        await self.note_plans([(request, next_plan_ms, tried)])
+
+    async def note_plans(self, notes: Sequence[tuple[str, int, Sequence[str]]]) -> None:
+        """:meth:`note_plan` for many requests, a few hundred per round trip."""
+        for start in range(0, len(notes), 300):
+            flat: list[str | int] = []
+            for request, next_plan_ms, tried in notes[start : start + 300]:
+                flat += [request, next_plan_ms, "\n".join(tried)]
+            await self.scripts("note", *flat)
 
     # ------------------------------------------------------------------ reading
 

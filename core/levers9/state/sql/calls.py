@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskLog, utcnow
@@ -50,6 +50,8 @@ class Finish:
     error: str | None = None
     error_type: str | None = None
     traceback: str | None = None
+    #: where it ran, when the start was not stored separately (a call that started and ended in one report)
+    container_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +163,21 @@ class CallStore:
                     error=bindparam("err"),
                     finished_at=bindparam("now"),
                     updated_at=bindparam("now"),
+                    started_at=func.coalesce(_TASKS.c.started_at, bindparam("now")),
+                    container_id=func.coalesce(bindparam("cid"), _TASKS.c.container_id),
+                    worker_id=func.coalesce(_TASKS.c.worker_id, bindparam("wid")),
                 ),
-                [{"tid": f.task_id, "st": f.status, "err": f.error, "now": now} for f in accepted],
+                [
+                    {
+                        "tid": f.task_id,
+                        "st": f.status,
+                        "err": f.error,
+                        "now": now,
+                        "cid": f.container_id,
+                        "wid": worker_id,
+                    }
+                    for f in accepted
+                ],
             )
             await session.execute(
                 update(_TASK_IO)

@@ -14,9 +14,9 @@ survive the controlplane: every task that is not finished is read back by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
@@ -26,6 +26,9 @@ from levers9.state.sql.models import Task, TaskIO, TaskPlacement, Workspace, new
 from levers9.state.sql.records import PlacementEvent, PlacementOutcome, TaskRecord, TaskStatus, parse_enum
 
 _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
+_TASKS = cast(Table, Task.__table__)
+_TASK_IO = cast(Table, TaskIO.__table__)
+_PLACEMENTS = cast(Table, TaskPlacement.__table__)
 _OUTCOME_MAX = 32
 
 
@@ -47,6 +50,16 @@ def _task(row: Task) -> TaskRecord:
         started_at=row.started_at,
         finished_at=row.finished_at,
     )
+
+
+def _record(row: dict[str, Any]) -> TaskRecord:
+    """A record of a row just inserted, built from the values themselves."""
+    return TaskRecord(
+        id=row["id"], workspace_id=row["workspace_id"], stub_id=row["stub_id"], status=TaskStatus(row["status"]),
+        attempts=row["attempts"], request=dict(row["request"]), container_id=None, worker_id=None, pool=None,
+        gpu=None, error=None, created_at=row["created_at"], updated_at=row["updated_at"], started_at=None,
+        finished_at=None,
+    )  # fmt: skip
 
 
 def _event(row: TaskPlacement) -> PlacementEvent:
@@ -125,11 +138,12 @@ class TaskStore:
         try:
             async with self._db.transaction() as session:
                 await require(session, Workspace, workspace_id, "workspace")
-                # Core inserts in one executemany: a map of thousands of calls is one round trip, not thousands.
-                await session.execute(insert(Task), rows)
+                # Core inserts on the tables, in one executemany each: a map of thousands of calls is one
+                # round trip, and no ORM object is built per row.
+                await session.execute(insert(_TASKS), rows)
                 if args is not None:
                     await session.execute(
-                        insert(TaskIO), [{"task_id": row["id"], "args": a} for row, a in zip(rows, args, strict=True)]
+                        insert(_TASK_IO), [{"task_id": row["id"], "args": a} for row, a in zip(rows, args, strict=True)]
                     )
         except IntegrityError:
             # The workspace was checked above, so a violated constraint is a reused id or a missing stub.
@@ -137,7 +151,7 @@ class TaskStore:
             raise AlreadyExists(
                 f"a task id given ({shown or 'none'}) already exists, or stub {stub_id!r} does not; nothing was stored"
             ) from None
-        return [_task(Task(**row)) for row in rows]
+        return [_record(row) for row in rows]
 
     async def get(self, task_id: str) -> TaskRecord | None:
         async with self._db.transaction() as session:
@@ -216,9 +230,19 @@ class TaskStore:
                         "gpu": event.gpu,
                         "updated_at": now,
                     }
-            await session.execute(insert(TaskPlacement), history)
+            await session.execute(insert(_PLACEMENTS), history)
             if placed:
-                await session.execute(update(Task), list(placed.values()))
+                await session.execute(
+                    update(_TASKS)
+                    .where(_TASKS.c.id == bindparam("tid"))
+                    .values(
+                        worker_id=bindparam("wid"), pool=bindparam("p"), gpu=bindparam("g"), updated_at=bindparam("u")
+                    ),
+                    [
+                        {"tid": v["id"], "wid": v["worker_id"], "p": v["pool"], "g": v["gpu"], "u": v["updated_at"]}
+                        for v in placed.values()
+                    ],
+                )
 
     async def set_running(self, task_id: str, worker_id: str, container_id: str) -> TaskRecord:
         """The task's container started on ``worker_id``; only a pending task can start.

@@ -1,6 +1,12 @@
--- ARGV: prefix, request id, next_plan_ms, tried.
--- The planner's notes on a request, written only while the request is still known.
-local rkey = P .. 'r:' .. ARGV[2]
-if redis.call('EXISTS', rkey) == 0 then return 0 end
-redis.call('HSET', rkey, 'next_plan', ARGV[3], 'tried', ARGV[4])
-return 1
+-- ARGV: prefix, then (request id, next_plan_ms, tried) for each request noted.
+-- The planner's notes on requests, written only while each request is still known;
+-- returns how many were.
+local written = 0
+for i = 2, #ARGV, 3 do
+  local rkey = P .. 'r:' .. ARGV[i]
+  if redis.call('EXISTS', rkey) == 1 then
+    redis.call('HSET', rkey, 'next_plan', ARGV[i + 1], 'tried', ARGV[i + 2])
+    written = written + 1
+  end
+end
+return written

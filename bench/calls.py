@@ -1,0 +1,199 @@
+"""Function calls end to end: levers9 (`levers9 up`) against a local Ray, doing the same no-op work.
+
+Measured on each, after a warm-up that leaves warm workers behind:
+
+1. throughput of ``.map`` over N no-op calls (levers9: ``f.map(range(N))``;
+   Ray: ``ray.get([f.remote(i) for i in range(N)])``), in calls per second;
+2. latency of one ``.remote()`` on a warm worker, one call after another
+   (levers9: ``f.remote(i)``; Ray: ``ray.get(f.remote(i))``): p50 and p99.
+
+levers9 runs as a user runs it: `levers9 up` (SQLite, the embedded Redis, one
+local pool of the `process` runtime with as many CPUs as this machine), and
+the calls come from another process through the SDK. Ray gets the same CPUs
+(``ray.init(num_cpus=...)``). Each side runs in its own processes, one after
+the other, so they never share the machine.
+
+Run: ``.venv/bin/python bench/calls.py`` (Ray comes from ``pip install 'levers9[bench]'``);
+``--write`` appends the table to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LEVERS9_CLIENT = """
+import json, sys, time, levers9
+
+@levers9.function(cpu={cpu}, memory={memory})
+def noop(x):
+    return x
+
+n, latency_calls = {n}, {latency_calls}
+list(noop.map(range(min(n, 2000))))  # warm-up: containers up, stub registered
+start = time.perf_counter()
+out = list(noop.map(range(n)))
+took = time.perf_counter() - start
+assert out == list(range(n))
+lat = []
+for i in range(latency_calls):
+    t = time.perf_counter()
+    noop.remote(i)
+    lat.append(time.perf_counter() - t)
+lat.sort()
+print(json.dumps({{"throughput": n / took, "p50_ms": lat[len(lat) // 2] * 1000,
+                  "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000}}))
+"""
+
+RAY_CLIENT = """
+import json, time, ray
+
+ray.init(num_cpus={cpus}, include_dashboard=False, logging_level="ERROR")
+
+@ray.remote
+def noop(x):
+    return x
+
+n, latency_calls = {n}, {latency_calls}
+ray.get([noop.remote(i) for i in range(min(n, 2000))])  # warm-up: workers up
+start = time.perf_counter()
+out = ray.get([noop.remote(i) for i in range(n)])
+took = time.perf_counter() - start
+assert out == list(range(n))
+lat = []
+for i in range(latency_calls):
+    t = time.perf_counter()
+    ray.get(noop.remote(i))
+    lat.append(time.perf_counter() - t)
+lat.sort()
+print(json.dumps({{"throughput": n / took, "p50_ms": lat[len(lat) // 2] * 1000,
+                  "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000}}))
+ray.shutdown()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(prefix="l9-bench-"))
+    home = root / "home"
+    home.mkdir()
+    (home / "levers9.yaml").write_text(
+        "version: 1\npools:\n  local:\n    provider: local\n    runtime: process\n"
+        f"    cpu: {cpus}\n    memory: 8192\n    min_workers: 1\n    max_workers: 1\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+    env.update(LEVERS9_HOME=str(home), XDG_STATE_HOME=str(root / "state"))
+    ports = [str(_free_port()) for _ in range(3)]
+    log = (root / "up.log").open("wb")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "levers9", "up", "--grpc-port", ports[0], "--http-port", ports[1],
+         "--metrics-port", ports[2]],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while b"levers9 is up" not in (root / "up.log").read_bytes():
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("levers9 up did not start:\n" + (root / "up.log").read_text()[-3000:])
+            time.sleep(0.1)
+        client = root / "client.py"
+        client.write_text(LEVERS9_CLIENT.format(n=n, latency_calls=latency_calls, cpu=cpu, memory=memory))
+        done = subprocess.run([sys.executable, str(client)], env=env, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"the levers9 client failed:\n{done.stderr[-3000:]}")
+        result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+    finally:
+        up.terminate()
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_ray(n: int, latency_calls: int, cpus: int) -> dict[str, float] | str:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "Ray is not installed: pip install 'levers9[bench]'"
+    done = subprocess.run(
+        [sys.executable, "-c", RAY_CLIENT.format(n=n, latency_calls=latency_calls, cpus=cpus)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return f"Ray failed: {done.stderr[-2000:]}"
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=10_000, help="calls in the measured map (default 10,000)")
+    parser.add_argument("--latency-calls", type=int, default=300, help="sequential .remote() calls timed")
+    parser.add_argument(
+        "--sizes",
+        default="0.125:128,0.002:4",
+        help="levers9 call sizes to measure, CPU:MiB each (default: the SDK's default size, and a tiny one); "
+        "a worker holds as many calls at once as their sizes fit",
+    )
+    parser.add_argument("--write", action="store_true", help="append the table to bench/RESULTS.md")
+    args = parser.parse_args()
+    cpus = os.cpu_count() or 1
+    sizes = [(float(c), int(m)) for c, m in (s.split(":") for s in args.sizes.split(","))]
+    ours = {size: run_levers9(args.n, args.latency_calls, size[0], size[1], cpus) for size in sizes}
+    theirs = run_ray(args.n, args.latency_calls, cpus)
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    machine = (
+        f"{platform.node()}: {cpus} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
+    lines = [
+        f"### Function calls, levers9 against Ray ({when})",
+        "",
+        f"Machine: {machine}. `.map` over {args.n:,} no-op calls on warm workers, then {args.latency_calls} "
+        f"sequential `.remote()` calls. levers9: `levers9 up` (SQLite, embedded Redis, one local pool of the "
+        f"`process` runtime, {cpus} CPUs, 8 GiB), every call stored in SQL. Ray: `ray.init(num_cpus={cpus})`.",
+        "",
+        "| | map throughput (calls/s) | `.remote()` p50 (ms) | `.remote()` p99 (ms) |",
+        "|---|---:|---:|---:|",
+    ]
+    for (cpu, memory), r in ours.items():
+        lines.append(
+            f"| levers9, calls of {cpu:g} CPU / {memory} MiB | {r['throughput']:,.0f} | {r['p50_ms']:.1f} | "
+            f"{r['p99_ms']:.1f} |"
+        )
+    if isinstance(theirs, str):
+        lines.append(f"| Ray | {theirs} | | |")
+    else:
+        lines.append(f"| Ray | {theirs['throughput']:,.0f} | {theirs['p50_ms']:.1f} | {theirs['p99_ms']:.1f} |")
+        best = max(r["throughput"] for r in ours.values())
+        lines += ["", f"levers9 (best size) / Ray throughput: {best / theirs['throughput']:.2f}x"]
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
+            f.write("\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()
