@@ -190,17 +190,16 @@ class DataPlane:
         if gpu is None:
             gpu = self._gpu[stub_id] = settings.gpu_request()
         now_ms = int(time.time() * 1000)
-        requests = [
-            PlacementRequest(
-                id=new_id("task"),
-                workspace=workspace,
-                cpu_millicores=settings.cpu_millicores,
-                memory_mib=settings.memory_mib,
-                gpu=gpu,
-                submitted_ms=now_ms,
-            )
-            for _ in args
-        ]
+        template = PlacementRequest(
+            id=new_id("task"),
+            workspace=workspace,
+            cpu_millicores=settings.cpu_millicores,
+            memory_mib=settings.memory_mib,
+            gpu=gpu,
+            submitted_ms=now_ms,
+        )
+        # validated once; the others differ only by their generated id
+        requests = [template] + [template.model_copy(update={"id": new_id("task")}) for _ in args[1:]]
         await self.services.scheduler.submit_many(requests, stub_id=stub_id, args=args)
         if len(self._fresh) < _MAX_FRESH:
             for r, payload in zip(requests, args, strict=True):
@@ -209,6 +208,12 @@ class DataPlane:
 
     async def watch(self, principal: Principal, task_ids: Sequence[str]) -> AsyncIterator[CallResult]:
         """Yield each task's outcome as it finishes; finished ones first. Unknown ids raise NotFound at once."""
+        async for batch in self.watch_batches(principal, task_ids):
+            for result in batch:
+                yield result
+
+    async def watch_batches(self, principal: Principal, task_ids: Sequence[str]) -> AsyncIterator[list[CallResult]]:
+        """:meth:`watch`, with the outcomes that are ready together in one list."""
         workspace = principal.require_workspace()
         wanted = list(dict.fromkeys(task_ids))
         owned = await self.calls.owned(workspace, wanted)
@@ -218,9 +223,10 @@ class DataPlane:
         pending = set(wanted)
         w = self.hub.watch(wanted)  # before reading, so nothing finishing in between is missed
         try:
-            for result in await self.calls.results(wanted, workspace_id=workspace):
-                pending.discard(result.task_id)
-                yield result
+            done = await self.calls.results(wanted, workspace_id=workspace)
+            pending.difference_update(r.task_id for r in done)
+            if done:
+                yield done
             while pending:
                 try:
                     items = await _wait(w.ready.get(), 5.0)
@@ -228,6 +234,7 @@ class DataPlane:
                     items = [(t, None) for t in pending]  # a missed wake-up costs a poll, never a result
                 while not w.ready.empty():  # everything that finished meanwhile, in one query
                     items = items + w.ready.get_nowait()
+                batch: list[CallResult] = []
                 to_read: list[str] = []
                 for task_id, known in items:
                     if task_id not in pending:
@@ -236,10 +243,12 @@ class DataPlane:
                         to_read.append(task_id)
                     else:
                         pending.discard(task_id)
-                        yield known
+                        batch.append(known)
                 for result in await self.calls.results(to_read, workspace_id=workspace):
                     pending.discard(result.task_id)
-                    yield result
+                    batch.append(result)
+                if batch:
+                    yield batch
         finally:
             self.hub.unwatch(w)
 

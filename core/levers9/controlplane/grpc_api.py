@@ -163,6 +163,14 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         async for result in self.dp.watch(principal, list(request.task_ids)):
             yield task_event(result)
 
+    @streaming
+    async def WatchMany(
+        self, request: controlplane_pb2.WatchRequest, context: Context
+    ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
+        principal = await self._user(context)
+        async for batch in self.dp.watch_batches(principal, list(request.task_ids)):
+            yield controlplane_pb2.TaskEvents(events=[task_event(r) for r in batch])
+
     @unary
     async def ListTasks(
         self, request: controlplane_pb2.ListTasksRequest, context: Context

@@ -158,13 +158,14 @@ class _Session:
                 if self.lost:
                     return
                 took = await self.dp.take(self.worker_id, _TAKE)
+                batch: list[worker_pb2.ContainerRequest] = []
                 for d in took:
                     if d.stub_id and d.stub_id not in self.sent_stubs:
                         yield worker_pb2.ControllerMessage(stub=await self._stub(d.stub_id))
                         self.sent_stubs.add(d.stub_id)
                     _, settings = await self.dp.stub(d.stub_id or "")
-                    yield worker_pb2.ControllerMessage(
-                        request=worker_pb2.ContainerRequest(
+                    batch.append(
+                        worker_pb2.ContainerRequest(
                             task_id=d.task_id,
                             stub_id=d.stub_id or "",
                             args=d.args,
@@ -175,6 +176,8 @@ class _Session:
                             attempt=d.attempts,
                         )
                     )
+                if batch:  # one message for all of them: per-message cost dominates tiny calls
+                    yield worker_pb2.ControllerMessage(requests=worker_pb2.ContainerRequests(requests=batch))
                 if len(took) >= _TAKE:
                     continue
                 waiter = asyncio.create_task(event.wait())

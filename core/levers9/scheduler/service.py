@@ -30,7 +30,7 @@ from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.scheduler.request import PlacementRequest
 from levers9.state.errors import InvalidTransition, NotFound
-from levers9.state.redis.backlog import Backlog, PlaceResult, QueuedRequest
+from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
 from levers9.state.sql.machines import MachineStore
@@ -111,15 +111,24 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
 
-    def _queued(self, request: PlacementRequest) -> QueuedRequest:
-        """Raises :class:`NoPoolOffers` when no configured pool could ever take the request."""
+    def _queued(self, request: PlacementRequest, same_as: dict[str, tuple[Group, ...]] | None = None) -> QueuedRequest:
+        """Raises :class:`NoPoolOffers` when no configured pool could ever take the request.
+
+        ``same_as`` memoizes the candidate groups across one batch: requests that differ
+        only by id (a map) share them.
+        """
         wait_s = request.max_wait_s or self.settings.max_wait_s
+        key = request.model_dump_json(exclude={"id"}) if same_as is not None else ""
+        cached = same_as.get(key) if same_as is not None else None
+        found = cached if cached is not None else groups(candidates(request, self.ctx.pools))
+        if same_as is not None:
+            same_as[key] = found
         return QueuedRequest(
             id=request.id,
             cpu_millicores=request.cpu_millicores,
             memory_mib=request.memory_mib,
             gpu_count=request.gpu.count,
-            groups=groups(candidates(request, self.ctx.pools)),
+            groups=found,
             enqueued_ms=request.submitted_ms,
             workspace=request.workspace,
             deadline_ms=request.submitted_ms + round(wait_s * 1000),
@@ -139,7 +148,8 @@ class Scheduler:
 
         Refuses all if any can never be placed.
         """
-        queued = [self._queued(r) for r in requests]
+        memo: dict[str, tuple[Group, ...]] = {}
+        queued = [self._queued(r, memo) for r in requests]
         if args is not None and len(args) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(args)} argument payloads")
         by_workspace: dict[str, list[tuple[PlacementRequest, bytes | None]]] = {}

@@ -128,17 +128,20 @@ async def _watch(client: Client, task_ids: Sequence[str]) -> AsyncIterator[contr
     away is simply opened again for the tasks not yet seen.
     """
     waiting = list(dict.fromkeys(task_ids))
+    left = set(waiting)
     deadline: float | None = None
     delay = 0.2
     while waiting:
         try:
-            async for event in client.stub.Watch(
+            async for batch in client.stub.WatchMany(
                 controlplane_pb2.WatchRequest(task_ids=waiting), metadata=client.metadata
             ):
-                if event.HasField("result") and event.task_id in waiting:
-                    waiting.remove(event.task_id)
-                    deadline, delay = None, 0.2
-                    yield event
+                for event in batch.events:
+                    if event.HasField("result") and event.task_id in left:
+                        left.discard(event.task_id)
+                        deadline, delay = None, 0.2
+                        yield event
+                waiting = [t for t in waiting if t in left]
             if waiting:
                 raise RuntimeError(f"the controlplane ended a watch with {len(waiting)} tasks unfinished")
         except grpc.aio.AioRpcError as exc:

@@ -313,6 +313,9 @@ class WorkerProcess:
                     self._add_stub(message.stub)
                 elif kind == "request":
                     self._start(message.request)
+                elif kind == "requests":
+                    for request in message.requests.requests:
+                        self._start(request)
                 elif kind == "cancel":
                     task = self.inflight.get(message.cancel.task_id)
                     if task is not None and self.pool is not None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from levers9.proto.v1 import common_pb2 as levers9_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#levers9/proto/v1/controlplane.proto\x12\nlevers9.v1\x1a\x1dlevers9/proto/v1/common.proto\"\x0f\n\rWhoAmIRequest\"P\n\x0eWhoAmIResponse\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x16\n\x0eworkspace_name\x18\x02 \x01(\t\x12\x10\n\x08token_id\x18\x03 \x01(\t\"\x95\x03\n\nStubConfig\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03\x61pp\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12\x16\n\x0e\x63pu_millicores\x18\x05 \x01(\x05\x12\x12\n\nmemory_mib\x18\x06 \x01(\x05\x12\x0b\n\x03gpu\x18\x07 \x03(\t\x12\x11\n\tgpu_count\x18\x08 \x01(\x05\x12\x1d\n\x10\x66\x61llback_after_s\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07retries\x18\n \x01(\x05\x12\x11\n\ttimeout_s\x18\x0b \x01(\x01\x12\x0f\n\x07secrets\x18\x0c \x03(\t\x12,\n\x03\x65nv\x18\r \x03(\x0b\x32\x1f.levers9.v1.StubConfig.EnvEntry\x12\x18\n\x0bkeep_warm_s\x18\x0e \x01(\x01H\x01\x88\x01\x01\x12\x16\n\x0epython_version\x18\x0f \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_fallback_after_sB\x0e\n\x0c_keep_warm_s\"Q\n\x16GetOrCreateStubRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.levers9.v1.StubConfig\x12\x0f\n\x07handler\x18\x02 \x01(\x0c\";\n\x17GetOrCreateStubResponse\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\".\n\rDeployRequest\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"8\n\x0e\x44\x65ployResponse\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\".\n\rInvokeRequest\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x02 \x01(\x0c\"\x14\n\x04\x43\x61ll\x12\x0c\n\x04\x61rgs\x18\x01 \x01(\x0c\"A\n\rSubmitRequest\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x1f\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x10.levers9.v1.Call\"\"\n\x0eSubmitResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\" \n\x0cWatchRequest\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"e\n\tTaskEvent\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12&\n\x06result\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskResult\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xd1\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07stub_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\x05\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x0c\n\x04pool\x18\x06 \x01(\t\x12\x0b\n\x03gpu\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x12\n\ncreated_at\x18\t \x01(\x01\x12\x12\n\nstarted_at\x18\n \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0b \x01(\x01\x12\x10\n\x08\x66unction\x18\x0c \x01(\t\"1\n\x10ListTasksRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x0e\n\x06status\x18\x02 \x01(\t\"4\n\x11ListTasksResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.levers9.v1.Task\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\'\n\x12\x43\x61ncelTaskResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"4\n\x11StreamLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\"\x18\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListPoolsRequest\"\xbd\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x11\n\tgpu_count\x18\x05 \x01(\x05\x12\x13\n\x0bmin_workers\x18\x06 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x07 \x01(\x05\x12\x0f\n\x07workers\x18\x08 \x01(\x05\x12\x10\n\x08starting\x18\t \x01(\x05\x12\x13\n\x0bunavailable\x18\n \x01(\t\"8\n\x11ListPoolsResponse\x12#\n\x05pools\x18\x01 \x03(\x0b\x32\x14.levers9.v1.PoolInfo\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xe3\x01\n\rWorkerSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x11\n\tgpu_total\x18\x05 \x01(\x05\x12\x10\n\x08gpu_free\x18\x06 \x01(\x05\x12\x16\n\x0e\x63pu_millicores\x18\x07 \x01(\x05\x12\x10\n\x08\x63pu_free\x18\x08 \x01(\x05\x12\x12\n\nmemory_mib\x18\t \x01(\x05\x12\x13\n\x0bmemory_free\x18\n \x01(\x05\x12\x0f\n\x07running\x18\x0b \x01(\x05\x12\x12\n\nmachine_id\x18\x0c \x01(\t\"A\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.levers9.v1.WorkerSummary2\xd6\x06\n\x0c\x43ontrolPlane\x12?\n\x06WhoAmI\x12\x19.levers9.v1.WhoAmIRequest\x1a\x1a.levers9.v1.WhoAmIResponse\x12Z\n\x0fGetOrCreateStub\x12\".levers9.v1.GetOrCreateStubRequest\x1a#.levers9.v1.GetOrCreateStubResponse\x12?\n\x06\x44\x65ploy\x12\x19.levers9.v1.DeployRequest\x1a\x1a.levers9.v1.DeployResponse\x12<\n\x06Invoke\x12\x19.levers9.v1.InvokeRequest\x1a\x15.levers9.v1.TaskEvent0\x01\x12?\n\x06Submit\x12\x19.levers9.v1.SubmitRequest\x1a\x1a.levers9.v1.SubmitResponse\x12:\n\x05Watch\x12\x18.levers9.v1.WatchRequest\x1a\x15.levers9.v1.TaskEvent0\x01\x12H\n\tListTasks\x12\x1c.levers9.v1.ListTasksRequest\x1a\x1d.levers9.v1.ListTasksResponse\x12\x37\n\x07GetTask\x12\x1a.levers9.v1.GetTaskRequest\x1a\x10.levers9.v1.Task\x12K\n\nCancelTask\x12\x1d.levers9.v1.CancelTaskRequest\x1a\x1e.levers9.v1.CancelTaskResponse\x12\x43\n\nStreamLogs\x12\x1d.levers9.v1.StreamLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x12H\n\tListPools\x12\x1c.levers9.v1.ListPoolsRequest\x1a\x1d.levers9.v1.ListPoolsResponse\x12N\n\x0bListWorkers\x12\x1e.levers9.v1.ListWorkersRequest\x1a\x1f.levers9.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#levers9/proto/v1/controlplane.proto\x12\nlevers9.v1\x1a\x1dlevers9/proto/v1/common.proto\"\x0f\n\rWhoAmIRequest\"P\n\x0eWhoAmIResponse\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x16\n\x0eworkspace_name\x18\x02 \x01(\t\x12\x10\n\x08token_id\x18\x03 \x01(\t\"\x95\x03\n\nStubConfig\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03\x61pp\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12\x16\n\x0e\x63pu_millicores\x18\x05 \x01(\x05\x12\x12\n\nmemory_mib\x18\x06 \x01(\x05\x12\x0b\n\x03gpu\x18\x07 \x03(\t\x12\x11\n\tgpu_count\x18\x08 \x01(\x05\x12\x1d\n\x10\x66\x61llback_after_s\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07retries\x18\n \x01(\x05\x12\x11\n\ttimeout_s\x18\x0b \x01(\x01\x12\x0f\n\x07secrets\x18\x0c \x03(\t\x12,\n\x03\x65nv\x18\r \x03(\x0b\x32\x1f.levers9.v1.StubConfig.EnvEntry\x12\x18\n\x0bkeep_warm_s\x18\x0e \x01(\x01H\x01\x88\x01\x01\x12\x16\n\x0epython_version\x18\x0f \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_fallback_after_sB\x0e\n\x0c_keep_warm_s\"Q\n\x16GetOrCreateStubRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.levers9.v1.StubConfig\x12\x0f\n\x07handler\x18\x02 \x01(\x0c\";\n\x17GetOrCreateStubResponse\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\".\n\rDeployRequest\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"8\n\x0e\x44\x65ployResponse\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\".\n\rInvokeRequest\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x02 \x01(\x0c\"\x14\n\x04\x43\x61ll\x12\x0c\n\x04\x61rgs\x18\x01 \x01(\x0c\"A\n\rSubmitRequest\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x1f\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x10.levers9.v1.Call\"\"\n\x0eSubmitResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\" \n\x0cWatchRequest\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"e\n\tTaskEvent\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12&\n\x06result\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskResult\x12\x0f\n\x07message\x18\x04 \x01(\t\"3\n\nTaskEvents\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.levers9.v1.TaskEvent\"\xd1\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07stub_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\x05\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x0c\n\x04pool\x18\x06 \x01(\t\x12\x0b\n\x03gpu\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x12\n\ncreated_at\x18\t \x01(\x01\x12\x12\n\nstarted_at\x18\n \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0b \x01(\x01\x12\x10\n\x08\x66unction\x18\x0c \x01(\t\"1\n\x10ListTasksRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x0e\n\x06status\x18\x02 \x01(\t\"4\n\x11ListTasksResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.levers9.v1.Task\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\'\n\x12\x43\x61ncelTaskResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"4\n\x11StreamLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\"\x18\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListPoolsRequest\"\xbd\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x11\n\tgpu_count\x18\x05 \x01(\x05\x12\x13\n\x0bmin_workers\x18\x06 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x07 \x01(\x05\x12\x0f\n\x07workers\x18\x08 \x01(\x05\x12\x10\n\x08starting\x18\t \x01(\x05\x12\x13\n\x0bunavailable\x18\n \x01(\t\"8\n\x11ListPoolsResponse\x12#\n\x05pools\x18\x01 \x03(\x0b\x32\x14.levers9.v1.PoolInfo\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xe3\x01\n\rWorkerSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x11\n\tgpu_total\x18\x05 \x01(\x05\x12\x10\n\x08gpu_free\x18\x06 \x01(\x05\x12\x16\n\x0e\x63pu_millicores\x18\x07 \x01(\x05\x12\x10\n\x08\x63pu_free\x18\x08 \x01(\x05\x12\x12\n\nmemory_mib\x18\t \x01(\x05\x12\x13\n\x0bmemory_free\x18\n \x01(\x05\x12\x0f\n\x07running\x18\x0b \x01(\x05\x12\x12\n\nmachine_id\x18\x0c \x01(\t\"A\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.levers9.v1.WorkerSummary2\x97\x07\n\x0c\x43ontrolPlane\x12?\n\x06WhoAmI\x12\x19.levers9.v1.WhoAmIRequest\x1a\x1a.levers9.v1.WhoAmIResponse\x12Z\n\x0fGetOrCreateStub\x12\".levers9.v1.GetOrCreateStubRequest\x1a#.levers9.v1.GetOrCreateStubResponse\x12?\n\x06\x44\x65ploy\x12\x19.levers9.v1.DeployRequest\x1a\x1a.levers9.v1.DeployResponse\x12<\n\x06Invoke\x12\x19.levers9.v1.InvokeRequest\x1a\x15.levers9.v1.TaskEvent0\x01\x12?\n\x06Submit\x12\x19.levers9.v1.SubmitRequest\x1a\x1a.levers9.v1.SubmitResponse\x12:\n\x05Watch\x12\x18.levers9.v1.WatchRequest\x1a\x15.levers9.v1.TaskEvent0\x01\x12?\n\tWatchMany\x12\x18.levers9.v1.WatchRequest\x1a\x16.levers9.v1.TaskEvents0\x01\x12H\n\tListTasks\x12\x1c.levers9.v1.ListTasksRequest\x1a\x1d.levers9.v1.ListTasksResponse\x12\x37\n\x07GetTask\x12\x1a.levers9.v1.GetTaskRequest\x1a\x10.levers9.v1.Task\x12K\n\nCancelTask\x12\x1d.levers9.v1.CancelTaskRequest\x1a\x1e.levers9.v1.CancelTaskResponse\x12\x43\n\nStreamLogs\x12\x1d.levers9.v1.StreamLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x12H\n\tListPools\x12\x1c.levers9.v1.ListPoolsRequest\x1a\x1d.levers9.v1.ListPoolsResponse\x12N\n\x0bListWorkers\x12\x1e.levers9.v1.ListWorkersRequest\x1a\x1f.levers9.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -62,34 +62,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_end=1044
   _globals['_TASKEVENT']._serialized_start=1046
   _globals['_TASKEVENT']._serialized_end=1147
-  _globals['_TASK']._serialized_start=1150
-  _globals['_TASK']._serialized_end=1359
-  _globals['_LISTTASKSREQUEST']._serialized_start=1361
-  _globals['_LISTTASKSREQUEST']._serialized_end=1410
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1412
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1464
-  _globals['_GETTASKREQUEST']._serialized_start=1466
-  _globals['_GETTASKREQUEST']._serialized_end=1499
-  _globals['_CANCELTASKREQUEST']._serialized_start=1501
-  _globals['_CANCELTASKREQUEST']._serialized_end=1537
-  _globals['_CANCELTASKRESPONSE']._serialized_start=1539
-  _globals['_CANCELTASKRESPONSE']._serialized_end=1578
-  _globals['_STREAMLOGSREQUEST']._serialized_start=1580
-  _globals['_STREAMLOGSREQUEST']._serialized_end=1632
-  _globals['_LOGCHUNK']._serialized_start=1634
-  _globals['_LOGCHUNK']._serialized_end=1658
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1660
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1678
-  _globals['_POOLINFO']._serialized_start=1681
-  _globals['_POOLINFO']._serialized_end=1870
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1872
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=1928
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1930
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1964
-  _globals['_WORKERSUMMARY']._serialized_start=1967
-  _globals['_WORKERSUMMARY']._serialized_end=2194
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=2196
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=2261
-  _globals['_CONTROLPLANE']._serialized_start=2264
-  _globals['_CONTROLPLANE']._serialized_end=3118
+  _globals['_TASKEVENTS']._serialized_start=1149
+  _globals['_TASKEVENTS']._serialized_end=1200
+  _globals['_TASK']._serialized_start=1203
+  _globals['_TASK']._serialized_end=1412
+  _globals['_LISTTASKSREQUEST']._serialized_start=1414
+  _globals['_LISTTASKSREQUEST']._serialized_end=1463
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1465
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1517
+  _globals['_GETTASKREQUEST']._serialized_start=1519
+  _globals['_GETTASKREQUEST']._serialized_end=1552
+  _globals['_CANCELTASKREQUEST']._serialized_start=1554
+  _globals['_CANCELTASKREQUEST']._serialized_end=1590
+  _globals['_CANCELTASKRESPONSE']._serialized_start=1592
+  _globals['_CANCELTASKRESPONSE']._serialized_end=1631
+  _globals['_STREAMLOGSREQUEST']._serialized_start=1633
+  _globals['_STREAMLOGSREQUEST']._serialized_end=1685
+  _globals['_LOGCHUNK']._serialized_start=1687
+  _globals['_LOGCHUNK']._serialized_end=1711
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1713
+  _globals['_LISTPOOLSREQUEST']._serialized_end=1731
+  _globals['_POOLINFO']._serialized_start=1734
+  _globals['_POOLINFO']._serialized_end=1923
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=1925
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1981
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1983
+  _globals['_LISTWORKERSREQUEST']._serialized_end=2017
+  _globals['_WORKERSUMMARY']._serialized_start=2020
+  _globals['_WORKERSUMMARY']._serialized_end=2247
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=2249
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=2314
+  _globals['_CONTROLPLANE']._serialized_start=2317
+  _globals['_CONTROLPLANE']._serialized_end=3236
 # @@protoc_insertion_point(module_scope)

@@ -140,6 +140,12 @@ class TaskEvent(_message.Message):
     message: str
     def __init__(self, task_id: _Optional[str] = ..., status: _Optional[str] = ..., result: _Optional[_Union[_common_pb2.TaskResult, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class TaskEvents(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TaskEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[TaskEvent, _Mapping]]] = ...) -> None: ...
+
 class Task(_message.Message):
     __slots__ = ("id", "stub_id", "status", "attempts", "worker_id", "pool", "gpu", "error", "created_at", "started_at", "finished_at", "function")
     ID_FIELD_NUMBER: _ClassVar[int]

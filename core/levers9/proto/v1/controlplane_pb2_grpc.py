@@ -64,6 +64,11 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvent.FromString,
                 _registered_method=True)
+        self.WatchMany = channel.unary_stream(
+                '/levers9.v1.ControlPlane/WatchMany',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvents.FromString,
+                _registered_method=True)
         self.ListTasks = channel.unary_unary(
                 '/levers9.v1.ControlPlane/ListTasks',
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListTasksRequest.SerializeToString,
@@ -141,6 +146,13 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchMany(self, request, context):
+        """Watch for many tasks (a map): outcomes that finish together arrive in one message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListTasks(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -210,6 +222,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvent.SerializeToString,
+            ),
+            'WatchMany': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchMany,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvents.SerializeToString,
             ),
             'ListTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTasks,
@@ -404,6 +421,33 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/Watch',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/WatchMany',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvents.FromString,
             options,
             channel_credentials,
             insecure,

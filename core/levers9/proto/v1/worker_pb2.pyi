@@ -127,17 +127,25 @@ class CancelTask(_message.Message):
     task_id: str
     def __init__(self, task_id: _Optional[str] = ...) -> None: ...
 
+class ContainerRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[ContainerRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[ContainerRequest, _Mapping]]] = ...) -> None: ...
+
 class ControllerMessage(_message.Message):
-    __slots__ = ("stub", "request", "cancel", "drain")
+    __slots__ = ("stub", "request", "cancel", "drain", "requests")
     STUB_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
     stub: StubDefinition
     request: ContainerRequest
     cancel: CancelTask
     drain: bool
-    def __init__(self, stub: _Optional[_Union[StubDefinition, _Mapping]] = ..., request: _Optional[_Union[ContainerRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., drain: _Optional[bool] = ...) -> None: ...
+    requests: ContainerRequests
+    def __init__(self, stub: _Optional[_Union[StubDefinition, _Mapping]] = ..., request: _Optional[_Union[ContainerRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., drain: _Optional[bool] = ..., requests: _Optional[_Union[ContainerRequests, _Mapping]] = ...) -> None: ...
 
 class TaskStarted(_message.Message):
     __slots__ = ("task_id", "container_id")
