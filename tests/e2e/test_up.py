@@ -280,3 +280,71 @@ def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(levers9_u
     r = httpx.get(f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}",
                   headers={"authorization": f"Bearer {intruder}"}, timeout=10)  # fmt: skip
     assert r.status_code == 404
+
+
+def test_output_of_a_call_reaches_levers9_logs(levers9_up: Up) -> None:
+    levers9_up.start()
+    done = levers9_up.python(
+        """
+        import sys, levers9
+
+        @levers9.function()
+        def chatty(n):
+            for i in range(n):
+                print(f"line {i} of {n}", flush=True)
+            print("to stderr", file=sys.stderr, flush=True)
+            return n
+
+        call = chatty.spawn(3)
+        assert call.get(timeout=120) == 3
+        print("TASK", call.task_id)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.split("TASK", 1)[1].strip()
+    logs = levers9_up.levers9("logs", task_id)
+    assert logs.returncode == 0, logs.stderr
+    assert "line 0 of 3\nline 1 of 3\nline 2 of 3\n" in logs.stdout
+    assert "to stderr" in logs.stdout
+
+
+def test_a_worker_told_to_stop_finishes_its_call_first(levers9_up: Up) -> None:
+    levers9_up.start()
+    marker = levers9_up.root / "started"
+    program = levers9_up.root / "long_app.py"
+    program.write_text(
+        f"""
+import time, levers9
+
+@levers9.function()
+def long():
+    open({str(marker)!r}, "w").close()
+    time.sleep(2)
+    return "done"
+
+print("RESULT", long.remote(), flush=True)
+"""
+    )
+    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the call never started"
+        worker = _worker_running_a_call(levers9_up)
+        os.kill(worker, signal.SIGTERM)  # drain: take nothing new, finish what runs, leave
+        out, err = app.communicate(timeout=120)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+    assert app.returncode == 0, err
+    assert "RESULT done" in out
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists(), "the drained worker did not exit"
+    tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
+    [task] = [t for t in tasks if t.get("function") == "long"]
+    assert (task["status"], task["attempts"]) == ("complete", 0)  # finished where it ran, not run again

@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,24 +206,33 @@ class DataPlane:
                 self._fresh[r.id] = (workspace, stub_id, payload)
         return [r.id for r in requests]
 
-    async def watch(self, principal: Principal, task_ids: Sequence[str]) -> AsyncIterator[CallResult]:
-        """Yield each task's outcome as it finishes; finished ones first. Unknown ids raise NotFound at once."""
-        async for batch in self.watch_batches(principal, task_ids):
+    async def watch(
+        self, principal: Principal, task_ids: Sequence[str], *, just_submitted: bool = False
+    ) -> AsyncGenerator[CallResult, None]:
+        """Yield each task's outcome as it finishes; finished ones first. Unknown ids raise NotFound at once.
+
+        ``just_submitted``: the caller submitted these tasks a moment ago in this process, so they are
+        its own and none has finished yet (the watch is in place before the event loop turns).
+        """
+        async for batch in self.watch_batches(principal, task_ids, just_submitted=just_submitted):
             for result in batch:
                 yield result
 
-    async def watch_batches(self, principal: Principal, task_ids: Sequence[str]) -> AsyncIterator[list[CallResult]]:
+    async def watch_batches(
+        self, principal: Principal, task_ids: Sequence[str], *, just_submitted: bool = False
+    ) -> AsyncIterator[list[CallResult]]:
         """:meth:`watch`, with the outcomes that are ready together in one list."""
         workspace = principal.require_workspace()
         wanted = list(dict.fromkeys(task_ids))
-        owned = await self.calls.owned(workspace, wanted)
-        missing = [t for t in wanted if t not in owned]
-        if missing:
-            raise NotFound("task", ", ".join(missing[:5]) + ("..." if len(missing) > 5 else ""))
+        if not just_submitted:
+            owned = await self.calls.owned(workspace, wanted)
+            missing = [t for t in wanted if t not in owned]
+            if missing:
+                raise NotFound("task", ", ".join(missing[:5]) + ("..." if len(missing) > 5 else ""))
         pending = set(wanted)
         w = self.hub.watch(wanted)  # before reading, so nothing finishing in between is missed
         try:
-            done = await self.calls.results(wanted, workspace_id=workspace)
+            done = [] if just_submitted else await self.calls.results(wanted, workspace_id=workspace)
             pending.difference_update(r.task_id for r in done)
             if done:
                 yield done

@@ -141,9 +141,14 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
         principal = await self._user(context)
         [task_id] = await self.dp.submit(principal, request.stub_id, [request.args])
-        yield controlplane_pb2.TaskEvent(task_id=task_id, status=TaskStatus.PENDING.value, message="queued")
-        async for result in self.dp.watch(principal, [task_id]):
-            yield task_event(result)
+        events = self.dp.watch(principal, [task_id], just_submitted=True)
+        first = asyncio.ensure_future(anext(events))  # watching before anything else can run
+        try:
+            yield controlplane_pb2.TaskEvent(task_id=task_id, status=TaskStatus.PENDING.value, message="queued")
+            yield task_event(await first)
+        finally:
+            first.cancel()
+            await events.aclose()
 
     @unary
     async def Submit(

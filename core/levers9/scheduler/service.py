@@ -210,7 +210,7 @@ class Scheduler:
             ctx.now_ms(), limit=ctx.settings.batch_size, recheck_ms=round(ctx.settings.retry_initial_s * 1000)
         )
         if result.placed:
-            await ctx.tasks.record(
+            history = ctx.tasks.record(
                 [
                     PlacementEvent(
                         task_id=p.request,
@@ -223,8 +223,11 @@ class Scheduler:
                     for p in result.placed
                 ]
             )
-            if self.on_placed is not None:
-                await self.on_placed(result)
+            if self.on_placed is None:
+                await history
+            else:
+                # the workers are told while the history is written: a call is not held up by its own record
+                await asyncio.gather(history, self.on_placed(result))
         if result.unplaced:
             ctx.planner_wanted.set()
         return result

@@ -155,6 +155,11 @@ class _Outbox:
             sent_draining = sent_draining or message.draining
             if message.ByteSize():
                 yield message
+        # the session is ending: whatever is still here goes out before the stream closes
+        last = worker_pb2.WorkerMessage(started=self.started, results=self.results, logs=self.logs)
+        self.started, self.results, self.logs = [], [], []
+        if last.ByteSize():
+            yield last
 
 
 class WorkerProcess:
@@ -170,6 +175,7 @@ class WorkerProcess:
         self.runtime = ""
         self.gpus: list[GpuDevice] = []
         self._stopped = asyncio.Event()
+        self._session_stop = asyncio.Event()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -303,7 +309,7 @@ class WorkerProcess:
         self.pool = ContainerPool(self.hooks, context, state_dir=self.options.state_dir / "containers", gpus=self.gpus)
 
     async def _session(self, stub: worker_pb2_grpc.WorkerStub, response: worker_pb2.RegisterResponse) -> None:
-        stop = asyncio.Event()
+        stop = self._session_stop = asyncio.Event()
         call = stub.Session(self.outbox.messages(response.keepalive_s, stop), metadata=self._metadata())
         reaper = asyncio.create_task(self._reap_idle())
         try:
@@ -338,7 +344,9 @@ class WorkerProcess:
             if self.pool is not None:
                 with contextlib.suppress(Exception):
                     await self.pool.reap_idle()
-            if self.draining.is_set() and not self.inflight and not self.outbox.results:
+            if self.draining.is_set() and not self.inflight:
+                # drained: end the session (the last results go out as the stream closes) and leave
+                self._session_stop.set()
                 self.outbox.wake.set()
 
     def _add_stub(self, d: worker_pb2.StubDefinition) -> None:

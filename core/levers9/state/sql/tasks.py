@@ -181,8 +181,9 @@ class TaskStore:
         """Append placement history for many tasks in one transaction (the scheduler calls it once per batch).
 
         A ``placed`` event also stores where the task went (worker, pool, GPU)
-        on the task itself, unless the task finished meanwhile (cancelled while
-        the scheduler was placing it). Unknown task ids fail the whole batch.
+        on the task itself, even when it already finished (a fast call may end
+        before its history is written), but not when it was cancelled while the
+        scheduler was placing it. Unknown task ids fail the whole batch.
         """
         if not events:
             return
@@ -222,7 +223,9 @@ class TaskStore:
                         "reason": event.reason,
                     }
                 )
-                if event.outcome == PlacementOutcome.PLACED and status in _UNFINISHED:
+                # where it ran is kept even when the call finished before this was written (it is fast);
+                # a call cancelled while being placed never ran
+                if event.outcome == PlacementOutcome.PLACED and status != TaskStatus.CANCELLED.value:
                     placed[event.task_id] = {
                         "id": event.task_id,
                         "worker_id": event.worker_id,
