@@ -425,13 +425,13 @@ class DataPlane:
     async def _on_placed(self, result: PlaceResult) -> None:
         await self.hub.placed(p.worker for p in result.placed)
         if self.metrics is not None:
-            pools = self.services.pools
+            per_pool: dict[str, int] = {}
             for p in result.placed:
-                spec = pools.get(p.pool)
-                self.metrics.placed(p.pool, (spec.gpu if spec else None) or "cpu")
+                per_pool[p.pool] = per_pool.get(p.pool, 0) + 1
+            for pool, count in per_pool.items():  # one counter update per pool, not per call
+                spec = self.services.pools.get(pool)
+                self.metrics.placed(pool, (spec.gpu if spec else None) or "cpu", count)
 
 
 async def _wait(awaitable: Any, timeout: float) -> Any:
-    import asyncio
-
     return await asyncio.wait_for(awaitable, timeout)
