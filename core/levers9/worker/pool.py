@@ -19,6 +19,7 @@ logged.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import importlib.util
@@ -124,6 +125,8 @@ class _Stub:
     containers: dict[str, _Container] = field(default_factory=dict)
     #: calls queued or running, not yet settled
     in_flight: int = 0
+    #: calls in the order they were queued; the head is dropped once taken or settled (see _oldest_waiting)
+    waiting: collections.deque[_Pending] = field(default_factory=collections.deque)
     failures: int = 0
     retry_at: float = 0.0
 
@@ -199,6 +202,7 @@ class ContainerPool:
         pending.queued_at = asyncio.get_running_loop().time()
         self._calls[call.task_id] = (group, pending)
         group.in_flight += 1
+        group.waiting.append(pending)
         group.queue.put_nowait(pending)
         self._rebalance()
         try:
@@ -332,11 +336,14 @@ class ContainerPool:
                 self._launch(group)
 
     def _oldest_waiting(self, group: _Stub) -> float | None:
-        """When the longest-waiting queued call of ``group`` was queued; None when none waits."""
-        waiting = [
-            p.queued_at for g, p in self._calls.values() if g is group and p.container is None and not p.future.done()
-        ]
-        return min(waiting) if waiting else None
+        """When the longest-waiting queued call of ``group`` was queued; None when none waits.
+
+        Called on every new call, so it must not scan them all: calls are taken in the order they were
+        queued, so the oldest still waiting is the head of ``group.waiting`` once taken ones are dropped.
+        """
+        while group.waiting and (group.waiting[0].container is not None or group.waiting[0].future.done()):
+            group.waiting.popleft()
+        return group.waiting[0].queued_at if group.waiting else None
 
     def _rebalance_at(self, when: float) -> None:
         loop = asyncio.get_running_loop()
