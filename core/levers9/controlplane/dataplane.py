@@ -275,7 +275,7 @@ class DataPlane:
 
     # ------------------------------------------------------------------ workers
 
-    async def register_worker(self, principal: Principal, info: WorkerInfo) -> None:
+    async def register_worker(self, info: WorkerInfo) -> None:
         await self.services.scheduler.register_worker(info)
 
     async def take(self, worker_id: str, max_count: int = 256) -> list[Dispatch]:
@@ -417,10 +417,6 @@ class DataPlane:
             running = self._running.pop(task_id, None)
             if self.metrics is not None:
                 self.metrics.task_finished(by_id[task_id].status, now - running.dispatched if running else 0.0)
-
-    async def forget_worker(self, worker_id: str, task_ids: Sequence[str]) -> None:
-        for task_id in task_ids:
-            self._running.pop(task_id, None)
 
     async def _on_placed(self, result: PlaceResult) -> None:
         await self.hub.placed(p.worker for p in result.placed)

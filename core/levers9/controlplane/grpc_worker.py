@@ -23,18 +23,18 @@ import grpc
 from levers9.controlplane.auth import PermissionDenied, Principal, bearer
 from levers9.controlplane.dataplane import DataPlane, TaskOutcome, WorkerReport
 from levers9.controlplane.grpc_errors import unary
+from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
 from levers9.scheduler.pools import PoolSpec
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.records import TokenKind
 
-__all__ = ["WORKER_ID_KEY", "WorkerService"]
+__all__ = ["WorkerService"]
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
-WORKER_ID_KEY = "levers9-worker-id"
 _TAKE = 256
 
 
@@ -103,7 +103,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 "worker %s of pool %s found %d %s GPUs, the pool promises %d",
                 worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
             )  # fmt: skip
-        await self.dp.register_worker(principal, info)
+        await self.dp.register_worker(info)
         settings = self.services.loaded.runtime_settings.get(spec.name)
         log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, request.hostname)
         return worker_pb2.RegisterResponse(
@@ -118,7 +118,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[worker_pb2.ControllerMessage]:
         try:
             principal = await self._principal(context)
-            worker_id = _metadata(context, WORKER_ID_KEY) or ""
+            worker_id = _metadata(context, WORKER_ID_METADATA) or ""
             state = await self.services.scheduler.workers.get(worker_id)
             if state is None:
                 raise NotFound("worker", f"{worker_id} (register again)")

@@ -35,8 +35,9 @@ import grpc
 from levers9.__about__ import __version__
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
+from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from levers9.worker.calls import Call, Outcome, StubSpec
+from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.pool import ContainerPool
 
@@ -44,7 +45,6 @@ __all__ = ["WorkerOptions", "WorkerProcess", "options_from_env"]
 
 log = logging.getLogger(__name__)
 
-WORKER_ID_KEY = "levers9-worker-id"
 #: results re-sent after a reconnect; storing is idempotent and a late duplicate is ignored
 RESEND_WINDOW_S = 120.0
 
@@ -174,7 +174,6 @@ class WorkerProcess:
         self.pool: ContainerPool | None = None
         self.runtime = ""
         self.gpus: list[GpuDevice] = []
-        self._stopped = asyncio.Event()
         self._session_stop = asyncio.Event()
 
     async def run(self) -> int:
@@ -216,7 +215,6 @@ class WorkerProcess:
             log.warning("%d calls still running after %.0f s of draining; stopping them", len(self.inflight), limit)
             for task in list(self.inflight.values()):
                 task.cancel()
-        self._stopped.set()
 
     async def _discover_gpus(self) -> list[GpuDevice]:
         found = (await self.hooks.gpu_devices()).devices
@@ -263,7 +261,7 @@ class WorkerProcess:
             backoff = min(backoff * 2, 15.0)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_KEY, self.worker_id))
+        return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_METADATA, self.worker_id))
 
     async def _register(self, stub: worker_pb2_grpc.WorkerStub) -> worker_pb2.RegisterResponse:
         request = worker_pb2.RegisterRequest(
@@ -400,9 +398,7 @@ class WorkerProcess:
         )
 
 
-def _error(kind: str, message: str) -> Any:
-    from levers9.worker.calls import RemoteErrorInfo
-
+def _error(kind: str, message: str) -> RemoteErrorInfo:
     return RemoteErrorInfo(kind, message)
 
 
