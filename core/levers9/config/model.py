@@ -42,8 +42,9 @@ class StateConfig(_Strict):
     )
     redis_url: str | None = Field(
         None,
-        description="Redis URL (redis://host:6379/0); empty means an embedded in-process Redis, "
-        "which is only for a single controlplane.",
+        description="Redis URL (redis://host:6379/0 or unix:///path); empty means an embedded one, only for a "
+        "single controlplane: a private redis-server child in data_dir when the binary is installed, else an "
+        "in-process one (LEVERS9_EMBEDDED_REDIS=memory forces that).",
     )
     secret_key_file: str | None = Field(
         None,
