@@ -31,6 +31,7 @@ def test_hello_example_runs_through_levers9_run(levers9_up: Up) -> None:
     assert done.returncode == 0, done.stderr
     assert "7 squared on a levers9 worker: 49" in done.stdout
     assert "squares of 0..9: [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]" in done.stdout
+    assert done.stderr == "", done.stderr  # nothing else: no warnings from the SDK's shutdown either
 
 
 def test_gpu_preference_falls_back_to_cpu_on_a_machine_without_gpus(levers9_up: Up) -> None:

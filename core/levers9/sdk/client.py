@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -87,21 +88,20 @@ class Client:
         async def shutdown() -> None:
             if self._channel is not None:
                 await self._channel.close()
+            # gRPC leaves bookkeeping tasks behind for finished calls; end them here, or Python prints
+            # "Task was destroyed but it is pending!" when the program exits
+            current = asyncio.current_task()
+            others = [t for t in asyncio.all_tasks() if t is not current]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         if self._loop.is_running():
-            with _suppress():
+            with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
         self._loop.close()
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True
 
 
 _resolved: dict[tuple[str | None, ...], Context] = {}
