@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.levers9_up import Up, _processes_mentioning
+from tests.fixtures.levers9_up import Up, _processes_mentioning, free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -349,3 +349,22 @@ print("RESULT", long.remote(), flush=True)
     tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
     [task] = [t for t in tasks if t.get("function") == "long"]
     assert (task["status"], task["attempts"]) == ("complete", 0)  # finished where it ran, not run again
+
+
+def test_a_second_up_on_the_same_home_or_port_refuses_and_leaves_the_first_alone(levers9_up: Up) -> None:
+    levers9_up.start()
+    ports = ["--grpc-port", str(levers9_up.grpc_port), "--http-port", str(free_port()),
+             "--metrics-port", str(free_port())]  # fmt: skip
+    same_home = levers9_up.levers9("up", *ports, timeout=60)
+    assert same_home.returncode == 1
+    assert "another levers9 controlplane is running on" in same_home.stderr
+    other_home = subprocess.run(
+        [sys.executable, "-m", "levers9", "up", *ports],
+        env={**levers9_up.env, "LEVERS9_HOME": str(levers9_up.root / "other-home")},
+        capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
+    )  # fmt: skip
+    assert other_home.returncode == 1
+    assert f"cannot listen for gRPC on 127.0.0.1:{levers9_up.grpc_port}" in other_home.stderr
+    done = levers9_up.levers9("run", str(EXAMPLES / "hello.py"))  # the first one still serves
+    assert done.returncode == 0, done.stderr
+    assert "7 squared on a levers9 worker: 49" in done.stdout

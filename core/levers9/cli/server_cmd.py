@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from levers9.hooks.errors import Levers9Error
+
 if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
     from levers9.controlplane.server import Listeners
@@ -87,6 +89,9 @@ def server(
     loaded = _load(None)
     try:
         asyncio.run(serve(loaded, _listeners(loaded, host, grpc_port, http_port, metrics_port)))
+    except (Levers9Error, OSError) as exc:
+        typer.echo(f"levers9 server: {exc}", err=True)
+        raise typer.Exit(1) from None
     finally:
         loaded.hooks.close()
 
@@ -193,6 +198,9 @@ def up(
     listeners = _listeners(loaded, host, grpc_port, http_port, metrics_port)
     try:
         asyncio.run(_up(loaded, listeners, context))
+    except (Levers9Error, OSError) as exc:
+        typer.echo(f"levers9 up: {exc}", err=True)
+        raise typer.Exit(1) from None
     finally:
         loaded.hooks.close()
 

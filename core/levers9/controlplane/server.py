@@ -39,6 +39,9 @@ __all__ = ["GRPC_OPTIONS", "Listeners", "Server", "serve"]
 log = logging.getLogger(__name__)
 
 GRPC_OPTIONS = [
+    # gRPC shares a port with any other process by default (SO_REUSEPORT): a second controlplane would
+    # then take half of the first one's calls instead of failing to start
+    ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
@@ -104,8 +107,12 @@ class Server:
             add_api(ControlPlaneService(self.dataplane), server)
             add_worker(WorkerService(self.dataplane), server)
             address = f"{ls.host}:{ls.grpc_port}"
-            if server.add_insecure_port(address) == 0:
-                raise OSError(f"cannot listen for gRPC on {address}")
+            try:
+                bound = server.add_insecure_port(address)
+            except RuntimeError:  # grpc raises this for a port another process holds
+                bound = 0
+            if bound == 0:
+                raise OSError(f"cannot listen for gRPC on {address}: the port is taken or the address is not ours")
             await server.start()
             self._grpc = server
             for app, port in ((create_http_app(services, metrics=self.metrics), ls.http_port),

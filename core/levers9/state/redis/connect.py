@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from levers9.state.errors import StateError
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -55,10 +57,23 @@ class ManagedRedis:
     """
 
     def __init__(self, workdir: Path, binary: str) -> None:
+        import fcntl
         import subprocess
 
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.workdir = workdir
+        # One controlplane per embedded Redis: a second one on the same data directory would take
+        # the socket from the first. The lock is held for the life of this process.
+        self._lock = (workdir / "lock").open("a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise StateError(
+                f"another levers9 controlplane is running on {workdir.parent} (it holds {workdir / 'lock'}); "
+                "stop it, or give this one another data_dir (an embedded Redis serves one controlplane; "
+                "for several, configure state.redis_url)"
+            ) from None
         self.socket = workdir / "redis.sock"
         self.socket.unlink(missing_ok=True)
         self._log = workdir / "redis.log"
@@ -86,7 +101,7 @@ class ManagedRedis:
             if managed.process.poll() is not None or time.monotonic() > deadline:
                 managed.stop()
                 tail = managed._log.read_text(errors="replace")[-1000:] if managed._log.exists() else ""
-                raise RuntimeError(f"the embedded redis-server did not start: {tail}")
+                raise StateError(f"the embedded redis-server did not start: {tail}")
             time.sleep(0.01)
         return managed
 
@@ -105,6 +120,7 @@ class ManagedRedis:
                 self.process.kill()
                 self.process.wait()
         self.socket.unlink(missing_ok=True)
+        self._lock.close()
 
 
 def _die_with_parent() -> None:
