@@ -97,10 +97,9 @@ class Server:
         try:
             services.scheduler.ctx.on_provisioned = self.metrics.provisioned
             self.hub = Hub(services.redis, name=services.scheduler.name)
-            await self.hub.start()
             self.dataplane = DataPlane(services, self.hub, self.metrics)
-            await services.scheduler.start()
-
+            # The port is taken before anything starts: a controlplane that cannot listen must not
+            # have begun provisioning machines for its pools.
             server = grpc.aio.server(options=GRPC_OPTIONS)
             add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
@@ -113,6 +112,10 @@ class Server:
                 bound = 0
             if bound == 0:
                 raise OSError(f"cannot listen for gRPC on {address}: the port is taken or the address is not ours")
+            for port in (ls.http_port, ls.metrics_port):
+                _check_free(ls.host, port)
+            await self.hub.start()
+            await services.scheduler.start()
             await server.start()
             self._grpc = server
             for app, port in ((create_http_app(services, metrics=self.metrics), ls.http_port),
@@ -167,6 +170,17 @@ class Server:
             await _step("state", self.services.close(), 10)
             self.services = None
         log.info("the controlplane stopped")
+
+
+def _check_free(host: str, port: int) -> None:
+    """Fail now if an HTTP port is taken, before the scheduler starts (uvicorn binds only when it serves)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
 
 
 async def _step(what: str, awaitable: Any, timeout: float) -> None:

@@ -71,17 +71,24 @@ class Services:
 async def open_services(loaded: LoadedConfig, *, controlplane_url: str, prefix: str = "l9:") -> Services:
     """Open the database (migrating it), connect Redis (embedded when no URL is configured) and build the stores."""
     config = loaded.config
-    db = await open_database(config.database_url)
     embedded: EmbeddedRedis | None = None
     managed: ManagedRedis | None = None
+    url = config.state.redis_url
+    if not url:
+        # first, so a second controlplane on this data directory is refused at once (the embedded
+        # Redis holds its lock) instead of queueing behind the first one's SQLite writes
+        managed = ManagedRedis.start(Path(config.data_dir).expanduser() / "redis")
+        if managed is not None:
+            url = managed.url
+        else:
+            embedded = EmbeddedRedis()
     try:
-        url = config.state.redis_url
-        if not url:
-            managed = ManagedRedis.start(Path(config.data_dir).expanduser() / "redis")
-            if managed is not None:
-                url = managed.url
-            else:
-                embedded = EmbeddedRedis()
+        db = await open_database(config.database_url)
+    except BaseException:
+        if managed is not None:
+            managed.stop()
+        raise
+    try:
         redis = connect(url, embedded=embedded)
         box = SecretBox.from_config(config.state.secret_key_file, config.data_dir)
         tokens = TokenStore(db)
