@@ -247,11 +247,34 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
     log.info("opening database %s", database.url)
     if migrate:
         try:
-            await database.migrate()
+            if parsed.drivername == "sqlite+aiosqlite":
+                assert parsed.database is not None
+                async with _file_lock(Path(parsed.database + ".migrate.lock")):
+                    await database.migrate()
+            else:
+                await database.migrate()
         except BaseException:
             await database.close()
             raise
     return database
+
+
+@asynccontextmanager
+async def _file_lock(path: Path) -> AsyncIterator[None]:
+    """Processes opening one SQLite file take turns to migrate it.
+
+    The first connection switches the file to WAL and a migration rebuilds tables; on a loaded machine
+    SQLite could still answer "database is locked" to a replica starting at the same moment. The lock
+    is taken in a thread, so other coroutines of this process go on meanwhile.
+    """
+    import fcntl
+
+    with path.open("a") as handle:
+        await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 __all__ = ["Database", "alembic_config", "normalize_url", "open_database", "safe_url"]
