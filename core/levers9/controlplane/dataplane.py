@@ -238,7 +238,7 @@ class DataPlane:
                 yield done
             while pending:
                 try:
-                    items = await _wait(w.ready.get(), 5.0)
+                    items = await asyncio.wait_for(w.ready.get(), 5.0)
                 except TimeoutError:
                     items = [(t, None) for t in pending]  # a missed wake-up costs a poll, never a result
                 while not w.ready.empty():  # everything that finished meanwhile, in one query
@@ -427,7 +427,3 @@ class DataPlane:
             for pool, count in per_pool.items():  # one counter update per pool, not per call
                 spec = self.services.pools.get(pool)
                 self.metrics.placed(pool, (spec.gpu if spec else None) or "cpu", count)
-
-
-async def _wait(awaitable: Any, timeout: float) -> Any:
-    return await asyncio.wait_for(awaitable, timeout)

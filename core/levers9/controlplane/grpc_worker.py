@@ -22,7 +22,7 @@ import grpc
 
 from levers9.controlplane.auth import PermissionDenied, Principal, bearer
 from levers9.controlplane.dataplane import DataPlane, TaskOutcome, WorkerReport
-from levers9.controlplane.grpc_errors import unary
+from levers9.controlplane.grpc_errors import status_of, unary
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
 from levers9.scheduler.pools import PoolSpec
@@ -126,8 +126,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if state.info.machine_id != machine_id:
                 raise PermissionDenied(f"worker {worker_id} belongs to another machine")
         except Exception as exc:
-            from levers9.controlplane.grpc_errors import status_of
-
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
         session = _Session(self.dp, worker_id, gpus=state.info.gpu_count)

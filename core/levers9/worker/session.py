@@ -37,6 +37,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from levers9.sdk.channel import parse_target
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.pool import ContainerPool
@@ -89,14 +90,6 @@ def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     if cuda is not None and all(p.strip().isdigit() for p in cuda.split(",") if p.strip()):
         out["visible_gpus"] = [int(p) for p in cuda.split(",") if p.strip()]
     return out
-
-
-def grpc_target(url: str) -> tuple[str, bool]:
-    """``grpc://host:port`` -> (``host:port``, tls?)."""
-    for scheme, tls in (("grpcs://", True), ("https://", True), ("grpc://", False), ("http://", False)):
-        if url.startswith(scheme):
-            return url[len(scheme) :].rstrip("/"), tls
-    return url, False
 
 
 class _Outbox:
@@ -224,7 +217,7 @@ class WorkerProcess:
     async def _sessions(self) -> int:
         backoff = 0.5
         last_ok = time.monotonic()
-        target, tls = grpc_target(self.options.controlplane)
+        target, tls = parse_target(self.options.controlplane)
         while True:
             if self.draining.is_set() and not self.inflight and not self.outbox.results:
                 return 0
