@@ -190,17 +190,22 @@ def test_the_controlplane_killed_and_restarted_mid_run_loses_no_task(levers9_up:
     program = levers9_up.root / "spawner.py"
     program.write_text(
         """
-import json, sys, time, levers9
+import json, sys, threading, time, levers9
 
 @levers9.function(cpu=0.25)
 def slow(i):
     time.sleep(2)
     return i * i
 
+mapped = []
+# a map's calls are followed on the stream that submitted them: it breaks with the controlplane
+mapper = threading.Thread(target=lambda: mapped.extend(slow.map(range(12, 18), progress=False)))
+mapper.start()
 calls = [slow.spawn(i) for i in range(12)]
 print("SPAWNED", flush=True)
 results = [c.get(timeout=300) for c in calls]
-print("RESULTS", json.dumps(results), flush=True)
+mapper.join(300)
+print("RESULTS", json.dumps([results, mapped]), flush=True)
 """
     )
     app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
@@ -218,11 +223,12 @@ print("RESULTS", json.dumps(results), flush=True)
             app.kill()
             app.wait()
     assert app.returncode == 0, err
-    results = json.loads(out.split("RESULTS", 1)[1])
+    results, mapped = json.loads(out.split("RESULTS", 1)[1])
     assert results == [i * i for i in range(12)]
+    assert mapped == [i * i for i in range(12, 18)]
     tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
     mine = [t for t in tasks if t.get("function") == "slow"]
-    assert len(mine) == 12
+    assert len(mine) == 18
     assert all(t["status"] == "complete" for t in mine)
 
 

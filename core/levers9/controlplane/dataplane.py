@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +186,8 @@ class DataPlane:
         record, settings = await self.stub(stub_id, workspace)
         if record.kind != "function":
             raise InvalidStub(f"stub {stub_id} is a {record.kind}; only functions are called this way")
+        if not args:
+            return []
         gpu = self._gpu.get(stub_id)
         if gpu is None:
             gpu = self._gpu[stub_id] = settings.gpu_request()
@@ -220,7 +222,7 @@ class DataPlane:
 
     async def watch_batches(
         self, principal: Principal, task_ids: Sequence[str], *, just_submitted: bool = False
-    ) -> AsyncIterator[list[CallResult]]:
+    ) -> AsyncGenerator[list[CallResult], None]:
         """:meth:`watch`, with the outcomes that are ready together in one list."""
         workspace = principal.require_workspace()
         wanted = list(dict.fromkeys(task_ids))

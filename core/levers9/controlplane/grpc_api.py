@@ -161,6 +161,31 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         return controlplane_pb2.SubmitResponse(task_ids=ids)
 
     @streaming
+    async def SubmitAndWatch(
+        self, request: controlplane_pb2.SubmitRequest, context: Context
+    ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
+        principal = await self._user(context)
+        if len(request.calls) > _MAX_SUBMIT:
+            raise ValueError(f"calls: at most {_MAX_SUBMIT} per Submit, got {len(request.calls)}; send several")
+        ids = await self.dp.submit(principal, request.stub_id, [c.args for c in request.calls])
+        if not ids:
+            yield controlplane_pb2.TaskEvents()
+            return
+        # these tasks are the caller's own and none has finished: no SQL read to check either
+        batches = self.dp.watch_batches(principal, ids, just_submitted=True)
+        first = asyncio.ensure_future(anext(batches))  # watching before anything else can run
+        try:
+            yield controlplane_pb2.TaskEvents(
+                events=[controlplane_pb2.TaskEvent(task_id=t, status=TaskStatus.PENDING.value) for t in ids]
+            )
+            yield controlplane_pb2.TaskEvents(events=[task_event(r) for r in await first])
+            async for batch in batches:
+                yield controlplane_pb2.TaskEvents(events=[task_event(r) for r in batch])
+        finally:
+            first.cancel()
+            await batches.aclose()
+
+    @streaming
     async def Watch(
         self, request: controlplane_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:

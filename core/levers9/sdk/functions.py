@@ -266,6 +266,42 @@ class Function(Generic[P, R]):
             raise translate(exc, client.ctx) from None
         return list(response.task_ids)
 
+    async def _submit_and_watch(
+        self, client: Client, payloads: Sequence[bytes], accepted: asyncio.Future[list[str]]
+    ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
+        """Submit calls and yield their outcomes as they finish; ``accepted`` gets the task ids once stored.
+
+        One stream does both, so the controlplane need not look the tasks up again to watch them. If the
+        stream breaks after the ids came (a controlplane restart), the rest is followed with a watch.
+        """
+        stub_id = await self._stub_id(client)
+        ids: list[str] = []
+        left: set[str] = set()
+        try:
+            async for batch in client.stub.SubmitAndWatch(
+                controlplane_pb2.SubmitRequest(
+                    stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]
+                ),
+                metadata=client.metadata,
+            ):
+                if not ids:
+                    ids = [event.task_id for event in batch.events]
+                    left = set(ids)
+                    accepted.set_result(ids)
+                    continue
+                for event in batch.events:
+                    if event.HasField("result") and event.task_id in left:
+                        left.discard(event.task_id)
+                        yield event
+        except grpc.aio.AioRpcError as exc:
+            if not ids or exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+                raise translate(exc, client.ctx) from None
+        if not ids:
+            raise RuntimeError("the controlplane ended the submit without the calls' task ids")
+        if left:
+            async for event in _watch(client, [t for t in ids if t in left]):
+                yield event
+
     def map(
         self,
         *iterables: Iterable[Any],
@@ -340,15 +376,23 @@ class Function(Generic[P, R]):
         submitted = 0
         finished = 0
 
-        async def watch(ids: list[str], first: int) -> None:
-            index = {task_id: first + i for i, task_id in enumerate(ids)}
+        async def watch(batch: list[bytes], first: int, accepted: asyncio.Future[list[str]]) -> None:
+            index: dict[str, int] = {}
             try:
-                async for event in _watch(client, ids):
+                async for event in self._submit_and_watch(client, batch, accepted):
+                    if not index:
+                        index = {task_id: first + i for i, task_id in enumerate(accepted.result())}
                     if event.task_id in index:
                         slots.release()
                         await results.put((index.pop(event.task_id), event))
+            except asyncio.CancelledError:
+                accepted.cancel()
+                raise
             except BaseException as exc:
-                await results.put(exc)
+                if accepted.done():
+                    await results.put(exc)
+                else:  # the submit itself failed: the submitter raises it
+                    accepted.set_exception(exc)
 
         # Once the first window is out, calls go in chunks of a quarter window as results free room:
         # one Submit and one Watch per chunk, not per call, while the window stays mostly full.
@@ -369,9 +413,11 @@ class Function(Generic[P, R]):
                 first_window = submitted + len(batch) <= concurrency
                 full = len(batch) >= (_BATCH if first_window else chunk)
                 if batch and (exhausted or full or (first_window and slots.locked())):
-                    ids = await self._submit(client, batch)
-                    watchers.append(asyncio.create_task(watch(ids, submitted)))
-                    submitted += len(ids)
+                    accepted: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+                    watchers.append(asyncio.create_task(watch(batch, submitted, accepted)))
+                    # the next batch goes once this one is stored: calls are queued in input order, and a
+                    # refused submit (no pool can run it) stops the map before more is sent
+                    submitted += len(await accepted)
                     batch = []
 
         submitter = asyncio.create_task(submit_all())

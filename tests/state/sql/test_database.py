@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
+from sqlalchemy import Connection, Table, insert, select
 from sqlalchemy.exc import StatementError
 
-from levers9.state.errors import DatabaseUrlError
+from levers9.state.errors import DatabaseUrlError, StateError
 from levers9.state.sql.database import Database, normalize_url, open_database, safe_url
 from levers9.state.sql.machines import MachineStore
+from levers9.state.sql.models import Workspace, new_id, utcnow
 from levers9.state.sql.workspaces import WorkspaceStore
 
 
@@ -105,3 +109,36 @@ async def test_timestamps_are_aware_utc_and_naive_ones_are_refused(db: Database)
 async def test_database_is_an_async_context_manager(database_url: str) -> None:
     async with await open_database(database_url) as db:
         assert await WorkspaceStore(db).get_or_create("default") == await WorkspaceStore(db).get_or_create("default")
+
+
+async def test_run_commits_what_work_did_and_rolls_back_when_it_raises(db: Database) -> None:
+    """``Database.run`` is the hot paths' one-hop transaction (SQLite runs it in its own thread)."""
+    workspaces = WorkspaceStore(db)
+    table = cast(Table, Workspace.__table__)
+
+    def add(name: str, fail: bool) -> Callable[[Connection], int]:
+        def work(connection: Connection) -> int:
+            connection.execute(insert(table).values(id=new_id("ws"), name=name, created_at=utcnow()))
+            if fail:
+                raise RuntimeError("work failed half way")
+            return len(connection.execute(select(table.c.id)).all())
+
+        return work
+
+    assert await db.run(add("kept", fail=False)) >= 1
+    with pytest.raises(RuntimeError, match="half way"):
+        await db.run(add("dropped", fail=True))
+    assert await workspaces.by_name("kept") is not None
+    assert await workspaces.by_name("dropped") is None
+    # the async sessions see what run committed, and run sees what they commit
+    created = await workspaces.create("from-a-session")
+    assert await db.run(lambda c: c.scalar(select(table.c.name).where(table.c.id == created.id))) == "from-a-session"
+
+
+async def test_run_after_close_fails_clearly(database_url: str) -> None:
+    db = await open_database(database_url)
+    await db.close()
+    await db.close()  # twice is harmless
+    if db.dialect == "sqlite":
+        with pytest.raises(StateError, match="closed"):
+            await db.run(lambda c: c.scalar(select(1)))

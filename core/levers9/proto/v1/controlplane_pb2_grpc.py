@@ -59,6 +59,11 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitResponse.FromString,
                 _registered_method=True)
+        self.SubmitAndWatch = channel.unary_stream(
+                '/levers9.v1.ControlPlane/SubmitAndWatch',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvents.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/levers9.v1.ControlPlane/Watch',
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WatchRequest.SerializeToString,
@@ -134,6 +139,15 @@ class ControlPlaneServicer:
 
     def Submit(self, request, context):
         """Queue many calls of one stub at once (map, spawn); results come through Watch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitAndWatch(self, request, context):
+        """Queue many calls and follow them in one stream (map): the first message holds every call's task id,
+        in the order of the calls, as PENDING events; the following ones the outcomes as they finish.
+        A client that loses the stream after the first message follows the rest with WatchMany.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -217,6 +231,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitResponse.SerializeToString,
+            ),
+            'SubmitAndWatch': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubmitAndWatch,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvents.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -394,6 +413,33 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/Submit',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitAndWatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/SubmitAndWatch',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.SubmitRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.TaskEvents.FromString,
             options,
             channel_credentials,
             insecure,

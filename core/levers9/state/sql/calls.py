@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Select, Table, bindparam, func, insert, select, update
 
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskLog, utcnow
@@ -27,6 +27,36 @@ _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
 # Core tables for executemany updates: the ORM's bulk update does not take a WHERE with many parameter sets.
 _TASKS = cast(Table, Task.__table__)
 _TASK_IO = cast(Table, TaskIO.__table__)
+_TASK_LOGS = cast(Table, TaskLog.__table__)
+# compiled once per process, not per batch
+_FINISH = (
+    update(_TASKS)
+    .where(_TASKS.c.id == bindparam("tid"))
+    .values(
+        status=bindparam("st"),
+        error=bindparam("err"),
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        started_at=func.coalesce(_TASKS.c.started_at, bindparam("now")),
+        container_id=func.coalesce(bindparam("cid"), _TASKS.c.container_id),
+        worker_id=func.coalesce(_TASKS.c.worker_id, bindparam("wid")),
+    )
+)
+_FINISH_IO = (
+    update(_TASK_IO)
+    .where(_TASK_IO.c.task_id == bindparam("tid"))
+    .values(result=bindparam("res"), error_type=bindparam("et"), traceback=bindparam("tb"))
+)
+
+
+def _locked_states(ids: Sequence[str]) -> Select[str, str, str | None]:
+    """Status and worker of ``ids``, locked in id order (PostgreSQL) so two batches cannot deadlock."""
+    return (
+        select(_TASKS.c.id, _TASKS.c.status, _TASKS.c.worker_id)
+        .where(_TASKS.c.id.in_(ids))
+        .order_by(_TASKS.c.id)
+        .with_for_update()
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +104,18 @@ class CallStore:
         """The tasks with their arguments, in the order asked; unknown ids are left out."""
         if not task_ids:
             return []
-        async with self._db.transaction() as session:
-            rows = await session.execute(
-                select(Task.id, Task.workspace_id, Task.stub_id, TaskIO.args, Task.attempts, Task.status)
-                .join(TaskIO, TaskIO.task_id == Task.id, isouter=True)
-                .where(Task.id.in_(task_ids))
-            )
-            found = {row[0]: Dispatch(row[0], row[1], row[2], row[3] or b"", row[4], row[5]) for row in rows}
+        query = (
+            select(_TASKS.c.id, _TASKS.c.workspace_id, _TASKS.c.stub_id, _TASK_IO.c.args, _TASKS.c.attempts,
+                   _TASKS.c.status)
+            .join(_TASK_IO, _TASK_IO.c.task_id == _TASKS.c.id, isouter=True)
+            .where(_TASKS.c.id.in_(task_ids))
+        )  # fmt: skip
+
+        def work(connection: Connection) -> dict[str, Dispatch]:
+            rows = connection.execute(query)
+            return {row[0]: Dispatch(row[0], row[1], row[2], row[3] or b"", row[4], row[5]) for row in rows}
+
+        found = await self._db.run(work)
         return [found[t] for t in task_ids if t in found]
 
     async def start_many(self, worker_id: str, started: Sequence[tuple[str, str]]) -> list[str]:
@@ -89,16 +124,9 @@ class CallStore:
             return []
         ids = sorted({task_id for task_id, _ in started})
         now = utcnow()
-        async with self._db.transaction() as session:
-            current = {
-                row[0]: (row[1], row[2])
-                for row in await session.execute(
-                    select(Task.id, Task.status, Task.worker_id)
-                    .where(Task.id.in_(ids))
-                    .order_by(Task.id)
-                    .with_for_update()
-                )
-            }
+
+        def work(connection: Connection) -> list[dict[str, Any]]:
+            current = {row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))}
             changes = [
                 {"tid": task_id, "cid": container_id, "wid": worker_id, "now": now}
                 for task_id, container_id in started
@@ -106,7 +134,7 @@ class CallStore:
                 and current[task_id][1] in (None, worker_id)
             ]
             if changes:
-                await session.execute(
+                connection.execute(
                     update(_TASKS)
                     .where(_TASKS.c.id == bindparam("tid"))
                     .values(
@@ -118,7 +146,9 @@ class CallStore:
                     ),
                     changes,
                 )
-        return [str(c["tid"]) for c in changes]
+            return changes
+
+        return [str(c["tid"]) for c in await self._db.run(work)]
 
     async def finish_many(self, finishes: Sequence[Finish], *, worker_id: str | None = None) -> list[str]:
         """Store outcomes of unfinished tasks (assigned to ``worker_id`` when given); returns the ids stored.
@@ -133,16 +163,9 @@ class CallStore:
                 raise ValueError(f"task {f.task_id}: finish needs a terminal status, got {f.status!r}")
         ids = sorted({f.task_id for f in finishes})
         now = utcnow()
-        async with self._db.transaction() as session:
-            current = {
-                row[0]: (row[1], row[2])
-                for row in await session.execute(
-                    select(Task.id, Task.status, Task.worker_id)
-                    .where(Task.id.in_(ids))
-                    .order_by(Task.id)
-                    .with_for_update()
-                )
-            }
+
+        def work(connection: Connection) -> list[Finish]:
+            current = {row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))}
             accepted: list[Finish] = []
             seen: set[str] = set()
             for f in finishes:
@@ -155,37 +178,21 @@ class CallStore:
                 accepted.append(f)
             if not accepted:
                 return []
-            await session.execute(
-                update(_TASKS)
-                .where(_TASKS.c.id == bindparam("tid"))
-                .values(
-                    status=bindparam("st"),
-                    error=bindparam("err"),
-                    finished_at=bindparam("now"),
-                    updated_at=bindparam("now"),
-                    started_at=func.coalesce(_TASKS.c.started_at, bindparam("now")),
-                    container_id=func.coalesce(bindparam("cid"), _TASKS.c.container_id),
-                    worker_id=func.coalesce(_TASKS.c.worker_id, bindparam("wid")),
-                ),
+            connection.execute(
+                _FINISH,
                 [
-                    {
-                        "tid": f.task_id,
-                        "st": f.status,
-                        "err": f.error,
-                        "now": now,
-                        "cid": f.container_id,
-                        "wid": worker_id,
-                    }
+                    {"tid": f.task_id, "st": f.status, "err": f.error, "now": now, "cid": f.container_id,
+                     "wid": worker_id}
                     for f in accepted
                 ],
-            )
-            await session.execute(
-                update(_TASK_IO)
-                .where(_TASK_IO.c.task_id == bindparam("tid"))
-                .values(result=bindparam("res"), error_type=bindparam("et"), traceback=bindparam("tb")),
+            )  # fmt: skip
+            connection.execute(
+                _FINISH_IO,
                 [{"tid": f.task_id, "res": f.result, "et": f.error_type, "tb": f.traceback} for f in accepted],
             )
-        return [f.task_id for f in accepted]
+            return accepted
+
+        return [f.task_id for f in await self._db.run(work)]
 
     async def results(self, task_ids: Sequence[str], *, workspace_id: str | None = None) -> list[CallResult]:
         """Outcomes of the finished tasks among ``task_ids`` (of ``workspace_id`` when given)."""
@@ -207,18 +214,14 @@ class CallStore:
         )
         if workspace_id is not None:
             query = query.where(Task.workspace_id == workspace_id)
-        async with self._db.transaction() as session:
-            return [CallResult(*row) for row in await session.execute(query)]
+        return await self._db.run(lambda connection: [CallResult(*row) for row in connection.execute(query)])
 
     async def owned(self, workspace_id: str, task_ids: Sequence[str]) -> set[str]:
         """Which of ``task_ids`` exist in ``workspace_id``: a workspace never learns of another's tasks."""
         if not task_ids:
             return set()
-        async with self._db.transaction() as session:
-            rows = await session.scalars(
-                select(Task.id).where(Task.id.in_(task_ids), Task.workspace_id == workspace_id)
-            )
-            return set(rows)
+        query = select(_TASKS.c.id).where(_TASKS.c.id.in_(task_ids), _TASKS.c.workspace_id == workspace_id)
+        return await self._db.run(lambda connection: set(connection.scalars(query)))
 
     async def append_logs(self, chunks: Sequence[tuple[str, bytes]]) -> None:
         """Append output chunks; chunks of tasks that no longer exist are dropped."""
@@ -226,11 +229,14 @@ class CallStore:
         if not chunks:
             return
         now = utcnow()
-        async with self._db.transaction() as session:
-            known = set(await session.scalars(select(Task.id).where(Task.id.in_({t for t, _ in chunks}))))
+
+        def work(connection: Connection) -> None:
+            known = set(connection.scalars(select(_TASKS.c.id).where(_TASKS.c.id.in_({t for t, _ in chunks}))))
             rows: list[dict[str, Any]] = [{"task_id": t, "at": now, "data": d} for t, d in chunks if t in known]
             if rows:
-                await session.execute(insert(TaskLog), rows)
+                connection.execute(insert(_TASK_LOGS), rows)
+
+        await self._db.run(work)
 
     async def logs(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
         """Output chunks of ``task_id`` after chunk id ``after``, oldest first, as ``(id, data)``."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: how long a SQLite connection waits for another writer before failing, in milliseconds
 SQLITE_BUSY_TIMEOUT_MS = 15_000
@@ -133,7 +136,7 @@ def alembic_config(url: str | None = None) -> Config:
 class Database:
     """An async engine and its session factory; one per process, shared by every store."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, sqlite_sync: Engine | None = None) -> None:
         self.engine = engine
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
         # SQLite has one writer, and every levers9 transaction takes the write lock at BEGIN. Queueing
@@ -141,6 +144,11 @@ class Database:
         # handler, keeps a busy controlplane fast and never fails a transaction with "database is
         # locked" while another of its own commits.
         self._serial: asyncio.Lock | None = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        #: for :meth:`run` on SQLite: a plain sqlite3 engine used only from one thread of its own
+        self._sqlite_sync = sqlite_sync
+        self._sqlite_thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="levers9-sqlite") if sqlite_sync is not None else None
+        )
 
     @property
     def dialect(self) -> str:
@@ -164,6 +172,31 @@ class Database:
             return
         async with self._serial, self.sessions() as session, session.begin():
             yield session
+
+    async def run(self, work: Callable[[Connection], T]) -> T:
+        """``work(connection)`` inside one transaction, committed when it returns, rolled back if it raises.
+
+        This is for the hot paths (submit, placement, results), which run several
+        statements per transaction. Through aiosqlite every statement, the BEGIN
+        and the COMMIT is a hop to the driver's thread and back through the event
+        loop, which a busy controlplane turns into milliseconds per transaction; here
+        SQLite costs one hop, since the whole transaction runs in the database's own
+        thread. PostgreSQL keeps its async driver: its hops are network round trips
+        either way. ``work`` must not touch the event loop.
+        """
+        if self._sqlite_sync is None or self._serial is None:
+            async with self.engine.begin() as connection:
+                return await connection.run_sync(work)
+        if self._sqlite_thread is None:
+            raise StateError(f"{self!r} is closed")
+        engine, thread = self._sqlite_sync, self._sqlite_thread
+
+        def transaction() -> T:
+            with engine.begin() as connection:
+                return work(connection)
+
+        async with self._serial:
+            return await asyncio.get_running_loop().run_in_executor(thread, transaction)
 
     async def migrate(self) -> None:
         """Bring the schema to the newest migration; does nothing when it is already there."""
@@ -196,6 +229,10 @@ class Database:
     async def close(self) -> None:
         """Close every pooled connection; the Database cannot be used afterwards."""
         await self.engine.dispose()
+        thread, self._sqlite_thread = self._sqlite_thread, None  # closing twice is harmless
+        if self._sqlite_sync is not None and thread is not None:
+            await asyncio.get_running_loop().run_in_executor(thread, self._sqlite_sync.dispose)
+            thread.shutdown(wait=True)
 
     async def __aenter__(self) -> Database:
         return self
@@ -240,10 +277,13 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
         # A database restarted under a running controlplane leaves dead pooled connections.
         options["pool_pre_ping"] = True
     engine = create_async_engine(parsed, **options)
+    sqlite_sync = None
     if parsed.drivername == "sqlite+aiosqlite":
-        event.listen(engine.sync_engine, "connect", _sqlite_connect)
-        event.listen(engine.sync_engine, "begin", _sqlite_begin)
-    database = Database(engine)
+        sqlite_sync = create_engine(parsed.set(drivername="sqlite"), pool_size=1, max_overflow=0)
+        for target in (engine.sync_engine, sqlite_sync):
+            event.listen(target, "connect", _sqlite_connect)
+            event.listen(target, "begin", _sqlite_begin)
+    database = Database(engine, sqlite_sync)
     log.info("opening database %s", database.url)
     if migrate:
         try:

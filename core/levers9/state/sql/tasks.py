@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Connection, Table, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
@@ -29,6 +29,7 @@ _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
 _TASKS = cast(Table, Task.__table__)
 _TASK_IO = cast(Table, TaskIO.__table__)
 _PLACEMENTS = cast(Table, TaskPlacement.__table__)
+_WORKSPACES = cast(Table, Workspace.__table__)
 _OUTCOME_MAX = 32
 
 
@@ -135,16 +136,21 @@ class TaskStore:
             )
         if not rows:
             return []
+        io_rows = (
+            None if args is None else [{"task_id": row["id"], "args": a} for row, a in zip(rows, args, strict=True)]
+        )
+
+        def work(connection: Connection) -> None:
+            if connection.scalar(select(_WORKSPACES.c.id).where(_WORKSPACES.c.id == workspace_id)) is None:
+                raise NotFound("workspace", workspace_id)
+            # Core inserts on the tables, in one executemany each: a map of thousands of calls is one
+            # round trip, and no ORM object is built per row.
+            connection.execute(insert(_TASKS), rows)
+            if io_rows is not None:
+                connection.execute(insert(_TASK_IO), io_rows)
+
         try:
-            async with self._db.transaction() as session:
-                await require(session, Workspace, workspace_id, "workspace")
-                # Core inserts on the tables, in one executemany each: a map of thousands of calls is one
-                # round trip, and no ORM object is built per row.
-                await session.execute(insert(_TASKS), rows)
-                if args is not None:
-                    await session.execute(
-                        insert(_TASK_IO), [{"task_id": row["id"], "args": a} for row, a in zip(rows, args, strict=True)]
-                    )
+            await self._db.run(work)
         except IntegrityError:
             # The workspace was checked above, so a violated constraint is a reused id or a missing stub.
             shown = ", ".join(chosen[:5]) + ("..." if len(chosen) > 5 else "")
@@ -192,14 +198,15 @@ class TaskStore:
                 raise ValueError(f"placement outcome {event.outcome!r} must be 1-{_OUTCOME_MAX} characters")
         now = utcnow()
         ids = sorted({event.task_id for event in events})
-        async with self._db.transaction() as session:
+
+        def work(connection: Connection) -> None:
             # Locked in id order, so two batches touching the same tasks cannot deadlock.
             found = {
-                row.id: (row.attempts, row.status)
-                for row in await session.execute(
-                    select(Task.id, Task.attempts, Task.status)
-                    .where(Task.id.in_(ids))
-                    .order_by(Task.id)
+                row[0]: (row[1], row[2])
+                for row in connection.execute(
+                    select(_TASKS.c.id, _TASKS.c.attempts, _TASKS.c.status)
+                    .where(_TASKS.c.id.in_(ids))
+                    .order_by(_TASKS.c.id)
                     .with_for_update()
                 )
             }
@@ -233,9 +240,9 @@ class TaskStore:
                         "gpu": event.gpu,
                         "updated_at": now,
                     }
-            await session.execute(insert(_PLACEMENTS), history)
+            connection.execute(insert(_PLACEMENTS), history)
             if placed:
-                await session.execute(
+                connection.execute(
                     update(_TASKS)
                     .where(_TASKS.c.id == bindparam("tid"))
                     .values(
@@ -246,6 +253,8 @@ class TaskStore:
                         for v in placed.values()
                     ],
                 )
+
+        await self._db.run(work)
 
     async def set_running(self, task_id: str, worker_id: str, container_id: str) -> TaskRecord:
         """The task's container started on ``worker_id``; only a pending task can start.
