@@ -133,6 +133,9 @@ class DataPlane:
         self._reports_room = asyncio.Event()
         self._reports_room.set()
         self._flusher: asyncio.Task[None] | None = None
+        #: calls reported finished whose places are not freed yet, per worker (see report)
+        self._to_release: dict[str, list[str]] = {}
+        self._releaser: asyncio.Task[None] | None = None
         #: arguments of calls submitted here and not yet taken, so a worker's take needs no SQL read;
         #: bounded, and anything missing is read from SQL (the source of truth)
         self._fresh: dict[str, tuple[str, str, bytes]] = {}
@@ -306,7 +309,17 @@ class DataPlane:
         return out
 
     async def report(self, worker_id: str, report: WorkerReport) -> None:
-        """Queue a worker's report for the flusher; waits only when far too much is already queued."""
+        """Free what finished and queue the report for the flusher; waits only when far too much is queued.
+
+        The worker's resources come back now, before the outcomes are stored, so its next calls are
+        placed without waiting on the database. Only calls placed on this worker are freed: a late
+        report from a worker presumed dead frees nothing. Should storing fail, the task is still
+        unfinished in SQL and runs again after a restart (calls are at least once).
+        """
+        if report.outcomes:
+            self._to_release.setdefault(worker_id, []).extend(o.task_id for o in report.outcomes)
+            if self._releaser is None or self._releaser.done():
+                self._releaser = asyncio.create_task(self._release(), name="releaser")
         await self._reports_room.wait()
         self._reports.append((worker_id, report))
         if len(self._reports) >= _MAX_QUEUED_REPORTS:
@@ -315,8 +328,25 @@ class DataPlane:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_reports(), name="report flusher")
 
+    async def _release(self) -> None:
+        """Free the places of reported calls: whatever piled up meanwhile goes in one step per worker."""
+        while self._to_release:
+            batch, self._to_release = self._to_release, {}
+            for worker_id, task_ids in batch.items():
+                try:
+                    await self.services.scheduler.release_many(task_ids, worker=worker_id)
+                except Exception:
+                    # Redis is away: try again shortly (freeing is idempotent), or the places stay taken
+                    log.exception("freeing the places of %d calls on worker %s failed", len(task_ids), worker_id)
+                    self._to_release.setdefault(worker_id, []).extend(task_ids)
+                    await asyncio.sleep(0.5)
+
     async def close(self) -> None:
-        """Store what is queued, then stop the flusher."""
+        """Free and store what is queued, then stop the flusher."""
+        if self._releaser is not None:
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._releaser), 5.0)
+            self._releaser.cancel()
         if self._flusher is not None:
             while self._reports:
                 await asyncio.sleep(0.01)
@@ -392,8 +422,6 @@ class DataPlane:
                 )
             )
         stored = await self.calls.finish_many(final, worker_id=worker_id)
-        # resources come back even for reports that were not stored (a duplicate, a late attempt)
-        await self.services.scheduler.release_many([f.task_id for f in final])
         if stored:
             # watchers on this replica get the outcome itself: no read back from SQL
             outcome = {f.task_id: f for f in final}

@@ -15,9 +15,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from levers9.config.model import SchedulerConfig
 from levers9.scheduler.availability import Unavailable
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["RebuildReport", "Scheduler"]
 
 log = logging.getLogger(__name__)
+
+#: placement batches whose history may be written in the background at once
+_MAX_RECORDING = 16
 
 
 @dataclass
@@ -96,6 +99,8 @@ class Scheduler:
         self._runner: asyncio.Task[None] | None = None
         self._upkeep_at = 0.0
         self._reconcile_at = 0.0
+        #: placement history being written in the background (see place_once)
+        self._recording: set[asyncio.Task[None]] = set()
 
     @property
     def backlog(self) -> Backlog:
@@ -203,8 +208,13 @@ class Scheduler:
         self.ctx.placer_wanted.set()
         return report
 
-    async def place_once(self) -> PlaceResult:
-        """One batch of placements, with their history written to SQL in one transaction."""
+    async def place_once(self, *, wait_for_history: bool = True) -> PlaceResult:
+        """One batch of placements, with their history written to SQL in one transaction.
+
+        The placement loop passes ``wait_for_history=False``: the workers are told at once and
+        the history is written in the background, so a busy database never holds up the next
+        batch. Redis holds the placement itself; SQL's history is the record of it.
+        """
         ctx = self.ctx
         result = await self.backlog.place(
             ctx.now_ms(), limit=ctx.settings.batch_size, recheck_ms=round(ctx.settings.retry_initial_s * 1000)
@@ -223,7 +233,11 @@ class Scheduler:
                     for p in result.placed
                 ]
             )
-            if self.on_placed is None:
+            if not wait_for_history:
+                self._record_later(history)
+                if self.on_placed is not None:
+                    await self.on_placed(result)
+            elif self.on_placed is None:
                 await history
             else:
                 # the workers are told while the history is written: a call is not held up by its own record
@@ -231,6 +245,21 @@ class Scheduler:
         if result.unplaced:
             ctx.planner_wanted.set()
         return result
+
+    def _record_later(self, history: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(history, name="placement history")
+        self._recording.add(task)
+        task.add_done_callback(self._recorded)
+
+    def _recorded(self, task: asyncio.Task[None]) -> None:
+        self._recording.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("writing placement history failed: %s", task.exception())
+
+    async def _history_written(self, timeout: float) -> None:
+        """Wait for the placement history still being written (at stop, so none is lost)."""
+        if self._recording:
+            await asyncio.wait(set(self._recording), timeout=timeout)
 
     # ------------------------------------------------------------------ workers
 
@@ -262,20 +291,20 @@ class Scheduler:
             await ctx.backlog.wake(done.pool, ctx.now_ms())
             ctx.placer_wanted.set()
 
-    async def release_many(self, request_ids: Sequence[str]) -> None:
-        """Return the resources of finished requests (their SQL rows are written by the caller) and wake pools."""
-        ctx = self.ctx
-        now = ctx.now_ms()
-        freed: dict[str, int] = {}
-        for done in await ctx.backlog.finish_many(request_ids, now) if request_ids else []:
-            if done is not None and done.pool:
-                freed[done.pool] = freed.get(done.pool, 0) + 1
-        for pool, count in freed.items():
-            # wake about as many waiting requests as places were freed, not the whole queue: each woken
-            # request is looked at by the next placement pass, and most could not fit anyway
-            await ctx.backlog.wake(pool, now, count=2 * count)
-        if freed:
-            ctx.placer_wanted.set()
+    async def release_many(self, request_ids: Sequence[str], *, worker: str | None = None) -> int:
+        """Return the resources of finished requests (their SQL rows are written by the caller) and wake pools.
+
+        With ``worker``, only requests placed on that worker are released. Returns how many were.
+        """
+        if not request_ids:
+            return 0
+        # about as many waiting requests are woken as places were freed, not the whole queue: each woken
+        # request is looked at by the next placement pass, and most could not fit anyway
+        done = await self.ctx.backlog.finish_many(request_ids, self.ctx.now_ms(), worker=worker, wake_per_freed=2)
+        released = sum(1 for d in done if d is not None)
+        if any(d is not None and d.pool for d in done):
+            self.ctx.placer_wanted.set()
+        return released
 
     async def retry(self, request_id: str, reason: str) -> bool:
         """Run a failed attempt again: free its worker, count the attempt in SQL and queue the request anew.
@@ -351,6 +380,7 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
             self._runner = None
+        await self._history_written(timeout=10.0)
         await self.provisioner.close()
         with contextlib.suppress(Exception):
             await self.lease.release()
@@ -373,7 +403,10 @@ class Scheduler:
         event.clear()
 
     async def _place_step(self) -> float:
-        result = await self.place_once()
+        if len(self._recording) >= _MAX_RECORDING:
+            # the database is far behind: let it catch up before placing more
+            await asyncio.wait(set(self._recording), return_when=asyncio.FIRST_COMPLETED)
+        result = await self.place_once(wait_for_history=False)
         if len(result.placed) + len(result.unplaced) >= self.settings.batch_size:
             return 0  # more may be due right now
         due = await self.backlog.next_due_ms()

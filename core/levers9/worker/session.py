@@ -46,6 +46,8 @@ __all__ = ["WorkerOptions", "WorkerProcess", "options_from_env"]
 
 log = logging.getLogger(__name__)
 
+#: the shortest time between two messages of a busy worker
+BATCH_S = 0.002
 #: results re-sent after a reconnect; storing is idempotent and a late duplicate is ignored
 RESEND_WINDOW_S = 120.0
 
@@ -126,12 +128,15 @@ class _Outbox:
 
     async def messages(self, keepalive_s: float, stop: asyncio.Event) -> AsyncIterator[worker_pb2.WorkerMessage]:
         last_keepalive = 0.0
+        last_sent = 0.0
         sent_draining = False
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), keepalive_s)
             self.wake.clear()
-            await asyncio.sleep(0.002)  # let a burst of results collect into one message
+            # A busy worker sends at most one message per BATCH_S, so a burst of results travels
+            # together; an idle one sends at once (after a turn of the loop, for what finished with it).
+            await asyncio.sleep(max(0.0, last_sent + BATCH_S - time.monotonic()))
             now = time.monotonic()
             message = worker_pb2.WorkerMessage(
                 started=self.started,
@@ -147,6 +152,7 @@ class _Outbox:
                 last_keepalive = now
             sent_draining = sent_draining or message.draining
             if message.ByteSize():
+                last_sent = now
                 yield message
         # the session is ending: whatever is still here goes out before the stream closes
         last = worker_pb2.WorkerMessage(started=self.started, results=self.results, logs=self.logs)

@@ -183,3 +183,23 @@ async def test_finish_many_gives_back_resources_like_finish_in_one_step(redis_fa
     assert (state.cpu_free, state.memory_free, state.running) == (1000, 1024, 0)
     assert await backlog.get("r0") is None
     assert await backlog.get("r2") is not None  # untouched: still waiting
+
+
+async def test_finish_many_for_one_worker_leaves_requests_on_other_workers_alone(redis_factory: RedisFactory) -> None:
+    """A late report from a worker presumed dead must not free the worker that now runs the request."""
+    backlog, reg = await setup(redis_factory)
+    await add(reg, "w1", "p", cpu=400, mem=100)
+    await add(reg, "w2", "p", cpu=400, mem=100)
+    await backlog.enqueue([q(f"r{i}", Group(0, ("p",), 0), cpu=400, mem=100, enq=NOW + i) for i in range(3)])
+    placed = {p.request: p.worker for p in (await backlog.place(NOW + 10)).placed}
+    assert sorted(placed) == ["r0", "r1"]
+    other = {"w1": "w2", "w2": "w1"}[placed["r0"]]
+    done = await backlog.finish_many(["r0", "r1"], NOW + 20, worker=other, wake_per_freed=2)
+    assert [d is not None for d in done] == [False, True]
+    assert await backlog.get("r0") is not None  # still placed where it runs
+    state = await reg.get(placed["r0"])
+    assert state is not None
+    assert state.running == 1
+    # the place freed on the other worker made the waiting request due at once, in the same step
+    assert [(p.request, p.worker) for p in (await backlog.place(NOW + 21)).placed] == [("r2", other)]
+    assert await backlog.finish_many(["r1"], NOW + 30, worker=other) == [None]  # nothing twice

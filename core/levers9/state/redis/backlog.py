@@ -143,15 +143,22 @@ class Backlog:
         state, worker, pool = out
         return Finished(state, worker or None, pool or None)
 
-    async def finish_many(self, requests: Sequence[str], now_ms: int) -> list[Finished | None]:
-        """:meth:`finish` for many requests in one atomic step, in order."""
+    async def finish_many(
+        self, requests: Sequence[str], now_ms: int, *, worker: str | None = None, wake_per_freed: int = 0
+    ) -> list[Finished | None]:
+        """:meth:`finish` for many requests in one atomic step, in order.
+
+        With ``worker``, requests placed on another worker are left alone and come back as None (a
+        late report of a worker presumed dead). ``wake_per_freed`` makes that many waiting requests
+        of a pool due for each place freed in it, as :meth:`wake` does, in the same step.
+        """
         out: list[Finished | None] = []
         for start in range(0, len(requests), 1000):
             chunk = requests[start : start + 1000]
-            flat = list(await self.scripts("finish_many", now_ms, *chunk))
+            flat = list(await self.scripts("finish_many", now_ms, worker or "", wake_per_freed, *chunk))
             for i in range(0, len(flat), 3):
-                state, worker, pool = flat[i : i + 3]
-                out.append(Finished(state, worker or None, pool or None) if state else None)
+                state, worker_id, pool = flat[i : i + 3]
+                out.append(Finished(state, worker_id or None, pool or None) if state else None)
         return out
 
     async def wake(self, pool: str, now_ms: int, count: int = 256) -> int:

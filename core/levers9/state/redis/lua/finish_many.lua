@@ -1,25 +1,40 @@
--- ARGV: prefix, now_ms, request id...
+-- ARGV: prefix, now_ms, only_worker, wake_per_freed, request id...
 -- finish.lua for many requests in one step (a worker reports results in batches).
+-- only_worker: when not '', a request placed on another worker is left alone (a late report
+-- from a worker presumed dead must not free the worker that now runs it); it counts as unknown.
+-- wake_per_freed: for each place freed in a pool, this many of its waiting requests become due
+-- now (as wake.lua does), so the next placement pass sees them without another round trip.
 -- Returns, per request in order, previous state, worker and pool ('' for each when unknown).
 local now = tonumber(ARGV[2])
+local only = ARGV[3]
+local per_freed = tonumber(ARGV[4])
 local out = {}
-for i = 3, #ARGV do
+local freed = {}
+for i = 5, #ARGV do
   local rid = ARGV[i]
   local rkey = P .. 'r:' .. rid
   local r = redis.call('HMGET', rkey, 'cpu', 'mem', 'held', 'state', 'worker', 'pool', 'groups')
-  if not r[1] then
+  local worker, pool = r[5] or '', r[6] or ''
+  if not r[1] or (only ~= '' and worker ~= '' and worker ~= only) then
     out[#out + 1], out[#out + 2], out[#out + 3] = '', '', ''
   else
-    local worker, pool = r[5] or '', r[6] or ''
     if (r[4] == 'placed' or r[4] == 'running') and worker ~= '' then
       give_back(worker, pool, tonumber(r[1]), tonumber(r[2]), tonumber(r[3]), now)
       redis.call('SREM', P .. 'wr:' .. worker, rid)
       redis.call('LREM', P .. 'wq:' .. worker, 0, rid)
+      if pool ~= '' then freed[pool] = (freed[pool] or 0) + 1 end
     end
     redis.call('ZREM', P .. 'backlog', rid)
     unmet_rem(rid, r[7])
     redis.call('DEL', rkey)
     out[#out + 1], out[#out + 2], out[#out + 3] = r[4], worker, pool
+  end
+end
+if per_freed > 0 then
+  for pool, count in pairs(freed) do
+    for _, rid in ipairs(redis.call('ZRANGE', P .. 'unmet:' .. pool, 0, count * per_freed - 1)) do
+      redis.call('ZADD', P .. 'backlog', 'XX', 'CH', now, rid)
+    end
   end
 end
 return out

@@ -1,0 +1,65 @@
+"""The data plane on real Services (SQLite and PostgreSQL, embedded Redis): what a worker's report frees and stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+from levers9.controlplane.auth import Principal
+from levers9.controlplane.dataplane import DataPlane, TaskOutcome, WorkerReport
+from levers9.controlplane.hub import Hub
+from levers9.state.sql.records import TokenKind
+
+from .conftest import Api
+
+
+async def _until(check: object, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():  # type: ignore[operator]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the condition did not hold within 10 s")
+        await asyncio.sleep(0.02)
+
+
+async def test_a_late_report_from_another_worker_frees_nothing_and_stores_nothing(api: Api) -> None:
+    services = api.services
+    hub = Hub(services.redis, name="test")
+    dp = DataPlane(services, hub)
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(me, {"name": "f", "cpu_millicores": 2000}, b"pickled handler")
+    await api.worker("w1", "cpu")
+    await api.worker("w2", "cpu")
+    [first, second] = await dp.submit(me, stub_id, [b"a", b"b"])  # each fills a worker
+    await services.scheduler.place_once()
+    states = await services.scheduler.backlog.get_many([first, second])
+    assert [s.state if s else None for s in states] == ["placed", "placed"]
+    assert states[0] is not None
+    runs_first = states[0].worker
+    other = {"w1": "w2", "w2": "w1"}[runs_first]
+    try:
+        # the other worker reports the first call (a worker presumed dead, reporting late)
+        await dp.report(other, WorkerReport(outcomes=[TaskOutcome(first, "complete", b"wrong")]))
+        await asyncio.sleep(0.3)
+        state = await services.scheduler.workers.get(runs_first)
+        assert state is not None
+        assert state.running == 1  # still held for the call that runs there
+        task = await services.tasks.get(first)
+        assert task is not None
+        assert task.status.value == "pending"
+
+        # its own worker reports it: the place comes back and the outcome is stored
+        await dp.report(runs_first, WorkerReport(outcomes=[TaskOutcome(first, "complete", b"right")]))
+
+        async def freed() -> bool:
+            state = await services.scheduler.workers.get(runs_first)
+            return state is not None and state.running == 0
+
+        async def stored() -> bool:
+            return bool(await dp.calls.results([first]))
+
+        await _until(freed)
+        await _until(stored)
+        [result] = await dp.calls.results([first])
+        assert (result.status, result.result) == ("complete", b"right")
+    finally:
+        await dp.close()
