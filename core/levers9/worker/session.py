@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: the shortest time between two messages of a busy worker
 BATCH_S = 0.002
+#: how long a start or a call's output may wait for a result to travel with
+LESS_URGENT_S = 0.05
 #: results re-sent after a reconnect; storing is idempotent and a late duplicate is ignored
 RESEND_WINDOW_S = 120.0
 
@@ -103,10 +105,21 @@ class _Outbox:
         self.logs: list[worker_pb2.TaskLog] = []
         self.draining = False
         self.wake = asyncio.Event()
+        self._soon_handle: asyncio.TimerHandle | None = None
         self.recent: deque[tuple[float, common_pb2.TaskResult]] = deque()
 
     def started_task(self, task_id: str, container_id: str) -> None:
         self.started.append(worker_pb2.TaskStarted(task_id=task_id, container_id=container_id))
+        self._soon()
+
+    def _soon(self) -> None:
+        """Send within LESS_URGENT_S: starts and output are worth a message of their own only if no result
+        takes them along first, and a message sent for them would hold up the result of a short call."""
+        if self._soon_handle is None:
+            self._soon_handle = asyncio.get_running_loop().call_later(LESS_URGENT_S, self._wake_now)
+
+    def _wake_now(self) -> None:
+        self._soon_handle = None
         self.wake.set()
 
     def result(self, message: common_pb2.TaskResult) -> None:
@@ -119,7 +132,7 @@ class _Outbox:
 
     def log(self, task_id: str, data: bytes) -> None:
         self.logs.append(worker_pb2.TaskLog(task_id=task_id, data=data))
-        self.wake.set()
+        self._soon()
 
     def resend_recent(self) -> None:
         pending = {id(m) for m in self.results}
