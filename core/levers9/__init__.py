@@ -27,11 +27,12 @@ if TYPE_CHECKING:
         endpoint,
         function,
         queue,
+        ready,
     )
 
 _SDK = {
     "CallCancelled", "CallTimeout", "ControlPlaneError", "Function", "FunctionCall", "InvalidFunction",
-    "RemoteError", "Unschedulable", "endpoint", "function", "queue",
+    "RemoteError", "Unschedulable", "endpoint", "function", "queue", "ready",
 }  # fmt: skip
 
 
@@ -55,4 +56,5 @@ __all__ = [
     "function",
     "hookimpl",
     "queue",
+    "ready",
 ]

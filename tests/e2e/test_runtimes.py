@@ -52,3 +52,59 @@ def test_a_function_runs_in_a_container_of_the_pools_runtime(levers9_up: Up, run
     assert "MAP 8" in done.stdout
     tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
     assert all(t["status"] == "complete" for t in tasks if t.get("function") == "inside")
+
+
+def test_a_checkpointed_function_starts_its_next_container_from_the_snapshot(levers9_up: Up) -> None:
+    """gVisor: the first container is snapshotted once its function is loaded; the next is restored from it.
+
+    Loading the function builds state that takes 5 s (as importing a big library or loading a model
+    would): a random token. A container started cold builds a new token; one restored from the
+    snapshot has the first one's token without building it.
+    """
+    if shutil.which("runsc") is None or os.geteuid() != 0:
+        pytest.fail("this test needs root and runsc: run scripts/setup as root")
+    levers9_up.runtime = "gvisor"
+    levers9_up.start()
+    database = levers9_up.home / "data" / "levers9.db"
+    done = levers9_up.python(
+        f"""
+        import json, secrets, sqlite3, time, levers9
+
+        def build():
+            time.sleep(5)  # the start-up a snapshot saves
+            return secrets.token_hex(8)
+
+        class Loaded:
+            # pickled as "call build()": the state is built where the function is loaded, in its container
+            def __reduce__(self):
+                return (build, ())
+
+        STATE = Loaded()
+        INSTANCE = []
+
+        @levers9.function(checkpoint=True, keep_warm=1)
+        def whoami(_):
+            if not INSTANCE:  # made on the first call, after any snapshot: one per container
+                INSTANCE.append(secrets.token_hex(8))
+            return STATE, INSTANCE[0]
+
+        first = whoami.remote(0)
+        deadline = time.monotonic() + 120
+        with sqlite3.connect({str(database)!r}) as db:
+            while not db.execute("select 1 from checkpoints where status = 'available'").fetchall():
+                assert time.monotonic() < deadline, "no checkpoint became available"
+                time.sleep(0.2)
+            print("CHECKPOINTS", json.dumps(db.execute("select runtime, status from checkpoints").fetchall()))
+        time.sleep(5)  # the first container has been idle longer than keep_warm and is gone
+        second = whoami.remote(1)
+        print("RESULT", json.dumps([first, second]))
+        """
+    )
+    assert done.returncode == 0, done.stderr + levers9_up.log()[-3000:]
+    out = done.stdout
+    assert json.loads(out.split("CHECKPOINTS", 1)[1].splitlines()[0]) == [["gvisor", "available"]]
+    (first_state, first_container), (second_state, second_container) = json.loads(
+        out.split("RESULT", 1)[1].splitlines()[0]
+    )
+    assert second_container != first_container, "the second call ran in the first container: it was not reaped"
+    assert second_state == first_state, "the second container was started cold, not restored from the snapshot"

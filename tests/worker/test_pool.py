@@ -31,11 +31,18 @@ import pytest
 
 from levers9.containers.network import netns_name
 from levers9.containers.node import NodeSettings, bridge_for
+from levers9.controlplane.grpc_worker import checkpoint_ref
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.hooks.types import GpuDevice, RuntimeContext
+from levers9.proto.v1 import worker_pb2
+from levers9.state.sql.checkpoints import CheckpointStore
+from levers9.state.sql.database import open_database
+from levers9.state.sql.workspaces import WorkspaceStore
 from levers9.worker import frames
 from levers9.worker.calls import Call, Outcome, StubSpec
+from levers9.worker.checkpointing import Checkpointing, RecordStore
+from levers9.worker.checkpoints import LocalStorage, NodeCache
 from levers9.worker.pool import ContainerPool
 
 RUNTIMES = ["process", "runc", "gvisor"]
@@ -614,3 +621,103 @@ async def test_frames_over_the_limit_are_refused() -> None:
     assert (frame.kind, frame.text("task_id"), frame.payload) == ("log", "t", b"ok")
     with pytest.raises(frames.ProtocolError, match="expected a string"):
         frame.text("missing")
+
+
+async def test_the_runner_can_wait_for_go_and_serve_on_a_unix_socket(tmp_path: Path) -> None:
+    """A container to be checkpointed: loaded, it says ready, waits for go, then serves the token go gives."""
+    handler = tmp_path / "handler.pkl"
+    handler.write_bytes(cloudpickle.dumps(lambda: "hi"))
+    signals = tmp_path / "run"
+    signals.mkdir()
+    env = {**os.environ, "LEVERS9_RUNNER_SOCKET": str(signals / "runner.sock"), "LEVERS9_RUNNER_TOKEN": "old-token",
+           "LEVERS9_HANDLER_FILE": str(handler), "LEVERS9_PYTHON_VERSION": PYTHON,
+           "LEVERS9_READY_FILE": str(signals / "ready"), "LEVERS9_GO_FILE": str(signals / "go")}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "levers9.worker.runner"], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (signals / "ready").exists():
+            assert time.monotonic() < deadline, "the runner never said it was ready"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        assert not (signals / "runner.sock").exists()  # nothing open while it may be checkpointed
+        (signals / "go").write_text("new-token")
+        while not (signals / "runner.sock").exists():
+            assert time.monotonic() < deadline, "the runner never listened after go"
+            await asyncio.sleep(0.02)
+        reader, writer = await asyncio.open_unix_connection(str(signals / "runner.sock"))
+        await frames.write_frame(writer, "hello", token="old-token")  # the token of the environment no longer
+        with pytest.raises(asyncio.IncompleteReadError):
+            await frames.read_frame(reader)
+        writer.close()
+        reader, writer = await asyncio.open_unix_connection(str(signals / "runner.sock"))
+        await frames.write_frame(writer, "hello", token="new-token")
+        assert (await frames.read_frame(reader)).kind == "ready"
+        await frames.write_frame(writer, "call", cloudpickle.dumps(((), {})), task_id="t1")
+        result = await frames.read_frame(reader)
+        assert cloudpickle.loads(result.payload) == "hi"
+        writer.close()
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def _checkpointing(tmp_path: Path) -> AsyncIterator[tuple[Checkpointing, CheckpointStore, str]]:
+    """Checkpointing as a worker has it, its records kept in a real database (as the controlplane keeps them)."""
+    db = await open_database(f"sqlite:///{tmp_path / 'levers9.db'}")
+    store = CheckpointStore(db)
+    workspace = await WorkspaceStore(db).create("ws")
+
+    async def record(request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
+        if request.checkpoint_id:
+            made = await store.set_status(request.checkpoint_id, request.status, path=request.path or None,
+                                          size_bytes=request.size_bytes or None, error=request.error or None)  # fmt: skip
+        else:
+            made = await store.create(workspace.id, request.runtime, stub_id=None, gpu=request.gpu or None)
+        return checkpoint_ref(made)
+
+    checkpointing = Checkpointing(
+        store=RecordStore(record), storage=LocalStorage(tmp_path / "storage"),
+        cache=NodeCache(tmp_path / "cache", 1 << 30),
+    )  # fmt: skip
+    try:
+        yield checkpointing, store, workspace.id
+    finally:
+        await db.close()
+
+
+async def test_a_runtime_that_cannot_checkpoint_runs_checkpointed_stubs_cold(tmp_path: Path) -> None:
+    """runc checkpoints through CRIU, which does not work on this kernel: the call still runs, cold."""
+    async with (
+        _checkpointing(tmp_path) as (checkpointing, store, workspace),
+        _world("runc", tmp_path, checkpointing=checkpointing) as w,
+    ):
+        stub = w.stub(lambda: os.getpid(), checkpoint_enabled=True)
+        assert isinstance(await w.value(stub), int)
+        assert checkpointing.taken == set()
+        assert await store.list(workspace) == []
+
+
+async def test_a_corrupted_checkpoint_starts_the_container_cold_and_is_marked(tmp_path: Path) -> None:
+    async with (
+        _checkpointing(tmp_path) as (checkpointing, store, workspace),
+        _world("gvisor", tmp_path, checkpointing=checkpointing) as w,
+    ):
+        stub = w.stub(lambda: "served", checkpoint_enabled=True)
+        # a stored image that is not a checkpoint at all
+        made = await store.create(workspace, "gvisor")
+        junk = tmp_path / "junk"
+        junk.mkdir()
+        (junk / "checkpoint.img").write_bytes(b"not a checkpoint")
+        size = checkpointing.storage.put_dir(f"ws/{made.id}", junk)
+        record = await store.set_status(made.id, "available", path=f"ws/{made.id}", size_bytes=size)
+        checkpointing.latest[stub.stub_id] = record
+        checkpointing.taken.add(stub.stub_id)  # no new checkpoint: this test is about the restore
+        assert await w.value(stub) == "served"
+        after = await store.get(made.id)
+        assert after is not None
+        assert after.status == "restore_failed"
+        assert after.error
+        assert stub.stub_id not in checkpointing.latest

@@ -68,6 +68,8 @@ class StubSettings(BaseModel):
     secrets: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     keep_warm_s: float = Field(60.0, ge=0, le=86_400)
+    #: checkpoint the first container once its start-up is done; later ones restore from it
+    checkpoint_enabled: bool = False
     python_version: str = ""
     #: sha256 of the handler, so changed code makes a new stub
     handler_sha256: str = ""

@@ -109,6 +109,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             "secrets": list(c.secrets),
             "env": dict(c.env),
             "python_version": c.python_version,
+            "checkpoint_enabled": c.checkpoint_enabled,
         }
         if c.cpu_millicores:
             raw["cpu_millicores"] = c.cpu_millicores

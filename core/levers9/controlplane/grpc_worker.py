@@ -16,6 +16,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,7 +29,8 @@ from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
 from levers9.scheduler.pools import PoolSpec
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerInfo
-from levers9.state.sql.records import TokenKind
+from levers9.state.sql.checkpoints import CheckpointStore
+from levers9.state.sql.records import CheckpointRecord, TokenKind
 
 __all__ = ["WorkerService"]
 
@@ -36,6 +38,19 @@ log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _TAKE = 256
+
+
+def checkpoint_ref(record: CheckpointRecord) -> worker_pb2.CheckpointRef:
+    return worker_pb2.CheckpointRef(
+        id=record.id,
+        runtime=record.runtime,
+        status=record.status.value,
+        path=record.path or "",
+        size_bytes=record.size_bytes or 0,
+        gpu=record.gpu or "",
+        workspace_id=record.workspace_id,
+        stub_id=record.stub_id or "",
+    )
 
 
 def _metadata(context: Context, key: str) -> str | None:
@@ -106,12 +121,53 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self.dp.register_worker(info)
         settings = self.services.loaded.runtime_settings.get(spec.name)
         log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, request.hostname)
+        checkpoints = self.services.config.checkpoints
         return worker_pb2.RegisterResponse(
             worker_id=worker_id,
             keepalive_s=max(0.5, self.services.config.scheduler.worker_keepalive_s / 3),
             runtime=spec.pool.runtime,
             runtime_settings_json=json.dumps(settings.model_dump(mode="json")) if settings is not None else "",
+            checkpoint_storage_url=checkpoints.storage_url
+            or str(Path(self.services.config.data_dir).expanduser().resolve() / "checkpoints"),
+            checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
         )
+
+    @unary
+    async def RecordCheckpoint(
+        self, request: worker_pb2.RecordCheckpointRequest, context: Context
+    ) -> worker_pb2.CheckpointRef:
+        """A worker records the checkpoints it takes of its stubs, and how restoring them went."""
+        principal = await self._principal(context)
+        worker_id = _metadata(context, WORKER_ID_METADATA) or ""
+        state = await self.services.scheduler.workers.get(worker_id)
+        if state is None:
+            raise NotFound("worker", f"{worker_id} (register again)")
+        spec, machine_id = await self._pool_of(principal, state.info.pool)
+        if state.info.machine_id != machine_id:
+            raise PermissionDenied(f"worker {worker_id} belongs to another machine")
+        store = CheckpointStore(self.services.db)
+        if request.checkpoint_id:
+            found = await store.get(request.checkpoint_id)
+            if found is None:
+                raise NotFound("checkpoint", request.checkpoint_id)
+            self._may_serve(spec, found.workspace_id, f"checkpoint {found.id}")
+            record = await store.set_status(
+                found.id,
+                request.status,
+                path=request.path or None,
+                size_bytes=request.size_bytes or None,
+                error=request.error[:2000] or None,
+            )
+        else:
+            stub, _ = await self.dp.stub(request.stub_id)
+            self._may_serve(spec, stub.workspace_id, f"stub {stub.id}")
+            record = await store.create(stub.workspace_id, request.runtime, stub_id=stub.id, gpu=request.gpu or None)
+        return checkpoint_ref(record)
+
+    @staticmethod
+    def _may_serve(spec: PoolSpec, workspace_id: str, what: str) -> None:
+        if spec.workspace is not None and spec.workspace != workspace_id:
+            raise PermissionDenied(f"{what} belongs to a workspace pool {spec.name} does not serve")
 
     async def Session(
         self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage], context: Context
@@ -198,7 +254,10 @@ class _Session:
             value = await self.dp.services.secrets.get(record.workspace_id, name)
             if value is not None:
                 secret_env[name] = value
+        latest = await CheckpointStore(self.dp.services.db).latest(stub_id) if settings.checkpoint_enabled else None
         return worker_pb2.StubDefinition(
+            checkpoint_enabled=settings.checkpoint_enabled,
+            checkpoint=checkpoint_ref(latest) if latest is not None else None,
             stub_id=stub_id,
             workspace_id=record.workspace_id,
             image=settings.image,

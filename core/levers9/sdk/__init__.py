@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         Unschedulable,
     )
     from levers9.sdk.functions import Function, FunctionCall, endpoint, function, queue, register
+    from levers9.sdk.lifecycle import ready
 
 _WHERE = {
     **dict.fromkeys(
@@ -34,6 +35,7 @@ _WHERE = {
         "levers9.sdk.errors",
     ),
     **dict.fromkeys(["Function", "FunctionCall", "endpoint", "function", "queue", "register"], "levers9.sdk.functions"),
+    "ready": "levers9.sdk.lifecycle",
 }
 
 
@@ -55,5 +57,6 @@ __all__ = [
     "endpoint",
     "function",
     "queue",
+    "ready",
     "register",
 ]

@@ -197,6 +197,7 @@ class Function(Generic[P, R]):
             cpu_millicores=c["cpu_millicores"], memory_mib=c["memory_mib"], gpu=c["gpu"], gpu_count=c["gpu_count"],
             retries=c["retries"], timeout_s=c["timeout_s"], secrets=c["secrets"], env=c["env"],
             python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
+            checkpoint_enabled=c["checkpoint_enabled"],
         )  # fmt: skip
         if c["fallback_after_s"] is not None:
             config.fallback_after_s = c["fallback_after_s"]
@@ -510,6 +511,7 @@ def _config(fn: Callable[..., Any], kind: str, **options: Any) -> dict[str, Any]
         "secrets": [secrets] if isinstance(secrets, str) else list(secrets),
         "env": dict(options.pop("env") or {}),
         "keep_warm_s": options.pop("keep_warm"),
+        "checkpoint_enabled": bool(options.pop("checkpoint", False)),
     }
 
 
@@ -539,6 +541,7 @@ def function(
     env: dict[str, str] | None = None,
     image: str = "host",
     keep_warm: float | None = None,
+    checkpoint: bool = False,
     app: str | None = None,
     name: str | None = None,
 ) -> Any:
@@ -550,7 +553,11 @@ def function(
     had within ``fallback_after`` seconds. ``cpu`` is in cores, ``memory`` in
     MiB, ``timeout`` in seconds. ``retries`` reruns a call that raised, up to
     that many more times. ``secrets`` names workspace secrets to expose as
-    environment variables; ``env`` adds plain ones.
+    environment variables; ``env`` adds plain ones. ``checkpoint=True``
+    snapshots the first container once its start-up (the module's top-level
+    code: imports, model loading) is done, where the pool's runtime can; later
+    containers of the function start from that snapshot instead of running it
+    again. A long-running server calls :func:`levers9.ready` itself instead.
     """
     if retries < 0:
         raise InvalidFunction(f"retries must be 0 or more, got {retries}")
@@ -563,7 +570,7 @@ def function(
         config = _config(
             fn, "function", cpu=cpu, memory=memory, gpu=gpu, gpu_count=gpu_count, fallback=fallback,
             fallback_after=fallback_after, retries=retries, timeout=timeout, secrets=secrets, env=env,
-            image=image, keep_warm=keep_warm, app=app, name=name,
+            image=image, keep_warm=keep_warm, checkpoint=checkpoint, app=app, name=name,
         )  # fmt: skip
         return Function(fn, config)
 

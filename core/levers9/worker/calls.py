@@ -33,6 +33,8 @@ class StubSpec:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     #: seconds an idle container is kept for the next call of this stub
     keep_warm_s: float = 60.0
+    #: snapshot the first container once loaded; later ones start from the snapshot
+    checkpoint_enabled: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, GpuDevice, Mount, RuntimeContext
 from levers9.worker import frames, runner
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
+from levers9.worker.checkpointing import SIGNAL_SOCKET, Checkpointing
 
 __all__ = ["ContainerPool", "OnLog", "OnStarted"]
 
@@ -114,6 +115,8 @@ class _Container:
     writer: asyncio.StreamWriter | None = None
     pending: _Pending | None = None
     task: asyncio.Task[None] | None = None
+    #: a checkpointed container's signal directory (ready and go files, the runner's socket)
+    signal_dir: Path | None = None
 
 
 @dataclass(eq=False)
@@ -150,8 +153,11 @@ class ContainerPool:
         max_starting_per_stub: int = 2,
         max_result_bytes: int = frames.MAX_PAYLOAD_BYTES,
         scale_after_s: float = 0.05,
+        checkpointing: Checkpointing | None = None,
     ) -> None:
         self.hooks = hooks
+        #: checkpoints of stubs that ask for them; None: every container starts cold
+        self.checkpointing = checkpointing
         self.runtime = runtime
         self.state_dir = Path(state_dir)
         self.gpus = list(gpus)
@@ -249,8 +255,11 @@ class ContainerPool:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         for group in list(self._stubs.values()):
             self._drop_group(group)
-        with contextlib.suppress(OSError):
-            (self.state_dir / "handlers").rmdir()
+        if self.checkpointing is not None:
+            await self.checkpointing.close()
+        for leftover in ("handlers", "signals", "images"):
+            with contextlib.suppress(OSError):
+                (self.state_dir / leftover).rmdir()
 
     def stats(self) -> dict[str, int]:
         """Containers by state, and calls waiting for one: what the worker logs and exports as metrics."""
@@ -477,6 +486,8 @@ class ContainerPool:
                 except Levers9Error as exc:
                     log.error("removing container %s failed: %s", box.cid, exc)
         finally:
+            if box.signal_dir is not None:
+                shutil.rmtree(box.signal_dir, ignore_errors=True)
             self._stopping.discard(box)
             self._free_gpus = sorted([*self._free_gpus, *box.gpus], key=lambda g: g.index)
             self._ports.discard(box.port)
@@ -542,6 +553,15 @@ class ContainerPool:
 
     async def _boot(self, group: _Stub, box: _Container) -> None:
         spec = self._spec(group, box)
+        checkpointing = self.checkpointing
+        if (
+            checkpointing is not None
+            and group.spec.checkpoint_enabled
+            and not self._on_host
+            and await checkpointing.available(self.hooks, self.runtime)
+        ):
+            await self._boot_checkpointed(group, box, spec, checkpointing)
+            return
         box.prepared = True  # a prepare that fails half way still leaves something to remove
         try:
             prepared = await self.hooks.container_prepare(self.runtime, spec, timeout=self.start_timeout_s)
@@ -549,6 +569,31 @@ class ContainerPool:
             box.started = True
             box.reader, box.writer = await self._connect(box)
         except Levers9Error as exc:
+            raise _StartFailed(f"the runtime could not start the container: {exc}") from exc
+
+    async def _boot_checkpointed(
+        self, group: _Stub, box: _Container, spec: ContainerSpec, checkpointing: Checkpointing
+    ) -> None:
+        """Start from the stub's checkpoint, or cold and then checkpoint it once loaded (see checkpointing)."""
+        stub = group.spec
+        box.signal_dir = self.state_dir / "signals" / box.cid
+        spec = checkpointing.prepare_spec(spec, box.signal_dir)
+        box.prepared = True
+        try:
+            started = await checkpointing.start(
+                self.hooks, self.runtime, spec, stub_id=stub.stub_id, timeout=self.start_timeout_s
+            )
+            box.started = True
+            if started.restored_from is None and stub.stub_id not in checkpointing.taken:
+                checkpointing.taken.add(stub.stub_id)
+                await checkpointing.snapshot(
+                    self.hooks, self.runtime, spec, signal_dir=box.signal_dir, images=self.state_dir / "images",
+                    workspace_id=stub.workspace_id, stub_id=stub.stub_id,
+                )  # fmt: skip
+            # the go file carries this container's token: a restored runner remembers its original's
+            _write_private(box.signal_dir / "go", box.token.encode())
+            box.reader, box.writer = await self._connect(box)
+        except (Levers9Error, TimeoutError) as exc:
             raise _StartFailed(f"the runtime could not start the container: {exc}") from exc
 
     async def _connect(self, box: _Container) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -566,10 +611,14 @@ class ContainerPool:
                     f"container {box.cid} exited{code} before its runner answered; "
                     f"its output:\n{await self._log_tail(box.cid)}"
                 )
-            if state.address is not None:
+            address = state.address
+            if box.signal_dir is not None:
+                sock = box.signal_dir / SIGNAL_SOCKET
+                address = f"unix:{sock}" if sock.exists() else None
+            if address is not None:
                 with contextlib.suppress(OSError, asyncio.IncompleteReadError, frames.ProtocolError, TimeoutError):
                     remaining = max(0.1, deadline - loop.time())
-                    return await asyncio.wait_for(_handshake(state.address, box.token), min(remaining, 10.0))
+                    return await asyncio.wait_for(_handshake(address, box.token), min(remaining, 10.0))
             if loop.time() > deadline:
                 raise _StartFailed(
                     f"the runner in container {box.cid} did not answer within {self.start_timeout_s:g} s; "
@@ -687,8 +736,19 @@ class ContainerPool:
 
 
 async def _handshake(address: str, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    """Connect to a runner at ``host:port`` or ``unix:PATH`` and prove the container's token."""
+    if address.startswith("unix:"):
+        path = Path(address.removeprefix("unix:"))
+        # a socket path may hold at most 107 bytes, and a worker's state directory can be deep: the
+        # directory is reached through a descriptor of it instead
+        directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+        try:
+            reader, writer = await asyncio.open_unix_connection(f"/proc/self/fd/{directory}/{path.name}")
+        finally:
+            os.close(directory)
+    else:
+        host, _, port = address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
     try:
         await frames.write_frame(writer, "hello", token=token)
         answer = await frames.read_frame(reader, max_payload=0)

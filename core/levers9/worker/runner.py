@@ -35,6 +35,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,10 +48,13 @@ from levers9.worker import frames
 cloudpickle: Any = importlib.import_module("cloudpickle")
 
 __all__ = [
+    "ENV_GO",
     "ENV_HANDLER",
     "ENV_HOST",
     "ENV_PORT",
     "ENV_PYTHON",
+    "ENV_READY",
+    "ENV_SOCKET",
     "ENV_TOKEN",
     "main",
 ]
@@ -61,6 +65,12 @@ ENV_HANDLER = "LEVERS9_HANDLER_FILE"
 ENV_PYTHON = "LEVERS9_PYTHON_VERSION"
 #: where to listen; the worker narrows it to loopback when the container shares the host's network
 ENV_HOST = "LEVERS9_RUNNER_HOST"
+#: listen on this unix socket instead of a TCP port: a container without network (one to be checkpointed)
+ENV_SOCKET = "LEVERS9_RUNNER_SOCKET"
+#: the file to create once start-up is done (the handler loaded), and the one to wait for before serving:
+#: the worker checkpoints the container in between, while it has no connection open
+ENV_READY = "LEVERS9_READY_FILE"
+ENV_GO = "LEVERS9_GO_FILE"
 
 #: seconds a connection may take to say hello before the runner drops it and listens again
 HELLO_TIMEOUT_S = 10.0
@@ -272,12 +282,21 @@ class Executor:
 # --------------------------------------------------------------------------- serving
 
 
-def accept_worker(host: str, port: int, token: str) -> tuple[socket.socket, BinaryIO]:
+def accept_worker(host: str, port: int, token: str, *, unix_path: str | None = None) -> tuple[socket.socket, BinaryIO]:
     """The worker's connection, once it proved it holds the token; other connections are dropped."""
-    with socket.create_server((host, port)) as listener:
+    if unix_path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(unix_path)  # left by the container this one was restored from
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(unix_path)
+        listener.listen()
+    else:
+        listener = socket.create_server((host, port))
+    with listener:
         while True:
             conn, _ = listener.accept()
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if unix_path is None:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(HELLO_TIMEOUT_S)
             stream = conn.makefile("rb")
             try:
@@ -289,6 +308,22 @@ def accept_worker(host: str, port: int, token: str) -> tuple[socket.socket, Bina
                 return conn, stream
             stream.close()
             conn.close()
+
+
+def wait_for_go(ready: str, go: str) -> str:
+    """Say start-up is done, wait until the worker says to serve (it checkpoints meanwhile); the token to expect.
+
+    Polled, not waited on with inotify: a restored container carries on from here, in a new
+    container whose files are new, and a poll needs nothing to survive the restore. The go file
+    holds the container's token: a restored runner still has the token of the container it was
+    checkpointed from in its environment.
+    """
+    with open(ready, "w"):
+        pass
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    with open(go) as f:
+        return f.read().strip()
 
 
 def _token_matches(given: object, token: str) -> bool:
@@ -322,12 +357,16 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> int:
+    unix_path = os.environ.get(ENV_SOCKET) or None
     try:
-        port = int(os.environ[ENV_PORT])
+        port = 0 if unix_path else int(os.environ[ENV_PORT])
         token = os.environ[ENV_TOKEN]
         handler_file = os.environ[ENV_HANDLER]
     except (KeyError, ValueError) as exc:
-        print(f"levers9 runner: {ENV_PORT}, {ENV_TOKEN} and {ENV_HANDLER} must be set ({exc!r})", file=sys.stderr)
+        print(
+            f"levers9 runner: {ENV_PORT} (or {ENV_SOCKET}), {ENV_TOKEN} and {ENV_HANDLER} must be set ({exc!r})",
+            file=sys.stderr,
+        )
         return 2
     # as PID 1 of a container, SIGTERM is ignored unless handled
     signal.signal(signal.SIGTERM, _terminate)
@@ -336,7 +375,11 @@ def main() -> int:
     sys.stdout, sys.stderr = stdout, stderr
     try:
         executor = Executor(*load_handler(handler_file, os.environ.get(ENV_PYTHON, "")))
-        conn, stream = accept_worker(os.environ.get(ENV_HOST, "0.0.0.0"), port, token)
+        ready, go = os.environ.get(ENV_READY), os.environ.get(ENV_GO)
+        if ready and go:
+            _flush_output()
+            token = wait_for_go(ready, go) or token
+        conn, stream = accept_worker(os.environ.get(ENV_HOST, "0.0.0.0"), port, token, unix_path=unix_path)
         channel = Channel(conn)
         out_sink.channel = err_sink.channel = channel
         python = f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -39,6 +39,8 @@ from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.sdk.channel import parse_target
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
+from levers9.worker.checkpointing import Checkpointing, RecordStore, record_of
+from levers9.worker.checkpoints import NodeCache, storage_from_url
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.pool import ContainerPool
 
@@ -184,6 +186,8 @@ class WorkerProcess:
         self.outbox = _Outbox()
         self.draining = asyncio.Event()
         self.pool: ContainerPool | None = None
+        #: the controlplane's Worker service on the current connection (checkpoints are recorded through it)
+        self._rpc: worker_pb2_grpc.WorkerStub | None = None
         self.runtime = ""
         self.gpus: list[GpuDevice] = []
         self._session_stop = asyncio.Event()
@@ -252,6 +256,7 @@ class WorkerProcess:
                 async with channel:
                     factory: Any = worker_pb2_grpc.WorkerStub  # generated, unannotated
                     stub: worker_pb2_grpc.WorkerStub = factory(channel)
+                    self._rpc = stub
                     response = await self._register(stub)
                     backoff = 0.5
                     await self._session(stub, response)
@@ -316,7 +321,31 @@ class WorkerProcess:
         if not capabilities.available:
             raise RuntimeError(f"runtime {response.runtime} is not available here: {capabilities.unavailable_reason}")
         self.runtime = response.runtime
-        self.pool = ContainerPool(self.hooks, context, state_dir=self.options.state_dir / "containers", gpus=self.gpus)
+        self.pool = ContainerPool(
+            self.hooks, context, state_dir=self.options.state_dir / "containers", gpus=self.gpus,
+            checkpointing=self._checkpointing(response),
+        )  # fmt: skip
+
+    def _checkpointing(self, response: worker_pb2.RegisterResponse) -> Checkpointing | None:
+        """Checkpoint storage as the controlplane says; the cache beside the state directory, kept across restarts."""
+        if not response.checkpoint_storage_url:
+            return None
+        try:
+            storage = storage_from_url(response.checkpoint_storage_url, default_root=self.options.state_dir)
+        except Exception as exc:
+            log.warning("checkpoint storage %s is unusable, no checkpoints: %s", response.checkpoint_storage_url, exc)
+            return None
+        cache = NodeCache(self.options.state_dir.parent / "checkpoint-cache", response.checkpoint_cache_max_bytes)
+
+        async def record(request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
+            if self._rpc is None:
+                raise RuntimeError("not connected to the controlplane")
+            ref: worker_pb2.CheckpointRef = await self._rpc.RecordCheckpoint(
+                request, metadata=self._metadata(), timeout=30
+            )
+            return ref
+
+        return Checkpointing(store=RecordStore(record), storage=storage, cache=cache)
 
     async def _session(self, stub: worker_pb2_grpc.WorkerStub, response: worker_pb2.RegisterResponse) -> None:
         stop = self._session_stop = asyncio.Event()
@@ -373,7 +402,10 @@ class WorkerProcess:
             env=dict(d.env),
             secret_env=dict(d.secret_env),
             keep_warm_s=d.keep_warm_s,
+            checkpoint_enabled=d.checkpoint_enabled,
         )
+        if d.checkpoint_enabled and d.HasField("checkpoint") and self.pool is not None and self.pool.checkpointing:
+            self.pool.checkpointing.latest[d.stub_id] = record_of(d.checkpoint)
 
     def _start(self, request: worker_pb2.ContainerRequest) -> None:
         if request.task_id in self.inflight:

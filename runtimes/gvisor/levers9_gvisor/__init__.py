@@ -320,6 +320,9 @@ def engine(runtime: RuntimeContext) -> OciEngine:
     argv = [info.path, "--root", settings.root or str(Path(runtime.state_dir) / "runsc"), "--platform", platform]
     if settings.nvproxy:
         argv.append("--nvproxy")
+    # A checkpointed function container (no network) serves its worker over a unix socket it creates in
+    # its signal directory, the one writable bind mount levers9 gives it; that needs "create".
+    argv += ["--host-uds", "create"]
     # A container asking for no network gets a sandbox with none: the only way gVisor can checkpoint it
     # when its own network stack is unavailable (runsc cannot checkpoint a sandbox using the host's).
     flags: dict[str, tuple[str, ...]] = {

@@ -22,7 +22,7 @@ class WhoAmIResponse(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., workspace_name: _Optional[str] = ..., token_id: _Optional[str] = ...) -> None: ...
 
 class StubConfig(_message.Message):
-    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version")
+    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version", "checkpoint_enabled")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class StubConfig(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     KEEP_WARM_S_FIELD_NUMBER: _ClassVar[int]
     PYTHON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ENABLED_FIELD_NUMBER: _ClassVar[int]
     kind: str
     app: str
     name: str
@@ -60,7 +61,8 @@ class StubConfig(_message.Message):
     env: _containers.ScalarMap[str, str]
     keep_warm_s: float
     python_version: str
-    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ...) -> None: ...
+    checkpoint_enabled: bool
+    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ..., checkpoint_enabled: _Optional[bool] = ...) -> None: ...
 
 class GetOrCreateStubRequest(_message.Message):
     __slots__ = ("config", "handler")

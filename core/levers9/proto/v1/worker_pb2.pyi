@@ -46,19 +46,63 @@ class RegisterRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json")
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_CACHE_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     keepalive_s: float
     runtime: str
     runtime_settings_json: str
-    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ...) -> None: ...
+    checkpoint_storage_url: str
+    checkpoint_cache_max_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ...) -> None: ...
+
+class CheckpointRef(_message.Message):
+    __slots__ = ("id", "runtime", "status", "path", "size_bytes", "gpu", "workspace_id", "stub_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    runtime: str
+    status: str
+    path: str
+    size_bytes: int
+    gpu: str
+    workspace_id: str
+    stub_id: str
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., status: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., gpu: _Optional[str] = ..., workspace_id: _Optional[str] = ..., stub_id: _Optional[str] = ...) -> None: ...
+
+class RecordCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "stub_id", "runtime", "gpu", "status", "path", "size_bytes", "error")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    stub_id: str
+    runtime: str
+    gpu: str
+    status: str
+    path: str
+    size_bytes: int
+    error: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., stub_id: _Optional[str] = ..., runtime: _Optional[str] = ..., gpu: _Optional[str] = ..., status: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StubDefinition(_message.Message):
-    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count")
+    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count", "checkpoint_enabled", "checkpoint")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +130,8 @@ class StubDefinition(_message.Message):
     CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     stub_id: str
     workspace_id: str
     image: str
@@ -99,7 +145,9 @@ class StubDefinition(_message.Message):
     cpu_millicores: int
     memory_mib: int
     gpu_count: int
-    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ...) -> None: ...
+    checkpoint_enabled: bool
+    checkpoint: CheckpointRef
+    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ...) -> None: ...
 
 class ContainerRequest(_message.Message):
     __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt")

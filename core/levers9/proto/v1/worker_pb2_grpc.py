@@ -44,6 +44,11 @@ class WorkerStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.WorkerMessage.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.ControllerMessage.FromString,
                 _registered_method=True)
+        self.RecordCheckpoint = channel.unary_unary(
+                '/levers9.v1.Worker/RecordCheckpoint',
+                request_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.RecordCheckpointRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.CheckpointRef.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -65,6 +70,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordCheckpoint(self, request, context):
+        """Record a checkpoint of a stub the worker was sent: without checkpoint_id a new one (pending), else a
+        change of its status (available once uploaded, failed, restore_failed). Answers the record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +90,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.WorkerMessage.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.ControllerMessage.SerializeToString,
+            ),
+            'RecordCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordCheckpoint,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.RecordCheckpointRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.CheckpointRef.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +151,33 @@ class Worker:
             '/levers9.v1.Worker/Session',
             levers9_dot_proto_dot_v1_dot_worker__pb2.WorkerMessage.SerializeToString,
             levers9_dot_proto_dot_v1_dot_worker__pb2.ControllerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Worker/RecordCheckpoint',
+            levers9_dot_proto_dot_v1_dot_worker__pb2.RecordCheckpointRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_worker__pb2.CheckpointRef.FromString,
             options,
             channel_credentials,
             insecure,
