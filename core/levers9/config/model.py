@@ -148,7 +148,8 @@ class CheckpointsConfig(_Strict):
         "Empty means checkpoints/ in the data directory, which only this machine can read.",
     )
     cache_dir: str | None = Field(
-        None, description="Each node's local copies; empty means checkpoint-cache/ in the data directory."
+        None,
+        description="Each node's local copies; empty means checkpoint-cache/ beside each worker's state directory.",
     )
     cache_max: MemoryMiB = Field(
         20480, description="How much the node cache may hold before the least recently used images go (MiB or 20GiB)."

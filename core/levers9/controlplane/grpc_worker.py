@@ -130,6 +130,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             checkpoint_storage_url=checkpoints.storage_url
             or str(Path(self.services.config.data_dir).expanduser().resolve() / "checkpoints"),
             checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
+            checkpoint_cache_dir=checkpoints.cache_dir or "",
         )
 
     @unary

@@ -335,7 +335,10 @@ class WorkerProcess:
         except Exception as exc:
             log.warning("checkpoint storage %s is unusable, no checkpoints: %s", response.checkpoint_storage_url, exc)
             return None
-        cache = NodeCache(self.options.state_dir.parent / "checkpoint-cache", response.checkpoint_cache_max_bytes)
+        where = Path(response.checkpoint_cache_dir) if response.checkpoint_cache_dir else None
+        cache = NodeCache(
+            where or self.options.state_dir.parent / "checkpoint-cache", response.checkpoint_cache_max_bytes
+        )
 
         async def record(request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
             if self._rpc is None:
