@@ -25,7 +25,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from levers9.cli.client_cmds import _when
+from levers9.cli.client_cmds import when
 from levers9.proto.v1 import controlplane_pb2 as pb
 from levers9.proto.v1 import controlplane_pb2_grpc
 from levers9.sdk.channel import MAX_MESSAGE_BYTES, call_metadata, explain, open_channel, parse_target
@@ -191,12 +191,12 @@ def test_tasks_table(server: Server, cli: Cli) -> None:
         "error",
     ]
     failed = next(r for r in rows if r.startswith("t-0002"))
-    created = _when(NOW - 30, time.time())
+    created = when(NOW - 30, time.time())
     before, _, after = failed.partition(f" {created} ")
     assert before.split() == ["t-0002", "train.fit", "error", "2", "h100", "H100", "w-77"]
     assert after.split() == ["2.5s", "CUDA", "out", "of", "memory"], "only the error's first line"
     pending = next(r for r in rows if r.startswith("t-0001"))
-    before, _, after = pending.partition(f" {_when(NOW - 5, time.time())} ")
+    before, _, after = pending.partition(f" {when(NOW - 5, time.time())} ")
     assert before.split() == ["t-0001", "train.prep", "pending", "0", "-", "-", "-"]
     assert after.split() == ["-"], "a task that has not started has no duration"
     assert "Traceback" not in result.stdout

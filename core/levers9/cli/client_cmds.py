@@ -124,7 +124,7 @@ def tasks(
             _cell(t.pool),
             _cell(t.gpu),
             _cell(t.worker_id),
-            Text(_when(t.created_at, now)),
+            Text(when(t.created_at, now)),
             Text(_duration(t.started_at, t.finished_at, now)),
             Text(t.error.strip().splitlines()[0] if t.error.strip() else "", style="red"),
         )
@@ -254,7 +254,7 @@ def _cell(value: str) -> Text:
     return Text(value or "-")
 
 
-def _when(epoch: float, now: float) -> str:
+def when(epoch: float, now: float) -> str:
     """A timestamp short enough for a table: the time alone when it is today."""
     if not epoch:
         return "-"

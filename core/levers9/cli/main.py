@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from levers9.__about__ import __version__
-from levers9.cli import client_cmds, config_cmd, context_cmd, gpu_cmd, plugins_cmd, run_cmd, server_cmd
+from levers9.cli import client_cmds, config_cmd, context_cmd, deploy_cmd, gpu_cmd, plugins_cmd, run_cmd, server_cmd
 
 app = typer.Typer(
     name="levers9",
@@ -59,6 +59,9 @@ app.command("logs")(client_cmds.logs)
 app.command("pools")(client_cmds.pools)
 app.command("workers")(client_cmds.workers)
 app.command("run", context_settings=run_cmd.CONTEXT_SETTINGS)(run_cmd.run)
+app.command("deploy")(deploy_cmd.deploy)
+app.command("deployments")(deploy_cmd.deployments)
+app.command("stop")(deploy_cmd.stop)
 app.command("server")(server_cmd.server)
 app.command("worker")(server_cmd.worker)
 app.command("up")(server_cmd.up)

@@ -64,7 +64,7 @@ def run(
         return
 
     try:
-        module = _import_file(path)
+        module = import_file(path)
     except typer.Exit:
         raise
     except KeyboardInterrupt:
@@ -92,7 +92,7 @@ def run(
         print(result)
 
 
-def _import_file(path: Path) -> ModuleType:
+def import_file(path: Path) -> ModuleType:
     """Import ``path`` under its file name, so that ``if __name__ == "__main__"`` stays off."""
     import importlib
     import importlib.util

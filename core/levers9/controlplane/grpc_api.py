@@ -14,12 +14,21 @@ from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
 from levers9.state.errors import NotFound
 from levers9.state.sql.calls import CallResult
-from levers9.state.sql.records import TaskRecord, TaskStatus, TokenKind
+from levers9.state.sql.records import DeploymentVersionRecord, TaskRecord, TaskStatus, TokenKind
 
 __all__ = ["ControlPlaneService", "task_event"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _MAX_SUBMIT = 10_000
+
+
+def deployment_version(v: DeploymentVersionRecord) -> controlplane_pb2.DeploymentVersion:
+    return controlplane_pb2.DeploymentVersion(
+        version=v.version,
+        stub_id=v.stub_id,
+        created_at=v.created_at.timestamp(),
+        stopped_at=v.stopped_at.timestamp() if v.stopped_at else 0.0,
+    )
 
 
 def task_event(result: CallResult) -> controlplane_pb2.TaskEvent:
@@ -135,6 +144,40 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         assert deployment is not None
         await self.services.deployments.activate(deployment.id, version)
         return controlplane_pb2.DeployResponse(deployment_id=deployment.id, version=version)
+
+    @unary
+    async def ListDeployments(
+        self, request: controlplane_pb2.ListDeploymentsRequest, context: Context
+    ) -> controlplane_pb2.ListDeploymentsResponse:
+        principal = await self._user(context)
+        workspace = principal.require_workspace()
+        out = []
+        for deployment, versions in await self.services.deployments.for_workspace(workspace):
+            kind = ""
+            if versions:
+                record, _ = await self.dp.stub(versions[-1].stub_id, workspace)
+                kind = record.kind
+            out.append(
+                controlplane_pb2.DeploymentInfo(
+                    id=deployment.id,
+                    name=deployment.name,
+                    kind=kind,
+                    active_version=deployment.active_version or 0,
+                    versions=[deployment_version(v) for v in versions],
+                )
+            )
+        return controlplane_pb2.ListDeploymentsResponse(deployments=out)
+
+    @unary
+    async def StopDeployment(
+        self, request: controlplane_pb2.StopDeploymentRequest, context: Context
+    ) -> controlplane_pb2.DeploymentVersion:
+        principal = await self._user(context)
+        workspace = principal.require_workspace()
+        if request.version < 1:
+            raise ValueError(f"version: a version number (1, 2, ...) is needed, got {request.version}")
+        stopped = await self.services.deployments.stop(workspace, request.name, request.version)
+        return deployment_version(stopped)
 
     @streaming
     async def Invoke(

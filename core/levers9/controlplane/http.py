@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import pydantic
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -595,6 +595,46 @@ async def cancel_task(services: ServicesDep, principal: Caller, request: Request
         ran = (task.finished_at - task.started_at).total_seconds() if task.started_at and task.finished_at else 0.0
         metrics.task_finished(TaskStatus.CANCELLED.value, ran)
     return CancelOut(cancelled=cancelled, task=_task_out(task))
+
+
+class DeploymentVersionOut(_Out):
+    version: int
+    stub_id: str
+    created_at: datetime
+    #: None while the version serves
+    stopped_at: datetime | None
+    serving: bool
+
+
+class DeploymentOut(_Out):
+    id: str
+    name: str
+    #: the version answering when none is named: the newest still serving (None when all are stopped)
+    active_version: int | None
+    versions: list[DeploymentVersionOut]
+
+
+@router.get("/deployments")
+async def list_deployments(services: ServicesDep, principal: Caller) -> list[DeploymentOut]:
+    workspace = _own_workspace(principal, "list deployments")
+    return [
+        DeploymentOut(
+            id=d.id,
+            name=d.name,
+            active_version=d.active_version,
+            versions=[DeploymentVersionOut.model_validate(v) for v in versions],
+        )
+        for d, versions in await services.deployments.for_workspace(workspace)
+    ]
+
+
+@router.post("/deployments/{name}/versions/{version}/stop", responses={404: {"model": ErrorBody}})
+async def stop_deployment_version(
+    services: ServicesDep, principal: Caller, name: str, version: Annotated[int, Path(ge=1)]
+) -> DeploymentVersionOut:
+    """Stop one version; the others keep serving. Stopping a stopped version again is not an error."""
+    workspace = _own_workspace(principal, "stop deployments")
+    return DeploymentVersionOut.model_validate(await services.deployments.stop(workspace, name, version))
 
 
 # --------------------------------------------------------------------------- errors

@@ -99,6 +99,8 @@ class Scheduler:
         self._runner: asyncio.Task[None] | None = None
         self._upkeep_at = 0.0
         self._reconcile_at = 0.0
+        #: set by stop(): the loops end at their next turn even if their cancellation was swallowed
+        self._stopping = False
         #: placement history being written in the background (see place_once)
         self._recording: set[asyncio.Task[None]] = set()
 
@@ -366,6 +368,7 @@ class Scheduler:
     async def start(self) -> None:
         """Rebuild from SQL and start the loops in the background."""
         await self.rebuild()
+        self._stopping = False
         self._runner = asyncio.create_task(self.run(), name=f"scheduler {self.name}")
 
     async def run(self) -> None:
@@ -375,6 +378,7 @@ class Scheduler:
             tg.create_task(self._loop("leader", self._leader_step))
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -386,8 +390,12 @@ class Scheduler:
             await self.lease.release()
 
     async def _loop(self, name: str, step: Callable[[], Awaitable[float]]) -> None:
-        """Run ``step`` forever; it returns how long to sleep. A failing step is logged, never fatal."""
-        while True:
+        """Run ``step`` until stopped; it returns how long to sleep. A failing step is logged, never fatal.
+
+        The loop also ends when :meth:`stop` has begun: a cancellation swallowed on its way (by a
+        client library, or by ``asyncio.wait_for`` on Python 3.11) must not keep ``stop`` waiting.
+        """
+        while not self._stopping:
             try:
                 wait = await step()
             except asyncio.CancelledError:
@@ -398,8 +406,17 @@ class Scheduler:
             await asyncio.sleep(wait)
 
     async def _wait(self, event: asyncio.Event, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+        """Until ``event`` is set or ``timeout`` passes.
+
+        Not ``asyncio.wait_for``: on Python 3.11 it can swallow a cancellation that arrives as the
+        event is set, and a loop that misses its cancellation never lets ``stop`` finish.
+        """
+        if not event.is_set():
+            waiter = asyncio.ensure_future(event.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=timeout)
+            finally:
+                waiter.cancel()
         event.clear()
 
     async def _place_step(self) -> float:

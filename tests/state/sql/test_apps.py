@@ -104,3 +104,46 @@ async def test_a_deployment_name_belongs_to_one_app(db: Database, workspace: Wor
         await deployments.create_version(workspace.id, second_app.id, "prod", second_stub.id)
     with pytest.raises(Conflict, match=f"stub '{second_stub.id}' belongs to app"):
         await deployments.create_version(workspace.id, first_app.id, "prod", second_stub.id)
+
+
+async def test_older_versions_serve_until_stopped(db: Database, workspace: WorkspaceRecord) -> None:
+    app = await AppStore(db).get_or_create(workspace.id, "web")
+    stubs = StubStore(db)
+    one = await stubs.get_or_create(workspace.id, app.id, "api", "endpoint", CONFIG)
+    two = await stubs.get_or_create(workspace.id, app.id, "api", "endpoint", {**CONFIG, "cpu": 4})
+    deployments = DeploymentStore(db)
+    for stub in (one, two):
+        version = await deployments.create_version(workspace.id, app.id, "api", stub.id)
+        deployment = await deployments.get(workspace.id, "api")
+        assert deployment is not None
+        await deployments.activate(deployment.id, version)
+    # both answer; no version given means the newest
+    assert (await deployments.serving(workspace.id, "api", 1)).stub_id == one.id
+    assert (await deployments.serving(workspace.id, "api")).stub_id == two.id
+    [(listed, versions)] = await deployments.for_workspace(workspace.id)
+    assert (listed.name, listed.active_version) == ("api", 2)
+    assert [(v.version, v.serving) for v in versions] == [(1, True), (2, True)]
+
+    stopped = await deployments.stop(workspace.id, "api", 2)
+    assert stopped.stopped_at is not None
+    assert not stopped.serving
+    assert (await deployments.stop(workspace.id, "api", 2)).stopped_at == stopped.stopped_at  # again: no change
+    with pytest.raises(NotFound, match="api v2"):
+        await deployments.serving(workspace.id, "api", 2)
+    assert (await deployments.serving(workspace.id, "api")).version == 1  # the newest still serving
+    after = await deployments.get(workspace.id, "api")
+    assert after is not None
+    assert after.active_version == 1
+
+    await deployments.stop(workspace.id, "api", 1)
+    with pytest.raises(NotFound, match="all stopped"):
+        await deployments.serving(workspace.id, "api")
+    with pytest.raises(NotFound, match="api v7"):
+        await deployments.stop(workspace.id, "api", 7)
+    # another workspace sees nothing of it: the same answer as for a name that does not exist
+    other = await WorkspaceStore(db).create("someone-else")
+    with pytest.raises(NotFound, match="deployment 'api'"):
+        await deployments.serving(other.id, "api")
+    with pytest.raises(NotFound, match="deployment 'api'"):
+        await deployments.stop(other.id, "api", 1)
+    assert await deployments.for_workspace(other.id) == []

@@ -96,6 +96,50 @@ class DeployResponse(_message.Message):
     version: int
     def __init__(self, deployment_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
+class ListDeploymentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeploymentVersion(_message.Message):
+    __slots__ = ("version", "stub_id", "created_at", "stopped_at")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STUB_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_AT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    stub_id: str
+    created_at: float
+    stopped_at: float
+    def __init__(self, version: _Optional[int] = ..., stub_id: _Optional[str] = ..., created_at: _Optional[float] = ..., stopped_at: _Optional[float] = ...) -> None: ...
+
+class DeploymentInfo(_message.Message):
+    __slots__ = ("id", "name", "kind", "active_version", "versions")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    kind: str
+    active_version: int
+    versions: _containers.RepeatedCompositeFieldContainer[DeploymentVersion]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., active_version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[DeploymentVersion, _Mapping]]] = ...) -> None: ...
+
+class ListDeploymentsResponse(_message.Message):
+    __slots__ = ("deployments",)
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    deployments: _containers.RepeatedCompositeFieldContainer[DeploymentInfo]
+    def __init__(self, deployments: _Optional[_Iterable[_Union[DeploymentInfo, _Mapping]]] = ...) -> None: ...
+
+class StopDeploymentRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
 class InvokeRequest(_message.Message):
     __slots__ = ("stub_id", "args")
     STUB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -104,6 +104,16 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.ListDeployments = channel.unary_unary(
+                '/levers9.v1.ControlPlane/ListDeployments',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsResponse.FromString,
+                _registered_method=True)
+        self.StopDeployment = channel.unary_unary(
+                '/levers9.v1.ControlPlane/StopDeployment',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.StopDeploymentRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeploymentVersion.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -204,6 +214,20 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDeployments(self, request, context):
+        """The workspace's deployments, each with its versions and whether each still serves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopDeployment(self, request, context):
+        """Stop one version of a deployment; the others keep serving.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -276,6 +300,16 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'ListDeployments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeployments,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsResponse.SerializeToString,
+            ),
+            'StopDeployment': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopDeployment,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.StopDeploymentRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeploymentVersion.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -656,6 +690,60 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/ListWorkers',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeployments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/ListDeployments',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopDeployment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/StopDeployment',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.StopDeploymentRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeploymentVersion.FromString,
             options,
             channel_credentials,
             insecure,

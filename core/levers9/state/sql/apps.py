@@ -7,6 +7,7 @@ while a changed GPU preference or image makes a new stub.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 from typing import Any
@@ -63,8 +64,9 @@ def _deployment(row: Deployment) -> DeploymentRecord:
 
 def _version(row: DeploymentVersion) -> DeploymentVersionRecord:
     return DeploymentVersionRecord(
-        id=row.id, deployment_id=row.deployment_id, version=row.version, stub_id=row.stub_id, created_at=row.created_at
-    )
+        id=row.id, deployment_id=row.deployment_id, version=row.version, stub_id=row.stub_id,
+        created_at=row.created_at, stopped_at=row.stopped_at,
+    )  # fmt: skip
 
 
 class AppStore:
@@ -183,7 +185,12 @@ class DeploymentStore:
                 version = (latest or 0) + 1
                 session.add(
                     DeploymentVersion(
-                        id=new_id("depv"), deployment_id=deployment.id, version=version, stub_id=stub_id, created_at=now
+                        id=new_id("depv"),
+                        deployment_id=deployment.id,
+                        version=version,
+                        stub_id=stub_id,
+                        created_at=now,
+                        stopped_at=None,
                     )
                 )
                 await session.flush()
@@ -226,6 +233,78 @@ class DeploymentStore:
                 .order_by(DeploymentVersion.version)
             )
             return [_version(row) for row in rows]
+
+    async def for_workspace(
+        self, workspace_id: str
+    ) -> builtins.list[tuple[DeploymentRecord, builtins.list[DeploymentVersionRecord]]]:
+        """A workspace's deployments by name, each with its versions, oldest first."""
+        async with self._db.transaction() as session:
+            deployments = list(
+                await session.scalars(
+                    select(Deployment).where(Deployment.workspace_id == workspace_id).order_by(Deployment.name)
+                )
+            )
+            versions = await session.scalars(
+                select(DeploymentVersion)
+                .where(DeploymentVersion.deployment_id.in_([d.id for d in deployments]))
+                .order_by(DeploymentVersion.version)
+            )
+            by_deployment: dict[str, builtins.list[DeploymentVersionRecord]] = {}
+            for row in versions:
+                by_deployment.setdefault(row.deployment_id, []).append(_version(row))
+            return [(_deployment(d), by_deployment.get(d.id, [])) for d in deployments]
+
+    async def serving(self, workspace_id: str, name: str, version: int | None = None) -> DeploymentVersionRecord:
+        """The version of deployment ``name`` that answers: ``version``, or the newest still serving.
+
+        NotFound (never "forbidden") for another workspace's deployment, a version that does not
+        exist or no longer serves, so a caller learns nothing about what it may not see.
+        """
+        async with self._db.transaction() as session:
+            deployment = await session.scalar(
+                select(Deployment).where(Deployment.workspace_id == workspace_id, Deployment.name == name)
+            )
+            if deployment is None:
+                raise NotFound("deployment", name)
+            query = select(DeploymentVersion).where(
+                DeploymentVersion.deployment_id == deployment.id, DeploymentVersion.stopped_at.is_(None)
+            )
+            if version is not None:
+                query = query.where(DeploymentVersion.version == version)
+            row = await session.scalar(query.order_by(DeploymentVersion.version.desc()).limit(1))
+            if row is None:
+                raise NotFound(
+                    "deployment version", f"{name} v{version}" if version is not None else f"{name} (all stopped)"
+                )
+            return _version(row)
+
+    async def stop(self, workspace_id: str, name: str, version: int) -> DeploymentVersionRecord:
+        """Stop one version (again is harmless); the deployment's active version moves to the newest still serving."""
+        async with self._db.transaction() as session:
+            deployment = await session.scalar(
+                select(Deployment)
+                .where(Deployment.workspace_id == workspace_id, Deployment.name == name)
+                .with_for_update()
+            )
+            if deployment is None:
+                raise NotFound("deployment", name)
+            row = await session.scalar(
+                select(DeploymentVersion).where(
+                    DeploymentVersion.deployment_id == deployment.id, DeploymentVersion.version == version
+                )
+            )
+            if row is None:
+                raise NotFound("deployment version", f"{name} v{version}")
+            if row.stopped_at is None:
+                row.stopped_at = utcnow()
+            await session.flush()
+            newest = await session.scalar(
+                select(func.max(DeploymentVersion.version)).where(
+                    DeploymentVersion.deployment_id == deployment.id, DeploymentVersion.stopped_at.is_(None)
+                )
+            )
+            deployment.active_version = newest
+            return _version(row)
 
 
 __all__ = ["AppStore", "DeploymentStore", "StubStore", "config_hash"]

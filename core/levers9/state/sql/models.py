@@ -182,6 +182,8 @@ class DeploymentVersion(Base):
     version: Mapped[int]
     stub_id: Mapped[str] = mapped_column(ForeignKey("stubs.id"))
     created_at: Mapped[datetime]
+    #: when it stopped serving; None while it serves (older versions serve until stopped)
+    stopped_at: Mapped[datetime | None]
 
 
 class Task(Base):

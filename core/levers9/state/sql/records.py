@@ -132,6 +132,11 @@ class DeploymentVersionRecord:
     version: int
     stub_id: str
     created_at: datetime
+    stopped_at: datetime | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.stopped_at is None
 
 
 @dataclass(frozen=True, slots=True)
