@@ -148,7 +148,7 @@ class Checkpointing:
             record = None
         started = await asyncio.wait_for(
             start_container(
-                hooks, runtime, spec, checkpoint=record, checkpoints=self.store,  # type: ignore[arg-type]
+                hooks, runtime, spec, checkpoint=record, checkpoints=self.store,
                 storage=self.storage, cache=self.cache,
             ),
             timeout,
@@ -189,7 +189,7 @@ class Checkpointing:
         try:
             record = await publish(
                 image, workspace_id=workspace_id, stub_id=stub_id, task_id=None, gpu=None,
-                store=self.store, storage=self.storage, cache=self.cache,  # type: ignore[arg-type]
+                store=self.store, storage=self.storage, cache=self.cache,
             )  # fmt: skip
         except Exception as exc:
             log.warning("the checkpoint of stub %s was not stored: %s", stub_id, exc)

@@ -37,7 +37,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.types import CheckpointImage
-from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.records import CheckpointRecord, CheckpointStatus
 
 if TYPE_CHECKING:
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointMissing",
+    "CheckpointRecorder",
     "CheckpointStorage",
     "LocalStorage",
     "NodeCache",
@@ -82,6 +82,31 @@ class StorageError(Levers9Error):
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class CheckpointRecorder(Protocol):
+    """Where checkpoints are recorded: the database itself (``CheckpointStore``), or, on a worker, the
+    controlplane through its Worker service (``levers9.worker.checkpointing.RecordStore``)."""
+
+    async def create(
+        self,
+        workspace_id: str,
+        runtime: str,
+        *,
+        stub_id: str | None = None,
+        task_id: str | None = None,
+        gpu: str | None = None,
+    ) -> CheckpointRecord: ...
+
+    async def set_status(
+        self,
+        checkpoint_id: str,
+        status: str,
+        *,
+        path: str | None = None,
+        size_bytes: int | None = None,
+        error: str | None = None,
+    ) -> CheckpointRecord: ...
 
 
 class CheckpointStorage(Protocol):
@@ -688,7 +713,7 @@ async def publish(
     stub_id: str | None,
     task_id: str | None,
     gpu: str | None,
-    store: CheckpointStore,
+    store: CheckpointRecorder,
     storage: CheckpointStorage,
     cache: NodeCache,
 ) -> CheckpointRecord:
@@ -721,7 +746,7 @@ async def _mark_failed(
     *,
     key: str,
     uploaded: bool,
-    store: CheckpointStore,
+    store: CheckpointRecorder,
     storage: CheckpointStorage,
     cache: NodeCache,
 ) -> None:

@@ -25,9 +25,8 @@ from levers9.hooks.types import (
     Mount,
     RuntimeContext,
 )
-from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.records import CheckpointRecord
-from levers9.worker.checkpoints import CheckpointStorage, NodeCache, dump_fits, fetch_for_start
+from levers9.worker.checkpoints import CheckpointRecorder, CheckpointStorage, NodeCache, dump_fits, fetch_for_start
 
 __all__ = [
     "READY_DIR",
@@ -60,7 +59,7 @@ async def start_container(
     spec: ContainerSpec,
     *,
     checkpoint: CheckpointRecord | None = None,
-    checkpoints: CheckpointStore | None = None,
+    checkpoints: CheckpointRecorder | None = None,
     storage: CheckpointStorage | None = None,
     cache: NodeCache | None = None,
 ) -> Started:
