@@ -625,6 +625,10 @@ async def test_frames_over_the_limit_are_refused() -> None:
 
 async def test_the_runner_can_wait_for_go_and_serve_on_a_unix_socket(tmp_path: Path) -> None:
     """A container to be checkpointed: loaded, it says ready, waits for go, then serves the token go gives."""
+    from levers9.sdk import lifecycle
+    from levers9.worker import runner
+
+    assert lifecycle.READY_ENV == runner.ENV_READY  # levers9.ready() signals what the runner and worker wait for
     handler = tmp_path / "handler.pkl"
     handler.write_bytes(cloudpickle.dumps(lambda: "hi"))
     signals = tmp_path / "run"

@@ -8,6 +8,7 @@ from pathlib import Path
 __all__ = ["ready"]
 
 #: set by the worker in containers it may checkpoint; the file to create once start-up is done
+#: (the runner's ENV_READY, spelled out so the SDK imports nothing of the worker; a test keeps them equal)
 READY_ENV = "LEVERS9_READY_FILE"
 
 

@@ -26,6 +26,7 @@ from levers9.hooks.types import (
     RuntimeContext,
 )
 from levers9.state.sql.records import CheckpointRecord
+from levers9.worker import runner
 from levers9.worker.checkpoints import CheckpointRecorder, CheckpointStorage, NodeCache, dump_fits, fetch_for_start
 
 __all__ = [
@@ -92,7 +93,7 @@ async def start_container(
 
 #: where a container finds its signal directory, and the variable naming the file to create when ready
 READY_DIR = "/run/levers9"
-READY_ENV = "LEVERS9_READY_FILE"
+READY_ENV = runner.ENV_READY
 
 
 def with_ready_signal(spec: ContainerSpec, host_dir: Path, *, mounts: bool = True) -> ContainerSpec:
