@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from levers9.cli.client_cmds import UNARY_TIMEOUT_S, Metadata, call, context_option, resolve_context, when
 from levers9.cli.output import err, out, print_json
+from levers9.cli.run_cmd import fail
 
 if TYPE_CHECKING:
     from levers9.proto.v1 import controlplane_pb2 as pb
@@ -35,7 +36,7 @@ def deploy(
     from levers9.sdk.context import ENV_CONTEXT
 
     if not file.is_file():
-        _fail(f"no such file: {file}")
+        fail(f"no such file: {file}")
     if context is not None:
         os.environ[ENV_CONTEXT] = resolve_context(context).name
     try:
@@ -43,12 +44,12 @@ def deploy(
     except typer.Exit:
         raise
     except Exception as exc:
-        _fail(f"{file} could not be imported: {type(exc).__name__}: {exc}")
+        fail(f"{file} could not be imported: {type(exc).__name__}: {exc}")
     from levers9.sdk.functions import Function
 
     found = list({id(v): v for v in vars(module).values() if isinstance(v, Function)}.values())
     if not found:
-        _fail(f"{file} declares no @levers9.function, @levers9.endpoint or @levers9.queue")
+        fail(f"{file} declares no @levers9.function, @levers9.endpoint or @levers9.queue")
     deployed = [_deploy_one(fn) for fn in found]
     if as_json:
         print_json(deployed)
@@ -81,7 +82,7 @@ def _deploy_one(fn: Any) -> dict[str, Any]:
     try:
         response = client.run(run())
     except ControlPlaneError as exc:
-        _fail(f"deploying {fn.config['name']}: {exc}")
+        fail(f"deploying {fn.config['name']}: {exc}")
     return {"name": fn.config["name"], "kind": fn.config["kind"], "version": response.version,
             "deployment_id": response.deployment_id}  # fmt: skip
 
@@ -151,8 +152,3 @@ def _deployment(d: pb.DeploymentInfo) -> dict[str, Any]:
             for v in d.versions
         ],
     }  # fmt: skip
-
-
-def _fail(message: str) -> NoReturn:
-    err.print(f"error: {message}", markup=False)
-    raise typer.Exit(1)

@@ -41,9 +41,9 @@ def run(
     file_text, _, function = target.rpartition("::") if "::" in target else (target, "", "")
     path = Path(file_text)
     if not file_text or not path.exists():
-        _fail(f"no such file: {file_text or target}")
+        fail(f"no such file: {file_text or target}")
     if function and not path.is_file():
-        _fail(f"{path} is not a file: FILE::FUNCTION imports a Python file")
+        fail(f"{path} is not a file: FILE::FUNCTION imports a Python file")
     if context is not None:
         os.environ[ENV_CONTEXT] = resolve_context(context).name
 
@@ -74,9 +74,9 @@ def run(
     target_fn = getattr(module, function, None)
     if target_fn is None:
         names = ", ".join(_functions(module)) or "none"
-        _fail(f"{path} has no function {function!r} (functions: {names})")
+        fail(f"{path} has no function {function!r} (functions: {names})")
     if not callable(target_fn):
-        _fail(f"{path}: {function!r} is a {type(target_fn).__name__}, not a function")
+        fail(f"{path}: {function!r} is a {type(target_fn).__name__}, not a function")
     _check_arguments(path, function, target_fn, app_args)
     try:
         result = target_fn(*app_args)
@@ -103,12 +103,12 @@ def import_file(path: Path) -> ModuleType:
     if existing is not None:
         existing_file = getattr(existing, "__file__", None)
         if existing_file is None or Path(existing_file).resolve() != resolved:
-            _fail(
+            fail(
                 f"{path}: its module name {name!r} is already taken by {existing_file or 'a built-in module'}; rename the file"
             )
     spec = importlib.util.spec_from_file_location(name, resolved)
     if spec is None or spec.loader is None:
-        _fail(f"{path}: not a Python file")
+        fail(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -134,7 +134,7 @@ def _check_arguments(path: Path, function: str, fn: Any, args: list[str]) -> Non
     try:
         signature.bind(*args)
     except TypeError as exc:
-        _fail(f"{path}::{function}{signature}: {exc} (given {len(args)}: {' '.join(args) or 'none'})")
+        fail(f"{path}::{function}{signature}: {exc} (given {len(args)}: {' '.join(args) or 'none'})")
 
 
 def _functions(module: ModuleType) -> list[str]:
@@ -181,6 +181,6 @@ def _app_frames(tb: TracebackType | None) -> TracebackType | None:
     return None
 
 
-def _fail(message: str) -> NoReturn:
+def fail(message: str) -> NoReturn:
     err.print(f"error: {message}", markup=False)
     raise typer.Exit(1)

@@ -194,24 +194,25 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             first.cancel()
             await events.aclose()
 
+    async def _submit(self, principal: Principal, request: controlplane_pb2.SubmitRequest) -> list[str]:
+        """Submit and SubmitAndWatch store their calls the same way, within the same limit."""
+        if len(request.calls) > _MAX_SUBMIT:
+            raise ValueError(f"calls: at most {_MAX_SUBMIT} per Submit, got {len(request.calls)}; send several")
+        return await self.dp.submit(principal, request.stub_id, [c.args for c in request.calls])
+
     @unary
     async def Submit(
         self, request: controlplane_pb2.SubmitRequest, context: Context
     ) -> controlplane_pb2.SubmitResponse:
         principal = await self._user(context)
-        if len(request.calls) > _MAX_SUBMIT:
-            raise ValueError(f"calls: at most {_MAX_SUBMIT} per Submit, got {len(request.calls)}; send several")
-        ids = await self.dp.submit(principal, request.stub_id, [c.args for c in request.calls])
-        return controlplane_pb2.SubmitResponse(task_ids=ids)
+        return controlplane_pb2.SubmitResponse(task_ids=await self._submit(principal, request))
 
     @streaming
     async def SubmitAndWatch(
         self, request: controlplane_pb2.SubmitRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
         principal = await self._user(context)
-        if len(request.calls) > _MAX_SUBMIT:
-            raise ValueError(f"calls: at most {_MAX_SUBMIT} per Submit, got {len(request.calls)}; send several")
-        ids = await self.dp.submit(principal, request.stub_id, [c.args for c in request.calls])
+        ids = await self._submit(principal, request)
         if not ids:
             yield controlplane_pb2.TaskEvents()
             return
