@@ -325,6 +325,7 @@ class OciEngine(ContainerRecords):
             return ContainerState(container_id=container_id, status=ContainerStatus.UNKNOWN)
         forwards = meta.get("forwards") or []
         address = f"127.0.0.1:{forwards[0]['host_port']}" if forwards else None
+        ip = (meta.get("network") or {}).get("ip") or None
         ended = self._exit(container_id)
         if ended is not None:
             return self._exited_state(container_id, ended)
@@ -333,17 +334,18 @@ class OciEngine(ContainerRecords):
         if pid is not None and _alive(pid):
             started = datetime.fromtimestamp((cdir / CONTAINER_PID).stat().st_mtime, UTC)
             return ContainerState(container_id=container_id, status=ContainerStatus.RUNNING, pid=pid,
-                                  started_at=started, address=address)  # fmt: skip
+                                  started_at=started, address=address, ip=ip)  # fmt: skip
         if _alive(_pid(cdir / shim.PID_FILE)):
             # starting, or just ended and the shim is writing it down
-            return ContainerState(container_id=container_id, status=ContainerStatus.CREATED, address=address)
+            return ContainerState(container_id=container_id, status=ContainerStatus.CREATED, address=address, ip=ip)
         proc = self._run(container_id, "state", timeout=30)
         if proc.returncode == 0:
             info = json.loads(proc.stdout)
             status = {"created": ContainerStatus.CREATED, "running": ContainerStatus.RUNNING,
                       "paused": ContainerStatus.RUNNING}.get(info.get("status"), ContainerStatus.CREATED)  # fmt: skip
             return ContainerState(container_id=container_id, status=status, pid=info.get("pid") or None,
-                                  started_at=_parse_created(info.get("created")), address=address)  # fmt: skip
+                                  started_at=_parse_created(info.get("created")), address=address,
+                                  ip=ip)  # fmt: skip
         return ContainerState(container_id=container_id, status=ContainerStatus.CREATED)
 
     def kill(self, container_id: str, sig: int) -> None:

@@ -216,6 +216,8 @@ class ContainerState(_Frozen):
     finished_at: datetime | None = None
     #: ``host:port`` where the container's first port is reachable from the worker
     address: str | None = None
+    #: the container's own IP on the worker's network, reachable from the worker's host (bridge network only)
+    ip: str | None = None
 
 
 class LogChunk(_Frozen):

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Call", "Outcome", "RemoteErrorInfo", "StubSpec"]
+__all__ = ["JSON_CALL", "SERVING_KINDS", "Call", "Outcome", "RemoteErrorInfo", "Serving", "StubSpec"]
+
+#: the first bytes of a call's arguments (and then of its result) sent as JSON rather than pickled: a
+#: queue item or job run submitted over HTTP. Pickles never start with a NUL byte. The controlplane
+#: never unpickles what a container sends, so results it must show as JSON travel as JSON.
+JSON_CALL = b"\x00levers9-json\n"
+
+#: stubs whose containers serve requests the gateway proxies, rather than run calls
+SERVING_KINDS = ("endpoint", "box")
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,19 @@ class StubSpec:
     keep_warm_s: float = 60.0
     #: snapshot the first container once loaded; later ones start from the snapshot
     checkpoint_enabled: bool = False
+    #: function and job: calls over the runner's frames; endpoint and box: a container per call that serves
+    kind: str = "function"
+    #: endpoints: "function" or "asgi", how the container answers HTTP
+    interface: str = "function"
+    #: endpoints: requests one container serves at once
+    tasks_per_container: int = 1
+    #: boxes: the ports that must accept connections before the box is ready
+    ports: tuple[int, ...] = ()
+
+    @property
+    def serves(self) -> bool:
+        """Whether a call of this stub is a container that serves HTTP until it is stopped."""
+        return self.kind in SERVING_KINDS
 
 
 @dataclass(frozen=True)
@@ -62,3 +83,14 @@ class Outcome:
     #: cloudpickled return value (complete), or the cloudpickled exception when it could be pickled (error)
     result: bytes = b""
     error: RemoteErrorInfo | None = None
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Where a serving container answers, as reachable from the worker's host."""
+
+    container_id: str
+    #: host:port of an endpoint's HTTP server ("" for a box)
+    address: str = ""
+    #: a box's ports: container port -> host:port
+    ports: dict[int, str] = field(default_factory=dict)

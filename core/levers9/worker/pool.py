@@ -43,15 +43,16 @@ from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, GpuDevice, Mount, RuntimeContext
 from levers9.worker import frames, runner
-from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
+from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
 from levers9.worker.checkpointing import SIGNAL_SOCKET, Checkpointing
 
-__all__ = ["ContainerPool", "OnLog", "OnStarted"]
+__all__ = ["ContainerPool", "OnLog", "OnServing", "OnStarted"]
 
 log = logging.getLogger(__name__)
 
 OnStarted = Callable[[str], Awaitable[None] | None]
 OnLog = Callable[[str, bytes], None]
+OnServing = Callable[[Serving], Awaitable[None] | None]
 
 #: seconds between SIGTERM and SIGKILL when a call's container is stopped under it
 STOP_GRACE_S = 3.0
@@ -91,6 +92,7 @@ class _Pending:
     future: asyncio.Future[Outcome]
     on_started: OnStarted | None
     on_log: OnLog | None
+    on_serving: OnServing | None = None
     #: set to stop the call where it runs (cancel, the caller gone, the pool closing)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
@@ -117,6 +119,8 @@ class _Container:
     task: asyncio.Task[None] | None = None
     #: a checkpointed container's signal directory (ready and go files, the runner's socket)
     signal_dir: Path | None = None
+    #: an endpoint's container: the port its HTTP server listens on
+    http_port: int = 0
 
 
 @dataclass(eq=False)
@@ -193,8 +197,13 @@ class ContainerPool:
         *,
         on_started: OnStarted | None = None,
         on_log: OnLog | None = None,
+        on_serving: OnServing | None = None,
     ) -> Outcome:
-        """Run ``call`` in a warm container of ``stub`` (starting one if needed) and return how it ended."""
+        """Run ``call`` in a warm container of ``stub`` (starting one if needed) and return how it ended.
+
+        A call of a serving stub (an endpoint or a box) is a container of its own that serves until the
+        call is cancelled or the container ends; ``on_serving`` says where, once it is ready.
+        """
         if self._closed:
             raise RuntimeError("the container pool is closed")
         if call.task_id in self._calls:
@@ -204,7 +213,7 @@ class ContainerPool:
                 call, "InsufficientGpus", f"the function needs {stub.gpu_count} GPUs; this worker has {len(self.gpus)}"
             )
         group = self._group(stub)
-        pending = _Pending(call, asyncio.get_running_loop().create_future(), on_started, on_log)
+        pending = _Pending(call, asyncio.get_running_loop().create_future(), on_started, on_log, on_serving)
         pending.queued_at = asyncio.get_running_loop().time()
         self._calls[call.task_id] = (group, pending)
         group.in_flight += 1
@@ -389,6 +398,8 @@ class ContainerPool:
         gpus, self._free_gpus = self._free_gpus[: group.spec.gpu_count], self._free_gpus[group.spec.gpu_count :]
         box = _Container(cid=_container_id(group.spec), port=self._free_port(), token=secrets.token_urlsafe(32),
                          gpus=gpus)  # fmt: skip
+        if group.spec.serves:
+            box.http_port = self._free_port()
         group.containers[box.cid] = box
         self.started_total += 1
         box.task = self._spawn(self._life(group, box), f"levers9-container-{box.cid}")
@@ -458,7 +469,10 @@ class ContainerPool:
             box.state = _State.BUSY
             box.pending = pending
             pending.container = box
-            outcome, alive = await self._execute(group, box, pending)
+            if group.spec.serves:
+                outcome, alive = await self._execute_serving(group, box, pending), False
+            else:
+                outcome, alive = await self._execute(group, box, pending)
             self._settle(group, pending, outcome)
             box.pending = None
             if not alive:
@@ -491,6 +505,7 @@ class ContainerPool:
             self._stopping.discard(box)
             self._free_gpus = sorted([*self._free_gpus, *box.gpus], key=lambda g: g.index)
             self._ports.discard(box.port)
+            self._ports.discard(box.http_port)
             if not group.containers and group.in_flight == 0 and self._stubs.get(group.key) is group:
                 self._drop_group(group)
             self._rebalance()
@@ -523,7 +538,7 @@ class ContainerPool:
             gpus=box.gpus,
             mounts=[] if self._on_host else self._mounts(group),
             network="host" if self._on_host else "bridge",
-            ports=[box.port],
+            ports=[box.port, *([box.http_port] if box.http_port else []), *stub.ports],
         )
 
     def _environment(self, group: _Stub, box: _Container) -> dict[str, str]:
@@ -663,6 +678,77 @@ class ContainerPool:
             return _cancelled(call, pending.stop_reason), False
         return _error(call, "TimeoutError", f"the call exceeded its timeout of {call.timeout_s:g} s", "timeout"), False
 
+    async def _execute_serving(self, group: _Stub, box: _Container, pending: _Pending) -> Outcome:
+        """Have ``box`` serve (see the runner's ``serve``) until the call is stopped or the container ends."""
+        call, stub = pending.call, group.spec
+        assert box.reader is not None
+        assert box.writer is not None
+        interface = "box" if stub.kind == "box" else stub.interface
+        try:
+            await frames.write_frame(box.writer, "serve", task_id=call.task_id, interface=interface,
+                                     port=box.http_port, concurrency=stub.tasks_per_container,
+                                     ports=list(stub.ports))  # fmt: skip
+        except (OSError, ConnectionError):
+            return await self._exit_outcome(group, box, call)
+        ready = asyncio.Event()
+        reading = asyncio.ensure_future(self._follow_serving(group, box, pending, ready))
+        stopping = asyncio.ensure_future(pending.stop.wait())
+        readying = asyncio.ensure_future(ready.wait())
+        try:
+            done, _ = await asyncio.wait({reading, stopping, readying}, timeout=self.start_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            if readying in done and reading not in done and stopping not in done:
+                done, _ = await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            readying.cancel()
+        if reading in done:
+            try:
+                return reading.result()
+            except (OSError, asyncio.IncompleteReadError):
+                return await self._exit_outcome(group, box, call)
+            except frames.ProtocolError as exc:
+                await self._kill(box)
+                return _error(call, "ProtocolError", f"the container's runner broke the protocol: {exc}")
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reading
+        await self._kill(box)
+        if pending.stop.is_set():
+            return _cancelled(call, pending.stop_reason)
+        what = "its ports did not accept connections" if stub.kind == "box" else "its HTTP server did not start"
+        return _error(call, "StartTimeout", f"{what} within {self.start_timeout_s:g} s", "timeout")
+
+    async def _follow_serving(self, group: _Stub, box: _Container, pending: _Pending, ready: asyncio.Event) -> Outcome:
+        """Pass on the serving container's output; say where it serves once it does; its result, if it ends."""
+        assert box.reader is not None
+        task_id = pending.call.task_id
+        while True:
+            frame = await frames.read_frame(box.reader, max_payload=self.max_result_bytes)
+            if frame.kind == "log":
+                _deliver_log(pending, frame.payload)
+            elif frame.kind == "serving" and not ready.is_set():
+                state = await self.hooks.container_state(self.runtime, box.cid)
+                host = "127.0.0.1" if self._on_host or not state.ip else state.ip
+                serving = Serving(
+                    container_id=box.cid,
+                    address=f"{host}:{box.http_port}" if group.spec.kind != "box" else "",
+                    ports={p: f"{host}:{p}" for p in group.spec.ports},
+                )
+                ready.set()
+                await _notify_started(pending, box.cid)
+                if pending.on_serving is not None:
+                    try:
+                        result = pending.on_serving(serving)
+                        if inspect.isawaitable(result):
+                            await result
+                    except Exception:
+                        log.exception("on_serving of task %s failed", task_id)
+            elif frame.kind == "result" and frame.text("task_id") == task_id:
+                return self._result_outcome(task_id, frame)
+            else:
+                raise frames.ProtocolError(f"unexpected {frame.kind!r} frame from a serving container")
+
     async def _read_result(self, reader: asyncio.StreamReader, pending: _Pending) -> Outcome:
         task_id = pending.call.task_id
         while True:
@@ -672,16 +758,20 @@ class ContainerPool:
                 continue
             if frame.kind != "result" or frame.text("task_id") != task_id:
                 raise frames.ProtocolError(f"expected the result of {task_id}, got a {frame.kind!r} frame")
-            status = frame.text("status")
-            if status == "complete":
-                return Outcome(task_id=task_id, status="complete", result=frame.payload)
-            if status != "error":
-                raise frames.ProtocolError(f"unknown result status {status!r}")
-            error = frames.Frame("error", frame.object("error"))
-            info = RemoteErrorInfo(
-                type=error.text("type"), message=error.text("message", ""), traceback=error.text("traceback", "")
-            )
-            return Outcome(task_id=task_id, status="error", result=frame.payload, error=info)
+            return self._result_outcome(task_id, frame)
+
+    @staticmethod
+    def _result_outcome(task_id: str, frame: frames.Frame) -> Outcome:
+        status = frame.text("status")
+        if status == "complete":
+            return Outcome(task_id=task_id, status="complete", result=frame.payload)
+        if status != "error":
+            raise frames.ProtocolError(f"unknown result status {status!r}")
+        error = frames.Frame("error", frame.object("error"))
+        info = RemoteErrorInfo(
+            type=error.text("type"), message=error.text("message", ""), traceback=error.text("traceback", "")
+        )
+        return Outcome(task_id=task_id, status="error", result=frame.payload, error=info)
 
     async def _exit_outcome(self, group: _Stub, box: _Container, call: Call) -> Outcome:
         """The outcome of a call whose container went away under it: how it ended, and its last output."""

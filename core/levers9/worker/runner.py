@@ -17,6 +17,12 @@ Protocol (frames as in :mod:`levers9.worker.frames`):
   bytes) while the function runs, then one ``result`` (``task_id``, ``status``
   ``complete`` with the cloudpickled value, or ``error`` with an ``error``
   object and the cloudpickled exception when it could be pickled);
+* ``serve`` (``task_id``, ``interface``, ``port``, ``concurrency``,
+  ``ports``) turns the container into an endpoint's or a box's: the runner
+  starts the HTTP server of :mod:`levers9.worker.serving` on ``port`` (or, for
+  a box, runs the handler and waits until its ``ports`` accept connections),
+  answers ``serving``, and from then on sends only the output (``log`` frames
+  of that task); a box whose handler returns sends its ``result``;
 * the connection ending, or ``shutdown``, ends the runner.
 
 Only the standard library, cloudpickle and the frames module are imported:
@@ -30,6 +36,7 @@ import hmac
 import importlib
 import inspect
 import io
+import json
 import os
 import signal
 import socket
@@ -43,6 +50,7 @@ from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
 from levers9.worker import frames
+from levers9.worker.calls import JSON_CALL
 
 # untyped; imported by name so the type checker needs no stubs for it
 cloudpickle: Any = importlib.import_module("cloudpickle")
@@ -208,6 +216,12 @@ def load_handler(path: str, expected_python: str) -> tuple[Callable[..., Any] | 
     return handler, None
 
 
+def _json_arguments(data: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """A JSON call's arguments: ``{"args": [...], "kwargs": {...}}`` as the gateway wrote them."""
+    value = json.loads(data)
+    return list(value.get("args", [])), dict(value.get("kwargs", {}))
+
+
 def _user_traceback(exc: BaseException) -> str:
     """The traceback from the user's code down, without the runner's and asyncio's frames above it."""
     tb: TracebackType | None = exc.__traceback__
@@ -246,8 +260,12 @@ class Executor:
         if self.handler is None:
             assert self.problem is not None
             return self.problem
+        as_json = args_payload.startswith(JSON_CALL)
         try:
-            args, kwargs = cloudpickle.loads(args_payload)
+            if as_json:
+                args, kwargs = _json_arguments(args_payload[len(JSON_CALL) :])
+            else:
+                args, kwargs = cloudpickle.loads(args_payload)
             result = self.handler(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = self._await(result)
@@ -255,6 +273,11 @@ class Executor:
             raise
         except BaseException as exc:  # SystemExit from user code is the call's error, not the container's end
             return _failure(exc)
+        if as_json:
+            try:
+                return JSON_CALL + json.dumps(result).encode()
+            except (TypeError, ValueError) as exc:
+                return _failure(exc, prefix=f"the function's return value ({type(result).__name__}) is not JSON: ")
         try:
             data = bytes(cloudpickle.dumps(result))
         except Exception as exc:
@@ -336,6 +359,8 @@ def serve(channel: Channel, stream: BinaryIO, executor: Executor) -> int:
         frame = frames.recv_frame(stream)
         if frame is None or frame.kind == "shutdown":
             return 0
+        if frame.kind == "serve":
+            return serve_http(channel, stream, executor, frame)
         if frame.kind != "call":
             raise frames.ProtocolError(f"unexpected frame {frame.kind!r} from the worker")
         task_id = frame.text("task_id")
@@ -350,6 +375,86 @@ def serve(channel: Channel, stream: BinaryIO, executor: Executor) -> int:
             channel.send("result", answer.exception, task_id=task_id, status="error", error=answer.fields())
         else:
             channel.send("result", answer, task_id=task_id, status="complete")
+
+
+def serve_http(channel: Channel, stream: BinaryIO, executor: Executor, order: frames.Frame) -> int:
+    """Serve HTTP (or run a box) until the worker hangs up; what ``serve`` asks, see the module's docstring."""
+    task_id = order.text("task_id")
+    interface = order.text("interface", "function")
+    channel.task_id = task_id  # every request's output is the serving task's
+    if executor.handler is None:
+        assert executor.problem is not None
+        channel.send("result", executor.problem.exception, task_id=task_id, status="error",
+                     error=executor.problem.fields())  # fmt: skip
+        return _wait_hang_up(stream)
+    if interface == "box":
+        return _run_box(channel, stream, executor.handler, task_id, [int(p) for p in order.header.get("ports", [])])
+    from levers9.worker import serving
+
+    try:
+        app = (
+            executor.handler()
+            if interface == "asgi"
+            else serving.function_app(executor.handler, int(order.header.get("concurrency", 1)))
+        )
+        if interface == "asgi" and not callable(app):
+            raise TypeError(f"the ASGI handler returned a {type(app).__name__}, not an ASGI application")
+        server = serving.HttpServer(app, os.environ.get(ENV_HOST, "0.0.0.0"), int(order.header["port"]))
+        server.start()
+    except Exception as exc:
+        failure = _failure(exc, prefix="starting the HTTP server failed: ")
+        channel.send("result", failure.exception, task_id=task_id, status="error", error=failure.fields())
+        return _wait_hang_up(stream)
+    channel.send("serving", task_id=task_id, port=server.port)
+    try:
+        return _wait_hang_up(stream)
+    finally:
+        server.stop()
+
+
+def _run_box(channel: Channel, stream: BinaryIO, handler: Callable[..., Any], task_id: str, ports: list[int]) -> int:
+    """Run a box's handler (a server that never returns) and say when its ports accept connections."""
+
+    def run() -> None:
+        try:
+            result = handler()
+            if inspect.isawaitable(result):
+                import asyncio
+
+                async def wait() -> Any:
+                    return await result
+
+                asyncio.run(wait())
+        except BaseException as exc:
+            failure = _failure(exc)
+            _flush_output()
+            with contextlib.suppress(OSError):
+                channel.send("result", failure.exception, task_id=task_id, status="error", error=failure.fields())
+            return
+        _flush_output()
+        with contextlib.suppress(OSError):
+            channel.send("result", cloudpickle.dumps(None), task_id=task_id, status="complete")
+
+    thread = threading.Thread(target=run, name="levers9-box", daemon=True)
+    thread.start()
+    waiting = set(ports)
+    while waiting:
+        if not thread.is_alive():
+            return _wait_hang_up(stream)  # it ended before serving; its result went out
+        for port in list(waiting):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                waiting.discard(port)
+        if waiting:
+            time.sleep(0.05)
+    channel.send("serving", task_id=task_id, port=0)
+    return _wait_hang_up(stream)
+
+
+def _wait_hang_up(stream: BinaryIO) -> int:
+    while True:
+        frame = frames.recv_frame(stream)
+        if frame is None or frame.kind == "shutdown":
+            return 0
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

@@ -38,7 +38,7 @@ from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.sdk.channel import parse_target
-from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
+from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
 from levers9.worker.checkpointing import Checkpointing, RecordStore, record_of
 from levers9.worker.checkpoints import NodeCache, storage_from_url
 from levers9.worker.leftovers import remove_leftovers
@@ -113,6 +113,15 @@ class _Outbox:
     def started_task(self, task_id: str, container_id: str) -> None:
         self.started.append(worker_pb2.TaskStarted(task_id=task_id, container_id=container_id))
         self._soon()
+
+    def serving(self, task_id: str, serving: Serving) -> None:
+        """A container serves: requests wait on this in the gateway, so it goes out at once."""
+        self.started.append(
+            worker_pb2.TaskStarted(
+                task_id=task_id, container_id=serving.container_id, address=serving.address, ports=serving.ports
+            )
+        )
+        self.wake.set()
 
     def _soon(self) -> None:
         """Send within LESS_URGENT_S: starts and output are worth a message of their own only if no result
@@ -406,6 +415,10 @@ class WorkerProcess:
             secret_env=dict(d.secret_env),
             keep_warm_s=d.keep_warm_s,
             checkpoint_enabled=d.checkpoint_enabled,
+            kind=d.kind or "function",
+            interface=d.interface or "function",
+            tasks_per_container=max(1, d.tasks_per_container),
+            ports=tuple(d.ports),
         )
         if d.checkpoint_enabled and d.HasField("checkpoint") and self.pool is not None and self.pool.checkpointing:
             self.pool.checkpointing.latest[d.stub_id] = record_of(d.checkpoint)
@@ -427,8 +440,9 @@ class WorkerProcess:
                 outcome = await self.pool.run(
                     stub,
                     call,
-                    on_started=lambda cid: self.outbox.started_task(call.task_id, cid),
+                    on_started=None if stub.serves else lambda cid: self.outbox.started_task(call.task_id, cid),
                     on_log=self.outbox.log,
+                    on_serving=lambda serving: self.outbox.serving(call.task_id, serving),
                 )
         except Exception as exc:
             log.exception("running %s failed in the worker", call.task_id)

@@ -22,7 +22,7 @@ class WhoAmIResponse(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., workspace_name: _Optional[str] = ..., token_id: _Optional[str] = ...) -> None: ...
 
 class StubConfig(_message.Message):
-    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version", "checkpoint_enabled")
+    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version", "checkpoint_enabled", "min_containers", "max_containers", "tasks_per_container", "public", "interface", "ports", "max_pending", "start_timeout_s")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,14 @@ class StubConfig(_message.Message):
     KEEP_WARM_S_FIELD_NUMBER: _ClassVar[int]
     PYTHON_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PENDING_FIELD_NUMBER: _ClassVar[int]
+    START_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     kind: str
     app: str
     name: str
@@ -62,7 +70,15 @@ class StubConfig(_message.Message):
     keep_warm_s: float
     python_version: str
     checkpoint_enabled: bool
-    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ..., checkpoint_enabled: _Optional[bool] = ...) -> None: ...
+    min_containers: int
+    max_containers: int
+    tasks_per_container: int
+    public: bool
+    interface: str
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    max_pending: int
+    start_timeout_s: float
+    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ..., checkpoint_enabled: _Optional[bool] = ..., min_containers: _Optional[int] = ..., max_containers: _Optional[int] = ..., tasks_per_container: _Optional[int] = ..., public: _Optional[bool] = ..., interface: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., max_pending: _Optional[int] = ..., start_timeout_s: _Optional[float] = ...) -> None: ...
 
 class GetOrCreateStubRequest(_message.Message):
     __slots__ = ("config", "handler")

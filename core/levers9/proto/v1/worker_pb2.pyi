@@ -104,7 +104,7 @@ class RecordCheckpointRequest(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ..., stub_id: _Optional[str] = ..., runtime: _Optional[str] = ..., gpu: _Optional[str] = ..., status: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StubDefinition(_message.Message):
-    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count", "checkpoint_enabled", "checkpoint")
+    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count", "checkpoint_enabled", "checkpoint", "interface", "tasks_per_container", "ports")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,9 @@ class StubDefinition(_message.Message):
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ENABLED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
     stub_id: str
     workspace_id: str
     image: str
@@ -149,7 +152,10 @@ class StubDefinition(_message.Message):
     gpu_count: int
     checkpoint_enabled: bool
     checkpoint: CheckpointRef
-    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ...) -> None: ...
+    interface: str
+    tasks_per_container: int
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ..., interface: _Optional[str] = ..., tasks_per_container: _Optional[int] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ContainerRequest(_message.Message):
     __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt")
@@ -198,12 +204,23 @@ class ControllerMessage(_message.Message):
     def __init__(self, stub: _Optional[_Union[StubDefinition, _Mapping]] = ..., request: _Optional[_Union[ContainerRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., drain: _Optional[bool] = ..., requests: _Optional[_Union[ContainerRequests, _Mapping]] = ...) -> None: ...
 
 class TaskStarted(_message.Message):
-    __slots__ = ("task_id", "container_id")
+    __slots__ = ("task_id", "container_id", "address", "ports")
+    class PortsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     container_id: str
-    def __init__(self, task_id: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
+    address: str
+    ports: _containers.ScalarMap[int, str]
+    def __init__(self, task_id: _Optional[str] = ..., container_id: _Optional[str] = ..., address: _Optional[str] = ..., ports: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class TaskLog(_message.Message):
     __slots__ = ("task_id", "data")
