@@ -24,15 +24,18 @@ if TYPE_CHECKING:
         InvalidFunction,
         RemoteError,
         Unschedulable,
+        asgi,
+        box,
         endpoint,
         function,
+        job,
         queue,
         ready,
     )
 
 _SDK = {
     "CallCancelled", "CallTimeout", "ControlPlaneError", "Function", "FunctionCall", "InvalidFunction",
-    "RemoteError", "Unschedulable", "endpoint", "function", "queue", "ready",
+    "RemoteError", "Unschedulable", "asgi", "box", "endpoint", "function", "job", "queue", "ready",
 }  # fmt: skip
 
 
@@ -52,9 +55,12 @@ __all__ = [
     "RemoteError",
     "Unschedulable",
     "__version__",
+    "asgi",
+    "box",
     "endpoint",
     "function",
     "hookimpl",
+    "job",
     "queue",
     "ready",
 ]

@@ -20,7 +20,16 @@ def test_an_app_without_functions_is_refused(tmp_path: Path) -> None:
     app.write_text("x = 1\n")
     done = _deploy(tmp_path, str(app))
     assert done.returncode == 1
-    assert "declares no @levers9.function, @levers9.endpoint or @levers9.queue" in done.stderr
+    assert "declares nothing to deploy: no @levers9.endpoint, queue, job, box or function" in done.stderr
+
+
+def test_no_context_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
+    app = tmp_path / "one_app.py"
+    app.write_text("import levers9\n\n@levers9.endpoint\ndef hello() -> str:\n    return 'hi'\n")
+    done = _deploy(tmp_path, str(app))
+    assert done.returncode == 1
+    assert "no levers9 context" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_missing_file_and_a_broken_app_are_named(tmp_path: Path) -> None:

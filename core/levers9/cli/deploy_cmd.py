@@ -49,7 +49,7 @@ def deploy(
 
     found = list({id(v): v for v in vars(module).values() if isinstance(v, Function)}.values())
     if not found:
-        fail(f"{file} declares no @levers9.function, @levers9.endpoint or @levers9.queue")
+        fail(f"{file} declares nothing to deploy: no @levers9.endpoint, queue, job, box or function")
     deployed = [_deploy_one(fn) for fn in found]
     if as_json:
         print_json(deployed)
@@ -63,9 +63,13 @@ def _deploy_one(fn: Any) -> dict[str, Any]:
 
     from levers9.proto.v1 import controlplane_pb2 as pb
     from levers9.sdk.client import client_for, translate
+    from levers9.sdk.context import ContextError
     from levers9.sdk.errors import ControlPlaneError
 
-    client = client_for(None)
+    try:
+        client = client_for(None)
+    except ContextError as exc:
+        fail(str(exc))
 
     async def run() -> pb.DeployResponse:
         stub_id = await fn._stub_id(client)

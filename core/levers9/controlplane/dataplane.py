@@ -17,9 +17,9 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from levers9.controlplane.auth import Principal
 from levers9.controlplane.hub import Hub
@@ -34,11 +34,22 @@ from levers9.state.sql.calls import CallResult, CallStore, Dispatch, Finish
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import StubRecord
 
-__all__ = ["DataPlane", "InvalidStub", "StubSettings", "TaskOutcome", "WorkerReport"]
+__all__ = [
+    "CALLED_KINDS",
+    "DataPlane",
+    "InvalidStub",
+    "ServingListener",
+    "ServingReport",
+    "StubSettings",
+    "TaskOutcome",
+    "WorkerReport",
+]
 
 log = logging.getLogger(__name__)
 
-_KINDS = ("function", "endpoint", "queue")
+_KINDS = ("function", "job", "endpoint", "queue", "box")
+#: kinds whose calls are sent one by one to a worker (SDK calls, queue items, job runs)
+CALLED_KINDS = ("function", "job", "queue")
 #: worker reports queued before sessions wait for the flusher (backpressure)
 _MAX_QUEUED_REPORTS = 10_000
 #: submitted calls whose arguments are kept in memory until a worker takes them
@@ -73,6 +84,40 @@ class StubSettings(BaseModel):
     python_version: str = ""
     #: sha256 of the handler, so changed code makes a new stub
     handler_sha256: str = ""
+    #: endpoints and boxes: containers kept however idle; None: 0 for an endpoint, 1 for a box
+    min_containers: int | None = Field(None, ge=0, le=1000)
+    max_containers: int = Field(4, ge=1, le=1000)
+    tasks_per_container: int = Field(1, ge=1, le=10_000)
+    public: bool = False
+    interface: str = Field("function", pattern="^(function|asgi)$")
+    ports: tuple[int, ...] = ()
+    max_pending: int = Field(1000, ge=0, le=1_000_000)
+    start_timeout_s: float = Field(120.0, gt=0, le=3600)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [p for p in value if not 1 <= p <= 65535]
+        if bad:
+            raise ValueError(f"ports must be TCP ports from 1 to 65535, got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _serving(self) -> StubSettings:
+        if self.kind == "box" and not self.ports:
+            raise ValueError("a box needs ports=[...]: the ports its server listens on, which the gateway proxies")
+        if self.min_containers is not None and self.min_containers > self.max_containers:
+            raise ValueError(f"min_containers ({self.min_containers}) is above max_containers ({self.max_containers})")
+        if self.public and self.kind != "endpoint":
+            raise ValueError(f"public: only endpoints can be public, not a {self.kind}")
+        return self
+
+    @property
+    def floor(self) -> int:
+        """Containers kept running however idle: a box runs while deployed, an endpoint scales to zero."""
+        if self.min_containers is not None:
+            return self.min_containers
+        return 1 if self.kind == "box" else 0
 
     @field_validator("kind")
     @classmethod
@@ -104,9 +149,27 @@ class TaskOutcome:
     container_id: str | None = None
 
 
+@dataclass(frozen=True)
+class ServingReport:
+    """A serving container ready for requests: where the worker says it answers."""
+
+    task_id: str
+    address: str
+    ports: dict[int, str] = field(default_factory=dict)
+
+
+class ServingListener(Protocol):
+    """The gateway, told of serving containers as their workers report them."""
+
+    def serving(self, stub_id: str, worker_id: str, report: ServingReport) -> None: ...
+
+    def ended(self, outcomes: Sequence[TaskOutcome]) -> None: ...
+
+
 @dataclass
 class WorkerReport:
     started: list[tuple[str, str]] = field(default_factory=list)
+    serving: list[ServingReport] = field(default_factory=list)
     outcomes: list[TaskOutcome] = field(default_factory=list)
     logs: list[tuple[str, bytes]] = field(default_factory=list)
 
@@ -141,6 +204,8 @@ class DataPlane:
         #: arguments of calls submitted here and not yet taken, so a worker's take needs no SQL read;
         #: bounded, and anything missing is read from SQL (the source of truth)
         self._fresh: dict[str, tuple[str, str, bytes]] = {}
+        #: the gateway, when there is one: told where serving containers answer and when they end
+        self.serving_listener: ServingListener | None = None
 
     # ------------------------------------------------------------------ stubs
 
@@ -189,8 +254,30 @@ class DataPlane:
         """Store and queue one call per payload; raises NoPoolOffers (storing nothing) if no pool can run them."""
         workspace = principal.require_workspace()
         record, settings = await self.stub(stub_id, workspace)
-        if record.kind != "function":
-            raise InvalidStub(f"stub {stub_id} is a {record.kind}; only functions are called this way")
+        if record.kind not in CALLED_KINDS:
+            raise InvalidStub(
+                f"stub {stub_id} is a {record.kind}; it is served over HTTP by the gateway, not called this way"
+            )
+        return await self._queue(workspace, stub_id, settings, args)
+
+    async def start_serving(self, workspace: str, stub_id: str) -> str:
+        """Queue one serving container of an endpoint or box (the gateway scales them); its task id."""
+        record, settings = await self.stub(stub_id, workspace)
+        if record.kind in CALLED_KINDS:
+            raise InvalidStub(f"stub {stub_id} is a {record.kind}; only endpoints and boxes serve")
+        (task_id,) = await self._queue(workspace, stub_id, settings, [b""])
+        return task_id
+
+    async def stop_task(self, task_id: str, worker_id: str | None) -> bool:
+        """Cancel a task the controlplane itself started (a serving container); True if it had not ended."""
+        cancelled = await self.services.scheduler.cancel(task_id)
+        if cancelled:
+            if worker_id:
+                await self.hub.cancel(worker_id, task_id)
+            await self.hub.finished([task_id])
+        return cancelled
+
+    async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes]) -> list[str]:
         if not args:
             return []
         gpu = self._gpu.get(stub_id)
@@ -318,6 +405,15 @@ class DataPlane:
         report from a worker presumed dead frees nothing. Should storing fail, the task is still
         unfinished in SQL and runs again after a restart (calls are at least once).
         """
+        listener = self.serving_listener
+        if listener is not None:
+            for ready in report.serving:
+                running = self._running.get(ready.task_id)
+                if running is not None and running.stub_id:
+                    listener.serving(running.stub_id, worker_id, ready)
+            serving = [o for o in report.outcomes if self._serves(o.task_id)]
+            if serving:
+                listener.ended(serving)
         if report.outcomes:
             self._to_release.setdefault(worker_id, []).extend(o.task_id for o in report.outcomes)
             if self._releaser is None or self._releaser.done():
@@ -329,6 +425,14 @@ class DataPlane:
         self._reports_ready.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_reports(), name="report flusher")
+
+    def _serves(self, task_id: str) -> bool:
+        """Whether a running task is a serving container (of a stub whose settings are cached here)."""
+        running = self._running.get(task_id)
+        if running is None or not running.stub_id:
+            return False
+        hit = self._stubs.get(running.stub_id)
+        return hit is not None and hit[0].kind not in CALLED_KINDS
 
     async def _release(self) -> None:
         """Free the places of reported calls: whatever piled up meanwhile goes in one step per worker."""
@@ -406,7 +510,7 @@ class DataPlane:
             running = self._running.get(o.task_id)
             if o.status in ("error", "timeout") and running is not None and running.stub_id:
                 _, settings = await self.stub(running.stub_id)
-                if running.attempts < settings.retries:
+                if settings.kind in CALLED_KINDS and running.attempts < settings.retries:
                     self._running.pop(o.task_id, None)
                     self._fresh.pop(o.task_id, None)
                     reason = f"attempt {running.attempts + 1} failed: {o.error or o.status}"

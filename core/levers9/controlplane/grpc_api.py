@@ -128,6 +128,15 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             raw["fallback_after_s"] = c.fallback_after_s
         if c.HasField("keep_warm_s"):
             raw["keep_warm_s"] = c.keep_warm_s
+        for name in ("min_containers", "max_containers", "tasks_per_container", "max_pending", "start_timeout_s"):
+            if c.HasField(name):
+                raw[name] = getattr(c, name)
+        if c.public:
+            raw["public"] = True
+        if c.interface:
+            raw["interface"] = c.interface
+        if c.ports:
+            raw["ports"] = list(c.ports)
         stub_id, created = await self.dp.get_or_create_stub(principal, raw, request.handler)
         return controlplane_pb2.GetOrCreateStubResponse(stub_id=stub_id, created=created)
 

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from levers9.controlplane.auth import PermissionDenied, Principal, bearer
-from levers9.controlplane.dataplane import DataPlane, TaskOutcome, WorkerReport
+from levers9.controlplane.dataplane import CALLED_KINDS, DataPlane, ServingReport, TaskOutcome, WorkerReport
 from levers9.controlplane.grpc_errors import status_of, unary
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
@@ -227,7 +227,7 @@ class _Session:
                             cpu_millicores=settings.cpu_millicores,
                             memory_mib=settings.memory_mib,
                             gpu_count=settings.gpu_count if self.gpus else 0,
-                            timeout_s=settings.timeout_s,
+                            timeout_s=settings.timeout_s if settings.kind in CALLED_KINDS else 0.0,
                             attempt=d.attempts,
                         )
                     )
@@ -272,6 +272,9 @@ class _Session:
             cpu_millicores=settings.cpu_millicores,
             memory_mib=settings.memory_mib,
             gpu_count=settings.gpu_count if self.gpus else 0,
+            interface=settings.interface,
+            tasks_per_container=settings.tasks_per_container,
+            ports=settings.ports,
         )
 
     async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage], event: asyncio.Event) -> None:
@@ -289,6 +292,11 @@ class _Session:
             if message.started or message.results or message.logs:
                 report = WorkerReport(
                     started=[(s.task_id, s.container_id) for s in message.started],
+                    serving=[
+                        ServingReport(s.task_id, s.address, dict(s.ports))
+                        for s in message.started
+                        if s.address or s.ports
+                    ],
                     outcomes=[
                         TaskOutcome(
                             task_id=r.task_id,

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ class Hub:
         self._cancels: dict[str, asyncio.Queue[str]] = {}
         self._watches: dict[str, set[Watch]] = defaultdict(set)
         self._listener: asyncio.Task[None] | None = None
+        #: the gateway: told what other replicas' workers reported about serving containers (a JSON text)
+        self.on_serving: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         self._listener = asyncio.create_task(self._listen(), name="hub listener")
@@ -124,6 +126,12 @@ class Hub:
         for w, found in by_watch.items():
             w.ready.put_nowait(found)
 
+    # ------------------------------------------------------------------ serving containers
+
+    async def serving(self, payload: str) -> None:
+        """Tell the other replicas about a serving container (ready, or ended): the one that started it acts."""
+        await self._publish("s", [payload])
+
     # ------------------------------------------------------------------ between replicas
 
     async def _publish(self, kind: str, items: list[str]) -> None:
@@ -155,6 +163,13 @@ class Hub:
         sender, _, rest = data.partition("|")
         kind, _, payload = rest.partition("|")
         if sender == self._name or not payload:
+            return
+        if kind == "s":
+            if self.on_serving is not None:
+                try:
+                    self.on_serving(payload)
+                except Exception:
+                    log.exception("a serving event from %s could not be handled", sender)
             return
         items = payload.split(",")
         if kind == "w":

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         RemoteError,
         Unschedulable,
     )
-    from levers9.sdk.functions import Function, FunctionCall, endpoint, function, queue, register
+    from levers9.sdk.functions import Function, FunctionCall, asgi, box, endpoint, function, job, queue, register
     from levers9.sdk.lifecycle import ready
 
 _WHERE = {
@@ -34,7 +34,10 @@ _WHERE = {
         ["CallCancelled", "CallTimeout", "ControlPlaneError", "InvalidFunction", "RemoteError", "Unschedulable"],
         "levers9.sdk.errors",
     ),
-    **dict.fromkeys(["Function", "FunctionCall", "endpoint", "function", "queue", "register"], "levers9.sdk.functions"),
+    **dict.fromkeys(
+        ["Function", "FunctionCall", "asgi", "box", "endpoint", "function", "job", "queue", "register"],
+        "levers9.sdk.functions",
+    ),
     "ready": "levers9.sdk.lifecycle",
 }
 
@@ -54,8 +57,11 @@ __all__ = [
     "InvalidFunction",
     "RemoteError",
     "Unschedulable",
+    "asgi",
+    "box",
     "endpoint",
     "function",
+    "job",
     "queue",
     "ready",
     "register",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -142,6 +143,8 @@ class DeploymentStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        #: told ``(workspace id, name, stub id)`` after a version is stopped here: the gateway stops serving it
+        self.on_stopped: builtins.list[Callable[[str, str, str], None]] = []
 
     async def create_version(self, workspace_id: str, app_id: str, name: str, stub_id: str) -> int:
         """Add a version running ``stub_id`` to deployment ``name`` (made on first use); returns its number.
@@ -278,6 +281,16 @@ class DeploymentStore:
                 )
             return _version(row)
 
+    async def serving_stubs(self) -> builtins.list[tuple[str, str]]:
+        """``(workspace id, stub id)`` of every version still serving, in every workspace: what the gateway keeps up."""
+        async with self._db.transaction() as session:
+            rows = await session.execute(
+                select(Deployment.workspace_id, DeploymentVersion.stub_id)
+                .join(DeploymentVersion, DeploymentVersion.deployment_id == Deployment.id)
+                .where(DeploymentVersion.stopped_at.is_(None))
+            )
+            return [(str(w), str(s)) for w, s in rows]
+
     async def stop(self, workspace_id: str, name: str, version: int) -> DeploymentVersionRecord:
         """Stop one version (again is harmless); the deployment's active version moves to the newest still serving."""
         async with self._db.transaction() as session:
@@ -304,7 +317,10 @@ class DeploymentStore:
                 )
             )
             deployment.active_version = newest
-            return _version(row)
+            stopped = _version(row)
+        for listener in self.on_stopped:
+            listener(workspace_id, name, stopped.stub_id)
+        return stopped
 
 
 __all__ = ["AppStore", "DeploymentStore", "StubStore", "config_hash"]

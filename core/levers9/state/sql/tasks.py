@@ -14,6 +14,7 @@ survive the controlplane: every task that is not finished is read back by
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Connection, Table, bindparam, insert, select, update
@@ -22,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
 from levers9.state.sql._common import require
 from levers9.state.sql.database import Database
-from levers9.state.sql.models import Task, TaskIO, TaskPlacement, Workspace, new_id, utcnow
+from levers9.state.sql.models import Stub, Task, TaskIO, TaskPlacement, Workspace, new_id, utcnow
 from levers9.state.sql.records import PlacementEvent, PlacementOutcome, TaskRecord, TaskStatus, parse_enum
 
 _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
@@ -169,6 +170,17 @@ class TaskStore:
         async with self._db.transaction() as session:
             rows = await session.scalars(
                 select(Task).where(Task.status.in_(_UNFINISHED)).order_by(Task.created_at, Task.id)
+            )
+            return [_task(row) for row in rows]
+
+    async def unfinished_of_kinds(self, kinds: Sequence[str], *, created_before: datetime) -> list[TaskRecord]:
+        """Pending and running tasks of stubs of these kinds created before a time (the gateway's containers)."""
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Task)
+                .join(Stub, Stub.id == Task.stub_id)
+                .where(Task.status.in_(_UNFINISHED), Stub.kind.in_(list(kinds)), Task.created_at < created_before)
+                .order_by(Task.created_at, Task.id)
             )
             return [_task(row) for row in rows]
 

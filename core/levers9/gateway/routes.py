@@ -1,0 +1,368 @@
+"""The gateway's URLs on the HTTP listener, in front of the REST API.
+
+::
+
+    /endpoint/NAME[/vN][/PATH]        call an endpoint (PATH goes to an ASGI endpoint's app)
+    /queue/NAME[/vN]                  POST: enqueue one item (JSON body), answer its task id
+    /queue/NAME[/vN]/tasks/ID         GET: the item's status and result
+    /job/NAME[/vN]                    POST: start a run (JSON body as arguments), answer its task id
+    /job/NAME[/vN]/tasks/ID           GET: the run's status and result
+    /box/NAME[/vN]/PORT[/PATH]        proxied to the box's port PORT
+    /function, /taskqueue, /pod       the older names of /job, /queue and /box
+
+Without ``vN`` the newest version still serving answers. A deployment is
+looked up in the workspace of the bearer token; ``/endpoint/@WORKSPACE/NAME``
+names the workspace instead, which is how a public endpoint is called with no
+token. Another workspace's deployment is answered 404, exactly as one that
+does not exist, and so is a non-public one asked for without a token (401).
+
+This is a plain ASGI app rather than FastAPI routes: every request to an
+endpoint crosses it, and its cost is measured against a direct call (see
+``bench/gateway.py``). Anything else goes on to the REST app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from levers9.controlplane.auth import Principal, Unauthenticated
+from levers9.controlplane.dataplane import DataPlane, InvalidStub
+from levers9.controlplane.http import error_answer
+from levers9.controlplane.services import Services
+from levers9.gateway.containers import NoContainer, Overloaded, ServedStub, ServingPlane
+from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError
+from levers9.state.errors import NotFound
+from levers9.state.sql.records import TokenKind
+from levers9.worker.calls import JSON_CALL
+
+__all__ = ["GatewayApp"]
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+#: the REST app behind the gateway (FastAPI's own signature is wider than this module's)
+App = Callable[[Any, Any, Any], Awaitable[None]]
+
+#: seconds a deployment's name and version are remembered: a stopped version answers 404 within this
+#: on other replicas (at once on the one that stopped it)
+RESOLVE_CACHE_S = 1.0
+_VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
+#: the first path segment -> the kind of stub it serves
+_ROUTES = {
+    "endpoint": ("endpoint",),
+    "queue": ("queue",),
+    "taskqueue": ("queue",),
+    "job": ("job", "function"),
+    "function": ("job", "function"),
+    "box": ("box",),
+    "pod": ("box",),
+}
+
+
+class _Answer(Exception):
+    def __init__(self, status: int, kind: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.headers = headers or []
+
+
+@dataclass
+class _Resolved:
+    expires: float
+    stub_id: str | None
+    refreshing: asyncio.Future[str | None] | None = None
+
+
+@dataclass(frozen=True)
+class _Target:
+    workspace_id: str
+    name: str
+    version: int | None
+    #: the path after NAME[/vN]
+    rest: list[str]
+    principal: Principal | None
+
+
+class GatewayApp:
+    def __init__(self, services: Services, dataplane: DataPlane, plane: ServingPlane, upstream: Upstream,
+                 rest: App) -> None:  # fmt: skip
+        self.services = services
+        self.dataplane = dataplane
+        self.plane = plane
+        self.upstream = upstream
+        self.rest = rest
+        self._resolved: dict[tuple[str, str, int | None], _Resolved] = {}
+        self._workspaces: dict[str, tuple[float, str | None]] = {}
+        plane.on_gone.append(upstream.forget)
+
+    def stopped(self, workspace_id: str, name: str, stub_id: str) -> None:
+        """A version of ``name`` was stopped on this replica: 404 from now on, and its containers go."""
+        for key in [k for k in self._resolved if k[0] == workspace_id and k[1] == name]:
+            del self._resolved[key]
+        self.plane.retire(stub_id)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            first, _, rest = path[1:].partition("/")
+            kinds = _ROUTES.get(first)
+            if kinds is not None:
+                try:
+                    await self._route(first, kinds, [p for p in rest.split("/")] if rest else [], scope, receive, send)
+                except _Answer as answer:
+                    await _json(send, answer.status, {"error": {"type": answer.kind, "message": str(answer)}},
+                                answer.headers)  # fmt: skip
+                return
+        await self.rest(scope, receive, send)
+
+    async def _route(self, route: str, kinds: tuple[str, ...], parts: list[str], scope: Scope, receive: Receive,
+                     send: Send) -> None:  # fmt: skip
+        target = await self._target(parts, scope)
+        stub = await self._stub(target, kinds, route)
+        if kinds[0] == "endpoint":
+            await self._endpoint(stub, target, scope, receive, send)
+        elif kinds[0] == "box":
+            await self._box(stub, target, scope, receive, send)
+        else:
+            await self._call(stub, target, scope, receive, send)
+
+    # ------------------------------------------------------------------ finding the deployment
+
+    async def _target(self, parts: list[str], scope: Scope) -> _Target:
+        principal = await self._principal(scope)
+        if not parts or not parts[0]:
+            raise _Answer(404, "not_found", "name a deployment: /KIND/NAME[/vN]")
+        named_workspace: str | None = None
+        if parts[0].startswith("@"):
+            named_workspace = parts.pop(0)[1:]
+            if not parts or not parts[0]:
+                raise _Answer(404, "not_found", "name a deployment: /KIND/@WORKSPACE/NAME[/vN]")
+        name = parts.pop(0)
+        version = None
+        if parts and (match := _VERSION.match(parts[0])):
+            version = int(match.group(1))
+            parts.pop(0)
+        if named_workspace is not None:
+            workspace_id = await self._workspace(named_workspace)
+            if workspace_id is None:
+                raise _Answer(404, "not_found", f"deployment {name!r} not found")
+        elif principal is None:
+            raise _unauthenticated("no token: send 'authorization: Bearer <token>', or call a public endpoint "
+                                   "as /endpoint/@WORKSPACE/NAME")  # fmt: skip
+        elif principal.workspace_id is None:
+            raise _Answer(404, "not_found", f"deployment {name!r} not found: an operator token has no workspace; "
+                                            "name one as /KIND/@WORKSPACE/NAME")  # fmt: skip
+        else:
+            workspace_id = principal.workspace_id
+        return _Target(workspace_id, name, version, parts, principal)
+
+    async def _principal(self, scope: Scope) -> Principal | None:
+        token = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, given = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and given.strip():
+                    token = given.strip()
+                break
+        if token is None:
+            return None
+        try:
+            principal = await self.services.auth.verify(token, TokenKind.USER)
+        except Unauthenticated as exc:
+            raise _unauthenticated(str(exc)) from None
+        return principal
+
+    async def _workspace(self, name: str) -> str | None:
+        now = time.monotonic()
+        hit = self._workspaces.get(name)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        record = await self.services.workspaces.by_name(name)
+        found = None if record is None else record.id
+        if len(self._workspaces) > 10_000:
+            self._workspaces.clear()
+        self._workspaces[name] = (now + 10.0, found)
+        return found
+
+    async def _stub(self, target: _Target, kinds: tuple[str, ...], route: str) -> ServedStub:
+        stub_id = await self._resolve(target)
+        record, settings = await self.dataplane.stub(stub_id)
+        caller = target.principal
+        if (caller is None or caller.workspace_id != target.workspace_id) and not settings.public:
+            raise self._not_found(target)
+        if record.kind not in kinds:
+            raise _Answer(404, "not_found", f"deployment {target.name!r} is a {record.kind}, not served at /{route}; "
+                                            f"use /{_route_of(record.kind)}/{target.name}")  # fmt: skip
+        return ServedStub(stub_id, record.workspace_id, settings)
+
+    async def _resolve(self, target: _Target) -> str:
+        """The stub serving the target's deployment version; read once per RESOLVE_CACHE_S however many ask.
+
+        Only the request that finds the entry expired waits for the database; the others use the entry
+        meanwhile, so a busy endpoint does not send one query per request the moment it expires.
+        """
+        key = (target.workspace_id, target.name, target.version)
+        entry = self._resolved.get(key)
+        now = time.monotonic()
+        if entry is not None and (entry.expires > now or entry.refreshing is not None):
+            if entry.stub_id is None:  # the first lookup is still on its way
+                assert entry.refreshing is not None
+                stub_id = await asyncio.shield(entry.refreshing)
+                if stub_id is None:
+                    raise self._not_found(target)
+                return stub_id
+            return entry.stub_id
+        if entry is None:
+            entry = self._resolved[key] = _Resolved(0.0, None)
+            if len(self._resolved) > 100_000:
+                self._resolved.clear()
+                self._resolved[key] = entry
+        refreshing = entry.refreshing = asyncio.ensure_future(self._lookup(target))
+        try:
+            stub_id = await asyncio.shield(refreshing)
+        finally:
+            entry.refreshing = None
+        if stub_id is None:
+            self._resolved.pop(key, None)
+            raise self._not_found(target)
+        entry.stub_id, entry.expires = stub_id, time.monotonic() + RESOLVE_CACHE_S
+        return stub_id
+
+    async def _lookup(self, target: _Target) -> str | None:
+        try:
+            version = await self.services.deployments.serving(target.workspace_id, target.name, target.version)
+        except NotFound:
+            return None
+        return version.stub_id
+
+    def _not_found(self, target: _Target) -> _Answer:
+        if target.principal is None:
+            return _unauthenticated("no token, and no public endpoint by that name")
+        what = f"{target.name} v{target.version}" if target.version else target.name
+        return _Answer(404, "not_found", f"deployment {what!r} not found (or no version of it is serving)")
+
+    # ------------------------------------------------------------------ endpoints and boxes
+
+    async def _endpoint(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> None:
+        path = "/" + "/".join(target.rest) if stub.settings.interface == "asgi" else "/"
+        await self._proxy(stub, scope, receive, send, path, port=None)
+
+    async def _box(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> None:
+        ports = stub.settings.ports
+        if not target.rest or not target.rest[0].isdigit() or int(target.rest[0]) not in ports:
+            listed = ", ".join(str(p) for p in ports)
+            raise _Answer(404, "not_found", f"name one of the box's ports in the URL: /box/{target.name}/PORT/..., "
+                                            f"PORT one of {listed}")  # fmt: skip
+        port = int(target.rest[0])
+        await self._proxy(stub, scope, receive, send, "/" + "/".join(target.rest[1:]), port=port)
+
+    async def _proxy(self, stub: ServedStub, scope: Scope, receive: Receive, send: Send, path: str,
+                     port: int | None) -> None:  # fmt: skip
+        try:
+            body = await self.upstream.read_body(receive)
+        except RequestTooLarge as exc:
+            raise _Answer(413, "too_large", str(exc)) from None
+        except ConnectionError:
+            return
+        try:
+            container = await self.plane.acquire(stub)
+        except Overloaded as exc:
+            raise _Answer(429, "overloaded", str(exc), [(b"retry-after", b"1")]) from None
+        except NoContainer as exc:
+            raise _Answer(504, "no_container", str(exc)) from None
+        broken = False
+        try:
+            address = container.address if port is None else container.ports.get(port, "")
+            await self.upstream.forward(address, scope, body, send, path=path)
+        except UpstreamError as exc:
+            broken = True
+            if not exc.sent:
+                raise _Answer(502, "bad_gateway", str(exc)) from None
+        finally:
+            self.plane.release(container, broken=broken)
+
+    # ------------------------------------------------------------------ queues and jobs
+
+    async def _call(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> None:
+        principal = target.principal
+        assert principal is not None  # queues and jobs are never public
+        if len(target.rest) == 2 and target.rest[0] == "tasks":
+            if scope["method"] not in ("GET", "HEAD"):
+                raise _Answer(405, "method_not_allowed", "a task is read with GET")
+            await self._task(stub, target.rest[1], send)
+            return
+        if target.rest:
+            raise _Answer(404, "not_found", "the path goes on after the deployment; did you mean .../tasks/ID?")
+        if scope["method"] != "POST":
+            raise _Answer(405, "method_not_allowed", "POST a JSON body (the arguments) to enqueue a call",
+                          [(b"allow", b"POST")])  # fmt: skip
+        try:
+            raw = await self.upstream.read_body(receive)
+        except RequestTooLarge as exc:
+            raise _Answer(413, "too_large", str(exc)) from None
+        except ConnectionError:
+            return
+        args, kwargs = _arguments(raw)
+        payload = JSON_CALL + json.dumps({"args": args, "kwargs": kwargs}).encode()
+        try:
+            (task_id,) = await self.dataplane.submit(principal, stub.stub_id, [payload])
+        except InvalidStub as exc:
+            raise _Answer(400, "invalid", str(exc)) from None
+        except Exception as exc:
+            answer = error_answer(exc)
+            if answer is None:
+                raise
+            raise _Answer(answer[0], answer[1], str(exc)) from None
+        await _json(send, 202, {"task_id": task_id, "status": "pending"})
+
+    async def _task(self, stub: ServedStub, task_id: str, send: Send) -> None:
+        task = await self.services.tasks.get(task_id)
+        if task is None or task.workspace_id != stub.workspace_id or task.stub_id != stub.stub_id:
+            raise _Answer(404, "not_found", f"task {task_id!r} not found in this deployment")
+        out: dict[str, Any] = {"task_id": task_id, "status": str(task.status), "attempts": task.attempts}
+        results = await self.dataplane.calls.results([task_id], workspace_id=stub.workspace_id)
+        if results:
+            done = results[0]
+            out["status"] = done.status
+            if done.result is not None and done.result.startswith(JSON_CALL):
+                out["result"] = json.loads(done.result[len(JSON_CALL) :])
+            if done.error:
+                out["error"] = {"type": done.error_type or "Error", "message": done.error}
+        await _json(send, 200, out)
+
+
+def _route_of(kind: str) -> str:
+    return {"function": "job"}.get(kind, kind)
+
+
+def _arguments(raw: bytes) -> tuple[list[Any], dict[str, Any]]:
+    if not raw.strip():
+        return [], {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise _Answer(400, "invalid_json", f"the body is not JSON: {exc}") from None
+    if isinstance(value, dict):
+        return [], value
+    if isinstance(value, list):
+        return value, {}
+    return [value], {}
+
+
+def _unauthenticated(message: str) -> _Answer:
+    return _Answer(401, "unauthenticated", message, [(b"www-authenticate", b"Bearer")])
+
+
+async def _json(send: Send, status: int, value: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(value).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *(headers or [])]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,250 @@
+"""Forwarding one HTTP request to a container, over kept-alive connections.
+
+Every gateway request crosses this, so it is a small HTTP/1.1 client on
+asyncio streams rather than a general-purpose one: connections to each
+container are pooled and reused, the request body is read whole (bounded)
+and sent with a length, and the response is passed on as it arrives, so a
+streaming endpoint streams through the gateway. Hop-by-hop headers and the
+caller's ``Authorization`` (a levers9 token, which user code must never see)
+are not forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["MAX_REQUEST_BYTES", "RequestTooLarge", "Upstream", "UpstreamError"]
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: the largest request body the gateway forwards
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: idle connections kept per container
+MAX_IDLE_PER_ADDRESS = 64
+_HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"authorization",
+    b"host",
+    b"content-length",
+}
+_DROP_FROM_RESPONSE = _HOP_BY_HOP - {b"authorization", b"host"}
+
+
+class UpstreamError(Exception):
+    """The container could not be reached or broke the response; ``sent`` says whether the caller saw any of it."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class RequestTooLarge(Exception):
+    pass
+
+
+class Upstream:
+    """Connections to containers' HTTP servers, pooled per ``host:port``."""
+
+    def __init__(self, *, connect_timeout_s: float = 5.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+
+    async def close(self) -> None:
+        for connections in self._idle.values():
+            for _, writer in connections:
+                writer.close()
+        self._idle.clear()
+
+    def forget(self, address: str) -> None:
+        """Drop the idle connections to a container that has gone."""
+        for _, writer in self._idle.pop(address, []):
+            writer.close()
+
+    async def read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ConnectionError("the client went away")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_REQUEST_BYTES:
+                raise RequestTooLarge(f"the request body is over {MAX_REQUEST_BYTES} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def forward(
+        self,
+        address: str,
+        scope: dict[str, Any],
+        body: bytes,
+        send: Send,
+        *,
+        path: str,
+    ) -> None:
+        """Send the request to ``address`` with ``path`` (and the query string); pass the response to ``send``."""
+        query = scope.get("query_string", b"")
+        target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")
+        head = [b"%s %s HTTP/1.1" % (scope["method"].encode(), target), b"host: " + address.encode()]
+        client = scope.get("client")
+        forwarded_for = b""
+        for name, value in scope["headers"]:
+            if name in _HOP_BY_HOP:
+                continue
+            if name == b"x-forwarded-for":
+                forwarded_for = value + b", "
+                continue
+            head.append(name + b": " + value)
+        if client:
+            head.append(b"x-forwarded-for: " + forwarded_for + str(client[0]).encode())
+        head.append(b"content-length: %d" % len(body))
+        request = b"\r\n".join(head) + b"\r\n\r\n" + body
+        reused = True
+        connection = self._take(address)
+        if connection is None:
+            reused = False
+            connection = await self._connect(address)
+        reader, writer = connection
+        try:
+            writer.write(request)
+            status_line = await reader.readuntil(b"\r\n")
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            writer.close()
+            if not reused:
+                raise UpstreamError(f"the container at {address} did not answer: {exc}", sent=False) from None
+            # a kept-alive connection the container closed meanwhile: once more on a fresh one
+            reader, writer = await self._connect(address)
+            try:
+                writer.write(request)
+                status_line = await reader.readuntil(b"\r\n")
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc2:
+                writer.close()
+                raise UpstreamError(f"the container at {address} did not answer: {exc2}", sent=False) from None
+        try:
+            keep = await self._relay(status_line, reader, send, scope["method"] == "HEAD")
+        except _BrokenResponse as exc:
+            writer.close()
+            raise UpstreamError(f"the container at {address} broke its response: {exc}", sent=exc.sent) from None
+        except BaseException:
+            writer.close()
+            raise
+        if keep:
+            self._give_back(address, reader, writer)
+        else:
+            writer.close()
+
+    async def _relay(self, status_line: bytes, reader: asyncio.StreamReader, send: Send, head_only: bool) -> bool:
+        """Pass one response on; whether the connection can carry another request."""
+        sent = False
+        try:
+            parts = status_line.split(b" ", 2)
+            status = int(parts[1])
+            raw_head = await reader.readuntil(b"\r\n\r\n")
+            headers: list[tuple[bytes, bytes]] = []
+            length: int | None = None
+            chunked = False
+            keep = parts[0] == b"HTTP/1.1"
+            for line in raw_head[:-4].split(b"\r\n"):
+                if not line:
+                    continue
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                value = value.strip()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+                elif name == b"connection":
+                    keep = value.lower() != b"close"
+                if name in _DROP_FROM_RESPONSE:
+                    continue
+                headers.append((name, value))
+            if length is not None and not chunked:
+                headers.append((b"content-length", str(length).encode()))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            sent = True
+            if head_only or status in (204, 304) or 100 <= status < 200:
+                await send({"type": "http.response.body", "body": b""})
+                return keep
+            if chunked:
+                while True:
+                    size_line = await reader.readuntil(b"\r\n")
+                    size = int(size_line.split(b";", 1)[0].strip(), 16)
+                    if size == 0:
+                        while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                            pass
+                        break
+                    data = await reader.readexactly(size)
+                    await reader.readexactly(2)
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+                return keep
+            if length is not None:
+                remaining = length
+                while remaining > 65536:
+                    data = await reader.readexactly(65536)
+                    remaining -= len(data)
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                data = await reader.readexactly(remaining) if remaining else b""
+                await send({"type": "http.response.body", "body": data})
+                return keep
+            while True:  # neither: the body ends when the container closes the connection
+                data = await reader.read(65536)
+                if not data:
+                    break
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return False
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            raise _BrokenResponse(str(exc) or type(exc).__name__, sent) from None
+
+    def _take(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        idle = self._idle.get(address)
+        while idle:
+            reader, writer = idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer
+            writer.close()
+        return None
+
+    def _give_back(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        idle = self._idle.setdefault(address, [])
+        if len(idle) < MAX_IDLE_PER_ADDRESS:
+            idle.append((reader, writer))
+        else:
+            writer.close()
+
+    async def _connect(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, _, port = address.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), limit=1 << 20), self.connect_timeout_s
+            )
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise UpstreamError(f"cannot connect to the container at {address}: {exc}", sent=False) from None
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return reader, writer
+
+
+class _BrokenResponse(Exception):
+    def __init__(self, message: str, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
