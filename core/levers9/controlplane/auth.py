@@ -8,6 +8,7 @@ effect within that window on every replica.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class Authenticator:
     ) -> None:
         self._tokens = tokens
         self._cache: dict[str, tuple[float, Principal]] = {}
+        #: lookups on their way, by token hash: a busy caller's many requests share one when the entry expires
+        self._lookups: dict[str, asyncio.Future[Principal | None]] = {}
         self._cache_s = cache_s
         self._clock = clock
 
@@ -76,17 +79,28 @@ class Authenticator:
         if hit is not None and hit[0] > now:
             principal = hit[1]
         else:
-            record = await self._tokens.verify(token)
-            if record is None:
-                self._cache.pop(key, None)
+            lookup = self._lookups.get(key)
+            if lookup is None:
+                lookup = self._lookups[key] = asyncio.ensure_future(self._lookup(key, token))
+                lookup.add_done_callback(lambda _: self._lookups.pop(key, None))
+            found = await asyncio.shield(lookup)
+            if found is None:
                 raise Unauthenticated("the token is unknown, revoked or expired")
-            principal = Principal(record.id, record.kind, record.workspace_id, record.subject)
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[key] = (now + self._cache_s, principal)
+            principal = found
         if kinds and principal.kind not in kinds:
             wanted = " or ".join(k.value for k in kinds)
             raise Unauthenticated(f"this call needs a {wanted} token, not a {principal.kind.value} token")
+        return principal
+
+    async def _lookup(self, key: str, token: str) -> Principal | None:
+        record = await self._tokens.verify(token)
+        if record is None:
+            self._cache.pop(key, None)
+            return None
+        principal = Principal(record.id, record.kind, record.workspace_id, record.subject)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[key] = (self._clock() + self._cache_s, principal)
         return principal
 
     def forget(self, token_id: str) -> None:
