@@ -128,6 +128,30 @@ def test_tokens_decide_who_may_call_and_another_workspace_gets_404(levers9_up: U
             f"http://127.0.0.1:{levers9_up.http_port}/endpoint/greet", headers={"authorization": "Bearer nope"}
         )
         assert bad.status_code == 401
+    # what the gateway answered is counted by route and status on the metrics port
+    metrics = _scrape(levers9_up)
+    assert metrics[("levers9_gateway_requests_total", (("route", "endpoint"), ("status", "200")))] == 2
+    assert metrics[("levers9_gateway_requests_total", (("route", "endpoint"), ("status", "404")))] == 3
+    assert metrics[("levers9_gateway_requests_total", (("route", "endpoint"), ("status", "401")))] == 3
+    assert metrics[("levers9_gateway_request_seconds_count", (("route", "endpoint"),))] == 8
+    assert metrics[("levers9_gateway_wait_seconds_count", ())] >= 1  # the first call waited for its container
+    _eventually(
+        lambda: _scrape(levers9_up).get(("levers9_serving_containers", (("state", "ready"),))) == 1,
+        10,
+        "the ready container to show in the metrics",
+        levers9_up,
+    )
+
+
+def _scrape(up: Up) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{up.metrics_port}/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def test_a_full_buffer_answers_429_and_a_container_that_never_comes_504(levers9_up: Up) -> None:

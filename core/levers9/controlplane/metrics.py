@@ -31,6 +31,8 @@ CPU_LABEL = "cpu"
 _PROVISIONING_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 #: tasks range from sub-second calls to day-long training runs
 _TASK_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
+#: a gateway request takes from well under a millisecond (a warm endpoint) to minutes (a cold GPU start)
+_GATEWAY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 #: worker statuses every configured pool reports, at 0 when it has none, so a
 #: dashboard sees an empty pool as 0 instead of a gap
 _SEEDED_STATUSES = ("running", "draining")
@@ -81,6 +83,37 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.gateway_requests = Counter(
+            "levers9_gateway_requests_total",
+            "Requests the gateway answered on this replica, by route (endpoint, queue, job, box) and HTTP status.",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.gateway_seconds = Histogram(
+            "levers9_gateway_request_seconds",
+            "Time from a gateway request's arrival to the end of its response, waiting for a container included.",
+            ["route"],
+            buckets=_GATEWAY_BUCKETS,
+            registry=self.registry,
+        )
+        self.gateway_wait = Histogram(
+            "levers9_gateway_wait_seconds",
+            "Time requests that found no free container slot waited for one (a cold start, or a full endpoint).",
+            buckets=_GATEWAY_BUCKETS,
+            registry=self.registry,
+        )
+        self.serving_containers = Gauge(
+            "levers9_serving_containers",
+            "Endpoint and box containers this replica runs, by state (starting, ready, draining).",
+            ["state"],
+            registry=self.registry,
+        )
+        self.gateway_waiting = Gauge(
+            "levers9_gateway_waiting_requests",
+            "Requests on this replica waiting for a container slot right now.",
+            registry=self.registry,
+        )
+
     def placed(self, pool: str, gpu: str | None, n: int = 1) -> None:
         self.placements.labels(pool=pool, gpu=_gpu(gpu)).inc(n)
 
@@ -92,6 +125,17 @@ class Metrics:
         """``seconds`` is how long the task ran (0 when it never started), so queueing does not blur run times."""
         self.tasks_finished.labels(status=status).inc()
         self.task_duration.labels(status=status).observe(max(0.0, seconds))
+
+    def gateway_answered(self, route: str, status: int, seconds: float) -> None:
+        self.gateway_requests.labels(route=route, status=str(status)).inc()
+        self.gateway_seconds.labels(route=route).observe(max(0.0, seconds))
+
+    def serving(self, starting: int, ready: int, draining: int, waiting: int) -> None:
+        """The gateway's containers and waiting requests, set by its scaler once a second."""
+        self.serving_containers.labels(state="starting").set(starting)
+        self.serving_containers.labels(state="ready").set(ready)
+        self.serving_containers.labels(state="draining").set(draining)
+        self.gateway_waiting.set(waiting)
 
     async def refresh(self, services: Services) -> None:
         """Set the gauges from Redis; Redis errors propagate (the caller logs them) and the gauges keep their values.

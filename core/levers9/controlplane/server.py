@@ -104,7 +104,7 @@ class Server:
             services.scheduler.ctx.on_provisioned = self.metrics.provisioned
             self.hub = Hub(services.redis, name=services.scheduler.name)
             self.dataplane = DataPlane(services, self.hub, self.metrics)
-            self.serving = ServingPlane(self.dataplane)
+            self.serving = ServingPlane(self.dataplane, metrics=self.metrics)
             self.upstream = Upstream()
             # The port is taken before anything starts: a controlplane that cannot listen must not
             # have begun provisioning machines for its pools.
@@ -128,7 +128,7 @@ class Server:
             await server.start()
             self._grpc = server
             gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
-                                 create_http_app(services, metrics=self.metrics))  # fmt: skip
+                                 create_http_app(services, metrics=self.metrics), metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
             for app, port in ((gateway, ls.http_port),
                               (self.metrics.asgi_app(), ls.metrics_port)):  # fmt: skip

@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from levers9.controlplane.dataplane import DataPlane, ServingReport, StubSettings, TaskOutcome
+from levers9.controlplane.metrics import Metrics
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -110,9 +111,10 @@ class ServingPlane:
 
     def __init__(
         self, dataplane: DataPlane, *, prefix: str = "l9:", name: str | None = None,
-        orphan_after_s: float = ORPHAN_AFTER_S,
+        orphan_after_s: float = ORPHAN_AFTER_S, metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
         self.dataplane = dataplane
+        self.metrics = metrics
         #: this replica's name, as the owner of the containers it starts
         self.name = name or dataplane.services.scheduler.name
         self.orphan_after_s = orphan_after_s
@@ -171,8 +173,12 @@ class ServingPlane:
         future: asyncio.Future[Container] = asyncio.get_running_loop().create_future()
         state.waiters.append(future)
         self._kick.set()
+        since = time.monotonic()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), settings.start_timeout_s)
+            granted = await asyncio.wait_for(asyncio.shield(future), settings.start_timeout_s)
+            if self.metrics is not None:
+                self.metrics.gateway_wait.observe(time.monotonic() - since)
+            return granted
         except TimeoutError:
             if future.done() and not future.cancelled() and future.exception() is None:
                 return future.result()  # handed a slot in the very moment the wait ran out
@@ -323,11 +329,23 @@ class ServingPlane:
                     orphans_at = time.monotonic() + ORPHANS_EVERY_S
                 for state in list(self._stubs.values()):
                     await self._scale(state)
+                if self.metrics is not None:
+                    self._export(self.metrics)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("scaling serving containers failed; trying again")
                 await asyncio.sleep(1.0)
+
+    def _export(self, metrics: Metrics) -> None:
+        states = list(self._stubs.values())
+        ready = [c for state in states for c in state.ready.values()]
+        metrics.serving(
+            starting=sum(len(state.starting) for state in states),
+            ready=sum(1 for c in ready if not c.draining),
+            draining=sum(1 for c in ready if c.draining),
+            waiting=sum(len(state.waiters) for state in states),
+        )
 
     @property
     def _redis(self) -> Redis:

@@ -34,6 +34,7 @@ from typing import Any
 from levers9.controlplane.auth import Principal, Unauthenticated
 from levers9.controlplane.dataplane import DataPlane, InvalidStub
 from levers9.controlplane.http import error_answer
+from levers9.controlplane.metrics import Metrics
 from levers9.controlplane.services import Services
 from levers9.gateway.containers import NoContainer, Overloaded, ServedStub, ServingPlane
 from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError
@@ -93,8 +94,9 @@ class _Target:
 
 class GatewayApp:
     def __init__(self, services: Services, dataplane: DataPlane, plane: ServingPlane, upstream: Upstream,
-                 rest: App) -> None:  # fmt: skip
+                 rest: App, *, metrics: Metrics | None = None) -> None:  # fmt: skip
         self.services = services
+        self.metrics = metrics
         self.dataplane = dataplane
         self.plane = plane
         self.upstream = upstream
@@ -115,11 +117,23 @@ class GatewayApp:
             first, _, rest = path[1:].partition("/")
             kinds = _ROUTES.get(first)
             if kinds is not None:
+                started = time.monotonic()
+                status = 500  # what is counted if this fails before answering
+
+                async def counted(message: Message) -> None:
+                    nonlocal status
+                    if message["type"] == "http.response.start":
+                        status = int(message["status"])
+                    await send(message)
+
                 try:
-                    await self._route(first, kinds, [p for p in rest.split("/")] if rest else [], scope, receive, send)
+                    await self._route(first, kinds, rest.split("/") if rest else [], scope, receive, counted)
                 except _Answer as answer:
-                    await _json(send, answer.status, {"error": {"type": answer.kind, "message": str(answer)}},
+                    await _json(counted, answer.status, {"error": {"type": answer.kind, "message": str(answer)}},
                                 answer.headers)  # fmt: skip
+                finally:
+                    if self.metrics is not None:
+                        self.metrics.gateway_answered(kinds[0], status, time.monotonic() - started)
                 return
         await self.rest(scope, receive, send)
 
