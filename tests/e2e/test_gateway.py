@@ -372,3 +372,34 @@ def test_an_asgi_endpoint_serves_every_path_and_never_sees_the_callers_token(lev
                 arrivals.append((time.monotonic() - started, line))
         assert [line for _, line in arrivals] == ["0", "1", "2"]
         assert arrivals[0][0] < arrivals[-1][0] - 0.4
+
+
+def test_after_a_killed_controlplane_restarts_the_endpoint_answers_and_its_old_container_is_stopped(
+    levers9_up: Up,
+) -> None:
+    """The restarted controlplane does not know the container the old one started: it starts its own, and
+    stops the old one (no replica owns it any more) instead of leaving it running on the worker."""
+    levers9_up.start()
+    _deploy(levers9_up, APP.format(greeting="hello", keep_warm=600))
+    with _client(levers9_up) as client:
+        assert client.post("/endpoint/greet").status_code == 200
+        [old] = _running_serving_tasks(levers9_up)
+        levers9_up.kill()  # SIGKILL: the worker and its serving container keep running
+        time.sleep(1.0)
+        levers9_up.start(wait_workers=0)
+        again = client.post("/endpoint/greet", json={"name": "after"})
+        assert again.status_code == 200, again.text + levers9_up.log()[-3000:]
+        assert again.json() == {"greeting": "hello, after"}
+    with _client(levers9_up) as client:
+        _eventually(
+            lambda: client.get(f"/api/v1/tasks/{old}").json()["status"] == "cancelled",
+            90,
+            "the orphaned container's stop",
+            levers9_up,
+        )
+    assert len(_running_serving_tasks(levers9_up)) == 1  # the new controlplane's own
+
+
+def _running_serving_tasks(up: Up) -> list[str]:
+    with _client(up) as client:
+        return [t["id"] for t in client.get("/api/v1/tasks", params={"status": "running"}).json()]
