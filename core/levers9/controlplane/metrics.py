@@ -108,6 +108,7 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        self._gateway_series: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.gateway_waiting = Gauge(
             "levers9_gateway_waiting_requests",
             "Requests on this replica waiting for a container slot right now.",
@@ -127,8 +128,15 @@ class Metrics:
         self.task_duration.labels(status=status).observe(max(0.0, seconds))
 
     def gateway_answered(self, route: str, status: int, seconds: float) -> None:
-        self.gateway_requests.labels(route=route, status=str(status)).inc()
-        self.gateway_seconds.labels(route=route).observe(max(0.0, seconds))
+        """Counted on every gateway request: the labelled series are looked up once, then kept."""
+        series = self._gateway_series.get((route, status))
+        if series is None:
+            series = self._gateway_series[(route, status)] = (
+                self.gateway_requests.labels(route=route, status=str(status)),
+                self.gateway_seconds.labels(route=route),
+            )
+        series[0].inc()
+        series[1].observe(max(0.0, seconds))
 
     def serving(self, starting: int, ready: int, draining: int, waiting: int) -> None:
         """The gateway's containers and waiting requests, set by its scaler once a second."""
