@@ -54,6 +54,8 @@ App = Callable[[Any, Any, Any], Awaitable[None]]
 #: seconds a deployment's name and version are remembered: a stopped version answers 404 within this
 #: on other replicas (at once on the one that stopped it)
 RESOLVE_CACHE_S = 1.0
+#: counted for a request whose caller went away before it was answered (nginx's convention)
+CLIENT_GONE = 499
 _VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
 #: the first path segment -> the kind of stub it serves
 _ROUTES = {
@@ -119,17 +121,11 @@ class GatewayApp:
             if kinds is not None:
                 started = time.monotonic()
                 status = 500  # what is counted if this fails before answering
-
-                async def counted(message: Message) -> None:
-                    nonlocal status
-                    if message["type"] == "http.response.start":
-                        status = int(message["status"])
-                    await send(message)
-
                 try:
-                    await self._route(first, kinds, rest.split("/") if rest else [], scope, receive, counted)
+                    status = await self._route(first, kinds, rest.split("/") if rest else [], scope, receive, send)
                 except _Answer as answer:
-                    await _json(counted, answer.status, {"error": {"type": answer.kind, "message": str(answer)}},
+                    status = answer.status
+                    await _json(send, answer.status, {"error": {"type": answer.kind, "message": str(answer)}},
                                 answer.headers)  # fmt: skip
                 finally:
                     if self.metrics is not None:
@@ -138,15 +134,15 @@ class GatewayApp:
         await self.rest(scope, receive, send)
 
     async def _route(self, route: str, kinds: tuple[str, ...], parts: list[str], scope: Scope, receive: Receive,
-                     send: Send) -> None:  # fmt: skip
+                     send: Send) -> int:  # fmt: skip
+        """Answer one gateway request; the status it was answered with."""
         target = await self._target(parts, scope)
         stub = await self._stub(target, kinds, route)
         if kinds[0] == "endpoint":
-            await self._endpoint(stub, target, scope, receive, send)
-        elif kinds[0] == "box":
-            await self._box(stub, target, scope, receive, send)
-        else:
-            await self._call(stub, target, scope, receive, send)
+            return await self._endpoint(stub, target, scope, receive, send)
+        if kinds[0] == "box":
+            return await self._box(stub, target, scope, receive, send)
+        return await self._call(stub, target, scope, receive, send)
 
     # ------------------------------------------------------------------ finding the deployment
 
@@ -265,27 +261,27 @@ class GatewayApp:
 
     # ------------------------------------------------------------------ endpoints and boxes
 
-    async def _endpoint(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _endpoint(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> int:
         path = "/" + "/".join(target.rest) if stub.settings.interface == "asgi" else "/"
-        await self._proxy(stub, scope, receive, send, path, port=None)
+        return await self._proxy(stub, scope, receive, send, path, port=None)
 
-    async def _box(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _box(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> int:
         ports = stub.settings.ports
         if not target.rest or not target.rest[0].isdigit() or int(target.rest[0]) not in ports:
             listed = ", ".join(str(p) for p in ports)
             raise _Answer(404, "not_found", f"name one of the box's ports in the URL: /box/{target.name}/PORT/..., "
                                             f"PORT one of {listed}")  # fmt: skip
         port = int(target.rest[0])
-        await self._proxy(stub, scope, receive, send, "/" + "/".join(target.rest[1:]), port=port)
+        return await self._proxy(stub, scope, receive, send, "/" + "/".join(target.rest[1:]), port=port)
 
     async def _proxy(self, stub: ServedStub, scope: Scope, receive: Receive, send: Send, path: str,
-                     port: int | None) -> None:  # fmt: skip
+                     port: int | None) -> int:  # fmt: skip
         try:
             body = await self.upstream.read_body(receive)
         except RequestTooLarge as exc:
             raise _Answer(413, "too_large", str(exc)) from None
         except ConnectionError:
-            return
+            return CLIENT_GONE
         try:
             container = await self.plane.acquire(stub)
         except Overloaded as exc:
@@ -295,24 +291,24 @@ class GatewayApp:
         broken = False
         try:
             address = container.address if port is None else container.ports.get(port, "")
-            await self.upstream.forward(address, scope, body, send, path=path)
+            return await self.upstream.forward(address, scope, body, send, path=path)
         except UpstreamError as exc:
             broken = True
             if not exc.sent:
                 raise _Answer(502, "bad_gateway", str(exc)) from None
+            return 502  # cut short after the status went out: counted as the container's failure
         finally:
             self.plane.release(container, broken=broken)
 
     # ------------------------------------------------------------------ queues and jobs
 
-    async def _call(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _call(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> int:
         principal = target.principal
         assert principal is not None  # queues and jobs are never public
         if len(target.rest) == 2 and target.rest[0] == "tasks":
             if scope["method"] not in ("GET", "HEAD"):
                 raise _Answer(405, "method_not_allowed", "a task is read with GET")
-            await self._task(stub, target.rest[1], send)
-            return
+            return await self._task(stub, target.rest[1], send)
         if target.rest:
             raise _Answer(404, "not_found", "the path goes on after the deployment; did you mean .../tasks/ID?")
         if scope["method"] != "POST":
@@ -323,7 +319,7 @@ class GatewayApp:
         except RequestTooLarge as exc:
             raise _Answer(413, "too_large", str(exc)) from None
         except ConnectionError:
-            return
+            return CLIENT_GONE
         args, kwargs = _arguments(raw)
         payload = JSON_CALL + json.dumps({"args": args, "kwargs": kwargs}).encode()
         try:
@@ -336,8 +332,9 @@ class GatewayApp:
                 raise
             raise _Answer(answer[0], answer[1], str(exc)) from None
         await _json(send, 202, {"task_id": task_id, "status": "pending"})
+        return 202
 
-    async def _task(self, stub: ServedStub, task_id: str, send: Send) -> None:
+    async def _task(self, stub: ServedStub, task_id: str, send: Send) -> int:
         task = await self.services.tasks.get(task_id)
         if task is None or task.workspace_id != stub.workspace_id or task.stub_id != stub.stub_id:
             raise _Answer(404, "not_found", f"task {task_id!r} not found in this deployment")
@@ -351,6 +348,7 @@ class GatewayApp:
             if done.error:
                 out["error"] = {"type": done.error_type or "Error", "message": done.error}
         await _json(send, 200, out)
+        return 200
 
 
 def _route_of(kind: str) -> str:

@@ -96,8 +96,11 @@ class Upstream:
         send: Send,
         *,
         path: str,
-    ) -> None:
-        """Send the request to ``address`` with ``path`` (and the query string); pass the response to ``send``."""
+    ) -> int:
+        """Send the request to ``address`` with ``path`` (and the query string); pass the response to ``send``.
+
+        Returns the response's status.
+        """
         query = scope.get("query_string", b"")
         target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")
         head = [b"%s %s HTTP/1.1" % (scope["method"].encode(), target), b"host: " + address.encode()]
@@ -136,7 +139,7 @@ class Upstream:
                 writer.close()
                 raise UpstreamError(f"the container at {address} did not answer: {exc2}", sent=False) from None
         try:
-            keep = await self._relay(status_line, reader, send, scope["method"] == "HEAD")
+            keep, status = await self._relay(status_line, reader, send, scope["method"] == "HEAD")
         except _BrokenResponse as exc:
             writer.close()
             raise UpstreamError(f"the container at {address} broke its response: {exc}", sent=exc.sent) from None
@@ -147,9 +150,12 @@ class Upstream:
             self._give_back(address, reader, writer)
         else:
             writer.close()
+        return status
 
-    async def _relay(self, status_line: bytes, reader: asyncio.StreamReader, send: Send, head_only: bool) -> bool:
-        """Pass one response on; whether the connection can carry another request."""
+    async def _relay(
+        self, status_line: bytes, reader: asyncio.StreamReader, send: Send, head_only: bool
+    ) -> tuple[bool, int]:
+        """Pass one response on; whether the connection can carry another request, and the status."""
         sent = False
         try:
             parts = status_line.split(b" ", 2)
@@ -180,7 +186,7 @@ class Upstream:
             sent = True
             if head_only or status in (204, 304) or 100 <= status < 200:
                 await send({"type": "http.response.body", "body": b""})
-                return keep
+                return keep, status
             if chunked:
                 while True:
                     size_line = await reader.readuntil(b"\r\n")
@@ -193,7 +199,7 @@ class Upstream:
                     await reader.readexactly(2)
                     await send({"type": "http.response.body", "body": data, "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
-                return keep
+                return keep, status
             if length is not None:
                 remaining = length
                 while remaining > 65536:
@@ -202,14 +208,14 @@ class Upstream:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
                 data = await reader.readexactly(remaining) if remaining else b""
                 await send({"type": "http.response.body", "body": data})
-                return keep
+                return keep, status
             while True:  # neither: the body ends when the container closes the connection
                 data = await reader.read(65536)
                 if not data:
                     break
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
-            return False
+            return False, status
         except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             raise _BrokenResponse(str(exc) or type(exc).__name__, sent) from None
 
