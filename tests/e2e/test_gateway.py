@@ -168,6 +168,11 @@ def test_a_full_buffer_answers_429_and_a_container_that_never_comes_504(levers9_
     @levers9.endpoint(start_timeout=2, image="/nonexistent/image")
     def never() -> str:
         return "unreachable"
+
+    @levers9.endpoint(timeout=1)
+    def stuck() -> str:
+        time.sleep(4)
+        return "too late"
     """
     _deploy(levers9_up, source, "limits.py")
     with _client(levers9_up) as client:
@@ -192,6 +197,10 @@ def test_a_full_buffer_answers_429_and_a_container_that_never_comes_504(levers9_
         timed_out = client.post("/endpoint/never")
         assert timed_out.status_code == 504, timed_out.text
         assert "within 2 s" in timed_out.json()["error"]["message"]
+        too_slow = client.post("/endpoint/stuck")  # its container comes up; its answer does not, in time
+        assert too_slow.status_code == 504, too_slow.text
+        assert too_slow.json()["error"]["type"] == "timeout"
+        assert "within 1 s" in too_slow.json()["error"]["message"]
 
 
 def test_an_idle_endpoint_scales_to_zero_after_keep_warm(levers9_up: Up) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from levers9.gateway.upstream import MAX_REQUEST_BYTES, RequestTooLarge, Upstream, UpstreamError
+from levers9.gateway.upstream import MAX_REQUEST_BYTES, RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.worker.serving import HttpServer
 
 
@@ -194,3 +194,23 @@ async def test_a_body_over_the_limit_is_refused() -> None:
     with pytest.raises(RequestTooLarge):
         await Upstream().read_body(receive)
     assert sent <= MAX_REQUEST_BYTES + len(chunk)
+
+
+async def test_a_container_that_does_not_begin_to_answer_in_time_times_out() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(5)  # busy with the request, long past the timeout
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    out = Collected()
+    upstream = Upstream()
+    try:
+        with pytest.raises(UpstreamTimeout, match=r"within 0\.3 s"):
+            await upstream.forward(f"127.0.0.1:{port}", _scope(), b"", out.send, path="/", timeout_s=0.3)
+        assert out.messages == []
+        assert upstream._take(f"127.0.0.1:{port}") is None  # that connection is never used again
+    finally:
+        server.close()
+        await server.wait_closed()

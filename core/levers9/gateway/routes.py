@@ -37,7 +37,7 @@ from levers9.controlplane.http import error_answer
 from levers9.controlplane.metrics import Metrics
 from levers9.controlplane.services import Services
 from levers9.gateway.containers import NoContainer, Overloaded, ServedStub, ServingPlane
-from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError
+from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.state.errors import NotFound
 from levers9.state.sql.records import TokenKind
 from levers9.worker.calls import JSON_CALL
@@ -291,7 +291,10 @@ class GatewayApp:
         broken = False
         try:
             address = container.address if port is None else container.ports.get(port, "")
-            return await self.upstream.forward(address, scope, body, send, path=path)
+            timeout_s = stub.settings.timeout_s
+            return await self.upstream.forward(address, scope, body, send, path=path, timeout_s=timeout_s)
+        except UpstreamTimeout as exc:
+            raise _Answer(504, "timeout", f"{exc} (the {stub.settings.kind}'s timeout)") from None
         except UpstreamError as exc:
             broken = True
             if not exc.sent:

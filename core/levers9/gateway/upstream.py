@@ -17,7 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["MAX_REQUEST_BYTES", "RequestTooLarge", "Upstream", "UpstreamError"]
+__all__ = ["MAX_REQUEST_BYTES", "RequestTooLarge", "Upstream", "UpstreamError", "UpstreamTimeout"]
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -49,6 +49,10 @@ class UpstreamError(Exception):
     def __init__(self, message: str, *, sent: bool) -> None:
         super().__init__(message)
         self.sent = sent
+
+
+class UpstreamTimeout(Exception):
+    """The container did not begin its response within the stub's timeout."""
 
 
 class RequestTooLarge(Exception):
@@ -96,10 +100,12 @@ class Upstream:
         send: Send,
         *,
         path: str,
+        timeout_s: float = 0.0,
     ) -> int:
         """Send the request to ``address`` with ``path`` (and the query string); pass the response to ``send``.
 
-        Returns the response's status.
+        Returns the response's status. ``timeout_s`` (0: none) bounds the wait for the response to begin;
+        once it has begun, a streamed response may take as long as it takes.
         """
         query = scope.get("query_string", b"")
         target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")
@@ -125,7 +131,7 @@ class Upstream:
         reader, writer = connection
         try:
             writer.write(request)
-            status_line = await reader.readuntil(b"\r\n")
+            status_line = await self._status_line(reader, writer, address, timeout_s)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             writer.close()
             if not reused:
@@ -134,7 +140,7 @@ class Upstream:
             reader, writer = await self._connect(address)
             try:
                 writer.write(request)
-                status_line = await reader.readuntil(b"\r\n")
+                status_line = await self._status_line(reader, writer, address, timeout_s)
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc2:
                 writer.close()
                 raise UpstreamError(f"the container at {address} did not answer: {exc2}", sent=False) from None
@@ -151,6 +157,20 @@ class Upstream:
         else:
             writer.close()
         return status
+
+    @staticmethod
+    async def _status_line(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout_s: float
+    ) -> bytes:
+        if not timeout_s:
+            return await reader.readuntil(b"\r\n")
+        try:
+            return await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout_s)
+        except TimeoutError:
+            writer.close()  # the request may still be running in the container: never reuse this connection
+            raise UpstreamTimeout(
+                f"the container at {address} did not begin to answer within {timeout_s:g} s"
+            ) from None
 
     async def _relay(
         self, status_line: bytes, reader: asyncio.StreamReader, send: Send, head_only: bool

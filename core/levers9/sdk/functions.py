@@ -605,8 +605,9 @@ def endpoint(
     time each, between ``min_containers`` (default 0: scale to zero once idle
     for ``keep_warm`` seconds) and ``max_containers``. Up to ``max_pending``
     requests wait for room, each at most ``start_timeout`` seconds; more are
-    answered 429, and a wait that runs out 504. ``public=True`` lets anyone call
-    it without a token. Other options are :func:`function`'s.
+    answered 429, and a wait that runs out 504; ``timeout`` bounds how long a
+    container may take to begin its answer (then 504). ``public=True`` lets
+    anyone call it without a token. Other options are :func:`function`'s.
     """
     serving = {
         "interface": "asgi" if asgi else "function",
