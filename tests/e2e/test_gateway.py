@@ -339,10 +339,21 @@ def test_an_asgi_endpoint_serves_every_path_and_never_sees_the_callers_token(lev
 
     @levers9.asgi(tasks_per_container=16)
     def api():
+        import contextlib
+
         from fastapi import FastAPI, Request
         from fastapi.responses import StreamingResponse
 
-        app = FastAPI()
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            app.state.model = "loaded at startup"  # what a model server does before its first request
+            yield
+
+        app = FastAPI(lifespan=lifespan)
+
+        @app.get("/model")
+        def model(request: Request) -> str:
+            return request.app.state.model
 
         @app.get("/items/{item_id}")
         def item(item_id: int, q: str = "") -> dict:
@@ -369,6 +380,7 @@ def test_an_asgi_endpoint_serves_every_path_and_never_sees_the_callers_token(lev
         assert item.json() == {"item": 7, "q": "x"}
         assert client.get("/endpoint/api/v1/items/8").json() == {"item": 8, "q": ""}
         assert client.get("/endpoint/api/nothing").status_code == 404  # the app's own 404
+        assert client.get("/endpoint/api/model").json() == "loaded at startup"
         echoed = client.post("/endpoint/api/echo", content=b"payload", headers={"x-custom": "yes"}).json()
         assert echoed["body"] == "payload"
         assert echoed["headers"]["x-custom"] == "yes"

@@ -168,3 +168,47 @@ def test_an_app_that_fails_before_answering_gets_a_500(serve: Callable[[App], st
     url = serve(broken)
     assert httpx.get(url).status_code == 500
     assert httpx.get(url).status_code == 500  # the connection and the server survive it
+
+
+def test_an_asgi_apps_lifespan_runs_before_the_first_request_and_at_stop() -> None:
+    events: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    events.append("startup")
+                    scope["state"]["model"] = "loaded"
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    events.append("shutdown")
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["state"]["model"].encode()})
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = HttpServer(app, "127.0.0.1", port)
+    server.start()
+    try:
+        assert events == ["startup"]
+        assert httpx.get(f"http://127.0.0.1:{port}/").text == "loaded"
+    finally:
+        server.stop()
+    assert events == ["startup", "shutdown"]
+
+
+def test_an_asgi_app_whose_startup_fails_does_not_serve() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        await receive()
+        await send({"type": "lifespan.startup.failed", "message": "no model file"})
+
+    server = HttpServer(app, "127.0.0.1", 0)
+    with pytest.raises(OSError, match="startup failed: no model file"):
+        server.start()
+    server.stop()

@@ -64,13 +64,21 @@ class HttpServer:
         self._listening = threading.Event()
         self._error: BaseException | None = None
         self._server: asyncio.base_events.Server | None = None
+        #: what the app's lifespan startup stored, copied into every request's scope (ASGI's lifespan state)
+        self._state: dict[str, Any] = {}
+        self._lifespan: _Lifespan | None = None
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float | None = None) -> None:
+        """Run the app's lifespan startup (if it has one), then listen; raises if either fails.
+
+        No timeout by default: a startup may load a model for minutes, and the worker bounds the
+        container's start as a whole.
+        """
         self._thread.start()
         if not self._listening.wait(timeout):
             raise OSError(f"the HTTP server did not listen on {self.host}:{self.port} within {timeout:g} s")
         if self._error is not None:
-            raise OSError(f"the HTTP server could not listen on {self.host}:{self.port}: {self._error}")
+            raise OSError(f"the HTTP server could not start on {self.host}:{self.port}: {self._error}")
 
     def stop(self) -> None:
         """Stop listening, end the open connections and the thread; requests in flight are dropped."""
@@ -84,6 +92,8 @@ class HttpServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._lifespan is not None:
+            await self._lifespan.shutdown()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in others:
             task.cancel()
@@ -92,6 +102,7 @@ class HttpServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
+            self._lifespan = self.loop.run_until_complete(_Lifespan.start(self.app, self._state))
             self._server = self.loop.run_until_complete(
                 asyncio.start_server(self._connection, self.host, self.port, reuse_address=True)
             )
@@ -183,6 +194,8 @@ class HttpServer:
             "client": client,
             "server": (self.host, self.port),
         }
+        if self._lifespan is not None:
+            scope["state"] = dict(self._state)
         body = _Body(reader, length, chunked)
         response = _Response(writer, close)
 
@@ -217,6 +230,51 @@ class HttpServer:
         while not body.done:  # what the app did not read, so the next request starts where it should
             await body.read()
         return not close
+
+
+class _Lifespan:
+    """An app's ASGI lifespan: startup before the first request, shutdown when the server stops."""
+
+    def __init__(self, task: asyncio.Task[None], messages: asyncio.Queue[Message]) -> None:
+        self.task = task
+        self.messages = messages
+        self.shut_down = asyncio.Event()
+
+    @classmethod
+    async def start(cls, app: App, state: dict[str, Any]) -> _Lifespan | None:
+        """Start the app's lifespan; None when the app has none (it returns or raises at once, as ASGI allows)."""
+        messages: asyncio.Queue[Message] = asyncio.Queue()
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lifespan: _Lifespan | None = None
+
+        async def receive() -> Message:
+            return await messages.get()
+
+        async def send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "lifespan.startup.complete" and not started.done():
+                started.set_result(None)
+            elif kind == "lifespan.startup.failed" and not started.done():
+                started.set_exception(RuntimeError(f"the app's startup failed: {message.get('message', '')}"))
+            elif kind.startswith("lifespan.shutdown") and lifespan is not None:
+                lifespan.shut_down.set()
+
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": state}
+        task = asyncio.ensure_future(app(scope, receive, send))
+        messages.put_nowait({"type": "lifespan.startup"})
+        await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            with contextlib.suppress(Exception):
+                task.result()  # an app without a lifespan (the function interface) raises or returns
+            return None
+        started.result()
+        lifespan = cls(task, messages)
+        return lifespan
+
+    async def shutdown(self) -> None:
+        self.messages.put_nowait({"type": "lifespan.shutdown"})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.shut_down.wait(), 10.0)
 
 
 class _Body:
