@@ -110,6 +110,11 @@ class StubSettings(BaseModel):
             raise ValueError(f"min_containers ({self.min_containers}) is above max_containers ({self.max_containers})")
         if self.public and self.kind != "endpoint":
             raise ValueError(f"public: only endpoints can be public, not a {self.kind}")
+        if self.checkpoint_enabled and self.kind in ("endpoint", "box"):
+            raise ValueError(
+                f"checkpoint: a {self.kind} cannot be checkpointed yet (a checkpointed container starts without "
+                "a network, and the gateway reaches it over one); checkpoint a function instead"
+            )
         return self
 
     @property
