@@ -22,7 +22,7 @@ def _settings(**fields: Any) -> StubSettings:
         ({"kind": "box", "ports": [0]}, "ports must be TCP ports from 1 to 65535"),
         ({"kind": "endpoint", "min_containers": 3, "max_containers": 2}, "min_containers (3) is above max_containers"),
         ({"kind": "queue", "public": True}, "only endpoints can be public, not a queue"),
-        ({"kind": "endpoint", "checkpoint_enabled": True}, "a endpoint cannot be checkpointed yet"),
+        ({"kind": "endpoint", "checkpoint_enabled": True}, "an endpoint cannot be checkpointed yet"),
         ({"kind": "endpoint", "interface": "wsgi"}, "interface"),
         ({"kind": "endpoint", "tasks_per_container": 0}, "tasks_per_container"),
         ({"kind": "endpoint", "max_pending": -1}, "max_pending"),

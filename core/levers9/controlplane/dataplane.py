@@ -112,7 +112,8 @@ class StubSettings(BaseModel):
             raise ValueError(f"public: only endpoints can be public, not a {self.kind}")
         if self.checkpoint_enabled and self.kind in ("endpoint", "box"):
             raise ValueError(
-                f"checkpoint: a {self.kind} cannot be checkpointed yet (a checkpointed container starts without "
+                f"checkpoint: {'an endpoint' if self.kind == 'endpoint' else 'a box'} cannot be checkpointed yet "
+                "(a checkpointed container starts without "
                 "a network, and the gateway reaches it over one); checkpoint a function instead"
             )
         return self
