@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import textwrap
 import threading
@@ -294,10 +292,7 @@ def test_a_box_port_is_proxied(levers9_up: Up) -> None:
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
 def test_endpoints_and_boxes_serve_from_real_containers(levers9_up: Up, runtime: str) -> None:
     """On a container runtime the gateway reaches each container at its own address on the worker's bridge."""
-    binary = {"runc": "runc", "gvisor": "runsc"}[runtime]
-    if shutil.which(binary) is None or os.geteuid() != 0:
-        pytest.fail(f"this test needs root and {binary}: run scripts/setup as root")
-    levers9_up.runtime = runtime
+    levers9_up.use_runtime(runtime)
     levers9_up.start()
     source = """
     import http.server

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -20,10 +19,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
 def test_a_function_runs_in_a_container_of_the_pools_runtime(levers9_up: Up, runtime: str) -> None:
-    binary = {"runc": "runc", "gvisor": "runsc"}[runtime]
-    if shutil.which(binary) is None or os.geteuid() != 0:
-        pytest.fail(f"this test needs root and {binary}: run scripts/setup as root")
-    levers9_up.runtime = runtime
+    levers9_up.use_runtime(runtime)
     levers9_up.start()
     done = levers9_up.python(
         """
@@ -61,9 +57,7 @@ def test_a_checkpointed_function_starts_its_next_container_from_the_snapshot(lev
     would): a random token. A container started cold builds a new token; one restored from the
     snapshot has the first one's token without building it.
     """
-    if shutil.which("runsc") is None or os.geteuid() != 0:
-        pytest.fail("this test needs root and runsc: run scripts/setup as root")
-    levers9_up.runtime = "gvisor"
+    levers9_up.use_runtime("gvisor")
     levers9_up.start()
     database = levers9_up.home / "data" / "levers9.db"
     done = levers9_up.python(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from levers9.gateway.upstream import MAX_REQUEST_BYTES, RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.worker.serving import HttpServer
+from tests.fixtures.levers9_up import free_port
 
 
 class Container:
@@ -19,9 +19,7 @@ class Container:
 
     def __init__(self) -> None:
         self.connections = 0
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.server = HttpServer(self.app, "127.0.0.1", self.port)
 
     @property
@@ -151,9 +149,7 @@ async def test_a_streamed_response_is_passed_on_piece_by_piece(container: Contai
 
 
 async def test_an_unreachable_container_raises_before_anything_is_sent() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens here once the probe is closed
+    port = free_port()  # nothing listens there: the port was only bound to be picked
     out = Collected()
     with pytest.raises(UpstreamError) as raised:
         await Upstream(connect_timeout_s=1).forward(f"127.0.0.1:{port}", _scope(), b"", out.send, path="/")

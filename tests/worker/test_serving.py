@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from levers9.worker.serving import App, HttpServer, function_app
+from tests.fixtures.levers9_up import free_port
 
 
 @pytest.fixture
@@ -20,9 +21,7 @@ def serve() -> Iterator[Callable[[App], str]]:
     servers: list[HttpServer] = []
 
     def start(app: App) -> str:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         server = HttpServer(app, "127.0.0.1", port)
         server.start()
         servers.append(server)
@@ -189,9 +188,7 @@ def test_an_asgi_apps_lifespan_runs_before_the_first_request_and_at_stop() -> No
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": scope["state"]["model"].encode()})
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = HttpServer(app, "127.0.0.1", port)
     server.start()
     try:

@@ -276,11 +276,8 @@ class GatewayApp:
 
     async def _proxy(self, stub: ServedStub, scope: Scope, receive: Receive, send: Send, path: str,
                      port: int | None) -> int:  # fmt: skip
-        try:
-            body = await self.upstream.read_body(receive)
-        except RequestTooLarge as exc:
-            raise _Answer(413, "too_large", str(exc)) from None
-        except ConnectionError:
+        body = await self._body(receive)
+        if body is None:
             return CLIENT_GONE
         try:
             container = await self.plane.acquire(stub)
@@ -303,6 +300,15 @@ class GatewayApp:
         finally:
             self.plane.release(container, broken=broken)
 
+    async def _body(self, receive: Receive) -> bytes | None:
+        """The request's body; None when the caller went away; 413 past the limit."""
+        try:
+            return await self.upstream.read_body(receive)
+        except RequestTooLarge as exc:
+            raise _Answer(413, "too_large", str(exc)) from None
+        except ConnectionError:
+            return None
+
     # ------------------------------------------------------------------ queues and jobs
 
     async def _call(self, stub: ServedStub, target: _Target, scope: Scope, receive: Receive, send: Send) -> int:
@@ -317,11 +323,8 @@ class GatewayApp:
         if scope["method"] != "POST":
             raise _Answer(405, "method_not_allowed", "POST a JSON body (the arguments) to enqueue a call",
                           [(b"allow", b"POST")])  # fmt: skip
-        try:
-            raw = await self.upstream.read_body(receive)
-        except RequestTooLarge as exc:
-            raise _Answer(413, "too_large", str(exc)) from None
-        except ConnectionError:
+        raw = await self._body(receive)
+        if raw is None:
             return CLIENT_GONE
         args, kwargs = _arguments(raw)
         payload = JSON_CALL + json.dumps({"args": args, "kwargs": kwargs}).encode()
