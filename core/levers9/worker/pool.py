@@ -538,7 +538,9 @@ class ContainerPool:
             gpus=box.gpus,
             mounts=[] if self._on_host else self._mounts(group),
             network="host" if self._on_host else "bridge",
-            ports=[box.port, *([box.http_port] if box.http_port else []), *stub.ports],
+            # only the runner's port is forwarded to the worker's loopback: the gateway reaches a serving
+            # container's HTTP server and a box's ports at the container's own address on the bridge
+            ports=[box.port],
         )
 
     def _environment(self, group: _Stub, box: _Container) -> dict[str, str]:
@@ -729,7 +731,11 @@ class ContainerPool:
                 _deliver_log(pending, frame.payload)
             elif frame.kind == "serving" and not ready.is_set():
                 state = await self.hooks.container_state(self.runtime, box.cid)
-                host = "127.0.0.1" if self._on_host or not state.ip else state.ip
+                if not self._on_host and not state.ip:
+                    await self._kill(box)
+                    return _error(pending.call, "NoAddress", f"the {self.runtime.name} runtime reports no address "
+                                  "for the container, so the gateway could not reach it")  # fmt: skip
+                host = "127.0.0.1" if self._on_host else str(state.ip)
                 serving = Serving(
                     container_id=box.cid,
                     address=f"{host}:{box.http_port}" if group.spec.kind != "box" else "",
