@@ -127,7 +127,6 @@ class ServingPlane:
         self._kick = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[None]] = set()
-        self._closed = False
         #: called with the address of a container that ended (the proxy drops its connections to it)
         self.on_gone: list[Callable[[str], None]] = []
         dataplane.serving_listener = self
@@ -138,7 +137,6 @@ class ServingPlane:
 
     async def close(self, grace_s: float = 10.0) -> None:
         """Stop every container this replica started, and fail the requests still waiting."""
-        self._closed = True
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -273,9 +271,7 @@ class ServingPlane:
             if outcome.status != "cancelled" and (never_served or not (container and container.draining)):
                 reason = outcome.error or outcome.status
                 if never_served:
-                    state.failures += 1
-                    state.last_failure = reason
-                    state.retry_at = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** (state.failures - 1))
+                    _back_off(state, reason)
                 log.warning("serving container %s of %s ended: %s", outcome.task_id, stub_id, reason)
             self._kick.set()
 
@@ -403,9 +399,7 @@ class ServingPlane:
                 try:
                     task_id = await self.dataplane.start_serving(state.stub.workspace_id, state.stub.stub_id)
                 except Exception as exc:
-                    state.last_failure = f"{type(exc).__name__}: {exc}"
-                    state.failures += 1
-                    state.retry_at = now + min(MAX_BACKOFF_S, 0.5 * 2 ** (state.failures - 1))
+                    _back_off(state, f"{type(exc).__name__}: {exc}")
                     log.warning("starting a container of %s failed: %s", state.stub.stub_id, exc)
                     break
                 state.starting[task_id] = now
@@ -443,6 +437,13 @@ class ServingPlane:
         task = asyncio.ensure_future(coro)
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
+
+
+def _back_off(state: _Stub, reason: str) -> None:
+    """A start failed: remember why (a 504 says it) and wait before the next, 0.5 s doubling to MAX_BACKOFF_S."""
+    state.failures += 1
+    state.last_failure = reason
+    state.retry_at = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** (state.failures - 1))
 
 
 def _text(value: bytes | str) -> str:
