@@ -13,10 +13,12 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0003"
+HEAD = "0004"
 
 EVERY_TABLE = {
     "workspaces",
+    "blobs",
+    "blob_chunks",
     "tokens",
     "apps",
     "stubs",

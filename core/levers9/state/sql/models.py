@@ -233,6 +233,30 @@ class TaskLog(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class Blob(Base):
+    """A payload too big to travel inside a message (see levers9.payloads): a call's arguments or result.
+
+    Its bytes are the rows of :class:`BlobChunk`, in ``seq`` order; ``finished_at`` is set once the last
+    chunk is stored, and only a finished blob can be read or named by a call.
+    """
+
+    __tablename__ = "blobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class BlobChunk(Base):
+    __tablename__ = "blob_chunks"
+
+    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class TaskPlacement(Base):
     """One step of a task's placement history: where it was tried and what happened."""
 
