@@ -103,7 +103,7 @@ def test_unknown_top_level_field_lists_accepted(tmp_path: Path) -> None:
     [issue] = problems(path)
     assert issue.startswith(f"{path}:3: pool:")
     assert "Did you mean 'pools'?" in issue
-    assert "Accepted: version, data_dir, state, listen, plugins, scheduler, checkpoints, pools" in issue
+    assert "Accepted: version, data_dir, state, listen, plugins, scheduler, checkpoints, limits, pools" in issue
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:

@@ -14,15 +14,29 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from levers9.config.fields import Port
-from levers9.config.quantities import parse_memory_mib
+from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
+from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CAP_BYTES, MIN_CAP_BYTES
+from levers9.quantities import SIZE_PATTERN
 
 POOL_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
-MemoryMiB = Annotated[int, BeforeValidator(parse_memory_mib)]
+#: a number, or a string such as 16GiB: what the schema tells editors a size may be
+_SIZE_SCHEMA = WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": SIZE_PATTERN}]}
+)
+MemoryMiB = Annotated[int, BeforeValidator(parse_memory_mib), _SIZE_SCHEMA]
+#: a size in bytes, written as a number of bytes or as 512MiB, 1GiB (binary units; see levers9.quantities)
+Bytes = Annotated[int, BeforeValidator(parse_bytes), _SIZE_SCHEMA]
+
+#: bounds of ``limits.max_payload_bytes`` (see levers9.payloads)
+MIN_PAYLOAD_BYTES = MIN_CAP_BYTES
+MAX_PAYLOAD_BYTES = MAX_CAP_BYTES
+#: the least ``limits.max_task_log_bytes``: room for a traceback and the marker that says what was dropped
+MIN_TASK_LOG_BYTES = 64 * 1024
 
 
 class _Strict(BaseModel):
@@ -165,6 +179,38 @@ class CheckpointsConfig(_Strict):
         return value
 
 
+class LimitsConfig(_Strict):
+    max_payload_bytes: Bytes = Field(
+        DEFAULT_MAX_PAYLOAD_BYTES,
+        description="The largest argument or result payload of one call, in bytes or as 512MiB, 1GiB (binary "
+        "units: 1GB = 1GiB); from 1MiB to 8GiB. A larger one is refused, saying this limit.",
+    )
+    max_task_log_bytes: Bytes = Field(
+        8 * 1024 * 1024,
+        description="Output (stdout and stderr) kept per task, in bytes or as 256KiB, 8MiB; at least 64KiB. "
+        "The first part is kept, then one line saying how many bytes were dropped.",
+    )
+
+    @field_validator("max_payload_bytes")
+    @classmethod
+    def _payload(cls, value: int) -> int:
+        if not MIN_PAYLOAD_BYTES <= value <= MAX_PAYLOAD_BYTES:
+            raise ValueError(
+                f"{format_bytes(value)} is out of range; it must be from {format_bytes(MIN_PAYLOAD_BYTES)} "
+                f"to {format_bytes(MAX_PAYLOAD_BYTES)}"
+            )
+        return value
+
+    @field_validator("max_task_log_bytes")
+    @classmethod
+    def _task_log(cls, value: int) -> int:
+        if value < MIN_TASK_LOG_BYTES:
+            raise ValueError(
+                f"{format_bytes(value)} is too small; it must be at least {format_bytes(MIN_TASK_LOG_BYTES)}"
+            )
+        return value
+
+
 def _gpu_type(value: object) -> object:
     if value is None or not isinstance(value, str):
         return value
@@ -262,6 +308,7 @@ class Config(_Strict):
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     pools: dict[Annotated[str, Field(pattern=POOL_NAME)], PoolConfig] = Field(
         default_factory=dict, description="Pools by name (lowercase letters, digits and '-')."
     )

@@ -71,6 +71,9 @@ class Services:
 async def open_services(loaded: LoadedConfig, *, controlplane_url: str, prefix: str = "l9:") -> Services:
     """Open the database (migrating it), connect Redis (embedded when no URL is configured) and build the stores."""
     config = loaded.config
+    from levers9.config.data_dir import secure_data_dir
+
+    secure_data_dir(config.data_dir)  # 0700, before anything is created in it
     embedded: EmbeddedRedis | None = None
     managed: ManagedRedis | None = None
     url = config.state.redis_url

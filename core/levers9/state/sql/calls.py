@@ -11,18 +11,25 @@ reports late does not overwrite the attempt that replaced it.
 
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from sqlalchemy import Connection, Select, Table, bindparam, func, insert, select, update
 
+from levers9.quantities import MIB, format_bytes
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskLog, utcnow
 from levers9.state.sql.records import TaskStatus
 
 __all__ = ["CallResult", "CallStore", "Dispatch", "Finish"]
 
+#: output kept per task when the operator sets no limits.max_task_log_bytes (the config's default)
+DEFAULT_MAX_TASK_LOG_BYTES = 8 * MIB
+#: tasks whose stored output size this replica remembers; a forgotten one is read back from SQL once
+_LOG_KEPT_TASKS = 100_000
 _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
 # Core tables for executemany updates: the ORM's bulk update does not take a WHERE with many parameter sets.
 _TASKS = cast(Table, Task.__table__)
@@ -84,6 +91,72 @@ class Finish:
     container_id: str | None = None
 
 
+@dataclass(slots=True)
+class _KeptLog:
+    """A task's stored output as append_logs sees it: bytes kept, bytes dropped, and the marker row saying so."""
+
+    stored: int = 0
+    dropped: int = 0
+    #: whether the kept output ends a line (the marker starts a new one when it does not)
+    ends_line: bool = True
+    marker_id: int | None = None
+    #: the count the marker row shows now
+    marker_dropped: int = 0
+
+
+def _marker(state: _KeptLog, cap: int) -> bytes:
+    lead = "" if state.ends_line else "\n"
+    return (
+        f"{lead}[levers9: {state.dropped:,} bytes of output dropped; the limit is {format_bytes(cap)} "
+        "(limits.max_task_log_bytes)]\n"
+    ).encode()
+
+
+_MARKER = re.compile(
+    rb"\n?\[levers9: ([0-9,]+) bytes of output dropped; the limit is [^\]\n]+ \(limits\.max_task_log_bytes\)\]\n"
+)
+
+
+def _keepable(data: bytes, room: int) -> bytes:
+    """The part of ``data`` that fits in ``room`` bytes, not ending inside a UTF-8 character."""
+    if len(data) <= room:
+        return data
+    end = max(room, 0)
+    for _ in range(3):  # a UTF-8 character is at most 4 bytes: back off at most 3 continuation bytes
+        if 0 < end < len(data) and data[end] & 0xC0 == 0x80:
+            end -= 1
+    return data[:end]
+
+
+def _stored_logs(connection: Connection, task_ids: set[str]) -> dict[str, _KeptLog]:
+    """What is stored of each task's output, read from SQL for tasks this replica has not tracked."""
+    sums = connection.execute(
+        select(_TASK_LOGS.c.task_id, func.sum(func.length(_TASK_LOGS.c.data)))
+        .where(_TASK_LOGS.c.task_id.in_(task_ids))
+        .group_by(_TASK_LOGS.c.task_id)
+    )
+    kept = {t: _KeptLog() for t in task_ids}
+    for task_id, total in sums:
+        state = kept[task_id]
+        state.stored = int(total or 0)
+        if state.stored == 0:
+            continue
+        last = connection.execute(
+            select(_TASK_LOGS.c.id, _TASK_LOGS.c.data)
+            .where(_TASK_LOGS.c.task_id == task_id)
+            .order_by(_TASK_LOGS.c.id.desc())
+            .limit(1)
+        ).one()
+        match = _MARKER.fullmatch(last[1])
+        if match is not None:
+            state.stored -= len(last[1])
+            state.dropped = state.marker_dropped = int(match[1].replace(b",", b""))
+            state.marker_id = int(last[0])
+            state.ends_line = not last[1].startswith(b"\n")
+        # no marker: anything past the cap (stored under a larger one) stays, and what comes now is dropped
+    return kept
+
+
 @dataclass(frozen=True, slots=True)
 class CallResult:
     task_id: str
@@ -97,8 +170,12 @@ class CallResult:
 
 
 class CallStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, max_task_log_bytes: int = DEFAULT_MAX_TASK_LOG_BYTES) -> None:
         self._db = db
+        #: output kept per task (limits.max_task_log_bytes); see :meth:`append_logs`
+        self.max_task_log_bytes = max_task_log_bytes
+        #: what this replica knows of the output stored per task, most recently used last
+        self._log_kept: OrderedDict[str, _KeptLog] = OrderedDict()
 
     async def dispatch(self, task_ids: Sequence[str]) -> list[Dispatch]:
         """The tasks with their arguments, in the order asked; unknown ids are left out."""
@@ -224,19 +301,69 @@ class CallStore:
         return await self._db.run(lambda connection: set(connection.scalars(query)))
 
     async def append_logs(self, chunks: Sequence[tuple[str, bytes]]) -> None:
-        """Append output chunks; chunks of tasks that no longer exist are dropped."""
+        """Append output chunks, keeping at most ``max_task_log_bytes`` of each task's output.
+
+        Chunks of tasks that no longer exist are dropped. A task's output is kept
+        from its beginning up to the cap (cut back to a whole UTF-8 character);
+        everything after is dropped, and one marker row after the kept part says
+        how many bytes were, updated in place as more are. The end of the output
+        is not kept: rows are only ever appended before the marker, so a reader
+        following the logs by chunk id never misses one, and a failed call's
+        traceback is stored with its result anyway.
+
+        What is stored per task is tracked here, in memory (a bounded LRU), so a
+        batch of tasks under the cap costs no extra statement; a task this replica
+        has not seen (after a restart, on another replica, or evicted) costs one
+        grouped sum of its stored rows and, when it has some, a read of its last
+        row, which is its marker when output was dropped. Two replicas appending for one task at once could each
+        keep up to the cap; a task's worker reports to one replica at a time.
+        """
         chunks = [(t, d) for t, d in chunks if d]
         if not chunks:
             return
         now = utcnow()
+        cap = self.max_task_log_bytes
+        cached = {t: replace(self._log_kept[t]) for t in {t for t, _ in chunks} if t in self._log_kept}
 
-        def work(connection: Connection) -> None:
-            known = set(connection.scalars(select(_TASKS.c.id).where(_TASKS.c.id.in_({t for t, _ in chunks}))))
-            rows: list[dict[str, Any]] = [{"task_id": t, "at": now, "data": d} for t, d in chunks if t in known]
+        def work(connection: Connection) -> dict[str, _KeptLog]:
+            ids = {t for t, _ in chunks}
+            known = set(connection.scalars(select(_TASKS.c.id).where(_TASKS.c.id.in_(ids))))
+            kept = {t: k for t, k in cached.items() if t in known}
+            unseen = known - kept.keys()
+            if unseen:
+                kept.update(_stored_logs(connection, unseen))
+            rows: list[dict[str, Any]] = []
+            for task_id, data in chunks:
+                state = kept.get(task_id)
+                if state is None:
+                    continue
+                keep = _keepable(data, cap - state.stored) if state.dropped == 0 else b""
+                if keep:
+                    rows.append({"task_id": task_id, "at": now, "data": keep})
+                    state.stored += len(keep)
+                    state.ends_line = keep.endswith(b"\n")
+                state.dropped += len(data) - len(keep)
             if rows:
                 connection.execute(insert(_TASK_LOGS), rows)
+            for task_id, state in kept.items():
+                if state.dropped and state.marker_id is None:
+                    marker = _marker(state, cap)
+                    insert_marker = insert(_TASK_LOGS).values(task_id=task_id, at=now, data=marker)
+                    state.marker_id = int(connection.execute(insert_marker.returning(_TASK_LOGS.c.id)).scalar_one())
+                    state.marker_dropped = state.dropped
+                elif state.marker_id is not None and state.marker_dropped != state.dropped:
+                    connection.execute(
+                        update(_TASK_LOGS).where(_TASK_LOGS.c.id == state.marker_id).values(data=_marker(state, cap))
+                    )
+                    state.marker_dropped = state.dropped
+            return kept
 
-        await self._db.run(work)
+        kept = await self._db.run(work)
+        for task_id, state in kept.items():  # only once stored: a batch that failed is retried from the old counts
+            self._log_kept[task_id] = state
+            self._log_kept.move_to_end(task_id)
+        while len(self._log_kept) > _LOG_KEPT_TASKS:
+            self._log_kept.popitem(last=False)
 
     async def logs(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
         """Output chunks of ``task_id`` after chunk id ``after``, oldest first, as ``(id, data)``."""

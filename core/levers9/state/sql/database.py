@@ -3,6 +3,12 @@
 Operators write the URLs they know (``sqlite:///path``, ``postgresql://...``);
 they are mapped here to the async drivers levers9 uses, so nobody has to know
 that ``aiosqlite`` or psycopg's async mode exist.
+
+A SQLite database holds every token hash and encrypted secret, so its files
+are private to the user running levers9: the file is created 0600 before
+SQLite first opens it (SQLite gives its -wal and -shm files the database
+file's mode), a directory created for it is 0700, and files found with looser
+modes are tightened each time the database is opened.
 """
 
 from __future__ import annotations
@@ -10,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,6 +29,7 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from levers9.config.data_dir import PRIVATE_DIR, PRIVATE_FILE, tighten
 from levers9.state.errors import DatabaseUrlError, StateError
 
 if TYPE_CHECKING:
@@ -268,7 +276,7 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
     options: dict[str, Any] = {}
     if parsed.drivername == "sqlite+aiosqlite":
         assert parsed.database is not None  # normalize_url refuses an empty path
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite_files(Path(parsed.database))
     else:
         if importlib.util.find_spec("psycopg") is None:
             raise DatabaseUrlError(
@@ -299,6 +307,21 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
     return database
 
 
+#: SQLite's companions of a database file, by suffix
+_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal", ".migrate.lock")
+
+
+def private_sqlite_files(database: Path) -> None:
+    """Make a SQLite database's files private: create it 0600 (and its directory 0700), tighten what exists."""
+    directory = database.parent
+    if not directory.exists():
+        directory.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    with suppress(FileExistsError):  # an empty file is an empty SQLite database
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+    for path in (database, *(database.with_name(database.name + suffix) for suffix in _SQLITE_COMPANIONS)):
+        tighten(path, PRIVATE_FILE)
+
+
 @asynccontextmanager
 async def _file_lock(path: Path) -> AsyncIterator[None]:
     """Processes opening one SQLite file take turns to migrate it.
@@ -309,7 +332,7 @@ async def _file_lock(path: Path) -> AsyncIterator[None]:
     """
     import fcntl
 
-    with path.open("a") as handle:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE), "a") as handle:
         await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
         try:
             yield
@@ -317,4 +340,4 @@ async def _file_lock(path: Path) -> AsyncIterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-__all__ = ["Database", "alembic_config", "normalize_url", "open_database", "safe_url"]
+__all__ = ["Database", "alembic_config", "normalize_url", "open_database", "private_sqlite_files", "safe_url"]
