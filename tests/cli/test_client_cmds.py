@@ -91,6 +91,7 @@ class FakeControlPlane(controlplane_pb2_grpc.ControlPlaneServicer):
                     max_workers=4,
                     workers=1,
                     starting=1,
+                    isolation="namespaces",
                 ),
                 pb.PoolInfo(
                     name="cpu",
@@ -253,9 +254,11 @@ def test_pools_table_and_json(server: Server, cli: Cli) -> None:
     result = cli("pools")
     assert result.returncode == 0, result.stderr
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["name", "provider", "runtime", "gpu", "workers", "starting", "min-max", "status"]
-    assert rows[0].split() == ["h100", "ec2", "runc", "8x", "H100", "1", "1", "0-4", "ok"]
-    assert rows[1].split()[:7] == ["cpu", "local", "process", "cpu", "0", "0", "0-2"]
+    columns = ["name", "provider", "runtime", "isolation", "gpu", "workers", "starting", "min-max", "status"]
+    assert header.split() == columns
+    assert rows[0].split() == ["h100", "ec2", "runc", "namespaces", "8x", "H100", "1", "1", "0-4", "ok"]
+    # a controlplane that does not say (an older one) is shown as unknown, never as isolated
+    assert rows[1].split()[:8] == ["cpu", "local", "process", "unknown", "cpu", "0", "0", "0-2"]
     assert rows[1].rstrip().endswith("unavailable: quota exhausted in us-east-1")
 
     pools = json.loads(cli("pools", "--json").stdout)

@@ -5,26 +5,103 @@ it the same way (state, logs, kill, remove, exit codes), but there is no
 boundary: the command sees the host's filesystem, network and users. What
 cannot be honoured without isolation (another image, mounts, another user, a
 private network) is refused with a reason instead of being silently ignored.
+
+One thing it does keep: when the engine is given a :class:`RunAs` (the
+process runtime gives ``nobody`` to a worker running as root), commands run
+as that user, never as root, so they cannot read the worker's state, its
+records or other calls' files, nor signal or trace the worker. Such a
+command gets a private home directory of its own (``$HOME``, mode 0700,
+removed with the container) and a copy there of its handler file, which the
+worker keeps where only root may read. The switch is done by
+:mod:`levers9.containers.as_user` between the shim and the command, so the
+command keeps the shim's pid, process group and output descriptors. A
+command the user cannot reach (its program or workdir below a directory
+only root may enter, such as an interpreter under ``/root``) runs as the
+worker's own user instead, with a warning naming the path.
+
+The environment of a command is its spec's ``env`` plus ``PATH`` and
+``HOME``: never the worker's own, which may hold what the worker must keep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
+import stat
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from levers9.containers import shim
 from levers9.containers.oci import START_TIMEOUT_S, ContainerRecords, _alive, _pid
 from levers9.hooks.errors import InvalidRequest, Levers9Error
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, PreparedContainer
 
-__all__ = ["ProcessEngine"]
+__all__ = ["AS_USER", "HANDLER_ENV", "ProcessEngine", "RunAs", "unreachable"]
+
+log = logging.getLogger("levers9.runtime.process")
+#: (what, path) pairs already warned about: commands that run as the worker because nobody cannot reach them
+_warned: set[tuple[str, str]] = set()
+
+#: the script that switches to the unprivileged user and execs the command
+AS_USER = Path(__file__).resolve().with_name("as_user.py")
+#: the runner's variable naming its handler file (levers9.worker.runner.ENV_HANDLER): copied for the user
+HANDLER_ENV = "LEVERS9_HANDLER_FILE"
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged user commands run as."""
+
+    uid: int
+    gid: int
+    name: str
+
+
+def _allows(info: os.stat_result, run_as: RunAs, bits: int) -> bool:
+    """Whether ``run_as`` (with no supplementary groups) has ``bits`` (of rwx as 4, 2, 1) on the file."""
+    if info.st_uid == run_as.uid:
+        granted = info.st_mode >> 6
+    elif info.st_gid == run_as.gid:
+        granted = info.st_mode >> 3
+    else:
+        granted = info.st_mode
+    return granted & bits == bits
+
+
+def unreachable(path: str, run_as: RunAs, *, bits: int) -> str | None:
+    """The first directory on the way to ``path`` (or ``path`` itself) that ``run_as`` may not use, or None.
+
+    ``bits`` is what the user needs on ``path`` itself (1: execute or enter, 4: read). Symbolic links
+    are followed as the kernel would; ACLs are not looked at.
+    """
+    real = os.path.realpath(path)
+    parts = Path(real).parts
+    for depth in range(1, len(parts)):
+        parent = os.path.join(*parts[:depth])
+        try:
+            if not _allows(os.stat(parent), run_as, 1):
+                return parent
+        except OSError:
+            return parent
+    try:
+        return None if _allows(os.stat(real), run_as, bits) else real
+    except OSError:
+        return real
 
 
 class ProcessEngine(ContainerRecords):
     name = "process"
+
+    def __init__(self, state_dir: Path, *, run_as: RunAs | None = None) -> None:
+        super().__init__(state_dir)
+        self.run_as = run_as
 
     def prepare(self, spec: ContainerSpec) -> PreparedContainer:
         problems = []
@@ -33,7 +110,8 @@ class ProcessEngine(ContainerRecords):
         if spec.mounts:
             problems.append("mounts (there is no container filesystem to mount into)")
         if spec.user not in (None, "", "root", "0") and os.geteuid() == 0:
-            problems.append(f"user {spec.user!r} (it runs as the worker's own user)")
+            who = f"as {self.run_as.name} (uid {self.run_as.uid})" if self.run_as else "as the worker's own user"
+            problems.append(f"user {spec.user!r} (it runs {who})")
         if spec.network == "none":
             problems.append("network 'none' (it shares the host's network)")
         if problems:
@@ -44,8 +122,53 @@ class ProcessEngine(ContainerRecords):
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / shim.LOG_FILE).touch()
         forwards = [{"port": p, "host_port": p, "pid": 0} for p in spec.ports]
-        self._write_meta(spec.container_id, {"spec": spec.model_dump(mode="json"), "forwards": forwards})
+        meta: dict[str, Any] = {"spec": spec.model_dump(mode="json"), "forwards": forwards}
+        run_as = self._user_for(spec)
+        if run_as is not None:
+            # Recorded before it exists, so that remove() finds it even if what follows fails half way.
+            home = tempfile.mkdtemp(prefix=f"levers9-{spec.container_id}-", dir=_shared_tmp())
+            meta.update(user={"uid": run_as.uid, "gid": run_as.gid, "name": run_as.name}, home=home)
+            self._write_meta(spec.container_id, meta)
+            spec = self._give_home(spec, run_as, home)
+            meta["spec"] = spec.model_dump(mode="json")
+        self._write_meta(spec.container_id, meta)
         return PreparedContainer(container_id=spec.container_id, runtime=self.name, spec=spec)
+
+    def _user_for(self, spec: ContainerSpec) -> RunAs | None:
+        """Who runs ``spec``'s command: the unprivileged user when it can reach the command, else the worker's."""
+        run_as = self.run_as
+        if run_as is None:
+            return None
+        path = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
+        program = shutil.which(spec.command[0], path=path) or spec.command[0]
+        for what, target, bits in (("the program", program, 1), ("the workdir", spec.workdir, 1)):
+            blocked = unreachable(target, run_as, bits=bits)
+            if blocked is not None:
+                # a warning the first time, so that a pool of such calls does not flood the worker's log
+                level = logging.DEBUG if (what, target) in _warned else logging.WARNING
+                _warned.add((what, target))
+                log.log(
+                    level,
+                    "%s runs as the worker's own user, not as %s (uid %d): %s cannot reach %s %s (blocked at %s). "
+                    "Install Python and levers9 where every user may read them (not under /root) and use a "
+                    "workdir %s may enter, so that calls cannot read the worker's files",
+                    spec.container_id, run_as.name, run_as.uid, run_as.name, what, target, blocked, run_as.name,
+                )  # fmt: skip
+                return None
+        return run_as
+
+    @staticmethod
+    def _give_home(spec: ContainerSpec, run_as: RunAs, home: str) -> ContainerSpec:
+        """Hand ``home`` to the user, with a copy of the handler file if the user could not read the original."""
+        os.chown(home, run_as.uid, run_as.gid)
+        handler = spec.env.get(HANDLER_ENV)
+        if not handler or not os.path.isfile(handler) or unreachable(handler, run_as, bits=4) is None:
+            return spec
+        copy = os.path.join(home, os.path.basename(handler))
+        shutil.copyfile(handler, copy)
+        os.chown(copy, run_as.uid, run_as.gid)
+        os.chmod(copy, stat.S_IRUSR)
+        return spec.model_copy(update={"env": {**spec.env, HANDLER_ENV: copy}})
 
     def start(self, container: PreparedContainer) -> ContainerState:
         spec = container.spec
@@ -53,10 +176,20 @@ class ProcessEngine(ContainerRecords):
         if not (cdir / "meta.json").exists():
             raise InvalidRequest(f"container {spec.container_id} was not prepared (or was removed)")
         if not (cdir / shim.PID_FILE).exists():
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"), **spec.env}
+            meta = self._meta(spec.container_id) or {}
+            user, home = meta.get("user"), meta.get("home")
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home or os.environ.get("HOME", "/")}
+            if user:
+                env.update(USER=user["name"], LOGNAME=user["name"], TMPDIR=home)
+            env.update(spec.env)
             # The environment goes to the shim as its environment, which the command inherits: on the
             # command line, secrets and the runner's token would be readable by anyone through ps.
-            action = ["env", "-C", spec.workdir, *spec.command]
+            if user:
+                # -I -S: nothing the call chose (PYTHONPATH, PYTHONSTARTUP...) may run as root before the switch
+                uid, gid = str(user["uid"]), str(user["gid"])
+                action = [sys.executable, "-I", "-S", str(AS_USER), uid, gid, spec.workdir, "--", *spec.command]
+            else:
+                action = ["env", "-C", spec.workdir, *spec.command]
             argv = shim.command(runtime=[], action=action, container_id=spec.container_id, state_dir=cdir,
                                 cgroup="", delete=False)  # fmt: skip
             self._spawn(argv, env=env)
@@ -110,4 +243,13 @@ class ProcessEngine(ContainerRecords):
         if (cdir / shim.PID_FILE).exists() and self._exit(container_id) is None:
             self.kill(container_id, signal.SIGKILL)
         self._wait_for_shim(container_id)
+        home = (self._meta(container_id) or {}).get("home")
+        # only a directory this engine made: the record is root's, but never trust a path blindly
+        if isinstance(home, str) and Path(home).name.startswith(f"levers9-{container_id}-"):
+            shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(cdir, ignore_errors=True)
+
+
+def _shared_tmp() -> str:
+    """A temporary directory every user may use (the worker's own $TMPDIR may be private)."""
+    return "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()

@@ -20,13 +20,16 @@ What the hooks do:
   and re-parented to init through a short-lived launcher, so it outlives a
   controlplane that is killed and never becomes that controlplane's zombie.
   Everything the worker needs is in its environment, never its argv (which
-  anyone can read in ``ps``): ``LEVERS9_CONTROLPLANE_URL``, ``LEVERS9_TOKEN``,
-  ``LEVERS9_MACHINE_ID``, ``LEVERS9_POOL``, ``LEVERS9_CPU_MILLICORES``,
+  anyone can read in ``ps``), except its token: that is written to
+  ``<state_dir>/<pool>/<machine_id>.token`` (mode 0600) and the worker, given
+  its path as ``LEVERS9_TOKEN_FILE``, reads and deletes it, so the calls it
+  runs cannot find it in ``/proc/<worker>/environ``. The variables are
+  ``LEVERS9_CONTROLPLANE_URL``, ``LEVERS9_TOKEN_FILE``, ``LEVERS9_MACHINE_ID``, ``LEVERS9_POOL``, ``LEVERS9_CPU_MILLICORES``,
   ``LEVERS9_MEMORY_MIB``, ``LEVERS9_GPU_COUNT``, ``CUDA_VISIBLE_DEVICES`` (the
   GPU indices it was given, empty for a CPU worker), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
   (so those indices are nvidia-smi's) and ``LEVERS9_DISCONNECT_EXIT_S=120`` (a
   worker left without its controlplane exits after that long). The rest of the
-  controlplane's environment is inherited. Each GPU goes to at most one live
+  controlplane's environment is inherited, but for its own ``LEVERS9_TOKEN``. Each GPU goes to at most one live
   worker; asking for more than are free raises ``InsufficientCapacity``.
   The provider id is the machine id.
 * ``levers9_list_machines`` reads ``<state_dir>/<pool>/<machine_id>.json``

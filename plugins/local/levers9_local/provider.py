@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProvisionRequest
+from levers9.worker.credentials import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
 from levers9_local.gpus import Discover, NvidiaSmiDiscovery, eligible, offer
 from levers9_local.processes import (
     LaunchError,
@@ -170,12 +171,18 @@ class LocalProvider:
             command = settings.worker_command or [sys.executable, "-m", "levers9", "worker"]
             log_path = pool_dir / f"{machine_id}.log"
             self._log_header(log_path, machine_id, pool.name, command)
+            token_file = _token_file(pool_dir, machine_id)
             try:
                 env = self._environment(request, gpus)
                 env["LEVERS9_STOP_GRACE_S"] = str(settings.stop_grace_s)
                 env["LEVERS9_WORKER_STATE_DIR"] = str(_worker_dir(pool_dir, machine_id))
+                # The token goes in a file only the worker's user may read, which the worker deletes once read:
+                # in its environment, the calls it runs could read it in /proc/<worker>/environ for its lifetime.
+                write_token_file(token_file, request.token)
+                env[TOKEN_FILE_ENV] = str(token_file)
                 process = launch(command, env, log_path)
             except LaunchError as exc:
+                token_file.unlink(missing_ok=True)
                 if exc.transient:
                     raise InsufficientCapacity(
                         f"this host cannot start a worker now: {exc}", code="host-busy"
@@ -223,6 +230,7 @@ class LocalProvider:
             )
             return
         _remove_worker_leftovers(_worker_dir(path.parent, record.machine_id))
+        _token_file(path.parent, record.machine_id).unlink(missing_ok=True)  # a worker that never read it
         with self._locked(self._root(settings)):
             path.unlink(missing_ok=True)
         log.info("local worker %s of pool %r (pid %d) stopped", record.machine_id, pool.name, record.pid)
@@ -245,6 +253,7 @@ class LocalProvider:
             self._prune_logs(pool_dir)
         for machine_id in dead:  # a worker that died by itself may have left its containers running
             _remove_worker_leftovers(_worker_dir(pool_dir, machine_id))
+            _token_file(pool_dir, machine_id).unlink(missing_ok=True)
         return machines
 
     # ------------------------------------------------------------------ records
@@ -381,13 +390,13 @@ class LocalProvider:
         """The worker's environment: the controlplane's own, plus who it is and where to dial.
 
         Everything goes here and nothing on the command line, which any user
-        can read in ``ps``; the environment is readable by the worker's owner only.
+        can read in ``ps``. The token is not here either (see ``provision``): a
+        token variable of the controlplane's own is dropped, not inherited.
         """
-        env = dict(os.environ)
+        env = {key: value for key, value in os.environ.items() if key not in (TOKEN_ENV, TOKEN_FILE_ENV)}
         env.update(
             {
                 "LEVERS9_CONTROLPLANE_URL": request.controlplane_url,
-                "LEVERS9_TOKEN": request.token,
                 "LEVERS9_MACHINE_ID": request.machine_id,
                 "LEVERS9_POOL": request.pool.name,
                 "LEVERS9_CPU_MILLICORES": str(request.resources.cpu_millicores),
@@ -401,6 +410,11 @@ class LocalProvider:
             }
         )
         return env
+
+
+def _token_file(pool_dir: Path, machine_id: str) -> Path:
+    """Where a worker's token waits for it to start; the pool directory is 0700, the file 0600."""
+    return pool_dir / f"{machine_id}.token"
 
 
 def _worker_dir(pool_dir: Path, machine_id: str) -> Path:

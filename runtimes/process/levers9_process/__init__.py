@@ -7,11 +7,20 @@ easy to forget once a pool is configured, the first capability report in a
 process logs a warning (logger ``levers9.runtime.process``). A process cannot
 be checkpointed: there is no container boundary to freeze. The container hooks
 run the command through :mod:`levers9.containers.process`.
+
+The one line it draws: a worker running as root runs commands as ``nobody``
+(uid and gid from the host's passwd, 65534 where it has none), so a call
+cannot read the worker's state or credential, nor trace or signal it (see
+:mod:`levers9.containers.process` for how, and for the fallback when the
+command lives where ``nobody`` cannot reach it). A worker that is not root
+runs them as its own user, which it can do nothing else about.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import threading
 from pathlib import Path
 
@@ -19,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from levers9 import __version__
 from levers9.containers.hooks import container_hooks
-from levers9.containers.process import ProcessEngine
+from levers9.containers.process import ProcessEngine, RunAs
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     ContainerSpec,
@@ -32,6 +41,7 @@ __all__ = [
     "CHECKPOINT_REASON",
     "ISOLATION_WARNING",
     "ProcessSettings",
+    "call_user",
     "levers9_container_kill",
     "levers9_container_logs",
     "levers9_container_prepare",
@@ -46,9 +56,12 @@ logger = logging.getLogger("levers9.runtime.process")
 
 CHECKPOINT_REASON = "the process runtime isolates nothing and cannot checkpoint"
 ISOLATION_WARNING = (
-    "the 'process' runtime isolates nothing: commands run as plain processes with the worker's "
-    "privileges, filesystem, network and GPUs; use it for development only"
+    "the 'process' runtime isolates nothing: commands run as plain processes on the worker's "
+    "filesystem, network and GPUs (as 'nobody' when the worker is root, else as the worker's user); "
+    "use it for development only"
 )
+#: who runs the commands of a root worker when the host has no ``nobody``
+NOBODY = 65534
 
 _warn_lock = threading.Lock()
 _warned = False
@@ -87,8 +100,19 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
     )
 
 
+def call_user() -> RunAs | None:
+    """The unprivileged user a root worker runs commands as; None when the worker is not root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam("nobody")
+    except KeyError:
+        return RunAs(uid=NOBODY, gid=NOBODY, name="nobody")
+    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name="nobody")
+
+
 def _engine(runtime: RuntimeContext) -> ProcessEngine:
-    return ProcessEngine(Path(runtime.state_dir))
+    return ProcessEngine(Path(runtime.state_dir), run_as=call_user())
 
 
 def _warn(runtime: RuntimeContext, spec: ContainerSpec) -> None:

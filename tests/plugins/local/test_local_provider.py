@@ -77,7 +77,12 @@ def test_provision_starts_a_detached_worker_that_gets_everything_through_its_env
 
     env = environ(pid)
     assert env["LEVERS9_CONTROLPLANE_URL"] == "grpc://127.0.0.1:1993"
-    assert env["LEVERS9_TOKEN"] == request.token
+    # the token is never in the worker's environment (its calls could read that): a 0600 file names it
+    assert "LEVERS9_TOKEN" not in env
+    assert request.token not in "".join(env.values())
+    token_file = Path(env["LEVERS9_TOKEN_FILE"])
+    assert mode(token_file) == 0o600
+    assert token_file.read_text() == request.token
     assert env["LEVERS9_MACHINE_ID"] == request.machine_id
     assert env["LEVERS9_POOL"] == pool.name
     assert env["LEVERS9_CPU_MILLICORES"] == "1500"
