@@ -85,10 +85,10 @@ def test_versions_answer_until_stopped_and_a_cold_call_waits_for_its_container(l
         assert client.post("/endpoint/greet/v2", json={}).json() == {"greeting": "howdy, you"}
         bad = client.post("/endpoint/greet/v2", content=b"{not json")
         assert bad.status_code == 400
-        assert bad.json()["error"]["type"] == "InvalidJSON"
+        assert bad.json()["error"]["type"] == "invalid_json"
         wrong = client.post("/endpoint/greet/v2", json={"nobody": 1})
         assert wrong.status_code == 500
-        assert wrong.json()["error"]["type"] == "TypeError"
+        assert (wrong.json()["error"]["type"], wrong.json()["error"]["exception"]) == ("handler_error", "TypeError")
 
 
 def test_a_generator_endpoint_streams_its_items_as_they_come(levers9_up: Up) -> None:
@@ -419,3 +419,53 @@ def test_after_a_killed_controlplane_restarts_the_endpoint_answers_and_its_old_c
 def _running_serving_tasks(up: Up) -> list[str]:
     with _client(up) as client:
         return [t["id"] for t in client.get("/api/v1/tasks", params={"status": "running"}).json()]
+
+
+def test_a_version_segment_is_strict_and_every_error_is_json_with_one_type_per_condition(levers9_up: Up) -> None:
+    """``/v0``, ``/v-1``, ``/v01``... name no version (404), never the newest; ``/vfoo`` is an ASGI app's path. A body
+    that is not JSON, or nests 100,000 deep, is 4xx JSON on every route, typed ``invalid_json`` on all of them."""
+    levers9_up.start()
+    source = """
+    import levers9
+
+    @levers9.endpoint(tasks_per_container=4)
+    def echo(x: object = None) -> object:
+        return x
+
+    @levers9.asgi
+    def site():
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": scope["path"].encode()})
+
+        return app
+
+    @levers9.queue
+    def work(x: object = None) -> object:
+        return x
+    """
+    _deploy(levers9_up, source, "strict.py")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with _client(levers9_up) as client:
+        assert client.post("/endpoint/echo/v1", json={"x": 1}).json() == 1
+        for segment in ("v0", "v-1", "v01", "v+1", "v00", "v2147483648", "v99999999999999999999"):
+            for url in (f"/endpoint/echo/{segment}", f"/queue/work/{segment}", f"/endpoint/site/{segment}/x"):
+                answer = client.post(url, json={"x": 1})
+                assert answer.status_code == 404, (url, answer.text)
+                error = answer.json()["error"]
+                assert error["type"] == "not_found", (url, error)
+                assert f"deployment {url.split('/')[2]!r} has no version {segment!r}" in error["message"], error
+        assert client.get("/endpoint/site/vfoo/x").text == "/vfoo/x"  # not a version: the app's own path
+        assert client.get("/endpoint/site/v1/V2").text == "/V2"
+        for url in ("/endpoint/echo", "/queue/work"):
+            for body in (b"{not json", deep):
+                answer = client.post(url, content=body)
+                assert answer.status_code == 400, (url, answer.text[:300])
+                assert answer.headers["content-type"] == "application/json"
+                assert answer.json()["error"]["type"] == "invalid_json", (url, answer.json())
+            assert "nest too deeply" in client.post(url, content=deep).json()["error"]["message"]
+        assert client.post("/endpoint/echo", json={"x": [[1]]}).json() == [[1]]  # and it still serves
+        rest = client.post("/api/v1/tokens", content=deep, headers={"content-type": "application/json"})
+        assert rest.status_code == 422, rest.text[:300]
+        assert rest.json()["error"]["type"] == "validation_error"
+        assert "nest too deeply" in rest.json()["error"]["message"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -154,8 +156,78 @@ async def test_an_unreachable_container_raises_before_anything_is_sent() -> None
     with pytest.raises(UpstreamError) as raised:
         await Upstream(connect_timeout_s=1).forward(f"127.0.0.1:{port}", _scope(), b"", out.send, path="/")
     assert raised.value.sent is False
+    assert raised.value.refused is True  # nothing reached it: the gateway may send the request elsewhere
     assert f"127.0.0.1:{port}" in str(raised.value)
     assert out.messages == []
+
+
+async def test_a_kept_alive_connection_to_a_container_that_died_is_not_written_to() -> None:
+    """The container answered once, then its process was SIGKILLed: the next request is refused without a byte
+    of it written to the dead connection, so the gateway may send it to another container."""
+    port = free_port()
+    serve = (
+        "import time; from levers9.worker.serving import HttpServer, function_app; "
+        f"HttpServer(function_app(lambda **kw: 'ok', 1), '127.0.0.1', {port}).start(); time.sleep(600)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", serve])
+    address = f"127.0.0.1:{port}"
+    upstream = Upstream(connect_timeout_s=1)
+    try:
+        out = Collected()
+        for _ in range(100):  # until it listens
+            try:
+                await upstream.forward(address, _scope(method="GET"), b"", out.send, path="/")
+                break
+            except UpstreamError:
+                await asyncio.sleep(0.1)
+        assert out.body == b'"ok"'
+        assert upstream._idle[address]  # the connection is kept for the next request
+        process.kill()
+        process.wait(10)  # gone, and the event loop has not run since: it has not seen the connection end
+        with pytest.raises(UpstreamError) as raised:
+            await upstream.forward(address, _scope(), b"", Collected().send, path="/")
+        assert raised.value.refused is True
+        assert raised.value.sent is False
+    finally:
+        process.kill()
+        process.wait(10)
+        await upstream.close()
+
+
+async def test_a_request_the_container_had_when_it_broke_off_is_never_sent_again() -> None:
+    """A call runs at most once: a container that read the request and then closed the connection may have
+    begun it, so the gateway reports the failure instead of sending the request once more."""
+    requests: list[bytes] = []
+
+    async def once_then_hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                requests.append(await reader.readuntil(b"\r\n\r\n"))
+            except asyncio.IncompleteReadError:
+                break
+            if len(requests) == 2:
+                break  # the second request: read, then gone without an answer
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(once_then_hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream = Upstream()
+    try:
+        first = Collected()
+        await upstream.forward(f"127.0.0.1:{port}", _scope(), b"", first.send, path="/")
+        assert first.status == 200
+        second = Collected()
+        with pytest.raises(UpstreamError) as raised:
+            await upstream.forward(f"127.0.0.1:{port}", _scope(), b"", second.send, path="/")
+        assert (raised.value.sent, raised.value.refused) == (False, False)
+        assert second.messages == []
+        assert len(requests) == 2  # not a third time on a fresh connection
+    finally:
+        await upstream.close()
+        server.close()
+        await server.wait_closed()
 
 
 async def test_a_response_cut_short_raises_saying_it_was_partly_sent() -> None:

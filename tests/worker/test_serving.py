@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from levers9.gateway.errors import ERROR_TYPES
 from levers9.worker.serving import App, HttpServer, function_app
 from tests.fixtures.levers9_up import free_port
 
@@ -75,15 +76,51 @@ def test_errors_are_answered_with_their_kind(serve: Callable[[App], str]) -> Non
     url = serve(function_app(picky, concurrency=1))
     bad_json = httpx.post(url, content=b"{nope")
     assert bad_json.status_code == 400
-    assert bad_json.json()["error"]["type"] == "InvalidJSON"
+    assert bad_json.json()["error"]["type"] == "invalid_json"
     raised = httpx.post(url, json={"x": -1})
     assert raised.status_code == 500
-    assert raised.json()["error"] == {"type": "ValueError", "message": "x must not be negative"}
+    assert raised.json()["error"] == {
+        "type": "handler_error",
+        "message": "ValueError: x must not be negative",
+        "exception": "ValueError",
+    }
     wrong_args = httpx.post(url, json={"y": 1})
-    assert (wrong_args.status_code, wrong_args.json()["error"]["type"]) == (500, "TypeError")
+    assert (wrong_args.status_code, wrong_args.json()["error"]["exception"]) == (500, "TypeError")
     not_json = httpx.post(url, json={"x": 0})
-    assert (not_json.status_code, not_json.json()["error"]["type"]) == (500, "ResultNotJSON")
+    assert (not_json.status_code, not_json.json()["error"]["type"]) == (500, "result_not_json")
     assert httpx.post(url, json={"x": 3}).json() == 3  # and it still serves
+
+
+def test_every_error_the_container_answers_is_a_listed_type_with_its_status(serve: Callable[[App], str]) -> None:
+    """One table names every error type (levers9.gateway.errors); the container answers each with its status."""
+
+    def echo(x: object = None) -> object:
+        return x
+
+    url = serve(function_app(echo, concurrency=1))
+    answers = [
+        httpx.post(url, content=b"{nope"),
+        httpx.post(url, json={"y": 1}),
+        httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000),
+    ]
+    for answer in answers:
+        kind = answer.json()["error"]["type"]
+        assert (answer.status_code, answer.headers["content-type"]) == (ERROR_TYPES[kind], "application/json")
+
+
+def test_a_body_nested_too_deeply_is_a_400_json_error_and_the_server_keeps_serving(
+    serve: Callable[[App], str],
+) -> None:
+    def echo(x: object = None) -> object:
+        return x
+
+    url = serve(function_app(echo, concurrency=1))
+    for deep in (b"[" * 100_000 + b"]" * 100_000, b'{"x": ' * 100_000 + b"1" + b"}" * 100_000):
+        answer = httpx.post(url, content=deep)
+        assert answer.status_code == 400, answer.text[:300]
+        assert answer.json()["error"]["type"] == "invalid_json"
+        assert "nest too deeply" in answer.json()["error"]["message"]
+    assert httpx.post(url, json={"x": [[1]]}).json() == [[1]]  # and it still serves
 
 
 def test_a_generator_streams_chunked_and_an_async_handler_runs_on_the_loop(serve: Callable[[App], str]) -> None:
@@ -125,14 +162,20 @@ def test_keep_alive_serves_requests_in_order_on_one_connection_and_reads_chunked
     assert closing.endswith(b'"z"')
 
 
-def test_malformed_requests_get_400_and_the_server_keeps_serving(serve: Callable[[App], str]) -> None:
+def test_malformed_requests_get_a_400_json_error_and_the_server_keeps_serving(serve: Callable[[App], str]) -> None:
     url = serve(function_app(lambda: "ok", concurrency=1))
-    assert _raw(url, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400")
-    assert _raw(url, b"GET / HTTP/1.1\r\nno colon here\r\n\r\n").startswith(b"HTTP/1.1 400")
-    assert _raw(url, b"POST / HTTP/1.1\r\ncontent-length: many\r\n\r\n").startswith(b"HTTP/1.1 400")
-    assert httpx.get(url).json() == "ok"
-    bad_chunk = _raw(url, b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n")
-    assert bad_chunk.startswith(b"HTTP/1.1 400")
+    malformed = {
+        b"NONSENSE\r\n\r\n": "malformed request line",
+        b"GET / HTTP/1.1\r\nno colon here\r\n\r\n": "malformed header line",
+        b"POST / HTTP/1.1\r\ncontent-length: many\r\n\r\n": "Content-Length is not a number",
+        b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n": "malformed chunk size",
+    }
+    for request, message in malformed.items():
+        head, _, body = _raw(url, request).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400"), head
+        assert b"content-type: application/json" in head
+        assert json.loads(body) == {"error": {"type": "invalid_request", "message": message}}
+        assert httpx.get(url).json() == "ok"
 
 
 def test_an_asgi_app_gets_path_query_headers_and_body(serve: Callable[[App], str]) -> None:
@@ -165,7 +208,11 @@ def test_an_app_that_fails_before_answering_gets_a_500(serve: Callable[[App], st
         raise RuntimeError("boom")
 
     url = serve(broken)
-    assert httpx.get(url).status_code == 500
+    answer = httpx.get(url)
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "error": {"type": "handler_error", "message": "RuntimeError: boom", "exception": "RuntimeError"}
+    }
     assert httpx.get(url).status_code == 500  # the connection and the server survive it
 
 

@@ -153,8 +153,12 @@ class ServingPlane:
 
     # ------------------------------------------------------------------ requests
 
-    async def acquire(self, stub: ServedStub) -> Container:
-        """A slot on a ready container of ``stub``; waits for one as the stub's settings allow."""
+    async def acquire(self, stub: ServedStub, *, timeout_s: float | None = None) -> Container:
+        """A slot on a ready container of ``stub``; waits for one as the stub's settings allow.
+
+        ``timeout_s`` bounds the wait instead of the stub's ``start_timeout_s`` (a request that already
+        waited for a container that then refused it waits only for what is left).
+        """
         state = self._state(stub)
         container = _pick(state)
         if container is not None:
@@ -172,8 +176,9 @@ class ServingPlane:
         state.waiters.append(future)
         self._kick.set()
         since = time.monotonic()
+        wait_s = settings.start_timeout_s if timeout_s is None else timeout_s
         try:
-            granted = await asyncio.wait_for(asyncio.shield(future), settings.start_timeout_s)
+            granted = await asyncio.wait_for(asyncio.shield(future), wait_s)
             if self.metrics is not None:
                 self.metrics.gateway_wait.observe(time.monotonic() - since)
             return granted
@@ -195,7 +200,11 @@ class ServingPlane:
                 state.waiters.remove(future)
 
     def release(self, container: Container, *, broken: bool = False) -> None:
-        """A request ended; ``broken``: the container could not be reached and gets no more requests."""
+        """A request ended; ``broken``: the container failed it (refused, or broke off) and is unusable now.
+
+        An unusable container is handed no more requests; it is stopped once those in flight end, and as it
+        no longer counts among the live ones, the scaler starts another in its place.
+        """
         container.in_flight -= 1
         container.last_used = time.monotonic()
         state = self._stubs.get(container.stub_id)

@@ -10,7 +10,25 @@
     /box/NAME[/vN]/PORT[/PATH]        proxied to the box's port PORT
     /function, /taskqueue, /pod       the older names of /job, /queue and /box
 
-Without ``vN`` the newest version still serving answers. A deployment is
+Without ``vN`` the newest version still serving answers. The segment after
+NAME is a version when it is ``v`` followed by digits, with or without a sign
+(``v1``, ``v0``, ``v-1``, ``v01``, ``v+2``): a version is ``v`` and a positive
+whole number without leading zeros, at most ``v2147483647``, and any other
+segment of that form answers 404 saying the deployment has no such version,
+never the newest one. Any other segment (``vfoo``, ``V1``, ``v1.5``) is not a
+version: it is the start of the PATH an ASGI endpoint gets. So an ASGI app's
+own paths cannot begin with a segment of the form ``vDIGITS``.
+
+Errors are JSON, ``{"error": {"type": ..., "message": ...}}``, of the types
+listed in :mod:`levers9.gateway.errors`; so is a fault in the gateway itself
+(500 ``internal``).
+
+A request to an endpoint or box whose container refuses the connection (its
+server is gone, nothing of the request reached it) is sent to another ready
+container, or waits for one, within the stub's ``start_timeout``; that
+container gets no more requests and the scaler replaces it. A request the
+container already had when it failed is answered 502 and never sent again, so
+a call runs at most once. A deployment is
 looked up in the workspace of the bearer token; ``/endpoint/@WORKSPACE/NAME``
 names the workspace instead, which is how a public endpoint is called with no
 token. Another workspace's deployment is answered 404, exactly as one that
@@ -24,7 +42,9 @@ endpoint crosses it, and its cost is measured against a direct call (see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -36,13 +56,16 @@ from levers9.controlplane.dataplane import DataPlane, InvalidStub
 from levers9.controlplane.http import error_answer
 from levers9.controlplane.metrics import Metrics
 from levers9.controlplane.services import Services
+from levers9.gateway import errors
 from levers9.gateway.containers import NoContainer, Overloaded, ServedStub, ServingPlane
 from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.state.errors import NotFound
 from levers9.state.sql.records import TokenKind
 from levers9.worker.calls import JSON_CALL
 
-__all__ = ["GatewayApp"]
+__all__ = ["MAX_VERSION", "GatewayApp"]
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -56,7 +79,12 @@ App = Callable[[Any, Any, Any], Awaitable[None]]
 RESOLVE_CACHE_S = 1.0
 #: counted for a request whose caller went away before it was answered (nginx's convention)
 CLIENT_GONE = 499
-_VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
+#: the highest version a URL can name (the database stores versions as 32-bit integers)
+MAX_VERSION = 2**31 - 1
+#: a segment of this form after NAME is a version, valid or not (see the module's docstring)
+_VERSION_ATTEMPT = re.compile(r"v[+-]?\d+")
+#: a valid version: v and a positive decimal number without leading zeros (and at most MAX_VERSION)
+_VERSION = re.compile(r"v([1-9][0-9]*)", re.ASCII)
 #: the first path segment -> the kind of stub it serves
 _ROUTES = {
     "endpoint": ("endpoint",),
@@ -70,9 +98,11 @@ _ROUTES = {
 
 
 class _Answer(Exception):
-    def __init__(self, status: int, kind: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """An error answer: ``kind`` is one of :data:`levers9.gateway.errors.ERROR_TYPES`, answered with its status."""
+
+    def __init__(self, kind: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = errors.ERROR_TYPES[kind]
         self.kind = kind
         self.headers = headers or []
 
@@ -125,8 +155,13 @@ class GatewayApp:
                     status = await self._route(first, kinds, rest.split("/") if rest else [], scope, receive, send)
                 except _Answer as answer:
                     status = answer.status
-                    await _json(send, answer.status, {"error": {"type": answer.kind, "message": str(answer)}},
-                                answer.headers)  # fmt: skip
+                    await _error(send, answer)
+                except Exception:
+                    # a fault of the gateway's own: JSON like every other error, unless the answer had begun
+                    log.exception("the gateway failed %s %s", scope["method"], path)
+                    with contextlib.suppress(Exception):
+                        await _error(send, _Answer(errors.INTERNAL, "internal error; the controlplane's log has "
+                                                                    "the details"))  # fmt: skip
                 finally:
                     if self.metrics is not None:
                         self.metrics.gateway_answered(kinds[0], status, time.monotonic() - started)
@@ -149,29 +184,36 @@ class GatewayApp:
     async def _target(self, parts: list[str], scope: Scope) -> _Target:
         principal = await self._principal(scope)
         if not parts or not parts[0]:
-            raise _Answer(404, "not_found", "name a deployment: /KIND/NAME[/vN]")
+            raise _Answer(errors.NOT_FOUND, "name a deployment: /KIND/NAME[/vN]")
         named_workspace: str | None = None
         if parts[0].startswith("@"):
             named_workspace = parts.pop(0)[1:]
             if not parts or not parts[0]:
-                raise _Answer(404, "not_found", "name a deployment: /KIND/@WORKSPACE/NAME[/vN]")
+                raise _Answer(errors.NOT_FOUND, "name a deployment: /KIND/@WORKSPACE/NAME[/vN]")
         name = parts.pop(0)
         version = None
-        if parts and (match := _VERSION.match(parts[0])):
-            version = int(match.group(1))
-            parts.pop(0)
+        bad_version = None
+        if parts and _VERSION_ATTEMPT.fullmatch(parts[0]):
+            segment = parts.pop(0)
+            version = _version(segment)
+            if version is None:
+                bad_version = segment
         if named_workspace is not None:
             workspace_id = await self._workspace(named_workspace)
             if workspace_id is None:
-                raise _Answer(404, "not_found", f"deployment {name!r} not found")
+                raise _Answer(errors.NOT_FOUND, f"deployment {name!r} not found")
         elif principal is None:
             raise _unauthenticated("no token: send 'authorization: Bearer <token>', or call a public endpoint "
                                    "as /endpoint/@WORKSPACE/NAME")  # fmt: skip
         elif principal.workspace_id is None:
-            raise _Answer(404, "not_found", f"deployment {name!r} not found: an operator token has no workspace; "
+            raise _Answer(errors.NOT_FOUND, f"deployment {name!r} not found: an operator token has no workspace; "
                                             "name one as /KIND/@WORKSPACE/NAME")  # fmt: skip
         else:
             workspace_id = principal.workspace_id
+        if bad_version is not None:
+            raise _Answer(errors.NOT_FOUND, f"deployment {name!r} has no version {bad_version!r}: a version is v "
+                                            "and a positive whole number without leading zeros (v1, v2, ...), "
+                                            f"at most v{MAX_VERSION}")  # fmt: skip
         return _Target(workspace_id, name, version, parts, principal)
 
     async def _principal(self, scope: Scope) -> Principal | None:
@@ -209,7 +251,7 @@ class GatewayApp:
         if (caller is None or caller.workspace_id != target.workspace_id) and not settings.public:
             raise self._not_found(target)
         if record.kind not in kinds:
-            raise _Answer(404, "not_found", f"deployment {target.name!r} is a {record.kind}, not served at /{route}; "
+            raise _Answer(errors.NOT_FOUND, f"deployment {target.name!r} is a {record.kind}, not served at /{route}; "
                                             f"use /{_route_of(record.kind)}/{target.name}")  # fmt: skip
         return ServedStub(stub_id, record.workspace_id, settings)
 
@@ -257,7 +299,7 @@ class GatewayApp:
         if target.principal is None:
             return _unauthenticated("no token, and no public endpoint by that name")
         what = f"{target.name} v{target.version}" if target.version else target.name
-        return _Answer(404, "not_found", f"deployment {what!r} not found (or no version of it is serving)")
+        return _Answer(errors.NOT_FOUND, f"deployment {what!r} not found (or no version of it is serving)")
 
     # ------------------------------------------------------------------ endpoints and boxes
 
@@ -269,7 +311,7 @@ class GatewayApp:
         ports = stub.settings.ports
         if not target.rest or not target.rest[0].isdigit() or int(target.rest[0]) not in ports:
             listed = ", ".join(str(p) for p in ports)
-            raise _Answer(404, "not_found", f"name one of the box's ports in the URL: /box/{target.name}/PORT/..., "
+            raise _Answer(errors.NOT_FOUND, f"name one of the box's ports in the URL: /box/{target.name}/PORT/..., "
                                             f"PORT one of {listed}")  # fmt: skip
         port = int(target.rest[0])
         return await self._proxy(stub, scope, receive, send, "/" + "/".join(target.rest[1:]), port=port)
@@ -279,33 +321,41 @@ class GatewayApp:
         body = await self._body(receive)
         if body is None:
             return CLIENT_GONE
-        try:
-            container = await self.plane.acquire(stub)
-        except Overloaded as exc:
-            raise _Answer(429, "overloaded", str(exc), [(b"retry-after", b"1")]) from None
-        except NoContainer as exc:
-            raise _Answer(504, "no_container", str(exc)) from None
-        broken = False
-        try:
+        settings = stub.settings
+        deadline = time.monotonic() + settings.start_timeout_s
+        refused: list[str] = []
+        while True:  # once per container that refuses the connection, until one answers or the wait runs out
+            try:
+                container = await self.plane.acquire(stub, timeout_s=max(0.0, deadline - time.monotonic()))
+            except Overloaded as exc:
+                raise _Answer(errors.OVERLOADED, str(exc), [(b"retry-after", b"1")]) from None
+            except NoContainer as exc:
+                why = f"; {len(refused)} refused the connection, the last: {refused[-1]}" if refused else ""
+                raise _Answer(errors.NO_CONTAINER, f"{exc}{why}") from None
+            broken = False
             address = container.address if port is None else container.ports.get(port, "")
-            timeout_s = stub.settings.timeout_s
-            return await self.upstream.forward(address, scope, body, send, path=path, timeout_s=timeout_s)
-        except UpstreamTimeout as exc:
-            raise _Answer(504, "timeout", f"{exc} (the {stub.settings.kind}'s timeout)") from None
-        except UpstreamError as exc:
-            broken = True
-            if not exc.sent:
-                raise _Answer(502, "bad_gateway", str(exc)) from None
-            return 502  # cut short after the status went out: counted as the container's failure
-        finally:
-            self.plane.release(container, broken=broken)
+            try:
+                return await self.upstream.forward(address, scope, body, send, path=path, timeout_s=settings.timeout_s)
+            except UpstreamTimeout as exc:
+                raise _Answer(errors.TIMEOUT, f"{exc} (the {settings.kind}'s timeout)") from None
+            except UpstreamError as exc:
+                broken = True  # it gets no more requests, and the scaler replaces it
+                if exc.refused:  # nothing of the request reached it: another container may have it
+                    self.upstream.forget(address)
+                    refused.append(str(exc))
+                    continue
+                if not exc.sent:
+                    raise _Answer(errors.BAD_GATEWAY, str(exc)) from None
+                return 502  # cut short after the status went out: counted as the container's failure
+            finally:
+                self.plane.release(container, broken=broken)
 
     async def _body(self, receive: Receive) -> bytes | None:
         """The request's body; None when the caller went away; 413 past the limit."""
         try:
             return await self.upstream.read_body(receive)
         except RequestTooLarge as exc:
-            raise _Answer(413, "too_large", str(exc)) from None
+            raise _Answer(errors.TOO_LARGE, str(exc)) from None
         except ConnectionError:
             return None
 
@@ -316,41 +366,41 @@ class GatewayApp:
         assert principal is not None  # queues and jobs are never public
         if len(target.rest) == 2 and target.rest[0] == "tasks":
             if scope["method"] not in ("GET", "HEAD"):
-                raise _Answer(405, "method_not_allowed", "a task is read with GET")
+                raise _Answer(errors.METHOD_NOT_ALLOWED, "a task is read with GET", [(b"allow", b"GET, HEAD")])
             return await self._task(stub, target.rest[1], send)
         if target.rest:
-            raise _Answer(404, "not_found", "the path goes on after the deployment; did you mean .../tasks/ID?")
+            raise _Answer(errors.NOT_FOUND, "the path goes on after the deployment; did you mean .../tasks/ID?")
         if scope["method"] != "POST":
-            raise _Answer(405, "method_not_allowed", "POST a JSON body (the arguments) to enqueue a call",
+            raise _Answer(errors.METHOD_NOT_ALLOWED, "POST a JSON body (the arguments) to enqueue a call",
                           [(b"allow", b"POST")])  # fmt: skip
         raw = await self._body(receive)
         if raw is None:
             return CLIENT_GONE
-        args, kwargs = _arguments(raw)
-        payload = JSON_CALL + json.dumps({"args": args, "kwargs": kwargs}).encode()
+        payload = JSON_CALL + _arguments(raw)
         try:
             (task_id,) = await self.dataplane.submit(principal, stub.stub_id, [payload])
         except InvalidStub as exc:
-            raise _Answer(400, "invalid", str(exc)) from None
+            raise _Answer(errors.INVALID_REQUEST, str(exc)) from None
         except Exception as exc:
             answer = error_answer(exc)
             if answer is None:
                 raise
-            raise _Answer(answer[0], answer[1], str(exc)) from None
+            raise _Answer(answer[1], str(exc)) from None
         await _json(send, 202, {"task_id": task_id, "status": "pending"})
         return 202
 
     async def _task(self, stub: ServedStub, task_id: str, send: Send) -> int:
         task = await self.services.tasks.get(task_id)
         if task is None or task.workspace_id != stub.workspace_id or task.stub_id != stub.stub_id:
-            raise _Answer(404, "not_found", f"task {task_id!r} not found in this deployment")
+            raise _Answer(errors.NOT_FOUND, f"task {task_id!r} not found in this deployment")
         out: dict[str, Any] = {"task_id": task_id, "status": str(task.status), "attempts": task.attempts}
         results = await self.dataplane.calls.results([task_id], workspace_id=stub.workspace_id)
         if results:
             done = results[0]
             out["status"] = done.status
-            if done.result is not None and done.result.startswith(JSON_CALL):
-                out["result"] = json.loads(done.result[len(JSON_CALL) :])
+            result = await self.dataplane.payload(stub.workspace_id, done.result) if done.result else None
+            if result is not None and result.startswith(JSON_CALL):
+                out["result"] = json.loads(result[len(JSON_CALL) :])
             if done.error:
                 out["error"] = {"type": done.error_type or "Error", "message": done.error}
         await _json(send, 200, out)
@@ -361,26 +411,46 @@ def _route_of(kind: str) -> str:
     return {"function": "job"}.get(kind, kind)
 
 
-def _arguments(raw: bytes) -> tuple[list[Any], dict[str, Any]]:
-    if not raw.strip():
-        return [], {}
+def _version(segment: str) -> int | None:
+    """The version a segment of the form ``v[+-]DIGITS`` names; None when it names none (``v0``, ``v01``, ``v-1``)."""
+    match = _VERSION.fullmatch(segment)
+    if match is None or len(match.group(1)) > len(str(MAX_VERSION)):
+        return None
+    version = int(match.group(1))
+    return version if version <= MAX_VERSION else None
+
+
+def _arguments(raw: bytes) -> bytes:
+    """A queue or job call's JSON body as the call's ``{"args": [...], "kwargs": {...}}``; 400 if it is not JSON."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
     try:
-        value = json.loads(raw)
+        if raw.strip():
+            value = json.loads(raw)
+            if isinstance(value, dict):
+                kwargs = value
+            elif isinstance(value, list):
+                args = value
+            else:
+                args = [value]
+        return json.dumps({"args": args, "kwargs": kwargs}).encode()
+    except RecursionError:
+        raise _Answer(errors.INVALID_JSON, errors.TOO_DEEP_MESSAGE) from None
     except ValueError as exc:
-        raise _Answer(400, "invalid_json", f"the body is not JSON: {exc}") from None
-    if isinstance(value, dict):
-        return [], value
-    if isinstance(value, list):
-        return value, {}
-    return [value], {}
+        raise _Answer(errors.INVALID_JSON, f"the body is not JSON: {exc}") from None
 
 
 def _unauthenticated(message: str) -> _Answer:
-    return _Answer(401, "unauthenticated", message, [(b"www-authenticate", b"Bearer")])
+    return _Answer(errors.UNAUTHENTICATED, message, [(b"www-authenticate", b"Bearer")])
 
 
-async def _json(send: Send, status: int, value: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _error(send: Send, answer: _Answer) -> None:
+    await send({"type": "http.response.start", "status": answer.status,
+                "headers": [(b"content-type", b"application/json"), *answer.headers]})  # fmt: skip
+    await send({"type": "http.response.body", "body": errors.error_body(answer.kind, str(answer))})
+
+
+async def _json(send: Send, status: int, value: Any) -> None:
     body = json.dumps(value).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or [])]})  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})

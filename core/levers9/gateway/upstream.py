@@ -7,12 +7,25 @@ and sent with a length, and the response is passed on as it arrives, so a
 streaming endpoint streams through the gateway. Hop-by-hop headers and the
 caller's ``Authorization`` (a levers9 token, which user code must never see)
 are not forwarded.
+
+A request is sent at most once to a container that may have read it. A
+kept-alive connection is checked before it is used: one the container closed
+or reset meanwhile (it restarted its server, or died) is dropped and another
+taken. The kernel may not have delivered that close yet (a container that
+died a moment ago): a request written there is answered with a reset, which
+means the container's end was closed with the request unread, so it is sent
+once more on a fresh connection. Any other failure once the request is
+written (the connection ends without an answer: the container had the request
+when it died) is the caller's, :class:`UpstreamError` with ``refused`` false.
+Only a connection that could not be made at all raises with ``refused`` true,
+which is safe to try on another container.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,11 +57,16 @@ _DROP_FROM_RESPONSE = _HOP_BY_HOP - {b"authorization", b"host"}
 
 
 class UpstreamError(Exception):
-    """The container could not be reached or broke the response; ``sent`` says whether the caller saw any of it."""
+    """The container could not be reached or broke the response.
 
-    def __init__(self, message: str, *, sent: bool) -> None:
+    ``sent``: the caller saw part of the response. ``refused``: no connection could be made, so nothing of
+    the request reached the container (it may be sent to another).
+    """
+
+    def __init__(self, message: str, *, sent: bool, refused: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
+        self.refused = refused
 
 
 class UpstreamTimeout(Exception):
@@ -123,27 +141,28 @@ class Upstream:
             head.append(b"x-forwarded-for: " + forwarded_for + str(client[0]).encode())
         head.append(b"content-length: %d" % len(body))
         request = b"\r\n".join(head) + b"\r\n\r\n" + body
-        reused = True
         connection = self._take(address)
+        reused = connection is not None
         if connection is None:
-            reused = False
             connection = await self._connect(address)
         reader, writer = connection
         try:
-            writer.write(request)
-            status_line = await self._status_line(reader, writer, address, timeout_s)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-            writer.close()
-            if not reused:
-                raise UpstreamError(f"the container at {address} did not answer: {exc}", sent=False) from None
-            # a kept-alive connection the container closed meanwhile: once more on a fresh one
-            reader, writer = await self._connect(address)
             try:
                 writer.write(request)
                 status_line = await self._status_line(reader, writer, address, timeout_s)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc2:
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                if not reused:
+                    raise
+                # a kept-alive connection whose close had not arrived yet: reset, the request unread
                 writer.close()
-                raise UpstreamError(f"the container at {address} did not answer: {exc2}", sent=False) from None
+                reader, writer = await self._connect(address)
+                writer.write(request)
+                status_line = await self._status_line(reader, writer, address, timeout_s)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            # the request went out: the container may have begun it, so it is never sent again
+            writer.close()
+            why = str(exc) or type(exc).__name__
+            raise UpstreamError(f"the container at {address} broke off before answering: {why}", sent=False) from None
         try:
             keep, status = await self._relay(status_line, reader, send, scope["method"] == "HEAD")
         except _BrokenResponse as exc:
@@ -240,10 +259,11 @@ class Upstream:
             raise _BrokenResponse(str(exc) or type(exc).__name__, sent) from None
 
     def _take(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """An idle connection to ``address`` that is still open; those the container closed are dropped."""
         idle = self._idle.get(address)
         while idle:
             reader, writer = idle.pop()
-            if not writer.is_closing() and not reader.at_eof():
+            if not writer.is_closing() and not reader.at_eof() and _quiet(writer):
                 return reader, writer
             writer.close()
         return None
@@ -262,12 +282,31 @@ class Upstream:
                 asyncio.open_connection(host, int(port), limit=1 << 20), self.connect_timeout_s
             )
         except (OSError, TimeoutError, ValueError) as exc:
-            raise UpstreamError(f"cannot connect to the container at {address}: {exc}", sent=False) from None
+            why = str(exc) or type(exc).__name__
+            raise UpstreamError(f"cannot connect to the container at {address}: {why}", sent=False,
+                                refused=True) from None  # fmt: skip
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return reader, writer
+
+
+def _quiet(writer: asyncio.StreamWriter) -> bool:
+    """Whether an idle kept-alive connection has nothing to read: no end, no reset, no stray bytes.
+
+    The event loop learns of a peer's FIN or RST only on its next poll; this asks the kernel now, so a
+    connection to a container that has just died is not written to.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return True
+    poller = select.poll()
+    try:
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
 
 
 class _BrokenResponse(Exception):

@@ -13,9 +13,16 @@ Two interfaces:
 * ``asgi``: the handler is called once, with no arguments, and returns an
   ASGI 3 application, which is then served (a FastAPI or Starlette app).
 
+Every error this server answers itself is JSON, ``{"error": {"type": ...,
+"message": ...}}``, of a type listed in :mod:`levers9.gateway.errors` (the
+same the gateway uses): a malformed request ``invalid_request``, a body that
+is not JSON or nests too deeply to be read ``invalid_json`` (400, never a
+crash), the function raising ``handler_error`` (500, with ``exception``
+naming its class), a return value that is not JSON ``result_not_json``.
+
 The server is a small HTTP/1.1 implementation on asyncio, with keep-alive and
 chunked bodies both ways: the runner must work in any image, so it imports
-only the standard library. Sync handlers run in a thread pool as wide as the
+only the standard library (and that table of error types). Sync handlers run in a thread pool as wide as the
 stub's ``tasks_per_container``; coroutines and ASGI apps run on the server's
 loop.
 """
@@ -34,6 +41,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from levers9.gateway import errors
+
 __all__ = ["MAX_BODY_BYTES", "HttpServer", "function_app"]
 
 Scope = dict[str, Any]
@@ -45,7 +54,14 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: the largest request body the function interface reads (an ASGI app reads what it wants)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large", 500: "Internal Server Error"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Payload Too Large",
+    500: "Internal Server Error",
+}
 
 
 class _BadRequest(Exception):
@@ -133,12 +149,12 @@ class HttpServer:
                 except asyncio.IncompleteReadError:
                     return
                 except asyncio.LimitOverrunError:
-                    await _plain(writer, 400, "request head too large")
+                    await _refuse(writer, f"the request's head is over {MAX_HEAD_BYTES} bytes")
                     return
                 try:
                     keep = await self._request(head, reader, writer, client)
                 except _BadRequest as exc:
-                    await _plain(writer, 400, str(exc))
+                    await _refuse(writer, str(exc))
                     return
                 if not keep:
                     return
@@ -216,15 +232,15 @@ class HttpServer:
             if response.started:
                 return False
             raise
-        except Exception:
+        except Exception as exc:
             traceback.print_exc()
             if not response.started:
-                await response.send({"type": "http.response.start", "status": 500, "headers": []})
-                await response.send({"type": "http.response.body", "body": b"Internal Server Error"})
+                await _error(response.send, errors.HANDLER_ERROR, f"{type(exc).__name__}: {str(exc)[:4000]}",
+                            exception=type(exc).__name__)  # fmt: skip
                 return not close
             return False  # half a response went out: the connection cannot be reused
         if not response.started:
-            await response.send({"type": "http.response.start", "status": 500, "headers": []})
+            await _error(response.send, errors.HANDLER_ERROR, "the app ended without answering the request")
         if not response.complete:
             await response.send({"type": "http.response.body", "body": b""})
         while not body.done:  # what the app did not read, so the next request starts where it should
@@ -361,10 +377,11 @@ class _Response:
         await self.writer.drain()
 
 
-async def _plain(writer: asyncio.StreamWriter, status: int, text: str) -> None:
-    body = text.encode()
+async def _refuse(writer: asyncio.StreamWriter, message: str) -> None:
+    """Answer a malformed request 400 ``invalid_request`` and close the connection (where would the next start?)."""
+    body = errors.error_body(errors.INVALID_REQUEST, message)
     writer.write(
-        f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\ncontent-type: text/plain\r\n"
+        f"HTTP/1.1 400 {_REASONS[400]}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
         + body
     )
@@ -392,9 +409,7 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > MAX_BODY_BYTES:
-                await _json(
-                    send, 413, {"error": {"type": "PayloadTooLarge", "message": f"over {MAX_BODY_BYTES} bytes"}}
-                )
+                await _error(send, errors.TOO_LARGE, f"the request body is over {MAX_BODY_BYTES} bytes")
                 return
             if not message.get("more_body"):
                 break
@@ -404,8 +419,11 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
         if raw.strip():
             try:
                 value = json.loads(raw)
+            except RecursionError:
+                await _error(send, errors.INVALID_JSON, errors.TOO_DEEP_MESSAGE)
+                return
             except ValueError as exc:
-                await _json(send, 400, {"error": {"type": "InvalidJSON", "message": f"the body is not JSON: {exc}"}})
+                await _error(send, errors.INVALID_JSON, f"the body is not JSON: {exc}")
                 return
             if isinstance(value, dict):
                 kwargs = value
@@ -425,17 +443,19 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
                     result = await result
         except Exception as exc:
             traceback.print_exc()
-            await _json(send, 500, {"error": {"type": type(exc).__name__, "message": str(exc)[:4000]}})
+            await _error(send, errors.HANDLER_ERROR, f"{type(exc).__name__}: {str(exc)[:4000]}",
+                        exception=type(exc).__name__)  # fmt: skip
             return
         if inspect.isgenerator(result) or inspect.isasyncgen(result):
             await _stream(send, result, loop, pool)
             return
         try:
             body = json.dumps(result).encode()
-        except (TypeError, ValueError) as exc:
-            problem = f"the return value ({type(result).__name__}) is not JSON: {exc}"
+        except (TypeError, ValueError, RecursionError) as exc:
+            why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+            problem = f"the return value ({type(result).__name__}) is not JSON: {why}"
             print(problem, file=sys.stderr)
-            await _json(send, 500, {"error": {"type": "ResultNotJSON", "message": problem}})
+            await _error(send, errors.RESULT_NOT_JSON, problem)
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
@@ -471,6 +491,8 @@ def _item_bytes(item: Any) -> bytes:
     return json.dumps(item).encode() + b"\n"
 
 
-async def _json(send: Send, status: int, value: Any) -> None:
+async def _error(send: Send, kind: str, message: str, **extra: str) -> None:
+    """Answer an error of type ``kind`` (see :mod:`levers9.gateway.errors`) with its status."""
+    status = errors.ERROR_TYPES[kind]
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps(value).encode()})
+    await send({"type": "http.response.body", "body": errors.error_body(kind, message, **extra)})
