@@ -331,12 +331,12 @@ async def test_pools_show_sizes_live_workers_and_unavailability(api: Api) -> Non
     assert pools["cpu"] == {
         "name": "cpu", "provider": "local", "runtime": "process", "gpu": None, "gpu_count": 0, "region": None,
         "cpu_millicores": 2000, "memory_mib": 4096, "min_workers": 0, "max_workers": 3, "priority": 0,
-        "workspace_id": None, "workers": 2, "unavailable": None,
+        "workspace_id": None, "workers": 2, "unavailable": None, "isolation": "none",
     }  # fmt: skip
     assert pools["gpu-l4"] == {
         "name": "gpu-l4", "provider": "local", "runtime": "process", "gpu": "L4", "gpu_count": 1, "region": None,
         "cpu_millicores": 8000, "memory_mib": 32768, "min_workers": 0, "max_workers": 2, "priority": 5,
-        "workspace_id": None, "workers": 0, "unavailable": "insufficient_capacity: none left",
+        "workspace_id": None, "workers": 0, "unavailable": "insufficient_capacity: none left", "isolation": "none",
     }  # fmt: skip
 
 
@@ -460,7 +460,9 @@ async def test_tasks_are_listed_for_the_callers_workspace_only(api: Api) -> None
     assert message.startswith("query.status.0: Input should be 'pending', 'running', 'complete'")
     too_many = await api.client.get("/api/v1/tasks", params={"limit": 5000}, headers=bearer(token_a))
     assert too_many.status_code == 422
-    assert too_many.json()["error"]["message"] == "query.limit: Input should be less than or equal to 1000"
+    assert too_many.json()["error"]["message"] == (
+        "query.limit: Input should be less than or equal to 1000 (accepted: a whole number from 1 to 1000)"
+    )
 
     operator = await api.client.get("/api/v1/tasks", headers=bearer(api.operator))
     assert operator.status_code == 403

@@ -1,4 +1,4 @@
-"""``levers9 tasks``, ``logs``, ``pools`` and ``workers``: what the controlplane of a context is doing.
+"""``levers9 tasks``, ``logs``, ``cancel``, ``pools`` and ``workers``: what the controlplane of a context is doing.
 
 These are thin clients of the ControlPlane service. gRPC is imported only when
 a command runs, so ``levers9 --help`` does not pay for it. Every failure leaves
@@ -161,11 +161,31 @@ def logs(
         raise typer.Exit(0) from None
 
 
+def cancel(
+    task_id: str = typer.Argument(..., metavar="TASK", help="The task's id (see `levers9 tasks`)."),
+    context: str | None = context_option(),
+) -> None:
+    """Cancel a task: its worker ends it, with every process it started."""
+    from levers9.proto.v1 import controlplane_pb2 as pb
+
+    async def action(stub: ControlPlaneStub, metadata: Metadata) -> bool:
+        response: pb.CancelTaskResponse = await stub.CancelTask(
+            pb.CancelTaskRequest(task_id=task_id), metadata=metadata, timeout=UNARY_TIMEOUT_S
+        )
+        return response.cancelled
+
+    if call(context, action):
+        out.print(f"cancelled {task_id}", markup=False, highlight=False)
+    else:
+        # not an error: the task ended before the cancel arrived, and keeps the status it ended with
+        err.print(f"{task_id} had already finished; nothing to cancel", markup=False, highlight=False)
+
+
 def pools(
     context: str | None = context_option(),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per pool."),
 ) -> None:
-    """List the controlplane's pools, their workers and why any is unavailable."""
+    """List the controlplane's pools, how isolated their calls are, their workers and why any is unavailable."""
     from levers9.proto.v1 import controlplane_pb2 as pb
 
     async def action(stub: ControlPlaneStub, metadata: Metadata) -> list[pb.PoolInfo]:
@@ -185,14 +205,17 @@ def pools(
     from rich.text import Text
 
     table = Table(box=None, pad_edge=False)
-    for column in ("name", "provider", "runtime", "gpu", "workers", "starting", "min-max"):
+    for column in ("name", "provider", "runtime", "isolation", "gpu", "workers", "starting", "min-max"):
         table.add_column(column, no_wrap=True, justify="right" if column in ("workers", "starting") else "left")
     table.add_column("status", overflow="fold")
     for p in found:
+        # "none": the pool's calls run as plain processes on the worker's host, with nothing between them
+        isolation = p.isolation or "unknown"
         table.add_row(
             Text(p.name),
             Text(p.provider),
             Text(p.runtime),
+            Text(isolation, style="red" if isolation == "none" else ""),
             Text(f"{p.gpu_count}x {p.gpu}" if p.gpu else "cpu"),
             Text(str(p.workers)),
             Text(str(p.starting)),

@@ -14,7 +14,17 @@ from pathlib import Path
 import typer
 
 from levers9.__about__ import __version__
-from levers9.cli import client_cmds, config_cmd, context_cmd, deploy_cmd, gpu_cmd, plugins_cmd, run_cmd, server_cmd
+from levers9.cli import (
+    client_cmds,
+    config_cmd,
+    context_cmd,
+    deploy_cmd,
+    gpu_cmd,
+    plugins_cmd,
+    run_cmd,
+    secret_cmd,
+    server_cmd,
+)
 
 app = typer.Typer(
     name="levers9",
@@ -56,6 +66,7 @@ app.add_typer(gpu_cmd.app, name="gpu")
 app.add_typer(context_cmd.app, name="context")
 app.command("tasks")(client_cmds.tasks)
 app.command("logs")(client_cmds.logs)
+app.command("cancel")(client_cmds.cancel)
 app.command("pools")(client_cmds.pools)
 app.command("workers")(client_cmds.workers)
 app.command("run", context_settings=run_cmd.CONTEXT_SETTINGS)(run_cmd.run)
@@ -66,6 +77,7 @@ app.command("server")(server_cmd.server)
 app.command("worker")(server_cmd.worker)
 app.command("up")(server_cmd.up)
 app.add_typer(server_cmd.token_app, name="token")
+app.add_typer(secret_cmd.app, name="secret")
 
 
 def main() -> None:

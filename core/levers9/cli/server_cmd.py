@@ -111,13 +111,20 @@ def worker(
 ) -> None:
     """Run a worker: dial the controlplane, register, run calls through the pool's runtime.
 
-    The token comes from $LEVERS9_TOKEN only (never an argument: arguments are visible in `ps`).
+    The token comes from the file named by $LEVERS9_TOKEN_FILE (read, then deleted) or from $LEVERS9_TOKEN,
+    never an argument (arguments are visible in `ps`).
     """
     from levers9.hooks.facade import Hooks
     from levers9.hooks.manager import PluginPolicy, PluginSet
+    from levers9.worker.credentials import forbid_dumping
     from levers9.worker.session import WorkerOptions, default_state_dir, main_entry, options_from_env
 
-    values = options_from_env()
+    forbid_dumping()  # before the token is read: the calls it runs must not read it through /proc or ptrace
+    try:
+        values = options_from_env()
+    except ValueError as exc:
+        typer.echo(f"levers9 worker: {exc}", err=True)
+        raise typer.Exit(2) from None
     if cleanup:
         _cleanup(state_dir or values.get("state_dir"))
         return
@@ -297,7 +304,17 @@ async def _stop_local_workers(server: object) -> None:
             )
 
 
-token_app = typer.Typer(help="Issue and revoke API tokens (needs the controlplane's database, so run it there).")
+token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")
+
+
+def _database_url() -> str:
+    """The controlplane's database, from the config file this machine's controlplane reads."""
+    from levers9.config.load import default_config_path, read_config
+    from levers9.config.model import Config
+
+    path = default_config_path()
+    cfg = read_config(path)[0] if path.exists() else None
+    return (cfg or Config()).database_url
 
 
 @token_app.command("create")
@@ -307,8 +324,8 @@ def token_create(
     pool: str | None = typer.Option(None, "--pool", help="For --kind worker: the pool its workers serve."),
     ttl: float | None = typer.Option(None, "--ttl", help="Seconds until it expires (default: never)."),
 ) -> None:
-    """Print a new token (shown once; only its hash is stored)."""
-    from levers9.config.load import default_config_path, read_config
+    """Print a new token (shown once; only its hash is stored). Its id, for `token revoke`, goes to stderr."""
+    from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
 
     if kind not in ("user", "worker"):
         typer.echo(f"--kind must be user or worker, got {kind!r}", err=True)
@@ -316,25 +333,126 @@ def token_create(
     if kind == "worker" and not pool:
         typer.echo("--kind worker needs --pool: a worker token serves one pool", err=True)
         raise typer.Exit(2)
-    path = default_config_path()
-    cfg = read_config(path)[0] if path.exists() else None
+    if ttl is not None and not 0 < ttl <= MAX_TOKEN_TTL_S:
+        typer.echo(f"--ttl must be above 0 and at most {MAX_TOKEN_TTL_S} seconds (ten years), got {ttl}", err=True)
+        raise typer.Exit(2)
+    url = _database_url()
 
-    async def issue() -> str:
-        from levers9.config.model import Config
+    async def issue() -> tuple[str, str]:
         from levers9.state.sql.database import open_database
         from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
 
-        db = await open_database((cfg or Config()).database_url)
+        db = await open_database(url)
         try:
             if kind == "worker":
-                _, token = await TokenStore(db).issue("worker", subject=pool, ttl_s=ttl)
+                record, token = await TokenStore(db).issue("worker", subject=pool, ttl_s=ttl)
             else:
                 ws = await WorkspaceStore(db).get_or_create(workspace)
-                _, token = await TokenStore(db).issue(
+                record, token = await TokenStore(db).issue(
                     "user", workspace_id=ws.id, subject="levers9 token create", ttl_s=ttl
                 )
-            return token
+            return record.id, token
         finally:
             await db.close()
 
-    typer.echo(asyncio.run(issue()))
+    token_id, token = asyncio.run(issue())
+    typer.echo(f"token id: {token_id} (revoke it with `levers9 token revoke {token_id}`)", err=True)
+    typer.echo(token)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token: str = typer.Argument(
+        ..., metavar="TOKEN_ID", help="The token's id (tok_..., see `levers9 token list`), or the token itself."
+    ),
+) -> None:
+    """Revoke a token: refused at once by a controlplane on this database, within 10 s by every replica."""
+    from levers9.controlplane.auth import CACHE_S
+
+    url = _database_url()
+
+    async def revoke() -> str | None:
+        from levers9.state.sql.database import open_database
+        from levers9.state.sql.workspaces import TokenStore
+
+        db = await open_database(url)
+        try:
+            tokens = TokenStore(db)
+            record = await tokens.get(token) if token.startswith("tok_") else await tokens.find(token)
+            if record is None or not await tokens.revoke(record.id):
+                return None
+            return record.id
+        finally:
+            await db.close()
+
+    revoked = asyncio.run(revoke())
+    if revoked is None:
+        typer.echo(f"no token {token!r} in this controlplane's database (see `levers9 token list`)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {revoked}; controlplanes refuse it within {CACHE_S:g} s (their token cache)")
+
+
+@token_app.command("list")
+def token_list(
+    workspace: str | None = typer.Option("default", "--workspace", "-w", help="The workspace whose tokens to list."),
+    unbound: bool = typer.Option(
+        False, "--unbound", help="Instead: the tokens bound to no workspace (operators', shared pools' machines)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per token."),
+) -> None:
+    """List tokens (never the tokens themselves: only their hashes are stored): ids, kinds, expiry, revocation."""
+    from datetime import UTC, datetime
+
+    url = _database_url()
+
+    async def listed() -> list[dict[str, str | None]] | None:
+        from levers9.state.sql.database import open_database
+        from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
+
+        db = await open_database(url)
+        try:
+            workspace_id = None
+            if not unbound:
+                ws = await WorkspaceStore(db).by_name(workspace or "default")
+                if ws is None:
+                    return None
+                workspace_id = ws.id
+            now = datetime.now(UTC)
+            out = []
+            for r in await TokenStore(db).list_for_workspace(workspace_id):
+                if r.revoked_at is not None:
+                    state = "revoked"
+                elif r.expires_at is not None and r.expires_at <= now:
+                    state = "expired"
+                else:
+                    state = "active"
+                out.append(
+                    {
+                        "id": r.id,
+                        "kind": r.kind.value,
+                        "subject": r.subject,
+                        "state": state,
+                        "created_at": r.created_at.isoformat(),
+                        "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+                        "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+                        "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None,
+                    }
+                )
+            return out
+        finally:
+            await db.close()
+
+    found = asyncio.run(listed())
+    if found is None:
+        typer.echo(f"no workspace named {workspace!r}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(found, indent=2))
+        return
+    for t in found:
+        expires = f" expires {t['expires_at']}" if t["expires_at"] else ""
+        typer.echo(
+            f"{t['id']}  {t['kind']:<7} {t['state']:<8} {t['subject'] or '-'}  created {t['created_at']}{expires}"
+        )

@@ -3,7 +3,9 @@
 Every call is authenticated, and a hot path (a worker streaming thousands of
 results, a map submitting batches) must not pay a SQL round trip per call; a
 verified token is therefore remembered for ``cache_s`` seconds. Revocation takes
-effect within that window on every replica.
+effect within that window on every replica. Expiry never waits for the window:
+a cached token is refused from the moment its ``expires_at`` passes, so a token
+issued for 2 seconds works for 2 seconds, never for the rest of a cache entry.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from levers9.state.crypto import hash_token
 from levers9.state.sql.records import TokenKind
@@ -61,7 +64,8 @@ class Authenticator:
         self, tokens: TokenStore, *, cache_s: float = CACHE_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._tokens = tokens
-        self._cache: dict[str, tuple[float, Principal]] = {}
+        #: by token hash: (when the entry ends on ``clock``, when the token itself expires, who it is)
+        self._cache: dict[str, tuple[float, datetime | None, Principal]] = {}
         #: lookups on their way, by token hash: a busy caller's many requests share one when the entry expires
         self._lookups: dict[str, asyncio.Future[Principal | None]] = {}
         self._cache_s = cache_s
@@ -76,8 +80,8 @@ class Authenticator:
         key = hash_token(token)
         now = self._clock()
         hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            principal = hit[1]
+        if hit is not None and hit[0] > now and (hit[1] is None or hit[1] > datetime.now(UTC)):
+            principal = hit[2]
         else:
             lookup = self._lookups.get(key)
             if lookup is None:
@@ -100,11 +104,13 @@ class Authenticator:
         principal = Principal(record.id, record.kind, record.workspace_id, record.subject)
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[key] = (self._clock() + self._cache_s, principal)
+        # the wall-clock expiry is checked on every hit: the entry's own lifetime is on ``clock``, which
+        # need not be the wall clock (monotonic, or a test's), so it cannot be capped by it
+        self._cache[key] = (self._clock() + self._cache_s, record.expires_at, principal)
         return principal
 
     def forget(self, token_id: str) -> None:
         """Drop a revoked token from the cache at once (on this replica)."""
-        for key, (_, principal) in list(self._cache.items()):
+        for key, (_, _, principal) in list(self._cache.items()):
             if principal.token_id == token_id:
                 del self._cache[key]

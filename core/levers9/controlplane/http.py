@@ -11,8 +11,16 @@ Who may see what:
 * a user token bound to no workspace is an operator's: it manages workspaces,
   sees machines and every pool, but has no tasks of its own.
 
+Secrets are write-only: their values go in and reach the functions that name
+them, but no answer of this API ever carries one.
+
 Errors are always ``{"error": {"type": ..., "message": ...}}``; which exception
-becomes which status is decided in one table, :data:`ERRORS`.
+becomes which status is decided in one table, :data:`ERRORS`. Every number a
+request carries (path, query or body) is bounded, and one out of its bounds is
+a 422 naming the field and, from :data:`ACCEPTED`, the range it takes: never a
+500 from deeper down (an overflowing date, an integer the database cannot hold).
+Operations shared with gRPC (cancelling a task) go through the same
+:class:`~levers9.controlplane.dataplane.DataPlane` method as the gRPC call.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from starlette.exceptions import HTTPException
 
 from levers9.__about__ import __version__
 from levers9.controlplane.auth import PermissionDenied, Principal, Unauthenticated
+from levers9.controlplane.dataplane import DataPlane
+from levers9.controlplane.hub import Hub
 from levers9.controlplane.metrics import Metrics
 from levers9.controlplane.services import Services
 from levers9.scheduler.pools import PoolSpec
@@ -49,14 +59,38 @@ from levers9.state.sql.records import (
     TokenRecord,
     WorkspaceRecord,
 )
+from levers9.state.sql.secrets import MAX_NAME, SecretInfo, check_secret_name, check_secret_value
+from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
 
-__all__ = ["ERRORS", "HEALTH_TIMEOUT_S", "create_http_app", "error_answer"]
+__all__ = [
+    "ACCEPTED",
+    "ERRORS",
+    "HEALTH_TIMEOUT_S",
+    "MAX_TASKS_LISTED",
+    "MAX_VERSION",
+    "create_http_app",
+    "error_answer",
+]
 
 log = logging.getLogger(__name__)
 
 #: a health probe that waits longer than this reports the dependency as not answering, so a
 #: hung database makes the load balancer's check fail instead of hang
 HEALTH_TIMEOUT_S = 3.0
+
+#: deployment versions are 32-bit everywhere (the database column, the gRPC field)
+MAX_VERSION = 2**31 - 1
+#: one page of ``GET /tasks``
+MAX_TASKS_LISTED = 1000
+
+#: what each numeric field of a request accepts, by the location a validation error gives it; every numeric
+#: field has an entry (a test reads the OpenAPI document to hold this), and an error on it names the range
+ACCEPTED: dict[str, str] = {
+    "body.ttl_s": f"a number of seconds above 0 and at most {MAX_TOKEN_TTL_S} (ten years); "
+    "omit it for a token that never expires",
+    "path.version": f"a whole number from 1 to {MAX_VERSION}",
+    "query.limit": f"a whole number from 1 to {MAX_TASKS_LISTED}",
+}
 
 #: the one place that decides how a domain error is answered: (exception, HTTP status, error type);
 #: the first entry the exception is an instance of wins
@@ -129,7 +163,13 @@ class TokenCreate(_In):
         None,
         description="The workspace's name. Omitted: the caller's own workspace (for an operator: a new operator token).",
     )
-    ttl_s: float | None = Field(None, gt=0, description="Seconds until the token expires; omitted: never.")
+    ttl_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_TOKEN_TTL_S,
+        allow_inf_nan=False,
+        description=f"Seconds until the token expires, at most {MAX_TOKEN_TTL_S} (ten years); omitted: never.",
+    )
     subject: str | None = Field(
         None, min_length=1, max_length=128, description="Who the token is for, shown in listings."
     )
@@ -171,6 +211,8 @@ class PoolOut(BaseModel):
     workers: int
     #: why the provider is not being asked for machines right now (no capacity, no quota...), if it is not
     unavailable: str | None
+    #: how the runtime keeps calls apart: "none" (process: calls share the host), "namespaces", "sandbox", "vm"
+    isolation: str = "unknown"
 
 
 class WorkerOut(BaseModel):
@@ -247,6 +289,33 @@ class PlacementOut(_Out):
     reason: str | None
 
 
+class SecretCreate(_In):
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME,
+        description="An environment variable's name (letters, digits, underscores): functions see it as one.",
+    )
+    value: str = Field(description="The value; stored encrypted and never shown again.")
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_secret_name(value)
+
+    @pydantic.field_validator("value")
+    @classmethod
+    def _value(cls, value: str) -> str:
+        return check_secret_value(value)
+
+
+class SecretOut(BaseModel):
+    """A secret as listed: its name and times, never its value."""
+
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+
 class CancelOut(BaseModel):
     #: False when the task had already finished: it keeps the status it finished with
     cancelled: bool
@@ -263,9 +332,9 @@ def _services(request: Request) -> Services:
     return services
 
 
-def _metrics(request: Request) -> Metrics | None:
-    metrics: Metrics | None = request.app.state.metrics
-    return metrics
+def _dataplane(request: Request) -> DataPlane:
+    dataplane: DataPlane = request.app.state.dataplane
+    return dataplane
 
 
 async def _caller(
@@ -282,6 +351,7 @@ async def _caller(
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
+DataPlaneDep = Annotated[DataPlane, Depends(_dataplane)]
 Caller = Annotated[Principal, Depends(_caller)]
 
 
@@ -500,6 +570,8 @@ async def list_pools(services: ServicesDep, principal: Caller) -> list[PoolOut]:
     for state in await _live_workers(services):
         live[state.info.pool] = live.get(state.info.pool, 0) + 1
     unavailable = services.scheduler.ctx.unavailable
+    from levers9.controlplane.isolation import pool_isolation
+
     out = []
     for spec in specs:
         pool = spec.pool
@@ -519,6 +591,7 @@ async def list_pools(services: ServicesDep, principal: Caller) -> list[PoolOut]:
                 workspace_id=spec.workspace,
                 workers=live.get(spec.name, 0),
                 unavailable=await unavailable.reason(spec.name, spec.gpu, pool.region),
+                isolation=await pool_isolation(services, spec.name, pool.runtime),
             )
         )
     return out
@@ -561,7 +634,9 @@ async def list_tasks(
     services: ServicesDep,
     principal: Caller,
     status: Annotated[list[TaskStatus] | None, Query(description="Only tasks with these statuses.")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many, newest first.")] = 100,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_TASKS_LISTED, description=f"At most this many (1-{MAX_TASKS_LISTED}), newest first.")
+    ] = 100,
 ) -> list[TaskOut]:
     workspace = _own_workspace(principal, "list tasks")
     records = await services.tasks.for_workspace(
@@ -583,18 +658,52 @@ async def task_history(services: ServicesDep, principal: Caller, task_id: str) -
 
 
 @router.post("/tasks/{task_id}/cancel", responses={404: {"model": ErrorBody}})
-async def cancel_task(services: ServicesDep, principal: Caller, request: Request, task_id: str) -> CancelOut:
-    """Cancelling a task that already finished is not an error: it answers ``cancelled: false``."""
+async def cancel_task(services: ServicesDep, dataplane: DataPlaneDep, principal: Caller, task_id: str) -> CancelOut:
+    """Stop the task: its worker is told to end it (its process and the processes it started).
+
+    Cancelling a task that already finished is not an error: it answers ``cancelled: false``.
+    The same operation as gRPC's CancelTask (``levers9 cancel``).
+    """
     await _own_task(services, principal, task_id)
-    cancelled = await services.scheduler.cancel(task_id)
+    cancelled = await dataplane.cancel(principal, task_id)
     task = await services.tasks.get(task_id)
     if task is None:
         raise NotFound("task", task_id)
-    metrics = _metrics(request)
-    if cancelled and metrics is not None:
-        ran = (task.finished_at - task.started_at).total_seconds() if task.started_at and task.finished_at else 0.0
-        metrics.task_finished(TaskStatus.CANCELLED.value, ran)
     return CancelOut(cancelled=cancelled, task=_task_out(task))
+
+
+def _secret_out(info: SecretInfo) -> SecretOut:
+    return SecretOut(name=info.name, created_at=info.created_at, updated_at=info.updated_at)
+
+
+@router.get("/secrets")
+async def list_secrets(services: ServicesDep, principal: Caller) -> list[SecretOut]:
+    """The workspace's secrets, by name: names and times only, never values."""
+    workspace = _own_workspace(principal, "list secrets")
+    return [_secret_out(s) for s in await services.secrets.list(workspace)]
+
+
+@router.post("/secrets", status_code=201, responses={200: {"model": SecretOut, "description": "Replaced"}})
+async def put_secret(services: ServicesDep, principal: Caller, body: SecretCreate, response: Response) -> SecretOut:
+    """Create a secret (201), or replace the value of one of the same name (200). The value is not echoed.
+
+    Functions naming it in ``secrets=[...]`` see it as an environment variable; containers already
+    running keep the value they started with.
+    """
+    workspace = _own_workspace(principal, "create secrets")
+    info, created = await services.secrets.put(workspace, body.name, body.value)
+    if not created:
+        response.status_code = 200
+    return _secret_out(info)
+
+
+@router.delete("/secrets/{name}", responses={404: {"model": ErrorBody}})
+async def delete_secret(services: ServicesDep, principal: Caller, name: str) -> Response:
+    """Delete a secret of the caller's workspace; 204, or 404 when it has none of that name."""
+    workspace = _own_workspace(principal, "delete secrets")
+    if not await services.secrets.delete(workspace, name):
+        raise NotFound("secret", name)
+    return Response(status_code=204)
 
 
 class DeploymentVersionOut(_Out):
@@ -630,7 +739,10 @@ async def list_deployments(services: ServicesDep, principal: Caller) -> list[Dep
 
 @router.post("/deployments/{name}/versions/{version}/stop", responses={404: {"model": ErrorBody}})
 async def stop_deployment_version(
-    services: ServicesDep, principal: Caller, name: str, version: Annotated[int, Path(ge=1)]
+    services: ServicesDep,
+    principal: Caller,
+    name: str,
+    version: Annotated[int, Path(ge=1, le=MAX_VERSION, description=f"The version, 1 to {MAX_VERSION}.")],
 ) -> DeploymentVersionOut:
     """Stop one version; the others keep serving. Stopping a stopped version again is not an error."""
     workspace = _own_workspace(principal, "stop deployments")
@@ -668,7 +780,16 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
             reason = (err.get("ctx") or {}).get("error", "")
             fields.append({"field": "body", "message": f"not valid JSON{where}: {reason}".rstrip(": ")})
         else:
-            fields.append({"field": _location(loc), "message": str(err.get("msg", "invalid"))})
+            where = _location(loc)
+            message = str(err.get("msg", "invalid"))
+            if err.get("type") == "value_error":  # our own validators' messages, without pydantic's prefix
+                message = str((err.get("ctx") or {}).get("error", message))
+            field = {"field": where, "message": message}
+            accepted = ACCEPTED.get(where)
+            if accepted is not None:
+                field["message"] = f"{message} (accepted: {accepted})"
+                field["accepted"] = accepted
+            fields.append(field)
     message = "; ".join(f"{f['field']}: {f['message']}" for f in fields) or "the request is not valid"
     return _error(422, "validation_error", message, fields=fields)
 
@@ -678,6 +799,9 @@ _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if isinstance(exc.__cause__, RecursionError):  # FastAPI's "error parsing the body": JSON nested too deeply
+        message = "body: not valid JSON: its arrays and objects nest too deeply (a few hundred levels at most)"
+        return _error(422, "validation_error", message, fields=[{"field": "body", "message": message[6:]}])
     response = _error(exc.status_code, _HTTP_TYPES.get(exc.status_code, "http_error"), str(exc.detail))
     response.headers.update(exc.headers or {})
     return response
@@ -688,8 +812,14 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _error(500, "internal", "internal error; the controlplane's log has the details")
 
 
-def create_http_app(services: Services, *, metrics: Metrics | None = None) -> FastAPI:
-    """The REST app over ``services``; ``metrics`` counts what the API itself finishes (cancelled tasks)."""
+def create_http_app(
+    services: Services, *, metrics: Metrics | None = None, dataplane: DataPlane | None = None
+) -> FastAPI:
+    """The REST app over ``services``, acting on calls through ``dataplane`` (the one gRPC uses).
+
+    Without a ``dataplane`` (the REST API served on its own) one is made over ``services``, counting into
+    ``metrics``: like any replica's, it reaches workers through Redis.
+    """
     app = FastAPI(
         title="levers9",
         version=__version__,
@@ -698,7 +828,9 @@ def create_http_app(services: Services, *, metrics: Metrics | None = None) -> Fa
         redoc_url=None,
     )
     app.state.services = services
-    app.state.metrics = metrics
+    if dataplane is None:
+        dataplane = DataPlane(services, Hub(services.redis, name=services.scheduler.name), metrics)
+    app.state.dataplane = dataplane
     app.include_router(router)
     for kind, _, _ in ERRORS:
         app.add_exception_handler(kind, _domain_error)

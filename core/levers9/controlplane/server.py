@@ -33,6 +33,7 @@ from levers9.controlplane.services import Services, open_services
 from levers9.gateway.containers import ServingPlane
 from levers9.gateway.routes import GatewayApp
 from levers9.gateway.upstream import Upstream
+from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import controlplane_pb2_grpc, worker_pb2_grpc
 
 if TYPE_CHECKING:
@@ -46,8 +47,8 @@ GRPC_OPTIONS = [
     # gRPC shares a port with any other process by default (SO_REUSEPORT): a second controlplane would
     # then take half of the first one's calls instead of failing to start
     ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
+    ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -128,7 +129,8 @@ class Server:
             await server.start()
             self._grpc = server
             gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
-                                 create_http_app(services, metrics=self.metrics), metrics=self.metrics)  # fmt: skip
+                                 create_http_app(services, metrics=self.metrics, dataplane=self.dataplane),
+                                 metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
             for app, port in ((gateway, ls.http_port),
                               (self.metrics.asgi_app(), ls.metrics_port)):  # fmt: skip

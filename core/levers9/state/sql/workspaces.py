@@ -23,6 +23,9 @@ from levers9.state.sql.records import TokenKind, TokenRecord, WorkspaceRecord, p
 #: ``last_used_at`` is only rewritten when it is older than this, so verifying a
 #: token on every RPC does not turn every RPC into a database write
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+#: the longest lifetime a token can be issued for (ten years): anything longer is "never", which is
+#: asked for by giving no ttl at all, and a bound keeps the expiry a date the database can store
+MAX_TOKEN_TTL_S = 10 * 365 * 86_400
 
 
 def _workspace(row: Workspace) -> WorkspaceRecord:
@@ -107,8 +110,11 @@ class TokenStore:
     ) -> tuple[TokenRecord, str]:
         """A new token: its record and the token itself, which is returned this once and never stored."""
         token_kind = parse_enum(TokenKind, kind, "token kind")
-        if ttl_s is not None and ttl_s <= 0:
-            raise ValueError(f"ttl_s must be above 0 seconds (or None for a token that never expires), got {ttl_s}")
+        if ttl_s is not None and not 0 < ttl_s <= MAX_TOKEN_TTL_S:  # NaN fails this too
+            raise ValueError(
+                f"ttl_s must be above 0 and at most {MAX_TOKEN_TTL_S} seconds (ten years), or None for a token "
+                f"that never expires; got {ttl_s}"
+            )
         token = new_token(token_kind.value)
         now = utcnow()
         async with self._db.transaction() as session:
@@ -154,6 +160,12 @@ class TokenStore:
             row = await session.get(Token, token_id)
             return None if row is None else _token(row)
 
+    async def find(self, token: str) -> TokenRecord | None:
+        """The record of the token itself (revoked and expired ones too), for an operator revoking it by value."""
+        async with self._db.transaction() as session:
+            row = await session.scalar(select(Token).where(Token.token_hash == hash_token(token)))
+            return None if row is None else _token(row)
+
     async def list_for_workspace(self, workspace_id: str | None) -> builtins.list[TokenRecord]:
         """A workspace's tokens, oldest first, revoked and expired ones included so their history stays visible.
 
@@ -189,4 +201,4 @@ class TokenStore:
             return count
 
 
-__all__ = ["LAST_USED_RESOLUTION", "TokenStore", "WorkspaceStore"]
+__all__ = ["LAST_USED_RESOLUTION", "MAX_TOKEN_TTL_S", "TokenStore", "WorkspaceStore"]

@@ -1,0 +1,109 @@
+"""Cancelling a running call through `levers9 up`: over REST and with `levers9 cancel`, the call's process ends.
+
+REST and gRPC cancel through one operation, which tells the worker running the
+call to end it. Answering ``cancelled`` while the process (and what it started)
+kept running until its worker died was the bug: the test looks for the call's
+process and its child in /proc, not just at the task's status.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fixtures.levers9_up import Up
+
+pytestmark = pytest.mark.timeout(600)
+
+#: a call that starts a child process, writes both pids where the test can read them, and waits forever
+PROGRAM = """
+import os, subprocess, sys, time, levers9
+
+@levers9.function()
+def stubborn(pid_file):
+    child = subprocess.Popen(["sleep", "3600"])
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(f"{{os.getpid()}} {{child.pid}}")
+    os.rename(pid_file + ".tmp", pid_file)
+    time.sleep(3600)
+
+call = stubborn.spawn({pid_file!r})
+print("TASK", call.task_id)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie has ended: it only waits for its parent to read its status)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _start_stubborn(up: Up, pid_file: Path) -> tuple[str, list[int]]:
+    """Spawn the call; once it runs, its task id and the pids of its process and child."""
+    done = up.python(PROGRAM.format(pid_file=str(pid_file)))
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.split("TASK", 1)[1].strip()
+    deadline = time.monotonic() + 120
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, f"the call never started:\n{up.log()[-3000:]}"
+        time.sleep(0.1)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert all(_alive(p) for p in pids)
+    return task_id, pids
+
+
+def _wait_gone(pids: list[int], up: Up, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            left = [p for p in pids if _alive(p)]
+            pytest.fail(f"processes {left} still run {timeout} s after the cancel:\n{up.log()[-3000:]}")
+        time.sleep(0.1)
+
+
+def _task(up: Up, task_id: str) -> dict[str, object]:
+    r = httpx.get(
+        f"http://127.0.0.1:{up.http_port}/api/v1/tasks/{task_id}",
+        headers={"authorization": f"Bearer {up.token()}"},
+        timeout=10,
+    )
+    r.raise_for_status()
+    body: dict[str, object] = r.json()
+    return body
+
+
+def test_cancel_over_rest_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
+    levers9_up.start()
+    task_id, pids = _start_stubborn(levers9_up, tmp_path / "rest.pids")
+    r = httpx.post(
+        f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}/cancel",
+        headers={"authorization": f"Bearer {levers9_up.token()}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["cancelled"] is True
+    assert r.json()["task"]["status"] == "cancelled"
+    _wait_gone(pids, levers9_up)
+    assert _task(levers9_up, task_id)["status"] == "cancelled"
+
+
+def test_levers9_cancel_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
+    levers9_up.start()
+    task_id, pids = _start_stubborn(levers9_up, tmp_path / "cli.pids")
+    done = levers9_up.levers9("cancel", task_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"cancelled {task_id}"
+    _wait_gone(pids, levers9_up)
+    assert _task(levers9_up, task_id)["status"] == "cancelled"
+    again = levers9_up.levers9("cancel", task_id)
+    assert again.returncode == 0, again.stderr
+    assert "had already finished" in again.stderr
+    missing = levers9_up.levers9("cancel", "task_nope")
+    assert missing.returncode == 1
+    assert "task 'task_nope' does not exist" in missing.stderr
