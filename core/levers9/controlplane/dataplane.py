@@ -15,21 +15,25 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from levers9 import stub_bounds as bounds
 from levers9.controlplane.auth import Principal
 from levers9.controlplane.hub import Hub
 from levers9.controlplane.metrics import Metrics
 from levers9.controlplane.services import Services
 from levers9.gpu.preference import GpuRequest, parse_gpu
+from levers9.payloads import INLINE_MAX_BYTES, make_ref, parse_ref
 from levers9.scheduler.request import PlacementRequest
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult
 from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.blobs import BlobStore
 from levers9.state.sql.calls import CallResult, CallStore, Dispatch, Finish
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import StubRecord
@@ -37,6 +41,7 @@ from levers9.state.sql.records import StubRecord
 __all__ = [
     "CALLED_KINDS",
     "DataPlane",
+    "InvalidPayload",
     "InvalidStub",
     "ServingListener",
     "ServingReport",
@@ -54,10 +59,16 @@ CALLED_KINDS = ("function", "job", "queue")
 _MAX_QUEUED_REPORTS = 10_000
 #: submitted calls whose arguments are kept in memory until a worker takes them
 _MAX_FRESH = 200_000
+#: how often, and after how long, blobs whose upload never finished are removed
+_SWEEP_BLOBS_S = 3600.0
 
 
 class InvalidStub(ValueError):
     """A stub definition that can never run; the message names the field and what is accepted."""
+
+
+class InvalidPayload(ValueError):
+    """A call's arguments name a blob the caller's workspace does not have."""
 
 
 class StubSettings(BaseModel):
@@ -67,32 +78,32 @@ class StubSettings(BaseModel):
 
     kind: str = "function"
     app: str = "default"
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=bounds.NAME_LENGTH_MIN, max_length=bounds.NAME_LENGTH_MAX)
     image: str = "host"
-    cpu_millicores: int = Field(125, ge=1, le=1_024_000)
-    memory_mib: int = Field(128, ge=1, le=16 * 1024 * 1024)
+    cpu_millicores: int = Field(125, ge=bounds.CPU_MILLICORES_MIN, le=bounds.CPU_MILLICORES_MAX)
+    memory_mib: int = Field(128, ge=bounds.MEMORY_MIB_MIN, le=bounds.MEMORY_MIB_MAX)
     gpu: tuple[str, ...] = ()
     gpu_count: int = Field(0, ge=0)
     fallback_after_s: float | None = Field(None, ge=0)
-    retries: int = Field(0, ge=0, le=100)
+    retries: int = Field(0, ge=bounds.RETRIES_MIN, le=bounds.RETRIES_MAX)
     timeout_s: float = Field(0.0, ge=0)
     secrets: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
-    keep_warm_s: float = Field(60.0, ge=0, le=86_400)
+    keep_warm_s: float = Field(60.0, ge=bounds.KEEP_WARM_S_MIN, le=bounds.KEEP_WARM_S_MAX)
     #: checkpoint the first container once its start-up is done; later ones restore from it
     checkpoint_enabled: bool = False
     python_version: str = ""
     #: sha256 of the handler, so changed code makes a new stub
     handler_sha256: str = ""
     #: endpoints and boxes: containers kept however idle; None: 0 for an endpoint, 1 for a box
-    min_containers: int | None = Field(None, ge=0, le=1000)
-    max_containers: int = Field(4, ge=1, le=1000)
-    tasks_per_container: int = Field(1, ge=1, le=10_000)
+    min_containers: int | None = Field(None, ge=bounds.MIN_CONTAINERS_MIN, le=bounds.MIN_CONTAINERS_MAX)
+    max_containers: int = Field(4, ge=bounds.MAX_CONTAINERS_MIN, le=bounds.MAX_CONTAINERS_MAX)
+    tasks_per_container: int = Field(1, ge=bounds.TASKS_PER_CONTAINER_MIN, le=bounds.TASKS_PER_CONTAINER_MAX)
     public: bool = False
     interface: str = Field("function", pattern="^(function|asgi)$")
     ports: tuple[int, ...] = ()
-    max_pending: int = Field(1000, ge=0, le=1_000_000)
-    start_timeout_s: float = Field(120.0, gt=0, le=3600)
+    max_pending: int = Field(1000, ge=bounds.MAX_PENDING_MIN, le=bounds.MAX_PENDING_MAX)
+    start_timeout_s: float = Field(120.0, gt=bounds.START_TIMEOUT_S_ABOVE, le=bounds.START_TIMEOUT_S_MAX)
 
     @field_validator("ports")
     @classmethod
@@ -192,7 +203,9 @@ class DataPlane:
         self.services = services
         self.hub = hub
         self.metrics = metrics
-        self.calls = CallStore(services.db)
+        self.calls = CallStore(services.db, max_task_log_bytes=services.config.limits.max_task_log_bytes)
+        self.blobs = BlobStore(services.db)
+        self._blobs_swept = 0.0
         self._stubs: dict[str, tuple[StubRecord, StubSettings]] = {}
         self._gpu: dict[str, GpuRequest] = {}
         self._running: dict[str, _Running] = {}
@@ -254,6 +267,59 @@ class DataPlane:
             raise NotFound("stub", stub_id)
         return hit
 
+    # ------------------------------------------------------------------ payloads
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The cap on one call's arguments or result (``limits.max_payload_bytes``)."""
+        return self.services.config.limits.max_payload_bytes
+
+    async def put_blob(self, workspace: str, size: int, pieces: AsyncIterable[bytes], what: str) -> str:
+        """Store a payload of ``size`` bytes in ``workspace``; its reference. PayloadTooLarge over the cap."""
+        now = time.monotonic()
+        if now - self._blobs_swept > _SWEEP_BLOBS_S:  # what a crash left half uploaded goes, now and then
+            self._blobs_swept = now
+            await self.blobs.delete_unfinished(timedelta(seconds=_SWEEP_BLOBS_S))
+        blob_id = await self.blobs.put(workspace, pieces, size=size, cap=self.max_payload_bytes, what=what)
+        return blob_id
+
+    async def read_blob(self, workspace: str, blob_id: str) -> AsyncIterator[bytes]:
+        """A finished blob of ``workspace`` in chunks; NotFound (before the first) for any other."""
+        async for piece in self.blobs.read(blob_id, workspace):
+            yield piece
+
+    async def payload(self, workspace: str, data: bytes) -> bytes:
+        """The payload itself: ``data``, or the blob it refers to (for the few who read results here)."""
+        ref = parse_ref(data)
+        if ref is None:
+            return data
+        return await self.blobs.read_all(ref[0], workspace)
+
+    async def _stored_args(self, workspace: str, args: Sequence[bytes]) -> list[bytes]:
+        """``args`` as they are stored: big inline ones become blobs, references must name this workspace's."""
+        out: list[bytes] = []
+        for i, payload in enumerate(args):
+            ref = parse_ref(payload)
+            if ref is not None:
+                try:
+                    info = await self.blobs.info(ref[0], workspace)
+                except NotFound:
+                    raise InvalidPayload(
+                        f"calls[{i}].args: names blob {ref[0]}, which this workspace has not stored (upload it "
+                        "with PutBlob first)"
+                    ) from None
+                out.append(make_ref(info.id, info.size_bytes))
+            elif len(payload) > INLINE_MAX_BYTES:
+
+                async def one(data: bytes = payload) -> AsyncIterator[bytes]:
+                    yield data
+
+                blob_id = await self.put_blob(workspace, len(payload), one(), f"calls[{i}].args")
+                out.append(make_ref(blob_id, len(payload)))
+            else:
+                out.append(payload)
+        return out
+
     # ------------------------------------------------------------------ calls
 
     async def submit(self, principal: Principal, stub_id: str, args: Sequence[bytes]) -> list[str]:
@@ -286,6 +352,8 @@ class DataPlane:
     async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes]) -> list[str]:
         if not args:
             return []
+        if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
+            args = await self._stored_args(workspace, args)
         gpu = self._gpu.get(stub_id)
         if gpu is None:
             gpu = self._gpu[stub_id] = settings.gpu_request()
@@ -368,9 +436,16 @@ class DataPlane:
             raise NotFound("task", task_id)
         cancelled = await self.services.scheduler.cancel(task_id)
         if cancelled:
-            if task.worker_id:
-                await self.hub.cancel(task.worker_id, task_id)
+            # read again: a worker may have taken it between the first read and the cancel
+            after = await self.services.tasks.get(task_id) or task
+            worker_id = after.worker_id or task.worker_id
+            if worker_id:
+                await self.hub.cancel(worker_id, task_id)
             await self.hub.finished([task_id])
+            if self.metrics is not None:  # REST and gRPC cancel here alike, so both are counted
+                started, finished = after.started_at, after.finished_at
+                ran = (finished - started).total_seconds() if started and finished else 0.0
+                self.metrics.task_finished("cancelled", ran)
         return cancelled
 
     # ------------------------------------------------------------------ workers

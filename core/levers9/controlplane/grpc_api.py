@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -11,12 +11,13 @@ import grpc
 from levers9.controlplane.auth import Principal, bearer
 from levers9.controlplane.dataplane import DataPlane
 from levers9.controlplane.grpc_errors import streaming, unary
+from levers9.payloads import BATCH_BYTES
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
 from levers9.state.errors import NotFound
 from levers9.state.sql.calls import CallResult
 from levers9.state.sql.records import DeploymentVersionRecord, TaskRecord, TaskStatus, TokenKind
 
-__all__ = ["ControlPlaneService", "task_event"]
+__all__ = ["ControlPlaneService", "blob_upload", "event_batches", "task_event"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _MAX_SUBMIT = 10_000
@@ -46,6 +47,37 @@ def task_event(result: CallResult) -> controlplane_pb2.TaskEvent:
             task_id=result.task_id, status=result.status, result=result.result or b"", error=error
         ),
     )
+
+
+async def blob_upload(
+    chunks: AsyncIterator[common_pb2.BlobChunk],
+) -> tuple[common_pb2.BlobChunk, AsyncIterator[bytes]]:
+    """The first chunk of an upload (its total_bytes, and task_id from a worker) and its bytes as they arrive."""
+    first = await anext(chunks, None)
+    if first is None:
+        raise ValueError("an upload needs at least one chunk, the first with total_bytes")
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield first.data
+        async for chunk in chunks:
+            yield chunk.data
+
+    return first, pieces()
+
+
+def event_batches(results: Sequence[CallResult]) -> Iterator[controlplane_pb2.TaskEvents]:
+    """``results`` as few messages as fit: each cut at about BATCH_BYTES, so none is over a channel's limit."""
+    events: list[controlplane_pb2.TaskEvent] = []
+    size = 0
+    for result in results:
+        event = task_event(result)
+        cost = len(result.result or b"") + len(result.error or "") + len(result.traceback or "") + 64
+        if events and size + cost > BATCH_BYTES:
+            yield controlplane_pb2.TaskEvents(events=events)
+            events, size = [], 0
+        events.append(event)
+        size += cost
+    yield controlplane_pb2.TaskEvents(events=events)
 
 
 def _epoch(value: Any) -> float:
@@ -98,6 +130,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             workspace_id=principal.require_workspace(),
             workspace_name=workspace.name if workspace else "",
             token_id=principal.token_id,
+            max_payload_bytes=self.dp.max_payload_bytes,
         )
 
     @unary
@@ -232,9 +265,11 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             yield controlplane_pb2.TaskEvents(
                 events=[controlplane_pb2.TaskEvent(task_id=t, status=TaskStatus.PENDING.value) for t in ids]
             )
-            yield controlplane_pb2.TaskEvents(events=[task_event(r) for r in await first])
+            for message in event_batches(await first):
+                yield message
             async for batch in batches:
-                yield controlplane_pb2.TaskEvents(events=[task_event(r) for r in batch])
+                for message in event_batches(batch):
+                    yield message
         finally:
             first.cancel()
             await batches.aclose()
@@ -253,7 +288,8 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
         principal = await self._user(context)
         async for batch in self.dp.watch_batches(principal, list(request.task_ids)):
-            yield controlplane_pb2.TaskEvents(events=[task_event(r) for r in batch])
+            for message in event_batches(batch):
+                yield message
 
     @unary
     async def ListTasks(
@@ -285,6 +321,60 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> controlplane_pb2.CancelTaskResponse:
         principal = await self._user(context)
         return controlplane_pb2.CancelTaskResponse(cancelled=await self.dp.cancel(principal, request.task_id))
+
+    @unary
+    async def PutSecret(
+        self, request: controlplane_pb2.PutSecretRequest, context: Context
+    ) -> controlplane_pb2.SecretInfo:
+        """Create or replace a secret of the caller's workspace; the answer never carries the value."""
+        principal = await self._user(context)
+        info, _ = await self.services.secrets.put(principal.require_workspace(), request.name, request.value)
+        return controlplane_pb2.SecretInfo(
+            name=info.name, created_at=_epoch(info.created_at), updated_at=_epoch(info.updated_at)
+        )
+
+    @unary
+    async def ListSecrets(
+        self, request: controlplane_pb2.ListSecretsRequest, context: Context
+    ) -> controlplane_pb2.ListSecretsResponse:
+        principal = await self._user(context)
+        found = await self.services.secrets.list(principal.require_workspace())
+        return controlplane_pb2.ListSecretsResponse(
+            secrets=[
+                controlplane_pb2.SecretInfo(
+                    name=s.name, created_at=_epoch(s.created_at), updated_at=_epoch(s.updated_at)
+                )
+                for s in found
+            ]
+        )
+
+    @unary
+    async def DeleteSecret(
+        self, request: controlplane_pb2.DeleteSecretRequest, context: Context
+    ) -> controlplane_pb2.DeleteSecretResponse:
+        """NOT_FOUND when the workspace has no such secret (whatever other workspaces have), as over REST."""
+        principal = await self._user(context)
+        if not await self.services.secrets.delete(principal.require_workspace(), request.name):
+            raise NotFound("secret", request.name)
+        return controlplane_pb2.DeleteSecretResponse(deleted=True)
+
+    @unary
+    async def PutBlob(
+        self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
+    ) -> common_pb2.BlobRef:
+        principal = await self._user(context)
+        first, pieces = await blob_upload(request_iterator)
+        size = first.total_bytes
+        blob_id = await self.dp.put_blob(principal.require_workspace(), size, pieces, "the call's arguments")
+        return common_pb2.BlobRef(blob_id=blob_id, size_bytes=size)
+
+    @streaming
+    async def GetBlob(
+        self, request: common_pb2.GetBlobRequest, context: Context
+    ) -> AsyncIterator[common_pb2.BlobChunk]:
+        principal = await self._user(context)
+        async for piece in self.dp.read_blob(principal.require_workspace(), request.blob_id):
+            yield common_pb2.BlobChunk(data=piece)
 
     @streaming
     async def StreamLogs(
@@ -318,6 +408,8 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         principal = await self._user(context)
         workspace = principal.require_workspace()
         ctx = self.services.scheduler.ctx
+        from levers9.controlplane.isolation import pool_isolation
+
         out = []
         for spec in self.services.pools.values():
             if spec.workspace is not None and spec.workspace != workspace:
@@ -337,6 +429,8 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
                     workers=len(workers),
                     starting=len(starting),
                     unavailable=unavailable or "",
+                    # how far its calls are kept from each other and from the worker: "none" for process
+                    isolation=await pool_isolation(self.services, spec.name, spec.pool.runtime),
                 )
             )
         return controlplane_pb2.ListPoolsResponse(pools=out)

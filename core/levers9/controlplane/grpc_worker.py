@@ -23,9 +23,11 @@ import grpc
 
 from levers9.controlplane.auth import PermissionDenied, Principal, bearer
 from levers9.controlplane.dataplane import CALLED_KINDS, DataPlane, ServingReport, TaskOutcome, WorkerReport
-from levers9.controlplane.grpc_errors import status_of, unary
+from levers9.controlplane.grpc_api import blob_upload
+from levers9.controlplane.grpc_errors import status_of, streaming, unary
+from levers9.payloads import BATCH_BYTES, parse_ref
 from levers9.proto import WORKER_ID_METADATA
-from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
+from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.scheduler.pools import PoolSpec
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerInfo
@@ -131,13 +133,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             or str(Path(self.services.config.data_dir).expanduser().resolve() / "checkpoints"),
             checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
             checkpoint_cache_dir=checkpoints.cache_dir or "",
+            max_payload_bytes=self.dp.max_payload_bytes,
         )
 
-    @unary
-    async def RecordCheckpoint(
-        self, request: worker_pb2.RecordCheckpointRequest, context: Context
-    ) -> worker_pb2.CheckpointRef:
-        """A worker records the checkpoints it takes of its stubs, and how restoring them went."""
+    async def _worker(self, context: Context) -> tuple[PoolSpec, str, int]:
+        """The calling worker's pool, id and GPU count, once its token is shown to speak for it."""
         principal = await self._principal(context)
         worker_id = _metadata(context, WORKER_ID_METADATA) or ""
         state = await self.services.scheduler.workers.get(worker_id)
@@ -146,6 +146,46 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         spec, machine_id = await self._pool_of(principal, state.info.pool)
         if state.info.machine_id != machine_id:
             raise PermissionDenied(f"worker {worker_id} belongs to another machine")
+        return spec, worker_id, state.info.gpu_count
+
+    async def _unfinished_task(self, spec: PoolSpec, task_id: str) -> tuple[str, bytes]:
+        """The workspace and stored arguments of an unfinished task the worker's pool may run."""
+        found = await self.dp.calls.dispatch([task_id])
+        if not found or found[0].status not in ("pending", "running"):
+            raise NotFound("task", f"{task_id} (unknown, or it has ended)")
+        self._may_serve(spec, found[0].workspace_id, f"task {task_id}")
+        return found[0].workspace_id, found[0].args
+
+    @unary
+    async def PutBlob(
+        self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
+    ) -> common_pb2.BlobRef:
+        """A worker stores a big result, in the workspace of the unfinished task it belongs to."""
+        spec, _, _ = await self._worker(context)
+        first, pieces = await blob_upload(request_iterator)
+        workspace, _ = await self._unfinished_task(spec, first.task_id)
+        blob_id = await self.dp.put_blob(workspace, first.total_bytes, pieces, "the call's result")
+        return common_pb2.BlobRef(blob_id=blob_id, size_bytes=first.total_bytes)
+
+    @streaming
+    async def GetBlob(
+        self, request: common_pb2.GetBlobRequest, context: Context
+    ) -> AsyncIterator[common_pb2.BlobChunk]:
+        """A worker reads the big arguments of an unfinished task, and only the blob those name."""
+        spec, _, _ = await self._worker(context)
+        workspace, args = await self._unfinished_task(spec, request.task_id)
+        ref = parse_ref(args)
+        if ref is None or ref[0] != request.blob_id:
+            raise NotFound("blob", f"{request.blob_id} (not the arguments of task {request.task_id})")
+        async for piece in self.dp.read_blob(workspace, request.blob_id):
+            yield common_pb2.BlobChunk(data=piece)
+
+    @unary
+    async def RecordCheckpoint(
+        self, request: worker_pb2.RecordCheckpointRequest, context: Context
+    ) -> worker_pb2.CheckpointRef:
+        """A worker records the checkpoints it takes of its stubs, and how restoring them went."""
+        spec, _, _ = await self._worker(context)
         store = CheckpointStore(self.services.db)
         if request.checkpoint_id:
             found = await store.get(request.checkpoint_id)
@@ -174,18 +214,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage], context: Context
     ) -> AsyncIterator[worker_pb2.ControllerMessage]:
         try:
-            principal = await self._principal(context)
-            worker_id = _metadata(context, WORKER_ID_METADATA) or ""
-            state = await self.services.scheduler.workers.get(worker_id)
-            if state is None:
-                raise NotFound("worker", f"{worker_id} (register again)")
-            _, machine_id = await self._pool_of(principal, state.info.pool)
-            if state.info.machine_id != machine_id:
-                raise PermissionDenied(f"worker {worker_id} belongs to another machine")
+            _, worker_id, gpus = await self._worker(context)
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
-        session = _Session(self.dp, worker_id, gpus=state.info.gpu_count)
+        session = _Session(self.dp, worker_id, gpus=gpus)
         async for message in session.run(request_iterator):
             yield message
 
@@ -214,11 +247,16 @@ class _Session:
                     return
                 took = await self.dp.take(self.worker_id, _TAKE)
                 batch: list[worker_pb2.ContainerRequest] = []
+                batch_bytes = 0
                 for d in took:
                     if d.stub_id and d.stub_id not in self.sent_stubs:
                         yield worker_pb2.ControllerMessage(stub=await self._stub(d.stub_id))
                         self.sent_stubs.add(d.stub_id)
                     _, settings = await self.dp.stub(d.stub_id or "")
+                    if batch and batch_bytes + len(d.args) > BATCH_BYTES:  # no message near a channel's limit
+                        yield worker_pb2.ControllerMessage(requests=worker_pb2.ContainerRequests(requests=batch))
+                        batch, batch_bytes = [], 0
+                    batch_bytes += len(d.args)
                     batch.append(
                         worker_pb2.ContainerRequest(
                             task_id=d.task_id,
@@ -236,8 +274,11 @@ class _Session:
                 if len(took) >= _TAKE:
                     continue
                 waiter = asyncio.create_task(event.wait())
-                done, _ = await asyncio.wait({waiter, reader}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                if waiter not in done:
+                try:
+                    await asyncio.wait({waiter, reader}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    # also when the session is cancelled mid-wait (its worker went away): a waiter left
+                    # pending is destroyed with the dropped event ("Task was destroyed but it is pending!")
                     waiter.cancel()
         finally:
             reader.cancel()

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import controlplane_pb2_grpc
 from levers9.sdk.context import ENV_TOKEN, Context
 
@@ -28,8 +29,8 @@ __all__ = [
     "parse_target",
 ]
 
-#: pickled arguments and results travel inline, so the default 4 MiB is too small
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: batches of inline payloads travel in one message, so the default 4 MiB is too small (see levers9.payloads)
+MAX_MESSAGE_BYTES = MESSAGE_MAX_BYTES
 #: an Invoke waiting for a GPU or a followed log can be silent for minutes; pinging keeps NATs
 #: and load balancers (AWS NLB drops idle flows after 350 s) from cutting it. The server must
 #: accept pings this often (its grpc.http2.min_ping_interval_without_data_ms at most this).

@@ -55,6 +55,8 @@ class Client:
         self._stub: controlplane_pb2_grpc.ControlPlaneStub | None = None
         #: stub ids by (function identity, config digest), so a function is registered once per client
         self.stub_ids: dict[tuple[int, str], str] = {}
+        #: the controlplane's cap on one payload, asked once before the first big one is sent
+        self.max_payload_bytes: int | None = None
 
     @property
     def stub(self) -> controlplane_pb2_grpc.ControlPlaneStub:

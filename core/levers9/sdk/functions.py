@@ -15,6 +15,7 @@ import hashlib
 import inspect
 import json
 import linecache
+import math
 import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -22,8 +23,11 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 import grpc
 
+from levers9 import stub_bounds as bounds
+from levers9.payloads import BATCH_BYTES, INLINE_MAX_BYTES, REF_PREFIX, PayloadTooLarge
 from levers9.proto.v1 import controlplane_pb2
-from levers9.sdk import serialize
+from levers9.quantities import NotAQuantity, parse_cpu_millicores, parse_memory_mib
+from levers9.sdk import blobs, serialize
 from levers9.sdk.client import Client, client_for, translate
 from levers9.sdk.errors import CallCancelled, CallTimeout, InvalidFunction, RemoteError, RemoteTraceback
 
@@ -155,9 +159,41 @@ async def _watch(client: Client, task_ids: Sequence[str]) -> AsyncIterator[contr
             delay = min(delay * 2, 5.0)
 
 
+async def _outgoing(client: Client, payload: bytes) -> bytes:
+    """``payload`` as it travels: itself when small, else stored first as a blob and named by reference."""
+    if len(payload) <= INLINE_MAX_BYTES:
+        return payload
+    try:
+        if client.max_payload_bytes is None:
+            who = await client.stub.WhoAmI(controlplane_pb2.WhoAmIRequest(), metadata=client.metadata)
+            client.max_payload_bytes = who.max_payload_bytes or None
+        if client.max_payload_bytes is not None and len(payload) > client.max_payload_bytes:
+            raise PayloadTooLarge("the call's arguments", len(payload), client.max_payload_bytes)
+        ref: bytes = await blobs.upload(client.stub.PutBlob, payload, metadata=client.metadata)
+        return ref
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "over the cap" in (exc.details() or ""):
+            raise PayloadTooLarge("the call's arguments", len(payload), 0, message=exc.details()) from None
+        raise translate(exc, client.ctx) from None
+
+
+async def _incoming(client: Client, event: controlplane_pb2.TaskEvent) -> controlplane_pb2.TaskEvent:
+    """``event`` with its result itself in place of a reference to a stored blob."""
+    if not event.result.result.startswith(REF_PREFIX):
+        return event
+    try:
+        data = await blobs.download(client.stub.GetBlob, event.result.result, metadata=client.metadata)
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, client.ctx) from None
+    resolved = controlplane_pb2.TaskEvent()
+    resolved.CopyFrom(event)
+    resolved.result.result = data
+    return resolved
+
+
 async def _watch_one(client: Client, task_id: str) -> controlplane_pb2.TaskEvent:
     async for event in _watch(client, [task_id]):
-        return event
+        return await _incoming(client, event)
     raise RuntimeError(f"the controlplane ended the watch of {task_id} without its result")
 
 
@@ -224,19 +260,24 @@ class Function(Generic[P, R]):
     def remote(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run one call on a worker and return its value (or raise what it raised)."""
         client = self._client()
-        event = client.run(self._invoke(client, serialize.dumps_args(args, kwargs)))
+        event = client.run(self._invoke(client, self._arguments(args, kwargs)))
         value: R = _outcome(event, self._source)
         return value
 
     async def remote_aio(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """``remote`` for async code: awaits without blocking the caller's event loop."""
         client = self._client()
-        event = await client.run_async(self._invoke(client, serialize.dumps_args(args, kwargs)))
+        event = await client.run_async(self._invoke(client, self._arguments(args, kwargs)))
         value: R = _outcome(event, self._source)
         return value
 
+    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        """The call's pickled arguments."""
+        return serialize.dumps_args(args, kwargs)
+
     async def _invoke(self, client: Client, payload: bytes) -> controlplane_pb2.TaskEvent:
         stub_id = await self._stub_id(client)
+        payload = await _outgoing(client, payload)
         task_id = ""
         try:
             async for event in client.stub.Invoke(
@@ -244,8 +285,7 @@ class Function(Generic[P, R]):
             ):
                 task_id = event.task_id
                 if event.HasField("result"):
-                    found: controlplane_pb2.TaskEvent = event
-                    return found
+                    return await _incoming(client, event)
         except grpc.aio.AioRpcError as exc:
             if not task_id or exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise translate(exc, client.ctx) from None
@@ -257,11 +297,12 @@ class Function(Generic[P, R]):
     def spawn(self, *args: P.args, **kwargs: P.kwargs) -> FunctionCall[R]:
         """Start one call and return at once; ``.get()`` on the handle waits for its value."""
         client = self._client()
-        [task_id] = client.run(self._submit(client, [serialize.dumps_args(args, kwargs)]))
+        [task_id] = client.run(self._submit(client, [self._arguments(args, kwargs)]))
         return FunctionCall(client, task_id, self._source)
 
     async def _submit(self, client: Client, payloads: Sequence[bytes]) -> list[str]:
         stub_id = await self._stub_id(client)
+        payloads = [await _outgoing(client, p) for p in payloads]
         try:
             response = await client.stub.Submit(
                 controlplane_pb2.SubmitRequest(
@@ -391,7 +432,7 @@ class Function(Generic[P, R]):
                         index = {task_id: first + i for i, task_id in enumerate(accepted.result())}
                     if event.task_id in index:
                         slots.release()
-                        await results.put((index.pop(event.task_id), event))
+                        await results.put((index.pop(event.task_id), await _incoming(client, event)))
             except asyncio.CancelledError:
                 accepted.cancel()
                 raise
@@ -408,6 +449,7 @@ class Function(Generic[P, R]):
         async def submit_all() -> None:
             nonlocal submitted
             batch: list[bytes] = []
+            batch_bytes = 0
             exhausted = False
             while not exhausted:
                 await slots.acquire()
@@ -416,16 +458,19 @@ class Function(Generic[P, R]):
                     slots.release()
                     exhausted = True
                 else:
+                    payload = await _outgoing(client, payload)  # a big one goes ahead of its call, as a blob
                     batch.append(payload)
+                    batch_bytes += len(payload)
                 first_window = submitted + len(batch) <= concurrency
-                full = len(batch) >= (_BATCH if first_window else chunk)
+                # a batch is one message: cut it by size too, well under what a channel accepts
+                full = len(batch) >= (_BATCH if first_window else chunk) or batch_bytes >= BATCH_BYTES
                 if batch and (exhausted or full or (first_window and slots.locked())):
                     accepted: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
                     watchers.append(asyncio.create_task(watch(batch, submitted, accepted)))
                     # the next batch goes once this one is stored: calls are queued in input order, and a
                     # refused submit (no pool can run it) stops the map before more is sent
                     submitted += len(await accepted)
-                    batch = []
+                    batch, batch_bytes = [], 0
 
         submitter = asyncio.create_task(submit_all())
         try:
@@ -492,33 +537,84 @@ def _config(fn: Callable[..., Any], kind: str, **options: Any) -> dict[str, Any]
     preference = list(request.types) or (["any"] if request.any_gpu else [])
     if request.fallback_cpu:
         preference.append("cpu")
-    cpu = options.pop("cpu")
-    memory = options.pop("memory")
-    timeout = options.pop("timeout")
-    if cpu <= 0:
-        raise InvalidFunction(f"{fn.__qualname__}: cpu must be above 0 cores, got {cpu}")
-    if memory <= 0:
-        raise InvalidFunction(f"{fn.__qualname__}: memory must be above 0 MiB, got {memory}")
-    if timeout is not None and timeout <= 0:
-        raise InvalidFunction(f"{fn.__qualname__}: timeout must be above 0 seconds (or None), got {timeout}")
+    where = fn.__qualname__
+    try:
+        cpu_millicores = parse_cpu_millicores(
+            options.pop("cpu"), field="cpu", minimum=bounds.CPU_MILLICORES_MIN, maximum=bounds.CPU_MILLICORES_MAX
+        )
+        memory_mib = parse_memory_mib(
+            options.pop("memory"), field="memory", minimum=bounds.MEMORY_MIB_MIN, maximum=bounds.MEMORY_MIB_MAX
+        )
+    except NotAQuantity as exc:
+        raise InvalidFunction(f"{where}: {exc}") from None
+    timeout = _seconds(where, "timeout", options.pop("timeout"), above=0.0, none_means="no timeout")
+    retries = _whole(where, "retries", options.pop("retries"), bounds.RETRIES_MIN, bounds.RETRIES_MAX)
+    keep_warm = _seconds(
+        where, "keep_warm", options.pop("keep_warm"), least=bounds.KEEP_WARM_S_MIN, most=bounds.KEEP_WARM_S_MAX,
+        none_means="the default",
+    )  # fmt: skip
+    name = options.pop("name") or fn.__qualname__.replace("<locals>.", "")
+    if not isinstance(name, str) or not bounds.NAME_LENGTH_MIN <= len(name) <= bounds.NAME_LENGTH_MAX:
+        raise InvalidFunction(
+            f"{where}: name: {name!r} is not a name; use a string of {bounds.NAME_LENGTH_MIN} to "
+            f"{bounds.NAME_LENGTH_MAX} characters"
+        )
     secrets = options.pop("secrets") or ()
     return {
         "kind": kind,
         "app": options.pop("app") or _app_name(fn),
-        "name": options.pop("name") or fn.__qualname__.replace("<locals>.", ""),
+        "name": name,
         "image": options.pop("image"),
-        "cpu_millicores": max(1, round(cpu * 1000)),
-        "memory_mib": int(memory),
+        "cpu_millicores": cpu_millicores,
+        "memory_mib": memory_mib,
         "gpu": preference,
         "gpu_count": request.count if request.wants_gpu else 0,
         "fallback_after_s": fallback_after,
-        "retries": int(options.pop("retries")),
-        "timeout_s": float(timeout or 0),
+        "retries": retries,
+        "timeout_s": timeout or 0.0,
         "secrets": [secrets] if isinstance(secrets, str) else list(secrets),
         "env": dict(options.pop("env") or {}),
-        "keep_warm_s": options.pop("keep_warm"),
+        "keep_warm_s": keep_warm,
         "checkpoint_enabled": bool(options.pop("checkpoint", False)),
     }
+
+
+def _whole(where: str, option: str, value: object, least: int, most: int, *, none_ok: bool = False) -> int | None:
+    """A whole-number option, checked against the bounds the controlplane enforces (levers9.stub_bounds)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidFunction(f"{where}: {option}: {value!r} is not a whole number; use an int from {least} to {most}")
+    if not least <= value <= most:
+        raise InvalidFunction(f"{where}: {option}: {value} is out of range; use an int from {least} to {most}")
+    return value
+
+
+def _seconds(
+    where: str,
+    option: str,
+    value: object,
+    *,
+    above: float | None = None,
+    least: float | None = None,
+    most: float | None = None,
+    none_means: str,
+) -> float | None:
+    """A duration in seconds (None: ``none_means``), checked against the controlplane's bounds."""
+    lower = f"above {above:g}" if above is not None else f"at least {least:g}" if least is not None else ""
+    upper = f"at most {most:g}" if most is not None else ""
+    accepted = f"use seconds as a number ({' and '.join(p for p in (lower, upper) if p)}), or None for {none_means}"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidFunction(f"{where}: {option}: {value!r} is not a number of seconds; {accepted}")
+    if (
+        (above is not None and value <= above)
+        or (least is not None and value < least)
+        or (most is not None and value > most)
+    ):
+        raise InvalidFunction(f"{where}: {option}: {value} is out of range; {accepted}")
+    return float(value)
 
 
 def _app_name(fn: Callable[..., Any]) -> str:
@@ -535,8 +631,8 @@ def _app_name(fn: Callable[..., Any]) -> str:
 def function(
     _fn: Callable[P, R] | None = None,
     *,
-    cpu: float = 0.125,
-    memory: int = 128,
+    cpu: float | str = 0.125,
+    memory: int | str = 128,
     gpu: str | Sequence[str] | None = None,
     gpu_count: int | None = None,
     fallback: str | Sequence[str] | None = None,
@@ -556,17 +652,19 @@ def function(
     ``gpu`` is a GPU type, a list in order of preference (the first with free
     capacity wins), ``"any"``, or None for CPU. ``fallback="cpu"`` (or ``"cpu"``
     as the last entry of ``gpu``) runs the call on CPU when no listed GPU can be
-    had within ``fallback_after`` seconds. ``cpu`` is in cores, ``memory`` in
-    MiB, ``timeout`` in seconds. ``retries`` reruns a call that raised, up to
-    that many more times. ``secrets`` names workspace secrets to expose as
+    had within ``fallback_after`` seconds. ``cpu`` is in cores (``0.5``, ``2``)
+    or millicores (``"500m"``); ``memory`` is MiB as a number (``512``) or a
+    size (``"256Mi"``, ``"1Gi"``, ``"16GiB"``; every unit is 1024-based, so
+    ``"16GB"`` is 16 GiB); ``timeout`` is in seconds. ``retries`` reruns a call
+    that raised, up to that many more times. Every option is checked here,
+    against the bounds the controlplane enforces, and a bad one raises
+    :class:`~levers9.sdk.errors.InvalidFunction` (a ``ValueError``) naming it. ``secrets`` names workspace secrets to expose as
     environment variables; ``env`` adds plain ones. ``checkpoint=True``
     snapshots the first container once its start-up (the module's top-level
     code: imports, model loading) is done, where the pool's runtime can; later
     containers of the function start from that snapshot instead of running it
     again. A long-running server calls :func:`levers9.ready` itself instead.
     """
-    if retries < 0:
-        raise InvalidFunction(f"retries must be 0 or more, got {retries}")
     if isinstance(fallback, str):
         fallback = [fallback]
 
@@ -658,7 +756,7 @@ def box(
     ready when every port accepts connections.
     """
     serving = {
-        "ports": [int(p) for p in ports],
+        "ports": list(ports),
         "min_containers": min_containers,
         "max_containers": max_containers,
         "start_timeout_s": start_timeout,
@@ -669,12 +767,35 @@ def box(
 def _other_kind(kind: str, fn: Callable[..., Any] | None, serving: dict[str, Any], options: dict[str, Any]) -> Any:
     def wrap(f: Callable[..., Any]) -> Function[Any, Any]:
         decorated: Function[Any, Any] = function(f, **options)
+        _check_serving(f.__qualname__, serving)
         decorated.config["kind"] = kind
         if serving:
             decorated.config["serving"] = serving
         return decorated
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_serving(where: str, serving: dict[str, Any]) -> None:
+    """Check an endpoint's or box's own options against the controlplane's bounds, as :func:`function` does."""
+    for option, field, least, most in (
+        ("min_containers", "min_containers", bounds.MIN_CONTAINERS_MIN, bounds.MIN_CONTAINERS_MAX),
+        ("max_containers", "max_containers", bounds.MAX_CONTAINERS_MIN, bounds.MAX_CONTAINERS_MAX),
+        ("tasks_per_container", "tasks_per_container", bounds.TASKS_PER_CONTAINER_MIN, bounds.TASKS_PER_CONTAINER_MAX),
+        ("max_pending", "max_pending", bounds.MAX_PENDING_MIN, bounds.MAX_PENDING_MAX),
+    ):
+        if field in serving:
+            _whole(where, option, serving[field], least, most, none_ok=True)
+    if "start_timeout_s" in serving:
+        _seconds(
+            where, "start_timeout", serving["start_timeout_s"], above=bounds.START_TIMEOUT_S_ABOVE,
+            most=bounds.START_TIMEOUT_S_MAX, none_means="the default",
+        )  # fmt: skip
+    low, high = serving.get("min_containers"), serving.get("max_containers")
+    if low is not None and high is not None and low > high:
+        raise InvalidFunction(f"{where}: min_containers ({low}) is above max_containers ({high})")
+    for port in serving.get("ports", ()):
+        _whole(where, "ports", port, bounds.PORT_MIN, bounds.PORT_MAX)
 
 
 def register(fn: Function[Any, Any], context: str | None = None) -> str:

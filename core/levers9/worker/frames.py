@@ -23,6 +23,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from levers9.payloads import MAX_CAP_BYTES
+
 if TYPE_CHECKING:  # the runner never needs asyncio's import time
     import asyncio
 
@@ -41,8 +43,9 @@ __all__ = [
 _PREFIX = struct.Struct("!IQ")
 #: a header is small metadata; a bigger one means the peer is broken or hostile
 MAX_HEADER_BYTES = 1 << 20
-#: the largest payload (arguments, a result, a pickled exception) accepted by default
-MAX_PAYLOAD_BYTES = 1 << 30
+#: the largest payload (arguments, a result, a pickled exception) a frame may carry: the highest cap an
+#: operator may set (the worker reads a container's frames with the cap in force)
+MAX_PAYLOAD_BYTES = MAX_CAP_BYTES
 
 
 class ProtocolError(Exception):

@@ -42,6 +42,7 @@ from pathlib import Path
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, GpuDevice, Mount, RuntimeContext
+from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 from levers9.worker import frames, runner
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
 from levers9.worker.checkpointing import SIGNAL_SOCKET, Checkpointing
@@ -155,7 +156,7 @@ class ContainerPool:
         python: str = sys.executable,
         max_containers: int = 64,
         max_starting_per_stub: int = 2,
-        max_result_bytes: int = frames.MAX_PAYLOAD_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         scale_after_s: float = 0.05,
         checkpointing: Checkpointing | None = None,
     ) -> None:
@@ -652,7 +653,9 @@ class ContainerPool:
         assert box.reader is not None
         assert box.writer is not None
         try:
-            await frames.write_frame(box.writer, "call", call.args, task_id=call.task_id)
+            await frames.write_frame(
+                box.writer, "call", call.args, task_id=call.task_id, max_result=self.max_result_bytes
+            )
         except (OSError, ConnectionError):
             return await self._exit_outcome(group, box, call), False
         await _notify_started(pending, box.cid)
@@ -662,6 +665,9 @@ class ContainerPool:
             done, _ = await asyncio.wait(
                 {reading, stopping}, timeout=call.timeout_s or None, return_when=asyncio.FIRST_COMPLETED
             )
+        except asyncio.CancelledError:
+            reading.cancel()  # the worker is stopping this call: nothing is left pending behind it
+            raise
         finally:
             stopping.cancel()
         if reading in done:
@@ -701,6 +707,9 @@ class ContainerPool:
                                          return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             if readying in done and reading not in done and stopping not in done:
                 done, _ = await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
         finally:
             stopping.cancel()
             readying.cancel()

@@ -32,6 +32,7 @@ this is on every container's start-up path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import importlib
 import inspect
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
+from levers9.payloads import PayloadTooLarge
 from levers9.worker import frames
 from levers9.worker.calls import JSON_CALL
 
@@ -256,7 +258,20 @@ class Executor:
         self.problem = problem
         self._loop: Any = None
 
-    def run(self, args_payload: bytes) -> bytes | Failure:
+    def run(self, args_payload: bytes, max_result: int = frames.MAX_PAYLOAD_BYTES) -> bytes | Failure:
+        """The call's pickled (or JSON) value, or its failure; a value over ``max_result`` bytes is a failure."""
+        answer = self._run(args_payload)
+        if isinstance(answer, Failure):
+            if len(answer.exception) > max_result:  # the caller still gets the type, message and traceback
+                return dataclasses.replace(answer, exception=b"")
+            return answer
+        if len(answer) > max_result:
+            return Failure(
+                "PayloadTooLarge", str(PayloadTooLarge("the function's return value", len(answer), max_result))
+            )
+        return answer
+
+    def _run(self, args_payload: bytes) -> bytes | Failure:
         if self.handler is None:
             assert self.problem is not None
             return self.problem
@@ -279,15 +294,9 @@ class Executor:
             except (TypeError, ValueError) as exc:
                 return _failure(exc, prefix=f"the function's return value ({type(result).__name__}) is not JSON: ")
         try:
-            data = bytes(cloudpickle.dumps(result))
+            return bytes(cloudpickle.dumps(result))
         except Exception as exc:
             return _failure(exc, prefix=f"the function's return value ({type(result).__name__}) could not be pickled: ")
-        if len(data) > frames.MAX_PAYLOAD_BYTES:
-            return Failure(
-                "ResultTooLarge",
-                f"the function's return value pickles to {len(data)} bytes, over the limit of {frames.MAX_PAYLOAD_BYTES}",
-            )
-        return data
 
     def _await(self, awaitable: Any) -> Any:
         if self._loop is None:
@@ -366,8 +375,11 @@ def serve(channel: Channel, stream: BinaryIO, executor: Executor) -> int:
         task_id = frame.text("task_id")
         _flush_output()  # what was printed before the call belongs to the container's log
         channel.task_id = task_id
+        max_result = frame.header.get("max_result", frames.MAX_PAYLOAD_BYTES)
+        if not isinstance(max_result, int) or max_result < 0:
+            raise frames.ProtocolError(f"frame 'call': max_result must be a byte count, got {max_result!r}")
         try:
-            answer = executor.run(frame.payload)
+            answer = executor.run(frame.payload, max_result)
         finally:
             _flush_output()
             channel.task_id = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -35,8 +36,17 @@ import grpc
 from levers9.__about__ import __version__
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
+from levers9.payloads import (
+    BATCH_BYTES,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    INLINE_MAX_BYTES,
+    MESSAGE_MAX_BYTES,
+    PayloadTooLarge,
+    parse_ref,
+)
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from levers9.sdk.blobs import download, upload
 from levers9.sdk.channel import parse_target
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
 from levers9.worker.checkpointing import Checkpointing, RecordStore, record_of
@@ -73,12 +83,25 @@ class WorkerOptions:
 
 
 def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Defaults for the worker command from the variables providers set (``LEVERS9_*``)."""
+    """Defaults for the worker command from the variables providers set (``LEVERS9_*``).
+
+    The token comes from ``LEVERS9_TOKEN_FILE`` (read, then deleted) or else ``LEVERS9_TOKEN``; reading the
+    process's own environment removes both from it, so nothing the worker starts inherits them (see
+    :mod:`levers9.worker.credentials`). Raises ValueError when the token file cannot be used.
+    """
+    from levers9.worker.credentials import TOKEN_FILE_ENV, scrub_environ, take_token_file
+
     env = os.environ if environ is None else environ
     out: dict[str, Any] = {}
+    token_file, token = env.get(TOKEN_FILE_ENV), env.get("LEVERS9_TOKEN")
+    if environ is None:
+        scrub_environ()
+    if token_file:
+        out["token"] = take_token_file(token_file)
+    elif token:
+        out["token"] = token
     for key, name, kind in (
         ("LEVERS9_CONTROLPLANE_URL", "controlplane", str),
-        ("LEVERS9_TOKEN", "token", str),
         ("LEVERS9_POOL", "pool", str),
         ("LEVERS9_MACHINE_ID", "machine_id", str),
         ("LEVERS9_CPU_MILLICORES", "cpu_millicores", int),
@@ -145,6 +168,11 @@ class _Outbox:
         self.logs.append(worker_pb2.TaskLog(task_id=task_id, data=data))
         self._soon()
 
+    def drop(self, task_id: str) -> None:
+        """Forget a cancelled task's result: it is neither sent nor re-sent."""
+        self.results = [m for m in self.results if m.task_id != task_id]
+        self.recent = deque((at, m) for at, m in self.recent if m.task_id != task_id)
+
     def resend_recent(self) -> None:
         pending = {id(m) for m in self.results}
         self.results.extend(m for _, m in self.recent if id(m) not in pending)
@@ -162,15 +190,18 @@ class _Outbox:
             # together; an idle one sends at once (after a turn of the loop, for what finished with it).
             await asyncio.sleep(max(0.0, last_sent + BATCH_S - time.monotonic()))
             now = time.monotonic()
+            # each message carries at most about BATCH_BYTES of results and of output: never one a channel
+            # refuses, which would end the session, and again after every reconnect
+            results, logs = _budget(self.results, _result_bytes), _budget(self.logs, _log_bytes)
             message = worker_pb2.WorkerMessage(
                 started=self.started,
-                results=self.results[:2000],
-                logs=self.logs,
+                results=self.results[:results],
+                logs=self.logs[:logs],
                 keepalive=now - last_keepalive >= keepalive_s * 0.9,
                 draining=self.draining and not sent_draining,
             )
-            self.started, self.results, self.logs = [], self.results[2000:], []
-            if self.results:
+            self.started, self.results, self.logs = [], self.results[results:], self.logs[logs:]
+            if self.results or self.logs:
                 self.wake.set()
             if message.keepalive:
                 last_keepalive = now
@@ -179,10 +210,29 @@ class _Outbox:
                 last_sent = now
                 yield message
         # the session is ending: whatever is still here goes out before the stream closes
-        last = worker_pb2.WorkerMessage(started=self.started, results=self.results, logs=self.logs)
-        self.started, self.results, self.logs = [], [], []
-        if last.ByteSize():
+        while self.started or self.results or self.logs:
+            results, logs = _budget(self.results, _result_bytes), _budget(self.logs, _log_bytes)
+            last = worker_pb2.WorkerMessage(started=self.started, results=self.results[:results], logs=self.logs[:logs])
+            self.started, self.results, self.logs = [], self.results[results:], self.logs[logs:]
             yield last
+
+
+def _result_bytes(message: common_pb2.TaskResult) -> int:
+    return len(message.result) + len(message.error.message) + len(message.error.traceback) + 64
+
+
+def _log_bytes(message: worker_pb2.TaskLog) -> int:
+    return len(message.data) + 64
+
+
+def _budget(items: list[Any], size: Any) -> int:
+    """How many of ``items`` (at least one) fit in BATCH_BYTES, and at most 2,000 of them."""
+    total = 0
+    for i, item in enumerate(items[:2000]):
+        total += size(item)
+        if total > BATCH_BYTES and i:
+            return i
+    return min(len(items), 2000)
 
 
 class WorkerProcess:
@@ -200,6 +250,11 @@ class WorkerProcess:
         self.runtime = ""
         self.gpus: list[GpuDevice] = []
         self._session_stop = asyncio.Event()
+        #: the cap on one call's arguments or result, as the controlplane says
+        self.max_payload = DEFAULT_MAX_PAYLOAD_BYTES
+        #: cancelled tasks still running here: their results are dropped, their transfers stopped
+        self.cancelled: set[str] = set()
+        self._transfers: dict[str, asyncio.Task[bytes]] = {}
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -247,6 +302,12 @@ class WorkerProcess:
         return [g for g in found if visible is None or g.index in visible]
 
     async def _sessions(self) -> int:
+        """Hold a session, reconnecting with backoff; give up after ``disconnect_exit_s`` without contact.
+
+        The time without contact counts from the last moment the controlplane was known to be there: the
+        end of the last session that registered (a healthy session runs until the connection breaks, so
+        that moment is when it broke), or the start of the worker if it never registered.
+        """
         backoff = 0.5
         last_ok = time.monotonic()
         target, tls = parse_target(self.options.controlplane)
@@ -255,8 +316,8 @@ class WorkerProcess:
                 return 0
             creds = grpc.ssl_channel_credentials() if tls else None
             options = [
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
+                ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
             ]
             channel = (
                 grpc.aio.secure_channel(target, creds, options) if creds else grpc.aio.insecure_channel(target, options)
@@ -268,8 +329,10 @@ class WorkerProcess:
                     self._rpc = stub
                     response = await self._register(stub)
                     backoff = 0.5
-                    await self._session(stub, response)
-                    last_ok = time.monotonic()
+                    try:
+                        await self._session(stub, response)
+                    finally:
+                        last_ok = time.monotonic()
                     if self.draining.is_set() and not self.inflight:
                         return 0
             except grpc.aio.AioRpcError as exc:
@@ -330,9 +393,10 @@ class WorkerProcess:
         if not capabilities.available:
             raise RuntimeError(f"runtime {response.runtime} is not available here: {capabilities.unavailable_reason}")
         self.runtime = response.runtime
+        self.max_payload = response.max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
         self.pool = ContainerPool(
             self.hooks, context, state_dir=self.options.state_dir / "containers", gpus=self.gpus,
-            checkpointing=self._checkpointing(response),
+            checkpointing=self._checkpointing(response), max_result_bytes=self.max_payload,
         )  # fmt: skip
 
     def _checkpointing(self, response: worker_pb2.RegisterResponse) -> Checkpointing | None:
@@ -374,9 +438,7 @@ class WorkerProcess:
                     for request in message.requests.requests:
                         self._start(request)
                 elif kind == "cancel":
-                    task = self.inflight.get(message.cancel.task_id)
-                    if task is not None and self.pool is not None:
-                        await self.pool.cancel(message.cancel.task_id)
+                    await self._cancel(message.cancel.task_id)
                 elif kind == "drain":
                     self.drain()
                 if self.draining.is_set() and not self.inflight and not self.outbox.results:
@@ -388,6 +450,66 @@ class WorkerProcess:
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             call.cancel()
+
+    async def _cancel(self, task_id: str) -> None:
+        """Stop a task: its container (and whatever it started) goes, its result is never sent."""
+        self.outbox.drop(task_id)
+        if task_id not in self.inflight:
+            return
+        self.cancelled.add(task_id)
+        transfer = self._transfers.get(task_id)
+        if transfer is not None:
+            transfer.cancel()
+        if self.pool is not None:
+            await self.pool.cancel(task_id)
+
+    async def _transfer(self, task_id: str, work: Any) -> bytes:
+        """Run an upload or download of ``task_id``'s payload so that cancelling the task stops it."""
+        transfer: asyncio.Task[bytes] = asyncio.ensure_future(work)
+        self._transfers[task_id] = transfer
+        try:
+            return await transfer
+        finally:
+            self._transfers.pop(task_id, None)
+
+    async def _arguments(self, call: Call) -> Call:
+        """The call with its arguments themselves, fetched when they travelled as a blob."""
+        if parse_ref(call.args) is None:
+            return call
+        rpc = self._rpc
+        if rpc is None:
+            raise ConnectionError("not connected to the controlplane")
+        args = await self._transfer(
+            call.task_id, download(rpc.GetBlob, call.args, metadata=self._metadata(), task_id=call.task_id)
+        )
+        return dataclasses.replace(call, args=args)
+
+    async def _stored_result(self, task_id: str, data: bytes) -> bytes | None:
+        """A reference to ``data`` stored as a blob; retried while the controlplane is away.
+
+        None when the task ended meanwhile (cancelled, or given to another worker): its result has no
+        one to go to.
+        """
+        backoff = 0.5
+        while True:
+            rpc = self._rpc
+            try:
+                if rpc is None:
+                    raise ConnectionError("not connected to the controlplane")
+                return await self._transfer(
+                    task_id, upload(rpc.PutBlob, data, metadata=self._metadata(), task_id=task_id, timeout=600)
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                    log.warning("dropping the result of %s: %s", task_id, exc.details())
+                    return None
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise PayloadTooLarge("the call's result", len(data), self.max_payload) from None
+                log.warning("storing the result of %s failed (%s); retrying", task_id, exc.code().name)
+            except ConnectionError as exc:
+                log.warning("storing the result of %s failed (%s); retrying", task_id, exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
 
     async def _reap_idle(self) -> None:
         while True:
@@ -431,32 +553,65 @@ class WorkerProcess:
         self.inflight[request.task_id] = asyncio.create_task(self._run(stub, call), name=request.task_id)
 
     async def _run(self, stub: StubSpec | None, call: Call) -> None:
+        task_id = call.task_id
         try:
-            if stub is None or self.pool is None:
-                outcome = Outcome(
-                    call.task_id, "error", error=_error("WorkerError", "the stub was not sent before its call")
-                )
-            else:
-                outcome = await self.pool.run(
-                    stub,
-                    call,
-                    on_started=None if stub.serves else lambda cid: self.outbox.started_task(call.task_id, cid),
-                    on_log=self.outbox.log,
-                    on_serving=lambda serving: self.outbox.serving(call.task_id, serving),
-                )
-        except Exception as exc:
-            log.exception("running %s failed in the worker", call.task_id)
-            outcome = Outcome(call.task_id, "error", error=_error("WorkerError", f"{type(exc).__name__}: {exc}"))
+            outcome = await self._outcome(stub, call)
+            result: bytes | None = outcome.result
+            if result and len(result) > INLINE_MAX_BYTES and task_id not in self.cancelled:
+                try:
+                    result = await self._stored_result(task_id, result)
+                except PayloadTooLarge as exc:
+                    outcome, result = Outcome(task_id, "error", error=_error("PayloadTooLarge", str(exc))), None
+                if result is None and outcome.status == "complete":
+                    return  # the task ended elsewhere: nothing to report
+        except asyncio.CancelledError:
+            if task_id in self.cancelled:
+                return
+            raise
         finally:
-            self.inflight.pop(call.task_id, None)
+            self.inflight.pop(task_id, None)
+            cancelled = task_id in self.cancelled
+            self.cancelled.discard(task_id)
+        if cancelled:
+            return  # the caller cancelled it: its result goes nowhere
         error = None
         if outcome.error is not None:
             error = common_pb2.RemoteError(
                 type=outcome.error.type, message=outcome.error.message, traceback=outcome.error.traceback
             )
         self.outbox.result(
-            common_pb2.TaskResult(task_id=call.task_id, status=outcome.status, result=outcome.result, error=error)
+            common_pb2.TaskResult(task_id=task_id, status=outcome.status, result=result or b"", error=error)
         )
+
+    async def _outcome(self, stub: StubSpec | None, call: Call) -> Outcome:
+        try:
+            if stub is None or self.pool is None:
+                return Outcome(
+                    call.task_id, "error", error=_error("WorkerError", "the stub was not sent before its call")
+                )
+            try:
+                call = await self._arguments(call)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                message = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                return Outcome(
+                    call.task_id,
+                    "error",
+                    error=_error("WorkerError", f"fetching the call's arguments failed: {message}"),
+                )
+            return await self.pool.run(
+                stub,
+                call,
+                on_started=None if stub.serves else lambda cid: self.outbox.started_task(call.task_id, cid),
+                on_log=self.outbox.log,
+                on_serving=lambda serving: self.outbox.serving(call.task_id, serving),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("running %s failed in the worker", call.task_id)
+            return Outcome(call.task_id, "error", error=_error("WorkerError", f"{type(exc).__name__}: {exc}"))
 
 
 def _error(kind: str, message: str) -> RemoteErrorInfo:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlevers9/proto/v1/common.proto\x12\nlevers9.v1\"?\n\x0bRemoteError\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\"e\n\nTaskResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06result\x18\x03 \x01(\x0c\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.levers9.v1.RemoteErrorb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlevers9/proto/v1/common.proto\x12\nlevers9.v1\"?\n\x0bRemoteError\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\"e\n\nTaskResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06result\x18\x03 \x01(\x0c\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.levers9.v1.RemoteError\"?\n\tBlobChunk\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0f\n\x07task_id\x18\x03 \x01(\t\".\n\x07\x42lobRef\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\"2\n\x0eGetBlobRequest\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,4 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REMOTEERROR']._serialized_end=108
   _globals['_TASKRESULT']._serialized_start=110
   _globals['_TASKRESULT']._serialized_end=211
+  _globals['_BLOBCHUNK']._serialized_start=213
+  _globals['_BLOBCHUNK']._serialized_end=276
+  _globals['_BLOBREF']._serialized_start=278
+  _globals['_BLOBREF']._serialized_end=324
+  _globals['_GETBLOBREQUEST']._serialized_start=326
+  _globals['_GETBLOBREQUEST']._serialized_end=376
 # @@protoc_insertion_point(module_scope)

@@ -26,3 +26,29 @@ class TaskResult(_message.Message):
     result: bytes
     error: RemoteError
     def __init__(self, task_id: _Optional[str] = ..., status: _Optional[str] = ..., result: _Optional[bytes] = ..., error: _Optional[_Union[RemoteError, _Mapping]] = ...) -> None: ...
+
+class BlobChunk(_message.Message):
+    __slots__ = ("total_bytes", "data", "task_id")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    data: bytes
+    task_id: str
+    def __init__(self, total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class BlobRef(_message.Message):
+    __slots__ = ("blob_id", "size_bytes")
+    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    blob_id: str
+    size_bytes: int
+    def __init__(self, blob_id: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class GetBlobRequest(_message.Message):
+    __slots__ = ("blob_id", "task_id")
+    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    blob_id: str
+    task_id: str
+    def __init__(self, blob_id: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...

@@ -12,14 +12,16 @@ class WhoAmIRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WhoAmIResponse(_message.Message):
-    __slots__ = ("workspace_id", "workspace_name", "token_id")
+    __slots__ = ("workspace_id", "workspace_name", "token_id", "max_payload_bytes")
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_NAME_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     workspace_name: str
     token_id: str
-    def __init__(self, workspace_id: _Optional[str] = ..., workspace_name: _Optional[str] = ..., token_id: _Optional[str] = ...) -> None: ...
+    max_payload_bytes: int
+    def __init__(self, workspace_id: _Optional[str] = ..., workspace_name: _Optional[str] = ..., token_id: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ...) -> None: ...
 
 class StubConfig(_message.Message):
     __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version", "checkpoint_enabled", "min_containers", "max_containers", "tasks_per_container", "public", "interface", "ports", "max_pending", "start_timeout_s")
@@ -287,7 +289,7 @@ class ListPoolsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolInfo(_message.Message):
-    __slots__ = ("name", "provider", "runtime", "gpu", "gpu_count", "min_workers", "max_workers", "workers", "starting", "unavailable")
+    __slots__ = ("name", "provider", "runtime", "gpu", "gpu_count", "min_workers", "max_workers", "workers", "starting", "unavailable", "isolation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +300,7 @@ class PoolInfo(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     STARTING_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     provider: str
     runtime: str
@@ -308,7 +311,8 @@ class PoolInfo(_message.Message):
     workers: int
     starting: int
     unavailable: str
-    def __init__(self, name: _Optional[str] = ..., provider: _Optional[str] = ..., runtime: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., workers: _Optional[int] = ..., starting: _Optional[int] = ..., unavailable: _Optional[str] = ...) -> None: ...
+    isolation: str
+    def __init__(self, name: _Optional[str] = ..., provider: _Optional[str] = ..., runtime: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., workers: _Optional[int] = ..., starting: _Optional[int] = ..., unavailable: _Optional[str] = ..., isolation: _Optional[str] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
     __slots__ = ("pools",)
@@ -355,3 +359,43 @@ class ListWorkersResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSummary]
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ...) -> None: ...
+
+class PutSecretRequest(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class SecretInfo(_message.Message):
+    __slots__ = ("name", "created_at", "updated_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    created_at: float
+    updated_at: float
+    def __init__(self, name: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
+class ListSecretsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSecretsResponse(_message.Message):
+    __slots__ = ("secrets",)
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    secrets: _containers.RepeatedCompositeFieldContainer[SecretInfo]
+    def __init__(self, secrets: _Optional[_Iterable[_Union[SecretInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteSecretRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteSecretResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...

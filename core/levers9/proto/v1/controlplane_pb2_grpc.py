@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from levers9.proto.v1 import common_pb2 as levers9_dot_proto_dot_v1_dot_common__pb2
 from levers9.proto.v1 import controlplane_pb2 as levers9_dot_proto_dot_v1_dot_controlplane__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -113,6 +114,31 @@ class ControlPlaneStub:
                 '/levers9.v1.ControlPlane/StopDeployment',
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.StopDeploymentRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeploymentVersion.FromString,
+                _registered_method=True)
+        self.PutBlob = channel.stream_unary(
+                '/levers9.v1.ControlPlane/PutBlob',
+                request_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobRef.FromString,
+                _registered_method=True)
+        self.GetBlob = channel.unary_stream(
+                '/levers9.v1.ControlPlane/GetBlob',
+                request_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
+                _registered_method=True)
+        self.PutSecret = channel.unary_unary(
+                '/levers9.v1.ControlPlane/PutSecret',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.PutSecretRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SecretInfo.FromString,
+                _registered_method=True)
+        self.ListSecrets = channel.unary_unary(
+                '/levers9.v1.ControlPlane/ListSecrets',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListSecretsRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListSecretsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSecret = channel.unary_unary(
+                '/levers9.v1.ControlPlane/DeleteSecret',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretResponse.FromString,
                 _registered_method=True)
 
 
@@ -228,6 +254,40 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutBlob(self, request_iterator, context):
+        """Store a payload over the inline limit (arguments of a call), in chunks; answers its reference.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBlob(self, request, context):
+        """A stored payload of this workspace (a result over the inline limit), in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutSecret(self, request, context):
+        """Create or replace a workspace secret (stored encrypted; its value is never returned).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSecrets(self, request, context):
+        """The workspace's secrets: names and times, never values.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSecret(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -310,6 +370,31 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.StopDeployment,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.StopDeploymentRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeploymentVersion.SerializeToString,
+            ),
+            'PutBlob': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutBlob,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobRef.SerializeToString,
+            ),
+            'GetBlob': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetBlob,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
+            ),
+            'PutSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSecret,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.PutSecretRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.SecretInfo.SerializeToString,
+            ),
+            'ListSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSecrets,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListSecretsRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListSecretsResponse.SerializeToString,
+            ),
+            'DeleteSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSecret,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -744,6 +829,141 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/StopDeployment',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.StopDeploymentRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeploymentVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutBlob(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/levers9.v1.ControlPlane/PutBlob',
+            levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_common__pb2.BlobRef.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBlob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/GetBlob',
+            levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/PutSecret',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.PutSecretRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.SecretInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/ListSecrets',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListSecretsRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/DeleteSecret',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

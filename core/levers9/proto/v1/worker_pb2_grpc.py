@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from levers9.proto.v1 import common_pb2 as levers9_dot_proto_dot_v1_dot_common__pb2
 from levers9.proto.v1 import worker_pb2 as levers9_dot_proto_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -49,6 +50,16 @@ class WorkerStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.RecordCheckpointRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.CheckpointRef.FromString,
                 _registered_method=True)
+        self.PutBlob = channel.stream_unary(
+                '/levers9.v1.Worker/PutBlob',
+                request_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobRef.FromString,
+                _registered_method=True)
+        self.GetBlob = channel.unary_stream(
+                '/levers9.v1.Worker/GetBlob',
+                request_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -78,6 +89,20 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutBlob(self, request_iterator, context):
+        """Store a payload over the inline limit (a result), in chunks, in the workspace of the task it belongs to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBlob(self, request, context):
+        """A payload of a task placed on this worker (arguments over the inline limit), in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +120,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.RecordCheckpoint,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.RecordCheckpointRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.CheckpointRef.SerializeToString,
+            ),
+            'PutBlob': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutBlob,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobRef.SerializeToString,
+            ),
+            'GetBlob': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetBlob,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +213,60 @@ class Worker:
             '/levers9.v1.Worker/RecordCheckpoint',
             levers9_dot_proto_dot_v1_dot_worker__pb2.RecordCheckpointRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_worker__pb2.CheckpointRef.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutBlob(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/levers9.v1.Worker/PutBlob',
+            levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_common__pb2.BlobRef.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBlob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/levers9.v1.Worker/GetBlob',
+            levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
             options,
             channel_credentials,
             insecure,
