@@ -6,8 +6,9 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
@@ -16,6 +17,9 @@ from levers9.hooks.errors import Levers9Error
 if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
     from levers9.controlplane.server import Listeners
+    from levers9.state.sql.database import Database
+
+T = TypeVar("T")
 
 __all__ = ["server", "token_app", "up", "worker"]
 
@@ -307,14 +311,23 @@ async def _stop_local_workers(server: object) -> None:
 token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")
 
 
-def _database_url() -> str:
-    """The controlplane's database, from the config file this machine's controlplane reads."""
+def _on_database(work: Callable[[Database], Awaitable[T]]) -> T:
+    """``work`` on the controlplane's database (from the config file this machine's controlplane reads)."""
     from levers9.config.load import default_config_path, read_config
     from levers9.config.model import Config
+    from levers9.state.sql.database import open_database
 
     path = default_config_path()
     cfg = read_config(path)[0] if path.exists() else None
-    return (cfg or Config()).database_url
+
+    async def run() -> T:
+        db = await open_database((cfg or Config()).database_url)
+        try:
+            return await work(db)
+        finally:
+            await db.close()
+
+    return asyncio.run(run())
 
 
 @token_app.command("create")
@@ -336,26 +349,20 @@ def token_create(
     if ttl is not None and not 0 < ttl <= MAX_TOKEN_TTL_S:
         typer.echo(f"--ttl must be above 0 and at most {MAX_TOKEN_TTL_S} seconds (ten years), got {ttl}", err=True)
         raise typer.Exit(2)
-    url = _database_url()
 
-    async def issue() -> tuple[str, str]:
-        from levers9.state.sql.database import open_database
+    async def issue(db: Database) -> tuple[str, str]:
         from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
 
-        db = await open_database(url)
-        try:
-            if kind == "worker":
-                record, token = await TokenStore(db).issue("worker", subject=pool, ttl_s=ttl)
-            else:
-                ws = await WorkspaceStore(db).get_or_create(workspace)
-                record, token = await TokenStore(db).issue(
-                    "user", workspace_id=ws.id, subject="levers9 token create", ttl_s=ttl
-                )
-            return record.id, token
-        finally:
-            await db.close()
+        if kind == "worker":
+            record, token = await TokenStore(db).issue("worker", subject=pool, ttl_s=ttl)
+        else:
+            ws = await WorkspaceStore(db).get_or_create(workspace)
+            record, token = await TokenStore(db).issue(
+                "user", workspace_id=ws.id, subject="levers9 token create", ttl_s=ttl
+            )
+        return record.id, token
 
-    token_id, token = asyncio.run(issue())
+    token_id, token = _on_database(issue)
     typer.echo(f"token id: {token_id} (revoke it with `levers9 token revoke {token_id}`)", err=True)
     typer.echo(token)
 
@@ -369,23 +376,16 @@ def token_revoke(
     """Revoke a token: refused at once by a controlplane on this database, within 10 s by every replica."""
     from levers9.controlplane.auth import CACHE_S
 
-    url = _database_url()
-
-    async def revoke() -> str | None:
-        from levers9.state.sql.database import open_database
+    async def revoke(db: Database) -> str | None:
         from levers9.state.sql.workspaces import TokenStore
 
-        db = await open_database(url)
-        try:
-            tokens = TokenStore(db)
-            record = await tokens.get(token) if token.startswith("tok_") else await tokens.find(token)
-            if record is None or not await tokens.revoke(record.id):
-                return None
-            return record.id
-        finally:
-            await db.close()
+        tokens = TokenStore(db)
+        record = await tokens.get(token) if token.startswith("tok_") else await tokens.find(token)
+        if record is None or not await tokens.revoke(record.id):
+            return None
+        return record.id
 
-    revoked = asyncio.run(revoke())
+    revoked = _on_database(revoke)
     if revoked is None:
         typer.echo(f"no token {token!r} in this controlplane's database (see `levers9 token list`)", err=True)
         raise typer.Exit(1)
@@ -403,46 +403,39 @@ def token_list(
     """List tokens (never the tokens themselves: only their hashes are stored): ids, kinds, expiry, revocation."""
     from datetime import UTC, datetime
 
-    url = _database_url()
-
-    async def listed() -> list[dict[str, str | None]] | None:
-        from levers9.state.sql.database import open_database
+    async def listed(db: Database) -> list[dict[str, str | None]] | None:
         from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
 
-        db = await open_database(url)
-        try:
-            workspace_id = None
-            if not unbound:
-                ws = await WorkspaceStore(db).by_name(workspace or "default")
-                if ws is None:
-                    return None
-                workspace_id = ws.id
-            now = datetime.now(UTC)
-            out = []
-            for r in await TokenStore(db).list_for_workspace(workspace_id):
-                if r.revoked_at is not None:
-                    state = "revoked"
-                elif r.expires_at is not None and r.expires_at <= now:
-                    state = "expired"
-                else:
-                    state = "active"
-                out.append(
-                    {
-                        "id": r.id,
-                        "kind": r.kind.value,
-                        "subject": r.subject,
-                        "state": state,
-                        "created_at": r.created_at.isoformat(),
-                        "expires_at": r.expires_at.isoformat() if r.expires_at else None,
-                        "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
-                        "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None,
-                    }
-                )
-            return out
-        finally:
-            await db.close()
+        workspace_id = None
+        if not unbound:
+            ws = await WorkspaceStore(db).by_name(workspace or "default")
+            if ws is None:
+                return None
+            workspace_id = ws.id
+        now = datetime.now(UTC)
+        out = []
+        for r in await TokenStore(db).list_for_workspace(workspace_id):
+            if r.revoked_at is not None:
+                state = "revoked"
+            elif r.expires_at is not None and r.expires_at <= now:
+                state = "expired"
+            else:
+                state = "active"
+            out.append(
+                {
+                    "id": r.id,
+                    "kind": r.kind.value,
+                    "subject": r.subject,
+                    "state": state,
+                    "created_at": r.created_at.isoformat(),
+                    "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+                    "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+                    "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None,
+                }
+            )
+        return out
 
-    found = asyncio.run(listed())
+    found = _on_database(listed)
     if found is None:
         typer.echo(f"no workspace named {workspace!r}", err=True)
         raise typer.Exit(1)
