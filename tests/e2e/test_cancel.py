@@ -80,7 +80,7 @@ def _task(up: Up, task_id: str) -> dict[str, object]:
 
 def test_cancel_over_rest_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
     levers9_up.start()
-    task_id, pids = _start_stubborn(levers9_up, tmp_path / "rest.pids")
+    task_id, pids = _start_stubborn(levers9_up, levers9_up.exchange / "rest.pids")
     r = httpx.post(
         f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}/cancel",
         headers={"authorization": f"Bearer {levers9_up.token()}"},
@@ -95,7 +95,7 @@ def test_cancel_over_rest_ends_the_calls_process_and_its_children(levers9_up: Up
 
 def test_levers9_cancel_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
     levers9_up.start()
-    task_id, pids = _start_stubborn(levers9_up, tmp_path / "cli.pids")
+    task_id, pids = _start_stubborn(levers9_up, levers9_up.exchange / "cli.pids")
     done = levers9_up.levers9("cancel", task_id)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"cancelled {task_id}"

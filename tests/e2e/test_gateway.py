@@ -214,7 +214,7 @@ def test_an_idle_endpoint_scales_to_zero_after_keep_warm(levers9_up: Up) -> None
 
 def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(levers9_up: Up) -> None:
     levers9_up.start()
-    marker = levers9_up.root / "failed-once"
+    marker = levers9_up.exchange / "failed-once"
     source = f"""
     import os
     import levers9

@@ -133,7 +133,7 @@ def test_a_gpu_no_pool_offers_fails_fast_naming_the_pools(levers9_up: Up) -> Non
 def test_a_worker_killed_mid_task_has_its_task_completed_elsewhere(levers9_up: Up) -> None:
     levers9_up.min_workers = 2
     levers9_up.start()
-    marker = levers9_up.root / "attempts"
+    marker = levers9_up.exchange / "attempts"
     program = levers9_up.root / "slow_app.py"
     program.write_text(
         f"""
@@ -317,7 +317,7 @@ def test_output_of_a_call_reaches_levers9_logs(levers9_up: Up) -> None:
 
 def test_a_worker_told_to_stop_finishes_its_call_first(levers9_up: Up) -> None:
     levers9_up.start()
-    marker = levers9_up.root / "started"
+    marker = levers9_up.exchange / "started"
     program = levers9_up.root / "long_app.py"
     program.write_text(
         f"""

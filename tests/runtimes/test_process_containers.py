@@ -72,6 +72,30 @@ async def test_kill_takes_the_whole_process_group(rt: tuple[Hooks, RuntimeContex
     assert (await hooks.container_state(ctx, cid)).status is ContainerStatus.UNKNOWN
 
 
+async def test_removing_a_container_whose_command_exited_ends_what_it_left_running(
+    rt: tuple[Hooks, RuntimeContext],
+) -> None:
+    hooks, ctx = rt
+    cid = await run(hooks, ctx, ["sh", "-c", "sleep 3600 & echo $!; exit 0"])  # as whoever the runtime picks
+    state = await wait(hooks, ctx, cid)
+    assert state.exit_code == 0, (await hooks.container_logs(ctx, cid, 0)).data
+    orphan = int((await hooks.container_logs(ctx, cid, 0)).data.decode().strip())
+    assert _running(orphan)
+    await hooks.container_remove(ctx, cid)
+    deadline = time.monotonic() + 10
+    while _running(orphan):
+        assert time.monotonic() < deadline, f"pid {orphan}, left by the container's command, outlived its removal"
+        await asyncio.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 async def test_what_needs_isolation_is_refused(rt: tuple[Hooks, RuntimeContext], tmp_path: Path) -> None:
     hooks, ctx = rt
     spec = ContainerSpec(

@@ -243,6 +243,11 @@ class ProcessEngine(ContainerRecords):
         if (cdir / shim.PID_FILE).exists() and self._exit(container_id) is None:
             self.kill(container_id, signal.SIGKILL)
         self._wait_for_shim(container_id)
+        # what the command started and left behind lives on in its process group after it exits
+        child = _pid(cdir / shim.CHILD_FILE)
+        if child:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child, signal.SIGKILL)
         home = (self._meta(container_id) or {}).get("home")
         # only a directory this engine made: the record is root's, but never trust a path blindly
         if isinstance(home, str) and Path(home).name.startswith(f"levers9-{container_id}-"):
