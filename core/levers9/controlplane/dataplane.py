@@ -196,6 +196,8 @@ class _Running:
     stub_id: str | None
     attempts: int
     dispatched: float
+    #: the worker it was sent to (SQL learns it only once the worker reports the start)
+    worker_id: str = ""
 
 
 class DataPlane:
@@ -344,6 +346,7 @@ class DataPlane:
         """Cancel a task the controlplane itself started (a serving container); True if it had not ended."""
         cancelled = await self.services.scheduler.cancel(task_id)
         if cancelled:
+            self._running.pop(task_id, None)  # its worker drops the result: nothing will pop it later
             if worker_id:
                 await self.hub.cancel(worker_id, task_id)
             await self.hub.finished([task_id])
@@ -436,9 +439,11 @@ class DataPlane:
             raise NotFound("task", task_id)
         cancelled = await self.services.scheduler.cancel(task_id)
         if cancelled:
-            # read again: a worker may have taken it between the first read and the cancel
+            # read again: a worker may have taken it between the first read and the cancel; a task sent
+            # from this replica whose start is not stored yet is known here
             after = await self.services.tasks.get(task_id) or task
-            worker_id = after.worker_id or task.worker_id
+            running = self._running.pop(task_id, None)
+            worker_id = after.worker_id or task.worker_id or (running.worker_id if running else "")
             if worker_id:
                 await self.hub.cancel(worker_id, task_id)
             await self.hub.finished([task_id])
@@ -474,7 +479,7 @@ class DataPlane:
                 # cancelled or finished while it waited: give the worker's resources back
                 await self.services.scheduler.release_many([d.task_id])
                 continue
-            self._running[d.task_id] = _Running(d.stub_id, d.attempts, now)
+            self._running[d.task_id] = _Running(d.stub_id, d.attempts, now, worker_id)
             out.append(d)
         return out
 
