@@ -26,10 +26,10 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -57,6 +57,8 @@ from levers9.worker.pool import ContainerPool
 __all__ = ["WorkerOptions", "WorkerProcess", "options_from_env"]
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", common_pb2.TaskResult, worker_pb2.TaskLog)
 
 #: the shortest time between two messages of a busy worker
 BATCH_S = 0.002
@@ -225,7 +227,7 @@ def _log_bytes(message: worker_pb2.TaskLog) -> int:
     return len(message.data) + 64
 
 
-def _budget(items: list[Any], size: Any) -> int:
+def _budget(items: Sequence[M], size: Callable[[M], int]) -> int:
     """How many of ``items`` (at least one) fit in BATCH_BYTES, and at most 2,000 of them."""
     total = 0
     for i, item in enumerate(items[:2000]):
