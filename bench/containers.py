@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from levers9.containers.node import bridge_for
+from levers9.engine.node import bridge_for
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.hooks.types import ContainerSpec, ContainerStatus, RuntimeContext

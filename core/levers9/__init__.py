@@ -1,9 +1,10 @@
 """levers9: an open control plane that runs containers on any compute.
 
 This module stays light on purpose: ``levers9 --help`` and every plugin import
-it, so it must not pull in the SDK's, the server's or any provider's
-dependencies. Plugins use ``from levers9 import hookimpl``; programs use
-``@levers9.function``, whose SDK is imported the first time it is named.
+it, and so does the runner inside every container, which has the standard
+library only: nothing beyond it is imported until a name below is asked for.
+Plugins use ``from levers9 import hookimpl``; programs use ``@levers9.function``,
+whose SDK is imported the first time it is named.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from levers9.__about__ import __version__
-from levers9.hooks.markers import hookimpl
 
 if TYPE_CHECKING:
+    from levers9.hooks.markers import hookimpl
     from levers9.sdk import (
         CallCancelled,
         CallTimeout,
@@ -40,6 +41,8 @@ _SDK = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "hookimpl":
+        return importlib.import_module("levers9.hooks.markers").hookimpl
     if name in _SDK:
         return getattr(importlib.import_module("levers9.sdk"), name)
     raise AttributeError(f"module 'levers9' has no attribute {name!r}")

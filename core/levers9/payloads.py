@@ -30,6 +30,7 @@ __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "INLINE_MAX_BYTES",
+    "JSON_CALL",
     "MAX_CAP_BYTES",
     "MESSAGE_MAX_BYTES",
     "MIN_CAP_BYTES",
@@ -55,6 +56,11 @@ MAX_CAP_BYTES = 8 << 30
 BATCH_BYTES = 16 << 20
 #: the largest message every levers9 gRPC channel accepts, both ways
 MESSAGE_MAX_BYTES = 64 << 20
+#: the first bytes of a call's arguments (and then of its result) sent as JSON rather than pickled: a
+#: queue item or job run submitted over HTTP. Pickles never start with a NUL byte. The controlplane
+#: never unpickles what a container sends, so results it must show as JSON travel as JSON.
+JSON_CALL = b"\x00levers9-json\n"
+
 #: the start of a reference to a stored blob, in place of the payload itself
 REF_PREFIX = b"\x00levers9-blob\n"
 

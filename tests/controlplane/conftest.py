@@ -12,10 +12,10 @@ import pytest
 
 from levers9.config.load import load_config
 from levers9.controlplane.http import create_http_app
-from levers9.controlplane.metrics import Metrics
-from levers9.controlplane.services import Services, open_services
 from levers9.gpu.preference import parse_gpu
 from levers9.scheduler.request import PlacementRequest
+from levers9.services.core import Services, open_services
+from levers9.services.metrics import Metrics
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.records import WorkspaceRecord
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from levers9.controlplane.auth import Authenticator, Unauthenticated
-from levers9.controlplane.services import Services
+from levers9.services.auth import Authenticator, Unauthenticated
+from levers9.services.core import Services
 from levers9.state.sql.records import TokenRecord
 from levers9.state.sql.workspaces import TokenStore
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from levers9.controlplane.auth import Principal
-from levers9.controlplane.dataplane import DataPlane, TaskOutcome, WorkerReport
-from levers9.controlplane.hub import Hub
+from levers9.services.auth import Principal
+from levers9.services.dataplane import DataPlane, TaskOutcome, WorkerReport
+from levers9.services.hub import Hub
 from levers9.state.sql.records import TokenKind
 
 from .conftest import Api

@@ -10,8 +10,6 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from levers9.config.model import SchedulerConfig
-from levers9.controlplane.metrics import Metrics
-from levers9.controlplane.services import Services
 from levers9.hooks.errors import (
     AuthenticationFailed,
     InsufficientCapacity,
@@ -23,6 +21,8 @@ from levers9.hooks.errors import (
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import Machine, ProvisionRequest
 from levers9.scheduler.service import Scheduler
+from levers9.services.core import Services
+from levers9.services.metrics import Metrics
 from levers9.state.redis.workers import WorkerInfo
 from tests.controlplane.conftest import Api
 

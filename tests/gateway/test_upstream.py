@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from levers9.gateway.upstream import MAX_REQUEST_BYTES, RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
-from levers9.worker.serving import HttpServer
+from levers9.runner.serving import HttpServer
 from tests.fixtures.levers9_up import free_port
 
 
@@ -166,7 +166,7 @@ async def test_a_kept_alive_connection_to_a_container_that_died_is_not_written_t
     of it written to the dead connection, so the gateway may send it to another container."""
     port = free_port()
     serve = (
-        "import time; from levers9.worker.serving import HttpServer, function_app; "
+        "import time; from levers9.runner.serving import HttpServer, function_app; "
         f"HttpServer(function_app(lambda **kw: 'ok', 1), '127.0.0.1', {port}).start(); time.sleep(600)"
     )
     process = subprocess.Popen([sys.executable, "-c", serve])

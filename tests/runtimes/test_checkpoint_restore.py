@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 import levers9_criu
-from levers9.containers.node import bridge_for
+from levers9.checkpoint.restore import start_container
+from levers9.checkpoint.storage import LocalStorage, NodeCache, publish
+from levers9.engine.node import bridge_for
 from levers9.hooks.errors import CheckpointUnavailable, RestoreFailed
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, load_plugins
@@ -26,8 +28,6 @@ from levers9.hooks.types import ContainerSpec, ContainerStatus, RuntimeContext
 from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.database import open_database
 from levers9.state.sql.workspaces import WorkspaceStore
-from levers9.worker.checkpoints import LocalStorage, NodeCache, publish
-from levers9.worker.startup import start_container
 
 APP = """
 import secrets, time
@@ -240,7 +240,7 @@ while True:
 async def test_the_worker_checkpoints_once_the_container_says_it_is_ready(
     gvisor: tuple[Hooks, RuntimeContext], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from levers9.worker.startup import checkpoint_when_ready, with_ready_signal
+    from levers9.checkpoint.restore import checkpoint_when_ready, with_ready_signal
 
     caplog.set_level("INFO")
     hooks, ctx = gvisor
@@ -269,7 +269,7 @@ async def test_the_worker_checkpoints_once_the_container_says_it_is_ready(
 async def test_no_checkpoint_when_the_container_ends_before_it_is_ready(
     gvisor: tuple[Hooks, RuntimeContext], tmp_path: Path
 ) -> None:
-    from levers9.worker.startup import checkpoint_when_ready, with_ready_signal
+    from levers9.checkpoint.restore import checkpoint_when_ready, with_ready_signal
 
     hooks, ctx = gvisor
     spec_ready = with_ready_signal(

@@ -103,7 +103,7 @@ async def box(request: pytest.FixtureRequest, tmp_path: Path, require: Callable[
     finally:
         for cid in b.made:
             await hooks.container_remove(ctx, cid)
-        from levers9.containers.node import bridge_for
+        from levers9.engine.node import bridge_for
 
         bridge_for(ctx.settings).destroy()
         hooks.close()

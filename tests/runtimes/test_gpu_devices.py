@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from levers9.containers.spec import gpu_env, oci_config
+from levers9.engine.spec import gpu_env, oci_config
 from levers9.gpu.nvidia_smi import parse_query_gpu
 from levers9.hooks.types import ContainerSpec, GpuDevice
 
@@ -85,7 +85,7 @@ CDI = DATA.parent / "cdi"
 
 
 def test_a_cdi_spec_is_applied_exactly(tmp_path: Path) -> None:
-    from levers9.containers.cdi import apply_edits, load_specs
+    from levers9.engine.cdi import apply_edits, load_specs
 
     root = tmp_path / "host"
     (root / "dev" / "dri").mkdir(parents=True)
@@ -119,7 +119,7 @@ def test_a_cdi_spec_is_applied_exactly(tmp_path: Path) -> None:
 
 
 def test_a_gpu_the_cdi_spec_does_not_know_is_refused() -> None:
-    from levers9.containers.cdi import load_specs
+    from levers9.engine.cdi import load_specs
     from levers9.hooks.errors import InvalidRequest
 
     specs = load_specs([CDI])
@@ -132,6 +132,6 @@ def test_a_gpu_the_cdi_spec_does_not_know_is_refused() -> None:
 
 
 def test_no_cdi_directories_means_no_specs(tmp_path: Path) -> None:
-    from levers9.containers.cdi import load_specs
+    from levers9.engine.cdi import load_specs
 
     assert load_specs([tmp_path / "missing"]) is None

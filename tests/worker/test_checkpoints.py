@@ -19,15 +19,8 @@ from typing import IO, Any
 
 import pytest
 
-from levers9.hooks.errors import Levers9Error
-from levers9.hooks.types import CheckpointImage
-from levers9.state.sql.apps import AppStore, StubStore
-from levers9.state.sql.checkpoints import CheckpointStore
-from levers9.state.sql.database import Database, open_database
-from levers9.state.sql.records import CheckpointStatus, StubRecord, WorkspaceRecord
-from levers9.state.sql.workspaces import WorkspaceStore
-from levers9.worker import checkpoints
-from levers9.worker.checkpoints import (
+from levers9.checkpoint import storage as checkpoints
+from levers9.checkpoint.storage import (
     CheckpointMissing,
     LocalStorage,
     NodeCache,
@@ -39,6 +32,13 @@ from levers9.worker.checkpoints import (
     storage_from_url,
     storage_key,
 )
+from levers9.hooks.errors import Levers9Error
+from levers9.hooks.types import CheckpointImage
+from levers9.state.sql.apps import AppStore, StubStore
+from levers9.state.sql.checkpoints import CheckpointStore
+from levers9.state.sql.database import Database, open_database
+from levers9.state.sql.records import CheckpointStatus, StubRecord, WorkspaceRecord
+from levers9.state.sql.workspaces import WorkspaceStore
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = 20 * 2**20
@@ -432,7 +432,7 @@ FETCHER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from levers9.worker.checkpoints import LocalStorage, NodeCache
+    from levers9.checkpoint.storage import LocalStorage, NodeCache
 
     cache_root, store_root, marks, name = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 

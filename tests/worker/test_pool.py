@@ -29,20 +29,20 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from levers9.containers.network import netns_name
-from levers9.containers.node import NodeSettings, bridge_for
+from levers9.checkpoint.snapshot import Checkpointing, RecordStore
+from levers9.checkpoint.storage import LocalStorage, NodeCache
 from levers9.controlplane.grpc_worker import checkpoint_ref
+from levers9.engine.network import netns_name
+from levers9.engine.node import NodeSettings, bridge_for
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.proto.v1 import worker_pb2
+from levers9.runner import frames
 from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.database import open_database
 from levers9.state.sql.workspaces import WorkspaceStore
-from levers9.worker import frames
 from levers9.worker.calls import Call, Outcome, StubSpec
-from levers9.worker.checkpointing import Checkpointing, RecordStore
-from levers9.worker.checkpoints import LocalStorage, NodeCache
 from levers9.worker.pool import ContainerPool
 
 RUNTIMES = ["process", "runc", "gvisor"]
@@ -212,7 +212,7 @@ async def test_an_exception_comes_back_with_its_traceback(world: World) -> None:
     assert outcome.error.message == "division by zero"
     assert "in divide_things" in outcome.error.traceback
     assert outcome.error.traceback.rstrip().endswith("ZeroDivisionError: division by zero")
-    assert "levers9/worker/runner.py" not in outcome.error.traceback  # only the user's frames
+    assert "levers9/runner/main.py" not in outcome.error.traceback  # only the user's frames
     assert isinstance(cloudpickle.loads(outcome.result), ZeroDivisionError)  # the caller may unpickle; never the worker
 
 
@@ -577,7 +577,7 @@ async def test_the_runner_drops_connections_without_the_token(tmp_path: Path) ->
     port = _free_port()
     env = {**os.environ, "LEVERS9_RUNNER_PORT": str(port), "LEVERS9_RUNNER_TOKEN": "right-token",
            "LEVERS9_HANDLER_FILE": str(handler), "LEVERS9_PYTHON_VERSION": PYTHON, "LEVERS9_RUNNER_HOST": "127.0.0.1"}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "levers9.worker.runner"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "levers9.runner"], env=env)
     try:
         reader, writer = await _connect(port)
         await frames.write_frame(writer, "hello", token="wrong-token")
@@ -625,8 +625,8 @@ async def test_frames_over_the_limit_are_refused() -> None:
 
 async def test_the_runner_can_wait_for_go_and_serve_on_a_unix_socket(tmp_path: Path) -> None:
     """A container to be checkpointed: loaded, it says ready, waits for go, then serves the token go gives."""
+    from levers9.runner import main as runner
     from levers9.sdk import lifecycle
-    from levers9.worker import runner
 
     assert lifecycle.READY_ENV == runner.ENV_READY  # levers9.ready() signals what the runner and worker wait for
     handler = tmp_path / "handler.pkl"
@@ -636,7 +636,7 @@ async def test_the_runner_can_wait_for_go_and_serve_on_a_unix_socket(tmp_path: P
     env = {**os.environ, "LEVERS9_RUNNER_SOCKET": str(signals / "runner.sock"), "LEVERS9_RUNNER_TOKEN": "old-token",
            "LEVERS9_HANDLER_FILE": str(handler), "LEVERS9_PYTHON_VERSION": PYTHON,
            "LEVERS9_READY_FILE": str(signals / "ready"), "LEVERS9_GO_FILE": str(signals / "go")}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "levers9.worker.runner"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "levers9.runner"], env=env)
     try:
         deadline = time.monotonic() + 30
         while not (signals / "ready").exists():

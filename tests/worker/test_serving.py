@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from levers9.gateway.errors import ERROR_TYPES
-from levers9.worker.serving import App, HttpServer, function_app
+from levers9.runner.http_errors import ERROR_TYPES
+from levers9.runner.serving import App, HttpServer, function_app
 from tests.fixtures.levers9_up import free_port
 
 
@@ -92,7 +92,7 @@ def test_errors_are_answered_with_their_kind(serve: Callable[[App], str]) -> Non
 
 
 def test_every_error_the_container_answers_is_a_listed_type_with_its_status(serve: Callable[[App], str]) -> None:
-    """One table names every error type (levers9.gateway.errors); the container answers each with its status."""
+    """One table names every error type (levers9.runner.http_errors); the container answers each with its status."""
 
     def echo(x: object = None) -> object:
         return x

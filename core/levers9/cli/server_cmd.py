@@ -273,8 +273,8 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> 
 
 async def _user_token(services: object, context_name: str) -> tuple[str, str]:
     """The context's token if it still works, else a new user token of the default workspace."""
-    from levers9.controlplane.services import Services
     from levers9.sdk.context import ContextError, current_context
+    from levers9.services.core import Services
 
     assert isinstance(services, Services)
     workspace = await services.workspaces.get_or_create("default")
@@ -374,7 +374,7 @@ def token_revoke(
     ),
 ) -> None:
     """Revoke a token: refused at once by a controlplane on this database, within 10 s by every replica."""
-    from levers9.controlplane.auth import CACHE_S
+    from levers9.services.auth import CACHE_S
 
     async def revoke(db: Database) -> str | None:
         from levers9.state.sql.workspaces import TokenStore

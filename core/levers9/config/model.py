@@ -173,7 +173,7 @@ class CheckpointsConfig(_Strict):
     @classmethod
     def _storage(cls, value: str | None) -> str | None:
         if value:
-            from levers9.worker.checkpoints import storage_from_url
+            from levers9.checkpoint.storage import storage_from_url
 
             storage_from_url(value, default_root=Path("/"))  # raises with the accepted forms
         return value

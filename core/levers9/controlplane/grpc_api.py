@@ -8,11 +8,11 @@ from typing import Any
 
 import grpc
 
-from levers9.controlplane.auth import Principal, bearer
-from levers9.controlplane.dataplane import DataPlane
 from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.payloads import BATCH_BYTES
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
+from levers9.services.auth import Principal, bearer
+from levers9.services.dataplane import DataPlane
 from levers9.state.errors import NotFound
 from levers9.state.sql.calls import CallResult
 from levers9.state.sql.records import DeploymentVersionRecord, TaskRecord, TaskStatus, TokenKind
@@ -408,7 +408,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         principal = await self._user(context)
         workspace = principal.require_workspace()
         ctx = self.services.scheduler.ctx
-        from levers9.controlplane.isolation import pool_isolation
+        from levers9.services.isolation import pool_isolation
 
         out = []
         for spec in self.services.pools.values():

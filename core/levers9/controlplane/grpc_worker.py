@@ -21,14 +21,14 @@ from typing import Any
 
 import grpc
 
-from levers9.controlplane.auth import PermissionDenied, Principal, bearer
-from levers9.controlplane.dataplane import CALLED_KINDS, DataPlane, ServingReport, TaskOutcome, WorkerReport
 from levers9.controlplane.grpc_api import blob_upload
 from levers9.controlplane.grpc_errors import status_of, streaming, unary
 from levers9.payloads import BATCH_BYTES, parse_ref
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.scheduler.pools import PoolSpec
+from levers9.services.auth import PermissionDenied, Principal, bearer
+from levers9.services.dataplane import CALLED_KINDS, DataPlane, ServingReport, TaskOutcome, WorkerReport
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.checkpoints import CheckpointStore

@@ -20,7 +20,7 @@ request carries (path, query or body) is bounded, and one out of its bounds is
 a 422 naming the field and, from :data:`ACCEPTED`, the range it takes: never a
 500 from deeper down (an overflowing date, an integer the database cannot hold).
 Operations shared with gRPC (cancelling a task) go through the same
-:class:`~levers9.controlplane.dataplane.DataPlane` method as the gRPC call.
+:class:`~levers9.services.dataplane.DataPlane` method as the gRPC call.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from sqlalchemy import text
 from starlette.exceptions import HTTPException
 
 from levers9.__about__ import __version__
-from levers9.controlplane.auth import PermissionDenied, Principal, Unauthenticated
-from levers9.controlplane.dataplane import DataPlane
-from levers9.controlplane.hub import Hub
-from levers9.controlplane.metrics import Metrics
-from levers9.controlplane.services import Services
 from levers9.scheduler.pools import PoolSpec
+from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
+from levers9.services.core import Services
+from levers9.services.dataplane import DataPlane
+from levers9.services.hub import Hub
+from levers9.services.metrics import Metrics
 from levers9.state.errors import AlreadyExists, Conflict, InvalidTransition, NotFound
 from levers9.state.redis.workers import WorkerState
 from levers9.state.sql.records import (
@@ -570,7 +570,7 @@ async def list_pools(services: ServicesDep, principal: Caller) -> list[PoolOut]:
     for state in await _live_workers(services):
         live[state.info.pool] = live.get(state.info.pool, 0) + 1
     unavailable = services.scheduler.ctx.unavailable
-    from levers9.controlplane.isolation import pool_isolation
+    from levers9.services.isolation import pool_isolation
 
     out = []
     for spec in specs:

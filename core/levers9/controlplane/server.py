@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import uvicorn
 
-from levers9.controlplane.dataplane import DataPlane
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
-from levers9.controlplane.hub import Hub
-from levers9.controlplane.metrics import Metrics
-from levers9.controlplane.services import Services, open_services
-from levers9.gateway.containers import ServingPlane
+from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
 from levers9.gateway.upstream import Upstream
 from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import controlplane_pb2_grpc, worker_pb2_grpc
+from levers9.services.core import Services, open_services
+from levers9.services.dataplane import DataPlane
+from levers9.services.hub import Hub
+from levers9.services.metrics import Metrics
 
 if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
@@ -95,7 +95,7 @@ class Server:
         self._tasks: list[asyncio.Task[Any]] = []
         self.hub: Hub | None = None
         self.dataplane: DataPlane | None = None
-        self.serving: ServingPlane | None = None
+        self.serving: ServingAutoscaler | None = None
         self.upstream: Upstream | None = None
 
     async def start(self) -> None:
@@ -105,7 +105,7 @@ class Server:
             services.scheduler.ctx.on_provisioned = self.metrics.provisioned
             self.hub = Hub(services.redis, name=services.scheduler.name)
             self.dataplane = DataPlane(services, self.hub, self.metrics)
-            self.serving = ServingPlane(self.dataplane, metrics=self.metrics)
+            self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
             self.upstream = Upstream()
             # The port is taken before anything starts: a controlplane that cannot listen must not
             # have begun provisioning machines for its pools.

@@ -20,7 +20,7 @@ version: it is the start of the PATH an ASGI endpoint gets. So an ASGI app's
 own paths cannot begin with a segment of the form ``vDIGITS``.
 
 Errors are JSON, ``{"error": {"type": ..., "message": ...}}``, of the types
-listed in :mod:`levers9.gateway.errors`; so is a fault in the gateway itself
+listed in :mod:`levers9.runner.http_errors`; so is a fault in the gateway itself
 (500 ``internal``).
 
 A request to an endpoint or box whose container refuses the connection (its
@@ -51,17 +51,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from levers9.controlplane.auth import Principal, Unauthenticated
-from levers9.controlplane.dataplane import DataPlane, InvalidStub
 from levers9.controlplane.http import error_answer
-from levers9.controlplane.metrics import Metrics
-from levers9.controlplane.services import Services
-from levers9.gateway import errors
-from levers9.gateway.containers import NoContainer, Overloaded, ServedStub, ServingPlane
+from levers9.gateway.autoscaler import NoContainer, Overloaded, ServedStub, ServingAutoscaler
 from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
+from levers9.payloads import JSON_CALL
+from levers9.runner import http_errors as errors
+from levers9.services.auth import Principal, Unauthenticated
+from levers9.services.core import Services
+from levers9.services.dataplane import DataPlane, InvalidStub
+from levers9.services.metrics import Metrics
 from levers9.state.errors import NotFound
 from levers9.state.sql.records import TokenKind
-from levers9.worker.calls import JSON_CALL
 
 __all__ = ["MAX_VERSION", "GatewayApp"]
 
@@ -98,7 +98,7 @@ _ROUTES = {
 
 
 class _Answer(Exception):
-    """An error answer: ``kind`` is one of :data:`levers9.gateway.errors.ERROR_TYPES`, answered with its status."""
+    """An error answer: ``kind`` is one of :data:`levers9.runner.http_errors.ERROR_TYPES`, answered with its status."""
 
     def __init__(self, kind: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
@@ -125,7 +125,7 @@ class _Target:
 
 
 class GatewayApp:
-    def __init__(self, services: Services, dataplane: DataPlane, plane: ServingPlane, upstream: Upstream,
+    def __init__(self, services: Services, dataplane: DataPlane, plane: ServingAutoscaler, upstream: Upstream,
                  rest: App, *, metrics: Metrics | None = None) -> None:  # fmt: skip
         self.services = services
         self.metrics = metrics

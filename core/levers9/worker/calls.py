@@ -9,12 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["JSON_CALL", "SERVING_KINDS", "Call", "Outcome", "RemoteErrorInfo", "Serving", "StubSpec"]
-
-#: the first bytes of a call's arguments (and then of its result) sent as JSON rather than pickled: a
-#: queue item or job run submitted over HTTP. Pickles never start with a NUL byte. The controlplane
-#: never unpickles what a container sends, so results it must show as JSON travel as JSON.
-JSON_CALL = b"\x00levers9-json\n"
+__all__ = ["SERVING_KINDS", "Call", "Outcome", "RemoteErrorInfo", "Serving", "StubSpec"]
 
 #: stubs whose containers serve requests the gateway proxies, rather than run calls
 SERVING_KINDS = ("endpoint", "box")

@@ -3,7 +3,7 @@
 Starting a container costs far more than a small call, so a container is
 kept after its call and takes the next call of the same stub. Each stub has
 a queue of waiting calls and each of its containers loops: take the next
-call, hand it to the runner inside (:mod:`levers9.worker.runner`), report the
+call, hand it to the runner inside (:mod:`levers9.runner.main`), report the
 outcome. A new container is started only while the stub has fewer containers
 than calls in flight, and only a few at a time: containers that are already
 up usually drain a burst of small calls before a new one has started, and
@@ -11,7 +11,7 @@ those that come up late simply wait idle for the next burst.
 
 The container runs untrusted code, so nothing it sends is unpickled here:
 results and exceptions are passed on as the bytes the runner produced (see
-:mod:`levers9.worker.frames`). A container only ever serves one stub, and so
+:mod:`levers9.runner.frames`). A container only ever serves one stub, and so
 one workspace; its secrets reach it as environment variables and are never
 logged.
 """
@@ -39,13 +39,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from levers9.checkpoint.snapshot import SIGNAL_SOCKET, Checkpointing
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, GpuDevice, Mount, RuntimeContext
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES
-from levers9.worker import frames, runner
+from levers9.runner import frames
+from levers9.runner import main as runner
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
-from levers9.worker.checkpointing import SIGNAL_SOCKET, Checkpointing
 
 __all__ = ["ContainerPool", "OnLog", "OnServing", "OnStarted"]
 
@@ -72,7 +73,7 @@ MAX_RETRY_DELAY_S = 30.0
 PYTHON_DIR = "/opt/levers9/python"
 HANDLER_DIR = "/opt/levers9/handler"
 HANDLER_FILE = "handler.pkl"
-#: what ``python -m levers9.worker.runner`` imports beyond the standard library
+#: what ``python -m levers9.runner`` imports beyond the standard library
 RUNNER_PACKAGES = ("levers9", "cloudpickle", "pluggy")
 
 
@@ -532,7 +533,7 @@ class ContainerPool:
         return ContainerSpec(
             container_id=box.cid,
             image=stub.image,
-            command=[image_python, "-m", "levers9.worker.runner"],
+            command=[image_python, "-m", "levers9.runner"],
             env=self._environment(group, box),
             cpu_millicores=stub.cpu_millicores,
             memory_mib=stub.memory_mib,

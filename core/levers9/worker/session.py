@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 import grpc
 
 from levers9.__about__ import __version__
+from levers9.checkpoint.snapshot import Checkpointing, RecordStore, record_of
+from levers9.checkpoint.storage import NodeCache, storage_from_url
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.payloads import (
@@ -49,8 +51,6 @@ from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.sdk.blobs import download, upload
 from levers9.sdk.channel import parse_target
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
-from levers9.worker.checkpointing import Checkpointing, RecordStore, record_of
-from levers9.worker.checkpoints import NodeCache, storage_from_url
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.pool import ContainerPool
 

@@ -47,9 +47,9 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from levers9 import probe
-from levers9.containers.hooks import container_hooks
-from levers9.containers.node import NodeSettings, bridge_for, images_for
-from levers9.containers.oci import OciEngine, OciFlavor
+from levers9.engine.hooks import container_hooks
+from levers9.engine.node import NodeSettings, bridge_for, images_for
+from levers9.engine.oci import OciEngine, OciFlavor
 from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -343,7 +343,7 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
     key = (runsc, platform)
     if key in _NETWORK_CACHE:
         return _NETWORK_CACHE[key]
-    from levers9.containers.spec import oci_config
+    from levers9.engine.spec import oci_config
 
     image = images_for(runtime, settings_of(runtime)).resolve("host")
     netns = f"l9p-{secrets.token_hex(5)}"

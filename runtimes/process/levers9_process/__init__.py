@@ -6,12 +6,12 @@ network, users and GPUs, and nothing limits what it may do. Because that is
 easy to forget once a pool is configured, the first capability report in a
 process logs a warning (logger ``levers9.runtime.process``). A process cannot
 be checkpointed: there is no container boundary to freeze. The container hooks
-run the command through :mod:`levers9.containers.process`.
+run the command through :mod:`levers9.engine.process`.
 
 The one line it draws: a worker running as root runs commands as ``nobody``
 (uid and gid from the host's passwd, 65534 where it has none), so a call
 cannot read the worker's state or credential, nor trace or signal it (see
-:mod:`levers9.containers.process` for how, and for the fallback when the
+:mod:`levers9.engine.process` for how, and for the fallback when the
 command lives where ``nobody`` cannot reach it). A worker that is not root
 runs them as its own user, which it can do nothing else about.
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from levers9 import __version__
-from levers9.containers.hooks import container_hooks
-from levers9.containers.process import ProcessEngine, RunAs
+from levers9.engine.hooks import container_hooks
+from levers9.engine.process import ProcessEngine, RunAs
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     ContainerSpec,

@@ -4,7 +4,7 @@ runc is the reference OCI runtime and what most container engines use
 underneath, so a pool that wants ordinary container isolation with the least
 overhead (and direct GPU access through the NVIDIA container toolkit) names
 ``runtime: runc``. The container hooks hand the work to the shared OCI engine
-(:mod:`levers9.containers.oci`); this module says how to drive runc.
+(:mod:`levers9.engine.oci`); this module says how to drive runc.
 
 Decisions worth knowing when reading the capability report:
 
@@ -28,9 +28,9 @@ from pathlib import Path
 from pydantic import ConfigDict, Field
 
 from levers9 import probe
-from levers9.containers.hooks import container_hooks
-from levers9.containers.node import NodeSettings, bridge_for, images_for
-from levers9.containers.oci import OciEngine, OciFlavor
+from levers9.engine.hooks import container_hooks
+from levers9.engine.node import NodeSettings, bridge_for, images_for
+from levers9.engine.oci import OciEngine, OciFlavor
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     Isolation,

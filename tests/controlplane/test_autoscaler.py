@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from levers9.controlplane.auth import Principal
-from levers9.controlplane.dataplane import DataPlane, ServingReport, TaskOutcome
-from levers9.controlplane.hub import Hub
-from levers9.gateway.containers import NoContainer, Overloaded, ServedStub, ServingPlane
+from levers9.gateway.autoscaler import NoContainer, Overloaded, ServedStub, ServingAutoscaler
+from levers9.services.auth import Principal
+from levers9.services.dataplane import DataPlane, ServingReport, TaskOutcome
+from levers9.services.hub import Hub
 from levers9.state.sql.records import TokenKind
 
 from .conftest import Api
@@ -26,7 +26,7 @@ from .conftest import Api
 class World:
     api: Api
     dp: DataPlane
-    plane: ServingPlane
+    plane: ServingAutoscaler
     workspace_id: str
 
     async def endpoint(self, name: str, **settings: Any) -> ServedStub:
@@ -58,7 +58,7 @@ class World:
 async def world(api: Api) -> AsyncIterator[World]:
     hub = Hub(api.services.redis, name="test")
     dp = DataPlane(api.services, hub)
-    plane = ServingPlane(dp, name="replica-main", orphan_after_s=0.2)
+    plane = ServingAutoscaler(dp, name="replica-main", orphan_after_s=0.2)
     await plane.start()
     workspace, _ = await api.user("team-a")
     try:
@@ -188,7 +188,9 @@ async def test_a_container_reported_to_another_replica_reaches_the_one_that_aske
     """The worker's session may be on another controlplane replica: its reports travel over Redis."""
     services = world.api.services
     hubs = [Hub(services.redis, name="replica-a"), Hub(services.redis, name="replica-b")]
-    planes = [ServingPlane(DataPlane(services, hub), name=hub_name) for hub, hub_name in zip(hubs, "ab", strict=True)]
+    planes = [
+        ServingAutoscaler(DataPlane(services, hub), name=hub_name) for hub, hub_name in zip(hubs, "ab", strict=True)
+    ]
     for hub in hubs:
         await hub.start()
     await planes[0].start()
@@ -219,7 +221,7 @@ async def test_a_container_reported_to_another_replica_reaches_the_one_that_aske
 async def test_containers_of_a_replica_that_died_are_stopped_by_another(world: World) -> None:
     """A controlplane that crashed or restarted forgets its containers; whoever is alive stops them."""
     services = world.api.services
-    gone = ServingPlane(DataPlane(services, Hub(services.redis, name="gone")), name="gone")
+    gone = ServingAutoscaler(DataPlane(services, Hub(services.redis, name="gone")), name="gone")
     await gone.start()
     stub = await world.endpoint("forgotten", start_timeout_s=10)
     waiting = asyncio.create_task(gone.acquire(stub))

@@ -13,7 +13,7 @@ records or other calls' files, nor signal or trace the worker. Such a
 command gets a private home directory of its own (``$HOME``, mode 0700,
 removed with the container) and a copy there of its handler file, which the
 worker keeps where only root may read. The switch is done by
-:mod:`levers9.containers.as_user` between the shim and the command, so the
+:mod:`levers9.engine.as_user` between the shim and the command, so the
 command keeps the shim's pid, process group and output descriptors. A
 command the user cannot reach (its program or workdir below a directory
 only root may enter, such as an interpreter under ``/root``) runs as the
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from levers9.containers import shim
-from levers9.containers.oci import START_TIMEOUT_S, ContainerRecords, _alive, _pid
+from levers9.engine import shim
+from levers9.engine.oci import START_TIMEOUT_S, ContainerRecords, _alive, _pid
 from levers9.hooks.errors import InvalidRequest, Levers9Error
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, PreparedContainer
 
@@ -51,7 +51,7 @@ _warned: set[tuple[str, str]] = set()
 
 #: the script that switches to the unprivileged user and execs the command
 AS_USER = Path(__file__).resolve().with_name("as_user.py")
-#: the runner's variable naming its handler file (levers9.worker.runner.ENV_HANDLER): copied for the user
+#: the runner's variable naming its handler file (levers9.runner.main.ENV_HANDLER): copied for the user
 HANDLER_ENV = "LEVERS9_HANDLER_FILE"
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from levers9.containers.images import HostBind, ImageConfig, ImageError, ImageStore, _host_layout
+from levers9.engine.images import HostBind, ImageConfig, ImageError, ImageStore, _host_layout
 
 MTIME = 1_700_000_000
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
@@ -430,7 +430,7 @@ def test_processes_resolving_at_once_unpack_each_layer_once(tmp_path: Path, cach
     script = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from levers9.containers.images import ImageStore\n"
+        "from levers9.engine.images import ImageStore\n"
         "store = ImageStore(Path(sys.argv[1]))\n"
         "image = store.resolve(sys.argv[2])\n"
         "print(json.dumps({'layers': [str(p) for p in image.layers], 'unpacked': store.layers_unpacked}))\n"

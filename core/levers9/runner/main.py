@@ -1,11 +1,11 @@
-"""The program inside every container of a stub: ``python -m levers9.worker.runner``.
+"""The program inside every container of a stub: ``python -m levers9.runner.main``.
 
 It loads the stub's cloudpickled function once, then serves the calls the
 worker sends over one authenticated TCP connection, one at a time, for as
 long as the container lives; a warm container thus pays the interpreter's
 start and the function's imports once, not per call.
 
-Protocol (frames as in :mod:`levers9.worker.frames`):
+Protocol (frames as in :mod:`levers9.runner.frames`):
 
 * the worker connects and sends ``hello`` with the container's token; any
   other first frame, or a wrong token, closes that connection and the runner
@@ -19,7 +19,7 @@ Protocol (frames as in :mod:`levers9.worker.frames`):
   object and the cloudpickled exception when it could be pickled);
 * ``serve`` (``task_id``, ``interface``, ``port``, ``concurrency``,
   ``ports``) turns the container into an endpoint's or a box's: the runner
-  starts the HTTP server of :mod:`levers9.worker.serving` on ``port`` (or, for
+  starts the HTTP server of :mod:`levers9.runner.serving` on ``port`` (or, for
   a box, runs the handler and waits until its ``ports`` accept connections),
   answers ``serving``, and from then on sends only the output (``log`` frames
   of that task); a box whose handler returns sends its ``result``;
@@ -50,9 +50,8 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
-from levers9.payloads import PayloadTooLarge
-from levers9.worker import frames
-from levers9.worker.calls import JSON_CALL
+from levers9.payloads import JSON_CALL, PayloadTooLarge
+from levers9.runner import frames
 
 # untyped; imported by name so the type checker needs no stubs for it
 cloudpickle: Any = importlib.import_module("cloudpickle")
@@ -401,7 +400,7 @@ def serve_http(channel: Channel, stream: BinaryIO, executor: Executor, order: fr
         return _wait_hang_up(stream)
     if interface == "box":
         return _run_box(channel, stream, executor.handler, task_id, [int(p) for p in order.header.get("ports", [])])
-    from levers9.worker import serving
+    from levers9.runner import serving
 
     try:
         app = (

@@ -86,7 +86,7 @@ class StorageError(Levers9Error):
 
 class CheckpointRecorder(Protocol):
     """Where checkpoints are recorded: the database itself (``CheckpointStore``), or, on a worker, the
-    controlplane through its Worker service (``levers9.worker.checkpointing.RecordStore``)."""
+    controlplane through its Worker service (``levers9.checkpoint.snapshot.RecordStore``)."""
 
     async def create(
         self,

@@ -25,7 +25,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import RuntimeContext
 
 if TYPE_CHECKING:
-    from levers9.controlplane.services import Services
+    from levers9.services.core import Services
 
 __all__ = ["UNKNOWN", "pool_isolation", "runtime_isolation"]
 

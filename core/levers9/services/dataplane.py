@@ -23,13 +23,13 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from levers9 import stub_bounds as bounds
-from levers9.controlplane.auth import Principal
-from levers9.controlplane.hub import Hub
-from levers9.controlplane.metrics import Metrics
-from levers9.controlplane.services import Services
 from levers9.gpu.preference import GpuRequest, parse_gpu
 from levers9.payloads import INLINE_MAX_BYTES, make_ref, parse_ref
 from levers9.scheduler.request import PlacementRequest
+from levers9.services.auth import Principal
+from levers9.services.core import Services
+from levers9.services.hub import Hub
+from levers9.services.metrics import Metrics
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult
 from levers9.state.redis.workers import WorkerInfo

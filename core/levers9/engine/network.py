@@ -472,7 +472,7 @@ def forwarder_command(
     return [
         sys.executable,
         "-m",
-        "levers9.containers.network",
+        "levers9.engine.network",
         "--forward",
         "--target-host",
         target_host,
@@ -503,9 +503,9 @@ async def _run_forwarder(forward: PortForward, ready_file: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m levers9.containers.network --forward ...``."""
+    """Entry point of ``python -m levers9.engine.network --forward ...``."""
     parser = argparse.ArgumentParser(
-        prog="python -m levers9.containers.network", description="Forward a TCP port to a container."
+        prog="python -m levers9.engine.network", description="Forward a TCP port to a container."
     )
     parser.add_argument("--forward", action="store_true", required=True, help="run a TCP port forwarder")
     parser.add_argument("--target-host", required=True)

@@ -15,7 +15,7 @@ with the same statuses, because a refusal to enqueue a call is passed on with
 the type the REST API gives it.
 
 Only the standard library is imported: the runner inside every container uses
-this module through :mod:`levers9.worker.serving`.
+this module through :mod:`levers9.runner.serving`.
 """
 
 from __future__ import annotations
@@ -110,6 +110,6 @@ TOO_DEEP_MESSAGE = (
 def error_body(kind: str, message: str, **extra: str) -> bytes:
     """The JSON of an error answer of type ``kind`` (a key of :data:`ERROR_TYPES`); ``extra`` fields go beside."""
     if kind not in ERROR_TYPES:
-        raise ValueError(f"unknown error type {kind!r}: add it to ERROR_TYPES in levers9.gateway.errors")
+        raise ValueError(f"unknown error type {kind!r}: add it to ERROR_TYPES in levers9.runner.http_errors")
     detail: dict[str, Any] = {"type": kind, "message": message, **extra}
     return json.dumps({"error": detail}).encode()

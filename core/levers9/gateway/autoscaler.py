@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from levers9.controlplane.dataplane import DataPlane, ServingReport, StubSettings, TaskOutcome
-from levers9.controlplane.metrics import Metrics
+from levers9.services.dataplane import DataPlane, ServingReport, StubSettings, TaskOutcome
+from levers9.services.metrics import Metrics
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["Container", "NoContainer", "Overloaded", "ServedStub", "ServingPlane"]
+__all__ = ["Container", "NoContainer", "Overloaded", "ServedStub", "ServingAutoscaler"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class _Stub:
         return _UNLIMITED if s.kind == "box" else s.tasks_per_container
 
 
-class ServingPlane:
+class ServingAutoscaler:
     """Every served stub's containers and waiting requests, on this controlplane replica."""
 
     def __init__(

@@ -14,7 +14,7 @@ Two interfaces:
   ASGI 3 application, which is then served (a FastAPI or Starlette app).
 
 Every error this server answers itself is JSON, ``{"error": {"type": ...,
-"message": ...}}``, of a type listed in :mod:`levers9.gateway.errors` (the
+"message": ...}}``, of a type listed in :mod:`levers9.runner.http_errors` (the
 same the gateway uses): a malformed request ``invalid_request``, a body that
 is not JSON or nests too deeply to be read ``invalid_json`` (400, never a
 crash), the function raising ``handler_error`` (500, with ``exception``
@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from levers9.gateway import errors
+from levers9.runner import http_errors as errors
 
 __all__ = ["MAX_BODY_BYTES", "HttpServer", "function_app"]
 
@@ -492,7 +492,7 @@ def _item_bytes(item: Any) -> bytes:
 
 
 async def _error(send: Send, kind: str, message: str, **extra: str) -> None:
-    """Answer an error of type ``kind`` (see :mod:`levers9.gateway.errors`) with its status."""
+    """Answer an error of type ``kind`` (see :mod:`levers9.runner.http_errors`) with its status."""
     status = errors.ERROR_TYPES[kind]
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": errors.error_body(kind, message, **extra)})

@@ -1,7 +1,7 @@
 """Run a command as an unprivileged user: ``python -I -S as_user.py UID GID WORKDIR -- COMMAND...``.
 
 The process runtime's shim runs this as root in place of the command when
-the worker is root (see :mod:`levers9.containers.process`). It drops every
+the worker is root (see :mod:`levers9.engine.process`). It drops every
 group, then the group id, then the user id (real, effective and saved, so
 there is no way back), forbids gaining privileges again through set-uid
 programs, enters ``WORKDIR`` as that user and execs the command: same pid,

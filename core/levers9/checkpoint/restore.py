@@ -14,7 +14,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from levers9.containers.spec import cgroups_path
+from levers9.checkpoint.storage import CheckpointRecorder, CheckpointStorage, NodeCache, dump_fits, fetch_for_start
+from levers9.engine.spec import cgroups_path
 from levers9.hooks.errors import Levers9Error, PluginError, RestoreFailed
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import (
@@ -25,9 +26,8 @@ from levers9.hooks.types import (
     Mount,
     RuntimeContext,
 )
+from levers9.runner import main as runner
 from levers9.state.sql.records import CheckpointRecord
-from levers9.worker import runner
-from levers9.worker.checkpoints import CheckpointRecorder, CheckpointStorage, NodeCache, dump_fits, fetch_for_start
 
 __all__ = [
     "READY_DIR",
@@ -134,7 +134,7 @@ async def checkpoint_when_ready(
     """Wait for the container's ready signal, then checkpoint it (it keeps running).
 
     Returns None, with the reason logged, when the container ended or never said it was ready, or when
-    the dump would not fit (see :func:`levers9.worker.checkpoints.dump_fits`): a checkpoint is an
+    the dump would not fit (see :func:`levers9.checkpoint.storage.dump_fits`): a checkpoint is an
     optimisation and never holds up or fails the task.
     """
     ready = host_dir / "ready"

@@ -8,7 +8,7 @@ container lives in its own directory under the runtime's state dir::
       bundle/          config.json, and rootfs/ (an overlay mount)
       upper/ work/     the container's private writable layer
       output.log       stdout and stderr, appended by the container
-      shim.pid         the shim supervising it (see levers9.containers.shim)
+      shim.pid         the shim supervising it (see levers9.engine.shim)
       exit.json        how it ended, written by the shim
 
 Removal undoes each step in reverse and is idempotent, so a worker that
@@ -32,10 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from levers9.containers import shim
-from levers9.containers.cdi import apply_edits, load_specs
-from levers9.containers.rootfs import mount_overlay, unmount
-from levers9.containers.spec import cgroups_path, oci_config
+from levers9.engine import shim
+from levers9.engine.cdi import apply_edits, load_specs
+from levers9.engine.rootfs import mount_overlay, unmount
+from levers9.engine.spec import cgroups_path, oci_config
 from levers9.hooks.errors import InvalidRequest, Levers9Error, RestoreFailed
 from levers9.hooks.types import (
     CheckpointImage,
@@ -47,8 +47,8 @@ from levers9.hooks.types import (
 )
 
 if TYPE_CHECKING:
-    from levers9.containers.images import ImageStore
-    from levers9.containers.network import Bridge
+    from levers9.engine.images import ImageStore
+    from levers9.engine.network import Bridge
 
 __all__ = ["START_TIMEOUT_S", "ContainerRecords", "OciEngine", "OciFlavor"]
 
@@ -290,7 +290,7 @@ class OciEngine(ContainerRecords):
         return str(status) if status else None
 
     def _forward(self, spec: ContainerSpec) -> None:
-        from levers9.containers.network import forwarder_command
+        from levers9.engine.network import forwarder_command
 
         meta = self._meta(spec.container_id) or {}
         if meta.get("forwards"):

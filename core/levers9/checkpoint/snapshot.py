@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from levers9.checkpoint.restore import READY_DIR, Started, checkpoint_when_ready, start_container
+from levers9.checkpoint.storage import CheckpointStorage, NodeCache, publish
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import ContainerSpec, Mount, RuntimeContext
+from levers9.runner import main as runner
 from levers9.state.sql.records import CheckpointRecord, CheckpointStatus
-from levers9.worker import runner
-from levers9.worker.checkpoints import CheckpointStorage, NodeCache, publish
-from levers9.worker.startup import READY_DIR, Started, checkpoint_when_ready, start_container
 
 __all__ = ["SIGNAL_SOCKET", "Checkpointing", "RecordStore"]
 

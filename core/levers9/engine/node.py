@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Self
 from pydantic import BaseModel, Field, field_validator
 
 if TYPE_CHECKING:
-    from levers9.containers.images import ImageStore
-    from levers9.containers.network import Bridge
+    from levers9.engine.images import ImageStore
+    from levers9.engine.network import Bridge
     from levers9.hooks.types import RuntimeContext
 
 __all__ = ["NETWORK_STATE", "NodeSettings", "bridge_for", "images_for"]
@@ -63,12 +63,12 @@ class NodeSettings(BaseModel):
 
 
 def images_for(runtime: RuntimeContext, settings: NodeSettings) -> ImageStore:
-    from levers9.containers.images import ImageStore
+    from levers9.engine.images import ImageStore
 
     return ImageStore(Path(settings.image_cache) if settings.image_cache else Path(runtime.state_dir) / "images")
 
 
 def bridge_for(settings: NodeSettings) -> Bridge:
-    from levers9.containers.network import Bridge
+    from levers9.engine.network import Bridge
 
     return Bridge(name=settings.bridge, subnet=settings.subnet, state_dir=NETWORK_STATE / settings.bridge)

@@ -1,7 +1,7 @@
 """A container's root filesystem: the image's layers read-only, with a private writable layer on top.
 
 Overlayfs lets every container of an image share one unpacked copy of its
-layers (see :mod:`levers9.containers.images`) while writing only to its own
+layers (see :mod:`levers9.engine.images`) while writing only to its own
 upper directory, which is thrown away with the container.
 """
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from levers9.controlplane.services import Services
+    from levers9.services.core import Services
 
 __all__ = ["CPU_LABEL", "Metrics"]
 

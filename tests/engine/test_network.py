@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from levers9.containers.network import (
+from levers9.engine.network import (
     Attachment,
     Bridge,
     NetworkError,

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from levers9.controlplane.auth import Authenticator
 from levers9.scheduler.pools import PoolSpec, pool_specs
 from levers9.scheduler.service import Scheduler
+from levers9.services.auth import Authenticator
 from levers9.state.crypto import SecretBox
 from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
