@@ -13,7 +13,7 @@ import pytest
 
 import levers9.hooks.spec as spec
 from levers9.discovery import nvidia_smi as plugin
-from levers9.gpu.nvidia_smi import COMMAND, QUERY, parse_query_gpu
+from levers9.discovery.nvidia_smi_query import COMMAND, QUERY, parse_query_gpu
 from levers9.hooks.markers import PROJECT
 from levers9.hooks.types import GpuDevice
 

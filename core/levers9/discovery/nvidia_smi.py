@@ -22,7 +22,7 @@ import os
 import shutil
 
 from levers9 import probe
-from levers9.gpu.nvidia_smi import COMMAND, parse_query_gpu
+from levers9.discovery.nvidia_smi_query import COMMAND, parse_query_gpu
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import GpuDevice
 

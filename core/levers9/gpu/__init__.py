@@ -26,7 +26,6 @@ from levers9.gpu.normalize import (
     from_oci_shape,
     normalize,
 )
-from levers9.gpu.nvidia_smi import parse_query_gpu
 from levers9.gpu.preference import ALLOWED_GPU_COUNTS, GpuRequest, parse_gpu
 
 __all__ = [
@@ -45,6 +44,5 @@ __all__ = [
     "names",
     "normalize",
     "parse_gpu",
-    "parse_query_gpu",
     "suggest",
 ]
