@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from levers9.backoff import delay_s
+
 if TYPE_CHECKING:
     from levers9.config.model import SchedulerConfig
     from levers9.hooks.facade import Hooks
@@ -48,4 +50,4 @@ class Context:
     def backoff_s(self, rounds: int) -> float:
         """Exponential wait between tries, capped: retry_initial_s, doubling, at most retry_max_s."""
         s = self.settings
-        return float(min(s.retry_max_s, s.retry_initial_s * 2 ** max(0, min(rounds, 30))))
+        return delay_s(rounds + 1, initial_s=s.retry_initial_s, cap_s=s.retry_max_s)
