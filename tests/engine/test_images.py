@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from levers9.engine.images import HostBind, ImageConfig, ImageError, ImageStore, _host_layout
+from levers9.engine.host_image import host_layout
+from levers9.engine.images import HostBind, ImageConfig, ImageError, ImageStore
 
 MTIME = 1_700_000_000
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
@@ -586,14 +587,14 @@ def test_host_layout_of_merged_and_unmerged_roots(tmp_path: Path) -> None:
         (merged / name).mkdir(parents=True)
     for name in ("bin", "lib", "sbin"):
         (merged / name).symlink_to(f"usr/{name}")
-    links, binds = _host_layout(merged)
+    links, binds = host_layout(merged)
     assert links == {"bin": "usr/bin", "lib": "usr/lib", "sbin": "usr/sbin"}
     assert binds == [HostBind(source=str(merged / "usr"), target="/usr")]
 
     old = tmp_path / "old"
     for name in ("usr", "bin", "lib", "lib64", "sbin"):
         (old / name).mkdir(parents=True)
-    links, binds = _host_layout(old)
+    links, binds = host_layout(old)
     assert links == {}
     assert [b.target for b in binds] == ["/usr", "/bin", "/lib", "/lib64", "/sbin"]
     assert binds[1] == HostBind(source=str(old / "bin"), target="/bin")

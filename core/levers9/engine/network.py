@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 
 __all__ = ["Attachment", "Bridge", "NetworkError", "PortForward", "forwarder_command", "main"]
@@ -355,10 +356,7 @@ class Bridge:
 
     def _write_state(self, attachment: Attachment) -> None:
         # Written whole then renamed, so no reader (attachments(), another process) sees half a record.
-        path = self._state_path(attachment.container_id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(attachment), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_atomic(self._state_path(attachment.container_id), json.dumps(asdict(attachment), indent=2) + "\n")
 
 
 class PortForward:
@@ -494,9 +492,7 @@ async def _run_forwarder(forward: PortForward, ready_file: Path) -> None:
         loop.add_signal_handler(signum, stop.set)
     try:
         port = await forward.start()
-        tmp = ready_file.with_name(f".{ready_file.name}.{os.getpid()}.tmp")
-        tmp.write_text(f"{port}\n")
-        os.replace(tmp, ready_file)
+        write_atomic(ready_file, f"{port}\n")
         await stop.wait()
     finally:
         await forward.close()

@@ -36,6 +36,7 @@ from levers9.engine import shim
 from levers9.engine.cdi import apply_edits, load_specs
 from levers9.engine.rootfs import mount_overlay, unmount
 from levers9.engine.spec import cgroups_path, oci_config
+from levers9.files import write_atomic
 from levers9.hooks.errors import InvalidRequest, Levers9Error, RestoreFailed
 from levers9.hooks.types import (
     CheckpointImage,
@@ -94,10 +95,7 @@ class ContainerRecords:
             return None
 
     def _write_meta(self, container_id: str, meta: dict[str, Any]) -> None:
-        path = self._dir(container_id) / "meta.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, path)
+        write_atomic(self._dir(container_id) / "meta.json", json.dumps(meta))
 
     def _exit(self, container_id: str) -> dict[str, Any] | None:
         try:

@@ -10,6 +10,28 @@
 
 Names load on first use, so ``levers9.sdk.context`` (which the CLI reads on
 every client command) does not pull in gRPC.
+
+The modules, by what they hold:
+
+- :mod:`~levers9.sdk.functions`: ``@levers9.function``, :class:`Function` (registering its stub, its
+  ``remote``/``spawn``/``map`` methods) and ``register``;
+- :mod:`~levers9.sdk.options`: the decorators' options, checked against the controlplane's bounds and
+  serialised into the ``StubConfig`` it stores;
+- :mod:`~levers9.sdk.kinds`: the deployable kinds: ``endpoint`` (and ``asgi``), ``queue``, ``job``, ``box``;
+- :mod:`~levers9.sdk.calls`: one call, :class:`FunctionCall`, outcomes and remote tracebacks, watches that
+  ride out a controlplane restart, big payloads as blobs;
+- :mod:`~levers9.sdk.mapping`: ``map``'s windowed, batched submission and in-order results;
+- :mod:`~levers9.sdk.client`: the connection to a controlplane and its event loop thread;
+- :mod:`~levers9.sdk.channel`: gRPC channel options, targets and call metadata;
+- :mod:`~levers9.sdk.blobs`: the SDK's name for the chunked payload helpers;
+- :mod:`~levers9.sdk.context`: client contexts (``~/.levers9/config``): which controlplane, which token;
+- :mod:`~levers9.sdk.serialize`: functions, arguments and results to bytes and back;
+- :mod:`~levers9.sdk.errors`: the errors the SDK raises;
+- :mod:`~levers9.sdk.lifecycle`: ``levers9.ready()``, for a server that says itself when it is up.
+
+Invariants: every public name here stays importable as ``levers9.sdk.NAME``
+(and ``levers9.NAME``) wherever it is defined, and importing this package
+imports none of the modules above until one of their names is asked for.
 """
 
 from __future__ import annotations
@@ -18,6 +40,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from levers9.sdk.calls import FunctionCall
     from levers9.sdk.errors import (
         CallCancelled,
         CallTimeout,
@@ -26,7 +49,8 @@ if TYPE_CHECKING:
         RemoteError,
         Unschedulable,
     )
-    from levers9.sdk.functions import Function, FunctionCall, asgi, box, endpoint, function, job, queue, register
+    from levers9.sdk.functions import Function, function, register
+    from levers9.sdk.kinds import asgi, box, endpoint, job, queue
     from levers9.sdk.lifecycle import ready
 
 _WHERE = {
@@ -34,10 +58,9 @@ _WHERE = {
         ["CallCancelled", "CallTimeout", "ControlPlaneError", "InvalidFunction", "RemoteError", "Unschedulable"],
         "levers9.sdk.errors",
     ),
-    **dict.fromkeys(
-        ["Function", "FunctionCall", "asgi", "box", "endpoint", "function", "job", "queue", "register"],
-        "levers9.sdk.functions",
-    ),
+    **dict.fromkeys(["Function", "function", "register"], "levers9.sdk.functions"),
+    **dict.fromkeys(["asgi", "box", "endpoint", "job", "queue"], "levers9.sdk.kinds"),
+    "FunctionCall": "levers9.sdk.calls",
     "ready": "levers9.sdk.lifecycle",
 }
 

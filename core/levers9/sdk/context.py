@@ -18,15 +18,14 @@ points the SDK somewhere without writing a file; with no file and no selection,
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 
 __all__ = [
@@ -242,16 +241,5 @@ def _write(contexts: ContextFile) -> None:
     """Replace the file in one rename, created 0600 from the start so the token is never readable by others."""
     path = contexts.path
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o600)
-            handle.write(contexts.to_yaml())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, contexts.to_yaml(), mode=0o600, durable=True)
     contexts.exists = True

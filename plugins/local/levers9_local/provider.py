@@ -39,6 +39,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from levers9.files import write_atomic
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProvisionRequest
 from levers9.worker.credentials import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
@@ -112,19 +113,6 @@ def _check_name(what: str, value: str) -> str:
     if not _NAME.fullmatch(value):
         raise InvalidRequest(f"{what} {value!r} cannot name a file: use letters, digits, '_', '.' and '-'")
     return value
-
-
-def _write_private(path: Path, data: str) -> None:
-    """Write ``path`` whole or not at all (a crash leaves the old file or none), readable by its owner only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class LocalProvider:
@@ -204,7 +192,8 @@ class LocalProvider:
                 log=str(log_path),
             )
             try:
-                _write_private(pool_dir / f"{machine_id}.json", record.model_dump_json(indent=2))
+                # whole or not at all (a crash leaves the old record or none), readable by its owner only
+                write_atomic(pool_dir / f"{machine_id}.json", record.model_dump_json(indent=2), mode=0o600)
             except BaseException:
                 # A worker without a record could never be listed, hence never terminated: stop it now.
                 stop_session(process, 0)

@@ -1,0 +1,272 @@
+"""Calling a registered function and following its calls: one call, a spawned call, outcomes, watches.
+
+:func:`invoke` runs one call and returns its outcome event; :func:`submit`
+stores calls and returns their task ids; :func:`submit_and_watch` does both on
+one stream (for ``map``); :func:`watch` follows calls already stored to their
+end; :class:`FunctionCall` is the handle ``spawn`` returns; :func:`outcome`
+turns an outcome event into the call's value or raises what it raised, with
+the remote traceback (and the caller's own source lines) as its cause.
+
+Invariants: arguments over the inline limit travel as a stored blob named by
+reference (:func:`outgoing`) and a result stored that way is fetched back
+(:func:`incoming`), so callers only ever see whole payloads. Tasks live in
+SQL, so a watch broken by a controlplane restart (UNAVAILABLE, INTERNAL,
+UNKNOWN) is opened again for the tasks not yet seen, backing off from 0.2 s to
+5 s (:mod:`levers9.backoff`), for at most :data:`RECONNECT_S` without news;
+every other gRPC error is translated into the SDK's own errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import linecache
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from levers9.backoff import Backoff
+from levers9.payloads import INLINE_MAX_BYTES, REF_PREFIX, PayloadTooLarge
+from levers9.proto.v1 import controlplane_pb2
+from levers9.sdk import blobs, serialize
+from levers9.sdk.client import Client, translate
+from levers9.sdk.errors import CallCancelled, CallTimeout, RemoteError, RemoteTraceback
+
+__all__ = [
+    "RECONNECT_S",
+    "FunctionCall",
+    "incoming",
+    "invoke",
+    "outcome",
+    "outgoing",
+    "submit",
+    "submit_and_watch",
+    "watch",
+    "watch_one",
+]
+
+R = TypeVar("R")
+
+#: how long a watch keeps reconnecting to a controlplane that went away (a restart, a failover)
+RECONNECT_S = 120.0
+#: the first wait before a broken watch is opened again, and the longest
+_RECONNECT_INITIAL_S = 0.2
+_RECONNECT_CAP_S = 5.0
+
+_DYNAMIC = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (.+)$')
+
+
+def _with_sources(text: str, source_file: str | None) -> str:
+    """Put file names and source lines back into a remote traceback of code sent by value.
+
+    Code pickled by value loses its file name (cloudpickle writes ``<dynamic-code>``)
+    but keeps its line numbers, and the caller has the file: the user's own script.
+    """
+    if not source_file:
+        return text
+    out: list[str] = []
+    for line in text.splitlines():
+        match = _DYNAMIC.match(line)
+        if match is None:
+            out.append(line)
+            continue
+        indent, number, name = match.groups()
+        out.append(f'{indent}File "{source_file}", line {number}, in {name}')
+        source = linecache.getline(source_file, int(number)).strip()
+        if source:
+            out.append(f"{indent}    {source}")
+    return "\n".join(out) + "\n"
+
+
+def outcome(result: controlplane_pb2.TaskEvent, source_file: str | None = None) -> Any:
+    """The call's value, or raise what it raised (with the remote traceback as its cause)."""
+    r = result.result
+    if r.status == "complete":
+        return serialize.loads(r.result)
+    error = r.error
+    if r.status == "timeout":
+        raise CallTimeout(error.message or f"task {r.task_id} ran past its timeout")
+    if r.status == "cancelled":
+        raise CallCancelled(f"task {r.task_id} was cancelled")
+    exc: BaseException | None = None
+    if r.result:
+        try:
+            loaded = serialize.loads(r.result)
+            if isinstance(loaded, BaseException):
+                exc = loaded
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = RemoteError(error.type or r.status, error.message or "the call failed")
+    if error.traceback:
+        exc.__cause__ = RemoteTraceback(_with_sources(error.traceback, source_file))
+    raise exc
+
+
+class FunctionCall(Generic[R]):
+    """A call started with ``spawn``: wait for it with :meth:`get`, stop it with :meth:`cancel`."""
+
+    def __init__(self, client: Client, task_id: str, source: str | None = None) -> None:
+        self.client = client
+        self.task_id = task_id
+        self._source = source
+
+    def __repr__(self) -> str:
+        return f"FunctionCall({self.task_id!r})"
+
+    def get(self, timeout: float | None = None) -> R:
+        event = self.client.run(watch_one(self.client, self.task_id), timeout)
+        value: R = outcome(event, self._source)
+        return value
+
+    def cancel(self) -> bool:
+        async def cancel() -> bool:
+            try:
+                response = await self.client.stub.CancelTask(
+                    controlplane_pb2.CancelTaskRequest(task_id=self.task_id), metadata=self.client.metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise translate(exc, self.client.ctx) from None
+            return bool(response.cancelled)
+
+        return self.client.run(cancel())
+
+
+async def watch(client: Client, task_ids: Sequence[str]) -> AsyncIterator[controlplane_pb2.TaskEvent]:
+    """Outcomes of ``task_ids`` as they finish, riding out a controlplane restart.
+
+    Tasks live in SQL, so a watch that breaks because the controlplane went
+    away is simply opened again for the tasks not yet seen.
+    """
+    waiting = list(dict.fromkeys(task_ids))
+    left = set(waiting)
+    deadline: float | None = None
+    backoff = Backoff(initial_s=_RECONNECT_INITIAL_S, cap_s=_RECONNECT_CAP_S)
+    while waiting:
+        try:
+            async for batch in client.stub.WatchMany(
+                controlplane_pb2.WatchRequest(task_ids=waiting), metadata=client.metadata
+            ):
+                for event in batch.events:
+                    if event.HasField("result") and event.task_id in left:
+                        left.discard(event.task_id)
+                        deadline = None
+                        backoff.reset()
+                        yield event
+                waiting = [t for t in waiting if t in left]
+            if waiting:
+                raise RuntimeError(f"the controlplane ended a watch with {len(waiting)} tasks unfinished")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+                raise translate(exc, client.ctx) from None
+            now = asyncio.get_running_loop().time()
+            deadline = deadline or now + RECONNECT_S
+            if now > deadline:
+                raise translate(exc, client.ctx) from None
+            await asyncio.sleep(backoff.next_s())
+
+
+async def outgoing(client: Client, payload: bytes) -> bytes:
+    """``payload`` as it travels: itself when small, else stored first as a blob and named by reference."""
+    if len(payload) <= INLINE_MAX_BYTES:
+        return payload
+    try:
+        if client.max_payload_bytes is None:
+            who = await client.stub.WhoAmI(controlplane_pb2.WhoAmIRequest(), metadata=client.metadata)
+            client.max_payload_bytes = who.max_payload_bytes or None
+        if client.max_payload_bytes is not None and len(payload) > client.max_payload_bytes:
+            raise PayloadTooLarge("the call's arguments", len(payload), client.max_payload_bytes)
+        ref: bytes = await blobs.upload(client.stub.PutBlob, payload, metadata=client.metadata)
+        return ref
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "over the cap" in (exc.details() or ""):
+            raise PayloadTooLarge("the call's arguments", len(payload), 0, message=exc.details()) from None
+        raise translate(exc, client.ctx) from None
+
+
+async def incoming(client: Client, event: controlplane_pb2.TaskEvent) -> controlplane_pb2.TaskEvent:
+    """``event`` with its result itself in place of a reference to a stored blob."""
+    if not event.result.result.startswith(REF_PREFIX):
+        return event
+    try:
+        data = await blobs.download(client.stub.GetBlob, event.result.result, metadata=client.metadata)
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, client.ctx) from None
+    resolved = controlplane_pb2.TaskEvent()
+    resolved.CopyFrom(event)
+    resolved.result.result = data
+    return resolved
+
+
+async def watch_one(client: Client, task_id: str) -> controlplane_pb2.TaskEvent:
+    async for event in watch(client, [task_id]):
+        return await incoming(client, event)
+    raise RuntimeError(f"the controlplane ended the watch of {task_id} without its result")
+
+
+async def invoke(client: Client, stub_id: str, payload: bytes) -> controlplane_pb2.TaskEvent:
+    """Run one call of ``stub_id`` and return its outcome, following it across a controlplane restart."""
+    payload = await outgoing(client, payload)
+    task_id = ""
+    try:
+        async for event in client.stub.Invoke(
+            controlplane_pb2.InvokeRequest(stub_id=stub_id, args=payload), metadata=client.metadata
+        ):
+            task_id = event.task_id
+            if event.HasField("result"):
+                return await incoming(client, event)
+    except grpc.aio.AioRpcError as exc:
+        if not task_id or exc.code() != grpc.StatusCode.UNAVAILABLE:
+            raise translate(exc, client.ctx) from None
+        # the call is stored: follow it to its end across the controlplane's restart
+    if not task_id:
+        raise RuntimeError("the controlplane ended the call without its result")
+    return await watch_one(client, task_id)
+
+
+async def submit(client: Client, stub_id: str, payloads: Sequence[bytes]) -> list[str]:
+    """Store one call of ``stub_id`` per payload; their task ids, in order."""
+    payloads = [await outgoing(client, p) for p in payloads]
+    try:
+        response = await client.stub.Submit(
+            controlplane_pb2.SubmitRequest(stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]),
+            metadata=client.metadata,
+        )
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, client.ctx) from None
+    return list(response.task_ids)
+
+
+async def submit_and_watch(
+    client: Client, stub_id: str, payloads: Sequence[bytes], accepted: asyncio.Future[list[str]]
+) -> AsyncIterator[controlplane_pb2.TaskEvent]:
+    """Submit calls and yield their outcomes as they finish; ``accepted`` gets the task ids once stored.
+
+    One stream does both, so the controlplane need not look the tasks up again to watch them. If the
+    stream breaks after the ids came (a controlplane restart), the rest is followed with a watch.
+    """
+    ids: list[str] = []
+    left: set[str] = set()
+    try:
+        async for batch in client.stub.SubmitAndWatch(
+            controlplane_pb2.SubmitRequest(stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]),
+            metadata=client.metadata,
+        ):
+            if not ids:
+                ids = [event.task_id for event in batch.events]
+                left = set(ids)
+                accepted.set_result(ids)
+                continue
+            for event in batch.events:
+                if event.HasField("result") and event.task_id in left:
+                    left.discard(event.task_id)
+                    yield event
+    except grpc.aio.AioRpcError as exc:
+        if not ids or exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+            raise translate(exc, client.ctx) from None
+    if not ids:
+        raise RuntimeError("the controlplane ended the submit without the calls' task ids")
+    if left:
+        async for event in watch(client, [t for t in ids if t in left]):
+            yield event
