@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from levers9.cli.output import err, out, print_json
+from levers9.cli.output import Cell, Col, err, iso, out, print_json, print_table
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
-    from rich.text import Text
 
     from levers9.proto.v1.controlplane_pb2_grpc import ControlPlaneStub
     from levers9.sdk.context import Context
@@ -107,28 +106,32 @@ def tasks(
     if not found:
         err.print("no tasks" + (f" with status {status}" if status else ""), markup=False)
         return
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=None, pad_edge=False)
-    for column in ("id", "function", "status", "attempts", "pool", "gpu", "worker", "created", "duration"):
-        table.add_column(column, no_wrap=True, justify="right" if column in ("attempts", "duration") else "left")
-    table.add_column("error", no_wrap=True, overflow="ellipsis")
+    columns = [
+        Col(c, justify="right" if c in ("attempts", "duration") else "left")
+        for c in ("id", "function", "status", "attempts", "pool", "gpu", "worker", "created", "duration")
+    ]
+    columns.append(Col("error", wrap=True))
     now = time.time()
-    for t in found:
-        table.add_row(
-            Text(t.id),
-            Text(t.function or t.stub_id or "-"),
-            Text(t.status, style=_STATUS_STYLE.get(t.status, "")),
-            Text(str(t.attempts)),
-            _cell(t.pool),
-            _cell(t.gpu),
-            _cell(t.worker_id),
-            Text(when(t.created_at, now)),
-            Text(_duration(t.started_at, t.finished_at, now)),
-            Text(t.error.strip().splitlines()[0] if t.error.strip() else "", style="red"),
-        )
-    out.print(table)
+    print_table(
+        columns,
+        (
+            [
+                t.id,
+                t.function or t.stub_id or "-",
+                Text(t.status, style=_STATUS_STYLE.get(t.status, "")),
+                str(t.attempts),
+                t.pool or "-",
+                t.gpu or "-",
+                t.worker_id or "-",
+                when(t.created_at, now),
+                _duration(t.started_at, t.finished_at, now),
+                Text(t.error.strip().splitlines()[0] if t.error.strip() else "", style="red"),
+            ]
+            for t in found
+        ),
+    )
 
 
 def logs(
@@ -201,28 +204,31 @@ def pools(
     if not found:
         err.print("no pools: the controlplane's config defines none", markup=False)
         return
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=None, pad_edge=False)
-    for column in ("name", "provider", "runtime", "isolation", "gpu", "workers", "starting", "min-max"):
-        table.add_column(column, no_wrap=True, justify="right" if column in ("workers", "starting") else "left")
-    table.add_column("status", overflow="fold")
+    columns = [
+        Col(c, justify="right" if c in ("workers", "starting") else "left")
+        for c in ("name", "provider", "runtime", "isolation", "gpu", "workers", "starting", "min-max")
+    ]
+    columns.append(Col("status", wrap=True))
+    rows: list[list[Cell]] = []
     for p in found:
         # "none": the pool's calls run as plain processes on the worker's host, with nothing between them
         isolation = p.isolation or "unknown"
-        table.add_row(
-            Text(p.name),
-            Text(p.provider),
-            Text(p.runtime),
-            Text(isolation, style="red" if isolation == "none" else ""),
-            Text(f"{p.gpu_count}x {p.gpu}" if p.gpu else "cpu"),
-            Text(str(p.workers)),
-            Text(str(p.starting)),
-            Text(f"{p.min_workers}-{p.max_workers}"),
-            Text(f"unavailable: {p.unavailable}", style="yellow") if p.unavailable else Text("ok", style="green"),
+        rows.append(
+            [
+                p.name,
+                p.provider,
+                p.runtime,
+                Text(isolation, style="red" if isolation == "none" else ""),
+                f"{p.gpu_count}x {p.gpu}" if p.gpu else "cpu",
+                str(p.workers),
+                str(p.starting),
+                f"{p.min_workers}-{p.max_workers}",
+                Text(f"unavailable: {p.unavailable}", style="yellow") if p.unavailable else Text("ok", style="green"),
+            ]
         )
-    out.print(table)
+    print_table(columns, rows)
 
 
 def workers(
@@ -246,35 +252,40 @@ def workers(
     if not found:
         err.print("no workers" + (f" in pool {pool}" if pool else ""), markup=False)
         return
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=None, pad_edge=False)
-    for column in ("id", "pool", "status", "gpu free", "cpu free", "memory free", "running", "machine"):
-        table.add_column(column, no_wrap=True, justify="right" if column == "running" else "left")
-    for w in found:
-        table.add_row(
-            Text(w.id),
-            Text(w.pool),
-            Text(w.status, style="green" if w.status == "ready" else ""),
-            Text(f"{w.gpu_free}/{w.gpu_total} {w.gpu}" if w.gpu_total else "-"),
-            Text(f"{w.cpu_free / 1000:g}/{w.cpu_millicores / 1000:g}"),
-            Text(f"{w.memory_free / 1024:.1f}/{w.memory_mib / 1024:.1f} GiB"),
-            Text(str(w.running)),
-            _cell(w.machine_id),
-        )
-    out.print(table)
+    columns = [
+        Col(c, justify="right" if c == "running" else "left")
+        for c in ("id", "pool", "status", "gpu free", "cpu free", "memory free", "running", "machine")
+    ]
+    print_table(
+        columns,
+        (
+            [
+                w.id,
+                w.pool,
+                Text(w.status, style="green" if w.status == "ready" else ""),
+                f"{w.gpu_free}/{w.gpu_total} {w.gpu}" if w.gpu_total else "-",
+                f"{w.cpu_free / 1000:g}/{w.cpu_millicores / 1000:g}",
+                f"{w.memory_free / 1024:.1f}/{w.memory_mib / 1024:.1f} GiB",
+                str(w.running),
+                w.machine_id or "-",
+            ]
+            for w in found
+        ),
+    )
 
 
 def _fields(message: Message) -> dict[str, Any]:
-    """Every field of a flat message, defaults included, under its proto name: stable keys for scripts."""
-    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+    """Every field of a flat message, defaults included, under its proto name: stable keys for scripts.
 
-
-def _cell(value: str) -> Text:
-    from rich.text import Text
-
-    return Text(value or "-")
+    Times (``*_at``, epoch seconds on the wire) become ISO 8601 in UTC, ``null`` when not yet.
+    """
+    fields: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        fields[f.name] = iso(value) if f.name.endswith("_at") and isinstance(value, float) else value
+    return fields
 
 
 def when(epoch: float, now: float) -> str:

@@ -17,6 +17,9 @@ def check(
     file: Path | None = typer.Argument(
         None, help="The config file; default $LEVERS9_CONFIG or ~/.levers9/levers9.yaml."
     ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print JSON: one object per pool of a valid config (the verdict goes to stderr)."
+    ),
 ) -> None:
     """Validate a config file against its schema and the installed plugins; exit 1 on any problem."""
     from levers9.config.load import ConfigError, default_config_path, load_config
@@ -35,6 +38,18 @@ def check(
         for record in loaded.plugins.failures():
             err.print(f"warning: plugin {record.name!r} failed to load: {record.error}", markup=False)
         pools = loaded.pools
+        if as_json:
+            err.print(f"{path}: ok, {len(pools)} pool(s)", markup=False)
+            print_json(
+                [
+                    {"name": name, "provider": pool.provider, "runtime": pool.runtime, "gpu": pool.gpu,
+                     "gpu_count": pool.gpu_count, "cpu": spec.cpu, "memory_mib": spec.memory,
+                     "min_workers": spec.min_workers, "max_workers": spec.max_workers}
+                    for name, pool in pools.items()
+                    for spec in [loaded.config.pools[name]]
+                ]
+            )  # fmt: skip
+            return
         out.print(f"{path}: ok, {len(pools)} pool(s)", markup=False)
         for name, pool in pools.items():
             gpu = f"{pool.gpu_count}x {pool.gpu}" if pool.gpu else "cpu"

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import typer
 
-from levers9.cli.output import err, out, print_json
+from levers9.cli.output import Col, err, out, print_json, print_table
 
 app = typer.Typer(help="Manage client contexts: which controlplane commands and the SDK talk to.", no_args_is_help=True)
 
@@ -44,22 +44,14 @@ def list_contexts(as_json: bool = typer.Option(False, "--json", help="Print JSON
     if not rows:
         err.print("no contexts: run `levers9 up` (one machine) or `levers9 context add ...`", markup=False)
         return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(box=None, pad_edge=False)
-    for column in ("", "name", "grpc", "http", "workspace", "token"):
-        table.add_column(column, no_wrap=True)
-    for c in rows:
-        table.add_row(
-            "*" if c.name == contexts.current else "",
-            Text(c.name),
-            Text(c.grpc),
-            Text(c.http or "-"),
-            Text(c.workspace or "-"),
-            "set" if c.token else "-",
-        )
-    out.print(table)
+    print_table(
+        [Col(c) for c in ("", "name", "grpc", "http", "workspace", "token")],
+        (
+            ["*" if c.name == contexts.current else "", c.name, c.grpc, c.http or "-", c.workspace or "-",
+             "set" if c.token else "-"]
+            for c in rows
+        ),
+    )  # fmt: skip
 
 
 @app.command("use")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from levers9.cli.client_cmds import UNARY_TIMEOUT_S, Metadata, call, context_option, resolve_context, when
-from levers9.cli.output import err, out, print_json
+from levers9.cli.output import Col, err, iso, out, print_json, print_table
 from levers9.cli.run_cmd import fail
 
 if TYPE_CHECKING:
@@ -111,19 +111,15 @@ def deployments(
     if not found:
         err.print("no deployments", markup=False)
         return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for column in ("name", "kind", "version", "state", "deployed"):
-        table.add_column(column, no_wrap=True)
     now = time.time()
+    rows = []
     for d in found:
         for v in d.versions:
             state = "serving" if not v.stopped_at else "stopped"
             if v.version == d.active_version:
                 state += " (default)"
-            table.add_row(d.name, d.kind, f"v{v.version}", state, when(v.created_at, now))
-    out.print(table)
+            rows.append([d.name, d.kind, f"v{v.version}", state, when(v.created_at, now)])
+    print_table([Col(c) for c in ("name", "kind", "version", "state", "deployed")], rows)
 
 
 def stop(
@@ -151,8 +147,8 @@ def _deployment(d: pb.DeploymentInfo) -> dict[str, Any]:
         "kind": d.kind,
         "active_version": d.active_version or None,
         "versions": [
-            {"version": v.version, "stub_id": v.stub_id, "created_at": v.created_at,
-             "stopped_at": v.stopped_at or None, "serving": not v.stopped_at}
+            {"version": v.version, "stub_id": v.stub_id, "created_at": iso(v.created_at),
+             "stopped_at": iso(v.stopped_at), "serving": not v.stopped_at}
             for v in d.versions
         ],
     }  # fmt: skip

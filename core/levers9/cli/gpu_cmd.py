@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from levers9.cli.output import print_json
+from levers9.cli.output import Col, print_json, print_table
 
 app = typer.Typer(help="GPU types: normalise names, list the catalog.", no_args_is_help=True)
 
@@ -52,5 +52,7 @@ def list_types(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
     if as_json:
         print_json([{"name": t.name, "vendor": t.vendor, "memory_mib": t.memory_mib} for t in CATALOG.values()])
         return
-    for t in CATALOG.values():
-        typer.echo(f"{t.name}\t{t.vendor}\t{t.memory_mib // 1024} GiB")
+    print_table(
+        [Col("name"), Col("vendor"), Col("memory", justify="right")],
+        ([t.name, t.vendor, f"{t.memory_mib // 1024} GiB"] for t in CATALOG.values()),
+    )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from levers9.cli.output import err, out, print_json
+from levers9.cli.output import Cell, Col, err, print_json, print_table
 
 if TYPE_CHECKING:
     from levers9.hooks.manager import PluginPolicy
@@ -17,7 +17,7 @@ def plugins(
     as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per plugin."),
 ) -> None:
     """List installed plugins with their distribution, roles, hooks and load errors."""
-    from rich.table import Table
+    from rich.text import Text
 
     from levers9.hooks.errors import PluginLoadError
     from levers9.hooks.manager import PluginSet
@@ -35,18 +35,19 @@ def plugins(
     if as_json:
         print_json([r.as_dict() for r in records])
         return
-    table = Table(box=None, pad_edge=False)
-    for column in ("name", "distribution", "status", "roles"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("hooks", overflow="fold")
+    rows: list[list[Cell]] = []
     for r in records:
         dist = f"{r.distribution or '?'} {r.version or ''}".strip()
-        status = {"loaded": "[green]loaded[/]", "failed": "[red]failed[/]", "blocked": "[yellow]blocked[/]"}[r.status]
+        status = Text(r.status, style=_STATUS_STYLE.get(r.status, ""))
+        # ", " between hook names: a terminal wraps the list there, never inside a name
         hooks = ", ".join(h.removeprefix("levers9_") for h in r.hooks) or "-"
-        table.add_row(r.name, dist, status, ", ".join(r.roles) or "-", hooks)
-    out.print(table)
+        rows.append([r.name, dist, status, ", ".join(r.roles) or "-", hooks])
+    print_table([Col("name"), Col("distribution"), Col("status"), Col("roles"), Col("hooks", wrap=True)], rows)
     for r in plugin_set.failures():
         err.print(f"[red]plugin {r.name!r} ({r.module}) failed to load:[/] {r.error}", markup=True)
+
+
+_STATUS_STYLE = {"loaded": "green", "failed": "red", "blocked": "yellow"}
 
 
 def _policy() -> PluginPolicy:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from levers9.cli.client_cmds import UNARY_TIMEOUT_S, Metadata, call, context_option, when
-from levers9.cli.output import err, out, print_json
+from levers9.cli.output import Col, err, iso, out, print_json, print_table
 
 if TYPE_CHECKING:
     from levers9.proto.v1 import controlplane_pb2 as pb
@@ -106,21 +106,16 @@ def list_(
 
     found = call(context, action)
     if as_json:
-        print_json([{"name": s.name, "created_at": s.created_at, "updated_at": s.updated_at} for s in found])
+        print_json([{"name": s.name, "created_at": iso(s.created_at), "updated_at": iso(s.updated_at)} for s in found])
         return
     if not found:
         err.print("no secrets in this workspace (create one with `levers9 secret create NAME`)", markup=False)
         return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(box=None, pad_edge=False)
-    for column in ("name", "created", "updated"):
-        table.add_column(column, no_wrap=True)
     now = time.time()
-    for s in found:
-        table.add_row(Text(s.name), Text(when(s.created_at, now)), Text(when(s.updated_at, now)))
-    out.print(table)
+    print_table(
+        [Col("name"), Col("created"), Col("updated")],
+        ([s.name, when(s.created_at, now), when(s.updated_at, now)] for s in found),
+    )
 
 
 @app.command("delete")

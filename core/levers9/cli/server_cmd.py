@@ -439,13 +439,20 @@ def token_list(
     if found is None:
         typer.echo(f"no workspace named {workspace!r}", err=True)
         raise typer.Exit(1)
-    if as_json:
-        import json
+    from levers9.cli.output import Col, err, print_json, print_table
 
-        typer.echo(json.dumps(found, indent=2))
+    if as_json:
+        print_json(found)
         return
-    for t in found:
-        expires = f" expires {t['expires_at']}" if t["expires_at"] else ""
-        typer.echo(
-            f"{t['id']}  {t['kind']:<7} {t['state']:<8} {t['subject'] or '-'}  created {t['created_at']}{expires}"
-        )
+    if not found:
+        err.print("no tokens" + (" bound to no workspace" if unbound else f" in workspace {workspace!r}"), markup=False)
+        return
+    print_table(
+        [Col("id"), Col("kind"), Col("state"), Col("subject", wrap=True), Col("created"), Col("expires"),
+         Col("last used")],
+        (
+            [t["id"] or "-", t["kind"] or "-", t["state"] or "-", t["subject"] or "-", t["created_at"] or "-",
+             t["expires_at"] or "-", t["last_used_at"] or "-"]
+            for t in found
+        ),
+    )  # fmt: skip
