@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 import levers9_criu
+from levers9.checkpoint.node_cache import NodeCache
+from levers9.checkpoint.publish import publish
 from levers9.checkpoint.restore import start_container
-from levers9.checkpoint.storage import LocalStorage, NodeCache, publish
+from levers9.checkpoint.storage import LocalStorage
 from levers9.engine.node import bridge_for
 from levers9.hooks.errors import CheckpointUnavailable, RestoreFailed
 from levers9.hooks.facade import Hooks

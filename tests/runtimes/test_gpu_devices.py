@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from levers9.engine.spec import gpu_env, oci_config
 from levers9.discovery.nvidia_smi_query import parse_query_gpu
+from levers9.engine.spec import gpu_env, oci_config
 from levers9.hooks.types import ContainerSpec, GpuDevice
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "nvidia_smi"

@@ -88,6 +88,31 @@ def test_hook_levers9_runtime_capabilities(run_tool: RunTool, context: Context, 
         assert missing in report.unavailable_reason
 
 
+def test_runtimes_report_how_the_worker_reaches_their_containers(
+    context: Context, require: Callable[[str], str]
+) -> None:
+    """The worker decides from these, never from a runtime's name (see levers9.worker.warm.launch)."""
+    require("runc")
+    require("runsc")
+    runc = levers9_runc.levers9_runtime_capabilities(context("runc"))
+    gvisor = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
+    for isolated in (runc, gvisor):
+        assert (isolated.host_filesystem, isolated.host_network) == (False, False)
+        assert isolated.cgroup_parent == "/levers9"
+    under_systemd = levers9_runc.levers9_runtime_capabilities(context("runc", {"systemd_cgroup": True}))
+    assert under_systemd.cgroup_parent is None, "systemd names the cgroup, not levers9"
+    process = levers9_process.levers9_runtime_capabilities(context("process"))
+    assert (process.host_filesystem, process.host_network, process.cgroup_parent) == (True, True, None)
+
+
+def test_a_runtime_that_reports_none_of_the_newer_fields_still_validates() -> None:
+    """A third-party plugin written before host_filesystem, host_network and cgroup_parent: treated as isolated."""
+    report = RuntimeCapabilities.model_validate({"available": True, "isolation": "vm"})
+    assert (report.host_filesystem, report.host_network, report.cgroup_parent) == (False, False, None)
+    with pytest.raises(ValidationError, match="cgroup_parent"):
+        RuntimeCapabilities(available=True, isolation=Isolation.VM, cgroup_parent="levers9")
+
+
 def test_hook_levers9_checkpoint_support(
     plugin_manager: pluggy.PluginManager,
     run_tool: RunTool,

@@ -20,15 +20,13 @@ from typing import IO, Any
 import pytest
 
 from levers9.checkpoint import storage as checkpoints
+from levers9.checkpoint.node_cache import NodeCache
+from levers9.checkpoint.publish import dump_fits, fetch_for_start, publish
 from levers9.checkpoint.storage import (
     CheckpointMissing,
     LocalStorage,
-    NodeCache,
     S3Storage,
     StorageError,
-    dump_fits,
-    fetch_for_start,
-    publish,
     storage_from_url,
     storage_key,
 )
@@ -432,7 +430,8 @@ FETCHER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from levers9.checkpoint.storage import LocalStorage, NodeCache
+    from levers9.checkpoint.node_cache import NodeCache
+    from levers9.checkpoint.storage import LocalStorage
 
     cache_root, store_root, marks, name = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 
@@ -672,3 +671,17 @@ def test_dump_fits() -> None:
     assert dump_fits(0, 4 * GiB, 0) is None
     with pytest.raises(ValueError, match="negative"):
         dump_fits(-1, 4 * GiB, GiB)
+
+
+def test_memory_in_use_is_read_below_the_runtimes_cgroup_parent(tmp_path: Path) -> None:
+    """Where the cgroup is comes from the runtime's capabilities, not from the OCI engine's layout."""
+    from levers9.checkpoint.restore import memory_in_use
+
+    (tmp_path / "pods" / "app").mkdir(parents=True)
+    (tmp_path / "pods" / "app" / "memory.current").write_text("4096\n")
+    (tmp_path / "memory" / "levers9" / "app").mkdir(parents=True)
+    (tmp_path / "memory" / "levers9" / "app" / "memory.usage_in_bytes").write_text("8192\n")
+    assert memory_in_use("app", "/pods", root=tmp_path) == 4096  # cgroup v2
+    assert memory_in_use("app", "/levers9", root=tmp_path) == 8192  # cgroup v1
+    assert memory_in_use("app", None, root=tmp_path) is None  # the runtime gives containers no cgroup
+    assert memory_in_use("other", "/pods", root=tmp_path) is None

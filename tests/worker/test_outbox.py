@@ -6,10 +6,10 @@ import asyncio
 
 from levers9.payloads import BATCH_BYTES, INLINE_MAX_BYTES
 from levers9.proto.v1 import common_pb2, worker_pb2
-from levers9.worker.session import _Outbox
+from levers9.worker.outbox import Outbox
 
 
-async def _drain(outbox: _Outbox) -> list[worker_pb2.WorkerMessage]:
+async def _drain(outbox: Outbox) -> list[worker_pb2.WorkerMessage]:
     stop = asyncio.Event()
     sent: list[worker_pb2.WorkerMessage] = []
 
@@ -26,7 +26,7 @@ async def _drain(outbox: _Outbox) -> list[worker_pb2.WorkerMessage]:
 
 def test_results_and_output_go_in_messages_cut_at_the_batch_budget() -> None:
     async def main() -> list[worker_pb2.WorkerMessage]:
-        outbox = _Outbox()
+        outbox = Outbox()
         for i in range(60):  # 60 MiB of results and 60 MiB of output at once: one message would be refused
             outbox.result(common_pb2.TaskResult(task_id=f"t{i}", status="complete", result=b"r" * INLINE_MAX_BYTES))
             outbox.log(f"t{i}", b"o" * INLINE_MAX_BYTES)
@@ -43,7 +43,7 @@ def test_results_and_output_go_in_messages_cut_at_the_batch_budget() -> None:
 
 def test_a_cancelled_tasks_result_is_neither_sent_nor_resent() -> None:
     async def main() -> tuple[list[str], list[str]]:
-        outbox = _Outbox()
+        outbox = Outbox()
         outbox.result(common_pb2.TaskResult(task_id="keep", status="complete", result=b"1"))
         outbox.result(common_pb2.TaskResult(task_id="gone", status="complete", result=b"2"))
         outbox.drop("gone")

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,9 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from levers9.checkpoint.node_cache import NodeCache
 from levers9.checkpoint.snapshot import Checkpointing, RecordStore
-from levers9.checkpoint.storage import LocalStorage, NodeCache
+from levers9.checkpoint.storage import LocalStorage
 from levers9.controlplane.grpc_worker import checkpoint_ref
 from levers9.engine.network import netns_name
 from levers9.engine.node import NodeSettings, bridge_for
@@ -43,7 +45,7 @@ from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.database import open_database
 from levers9.state.sql.workspaces import WorkspaceStore
 from levers9.worker.calls import Call, Outcome, StubSpec
-from levers9.worker.pool import ContainerPool
+from levers9.worker.warm.pool import WarmPool
 
 RUNTIMES = ["process", "runc", "gvisor"]
 ISOLATED = ["runc", "gvisor"]
@@ -55,7 +57,7 @@ RUNTIME_PROCESSES = re.compile(r"runsc|runc |shim\.sh|levers9\.worker\.runner")
 
 @dataclass
 class World:
-    pool: ContainerPool
+    pool: WarmPool
     ctx: RuntimeContext
     #: every stub id starts with it, so every container id starts with ``l9-<prefix>``
     prefix: str
@@ -160,7 +162,8 @@ async def _world(name: str, tmp_path: Path, **pool_kw: Any) -> AsyncIterator[Wor
         assert isinstance(made, NodeSettings)
         settings = made
     ctx = RuntimeContext(name=name, settings=settings, state_dir=str(tmp_path / name))
-    pool = ContainerPool(hooks, ctx, state_dir=tmp_path / "pool", **pool_kw)
+    capabilities = await hooks.runtime_capabilities(ctx)
+    pool = WarmPool(hooks, ctx, capabilities, state_dir=tmp_path / "pool", **pool_kw)
     w = World(pool=pool, ctx=ctx, prefix=secrets.token_hex(4))
     watcher = asyncio.create_task(_watch(Path(ctx.state_dir) / "containers", w.seen))
     try:
@@ -535,6 +538,38 @@ async def test_gpus_are_never_shared(tmp_path: Path) -> None:
         assert too_many.error is not None
         assert too_many.error.type == "InsufficientGpus"
         assert (await w.value(w.stub(hold), 0))[0] == ""  # a function without GPUs sees none of them
+
+
+async def test_a_runtime_with_the_process_runtimes_capabilities_is_treated_alike_whatever_its_name(
+    tmp_path: Path,
+) -> None:
+    """No name check: a runtime called anything that reports host filesystem and network gets host paths."""
+    import levers9_process
+
+    plugins = load_plugins(PluginPolicy())
+    hooks_of_process = [name for name in dir(levers9_process) if name.startswith("levers9_container_")]
+    plain = types.SimpleNamespace(
+        levers9_runtime_capabilities=levers9_process.levers9_runtime_capabilities,
+        **{name: getattr(levers9_process, name) for name in hooks_of_process},
+    )
+    record = plugins.add("plain-processes", plain)
+    assert record.status == "loaded", record.error
+    hooks = Hooks(plugins)
+    ctx = RuntimeContext(name="plain-processes", settings=None, state_dir=str(tmp_path / "plain"))
+    capabilities = await hooks.runtime_capabilities(ctx)
+    pool = WarmPool(hooks, ctx, capabilities, state_dir=tmp_path / "pool")
+    try:
+        w = World(pool=pool, ctx=ctx, prefix=secrets.token_hex(4))
+
+        def where() -> tuple[str | None, str]:
+            return os.environ.get("LEVERS9_RUNNER_HOST"), os.environ["LEVERS9_HANDLER_FILE"]
+
+        host, handler = await w.value(w.stub(where))
+        assert host == "127.0.0.1"
+        assert handler.startswith(str(tmp_path / "pool" / "handlers"))
+    finally:
+        await pool.close()
+        hooks.close()
 
 
 # --------------------------------------------------------------------------- closing

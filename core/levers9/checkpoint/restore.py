@@ -14,8 +14,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from levers9.checkpoint.storage import CheckpointRecorder, CheckpointStorage, NodeCache, dump_fits, fetch_for_start
-from levers9.engine.spec import cgroups_path
+from levers9.checkpoint.node_cache import NodeCache
+from levers9.checkpoint.publish import dump_fits, fetch_for_start
+from levers9.checkpoint.record import CheckpointRecord
+from levers9.checkpoint.storage import CheckpointRecorder, CheckpointStorage
 from levers9.hooks.errors import Levers9Error, PluginError, RestoreFailed
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import (
@@ -27,7 +29,6 @@ from levers9.hooks.types import (
     RuntimeContext,
 )
 from levers9.runner import main as runner
-from levers9.state.sql.records import CheckpointRecord
 
 __all__ = [
     "READY_DIR",
@@ -110,9 +111,15 @@ def with_ready_signal(spec: ContainerSpec, host_dir: Path, *, mounts: bool = Tru
     return spec.model_copy(update={"env": {**spec.env, READY_ENV: str(host_dir / "ready")}})
 
 
-def memory_in_use(container_id: str, root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Bytes the container's memory cgroup holds now (v1 or v2), or None when unknown."""
-    rel = cgroups_path(container_id).lstrip("/")
+def memory_in_use(container_id: str, cgroup_parent: str | None, root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes the container's memory cgroup holds now (v1 or v2), or None when unknown.
+
+    ``cgroup_parent`` is where the runtime puts containers' cgroups (its ``RuntimeCapabilities.cgroup_parent``);
+    None, for a runtime that gives containers no cgroup of their own, means unknown.
+    """
+    if cgroup_parent is None:
+        return None
+    rel = f"{cgroup_parent.strip('/')}/{container_id}".lstrip("/")
     for path in (root / "memory" / rel / "memory.usage_in_bytes", root / rel / "memory.current"):
         try:
             return int(path.read_text().strip())
@@ -129,12 +136,16 @@ async def checkpoint_when_ready(
     host_dir: Path,
     image_dir: Path,
     free_bytes: int,
+    cgroup_parent: str | None = None,
     timeout_s: float = 600.0,
 ) -> CheckpointImage | None:
     """Wait for the container's ready signal, then checkpoint it (it keeps running).
 
+    ``cgroup_parent`` (the runtime's capability) says where to read the memory the container uses; without
+    it the dump is taken without the size check.
+
     Returns None, with the reason logged, when the container ended or never said it was ready, or when
-    the dump would not fit (see :func:`levers9.checkpoint.storage.dump_fits`): a checkpoint is an
+    the dump would not fit (see :func:`levers9.checkpoint.publish.dump_fits`): a checkpoint is an
     optimisation and never holds up or fails the task.
     """
     ready = host_dir / "ready"
@@ -148,7 +159,7 @@ async def checkpoint_when_ready(
             log.warning("%s did not signal ready within %g s; no checkpoint", spec.container_id, timeout_s)
             return None
         await asyncio.sleep(0.05)
-    usage = memory_in_use(spec.container_id)
+    usage = memory_in_use(spec.container_id, cgroup_parent)
     if usage is not None:
         why = dump_fits(usage, spec.memory_mib * 1024 * 1024, free_bytes)
         if why is not None:

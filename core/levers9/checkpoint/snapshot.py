@@ -21,16 +21,19 @@ import asyncio
 import logging
 import shutil
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from levers9.checkpoint.node_cache import NodeCache
+from levers9.checkpoint.publish import publish
+from levers9.checkpoint.record import CheckpointRecord, CheckpointStatus
 from levers9.checkpoint.restore import READY_DIR, Started, checkpoint_when_ready, start_container
-from levers9.checkpoint.storage import CheckpointStorage, NodeCache, publish
+from levers9.checkpoint.storage import CheckpointStorage
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import ContainerSpec, Mount, RuntimeContext
 from levers9.runner import main as runner
-from levers9.state.sql.records import CheckpointRecord, CheckpointStatus
 
 __all__ = ["SIGNAL_SOCKET", "Checkpointing", "RecordStore"]
 
@@ -87,9 +90,7 @@ class RecordStore:
 
 def record_of(ref: Any) -> CheckpointRecord:
     """A ``CheckpointRef`` as the record type the checkpoint functions take (times are not sent: now)."""
-    from levers9.state.sql.models import utcnow
-
-    now = utcnow()
+    now = datetime.now(UTC)
     return CheckpointRecord(
         id=ref.id, workspace_id=ref.workspace_id, stub_id=ref.stub_id or None, task_id=None,
         status=CheckpointStatus(ref.status), runtime=ref.runtime, gpu=ref.gpu or None, path=ref.path or None,
@@ -167,13 +168,18 @@ class Checkpointing:
         images: Path,
         workspace_id: str,
         stub_id: str,
+        cgroup_parent: str | None = None,
     ) -> None:
-        """Checkpoint a freshly started container once it is loaded; publish the image in the background."""
+        """Checkpoint a freshly started container once it is loaded; publish the image in the background.
+
+        ``cgroup_parent`` is the runtime's (see :func:`~levers9.checkpoint.restore.memory_in_use`).
+        """
         image_dir = images / spec.container_id
         try:
             image = await checkpoint_when_ready(
-                hooks, runtime, spec, host_dir=signal_dir, image_dir=image_dir, free_bytes=self.cache.free_bytes()
-            )
+                hooks, runtime, spec, host_dir=signal_dir, image_dir=image_dir, free_bytes=self.cache.free_bytes(),
+                cgroup_parent=cgroup_parent,
+            )  # fmt: skip
         except Levers9Error as exc:
             log.warning("checkpointing %s of stub %s failed: %s", spec.container_id, stub_id, exc)
             shutil.rmtree(image_dir, ignore_errors=True)

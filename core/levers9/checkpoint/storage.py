@@ -1,10 +1,10 @@
-"""Where checkpoint images live: the node's cache, and the workspace's durable storage.
+"""Where checkpoint images live for good: the workspace's durable storage, named by URL, and its keys.
 
 A checkpoint is only worth taking if a task on *another* machine can restore
 it, so every image is uploaded to the workspace's storage (a directory on a
 single machine, S3 or an S3-compatible store otherwise). The node keeps its
-own copy too, so a second start of the same function on the same node does not
-download again; that cache is bounded, and evicts what was used least recently.
+own copy too (:mod:`levers9.checkpoint.node_cache`), and
+:mod:`levers9.checkpoint.publish` moves images between the two.
 
 Images are gigabytes of memory pages that hardly compress, so they travel as
 one plain tar, streamed both ways: never held in memory, never copied whole to
@@ -12,16 +12,13 @@ a temporary file first.
 
 The database records the *storage key* of each checkpoint (``CheckpointRecord.path``),
 never a node's local path: the key means the same thing on every node, a local
-path only on the one that wrote it. :func:`fetch_for_start` turns the key back
-into a local directory.
+path only on the one that wrote it. :func:`levers9.checkpoint.publish.fetch_for_start`
+turns the key back into a local directory.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import re
@@ -29,15 +26,13 @@ import shutil
 import tarfile
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from levers9.checkpoint.record import CheckpointRecord
 from levers9.hooks.errors import Levers9Error
-from levers9.hooks.types import CheckpointImage
-from levers9.state.sql.records import CheckpointRecord, CheckpointStatus
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError
@@ -47,12 +42,8 @@ __all__ = [
     "CheckpointRecorder",
     "CheckpointStorage",
     "LocalStorage",
-    "NodeCache",
     "S3Storage",
     "StorageError",
-    "dump_fits",
-    "fetch_for_start",
-    "publish",
     "storage_from_url",
     "storage_key",
 ]
@@ -65,8 +56,6 @@ _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _NO_STUB = "_"
 #: how much is read or written at a time while streaming a tar; big enough that Python's overhead disappears
 _CHUNK = 1 << 20
-#: the most of an error message kept in the database
-_ERROR_LIMIT = 2000
 
 
 class CheckpointMissing(Levers9Error):
@@ -492,327 +481,3 @@ def storage_from_url(url: str | None, *, default_root: Path) -> CheckpointStorag
             region=options.get("region", [None])[0],
         )
     raise ValueError(f"checkpoint storage {url!r} is not understood; expected {_ACCEPTED}")
-
-
-# --------------------------------------------------------------------------- the node's cache
-
-
-class NodeCache:
-    """The images this node holds, ``<root>/<checkpoint id>/``, bounded to ``max_bytes`` by least-recent use.
-
-    Several worker processes may share one cache, so every change to an entry
-    happens under an ``flock`` on ``<root>/.locks/<id>.lock``: an exclusive lock
-    to download, adopt or evict, a shared one while an image is only being read
-    (:meth:`hold`). The lock file's modification time records the last use;
-    access times are useless for that on ``noatime``/``relatime`` mounts.
-    Unfinished downloads live under ``.<id>.*`` names, invisible as entries, and
-    are cleared by the next download of the same id.
-    """
-
-    def __init__(self, root: Path, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError("the checkpoint cache size cannot be negative")
-        self.root = root
-        self.max_bytes = max_bytes
-        self._locks = root / ".locks"
-        self._locks.mkdir(parents=True, exist_ok=True)
-
-    def path_for(self, checkpoint_id: str) -> Path:
-        return self.root / _check_segment(checkpoint_id, "checkpoint id")
-
-    def has(self, checkpoint_id: str) -> bool:
-        return self.path_for(checkpoint_id).is_dir()
-
-    @contextlib.contextmanager
-    def _locked(self, checkpoint_id: str, operation: int) -> Iterator[int | None]:
-        """Hold the id's lock, yielding its descriptor, or None when ``LOCK_NB`` was asked and it is taken.
-
-        Eviction deletes lock files (else one would stay per checkpoint ever
-        seen); a lock taken on a file that was deleted meanwhile protects
-        nothing, so the file is checked to still be the one at the path.
-        """
-        path = self._locks / f"{_check_segment(checkpoint_id, 'checkpoint id')}.lock"
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, operation)
-            except BlockingIOError:
-                os.close(fd)
-                yield None
-                return
-            try:
-                current = os.stat(path)
-            except FileNotFoundError:
-                current = None
-            if current is not None and current.st_ino == os.fstat(fd).st_ino:
-                break
-            os.close(fd)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _touch(fd: int) -> None:
-        # the clock, not the kernel's coarse file timestamps: two uses a millisecond apart must still be ordered
-        now = time.time_ns()
-        os.utime(fd, ns=(now, now))
-
-    def _clear_unfinished(self, checkpoint_id: str) -> None:
-        """Leftovers of a download or copy that died; only called with the id's exclusive lock held."""
-        for leftover in self.root.glob(f".{checkpoint_id}.*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-    @contextlib.contextmanager
-    def hold(self, checkpoint_id: str) -> Iterator[Path]:
-        """Keep the image from eviction while it is read (a restore); many may hold it at once."""
-        with self._locked(checkpoint_id, fcntl.LOCK_SH) as fd:
-            assert fd is not None
-            path = self.path_for(checkpoint_id)
-            if not path.is_dir():
-                raise CheckpointMissing(f"checkpoint {checkpoint_id} is not in the node cache {self.root}")
-            self._touch(fd)
-            yield path
-
-    def adopt(self, checkpoint_id: str, source: Path) -> Path:
-        """Take a freshly dumped image into the cache: a rename on the same filesystem, else a copy."""
-        if not source.is_dir():
-            raise NotADirectoryError(f"checkpoint image {source} is not a directory")
-        with self._locked(checkpoint_id, fcntl.LOCK_EX) as fd:
-            assert fd is not None
-            dest = self.path_for(checkpoint_id)
-            if dest.exists():
-                raise FileExistsError(f"checkpoint {checkpoint_id} is already in the node cache at {dest}")
-            self._clear_unfinished(checkpoint_id)
-            try:
-                os.rename(source, dest)
-            except OSError as exc:
-                if exc.errno != errno.EXDEV:
-                    raise
-                staging = Path(tempfile.mkdtemp(prefix=f".{checkpoint_id}.", dir=self.root))
-                try:
-                    shutil.copytree(source, staging, symlinks=True, dirs_exist_ok=True)
-                    os.rename(staging, dest)
-                except BaseException:
-                    shutil.rmtree(staging, ignore_errors=True)
-                    raise
-                shutil.rmtree(source, ignore_errors=True)
-            self._touch(fd)
-            return dest
-
-    def fetch(self, checkpoint_id: str, storage: CheckpointStorage, key: str) -> Path:
-        """The cached image, downloading it first when absent; one download per node however many ask at once."""
-        with self._locked(checkpoint_id, fcntl.LOCK_SH) as fd:
-            assert fd is not None
-            if self.has(checkpoint_id):
-                self._touch(fd)
-                return self.path_for(checkpoint_id)
-        with self._locked(checkpoint_id, fcntl.LOCK_EX) as fd:
-            assert fd is not None
-            dest = self.path_for(checkpoint_id)
-            if not dest.is_dir():  # someone else may have downloaded it while this waited for the lock
-                self._clear_unfinished(checkpoint_id)
-                storage.get_dir(key, dest)
-            self._touch(fd)
-            return dest
-
-    def remove(self, checkpoint_id: str) -> bool:
-        """Drop one image (a checkpoint that will never be restored); False when it was absent."""
-        with self._locked(checkpoint_id, fcntl.LOCK_EX) as fd:
-            assert fd is not None
-            path = self.path_for(checkpoint_id)
-            self._clear_unfinished(checkpoint_id)
-            if not path.is_dir():
-                return False
-            shutil.rmtree(path)
-            return True
-
-    def _entries(self) -> list[tuple[int, str, Path]]:
-        """(last use in ns, id, path) of every image, least recently used first."""
-        entries = []
-        for path in self.root.iterdir():
-            if path.name.startswith(".") or not _SEGMENT.fullmatch(path.name) or not path.is_dir():
-                continue
-            try:
-                used = (self._locks / f"{path.name}.lock").stat().st_mtime_ns
-            except FileNotFoundError:
-                used = path.stat().st_mtime_ns
-            entries.append((used, path.name, path))
-        return sorted(entries)
-
-    def size_bytes(self) -> int:
-        """The bytes the cached images take."""
-        return sum(_tree_size(path) for _, _, path in self._entries())
-
-    def evict(self, keep: int = 0) -> list[str]:
-        """Remove least recently used images until the cache fits in ``max_bytes``; returns the ids removed.
-
-        The ``keep`` most recently used images are never removed (the one just
-        fetched, say, even when it alone is over the limit), nor is any image
-        whose lock is held: it is being downloaded, adopted or read.
-        """
-        entries = self._entries()
-        candidates = entries[: max(len(entries) - keep, 0)]
-        sizes = {name: _tree_size(path) for _, name, path in entries}
-        total = sum(sizes.values())
-        evicted: list[str] = []
-        for _, name, path in candidates:
-            if total <= self.max_bytes:
-                break
-            with self._locked(name, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
-                if fd is None:
-                    continue
-                try:
-                    shutil.rmtree(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    log.warning("could not evict checkpoint %s from %s: %s", name, self.root, exc)
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._locks / f"{name}.lock")
-                total -= sizes[name]
-                evicted.append(name)
-        if evicted:
-            log.info("evicted %d checkpoint(s) from %s: %s", len(evicted), self.root, ", ".join(evicted))
-        return evicted
-
-    def free_bytes(self) -> int:
-        return shutil.disk_usage(self.root).free
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for directory, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(directory, name)).st_size
-    return total
-
-
-# --------------------------------------------------------------------------- publishing and fetching
-
-
-def _describe_error(exc: BaseException) -> str:
-    text = str(exc)
-    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:_ERROR_LIMIT]
-
-
-async def _evict_quietly(cache: NodeCache) -> None:
-    """Trim the cache; a failure here must not fail the checkpoint or the start that caused it."""
-    try:
-        await asyncio.to_thread(cache.evict, 1)
-    except Exception:
-        log.exception("trimming the checkpoint cache %s failed", cache.root)
-
-
-async def publish(
-    image: CheckpointImage,
-    *,
-    workspace_id: str,
-    stub_id: str | None,
-    task_id: str | None,
-    gpu: str | None,
-    store: CheckpointRecorder,
-    storage: CheckpointStorage,
-    cache: NodeCache,
-) -> CheckpointRecord:
-    """Record a fresh image, keep it in the node cache and upload it; only then can other tasks restore it.
-
-    The record stays ``pending`` until the upload is complete, so no start
-    anywhere tries an image that is not fully stored. Any failure marks it
-    ``failed`` with the reason (for the operator) and is raised again; the
-    node's copy is dropped then, as nothing will ever restore it.
-    """
-    record = await store.create(workspace_id, image.runtime, stub_id=stub_id, task_id=task_id, gpu=gpu)
-    key = storage_key(workspace_id, stub_id, record.id)
-    uploaded = False
-    try:
-        local = await asyncio.to_thread(cache.adopt, record.id, Path(image.path))
-        size = await asyncio.to_thread(storage.put_dir, key, local)
-        uploaded = True
-        record = await store.set_status(record.id, CheckpointStatus.AVAILABLE.value, path=key, size_bytes=size)
-    except BaseException as exc:
-        await _mark_failed(record, exc, key=key, uploaded=uploaded, store=store, storage=storage, cache=cache)
-        raise
-    log.info("checkpoint %s stored at %s (%d bytes)", record.id, f"{storage.describe()} {key}", size)
-    await _evict_quietly(cache)
-    return record
-
-
-async def _mark_failed(
-    record: CheckpointRecord,
-    exc: BaseException,
-    *,
-    key: str,
-    uploaded: bool,
-    store: CheckpointRecorder,
-    storage: CheckpointStorage,
-    cache: NodeCache,
-) -> None:
-    """Best effort on every step: the original failure is what the caller must see, not a second one."""
-    log.warning("checkpoint %s could not be published to %s: %s", record.id, storage.describe(), exc)
-    try:
-        await store.set_status(record.id, CheckpointStatus.FAILED.value, error=_describe_error(exc))
-    except Exception:
-        log.exception("could not mark checkpoint %s failed", record.id)
-    try:
-        if uploaded:
-            await asyncio.to_thread(storage.delete, key)
-        await asyncio.to_thread(cache.remove, record.id)
-    except Exception:
-        log.exception("could not clean up after checkpoint %s", record.id)
-
-
-async def fetch_for_start(record: CheckpointRecord, *, storage: CheckpointStorage, cache: NodeCache) -> CheckpointImage:
-    """The image to restore ``record`` from, as a directory on this node (downloaded only when not cached).
-
-    To keep eviction away while the runtime reads it, restore inside
-    ``cache.hold(record.id)``.
-    """
-    if record.path is None:
-        raise CheckpointMissing(f"checkpoint {record.id} has no stored image (it is {record.status})")
-    local = await asyncio.to_thread(cache.fetch, record.id, storage, record.path)
-    await _evict_quietly(cache)
-    return CheckpointImage(
-        checkpoint_id=record.id,
-        runtime=record.runtime,
-        path=str(local),
-        size_bytes=record.size_bytes or 0,
-        created_at=record.created_at,
-    )
-
-
-# --------------------------------------------------------------------------- should a checkpoint be taken at all
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.1f} {unit}" if unit != "B" else f"{size} B"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def dump_fits(memory_usage_bytes: int, memory_limit_bytes: int, free_cache_bytes: int) -> str | None:
-    """Why a checkpoint of a container using ``memory_usage_bytes`` should not be taken, or None when it fits.
-
-    The dump is about the size of the memory in use. Restoring brings all of
-    it back at once, so a container over its limit (page cache counted by its
-    cgroup, say) would be killed on restore; and the dump must fit on the node's
-    disk beside the cache. A limit of 0 or less means the container has none.
-    """
-    if memory_usage_bytes < 0 or free_cache_bytes < 0:
-        raise ValueError("memory in use and free space cannot be negative")
-    if 0 < memory_limit_bytes < memory_usage_bytes:
-        return (
-            f"the dump (~{_human(memory_usage_bytes)}, the memory in use) would not fit in the container's "
-            f"memory limit ({_human(memory_limit_bytes)}) when restored"
-        )
-    if memory_usage_bytes > free_cache_bytes:
-        return (
-            f"the dump (~{_human(memory_usage_bytes)}, the memory in use) would not fit in the "
-            f"{_human(free_cache_bytes)} free for the node's checkpoint cache"
-        )
-    return None

@@ -20,7 +20,7 @@ from typing import Any
 from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.types import ContainerSpec, GpuDevice
 
-__all__ = ["CPU_PERIOD_US", "DEFAULT_PATH", "cgroups_path", "gpu_env", "oci_config", "parse_user"]
+__all__ = ["CGROUP_PARENT", "CPU_PERIOD_US", "DEFAULT_PATH", "cgroups_path", "gpu_env", "oci_config", "parse_user"]
 
 CPU_PERIOD_US = 100_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -39,9 +39,14 @@ _MASKED = [
 _READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
+#: the cgroup every container's own cgroup sits under, so leftovers are easy to find (runtimes report it
+#: as ``RuntimeCapabilities.cgroup_parent``)
+CGROUP_PARENT = "/levers9"
+
+
 def cgroups_path(container_id: str) -> str:
-    """Every container's cgroup sits under one ``levers9`` parent, so leftovers are easy to find."""
-    return f"/levers9/{container_id}"
+    """A container's cgroup: its id, below :data:`CGROUP_PARENT`."""
+    return f"{CGROUP_PARENT}/{container_id}"
 
 
 def parse_user(user: str | None) -> tuple[int, int]:

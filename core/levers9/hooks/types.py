@@ -153,7 +153,13 @@ class RuntimeContext(_Frozen):
 
 
 class RuntimeCapabilities(_Frozen):
-    """What a runtime can do on this host, and why not when it can't."""
+    """What a runtime can do on this host, and why not when it can't.
+
+    The worker treats runtimes alike and decides every difference from these fields, never from a
+    runtime's name: a third-party runtime that reports the same capabilities gets the same treatment.
+    The defaults describe a container with a root filesystem and a network of its own, in no cgroup the
+    worker can read, so a plugin that predates a field still validates and is treated as isolated.
+    """
 
     available: bool
     unavailable_reason: str | None = None
@@ -162,6 +168,15 @@ class RuntimeCapabilities(_Frozen):
     checkpoint: bool = False
     checkpoint_reason: str | None = None
     version: str | None = None
+    #: commands see the worker's own filesystem: no image root and no mounts, so the worker hands the runner
+    #: and the handler over by their paths on the host (and the host's GPUs are only hidden by CUDA's filter)
+    host_filesystem: bool = False
+    #: containers share the worker's network: the runner listens on 127.0.0.1 and is reached there; False:
+    #: each container has a network namespace of its own and is reached at the address the runtime reports
+    host_network: bool = False
+    #: the cgroup (a path below the cgroup root, for example ``/levers9``) holding each container's own
+    #: cgroup, named by its container id; None when the runtime gives containers no cgroup the worker can read
+    cgroup_parent: str | None = Field(None, pattern=r"^/\S*$")
 
 
 class Mount(_Frozen):

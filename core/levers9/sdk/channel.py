@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 
 from levers9.payloads import MESSAGE_MAX_BYTES
+from levers9.proto.target import parse_target
 from levers9.proto.v1 import controlplane_pb2_grpc
 from levers9.sdk.context import ENV_TOKEN, Context
 
@@ -37,28 +38,12 @@ MAX_MESSAGE_BYTES = MESSAGE_MAX_BYTES
 KEEPALIVE_TIME_MS = 60_000
 KEEPALIVE_TIMEOUT_MS = 20_000
 
-_TLS_SCHEMES = ("grpcs://", "https://")
-_PLAIN_SCHEMES = ("grpc://", "http://")
-
 # Where Linux distributions keep the system CA bundle, for when Python's own default is absent.
 _CA_BUNDLES = (
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
     "/etc/ssl/cert.pem",
 )
-
-
-def parse_target(address: str) -> tuple[str, bool]:
-    """``(host:port, tls)`` of a context's grpc address; a TLS address without a port means 443."""
-    address = address.strip().rstrip("/")
-    for scheme in _TLS_SCHEMES:
-        if address.startswith(scheme):
-            target = address.removeprefix(scheme)
-            return (target if _has_port(target) else f"{target}:443"), True
-    for scheme in _PLAIN_SCHEMES:
-        if address.startswith(scheme):
-            return address.removeprefix(scheme), False
-    return address, False
 
 
 def open_channel(ctx: Context) -> grpc.aio.Channel:
@@ -114,12 +99,6 @@ def explain(exc: grpc.aio.AioRpcError, ctx: Context) -> str:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the controlplane at {target} did not answer in time{': ' + details if details else ''}"
     return details or f"the controlplane at {target} answered {code.name}"
-
-
-def _has_port(target: str) -> bool:
-    if target.startswith("["):  # [v6::addr]:port
-        return "]:" in target
-    return ":" in target
 
 
 def _system_roots() -> bytes | None:

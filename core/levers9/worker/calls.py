@@ -1,7 +1,7 @@
 """What a worker is asked to run and what it reports back, independent of the wire.
 
 The worker's session turns protobuf messages into these, hands them to the
-:class:`~levers9.worker.pool.ContainerPool`, and turns the outcomes back into
+:class:`~levers9.worker.warm.pool.WarmPool`, and turns the outcomes back into
 messages; the pool never sees gRPC and the session never sees a container.
 """
 
@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SERVING_KINDS", "Call", "Outcome", "RemoteErrorInfo", "Serving", "StubSpec"]
+__all__ = [
+    "SERVING_KINDS",
+    "Call",
+    "Outcome",
+    "RemoteErrorInfo",
+    "Serving",
+    "StubSpec",
+    "cancelled_outcome",
+    "error_outcome",
+]
 
 #: stubs whose containers serve requests the gateway proxies, rather than run calls
 SERVING_KINDS = ("endpoint", "box")
@@ -89,3 +98,12 @@ class Serving:
     address: str = ""
     #: a box's ports: container port -> host:port
     ports: dict[int, str] = field(default_factory=dict)
+
+
+def error_outcome(call: Call, kind: str, message: str, status: str = "error") -> Outcome:
+    """The outcome of a call that failed in the worker (not in the function): ``kind`` names what went wrong."""
+    return Outcome(task_id=call.task_id, status=status, error=RemoteErrorInfo(type=kind, message=message))
+
+
+def cancelled_outcome(call: Call, reason: str) -> Outcome:
+    return error_outcome(call, "Cancelled", reason, "cancelled")

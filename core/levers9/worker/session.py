@@ -9,6 +9,11 @@ calls, reconnects with backoff and re-sends the results of the last minute
 SIGTERM makes it drain: it says so, takes no new work, finishes what it has,
 then leaves. A worker that cannot reach its controlplane for
 ``disconnect_exit_s`` stops by itself, so nothing runs orphaned for long.
+
+What goes up is batched by :mod:`levers9.worker.outbox`; calls run in the
+warm pool (:mod:`levers9.worker.warm`). The worker speaks the wire protocol
+(:mod:`levers9.proto`) and nothing else of the controlplane: it imports
+neither the database layer (``levers9.state``) nor the SDK (``levers9.sdk``).
 """
 
 from __future__ import annotations
@@ -19,27 +24,25 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import shutil
 import signal
 import socket
 import sys
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from levers9.__about__ import __version__
+from levers9.backoff import Backoff
+from levers9.checkpoint.node_cache import NodeCache
 from levers9.checkpoint.snapshot import Checkpointing, RecordStore, record_of
-from levers9.checkpoint.storage import NodeCache, storage_from_url
+from levers9.checkpoint.storage import storage_from_url
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.payloads import (
-    BATCH_BYTES,
     DEFAULT_MAX_PAYLOAD_BYTES,
     INLINE_MAX_BYTES,
     MESSAGE_MAX_BYTES,
@@ -47,25 +50,17 @@ from levers9.payloads import (
     parse_ref,
 )
 from levers9.proto import WORKER_ID_METADATA
+from levers9.proto.blobs import download, upload
+from levers9.proto.target import parse_target
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from levers9.sdk.blobs import download, upload
-from levers9.sdk.channel import parse_target
-from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, Serving, StubSpec
+from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.leftovers import remove_leftovers
-from levers9.worker.pool import ContainerPool
+from levers9.worker.outbox import Outbox
+from levers9.worker.warm.pool import WarmPool
 
 __all__ = ["WorkerOptions", "WorkerProcess", "options_from_env"]
 
 log = logging.getLogger(__name__)
-
-M = TypeVar("M", common_pb2.TaskResult, worker_pb2.TaskLog)
-
-#: the shortest time between two messages of a busy worker
-BATCH_S = 0.002
-#: how long a start or a call's output may wait for a result to travel with
-LESS_URGENT_S = 0.05
-#: results re-sent after a reconnect; storing is idempotent and a late duplicate is ignored
-RESEND_WINDOW_S = 120.0
 
 
 @dataclass
@@ -123,120 +118,6 @@ def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
-class _Outbox:
-    """What the worker has to say, batched: one message carries every result ready within a few ms."""
-
-    def __init__(self) -> None:
-        self.started: list[worker_pb2.TaskStarted] = []
-        self.results: list[common_pb2.TaskResult] = []
-        self.logs: list[worker_pb2.TaskLog] = []
-        self.draining = False
-        self.wake = asyncio.Event()
-        self._soon_handle: asyncio.TimerHandle | None = None
-        self.recent: deque[tuple[float, common_pb2.TaskResult]] = deque()
-
-    def started_task(self, task_id: str, container_id: str) -> None:
-        self.started.append(worker_pb2.TaskStarted(task_id=task_id, container_id=container_id))
-        self._soon()
-
-    def serving(self, task_id: str, serving: Serving) -> None:
-        """A container serves: requests wait on this in the gateway, so it goes out at once."""
-        self.started.append(
-            worker_pb2.TaskStarted(
-                task_id=task_id, container_id=serving.container_id, address=serving.address, ports=serving.ports
-            )
-        )
-        self.wake.set()
-
-    def _soon(self) -> None:
-        """Send within LESS_URGENT_S: starts and output are worth a message of their own only if no result
-        takes them along first, and a message sent for them would hold up the result of a short call."""
-        if self._soon_handle is None:
-            self._soon_handle = asyncio.get_running_loop().call_later(LESS_URGENT_S, self._wake_now)
-
-    def _wake_now(self) -> None:
-        self._soon_handle = None
-        self.wake.set()
-
-    def result(self, message: common_pb2.TaskResult) -> None:
-        self.results.append(message)
-        now = time.monotonic()
-        self.recent.append((now, message))
-        while self.recent and now - self.recent[0][0] > RESEND_WINDOW_S:
-            self.recent.popleft()
-        self.wake.set()
-
-    def log(self, task_id: str, data: bytes) -> None:
-        self.logs.append(worker_pb2.TaskLog(task_id=task_id, data=data))
-        self._soon()
-
-    def drop(self, task_id: str) -> None:
-        """Forget a cancelled task's result: it is neither sent nor re-sent."""
-        self.results = [m for m in self.results if m.task_id != task_id]
-        self.recent = deque((at, m) for at, m in self.recent if m.task_id != task_id)
-
-    def resend_recent(self) -> None:
-        pending = {id(m) for m in self.results}
-        self.results.extend(m for _, m in self.recent if id(m) not in pending)
-        self.wake.set()
-
-    async def messages(self, keepalive_s: float, stop: asyncio.Event) -> AsyncIterator[worker_pb2.WorkerMessage]:
-        last_keepalive = 0.0
-        last_sent = 0.0
-        sent_draining = False
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), keepalive_s)
-            self.wake.clear()
-            # A busy worker sends at most one message per BATCH_S, so a burst of results travels
-            # together; an idle one sends at once (after a turn of the loop, for what finished with it).
-            await asyncio.sleep(max(0.0, last_sent + BATCH_S - time.monotonic()))
-            now = time.monotonic()
-            # each message carries at most about BATCH_BYTES of results and of output: never one a channel
-            # refuses, which would end the session, and again after every reconnect
-            results, logs = _budget(self.results, _result_bytes), _budget(self.logs, _log_bytes)
-            message = worker_pb2.WorkerMessage(
-                started=self.started,
-                results=self.results[:results],
-                logs=self.logs[:logs],
-                keepalive=now - last_keepalive >= keepalive_s * 0.9,
-                draining=self.draining and not sent_draining,
-            )
-            self.started, self.results, self.logs = [], self.results[results:], self.logs[logs:]
-            if self.results or self.logs:
-                self.wake.set()
-            if message.keepalive:
-                last_keepalive = now
-            sent_draining = sent_draining or message.draining
-            if message.ByteSize():
-                last_sent = now
-                yield message
-        # the session is ending: whatever is still here goes out before the stream closes
-        while self.started or self.results or self.logs:
-            results, logs = _budget(self.results, _result_bytes), _budget(self.logs, _log_bytes)
-            last = worker_pb2.WorkerMessage(started=self.started, results=self.results[:results], logs=self.logs[:logs])
-            self.started, self.results, self.logs = [], self.results[results:], self.logs[logs:]
-            yield last
-
-
-def _result_bytes(message: common_pb2.TaskResult) -> int:
-    return len(message.result) + len(message.error.message) + len(message.error.traceback) + 64
-
-
-def _log_bytes(message: worker_pb2.TaskLog) -> int:
-    return len(message.data) + 64
-
-
-def _budget(items: Sequence[M], size: Callable[[M], int]) -> int:
-    """How many of ``items`` (at least one) fit in BATCH_BYTES, and at most 2,000 of them."""
-    total = 0
-    for i, item in enumerate(items[:2000]):
-        total += size(item)
-        if total > BATCH_BYTES and i:
-            return i
-    return min(len(items), 2000)
-
-
 class WorkerProcess:
     def __init__(self, options: WorkerOptions, hooks: Hooks) -> None:
         self.options = options
@@ -244,9 +125,9 @@ class WorkerProcess:
         self.worker_id = ""
         self.stubs: dict[str, StubSpec] = {}
         self.inflight: dict[str, asyncio.Task[None]] = {}
-        self.outbox = _Outbox()
+        self.outbox = Outbox()
         self.draining = asyncio.Event()
-        self.pool: ContainerPool | None = None
+        self.pool: WarmPool | None = None
         #: the controlplane's Worker service on the current connection (checkpoints are recorded through it)
         self._rpc: worker_pb2_grpc.WorkerStub | None = None
         self.runtime = ""
@@ -310,12 +191,13 @@ class WorkerProcess:
         end of the last session that registered (a healthy session runs until the connection breaks, so
         that moment is when it broke), or the start of the worker if it never registered.
         """
-        backoff = 0.5
+        reconnect = Backoff(initial_s=0.5, cap_s=15.0, jitter=True)
         last_ok = time.monotonic()
         target, tls = parse_target(self.options.controlplane)
         while True:
             if self.draining.is_set() and not self.inflight and not self.outbox.results:
                 return 0
+            wait: float | None = None
             creds = grpc.ssl_channel_credentials() if tls else None
             options = [
                 ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
@@ -330,7 +212,7 @@ class WorkerProcess:
                     stub: worker_pb2_grpc.WorkerStub = factory(channel)
                     self._rpc = stub
                     response = await self._register(stub)
-                    backoff = 0.5
+                    reconnect.reset()
                     try:
                         await self._session(stub, response)
                     finally:
@@ -343,13 +225,13 @@ class WorkerProcess:
                     if not self.inflight:
                         return 2
                 else:
-                    log.warning("controlplane %s unreachable (%s); retrying in %.1fs", target, exc.code().name, backoff)
+                    wait = reconnect.next_s()
+                    log.warning("controlplane %s unreachable (%s); retrying in %.1fs", target, exc.code().name, wait)
             limit = self.options.disconnect_exit_s
             if limit and time.monotonic() - last_ok > limit:
                 log.error("no controlplane for %.0f s; stopping", limit)
                 return 3
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 15.0)
+            await asyncio.sleep(reconnect.next_s() if wait is None else wait)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_METADATA, self.worker_id))
@@ -396,8 +278,8 @@ class WorkerProcess:
             raise RuntimeError(f"runtime {response.runtime} is not available here: {capabilities.unavailable_reason}")
         self.runtime = response.runtime
         self.max_payload = response.max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
-        self.pool = ContainerPool(
-            self.hooks, context, state_dir=self.options.state_dir / "containers", gpus=self.gpus,
+        self.pool = WarmPool(
+            self.hooks, context, capabilities, state_dir=self.options.state_dir / "containers", gpus=self.gpus,
             checkpointing=self._checkpointing(response), max_result_bytes=self.max_payload,
         )  # fmt: skip
 
@@ -492,7 +374,7 @@ class WorkerProcess:
         None when the task ended meanwhile (cancelled, or given to another worker): its result has no
         one to go to.
         """
-        backoff = 0.5
+        retry = Backoff(initial_s=0.5, cap_s=10.0)
         while True:
             rpc = self._rpc
             try:
@@ -510,8 +392,7 @@ class WorkerProcess:
                 log.warning("storing the result of %s failed (%s); retrying", task_id, exc.code().name)
             except ConnectionError as exc:
                 log.warning("storing the result of %s failed (%s); retrying", task_id, exc)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            await asyncio.sleep(retry.next_s())
 
     async def _reap_idle(self) -> None:
         while True:

@@ -50,6 +50,7 @@ from levers9 import probe
 from levers9.engine.hooks import container_hooks
 from levers9.engine.node import NodeSettings, bridge_for, images_for
 from levers9.engine.oci import OciEngine, OciFlavor
+from levers9.engine.spec import CGROUP_PARENT
 from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -266,6 +267,9 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         gpu=settings.nvproxy,
         checkpoint=True,
         version=info.version,
+        host_filesystem=False,
+        host_network=False,
+        cgroup_parent=CGROUP_PARENT,
     )
 
 

@@ -97,6 +97,10 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         checkpoint=False,
         checkpoint_reason=CHECKPOINT_REASON,
         version=__version__,
+        # a plain process: the worker's files, the worker's network, no cgroup of its own
+        host_filesystem=True,
+        host_network=True,
+        cgroup_parent=None,
     )
 
 

@@ -31,6 +31,7 @@ from levers9 import probe
 from levers9.engine.hooks import container_hooks
 from levers9.engine.node import NodeSettings, bridge_for, images_for
 from levers9.engine.oci import OciEngine, OciFlavor
+from levers9.engine.spec import CGROUP_PARENT
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     Isolation,
@@ -143,6 +144,10 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         checkpoint=False,
         checkpoint_reason=CHECKPOINT_REASON,
         version=version,
+        host_filesystem=False,
+        host_network=False,
+        # under systemd the cgroup is a unit whose path systemd chooses: none the worker can name
+        cgroup_parent=None if settings.systemd_cgroup else CGROUP_PARENT,
     )
 
 

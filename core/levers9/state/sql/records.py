@@ -3,6 +3,8 @@
 Records are plain dataclasses rather than ORM objects so that nothing handed
 to the scheduler or the API is tied to a database session: an ORM object used
 after its session ends either raises or, worse, silently loads stale data.
+``CheckpointRecord`` and ``CheckpointStatus`` are defined in
+:mod:`levers9.checkpoint.record` (the worker builds them too) and re-exported.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
+
+# the checkpoint record lives with the checkpoint code, which the worker uses without any SQL: re-exported here
+from levers9.checkpoint.record import CheckpointRecord, CheckpointStatus
 
 
 class TaskStatus(StrEnum):
@@ -42,13 +47,6 @@ class MachineState(StrEnum):
     TERMINATING = "terminating"
     TERMINATED = "terminated"
     FAILED = "failed"
-
-
-class CheckpointStatus(StrEnum):
-    PENDING = "pending"
-    AVAILABLE = "available"
-    FAILED = "failed"
-    RESTORE_FAILED = "restore_failed"
 
 
 class PlacementOutcome(StrEnum):
@@ -197,22 +195,6 @@ class MachineRecord:
     registered_at: datetime | None
     terminated_at: datetime | None
     last_error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointRecord:
-    id: str
-    workspace_id: str
-    stub_id: str | None
-    task_id: str | None
-    status: CheckpointStatus
-    runtime: str
-    gpu: str | None
-    path: str | None
-    size_bytes: int | None
-    error: str | None
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,104 @@
+"""The runner (``levers9.runner``) imports the standard library, itself, ``levers9.payloads`` and cloudpickle only.
+
+It runs inside the user's container, where the image has none of levers9's
+dependencies: the worker mounts only :data:`~levers9.worker.warm.launch.RUNNER_PACKAGES`
+there. The source is checked import by import, and the runner is really
+imported by a Python that sees nothing but those packages, so an import
+through another module (``levers9/__init__.py``, say) fails too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import levers9.payloads
+import levers9.runner
+from levers9.worker.warm.launch import RUNNER_PACKAGES, _package_dirs
+
+RUNNER_DIR = Path(levers9.runner.__file__).parent
+PAYLOADS = Path(levers9.payloads.__file__)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, at any depth, with its line; ``importlib.import_module("x")`` included."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                found.append((node.lineno, f"levers9.runner.{node.module or ''}"))  # relative: inside the package
+            else:
+                found.append((node.lineno, node.module or ""))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def _not_allowed(path: Path, allowed: tuple[str, ...]) -> list[str]:
+    bad = []
+    for line, module in _imports(path):
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top == "__future__":
+            continue
+        if any(module == a or module.startswith(f"{a}.") for a in allowed):
+            continue
+        bad.append(f"{path.name}:{line} imports {module}")
+    return bad
+
+
+def test_every_runner_module_imports_only_the_stdlib_the_runner_payloads_and_cloudpickle() -> None:
+    modules = sorted(RUNNER_DIR.glob("*.py"))
+    assert {m.name for m in modules} >= {"main.py", "serving.py", "frames.py", "__init__.py"}
+    bad = [b for m in modules for b in _not_allowed(m, ("levers9.runner", "levers9.payloads", "cloudpickle"))]
+    assert not bad, (
+        "the runner must import the standard library, levers9.runner, levers9.payloads and cloudpickle only:\n"
+        + "\n".join(bad)
+    )
+
+
+def test_levers9_payloads_imports_only_the_stdlib() -> None:
+    bad = _not_allowed(PAYLOADS, ())
+    assert not bad, "levers9.payloads is imported by the runner and must use the standard library only:\n" + "\n".join(
+        bad
+    )
+
+
+def test_the_runner_imports_with_only_the_packages_the_worker_mounts(tmp_path: Path) -> None:
+    """Laid out as the worker mounts them (one directory, a link per package), under ``python -I -S``."""
+    mounted = tmp_path / "python"
+    mounted.mkdir()
+    for name, location in _package_dirs().items():
+        (mounted / name).symlink_to(location, target_is_directory=True)
+    assert sorted(p.name for p in mounted.iterdir()) == sorted(RUNNER_PACKAGES)
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(mounted)!r})\n"
+        "import levers9.runner.main, levers9.runner.serving, levers9.runner.frames, levers9.runner.http_errors\n"
+        f"allowed = set(sys.stdlib_module_names) | {set(RUNNER_PACKAGES)!r} | {{'__main__'}}\n"
+        "extra = sorted(m for m in sys.modules if m.split('.')[0] not in allowed)\n"
+        "assert not extra, f'modules beyond the standard library and the mounted packages: {extra}'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_worker_mounts_no_package_the_runner_does_not_import() -> None:
+    """Every mounted package is one the runner's source imports: nothing rides along unused."""
+    imported = {m.split(".")[0] for p in [*RUNNER_DIR.glob("*.py"), PAYLOADS] for _, m in _imports(p)}
+    assert set(RUNNER_PACKAGES) <= imported | {"levers9"}, (
+        f"mounted but never imported: {set(RUNNER_PACKAGES) - imported}"
+    )
