@@ -29,9 +29,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
-from urllib.parse import parse_qs, urlsplit
 
 from levers9.checkpoint.record import CheckpointRecord
+from levers9.config.storage_url import parse_storage_url
 from levers9.hooks.errors import Levers9Error
 
 if TYPE_CHECKING:
@@ -443,41 +443,15 @@ def _code(exc: ClientError) -> str:
 
 # --------------------------------------------------------------------------- choosing the storage
 
-_ACCEPTED = (
-    "nothing (the default directory), an absolute path (/var/lib/levers9/checkpoints), "
-    "file:///absolute/path, or s3://bucket/prefix?endpoint_url=http://host:port&region=us-east-1"
-)
-_S3_OPTIONS = frozenset({"endpoint_url", "region"})
-
 
 def storage_from_url(url: str | None, *, default_root: Path) -> CheckpointStorage:
-    """The storage an operator named, checked now so that a typo fails at start-up, not at the first checkpoint."""
-    if not url:
+    """The storage an operator named (see :func:`levers9.config.storage_url.parse_storage_url` for the forms).
+
+    :raises ValueError: the URL is not one of the accepted forms; the message lists them.
+    """
+    parsed = parse_storage_url(url)
+    if parsed is None:
         return LocalStorage(default_root)
-    if url.startswith("/"):
-        return LocalStorage(Path(url))
-    parts = urlsplit(url)
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/") or parts.query:
-            raise ValueError(f"checkpoint storage {url!r}: a file URL needs an absolute path, file:///path")
-        return LocalStorage(Path(parts.path))
-    if parts.scheme == "s3":
-        if not parts.netloc:
-            raise ValueError(f"checkpoint storage {url!r} names no bucket; expected s3://bucket/prefix")
-        options = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
-        unknown = sorted(set(options) - _S3_OPTIONS)
-        if unknown:
-            raise ValueError(
-                f"checkpoint storage {url!r}: unknown option(s) {', '.join(unknown)}; "
-                f"accepted: {', '.join(sorted(_S3_OPTIONS))}"
-            )
-        for option, values in options.items():
-            if len(values) != 1 or not values[0]:
-                raise ValueError(f"checkpoint storage {url!r}: give {option} exactly once, with a value")
-        return S3Storage(
-            parts.netloc,
-            parts.path,
-            endpoint_url=options.get("endpoint_url", [None])[0],
-            region=options.get("region", [None])[0],
-        )
-    raise ValueError(f"checkpoint storage {url!r} is not understood; expected {_ACCEPTED}")
+    if parsed.bucket is None:
+        return LocalStorage(Path(parsed.path))
+    return S3Storage(parsed.bucket, parsed.path, endpoint_url=parsed.endpoint_url, region=parsed.region)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from levers9.config.fields import Port
 from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
+from levers9.config.storage_url import parse_storage_url
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CAP_BYTES, MIN_CAP_BYTES
 from levers9.quantities import SIZE_PATTERN
 
@@ -173,9 +174,7 @@ class CheckpointsConfig(_Strict):
     @classmethod
     def _storage(cls, value: str | None) -> str | None:
         if value:
-            from levers9.checkpoint.storage import storage_from_url
-
-            storage_from_url(value, default_root=Path("/"))  # raises with the accepted forms
+            parse_storage_url(value)  # raises with the accepted forms
         return value
 
 

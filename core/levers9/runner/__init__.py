@@ -1,8 +1,9 @@
 """The program that runs inside a user's container, apart from the worker daemon that starts it.
 
-Standard library only (a test enforces it): it is mounted read-only into images
-that have nothing of levers9's dependencies, and it is the one part of levers9
-that user code can reach. It owns the runner (:mod:`~levers9.runner.main`,
+Standard library only, plus cloudpickle to load the handler and pickle results
+(tests/worker/test_runner_stdlib.py enforces it): it is mounted read-only into
+images that have nothing else of levers9's dependencies, and it is the one part
+of levers9 that user code can reach. It owns the runner (:mod:`~levers9.runner.main`,
 ``python -m levers9.runner``), the framed wire protocol it speaks with its
 worker (:mod:`~levers9.runner.frames`), the HTTP server of serving containers
 (:mod:`~levers9.runner.serving`) and the HTTP error answers that server and the

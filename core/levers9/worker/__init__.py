@@ -8,6 +8,7 @@
   worker's token file, and what a crashed worker left behind.
 
 The code inside the containers is :mod:`levers9.runner`; checkpoints are
-:mod:`levers9.checkpoint`. The worker imports neither ``levers9.state`` nor
-``levers9.sdk`` (tests/worker/test_layers.py).
+:mod:`levers9.checkpoint`. The worker talks to the controlplane only through
+the protocol: it imports neither ``levers9.state`` nor ``levers9.sdk``, nor the
+engine's internals (the layering rule in docs/architecture.md, section 4).
 """
