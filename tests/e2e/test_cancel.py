@@ -1,19 +1,24 @@
-"""Cancelling a running call through `levers9 up`: over REST and with `levers9 cancel`, the call's process ends.
+"""Cancelling a running call through `levers9 up`: over REST and over gRPC (`levers9 cancel`), the call's process ends.
 
-REST and gRPC cancel through one operation, which tells the worker running the
-call to end it. Answering ``cancelled`` while the process (and what it started)
+REST and gRPC cancel through one operation (levers9.services.tasks.cancel_task),
+which tells the worker running the call to end it and wakes whoever waits for
+its outcome. Answering ``cancelled`` while the process (and what it started)
 kept running until its worker died was the bug: the test looks for the call's
-process and its child in /proc, not just at the task's status.
+process and its child in /proc, not just at the task's status; and a client
+watching the call (as ``call.get()`` does) must hear ``cancelled`` on both.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc
 from tests.fixtures.levers9_up import Up
 
 pytestmark = pytest.mark.timeout(600)
@@ -67,6 +72,41 @@ def _wait_gone(pids: list[int], up: Up, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
+class _Watcher:
+    """A client waiting for the task's outcome over gRPC's Watch, as ``call.get()`` does, in a thread."""
+
+    def __init__(self, up: Up, task_id: str) -> None:
+        self.events: list[controlplane_pb2.TaskEvent] = []
+        self.error: grpc.RpcError | None = None
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{up.grpc_port}")
+        stub = controlplane_pb2_grpc.ControlPlaneStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stream = stub.Watch(
+            controlplane_pb2.WatchRequest(task_ids=[task_id]), metadata=(("authorization", f"Bearer {up.token()}"),)
+        )
+        self._thread = threading.Thread(target=self._read, name="watcher", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for event in self._stream:
+                self.events.append(event)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def outcome(self, up: Up, timeout: float = 30) -> controlplane_pb2.TaskEvent:
+        """The one event the watch ends with; fails if it is still waiting after ``timeout`` seconds."""
+        self._thread.join(timeout)
+        try:
+            if self._thread.is_alive():
+                self._stream.cancel()
+                pytest.fail(f"the watcher was still waiting {timeout} s after the cancel:\n{up.log()[-3000:]}")
+            assert self.error is None, self.error
+            [event] = self.events
+            return event
+        finally:
+            self._channel.close()
+
+
 def _task(up: Up, task_id: str) -> dict[str, object]:
     r = httpx.get(
         f"http://127.0.0.1:{up.http_port}/api/v1/tasks/{task_id}",
@@ -81,6 +121,8 @@ def _task(up: Up, task_id: str) -> dict[str, object]:
 def test_cancel_over_rest_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
     levers9_up.start()
     task_id, pids = _start_stubborn(levers9_up, levers9_up.exchange / "rest.pids")
+    watcher = _Watcher(levers9_up, task_id)
+    assert not watcher.events  # it runs: nothing to tell yet
     r = httpx.post(
         f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}/cancel",
         headers={"authorization": f"Bearer {levers9_up.token()}"},
@@ -91,16 +133,22 @@ def test_cancel_over_rest_ends_the_calls_process_and_its_children(levers9_up: Up
     assert r.json()["task"]["status"] == "cancelled"
     _wait_gone(pids, levers9_up)
     assert _task(levers9_up, task_id)["status"] == "cancelled"
+    event = watcher.outcome(levers9_up)
+    assert (event.task_id, event.status) == (task_id, "cancelled")
 
 
 def test_levers9_cancel_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
     levers9_up.start()
     task_id, pids = _start_stubborn(levers9_up, levers9_up.exchange / "cli.pids")
-    done = levers9_up.levers9("cancel", task_id)
+    watcher = _Watcher(levers9_up, task_id)
+    assert not watcher.events  # it runs: nothing to tell yet
+    done = levers9_up.levers9("cancel", task_id)  # gRPC's CancelTask
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"cancelled {task_id}"
     _wait_gone(pids, levers9_up)
     assert _task(levers9_up, task_id)["status"] == "cancelled"
+    event = watcher.outcome(levers9_up)
+    assert (event.task_id, event.status) == (task_id, "cancelled")
     again = levers9_up.levers9("cancel", task_id)
     assert again.returncode == 0, again.stderr
     assert "had already finished" in again.stderr

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from levers9.controlplane.http import ERRORS
 from levers9.runner.http_errors import ERROR_TYPES, error_body
+from levers9.services.errors import ERRORS
 
 
 def test_every_type_is_snake_case_and_the_rest_apis_domain_types_keep_their_status() -> None:

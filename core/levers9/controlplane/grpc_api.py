@@ -1,4 +1,11 @@
-"""The ControlPlane gRPC service (SDK and CLI): authentication and translation over the data plane."""
+"""The ControlPlane gRPC service (SDK and CLI): each method authenticates, calls one service, renders the answer.
+
+Every operation and who may do it live in :mod:`levers9.services`, shared with
+the REST API: cancelling a task here is the same call as REST's cancel, and
+pools and workers are listed under the same visibility rule. Every method takes
+a user token bound to a workspace, except ListPools and ListWorkers, which an
+operator's token (bound to none) may call too.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +18,11 @@ import grpc
 from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.payloads import BATCH_BYTES
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
+from levers9.services import deployments, pools, secrets, tasks, workspaces
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
-from levers9.state.errors import NotFound
-from levers9.state.sql.calls import CallResult
-from levers9.state.sql.records import DeploymentVersionRecord, TaskRecord, TaskStatus, TokenKind
+from levers9.services.pools import PoolView, WorkerView
+from levers9.state.sql.records import CallResult, DeploymentVersionRecord, SecretInfo, TaskRecord, TaskStatus, TokenKind
 
 __all__ = ["ControlPlaneService", "blob_upload", "event_batches", "task_event"]
 
@@ -84,6 +91,46 @@ def _epoch(value: Any) -> float:
     return value.timestamp() if value is not None else 0.0
 
 
+def _secret(info: SecretInfo) -> controlplane_pb2.SecretInfo:
+    return controlplane_pb2.SecretInfo(
+        name=info.name, created_at=_epoch(info.created_at), updated_at=_epoch(info.updated_at)
+    )
+
+
+def _pool(view: PoolView) -> controlplane_pb2.PoolInfo:
+    return controlplane_pb2.PoolInfo(
+        name=view.name,
+        provider=view.provider,
+        runtime=view.runtime,
+        gpu=view.gpu or "",
+        gpu_count=view.gpu_count,
+        min_workers=view.min_workers,
+        max_workers=view.max_workers,
+        workers=view.workers,
+        starting=view.starting,
+        unavailable=view.unavailable or "",
+        # how far its calls are kept from each other and from the worker: "none" for process
+        isolation=view.isolation,
+    )
+
+
+def _worker(view: WorkerView) -> controlplane_pb2.WorkerSummary:
+    return controlplane_pb2.WorkerSummary(
+        id=view.id,
+        pool=view.pool,
+        status=view.status,
+        gpu=view.gpu or "",
+        gpu_total=view.gpu_count,
+        gpu_free=view.gpu_free,
+        cpu_millicores=view.cpu_millicores,
+        cpu_free=view.cpu_free,
+        memory_mib=view.memory_mib,
+        memory_free=view.memory_free,
+        running=view.running,
+        machine_id=view.machine_id or "",
+    )
+
+
 def _task(record: TaskRecord, function: str = "") -> controlplane_pb2.Task:
     return controlplane_pb2.Task(
         id=record.id,
@@ -106,30 +153,25 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self.dp = dataplane
         self.services = dataplane.services
 
+    async def _caller(self, context: Context) -> Principal:
+        """Any user token (an operator's too)."""
+        return await self.services.auth.verify(bearer(context.invocation_metadata()), TokenKind.USER)
+
     async def _user(self, context: Context) -> Principal:
-        principal = await self.services.auth.verify(bearer(context.invocation_metadata()), TokenKind.USER)
+        """A user token bound to a workspace."""
+        principal = await self._caller(context)
         principal.require_workspace()
         return principal
-
-    async def _function_name(self, stub_id: str | None) -> str:
-        if not stub_id:
-            return ""
-        try:
-            record, _ = await self.dp.stub(stub_id)
-        except NotFound:
-            return ""
-        return record.name
 
     @unary
     async def WhoAmI(
         self, request: controlplane_pb2.WhoAmIRequest, context: Context
     ) -> controlplane_pb2.WhoAmIResponse:
-        principal = await self._user(context)
-        workspace = await self.services.workspaces.get(principal.require_workspace())
+        caller = await workspaces.whoami(self.services, await self._user(context))
         return controlplane_pb2.WhoAmIResponse(
-            workspace_id=principal.require_workspace(),
-            workspace_name=workspace.name if workspace else "",
-            token_id=principal.token_id,
+            workspace_id=caller.workspace_id,
+            workspace_name=caller.workspace_name,
+            token_id=caller.token_id,
             max_payload_bytes=self.dp.max_payload_bytes,
         )
 
@@ -138,39 +180,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.GetOrCreateStubRequest, context: Context
     ) -> controlplane_pb2.GetOrCreateStubResponse:
         principal = await self._user(context)
-        c = request.config
-        raw: dict[str, Any] = {
-            "kind": c.kind or "function",
-            "app": c.app or "default",
-            "name": c.name,
-            "image": c.image or "host",
-            "gpu": list(c.gpu),
-            "gpu_count": c.gpu_count,
-            "retries": c.retries,
-            "timeout_s": c.timeout_s,
-            "secrets": list(c.secrets),
-            "env": dict(c.env),
-            "python_version": c.python_version,
-            "checkpoint_enabled": c.checkpoint_enabled,
-        }
-        if c.cpu_millicores:
-            raw["cpu_millicores"] = c.cpu_millicores
-        if c.memory_mib:
-            raw["memory_mib"] = c.memory_mib
-        if c.HasField("fallback_after_s"):
-            raw["fallback_after_s"] = c.fallback_after_s
-        if c.HasField("keep_warm_s"):
-            raw["keep_warm_s"] = c.keep_warm_s
-        for name in ("min_containers", "max_containers", "tasks_per_container", "max_pending", "start_timeout_s"):
-            if c.HasField(name):
-                raw[name] = getattr(c, name)
-        if c.public:
-            raw["public"] = True
-        if c.interface:
-            raw["interface"] = c.interface
-        if c.ports:
-            raw["ports"] = list(c.ports)
-        stub_id, created = await self.dp.get_or_create_stub(principal, raw, request.handler)
+        stub_id, created = await self.dp.get_or_create_stub(principal, _stub_config(request.config), request.handler)
         return controlplane_pb2.GetOrCreateStubResponse(stub_id=stub_id, created=created)
 
     @unary
@@ -178,48 +188,33 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.DeployRequest, context: Context
     ) -> controlplane_pb2.DeployResponse:
         principal = await self._user(context)
-        workspace = principal.require_workspace()
-        record, _ = await self.dp.stub(request.stub_id, workspace)
-        name = request.name or record.name
-        version = await self.services.deployments.create_version(workspace, record.app_id, name, record.id)
-        deployment = await self.services.deployments.get(workspace, name)
-        assert deployment is not None
-        await self.services.deployments.activate(deployment.id, version)
-        return controlplane_pb2.DeployResponse(deployment_id=deployment.id, version=version)
+        deployed = await deployments.deploy(self.dp, principal, request.stub_id, request.name)
+        return controlplane_pb2.DeployResponse(deployment_id=deployed.deployment_id, version=deployed.version)
 
     @unary
     async def ListDeployments(
         self, request: controlplane_pb2.ListDeploymentsRequest, context: Context
     ) -> controlplane_pb2.ListDeploymentsResponse:
         principal = await self._user(context)
-        workspace = principal.require_workspace()
-        out = []
-        for deployment, versions in await self.services.deployments.for_workspace(workspace):
-            kind = ""
-            if versions:
-                record, _ = await self.dp.stub(versions[-1].stub_id, workspace)
-                kind = record.kind
-            out.append(
+        return controlplane_pb2.ListDeploymentsResponse(
+            deployments=[
                 controlplane_pb2.DeploymentInfo(
-                    id=deployment.id,
-                    name=deployment.name,
-                    kind=kind,
-                    active_version=deployment.active_version or 0,
-                    versions=[deployment_version(v) for v in versions],
+                    id=d.deployment.id,
+                    name=d.deployment.name,
+                    kind=d.kind,
+                    active_version=d.deployment.active_version or 0,
+                    versions=[deployment_version(v) for v in d.versions],
                 )
-            )
-        return controlplane_pb2.ListDeploymentsResponse(deployments=out)
+                for d in await deployments.list_deployments(self.dp, principal)
+            ]
+        )
 
     @unary
     async def StopDeployment(
         self, request: controlplane_pb2.StopDeploymentRequest, context: Context
     ) -> controlplane_pb2.DeploymentVersion:
         principal = await self._user(context)
-        workspace = principal.require_workspace()
-        if request.version < 1:
-            raise ValueError(f"version: a version number (1, 2, ...) is needed, got {request.version}")
-        stopped = await self.services.deployments.stop(workspace, request.name, request.version)
-        return deployment_version(stopped)
+        return deployment_version(await deployments.stop_version(self.dp, principal, request.name, request.version))
 
     @streaming
     async def Invoke(
@@ -297,30 +292,25 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> controlplane_pb2.ListTasksResponse:
         principal = await self._user(context)
         statuses = [request.status] if request.status else None
-        records = await self.services.tasks.for_workspace(
-            principal.require_workspace(), statuses=statuses, limit=min(max(request.limit or 100, 1), 10_000)
-        )
-        names = {sid: await self._function_name(sid) for sid in {r.stub_id for r in records if r.stub_id}}
+        records = await tasks.list_tasks(self.dp, principal, statuses=statuses, limit=request.limit or 100)
+        names = await tasks.function_names(self.dp, records)
         return controlplane_pb2.ListTasksResponse(tasks=[_task(r, names.get(r.stub_id or "", "")) for r in records])
-
-    async def _owned_task(self, principal: Principal, task_id: str) -> TaskRecord:
-        record = await self.services.tasks.get(task_id)
-        if record is None or record.workspace_id != principal.require_workspace():
-            raise NotFound("task", task_id)  # another workspace's task is simply not there
-        return record
 
     @unary
     async def GetTask(self, request: controlplane_pb2.GetTaskRequest, context: Context) -> controlplane_pb2.Task:
         principal = await self._user(context)
-        record = await self._owned_task(principal, request.task_id)
-        return _task(record, await self._function_name(record.stub_id))
+        record = await tasks.get_task(self.dp, principal, request.task_id)
+        names = await tasks.function_names(self.dp, [record])
+        return _task(record, names.get(record.stub_id or "", ""))
 
     @unary
     async def CancelTask(
         self, request: controlplane_pb2.CancelTaskRequest, context: Context
     ) -> controlplane_pb2.CancelTaskResponse:
+        """The same operation as REST's ``POST /api/v1/tasks/ID/cancel``."""
         principal = await self._user(context)
-        return controlplane_pb2.CancelTaskResponse(cancelled=await self.dp.cancel(principal, request.task_id))
+        cancelled, _ = await tasks.cancel_task(self.dp, principal, request.task_id)
+        return controlplane_pb2.CancelTaskResponse(cancelled=cancelled)
 
     @unary
     async def PutSecret(
@@ -328,25 +318,16 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> controlplane_pb2.SecretInfo:
         """Create or replace a secret of the caller's workspace; the answer never carries the value."""
         principal = await self._user(context)
-        info, _ = await self.services.secrets.put(principal.require_workspace(), request.name, request.value)
-        return controlplane_pb2.SecretInfo(
-            name=info.name, created_at=_epoch(info.created_at), updated_at=_epoch(info.updated_at)
-        )
+        info, _ = await secrets.put_secret(self.services, principal, request.name, request.value)
+        return _secret(info)
 
     @unary
     async def ListSecrets(
         self, request: controlplane_pb2.ListSecretsRequest, context: Context
     ) -> controlplane_pb2.ListSecretsResponse:
         principal = await self._user(context)
-        found = await self.services.secrets.list(principal.require_workspace())
-        return controlplane_pb2.ListSecretsResponse(
-            secrets=[
-                controlplane_pb2.SecretInfo(
-                    name=s.name, created_at=_epoch(s.created_at), updated_at=_epoch(s.updated_at)
-                )
-                for s in found
-            ]
-        )
+        found = await secrets.list_secrets(self.services, principal)
+        return controlplane_pb2.ListSecretsResponse(secrets=[_secret(s) for s in found])
 
     @unary
     async def DeleteSecret(
@@ -354,8 +335,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> controlplane_pb2.DeleteSecretResponse:
         """NOT_FOUND when the workspace has no such secret (whatever other workspaces have), as over REST."""
         principal = await self._user(context)
-        if not await self.services.secrets.delete(principal.require_workspace(), request.name):
-            raise NotFound("secret", request.name)
+        await secrets.delete_secret(self.services, principal, request.name)
         return controlplane_pb2.DeleteSecretResponse(deleted=True)
 
     @unary
@@ -381,88 +361,60 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.StreamLogsRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.LogChunk]:
         principal = await self._user(context)
-        await self._owned_task(principal, request.task_id)
-        after = 0
-        while True:
-            chunks = await self.dp.calls.logs(request.task_id, after=after)
-            for chunk_id, data in chunks:
-                after = chunk_id
-                yield controlplane_pb2.LogChunk(data=data)
-            if chunks:
-                continue
-            if not request.follow:
-                return
-            record = await self.services.tasks.get(request.task_id)
-            if record is None or record.status.terminal:
-                # one more read: output written just before the task finished
-                for chunk_id, data in await self.dp.calls.logs(request.task_id, after=after):
-                    after = chunk_id
-                    yield controlplane_pb2.LogChunk(data=data)
-                return
-            await asyncio.sleep(0.25)
+        async for data in tasks.task_logs(self.dp, principal, request.task_id, follow=request.follow):
+            yield controlplane_pb2.LogChunk(data=data)
 
     @unary
     async def ListPools(
         self, request: controlplane_pb2.ListPoolsRequest, context: Context
     ) -> controlplane_pb2.ListPoolsResponse:
-        principal = await self._user(context)
-        workspace = principal.require_workspace()
-        ctx = self.services.scheduler.ctx
-        from levers9.services.isolation import pool_isolation
-
-        out = []
-        for spec in self.services.pools.values():
-            if spec.workspace is not None and spec.workspace != workspace:
-                continue
-            workers = await ctx.workers.in_pool(spec.name)
-            starting = await self.services.machines.list(pool=spec.name, states=["requested", "starting"])
-            unavailable = await ctx.unavailable.reason(spec.name, spec.gpu, spec.pool.region)
-            out.append(
-                controlplane_pb2.PoolInfo(
-                    name=spec.name,
-                    provider=spec.pool.provider,
-                    runtime=spec.pool.runtime,
-                    gpu=spec.gpu or "",
-                    gpu_count=spec.gpu_count,
-                    min_workers=spec.min_workers,
-                    max_workers=spec.max_workers,
-                    workers=len(workers),
-                    starting=len(starting),
-                    unavailable=unavailable or "",
-                    # how far its calls are kept from each other and from the worker: "none" for process
-                    isolation=await pool_isolation(self.services, spec.name, spec.pool.runtime),
-                )
-            )
-        return controlplane_pb2.ListPoolsResponse(pools=out)
+        """The pools REST's ``GET /api/v1/pools`` lists for the same token."""
+        principal = await self._caller(context)
+        return controlplane_pb2.ListPoolsResponse(
+            pools=[_pool(p) for p in await pools.list_pools(self.services, principal)]
+        )
 
     @unary
     async def ListWorkers(
         self, request: controlplane_pb2.ListWorkersRequest, context: Context
     ) -> controlplane_pb2.ListWorkersResponse:
-        principal = await self._user(context)
-        workspace = principal.require_workspace()
-        registry = self.services.scheduler.ctx.workers
-        out = []
-        for name, spec in self.services.pools.items():
-            if request.pool and name != request.pool:
-                continue
-            if spec.workspace is not None and spec.workspace != workspace:
-                continue
-            for w in await registry.in_pool(name):
-                out.append(
-                    controlplane_pb2.WorkerSummary(
-                        id=w.info.id,
-                        pool=w.info.pool,
-                        status=w.status,
-                        gpu=w.info.gpu or "",
-                        gpu_total=w.info.gpu_count,
-                        gpu_free=w.gpu_free,
-                        cpu_millicores=w.info.cpu_millicores,
-                        cpu_free=w.cpu_free,
-                        memory_mib=w.info.memory_mib,
-                        memory_free=w.memory_free,
-                        running=w.running,
-                        machine_id=w.info.machine_id or "",
-                    )
-                )
-        return controlplane_pb2.ListWorkersResponse(workers=out)
+        """The workers REST's ``GET /api/v1/workers`` lists for the same token."""
+        principal = await self._caller(context)
+        found = await pools.list_workers(self.services, principal, request.pool or None)
+        return controlplane_pb2.ListWorkersResponse(workers=[_worker(w) for w in found])
+
+
+def _stub_config(c: controlplane_pb2.StubConfig) -> dict[str, Any]:
+    """A stub's settings as the wire sends them, unset optional fields left out (the defaults apply)."""
+    raw: dict[str, Any] = {
+        "kind": c.kind or "function",
+        "app": c.app or "default",
+        "name": c.name,
+        "image": c.image or "host",
+        "gpu": list(c.gpu),
+        "gpu_count": c.gpu_count,
+        "retries": c.retries,
+        "timeout_s": c.timeout_s,
+        "secrets": list(c.secrets),
+        "env": dict(c.env),
+        "python_version": c.python_version,
+        "checkpoint_enabled": c.checkpoint_enabled,
+    }
+    if c.cpu_millicores:
+        raw["cpu_millicores"] = c.cpu_millicores
+    if c.memory_mib:
+        raw["memory_mib"] = c.memory_mib
+    if c.HasField("fallback_after_s"):
+        raw["fallback_after_s"] = c.fallback_after_s
+    if c.HasField("keep_warm_s"):
+        raw["keep_warm_s"] = c.keep_warm_s
+    for name in ("min_containers", "max_containers", "tasks_per_container", "max_pending", "start_timeout_s"):
+        if c.HasField(name):
+            raw[name] = getattr(c, name)
+    if c.public:
+        raw["public"] = True
+    if c.interface:
+        raw["interface"] = c.interface
+    if c.ports:
+        raw["ports"] = list(c.ports)
+    return raw

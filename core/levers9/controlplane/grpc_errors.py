@@ -17,9 +17,9 @@ import grpc
 
 from levers9.gpu.catalog import UnknownGpuType
 from levers9.hooks.errors import Levers9Error
-from levers9.scheduler.candidates import NoPoolOffers
 from levers9.services.auth import PermissionDenied, Unauthenticated
-from levers9.services.dataplane import InvalidStub
+from levers9.services.errors import NoPoolOffers
+from levers9.services.stubs import InvalidStub
 from levers9.state.errors import AlreadyExists, Conflict, InvalidTransition, NotFound
 
 __all__ = ["STATUS_OF", "status_of", "streaming", "unary"]

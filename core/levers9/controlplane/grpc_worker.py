@@ -5,34 +5,32 @@ stub's definition the first time the session needs it, then container
 requests as the scheduler places work on the worker, and cancellations.
 Upstream, the worker sends keepalives and batches of started tasks, results
 and output. Workers authenticate with their own machine (or pool worker)
-token; a worker of one machine cannot speak for another.
+token; a worker of one machine cannot speak for another. Who a worker is and
+what it may touch is decided in :mod:`levers9.services.fleet`; this module only
+translates messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from levers9.controlplane.grpc_api import blob_upload
 from levers9.controlplane.grpc_errors import status_of, streaming, unary
-from levers9.payloads import BATCH_BYTES, parse_ref
+from levers9.payloads import BATCH_BYTES
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from levers9.scheduler.pools import PoolSpec
-from levers9.services.auth import PermissionDenied, Principal, bearer
-from levers9.services.dataplane import CALLED_KINDS, DataPlane, ServingReport, TaskOutcome, WorkerReport
-from levers9.state.errors import NotFound
-from levers9.state.redis.workers import WorkerInfo
-from levers9.state.sql.checkpoints import CheckpointStore
-from levers9.state.sql.records import CheckpointRecord, TokenKind
+from levers9.services import fleet
+from levers9.services.auth import Principal, bearer
+from levers9.services.dataplane import DataPlane
+from levers9.services.reports import ServingReport, TaskOutcome, WorkerReport
+from levers9.services.stubs import CALLED_KINDS
+from levers9.state.sql.records import CheckpointRecord
 
 __all__ = ["WorkerService"]
 
@@ -68,103 +66,45 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.services = dataplane.services
 
     async def _principal(self, context: Context) -> Principal:
-        return await self.services.auth.verify(
-            bearer(context.invocation_metadata()), TokenKind.MACHINE, TokenKind.WORKER
-        )
+        return await fleet.authenticate_worker(self.services, bearer(context.invocation_metadata()))
 
-    async def _pool_of(self, principal: Principal, asked: str) -> tuple[PoolSpec, str | None]:
-        """The pool the token may serve and the machine id it speaks for."""
-        pools = self.services.pools
-        machine_id: str | None = None
-        if principal.kind is TokenKind.MACHINE:
-            machine_id = principal.subject
-            machine = await self.services.machines.get(machine_id or "")
-            if machine is None:
-                raise PermissionDenied(f"machine {machine_id} is not known (terminated?); its token is no longer valid")
-            pool_name = machine.pool
-        else:
-            pool_name = principal.subject or ""
-        if asked and asked != pool_name:
-            raise PermissionDenied(f"this token serves pool {pool_name!r}, not {asked!r}")
-        spec = pools.get(pool_name)
-        if spec is None:
-            raise NotFound("pool", f"{pool_name} (configured pools: {', '.join(sorted(pools)) or 'none'})")
-        return spec, machine_id
+    async def _worker(self, context: Context) -> fleet.WorkerIdentity:
+        """The calling worker, once its token is shown to speak for it."""
+        principal = await self._principal(context)
+        return await fleet.calling_worker(self.services, principal, _metadata(context, WORKER_ID_METADATA) or "")
 
     @unary
     async def Register(self, request: worker_pb2.RegisterRequest, context: Context) -> worker_pb2.RegisterResponse:
         principal = await self._principal(context)
-        spec, machine_id = await self._pool_of(principal, request.pool)
-        registry = self.services.scheduler.workers
-        worker_id = ""
-        if request.worker_id:
-            old = await registry.get(request.worker_id)
-            if old is None or old.info.machine_id == machine_id:
-                worker_id = request.worker_id  # a reconnect keeps its id, so late reports still match
-        worker_id = worker_id or f"wkr_{uuid.uuid4().hex[:16]}"
-        gpus = [g for g in request.gpus if not spec.gpu or g.gpu == spec.gpu]
-        info = WorkerInfo(
-            id=worker_id,
-            pool=spec.name,
-            cpu_millicores=min(request.cpu_millicores or spec.cpu_millicores, spec.cpu_millicores),
-            memory_mib=min(request.memory_mib or spec.memory_mib, spec.memory_mib),
-            gpu=spec.gpu,
-            gpu_count=min(spec.gpu_count, len(gpus)) if spec.gpu else 0,
-            runtime=spec.pool.runtime,
-            machine_id=machine_id,
-            address=request.hostname or None,
-            workspace=spec.workspace,
+        done = await fleet.register(
+            self.dp,
+            principal,
+            pool=request.pool,
+            worker_id=request.worker_id,
+            gpus=[g.gpu for g in request.gpus],
+            cpu_millicores=request.cpu_millicores,
+            memory_mib=request.memory_mib,
+            hostname=request.hostname,
         )
-        if spec.gpu and info.gpu_count < spec.gpu_count:
-            log.warning(
-                "worker %s of pool %s found %d %s GPUs, the pool promises %d",
-                worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
-            )  # fmt: skip
-        await self.dp.register_worker(info)
-        settings = self.services.loaded.runtime_settings.get(spec.name)
-        log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, request.hostname)
-        checkpoints = self.services.config.checkpoints
         return worker_pb2.RegisterResponse(
-            worker_id=worker_id,
-            keepalive_s=max(0.5, self.services.config.scheduler.worker_keepalive_s / 3),
-            runtime=spec.pool.runtime,
-            runtime_settings_json=json.dumps(settings.model_dump(mode="json")) if settings is not None else "",
-            checkpoint_storage_url=checkpoints.storage_url
-            or str(Path(self.services.config.data_dir).expanduser().resolve() / "checkpoints"),
-            checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
-            checkpoint_cache_dir=checkpoints.cache_dir or "",
-            max_payload_bytes=self.dp.max_payload_bytes,
+            worker_id=done.worker_id,
+            keepalive_s=done.keepalive_s,
+            runtime=done.runtime,
+            runtime_settings_json=done.runtime_settings_json,
+            checkpoint_storage_url=done.checkpoint_storage_url,
+            checkpoint_cache_max_bytes=done.checkpoint_cache_max_bytes,
+            checkpoint_cache_dir=done.checkpoint_cache_dir,
+            max_payload_bytes=done.max_payload_bytes,
         )
-
-    async def _worker(self, context: Context) -> tuple[PoolSpec, str, int]:
-        """The calling worker's pool, id and GPU count, once its token is shown to speak for it."""
-        principal = await self._principal(context)
-        worker_id = _metadata(context, WORKER_ID_METADATA) or ""
-        state = await self.services.scheduler.workers.get(worker_id)
-        if state is None:
-            raise NotFound("worker", f"{worker_id} (register again)")
-        spec, machine_id = await self._pool_of(principal, state.info.pool)
-        if state.info.machine_id != machine_id:
-            raise PermissionDenied(f"worker {worker_id} belongs to another machine")
-        return spec, worker_id, state.info.gpu_count
-
-    async def _unfinished_task(self, spec: PoolSpec, task_id: str) -> tuple[str, bytes]:
-        """The workspace and stored arguments of an unfinished task the worker's pool may run."""
-        found = await self.dp.calls.dispatch([task_id])
-        if not found or found[0].status not in ("pending", "running"):
-            raise NotFound("task", f"{task_id} (unknown, or it has ended)")
-        self._may_serve(spec, found[0].workspace_id, f"task {task_id}")
-        return found[0].workspace_id, found[0].args
 
     @unary
     async def PutBlob(
         self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
     ) -> common_pb2.BlobRef:
         """A worker stores a big result, in the workspace of the unfinished task it belongs to."""
-        spec, _, _ = await self._worker(context)
+        worker = await self._worker(context)
         first, pieces = await blob_upload(request_iterator)
-        workspace, _ = await self._unfinished_task(spec, first.task_id)
-        blob_id = await self.dp.put_blob(workspace, first.total_bytes, pieces, "the call's result")
+        blob_id = await fleet.store_result(self.dp, worker, first.task_id, first.total_bytes, pieces)
         return common_pb2.BlobRef(blob_id=blob_id, size_bytes=first.total_bytes)
 
     @streaming
@@ -172,12 +112,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: common_pb2.GetBlobRequest, context: Context
     ) -> AsyncIterator[common_pb2.BlobChunk]:
         """A worker reads the big arguments of an unfinished task, and only the blob those name."""
-        spec, _, _ = await self._worker(context)
-        workspace, args = await self._unfinished_task(spec, request.task_id)
-        ref = parse_ref(args)
-        if ref is None or ref[0] != request.blob_id:
-            raise NotFound("blob", f"{request.blob_id} (not the arguments of task {request.task_id})")
-        async for piece in self.dp.read_blob(workspace, request.blob_id):
+        worker = await self._worker(context)
+        async for piece in fleet.read_arguments(self.dp, worker, request.task_id, request.blob_id):
             yield common_pb2.BlobChunk(data=piece)
 
     @unary
@@ -185,40 +121,30 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.RecordCheckpointRequest, context: Context
     ) -> worker_pb2.CheckpointRef:
         """A worker records the checkpoints it takes of its stubs, and how restoring them went."""
-        spec, _, _ = await self._worker(context)
-        store = CheckpointStore(self.services.db)
-        if request.checkpoint_id:
-            found = await store.get(request.checkpoint_id)
-            if found is None:
-                raise NotFound("checkpoint", request.checkpoint_id)
-            self._may_serve(spec, found.workspace_id, f"checkpoint {found.id}")
-            record = await store.set_status(
-                found.id,
-                request.status,
-                path=request.path or None,
-                size_bytes=request.size_bytes or None,
-                error=request.error[:2000] or None,
-            )
-        else:
-            stub, _ = await self.dp.stub(request.stub_id)
-            self._may_serve(spec, stub.workspace_id, f"stub {stub.id}")
-            record = await store.create(stub.workspace_id, request.runtime, stub_id=stub.id, gpu=request.gpu or None)
+        worker = await self._worker(context)
+        record = await fleet.record_checkpoint(
+            self.dp,
+            worker,
+            checkpoint_id=request.checkpoint_id,
+            stub_id=request.stub_id,
+            runtime=request.runtime,
+            gpu=request.gpu,
+            status=request.status,
+            path=request.path,
+            size_bytes=request.size_bytes,
+            error=request.error,
+        )
         return checkpoint_ref(record)
-
-    @staticmethod
-    def _may_serve(spec: PoolSpec, workspace_id: str, what: str) -> None:
-        if spec.workspace is not None and spec.workspace != workspace_id:
-            raise PermissionDenied(f"{what} belongs to a workspace pool {spec.name} does not serve")
 
     async def Session(
         self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage], context: Context
     ) -> AsyncIterator[worker_pb2.ControllerMessage]:
         try:
-            _, worker_id, gpus = await self._worker(context)
+            worker = await self._worker(context)
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
-        session = _Session(self.dp, worker_id, gpus=gpus)
+        session = _Session(self.dp, worker.worker_id, gpus=worker.gpu_count)
         async for message in session.run(request_iterator):
             yield message
 
@@ -289,24 +215,18 @@ class _Session:
                 await self._leave()
 
     async def _stub(self, stub_id: str) -> worker_pb2.StubDefinition:
-        record, settings = await self.dp.stub(stub_id)
-        handler = await self.dp.calls.handler(stub_id) or b""
-        secret_env: dict[str, str] = {}
-        for name in settings.secrets:
-            value = await self.dp.services.secrets.get(record.workspace_id, name)
-            if value is not None:
-                secret_env[name] = value
-        latest = await CheckpointStore(self.dp.services.db).latest(stub_id) if settings.checkpoint_enabled else None
+        bundle = await fleet.stub_bundle(self.dp, stub_id)
+        record, settings = bundle.record, bundle.settings
         return worker_pb2.StubDefinition(
             checkpoint_enabled=settings.checkpoint_enabled,
-            checkpoint=checkpoint_ref(latest) if latest is not None else None,
+            checkpoint=checkpoint_ref(bundle.checkpoint) if bundle.checkpoint is not None else None,
             stub_id=stub_id,
             workspace_id=record.workspace_id,
             image=settings.image,
-            handler=handler,
+            handler=bundle.handler,
             python_version=settings.python_version,
             env=settings.env,
-            secret_env=secret_env,
+            secret_env=bundle.secret_env,
             keep_warm_s=settings.keep_warm_s,
             name=record.name,
             kind=record.kind,
@@ -319,16 +239,16 @@ class _Session:
         )
 
     async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage], event: asyncio.Event) -> None:
-        scheduler = self.dp.services.scheduler
+        services = self.dp.services
         async for message in incoming:
-            if message.keepalive and not await scheduler.heartbeat(self.worker_id):
+            if message.keepalive and not await fleet.heartbeat(services, self.worker_id):
                 log.warning("worker %s was presumed dead; asking it to register again", self.worker_id)
                 self.lost = True
                 event.set()
                 return
             if message.draining and not self.draining:
                 self.draining = True
-                await scheduler.workers.cordon(self.worker_id)
+                await fleet.cordon(services, self.worker_id)
                 log.info("worker %s is draining", self.worker_id)
             if message.started or message.results or message.logs:
                 report = WorkerReport(
@@ -355,10 +275,4 @@ class _Session:
 
     async def _leave(self) -> None:
         """A drained worker that hung up is gone for good: take it out now instead of waiting for the reaper."""
-        scheduler = self.dp.services.scheduler
-        with contextlib.suppress(Exception):
-            ids = await scheduler.workers.remove(self.worker_id, now_ms=scheduler.ctx.now_ms(), force=True)
-            for rid in ids or []:
-                await scheduler.ctx.tasks.requeue(rid, f"worker {self.worker_id} left while draining")
-            if ids:
-                scheduler.ctx.placer_wanted.set()
+        await fleet.leave(self.dp.services, self.worker_id)

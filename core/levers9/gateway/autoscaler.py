@@ -15,7 +15,10 @@ places like any call; it is stopped by cancelling that task once it has been
 idle ``keep_warm_s`` seconds and is not needed for the floor, so an idle
 endpoint scales to zero. A stopped deployment version's containers are
 stopped as soon as their requests finish. Starts that fail back off, doubling
-up to 30 s, so a broken image does not spin.
+up to 30 s (:func:`levers9.backoff.delay_s`), so a broken image does not spin.
+Which replica owns which container is kept by
+:class:`~levers9.services.serving.ServingOwners`, so one left behind by a gone
+replica is stopped.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
-from levers9.services.dataplane import DataPlane, ServingReport, StubSettings, TaskOutcome
+from levers9.backoff import delay_s
+from levers9.services import deployments
+from levers9.services.dataplane import DataPlane
 from levers9.services.metrics import Metrics
-
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
+from levers9.services.reports import ServingReport, TaskOutcome
+from levers9.services.serving import ServingOwners
+from levers9.services.stubs import StubSettings
 
 __all__ = ["Container", "NoContainer", "Overloaded", "ServedStub", "ServingAutoscaler"]
 
@@ -86,7 +89,9 @@ class Container:
 
 
 @dataclass(eq=False)
-class _Stub:
+class _StubContainers:
+    """One served stub's containers (ready and starting), its waiting requests and its failed starts."""
+
     stub: ServedStub
     ready: dict[str, Container] = field(default_factory=dict)
     #: serving tasks queued or starting: task id -> when
@@ -115,13 +120,12 @@ class ServingAutoscaler:
     ) -> None:  # fmt: skip
         self.dataplane = dataplane
         self.metrics = metrics
+        #: which replica started which serving task (and stops it)
+        self.owners = ServingOwners(dataplane, prefix=prefix, name=name)
         #: this replica's name, as the owner of the containers it starts
-        self.name = name or dataplane.services.scheduler.name
+        self.name = self.owners.name
         self.orphan_after_s = orphan_after_s
-        #: serving task id -> the replica that started it and stops it
-        self._owners_key = f"{prefix}serving:owner"
-        self._alive_prefix = f"{prefix}serving:alive:"
-        self._stubs: dict[str, _Stub] = {}
+        self._stubs: dict[str, _StubContainers] = {}
         #: serving task id -> its stub, for reports of tasks that end
         self._tasks: dict[str, str] = {}
         self._kick = asyncio.Event()
@@ -298,13 +302,13 @@ class ServingAutoscaler:
 
     # ------------------------------------------------------------------ scaling
 
-    def _state(self, stub: ServedStub) -> _Stub:
+    def _state(self, stub: ServedStub) -> _StubContainers:
         state = self._stubs.get(stub.stub_id)
         if state is None:
-            state = self._stubs[stub.stub_id] = _Stub(stub)
+            state = self._stubs[stub.stub_id] = _StubContainers(stub)
         return state
 
-    def _hand_over(self, state: _Stub, container: Container) -> None:
+    def _hand_over(self, state: _StubContainers, container: Container) -> None:
         while state.waiters and container.in_flight < state.capacity and not container.draining:
             future = state.waiters.popleft()
             if future.done():
@@ -312,7 +316,7 @@ class ServingAutoscaler:
             container.in_flight += 1
             future.set_result(container)
 
-    def _drain(self, state: _Stub, container: Container) -> None:
+    def _drain(self, state: _StubContainers, container: Container) -> None:
         container.draining = True
         if container.in_flight == 0:
             self._spawn(self._stop_task(container.task_id, container.worker_id))
@@ -326,7 +330,7 @@ class ServingAutoscaler:
             self._kick.clear()
             try:
                 if time.monotonic() >= floors_at:
-                    await self._redis.set(self._alive_prefix + self.name, "1", px=int(ALIVE_TTL_S * 1000))
+                    await self.owners.alive(ALIVE_TTL_S)
                     await self._read_floors()
                     floors_at = time.monotonic() + FLOORS_EVERY_S
                 if time.monotonic() >= orphans_at:
@@ -352,27 +356,18 @@ class ServingAutoscaler:
             waiting=sum(len(state.waiters) for state in states),
         )
 
-    @property
-    def _redis(self) -> Redis:
-        return self.dataplane.services.redis
-
     async def _stop_orphans(self) -> None:
         """Stop serving containers no live replica owns: a restarted controlplane forgets what it ran."""
-        before = datetime.now(UTC) - timedelta(seconds=self.orphan_after_s)
-        tasks = await self.dataplane.services.tasks.unfinished_of_kinds(("endpoint", "box"), created_before=before)
-        for task in tasks:
-            if task.id in self._tasks:
+        for orphan in await self.owners.orphans(older_than_s=self.orphan_after_s, skip=set(self._tasks)):
+            if orphan.task_id in self._tasks:  # started while the list was read
                 continue
-            owner = await self._redis.hget(self._owners_key, task.id)
-            if owner is not None and await self._redis.exists(self._alive_prefix + _text(owner)):
-                continue
-            log.info("stopping serving container %s: the replica that started it is gone", task.id)
-            await self._stop_task(task.id, task.worker_id)
-            await self._redis.hdel(self._owners_key, task.id)
+            log.info("stopping serving container %s: the replica that started it is gone", orphan.task_id)
+            await self._stop_task(orphan.task_id, orphan.worker_id)
+            await self.owners.disown(orphan.task_id)
 
     async def _read_floors(self) -> None:
         """Which deployed stubs keep containers however idle (a box, an endpoint with min_containers)."""
-        serving = await self.dataplane.services.deployments.serving_stubs()
+        serving = await deployments.serving_stubs(self.dataplane)
         live = set()
         for workspace_id, stub_id in serving:
             record, settings = await self.dataplane.stub(stub_id)
@@ -386,7 +381,7 @@ class ServingAutoscaler:
             if stub_id not in live:
                 state.deployed_floor = 0
 
-    async def _scale(self, state: _Stub) -> None:
+    async def _scale(self, state: _StubContainers) -> None:
         settings = state.stub.settings
         now = time.monotonic()
         live = [c for c in state.ready.values() if not c.draining]
@@ -413,7 +408,7 @@ class ServingAutoscaler:
                     break
                 state.starting[task_id] = now
                 self._tasks[task_id] = state.stub.stub_id
-                await self._redis.hset(self._owners_key, task_id, self.name)
+                await self.owners.own(task_id)
             return
         # idle ones beyond what is wanted go once keep_warm has passed, longest idle first
         surplus = have - wanted
@@ -430,7 +425,7 @@ class ServingAutoscaler:
 
     async def _disown(self, task_id: str) -> None:
         with contextlib.suppress(Exception):
-            await self._redis.hdel(self._owners_key, task_id)
+            await self.owners.disown(task_id)
 
     async def _stop_task(self, task_id: str, worker_id: str | None) -> None:
         try:
@@ -448,18 +443,14 @@ class ServingAutoscaler:
         task.add_done_callback(self._jobs.discard)
 
 
-def _back_off(state: _Stub, reason: str) -> None:
+def _back_off(state: _StubContainers, reason: str) -> None:
     """A start failed: remember why (a 504 says it) and wait before the next, 0.5 s doubling to MAX_BACKOFF_S."""
     state.failures += 1
     state.last_failure = reason
-    state.retry_at = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** (state.failures - 1))
+    state.retry_at = time.monotonic() + delay_s(state.failures, initial_s=0.5, cap_s=MAX_BACKOFF_S)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _pick(state: _Stub) -> Container | None:
+def _pick(state: _StubContainers) -> Container | None:
     """The ready container with the fewest requests in flight that has room; None when none has."""
     best: Container | None = None
     capacity = state.capacity
@@ -473,7 +464,7 @@ def _pick(state: _Stub) -> Container | None:
     return best
 
 
-def _fail_waiters(state: _Stub, error: Exception) -> None:
+def _fail_waiters(state: _StubContainers, error: Exception) -> None:
     while state.waiters:
         future = state.waiters.popleft()
         if not future.done():

@@ -51,16 +51,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from levers9.controlplane.http import error_answer
 from levers9.gateway.autoscaler import NoContainer, Overloaded, ServedStub, ServingAutoscaler
 from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.payloads import JSON_CALL
 from levers9.runner import http_errors as errors
+from levers9.services import deployments, tasks, workspaces
 from levers9.services.auth import Principal, Unauthenticated
 from levers9.services.core import Services
-from levers9.services.dataplane import DataPlane, InvalidStub
+from levers9.services.dataplane import DataPlane
+from levers9.services.deployments import MAX_VERSION
+from levers9.services.errors import error_answer
 from levers9.services.metrics import Metrics
-from levers9.state.errors import NotFound
+from levers9.services.stubs import InvalidStub
 from levers9.state.sql.records import TokenKind
 
 __all__ = ["MAX_VERSION", "GatewayApp"]
@@ -79,8 +81,6 @@ App = Callable[[Any, Any, Any], Awaitable[None]]
 RESOLVE_CACHE_S = 1.0
 #: counted for a request whose caller went away before it was answered (nginx's convention)
 CLIENT_GONE = 499
-#: the highest version a URL can name (the database stores versions as 32-bit integers)
-MAX_VERSION = 2**31 - 1
 #: a segment of this form after NAME is a version, valid or not (see the module's docstring)
 _VERSION_ATTEMPT = re.compile(r"v[+-]?\d+")
 #: a valid version: v and a positive decimal number without leading zeros (and at most MAX_VERSION)
@@ -237,8 +237,7 @@ class GatewayApp:
         hit = self._workspaces.get(name)
         if hit is not None and hit[0] > now:
             return hit[1]
-        record = await self.services.workspaces.by_name(name)
-        found = None if record is None else record.id
+        found = await workspaces.workspace_id_named(self.services, name)
         if len(self._workspaces) > 10_000:
             self._workspaces.clear()
         self._workspaces[name] = (now + 10.0, found)
@@ -289,11 +288,7 @@ class GatewayApp:
         return stub_id
 
     async def _lookup(self, target: _Target) -> str | None:
-        try:
-            version = await self.services.deployments.serving(target.workspace_id, target.name, target.version)
-        except NotFound:
-            return None
-        return version.stub_id
+        return await deployments.serving_stub(self.dataplane, target.workspace_id, target.name, target.version)
 
     def _not_found(self, target: _Target) -> _Answer:
         if target.principal is None:
@@ -390,19 +385,14 @@ class GatewayApp:
         return 202
 
     async def _task(self, stub: ServedStub, task_id: str, send: Send) -> int:
-        task = await self.services.tasks.get(task_id)
-        if task is None or task.workspace_id != stub.workspace_id or task.stub_id != stub.stub_id:
+        task = await tasks.deployment_task(self.dataplane, stub.workspace_id, stub.stub_id, task_id)
+        if task is None:
             raise _Answer(errors.NOT_FOUND, f"task {task_id!r} not found in this deployment")
-        out: dict[str, Any] = {"task_id": task_id, "status": str(task.status), "attempts": task.attempts}
-        results = await self.dataplane.calls.results([task_id], workspace_id=stub.workspace_id)
-        if results:
-            done = results[0]
-            out["status"] = done.status
-            result = await self.dataplane.payload(stub.workspace_id, done.result) if done.result else None
-            if result is not None and result.startswith(JSON_CALL):
-                out["result"] = json.loads(result[len(JSON_CALL) :])
-            if done.error:
-                out["error"] = {"type": done.error_type or "Error", "message": done.error}
+        out: dict[str, Any] = {"task_id": task_id, "status": task.status, "attempts": task.attempts}
+        if task.has_result:
+            out["result"] = task.result
+        if task.error is not None:
+            out["error"] = {"type": task.error_type, "message": task.error}
         await _json(send, 200, out)
         return 200
 

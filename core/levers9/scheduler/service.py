@@ -330,24 +330,34 @@ class Scheduler:
 
     async def reap_once(self) -> list[str]:
         """Remove workers whose keepalive lapsed and requeue their work; returns the requeued request ids."""
-        ctx = self.ctx
         requeued: list[str] = []
-        for worker in await ctx.workers.silent():
-            state = await ctx.workers.get(worker)
-            ids = await ctx.workers.remove(worker, now_ms=ctx.now_ms())
-            if ids is None:
+        for worker in await self.ctx.workers.silent():
+            requeued += await self.remove_worker(worker, "stopped reporting")
+        return requeued
+
+    async def remove_worker(self, worker: str, why: str, *, force: bool = False) -> list[str]:
+        """Take ``worker`` out and requeue its work ("worker W <why>"); returns the requeued request ids.
+
+        Without ``force`` a worker whose keepalive holds stays (the reaper's case); with it, it goes
+        anyway (a drained worker that hung up).
+        """
+        ctx = self.ctx
+        state = await ctx.workers.get(worker)
+        ids = await ctx.workers.remove(worker, now_ms=ctx.now_ms(), force=force)
+        if ids is None:
+            return []
+        log.warning("worker %s %s; requeued %d requests", worker, why, len(ids))
+        requeued: list[str] = []
+        for rid in ids:
+            try:
+                await ctx.tasks.requeue(rid, f"worker {worker} {why}")
+            except InvalidTransition:
+                # it finished while Redis still counted it on the worker: nothing to run again
+                await ctx.backlog.finish(rid, ctx.now_ms())
                 continue
-            log.warning("worker %s stopped reporting; requeued %d requests", worker, len(ids))
-            for rid in ids:
-                try:
-                    await ctx.tasks.requeue(rid, f"worker {worker} stopped reporting")
-                except InvalidTransition:
-                    # it finished while Redis still counted it on the worker: nothing to run again
-                    await ctx.backlog.finish(rid, ctx.now_ms())
-                    continue
-                requeued.append(rid)
-            if state is not None and state.info.machine_id:
-                self.ctx.planner_wanted.set()
+            requeued.append(rid)
+        if state is not None and state.info.machine_id:
+            ctx.planner_wanted.set()
         if requeued:
             ctx.placer_wanted.set()
         return requeued

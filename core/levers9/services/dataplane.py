@@ -1,4 +1,7 @@
-"""Every operation on calls, in one place: the gRPC servicers (and later the gateway) only translate.
+"""The call engine: stubs, payloads, submitting, watching, cancelling, and what workers take and report.
+
+REST, gRPC and the gateway reach it through the service modules (or, for the
+call path itself, through its public methods); none of them touches its stores.
 
 The path of a call: :meth:`DataPlane.submit` stores it (SQL first, then the
 Redis backlog); the scheduler places it on a worker and the hub wakes that
@@ -16,27 +19,29 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from levers9 import stub_bounds as bounds
-from levers9.gpu.preference import GpuRequest, parse_gpu
+from levers9.gpu.preference import GpuRequest
 from levers9.payloads import INLINE_MAX_BYTES, make_ref, parse_ref
 from levers9.scheduler.request import PlacementRequest
+from levers9.services.access import owned_task
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
+from levers9.services.reports import ServingListener, ServingReport, TaskOutcome, WorkerReport
+from levers9.services.stubs import CALLED_KINDS, InvalidStub, StubSettings
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.blobs import BlobStore
-from levers9.state.sql.calls import CallResult, CallStore, Dispatch, Finish
+from levers9.state.sql.calls import CallStore, Dispatch, Finish
 from levers9.state.sql.models import new_id
-from levers9.state.sql.records import StubRecord
+from levers9.state.sql.records import CallResult, StubRecord
 
 __all__ = [
     "CALLED_KINDS",
@@ -52,9 +57,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_KINDS = ("function", "job", "endpoint", "queue", "box")
-#: kinds whose calls are sent one by one to a worker (SDK calls, queue items, job runs)
-CALLED_KINDS = ("function", "job", "queue")
 #: worker reports queued before sessions wait for the flusher (backpressure)
 _MAX_QUEUED_REPORTS = 10_000
 #: submitted calls whose arguments are kept in memory until a worker takes them
@@ -63,132 +65,8 @@ _MAX_FRESH = 200_000
 _SWEEP_BLOBS_S = 3600.0
 
 
-class InvalidStub(ValueError):
-    """A stub definition that can never run; the message names the field and what is accepted."""
-
-
 class InvalidPayload(ValueError):
     """A call's arguments name a blob the caller's workspace does not have."""
-
-
-class StubSettings(BaseModel):
-    """A stub's configuration as stored in SQL; validated once, when the stub is defined."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: str = "function"
-    app: str = "default"
-    name: str = Field(min_length=bounds.NAME_LENGTH_MIN, max_length=bounds.NAME_LENGTH_MAX)
-    image: str = "host"
-    cpu_millicores: int = Field(125, ge=bounds.CPU_MILLICORES_MIN, le=bounds.CPU_MILLICORES_MAX)
-    memory_mib: int = Field(128, ge=bounds.MEMORY_MIB_MIN, le=bounds.MEMORY_MIB_MAX)
-    gpu: tuple[str, ...] = ()
-    gpu_count: int = Field(0, ge=0)
-    fallback_after_s: float | None = Field(None, ge=0)
-    retries: int = Field(0, ge=bounds.RETRIES_MIN, le=bounds.RETRIES_MAX)
-    timeout_s: float = Field(0.0, ge=0)
-    secrets: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
-    keep_warm_s: float = Field(60.0, ge=bounds.KEEP_WARM_S_MIN, le=bounds.KEEP_WARM_S_MAX)
-    #: checkpoint the first container once its start-up is done; later ones restore from it
-    checkpoint_enabled: bool = False
-    python_version: str = ""
-    #: sha256 of the handler, so changed code makes a new stub
-    handler_sha256: str = ""
-    #: endpoints and boxes: containers kept however idle; None: 0 for an endpoint, 1 for a box
-    min_containers: int | None = Field(None, ge=bounds.MIN_CONTAINERS_MIN, le=bounds.MIN_CONTAINERS_MAX)
-    max_containers: int = Field(4, ge=bounds.MAX_CONTAINERS_MIN, le=bounds.MAX_CONTAINERS_MAX)
-    tasks_per_container: int = Field(1, ge=bounds.TASKS_PER_CONTAINER_MIN, le=bounds.TASKS_PER_CONTAINER_MAX)
-    public: bool = False
-    interface: str = Field("function", pattern="^(function|asgi)$")
-    ports: tuple[int, ...] = ()
-    max_pending: int = Field(1000, ge=bounds.MAX_PENDING_MIN, le=bounds.MAX_PENDING_MAX)
-    start_timeout_s: float = Field(120.0, gt=bounds.START_TIMEOUT_S_ABOVE, le=bounds.START_TIMEOUT_S_MAX)
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        bad = [p for p in value if not 1 <= p <= 65535]
-        if bad:
-            raise ValueError(f"ports must be TCP ports from 1 to 65535, got {bad}")
-        return value
-
-    @model_validator(mode="after")
-    def _serving(self) -> StubSettings:
-        if self.kind == "box" and not self.ports:
-            raise ValueError("a box needs ports=[...]: the ports its server listens on, which the gateway proxies")
-        if self.min_containers is not None and self.min_containers > self.max_containers:
-            raise ValueError(f"min_containers ({self.min_containers}) is above max_containers ({self.max_containers})")
-        if self.public and self.kind != "endpoint":
-            raise ValueError(f"public: only endpoints can be public, not a {self.kind}")
-        if self.checkpoint_enabled and self.kind in ("endpoint", "box"):
-            raise ValueError(
-                f"checkpoint: {'an endpoint' if self.kind == 'endpoint' else 'a box'} cannot be checkpointed yet "
-                "(a checkpointed container starts without "
-                "a network, and the gateway reaches it over one); checkpoint a function instead"
-            )
-        return self
-
-    @property
-    def floor(self) -> int:
-        """Containers kept running however idle: a box runs while deployed, an endpoint scales to zero."""
-        if self.min_containers is not None:
-            return self.min_containers
-        return 1 if self.kind == "box" else 0
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, value: str) -> str:
-        if value not in _KINDS:
-            raise ValueError(f"kind must be one of {', '.join(_KINDS)}, got {value!r}")
-        return value
-
-    def gpu_request(self) -> GpuRequest:
-        """The placement GPU preference; raises InvalidStub naming the field on a bad GPU spec."""
-        try:
-            return parse_gpu(
-                list(self.gpu) or None,
-                self.gpu_count or None,
-                fallback_after=self.fallback_after_s,
-            )
-        except (ValueError, TypeError) as exc:
-            raise InvalidStub(f"gpu: {exc}") from None
-
-
-@dataclass(frozen=True)
-class TaskOutcome:
-    task_id: str
-    status: str
-    result: bytes | None = None
-    error: str | None = None
-    error_type: str | None = None
-    traceback: str | None = None
-    container_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ServingReport:
-    """A serving container ready for requests: where the worker says it answers."""
-
-    task_id: str
-    address: str
-    ports: dict[int, str] = field(default_factory=dict)
-
-
-class ServingListener(Protocol):
-    """The gateway, told of serving containers as their workers report them."""
-
-    def serving(self, stub_id: str, worker_id: str, report: ServingReport) -> None: ...
-
-    def ended(self, outcomes: Sequence[TaskOutcome]) -> None: ...
-
-
-@dataclass
-class WorkerReport:
-    started: list[tuple[str, str]] = field(default_factory=list)
-    serving: list[ServingReport] = field(default_factory=list)
-    outcomes: list[TaskOutcome] = field(default_factory=list)
-    logs: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -227,6 +105,11 @@ class DataPlane:
         self._fresh: dict[str, tuple[str, str, bytes]] = {}
         #: the gateway, when there is one: told where serving containers answer and when they end
         self.serving_listener: ServingListener | None = None
+
+    @classmethod
+    def standalone(cls, services: Services, metrics: Metrics | None = None) -> DataPlane:
+        """A data plane of its own over ``services`` (the REST API served alone): it reaches workers via Redis."""
+        return cls(services, Hub(services.redis, name=services.scheduler.name), metrics)
 
     # ------------------------------------------------------------------ stubs
 
@@ -433,10 +316,8 @@ class DataPlane:
             self.hub.unwatch(w)
 
     async def cancel(self, principal: Principal, task_id: str) -> bool:
-        workspace = principal.require_workspace()
-        task = await self.services.tasks.get(task_id)
-        if task is None or task.workspace_id != workspace:
-            raise NotFound("task", task_id)
+        """Cancel one of the caller's tasks (see :func:`levers9.services.tasks.cancel_task`); False if it had ended."""
+        task = await owned_task(self.services, principal, task_id)
         cancelled = await self.services.scheduler.cancel(task_id)
         if cancelled:
             # read again: a worker may have taken it between the first read and the cancel; a task sent

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Select, Table, bindparam, func, insert, selec
 from levers9.quantities import MIB, format_bytes
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskLog, utcnow
-from levers9.state.sql.records import TaskStatus
+from levers9.state.sql.records import CallResult, TaskStatus
 
 __all__ = ["CallResult", "CallStore", "Dispatch", "Finish"]
 
@@ -155,18 +155,6 @@ def _stored_logs(connection: Connection, task_ids: set[str]) -> dict[str, _KeptL
             state.ends_line = not last[1].startswith(b"\n")
         # no marker: anything past the cap (stored under a larger one) stays, and what comes now is dropped
     return kept
-
-
-@dataclass(frozen=True, slots=True)
-class CallResult:
-    task_id: str
-    workspace_id: str
-    status: str
-    result: bytes | None
-    error: str | None
-    error_type: str | None
-    traceback: str | None
-    attempts: int
 
 
 class CallStore:

@@ -212,6 +212,7 @@ class ClusterRecord:
 
 __all__ = [
     "AppRecord",
+    "CallResult",
     "CheckpointRecord",
     "CheckpointStatus",
     "ClusterRecord",
@@ -221,6 +222,7 @@ __all__ = [
     "MachineState",
     "PlacementEvent",
     "PlacementOutcome",
+    "SecretInfo",
     "StubRecord",
     "TaskRecord",
     "TaskStatus",
@@ -229,3 +231,26 @@ __all__ = [
     "WorkspaceRecord",
     "parse_enum",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A finished (or failed, cancelled) call as its caller is told: the result or error as stored."""
+
+    task_id: str
+    workspace_id: str
+    status: str
+    result: bytes | None
+    error: str | None
+    error_type: str | None
+    traceback: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class SecretInfo:
+    """What may be shown of a secret: never its value."""
+
+    name: str
+    created_at: datetime
+    updated_at: datetime

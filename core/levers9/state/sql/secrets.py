@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import builtins
 import re
-from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy import delete, select
 
@@ -24,6 +22,7 @@ from levers9.state.errors import NotFound
 from levers9.state.sql._common import retry_on_race
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Secret, Workspace, new_id, utcnow
+from levers9.state.sql.records import SecretInfo
 
 #: the longest name and value accepted; a value is an environment variable's, so it is kept small
 MAX_NAME = 255
@@ -55,15 +54,6 @@ def check_secret_value(value: str) -> str:
     if "\0" in value:
         raise ValueError("secret value: holds a NUL character, which no environment variable can hold")
     return value
-
-
-@dataclass(frozen=True)
-class SecretInfo:
-    """What may be shown of a secret: never its value."""
-
-    name: str
-    created_at: datetime
-    updated_at: datetime
 
 
 def _context(workspace_id: str, name: str) -> str:
@@ -162,4 +152,4 @@ class SecretStore:
         return count
 
 
-__all__ = ["MAX_NAME", "MAX_VALUE_BYTES", "SecretInfo", "SecretStore", "check_secret_name", "check_secret_value"]
+__all__ = ["MAX_NAME", "MAX_VALUE_BYTES", "SecretStore", "check_secret_name", "check_secret_value"]

@@ -1,0 +1,234 @@
+"""The REST API's routes under ``/api/v1``: each parses its request, calls one service, renders the answer.
+
+Who may do what is decided in :mod:`levers9.services` (see
+:mod:`levers9.services.access`), never here: this module only knows that every
+route but ``/health`` needs a user token (:func:`_caller`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from levers9.controlplane.rest_schemas import (
+    MAX_TASKS_LISTED,
+    MAX_VERSION,
+    CancelOut,
+    DeploymentOut,
+    DeploymentVersionOut,
+    ErrorBody,
+    Health,
+    IssuedToken,
+    MachineOut,
+    PlacementOut,
+    PoolOut,
+    SecretCreate,
+    SecretOut,
+    TaskDetail,
+    TaskOut,
+    TokenCreate,
+    TokenOut,
+    WorkerOut,
+    WorkspaceCreate,
+    WorkspaceOut,
+    deployment_out,
+    pool_out,
+    secret_out,
+    task_out,
+    token_out,
+    worker_out,
+)
+from levers9.services import deployments, machines, pools, secrets, tasks, workspaces
+from levers9.services import health as health_service
+from levers9.services.access import authenticate_user
+from levers9.services.auth import Principal
+from levers9.services.core import Services
+from levers9.services.dataplane import DataPlane
+from levers9.state.sql.records import MachineState, TaskStatus
+
+__all__ = ["router"]
+
+_bearer = HTTPBearer(auto_error=False, description="A user token: `Authorization: Bearer l9_user_...`")
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def _dataplane(request: Request) -> DataPlane:
+    dataplane: DataPlane = request.app.state.dataplane
+    return dataplane
+
+
+async def _caller(
+    services: Annotated[Services, Depends(_services)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    return await authenticate_user(services, None if credentials is None else credentials.credentials)
+
+
+ServicesDep = Annotated[Services, Depends(_services)]
+DataPlaneDep = Annotated[DataPlane, Depends(_dataplane)]
+Caller = Annotated[Principal, Depends(_caller)]
+
+router = APIRouter(
+    prefix="/api/v1",
+    responses={
+        401: {"model": ErrorBody, "description": "No token, or an unknown, revoked or expired one"},
+        403: {"model": ErrorBody, "description": "Not a user token, or outside the token's scope"},
+        422: {"model": ErrorBody, "description": "A parameter or body field is not valid"},
+    },
+)
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Degraded"}})
+async def health(services: ServicesDep, response: Response) -> Health:
+    """Unauthenticated, for load balancers: 503 when the database or Redis does not answer."""
+    report = await health_service.health(services)
+    if report.degraded:
+        response.status_code = 503
+    return Health(status="degraded" if report.degraded else "ok", database=report.database, redis=report.redis)
+
+
+@router.get("/workspaces")
+async def list_workspaces(services: ServicesDep, principal: Caller) -> list[WorkspaceOut]:
+    return [WorkspaceOut.model_validate(r) for r in await workspaces.list_workspaces(services, principal)]
+
+
+@router.post("/workspaces", status_code=201)
+async def create_workspace(services: ServicesDep, principal: Caller, body: WorkspaceCreate) -> WorkspaceOut:
+    return WorkspaceOut.model_validate(await workspaces.create_workspace(services, principal, body.name))
+
+
+@router.get("/tokens")
+async def list_tokens(
+    services: ServicesDep,
+    principal: Caller,
+    workspace: Annotated[
+        str | None,
+        Query(description="Operators: the workspace's name (omitted: the tokens bound to no workspace)."),
+    ] = None,
+) -> list[TokenOut]:
+    """Metadata only: a token is shown once when issued, and its hash never leaves the store."""
+    return [token_out(r) for r in await workspaces.list_tokens(services, principal, workspace)]
+
+
+@router.post("/tokens", status_code=201)
+async def create_token(services: ServicesDep, principal: Caller, body: TokenCreate) -> IssuedToken:
+    record, token = await workspaces.issue_token(
+        services, principal, body.workspace, subject=body.subject, ttl_s=body.ttl_s
+    )
+    return IssuedToken.model_validate({**token_out(record).model_dump(), "token": token})
+
+
+@router.delete("/tokens/{token_id}")
+async def revoke_token(services: ServicesDep, principal: Caller, token_id: str) -> TokenOut:
+    """Takes effect at once on this replica and within the auth cache's lifetime on the others."""
+    return token_out(await workspaces.revoke_token(services, principal, token_id))
+
+
+@router.get("/pools")
+async def list_pools(services: ServicesDep, principal: Caller) -> list[PoolOut]:
+    return [pool_out(p) for p in await pools.list_pools(services, principal)]
+
+
+@router.get("/workers")
+async def list_workers(
+    services: ServicesDep,
+    principal: Caller,
+    pool: Annotated[str | None, Query(description="Only this pool's workers.")] = None,
+) -> list[WorkerOut]:
+    return [worker_out(w) for w in await pools.list_workers(services, principal, pool)]
+
+
+@router.get("/machines")
+async def list_machines(
+    services: ServicesDep,
+    principal: Caller,
+    pool: Annotated[str | None, Query(description="Only this pool's machines.")] = None,
+    state: Annotated[list[MachineState] | None, Query(description="Only machines in these states.")] = None,
+) -> list[MachineOut]:
+    states = None if state is None else [s.value for s in state]
+    return [
+        MachineOut.model_validate(r)
+        for r in await machines.list_machines(services, principal, pool=pool, states=states)
+    ]
+
+
+@router.get("/tasks")
+async def list_tasks(
+    dataplane: DataPlaneDep,
+    principal: Caller,
+    status: Annotated[list[TaskStatus] | None, Query(description="Only tasks with these statuses.")] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_TASKS_LISTED, description=f"At most this many (1-{MAX_TASKS_LISTED}), newest first.")
+    ] = 100,
+) -> list[TaskOut]:
+    statuses = None if status is None else [s.value for s in status]
+    return [task_out(r) for r in await tasks.list_tasks(dataplane, principal, statuses=statuses, limit=limit)]
+
+
+@router.get("/tasks/{task_id}", responses={404: {"model": ErrorBody}})
+async def get_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> TaskDetail:
+    return TaskDetail.model_validate(await tasks.get_task(dataplane, principal, task_id))
+
+
+@router.get("/tasks/{task_id}/history", responses={404: {"model": ErrorBody}})
+async def task_history(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> list[PlacementOut]:
+    return [PlacementOut.model_validate(e) for e in await tasks.task_history(dataplane, principal, task_id)]
+
+
+@router.post("/tasks/{task_id}/cancel", responses={404: {"model": ErrorBody}})
+async def cancel_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> CancelOut:
+    """Stop the task: its worker is told to end it (its process and the processes it started).
+
+    Cancelling a task that already finished is not an error: it answers ``cancelled: false``.
+    The same operation as gRPC's CancelTask (``levers9 cancel``).
+    """
+    cancelled, task = await tasks.cancel_task(dataplane, principal, task_id)
+    return CancelOut(cancelled=cancelled, task=task_out(task))
+
+
+@router.get("/secrets")
+async def list_secrets(services: ServicesDep, principal: Caller) -> list[SecretOut]:
+    """The workspace's secrets, by name: names and times only, never values."""
+    return [secret_out(s) for s in await secrets.list_secrets(services, principal)]
+
+
+@router.post("/secrets", status_code=201, responses={200: {"model": SecretOut, "description": "Replaced"}})
+async def put_secret(services: ServicesDep, principal: Caller, body: SecretCreate, response: Response) -> SecretOut:
+    """Create a secret (201), or replace the value of one of the same name (200). The value is not echoed.
+
+    Functions naming it in ``secrets=[...]`` see it as an environment variable; containers already
+    running keep the value they started with.
+    """
+    info, created = await secrets.put_secret(services, principal, body.name, body.value)
+    if not created:
+        response.status_code = 200
+    return secret_out(info)
+
+
+@router.delete("/secrets/{name}", responses={404: {"model": ErrorBody}})
+async def delete_secret(services: ServicesDep, principal: Caller, name: str) -> Response:
+    """Delete a secret of the caller's workspace; 204, or 404 when it has none of that name."""
+    await secrets.delete_secret(services, principal, name)
+    return Response(status_code=204)
+
+
+@router.get("/deployments")
+async def list_deployments(dataplane: DataPlaneDep, principal: Caller) -> list[DeploymentOut]:
+    return [deployment_out(d) for d in await deployments.list_deployments(dataplane, principal)]
+
+
+@router.post("/deployments/{name}/versions/{version}/stop", responses={404: {"model": ErrorBody}})
+async def stop_deployment_version(
+    dataplane: DataPlaneDep,
+    principal: Caller,
+    name: str,
+    version: Annotated[int, Path(ge=1, le=MAX_VERSION, description=f"The version, 1 to {MAX_VERSION}.")],
+) -> DeploymentVersionOut:
+    """Stop one version; the others keep serving. Stopping a stopped version again is not an error."""
+    return DeploymentVersionOut.model_validate(await deployments.stop_version(dataplane, principal, name, version))

@@ -1,0 +1,320 @@
+"""The REST API's wire models: every request body and answer of ``/api/v1``, as its OpenAPI document shows them.
+
+Request bodies refuse unknown fields, so a misspelt option is an error instead
+of silently ignored; every number they carry is bounded (see
+:data:`levers9.controlplane.http.ACCEPTED`). Answers never carry a secret's
+value or a token's hash; a token itself appears once, in :class:`IssuedToken`.
+The ``*_out`` functions render what the services return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from levers9.services.deployments import MAX_VERSION, DeploymentView
+from levers9.services.pools import PoolView, WorkerView
+from levers9.services.secrets import MAX_NAME, check_secret_name, check_secret_value
+from levers9.services.workspaces import MAX_TOKEN_TTL_S
+from levers9.state.sql.records import MachineState, SecretInfo, TaskRecord, TaskStatus, TokenKind, TokenRecord
+
+__all__ = [
+    "MAX_TASKS_LISTED",
+    "MAX_VERSION",
+    "CancelOut",
+    "DeploymentOut",
+    "DeploymentVersionOut",
+    "ErrorBody",
+    "ErrorDetail",
+    "Health",
+    "IssuedToken",
+    "MachineOut",
+    "PlacementOut",
+    "PoolOut",
+    "SecretCreate",
+    "SecretOut",
+    "TaskDetail",
+    "TaskOut",
+    "TokenCreate",
+    "TokenOut",
+    "WorkerOut",
+    "WorkspaceCreate",
+    "WorkspaceOut",
+    "deployment_out",
+    "pool_out",
+    "secret_out",
+    "task_out",
+    "token_out",
+    "worker_out",
+]
+
+#: one page of ``GET /tasks``
+MAX_TASKS_LISTED = 1000
+
+
+class _In(BaseModel):
+    """Request bodies refuse unknown fields, so a misspelt option is an error instead of silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    #: for validation errors: each offending field and what was wrong with it
+    fields: list[dict[str, str]] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    #: "ok", or why the database did not answer
+    database: str
+    #: "ok", or why Redis did not answer
+    redis: str
+
+
+class WorkspaceCreate(_In):
+    name: str = Field(min_length=1, max_length=128, description="Printable, without leading or trailing spaces.")
+
+
+class WorkspaceOut(_Out):
+    id: str
+    name: str
+    created_at: datetime
+
+
+class TokenCreate(_In):
+    workspace: str | None = Field(
+        None,
+        description="The workspace's name. Omitted: the caller's own workspace (for an operator: a new operator token).",
+    )
+    ttl_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_TOKEN_TTL_S,
+        allow_inf_nan=False,
+        description=f"Seconds until the token expires, at most {MAX_TOKEN_TTL_S} (ten years); omitted: never.",
+    )
+    subject: str | None = Field(
+        None, min_length=1, max_length=128, description="Who the token is for, shown in listings."
+    )
+
+
+class TokenOut(_Out):
+    id: str
+    kind: TokenKind
+    workspace_id: str | None
+    subject: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    active: bool
+
+
+class IssuedToken(TokenOut):
+    #: the token itself: shown this once, only its hash is stored
+    token: str
+
+
+class PoolOut(BaseModel):
+    name: str
+    provider: str
+    runtime: str
+    gpu: str | None
+    gpu_count: int
+    region: str | None
+    #: what one worker of the pool has
+    cpu_millicores: int
+    memory_mib: int
+    min_workers: int
+    max_workers: int
+    priority: int
+    #: set for a workspace's own attached cluster
+    workspace_id: str | None
+    #: workers registered whose keepalive holds
+    workers: int
+    #: why the provider is not being asked for machines right now (no capacity, no quota...), if it is not
+    unavailable: str | None
+    #: how the runtime keeps calls apart: "none" (process: calls share the host), "namespaces", "sandbox", "vm"
+    isolation: str = "unknown"
+
+
+class WorkerOut(BaseModel):
+    id: str
+    pool: str
+    status: str
+    runtime: str
+    gpu: str | None
+    gpu_count: int
+    gpu_free: int
+    cpu_millicores: int
+    cpu_free: int
+    memory_mib: int
+    memory_free: int
+    #: requests placed on it or running there
+    running: int
+    registered_at: datetime
+    #: since when it has had no work; None while busy
+    idle_since: datetime | None
+    workspace_id: str | None
+    #: operators only (None for workspace users): which machine it runs on and where it listens
+    machine_id: str | None
+    address: str | None
+
+
+class MachineOut(_Out):
+    id: str
+    pool: str
+    provider: str
+    provider_id: str | None
+    state: MachineState
+    gpu: str | None
+    gpu_count: int
+    region: str | None
+    worker_id: str | None
+    token_id: str | None
+    register_by: datetime | None
+    created_at: datetime
+    registered_at: datetime | None
+    terminated_at: datetime | None
+    last_error: str | None
+
+
+class TaskOut(_Out):
+    id: str
+    workspace_id: str
+    stub_id: str | None
+    status: TaskStatus
+    attempts: int
+    pool: str | None
+    gpu: str | None
+    worker_id: str | None
+    container_id: str | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TaskDetail(TaskOut):
+    #: what the task asked the scheduler for (resources, GPU preference, pools)
+    request: dict[str, Any]
+
+
+class PlacementOut(_Out):
+    attempt: int | None
+    at: datetime | None
+    outcome: str
+    pool: str | None
+    gpu: str | None
+    region: str | None
+    worker_id: str | None
+    reason: str | None
+
+
+class SecretCreate(_In):
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME,
+        description="An environment variable's name (letters, digits, underscores): functions see it as one.",
+    )
+    value: str = Field(description="The value; stored encrypted and never shown again.")
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_secret_name(value)
+
+    @pydantic.field_validator("value")
+    @classmethod
+    def _value(cls, value: str) -> str:
+        return check_secret_value(value)
+
+
+class SecretOut(BaseModel):
+    """A secret as listed: its name and times, never its value."""
+
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class CancelOut(BaseModel):
+    #: False when the task had already finished: it keeps the status it finished with
+    cancelled: bool
+    task: TaskOut
+
+
+class DeploymentVersionOut(_Out):
+    version: int
+    stub_id: str
+    created_at: datetime
+    #: None while the version serves
+    stopped_at: datetime | None
+    serving: bool
+
+
+class DeploymentOut(_Out):
+    id: str
+    name: str
+    #: the version answering when none is named: the newest still serving (None when all are stopped)
+    active_version: int | None
+    versions: list[DeploymentVersionOut]
+
+
+def token_out(record: TokenRecord) -> TokenOut:
+    return TokenOut.model_validate(
+        {
+            "id": record.id,
+            "kind": record.kind,
+            "workspace_id": record.workspace_id,
+            "subject": record.subject,
+            "created_at": record.created_at,
+            "expires_at": record.expires_at,
+            "revoked_at": record.revoked_at,
+            "last_used_at": record.last_used_at,
+            "active": record.revoked_at is None
+            and (record.expires_at is None or record.expires_at > datetime.now(UTC)),
+        }
+    )
+
+
+def task_out(record: TaskRecord) -> TaskOut:
+    return TaskOut.model_validate(record)
+
+
+def pool_out(view: PoolView) -> PoolOut:
+    fields = dataclasses.asdict(view)
+    return PoolOut.model_validate({name: fields[name] for name in PoolOut.model_fields})
+
+
+def worker_out(view: WorkerView) -> WorkerOut:
+    return WorkerOut.model_validate(dataclasses.asdict(view))
+
+
+def secret_out(info: SecretInfo) -> SecretOut:
+    return SecretOut(name=info.name, created_at=info.created_at, updated_at=info.updated_at)
+
+
+def deployment_out(view: DeploymentView) -> DeploymentOut:
+    d = view.deployment
+    return DeploymentOut(
+        id=d.id,
+        name=d.name,
+        active_version=d.active_version,
+        versions=[DeploymentVersionOut.model_validate(v) for v in view.versions],
+    )

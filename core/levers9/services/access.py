@@ -1,0 +1,96 @@
+"""Who may do what: every authorisation rule of the controlplane, written once for every transport.
+
+* a *user* token bound to a workspace acts on that workspace only; another
+  workspace's task, token or deployment is reported exactly like a missing one
+  (:class:`~levers9.state.errors.NotFound`), so ids cannot be probed;
+* a user token bound to no workspace is an *operator's*: it manages
+  workspaces, sees machines, every pool and every worker, but has no tasks;
+* shared pools and their workers are everyone's; an attached cluster's are its
+  workspace's (and operators');
+* worker, agent and machine tokens never reach the user APIs: their holders run
+  other people's code.
+"""
+
+from __future__ import annotations
+
+from levers9.services.auth import PermissionDenied, Principal
+from levers9.services.core import Services
+from levers9.state.errors import NotFound
+from levers9.state.redis.workers import WorkerState
+from levers9.state.sql.records import TaskRecord, TokenKind
+
+__all__ = [
+    "authenticate_user",
+    "is_operator",
+    "own_workspace",
+    "owned_task",
+    "require_operator",
+    "visible",
+    "worker_visible",
+    "workspace_named",
+]
+
+
+async def authenticate_user(services: Services, token: str | None) -> Principal:
+    """The user behind ``token``; 403 for any other kind (worker, agent, machine), 401 for no valid token."""
+    principal = await services.auth.verify(token)
+    if principal.kind is not TokenKind.USER:
+        raise PermissionDenied(
+            f"this API takes user tokens; a {principal.kind.value} token belongs to a worker, agent or machine "
+            "and cannot manage workspaces, tokens or tasks"
+        )
+    return principal
+
+
+def is_operator(principal: Principal) -> bool:
+    return principal.workspace_id is None
+
+
+def require_operator(principal: Principal, action: str) -> None:
+    if not is_operator(principal):
+        raise PermissionDenied(f"only an operator token (a user token bound to no workspace) may {action}")
+
+
+def own_workspace(principal: Principal, action: str) -> str:
+    """The caller's workspace; an operator has none and is told how to act on one."""
+    if principal.workspace_id is None:
+        raise PermissionDenied(
+            f"an operator token is bound to no workspace, so it cannot {action}; issue a token for the "
+            "workspace (POST /api/v1/tokens with its name) and use that"
+        )
+    return principal.workspace_id
+
+
+def visible(principal: Principal, owner: str | None) -> bool:
+    """Shared pools and workers are everyone's; an attached cluster's are its workspace's (and operators')."""
+    return owner is None or is_operator(principal) or owner == principal.workspace_id
+
+
+def worker_visible(services: Services, principal: Principal, state: WorkerState) -> bool:
+    spec = services.pools.get(state.info.pool)
+    return visible(principal, state.info.workspace) and (spec is None or visible(principal, spec.workspace))
+
+
+async def workspace_named(services: Services, principal: Principal, name: str | None, action: str) -> str | None:
+    """The id of the workspace ``name`` the caller acts on: its own when omitted (None for an operator)."""
+    if principal.workspace_id is not None:
+        if name is not None:
+            own = await services.workspaces.get(principal.workspace_id)
+            if own is None or own.name != name:
+                raise PermissionDenied(f"a workspace token may only {action} its own workspace")
+        return principal.workspace_id
+    if name is None:
+        return None
+    record = await services.workspaces.by_name(name)
+    if record is None:
+        raise NotFound("workspace", name)
+    return record.id
+
+
+async def owned_task(services: Services, principal: Principal, task_id: str, action: str = "see tasks") -> TaskRecord:
+    """The caller's task; another workspace's is reported exactly like a missing one, so ids cannot be probed."""
+    workspace = own_workspace(principal, action)
+    task = await services.tasks.get(task_id)
+    if task is None or task.workspace_id != workspace:
+        raise NotFound("task", task_id)
+    return task

@@ -1,0 +1,268 @@
+"""The workers' side of the controlplane: who a worker is, registering it, what it may read and write, leaving.
+
+Workers authenticate with their own machine (or pool worker) token, and a
+worker of one machine cannot speak for another. A worker of a workspace's
+attached pool only ever serves that workspace: every task, blob, stub and
+checkpoint it names is checked with :func:`may_serve`. A worker reads only the
+arguments of an unfinished task placed in its pools and writes blobs only into
+that task's workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from levers9.payloads import parse_ref
+from levers9.scheduler.pools import PoolSpec
+from levers9.services.auth import PermissionDenied, Principal
+from levers9.services.core import Services
+from levers9.services.dataplane import DataPlane
+from levers9.services.stubs import StubSettings
+from levers9.state.errors import NotFound
+from levers9.state.redis.workers import WorkerInfo
+from levers9.state.sql.checkpoints import CheckpointStore
+from levers9.state.sql.records import CheckpointRecord, StubRecord, TokenKind
+
+__all__ = [
+    "Registration",
+    "StubBundle",
+    "WorkerIdentity",
+    "authenticate_worker",
+    "calling_worker",
+    "cordon",
+    "heartbeat",
+    "leave",
+    "may_serve",
+    "read_arguments",
+    "record_checkpoint",
+    "register",
+    "store_result",
+    "stub_bundle",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Registration:
+    worker_id: str
+    keepalive_s: float
+    runtime: str
+    #: the pool's runtime settings as JSON ("" when it has none)
+    runtime_settings_json: str
+    checkpoint_storage_url: str
+    checkpoint_cache_max_bytes: int
+    checkpoint_cache_dir: str
+    max_payload_bytes: int
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """A registered worker whose token was shown to speak for it."""
+
+    spec: PoolSpec
+    worker_id: str
+    gpu_count: int
+
+
+@dataclass(frozen=True)
+class StubBundle:
+    """Everything a worker needs to run a stub's containers."""
+
+    record: StubRecord
+    settings: StubSettings
+    handler: bytes
+    #: the values of the secrets the stub names (a secret deleted since is left out)
+    secret_env: dict[str, str]
+    #: the newest checkpoint to restore from, for a stub that checkpoints
+    checkpoint: CheckpointRecord | None
+
+
+async def authenticate_worker(services: Services, token: str | None) -> Principal:
+    """The machine or pool worker behind ``token``; Unauthenticated for any other."""
+    return await services.auth.verify(token, TokenKind.MACHINE, TokenKind.WORKER)
+
+
+async def _pool_of(services: Services, principal: Principal, asked: str) -> tuple[PoolSpec, str | None]:
+    """The pool the token may serve and the machine id it speaks for."""
+    pools = services.pools
+    machine_id: str | None = None
+    if principal.kind is TokenKind.MACHINE:
+        machine_id = principal.subject
+        machine = await services.machines.get(machine_id or "")
+        if machine is None:
+            raise PermissionDenied(f"machine {machine_id} is not known (terminated?); its token is no longer valid")
+        pool_name = machine.pool
+    else:
+        pool_name = principal.subject or ""
+    if asked and asked != pool_name:
+        raise PermissionDenied(f"this token serves pool {pool_name!r}, not {asked!r}")
+    spec = pools.get(pool_name)
+    if spec is None:
+        raise NotFound("pool", f"{pool_name} (configured pools: {', '.join(sorted(pools)) or 'none'})")
+    return spec, machine_id
+
+
+async def register(
+    dp: DataPlane,
+    principal: Principal,
+    *,
+    pool: str,
+    worker_id: str,
+    gpus: Sequence[str],
+    cpu_millicores: int,
+    memory_mib: int,
+    hostname: str,
+) -> Registration:
+    """Register a worker of the token's pool (a reconnect of the same machine keeps its id)."""
+    services = dp.services
+    spec, machine_id = await _pool_of(services, principal, pool)
+    registry = services.scheduler.workers
+    kept = ""
+    if worker_id:
+        old = await registry.get(worker_id)
+        if old is None or old.info.machine_id == machine_id:
+            kept = worker_id  # a reconnect keeps its id, so late reports still match
+    worker_id = kept or f"wkr_{uuid.uuid4().hex[:16]}"
+    usable = [g for g in gpus if not spec.gpu or g == spec.gpu]
+    info = WorkerInfo(
+        id=worker_id,
+        pool=spec.name,
+        cpu_millicores=min(cpu_millicores or spec.cpu_millicores, spec.cpu_millicores),
+        memory_mib=min(memory_mib or spec.memory_mib, spec.memory_mib),
+        gpu=spec.gpu,
+        gpu_count=min(spec.gpu_count, len(usable)) if spec.gpu else 0,
+        runtime=spec.pool.runtime,
+        machine_id=machine_id,
+        address=hostname or None,
+        workspace=spec.workspace,
+    )
+    if spec.gpu and info.gpu_count < spec.gpu_count:
+        log.warning(
+            "worker %s of pool %s found %d %s GPUs, the pool promises %d",
+            worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
+        )  # fmt: skip
+    await dp.register_worker(info)
+    settings = services.loaded.runtime_settings.get(spec.name)
+    log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, hostname)
+    checkpoints = services.config.checkpoints
+    return Registration(
+        worker_id=worker_id,
+        keepalive_s=max(0.5, services.config.scheduler.worker_keepalive_s / 3),
+        runtime=spec.pool.runtime,
+        runtime_settings_json=json.dumps(settings.model_dump(mode="json")) if settings is not None else "",
+        checkpoint_storage_url=checkpoints.storage_url
+        or str(Path(services.config.data_dir).expanduser().resolve() / "checkpoints"),
+        checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
+        checkpoint_cache_dir=checkpoints.cache_dir or "",
+        max_payload_bytes=dp.max_payload_bytes,
+    )
+
+
+async def calling_worker(services: Services, principal: Principal, worker_id: str) -> WorkerIdentity:
+    """The registered worker ``worker_id``, once ``principal`` is shown to speak for it."""
+    state = await services.scheduler.workers.get(worker_id)
+    if state is None:
+        raise NotFound("worker", f"{worker_id} (register again)")
+    spec, machine_id = await _pool_of(services, principal, state.info.pool)
+    if state.info.machine_id != machine_id:
+        raise PermissionDenied(f"worker {worker_id} belongs to another machine")
+    return WorkerIdentity(spec, worker_id, state.info.gpu_count)
+
+
+def may_serve(spec: PoolSpec, workspace_id: str, what: str) -> None:
+    """PermissionDenied unless a worker of ``spec`` may act for ``workspace_id`` (an attached pool: only its own)."""
+    if spec.workspace is not None and spec.workspace != workspace_id:
+        raise PermissionDenied(f"{what} belongs to a workspace pool {spec.name} does not serve")
+
+
+async def _unfinished_task(dp: DataPlane, spec: PoolSpec, task_id: str) -> tuple[str, bytes]:
+    """The workspace and stored arguments of an unfinished task the worker's pool may run."""
+    found = await dp.calls.dispatch([task_id])
+    if not found or found[0].status not in ("pending", "running"):
+        raise NotFound("task", f"{task_id} (unknown, or it has ended)")
+    may_serve(spec, found[0].workspace_id, f"task {task_id}")
+    return found[0].workspace_id, found[0].args
+
+
+async def store_result(
+    dp: DataPlane, worker: WorkerIdentity, task_id: str, size: int, pieces: AsyncIterable[bytes]
+) -> str:
+    """Store a big result of an unfinished task, in that task's workspace; the blob's id."""
+    workspace, _ = await _unfinished_task(dp, worker.spec, task_id)
+    return await dp.put_blob(workspace, size, pieces, "the call's result")
+
+
+async def read_arguments(dp: DataPlane, worker: WorkerIdentity, task_id: str, blob_id: str) -> AsyncIterator[bytes]:
+    """The big arguments of an unfinished task, and only the blob those name."""
+    workspace, args = await _unfinished_task(dp, worker.spec, task_id)
+    ref = parse_ref(args)
+    if ref is None or ref[0] != blob_id:
+        raise NotFound("blob", f"{blob_id} (not the arguments of task {task_id})")
+    async for piece in dp.read_blob(workspace, blob_id):
+        yield piece
+
+
+async def record_checkpoint(
+    dp: DataPlane,
+    worker: WorkerIdentity,
+    *,
+    checkpoint_id: str,
+    stub_id: str,
+    runtime: str,
+    gpu: str,
+    status: str,
+    path: str,
+    size_bytes: int,
+    error: str,
+) -> CheckpointRecord:
+    """A new checkpoint of a stub (no ``checkpoint_id``), or how taking or restoring one went."""
+    store = CheckpointStore(dp.services.db)
+    if checkpoint_id:
+        found = await store.get(checkpoint_id)
+        if found is None:
+            raise NotFound("checkpoint", checkpoint_id)
+        may_serve(worker.spec, found.workspace_id, f"checkpoint {found.id}")
+        return await store.set_status(
+            found.id, status, path=path or None, size_bytes=size_bytes or None, error=error[:2000] or None
+        )
+    stub, _ = await dp.stub(stub_id)
+    may_serve(worker.spec, stub.workspace_id, f"stub {stub.id}")
+    return await store.create(stub.workspace_id, runtime, stub_id=stub.id, gpu=gpu or None)
+
+
+async def stub_bundle(dp: DataPlane, stub_id: str) -> StubBundle:
+    """A stub's definition with its handler, its secrets' values and the checkpoint to restore from."""
+    record, settings = await dp.stub(stub_id)
+    handler = await dp.calls.handler(stub_id) or b""
+    secret_env: dict[str, str] = {}
+    for name in settings.secrets:
+        value = await dp.services.secrets.get(record.workspace_id, name)
+        if value is not None:
+            secret_env[name] = value
+    latest = await CheckpointStore(dp.services.db).latest(stub_id) if settings.checkpoint_enabled else None
+    return StubBundle(record, settings, handler, secret_env, latest)
+
+
+async def heartbeat(services: Services, worker_id: str) -> bool:
+    """A worker's keepalive; False when it was presumed dead (it must register again)."""
+    return await services.scheduler.heartbeat(worker_id)
+
+
+async def cordon(services: Services, worker_id: str) -> None:
+    """The worker drains: no new work is placed on it."""
+    await services.scheduler.workers.cordon(worker_id)
+
+
+async def leave(services: Services, worker_id: str) -> None:
+    """A drained worker that hung up is gone for good: take it out now, its work requeued as the reaper would."""
+    try:
+        await services.scheduler.remove_worker(worker_id, "left while draining", force=True)
+    except Exception:
+        # the reaper takes it out once its keepalive lapses
+        log.exception("taking drained worker %s out failed; the reaper will", worker_id)
