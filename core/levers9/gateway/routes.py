@@ -55,7 +55,7 @@ from levers9.gateway.autoscaler import NoContainer, Overloaded, ServedStub, Serv
 from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.payloads import JSON_CALL
 from levers9.runner import http_errors as errors
-from levers9.services import deployments, tasks, workspaces
+from levers9.services import access, deployments, tasks, workspaces
 from levers9.services.auth import Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
@@ -246,8 +246,7 @@ class GatewayApp:
     async def _stub(self, target: _Target, kinds: tuple[str, ...], route: str) -> ServedStub:
         stub_id = await self._resolve(target)
         record, settings = await self.dataplane.stub(stub_id)
-        caller = target.principal
-        if (caller is None or caller.workspace_id != target.workspace_id) and not settings.public:
+        if not access.may_call_served(target.principal, target.workspace_id, public=settings.public):
             raise self._not_found(target)
         if record.kind not in kinds:
             raise _Answer(errors.NOT_FOUND, f"deployment {target.name!r} is a {record.kind}, not served at /{route}; "

@@ -8,7 +8,9 @@
 * shared pools and their workers are everyone's; an attached cluster's are its
   workspace's (and operators');
 * worker, agent and machine tokens never reach the user APIs: their holders run
-  other people's code.
+  other people's code;
+* a deployed endpoint or box is served to its own workspace's tokens, and to
+  anyone (a token of another workspace, or none) only when it is public.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from levers9.state.sql.records import TaskRecord, TokenKind
 __all__ = [
     "authenticate_user",
     "is_operator",
+    "may_call_served",
     "own_workspace",
     "owned_task",
     "require_operator",
@@ -44,6 +47,12 @@ async def authenticate_user(services: Services, token: str | None) -> Principal:
 
 def is_operator(principal: Principal) -> bool:
     return principal.workspace_id is None
+
+
+def may_call_served(caller: Principal | None, workspace_id: str, *, public: bool) -> bool:
+    """Whether ``caller`` (None: no token) may call a served stub of ``workspace_id`` (the gateway answers 404
+    otherwise, or 401 without a token, exactly as for a missing one)."""
+    return public or (caller is not None and caller.workspace_id == workspace_id)
 
 
 def require_operator(principal: Principal, action: str) -> None:

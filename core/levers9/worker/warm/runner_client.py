@@ -20,6 +20,7 @@ import logging
 import os
 from pathlib import Path
 
+from levers9.backoff import Backoff
 from levers9.checkpoint.snapshot import SIGNAL_SOCKET
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.types import ContainerStatus
@@ -56,7 +57,7 @@ class RunnerClient:
     async def _connect(self, box: WarmContainer) -> Streams:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout_s
-        delay = 0.005
+        polling = Backoff(initial_s=0.005, cap_s=0.05)  # a runner is up in tens of milliseconds
         while True:
             if box.stop_requested:
                 raise StartFailed("the container was stopped while it started")
@@ -80,8 +81,7 @@ class RunnerClient:
                     f"the runner in container {box.cid} did not answer within {self.start_timeout_s:g} s; "
                     f"its output:\n{await self.launcher.log_tail(box.cid)}"
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            await asyncio.sleep(polling.next_s())
 
     # ----------------------------------------------------------------- one call
 
