@@ -129,6 +129,9 @@ class MemoryRuntime:
     def levers9_container_remove(self, container_id: str) -> None:
         self.containers.pop(container_id, None)
 
+    def levers9_container_list(self) -> list[str]:
+        return sorted(self.containers)
+
 
 class MemoryCheckpointer:
     """Checkpoints only the 'memory' runtime; a marker file in the image decides whether restore works."""
@@ -254,6 +257,16 @@ def test_hook_levers9_container_remove(runtime_hooks: Any) -> None:
     hooks_run(hooks.container_remove(ctx, "c1"))
     hooks_run(hooks.container_remove(ctx, "c1"))
     assert memory.containers == {}
+
+
+def test_hook_levers9_container_list(runtime_hooks: Any) -> None:
+    hooks, ctx, _ = runtime_hooks
+    assert hooks_run(hooks.container_list(ctx)) == []
+    hooks_run(hooks.container_prepare(ctx, spec()))
+    hooks_run(hooks.container_prepare(ctx, spec("c0")))
+    assert hooks_run(hooks.container_list(ctx)) == ["c0", "c1"]
+    hooks_run(hooks.container_remove(ctx, "c1"))
+    assert hooks_run(hooks.container_list(ctx)) == ["c0"]
 
 
 def test_hook_levers9_checkpoint(runtime_hooks: Any, tmp_path: Path) -> None:

@@ -132,3 +132,36 @@ async def test_the_environment_never_shows_on_a_command_line(rt: tuple[Hooks, Ru
         assert secret.encode() in Path(f"/proc/{state.pid}/environ").read_bytes()  # it did reach the command
     finally:
         await hooks.container_remove(ctx, cid)
+
+
+async def test_a_dead_workers_containers_are_listed_by_the_runtime_and_removed(tmp_path: Path) -> None:
+    """The worker finds what a dead worker left through ``levers9_container_list``, not the runtime's layout."""
+    from levers9.worker.leftovers import remove_leftovers
+
+    hooks = Hooks(load_plugins(PluginPolicy()))
+    try:
+        ctx = RuntimeContext(name="process", state_dir=str(tmp_path / "runtime" / "process"))
+        running = await run(hooks, ctx, ["sleep", "300"])
+        ended = await run(hooks, ctx, ["true"])
+        await wait(hooks, ctx, ended)
+        assert await hooks.container_list(ctx) == sorted([running, ended])
+        pid = (await hooks.container_state(ctx, running)).pid
+        assert pid is not None
+
+        assert await remove_leftovers(hooks, tmp_path) == 2
+        assert await hooks.container_list(ctx) == []
+        assert (await hooks.container_state(ctx, running)).status is ContainerStatus.UNKNOWN
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "Z" not in _proc_state(pid):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the leftover container's process {pid} still runs")
+            await asyncio.sleep(0.05)
+    finally:
+        hooks.close()
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"

@@ -1,4 +1,4 @@
-"""The six container hooks, for a runtime plugin whose work an engine does.
+"""The seven container hooks, for a runtime plugin whose work an engine does.
 
 runc, gVisor and the process runtime differ in how they drive a container,
 not in how the hooks hand calls to them; a plugin builds its engine from the
@@ -26,6 +26,7 @@ class Engine(Protocol):
     def kill(self, container_id: str, sig: int) -> None: ...
     def logs(self, container_id: str, offset: int) -> LogChunk: ...
     def remove(self, container_id: str) -> None: ...
+    def container_ids(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class ContainerHooks:
     kill: Callable[..., Any]
     logs: Callable[..., Any]
     remove: Callable[..., Any]
+    list: Callable[..., Any]
 
 
 def container_hooks(
@@ -71,6 +73,10 @@ def container_hooks(
     def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
         engine(runtime).remove(container_id)
 
+    @hookimpl
+    def levers9_container_list(runtime: RuntimeContext) -> list[str]:
+        return engine(runtime).container_ids()
+
     return ContainerHooks(
         levers9_container_prepare,
         levers9_container_start,
@@ -78,4 +84,5 @@ def container_hooks(
         levers9_container_kill,
         levers9_container_logs,
         levers9_container_remove,
+        levers9_container_list,
     )

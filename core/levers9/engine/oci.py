@@ -87,6 +87,11 @@ class ContainerRecords:
     def _dir(self, container_id: str) -> Path:
         return self.state_dir / "containers" / container_id
 
+    def container_ids(self) -> list[str]:
+        """Every container with a directory here: prepared, running, ended or half removed."""
+        root = self.state_dir / "containers"
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
     def _meta(self, container_id: str) -> dict[str, Any] | None:
         try:
             data: dict[str, Any] = json.loads((self._dir(container_id) / "meta.json").read_text())

@@ -329,6 +329,10 @@ class Hooks:
             runtime.name, "levers9_container_remove", None, timeout, runtime=runtime, container_id=container_id
         )
 
+    async def container_list(self, runtime: RuntimeContext, *, timeout: float | None = None) -> list[str]:
+        result: list[str] = await self._one(runtime.name, "levers9_container_list", list[str], timeout, runtime=runtime)
+        return result
+
     # ----------------------------------------------------------------- checkpoint hooks (first answer wins)
 
     async def checkpoint_support(self, runtime: RuntimeContext, *, timeout: float | None = None) -> CheckpointSupport:

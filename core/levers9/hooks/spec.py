@@ -241,6 +241,19 @@ def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None
     raise NotImplementedError
 
 
+@hookspec
+def levers9_container_list(runtime: RuntimeContext) -> list[str]:
+    """Return the ids of every container this runtime holds in ``runtime.state_dir``, running or not.
+
+    Called when a worker starts on a state directory that a worker which died
+    used (and by ``levers9 worker cleanup``), to remove what it left with
+    ``levers9_container_remove``: a container is listed for as long as the
+    runtime keeps anything of it (a record, a process, a bundle), so the
+    worker never needs to know where or how a runtime keeps its containers.
+    """
+    raise NotImplementedError
+
+
 # --------------------------------------------------------------------------- checkpoint hooks
 
 

@@ -4,6 +4,8 @@ Containers are started detached, so they outlive a worker that is killed
 (SIGKILL, a crash, a host under memory pressure). Whoever starts the next
 worker on the same state directory, or the provider that killed the old one,
 calls :func:`remove_leftovers` so that nothing keeps running unaccounted for.
+Each runtime says which containers it holds (``levers9_container_list``): the
+worker does not know where or how a runtime keeps them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import RuntimeContext
 
@@ -36,15 +39,17 @@ async def remove_leftovers(hooks: Hooks, state_dir: Path, *, delete: bool = Fals
     removed = 0
     if runtimes.is_dir():
         for runtime_dir in sorted(p for p in runtimes.iterdir() if p.is_dir()):
-            containers = runtime_dir / "containers"
-            if not containers.is_dir():
-                continue
             name = runtime_dir.name
             if name not in hooks.runtimes():
-                log.warning("containers of runtime %r left in %s, but no such runtime is installed", name, runtime_dir)
+                log.warning("runtime %r left state in %s, but no such runtime is installed", name, runtime_dir)
                 continue
             context = RuntimeContext(name=name, settings=_settings(hooks, name), state_dir=str(runtime_dir))
-            for container in sorted(p.name for p in containers.iterdir() if p.is_dir()):
+            try:
+                containers = await hooks.container_list(context)
+            except Levers9Error as exc:
+                log.warning("could not list the containers runtime %r left in %s: %s", name, runtime_dir, exc)
+                continue
+            for container in containers:
                 try:
                     await hooks.container_remove(context, container)
                     removed += 1

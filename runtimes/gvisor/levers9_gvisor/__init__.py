@@ -75,6 +75,7 @@ __all__ = [
     "levers9_checkpoint",
     "levers9_checkpoint_support",
     "levers9_container_kill",
+    "levers9_container_list",
     "levers9_container_logs",
     "levers9_container_prepare",
     "levers9_container_remove",
@@ -403,6 +404,7 @@ levers9_container_state = _hooks.state
 levers9_container_kill = _hooks.kill
 levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
+levers9_container_list = _hooks.list
 
 
 @hookimpl

@@ -43,6 +43,7 @@ __all__ = [
     "ProcessSettings",
     "call_user",
     "levers9_container_kill",
+    "levers9_container_list",
     "levers9_container_logs",
     "levers9_container_prepare",
     "levers9_container_remove",
@@ -130,3 +131,4 @@ levers9_container_state = _hooks.state
 levers9_container_kill = _hooks.kill
 levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
+levers9_container_list = _hooks.list

@@ -47,6 +47,7 @@ __all__ = [
     "engine",
     "find_nvidia_hook",
     "levers9_container_kill",
+    "levers9_container_list",
     "levers9_container_logs",
     "levers9_container_prepare",
     "levers9_container_remove",
@@ -175,3 +176,4 @@ levers9_container_state = _hooks.state
 levers9_container_kill = _hooks.kill
 levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
+levers9_container_list = _hooks.list
