@@ -80,11 +80,19 @@ def _kill_and_wait(pid: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether any thread of ``pid`` may still hold its sockets.
+
+    The leader of a multi-threaded process (the runner serves from threads) turns zombie as soon as it has
+    exited itself, while its other threads may still be exiting with the shared descriptors open: a
+    connection made then is accepted and reset. Only a zombie leader with no other thread left has closed
+    them all.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")  # a zombie's sockets are closed already
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X") or len(threads) > 1
 
 
 def _client(up: Up) -> httpx.Client:
