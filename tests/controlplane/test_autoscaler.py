@@ -15,8 +15,9 @@ import pytest
 
 from levers9.gateway.autoscaler import NoContainer, Overloaded, ServedStub, ServingAutoscaler
 from levers9.services.auth import Principal
-from levers9.services.dataplane import DataPlane, ServingReport, TaskOutcome
+from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
+from levers9.services.reports import ServingReport, TaskOutcome
 from levers9.state.sql.records import TokenKind
 
 from .conftest import Api

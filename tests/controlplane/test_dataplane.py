@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from levers9.services.auth import Principal
-from levers9.services.dataplane import DataPlane, TaskOutcome, WorkerReport
+from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
+from levers9.services.reports import TaskOutcome, WorkerReport
 from levers9.state.sql.records import TokenKind
 
 from .conftest import Api

@@ -12,8 +12,9 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from levers9.controlplane.http import ERRORS, create_http_app, error_answer
+from levers9.controlplane.http import create_http_app
 from levers9.services.auth import PermissionDenied, Unauthenticated
+from levers9.services.errors import ERRORS, error_answer
 from levers9.state.errors import AlreadyExists, Conflict, InvalidTransition, NotFound
 from levers9.state.sql.database import Database
 from tests.controlplane.conftest import Api, bearer

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from levers9.controlplane.http import ACCEPTED, MAX_VERSION
+from levers9.controlplane.http import ACCEPTED
 from levers9.services.auth import Authenticator, Unauthenticated
+from levers9.services.deployments import MAX_VERSION
 from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
 from tests.controlplane.conftest import Api, bearer
 

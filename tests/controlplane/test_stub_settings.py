@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from levers9.services.dataplane import StubSettings
+from levers9.services.stubs import StubSettings
 
 
 def _settings(**fields: Any) -> StubSettings:

@@ -15,7 +15,7 @@ import pytest
 import levers9
 from levers9 import stub_bounds
 from levers9.sdk.errors import InvalidFunction
-from levers9.services.dataplane import StubSettings
+from levers9.services.stubs import StubSettings
 
 
 def _work() -> int:

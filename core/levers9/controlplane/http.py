@@ -41,19 +41,10 @@ from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, Err
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS, error_answer
-from levers9.services.health import HEALTH_TIMEOUT_S
 from levers9.services.metrics import Metrics
 from levers9.services.workspaces import MAX_TOKEN_TTL_S
 
-__all__ = [
-    "ACCEPTED",
-    "ERRORS",
-    "HEALTH_TIMEOUT_S",
-    "MAX_TASKS_LISTED",
-    "MAX_VERSION",
-    "create_http_app",
-    "error_answer",
-]
+__all__ = ["ACCEPTED", "create_http_app"]
 
 #: what each numeric field of a request accepts, by the location a validation error gives it; every numeric
 #: field has an entry (a test reads the OpenAPI document to hold this), and an error on it names the range

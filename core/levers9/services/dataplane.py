@@ -33,7 +33,7 @@ from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
-from levers9.services.reports import ServingListener, ServingReport, TaskOutcome, WorkerReport
+from levers9.services.reports import ServingListener, TaskOutcome, WorkerReport
 from levers9.services.stubs import CALLED_KINDS, InvalidStub, StubSettings
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult
@@ -43,17 +43,7 @@ from levers9.state.sql.calls import CallStore, Dispatch, Finish
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import CallResult, StubRecord
 
-__all__ = [
-    "CALLED_KINDS",
-    "DataPlane",
-    "InvalidPayload",
-    "InvalidStub",
-    "ServingListener",
-    "ServingReport",
-    "StubSettings",
-    "TaskOutcome",
-    "WorkerReport",
-]
+__all__ = ["DataPlane", "InvalidPayload"]
 
 log = logging.getLogger(__name__)
 
