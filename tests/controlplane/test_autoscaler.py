@@ -165,6 +165,33 @@ async def test_a_caller_that_goes_away_after_being_handed_a_slot_gives_it_back(w
     world.plane.release(await asyncio.wait_for(world.plane.acquire(stub), 5))
 
 
+class _QuickWorkerPlane(DataPlane):
+    """A worker so quick that the container reports ready before ``start_serving`` has returned."""
+
+    plane: ServingAutoscaler
+
+    async def start_serving(self, workspace: str, stub_id: str, task_id: str) -> None:
+        await super().start_serving(workspace, stub_id, task_id)
+        self.plane.serving(stub_id, "w1", ServingReport(task_id, "127.0.0.1:9"))
+
+
+async def test_a_container_ready_before_its_start_returned_is_not_lost(world: World) -> None:
+    """The task is visible to workers once queued, so its first report can come before the scaler hears back."""
+    hub = Hub(world.api.services.redis, name="quick")
+    quick = _QuickWorkerPlane(world.api.services, hub)
+    quick.plane = plane = ServingAutoscaler(quick, name="replica-quick")
+    await plane.start()
+    try:
+        stub = await world.endpoint("quick", start_timeout_s=10)
+        container = await asyncio.wait_for(plane.acquire(stub), 5)
+        assert container.address == "127.0.0.1:9"
+        plane.release(container)
+        assert plane.stats(stub.stub_id) == {"ready": 1, "starting": 0, "waiting": 0, "in_flight": 0}
+    finally:
+        await plane.close(grace_s=5)
+        await quick.close()
+
+
 async def test_a_retired_version_fails_its_waiters_and_stops_its_containers(world: World) -> None:
     stub = await world.endpoint("old", tasks_per_container=1, max_containers=1, start_timeout_s=10)
     first = asyncio.create_task(world.plane.acquire(stub))

@@ -400,15 +400,20 @@ class ServingAutoscaler:
         have = len(live) + len(state.starting)
         if wanted > have and now >= state.retry_at:
             for _ in range(wanted - have):
+                # known before it is queued: a worker may report it ready before start_serving returns
+                task_id = self.dataplane.new_serving_id()
+                state.starting[task_id] = now
+                self._tasks[task_id] = state.stub.stub_id
                 try:
-                    task_id = await self.dataplane.start_serving(state.stub.workspace_id, state.stub.stub_id)
+                    await self.owners.own(task_id)  # before it exists: no other replica takes it for an orphan
+                    await self.dataplane.start_serving(state.stub.workspace_id, state.stub.stub_id, task_id)
                 except Exception as exc:
+                    state.starting.pop(task_id, None)
+                    self._tasks.pop(task_id, None)
+                    self._spawn(self._disown(task_id))
                     _back_off(state, f"{type(exc).__name__}: {exc}")
                     log.warning("starting a container of %s failed: %s", state.stub.stub_id, exc)
                     break
-                state.starting[task_id] = now
-                self._tasks[task_id] = state.stub.stub_id
-                await self.owners.own(task_id)
             return
         # idle ones beyond what is wanted go once keep_warm has passed, longest idle first
         surplus = have - wanted

@@ -207,13 +207,21 @@ class DataPlane:
             )
         return await self._queue(workspace, stub_id, settings, args)
 
-    async def start_serving(self, workspace: str, stub_id: str) -> str:
-        """Queue one serving container of an endpoint or box (the gateway scales them); its task id."""
+    @staticmethod
+    def new_serving_id() -> str:
+        """The id of a serving container's task, named before it is queued (see ``start_serving``)."""
+        return new_id("task")
+
+    async def start_serving(self, workspace: str, stub_id: str, task_id: str) -> None:
+        """Queue one serving container of an endpoint or box (the gateway scales them) as task ``task_id``.
+
+        The caller names the task (``new_serving_id``) so that it can expect the container's reports before
+        this returns: the task is visible to workers from the moment it is queued.
+        """
         record, settings = await self.stub(stub_id, workspace)
         if record.kind in CALLED_KINDS:
             raise InvalidStub(f"stub {stub_id} is a {record.kind}; only endpoints and boxes serve")
-        (task_id,) = await self._queue(workspace, stub_id, settings, [b""])
-        return task_id
+        await self._queue(workspace, stub_id, settings, [b""], first_id=task_id)
 
     async def stop_task(self, task_id: str, worker_id: str | None) -> bool:
         """Cancel a task the controlplane itself started (a serving container); True if it had not ended."""
@@ -225,7 +233,9 @@ class DataPlane:
             await self.hub.finished([task_id])
         return cancelled
 
-    async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes]) -> list[str]:
+    async def _queue(
+        self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *, first_id: str = ""
+    ) -> list[str]:
         if not args:
             return []
         if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
@@ -235,7 +245,7 @@ class DataPlane:
             gpu = self._gpu[stub_id] = settings.gpu_request()
         now_ms = int(time.time() * 1000)
         template = PlacementRequest(
-            id=new_id("task"),
+            id=first_id or new_id("task"),
             workspace=workspace,
             cpu_millicores=settings.cpu_millicores,
             memory_mib=settings.memory_mib,
