@@ -83,11 +83,37 @@ class StateConfig(_Strict):
         return value
 
 
+class TlsConfig(_Strict):
+    """The controlplane's certificate: every listener (gRPC, HTTP, metrics) serves TLS with it.
+
+    The files are read again when they change, so a renewed certificate needs no restart.
+    """
+
+    cert_file: str = Field(description="PEM certificate chain of this replica (leaf first).")
+    key_file: str = Field(description="PEM private key of the certificate; readable by the server only.")
+    ca_file: str | None = Field(
+        None,
+        description="PEM CA bundle that signed the certificate, handed to the workers and agents this replica "
+        "starts so they can verify it; empty means they use the system trust store.",
+    )
+
+
 class ListenConfig(_Strict):
     host: str = Field("127.0.0.1", description="Address the controlplane binds; 0.0.0.0 for every interface.")
     grpc_port: Port = Field(1993, description="gRPC: SDK, CLI, workers and agents.")
     http_port: Port = Field(1994, description="HTTP: REST under /api/v1 and the gateway.")
     metrics_port: Port = Field(9090, description="Prometheus metrics.")
+    tls: TlsConfig | None = Field(None, description="Serve every listener over TLS with this certificate.")
+    plaintext: bool = Field(
+        False,
+        description="Serve plain text on a non-loopback host without TLS. Tokens then cross the network in "
+        "clear: only for a network that is private end to end.",
+    )
+    advertise: list[str] = Field(
+        default_factory=list,
+        description="The controlplane addresses workers and agents dial, every replica's or a load balancer's "
+        "(grpc://host:port, grpcs://host:port); empty means $LEVERS9_ADVERTISE_URL, else this host.",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> ListenConfig:

@@ -60,8 +60,11 @@ class ProvisionRequest(_Frozen):
     #: the token this machine's worker or agent uses to dial the controlplane;
     #: scoped to this one machine, never log it
     token: str = Field(repr=False)
-    #: where the worker dials, for example ``grpc://cp.example.com:1993``
+    #: where the worker dials, for example ``grpcs://cp.example.com:1993``; several replicas' addresses are
+    #: separated by commas (``grpcs://a:1993,grpcs://b:1993``) and the worker moves to the next on failure
     controlplane_url: str
+    #: PEM CA bundle that verifies the controlplane's certificate; empty: the system trust store
+    controlplane_ca: str = ""
     region: str | None = None
 
 
