@@ -233,12 +233,13 @@ class ServingAutoscaler:
         self._kick.set()
 
     def stats(self, stub_id: str) -> dict[str, int]:
-        """Ready, starting and waiting counts of a stub: for tests and metrics."""
+        """Ready, draining, starting and waiting counts of a stub: for tests and metrics."""
         state = self._stubs.get(stub_id)
         if state is None:
-            return {"ready": 0, "starting": 0, "waiting": 0, "in_flight": 0}
+            return {"ready": 0, "draining": 0, "starting": 0, "waiting": 0, "in_flight": 0}
         return {
             "ready": sum(1 for c in state.ready.values() if not c.draining),
+            "draining": sum(1 for c in state.ready.values() if c.draining),
             "starting": len(state.starting),
             "waiting": len(state.waiters),
             "in_flight": sum(c.in_flight for c in state.ready.values()),
@@ -433,10 +434,19 @@ class ServingAutoscaler:
             await self.owners.disown(task_id)
 
     async def _stop_task(self, task_id: str, worker_id: str | None) -> None:
+        """Cancel a serving task, and forget its container now: no report of its end will come.
+
+        The dataplane stops tracking a task it cancels, so the worker's outcome for it is dropped
+        before it reaches :meth:`ended`; without this the container would stay counted (as draining)
+        for the life of the process.
+        """
         try:
             await self.dataplane.stop_task(task_id, worker_id)
         except Exception as exc:
             log.warning("stopping serving container %s failed: %s", task_id, exc)
+            return
+        if task_id in self._tasks:
+            self.ended([TaskOutcome(task_id, "cancelled")])
 
     def _forget_address(self, address: str) -> None:
         for hook in self.on_gone:
