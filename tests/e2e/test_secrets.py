@@ -157,3 +157,24 @@ def test_a_revoked_token_is_refused(levers9_up: Up) -> None:
     unknown = levers9_up.levers9("token", "revoke", "tok_nope")
     assert unknown.returncode == 1
     assert "no token 'tok_nope'" in unknown.stderr
+
+
+def test_an_operator_token_sees_every_worker_and_a_workspace_token_does_not(levers9_up: Up) -> None:
+    """`token create --operator`: the documented way to get the operator's token for a team's controlplane."""
+    levers9_up.start(wait_workers=1)
+    issued = levers9_up.levers9("token", "create", "--operator")
+    assert issued.returncode == 0, issued.stderr
+    operator = issued.stdout.strip()
+    workspace = levers9_up.token()
+    as_operator = _rest(levers9_up, "GET", "/workers", operator)
+    as_workspace = _rest(levers9_up, "GET", "/workers", workspace)
+    assert as_operator.status_code == as_workspace.status_code == 200, as_operator.text
+    seen = as_operator.json()
+    seen = seen["workers"] if isinstance(seen, dict) else seen
+    hidden = as_workspace.json()
+    hidden = hidden["workers"] if isinstance(hidden, dict) else hidden
+    assert [bool(w["machine_id"]) for w in seen] == [True]  # the operator sees which machine runs it
+    assert [w["machine_id"] for w in hidden] in ([None], [""])
+    both = levers9_up.levers9("token", "create", "--operator", "--kind", "worker", "--pool", "cpu")
+    assert both.returncode == 2
+    assert "--operator makes a user token" in both.stderr

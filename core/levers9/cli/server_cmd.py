@@ -336,6 +336,9 @@ def token_create(
     kind: str = typer.Option("user", "--kind", help="user, or worker for a pool's manually started workers."),
     pool: str | None = typer.Option(None, "--pool", help="For --kind worker: the pool its workers serve."),
     ttl: float | None = typer.Option(None, "--ttl", help="Seconds until it expires (default: never)."),
+    operator: bool = typer.Option(
+        False, "--operator", help="An operator's user token: bound to no workspace; sees every pool and worker."
+    ),
 ) -> None:
     """Print a new token (shown once; only its hash is stored). Its id, for `token revoke`, goes to stderr."""
     from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
@@ -346,6 +349,9 @@ def token_create(
     if kind == "worker" and not pool:
         typer.echo("--kind worker needs --pool: a worker token serves one pool", err=True)
         raise typer.Exit(2)
+    if operator and kind != "user":
+        typer.echo("--operator makes a user token; it cannot be combined with --kind worker", err=True)
+        raise typer.Exit(2)
     if ttl is not None and not 0 < ttl <= MAX_TOKEN_TTL_S:
         typer.echo(f"--ttl must be above 0 and at most {MAX_TOKEN_TTL_S} seconds (ten years), got {ttl}", err=True)
         raise typer.Exit(2)
@@ -355,6 +361,8 @@ def token_create(
 
         if kind == "worker":
             record, token = await TokenStore(db).issue("worker", subject=pool, ttl_s=ttl)
+        elif operator:
+            record, token = await TokenStore(db).issue("user", subject="levers9 token create --operator", ttl_s=ttl)
         else:
             ws = await WorkspaceStore(db).get_or_create(workspace)
             record, token = await TokenStore(db).issue(
