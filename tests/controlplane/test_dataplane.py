@@ -64,3 +64,36 @@ async def test_a_late_report_from_another_worker_frees_nothing_and_stores_nothin
         assert (result.status, result.result) == ("complete", b"right")
     finally:
         await dp.close()
+
+
+async def test_a_worker_that_comes_back_through_another_replica_has_its_calls_claimed_there(api: Api) -> None:
+    """Replica A dispatched a call and died; the worker registers with B saying what it runs, and B finishes it
+    as A would have: a failed attempt of a call with retries left is retried, not stored as the final error."""
+    from levers9.services import fleet
+
+    services = api.services
+    replica_a = DataPlane(services, Hub(services.redis, name="replica-a"))
+    replica_b = DataPlane(services, Hub(services.redis, name="replica-b"))
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await replica_a.get_or_create_stub(me, {"name": "flaky", "retries": 1}, b"pickled handler")
+    await api.worker("w1", "cpu")
+    [task_id] = await replica_a.submit(me, stub_id, [b"a"])
+    await services.scheduler.place_once()
+    try:
+        [dispatched] = await replica_a.take("w1")
+        assert dispatched.task_id == task_id
+        worker = Principal(token_id="w", kind=TokenKind.WORKER, workspace_id=None, subject="cpu")
+        done = await fleet.register(replica_b, worker, pool="cpu", worker_id="w1", gpus=[], cpu_millicores=0,
+                                    memory_mib=0, hostname="box", running=[task_id])  # fmt: skip
+        assert done.worker_id == "w1"  # its registration held: the same worker, still holding the call
+        await replica_b.report("w1", WorkerReport(outcomes=[TaskOutcome(task_id, "error", error="boom")]))
+
+        async def retried() -> bool:
+            task = await services.tasks.get(task_id)
+            return task is not None and task.status.value == "pending" and task.attempts == 1
+
+        await _until(retried)
+    finally:
+        await replica_a.close()
+        await replica_b.close()

@@ -85,6 +85,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             cpu_millicores=request.cpu_millicores,
             memory_mib=request.memory_mib,
             hostname=request.hostname,
+            running=list(request.running),
         )
         return worker_pb2.RegisterResponse(
             worker_id=done.worker_id,

@@ -339,6 +339,23 @@ class DataPlane:
     async def register_worker(self, info: WorkerInfo) -> None:
         await self.services.scheduler.register_worker(info)
 
+    async def claim(self, worker_id: str, task_ids: Sequence[str]) -> int:
+        """Track calls a worker that registered again says it runs, as if this replica had dispatched them.
+
+        Only unfinished tasks are claimed: one that ended meanwhile (cancelled, or finished through another
+        report) stays ended, and the worker's late result for it is ignored when stored. Returns how many
+        were claimed.
+        """
+        now = time.monotonic()
+        claimed = 0
+        for d in await self.calls.dispatch(list(task_ids)):
+            if d.status not in ("pending", "running"):
+                continue
+            if d.task_id not in self._running:
+                self._running[d.task_id] = _Running(d.stub_id, d.attempts, now, worker_id)
+            claimed += 1
+        return claimed
+
     async def take(self, worker_id: str, max_count: int = 256) -> list[Dispatch]:
         ids = await self.services.scheduler.take(worker_id, max_count)
         if not ids:

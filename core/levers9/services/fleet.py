@@ -118,8 +118,14 @@ async def register(
     cpu_millicores: int,
     memory_mib: int,
     hostname: str,
+    running: Sequence[str] = (),
 ) -> Registration:
-    """Register a worker of the token's pool (a reconnect of the same machine keeps its id)."""
+    """Register a worker of the token's pool (a reconnect of the same machine keeps its id).
+
+    ``running``: the calls the worker is still running, as it says when it comes back (to this replica or
+    another, after the one it talked to went away). They are claimed for it here, so this replica finishes
+    them as the one that dispatched them would have (retries included); they are not run again.
+    """
     services = dp.services
     spec, machine_id = await _pool_of(services, principal, pool)
     registry = services.scheduler.workers
@@ -148,6 +154,9 @@ async def register(
             worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
         )  # fmt: skip
     await dp.register_worker(info)
+    if kept and running:
+        claimed = await dp.claim(worker_id, running)
+        log.info("worker %s came back running %d calls; %d are still its own", worker_id, len(running), claimed)
     settings = services.loaded.runtime_settings.get(spec.name)
     log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, hostname)
     checkpoints = services.config.checkpoints
