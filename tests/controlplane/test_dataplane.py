@@ -97,3 +97,43 @@ async def test_a_worker_that_comes_back_through_another_replica_has_its_calls_cl
     finally:
         await replica_a.close()
         await replica_b.close()
+
+
+async def test_a_call_sent_into_a_breaking_session_goes_back_on_the_backlog_when_the_worker_returns(
+    api: Api,
+) -> None:
+    """Replica A took two calls off the worker's queue and died; only one reached the worker. When the worker
+    registers again, the one it does not hold is requeued (and its resources freed); the other stays its own."""
+    from levers9.services import fleet
+
+    services = api.services
+    replica_a = DataPlane(services, Hub(services.redis, name="replica-a"))
+    replica_b = DataPlane(services, Hub(services.redis, name="replica-b"))
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await replica_a.get_or_create_stub(me, {"name": "f", "cpu_millicores": 500}, b"pickled handler")
+    await api.worker("w1", "cpu")
+    got, lost = await replica_a.submit(me, stub_id, [b"a", b"b"])
+    await services.scheduler.place_once()
+    try:
+        assert sorted(d.task_id for d in await replica_a.take("w1")) == sorted([got, lost])
+        before = await services.scheduler.workers.get("w1")
+        assert before is not None
+        assert before.running == 2
+        worker = Principal(token_id="w", kind=TokenKind.WORKER, workspace_id=None, subject="cpu")
+        await fleet.register(replica_b, worker, pool="cpu", worker_id="w1", gpus=[], cpu_millicores=0,
+                             memory_mib=0, hostname="box", running=[got])  # fmt: skip
+        after = await services.scheduler.workers.get("w1")
+        assert after is not None
+        assert after.running == 1
+        [state_got, state_lost] = await services.scheduler.backlog.get_many([got, lost])
+        assert state_got is not None
+        assert (state_got.state, state_got.worker) == ("running", "w1")
+        assert state_lost is not None
+        assert state_lost.state in ("queued", "placed")
+        task = await services.tasks.get(lost)
+        assert task is not None
+        assert task.status.value == "pending"
+    finally:
+        await replica_a.close()
+        await replica_b.close()

@@ -362,6 +362,28 @@ class Scheduler:
             ctx.placer_wanted.set()
         return requeued
 
+    async def reclaim_worker(self, worker: str, held: Sequence[str]) -> list[str]:
+        """A worker registered again and said what it ``held``: requeue what it had taken but never got.
+
+        A replica that goes away mid-session may have taken requests off the worker's queue and sent them into
+        the breaking stream. The worker never saw them, so it does not list them, and without this they would
+        stay running on it forever. Returns the ids of ``held`` that are still the worker's.
+        """
+        ctx = self.ctx
+        ids, kept = await ctx.workers.reclaim(worker, held, now_ms=ctx.now_ms())
+        requeued: list[str] = []
+        for rid in ids:
+            try:
+                await ctx.tasks.requeue(rid, f"it was sent to worker {worker} by a replica that went away first")
+            except InvalidTransition:
+                await ctx.backlog.finish(rid, ctx.now_ms())
+                continue
+            requeued.append(rid)
+        if requeued:
+            log.warning("worker %s came back without %d requests sent to it; requeued them", worker, len(requeued))
+            ctx.placer_wanted.set()
+        return kept
+
     # ------------------------------------------------------------------ leader work
 
     async def plan_once(self) -> PassReport:

@@ -122,9 +122,10 @@ async def register(
 ) -> Registration:
     """Register a worker of the token's pool (a reconnect of the same machine keeps its id).
 
-    ``running``: the calls the worker is still running, as it says when it comes back (to this replica or
-    another, after the one it talked to went away). They are claimed for it here, so this replica finishes
-    them as the one that dispatched them would have (retries included); they are not run again.
+    ``running``: the calls the worker still holds (running, or with a result yet to be delivered), as it says
+    when it comes back (to this replica or another, after the one it talked to went away). They are claimed
+    for it here, so this replica finishes them as the one that dispatched them would have (retries included);
+    they are not run again. A call the worker was sent but never got goes back on the backlog.
     """
     services = dp.services
     spec, machine_id = await _pool_of(services, principal, pool)
@@ -154,9 +155,12 @@ async def register(
             worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
         )  # fmt: skip
     await dp.register_worker(info)
-    if kept and running:
-        claimed = await dp.claim(worker_id, running)
-        log.info("worker %s came back running %d calls; %d are still its own", worker_id, len(running), claimed)
+    if kept:
+        # what a replica took off its queue but it never got goes back on the backlog; what it holds is its own
+        still = await services.scheduler.reclaim_worker(worker_id, running)
+        if still:
+            claimed = await dp.claim(worker_id, still)
+            log.info("worker %s came back holding %d calls; %d are unfinished", worker_id, len(still), claimed)
     settings = services.loaded.runtime_settings.get(spec.name)
     log.info("worker %s registered for pool %s (%s)", worker_id, spec.name, hostname)
     checkpoints = services.config.checkpoints

@@ -87,6 +87,10 @@ class Outbox:
         self.results = [m for m in self.results if m.task_id != task_id]
         self.recent = deque((at, m) for at, m in self.recent if m.task_id != task_id)
 
+    def undelivered(self) -> list[str]:
+        """Task ids whose results are queued or were sent within the re-send window (so may not be stored)."""
+        return list(dict.fromkeys([*(m.task_id for m in self.results), *(m.task_id for _, m in self.recent)]))
+
     def resend_recent(self) -> None:
         pending = {id(m) for m in self.results}
         self.results.extend(m for _, m in self.recent if id(m) not in pending)

@@ -249,7 +249,7 @@ class WorkerProcess:
             runtime=self.runtime,
             hostname=socket.gethostname(),
             version=__version__,
-            running=list(self.inflight),
+            running=list(dict.fromkeys([*self.inflight, *self.outbox.undelivered()])),  # all it holds
             worker_id=self.worker_id,
         )
         response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)

@@ -19,6 +19,7 @@ NAMES = (
     "register",
     "heartbeat",
     "remove",
+    "reclaim",
     "drain",
     "cordon",
     "wake",

@@ -92,6 +92,14 @@ class WorkerRegistry:
         out = await self.scripts("remove", worker, now_ms, "1" if force else "0")
         return None if out is None else list(out)
 
+    async def reclaim(self, worker: str, held: Sequence[str], *, now_ms: int) -> tuple[list[str], list[str]]:
+        """Requeue what ``worker`` had taken but does not hold (see reclaim.lua).
+
+        Returns the requeued ids, and the ids of ``held`` that are still placed on or running on the worker.
+        """
+        requeued, kept = await self.scripts("reclaim", worker, now_ms, *held)
+        return [str(r) for r in requeued], [str(r) for r in kept]
+
     async def drain_if_idle(self, worker: str, *, now_ms: int, idle_ms: int) -> bool:
         """Stop placing on the worker if it has been idle for ``idle_ms``; True when it now drains."""
         return bool(await self.scripts("drain", worker, now_ms, idle_ms))
