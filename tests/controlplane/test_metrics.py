@@ -59,31 +59,45 @@ async def test_counters_and_histograms_show_with_their_labels() -> None:
     metrics.task_finished("error", 700.0)
 
     samples = await scrape(metrics)
-    assert value(samples, "levers9_placements_total", pool="cpu", gpu="cpu") == 3
-    assert value(samples, "levers9_placements_total", pool="gpu-l4", gpu="L4") == 3
+    assert value(samples, "levers9_placements_total", replica="local", pool="cpu", gpu="cpu") == 3
+    assert value(samples, "levers9_placements_total", replica="local", pool="gpu-l4", gpu="L4") == 3
 
-    assert value(samples, "levers9_provisioning_seconds_count", provider="local", outcome="ok") == 1
-    assert value(samples, "levers9_provisioning_seconds_sum", provider="local", outcome="ok") == 1.5
-    assert value(samples, "levers9_provisioning_seconds_bucket", provider="local", outcome="ok", le="1.0") == 0
-    assert value(samples, "levers9_provisioning_seconds_bucket", provider="local", outcome="ok", le="2.5") == 1
-    assert value(samples, "levers9_provisioning_seconds_count", provider="ec2", outcome="capacity") == 2
-    assert value(samples, "levers9_provisioning_seconds_sum", provider="ec2", outcome="capacity") == 70
-    assert value(samples, "levers9_provisioning_seconds_count", provider="ec2", outcome="ok") is None
+    assert value(samples, "levers9_provisioning_seconds_count", replica="local", provider="local", outcome="ok") == 1
+    assert value(samples, "levers9_provisioning_seconds_sum", replica="local", provider="local", outcome="ok") == 1.5
+    assert (
+        value(samples, "levers9_provisioning_seconds_bucket", replica="local", provider="local", outcome="ok", le="1.0")
+        == 0
+    )
+    assert (
+        value(samples, "levers9_provisioning_seconds_bucket", replica="local", provider="local", outcome="ok", le="2.5")
+        == 1
+    )
+    assert (
+        value(samples, "levers9_provisioning_seconds_count", replica="local", provider="ec2", outcome="capacity") == 2
+    )
+    assert value(samples, "levers9_provisioning_seconds_sum", replica="local", provider="ec2", outcome="capacity") == 70
+    assert value(samples, "levers9_provisioning_seconds_count", replica="local", provider="ec2", outcome="ok") is None
 
-    assert value(samples, "levers9_tasks_finished_total", status="complete") == 1
-    assert value(samples, "levers9_tasks_finished_total", status="error") == 1
-    assert value(samples, "levers9_task_duration_seconds_count", status="error") == 1
-    assert value(samples, "levers9_task_duration_seconds_sum", status="error") == 700
-    assert value(samples, "levers9_task_duration_seconds_bucket", status="error", le="300.0") == 0
-    assert value(samples, "levers9_task_duration_seconds_bucket", status="error", le="900.0") == 1
-    assert value(samples, "levers9_task_duration_seconds_bucket", status="complete", le="+Inf") == 1
+    assert value(samples, "levers9_tasks_finished_total", replica="local", status="complete") == 1
+    assert value(samples, "levers9_tasks_finished_total", replica="local", status="error") == 1
+    assert value(samples, "levers9_task_duration_seconds_count", replica="local", status="error") == 1
+    assert value(samples, "levers9_task_duration_seconds_sum", replica="local", status="error") == 700
+    assert value(samples, "levers9_task_duration_seconds_bucket", replica="local", status="error", le="300.0") == 0
+    assert value(samples, "levers9_task_duration_seconds_bucket", replica="local", status="error", le="900.0") == 1
+    assert value(samples, "levers9_task_duration_seconds_bucket", replica="local", status="complete", le="+Inf") == 1
 
 
 async def test_each_metrics_object_has_its_own_registry() -> None:
     first, second = Metrics(), Metrics()
     first.placed("cpu", None)
-    assert first.registry.get_sample_value("levers9_placements_total", {"pool": "cpu", "gpu": "cpu"}) == 1
-    assert second.registry.get_sample_value("levers9_placements_total", {"pool": "cpu", "gpu": "cpu"}) is None
+    assert (
+        first.registry.get_sample_value("levers9_placements_total", {"replica": "local", "pool": "cpu", "gpu": "cpu"})
+        == 1
+    )
+    assert (
+        second.registry.get_sample_value("levers9_placements_total", {"replica": "local", "pool": "cpu", "gpu": "cpu"})
+        is None
+    )
 
 
 async def test_refresh_reads_the_backlog_and_the_workers_from_redis(api: Api) -> None:
@@ -91,6 +105,7 @@ async def test_refresh_reads_the_backlog_and_the_workers_from_redis(api: Api) ->
     scheduler = services.scheduler
     a, _ = await api.user("team-a")
     metrics = Metrics()
+    assert await scheduler.lease.acquire()  # only the lease holder exports the cluster-wide series
 
     await metrics.refresh(services)
     samples = await scrape(metrics)
@@ -192,7 +207,9 @@ async def test_provider_calls_are_timed_by_outcome(services: Services) -> None:
 
     samples = await scrape(metrics)
     counts = {
-        outcome: value(samples, "levers9_provisioning_seconds_count", provider="local", outcome=outcome)
+        outcome: value(
+            samples, "levers9_provisioning_seconds_count", replica="local", provider="local", outcome=outcome
+        )
         for outcome in ("ok", "capacity", "quota", "throttled", "timeout", "error", "cancelled")
     }
     assert counts == {"ok": 1, "capacity": 1, "quota": 1, "throttled": 2, "timeout": 1, "error": 2, "cancelled": 1}

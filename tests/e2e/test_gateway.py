@@ -146,7 +146,8 @@ def _scrape(up: Up) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
     text = httpx.get(f"http://127.0.0.1:{up.metrics_port}/metrics").text
     return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        # the replica label (a generated name per process) is left out: one replica runs here
+        (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "replica"))): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }

@@ -155,3 +155,41 @@ async def test_the_running_scheduler_starts_a_machine_and_places_on_it(make_harn
     await eventually(placed, "the placement loop to place the request on the new worker")
     await s.stop()
     assert s._runner is None
+
+
+async def test_a_replica_starting_beside_a_live_one_requeues_no_task_whose_worker_is_alive(
+    make_harness: MakeHarness, redis_server: str, tmp_path: Path
+) -> None:
+    """A rolling restart: replica B starts while A's worker runs calls. A call that just finished in Redis
+    (its SQL row still says running, for a moment) is not run again; one whose worker is gone is."""
+    redis = connect(redis_server)
+    await redis.flushall()
+    h = await make_harness([("cpu",)], database_url=f"sqlite:///{tmp_path / 'levers9.db'}", redis=redis)
+    a = h.scheduler()
+    live, gone = WorkerInfo("w-live", "cpu", 1000, 1024), WorkerInfo("w-gone", "cpu", 1000, 1024)
+    for w in (live, gone):
+        await a.register_worker(w)
+    requests = [h.request(None, cpu_millicores=1000) for _ in range(2)]
+    await a.submit_many(requests)
+    placed = {p.worker: p.request for p in (await a.place_once()).placed}
+    assert set(placed) == {"w-live", "w-gone"}
+    tasks = TaskStore(h.db)
+    for worker, rid in placed.items():
+        assert await a.take(worker) == [rid]
+        await tasks.set_running(rid, worker, f"c-{rid}")
+    now_ms = a.ctx.now_ms()
+    await a.backlog.finish(placed["w-live"], now_ms)  # done in Redis; SQL hears a moment later
+    await a.backlog.finish(placed["w-gone"], now_ms)  # and this one's worker stops reporting
+    await redis.delete(f"{a.ctx.workers.prefix}alive:w-gone")
+    b = h.scheduler()
+    try:
+        report = await b.rebuild()
+        assert report.requeued_running == 1
+        live_task, gone_task = await tasks.get(placed["w-live"]), await tasks.get(placed["w-gone"])
+        assert live_task is not None
+        assert gone_task is not None
+        assert (live_task.status, gone_task.status) == ("running", "pending")
+    finally:
+        await b.stop()
+        await a.stop()
+        await redis.aclose()

@@ -5,6 +5,11 @@ SQL before any listener opens, so the first worker that reconnects after a
 restart finds its tasks already queued. Shutdown runs the other way: the
 listeners stop taking calls (in-flight ones get ``grace_s`` to finish), then
 the scheduler and the stores close.
+
+With ``listen.tls`` every listener (gRPC, HTTP, metrics) serves TLS with one
+certificate, re-read when its files change (:mod:`levers9.controlplane.tls`).
+Without it the listeners are plain text, which is refused on an address other
+machines can reach unless ``listen.plaintext`` says so.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,6 +32,8 @@ import uvicorn
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
+from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMiddleware
+from levers9.controlplane.tls import ListenerTls, check_plaintext
 from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
 from levers9.gateway.upstream import Upstream
@@ -38,6 +46,7 @@ from levers9.services.metrics import Metrics
 
 if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
+    from levers9.config.model import TlsConfig
 
 __all__ = ["GRPC_OPTIONS", "Listeners", "Server", "serve"]
 
@@ -61,19 +70,31 @@ class Listeners:
     grpc_port: int
     http_port: int
     metrics_port: int
+    #: ``listen.tls``: every listener serves TLS with it; None: plain text
+    tls: TlsConfig | None = None
+    #: ``listen.plaintext``: plain text allowed on a non-loopback host
+    plaintext: bool = False
+    #: ``listen.advertise``: the addresses workers dial, when this host's own is not the one
+    advertise: tuple[str, ...] = field(default=())
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> Listeners:
         listen = loaded.config.listen
-        return cls(listen.host, listen.grpc_port, listen.http_port, listen.metrics_port)
+        return cls(listen.host, listen.grpc_port, listen.http_port, listen.metrics_port,
+                   tls=listen.tls, plaintext=listen.plaintext, advertise=tuple(listen.advertise))  # fmt: skip
 
     def advertised_grpc(self) -> str:
-        """The URL workers dial: ``$LEVERS9_ADVERTISE_URL``, else this host and the gRPC port."""
+        """The address(es) workers dial: ``listen.advertise`` (comma-joined), else ``$LEVERS9_ADVERTISE_URL``,
+        else this host and the gRPC port, ``grpcs://`` with TLS and ``grpc://`` without."""
+        if self.advertise:
+            return ",".join(self.advertise)
         explicit = os.environ.get("LEVERS9_ADVERTISE_URL")
         if explicit:
             return explicit
         host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-        return f"grpc://{host}:{self.grpc_port}"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'grpcs' if self.tls is not None else 'grpc'}://{host}:{self.grpc_port}"
 
 
 class _Uvicorn(uvicorn.Server):
@@ -82,6 +103,21 @@ class _Uvicorn(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+class _UvicornConfig(uvicorn.Config):
+    """uvicorn's config with a context of ours: one that follows certificate renewals, which the context
+    uvicorn builds from ``ssl_certfile`` would not. Set after ``load()`` (every uvicorn version builds its own
+    there); uvicorn hands ``config.ssl`` to the event loop's ``create_server``."""
+
+    def __init__(self, app: Any, *, ssl_context: ssl.SSLContext | None, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._ssl_context = ssl_context
+
+    def load(self) -> None:
+        super().load()
+        if self._ssl_context is not None:
+            self.ssl = self._ssl_context
 
 
 class Server:
@@ -97,26 +133,39 @@ class Server:
         self.dataplane: DataPlane | None = None
         self.serving: ServingAutoscaler | None = None
         self.upstream: Upstream | None = None
+        #: the listeners' certificate, with ``listen.tls``
+        self.tls: ListenerTls | None = None
 
     async def start(self) -> None:
         ls = self.listeners
-        services = self.services = await open_services(self.loaded, controlplane_url=ls.advertised_grpc())
+        # Before anything opens: a controlplane that may not (or cannot) serve must not start machines.
+        check_plaintext(ls.host, ls.tls, ls.plaintext)
+        self.tls = ListenerTls(ls.tls) if ls.tls is not None else None
+        ca = self.tls.ca_pem if self.tls is not None else ""
+        services = self.services = await open_services(
+            self.loaded, controlplane_url=ls.advertised_grpc(), controlplane_ca=ca
+        )
         try:
+            self.metrics.replica = services.scheduler.name  # the name its planner lease uses
             services.scheduler.ctx.on_provisioned = self.metrics.provisioned
+            services.scheduler.ctx.on_event = self.metrics.scheduler_event
             self.hub = Hub(services.redis, name=services.scheduler.name)
             self.dataplane = DataPlane(services, self.hub, self.metrics)
             self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
             self.upstream = Upstream()
             # The port is taken before anything starts: a controlplane that cannot listen must not
             # have begun provisioning machines for its pools.
-            server = grpc.aio.server(options=GRPC_OPTIONS)
+            server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[GrpcMetricsInterceptor(self.metrics)])
             add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
             add_api(ControlPlaneService(self.dataplane), server)
             add_worker(WorkerService(self.dataplane), server)
             address = f"{ls.host}:{ls.grpc_port}"
             try:
-                bound = server.add_insecure_port(address)
+                if self.tls is not None:
+                    bound = server.add_secure_port(address, self.tls.grpc_credentials())
+                else:
+                    bound = server.add_insecure_port(address)
             except RuntimeError:  # grpc raises this for a port another process holds
                 bound = 0
             if bound == 0:
@@ -132,9 +181,12 @@ class Server:
                                  create_http_app(services, metrics=self.metrics, dataplane=self.dataplane),
                                  metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
-            for app, port in ((gateway, ls.http_port),
+            for app, port in ((HttpMetricsMiddleware(gateway, self.metrics), ls.http_port),
                               (self.metrics.asgi_app(), ls.metrics_port)):  # fmt: skip
-                http = _Uvicorn(uvicorn.Config(app, host=ls.host, port=port, log_level="warning", lifespan="off"))
+                context = self.tls.ssl_context() if self.tls is not None else None
+                config = _UvicornConfig(app, ssl_context=context, host=ls.host, port=port, log_level="warning",
+                                        lifespan="off")  # fmt: skip
+                http = _Uvicorn(config)
                 self._http.append(http)
                 self._tasks.append(asyncio.create_task(http.serve(), name=f"http :{port}"))
             while not all(h.started for h in self._http):
@@ -151,8 +203,9 @@ class Server:
         # of the collector's full passes, which would otherwise walk it all and stall every request for
         # tens of milliseconds a few times a second under load.
         gc.freeze()
-        log.info("levers9 controlplane listening: gRPC %s:%d, HTTP :%d, metrics :%d",
-                 ls.host, ls.grpc_port, ls.http_port, ls.metrics_port)  # fmt: skip
+        log.info("levers9 controlplane listening%s: gRPC %s:%d, HTTP :%d, metrics :%d",
+                 " over TLS" if self.tls is not None else "", ls.host, ls.grpc_port, ls.http_port,
+                 ls.metrics_port)  # fmt: skip
 
     async def _refresh_metrics(self) -> None:
         while True:

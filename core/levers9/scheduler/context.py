@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from levers9.backoff import delay_s
+from levers9.scheduler.events import SchedulerEvent
 
 if TYPE_CHECKING:
     from levers9.config.model import SchedulerConfig
@@ -35,6 +37,8 @@ class Context:
     tokens: TokenStore
     #: where provisioned workers dial
     controlplane_url: str
+    #: PEM CA bundle the workers verify the controlplane with (``listen.tls.ca_file``); empty: system trust
+    controlplane_ca: str = ""
     clock: Callable[[], float] = time.time
     #: set to make the placement loop run now rather than at its next tick
     placer_wanted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -43,6 +47,16 @@ class Context:
     #: told (provider, seconds, outcome) after every provider call that starts a machine; outcomes are
     #: ok, capacity, quota, throttled, timeout, error and cancelled (see :mod:`levers9.scheduler.provisioning`)
     on_provisioned: Callable[[str, float, str], None] | None = None
+    #: told of requeues, lost workers, terminated machines and provider calls (see :mod:`levers9.scheduler.events`)
+    on_event: Callable[[SchedulerEvent], None] | None = None
+
+    def emit(self, event: SchedulerEvent) -> None:
+        """Tell :attr:`on_event`; an observer that fails is logged, never lets the scheduler fail."""
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                logging.getLogger(__name__).exception("the scheduler's event observer failed on %s", event)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

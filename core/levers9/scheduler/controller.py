@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from levers9.hooks.types import MachineState
+from levers9.scheduler import events
 from levers9.scheduler.context import Context
 from levers9.scheduler.planner import ACTIVE, STARTING
 from levers9.scheduler.pools import PoolSpec
@@ -76,7 +77,9 @@ class PoolController:
         for m in machines:
             overdue = m.register_by is not None and m.register_by.timestamp() <= now_s
             if m.state in STARTING and m.id not in in_flight and overdue:
-                if await self.provisioner.terminate(pool, m.id, m.provider_id, "its worker never registered"):
+                if await self.provisioner.terminate(
+                    pool, m.id, m.provider_id, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
+                ):
                     await ctx.machines.delete(m.id)
                 report.timed_out.append(m.id)
 
@@ -84,7 +87,9 @@ class PoolController:
         registered = await ctx.workers.ids(pool.name)
         for m in machines:
             gone = m.state == "running" and m.worker_id and m.worker_id not in registered
-            if gone and await self.provisioner.terminate(pool, m.id, m.provider_id, "its worker stopped reporting"):
+            if gone and await self.provisioner.terminate(
+                pool, m.id, m.provider_id, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
+            ):
                 report.released.append(m.id)
 
         machines = await ctx.machines.list(pool=pool.name, states=list(ACTIVE))
@@ -110,7 +115,9 @@ class PoolController:
             if not await ctx.workers.drain_if_idle(w.info.id, now_ms=now_ms, idle_ms=idle_ms):
                 continue
             m = by_worker[w.info.id]
-            if await self.provisioner.terminate(pool, m.id, m.provider_id, f"idle for {pool.idle_timeout_s:g} s"):
+            if await self.provisioner.terminate(
+                pool, m.id, m.provider_id, f"idle for {pool.idle_timeout_s:g} s", kind=events.TERMINATED_IDLE
+            ):
                 await ctx.workers.remove(w.info.id, now_ms=now_ms, force=True)
                 report.released.append(m.id)
                 spare -= 1
@@ -119,7 +126,12 @@ class PoolController:
 
     async def _reconcile_pool(self, pool: PoolSpec, report: UpkeepReport) -> None:
         ctx = self.ctx
-        listed = await ctx.hooks.list_machines(pool.pool)
+        try:
+            listed = await ctx.hooks.list_machines(pool.pool)
+        except Exception as exc:
+            ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines", type(exc).__name__))
+            raise
+        ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines"))
         records = {m.id: m for m in await ctx.machines.list(pool=pool.name)}
         active = {mid for mid, m in records.items() if m.state in ACTIVE}
         in_flight = self.provisioner.in_flight
@@ -137,7 +149,7 @@ class PoolController:
             why = "levers9 has no record of it" if machine.machine_id not in records else "its record is closed"
             log.warning("pool %s: machine %s (%s) is running but %s; terminating it",
                         pool.name, machine.provider_id, machine.machine_id or "untagged", why)  # fmt: skip
-            if await self.provisioner.terminate(pool, None, machine.provider_id, why):
+            if await self.provisioner.terminate(pool, None, machine.provider_id, why, kind=events.TERMINATED_ORPHAN):
                 report.orphans.append(machine.provider_id)
         for mid in active - seen - in_flight:
             m = records[mid]
@@ -146,8 +158,13 @@ class PoolController:
             log.warning("pool %s: machine %s (%s) is gone from the provider", pool.name, mid, m.provider_id)
             await ctx.machines.set_state(mid, "terminated", error="the provider no longer lists it")
             await ctx.tokens.revoke_subject(mid)
+            ctx.emit(events.MachineTerminated(pool.name, events.TERMINATED_VANISHED))
             if m.worker_id:
                 requeued = await ctx.workers.remove(m.worker_id, now_ms=ctx.now_ms(), force=True)
+                if requeued is not None:
+                    ctx.emit(events.WorkerLost(pool.name, events.LOST_MACHINE_VANISHED))
                 for rid in requeued or []:
                     await ctx.tasks.requeue(rid, f"machine {mid} disappeared from the provider")
+                if requeued:
+                    ctx.emit(events.Requeued(events.REQUEUE_MACHINE_VANISHED, len(requeued)))
             report.vanished.append(mid)

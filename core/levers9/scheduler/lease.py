@@ -42,3 +42,10 @@ class Lease:
 
     async def release(self) -> None:
         await self._release(keys=[self.key], args=[self.holder])
+
+    async def held(self) -> bool:
+        """Whether this replica holds the lease right now, read without taking or renewing it."""
+        holder = await self.redis.get(self.key)
+        if isinstance(holder, bytes):
+            holder = holder.decode()
+        return holder == self.holder

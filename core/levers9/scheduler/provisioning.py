@@ -33,6 +33,7 @@ from levers9.hooks.errors import (
     Throttled,
 )
 from levers9.hooks.types import Machine, ProvisionRequest
+from levers9.scheduler import events
 from levers9.scheduler.context import Context
 from levers9.scheduler.pools import PoolSpec
 
@@ -84,6 +85,7 @@ class Provisioner:
             machine_id=machine.id,
             token=token,
             controlplane_url=ctx.controlplane_url,
+            controlplane_ca=ctx.controlplane_ca,
             region=pool.pool.region,
         )
         task = asyncio.create_task(self._provision(pool, machine.id, request), name=f"provision {machine.id}")
@@ -132,9 +134,12 @@ class Provisioner:
         try:
             machine = await ctx.hooks.provision(request, timeout=ctx.settings.provision_timeout_s)
             outcome = "ok"
+            ctx.emit(events.ProviderCalled(pool.pool.provider, "provision"))
             return machine
         except BaseException as exc:
             outcome = _outcome(exc)
+            if isinstance(exc, Exception):
+                ctx.emit(events.ProviderCalled(pool.pool.provider, "provision", type(exc).__name__))
             raise
         finally:
             if ctx.on_provisioned is not None:
@@ -165,8 +170,19 @@ class Provisioner:
         finally:
             ctx.planner_wanted.set()
 
-    async def terminate(self, pool: PoolSpec, machine_id: str | None, provider_id: str | None, why: str) -> bool:
-        """Stop a machine (idempotent); True when the provider confirmed or there was nothing to stop."""
+    async def terminate(
+        self,
+        pool: PoolSpec,
+        machine_id: str | None,
+        provider_id: str | None,
+        why: str,
+        *,
+        kind: str = events.TERMINATED_OTHER,
+    ) -> bool:
+        """Stop a machine (idempotent); True when the provider confirmed or there was nothing to stop.
+
+        ``kind`` (a ``TERMINATED_*`` value of :mod:`levers9.scheduler.events`) is what the stop is counted as.
+        """
         ctx = self.ctx
         log.info("terminating machine %s (%s) in pool %s: %s", machine_id or "-", provider_id or "-", pool.name, why)
         if machine_id is not None:
@@ -175,13 +191,16 @@ class Provisioner:
             try:
                 await ctx.hooks.terminate(pool.pool, provider_id)
             except Exception as exc:
+                ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate", type(exc).__name__))
                 log.warning("pool %s: terminating %s failed, will retry: %s", pool.name, provider_id, exc)
                 if machine_id is not None:
                     await ctx.machines.set_state(machine_id, "terminating", error=f"terminate failed: {exc}")
                 return False
+            ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate"))
         if machine_id is not None:
             await ctx.machines.set_state(machine_id, "terminated")
             await ctx.tokens.revoke_subject(machine_id)
+        ctx.emit(events.MachineTerminated(pool.name, kind))
         return True
 
     async def close(self) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from levers9.config.model import SchedulerConfig
+from levers9.scheduler import events
 from levers9.scheduler.availability import Unavailable
 from levers9.scheduler.candidates import NoPoolOffers, candidates, groups
 from levers9.scheduler.context import Context
@@ -69,6 +70,7 @@ class Scheduler:
         pools: dict[str, PoolSpec],
         settings: SchedulerConfig | None = None,
         controlplane_url: str = "grpc://127.0.0.1:1993",
+        controlplane_ca: str = "",
         prefix: str = "l9:",
         clock: Callable[[], float] = time.time,
         name: str | None = None,
@@ -88,6 +90,7 @@ class Scheduler:
             machines=MachineStore(db),
             tokens=TokenStore(db),
             controlplane_url=controlplane_url,
+            controlplane_ca=controlplane_ca,
             clock=clock,
         )
         self.provisioner = Provisioner(self.ctx)
@@ -185,6 +188,8 @@ class Scheduler:
         report = RebuildReport()
         pending = []
         unfinished = await self.ctx.tasks.unfinished()
+        registered = await self.ctx.workers.ids()
+        alive = set(registered) - set(await self.ctx.workers.silent()) if registered else set()
         for start in range(0, len(unfinished), 500):
             chunk = unfinished[start : start + 500]
             known = await self.backlog.get_many([t.id for t in chunk])
@@ -192,7 +197,14 @@ class Scheduler:
                 if state is not None:
                     continue
                 if task.status == "running":
-                    await self.ctx.tasks.requeue(task.id, "the controlplane restarted and lost track of its worker")
+                    if task.worker_id and task.worker_id in alive:
+                        # another replica runs this cluster: the task finished in Redis a moment ago and SQL
+                        # has yet to hear, or its worker still holds it and will report it
+                        continue
+                    try:
+                        await self.ctx.tasks.requeue(task.id, "the controlplane restarted and lost track of its worker")
+                    except InvalidTransition:
+                        continue  # it finished between the two reads
                     report.requeued_running += 1
                 else:
                     report.requeued_pending += 1
@@ -205,6 +217,8 @@ class Scheduler:
                     await self.ctx.tasks.finish(task.id, "error", error=f"its stored request is unreadable: {exc}")
                     report.failed += 1
         await self.backlog.enqueue(pending)
+        if report.requeued_running:
+            self.ctx.emit(events.Requeued(events.REQUEUE_RESTART, report.requeued_running))
         if pending:
             log.info("rebuilt the backlog from SQL: %s", report)
         self.ctx.placer_wanted.set()
@@ -325,6 +339,7 @@ class Scheduler:
             await ctx.tasks.finish(request_id, "error", error=f"{reason}; cannot run it again: {exc}")
             return False
         await ctx.backlog.enqueue([queued])
+        ctx.emit(events.Requeued(events.REQUEUE_ATTEMPT_FAILED))
         ctx.placer_wanted.set()
         return True
 
@@ -347,6 +362,8 @@ class Scheduler:
         if ids is None:
             return []
         log.warning("worker %s %s; requeued %d requests", worker, why, len(ids))
+        if state is not None:
+            ctx.emit(events.WorkerLost(state.info.pool, events.LOST_LEFT if force else events.LOST_KEEPALIVE))
         requeued: list[str] = []
         for rid in ids:
             try:
@@ -356,6 +373,8 @@ class Scheduler:
                 await ctx.backlog.finish(rid, ctx.now_ms())
                 continue
             requeued.append(rid)
+        if requeued:
+            ctx.emit(events.Requeued(events.REQUEUE_WORKER_LOST, len(requeued)))
         if state is not None and state.info.machine_id:
             ctx.planner_wanted.set()
         if requeued:

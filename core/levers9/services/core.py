@@ -68,8 +68,14 @@ class Services:
             self.managed_redis.stop()
 
 
-async def open_services(loaded: LoadedConfig, *, controlplane_url: str, prefix: str = "l9:") -> Services:
-    """Open the database (migrating it), connect Redis (embedded when no URL is configured) and build the stores."""
+async def open_services(
+    loaded: LoadedConfig, *, controlplane_url: str, controlplane_ca: str = "", prefix: str = "l9:"
+) -> Services:
+    """Open the database (migrating it), connect Redis (embedded when no URL is configured) and build the stores.
+
+    ``controlplane_url`` and ``controlplane_ca`` (PEM; empty: the system trust store) go to every machine
+    the scheduler starts: where its worker dials and what verifies the controlplane's certificate.
+    """
     config = loaded.config
     from levers9.config.data_dir import secure_data_dir
 
@@ -102,6 +108,7 @@ async def open_services(loaded: LoadedConfig, *, controlplane_url: str, prefix: 
             pools=pool_specs(loaded),
             settings=config.scheduler,
             controlplane_url=controlplane_url,
+            controlplane_ca=controlplane_ca,
             prefix=prefix,
         )
     except BaseException:

@@ -398,6 +398,8 @@ class LocalProvider:
                 "LEVERS9_DISCONNECT_EXIT_S": str(DISCONNECT_EXIT_S),
             }
         )
+        if request.controlplane_ca:  # PEM text the worker verifies the controlplane's certificate with
+            env["LEVERS9_CONTROLPLANE_CA"] = request.controlplane_ca
         return env
 
 
