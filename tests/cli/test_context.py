@@ -240,8 +240,10 @@ def test_context_module_imports_only_the_standard_library_and_yaml() -> None:
             else []
         )
     }
-    # levers9.files (the one atomic write) imports only the standard library itself
-    allowed = set(sys.stdlib_module_names) | {"__future__", "yaml", "levers9.hooks.errors", "levers9.files"}
+    # levers9.files (the one atomic write) and levers9.proto.target (address lists) import only the standard library
+    allowed = set(sys.stdlib_module_names) | {
+        "__future__", "yaml", "levers9.hooks.errors", "levers9.files", "levers9.proto.target"
+    }  # fmt: skip
     assert {name for name in imported if name.split(".")[0] not in allowed and name not in allowed} == set()
 
 
@@ -281,6 +283,8 @@ def test_cli_add_list_use_remove(home: Path) -> None:
         "http": "http://x:1994",
         "workspace": "",
         "token": True,
+        "ca_file": "",
+        "reconnect_s": 120.0,
     }
 
     result = runner.invoke(app, ["context", "use", "local"])

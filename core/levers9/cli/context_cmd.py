@@ -7,11 +7,15 @@ a person debugging "unauthenticated" needs, without putting the secret on screen
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import typer
 
 from levers9.cli.output import Col, err, out, print_json, print_table
+
+#: the default of --reconnect-s (levers9.sdk.context.DEFAULT_RECONNECT_S, not imported here: the CLI starts lazily)
+DEFAULT_RECONNECT_S = 120.0
 
 app = typer.Typer(help="Manage client contexts: which controlplane commands and the SDK talk to.", no_args_is_help=True)
 
@@ -36,6 +40,8 @@ def list_contexts(as_json: bool = typer.Option(False, "--json", help="Print JSON
                     "http": c.http,
                     "workspace": c.workspace,
                     "token": bool(c.token),
+                    "ca_file": c.ca_file,
+                    "reconnect_s": c.reconnect_s,
                 }
                 for c in rows
             ]
@@ -70,14 +76,26 @@ def use(name: str = typer.Argument(..., help="The context to make current.")) ->
 def add(
     name: str = typer.Argument(..., help="A name for the controlplane, e.g. 'local' or 'team'."),
     grpc: str = typer.Option(
-        ..., "--grpc", help="The controlplane's gRPC address: HOST:PORT, or grpcs://HOST[:PORT] for TLS."
+        ...,
+        "--grpc",
+        help="The controlplane's gRPC address: HOST:PORT, or grpcs://HOST[:PORT] for TLS; "
+        "every replica's, comma-separated, when there are several.",
     ),
     token: str = typer.Option(..., "--token", help="The API token; '-' reads it from standard input."),
     http: str = typer.Option("", "--http", help="The controlplane's HTTP URL, e.g. http://127.0.0.1:1994."),
     workspace: str = typer.Option("", "--workspace", help="The token's workspace, for display."),
+    ca_file: str = typer.Option(
+        "", "--ca-file", help="PEM CA bundle that verifies the controlplane's certificate (default: system CAs)."
+    ),
+    reconnect_s: float = typer.Option(
+        DEFAULT_RECONNECT_S, "--reconnect-s", help="Seconds a call keeps trying to reach any replica before failing."
+    ),
 ) -> None:
     """Add or replace a context and make it current."""
     from levers9.sdk.context import Context, ContextError, save_context
+
+    if ca_file:
+        ca_file = str(Path(ca_file).expanduser().resolve())  # the SDK may run from any directory
 
     if token == "-":
         # Keeps the token out of shell history and the process list.
@@ -86,7 +104,9 @@ def add(
             err.print("error: no token on standard input", markup=False)
             raise typer.Exit(1)
     try:
-        path = save_context(Context(name=name, grpc=grpc, http=http, token=token, workspace=workspace))
+        context = Context(name=name, grpc=grpc.strip(), http=http, token=token, workspace=workspace,
+                          ca_file=ca_file, reconnect_s=reconnect_s)  # fmt: skip
+        path = save_context(context)
     except ContextError as exc:
         _fail(exc)
     out.print(f"context {name!r} saved in {path}; it is now current", markup=False)

@@ -61,14 +61,17 @@ def _load(config: Path | None) -> LoadedConfig:
 
 def _listeners(loaded: LoadedConfig, host: str | None, grpc_port: int | None, http_port: int | None,
                metrics_port: int | None) -> Listeners:  # fmt: skip
+    import dataclasses
+
     from levers9.controlplane.server import Listeners
 
     base = Listeners.from_config(loaded)
-    return Listeners(
-        host or base.host,
-        base.grpc_port if grpc_port is None else grpc_port,
-        base.http_port if http_port is None else http_port,
-        base.metrics_port if metrics_port is None else metrics_port,
+    return dataclasses.replace(
+        base,
+        host=host or base.host,
+        grpc_port=base.grpc_port if grpc_port is None else grpc_port,
+        http_port=base.http_port if http_port is None else http_port,
+        metrics_port=base.metrics_port if metrics_port is None else metrics_port,
     )
 
 
@@ -102,7 +105,10 @@ def server(
 
 def worker(
     controlplane: str | None = typer.Option(
-        None, "--controlplane", help="grpc://HOST:PORT to dial ($LEVERS9_CONTROLPLANE_URL)."
+        None,
+        "--controlplane",
+        help="grpc://HOST:PORT to dial, or every replica's, comma-separated "
+        "($LEVERS9_CONTROLPLANE_URL); grpcs:// verifies with $LEVERS9_CONTROLPLANE_CA[_FILE], else the system CAs.",
     ),
     pool: str | None = typer.Option(None, "--pool", help="Pool to serve ($LEVERS9_POOL); a machine token implies it."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPU cores to offer (default: what the pool says)."),
@@ -149,6 +155,13 @@ def worker(
             f"levers9 worker: missing {', '.join(missing)}: set $LEVERS9_CONTROLPLANE_URL and $LEVERS9_TOKEN", err=True
         )
         raise typer.Exit(2)
+    from levers9.proto.target import TargetError, parse_targets
+
+    try:
+        parse_targets(values["controlplane"])
+    except TargetError as exc:
+        typer.echo(f"levers9 worker: --controlplane / $LEVERS9_CONTROLPLANE_URL: {exc}", err=True)
+        raise typer.Exit(2) from None
     values.setdefault("state_dir", default_state_dir(values.get("machine_id", "")))
     options = WorkerOptions(**values)
     plugins = PluginSet(PluginPolicy.from_env())
@@ -246,15 +259,20 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> 
         path = save_context(
             Context(
                 name=context_name,
-                grpc=f"{host}:{listeners.grpc_port}",
-                http=f"http://{host}:{listeners.http_port}",
+                grpc=f"{'grpcs://' if listeners.tls else ''}{host}:{listeners.grpc_port}",
+                http=f"{'https' if listeners.tls else 'http'}://{host}:{listeners.http_port}",
                 token=token,
                 workspace=workspace,
+                # the CA that verifies this controlplane, for the SDK and CLI (none: the system trust store)
+                ca_file=str(Path(listeners.tls.ca_file).expanduser().absolute())
+                if listeners.tls is not None and listeners.tls.ca_file
+                else "",
             )
         )
         pools = ", ".join(f"{s.name} ({s.pool.provider}/{s.pool.runtime})" for s in server.services.pools.values())
         typer.echo(
-            f"levers9 is up: gRPC {host}:{listeners.grpc_port}, HTTP http://{host}:{listeners.http_port}/api/v1, "
+            f"levers9 is up: gRPC {host}:{listeners.grpc_port}, "
+            f"HTTP {'https' if listeners.tls else 'http'}://{host}:{listeners.http_port}/api/v1, "
             f"metrics :{listeners.metrics_port}\n"
             f"pools: {pools or 'none'}\n"
             f"context {context_name!r} (workspace {workspace}) written to {path}\n"

@@ -10,10 +10,16 @@ the remote traceback (and the caller's own source lines) as its cause.
 Invariants: arguments over the inline limit travel as a stored blob named by
 reference (:func:`outgoing`) and a result stored that way is fetched back
 (:func:`incoming`), so callers only ever see whole payloads. Tasks live in
-SQL, so a watch broken by a controlplane restart (UNAVAILABLE, INTERNAL,
-UNKNOWN) is opened again for the tasks not yet seen, backing off from 0.2 s to
-5 s (:mod:`levers9.backoff`), for at most :data:`RECONNECT_S` without news;
+the SQL and Redis every replica shares, so a watch broken by a controlplane
+restart or a replica's death (UNAVAILABLE, INTERNAL, UNKNOWN) is opened again,
+on the next replica, for the tasks not yet seen, until the context's
+``reconnect_s`` passes without reaching any replica (:mod:`levers9.sdk.client`);
 every other gRPC error is translated into the SDK's own errors.
+
+Exactly once: a submission (``Invoke``, ``Submit``, ``SubmitAndWatch``) is
+sent once; when its stream breaks after the task ids came, the calls are
+followed by id (never submitted again); when it breaks before, the call fails
+with ControlPlaneError (it may or may not have been stored).
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ from levers9.sdk.client import Client, translate
 from levers9.sdk.errors import CallCancelled, CallTimeout, RemoteError, RemoteTraceback
 
 __all__ = [
-    "RECONNECT_S",
     "FunctionCall",
     "incoming",
     "invoke",
@@ -48,11 +53,8 @@ __all__ = [
 
 R = TypeVar("R")
 
-#: how long a watch keeps reconnecting to a controlplane that went away (a restart, a failover)
-RECONNECT_S = 120.0
-#: the first wait before a broken watch is opened again, and the longest
-_RECONNECT_INITIAL_S = 0.2
-_RECONNECT_CAP_S = 5.0
+#: the codes of a watch broken by its replica going away, rather than refused by a live one
+_BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
 _DYNAMIC = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (.+)$')
 
@@ -134,37 +136,34 @@ class FunctionCall(Generic[R]):
 
 
 async def watch(client: Client, task_ids: Sequence[str]) -> AsyncIterator[controlplane_pb2.TaskEvent]:
-    """Outcomes of ``task_ids`` as they finish, riding out a controlplane restart.
+    """Outcomes of ``task_ids`` as they finish, riding out a controlplane restart or a replica's death.
 
-    Tasks live in SQL, so a watch that breaks because the controlplane went
-    away is simply opened again for the tasks not yet seen.
+    Tasks live in the state every replica shares, so a watch that breaks because its replica went
+    away is simply opened again, on the next replica, for the tasks not yet seen.
     """
     waiting = list(dict.fromkeys(task_ids))
     left = set(waiting)
-    deadline: float | None = None
-    backoff = Backoff(initial_s=_RECONNECT_INITIAL_S, cap_s=_RECONNECT_CAP_S)
+    refused = Backoff(initial_s=0.2, cap_s=5.0)  # a live replica failing the watch is not asked again at once
     while waiting:
+        stub, generation = await client.connect()
         try:
-            async for batch in client.stub.WatchMany(
+            async for batch in stub.WatchMany(
                 controlplane_pb2.WatchRequest(task_ids=waiting), metadata=client.metadata
             ):
+                client.reached()
                 for event in batch.events:
                     if event.HasField("result") and event.task_id in left:
                         left.discard(event.task_id)
-                        deadline = None
-                        backoff.reset()
                         yield event
                 waiting = [t for t in waiting if t in left]
             if waiting:
                 raise RuntimeError(f"the controlplane ended a watch with {len(waiting)} tasks unfinished")
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            if exc.code() not in _BROKEN:
                 raise translate(exc, client.ctx) from None
-            now = asyncio.get_running_loop().time()
-            deadline = deadline or now + RECONNECT_S
-            if now > deadline:
-                raise translate(exc, client.ctx) from None
-            await asyncio.sleep(backoff.next_s())
+            await client.lost(exc, generation)
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                await asyncio.sleep(refused.next_s())
 
 
 async def outgoing(client: Client, payload: bytes) -> bytes:
@@ -177,7 +176,7 @@ async def outgoing(client: Client, payload: bytes) -> bytes:
             client.max_payload_bytes = who.max_payload_bytes or None
         if client.max_payload_bytes is not None and len(payload) > client.max_payload_bytes:
             raise PayloadTooLarge("the call's arguments", len(payload), client.max_payload_bytes)
-        ref: bytes = await blobs.upload(client.stub.PutBlob, payload, metadata=client.metadata)
+        ref: bytes = await client.retrying(lambda stub: blobs.upload(stub.PutBlob, payload, metadata=client.metadata))
         return ref
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "over the cap" in (exc.details() or ""):
@@ -190,7 +189,9 @@ async def incoming(client: Client, event: controlplane_pb2.TaskEvent) -> control
     if not event.result.result.startswith(REF_PREFIX):
         return event
     try:
-        data = await blobs.download(client.stub.GetBlob, event.result.result, metadata=client.metadata)
+        data = await client.retrying(
+            lambda stub: blobs.download(stub.GetBlob, event.result.result, metadata=client.metadata)
+        )
     except grpc.aio.AioRpcError as exc:
         raise translate(exc, client.ctx) from None
     resolved = controlplane_pb2.TaskEvent()
@@ -209,17 +210,22 @@ async def invoke(client: Client, stub_id: str, payload: bytes) -> controlplane_p
     """Run one call of ``stub_id`` and return its outcome, following it across a controlplane restart."""
     payload = await outgoing(client, payload)
     task_id = ""
+    stub, generation = await client.connect()
     try:
-        async for event in client.stub.Invoke(
+        async for event in stub.Invoke(
             controlplane_pb2.InvokeRequest(stub_id=stub_id, args=payload), metadata=client.metadata
         ):
+            client.reached()
             task_id = event.task_id
             if event.HasField("result"):
                 return await incoming(client, event)
     except grpc.aio.AioRpcError as exc:
-        if not task_id or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
             raise translate(exc, client.ctx) from None
-        # the call is stored: follow it to its end across the controlplane's restart
+        if not task_id:
+            raise client.broke(exc, generation, "the call") from None
+        # the call is stored: follow it to its end on whichever replica answers
+        await client.lost(exc, generation)
     if not task_id:
         raise RuntimeError("the controlplane ended the call without its result")
     return await watch_one(client, task_id)
@@ -248,11 +254,13 @@ async def submit_and_watch(
     """
     ids: list[str] = []
     left: set[str] = set()
+    stub, generation = await client.connect()
     try:
-        async for batch in client.stub.SubmitAndWatch(
+        async for batch in stub.SubmitAndWatch(
             controlplane_pb2.SubmitRequest(stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]),
             metadata=client.metadata,
         ):
+            client.reached()
             if not ids:
                 ids = [event.task_id for event in batch.events]
                 left = set(ids)
@@ -263,8 +271,11 @@ async def submit_and_watch(
                     left.discard(event.task_id)
                     yield event
     except grpc.aio.AioRpcError as exc:
-        if not ids or exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
             raise translate(exc, client.ctx) from None
+        if not ids:
+            raise client.broke(exc, generation, f"a batch of {len(payloads)} calls") from None
+        await client.lost(exc, generation)  # stored: the rest is followed by id, on whichever replica answers
     if not ids:
         raise RuntimeError("the controlplane ended the submit without the calls' task ids")
     if left:

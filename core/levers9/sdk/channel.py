@@ -1,33 +1,44 @@
 """The gRPC channel to a controlplane, its call metadata, and errors a person can act on.
 
 The SDK and every client command go through here, so that a context means the
-same address, TLS choice, message limits and keepalive everywhere, and a
-refused connection reads as "is the controlplane running?" rather than a gRPC
-status dump.
+same address, TLS choice, trusted CAs, message limits and keepalive
+everywhere, and a refused connection reads as "is the controlplane running?"
+rather than a gRPC status dump.
+
+A context may list several replicas; :func:`open_channel` opens one channel
+to one of them (the first unless told which): moving between replicas is the
+client's job (:mod:`levers9.sdk.client`). A TLS channel trusts the context's
+``ca_file`` when it has one, else the system trust store; a certificate that
+does not verify is reported as such, naming ``ca_file`` and
+``$LEVERS9_CA_FILE`` (:func:`explain`). An unreadable ``ca_file`` raises
+:class:`~levers9.sdk.context.ContextError` naming the context and the key.
 """
 
 from __future__ import annotations
 
 import os
-import ssl
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from levers9.payloads import MESSAGE_MAX_BYTES
-from levers9.proto.target import parse_target
+from levers9.proto.target import parse_target, parse_targets
+from levers9.proto.tls import certificate_untrusted, read_ca_file, system_roots
 from levers9.proto.v1 import controlplane_pb2_grpc
-from levers9.sdk.context import ENV_TOKEN, Context
+from levers9.sdk.context import ENV_CA_FILE, ENV_TOKEN, Context, ContextError
 
 __all__ = [
     "KEEPALIVE_TIME_MS",
     "MAX_MESSAGE_BYTES",
     "call_metadata",
     "control_plane",
+    "credentials",
     "explain",
     "open_channel",
     "parse_target",
+    "untrusted_message",
 ]
 
 #: batches of inline payloads travel in one message, so the default 4 MiB is too small (see levers9.payloads)
@@ -38,17 +49,23 @@ MAX_MESSAGE_BYTES = MESSAGE_MAX_BYTES
 KEEPALIVE_TIME_MS = 60_000
 KEEPALIVE_TIMEOUT_MS = 20_000
 
-# Where Linux distributions keep the system CA bundle, for when Python's own default is absent.
-_CA_BUNDLES = (
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/cert.pem",
-)
+
+def credentials(ctx: Context) -> grpc.ChannelCredentials:
+    """TLS credentials trusting ``ctx.ca_file``, else the system's CAs."""
+    if ctx.ca_file:
+        source = f"${ENV_CA_FILE}" if os.environ.get(ENV_CA_FILE) == ctx.ca_file else f"context {ctx.name!r}: ca_file"
+        try:
+            roots: bytes | None = read_ca_file(ctx.ca_file, source)
+        except ValueError as exc:
+            raise ContextError(str(exc)) from None
+    else:
+        roots = system_roots()
+    return grpc.ssl_channel_credentials(root_certificates=roots)
 
 
-def open_channel(ctx: Context) -> grpc.aio.Channel:
-    """A channel to ``ctx``'s controlplane; call it inside the event loop that will use the channel."""
-    target, tls = parse_target(ctx.grpc)
+def open_channel(ctx: Context, address: str | None = None) -> grpc.aio.Channel:
+    """A channel to ``address`` (default: ``ctx``'s first); call it inside the event loop that will use it."""
+    target, tls = parse_target(address if address is not None else ctx.addresses[0])
     options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -59,8 +76,7 @@ def open_channel(ctx: Context) -> grpc.aio.Channel:
         ("grpc.http2.max_pings_without_data", 0),
     ]
     if tls:
-        credentials = grpc.ssl_channel_credentials(root_certificates=_system_roots())
-        return grpc.aio.secure_channel(target, credentials, options=options)
+        return grpc.aio.secure_channel(target, credentials(ctx), options=options)
     return grpc.aio.insecure_channel(target, options=options)
 
 
@@ -80,39 +96,47 @@ def call_metadata(ctx: Context) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {ctx.token}"),)
 
 
-def explain(exc: grpc.aio.AioRpcError, ctx: Context) -> str:
-    """One message for a person: what went wrong talking to ``ctx``'s controlplane and what to try."""
-    target, _ = parse_target(ctx.grpc)
+def untrusted_message(ctx: Context, target: str) -> str:
+    """Why a TLS connection was refused on our side, and which setting fixes it."""
+    trusted = f"the CA bundle {ctx.ca_file}" if ctx.ca_file else "the system trust store"
+    return (
+        f"the controlplane's certificate at {target} was not trusted (checked against {trusted}): "
+        f"set ca_file in context {ctx.name!r} (`levers9 context add {ctx.name} --ca-file CA.pem ...`) "
+        f"or ${ENV_CA_FILE} to the PEM CA bundle that signed it"
+    )
+
+
+def _targets(ctx: Context) -> list[str]:
+    try:
+        return parse_targets(ctx.grpc)[0]
+    except ValueError:
+        return [parse_target(a)[0] for a in ctx.addresses]
+
+
+def explain(exc: grpc.aio.AioRpcError, ctx: Context, tried: Sequence[str] | None = None) -> str:
+    """One message for a person: what went wrong talking to ``ctx``'s controlplane and what to try.
+
+    ``tried`` is every address a failing call went to (default: all of the context's); an unreachable
+    controlplane names each of them.
+    """
+    targets = list(tried) if tried else _targets(ctx)
+    target = targets[-1] if tried else targets[0]
     code = exc.code()
     details = (exc.details() or "").strip()
+    if code == grpc.StatusCode.UNAVAILABLE and certificate_untrusted(details):
+        return untrusted_message(ctx, target)
     if code == grpc.StatusCode.UNAVAILABLE:
-        message = f"cannot reach the controlplane at {target} (is `levers9 up` or `levers9 server` running?)"
+        where = f"at {target}" if len(targets) == 1 else f"at any of {', '.join(targets)}"
+        message = f"cannot reach the controlplane {where} (is `levers9 up` or `levers9 server` running?)"
         return f"{message}\n  {details}" if details else message
     if code == grpc.StatusCode.UNAUTHENTICATED:
         source = f"${ENV_TOKEN}" if os.environ.get(ENV_TOKEN) else f"context {ctx.name!r}"
         hint = (
             f"the controlplane at {target} did not accept the token of {source}"
             f"{': ' + details if details else ''}; "
-            f"set a valid one with `levers9 context add {ctx.name} --grpc {ctx.grpc} --token TOKEN`"
+            f"set a valid one with `levers9 context add {ctx.name} --grpc {ctx.grpc.replace(' ', '')} --token TOKEN`"
         )
         return hint
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the controlplane at {target} did not answer in time{': ' + details if details else ''}"
     return details or f"the controlplane at {target} answered {code.name}"
-
-
-def _system_roots() -> bytes | None:
-    """The system's CA certificates, so a controlplane behind a company CA works like any HTTPS site.
-
-    gRPC otherwise trusts only the roots it ships. ``None`` falls back to those
-    (``$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` still overrides them).
-    """
-    paths = ssl.get_default_verify_paths()
-    for candidate in (paths.cafile, paths.openssl_cafile, *_CA_BUNDLES):
-        if candidate and os.path.isfile(candidate):
-            try:
-                with open(candidate, "rb") as handle:
-                    return handle.read()
-            except OSError:
-                continue
-    return None

@@ -6,6 +6,29 @@ its own event loop in a daemon thread, owns the gRPC channel there, and hands
 synchronous callers the results of coroutines run on that loop. Async callers
 await the same coroutines through :meth:`Client.run_async` without blocking
 their own loop.
+
+**Replicas.** A context may list several controlplane replicas. The client
+talks to one at a time; when it cannot reach it (UNAVAILABLE: refused, reset,
+the replica gone mid-stream) it moves to the next one, round-robin, trying
+each address once before backing off (0.2 s doubling to 5 s, with jitter), and
+keeps going until the context's ``reconnect_s`` has passed without reaching
+any replica; then the call fails with :class:`ControlPlaneError` naming every
+address tried. That one deadline governs every call of the SDK: it counts from
+the first failure after the last successful contact with any replica (an
+answer, a message on a stream, or a probe that connected), so a client idle
+for an hour does not fail on its first hiccup.
+
+**Exactly once.** Reads and idempotent writes (registering a function,
+cancelling, blobs, watches) are simply retried on the next replica.
+Submissions (``Submit``, ``SubmitAndWatch``, ``Invoke``, ``Deploy``) are sent
+once, after the client has made sure it is connected; if the connection
+breaks before the controlplane answered with the task ids, the call may or may
+not have been stored, so it is not sent again and the caller gets a
+:class:`ControlPlaneError` that says so. Once the ids came, results are
+followed by task id on any replica (tasks live in the shared SQL/Redis).
+
+A TLS certificate that does not verify is not a reason to move on: the call
+fails at once with a message naming ``ca_file`` and ``$LEVERS9_CA_FILE``.
 """
 
 from __future__ import annotations
@@ -15,28 +38,39 @@ import atexit
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
 
-from levers9.proto.v1 import controlplane_pb2_grpc
-from levers9.sdk.channel import call_metadata, control_plane, explain, open_channel
+from levers9.backoff import Backoff
+from levers9.proto.target import parse_target
+from levers9.proto.tls import certificate_untrusted
+from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc
+from levers9.sdk.channel import call_metadata, control_plane, explain, open_channel, untrusted_message
 from levers9.sdk.context import Context, current_context
 from levers9.sdk.errors import ControlPlaneError, InvalidFunction, Unschedulable
 
-__all__ = ["Client", "client_for", "translate"]
+__all__ = ["CONNECT_S", "Client", "client_for", "translate"]
 
 T = TypeVar("T")
+
+#: how long one connection attempt to one replica may take (a black-holed address) before the next is tried
+CONNECT_S = 10.0
+#: unary methods that store something new each time: sent once, never again on another replica
+_SEND_ONCE = frozenset({"Submit", "Deploy"})
+#: the first wait after a full round of replicas failed, and the longest
+_ROUND_INITIAL_S = 0.2
+_ROUND_CAP_S = 5.0
 
 _clients: dict[str, Client] = {}
 _lock = threading.Lock()
 
 
-def translate(exc: grpc.aio.AioRpcError, ctx: Context) -> Exception:
+def translate(exc: grpc.aio.AioRpcError, ctx: Context, tried: list[str] | None = None) -> Exception:
     """A gRPC failure as the SDK error a user would catch."""
     code = exc.code()
-    message = explain(exc, ctx)
+    message = explain(exc, ctx, tried)
     if code == grpc.StatusCode.FAILED_PRECONDITION and "no pool can run" in message:
         return Unschedulable(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -48,11 +82,24 @@ class Client:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.metadata = call_metadata(ctx)
+        #: every replica's address as written, and its host:port
+        self.addresses = ctx.addresses
+        self.targets = [parse_target(a)[0] for a in self.addresses]
+        self.reconnect_s = ctx.reconnect_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"levers9 {ctx.name}", daemon=True)
         self._thread.start()
         self._channel: grpc.aio.Channel | None = None
-        self._stub: controlplane_pb2_grpc.ControlPlaneStub | None = None
+        self._raw: controlplane_pb2_grpc.ControlPlaneStub | None = None
+        self._index = 0
+        #: bumped each time the client moves to another replica, so one failure moves it once
+        self._generation = 0
+        self._down_since: float | None = None
+        self._failed_in_round = 0
+        self._retry_at = 0.0
+        self._backoff = Backoff(initial_s=_ROUND_INITIAL_S, cap_s=_ROUND_CAP_S, jitter=True)
+        #: the replicas tried since the last contact, in order, for the error a person reads
+        self.tried: list[str] = []
         #: stub ids by (function identity, config digest), so a function is registered once per client
         self.stub_ids: dict[tuple[int, str], str] = {}
         #: the controlplane's cap on one payload, asked once before the first big one is sent
@@ -60,11 +107,135 @@ class Client:
 
     @property
     def stub(self) -> controlplane_pb2_grpc.ControlPlaneStub:
-        """The ControlPlane stub; only use it from coroutines running on this client's loop."""
-        if self._stub is None:
-            self._channel = open_channel(self.ctx)
-            self._stub = control_plane(self._channel)
-        return self._stub
+        """The ControlPlane stub; only use it from coroutines running on this client's loop.
+
+        Unary methods move between replicas by themselves (see the module's doc); streaming ones
+        go to the current replica, and their callers follow them with :meth:`connect` and :meth:`lost`.
+        """
+        proxy: Any = _FailoverStub(self)
+        stub: controlplane_pb2_grpc.ControlPlaneStub = proxy
+        return stub
+
+    @property
+    def target(self) -> str:
+        """The host:port of the replica the client talks to now."""
+        return self.targets[self._index]
+
+    def current(self) -> tuple[controlplane_pb2_grpc.ControlPlaneStub, int]:
+        """The stub of the current replica (its channel opened if need be) and the client's generation."""
+        if self._raw is None:
+            self._channel = open_channel(self.ctx, self.addresses[self._index])
+            self._raw = control_plane(self._channel)
+        return self._raw, self._generation
+
+    async def connect(self) -> tuple[controlplane_pb2_grpc.ControlPlaneStub, int]:
+        """A stub on a replica that answers, moving on until one does; ControlPlaneError past ``reconnect_s``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._retry_at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            stub, generation = self.current()
+            assert self._channel is not None
+            if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+                return stub, generation
+            try:
+                # fails at once when the connection is refused; anything answered means it is there
+                await stub.WhoAmI(controlplane_pb2.WhoAmIRequest(), metadata=self.metadata, timeout=CONNECT_S)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    await self.lost(exc, generation)
+                    continue
+            self.reached()
+            return stub, generation
+
+    def reached(self) -> None:
+        """A replica answered: the time without contact starts again from zero."""
+        self._down_since = None
+        self._failed_in_round = 0
+        self._retry_at = 0.0
+        self._backoff.reset()
+        self.tried.clear()
+
+    async def lost(self, exc: grpc.aio.AioRpcError, generation: int) -> None:
+        """The replica of ``generation`` failed with ``exc``: move to the next one (once per failure).
+
+        Raises ControlPlaneError when no replica was reached for ``reconnect_s``, or at once when the
+        server's certificate was not trusted (another try cannot help).
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        target = self.targets[generation % len(self.targets)]  # index and generation move together
+        if certificate_untrusted(exc.details() or ""):
+            raise ControlPlaneError(untrusted_message(self.ctx, target)) from None
+        if target not in self.tried:
+            self.tried.append(target)
+        if self._down_since is None:
+            self._down_since = now
+        if generation == self._generation:
+            self._move_on()
+            self._failed_in_round += 1
+            if self._failed_in_round >= len(self.targets):  # every replica failed once: wait a little
+                self._failed_in_round = 0
+                self._retry_at = now + self._backoff.next_s()
+        if now - self._down_since >= self.reconnect_s:
+            raise self.unreachable(exc) from None
+
+    def unreachable(self, exc: grpc.aio.AioRpcError) -> ControlPlaneError:
+        """The error of a call that reached no replica for ``reconnect_s``."""
+        tried = [t for t in self.targets if t in self.tried] or self.targets
+        message = explain(exc, self.ctx, tried) if exc.code() == grpc.StatusCode.UNAVAILABLE else ""
+        if not message:
+            where = tried[0] if len(tried) == 1 else f"any of {', '.join(tried)}"
+            message = f"cannot reach the controlplane at {where}: {exc.code().name} {exc.details() or ''}".rstrip()
+        return ControlPlaneError(
+            f"{message}\n  (no replica answered for {self.reconnect_s:g} s: reconnect_s of context {self.ctx.name!r})"
+        )
+
+    def broke(self, exc: grpc.aio.AioRpcError, generation: int, what: str) -> ControlPlaneError:
+        """The error of a submission whose connection broke before it was acknowledged; never sent again."""
+        target = self.target
+        if generation == self._generation:
+            self._move_on()
+        return ControlPlaneError(
+            f"the connection to the controlplane at {target} broke while {what} was being submitted "
+            f"({exc.code().name}: {exc.details() or 'no details'}); it may or may not have been stored, "
+            "so it was not sent again"
+        )
+
+    def _move_on(self) -> None:
+        channel, self._channel, self._raw = self._channel, None, None
+        self._index = (self._index + 1) % len(self.targets)
+        self._generation += 1
+        if channel is not None:
+            task = asyncio.get_running_loop().create_task(channel.close())
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def retrying(self, op: Callable[[controlplane_pb2_grpc.ControlPlaneStub], Awaitable[T]]) -> T:
+        """``op`` on a replica, again on the next one while UNAVAILABLE; for reads and idempotent writes only."""
+        while True:
+            stub, generation = await self.connect()
+            try:
+                result = await op(stub)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await self.lost(exc, generation)
+                continue
+            self.reached()
+            return result
+
+    async def once(self, op: Callable[[controlplane_pb2_grpc.ControlPlaneStub], Awaitable[T]], what: str) -> T:
+        """``op`` sent once, on a replica known to be reachable; a break before its answer is not retried."""
+        stub, generation = await self.connect()
+        try:
+            result = await op(stub)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            raise self.broke(exc, generation, what) from None
+        self.reached()
+        return result
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the client's loop and wait for it here (from synchronous code)."""
@@ -106,6 +277,31 @@ class Client:
         self._loop.close()
 
 
+class _FailoverStub:
+    """The ControlPlane stub as callers use it: unary calls move between replicas, streams stay put."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        client = self._client
+        raw = getattr(client.current()[0], name)
+        if not isinstance(raw, grpc.aio.UnaryUnaryMultiCallable):
+            return raw
+
+        def call(request: Any, **kwargs: Any) -> Awaitable[Any]:
+            def op(stub: controlplane_pb2_grpc.ControlPlaneStub) -> Awaitable[Any]:
+                method: Any = getattr(stub, name)
+                result: Awaitable[Any] = method(request, **kwargs)
+                return result
+
+            if name in _SEND_ONCE:
+                return client.once(op, f"the {name} request")
+            return client.retrying(op)
+
+        return call
+
+
 _resolved: dict[tuple[str | None, ...], Context] = {}
 
 
@@ -117,12 +313,13 @@ def client_for(context: str | None = None) -> Client:
     """
     import os
 
-    names = ("LEVERS9_CONTEXT", "LEVERS9_HOME", "LEVERS9_GRPC", "LEVERS9_TOKEN")
+    names = ("LEVERS9_CONTEXT", "LEVERS9_HOME", "LEVERS9_GRPC", "LEVERS9_TOKEN", "LEVERS9_CA_FILE",
+             "LEVERS9_RECONNECT_S")  # fmt: skip
     selector = (context, *(os.environ.get(v) for v in names))
     ctx = _resolved.get(selector)
     if ctx is None:
         ctx = _resolved[selector] = current_context(context)
-    key = f"{ctx.name}|{ctx.grpc}|{ctx.token}"
+    key = f"{ctx.name}|{ctx.grpc}|{ctx.token}|{ctx.ca_file}|{ctx.reconnect_s}"
     with _lock:
         client = _clients.get(key)
         if client is None:

@@ -10,10 +10,18 @@ The SDK imports this module inside every user program, so it stays on the
 standard library and PyYAML.
 
 Selection, strongest first: an explicit name (``-c NAME``), ``$LEVERS9_CONTEXT``,
-the file's ``current``. ``$LEVERS9_GRPC`` and ``$LEVERS9_TOKEN`` then override
-the chosen context's address and token, which is how a CI job or a container
-points the SDK somewhere without writing a file; with no file and no selection,
-``$LEVERS9_GRPC`` alone is enough.
+the file's ``current``. ``$LEVERS9_GRPC``, ``$LEVERS9_TOKEN``, ``$LEVERS9_CA_FILE``
+and ``$LEVERS9_RECONNECT_S`` then override the chosen context's fields, which is
+how a CI job or a container points the SDK somewhere without writing a file;
+with no file and no selection, ``$LEVERS9_GRPC`` alone is enough.
+
+A context's ``grpc`` may list every replica of one controlplane (a
+comma-separated string, or a YAML list, written back as it was read): the SDK
+moves to the next one when one cannot be reached, for up to ``reconnect_s``
+without reaching any (see :mod:`levers9.sdk.client`). ``ca_file`` is the PEM CA
+bundle that verifies a TLS controlplane; empty means the system trust store.
+Every value is checked when read, and an error names the file (or variable) and
+the key.
 """
 
 from __future__ import annotations
@@ -27,15 +35,20 @@ import yaml
 
 from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
+from levers9.proto.target import TargetError, parse_targets, split_targets
 
 __all__ = [
+    "DEFAULT_RECONNECT_S",
+    "ENV_CA_FILE",
     "ENV_CONTEXT",
     "ENV_GRPC",
     "ENV_ONLY_NAME",
+    "ENV_RECONNECT_S",
     "ENV_TOKEN",
     "Context",
     "ContextError",
     "ContextFile",
+    "check_reconnect_s",
     "config_path",
     "current_context",
     "load_contexts",
@@ -47,12 +60,17 @@ __all__ = [
 ENV_CONTEXT = "LEVERS9_CONTEXT"
 ENV_GRPC = "LEVERS9_GRPC"
 ENV_TOKEN = "LEVERS9_TOKEN"
+ENV_CA_FILE = "LEVERS9_CA_FILE"
+ENV_RECONNECT_S = "LEVERS9_RECONNECT_S"
+
+#: how long a call keeps trying to reach any replica before it fails, by default
+DEFAULT_RECONNECT_S = 120.0
 
 #: the name of the context made from ``$LEVERS9_GRPC`` when no file or selection exists
 ENV_ONLY_NAME = "env"
 
 _NO_CONTEXT = "no levers9 context: run `levers9 up` (one machine) or `levers9 context add ...`"
-_FIELDS = ("grpc", "http", "token", "workspace")
+_FIELDS = ("grpc", "http", "token", "workspace", "ca_file", "reconnect_s")
 
 
 class ContextError(Levers9Error):
@@ -64,17 +82,33 @@ class Context:
     """How to reach one controlplane."""
 
     name: str
-    #: ``host:port``; ``grpcs://host:port`` or ``https://host[:port]`` for TLS
+    #: ``host:port``; ``grpcs://host:port`` or ``https://host[:port]`` for TLS; several replicas comma-separated
     grpc: str
     #: the controlplane's HTTP base URL (web endpoints, the API), when known
     http: str = ""
     token: str = field(default="", repr=False)
     #: the workspace the token belongs to; informational, the token decides
     workspace: str = ""
+    #: PEM CA bundle that verifies a TLS controlplane; empty means the system trust store
+    ca_file: str = ""
+    #: seconds a call keeps trying to reach any replica before it fails
+    reconnect_s: float = DEFAULT_RECONNECT_S
+    #: the file wrote ``grpc`` as a YAML list: it is written back as one
+    grpc_is_list: bool = field(default=False, repr=False, compare=False)
 
-    def as_dict(self) -> dict[str, str]:
+    @property
+    def addresses(self) -> list[str]:
+        """Every replica's address, as written, in the order given."""
+        return split_targets(self.grpc)
+
+    def as_dict(self) -> dict[str, Any]:
         """The file's entry for this context (its name is the key, so it is not repeated)."""
-        return {key: getattr(self, key) for key in _FIELDS if getattr(self, key)}
+        entry: dict[str, Any] = {key: getattr(self, key) for key in _FIELDS if getattr(self, key)}
+        if self.reconnect_s == DEFAULT_RECONNECT_S:
+            entry.pop("reconnect_s", None)
+        if self.grpc_is_list:
+            entry["grpc"] = self.addresses
+        return entry
 
 
 @dataclass
@@ -136,6 +170,11 @@ def save_context(ctx: Context, make_current: bool = True) -> Path:
         raise ContextError("a context needs a name")
     if not ctx.grpc.strip():
         raise ContextError(f"context {ctx.name!r} needs a grpc address (host:port)")
+    try:
+        parse_targets(ctx.grpc)
+    except TargetError as exc:
+        raise ContextError(f"context {ctx.name!r}: grpc: {exc}") from None
+    check_reconnect_s(ctx.reconnect_s, f"context {ctx.name!r}: reconnect_s")
     contexts = load_contexts()
     contexts.contexts[ctx.name] = ctx
     if make_current or contexts.current not in contexts.contexts:
@@ -179,7 +218,7 @@ def current_context(name: str | None = None) -> Context:
     elif contexts.current is not None:
         ctx = contexts.get(contexts.current)
     elif env.get(ENV_GRPC):
-        ctx = Context(name=ENV_ONLY_NAME, grpc=env[ENV_GRPC])
+        ctx = Context(name=ENV_ONLY_NAME, grpc=env[ENV_GRPC].strip())
     elif not contexts.exists:
         raise ContextError(_NO_CONTEXT)
     else:
@@ -187,8 +226,41 @@ def current_context(name: str | None = None) -> Context:
         raise ContextError(
             f"no current levers9 context in {contexts.path}: run `levers9 context use NAME` (known: {known})"
         )
-    overrides = {key: env[var] for key, var in (("grpc", ENV_GRPC), ("token", ENV_TOKEN)) if env.get(var)}
+    overrides = _env_overrides(env)
     return replace(ctx, **overrides) if overrides else ctx
+
+
+def check_reconnect_s(value: Any, where: str) -> float:
+    """``value`` as a number of seconds above 0; ContextError naming ``where`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ContextError(f"{where}: expected a number of seconds above 0, got {_kind(value)}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ContextError(f"{where}: expected a number of seconds above 0, got {value!r}")
+    return float(value)
+
+
+def _env_overrides(env: Any) -> dict[str, Any]:
+    """The context fields the ``$LEVERS9_*`` variables set, each checked; errors name the variable."""
+    overrides: dict[str, Any] = {}
+    if env.get(ENV_GRPC, "").strip():
+        grpc = env[ENV_GRPC].strip()
+        try:
+            parse_targets(grpc)
+        except TargetError as exc:
+            raise ContextError(f"${ENV_GRPC}: {exc}") from None
+        overrides.update(grpc=grpc, grpc_is_list=False)
+    if env.get(ENV_TOKEN):
+        overrides["token"] = env[ENV_TOKEN]
+    if env.get(ENV_CA_FILE):
+        overrides["ca_file"] = env[ENV_CA_FILE]
+    if env.get(ENV_RECONNECT_S, "").strip():
+        raw = env[ENV_RECONNECT_S].strip()
+        try:
+            number = float(raw)
+        except ValueError:
+            raise ContextError(f"${ENV_RECONNECT_S}: expected a number of seconds above 0, got {raw!r}") from None
+        overrides["reconnect_s"] = check_reconnect_s(number, f"${ENV_RECONNECT_S}")
+    return overrides
 
 
 def _parse(path: Path, document: Any) -> ContextFile:
@@ -213,11 +285,19 @@ def _parse(path: Path, document: Any) -> ContextFile:
         where = f"contexts.{name}"
         if not isinstance(entry, dict):
             raise ContextError(f"{path}: {where}: expected a mapping with grpc, token, http, workspace")
-        values: dict[str, str] = {}
+        values: dict[str, Any] = {}
         for key, value in entry.items():
             if key not in _FIELDS:
                 raise ContextError(f"{path}: {where}.{key}: unknown key (expected one of {', '.join(_FIELDS)})")
             if value is None:
+                continue
+            if key == "reconnect_s":
+                values[key] = check_reconnect_s(value, f"{path}: {where}.reconnect_s")
+                continue
+            if key == "grpc" and isinstance(value, list):
+                if not value or not all(isinstance(v, str) for v in value):
+                    raise ContextError(f"{path}: {where}.grpc: expected addresses (strings), got {value!r}")
+                values.update(grpc=", ".join(v.strip() for v in value), grpc_is_list=True)
                 continue
             if not isinstance(value, str):
                 # A token of digits would otherwise arrive as a number, or worse as an octal one.
@@ -225,6 +305,10 @@ def _parse(path: Path, document: Any) -> ContextFile:
             values[key] = value
         if not values.get("grpc"):
             raise ContextError(f"{path}: {where}.grpc: missing (the controlplane's host:port)")
+        try:
+            parse_targets(values["grpc"])
+        except TargetError as exc:
+            raise ContextError(f"{path}: {where}.grpc: {exc}") from None
         contexts[name] = Context(name=name, **values)
     # A ``current`` naming no context is left for current_context to report, so that
     # `levers9 context use` and `add` can still repair the file.

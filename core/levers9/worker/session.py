@@ -10,6 +10,17 @@ SIGTERM makes it drain: it says so, takes no new work, finishes what it has,
 then leaves. A worker that cannot reach its controlplane for
 ``disconnect_exit_s`` stops by itself, so nothing runs orphaned for long.
 
+The controlplane may be several replicas (``LEVERS9_CONTROLPLANE_URL`` /
+``--controlplane`` as a comma list, :func:`levers9.proto.target.parse_targets`):
+when one fails the worker moves straight to the next and registers there
+(with ``running=`` what it runs, so those calls are claimed, not run again),
+backing off only after every replica failed once in a row; the limit above
+counts from the last contact with any of them. Over TLS the worker verifies
+the controlplane's certificate with ``LEVERS9_CONTROLPLANE_CA`` (PEM text) or
+``LEVERS9_CONTROLPLANE_CA_FILE`` (a path), else the system trust store
+(:mod:`levers9.proto.tls`). The CA is public, so unlike the token these
+variables are not scrubbed from the environment of what the worker starts.
+
 What goes up is batched by :mod:`levers9.worker.outbox`; calls run in the
 warm pool (:mod:`levers9.worker.warm`). The worker speaks the wire protocol
 (:mod:`levers9.proto`) and nothing else of the controlplane: it imports
@@ -51,7 +62,8 @@ from levers9.payloads import (
 )
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.blobs import download, upload
-from levers9.proto.target import parse_target
+from levers9.proto.target import parse_targets
+from levers9.proto.tls import read_ca_file, system_roots
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.leftovers import remove_leftovers
@@ -77,6 +89,8 @@ class WorkerOptions:
     visible_gpus: list[int] | None = None
     #: after SIGTERM, how long running calls may go on before they are stopped (0 = as long as they take)
     drain_timeout_s: float = 0.0
+    #: PEM CA bundle that verifies a TLS controlplane; empty means the system trust store
+    controlplane_ca: str = field(default="", repr=False)
 
 
 def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -84,7 +98,7 @@ def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
 
     The token comes from ``LEVERS9_TOKEN_FILE`` (read, then deleted) or else ``LEVERS9_TOKEN``; reading the
     process's own environment removes both from it, so nothing the worker starts inherits them (see
-    :mod:`levers9.worker.credentials`). Raises ValueError when the token file cannot be used.
+    :mod:`levers9.worker.credentials`). Raises ValueError when the token file or the CA file cannot be used.
     """
     from levers9.worker.credentials import TOKEN_FILE_ENV, scrub_environ, take_token_file
 
@@ -108,6 +122,11 @@ def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     ):
         if env.get(key):
             out[name] = kind(env[key])
+    if env.get("LEVERS9_CONTROLPLANE_CA"):
+        out["controlplane_ca"] = env["LEVERS9_CONTROLPLANE_CA"]
+    elif env.get("LEVERS9_CONTROLPLANE_CA_FILE"):
+        path = env["LEVERS9_CONTROLPLANE_CA_FILE"]
+        out["controlplane_ca"] = read_ca_file(path, "LEVERS9_CONTROLPLANE_CA_FILE").decode()
     grace = env.get("LEVERS9_STOP_GRACE_S")
     if grace:
         # the provider SIGKILLs after its grace: leave a few seconds to remove the containers
@@ -187,18 +206,21 @@ class WorkerProcess:
     async def _sessions(self) -> int:
         """Hold a session, reconnecting with backoff; give up after ``disconnect_exit_s`` without contact.
 
-        The time without contact counts from the last moment the controlplane was known to be there: the
-        end of the last session that registered (a healthy session runs until the connection breaks, so
-        that moment is when it broke), or the start of the worker if it never registered.
+        The time without contact counts from the last moment a controlplane replica was known to be there:
+        the end of the last session that registered (a healthy session runs until the connection breaks, so
+        that moment is when it broke), or the start of the worker if it never registered. After each try
+        the next replica is dialled at once; the backoff applies when every replica failed in a row.
         """
         reconnect = Backoff(initial_s=0.5, cap_s=15.0, jitter=True)
         last_ok = time.monotonic()
-        target, tls = parse_target(self.options.controlplane)
+        targets, tls = parse_targets(self.options.controlplane)
+        roots = self.options.controlplane_ca.encode() if self.options.controlplane_ca else system_roots()
+        index = failed = 0  # failed: replicas that failed in a row since the last registration
         while True:
             if self.draining.is_set() and not self.inflight and not self.outbox.results:
                 return 0
-            wait: float | None = None
-            creds = grpc.ssl_channel_credentials() if tls else None
+            target = targets[index]
+            creds = grpc.ssl_channel_credentials(root_certificates=roots) if tls else None
             options = [
                 ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
                 ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
@@ -213,6 +235,7 @@ class WorkerProcess:
                     self._rpc = stub
                     response = await self._register(stub)
                     reconnect.reset()
+                    failed = 0
                     try:
                         await self._session(stub, response)
                     finally:
@@ -225,13 +248,16 @@ class WorkerProcess:
                     if not self.inflight:
                         return 2
                 else:
-                    wait = reconnect.next_s()
-                    log.warning("controlplane %s unreachable (%s); retrying in %.1fs", target, exc.code().name, wait)
+                    log.warning("controlplane %s unreachable (%s: %s)", target, exc.code().name, exc.details())
             limit = self.options.disconnect_exit_s
             if limit and time.monotonic() - last_ok > limit:
                 log.error("no controlplane for %.0f s; stopping", limit)
                 return 3
-            await asyncio.sleep(reconnect.next_s() if wait is None else wait)
+            index, failed = (index + 1) % len(targets), failed + 1
+            if failed >= len(targets):  # every replica failed in a row: wait before the next round
+                wait, failed = reconnect.next_s(), 0
+                log.info("retrying the controlplane at %s in %.1fs", targets[index], wait)
+                await asyncio.sleep(wait)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_METADATA, self.worker_id))
