@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from levers9.services.auth import Principal
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
@@ -134,6 +136,41 @@ async def test_a_call_sent_into_a_breaking_session_goes_back_on_the_backlog_when
         task = await services.tasks.get(lost)
         assert task is not None
         assert task.status.value == "pending"
+    finally:
+        await replica_a.close()
+        await replica_b.close()
+
+
+async def test_a_submission_sent_twice_is_stored_once_and_queued_even_if_the_first_replica_died_before_queueing(
+    api: Api,
+) -> None:
+    """The client's replica went away before answering; the client sends the same submission to another."""
+    services = api.services
+    replica_a = DataPlane(services, Hub(services.redis, name="replica-a"))
+    replica_b = DataPlane(services, Hub(services.redis, name="replica-b"))
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await replica_a.get_or_create_stub(me, {"name": "f"}, b"pickled handler")
+    try:
+        ids, replayed = await replica_a.submit_once(me, stub_id, [b"a", b"b"], "client-sub-0001")
+        assert not replayed
+        # replica A committed the tasks, then died before they reached the backlog
+        for task_id in ids:
+            await services.scheduler.backlog.finish(task_id, 0)
+        again, replayed = await replica_b.submit_once(me, stub_id, [b"a", b"b"], "client-sub-0001")
+        assert (again, replayed) == (ids, True)
+        states = await services.scheduler.backlog.get_many(ids)
+        assert [s.state if s else None for s in states] == ["queued", "queued"]
+        tasks = await services.tasks.for_workspace(workspace.id, limit=10)
+        assert sorted(t.id for t in tasks) == sorted(ids)  # stored once
+        other, _ = await api.user("team-b")
+        them = Principal(token_id="u", kind=TokenKind.USER, workspace_id=other.id, subject="else")
+        stub_b, _ = await replica_b.get_or_create_stub(them, {"name": "f"}, b"pickled handler")
+        theirs, replayed = await replica_b.submit_once(them, stub_b, [b"a"], "client-sub-0001")
+        assert not replayed  # the same client id in another workspace names other tasks
+        assert theirs[0] not in ids
+        with pytest.raises(ValueError, match="submission_id"):
+            await replica_b.submit_once(me, stub_id, [b"a"], "bad id!")
     finally:
         await replica_a.close()
         await replica_b.close()

@@ -139,6 +139,43 @@ def test_killing_the_replica_that_holds_the_workers_mid_map_loses_nothing(replic
     assert _unfinished(replicas, replicas.replicas[1].http_port) == []
 
 
+REMOTE_PROGRAM = """
+import levers9
+
+@levers9.function(cpu=0.25)
+def echo(x: int) -> int:
+    return x
+
+for i in range({count}):
+    assert echo.remote(i) == i
+    print("call", i, flush=True)
+print("done", flush=True)
+"""
+
+
+def test_killing_the_replica_a_client_submits_to_fails_none_of_its_calls(replicas: Replicas) -> None:
+    """Calls one after another: the kill lands while one is being submitted, answered or watched. The one
+    cut off before its id came is sent again to the other replica with the same submission id (stored
+    once); every call completes, and no call ran twice."""
+    replicas.start_all()
+    count = 300
+    program = replicas.popen(REMOTE_PROGRAM.format(count=count))  # both replicas listed; replica 0 first
+    with Output(program) as output:
+        output.wait_lines(40)
+        replicas.kill(0)
+        output.wait_exit(300)
+    assert program.returncode == 0, "\n".join(output.lines[-10:]) + output.err[-3000:] + replicas.logs()
+    assert output.lines == [*(f"call {i}" for i in range(count)), "done"]
+    response = httpx.get(
+        f"http://127.0.0.1:{replicas.replicas[1].http_port}/api/v1/tasks",
+        params={"limit": 1000},
+        headers={"authorization": f"Bearer {replicas.token}"},
+        timeout=10,
+    )
+    response.raise_for_status()
+    assert len(response.json()) == count  # every call stored once: none submitted twice
+
+
 ROLLING_PROGRAM = """
 import levers9
 

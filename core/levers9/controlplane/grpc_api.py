@@ -221,8 +221,9 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.InvokeRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
         principal = await self._user(context)
-        [task_id] = await self.dp.submit(principal, request.stub_id, [request.args])
-        events = self.dp.watch(principal, [task_id], just_submitted=True)
+        [task_id], replayed = await self.dp.submit_once(principal, request.stub_id, [request.args],
+                                                        request.submission_id)  # fmt: skip
+        events = self.dp.watch(principal, [task_id], just_submitted=not replayed)
         first = asyncio.ensure_future(anext(events))  # watching before anything else can run
         try:
             yield controlplane_pb2.TaskEvent(task_id=task_id, status=TaskStatus.PENDING.value, message="queued")
@@ -231,30 +232,36 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             first.cancel()
             await events.aclose()
 
-    async def _submit(self, principal: Principal, request: controlplane_pb2.SubmitRequest) -> list[str]:
-        """Submit and SubmitAndWatch store their calls the same way, within the same limit."""
+    async def _submit(self, principal: Principal, request: controlplane_pb2.SubmitRequest) -> tuple[list[str], bool]:
+        """Submit and SubmitAndWatch store their calls the same way, within the same limit.
+
+        Returns the task ids, and whether the submission had been stored already (sent again).
+        """
         if len(request.calls) > _MAX_SUBMIT:
             raise ValueError(f"calls: at most {_MAX_SUBMIT} per Submit, got {len(request.calls)}; send several")
-        return await self.dp.submit(principal, request.stub_id, [c.args for c in request.calls])
+        return await self.dp.submit_once(
+            principal, request.stub_id, [c.args for c in request.calls], request.submission_id
+        )
 
     @unary
     async def Submit(
         self, request: controlplane_pb2.SubmitRequest, context: Context
     ) -> controlplane_pb2.SubmitResponse:
         principal = await self._user(context)
-        return controlplane_pb2.SubmitResponse(task_ids=await self._submit(principal, request))
+        ids, _ = await self._submit(principal, request)
+        return controlplane_pb2.SubmitResponse(task_ids=ids)
 
     @streaming
     async def SubmitAndWatch(
         self, request: controlplane_pb2.SubmitRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
         principal = await self._user(context)
-        ids = await self._submit(principal, request)
+        ids, replayed = await self._submit(principal, request)
         if not ids:
             yield controlplane_pb2.TaskEvents()
             return
-        # these tasks are the caller's own and none has finished: no SQL read to check either
-        batches = self.dp.watch_batches(principal, ids, just_submitted=True)
+        # fresh tasks are the caller's own and none has finished: no SQL read to check either
+        batches = self.dp.watch_batches(principal, ids, just_submitted=not replayed)
         first = asyncio.ensure_future(anext(batches))  # watching before anything else can run
         try:
             yield controlplane_pb2.TaskEvents(

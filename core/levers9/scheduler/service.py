@@ -175,6 +175,23 @@ class Scheduler:
         await self.backlog.enqueue(queued)
         self.ctx.placer_wanted.set()
 
+    async def ensure_queued(self, request_ids: Sequence[str]) -> int:
+        """Put those of ``request_ids`` that SQL has as pending but Redis does not know back on the backlog.
+
+        For a submission sent again after the replica that stored it went away, perhaps between the SQL
+        commit and the backlog write. Returns how many were queued again.
+        """
+        tasks = [t for t in await self.ctx.tasks.get_many(request_ids) if t.status == "pending"]
+        if not tasks:
+            return 0
+        known = await self.backlog.get_many([t.id for t in tasks])
+        lost = [t for t, state in zip(tasks, known, strict=True) if state is None]
+        if lost:
+            await self.backlog.enqueue([self._queued(PlacementRequest.from_json(t.request)) for t in lost])
+            log.info("queued again %d tasks of a submission sent twice", len(lost))
+            self.ctx.placer_wanted.set()
+        return len(lost)
+
     async def cancel(self, request_id: str) -> bool:
         """Cancel a task that has not finished; False when it already had."""
         finished = await self.backlog.finish(request_id, self.ctx.now_ms())

@@ -16,10 +16,12 @@ on the next replica, for the tasks not yet seen, until the context's
 ``reconnect_s`` passes without reaching any replica (:mod:`levers9.sdk.client`);
 every other gRPC error is translated into the SDK's own errors.
 
-Exactly once: a submission (``Invoke``, ``Submit``, ``SubmitAndWatch``) is
-sent once; when its stream breaks after the task ids came, the calls are
-followed by id (never submitted again); when it breaks before, the call fails
-with ControlPlaneError (it may or may not have been stored).
+Exactly once: a submission (``Invoke``, ``Submit``, ``SubmitAndWatch``)
+carries a ``submission_id`` the client makes once per batch. When its
+connection breaks before the task ids came, the same request goes to the next
+replica; the controlplane derives the task ids from the submission, so a batch
+that the first replica had stored is found, not stored again. Once the ids
+came, the calls are followed by id, never submitted again.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import linecache
 import re
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -206,26 +209,30 @@ async def watch_one(client: Client, task_id: str) -> controlplane_pb2.TaskEvent:
     raise RuntimeError(f"the controlplane ended the watch of {task_id} without its result")
 
 
+def submission_id() -> str:
+    """A new id for one submission, sent with every copy of it (see the module's doc)."""
+    return uuid.uuid4().hex
+
+
 async def invoke(client: Client, stub_id: str, payload: bytes) -> controlplane_pb2.TaskEvent:
     """Run one call of ``stub_id`` and return its outcome, following it across a controlplane restart."""
     payload = await outgoing(client, payload)
+    request = controlplane_pb2.InvokeRequest(stub_id=stub_id, args=payload, submission_id=submission_id())
     task_id = ""
-    stub, generation = await client.connect()
-    try:
-        async for event in stub.Invoke(
-            controlplane_pb2.InvokeRequest(stub_id=stub_id, args=payload), metadata=client.metadata
-        ):
-            client.reached()
-            task_id = event.task_id
-            if event.HasField("result"):
-                return await incoming(client, event)
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() != grpc.StatusCode.UNAVAILABLE:
-            raise translate(exc, client.ctx) from None
-        if not task_id:
-            raise client.broke(exc, generation, "the call") from None
-        # the call is stored: follow it to its end on whichever replica answers
-        await client.lost(exc, generation)
+    while not task_id:
+        stub, generation = await client.connect()
+        try:
+            async for event in stub.Invoke(request, metadata=client.metadata):
+                client.reached()
+                task_id = event.task_id
+                if event.HasField("result"):
+                    return await incoming(client, event)
+            break
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise translate(exc, client.ctx) from None
+            # before the id came: the same submission again, elsewhere (stored once); after: follow it by id
+            await client.lost(exc, generation)
     if not task_id:
         raise RuntimeError("the controlplane ended the call without its result")
     return await watch_one(client, task_id)
@@ -234,11 +241,12 @@ async def invoke(client: Client, stub_id: str, payload: bytes) -> controlplane_p
 async def submit(client: Client, stub_id: str, payloads: Sequence[bytes]) -> list[str]:
     """Store one call of ``stub_id`` per payload; their task ids, in order."""
     payloads = [await outgoing(client, p) for p in payloads]
+    request = controlplane_pb2.SubmitRequest(
+        stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads], submission_id=submission_id()
+    )
     try:
-        response = await client.stub.Submit(
-            controlplane_pb2.SubmitRequest(stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]),
-            metadata=client.metadata,
-        )
+        # the same submission on the next replica while unanswered: stored once (see the module's doc)
+        response = await client.retrying(lambda stub: stub.Submit(request, metadata=client.metadata))
     except grpc.aio.AioRpcError as exc:
         raise translate(exc, client.ctx) from None
     return list(response.task_ids)
@@ -254,28 +262,31 @@ async def submit_and_watch(
     """
     ids: list[str] = []
     left: set[str] = set()
-    stub, generation = await client.connect()
-    try:
-        async for batch in stub.SubmitAndWatch(
-            controlplane_pb2.SubmitRequest(stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads]),
-            metadata=client.metadata,
-        ):
-            client.reached()
-            if not ids:
-                ids = [event.task_id for event in batch.events]
-                left = set(ids)
-                accepted.set_result(ids)
-                continue
-            for event in batch.events:
-                if event.HasField("result") and event.task_id in left:
-                    left.discard(event.task_id)
-                    yield event
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
-            raise translate(exc, client.ctx) from None
-        if not ids:
-            raise client.broke(exc, generation, f"a batch of {len(payloads)} calls") from None
-        await client.lost(exc, generation)  # stored: the rest is followed by id, on whichever replica answers
+    request = controlplane_pb2.SubmitRequest(
+        stub_id=stub_id, calls=[controlplane_pb2.Call(args=p) for p in payloads], submission_id=submission_id()
+    )
+    while not ids:
+        stub, generation = await client.connect()
+        try:
+            async for batch in stub.SubmitAndWatch(request, metadata=client.metadata):
+                client.reached()
+                if not ids:
+                    ids = [event.task_id for event in batch.events]
+                    left = set(ids)
+                    accepted.set_result(ids)
+                    continue
+                for event in batch.events:
+                    if event.HasField("result") and event.task_id in left:
+                        left.discard(event.task_id)
+                        yield event
+            break
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+                raise translate(exc, client.ctx) from None
+            if not ids and exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise translate(exc, client.ctx) from None
+            # before the ids came: the same submission again, elsewhere (stored once); after: follow them by id
+            await client.lost(exc, generation)
     if not ids:
         raise RuntimeError("the controlplane ended the submit without the calls' task ids")
     if left:

@@ -19,13 +19,14 @@ answer, a message on a stream, or a probe that connected), so a client idle
 for an hour does not fail on its first hiccup.
 
 **Exactly once.** Reads and idempotent writes (registering a function,
-cancelling, blobs, watches) are simply retried on the next replica.
-Submissions (``Submit``, ``SubmitAndWatch``, ``Invoke``, ``Deploy``) are sent
-once, after the client has made sure it is connected; if the connection
-breaks before the controlplane answered with the task ids, the call may or may
-not have been stored, so it is not sent again and the caller gets a
-:class:`ControlPlaneError` that says so. Once the ids came, results are
-followed by task id on any replica (tasks live in the shared SQL/Redis).
+cancelling, blobs, watches) are simply retried on the next replica. Calls
+(``Submit``, ``SubmitAndWatch``, ``Invoke``) carry a submission id, so the
+same request sent again to another replica is stored once (see
+:mod:`levers9.sdk.calls`); once the ids came, results are followed by task id
+on any replica (tasks live in the shared SQL/Redis). ``Deploy`` is sent once,
+after the client has made sure it is connected; if the connection breaks
+before the answer, the deploy may or may not have happened, so it is not sent
+again and the caller gets a :class:`ControlPlaneError` that says so.
 
 A TLS certificate that does not verify is not a reason to move on: the call
 fails at once with a message naming ``ca_file`` and ``$LEVERS9_CA_FILE``.
@@ -58,7 +59,7 @@ T = TypeVar("T")
 #: how long one connection attempt to one replica may take (a black-holed address) before the next is tried
 CONNECT_S = 10.0
 #: unary methods that store something new each time: sent once, never again on another replica
-_SEND_ONCE = frozenset({"Submit", "Deploy"})
+_SEND_ONCE = frozenset({"Deploy"})
 #: the first wait after a full round of replicas failed, and the longest
 _ROUND_INITIAL_S = 0.2
 _ROUND_CAP_S = 5.0

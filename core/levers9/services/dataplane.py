@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,19 @@ class _Running:
     dispatched: float
     #: the worker it was sent to (SQL learns it only once the worker reports the start)
     worker_id: str = ""
+
+
+#: a client's submission id: long enough to be unique, short and plain enough to log
+_SUBMISSION = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+def submission_task_id(workspace: str, stub_id: str, submission: str, index: int) -> str:
+    """The id of call ``index`` of a submission: the same every time the client sends it, unique otherwise.
+
+    The workspace is part of it, so one workspace can neither guess nor collide with another's tasks.
+    """
+    digest = hashlib.sha256(f"{workspace}\0{stub_id}\0{submission}\0{index}".encode()).hexdigest()
+    return f"task_{digest[:32]}"
 
 
 class DataPlane:
@@ -199,13 +213,40 @@ class DataPlane:
 
     async def submit(self, principal: Principal, stub_id: str, args: Sequence[bytes]) -> list[str]:
         """Store and queue one call per payload; raises NoPoolOffers (storing nothing) if no pool can run them."""
+        ids, _ = await self.submit_once(principal, stub_id, args, "")
+        return ids
+
+    async def submit_once(
+        self, principal: Principal, stub_id: str, args: Sequence[bytes], submission: str
+    ) -> tuple[list[str], bool]:
+        """:meth:`submit`, at most once per ``submission`` (a client's id for this batch of calls).
+
+        A client whose replica went away before it answered sends the same submission again, to another
+        replica. The tasks' ids are derived from the workspace and the submission, so the second time finds
+        the first one's tasks (stored in one transaction: all or none), makes sure those still pending are
+        on the backlog, and answers with them. Returns the task ids and whether they were already stored.
+        """
         workspace = principal.require_workspace()
         record, settings = await self.stub(stub_id, workspace)
         if record.kind not in CALLED_KINDS:
             raise InvalidStub(
                 f"stub {stub_id} is a {record.kind}; it is served over HTTP by the gateway, not called this way"
             )
-        return await self._queue(workspace, stub_id, settings, args)
+        if not submission:
+            return await self._queue(workspace, stub_id, settings, args), False
+        if not _SUBMISSION.fullmatch(submission):
+            raise ValueError(f"submission_id {submission[:80]!r}: expected 8-64 letters, digits, '-' or '_'")
+        ids = [submission_task_id(workspace, stub_id, submission, i) for i in range(len(args))]
+        if await self.calls.dispatch(ids[:1]):
+            await self.services.scheduler.ensure_queued(ids)
+            return ids, True
+        try:
+            return await self._queue(workspace, stub_id, settings, args, ids=ids), False
+        except Exception:
+            if await self.calls.dispatch(ids[:1]):  # the same submission, stored meanwhile by another replica
+                await self.services.scheduler.ensure_queued(ids)
+                return ids, True
+            raise
 
     @staticmethod
     def new_serving_id() -> str:
@@ -221,7 +262,7 @@ class DataPlane:
         record, settings = await self.stub(stub_id, workspace)
         if record.kind in CALLED_KINDS:
             raise InvalidStub(f"stub {stub_id} is a {record.kind}; only endpoints and boxes serve")
-        await self._queue(workspace, stub_id, settings, [b""], first_id=task_id)
+        await self._queue(workspace, stub_id, settings, [b""], ids=[task_id])
 
     async def stop_task(self, task_id: str, worker_id: str | None) -> bool:
         """Cancel a task the controlplane itself started (a serving container); True if it had not ended."""
@@ -234,8 +275,9 @@ class DataPlane:
         return cancelled
 
     async def _queue(
-        self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *, first_id: str = ""
-    ) -> list[str]:
+        self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *,
+        ids: Sequence[str] = (),
+    ) -> list[str]:  # fmt: skip
         if not args:
             return []
         if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
@@ -245,7 +287,7 @@ class DataPlane:
             gpu = self._gpu[stub_id] = settings.gpu_request()
         now_ms = int(time.time() * 1000)
         template = PlacementRequest(
-            id=first_id or new_id("task"),
+            id=ids[0] if ids else new_id("task"),
             workspace=workspace,
             cpu_millicores=settings.cpu_millicores,
             memory_mib=settings.memory_mib,
@@ -253,7 +295,8 @@ class DataPlane:
             submitted_ms=now_ms,
         )
         # validated once; the others differ only by their generated id
-        requests = [template] + [template.model_copy(update={"id": new_id("task")}) for _ in args[1:]]
+        more = ids[1:] if ids else [new_id("task") for _ in args[1:]]
+        requests = [template] + [template.model_copy(update={"id": task_id}) for task_id in more]
         await self.services.scheduler.submit_many(requests, stub_id=stub_id, args=args)
         if len(self._fresh) < _MAX_FRESH:
             for r, payload in zip(requests, args, strict=True):

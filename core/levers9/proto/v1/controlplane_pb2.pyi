@@ -159,12 +159,14 @@ class StopDeploymentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class InvokeRequest(_message.Message):
-    __slots__ = ("stub_id", "args")
+    __slots__ = ("stub_id", "args", "submission_id")
     STUB_ID_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_ID_FIELD_NUMBER: _ClassVar[int]
     stub_id: str
     args: bytes
-    def __init__(self, stub_id: _Optional[str] = ..., args: _Optional[bytes] = ...) -> None: ...
+    submission_id: str
+    def __init__(self, stub_id: _Optional[str] = ..., args: _Optional[bytes] = ..., submission_id: _Optional[str] = ...) -> None: ...
 
 class Call(_message.Message):
     __slots__ = ("args",)
@@ -173,12 +175,14 @@ class Call(_message.Message):
     def __init__(self, args: _Optional[bytes] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("stub_id", "calls")
+    __slots__ = ("stub_id", "calls", "submission_id")
     STUB_ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_ID_FIELD_NUMBER: _ClassVar[int]
     stub_id: str
     calls: _containers.RepeatedCompositeFieldContainer[Call]
-    def __init__(self, stub_id: _Optional[str] = ..., calls: _Optional[_Iterable[_Union[Call, _Mapping]]] = ...) -> None: ...
+    submission_id: str
+    def __init__(self, stub_id: _Optional[str] = ..., calls: _Optional[_Iterable[_Union[Call, _Mapping]]] = ..., submission_id: _Optional[str] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("task_ids",)

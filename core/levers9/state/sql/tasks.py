@@ -165,6 +165,14 @@ class TaskStore:
             row = await session.get(Task, task_id)
             return None if row is None else _task(row)
 
+    async def get_many(self, task_ids: Sequence[str]) -> list[TaskRecord]:
+        """The tasks of ``task_ids`` that exist, in no particular order."""
+        if not task_ids:
+            return []
+        async with self._db.transaction() as session:
+            rows = await session.scalars(select(Task).where(Task.id.in_(list(task_ids))))
+            return [_task(row) for row in rows]
+
     async def unfinished(self) -> list[TaskRecord]:
         """Every pending and running task, oldest first: what a restarted controlplane must pick up again."""
         async with self._db.transaction() as session:
