@@ -9,6 +9,7 @@ address it tried.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,6 +51,13 @@ def test_a_dead_address_in_the_list_is_passed_over(replicas: Replicas) -> None:
     assert done.returncode == 0, done.stderr + replicas.logs()
     lines = done.stdout.splitlines()
     assert lines == ["remote 2", *(f"result {2 * i}" for i in range(5)), "after 10"]
+    # the CLI passes over the dead address too
+    listed = subprocess.run(
+        [sys.executable, "-m", "levers9", "tasks", "--json"], env=replicas.sdk_env([dead, replicas.addresses[0]], None),
+        capture_output=True, text=True, timeout=120, cwd=replicas.root,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 7
 
 
 def test_killing_the_replica_a_client_uses_mid_map_loses_nothing(replicas: Replicas) -> None:

@@ -29,6 +29,8 @@ Metadata = tuple[tuple[str, str], ...]
 
 #: list calls answer from the database; a controlplane silent this long is stuck, not busy
 UNARY_TIMEOUT_S = 30.0
+#: how long a command waits for one replica to accept a connection before it tries the next
+_CONNECT_S = 5.0
 TASK_STATUSES = ("pending", "running", "complete", "error", "cancelled", "expired")
 _STATUS_STYLE = {
     "pending": "yellow",
@@ -64,18 +66,29 @@ def call(context: str | None, action: Callable[[ControlPlaneStub, Metadata], Awa
 
     import grpc.aio
 
+    from levers9.proto.target import parse_target
     from levers9.sdk.channel import call_metadata, control_plane, explain, open_channel
 
     ctx = resolve_context(context)
+    tried: list[str] = []
 
     async def run() -> T:
-        async with open_channel(ctx) as channel:
-            return await action(control_plane(channel), call_metadata(ctx))
+        # the first replica that accepts a connection runs the action; one that is down is passed over
+        for i, address in enumerate(ctx.addresses):
+            async with open_channel(ctx, address) as channel:
+                try:
+                    await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
+                except TimeoutError:
+                    tried.append(parse_target(address)[0])
+                    if i + 1 < len(ctx.addresses):
+                        continue
+                return await action(control_plane(channel), call_metadata(ctx))
+        raise AssertionError("a context has at least one address")
 
     try:
         return asyncio.run(run())
     except grpc.aio.AioRpcError as exc:
-        err.print(f"error: {explain(exc, ctx)}", markup=False)
+        err.print(f"error: {explain(exc, ctx, tried or None)}", markup=False)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
