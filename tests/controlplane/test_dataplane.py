@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from levers9.scheduler.events import REQUEUE_NEVER_DELIVERED, Requeued
 from levers9.services.auth import Principal
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
@@ -123,8 +124,11 @@ async def test_a_call_sent_into_a_breaking_session_goes_back_on_the_backlog_when
         assert before is not None
         assert before.running == 2
         worker = Principal(token_id="w", kind=TokenKind.WORKER, workspace_id=None, subject="cpu")
+        seen: list[object] = []
+        services.scheduler.ctx.on_event = seen.append
         await fleet.register(replica_b, worker, pool="cpu", worker_id="w1", gpus=[], cpu_millicores=0,
                              memory_mib=0, hostname="box", running=[got])  # fmt: skip
+        assert seen == [Requeued(REQUEUE_NEVER_DELIVERED, 1)]  # counted as levers9_requeues_total
         after = await services.scheduler.workers.get("w1")
         assert after is not None
         assert after.running == 1

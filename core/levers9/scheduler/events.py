@@ -24,6 +24,7 @@ __all__ = [
     "LOST_MACHINE_VANISHED",
     "REQUEUE_ATTEMPT_FAILED",
     "REQUEUE_MACHINE_VANISHED",
+    "REQUEUE_NEVER_DELIVERED",
     "REQUEUE_RESTART",
     "REQUEUE_WORKER_LOST",
     "TERMINATED_IDLE",
@@ -44,6 +45,8 @@ REQUEUE_WORKER_LOST = "worker_lost"
 REQUEUE_MACHINE_VANISHED = "machine_vanished"
 REQUEUE_ATTEMPT_FAILED = "attempt_failed"
 REQUEUE_RESTART = "restart"
+#: sent to a worker by a replica that went away before the worker got it (found when the worker came back)
+REQUEUE_NEVER_DELIVERED = "never_delivered"
 
 #: why a worker was taken out while it still held work or a slot
 LOST_KEEPALIVE = "keepalive_lapsed"

@@ -417,6 +417,7 @@ class Scheduler:
             requeued.append(rid)
         if requeued:
             log.warning("worker %s came back without %d requests sent to it; requeued them", worker, len(requeued))
+            ctx.emit(events.Requeued(events.REQUEUE_NEVER_DELIVERED, len(requeued)))
             ctx.placer_wanted.set()
         return kept
 
