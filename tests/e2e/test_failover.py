@@ -18,7 +18,10 @@ no task unfinished and no worker registered twice.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import IO
@@ -176,6 +179,44 @@ def test_killing_the_replica_a_client_submits_to_fails_none_of_its_calls(replica
     assert len(response.json()) == count  # every call stored once: none submitted twice
 
 
+def test_a_worker_leaves_a_replica_that_froze_without_closing_its_connections(replicas: Replicas) -> None:
+    """SIGSTOP: replica 0 keeps its sockets open and answers nothing, like a host gone from the network.
+
+    The worker is started by hand (no provider replaces it), with replica 0 first. Its pings on the session
+    find replica 0 gone and it registers with replica 1, which runs the calls; without pings it would wait
+    for TCP to give up, which takes minutes.
+    """
+    replicas.min_workers = replicas.max_workers = 0
+    replicas.start_all()
+    issued = replicas.levers9("token", "create", "--kind", "worker", "--pool", "local")
+    assert issued.returncode == 0, issued.stderr
+    log_path = replicas.root / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "levers9", "worker", "--controlplane", ",".join(replicas.addresses),
+             "--pool", "local", "--state-dir", str(replicas.root / "worker-state")],
+            env={**replicas.env, "LEVERS9_TOKEN": issued.stdout.strip()}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    process = replicas.replicas[0].process
+    assert process is not None
+    try:
+        replicas.wait_workers(1, timeout=60)
+        process.send_signal(signal.SIGSTOP)
+        done = replicas.python(REMOTE_PROGRAM.format(count=3), addresses=[replicas.addresses[1]], timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:] + log_path.read_text()[-3000:]
+        assert done.stdout.splitlines() == ["call 0", "call 1", "call 2", "done"]
+    finally:
+        replicas.kill(0)  # SIGKILL ends a stopped process too
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(10)
+
+
 ROLLING_PROGRAM = """
 import levers9
 
@@ -218,3 +259,32 @@ def test_a_rolling_restart_fails_no_call_and_leaves_nothing_behind(replicas: Rep
     workers = replicas.workers()
     assert len(workers) == 2, workers
     assert len({w["id"] for w in workers}) == 2
+    # no gauge outlives what it counts: one lease holder, the workers counted once, nothing serving or waiting
+    deadline = time.monotonic() + 30
+    while True:
+        scraped = [_metrics(r.metrics_port) for r in replicas.replicas]
+        merged = [line for text in scraped for line in text]
+        holders = sum(v for name, v in merged if name.startswith("levers9_planner_lease_held{"))
+        workers_running = sum(
+            v for name, v in merged if name.startswith("levers9_workers{") and 'status="running"' in name
+        )
+        if (holders, workers_running) == (1, 2) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert (holders, workers_running) == (1, 2), merged
+    leftovers = [
+        (name, v) for name, v in merged
+        if v and name.startswith(("levers9_serving_containers{", "levers9_gateway_waiting_requests{"))
+    ]  # fmt: skip
+    assert leftovers == []
+
+
+def _metrics(port: int) -> list[tuple[str, float]]:
+    """A replica's samples as (name{labels}, value), comments left out."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    samples = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples.append((name, float(value)))
+    return samples

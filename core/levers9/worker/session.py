@@ -70,7 +70,12 @@ from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
 from levers9.worker.warm.pool import WarmPool
 
-__all__ = ["WorkerOptions", "WorkerProcess", "options_from_env"]
+__all__ = ["SESSION_PING_S", "WorkerOptions", "WorkerProcess", "options_from_env"]
+
+#: how often the worker pings the replica its session is on; above the server's
+#: grpc.http2.min_ping_interval_without_data_ms (10 s), or the server would end the connection for pinging
+#: too often
+SESSION_PING_S = 15.0
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +229,12 @@ class WorkerProcess:
             options = [
                 ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
                 ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
+                # a replica whose host vanished resets nothing: pings find it gone within SESSION_PING_S + 5 s
+                # instead of TCP's retransmission timeout (minutes); the server allows pings this often
+                ("grpc.keepalive_time_ms", int(SESSION_PING_S * 1000)),
+                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
             ]
             channel = (
                 grpc.aio.secure_channel(target, creds, options) if creds else grpc.aio.insecure_channel(target, options)
