@@ -167,7 +167,7 @@ LISTINGS: list[tuple[list[str], set[str]]] = [
     (["deployments"], {"id", "name", "kind", "active_version", "versions"}),
     (["plugins"], {"name", "module", "distribution", "version", "builtin", "status", "error", "roles", "hooks"}),
     (["gpu", "list"], {"name", "vendor", "memory_mib"}),
-    (["context", "list"], {"name", "current", "grpc", "http", "workspace", "token"}),
+    (["context", "list"], {"name", "current", "grpc", "http", "workspace", "token", "ca_file", "reconnect_s"}),
 ]
 
 

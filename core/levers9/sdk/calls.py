@@ -39,7 +39,7 @@ from levers9.backoff import Backoff
 from levers9.payloads import INLINE_MAX_BYTES, REF_PREFIX, PayloadTooLarge
 from levers9.proto.v1 import controlplane_pb2
 from levers9.sdk import blobs, serialize
-from levers9.sdk.client import Client, translate
+from levers9.sdk.client import GONE, Client, translate
 from levers9.sdk.errors import CallCancelled, CallTimeout, RemoteError, RemoteTraceback
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
 R = TypeVar("R")
 
 #: the codes of a watch broken by its replica going away, rather than refused by a live one
-_BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+_BROKEN = (*GONE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
 _DYNAMIC = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (.+)$')
 
@@ -165,7 +165,7 @@ async def watch(client: Client, task_ids: Sequence[str]) -> AsyncIterator[contro
             if exc.code() not in _BROKEN:
                 raise translate(exc, client.ctx) from None
             await client.lost(exc, generation)
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            if exc.code() not in GONE:
                 await asyncio.sleep(refused.next_s())
 
 
@@ -229,7 +229,7 @@ async def invoke(client: Client, stub_id: str, payload: bytes) -> controlplane_p
                     return await incoming(client, event)
             break
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            if exc.code() not in GONE:
                 raise translate(exc, client.ctx) from None
             # before the id came: the same submission again, elsewhere (stored once); after: follow it by id
             await client.lost(exc, generation)
@@ -281,9 +281,9 @@ async def submit_and_watch(
                         yield event
             break
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+            if exc.code() not in (*GONE, grpc.StatusCode.INTERNAL):
                 raise translate(exc, client.ctx) from None
-            if not ids and exc.code() != grpc.StatusCode.UNAVAILABLE:
+            if not ids and exc.code() not in GONE:
                 raise translate(exc, client.ctx) from None
             # before the ids came: the same submission again, elsewhere (stored once); after: follow them by id
             await client.lost(exc, generation)

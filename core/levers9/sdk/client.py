@@ -52,12 +52,17 @@ from levers9.sdk.channel import call_metadata, control_plane, explain, open_chan
 from levers9.sdk.context import Context, current_context
 from levers9.sdk.errors import ControlPlaneError, InvalidFunction, Unschedulable
 
-__all__ = ["CONNECT_S", "Client", "client_for", "translate"]
+__all__ = ["CONNECT_S", "GONE", "Client", "client_for", "translate"]
 
 T = TypeVar("T")
 
 #: how long one connection attempt to one replica may take (a black-holed address) before the next is tried
 CONNECT_S = 10.0
+#: the codes of a call whose replica went away, or is stopping (it cancels what is still open when its grace
+#: ends): the call may go to another replica
+GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+#: how long the channel to a replica the client moved away from stays open for the calls still on it
+RETIRE_AFTER_S = 60.0
 #: unary methods that store something new each time: sent once, never again on another replica
 _SEND_ONCE = frozenset({"Deploy"})
 #: the first wait after a full round of replicas failed, and the longest
@@ -91,6 +96,8 @@ class Client:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"levers9 {ctx.name}", daemon=True)
         self._thread.start()
         self._channel: grpc.aio.Channel | None = None
+        #: channels of replicas the client moved away from, closed RETIRE_AFTER_S later (see _move_on)
+        self._retired: list[grpc.aio.Channel] = []
         self._raw: controlplane_pb2_grpc.ControlPlaneStub | None = None
         self._index = 0
         #: bumped each time the client moves to another replica, so one failure moves it once
@@ -205,10 +212,23 @@ class Client:
         )
 
     def _move_on(self) -> None:
+        """Talk to the next replica from now on; the old channel is closed only later.
+
+        Other calls may still be on the old channel. Closing it now would cancel them, and a cancelled
+        gRPC call raises ``asyncio.CancelledError`` in its caller, which cannot be told from the caller's
+        own task being cancelled: a watch would end silently, without its results. Left open, each of them
+        fails (or finishes) on its own and follows the client to the next replica.
+        """
         channel, self._channel, self._raw = self._channel, None, None
         self._index = (self._index + 1) % len(self.targets)
         self._generation += 1
         if channel is not None:
+            self._retired.append(channel)
+            asyncio.get_running_loop().call_later(RETIRE_AFTER_S, self._close_retired, channel)
+
+    def _close_retired(self, channel: grpc.aio.Channel) -> None:
+        if channel in self._retired:
+            self._retired.remove(channel)
             task = asyncio.get_running_loop().create_task(channel.close())
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
@@ -219,7 +239,7 @@ class Client:
             try:
                 result = await op(stub)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                if exc.code() not in GONE:
                     raise
                 await self.lost(exc, generation)
                 continue
@@ -232,7 +252,7 @@ class Client:
         try:
             result = await op(stub)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            if exc.code() not in GONE:
                 raise
             raise self.broke(exc, generation, what) from None
         self.reached()
@@ -260,8 +280,10 @@ class Client:
             return
 
         async def shutdown() -> None:
-            if self._channel is not None:
-                await self._channel.close()
+            for channel in [*self._retired, self._channel]:
+                if channel is not None:
+                    await channel.close()
+            self._retired.clear()
             # gRPC leaves bookkeeping tasks behind for finished calls; end them here, or Python prints
             # "Task was destroyed but it is pending!" when the program exits
             current = asyncio.current_task()
