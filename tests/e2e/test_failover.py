@@ -18,7 +18,6 @@ no task unfinished and no worker registered twice.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import IO
 import httpx
 import pytest
 
+from tests.fixtures.levers9_up import end_session
 from tests.fixtures.replicas import Replicas
 
 pytestmark = pytest.mark.timeout(600)
@@ -208,13 +208,7 @@ def test_a_worker_leaves_a_replica_that_froze_without_closing_its_connections(re
         assert done.stdout.splitlines() == ["call 0", "call 1", "call 2", "done"]
     finally:
         replicas.kill(0)  # SIGKILL ends a stopped process too
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(10)
+        end_session(worker)
 
 
 ROLLING_PROGRAM = """

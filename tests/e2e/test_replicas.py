@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.levers9_up import free_port
+from tests.fixtures.levers9_up import end_session, free_port
 from tests.fixtures.replicas import Replicas
 
 pytestmark = pytest.mark.timeout(400)
@@ -148,10 +147,4 @@ def test_a_worker_given_two_addresses_registers_through_the_live_one(replicas: R
         text = log_path.read_text()
         assert f"controlplane {dead.removeprefix('grpc://')} unreachable" in text, text
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(10)
+        end_session(worker)

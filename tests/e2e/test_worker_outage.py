@@ -9,15 +9,13 @@ whole fleet down.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.fixtures.levers9_up import Up
+from tests.fixtures.levers9_up import Up, end_session
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,11 +65,5 @@ def test_a_worker_older_than_its_limit_keeps_serving_across_a_controlplane_resta
         assert worker.poll() is None
         assert "stopping" not in (levers9_up.root / "worker.log").read_text()
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(10)
+        end_session(worker)
         log.close()

@@ -381,15 +381,7 @@ class Scheduler:
         log.warning("worker %s %s; requeued %d requests", worker, why, len(ids))
         if state is not None:
             ctx.emit(events.WorkerLost(state.info.pool, events.LOST_LEFT if force else events.LOST_KEEPALIVE))
-        requeued: list[str] = []
-        for rid in ids:
-            try:
-                await ctx.tasks.requeue(rid, f"worker {worker} {why}")
-            except InvalidTransition:
-                # it finished while Redis still counted it on the worker: nothing to run again
-                await ctx.backlog.finish(rid, ctx.now_ms())
-                continue
-            requeued.append(rid)
+        requeued = await self._requeue_in_sql(ids, f"worker {worker} {why}")
         if requeued:
             ctx.emit(events.Requeued(events.REQUEUE_WORKER_LOST, len(requeued)))
         if state is not None and state.info.machine_id:
@@ -407,19 +399,29 @@ class Scheduler:
         """
         ctx = self.ctx
         ids, kept = await ctx.workers.reclaim(worker, held, now_ms=ctx.now_ms())
-        requeued: list[str] = []
-        for rid in ids:
-            try:
-                await ctx.tasks.requeue(rid, f"it was sent to worker {worker} by a replica that went away first")
-            except InvalidTransition:
-                await ctx.backlog.finish(rid, ctx.now_ms())
-                continue
-            requeued.append(rid)
+        requeued = await self._requeue_in_sql(ids, f"it was sent to worker {worker} by a replica that went away first")
         if requeued:
             log.warning("worker %s came back without %d requests sent to it; requeued them", worker, len(requeued))
             ctx.emit(events.Requeued(events.REQUEUE_NEVER_DELIVERED, len(requeued)))
             ctx.placer_wanted.set()
         return kept
+
+    async def _requeue_in_sql(self, ids: Sequence[str], reason: str) -> list[str]:
+        """Mark requests Redis has just put back on the backlog pending again in SQL; returns those that were.
+
+        One that finished while Redis still counted it on its worker has nothing to run again: it leaves the
+        backlog instead.
+        """
+        ctx = self.ctx
+        requeued: list[str] = []
+        for rid in ids:
+            try:
+                await ctx.tasks.requeue(rid, reason)
+            except InvalidTransition:
+                await ctx.backlog.finish(rid, ctx.now_ms())
+                continue
+            requeued.append(rid)
+        return requeued
 
     # ------------------------------------------------------------------ leader work
 
