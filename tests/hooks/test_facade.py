@@ -40,12 +40,14 @@ from levers9.hooks.types import (
     ContainerStatus,
     GpuDevice,
     LogChunk,
+    Machine,
     MachineState,
     Pool,
     PreparedContainer,
     ProvisionRequest,
     Resources,
     RuntimeContext,
+    WorkerBootstrap,
 )
 
 # --------------------------------------------------------------------------- fixtures
@@ -75,12 +77,15 @@ def toy_pool(hooks: Hooks, tmp_path: Path, name: str = "toy", **settings: Any) -
 
 
 def request(pool: Pool, machine_id: str = "m-1") -> ProvisionRequest:
-    return ProvisionRequest(
-        pool=pool,
-        resources=Resources(gpu="T4", gpu_count=1),
-        machine_id=machine_id,
-        token="secret-token",
+    bootstrap = WorkerBootstrap(
         controlplane_url="grpc://127.0.0.1:1993",
+        token="secret-token",
+        machine_id=machine_id,
+        pool=pool.name,
+        levers9_version="0.0.0",
+    )
+    return ProvisionRequest(
+        pool=pool, resources=Resources(gpu="T4", gpu_count=1), machine_id=machine_id, bootstrap=bootstrap
     )
 
 
@@ -199,9 +204,11 @@ def test_hook_levers9_list_machines(hooks: Hooks, tmp_path: Path) -> None:
 def test_hook_levers9_terminate(hooks: Hooks, tmp_path: Path) -> None:
     pool = toy_pool(hooks, tmp_path)
     machine = hooks_run(hooks.provision(request(pool)))
-    hooks_run(hooks.terminate(pool, machine.provider_id))
-    hooks_run(hooks.terminate(pool, machine.provider_id))  # idempotent
-    assert hooks_run(hooks.list_machines(pool)) == []
+    hooks_run(hooks.terminate(pool, machine))
+    hooks_run(hooks.terminate(pool, machine))  # idempotent
+    hooks_run(hooks.terminate(pool, machine.model_copy(update={"provider_id": "toy-unknown"})))  # never known
+    listed = hooks_run(hooks.list_machines(pool))  # toycloud keeps terminated machines listed, as terminated
+    assert [(m.provider_id, m.state) for m in listed] in ([], [(machine.provider_id, MachineState.TERMINATED)])
 
 
 def test_hook_levers9_gpu_offers(hooks: Hooks, tmp_path: Path) -> None:
@@ -376,8 +383,6 @@ def test_untyped_exception_becomes_plugin_error_naming_plugin_and_hook(tmp_path:
 
 
 def test_listing_another_pools_machines_is_refused(tmp_path: Path) -> None:
-    from levers9.hooks.types import Machine
-
     class Sloppy:
         def levers9_provider_settings(self) -> type[BaseModel]:
             return MemoryRuntime.Settings
@@ -400,17 +405,18 @@ def test_provider_timeout_is_typed() -> None:
         def levers9_provider_settings(self) -> type[BaseModel]:
             return MemoryRuntime.Settings
 
-        def levers9_terminate(self, pool: Pool, provider_id: str) -> None:
+        def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
             time.sleep(2)
 
     plugins = PluginSet()
     plugins.add("slow", Slow())
     hooks = Hooks(plugins)
+    machine = Machine(provider_id="i-1", pool="p")
     try:
         with pytest.raises(
             PluginTimeout, match=re.escape("plugin 'slow', hook levers9_terminate: did not answer within 0.2 s")
         ):
-            hooks_run(hooks.terminate(Pool(name="p", provider="slow", runtime="x"), "i-1", timeout=0.2))
+            hooks_run(hooks.terminate(Pool(name="p", provider="slow", runtime="x"), machine, timeout=0.2))
     finally:
         hooks.close()
 
@@ -507,3 +513,79 @@ def test_listing_many_pools_isolates_a_failing_or_hanging_provider(hooks: Hooks,
     assert "did not answer within 0.5 s" in failed["wedged"]
     assert [o.gpu for o in offers.answers["toy"]] == ["T4"]
     assert {f.plugin for f in offers.failures} == {"broken", "wedged"}
+
+
+class Checked:
+    """A provider whose ``levers9_check`` answers what its pool's settings say (a dict: a misbehaving plugin)."""
+
+    class Settings(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        answer: str = "ok"
+
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        return self.Settings
+
+    def levers9_check(self, pool: Pool) -> Any:
+        from levers9.hooks.types import ProviderCheck
+
+        if pool.settings.answer == "dict":
+            return {"ok": True, "message": "fine"}
+        if pool.settings.answer == "denied":
+            return ProviderCheck(ok=False, message="ec2:DescribeInstances denied", hint="grant it to the role")
+        return ProviderCheck(ok=True, message="credentials accepted in us-east-1")
+
+
+def test_hook_levers9_check() -> None:
+    from levers9.hooks.types import ProviderCheck
+
+    plugins = PluginSet()
+    plugins.add("checked", Checked())
+
+    class NoCheck:  # a provider without the optional hook
+        def levers9_provider_settings(self) -> type[BaseModel]:
+            return Checked.Settings
+
+    plugins.add("nocheck", NoCheck())
+    hooks = Hooks(plugins)
+    try:
+
+        def pool(provider: str, answer: str = "ok") -> Pool:
+            return Pool(name="p", provider=provider, runtime="x", settings=Checked.Settings(answer=answer))
+
+        assert hooks_run(hooks.check(pool("checked"))) == ProviderCheck(
+            ok=True, message="credentials accepted in us-east-1"
+        )
+        denied = hooks_run(hooks.check(pool("checked", "denied")))
+        assert (denied.ok, denied.hint) == (False, "grant it to the role")
+        assert hooks_run(hooks.check(pool("nocheck"))) is None, "the hook is optional"
+        with pytest.raises(UnknownPlugin, match="unknown provider 'nope'"):
+            hooks_run(hooks.check(pool("nope")))
+        with pytest.raises(PluginError) as info:
+            hooks_run(hooks.check(pool("checked", "dict")))
+        assert str(info.value) == (
+            "plugin 'checked', hook levers9_check: returned dict, expected ProviderCheck: a dict where a "
+            "ProviderCheck is expected; return levers9.hooks.types.ProviderCheck(...) instead"
+        )
+    finally:
+        hooks.close()
+
+
+def test_a_dict_where_a_model_is_expected_is_refused_even_when_it_would_validate() -> None:
+    class Loose:
+        def levers9_gpu_devices(self) -> Any:
+            good = GpuDevice(index=0, uuid="GPU-a", model="NVIDIA L4", gpu="L4", memory_mib=23034)
+            return [good, {"index": 1, "uuid": "GPU-b", "model": "NVIDIA L4", "gpu": "L4", "memory_mib": 23034}]
+
+    plugins = PluginSet()
+    plugins.add("loose", Loose())
+    hooks = Hooks(plugins)
+    try:
+        found = hooks_run(hooks.gpu_devices())
+    finally:
+        hooks.close()
+    assert found.devices == []
+    (failure,) = found.failures
+    assert failure.error == (
+        "plugin 'loose', hook levers9_gpu_devices: returned list[GpuDevice | dict], expected list[GpuDevice] at 1: "
+        "a dict where a GpuDevice is expected; return levers9.hooks.types.GpuDevice(...) instead"
+    )

@@ -80,7 +80,7 @@ def test_unmarked_hook_function_still_registers() -> None:
 
 def test_hook_with_argument_the_spec_lacks_is_rejected() -> None:
     class Plugin:
-        def levers9_terminate(self, pool: object, provider_id: str, force: bool) -> None:
+        def levers9_terminate(self, pool: object, machine: object, force: bool) -> None:
             return None
 
     record = PluginSet().add("badargs", Plugin())
@@ -120,4 +120,4 @@ def test_hook_names_match_the_spec_module() -> None:
     import levers9.hooks.spec as spec
 
     assert set(HOOK_NAMES) == {n for n in dir(spec) if n.startswith("levers9_")}
-    assert len(HOOK_NAMES) == 18
+    assert len(HOOK_NAMES) == 21

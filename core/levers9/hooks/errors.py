@@ -64,6 +64,16 @@ class AuthenticationFailed(ProviderError):
     kind = "authentication_failed"
 
 
+class PermissionDenied(ProviderError):
+    """The credentials were accepted but may not do this (IAM or RBAC denied the action); retrying will not help.
+
+    Reported to the operator with the action and the provider's own words; the
+    pool is skipped like a capacity miss until someone grants the permission.
+    """
+
+    kind = "permission_denied"
+
+
 class Throttled(ProviderError):
     """The provider asked us to slow down; the same call may succeed after ``retry_after`` seconds."""
 
@@ -140,6 +150,7 @@ __all__ = [
     "InsufficientCapacity",
     "InvalidRequest",
     "Levers9Error",
+    "PermissionDenied",
     "PluginError",
     "PluginLoadError",
     "PluginTimeout",

@@ -1,42 +1,38 @@
 """The typed facade: the only way the core calls plugins.
 
 Each method has a typed signature (so mypy checks every call site in the core),
-runs the plugin's synchronous hook in a worker thread with a deadline (so a
-plugin blocking on its SDK never stalls the event loop), checks what the plugin
-returned against the spec, and turns untyped exceptions into
-:class:`~levers9.hooks.errors.PluginError` naming the plugin and the hook.
+runs the plugin's synchronous hook on that plugin's own threads with a
+deadline (so a plugin blocking on its SDK never stalls the event loop, nor
+another plugin), checks what the plugin returned against the spec, and turns
+untyped exceptions into :class:`~levers9.hooks.errors.PluginError` naming the
+plugin and the hook.
 
 Dispatch follows the spec: provider hooks go to the plugin a pool names,
 runtime hooks to the plugin a runtime context names, ``levers9_gpu_devices`` to
-every plugin (each isolated), checkpoint hooks to the first plugin that answers.
+every plugin (each isolated), checkpoint hooks through pluggy's firstresult
+caller (the first plugin that answers wins).
+
+Isolation, deadlines, provider health and the plugins' startup and shutdown
+are the same for every hook and live in :mod:`levers9.hooks.calls`, the base
+class; what is here is each hook's signature and the rules of its answer
+(a machine of the asked pool, canonical GPU names, small ``provider_data``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import difflib
-import functools
+import json
 import logging
-import types
-import typing
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
-from levers9.hooks.errors import (
-    CheckpointUnavailable,
-    Levers9Error,
-    PluginError,
-    PluginTimeout,
-    ProviderError,
-    RestoreFailed,
-    UnknownPlugin,
-)
-from levers9.hooks.manager import PluginSet
+from levers9.hooks.calls import DEFAULT_TIMEOUT, PluginCalls
+from levers9.hooks.errors import CheckpointUnavailable, PluginError, RestoreFailed
 from levers9.hooks.types import (
+    PROVIDER_DATA_MAX_BYTES,
     CheckpointImage,
     CheckpointSupport,
     ContainerSpec,
@@ -47,6 +43,7 @@ from levers9.hooks.types import (
     Machine,
     Pool,
     PreparedContainer,
+    ProviderCheck,
     ProvisionRequest,
     RuntimeCapabilities,
     RuntimeContext,
@@ -56,7 +53,6 @@ log = logging.getLogger("levers9.plugins")
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 30.0
 #: provisioning calls may legitimately take longer (image lookups, launch)
 PROVISION_TIMEOUT = 120.0
 
@@ -84,23 +80,8 @@ class PoolAnswers(Generic[T]):
     failures: list[PluginFailure]
 
 
-@functools.cache
-def _adapter(tp: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
-
-
-class Hooks:
+class Hooks(PluginCalls):
     """Typed, isolated access to every loaded plugin's hooks."""
-
-    def __init__(self, plugins: PluginSet, *, timeout: float = DEFAULT_TIMEOUT, max_threads: int = 32) -> None:
-        self.plugins = plugins
-        self.timeout = timeout
-        # A dedicated pool: a plugin that hangs forever holds one of these threads,
-        # never one of the event loop's default executor.
-        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="levers9-hook")
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ----------------------------------------------------------------- names
 
@@ -111,18 +92,6 @@ class Hooks:
         names = self.plugins.implementers("levers9_runtime_settings")
         names += [n for n in self.plugins.implementers("levers9_runtime_capabilities") if n not in names]
         return names
-
-    def _require(self, kind: str, name: str, known: list[str]) -> None:
-        if name in known:
-            return
-        record = self.plugins.records.get(name)
-        if record is not None and record.status != "loaded":
-            why = "is blocked by the plugin policy" if record.status == "blocked" else f"failed: {record.error}"
-            raise UnknownPlugin(f"{kind} {name!r} is installed but not loaded: it {why}")
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        listing = ", ".join(known) if known else "none"
-        raise UnknownPlugin(f"unknown {kind} {name!r}.{hint} Installed {kind}s: {listing}")
 
     # ----------------------------------------------------------------- settings (sync: used while loading config)
 
@@ -180,12 +149,22 @@ class Hooks:
                 "levers9_provision",
                 f"returned a machine of pool {machine.pool!r} for pool {request.pool.name!r}",
             )
+        _check_provider_data(request.pool.provider, "levers9_provision", machine)
         return machine
 
-    async def terminate(self, pool: Pool, provider_id: str, *, timeout: float | None = None) -> None:
+    async def terminate(self, pool: Pool, machine: Machine, *, timeout: float | None = None) -> None:
         _expect(pool, Pool, "pool")
-        _expect(provider_id, str, "provider_id")
-        await self._one(pool.provider, "levers9_terminate", None, timeout, pool=pool, provider_id=provider_id)
+        _expect(machine, Machine, "machine")
+        await self._one(pool.provider, "levers9_terminate", None, timeout, pool=pool, machine=machine)
+
+    async def check(self, pool: Pool, *, timeout: float | None = None) -> ProviderCheck | None:
+        """The provider's own check of ``pool`` (credentials, settings); None when it has no ``levers9_check``."""
+        _expect(pool, Pool, "pool")
+        if self.plugins.impl(pool.provider, "levers9_check") is None:
+            self._require("provider", pool.provider, self.providers())
+            return None
+        result: ProviderCheck = await self._one(pool.provider, "levers9_check", ProviderCheck, timeout, pool=pool)
+        return result
 
     async def list_machines(self, pool: Pool, *, timeout: float | None = None) -> list[Machine]:
         _expect(pool, Pool, "pool")
@@ -379,76 +358,20 @@ class Hooks:
             raise RestoreFailed(f"no installed plugin restores containers of runtime {runtime.name!r}")
         return state
 
-    # ----------------------------------------------------------------- calling
 
-    async def _first(self, hook: str, result_type: Any, timeout: float | None, **kwargs: Any) -> Any:
-        for name in self.plugins.implementers(hook):
-            answer = await self._one(name, hook, result_type | None, timeout, **kwargs)
-            if answer is not None:
-                return answer
-        return None
-
-    async def _one(self, plugin: str, hook: str, result_type: Any, timeout: float | None, **kwargs: Any) -> Any:
-        impl = self.plugins.impl(plugin, hook)
-        if impl is None:
-            record = self.plugins.records.get(plugin)
-            if record is None or record.status != "loaded":
-                self._require("plugin", plugin, [r.name for r in self.plugins.loaded()])
-            raise PluginError(plugin, hook, "is not implemented by this plugin")
-        args = {name: kwargs[name] for name in impl.argnames}
-        deadline = self.timeout if timeout is None else timeout
-        call: Callable[[], Any] = functools.partial(impl.function, **args)
-        loop = asyncio.get_running_loop()
-        try:
-            result = await asyncio.wait_for(loop.run_in_executor(self._executor, call), deadline)
-        except TimeoutError:
-            log.error("plugin %r hook %s timed out after %g s", plugin, hook, deadline)
-            raise PluginTimeout(plugin, hook, deadline) from None
-        except ProviderError as exc:
-            if exc.plugin is None:
-                exc.plugin = plugin
-            raise
-        except Levers9Error:
-            raise
-        except Exception as exc:
-            raise PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}") from exc
-        return _check_result(plugin, hook, result, result_type)
-
-
-def _check_result(plugin: str, hook: str, result: Any, result_type: Any) -> Any:
-    if result_type is None:
-        if result is not None:
-            raise PluginError(plugin, hook, f"returned {type(result).__name__}, expected None")
-        return None
+def _check_provider_data(plugin: str, hook: str, machine: Machine) -> None:
+    """``provider_data`` is stored with the machine's record: JSON, and small."""
     try:
-        return _adapter(result_type).validate_python(result, strict=True)
-    except ValidationError as exc:
-        expected = _type_name(result_type)
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        detail = f" at {where}" if where else ""
+        size = len(json.dumps(machine.provider_data, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise PluginError(plugin, hook, f"machine {machine.provider_id}: provider_data is not JSON: {exc}") from None
+    if size > PROVIDER_DATA_MAX_BYTES:
         raise PluginError(
             plugin,
             hook,
-            f"returned {_describe(result)}, expected {expected}{detail}: {first['msg']}",
-        ) from None
-
-
-def _type_name(tp: Any) -> str:
-    args = typing.get_args(tp)
-    if not args:
-        return getattr(tp, "__name__", str(tp))
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in args)
-    return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in args)}]"
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, list):
-        inner = {type(v).__name__ for v in value}
-        return f"list[{' | '.join(sorted(inner)) or '...'}]"
-    return type(value).__name__
+            f"machine {machine.provider_id}: provider_data takes {size} bytes as JSON, at most "
+            f"{PROVIDER_DATA_MAX_BYTES} are stored; keep ids and zones there, not whole API answers",
+        )
 
 
 def _expect(value: Any, tp: type, name: str) -> None:
@@ -457,4 +380,4 @@ def _expect(value: Any, tp: type, name: str) -> None:
         raise TypeError(f"{name} must be {tp.__name__}, got {type(value).__name__}")
 
 
-__all__ = ["GpuDiscovery", "Hooks", "PluginFailure", "PoolAnswers"]
+__all__ = ["DEFAULT_TIMEOUT", "PROVISION_TIMEOUT", "GpuDiscovery", "Hooks", "PluginFailure", "PoolAnswers"]

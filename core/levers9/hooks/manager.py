@@ -6,14 +6,30 @@ does not exist, or has a signature the spec does not allow is recorded with its
 error and left out, and every other plugin keeps working. Strict mode (config
 ``plugins.strict`` or ``LEVERS9_PLUGINS_STRICT=1``) turns any such failure into
 an error, for CI and for operators who prefer to fail fast.
+
+Hooks declared ``firstresult`` (the checkpoint hooks) are called through
+pluggy's own hook caller, which asks each implementation in turn (the plugin
+registered last first; ``tryfirst``/``trylast`` move one) and stops at the
+first answer that is not None. pluggy does not say which implementation
+answered or raised, and the facade must name it when the answer has the wrong
+type or the call fails. So when a plugin registers, each of its
+implementations of a firstresult hook is wrapped to note its plugin's name in
+the :class:`Attribution` of the call running on the current thread, before
+it runs: once pluggy's caller returns or raises, the last name noted is the
+plugin that answered, raised, or (for a call that ran past its deadline) is
+still running. The wrapper changes nothing else: same arguments, same result,
+same exceptions. Hook wrappers (``hookwrapper``/``wrapper``) are left as they are.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
@@ -124,6 +140,36 @@ def _split(value: str | None) -> list[str] | None:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+_calling = threading.local()
+
+
+class Attribution:
+    """Which plugin's implementation a pluggy hook call on this thread entered last (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.plugin: str | None = None
+
+    @contextmanager
+    def on_this_thread(self) -> Iterator[Attribution]:
+        previous = getattr(_calling, "attribution", None)
+        _calling.attribution = self
+        try:
+            yield self
+        finally:
+            _calling.attribution = previous
+
+
+def _attributed(function: Callable[..., Any], plugin: str) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def attributed(*args: Any, **kwargs: Any) -> Any:
+        attribution: Attribution | None = getattr(_calling, "attribution", None)
+        if attribution is not None:
+            attribution.plugin = plugin
+        return function(*args, **kwargs)
+
+    return attributed
+
+
 class _Levers9PluginManager(pluggy.PluginManager):
     """A pluggy manager that also treats unmarked ``levers9_*`` functions as hook implementations.
 
@@ -229,6 +275,13 @@ class PluginSet:
             for impl_name in HOOK_NAMES
             if any(impl.plugin_name == record.name for impl in getattr(self.pm.hook, impl_name).get_hookimpls())
         ]
+        for hook_name in record.hooks:
+            caller = getattr(self.pm.hook, hook_name)
+            if caller.spec is None or not caller.spec.opts.get("firstresult"):
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin_name == record.name and not (impl.hookwrapper or impl.wrapper):
+                    impl.function = _attributed(impl.function, record.name)
 
     def _fail(self, record: PluginRecord, error: str) -> None:
         record.status = "failed"
@@ -280,6 +333,7 @@ def load_plugins(policy: PluginPolicy | None = None) -> PluginSet:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "HOOK_NAMES",
+    "Attribution",
     "PluginPolicy",
     "PluginRecord",
     "PluginSet",

@@ -35,6 +35,7 @@ from levers9.hooks.markers import hookspec
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from levers9.hooks.context import PluginContext
     from levers9.hooks.types import (
         CheckpointImage,
         CheckpointSupport,
@@ -46,10 +47,38 @@ if TYPE_CHECKING:
         Machine,
         Pool,
         PreparedContainer,
+        ProviderCheck,
         ProvisionRequest,
         RuntimeCapabilities,
         RuntimeContext,
     )
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@hookspec
+def levers9_startup(ctx: PluginContext) -> None:
+    """Called once on each controlplane replica after config is loaded, before any other hook of this plugin.
+
+    ``ctx`` is this plugin's handle on what the core owns: its logger and
+    metrics (named for the plugin), a dict for its own state, and the agent
+    hub (send an order to an agent and await its acknowledgement, read the
+    agents' inventories). Keep ``ctx`` for later hooks. A plugin that raises
+    here is marked unhealthy with the error and its pools are skipped; the
+    other plugins start normally.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def levers9_shutdown(ctx: PluginContext) -> None:
+    """Called once when the replica stops; release what ``levers9_startup`` took (threads, sessions).
+
+    Machines are not terminated on shutdown: another replica (or this one
+    restarted) reconciles them.
+    """
+    raise NotImplementedError
+
 
 # --------------------------------------------------------------------------- provider hooks
 
@@ -70,16 +99,35 @@ def levers9_provider_settings() -> type[BaseModel]:
 
 
 @hookspec
-def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
-    """List the GPU machines this provider can start for ``pool``.
+def levers9_check(pool: Pool) -> ProviderCheck:
+    """Say whether this provider's credentials and settings work for ``pool``; optional, must be cheap.
 
-    Called by the scheduler to learn which GPU types a pool can supply and in
-    which regions, and by ``levers9 pools``. Report ``availability`` and
-    ``price_per_hour`` when the provider's API says; leave them unknown
-    otherwise. Every ``gpu`` must be a canonical type (use
-    :func:`levers9.gpu.normalize`). Return an empty list for a CPU-only pool.
+    Called by ``levers9 check``. Make one read-only call (describe the region,
+    list instance types, read the namespace) and report what it said; never
+    start anything. Return ``ok=False`` with a ``hint`` rather than raising for
+    the failures an operator can fix; a raised typed error is shown as it is.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
+    """List the machines with GPUs this provider can start for ``pool``: one offer per (instance type, zone, spot).
+
+    Called by the planner (cached for ``scheduler.offers_ttl_s`` and refreshed
+    in the background; a failure keeps the last good answer), by
+    ``levers9 offers`` and ``levers9 pools``. Only offers in ``pool.regions``
+    (every region, when the pool names none), of ``pool.gpu`` and
+    ``pool.gpu_count``. Report ``availability`` and ``price_per_hour`` when the
+    provider's API says; leave them unknown otherwise. Every ``gpu`` must be a
+    canonical type (use :func:`levers9.gpu.normalize`). Return an empty list
+    for a CPU-only pool. The planner tries offers in the order returned (or
+    cheapest first, with ``strategy: cheapest``), passes the chosen one in
+    ``ProvisionRequest.offer``, and on ``InsufficientCapacity`` marks only that
+    offer unavailable and tries the pool's next offer.
 
     :raises AuthenticationFailed: the credentials were rejected.
+    :raises PermissionDenied: the credentials may not list offers.
     :raises Throttled: the API asked to slow down.
     """
     raise NotImplementedError
@@ -89,32 +137,44 @@ def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
 def levers9_provision(request: ProvisionRequest) -> Machine:
     """Start one machine for ``request.pool`` that will run a levers9 worker (or agent).
 
-    Called by a pool controller when the backlog has nowhere to go or the pool
-    is below ``min_workers``. Return as soon as the provider has accepted the
-    request (state ``pending`` is fine): the machine proves it is up by
-    registering with ``request.token``. Tag the machine with
-    ``request.machine_id`` so ``levers9_list_machines`` can report it back.
-    The machine's worker must only dial out to ``request.controlplane_url``.
+    Called by the planner when the backlog has nowhere to go or the pool is
+    below ``min_workers``. Start what ``request.offer`` names (instance type,
+    region, zone, spot) when there is an offer, else the pool's own shape in
+    ``request.region``. Pass ``request.bootstrap`` to the machine as it is:
+    :func:`levers9.bootstrap.cloud_init` as a VM's user data, or
+    :func:`levers9.bootstrap.container_spec` for a pod or container; the
+    machine proves it is up by registering with the bootstrap's token. Tag the
+    machine with ``request.machine_id`` (and the pool name) so
+    ``levers9_list_machines`` can report it back, and put in
+    ``Machine.provider_data`` whatever ``levers9_terminate`` will need to find
+    it (its zone, say). Return as soon as the provider has accepted the request
+    (state ``pending`` is fine). Idempotent per ``request.machine_id``: a retry
+    after a timeout returns the machine already started for it.
 
-    :raises InsufficientCapacity: no machine of this kind is free; the scheduler
-        fails over to its next candidate at once.
+    :raises InsufficientCapacity: no machine of this offer is free; the scheduler
+        tries the pool's next offer, then the next pool, at once.
     :raises QuotaExceeded: the account's limit is reached.
     :raises Throttled: retry later (``retry_after`` seconds if known).
     :raises AuthenticationFailed: credentials rejected.
+    :raises PermissionDenied: credentials accepted, the action denied (IAM, RBAC).
     :raises InvalidRequest: the request can never succeed as asked.
     """
     raise NotImplementedError
 
 
 @hookspec
-def levers9_terminate(pool: Pool, provider_id: str) -> None:
-    """Terminate the machine ``provider_id`` of ``pool``, and release everything it holds.
+def levers9_terminate(pool: Pool, machine: Machine) -> None:
+    """Terminate ``machine`` of ``pool``, and release everything it holds.
 
-    Called when a worker is released, when it never registered in time, and by
-    the reconciler for machines levers9 has no record of. Must be idempotent:
-    terminating a machine that is already gone, or terminating twice, succeeds.
+    ``machine`` is what ``levers9_provision`` or ``levers9_list_machines``
+    returned (its ``provider_id``, ``region``, ``zone`` and ``provider_data``),
+    as levers9 stored it. Called when a worker is released, when it never
+    registered in time, and by the reconciler for machines levers9 has no
+    record of. Must be idempotent: terminating a machine that is already gone,
+    that was never known (an unknown id), or terminating twice, succeeds.
 
     :raises AuthenticationFailed: credentials rejected.
+    :raises PermissionDenied: the credentials may not terminate.
     :raises Throttled: retry later.
     """
     raise NotImplementedError
@@ -125,9 +185,13 @@ def levers9_list_machines(pool: Pool) -> list[Machine]:
     """List every machine the provider currently has for ``pool``, levers9's or not yet tagged.
 
     Called by the reconciler on a timer. Include machines that are still
-    starting; leave out ones that are fully terminated. The reconciler
-    terminates machines it has no record of, so report only machines that
-    belong to this pool (filter by the tags ``levers9_provision`` set).
+    starting; leave out ones that are fully terminated (a provider that keeps
+    them listed for a while reports them ``terminated``, never ``running``).
+    Report a spot interruption as ``preempted`` and a machine that will never
+    run as ``failed`` (with ``reason``): their calls are requeued at once
+    instead of after the workers' keepalive timeout. The reconciler terminates
+    machines it has no record of, so report only machines that belong to this
+    pool (filter by the tags ``levers9_provision`` set).
 
     :raises AuthenticationFailed: credentials rejected.
     :raises Throttled: retry later.

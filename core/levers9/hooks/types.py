@@ -32,9 +32,19 @@ class Pool(_Frozen):
     gpu: str | None = None
     #: GPUs per worker machine
     gpu_count: int = 0
+    #: the first of ``regions``: where the pool's machines go unless an offer names another region
     region: str | None = None
+    #: every region the operator lets this pool use, in preference order (config's ``region`` or ``regions``);
+    #: the single source: a provider reads its regions here, never from its own settings
+    regions: list[str] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     preemptible: bool = False
+    #: how offers of one preference group are ordered: ``preference`` keeps the provider's order,
+    #: ``cheapest`` puts offers with the lowest price first (offers without a price last)
+    strategy: Literal["preference", "cheapest"] = "preference"
+    #: the workspace that owns the pool (an attached cluster, a workspace's joined machines); None for the
+    #: operator's shared pools. Providers backed by agents serve a pool only with its workspace's agents.
+    workspace: str | None = None
     #: the provider's settings, an instance of the model its ``levers9_provider_settings`` returned
     settings: Any = None
 
@@ -49,6 +59,39 @@ class Resources(_Frozen):
     gpu_count: int = Field(0, ge=0)
 
 
+class WorkerBootstrap(_Frozen):
+    """Everything a booted machine needs to start its levers9 worker, and nothing else.
+
+    The worker reads exactly these fields (as the ``LEVERS9_*`` variables
+    :func:`levers9.bootstrap.worker_environment` names) and nothing a provider
+    invents. A VM provider passes :func:`levers9.bootstrap.cloud_init` (or
+    :func:`levers9.bootstrap.shell_script`) as the machine's user data; a
+    container provider runs :func:`levers9.bootstrap.container_spec`.
+    """
+
+    #: where the worker dials, for example ``grpcs://cp.example.com:1993``; several replicas' addresses are
+    #: separated by commas (``grpcs://a:1993,grpcs://b:1993``) and the worker moves to the next on failure
+    controlplane_url: str
+    #: PEM CA bundle that verifies the controlplane's certificate; empty: the system trust store
+    controlplane_ca: str = ""
+    #: the machine's credential: single-use to register, scoped to this one machine, expiring with the
+    #: registration deadline; never log it, never put it on a command line
+    token: str = Field(repr=False)
+    #: levers9's id for the machine (also ``ProvisionRequest.machine_id``)
+    machine_id: str
+    pool: str
+    #: the levers9 version the worker must run (the controlplane's own)
+    levers9_version: str
+    #: the worker image to run where the machine runs containers (``ghcr.io/levers9/worker:0.9.0``);
+    #: None: install ``levers9==levers9_version`` with pip on the machine
+    worker_image: str | None = None
+    #: the worker's settings as its ``LEVERS9_*`` variables (sizes, GPUs it may use, disconnect exit...):
+    #: only names :data:`levers9.bootstrap.WORKER_VARIABLES` lists
+    environment: dict[str, str] = Field(default_factory=dict)
+    #: labels the worker reports (the pool's labels and the provider's own)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
 class ProvisionRequest(_Frozen):
     """Everything a provider needs to start one worker machine for a pool."""
 
@@ -57,15 +100,13 @@ class ProvisionRequest(_Frozen):
     #: levers9's own id for the machine; providers tag what they create with it
     #: (``levers9:machine-id``) so the reconciler can match it later
     machine_id: str
-    #: the token this machine's worker or agent uses to dial the controlplane;
-    #: scoped to this one machine, never log it
-    token: str = Field(repr=False)
-    #: where the worker dials, for example ``grpcs://cp.example.com:1993``; several replicas' addresses are
-    #: separated by commas (``grpcs://a:1993,grpcs://b:1993``) and the worker moves to the next on failure
-    controlplane_url: str
-    #: PEM CA bundle that verifies the controlplane's certificate; empty: the system trust store
-    controlplane_ca: str = ""
+    #: how the machine starts its worker; pass it to the machine as it is (see :mod:`levers9.bootstrap`)
+    bootstrap: WorkerBootstrap
+    #: the region to start in: the offer's region when there is an offer, else the pool's first region
     region: str | None = None
+    #: the offer the scheduler chose (instance type, zone, spot, price), or None when the provider
+    #: made no offers (a CPU pool) and the pool's own shape is all there is
+    offer: GpuOffer | None = None
 
 
 class MachineState(StrEnum):
@@ -73,7 +114,18 @@ class MachineState(StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"
     TERMINATED = "terminated"
+    #: the provider took the machine back (a spot interruption): its calls are requeued at once
+    PREEMPTED = "preempted"
+    #: the machine will never run (a failed launch, a host fault): it is terminated and its calls requeued
+    FAILED = "failed"
     UNKNOWN = "unknown"
+
+
+#: states in which a machine is no longer of any use; the reconciler ends its record at once
+ENDED_STATES = frozenset({MachineState.TERMINATED, MachineState.PREEMPTED, MachineState.FAILED})
+
+#: the most bytes ``Machine.provider_data`` may take as JSON
+PROVIDER_DATA_MAX_BYTES = 4096
 
 
 class Machine(_Frozen):
@@ -88,9 +140,17 @@ class Machine(_Frozen):
     gpu: str | None = None
     gpu_count: int = 0
     region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
     address: str | None = None
     created_at: datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    #: what the provider needs to find the machine again (its zone, compartment, cluster...): small JSON
+    #: (at most ``PROVIDER_DATA_MAX_BYTES``), stored with levers9's record and handed back to
+    #: ``levers9_terminate`` and to the reconciler
+    provider_data: dict[str, Any] = Field(default_factory=dict)
+    #: why the machine is ``failed`` or ``preempted``, in the provider's words
+    reason: str | None = None
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -113,6 +173,8 @@ class GpuOffer(_Frozen):
     #: memory of one GPU
     gpu_memory_mib: int = Field(ge=1)
     region: str | None = None
+    #: the availability zone (or OCI availability domain) when the provider places by zone
+    zone: str | None = None
     #: the provider's name for the machine kind (``p5.48xlarge``, ``BM.GPU.H100.8``, ``gpu_8x_h100_sxm5``)
     instance_type: str | None = None
     cpu_millicores: int | None = None
@@ -121,6 +183,22 @@ class GpuOffer(_Frozen):
     #: US dollars per machine-hour, when the provider publishes it
     price_per_hour: float | None = Field(None, ge=0)
     spot: bool = False
+
+    @property
+    def key(self) -> str:
+        """``instance_type/region/zone[/spot]``: what a capacity miss marks unavailable (not the whole pool)."""
+        parts = [self.instance_type or self.gpu, self.region or "-", self.zone or "-"]
+        return "/".join(parts) + ("/spot" if self.spot else "")
+
+
+class ProviderCheck(_Frozen):
+    """What ``levers9_check`` found about a pool's provider: do its credentials and settings work?"""
+
+    ok: bool
+    #: one line: what was checked and what it said (``credentials of profile 'prod' accepted in us-east-1``)
+    message: str
+    #: what the operator should do when not ok (``run aws sso login --profile prod``)
+    hint: str | None = None
 
 
 class GpuDevice(_Frozen):
@@ -180,6 +258,9 @@ class RuntimeCapabilities(_Frozen):
     #: the cgroup (a path below the cgroup root, for example ``/levers9``) holding each container's own
     #: cgroup, named by its container id; None when the runtime gives containers no cgroup the worker can read
     cgroup_parent: str | None = Field(None, pattern=r"^/\S*$")
+    #: what an operator should know about how this host runs the runtime's containers, in the runtime's own
+    #: words (which network mode ``auto`` chose here, and why); ``levers9 check`` shows them
+    notes: list[str] = Field(default_factory=list)
 
 
 class Mount(_Frozen):
