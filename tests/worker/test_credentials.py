@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from levers9.worker.credentials import take_token_file, write_token_file
+from levers9.worker.credentials import (
+    SESSION_FILE,
+    read_session_credential,
+    save_session_credential,
+    take_token_file,
+    write_token_file,
+)
 from levers9.worker.session import options_from_env
 
 TOKEN = "l9_machine_" + "A" * 43
@@ -40,6 +46,50 @@ def test_a_token_file_others_may_read_or_that_is_missing_is_refused_by_name(tmp_
     assert loose.exists(), "a refused file is left for the operator to fix"
     with pytest.raises(ValueError, match=r"LEVERS9_TOKEN_FILE=.*missing\.token.*cannot read"):
         take_token_file(str(tmp_path / "missing.token"))
+
+
+SESSION = "l9_machine_" + "B" * 43
+
+
+def test_a_restarted_worker_registers_with_its_saved_session_credential_not_the_spent_join_token(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    saved = save_session_credential(state, SESSION, "wkr_0123")
+    assert saved == state / SESSION_FILE
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert read_session_credential(state) == (SESSION, "wkr_0123")
+    join = write_token_file(tmp_path / "w.token", TOKEN)  # a read-only mount, say, that still holds it
+    env = {"LEVERS9_TOKEN_FILE": str(join), "LEVERS9_WORKER_STATE_DIR": str(state)}
+    options = options_from_env(env)
+    assert (options["token"], options["worker_id"]) == (SESSION, "wkr_0123"), "it registers as the same worker"
+    assert not join.exists(), "the spent join token file is removed all the same"
+    # the --state-dir option names the directory as well as the variable does
+    assert options_from_env({"LEVERS9_TOKEN": TOKEN}, state_dir=state)["token"] == SESSION
+    # without one, the join token as before
+    assert options_from_env({"LEVERS9_TOKEN": TOKEN}, state_dir=tmp_path / "fresh")["token"] == TOKEN
+
+
+def test_a_session_credential_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    save_session_credential(tmp_path, SESSION, "wkr_0123")
+    (tmp_path / SESSION_FILE).chmod(0o640)
+    with pytest.raises(ValueError, match=r"session credential .*session-credential.*mode 0600"):
+        options_from_env({"LEVERS9_WORKER_STATE_DIR": str(tmp_path), "LEVERS9_TOKEN": TOKEN})
+
+
+def test_the_worker_names_a_variable_it_does_not_read_that_is_a_near_miss(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"LEVERS9_TOKEN": TOKEN, "LEVERS9_DISCONECT_EXIT_S": "60", "LEVERS9_CONTEXT": "prod"}
+    with caplog.at_level("WARNING", logger="levers9.worker.environment"):
+        options = options_from_env(env)
+    assert "disconnect_exit_s" not in options
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "LEVERS9_DISCONECT_EXIT_S is not a variable the worker reads" in warning
+    assert "did you mean LEVERS9_DISCONNECT_EXIT_S?" in warning
+    with pytest.raises(
+        ValueError, match=r"LEVERS9_MEMORY_MIB='4GiB' is not a whole number \(memory this worker offers, in MiB"
+    ):
+        options_from_env({"LEVERS9_MEMORY_MIB": "4GiB"})
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -122,7 +123,8 @@ def worker(
     """Run a worker: dial the controlplane, register, run calls through the pool's runtime.
 
     The token comes from the file named by $LEVERS9_TOKEN_FILE (read, then deleted) or from $LEVERS9_TOKEN,
-    never an argument (arguments are visible in `ps`).
+    never an argument (arguments are visible in `ps`). A machine's token joins once: the worker then keeps
+    the session credential it is given in its state directory, so a restarted worker registers again.
     """
     from levers9.hooks.facade import Hooks
     from levers9.hooks.manager import PluginPolicy, PluginSet
@@ -131,7 +133,7 @@ def worker(
 
     forbid_dumping()  # before the token is read: the calls it runs must not read it through /proc or ptrace
     try:
-        values = options_from_env()
+        values = options_from_env(state_dir=state_dir)
     except ValueError as exc:
         typer.echo(f"levers9 worker: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -148,12 +150,10 @@ def worker(
         values["memory_mib"] = memory
     if state_dir is not None:
         values["state_dir"] = state_dir
-    missing = [name for name, var in (("controlplane", "LEVERS9_CONTROLPLANE_URL"), ("token", "LEVERS9_TOKEN"))
-               if not values.get(name)]  # fmt: skip
+    missing = [var for name, var in (("controlplane", "$LEVERS9_CONTROLPLANE_URL"),
+                                     ("token", "$LEVERS9_TOKEN_FILE (or $LEVERS9_TOKEN)")) if not values.get(name)]  # fmt: skip
     if missing:
-        typer.echo(
-            f"levers9 worker: missing {', '.join(missing)}: set $LEVERS9_CONTROLPLANE_URL and $LEVERS9_TOKEN", err=True
-        )
+        typer.echo(f"levers9 worker: missing {' and '.join(missing)}; see `levers9 worker --help`", err=True)
         raise typer.Exit(2)
     from levers9.proto.target import TargetError, parse_targets
 
@@ -172,6 +172,19 @@ def worker(
     finally:
         hooks.close()
     raise typer.Exit(code)
+
+
+def _with_variables(doc: str) -> str:
+    """``doc`` (one line per paragraph) and the variables the worker reads: the list the boot scripts are held to."""
+    from levers9.bootstrap import WORKER_VARIABLES
+
+    paragraphs = [" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n")]
+    paragraphs.append("Environment (the worker reads these variables and no others):")
+    paragraphs.extend(f"{name}: {text}" for name, text in WORKER_VARIABLES.items())
+    return "\n\n".join(paragraphs)
+
+
+worker.__doc__ = _with_variables(worker.__doc__ or "")
 
 
 def _cleanup(state_dir: Path | None) -> None:
@@ -321,9 +334,7 @@ async def _stop_local_workers(server: object) -> None:
         for machine in await services.machines.list(pool=spec.name):
             if machine.state.value in ("terminated",):
                 continue
-            await services.scheduler.provisioner.terminate(
-                spec, machine.id, machine.provider_id, "levers9 up is stopping"
-            )
+            await services.scheduler.provisioner.terminate(spec, machine, "levers9 up is stopping")
 
 
 token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")

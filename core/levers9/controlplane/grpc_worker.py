@@ -5,7 +5,9 @@ stub's definition the first time the session needs it, then container
 requests as the scheduler places work on the worker, and cancellations.
 Upstream, the worker sends keepalives and batches of started tasks, results
 and output. Workers authenticate with their own machine (or pool worker)
-token; a worker of one machine cannot speak for another. Who a worker is and
+token; a worker of one machine cannot speak for another. A machine's first
+registration spends its join token and answers the worker's session
+credential (``RegisterResponse.session_token``, see :mod:`levers9.services.fleet`). Who a worker is and
 what it may touch is decided in :mod:`levers9.services.fleet`; this module only
 translates messages.
 """
@@ -96,6 +98,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             checkpoint_cache_max_bytes=done.checkpoint_cache_max_bytes,
             checkpoint_cache_dir=done.checkpoint_cache_dir,
             max_payload_bytes=done.max_payload_bytes,
+            session_token=done.session_token,
         )
 
     @unary

@@ -1,7 +1,22 @@
 """The workers' side of the controlplane: who a worker is, registering it, what it may read and write, leaving.
 
 Workers authenticate with their own machine (or pool worker) token, and a
-worker of one machine cannot speak for another. A worker of a workspace's
+worker of one machine cannot speak for another.
+
+A machine's token as its provider booted it with (``WorkerBootstrap.token``,
+the machine record's ``token_id``) is a *join* token: single use, expiring
+with the machine's ``register_by``. The first registration with it spends it
+(:meth:`TokenStore.redeem`, one conditional update, so of two racing
+registrations exactly one wins) and answers a session credential: another
+machine token of the same machine, which the worker uses for every later call
+and for registering again, on any replica. A second registration with the
+join token is refused (Unauthenticated), even from the same machine: a worker
+whose first answer was lost cannot join, never registers, and the reconciler
+replaces its machine at ``register_by``; that costs one machine in a rare
+case, where accepting a spent token again would let whoever read the user
+data join in the worker's place. Terminating the machine revokes both (they
+share its id as subject). Pool worker tokens (``levers9 token create --kind
+worker``) are not join tokens: they are reused as they are. A worker of a workspace's
 attached pool only ever serves that workspace: every task, blob, stub and
 checkpoint it names is checked with :func:`may_serve`. A worker reads only the
 arguments of an unfinished task placed in its pools and writes blobs only into
@@ -10,16 +25,18 @@ that task's workspace.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from levers9.payloads import parse_ref
 from levers9.scheduler.pools import PoolSpec
-from levers9.services.auth import PermissionDenied, Principal
+from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.stubs import StubSettings
@@ -59,6 +76,8 @@ class Registration:
     checkpoint_cache_max_bytes: int
     checkpoint_cache_dir: str
     max_payload_bytes: int
+    #: the worker's session credential, when it registered with its machine's join token (else "")
+    session_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,61 @@ async def register(
     """
     services = dp.services
     spec, machine_id = await _pool_of(services, principal, pool)
+    session_id, session_token = await _redeem_join_token(services, principal, machine_id)
+    try:
+        registration = await _register(
+            dp, spec, machine_id, worker_id=worker_id, gpus=gpus, cpu_millicores=cpu_millicores,
+            memory_mib=memory_mib, hostname=hostname, running=running,
+        )  # fmt: skip
+    except BaseException:
+        if session_id:  # the join token stays spent: the registration failed for a reason of its own
+            await services.tokens.revoke(session_id)
+        raise
+    if not session_token:
+        return registration
+    return dataclasses.replace(registration, session_token=session_token)
+
+
+async def _redeem_join_token(services: Services, principal: Principal, machine_id: str | None) -> tuple[str, str]:
+    """The session credential's id and value for a registration with a machine's join token (empty for others)."""
+    if principal.kind is not TokenKind.MACHINE or machine_id is None:
+        return "", ""
+    machine = await services.machines.get(machine_id)
+    if machine is None or machine.token_id != principal.token_id:
+        return "", ""  # a session credential: not single use
+    deadline = machine.register_by
+    if deadline is not None:
+        deadline = deadline if deadline.tzinfo is not None else deadline.replace(tzinfo=UTC)
+        if deadline <= datetime.now(UTC):
+            raise Unauthenticated(
+                f"machine {machine_id}'s join token expired with its registration deadline "
+                f"({deadline.isoformat(timespec='seconds')})"
+            )
+    if not await services.tokens.redeem(principal.token_id):
+        services.auth.forget(principal.token_id)
+        raise Unauthenticated(
+            f"machine {machine_id}'s join token was already used: a worker registers with it once, then with "
+            "the session credential it was given"
+        )
+    services.auth.forget(principal.token_id)
+    record, session_token = await services.tokens.issue("machine", subject=machine_id)
+    log.info("machine %s joined: its join token is spent, its worker holds a session credential", machine_id)
+    return record.id, session_token
+
+
+async def _register(
+    dp: DataPlane,
+    spec: PoolSpec,
+    machine_id: str | None,
+    *,
+    worker_id: str,
+    gpus: Sequence[str],
+    cpu_millicores: int,
+    memory_mib: int,
+    hostname: str,
+    running: Sequence[str],
+) -> Registration:
+    services = dp.services
     registry = services.scheduler.workers
     kept = ""
     if worker_id:

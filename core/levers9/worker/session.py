@@ -1,9 +1,11 @@
 """``levers9 worker``: dial the controlplane, register, and run what the session delivers.
 
-The worker only ever dials out. It registers with its own token (a machine
-token from its provider, or a pool worker token), then holds one session
-stream: container requests come down, batches of started tasks, results and
-output go up. If the controlplane goes away the worker keeps running its
+The worker only ever dials out. It registers with its own token (its
+machine's join token, exchanged at the first registration for the session
+credential it uses from then on, see :mod:`levers9.worker.credentials`; or a
+pool worker token), reads only :data:`levers9.bootstrap.WORKER_VARIABLES`,
+then holds one session stream: container requests come down, batches of
+started tasks, results and output go up. If the controlplane goes away the worker keeps running its
 calls, reconnects with backoff and re-sends the results of the last minute
 (storing a result is idempotent, so a result lost in the break is not lost).
 SIGTERM makes it drain: it says so, takes no new work, finishes what it has,
@@ -63,14 +65,16 @@ from levers9.payloads import (
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.blobs import download, upload
 from levers9.proto.target import parse_targets
-from levers9.proto.tls import read_ca_file, system_roots
+from levers9.proto.tls import system_roots
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
+from levers9.worker.credentials import save_session_credential
+from levers9.worker.environment import default_state_dir, options_from_env
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
 from levers9.worker.warm.pool import WarmPool
 
-__all__ = ["SESSION_PING_S", "WorkerOptions", "WorkerProcess", "options_from_env"]
+__all__ = ["SESSION_PING_S", "WorkerOptions", "WorkerProcess", "default_state_dir", "options_from_env"]
 
 #: how often the worker pings the replica its session is on; above the server's
 #: grpc.http2.min_ping_interval_without_data_ms (10 s), or the server would end the connection for pinging
@@ -96,57 +100,17 @@ class WorkerOptions:
     drain_timeout_s: float = 0.0
     #: PEM CA bundle that verifies a TLS controlplane; empty means the system trust store
     controlplane_ca: str = field(default="", repr=False)
-
-
-def options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Defaults for the worker command from the variables providers set (``LEVERS9_*``).
-
-    The token comes from ``LEVERS9_TOKEN_FILE`` (read, then deleted) or else ``LEVERS9_TOKEN``; reading the
-    process's own environment removes both from it, so nothing the worker starts inherits them (see
-    :mod:`levers9.worker.credentials`). Raises ValueError when the token file or the CA file cannot be used.
-    """
-    from levers9.worker.credentials import TOKEN_FILE_ENV, scrub_environ, take_token_file
-
-    env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    token_file, token = env.get(TOKEN_FILE_ENV), env.get("LEVERS9_TOKEN")
-    if environ is None:
-        scrub_environ()
-    if token_file:
-        out["token"] = take_token_file(token_file)
-    elif token:
-        out["token"] = token
-    for key, name, kind in (
-        ("LEVERS9_CONTROLPLANE_URL", "controlplane", str),
-        ("LEVERS9_POOL", "pool", str),
-        ("LEVERS9_MACHINE_ID", "machine_id", str),
-        ("LEVERS9_CPU_MILLICORES", "cpu_millicores", int),
-        ("LEVERS9_MEMORY_MIB", "memory_mib", int),
-        ("LEVERS9_DISCONNECT_EXIT_S", "disconnect_exit_s", float),
-        ("LEVERS9_WORKER_STATE_DIR", "state_dir", Path),
-    ):
-        if env.get(key):
-            out[name] = kind(env[key])
-    if env.get("LEVERS9_CONTROLPLANE_CA"):
-        out["controlplane_ca"] = env["LEVERS9_CONTROLPLANE_CA"]
-    elif env.get("LEVERS9_CONTROLPLANE_CA_FILE"):
-        path = env["LEVERS9_CONTROLPLANE_CA_FILE"]
-        out["controlplane_ca"] = read_ca_file(path, "LEVERS9_CONTROLPLANE_CA_FILE").decode()
-    grace = env.get("LEVERS9_STOP_GRACE_S")
-    if grace:
-        # the provider SIGKILLs after its grace: leave a few seconds to remove the containers
-        out["drain_timeout_s"] = max(1.0, float(grace) - 3.0)
-    cuda = env.get("CUDA_VISIBLE_DEVICES")
-    if cuda is not None and all(p.strip().isdigit() for p in cuda.split(",") if p.strip()):
-        out["visible_gpus"] = [int(p) for p in cuda.split(",") if p.strip()]
-    return out
+    #: the id an earlier worker process on this machine registered as (saved with its session credential)
+    worker_id: str = ""
 
 
 class WorkerProcess:
     def __init__(self, options: WorkerOptions, hooks: Hooks) -> None:
         self.options = options
         self.hooks = hooks
-        self.worker_id = ""
+        self.worker_id = options.worker_id
+        #: the worker id saved with the session credential ("" when none is saved)
+        self._saved_as = options.worker_id
         self.stubs: dict[str, StubSpec] = {}
         self.inflight: dict[str, asyncio.Task[None]] = {}
         self.outbox = Outbox()
@@ -290,13 +254,30 @@ class WorkerProcess:
             worker_id=self.worker_id,
         )
         response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)
+        if response.session_token:  # the join token is spent: this credential is the worker's from now on
+            self.options.token = response.session_token
         if self.worker_id and response.worker_id != self.worker_id:
             log.warning("registered again as %s (was %s)", response.worker_id, self.worker_id)
         self.worker_id = response.worker_id
         await self._ensure_pool(response)
+        if response.session_token or self._saved_as not in ("", self.worker_id):  # new, or registered anew
+            self._keep_session_credential(self.options.token)
         self.outbox.resend_recent()
         log.info("registered as %s (runtime %s)", self.worker_id, response.runtime)
         return response
+
+    def _keep_session_credential(self, token: str) -> None:
+        """Save it for a restarted worker, unless calls see the worker's files (then it stays in memory only)."""
+        if self.pool is None or self.pool.capabilities.host_filesystem:
+            log.info("runtime %s shares this worker's files: the session credential is kept in memory only",
+                     self.runtime)  # fmt: skip
+            return
+        try:
+            save_session_credential(self.options.state_dir, token, self.worker_id)
+            self._saved_as = self.worker_id
+        except OSError as exc:
+            log.warning("cannot keep the session credential in %s (%s): a restarted worker could not register "
+                        "again", self.options.state_dir, exc.strerror)  # fmt: skip
 
     async def _ensure_pool(self, response: worker_pb2.RegisterResponse) -> None:
         if self.pool is not None and self.runtime == response.runtime:
@@ -536,11 +517,6 @@ class WorkerProcess:
 
 def _error(kind: str, message: str) -> RemoteErrorInfo:
     return RemoteErrorInfo(kind, message)
-
-
-def default_state_dir(machine_id: str) -> Path:
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "levers9" / "worker" / (machine_id or f"pid-{os.getpid()}")
 
 
 def main_entry(options: WorkerOptions, hooks: Hooks) -> int:

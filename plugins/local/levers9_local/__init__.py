@@ -19,25 +19,32 @@ What the hooks do:
   ``/dev/null``, output appended to ``<state_dir>/<pool>/<machine_id>.log``,
   and re-parented to init through a short-lived launcher, so it outlives a
   controlplane that is killed and never becomes that controlplane's zombie.
-  Everything the worker needs is in its environment, never its argv (which
-  anyone can read in ``ps``), except its token: that is written to
-  ``<state_dir>/<pool>/<machine_id>.token`` (mode 0600) and the worker, given
-  its path as ``LEVERS9_TOKEN_FILE``, reads and deletes it, so the calls it
-  runs cannot find it in ``/proc/<worker>/environ``. The variables are
-  ``LEVERS9_CONTROLPLANE_URL``, ``LEVERS9_TOKEN_FILE``, ``LEVERS9_MACHINE_ID``, ``LEVERS9_POOL``, ``LEVERS9_CPU_MILLICORES``,
-  ``LEVERS9_MEMORY_MIB``, ``LEVERS9_GPU_COUNT``, ``CUDA_VISIBLE_DEVICES`` (the
-  GPU indices it was given, empty for a CPU worker), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-  (so those indices are nvidia-smi's) and ``LEVERS9_DISCONNECT_EXIT_S=120`` (a
-  worker left without its controlplane exits after that long). The rest of the
-  controlplane's environment is inherited, but for its own ``LEVERS9_TOKEN``. Each GPU goes to at most one live
-  worker; asking for more than are free raises ``InsufficientCapacity``.
-  The provider id is the machine id.
+  There is no machine to boot, so no user data: the worker gets what
+  :func:`levers9.bootstrap.worker_environment` renders of
+  ``request.bootstrap`` (the same variables a booted machine's worker reads),
+  in its environment, never its argv (which anyone can read in ``ps``); its
+  join token is written to ``<state_dir>/<pool>/<machine_id>.token`` (mode
+  0600) and the worker, given its path as ``LEVERS9_TOKEN_FILE``, reads and
+  deletes it. What only this host knows is added: ``LEVERS9_GPU_COUNT`` and
+  ``CUDA_VISIBLE_DEVICES`` (the GPU indices it was given, empty for a CPU
+  worker), ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so those indices are
+  nvidia-smi's), ``LEVERS9_WORKER_STATE_DIR`` (``<machine_id>.worker`` beside
+  the record), ``LEVERS9_STOP_GRACE_S`` and, unless the bootstrap says
+  otherwise, the request's CPU and memory and ``LEVERS9_DISCONNECT_EXIT_S=120``
+  (a worker left without its controlplane exits after that long). The rest of
+  the controlplane's environment is inherited, except its ``LEVERS9_*``
+  variables other than the host-wide worker ones of
+  :data:`levers9.bootstrap.WORKER_VARIABLES` (plugin policy, nvidia-smi, log
+  level). Each GPU goes to at most one live worker; asking for more than are
+  free raises ``InsufficientCapacity``. The provider id is the machine id; no
+  ``provider_data`` is needed to find it again.
 * ``levers9_list_machines`` reads ``<state_dir>/<pool>/<machine_id>.json``
   records and reports those whose process is still the one recorded (pid,
   start time and boot id all match): ``running`` while the worker lives,
-  ``stopping`` while only processes it started remain. Records of workers that
-  are gone are deleted. A new controlplane therefore finds the workers the
-  previous one started.
+  ``stopping`` while only processes it started remain, ``failed`` (with the
+  last line of its log as the reason) once nothing of it runs: a worker that
+  exited or crashed, before registering or after. A new controlplane
+  therefore finds the workers the previous one started.
 * ``levers9_terminate`` sends SIGTERM to the worker's session, SIGKILL to
   what is left after ``stop_grace_s``, waits until nothing of it runs, then
   deletes the record. The log is kept for a week after its last write.
@@ -46,6 +53,8 @@ What the hooks do:
 * ``levers9_gpu_offers`` offers, for a GPU pool, this host's GPUs of the pool's
   type (``visible_gpus`` restricts them) when it has at least ``gpu_count``;
   a CPU pool, or a type the host lacks, gets no offer.
+* ``levers9_check`` says whether the state directory is writable, the worker
+  command runs, and (for a GPU pool) discovery finds enough GPUs of the type.
 
 :mod:`levers9_local.provider` has the record layout, :mod:`levers9_local.processes`
 how workers are started, recognised and stopped.
@@ -56,13 +65,14 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import GpuOffer, Machine, Pool, ProvisionRequest
+from levers9.hooks.types import GpuOffer, Machine, Pool, ProviderCheck, ProvisionRequest
 from levers9_local.provider import LocalProvider
 from levers9_local.settings import LocalSettings
 
 __all__ = [
     "LocalProvider",
     "LocalSettings",
+    "levers9_check",
     "levers9_gpu_offers",
     "levers9_list_machines",
     "levers9_provider_settings",
@@ -91,8 +101,13 @@ def levers9_provision(request: ProvisionRequest) -> Machine:
 
 
 @hookimpl
-def levers9_terminate(pool: Pool, provider_id: str) -> None:
-    _provider.terminate(pool, provider_id)
+def levers9_terminate(pool: Pool, machine: Machine) -> None:
+    _provider.terminate(pool, machine.provider_id)
+
+
+@hookimpl
+def levers9_check(pool: Pool) -> ProviderCheck:
+    return _provider.check(pool)
 
 
 @hookimpl

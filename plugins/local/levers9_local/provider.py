@@ -9,11 +9,13 @@ Layout, under the pool's ``state_dir`` (default ``$XDG_STATE_HOME/levers9/local`
 The records are the only memory the provider has, and they live on disk so that
 a controlplane started after a crash (``levers9 up`` killed with SIGKILL, say)
 finds the workers the previous one started. A record whose process is gone is
-deleted the next time anything lists the pool; its log is kept for
-:data:`LOG_RETENTION_S` after its last write, so a worker that crashed can still
-be read about, and is then removed by the same listing. Directories are created
-0700 and files 0600. The machine token is in neither: it reaches the worker in
-its environment only.
+listed as ``failed``, with the last line of its log as the reason, until
+``levers9_terminate`` (which the reconciler calls for a failed machine) deletes
+it; its log is kept for :data:`LOG_RETENTION_S` after its last write, so a
+worker that crashed can still be read about, and is then removed by a listing.
+Directories are created 0700 and files 0600. The machine's join token is in
+neither: it waits for the worker in ``<machine_id>.token`` (0600), which the
+worker deletes once read.
 
 GPUs are a property of the host, not of a pool, so which GPUs are taken is
 counted over the records of every pool that shares the state directory (all of
@@ -39,10 +41,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from levers9.bootstrap import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, worker_environment
 from levers9.files import write_atomic
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
-from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProvisionRequest
-from levers9.worker.credentials import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
+from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProviderCheck, ProvisionRequest
+from levers9.worker.credentials import TOKEN_FILE_ENV, write_token_file
 from levers9_local.gpus import Discover, NvidiaSmiDiscovery, eligible, offer
 from levers9_local.processes import (
     LaunchError,
@@ -166,9 +169,11 @@ class LocalProvider:
                 env["LEVERS9_WORKER_STATE_DIR"] = str(_worker_dir(pool_dir, machine_id))
                 # The token goes in a file only the worker's user may read, which the worker deletes once read:
                 # in its environment, the calls it runs could read it in /proc/<worker>/environ for its lifetime.
-                write_token_file(token_file, request.token)
+                write_token_file(token_file, request.bootstrap.token)
                 env[TOKEN_FILE_ENV] = str(token_file)
                 process = launch(command, env, log_path)
+            except ValueError as exc:  # the bootstrap cannot be rendered (levers9.bootstrap says why)
+                raise InvalidRequest(str(exc), code="bootstrap") from None
             except LaunchError as exc:
                 token_file.unlink(missing_ok=True)
                 if exc.transient:
@@ -232,18 +237,62 @@ class LocalProvider:
         machines: list[Machine] = []
         dead: list[str] = []
         with self._locked(root):
-            for path, record in self._records(pool_dir):
+            for _, record in self._records(pool_dir):
+                if record.pool != pool.name:
+                    continue
                 state = self._state(record)
                 if state is None:
-                    path.unlink(missing_ok=True)
+                    # The worker died by itself (or never started): failed, in its log's words, until terminated.
                     dead.append(record.machine_id)
-                elif record.pool == pool.name:
+                    machines.append(self._machine(record, MachineState.FAILED, reason=_last_line(Path(record.log))))
+                else:
                     machines.append(self._machine(record, state))
             self._prune_logs(pool_dir)
         for machine_id in dead:  # a worker that died by itself may have left its containers running
             _remove_worker_leftovers(_worker_dir(pool_dir, machine_id))
             _token_file(pool_dir, machine_id).unlink(missing_ok=True)
         return machines
+
+    def check(self, pool: Pool) -> ProviderCheck:
+        """Whether this host can start the pool's workers: state directory, worker command, GPUs."""
+        settings = _settings(pool)
+        root = self._root(settings)
+        probe = root / f".check-{os.getpid()}"
+        try:
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            return ProviderCheck(
+                ok=False,
+                message=f"state_dir {root} is not writable: {exc.strerror}",
+                hint="set the pool's state_dir to a directory this user may write, or fix its permissions",
+            )
+        command = settings.worker_command or [sys.executable, "-m", "levers9", "worker"]
+        program = command[0] if "/" in command[0] else shutil.which(command[0])
+        if program is None or not os.access(program, os.X_OK) or not Path(program).is_file():
+            return ProviderCheck(
+                ok=False,
+                message=f"worker_command cannot be run: {command[0]} is not an executable file"
+                + ("" if "/" in command[0] else " on PATH"),
+                hint="set worker_command to the command that starts `levers9 worker` here, or leave it out",
+            )
+        found = ""
+        if pool.gpu is not None:
+            try:
+                devices = eligible(self._discover(), settings.visible_gpus, pool.gpu)
+            except Exception as exc:
+                return ProviderCheck(ok=False, message=f"cannot list this host's GPUs: {exc}",
+                                     hint="check that nvidia-smi runs (or set LEVERS9_NVIDIA_SMI)")  # fmt: skip
+            wanted = max(pool.gpu_count, 1)
+            if len(devices) < wanted:
+                return ProviderCheck(
+                    ok=False,
+                    message=f"this host has {len(devices)} usable {pool.gpu} GPU(s); a worker needs {wanted}",
+                    hint="lower the pool's gpu_count, or change visible_gpus" if devices else None,
+                )
+            found = f"; {len(devices)} {pool.gpu} GPU(s) usable"
+        return ProviderCheck(ok=True, message=f"state_dir {root} is writable; worker_command {program} runs{found}")
 
     # ------------------------------------------------------------------ records
 
@@ -301,15 +350,16 @@ class LocalProvider:
         return None
 
     def _live(self, root: Path) -> list[Record]:
-        """Records of every pool under ``root`` with something still running; the rest are deleted. Call locked."""
-        live: list[Record] = []
-        for pool_dir in sorted(path for path in root.iterdir() if path.is_dir()):
-            for path, record in self._records(pool_dir):
-                if self._state(record) is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    live.append(record)
-        return live
+        """Records of every pool under ``root`` with something still running (the others hold no GPU). Call locked.
+
+        A dead worker's record stays: it is listed ``failed`` until terminated.
+        """
+        return [
+            record
+            for pool_dir in sorted(path for path in root.iterdir() if path.is_dir())
+            for _, record in self._records(pool_dir)
+            if self._state(record) is not None
+        ]
 
     def _held_gpus(self, root: Path) -> set[int]:
         if not root.is_dir():
@@ -335,7 +385,7 @@ class LocalProvider:
             file.write(f"--- {stamp} levers9 local: worker {machine_id} of pool {pool}: {shlex.join(command)}\n")
 
     @staticmethod
-    def _machine(record: Record, state: MachineState) -> Machine:
+    def _machine(record: Record, state: MachineState, *, reason: str | None = None) -> Machine:
         return Machine(
             provider_id=record.machine_id,
             machine_id=record.machine_id,
@@ -346,6 +396,7 @@ class LocalProvider:
             region=record.region,
             created_at=record.created_at,
             labels={"pid": str(record.pid)},
+            reason=reason,
         )
 
     # ------------------------------------------------------------------ GPUs and environment
@@ -376,31 +427,37 @@ class LocalProvider:
 
     @staticmethod
     def _environment(request: ProvisionRequest, gpus: list[GpuDevice]) -> dict[str, str]:
-        """The worker's environment: the controlplane's own, plus who it is and where to dial.
+        """The worker's environment: the host's, the bootstrap's, and what only this host knows (its GPUs).
 
         Everything goes here and nothing on the command line, which any user
-        can read in ``ps``. The token is not here either (see ``provision``): a
-        token variable of the controlplane's own is dropped, not inherited.
+        can read in ``ps``. The token is not here either (see ``provision``).
+        Of the controlplane's own ``LEVERS9_*`` variables only the host-wide
+        worker ones are inherited (plugin policy, nvidia-smi, log level): its
+        token, secret key or config are not the worker's business.
         """
-        env = {key: value for key, value in os.environ.items() if key not in (TOKEN_ENV, TOKEN_FILE_ENV)}
-        env.update(
-            {
-                "LEVERS9_CONTROLPLANE_URL": request.controlplane_url,
-                "LEVERS9_MACHINE_ID": request.machine_id,
-                "LEVERS9_POOL": request.pool.name,
-                "LEVERS9_CPU_MILLICORES": str(request.resources.cpu_millicores),
-                "LEVERS9_MEMORY_MIB": str(request.resources.memory_mib),
-                "LEVERS9_GPU_COUNT": str(len(gpus)),
-                # Empty for a CPU worker, so it cannot use (or take) a GPU another worker was given.
-                "CUDA_VISIBLE_DEVICES": ",".join(str(device.index) for device in gpus),
-                # CUDA numbers GPUs fastest-first unless told otherwise; nvidia-smi's indices are PCI order.
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "LEVERS9_DISCONNECT_EXIT_S": str(DISCONNECT_EXIT_S),
-            }
-        )
-        if request.controlplane_ca:  # PEM text the worker verifies the controlplane's certificate with
-            env["LEVERS9_CONTROLPLANE_CA"] = request.controlplane_ca
+        inherited = set(WORKER_VARIABLES) - set(BOOTSTRAP_FIELD_VARIABLES)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_") or k in inherited}
+        env.update(worker_environment(request.bootstrap))
+        env.setdefault("LEVERS9_CPU_MILLICORES", str(request.resources.cpu_millicores))
+        env.setdefault("LEVERS9_MEMORY_MIB", str(request.resources.memory_mib))
+        env.setdefault("LEVERS9_DISCONNECT_EXIT_S", str(DISCONNECT_EXIT_S))
+        env["LEVERS9_GPU_COUNT"] = str(len(gpus))
+        # Empty for a CPU worker, so it cannot use (or take) a GPU another worker was given.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(device.index) for device in gpus)
+        # CUDA numbers GPUs fastest-first unless told otherwise; nvidia-smi's indices are PCI order.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         return env
+
+
+def _last_line(log_path: Path) -> str:
+    """The last line a worker wrote to its log: why it stopped, most often."""
+    try:
+        with log_path.open("rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - 4096))
+            lines = [line.strip() for line in file.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return f"the worker exited: {lines[-1][-500:]}" if lines else "the worker exited without writing to its log"
 
 
 def _token_file(pool_dir: Path, machine_id: str) -> Path:

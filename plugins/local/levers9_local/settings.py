@@ -31,7 +31,7 @@ class LocalSettings(BaseModel):
     worker_command: Annotated[list[str] | None, AfterValidator(_check_command)] = Field(
         None,
         description="Command that starts one worker, as an argument list. Left out: the 'levers9 worker' "
-        "command of this installation. The machine token is passed in the environment, never as an argument.",
+        "command of this installation. The machine's join token is passed in a 0600 file named by LEVERS9_TOKEN_FILE, never as an argument.",
     )
     state_dir: Path | None = Field(
         None,

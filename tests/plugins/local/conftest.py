@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from levers9.hooks.types import GpuDevice, Machine, Pool, ProvisionRequest, Resources
+from levers9.__about__ import __version__
+from levers9.hooks.types import GpuDevice, Machine, Pool, ProvisionRequest, Resources, WorkerBootstrap
 from levers9_local.provider import LocalProvider
 from levers9_local.settings import LocalSettings
 
@@ -81,14 +82,28 @@ class Workers:
                 settings[key] = fields.pop(key)
         return Pool(name=name, provider="local", runtime="process", settings=LocalSettings(**settings), **fields)
 
-    def request(self, pool: Pool, *, gpu_count: int | None = None, machine_id: str | None = None) -> ProvisionRequest:
+    def request(
+        self,
+        pool: Pool,
+        *,
+        gpu_count: int | None = None,
+        machine_id: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> ProvisionRequest:
         count = gpu_count if gpu_count is not None else (max(pool.gpu_count, 1) if pool.gpu else 0)
+        machine_id = machine_id or f"m-{uuid.uuid4().hex[:12]}"
         return ProvisionRequest(
             pool=pool,
             resources=Resources(cpu_millicores=1500, memory_mib=3072, gpu=pool.gpu, gpu_count=count),
-            machine_id=machine_id or f"m-{uuid.uuid4().hex[:12]}",
-            token=f"{TOKEN_PREFIX}{uuid.uuid4().hex}",
-            controlplane_url="grpc://127.0.0.1:1993",
+            machine_id=machine_id,
+            bootstrap=WorkerBootstrap(
+                controlplane_url="grpc://127.0.0.1:1993",
+                token=f"{TOKEN_PREFIX}{uuid.uuid4().hex}",
+                machine_id=machine_id,
+                pool=pool.name,
+                levers9_version=__version__,
+                environment=environment or {},
+            ),
         )
 
     def provision(self, pool: Pool, *, ready: bool = True, **request: Any) -> Machine:

@@ -7,7 +7,8 @@ Usage: ``fake_worker.py OUT_DIR [MODE]``. It reports through files in
   SIGTERM before that would kill it by default and prove nothing);
 * ``<id>.events``: one line per SIGTERM received.
 
-MODE ``exit`` (default) exits on SIGTERM; ``ignore`` notes SIGTERM and keeps
+MODE ``fail`` prints why it cannot work, as a worker refused by its
+controlplane would, and exits with status 2 at once. MODE ``exit`` (default) exits on SIGTERM; ``ignore`` notes SIGTERM and keeps
 running, so only SIGKILL stops it; ``child`` exits on SIGTERM but first
 starts a child (MODE ``stubborn``) that ignores SIGTERM and writes its pid to
 ``<id>.child``, to check that terminate reaches what the worker started.
@@ -42,6 +43,9 @@ def main() -> None:
         if mode in ("exit", "child"):
             sys.exit(0)
 
+    if mode == "fail":
+        print("levers9 worker: the controlplane refused this worker: the join token was already used", flush=True)
+        sys.exit(2)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         publish(out / f"{machine_id}.child", str(os.getpid()))

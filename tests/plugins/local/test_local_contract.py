@@ -2,7 +2,10 @@
 
 Once for a CPU pool, and once for a T4 pool on a host whose ``nvidia-smi`` is a
 script reporting two T4s (``LEVERS9_NVIDIA_SMI``, the core discovery's own
-override), so the GPU path runs exactly as on a GPU host.
+override), so the GPU path runs exactly as on a GPU host. Most checks start the
+fake worker; "the bootstrap boots" starts this installation's real ``levers9
+worker``, which must register with the kit's stand-in controlplane using the
+bootstrap's token.
 """
 
 from __future__ import annotations
@@ -43,9 +46,16 @@ def _settings(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
+def _boot_settings(tmp_path: Path) -> dict[str, Any]:
+    """The real ``levers9 worker`` of this installation (worker_command left out), against the kit's controlplane."""
+    return {"state_dir": str(tmp_path / "boot-state"), "stop_grace_s": 5}
+
+
 class TestLocalContract(ProviderContract):
     provider = "local"
     settle_timeout = 10.0
+    boots_itself = True
+    boot_timeout = 60.0
 
     @pytest.fixture
     def pool_settings(self, tmp_path: Path) -> dict[str, Any]:
@@ -55,11 +65,21 @@ class TestLocalContract(ProviderContract):
     def failing_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
         return _settings(tmp_path, worker_command=[str(tmp_path / "no-such-levers9")])
 
+    # A CPU worker is a process: this host never runs out of them in the provider's terms, so the capacity
+    # check is not collected here; TestLocalGpuContract runs it, with more GPUs asked for than the host has.
+    test_no_capacity_is_insufficient_capacity = None  # type: ignore[assignment]
+
+    @pytest.fixture
+    def boot_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
+        return _boot_settings(tmp_path)
+
 
 class TestLocalGpuContract(ProviderContract):
     provider = "local"
     pool_fields: ClassVar[dict[str, Any]] = {"gpu": "T4", "gpu_count": 1}
     settle_timeout = 10.0
+    boots_itself = True
+    boot_timeout = 60.0
 
     @pytest.fixture(autouse=True)
     def two_t4s(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,4 +94,12 @@ class TestLocalGpuContract(ProviderContract):
 
     @pytest.fixture
     def failing_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
-        return _settings(tmp_path, visible_gpus=[5])
+        return _settings(tmp_path, worker_command=[str(tmp_path / "no-such-levers9")])
+
+    @pytest.fixture
+    def capacity_pool_settings(self, tmp_path: Path) -> dict[str, Any] | None:
+        return _settings(tmp_path, visible_gpus=[5])  # the host has GPUs 0 and 1: none of the pool's is there
+
+    @pytest.fixture
+    def boot_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
+        return _boot_settings(tmp_path)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from levers9.bootstrap import WORKER_VARIABLES
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.types import Availability, GpuDevice, Machine, MachineState, Pool
 from levers9_local.processes import boot_id, read_stat
@@ -49,7 +50,10 @@ def mode(path: Path) -> int:
 def test_provision_starts_a_detached_worker_that_gets_everything_through_its_environment(
     workers: Workers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the controlplane's own settings are not the worker's; the host-wide worker ones are
     monkeypatch.setenv("LEVERS9_CONFIG", "/etc/levers9/test.yaml")
+    monkeypatch.setenv("LEVERS9_SECRET_KEY", "controlplane-secret-key")
+    monkeypatch.setenv("LEVERS9_PLUGINS_BLOCK", "ec2")
     # An inheritable descriptor of the controlplane (a listening socket, say) must not reach the worker.
     read_end, write_end = os.pipe()
     os.set_inheritable(write_end, True)
@@ -79,10 +83,11 @@ def test_provision_starts_a_detached_worker_that_gets_everything_through_its_env
     assert env["LEVERS9_CONTROLPLANE_URL"] == "grpc://127.0.0.1:1993"
     # the token is never in the worker's environment (its calls could read that): a 0600 file names it
     assert "LEVERS9_TOKEN" not in env
-    assert request.token not in "".join(env.values())
+    token = request.bootstrap.token
+    assert token not in "".join(env.values())
     token_file = Path(env["LEVERS9_TOKEN_FILE"])
     assert mode(token_file) == 0o600
-    assert token_file.read_text() == request.token
+    assert token_file.read_text() == token
     assert env["LEVERS9_MACHINE_ID"] == request.machine_id
     assert env["LEVERS9_POOL"] == pool.name
     assert env["LEVERS9_CPU_MILLICORES"] == "1500"
@@ -91,7 +96,13 @@ def test_provision_starts_a_detached_worker_that_gets_everything_through_its_env
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["LEVERS9_DISCONNECT_EXIT_S"] == "120"
-    assert env["LEVERS9_CONFIG"] == "/etc/levers9/test.yaml"
+    assert env["LEVERS9_WORKER_STATE_DIR"] == str(workers.state_dir / pool.name / f"{request.machine_id}.worker")
+    assert env["LEVERS9_STOP_GRACE_S"] == "10.0"
+    assert "LEVERS9_CONFIG" not in env
+    assert "LEVERS9_SECRET_KEY" not in env
+    assert env["LEVERS9_PLUGINS_BLOCK"] == "ec2"
+    # the worker reads every LEVERS9_* variable it is given: none is a provider's invention
+    assert {key for key in env if key.startswith("LEVERS9_")} <= set(WORKER_VARIABLES)
     assert env["PATH"] == os.environ["PATH"]
 
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -115,7 +126,7 @@ def test_provision_starts_a_detached_worker_that_gets_everything_through_its_env
     assert record["created_at"]
     wait_for("the worker's output reaches its log", lambda: f"running as pid {pid}" in log.read_text())
     for path in (record_path, log):
-        assert request.token not in path.read_text(), f"the token leaked into {path.name}"
+        assert token not in path.read_text(), f"the token leaked into {path.name}"
         assert mode(path) == 0o600
     assert mode(pool_dir) == 0o700
     assert mode(workers.state_dir) == 0o700
@@ -235,16 +246,38 @@ def test_terminate_is_idempotent_and_unknown_machines_are_success(workers: Worke
     workers.provider.terminate(workers.pool("pool-without-a-directory"), "m-never-existed")
 
 
-def test_the_record_of_a_worker_that_died_is_not_listed_and_is_removed(workers: Workers) -> None:
+def test_a_worker_that_died_is_listed_failed_in_its_logs_words_until_terminated(workers: Workers) -> None:
+    pool = workers.pool("t4-fail", mode="fail", gpu="T4", gpu_count=1, visible_gpus=[0])
+    machine = workers.provision(pool, ready=False)
+    pool_dir = workers.state_dir / pool.name
+    wait_for("the worker exits", lambda: workers.provider.list_machines(pool)[0].state is MachineState.FAILED)
+    [listed] = workers.provider.list_machines(pool)
+    assert listed.machine_id == machine.machine_id
+    assert listed.reason == (
+        "the worker exited: levers9 worker: the controlplane refused this worker: the join token was already used"
+    )
+    assert not (pool_dir / f"{machine.machine_id}.token").exists(), "its unread token is removed at once"
+    # a failed worker holds no GPU: the only visible one can be given again
+    replacement = workers.provision(pool, ready=False)
+    assert replacement.gpu_count == 1
+
+    workers.provider.terminate(pool, machine.provider_id)
+    assert machine.machine_id not in {m.machine_id for m in workers.provider.list_machines(pool)}
+    assert not (pool_dir / f"{machine.machine_id}.json").exists()
+    assert (pool_dir / f"{machine.machine_id}.log").exists(), "the log is kept after terminate"
+
+
+def test_a_worker_killed_without_a_word_is_failed_with_its_last_line(workers: Workers) -> None:
     pool = workers.pool()
     machine = workers.provision(pool)
     pid = worker_pid(workers, machine.machine_id)
     os.kill(pid, signal.SIGKILL)
     wait_for("the worker is gone", lambda: not alive(pid))
+    [listed] = workers.provider.list_machines(pool)
+    assert listed.state is MachineState.FAILED
+    assert listed.reason == f"the worker exited: fake worker {machine.machine_id} running as pid {pid}"
+    workers.provider.terminate(pool, machine.provider_id)
     assert workers.provider.list_machines(pool) == []
-    pool_dir = workers.state_dir / pool.name
-    assert not (pool_dir / f"{machine.machine_id}.json").exists()
-    assert (pool_dir / f"{machine.machine_id}.log").exists()
 
 
 def test_a_reused_pid_is_neither_listed_nor_signalled(workers: Workers) -> None:
@@ -273,16 +306,19 @@ def test_a_reused_pid_is_neither_listed_nor_signalled(workers: Workers) -> None:
 
         fake_record("m-reused", real.start_time - 1, boot_id())
         fake_record("m-other-boot", real.start_time, "00000000-0000-0000-0000-000000000000")
-        assert workers.provider.list_machines(pool) == []
-        assert not list(pool_dir.glob("*.json")), "records of processes that are gone are removed"
+        listed = workers.provider.list_machines(pool)
+        assert {m.machine_id: m.state for m in listed} == {
+            "m-reused": MachineState.FAILED,
+            "m-other-boot": MachineState.FAILED,
+        }, "the recorded workers are gone: the process holding the pid is not theirs"
 
-        fake_record("m-reused", real.start_time - 1, boot_id())
-        fake_record("m-other-boot", real.start_time, "00000000-0000-0000-0000-000000000000")
         workers.provider.terminate(pool, "m-reused")
         workers.provider.terminate(pool, "m-other-boot")
         time.sleep(0.3)
         assert unrelated.poll() is None, "terminate signalled a process that merely has the recorded pid"
         assert alive(unrelated.pid)
+        assert not list(pool_dir.glob("*.json")), "terminate removes the records of processes that are gone"
+        assert workers.provider.list_machines(pool) == []
     finally:
         unrelated.kill()
         unrelated.wait()
@@ -294,7 +330,7 @@ def test_a_new_controlplane_finds_the_workers_a_killed_one_started(workers: Work
     controlplane = textwrap.dedent(
         """
         import json, sys, time
-        from levers9.hooks.types import Pool, ProvisionRequest, Resources
+        from levers9.hooks.types import Pool, ProvisionRequest, Resources, WorkerBootstrap
         from levers9_local import LocalProvider, LocalSettings
 
         pool = Pool(name=sys.argv[1], provider="local", runtime="process", settings=LocalSettings(**json.loads(sys.argv[2])))
@@ -302,9 +338,10 @@ def test_a_new_controlplane_finds_the_workers_a_killed_one_started(workers: Work
         if sys.argv[3] == "provision":
             ids = []
             for n in range(2):
-                request = ProvisionRequest(
-                    pool=pool, resources=Resources(), machine_id=f"m-restart-{n}", token="t", controlplane_url="grpc://x"
-                )
+                machine_id = f"m-restart-{n}"
+                bootstrap = WorkerBootstrap(controlplane_url="grpc://x", token="t", machine_id=machine_id,
+                                            pool=pool.name, levers9_version="0")
+                request = ProvisionRequest(pool=pool, resources=Resources(), machine_id=machine_id, bootstrap=bootstrap)
                 ids.append(provider.provision(request).provider_id)
             print(json.dumps(ids), flush=True)
             time.sleep(120)
@@ -481,3 +518,45 @@ def test_discovery_is_the_hosts_nvidia_smi(workers: Workers, monkeypatch: pytest
     assert (offer.gpu, offer.gpu_memory_mib) == ("H100", 81559)
     machine = workers.provision(pool)
     assert environ(worker_pid(workers, machine.machine_id))["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+# --------------------------------------------------------------------------- levers9 check
+
+
+def test_check_says_what_this_host_lacks_for_the_pool(workers: Workers) -> None:
+    good = workers.provider.check(workers.pool())
+    assert good.ok, good.message
+    assert f"state_dir {workers.state_dir} is writable" in good.message
+
+    blocker = workers.tmp / "a-file"
+    blocker.write_text("")
+    unwritable = workers.provider.check(workers.pool(state_dir=blocker / "state"))
+    assert not unwritable.ok
+    assert f"state_dir {blocker / 'state'} is not writable" in unwritable.message
+    assert unwritable.hint is not None
+
+    missing = workers.provider.check(workers.pool(worker_command=["no-such-levers9-here", "worker"]))
+    assert not missing.ok
+    assert missing.message == "worker_command cannot be run: no-such-levers9-here is not an executable file on PATH"
+    assert missing.hint is not None
+
+    four = workers.provider.check(workers.pool("t4-check", gpu="T4", gpu_count=2))
+    assert four.ok, four.message
+    assert four.message.endswith("4 T4 GPU(s) usable")
+    few = workers.provider.check(workers.pool("t4-few", gpu="T4", gpu_count=2, visible_gpus=[3]))
+    assert not few.ok
+    assert few.message == "this host has 1 usable T4 GPU(s); a worker needs 2"
+    none = workers.provider.check(workers.pool("h100-check", gpu="H100", gpu_count=1))
+    assert not none.ok
+    assert none.message == "this host has 0 usable H100 GPU(s); a worker needs 1"
+
+
+def test_check_reports_gpu_discovery_failing(workers: Workers) -> None:
+    def failing() -> list[GpuDevice]:
+        raise RuntimeError("nvidia-smi exited with status 9: driver not loaded")
+
+    workers.provider = LocalProvider(discover=failing)
+    result = workers.provider.check(workers.pool("t4", gpu="T4", gpu_count=1))
+    assert not result.ok
+    assert "driver not loaded" in result.message
+    assert workers.provider.check(workers.pool()).ok, "a CPU pool runs no GPU discovery"

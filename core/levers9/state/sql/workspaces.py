@@ -8,7 +8,7 @@ the API.
 from __future__ import annotations
 
 import builtins
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -43,6 +43,18 @@ def _token(row: Token) -> TokenRecord:
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
     )
+
+
+class TokenRefused(Exception):
+    """A single-use token cannot be redeemed; ``reason`` is ``unknown``, ``wrong kind``, ``used`` or ``expired``.
+
+    ``when`` is when it was used or expired, for the last two.
+    """
+
+    def __init__(self, reason: str, when: datetime | None = None) -> None:
+        super().__init__(reason if when is None else f"{reason} at {when.isoformat(timespec='seconds')}")
+        self.reason = reason
+        self.when = when
 
 
 class WorkspaceStore:
@@ -188,6 +200,79 @@ class TokenStore:
                 row.revoked_at = utcnow()
             return True
 
+    async def exchange(
+        self, token: str, *, kind: str, subject_prefix: str, issue_kind: str
+    ) -> tuple[TokenRecord, TokenRecord, str]:
+        """Spend the single-use ``token`` and issue its successor, in one transaction.
+
+        ``token`` must be live, of ``kind``, and its subject must start with
+        ``subject_prefix``; it is revoked by a conditional update, so of two
+        exchanges racing on one token exactly one wins. The new token (of
+        ``issue_kind``, never expiring) has the same workspace and the subject
+        after the prefix. Returns (the spent token's record, the new record,
+        the new token itself, shown this once). Raises :class:`TokenRefused`
+        saying why: unknown, already used, expired, or not such a token.
+        """
+        wanted = parse_enum(TokenKind, kind, "token kind")
+        new_kind = parse_enum(TokenKind, issue_kind, "token kind")
+        key = hash_token(token)
+        now = utcnow()
+        async with self._db.transaction() as session:
+            row = await session.scalar(select(Token).where(Token.token_hash == key))
+            if row is None:
+                raise TokenRefused("unknown")
+            if row.kind != wanted.value or not (row.subject or "").startswith(subject_prefix):
+                raise TokenRefused("wrong kind")
+            if row.revoked_at is not None:
+                raise TokenRefused("used", row.revoked_at)
+            if row.expires_at is not None and row.expires_at <= now:
+                raise TokenRefused("expired", row.expires_at)
+            spent = await session.execute(
+                update(Token)
+                .where(Token.id == row.id, Token.revoked_at.is_(None))
+                .values(revoked_at=now, last_used_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            if spent.rowcount != 1:  # type: ignore[attr-defined]
+                raise TokenRefused("used", now)
+            await session.refresh(row)
+            successor = new_token(new_kind.value)
+            new_row = Token(
+                id=new_id("tok"),
+                workspace_id=row.workspace_id,
+                kind=new_kind.value,
+                subject=(row.subject or "")[len(subject_prefix) :] or None,
+                token_hash=hash_token(successor),
+                created_at=now,
+                expires_at=None,
+                revoked_at=None,
+                last_used_at=None,
+            )
+            session.add(new_row)
+            await session.flush()
+            return _token(row), _token(new_row), successor
+
+    async def redeem(self, token_id: str) -> bool:
+        """Spend a single-use token (a machine's join token): True for the one caller that spent it.
+
+        Spending is revoking, in one conditional update, so of two registrations racing with the same
+        join token exactly one gets True; an expired, revoked or already spent token gives False.
+        """
+        now = utcnow()
+        async with self._db.transaction() as session:
+            result = await session.execute(
+                update(Token)
+                .where(
+                    Token.id == token_id,
+                    Token.revoked_at.is_(None),
+                    (Token.expires_at.is_(None)) | (Token.expires_at > now),
+                )
+                .values(revoked_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            count: int = result.rowcount  # type: ignore[attr-defined]
+            return count == 1
+
     async def revoke_subject(self, subject: str) -> int:
         """Revoke every live token of ``subject`` (a machine being terminated); returns how many."""
         async with self._db.transaction() as session:
@@ -201,4 +286,4 @@ class TokenStore:
             return count
 
 
-__all__ = ["LAST_USED_RESOLUTION", "MAX_TOKEN_TTL_S", "TokenStore", "WorkspaceStore"]
+__all__ = ["LAST_USED_RESOLUTION", "MAX_TOKEN_TTL_S", "TokenRefused", "TokenStore", "WorkspaceStore"]

@@ -1,0 +1,345 @@
+"""How a booted machine starts its levers9 worker: one text for every provider.
+
+A provider never writes its own boot script. It hands
+:class:`~levers9.hooks.types.WorkerBootstrap` (``ProvisionRequest.bootstrap``)
+to one of the renderers here and passes the result to the machine as it is:
+:func:`cloud_init` as a VM's user data (EC2, OCI, Lambda), :func:`shell_script`
+where a provider runs a command instead of cloud-init, :func:`container_spec`
+for a pod or a container. Invariants:
+
+* **The worker reads only these variables.** :data:`WORKER_VARIABLES` is the
+  complete list of what ``levers9 worker`` reads from its environment (the
+  worker warns about a ``LEVERS9_*`` name that is a near miss of one);
+  ``WorkerBootstrap.environment`` may hold only the ones no bootstrap field
+  carries (:func:`check_environment`), so a provider cannot invent settings
+  the worker silently ignores.
+* **The token is in a 0600 file or a secret, never elsewhere.** The script
+  writes it to ``/etc/levers9/token`` under ``umask 077`` and passes the
+  worker only that path (``LEVERS9_TOKEN_FILE``); it is on no command line
+  and not in the environment file. A container spec carries it apart from
+  the plain environment (``secret_env``), for the provider to store as a
+  secret. User data itself is readable on the machine (EC2's instance
+  metadata service serves it to any local process): the token is therefore a
+  *join* token, spent by the worker's first registration, after which the
+  worker holds a session credential of its own (see
+  :mod:`levers9.worker.credentials`).
+* **Same text everywhere.** The renderers depend on the bootstrap alone, so
+  two providers given the same bootstrap boot identical machines, and the
+  contract kit can run the very script a provider was asked to pass.
+
+The script runs the worker three ways, first that works: the ``levers9`` on
+``PATH`` when ``levers9 --version`` is exactly ``levers9 <levers9_version>``;
+else ``docker run`` of ``worker_image`` (host network, never restarted: the
+join token is spent by the first registration, so a worker that exits leaves
+its machine to the reconciler, which replaces it; ``--gpus all`` when
+``LEVERS9_GPU_COUNT`` is above 0); else
+``levers9==<levers9_version>`` installed with pip (in a virtualenv at
+``/opt/levers9`` when ``python3 -m venv`` works). Every path it touches is
+under ``$LEVERS9_BOOT_ROOT`` (empty on a real machine), so an emulated boot
+runs it in a temporary directory; it logs to
+``/var/log/levers9-bootstrap.log``.
+
+Failures: every renderer raises ValueError naming the field or variable at
+fault and what would be accepted (an unknown variable, a value with a line
+break, user data over :data:`USER_DATA_MAX_BYTES`, a container spec without
+``worker_image``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from levers9.hooks.types import WorkerBootstrap
+
+__all__ = [
+    "BOOTSTRAP_FIELD_VARIABLES",
+    "BOOT_DIR",
+    "CA_PATH",
+    "ENV_PATH",
+    "LOG_PATH",
+    "SCRIPT_PATH",
+    "TOKEN_PATH",
+    "USER_DATA_MAX_BYTES",
+    "WORKER_VARIABLES",
+    "BootstrapContainer",
+    "check_environment",
+    "closest_variable",
+    "cloud_init",
+    "container_spec",
+    "shell_script",
+    "worker_environment",
+]
+
+#: every variable ``levers9 worker`` reads, with what it means (docs, ``levers9 worker --help``, validation)
+WORKER_VARIABLES: dict[str, str] = {
+    "LEVERS9_CONTROLPLANE_URL": "where to dial: grpc://HOST:PORT or grpcs://HOST:PORT, or every replica's, comma-separated",
+    "LEVERS9_CONTROLPLANE_CA": "PEM text of the CA that verifies a grpcs:// controlplane (default: system CAs)",
+    "LEVERS9_CONTROLPLANE_CA_FILE": "the same CA as a file path, when LEVERS9_CONTROLPLANE_CA is unset",
+    "LEVERS9_TOKEN_FILE": "a 0600 file holding the worker's token (a machine's join token); deleted once read",
+    "LEVERS9_TOKEN": "the token itself, for a worker started by hand (prefer LEVERS9_TOKEN_FILE)",
+    "LEVERS9_MACHINE_ID": "levers9's id for this machine (its provider's ProvisionRequest.machine_id)",
+    "LEVERS9_POOL": "the pool this worker serves (a machine token implies it)",
+    "LEVERS9_CPU_MILLICORES": "CPU this worker offers, in millicores (default: the pool's)",
+    "LEVERS9_MEMORY_MIB": "memory this worker offers, in MiB (default: the pool's)",
+    "LEVERS9_GPU_COUNT": "GPUs the machine was given (the boot script adds --gpus all when above 0); "
+    "the worker counts the GPUs it finds itself",
+    "CUDA_VISIBLE_DEVICES": "GPU indices (nvidia-smi's) the worker may use; unset: every GPU found",
+    "LEVERS9_DISCONNECT_EXIT_S": "exit after this many seconds without any controlplane (default: never)",
+    "LEVERS9_STOP_GRACE_S": "seconds between SIGTERM and SIGKILL from whoever stops the worker; calls still "
+    "running 3 s before it are stopped",
+    "LEVERS9_WORKER_STATE_DIR": "where containers are prepared and the session credential kept (removed at exit)",
+    "LEVERS9_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR (default INFO)",
+    "LEVERS9_NVIDIA_SMI": "the nvidia-smi executable GPU discovery runs (default: nvidia-smi on PATH)",
+    "LEVERS9_PLUGINS_ALLOW": "comma-separated plugins the worker may load (default: every installed one)",
+    "LEVERS9_PLUGINS_BLOCK": "comma-separated plugins the worker must not load",
+    "LEVERS9_PLUGINS_STRICT": "1: a plugin that fails to load stops the worker instead of being skipped",
+}
+
+#: the variables a :class:`WorkerBootstrap` field carries; ``environment`` may not set them
+BOOTSTRAP_FIELD_VARIABLES: dict[str, str] = {
+    "LEVERS9_CONTROLPLANE_URL": "controlplane_url",
+    "LEVERS9_CONTROLPLANE_CA": "controlplane_ca",
+    "LEVERS9_CONTROLPLANE_CA_FILE": "controlplane_ca",
+    "LEVERS9_TOKEN_FILE": "token",
+    "LEVERS9_TOKEN": "token",
+    "LEVERS9_MACHINE_ID": "machine_id",
+    "LEVERS9_POOL": "pool",
+}
+
+#: where the script keeps what it writes, on the machine (under ``$LEVERS9_BOOT_ROOT`` in an emulated boot)
+BOOT_DIR = "/etc/levers9"
+SCRIPT_PATH = f"{BOOT_DIR}/bootstrap.sh"
+TOKEN_PATH = f"{BOOT_DIR}/token"
+CA_PATH = f"{BOOT_DIR}/ca.pem"
+ENV_PATH = f"{BOOT_DIR}/worker.env"
+LOG_PATH = "/var/log/levers9-bootstrap.log"
+#: the worker's state directory unless ``environment`` names another
+STATE_DIR = "/var/lib/levers9/worker"
+#: the largest user data :func:`cloud_init` renders: EC2's limit (16 KB before base64), the smallest of the clouds
+USER_DATA_MAX_BYTES = 16 * 1024
+#: the container name the docker path uses (a re-run of the script replaces it)
+CONTAINER_NAME = "levers9-worker"
+
+_EOF = "LEVERS9_END_OF_FILE"
+
+
+class BootstrapContainer(BaseModel):
+    """The worker as one container (Kubernetes pod, docker container): what a container provider runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str
+    command: list[str] = Field(default_factory=lambda: ["levers9", "worker"])
+    #: the plain environment (no secret in it)
+    env: dict[str, str] = Field(default_factory=dict)
+    #: store these as a secret (a Kubernetes Secret, say) and expose them to the container as variables
+    secret_env: dict[str, str] = Field(default_factory=dict, repr=False)
+
+
+def closest_variable(name: str) -> str | None:
+    """The worker variable ``name`` is most likely a misspelling of, if any is close."""
+    found = difflib.get_close_matches(name, list(WORKER_VARIABLES), n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
+def check_environment(bootstrap: WorkerBootstrap) -> None:
+    """ValueError unless ``bootstrap`` can be rendered: known variables only, values that fit on a line.
+
+    ``environment`` may hold the :data:`WORKER_VARIABLES` that no field carries;
+    the text fields may not hold line breaks (they go into an environment file
+    and a script), nor may the token hold whitespace.
+    """
+    allowed = sorted(set(WORKER_VARIABLES) - set(BOOTSTRAP_FIELD_VARIABLES))
+    for name, value in bootstrap.environment.items():
+        if name in BOOTSTRAP_FIELD_VARIABLES:
+            raise ValueError(
+                f"WorkerBootstrap.environment: {name} is carried by the field "
+                f"{BOOTSTRAP_FIELD_VARIABLES[name]!r}; set that field instead"
+            )
+        if name not in WORKER_VARIABLES:
+            near = closest_variable(name)
+            hint = f" (did you mean {near}?)" if near else ""
+            raise ValueError(
+                f"WorkerBootstrap.environment: the worker does not read {name}{hint}; accepted: {', '.join(allowed)}"
+            )
+        _one_line(f"WorkerBootstrap.environment[{name!r}]", value)
+    _count(bootstrap)
+    for field in ("controlplane_url", "machine_id", "pool", "levers9_version"):
+        value = getattr(bootstrap, field)
+        if not value.strip():
+            raise ValueError(f"WorkerBootstrap.{field} is empty; the worker cannot start without it")
+        _one_line(f"WorkerBootstrap.{field}", value)
+    if bootstrap.worker_image is not None:
+        _one_line("WorkerBootstrap.worker_image", bootstrap.worker_image)
+    if not bootstrap.token or any(c.isspace() for c in bootstrap.token):
+        raise ValueError("WorkerBootstrap.token must be a non-empty token without whitespace")
+    if any(line.strip() == _EOF for line in bootstrap.controlplane_ca.splitlines()):
+        raise ValueError(f"WorkerBootstrap.controlplane_ca holds the line {_EOF}; it must be PEM certificates only")
+
+
+def _one_line(what: str, value: str) -> None:
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ValueError(f"{what} holds a line break or NUL; it must be one line of text")
+
+
+def _count(bootstrap: WorkerBootstrap) -> int:
+    raw = bootstrap.environment.get("LEVERS9_GPU_COUNT", "0").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(
+            f"WorkerBootstrap.environment['LEVERS9_GPU_COUNT'] is {raw!r}; it must be a whole number of GPUs (0 or more)"
+        )
+    return int(raw)
+
+
+def worker_environment(bootstrap: WorkerBootstrap) -> dict[str, str]:
+    """The worker's whole environment (the CA as PEM text), never the token: a provider adds the token its own way."""
+    check_environment(bootstrap)
+    env = {
+        "LEVERS9_CONTROLPLANE_URL": bootstrap.controlplane_url,
+        "LEVERS9_MACHINE_ID": bootstrap.machine_id,
+        "LEVERS9_POOL": bootstrap.pool,
+    }
+    if bootstrap.controlplane_ca:
+        env["LEVERS9_CONTROLPLANE_CA"] = bootstrap.controlplane_ca
+    env.update(bootstrap.environment)
+    return env
+
+
+def _heredoc(target: str, text: str) -> str:
+    """Shell lines writing ``text`` to ``target`` (a shell word) through cat's stdin: no argument holds it."""
+    body = text if text.endswith("\n") else text + "\n"
+    return f"cat >{target} <<'{_EOF}'\n{body}{_EOF}\n"
+
+
+def shell_script(bootstrap: WorkerBootstrap) -> str:
+    """The POSIX ``sh`` script that writes the token, the CA and the environment file, then starts the worker."""
+    check_environment(bootstrap)
+    q = shlex.quote
+    version = bootstrap.levers9_version
+    env = {k: v for k, v in worker_environment(bootstrap).items() if k != "LEVERS9_CONTROLPLANE_CA"}
+    env_lines = "".join(f"{name}={value}\n" for name, value in env.items())
+    gpus = "--gpus all " if _count(bootstrap) > 0 else ""
+    parts = [
+        "#!/bin/sh\n",
+        f"# levers9 worker bootstrap: machine {bootstrap.machine_id} of pool {bootstrap.pool}, levers9 {version}\n",
+        "# Rendered by levers9.bootstrap; every path is under $LEVERS9_BOOT_ROOT (empty on a real machine).\n",
+        "set -eu\n",
+        'ROOT="${LEVERS9_BOOT_ROOT:-}"\n',
+        f'DIR="$ROOT{BOOT_DIR}"\nLOG="$ROOT{LOG_PATH}"\nTOKEN_FILE="$ROOT{TOKEN_PATH}"\n',
+        f'CA_FILE="$ROOT{CA_PATH}"\nENV_FILE="$ROOT{ENV_PATH}"\n',
+        f"VERSION={q(version)}\n",
+        'PATH="$ROOT/opt/levers9/bin:$PATH"\nexport PATH\n',
+        "umask 077\n",
+        'mkdir -p "$DIR" "${LOG%/*}"\n',
+        'say() { printf \'%s levers9-bootstrap: %s\\n\' "$(date -u +%FT%TZ 2>/dev/null || true)" "$*" '
+        '>>"$LOG"; printf \'levers9-bootstrap: %s\\n\' "$*" >&2; }\n',
+        'fail() { say "$*"; exit 1; }\n',
+        # the join token and the CA: files only root may read, their contents through cat's stdin
+        _heredoc('"$TOKEN_FILE"', bootstrap.token),
+    ]
+    if bootstrap.controlplane_ca:
+        parts.append(_heredoc('"$CA_FILE"', bootstrap.controlplane_ca))
+    parts.append(_heredoc('"$ENV_FILE"', env_lines.rstrip("\n")))
+    if bootstrap.controlplane_ca:
+        parts.append('printf \'LEVERS9_CONTROLPLANE_CA_FILE=%s\\n\' "$CA_FILE" >>"$ENV_FILE"\n')
+    if "LEVERS9_WORKER_STATE_DIR" not in env:
+        parts.append(f'printf \'LEVERS9_WORKER_STATE_DIR=%s\\n\' "$ROOT{STATE_DIR}" >>"$ENV_FILE"\n')
+    parts.append(
+        'load_env() { while IFS= read -r line; do if [ -n "$line" ]; then export "$line"; fi; done <"$ENV_FILE"; }\n'
+    )
+    parts.append(
+        # 1. the right levers9 is installed (a prepared image): run it
+        'if command -v levers9 >/dev/null 2>&1 && [ "$(levers9 --version 2>/dev/null || true)" = "levers9 $VERSION" ]'
+        "; then\n"
+        '  say "starting the installed levers9 $VERSION worker"\n'
+        "  load_env\n"
+        '  LEVERS9_TOKEN_FILE="$TOKEN_FILE" exec levers9 worker >>"$LOG" 2>&1\n'
+        "fi\n"
+    )
+    if bootstrap.worker_image:
+        image = q(bootstrap.worker_image)
+        parts.append(
+            # 2. docker and an image: the worker as a container on the host's network
+            "if command -v docker >/dev/null 2>&1; then\n"
+            f'  say "starting the worker container {bootstrap.worker_image}"\n'
+            f"  docker rm -f {CONTAINER_NAME} >/dev/null 2>&1 || true\n"
+            f"  exec docker run -d --name {CONTAINER_NAME} --network host {gpus}"
+            '--env-file "$ENV_FILE" -e LEVERS9_TOKEN_FILE="$TOKEN_FILE" -v "$DIR:$DIR:ro" '
+            f'{image} levers9 worker >>"$LOG" 2>&1\n'
+            "fi\n"
+        )
+    parts.append(
+        # 3. install levers9 with pip: into a virtualenv when python3 can make one, else beside the system's
+        'command -v python3 >/dev/null 2>&1 || fail "no levers9 $VERSION on PATH'
+        + (", no docker for the worker image" if bootstrap.worker_image else "")
+        + ', and no python3 to install it with"\n'
+        'say "installing levers9==$VERSION with pip"\n'
+        'if python3 -m venv "$ROOT/opt/levers9" >>"$LOG" 2>&1; then\n'
+        '  PY="$ROOT/opt/levers9/bin/python"\n'
+        "else\n"
+        "  PY=python3\n"
+        "  PIP_BREAK_SYSTEM_PACKAGES=1\n"
+        "  export PIP_BREAK_SYSTEM_PACKAGES\n"
+        "fi\n"
+        '"$PY" -m pip install --quiet "levers9==$VERSION" >>"$LOG" 2>&1 || '
+        'fail "pip could not install levers9==$VERSION (see $LOG)"\n'
+        'say "starting the levers9 $VERSION worker installed with pip"\n'
+        "load_env\n"
+        'LEVERS9_TOKEN_FILE="$TOKEN_FILE" exec "$PY" -m levers9 worker >>"$LOG" 2>&1\n'
+    )
+    return "".join(parts)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks, so the script reads as a script in the user data."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> Any:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def cloud_init(bootstrap: WorkerBootstrap) -> str:
+    """``#cloud-config`` user data: the script at :data:`SCRIPT_PATH` (0700, root's), run once by ``runcmd``.
+
+    :raises ValueError: the bootstrap is invalid, or the user data exceeds :data:`USER_DATA_MAX_BYTES`.
+    """
+    document = {
+        "write_files": [
+            {"path": SCRIPT_PATH, "owner": "root:root", "permissions": "0700", "content": shell_script(bootstrap)}
+        ],
+        "runcmd": [[SCRIPT_PATH]],
+    }
+    text = "#cloud-config\n" + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1_000_000)
+    size = len(text.encode())
+    if size > USER_DATA_MAX_BYTES:
+        raise ValueError(
+            f"the worker's user data takes {size} bytes, at most {USER_DATA_MAX_BYTES} fit (EC2's limit): "
+            "shorten WorkerBootstrap.controlplane_ca (one CA, not a bundle) or environment"
+        )
+    return text
+
+
+def container_spec(bootstrap: WorkerBootstrap) -> BootstrapContainer:
+    """The worker as a container running ``worker_image``; the token in ``secret_env`` only.
+
+    :raises ValueError: the bootstrap is invalid, or names no ``worker_image``.
+    """
+    if not bootstrap.worker_image:
+        raise ValueError(
+            "WorkerBootstrap.worker_image is None: a container provider needs the worker image to run "
+            "(set the controlplane's worker image, for example ghcr.io/levers9/worker:<version>)"
+        )
+    return BootstrapContainer(
+        image=bootstrap.worker_image,
+        env=worker_environment(bootstrap),
+        secret_env={"LEVERS9_TOKEN": bootstrap.token},
+    )

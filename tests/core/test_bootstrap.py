@@ -1,0 +1,313 @@
+"""The boot text every provider passes to a machine: valid, secret-tight, and it really starts a worker.
+
+The script is run for real by ``/bin/sh`` under ``LEVERS9_BOOT_ROOT`` (a temporary directory), with a
+``PATH`` holding only stand-ins that record how they were called: a ``levers9`` of the right version (or a
+wrong one), ``docker``, ``python3``, and wrappers of the few host tools the script uses. What matters is
+what an operator would check on the machine: where the token is, with which mode, and that no command
+line and no environment file carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from levers9.bootstrap import (
+    CA_PATH,
+    ENV_PATH,
+    SCRIPT_PATH,
+    TOKEN_PATH,
+    USER_DATA_MAX_BYTES,
+    WORKER_VARIABLES,
+    check_environment,
+    cloud_init,
+    container_spec,
+    shell_script,
+    worker_environment,
+)
+from levers9.hooks.types import WorkerBootstrap
+
+TOKEN = "l9_machine_" + "S" * 43
+CA = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"
+VERSION = "0.1.0"
+
+
+def bootstrap(**fields: Any) -> WorkerBootstrap:
+    values: dict[str, Any] = {
+        "controlplane_url": "grpcs://cp-a.example:1993,grpcs://cp-b.example:1993",
+        "controlplane_ca": CA,
+        "token": TOKEN,
+        "machine_id": "mach_0123",
+        "pool": "gpu-h100",
+        "levers9_version": VERSION,
+        "worker_image": None,
+        "environment": {"LEVERS9_CPU_MILLICORES": "4000", "LEVERS9_MEMORY_MIB": "16384", "LEVERS9_GPU_COUNT": "0"},
+    }
+    values.update(fields)
+    return WorkerBootstrap(**values)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def test_cloud_init_is_yaml_that_writes_the_script_root_only_and_runs_it() -> None:
+    b = bootstrap()
+    text = cloud_init(b)
+    assert text.startswith("#cloud-config\n")
+    assert len(text.encode()) <= USER_DATA_MAX_BYTES
+    document = yaml.safe_load(text)
+    [written] = document["write_files"]
+    assert written == {"path": SCRIPT_PATH, "owner": "root:root", "permissions": "0700", "content": shell_script(b)}
+    assert document["runcmd"] == [[SCRIPT_PATH]]
+
+
+def test_user_data_over_the_ec2_limit_is_refused_with_its_size() -> None:
+    bundle = "-----BEGIN CERTIFICATE-----\n" + "A" * 64 * 300 + "\n-----END CERTIFICATE-----\n"
+    with pytest.raises(ValueError, match=rf"takes \d+ bytes, at most {USER_DATA_MAX_BYTES}.*controlplane_ca"):
+        cloud_init(bootstrap(controlplane_ca=bundle))
+
+
+def test_the_script_is_posix_sh() -> None:
+    for shell in ("/bin/sh", shutil.which("dash"), shutil.which("bash")):
+        if shell is None:
+            continue
+        checked = subprocess.run([shell, "-n"], input=shell_script(bootstrap(worker_image="img:1")), text=True,
+                                 capture_output=True, check=False)  # fmt: skip
+        assert checked.returncode == 0, f"{shell} -n: {checked.stderr}"
+
+
+def test_the_worker_environment_and_the_container_spec_keep_the_token_apart() -> None:
+    b = bootstrap(worker_image="ghcr.io/levers9/worker:0.1.0")
+    env = worker_environment(b)
+    assert env["LEVERS9_CONTROLPLANE_URL"] == b.controlplane_url
+    assert env["LEVERS9_CONTROLPLANE_CA"] == CA
+    assert (env["LEVERS9_MACHINE_ID"], env["LEVERS9_POOL"]) == ("mach_0123", "gpu-h100")
+    assert env["LEVERS9_CPU_MILLICORES"] == "4000"
+    assert TOKEN not in json.dumps(env)
+    assert set(env) <= set(WORKER_VARIABLES)
+
+    spec = container_spec(b)
+    assert spec.image == "ghcr.io/levers9/worker:0.1.0"
+    assert spec.command == ["levers9", "worker"]
+    assert spec.env == env
+    assert spec.secret_env == {"LEVERS9_TOKEN": TOKEN}
+    assert TOKEN not in repr(spec)
+    with pytest.raises(ValueError, match="worker_image is None"):
+        container_spec(bootstrap(worker_image=None))
+
+
+def test_environment_takes_only_the_worker_variables_no_field_carries() -> None:
+    with pytest.raises(ValueError, match="LEVERS9_CPU_MILICORES") as caught:
+        check_environment(bootstrap(environment={"LEVERS9_CPU_MILICORES": "1000"}))
+    message = str(caught.value)
+    assert "did you mean LEVERS9_CPU_MILLICORES" in message
+    assert "accepted: " in message
+    assert "LEVERS9_DISCONNECT_EXIT_S" in message
+    assert "LEVERS9_TOKEN," not in message, "a variable a field carries is not offered"
+
+    with pytest.raises(ValueError, match=r"EXAMPLE_SETTING.*accepted: "):
+        check_environment(bootstrap(environment={"EXAMPLE_SETTING": "1"}))
+    with pytest.raises(ValueError, match="LEVERS9_TOKEN is carried by the field 'token'"):
+        check_environment(bootstrap(environment={"LEVERS9_TOKEN": "x"}))
+    with pytest.raises(ValueError, match="LEVERS9_CONTROLPLANE_URL is carried by the field 'controlplane_url'"):
+        shell_script(bootstrap(environment={"LEVERS9_CONTROLPLANE_URL": "grpc://elsewhere:1"}))
+    with pytest.raises(ValueError, match=r"environment\['LEVERS9_LOG_LEVEL'\] holds a line break"):
+        cloud_init(bootstrap(environment={"LEVERS9_LOG_LEVEL": "INFO\nLEVERS9_TOKEN=x"}))
+    with pytest.raises(ValueError, match=r"LEVERS9_GPU_COUNT.*whole number"):
+        check_environment(bootstrap(environment={"LEVERS9_GPU_COUNT": "two"}))
+    with pytest.raises(ValueError, match="token must be a non-empty token without whitespace"):
+        shell_script(bootstrap(token="two words"))
+    check_environment(bootstrap(environment={"LEVERS9_DISCONNECT_EXIT_S": "120", "CUDA_VISIBLE_DEVICES": "0,1"}))
+
+
+# --------------------------------------------------------------------------- booting for real
+
+
+@dataclass
+class Boot:
+    root: Path
+    bin: Path
+    out: Path
+    result: subprocess.CompletedProcess[str]
+
+    def argv(self) -> str:
+        path = self.out / "argv.log"
+        return path.read_text() if path.exists() else ""
+
+    def worker(self) -> dict[str, Any]:
+        recorded: dict[str, Any] = json.loads((self.out / "levers9-worker.json").read_text())
+        return recorded
+
+
+def _tool(bin_dir: Path, name: str) -> None:
+    """``name`` on the test's PATH: the host's own, after noting its arguments (to look for the token there)."""
+    real = shutil.which(name)
+    assert real is not None, f"the host's {name} is needed"
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nprintf \'{name} %s\\n\' "$*" >>"$BOOT_OUT/argv.log"\nexec {real} "$@"\n')
+    path.chmod(0o755)
+
+
+def _stub_levers9(bin_dir: Path, version: str) -> None:
+    """A ``levers9`` whose ``worker`` records its arguments, its environment and the token file it was given."""
+    program = f"""#!{sys.executable}
+import json, os, stat, sys
+out = os.environ["BOOT_OUT"]
+if sys.argv[1:] == ["--version"]:
+    print("levers9 {version}")
+    sys.exit(0)
+with open(os.path.join(out, "argv.log"), "a") as log:
+    log.write("levers9 " + " ".join(sys.argv[1:]) + "\\n")
+token_file = os.environ.get("LEVERS9_TOKEN_FILE", "")
+info = os.stat(token_file) if token_file and os.path.exists(token_file) else None
+with open(os.path.join(out, "levers9-worker.json"), "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ),
+               "token_mode": stat.S_IMODE(info.st_mode) if info else None,
+               "token": open(token_file).read().strip() if info else None}}, f)
+"""
+    path = bin_dir / "levers9"
+    path.write_text(program)
+    path.chmod(0o755)
+
+
+def _stub(bin_dir: Path, name: str, status: int) -> None:
+    """A ``name`` that notes its arguments and exits with ``status`` (docker that starts, python3 without pip)."""
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nprintf \'{name} %s\\n\' "$*" >>"$BOOT_OUT/argv.log"\nexit {status}\n')
+    path.chmod(0o755)
+
+
+def boot(
+    tmp_path: Path, b: WorkerBootstrap, *, levers9: str | None = VERSION, stubs: dict[str, int] | None = None
+) -> Boot:
+    root, bin_dir, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
+    for path in (root, bin_dir, out):
+        path.mkdir()
+    for name in ("mkdir", "cat", "date"):
+        _tool(bin_dir, name)
+    if levers9 is not None:
+        _stub_levers9(bin_dir, levers9)
+    for name, status in (stubs or {}).items():
+        _stub(bin_dir, name, status)
+    script = tmp_path / "bootstrap.sh"
+    script.write_text(shell_script(b))
+    env = {"PATH": str(bin_dir), "LEVERS9_BOOT_ROOT": str(root), "BOOT_OUT": str(out), "HOME": str(tmp_path)}
+    result = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    return Boot(root, bin_dir, out, result)
+
+
+def _env_file(root: Path) -> dict[str, str]:
+    lines = (root / ENV_PATH.lstrip("/")).read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_an_installed_levers9_of_the_right_version_is_started_with_the_token_in_a_0600_file(tmp_path: Path) -> None:
+    ran = boot(tmp_path, bootstrap())
+    assert ran.result.returncode == 0, ran.result.stderr
+    token_file = ran.root / TOKEN_PATH.lstrip("/")
+    assert token_file.read_text().strip() == TOKEN
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    ca_file = ran.root / CA_PATH.lstrip("/")
+    assert ca_file.read_text() == CA
+    assert stat.S_IMODE(ca_file.stat().st_mode) == 0o600
+
+    env_file = ran.root / ENV_PATH.lstrip("/")
+    assert TOKEN not in env_file.read_text()
+    assert _env_file(ran.root) == {
+        "LEVERS9_CONTROLPLANE_URL": "grpcs://cp-a.example:1993,grpcs://cp-b.example:1993",
+        "LEVERS9_MACHINE_ID": "mach_0123",
+        "LEVERS9_POOL": "gpu-h100",
+        "LEVERS9_CPU_MILLICORES": "4000",
+        "LEVERS9_MEMORY_MIB": "16384",
+        "LEVERS9_GPU_COUNT": "0",
+        "LEVERS9_CONTROLPLANE_CA_FILE": str(ca_file),
+        "LEVERS9_WORKER_STATE_DIR": str(ran.root / "var/lib/levers9/worker"),
+    }
+
+    worker = ran.worker()
+    assert worker["argv"] == ["worker"]
+    assert worker["token"] == TOKEN, "the worker finds its token file"
+    assert worker["token_mode"] == 0o600
+    env = worker["env"]
+    assert env["LEVERS9_TOKEN_FILE"] == str(token_file)
+    assert "LEVERS9_TOKEN" not in env
+    assert TOKEN not in json.dumps(env)
+    for name, value in _env_file(ran.root).items():
+        assert env[name] == value
+    assert {k for k in env if k.startswith("LEVERS9_")} <= set(WORKER_VARIABLES) | {"LEVERS9_BOOT_ROOT"}
+
+    argv = ran.argv()
+    assert "levers9 worker" in argv
+    assert "mkdir" in argv
+    assert TOKEN not in argv, "the token was on a command line"
+    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
+    assert f"starting the installed levers9 {VERSION} worker" in log
+    assert TOKEN not in log
+
+
+def test_with_another_levers9_the_worker_image_runs_in_docker_on_the_host_network(tmp_path: Path) -> None:
+    b = bootstrap(worker_image="ghcr.io/levers9/worker:0.1.0",
+                  environment={"LEVERS9_GPU_COUNT": "8", "LEVERS9_DISCONNECT_EXIT_S": "300"})  # fmt: skip
+    ran = boot(tmp_path, b, levers9="0.0.9", stubs={"docker": 0})
+    assert ran.result.returncode == 0, ran.result.stderr
+    assert not (ran.out / "levers9-worker.json").exists(), "the wrong version must not be run"
+    calls = [line for line in ran.argv().splitlines() if line.startswith("docker run")]
+    assert len(calls) == 1
+    args = calls[0].split()
+    etc = ran.root / "etc/levers9"
+    # never restarted: the join token is spent, a restarted worker could only be refused
+    assert "--restart" not in args
+    for expected in (["--network", "host"], ["--gpus", "all"],
+                     ["--env-file", str(etc / "worker.env")], ["-e", f"LEVERS9_TOKEN_FILE={etc / 'token'}"],
+                     ["-v", f"{etc}:{etc}:ro"]):  # fmt: skip
+        at = args.index(expected[0])
+        assert args[at : at + len(expected)] == expected
+    assert args[-3:] == ["ghcr.io/levers9/worker:0.1.0", "levers9", "worker"]
+    assert TOKEN not in ran.argv()
+    assert _env_file(ran.root)["LEVERS9_DISCONNECT_EXIT_S"] == "300"
+
+    (tmp_path / "cpu").mkdir()
+    cpu_only = boot(tmp_path / "cpu", bootstrap(worker_image="img:1"), levers9=None, stubs={"docker": 0})
+    assert cpu_only.result.returncode == 0, cpu_only.result.stderr
+    assert "docker run" in cpu_only.argv()
+    assert "--gpus" not in cpu_only.argv()
+
+
+def test_no_levers9_no_docker_and_no_pip_fails_with_a_message(tmp_path: Path) -> None:
+    (tmp_path / "bare").mkdir()
+    ran = boot(tmp_path / "bare", bootstrap(), levers9="0.0.9")
+    assert ran.result.returncode != 0
+    assert f"no levers9 {VERSION} on PATH, and no python3 to install it with" in ran.result.stderr
+    assert not (ran.out / "levers9-worker.json").exists()
+
+    (tmp_path / "nopip").mkdir()
+    ran = boot(tmp_path / "nopip", bootstrap(), levers9=None, stubs={"python3": 1})
+    assert ran.result.returncode != 0
+    assert f"pip could not install levers9=={VERSION}" in ran.result.stderr
+    assert f"python3 -m pip install --quiet levers9=={VERSION}" in ran.argv()
+    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
+    assert f"pip could not install levers9=={VERSION}" in log
+    assert TOKEN not in ran.argv()
+
+
+def test_a_script_run_again_rewrites_its_files_and_starts_again(tmp_path: Path) -> None:
+    first = boot(tmp_path, bootstrap())
+    assert first.result.returncode == 0, first.result.stderr
+    script = tmp_path / "bootstrap.sh"
+    env = {"PATH": str(first.bin), "LEVERS9_BOOT_ROOT": str(first.root), "BOOT_OUT": str(first.out)}
+    again = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 0, again.stderr
+    assert (first.root / TOKEN_PATH.lstrip("/")).read_text().strip() == TOKEN
+    assert first.argv().count("levers9 worker") == 2
+    assert sorted(os.listdir(first.root / "etc/levers9")) == ["ca.pem", "token", "worker.env"]
+    assert len(_env_file(first.root)) == 8, "the environment file is written anew, not appended to"
