@@ -56,13 +56,32 @@ class Harness:
         """What the provider does on its next provision of each GPU type (``cpu`` for CPU machines)."""
         (self.cloud / "behaviour.json").write_text(json.dumps(actions))
 
-    def calls(self) -> list[tuple[str, str]]:
+    def offer(self, **by_pool: list[dict[str, Any]]) -> None:
+        """What ``levers9_gpu_offers`` answers for each pool (``GpuOffer`` fields); other pools have none."""
+        (self.cloud / "offers.json").write_text(json.dumps(by_pool))
+
+    def call_log(self) -> list[dict[str, Any]]:
+        """Every provision call, in order: pool, action, offer key, region, time, bootstrap (without its token)."""
         path = self.cloud / "calls.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
-        return [(c["pool"], c["action"]) for c in map(json.loads, lines)]
+        return [json.loads(line) for line in lines]
+
+    def calls(self) -> list[tuple[str, str]]:
+        return [(c["pool"], c["action"]) for c in self.call_log()]
+
+    def terminates(self) -> list[dict[str, Any]]:
+        """The machine each terminate call was given, in order."""
+        path = self.cloud / "terminates.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def machines(self) -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in sorted((self.cloud / "machines").glob("*.json"))]
+        found = []
+        for path in sorted((self.cloud / "machines").glob("*.json")):
+            try:
+                found.append(json.loads(path.read_text()))
+            except FileNotFoundError:  # terminated while listed
+                continue
+        return found
 
     def request(self, gpu: object = None, **kw: Any) -> PlacementRequest:
         gpu_kw = {k: kw.pop(k) for k in ("gpu_count", "fallback", "fallback_after") if k in kw}
@@ -99,8 +118,13 @@ class Harness:
 
 def pool(hooks: Hooks, cloud: Path, name: str, gpu: str | None = None, count: int = 1, **kw: Any) -> PoolSpec:
     settings = hooks.provider_settings_model("flaky")(state_dir=str(cloud))
-    p = Pool(name=name, provider="flaky", runtime="runc", gpu=gpu, gpu_count=count if gpu else 0, settings=settings)
-    sizes = {"cpu_millicores": 4000, "memory_mib": 8192}
+    regions = list(kw.pop("regions", []))
+    shape = {"regions": regions, "region": regions[0] if regions else None}
+    shape.update({k: kw.pop(k) for k in ("strategy", "labels") if k in kw})
+    p = Pool(
+        name=name, provider="flaky", runtime="runc", gpu=gpu, gpu_count=count if gpu else 0, settings=settings, **shape
+    )
+    sizes: dict[str, Any] = {"cpu_millicores": 4000, "memory_mib": 8192}
     sizes.update({k: kw.pop(k) for k in ("cpu_millicores", "memory_mib") if k in kw})
     return PoolSpec(pool=p, **sizes, **kw)
 

@@ -103,11 +103,11 @@ async def test_giving_up_lists_every_pool_and_gpu_tried_and_why(make_harness: Ma
     h = await make_harness([("h100", "H100"), ("a100", "A100-80", 1, {"max_workers": 0})])
     s = h.scheduler()
     h.behave(H100="capacity")
-    req = h.request(["H100", "A100-80"], max_wait_s=0.3)
+    req = h.request(["H100", "A100-80"], max_wait_s=1.0)  # room for both pools to be walked on a loaded machine
     await s.submit(req)
     await s.place_once()
     tasks = TaskStore(h.db)
-    for _ in range(100):
+    for _ in range(500):
         await s.plan_once()
         await h.settle(s)
         task = await tasks.get(req.id)

@@ -123,7 +123,14 @@ def load_config(
         )
         plugins = PluginSet(policy)
         plugins.load_entry_points()
-    hooks = Hooks(plugins, timeout=config.plugins.hook_timeout_s)
+    hooks = Hooks(
+        plugins,
+        timeout=config.plugins.hook_timeout_s,
+        provider_threads=config.plugins.provider_threads,
+        plugin_threads=config.plugins.threads,
+        unhealthy_after=config.plugins.unhealthy_after,
+        probe_every_s=config.plugins.probe_every_s,
+    )
     try:
         pools, runtime_settings = resolve(config, source, hooks)
     except BaseException:
@@ -164,8 +171,12 @@ def resolve(config: Config, source: SourceMap, hooks: Hooks) -> tuple[dict[str, 
     runtime_settings: dict[str, BaseModel | None] = {}
     for name, pool in config.pools.items():
         base: LocPath = ("pools", name)
-        ok, settings = _validate_settings(hooks, "provider", pool.provider, pool.settings, base, issues)
-        rt_ok, rt_settings = _validate_settings(hooks, "runtime", pool.runtime, pool.runtime_settings, base, issues)
+        # providers read the pool's regions from the validation context (a pool's regions are the single source)
+        context = {"pool": name, "regions": pool.region_list}
+        ok, settings = _validate_settings(hooks, "provider", pool.provider, pool.settings, base, issues, context)
+        rt_ok, rt_settings = _validate_settings(
+            hooks, "runtime", pool.runtime, pool.runtime_settings, base, issues, context
+        )
         if ok and rt_ok:
             pools[name] = _pool(name, pool, settings)
             runtime_settings[name] = rt_settings
@@ -175,7 +186,13 @@ def resolve(config: Config, source: SourceMap, hooks: Hooks) -> tuple[dict[str, 
 
 
 def _validate_settings(
-    hooks: Hooks, kind: str, plugin: str, values: dict[str, Any], base: LocPath, issues: _Issues
+    hooks: Hooks,
+    kind: str,
+    plugin: str,
+    values: dict[str, Any],
+    base: LocPath,
+    issues: _Issues,
+    context: dict[str, Any],
 ) -> tuple[bool, BaseModel | None]:
     key = "settings" if kind == "provider" else "runtime_settings"
     try:
@@ -189,7 +206,7 @@ def _validate_settings(
             return False, None
         return True, None
     try:
-        return True, model.model_validate(values)
+        return True, model.model_validate(values, context=context)
     except ValidationError as exc:
         issues.extend(_issues_from(exc, (*base, key), issues.source, model))
         return False, None
@@ -202,9 +219,11 @@ def _pool(name: str, pool: PoolConfig, settings: BaseModel | None) -> Pool:
         runtime=pool.runtime,
         gpu=pool.gpu,
         gpu_count=pool.gpu_count or 0,
-        region=pool.region,
+        region=next(iter(pool.region_list), None),
+        regions=pool.region_list,
         labels=pool.labels,
         preemptible=pool.preemptible,
+        strategy=pool.strategy,
         settings=settings,
     )
 

@@ -137,15 +137,42 @@ class PluginsConfig(_Strict):
         False,
         description="Refuse to start when any plugin fails to load (LEVERS9_PLUGINS_STRICT=1 does the same).",
     )
-    hook_timeout_s: float = Field(30.0, gt=0, description="Deadline for one plugin hook call, in seconds.")
+    hook_timeout_s: float = Field(
+        30.0, gt=0, description="Deadline for one plugin hook call, in seconds, counted from when the hook starts."
+    )
+    provider_threads: int = Field(
+        4, ge=1, le=256, description="Threads of each provider plugin; its calls beyond that wait for a free one."
+    )
+    threads: dict[str, int] = Field(
+        default_factory=dict, description="Threads of one plugin, by plugin name, instead of the default."
+    )
+    unhealthy_after: int = Field(
+        3,
+        ge=1,
+        description="A provider whose hooks time out this many times in a row is unhealthy: its pools "
+        "are skipped, one probe call at a time excepted, until it answers again.",
+    )
+    probe_every_s: float = Field(
+        30.0, ge=0, description="How often one call is let through to an unhealthy provider to see if it is back."
+    )
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, count in value.items():
+            if not 1 <= count <= 256:
+                raise ValueError(f"plugins.threads.{name} must be 1 to 256, got {count}")
+        return value
 
 
 class SchedulerConfig(_Strict):
     unavailable_ttl_s: float = Field(
         180.0,
         gt=0,
-        description="After a provider says it has no capacity or quota for a GPU type, that (pool, GPU type, "
-        "region) is skipped for this long and the next choice is tried at once.",
+        description="After a provider says it has no capacity or quota for an offer (instance type, region, "
+        "zone), that offer is skipped for this long and the pool's next offer, then the next pool, is tried "
+        "at once. A pool without offers, or one whose provider refused for another reason (credentials, "
+        "permissions), is skipped whole for this long.",
     )
     max_wait_s: float = Field(
         900.0,
@@ -173,6 +200,17 @@ class SchedulerConfig(_Strict):
         60.0, gt=0, description="How often each pool's machines are compared with the provider's own listing."
     )
     batch_size: int = Field(256, ge=1, le=10_000, description="Requests placed per round trip to Redis.")
+    offers_ttl_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a pool's offers (instance types, zones, prices) are used before the provider is "
+        "asked again; they are refreshed in the background, and a failed refresh keeps the last answer.",
+    )
+    worker_image: str | None = Field(
+        None,
+        description="The worker image machines that run containers boot (ghcr.io/levers9/worker:0.1.0); empty "
+        "means they install this controlplane's levers9 version with pip.",
+    )
 
     @model_validator(mode="after")
     def _backoff(self) -> SchedulerConfig:
@@ -259,7 +297,21 @@ class PoolConfig(_Strict):
     min_workers: int = Field(0, ge=0, description="Workers kept running even with no work.")
     max_workers: int = Field(10, ge=0, description="Never more workers than this.")
     priority: int = Field(0, description="Among pools offering the same GPU type, higher is tried first.")
-    region: str | None = Field(None, description="The provider region, where it has them.")
+    region: str | None = Field(
+        None,
+        description="The provider region the pool's machines start in, where the provider has regions; "
+        "the same as regions: [REGION]. Set this or regions, not both.",
+    )
+    regions: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="Every region the pool may start machines in, in preference order: the planner asks the "
+        "provider for offers in each and starts the first one free. Set this or region, not both.",
+    )
+    strategy: Literal["preference", "cheapest"] = Field(
+        "preference",
+        description="How the pool's offers are tried: preference keeps the provider's order (region order "
+        "first); cheapest tries the lowest price per hour first, offers without a price last.",
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="Labels work can select this pool by.")
     preemptible: bool = Field(False, description="Workers may be reclaimed (spot); work is retried elsewhere.")
     idle_timeout_s: float = Field(300.0, ge=0, description="An idle worker above min_workers is released after this.")
@@ -319,7 +371,22 @@ class PoolConfig(_Strict):
                 )
         if self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
+        if self.region is not None and self.regions:
+            raise ValueError(
+                f"region ({self.region!r}) and regions ({self.regions}) are both set; keep one: "
+                f"region: X is the same as regions: [X]"
+            )
+        if len(set(self.regions)) != len(self.regions):
+            repeated = sorted({r for r in self.regions if self.regions.count(r) > 1})
+            raise ValueError(f"regions lists {', '.join(repeated)} more than once; list each region once")
         return self
+
+    @property
+    def region_list(self) -> list[str]:
+        """The pool's regions in preference order, whichever of ``region`` and ``regions`` was set."""
+        if self.regions:
+            return list(self.regions)
+        return [] if self.region is None else [self.region]
 
 
 class Config(_Strict):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from levers9.backoff import delay_s
 from levers9.scheduler.events import SchedulerEvent
+from levers9.state.errors import InvalidTransition
 
 if TYPE_CHECKING:
     from levers9.config.model import SchedulerConfig
@@ -44,6 +45,9 @@ class Context:
     placer_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     #: set to make the planner run now (a provider just said no: try the next candidate at once)
     planner_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set when a provider refused an offer or a pool: the planner skips its pacing gap (the pause it leaves
+    #: after a long pass) so the next offer or pool is asked at once, not up to a second later
+    failover_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     #: told (provider, seconds, outcome) after every provider call that starts a machine; outcomes are
     #: ok, capacity, quota, throttled, timeout, error and cancelled (see :mod:`levers9.scheduler.provisioning`)
     on_provisioned: Callable[[str, float, str], None] | None = None
@@ -57,6 +61,22 @@ class Context:
                 self.on_event(event)
             except Exception:
                 logging.getLogger(__name__).exception("the scheduler's event observer failed on %s", event)
+
+    async def requeue_in_sql(self, ids: Sequence[str], reason: str) -> list[str]:
+        """Mark requests Redis has just put back on the backlog pending again in SQL; returns those that were.
+
+        One that finished while Redis still counted it on its worker has nothing to run again: it leaves the
+        backlog instead.
+        """
+        requeued: list[str] = []
+        for rid in ids:
+            try:
+                await self.tasks.requeue(rid, reason)
+            except InvalidTransition:
+                await self.backlog.finish(rid, self.now_ms())
+                continue
+            requeued.append(rid)
+        return requeued
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

@@ -1,14 +1,32 @@
 """Pool upkeep: the warm minimum, releasing idle workers, and never leaking a machine.
 
 Runs on the replica holding the lease. Each pool is handled on its own, so a
-provider that errors or hangs delays only its own pools.
+provider that errors or hangs delays only its own pools. The warm minimum is
+started from the pool's first free offer, like the planner's machines; when
+every offer is marked unavailable it waits for the next tick.
 
 Reconciliation compares levers9's machine records with the provider's own
-listing: a machine the provider runs that levers9 has no live record of is
-terminated (a start that timed out, a record lost, a machine from a crashed
-run); a record whose machine the provider no longer has is closed and its
-worker's work requeued. A machine that never registered within
-``register_timeout_s`` is terminated and its record removed.
+listing:
+
+- a machine the provider runs that levers9 has no live record of is
+  terminated, handed back as listed (a start that timed out, a record lost, a
+  machine from a crashed run);
+- a machine the provider reports ``preempted`` or ``failed`` whose record is
+  live is ended in the same pass: its record closed with the provider's
+  reason, its token revoked, its worker removed and the worker's calls
+  requeued at once (not after the keepalive timeout), and it is terminated so
+  nothing is left billed; a preemption also marks the machine's offer
+  unavailable, since the spot capacity there is gone;
+- a record whose machine the provider no longer lists is closed and its
+  worker's work requeued;
+- a record still missing the provider's id or ``provider_data`` gets them from
+  the listing.
+
+Every terminate hands the provider the machine as levers9 stored it (see
+:func:`levers9.scheduler.provisioning.stored_machine`). A record that another
+replica closed in the meantime (``InvalidTransition``) is left as it is. A
+machine that never registered within ``register_timeout_s`` is terminated and
+its record removed.
 """
 
 from __future__ import annotations
@@ -16,12 +34,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from levers9.hooks.types import MachineState
+from levers9.hooks.types import Machine, MachineState
 from levers9.scheduler import events
 from levers9.scheduler.context import Context
+from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.planner import ACTIVE, STARTING
 from levers9.scheduler.pools import PoolSpec
-from levers9.scheduler.provisioning import Provisioner
+from levers9.scheduler.provisioning import Provisioner, stored_machine
+from levers9.state.errors import InvalidTransition
+from levers9.state.sql.records import MachineRecord
 
 __all__ = ["PoolController", "UpkeepReport"]
 
@@ -35,13 +56,16 @@ class UpkeepReport:
     timed_out: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     vanished: list[str] = field(default_factory=list)
+    #: levers9 ids of machines the provider reported preempted or failed, ended in this pass
+    ended: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
 class PoolController:
-    def __init__(self, ctx: Context, provisioner: Provisioner) -> None:
+    def __init__(self, ctx: Context, provisioner: Provisioner, offers: OfferCache | None = None) -> None:
         self.ctx = ctx
         self.provisioner = provisioner
+        self.offers = offers if offers is not None else OfferCache(ctx)
 
     async def tick(self, report: UpkeepReport | None = None) -> UpkeepReport:
         """Warm minimum, idle release and registration deadlines, for every pool."""
@@ -78,7 +102,7 @@ class PoolController:
             overdue = m.register_by is not None and m.register_by.timestamp() <= now_s
             if m.state in STARTING and m.id not in in_flight and overdue:
                 if await self.provisioner.terminate(
-                    pool, m.id, m.provider_id, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
+                    pool, m, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
                 ):
                     await ctx.machines.delete(m.id)
                 report.timed_out.append(m.id)
@@ -88,16 +112,22 @@ class PoolController:
         for m in machines:
             gone = m.state == "running" and m.worker_id and m.worker_id not in registered
             if gone and await self.provisioner.terminate(
-                pool, m.id, m.provider_id, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
+                pool, m, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
             ):
                 report.released.append(m.id)
 
         machines = await ctx.machines.list(pool=pool.name, states=list(ACTIVE))
         live = [m for m in machines if m.state not in ("terminating",)]
 
-        # The warm minimum.
+        # The warm minimum, from the pool's first free offer (the next tick tries again after a miss).
+        marks: dict[str, dict[str, str]] = {}
         for _ in range(pool.min_workers - len(live)):
-            report.started.append(await self.provisioner.start(pool, f"min_workers is {pool.min_workers}"))
+            pick = await self.offers.pick(pool, marks)
+            if not pick.free:
+                log.info("pool %s is below min_workers (%d) but %s", pool.name, pool.min_workers, pick.why)
+                break
+            why = f"min_workers is {pool.min_workers}"
+            report.started.append(await self.provisioner.start(pool, why, pick.offer))
 
         # Idle release above the minimum, longest idle first.
         spare = len(live) - pool.min_workers
@@ -116,7 +146,7 @@ class PoolController:
                 continue
             m = by_worker[w.info.id]
             if await self.provisioner.terminate(
-                pool, m.id, m.provider_id, f"idle for {pool.idle_timeout_s:g} s", kind=events.TERMINATED_IDLE
+                pool, m, f"idle for {pool.idle_timeout_s:g} s", kind=events.TERMINATED_IDLE
             ):
                 await ctx.workers.remove(w.info.id, now_ms=now_ms, force=True)
                 report.released.append(m.id)
@@ -141,30 +171,112 @@ class PoolController:
                 continue
             if machine.machine_id is not None:
                 seen.add(machine.machine_id)
+            ended = machine.state in (MachineState.PREEMPTED, MachineState.FAILED)
+            if ended and machine.machine_id in active and machine.machine_id not in in_flight:
+                await self._end(pool, records[machine.machine_id or ""], machine, report)
+                continue
             if machine.machine_id in active or machine.machine_id in in_flight:
                 record = records.get(machine.machine_id or "")
-                if record is not None and record.provider_id is None and machine.machine_id not in in_flight:
-                    await ctx.machines.set_provider_id(record.id, machine.provider_id)
+                if record is not None and machine.machine_id not in in_flight:
+                    await self._fill_in(record, machine)
                 continue
             why = "levers9 has no record of it" if machine.machine_id not in records else "its record is closed"
-            log.warning("pool %s: machine %s (%s) is running but %s; terminating it",
-                        pool.name, machine.provider_id, machine.machine_id or "untagged", why)  # fmt: skip
-            if await self.provisioner.terminate(pool, None, machine.provider_id, why, kind=events.TERMINATED_ORPHAN):
+            log.warning("pool %s: machine %s (%s) is %s but %s; terminating it",
+                        pool.name, machine.provider_id, machine.machine_id or "untagged", machine.state, why)  # fmt: skip
+            if await self.provisioner.terminate(pool, machine, why, kind=events.TERMINATED_ORPHAN):
                 report.orphans.append(machine.provider_id)
         for mid in active - seen - in_flight:
             m = records[mid]
             if m.provider_id is None or m.state not in ("running", "starting", "draining", "terminating"):
                 continue
             log.warning("pool %s: machine %s (%s) is gone from the provider", pool.name, mid, m.provider_id)
-            await ctx.machines.set_state(mid, "terminated", error="the provider no longer lists it")
-            await ctx.tokens.revoke_subject(mid)
+            if not await self._close(m, "the provider no longer lists it"):
+                continue
             ctx.emit(events.MachineTerminated(pool.name, events.TERMINATED_VANISHED))
-            if m.worker_id:
-                requeued = await ctx.workers.remove(m.worker_id, now_ms=ctx.now_ms(), force=True)
-                if requeued is not None:
-                    ctx.emit(events.WorkerLost(pool.name, events.LOST_MACHINE_VANISHED))
-                for rid in requeued or []:
-                    await ctx.tasks.requeue(rid, f"machine {mid} disappeared from the provider")
-                if requeued:
-                    ctx.emit(events.Requeued(events.REQUEUE_MACHINE_VANISHED, len(requeued)))
+            await self._requeue(
+                pool, m, f"machine {mid} disappeared from the provider", events.LOST_MACHINE_VANISHED,
+                events.REQUEUE_MACHINE_VANISHED,
+            )  # fmt: skip
             report.vanished.append(mid)
+
+    async def _fill_in(self, record: MachineRecord, machine: Machine) -> None:
+        """Take the provider's id, zone, instance type and data from its listing where the record lacks them."""
+        missing_id = record.provider_id is None
+        missing_data = not record.provider_data and bool(machine.provider_data)
+        if not (missing_id or missing_data):
+            return
+        await self.ctx.machines.set_placement(
+            record.id,
+            provider_id=machine.provider_id if missing_id else None,
+            zone=machine.zone if record.zone is None else None,
+            instance_type=machine.instance_type if record.instance_type is None else None,
+            provider_data=machine.provider_data if missing_data else None,
+        )
+
+    async def _end(self, pool: PoolSpec, record: MachineRecord, machine: Machine, report: UpkeepReport) -> None:
+        """The provider took ``machine`` back (preempted) or says it will never run (failed): end it now."""
+        ctx = self.ctx
+        preempted = machine.state is MachineState.PREEMPTED
+        said = machine.reason or "no reason given"
+        error = f"preempted by the provider: {said}" if preempted else f"failed: {said}"
+        log.warning("pool %s: machine %s (%s) %s", pool.name, record.id, machine.provider_id, error)
+        if not await self._close(record, error):
+            return
+        ctx.emit(
+            events.MachineTerminated(pool.name, events.TERMINATED_PREEMPTED if preempted else events.TERMINATED_FAILED)
+        )
+        if preempted and record.offer_key:
+            await ctx.unavailable.mark_offer(pool.name, record.offer_key, error, ctx.settings.unavailable_ttl_s)
+        await self._requeue(
+            pool,
+            record,
+            f"machine {record.id} was {error}" if preempted else f"machine {record.id} {error}",
+            events.LOST_PREEMPTED if preempted else events.LOST_MACHINE_FAILED,
+            events.REQUEUE_PREEMPTED if preempted else events.REQUEUE_MACHINE_FAILED,
+        )
+        report.ended.append(record.id)
+        # Terminate what is left of it so nothing stays billed; the provider gets the stored machine, with
+        # whatever the listing adds. A failure is retried when the next pass finds it listed with a closed record.
+        target = stored_machine(record) if record.provider_id is not None else machine
+        target = target.model_copy(
+            update={
+                "provider_id": machine.provider_id,
+                "zone": target.zone or machine.zone,
+                "instance_type": target.instance_type or machine.instance_type,
+                "provider_data": target.provider_data or machine.provider_data,
+                "state": machine.state,
+            }
+        )
+        try:
+            await ctx.hooks.terminate(pool.pool, target)
+        except Exception as exc:
+            ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate", type(exc).__name__))
+            log.warning("pool %s: terminating %s machine %s failed, will retry: %s",
+                        pool.name, machine.state, machine.provider_id, exc)  # fmt: skip
+            return
+        ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate"))
+
+    async def _close(self, record: MachineRecord, error: str) -> bool:
+        """Close ``record`` as terminated with ``error`` and revoke its token; False when it was closed already."""
+        ctx = self.ctx
+        try:
+            await ctx.machines.set_state(record.id, "terminated", error=error)
+        except InvalidTransition:
+            return False  # another replica, or the upkeep, closed it meanwhile
+        await ctx.tokens.revoke_subject(record.id)
+        return True
+
+    async def _requeue(self, pool: PoolSpec, record: MachineRecord, why: str, lost: str, requeue: str) -> None:
+        """Remove the machine's worker (alive or not) and requeue its calls in Redis and SQL, now."""
+        ctx = self.ctx
+        if not record.worker_id:
+            return
+        ids = await ctx.workers.remove(record.worker_id, now_ms=ctx.now_ms(), force=True)
+        if ids is None:
+            return
+        ctx.emit(events.WorkerLost(pool.name, lost))
+        requeued = await ctx.requeue_in_sql(ids, why)
+        if requeued:
+            ctx.emit(events.Requeued(requeue, len(requeued)))
+            ctx.placer_wanted.set()
+        ctx.planner_wanted.set()

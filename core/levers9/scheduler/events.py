@@ -21,16 +21,22 @@ from dataclasses import dataclass
 __all__ = [
     "LOST_KEEPALIVE",
     "LOST_LEFT",
+    "LOST_MACHINE_FAILED",
     "LOST_MACHINE_VANISHED",
+    "LOST_PREEMPTED",
     "REQUEUE_ATTEMPT_FAILED",
+    "REQUEUE_MACHINE_FAILED",
     "REQUEUE_MACHINE_VANISHED",
     "REQUEUE_NEVER_DELIVERED",
+    "REQUEUE_PREEMPTED",
     "REQUEUE_RESTART",
     "REQUEUE_WORKER_LOST",
+    "TERMINATED_FAILED",
     "TERMINATED_IDLE",
     "TERMINATED_NEVER_REGISTERED",
     "TERMINATED_ORPHAN",
     "TERMINATED_OTHER",
+    "TERMINATED_PREEMPTED",
     "TERMINATED_VANISHED",
     "TERMINATED_WORKER_GONE",
     "MachineTerminated",
@@ -43,6 +49,9 @@ __all__ = [
 #: why tasks went back to the backlog
 REQUEUE_WORKER_LOST = "worker_lost"
 REQUEUE_MACHINE_VANISHED = "machine_vanished"
+#: the provider reported the machine preempted (a spot interruption) or failed: requeued at once
+REQUEUE_PREEMPTED = "preempted"
+REQUEUE_MACHINE_FAILED = "machine_failed"
 REQUEUE_ATTEMPT_FAILED = "attempt_failed"
 REQUEUE_RESTART = "restart"
 #: sent to a worker by a replica that went away before the worker got it (found when the worker came back)
@@ -52,6 +61,8 @@ REQUEUE_NEVER_DELIVERED = "never_delivered"
 LOST_KEEPALIVE = "keepalive_lapsed"
 LOST_LEFT = "removed"
 LOST_MACHINE_VANISHED = "machine_vanished"
+LOST_PREEMPTED = "preempted"
+LOST_MACHINE_FAILED = "machine_failed"
 
 #: why a machine was stopped (or found stopped)
 TERMINATED_NEVER_REGISTERED = "never_registered"
@@ -59,6 +70,8 @@ TERMINATED_WORKER_GONE = "worker_gone"
 TERMINATED_IDLE = "idle"
 TERMINATED_ORPHAN = "orphan"
 TERMINATED_VANISHED = "vanished"
+TERMINATED_PREEMPTED = "preempted"
+TERMINATED_FAILED = "failed"
 TERMINATED_OTHER = "other"
 
 

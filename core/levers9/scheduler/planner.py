@@ -3,15 +3,29 @@
 It runs on the replica holding the lease. Each pass reads the unmet requests
 oldest first and walks each one's candidate pools in preference order:
 
-1. a candidate marked unavailable (a provider said no within the TTL) is skipped,
-   with the provider's reason noted for the request;
+1. a pool marked unavailable as a whole (a provider refused it within the TTL:
+   no capacity for a pool without offers, rejected credentials, a denied
+   permission, a plugin error) is skipped, with the provider's reason noted;
 2. room on a machine of that pool that is already starting is reserved (in this
    pass's accounting), so one machine serves several requests;
-3. else, if the pool is under ``max_workers``, a machine is started;
-4. else the pool is full, noted, and the next candidate is tried.
+3. else, if the pool is under ``max_workers``, its offers are walked in order
+   (see :mod:`levers9.scheduler.offers`): an offer marked unavailable (a
+   capacity or quota miss on it, or a preemption there, within the TTL) is
+   skipped with its reason noted, and a machine is started from the first
+   free one; a pool without offers starts a machine of its own shape;
+4. else the pool is full (or every offer is out), noted, and the next
+   candidate is tried.
 
-A request that found nothing waits with exponential backoff (capped), and
-after its deadline fails with every pool and GPU type tried and why each failed.
+A provider's "no" comes back in the background (see
+:mod:`levers9.scheduler.provisioning`): it marks that offer and wakes the
+planner at once, so the next pass tries the same pool's next offer, then the
+next pool, without waiting for a tick.
+
+The notes (``tried``) are kept per request in Redis, one per pool and one per
+offer (``h100 offer p5.48xlarge/us-east-1/us-east-1a``), and each new one is
+recorded in the task's placement history. A request that found nothing waits
+with exponential backoff (capped), and after its deadline fails with every
+pool and offer tried and why each failed.
 """
 
 from __future__ import annotations
@@ -19,7 +33,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from levers9.hooks.types import GpuOffer
 from levers9.scheduler.context import Context
+from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.state.redis.backlog import RequestState
@@ -56,10 +72,22 @@ class PassReport:
     gave_up: int = 0
 
 
+#: what :meth:`Planner._choose` returns when a pool has offers and none is free
+_NONE_FREE = "none free"
+
+
+def offer_subject(pool: str, offer: GpuOffer) -> str:
+    """The name a note about one offer goes under in a request's ``tried``: ``h100 offer p5.48xlarge/us-east-1/a``."""
+    return f"{pool} offer {offer.key}"
+
+
 class Planner:
-    def __init__(self, ctx: Context, provisioner: Provisioner, *, window: int = 2000) -> None:
+    def __init__(
+        self, ctx: Context, provisioner: Provisioner, offers: OfferCache | None = None, *, window: int = 2000
+    ) -> None:
         self.ctx = ctx
         self.provisioner = provisioner
+        self.offers = offers if offers is not None else OfferCache(ctx)
         self.window = window
         #: rounds in a row that found nothing, per request, for the backoff
         self._rounds: dict[str, int] = {}
@@ -91,7 +119,10 @@ class Planner:
             if m.state in STARTING and pool is not None:
                 slots.setdefault(m.pool, []).append(_Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count))
         marks: dict[tuple[str, str | None, str | None], str | None] = {}
-        events: list[tuple[str, str, PoolSpec | None, str]] = []
+        offer_marks: dict[str, dict[str, str]] = {}
+        #: the region each offer note is about, for its placement event
+        regions: dict[str, str | None] = {}
+        events: list[tuple[str, str, PoolSpec | None, str, str | None]] = []
         notes: list[tuple[str, int, list[str]]] = []
 
         for st in states:
@@ -129,12 +160,17 @@ class Planner:
                         if now < max(st.next_plan_ms, self._next_plan.get(req.id, 0)):
                             outcome = "waiting"
                             break
-                        await self.provisioner.start(pool, f"request {req.id} fits on no worker")
+                        offer = await self._choose(pool, tried, offer_marks, regions)
+                        if isinstance(offer, str):  # _NONE_FREE: every offer is out, noted; the next pool
+                            continue
+                        await self.provisioner.start(pool, f"request {req.id} fits on no worker", offer)
                         count[name] = count.get(name, 0) + 1
                         slot = _Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count)
                         slot.take(req.cpu_millicores, req.memory_mib, group.gpu_count)
                         slots.setdefault(name, []).append(slot)
                         tried.pop(name, None)
+                        if offer is not None:
+                            tried.pop(offer_subject(name, offer), None)
                         outcome = "started"
                         report.started += 1
                         break
@@ -159,14 +195,44 @@ class Planner:
                 # Redis gets the reasons (the give-up message and `levers9 tasks` show them); the
                 # backoff alone changes every pass and stays here
                 notes.append((req.id, next_plan, _format_tried(tried)))
-                for name, reason in tried.items():
-                    if before.get(name) != reason and name in ctx.pools:
-                        events.append((req.id, "unavailable", ctx.pools[name], reason))
+                for subject, reason in tried.items():
+                    name, _, offer_key = subject.partition(" offer ")
+                    if before.get(subject) == reason or name not in ctx.pools:
+                        continue
+                    pool = ctx.pools[name]
+                    if offer_key:
+                        events.append(
+                            (req.id, "unavailable", pool, f"offer {offer_key}: {reason}", regions.get(subject))
+                        )
+                    else:
+                        events.append((req.id, "unavailable", pool, reason, pool.pool.region))
         if notes:
             await ctx.backlog.note_plans(notes)
         if events:
             await self._record(events)
         return report
+
+    async def _choose(
+        self,
+        pool: PoolSpec,
+        tried: dict[str, str],
+        offer_marks: dict[str, dict[str, str]],
+        regions: dict[str, str | None],
+    ) -> GpuOffer | str | None:
+        """The offer of ``pool`` to start (None: the pool's own shape), or :data:`_NONE_FREE`; notes why in ``tried``.
+
+        ``offer_marks`` and ``regions`` are this pass's: the marks read from Redis once per pool, and the
+        region of each offer noted.
+        """
+        pick = await self.offers.pick(pool, offer_marks)
+        for offer, reason in pick.skipped:
+            subject = offer_subject(pool.name, offer)
+            tried[subject] = reason
+            regions[subject] = offer.region
+        if not pick.free:
+            tried[pool.name] = pick.why or "no offer may be tried"
+            return _NONE_FREE
+        return pick.offer
 
     async def _give_up(self, st: RequestState, now: int) -> None:
         ctx = self.ctx
@@ -177,21 +243,47 @@ class Planner:
             return  # placed in the meantime
         waited = (now - req.enqueued_ms) / 1000
         tried = dict(_parse_tried(st.tried))
+        await self._latest_refusals(st, tried, now)
         lines = []
         for group in req.groups:
             for name in group.pools:
                 pool = ctx.pools.get(name)
                 what = pool.describe() if pool else name
-                reason = tried.get(name) or "no worker had room and no machine could be added"
                 if group.not_before_ms > now:
-                    reason = "not tried: its fallback had not opened"
-                lines.append(f"  - {what}: {reason}")
+                    lines.append(f"  - {what}: not tried: its fallback had not opened")
+                    continue
+                offers = [(s.partition(" offer ")[2], r) for s, r in tried.items() if s.startswith(f"{name} offer ")]
+                lines += [f"  - {what} offer {key}: {reason}" for key, reason in offers]
+                if name in tried or not offers:
+                    reason = tried.get(name) or "no worker had room and no machine could be added"
+                    lines.append(f"  - {what}: {reason}")
         message = f"no worker for this request after {waited:.0f} s; tried:\n" + "\n".join(lines)
         log.warning("request %s gave up: %s", req.id, message)
         await ctx.tasks.finish(req.id, "error", error=message)
-        await self._record([(req.id, "gave_up", None, message)])
+        await self._record([(req.id, "gave_up", None, message, None)])
 
-    async def _record(self, events: list[tuple[str, str, PoolSpec | None, str]]) -> None:
+    async def _latest_refusals(self, st: RequestState, tried: dict[str, str], now: int) -> None:
+        """Add to ``tried`` the refusals that came back after the request's last pass (its last attempt's)."""
+        ctx = self.ctx
+        for group in st.request.groups:
+            if group.not_before_ms > now:
+                continue
+            for name in group.pools:
+                pool = ctx.pools.get(name)
+                if pool is None:
+                    continue
+                mark = await ctx.unavailable.reason(name, pool.gpu, pool.pool.region)
+                if mark is not None:
+                    tried.setdefault(name, f"unavailable: {mark}")
+                known = self.offers.get(name)
+                if known is None or not known.offers:
+                    continue
+                marks = await ctx.unavailable.offer_reasons(name, [o.key for o in known.offers])
+                for offer in known.offers:
+                    if offer.key in marks:
+                        tried.setdefault(offer_subject(name, offer), marks[offer.key])
+
+    async def _record(self, events: list[tuple[str, str, PoolSpec | None, str, str | None]]) -> None:
         await self.ctx.tasks.record(
             [
                 PlacementEvent(
@@ -199,10 +291,10 @@ class Planner:
                     outcome=outcome,
                     pool=pool.name if pool else None,
                     gpu=pool.gpu if pool else None,
-                    region=pool.pool.region if pool else None,
+                    region=region,
                     reason=reason,
                 )
-                for rid, outcome, pool, reason in events
+                for rid, outcome, pool, reason, region in events
             ]
         )
 

@@ -54,6 +54,8 @@ class PoolSpec:
 
     @classmethod
     def from_config(cls, pool: Pool, config: PoolConfig, *, workspace: str | None = None) -> PoolSpec:
+        if pool.workspace != workspace:  # the provider sees whose pool it serves (agents are per workspace)
+            pool = pool.model_copy(update={"workspace": workspace})
         return cls(
             pool=pool,
             cpu_millicores=round(config.cpu * 1000),

@@ -2,17 +2,29 @@
 
 A start is recorded in SQL before the provider is called, with a token scoped
 to that one machine, so a machine that comes up after a crash or a deadline is
-still recognised (or terminated) by the reconciler. Provider answers map onto
-the scheduler's choices:
+still recognised (or terminated) by the reconciler. The record keeps the offer
+the machine was started from (instance type, zone, price) and, once the
+provider answers, where it put the machine and its ``provider_data``; every
+terminate hands that stored machine back to the provider, so it can find a
+machine in a zone or region other than the pool's first.
 
-- no capacity or no quota: that (pool, GPU type, region) is skipped for
-  ``unavailable_ttl_s`` and the planner tries the next candidate at once;
+The provider gets a :class:`~levers9.hooks.types.WorkerBootstrap`: where to
+dial, the CA to trust, the machine's single-use token, this controlplane's
+levers9 version and ``scheduler.worker_image``, the worker's size as its
+``LEVERS9_*`` variables, and the pool's labels.
+
+Provider answers map onto the scheduler's choices:
+
+- no capacity or no quota: that offer of the pool (or the whole pool, when it
+  has no offers) is skipped for ``unavailable_ttl_s`` and the planner is woken
+  at once to try the pool's next offer, then the next pool;
 - throttled (or another error the provider calls retryable): the pool waits,
   doubling, and is asked again; the request does not fail over, because the
   provider has not said no;
-- anything else (bad credentials, bad settings, a plugin bug or deadline): the
-  combination is skipped like no capacity, with the error as the reason, so one
-  broken pool never holds up work another pool could take.
+- anything else (bad credentials, a denied permission, bad settings, a plugin
+  bug or deadline): the whole pool is skipped like no capacity, with the error
+  as the reason, since its other offers would fail alike, and one broken pool
+  never holds up work another pool could take.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from levers9.__about__ import __version__
 from levers9.hooks.errors import (
     InsufficientCapacity,
     Levers9Error,
@@ -32,12 +45,13 @@ from levers9.hooks.errors import (
     QuotaExceeded,
     Throttled,
 )
-from levers9.hooks.types import Machine, ProvisionRequest
+from levers9.hooks.types import GpuOffer, Machine, MachineState, ProvisionRequest, WorkerBootstrap
 from levers9.scheduler import events
 from levers9.scheduler.context import Context
 from levers9.scheduler.pools import PoolSpec
+from levers9.state.sql.records import MachineRecord
 
-__all__ = ["Provisioner", "Throttle"]
+__all__ = ["Provisioner", "Throttle", "stored_machine", "worker_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +78,49 @@ class Provisioner:
         t = self.throttled.get(pool)
         return t if t is not None and t.until_ms > self.ctx.now_ms() else None
 
-    async def start(self, pool: PoolSpec, why: str) -> str:
-        """Record a machine for ``pool`` and ask its provider for it in the background; returns its id."""
+    async def start(self, pool: PoolSpec, why: str, offer: GpuOffer | None = None) -> str:
+        """Record a machine for ``pool`` (of ``offer``, when the pool has offers) and ask its provider for it in
+        the background; returns its id."""
         ctx = self.ctx
         register_by = ctx.clock() + ctx.settings.register_timeout_s
+        region = (offer.region if offer is not None else None) or pool.pool.region
         machine = await ctx.machines.create(
             pool.name,
             pool.pool.provider,
             gpu=pool.gpu,
             gpu_count=pool.gpu_count,
-            region=pool.pool.region,
+            region=region,
             register_by=_utc(register_by),
+            zone=offer.zone if offer is not None else None,
+            instance_type=offer.instance_type if offer is not None else None,
+            offer_key=offer.key if offer is not None else None,
+            price_per_hour=offer.price_per_hour if offer is not None else None,
         )
-        token_record, token = await ctx.tokens.issue("machine", subject=machine.id)
+        # the join token: spent by the worker's first registration, and worthless after the registration deadline
+        token_record, token = await ctx.tokens.issue(
+            "machine", subject=machine.id, ttl_s=ctx.settings.register_timeout_s
+        )
         await ctx.machines.set_token(machine.id, token_record.id)
-        log.info("starting a machine %s in pool %s (%s)", machine.id, pool.name, why)
+        what = f"offer {offer.key}" if offer is not None else "the pool's own shape"
+        log.info("starting a machine %s in pool %s, %s (%s)", machine.id, pool.name, what, why)
+        bootstrap = WorkerBootstrap(
+            controlplane_url=ctx.controlplane_url,
+            controlplane_ca=ctx.controlplane_ca,
+            token=token,
+            machine_id=machine.id,
+            pool=pool.name,
+            levers9_version=__version__,
+            worker_image=ctx.settings.worker_image,
+            environment=worker_environment(pool),
+            labels=dict(pool.pool.labels),
+        )
         request = ProvisionRequest(
             pool=pool.pool,
             resources=pool.resources,
             machine_id=machine.id,
-            token=token,
-            controlplane_url=ctx.controlplane_url,
-            controlplane_ca=ctx.controlplane_ca,
-            region=pool.pool.region,
+            bootstrap=bootstrap,
+            region=region,
+            offer=offer,
         )
         task = asyncio.create_task(self._provision(pool, machine.id, request), name=f"provision {machine.id}")
         self._tasks[machine.id] = task
@@ -95,13 +129,14 @@ class Provisioner:
 
     async def _provision(self, pool: PoolSpec, machine_id: str, request: ProvisionRequest) -> None:
         ctx = self.ctx
+        offer = request.offer
         try:
             machine = await self._call_provider(pool, request)
         except asyncio.CancelledError:
             await self._failed(machine_id, "the controlplane stopped while the machine was being started")
             raise
         except (InsufficientCapacity, QuotaExceeded) as exc:
-            await self._unavailable(pool, f"{exc.kind}: {exc}")
+            await self._unavailable(pool, f"{exc.kind}: {exc}", offer)
             await self._failed(machine_id, str(exc))
         except Throttled as exc:
             self._throttle(pool, exc.retry_after, f"throttled: {exc}")
@@ -110,19 +145,27 @@ class Provisioner:
             if exc.retryable:
                 self._throttle(pool, None, f"{exc.kind}: {exc}")
             else:
-                await self._unavailable(pool, f"{exc.kind}: {exc}")
+                # rejected credentials, a denied permission, an impossible request: no other offer escapes it
+                await self._unavailable(pool, f"{exc.kind}: {exc}", None)
             await self._failed(machine_id, str(exc))
         except (PluginError, Levers9Error) as exc:
-            await self._unavailable(pool, str(exc))
+            await self._unavailable(pool, str(exc), None)
             await self._failed(machine_id, str(exc))
         except Exception as exc:
             # A plugin bug must not stop the scheduler; it is reported like any other failure.
             log.exception("provider %s failed to provision %s", pool.pool.provider, machine_id)
-            await self._unavailable(pool, f"plugin {pool.pool.provider} raised {type(exc).__name__}: {exc}")
+            await self._unavailable(pool, f"plugin {pool.pool.provider} raised {type(exc).__name__}: {exc}", None)
             await self._failed(machine_id, f"{type(exc).__name__}: {exc}")
         else:
             self.throttled.pop(pool.name, None)
-            await ctx.machines.set_provider_id(machine_id, machine.provider_id)
+            await ctx.machines.set_placement(
+                machine_id,
+                provider_id=machine.provider_id,
+                region=machine.region,
+                zone=machine.zone,
+                instance_type=machine.instance_type,
+                provider_data=machine.provider_data or None,
+            )
             await ctx.machines.set_state(machine_id, "starting")
             log.info("machine %s is starting as %s in pool %s", machine_id, machine.provider_id, pool.name)
 
@@ -149,10 +192,17 @@ class Provisioner:
                     # An observer (metrics) must never turn a started machine into a failed one.
                     log.exception("the provisioning observer failed")
 
-    async def _unavailable(self, pool: PoolSpec, reason: str) -> None:
+    async def _unavailable(self, pool: PoolSpec, reason: str, offer: GpuOffer | None) -> None:
+        """Skip ``offer`` of ``pool`` for ``unavailable_ttl_s``, or the whole pool when ``offer`` is None."""
         ctx = self.ctx
+        ttl = ctx.settings.unavailable_ttl_s
+        ctx.failover_wanted.set()
+        if offer is not None:
+            log.warning("pool %s offer %s: %s", pool.name, offer.key, reason)
+            await ctx.unavailable.mark_offer(pool.name, offer.key, reason, ttl)
+            return
         log.warning("pool %s (%s, %s): %s", pool.name, pool.gpu or "CPU", pool.pool.region or "-", reason)
-        await ctx.unavailable.mark(pool.name, pool.gpu, pool.pool.region, reason, ctx.settings.unavailable_ttl_s)
+        await ctx.unavailable.mark(pool.name, pool.gpu, pool.pool.region, reason, ttl)
 
     def _throttle(self, pool: PoolSpec, retry_after: float | None, reason: str) -> None:
         previous = self.throttled.get(pool.name)
@@ -173,23 +223,33 @@ class Provisioner:
     async def terminate(
         self,
         pool: PoolSpec,
-        machine_id: str | None,
-        provider_id: str | None,
+        target: MachineRecord | Machine,
         why: str,
         *,
         kind: str = events.TERMINATED_OTHER,
     ) -> bool:
         """Stop a machine (idempotent); True when the provider confirmed or there was nothing to stop.
 
-        ``kind`` (a ``TERMINATED_*`` value of :mod:`levers9.scheduler.events`) is what the stop is counted as.
+        ``target`` is levers9's record of the machine (its state follows the stop, and the provider gets
+        the machine as stored: :func:`stored_machine`), or a machine from the provider's own listing that
+        levers9 has no live record of (an orphan), handed back as listed. ``kind`` (a ``TERMINATED_*``
+        value of :mod:`levers9.scheduler.events`) is what the stop is counted as.
         """
         ctx = self.ctx
+        machine_id: str | None = None
+        machine: Machine | None = None
+        if isinstance(target, Machine):
+            machine = target
+        else:
+            machine_id = target.id
+            machine = stored_machine(target) if target.provider_id is not None else None
+        provider_id = machine.provider_id if machine is not None else None
         log.info("terminating machine %s (%s) in pool %s: %s", machine_id or "-", provider_id or "-", pool.name, why)
         if machine_id is not None:
             await ctx.machines.set_state(machine_id, "terminating")
-        if provider_id is not None:
+        if machine is not None:
             try:
-                await ctx.hooks.terminate(pool.pool, provider_id)
+                await ctx.hooks.terminate(pool.pool, machine)
             except Exception as exc:
                 ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate", type(exc).__name__))
                 log.warning("pool %s: terminating %s failed, will retry: %s", pool.name, provider_id, exc)
@@ -224,6 +284,45 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, PluginTimeout):
         return "timeout"
     return "error"
+
+
+#: how a record's state reads to a provider
+_AS_PROVIDER_STATE = {
+    "requested": MachineState.PENDING,
+    "starting": MachineState.PENDING,
+    "running": MachineState.RUNNING,
+    "draining": MachineState.RUNNING,
+    "terminating": MachineState.STOPPING,
+    "terminated": MachineState.TERMINATED,
+    "failed": MachineState.FAILED,
+}
+
+
+def stored_machine(record: MachineRecord) -> Machine:
+    """The machine as levers9 stored it, for the provider's terminate: its ids, where it is, its provider data."""
+    if record.provider_id is None:
+        raise ValueError(f"machine {record.id} has no provider id yet; there is nothing to hand to the provider")
+    return Machine(
+        provider_id=record.provider_id,
+        machine_id=record.id,
+        pool=record.pool,
+        state=_AS_PROVIDER_STATE.get(str(record.state), MachineState.UNKNOWN),
+        gpu=record.gpu,
+        gpu_count=record.gpu_count,
+        region=record.region,
+        zone=record.zone,
+        instance_type=record.instance_type,
+        provider_data=dict(record.provider_data or {}),
+    )
+
+
+def worker_environment(pool: PoolSpec) -> dict[str, str]:
+    """The worker's size as the ``LEVERS9_*`` variables its bootstrap carries (see :mod:`levers9.bootstrap`)."""
+    return {
+        "LEVERS9_CPU_MILLICORES": str(pool.cpu_millicores),
+        "LEVERS9_MEMORY_MIB": str(pool.memory_mib),
+        "LEVERS9_GPU_COUNT": str(pool.gpu_count),
+    }
 
 
 def _utc(epoch_s: float) -> datetime:

@@ -1,9 +1,11 @@
 """The scheduler as the controlplane runs it: submit, place, reap, plan, keep pools.
 
 Every replica places and reaps (both are single Lua steps, safe side by side);
-only the replica holding the lease plans capacity and looks after pools. SQL is
-written first on submit and the backlog is rebuilt from it at start, so a
-restart loses nothing.
+only the replica holding the lease plans capacity, refreshes the pools' offers
+in the background (:mod:`levers9.scheduler.offers`) and looks after pools. SQL
+is written first on submit and the backlog is rebuilt from it at start, so a
+restart loses nothing. A provider's refusal wakes the planner and cuts its
+pacing gap short, so the next offer or pool is asked at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from levers9.scheduler.candidates import NoPoolOffers, candidates, groups
 from levers9.scheduler.context import Context
 from levers9.scheduler.controller import PoolController, UpkeepReport
 from levers9.scheduler.lease import Lease
+from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.planner import PassReport, Planner
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
@@ -94,8 +97,10 @@ class Scheduler:
             clock=clock,
         )
         self.provisioner = Provisioner(self.ctx)
-        self.planner = Planner(self.ctx, self.provisioner)
-        self.controller = PoolController(self.ctx, self.provisioner)
+        #: each pool's offers, refreshed in the background while this replica holds the lease
+        self.offers = OfferCache(self.ctx)
+        self.planner = Planner(self.ctx, self.provisioner, self.offers)
+        self.controller = PoolController(self.ctx, self.provisioner, self.offers)
         self.lease = Lease(redis, f"{prefix}lease:planner", self.name, ttl_s=15)
         #: told of every batch of placements, once its history is stored (the server wakes worker sessions)
         self.on_placed = on_placed
@@ -407,21 +412,8 @@ class Scheduler:
         return kept
 
     async def _requeue_in_sql(self, ids: Sequence[str], reason: str) -> list[str]:
-        """Mark requests Redis has just put back on the backlog pending again in SQL; returns those that were.
-
-        One that finished while Redis still counted it on its worker has nothing to run again: it leaves the
-        backlog instead.
-        """
-        ctx = self.ctx
-        requeued: list[str] = []
-        for rid in ids:
-            try:
-                await ctx.tasks.requeue(rid, reason)
-            except InvalidTransition:
-                await ctx.backlog.finish(rid, ctx.now_ms())
-                continue
-            requeued.append(rid)
-        return requeued
+        """See :meth:`Context.requeue_in_sql` (the reconciler requeues a preempted machine's calls with it too)."""
+        return await self.ctx.requeue_in_sql(ids, reason)
 
     # ------------------------------------------------------------------ leader work
 
@@ -456,6 +448,7 @@ class Scheduler:
                 await self._runner
             self._runner = None
         await self._history_written(timeout=10.0)
+        await self.offers.close()
         await self.provisioner.close()
         with contextlib.suppress(Exception):
             await self.lease.release()
@@ -510,11 +503,14 @@ class Scheduler:
     async def _leader_step(self) -> float:
         if not await self.lease.acquire():
             return 5.0
+        self.offers.refresh_in_background()
         started = time.monotonic()
+        self.ctx.failover_wanted.clear()  # a refusal before this pass is seen by it (its mark is in Redis)
         await self.plan_once()
         # A pass over a long backlog is costly, and a busy backlog asks for one after every
         # placement batch; leaving four times the pass's own length between passes keeps
         # planning under a fifth of a core while a short backlog is still planned at once.
+        # A provider's refusal cuts the gap short: its request tries the next offer or pool now.
         gap = min(1.0, 4 * (time.monotonic() - started))
         now = self.ctx.clock()
         if now - self._upkeep_at >= 5.0:
@@ -524,6 +520,6 @@ class Scheduler:
             await self.reconcile_once()
             self._reconcile_at = now
         if gap > 0.01:
-            await asyncio.sleep(gap)
+            await self._wait(self.ctx.failover_wanted, gap)
         await self._wait(self.ctx.planner_wanted, 1.0)
         return 0

@@ -13,7 +13,7 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0004"
+HEAD = "0005"
 
 EVERY_TABLE = {
     "workspaces",

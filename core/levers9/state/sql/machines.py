@@ -4,6 +4,14 @@ The record is written before the provider is asked for anything, so a
 controlplane that crashes mid-provisioning still knows the machine may exist
 and the reconciler can find it by id (providers tag machines with it) and
 terminate it.
+
+It also keeps what the provider needs to find the machine again: the region
+actually used, the zone, the instance type and the provider's own
+``provider_data`` (small JSON, checked by the hooks facade), set from the
+provision answer or, when that lacked them, from the provider's listing
+(:meth:`MachineStore.set_placement`); and the offer it was started from
+(``offer_key``, ``price_per_hour``). Records written by a release before
+these columns have them empty, and every reader copes with that.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, select
 
@@ -50,6 +59,11 @@ def _machine(row: Machine) -> MachineRecord:
         registered_at=row.registered_at,
         terminated_at=row.terminated_at,
         last_error=row.last_error,
+        zone=row.zone,
+        instance_type=row.instance_type,
+        provider_data=row.provider_data,
+        offer_key=row.offer_key,
+        price_per_hour=row.price_per_hour,
     )
 
 
@@ -68,8 +82,16 @@ class MachineStore:
         register_by: datetime | None = None,
         token_id: str | None = None,
         machine_id: str | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        offer_key: str | None = None,
+        price_per_hour: float | None = None,
     ) -> MachineRecord:
-        """A machine about to be requested from ``provider``; ``machine_id`` is made here when None."""
+        """A machine about to be requested from ``provider``; ``machine_id`` is made here when None.
+
+        ``zone``, ``instance_type``, ``offer_key`` and ``price_per_hour`` describe the offer it is
+        requested from, when there is one.
+        """
         if gpu_count < 0:
             raise ValueError(f"gpu_count must be 0 or more, got {gpu_count}")
         async with self._db.transaction() as session:
@@ -89,6 +111,11 @@ class MachineStore:
                 registered_at=None,
                 terminated_at=None,
                 last_error=None,
+                zone=zone,
+                instance_type=instance_type,
+                provider_data=None,
+                offer_key=offer_key,
+                price_per_hour=price_per_hour,
             )
             session.add(row)
             await session.flush()
@@ -104,6 +131,34 @@ class MachineStore:
         async with self._db.transaction() as session:
             row = await require(session, Machine, machine_id, "machine", lock=True)
             row.provider_id = provider_id
+            return _machine(row)
+
+    async def set_placement(
+        self,
+        machine_id: str,
+        *,
+        provider_id: str | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        provider_data: dict[str, Any] | None = None,
+    ) -> MachineRecord:
+        """What the provider said about the machine (its provision answer, or its listing); None keeps a field.
+
+        ``provider_data`` must be JSON (the hooks facade checks its size before it gets here).
+        """
+        async with self._db.transaction() as session:
+            row = await require(session, Machine, machine_id, "machine", lock=True)
+            if provider_id is not None:
+                row.provider_id = provider_id
+            if region is not None:
+                row.region = region
+            if zone is not None:
+                row.zone = zone
+            if instance_type is not None:
+                row.instance_type = instance_type
+            if provider_data is not None:
+                row.provider_data = dict(provider_data)
             return _machine(row)
 
     async def set_token(self, machine_id: str, token_id: str | None) -> MachineRecord:

@@ -32,6 +32,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -311,6 +312,14 @@ class Machine(Base):
     registered_at: Mapped[datetime | None]
     terminated_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
+    #: where the provider put the machine (migration 0005): its zone and instance type, and the
+    #: provider's own small JSON handed back to its terminate hook
+    zone: Mapped[str | None] = mapped_column(String(64))
+    instance_type: Mapped[str | None] = mapped_column(String(128))
+    provider_data: Mapped[dict[str, Any] | None]
+    #: the offer the machine was started from (``GpuOffer.key``) and its price in US dollars per hour
+    offer_key: Mapped[str | None] = mapped_column(String(255))
+    price_per_hour: Mapped[float | None] = mapped_column(Float)
 
 
 class Checkpoint(Base):

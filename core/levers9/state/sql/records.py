@@ -195,6 +195,14 @@ class MachineRecord:
     registered_at: datetime | None
     terminated_at: datetime | None
     last_error: str | None
+    #: where the provider put it, as its provision (or listing) said: zone, instance type and the
+    #: provider's own small JSON (what its terminate needs to find the machine again)
+    zone: str | None = None
+    instance_type: str | None = None
+    provider_data: dict[str, Any] | None = None
+    #: the offer it was started from (``GpuOffer.key``) and that offer's price, when there was one
+    offer_key: str | None = None
+    price_per_hour: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

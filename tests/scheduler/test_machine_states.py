@@ -1,0 +1,120 @@
+"""What the reconciler does with a machine the provider reports preempted or failed, and with provider data."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from levers9.hooks.types import GpuOffer
+from levers9.scheduler import events
+from levers9.scheduler.events import SchedulerEvent
+from levers9.state.sql.machines import MachineStore
+from levers9.state.sql.tasks import TaskStore
+from tests.scheduler.conftest import Harness, MakeHarness
+
+SPOT = {
+    "gpu": "H100",
+    "gpu_count": 1,
+    "gpu_memory_mib": 81559,
+    "instance_type": "p5.48xlarge",
+    "region": "us-east-1",
+    "zone": "us-east-1a",
+    "spot": True,
+}
+
+
+def _report(h: Harness, machine: dict[str, Any], **changes: Any) -> None:
+    """Make the provider list ``machine`` with ``changes`` (its state, a reason, provider data)."""
+    (h.cloud / "machines" / f"{machine['id']}.json").write_text(json.dumps(machine | changes))
+
+
+async def test_a_preempted_machine_is_ended_and_its_calls_requeued_in_the_same_pass(make_harness: MakeHarness) -> None:
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1"]})], worker_keepalive_s=300.0)
+    h.offer(h100=[SPOT])
+    s = h.scheduler()
+    seen: list[SchedulerEvent] = []
+    s.ctx.on_event = seen.append
+    req = h.request("H100")
+    await s.submit(req)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [wid] = await h.register_started(s)
+    assert [p.worker for p in (await s.place_once()).placed] == [wid]
+    assert await s.take(wid) == [req.id]
+    await TaskStore(h.db).set_running(req.id, wid, "c1")
+    [machine] = h.machines()
+
+    _report(h, machine, state="preempted", reason="spot instance interrupted")
+    assert await s.workers.ids() == {wid}, "the worker is still alive as far as its keepalive goes"
+    report = await s.reconcile_once()
+
+    assert report.ended == [machine["machine_id"]]
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert (record.state, record.last_error) == ("terminated", "preempted by the provider: spot instance interrupted")
+    assert await s.workers.ids() == set()
+    task = await TaskStore(h.db).get(req.id)
+    assert task is not None
+    assert (task.status, task.attempts, task.worker_id) == ("pending", 1, None)
+    state = await s.backlog.get(req.id)
+    assert state is not None
+    assert state.state == "queued"
+    assert s.ctx.placer_wanted.is_set(), "the requeued call is placed at once"
+    # terminated so nothing stays billed, with the machine as stored
+    [terminated] = h.terminates()
+    assert (terminated["provider_id"], terminated["zone"], terminated["provider_data"]) == (
+        machine["id"], "us-east-1a", {"zone": "us-east-1a"},
+    )  # fmt: skip
+    assert h.machines() == []
+    # the spot capacity there is gone: its offer is skipped for the TTL
+    key = GpuOffer(**SPOT).key
+    marks = await s.ctx.unavailable.offer_reasons("h100", [key])
+    assert marks == {key: "preempted by the provider: spot instance interrupted"}
+    assert events.MachineTerminated("h100", events.TERMINATED_PREEMPTED) in seen
+    assert events.WorkerLost("h100", events.LOST_PREEMPTED) in seen
+    assert events.Requeued(events.REQUEUE_PREEMPTED, 1) in seen
+
+    again = await s.reconcile_once()
+    assert (again.ended, again.vanished, again.orphans) == ([], [], []), "an ended machine is ended once"
+
+
+async def test_a_failed_machine_that_never_registered_is_closed_and_terminated(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu", None, 1, {"min_workers": 1})])
+    s = h.scheduler()
+    await s.upkeep_once()
+    await h.settle(s)
+    [machine] = h.machines()
+    _report(h, machine, state="failed", reason="the host failed its health check")
+
+    report = await s.reconcile_once()
+
+    assert report.ended == [machine["machine_id"]]
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert (record.state, record.last_error) == ("terminated", "failed: the host failed its health check")
+    assert [t["provider_id"] for t in h.terminates()] == [machine["id"]]
+    assert await s.ctx.unavailable.reason("cpu", None, None) is None, "a failed machine marks nothing unavailable"
+
+
+async def test_reconcile_fills_in_provider_data_a_record_lacks(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu", None, 1, {"min_workers": 1})])
+    s = h.scheduler()
+    await s.upkeep_once()
+    await h.settle(s)
+    [machine] = h.machines()
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert record.provider_data is None, "the provision answer had no provider data"
+
+    _report(h, machine, provider_data={"host": "rack-7"}, zone="z1")
+    await s.reconcile_once()
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert (record.provider_data, record.zone) == ({"host": "rack-7"}, "z1")
+
+    _report(h, machine, provider_data={"host": "elsewhere"})
+    await s.reconcile_once()
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert record.provider_data == {"host": "rack-7"}, "what the record has is kept"
