@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import uvicorn
 
+from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
@@ -38,11 +39,13 @@ from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
 from levers9.gateway.upstream import Upstream
 from levers9.payloads import MESSAGE_MAX_BYTES
-from levers9.proto.v1 import controlplane_pb2_grpc, worker_pb2_grpc
+from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, worker_pb2_grpc
+from levers9.services.agents import AgentHub
 from levers9.services.core import Services, open_services
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
+from levers9.services.plugin_metrics import PluginSeries
 
 if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
@@ -130,6 +133,9 @@ class Server:
         self._http: list[_Uvicorn] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self.hub: Hub | None = None
+        #: the agents' streams on this replica, and what provider plugins send them
+        self.agents: AgentHub | None = None
+        self._plugins_started = False
         self.dataplane: DataPlane | None = None
         self.serving: ServingAutoscaler | None = None
         self.upstream: Upstream | None = None
@@ -150,6 +156,7 @@ class Server:
             services.scheduler.ctx.on_provisioned = self.metrics.provisioned
             services.scheduler.ctx.on_event = self.metrics.scheduler_event
             self.hub = Hub(services.redis, name=services.scheduler.name)
+            self.agents = AgentHub(services.redis, name=services.scheduler.name)
             self.dataplane = DataPlane(services, self.hub, self.metrics)
             self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
             self.upstream = Upstream()
@@ -158,8 +165,10 @@ class Server:
             server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[GrpcMetricsInterceptor(self.metrics)])
             add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
+            add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
             add_api(ControlPlaneService(self.dataplane), server)
             add_worker(WorkerService(self.dataplane), server)
+            add_agent(AgentService(services, self.agents), server)
             address = f"{ls.host}:{ls.grpc_port}"
             try:
                 if self.tls is not None:
@@ -173,6 +182,9 @@ class Server:
             for port in (ls.http_port, ls.metrics_port):
                 _check_free(ls.host, port)
             await self.hub.start()
+            await self.agents.start()
+            # the plugins start before the scheduler, which calls them, and get the agent hub
+            await self._start_plugins(services)
             await services.scheduler.start()
             await self.serving.start()
             await server.start()
@@ -206,6 +218,11 @@ class Server:
         log.info("levers9 controlplane listening%s: gRPC %s:%d, HTTP :%d, metrics :%d",
                  " over TLS" if self.tls is not None else "", ls.host, ls.grpc_port, ls.http_port,
                  ls.metrics_port)  # fmt: skip
+
+    async def _start_plugins(self, services: Services) -> None:
+        series = PluginSeries(self.metrics.registry, self.metrics.replica)
+        self._plugins_started = True
+        await services.hooks.startup(agents=self.agents, metrics=series.for_plugin)
 
     async def _refresh_metrics(self) -> None:
         while True:
@@ -241,6 +258,12 @@ class Server:
         self._http.clear()
         if self.services is not None:
             await _step("scheduler", self.services.scheduler.stop(), 30)
+            if self._plugins_started:
+                await _step("plugins", self.services.hooks.shutdown(), 30)
+                self._plugins_started = False
+        if self.agents is not None:
+            await _step("agent hub", self.agents.close(), 5)
+            self.agents = None
         if self.hub is not None:
             await _step("event hub", self.hub.close(), 5)
         if self.services is not None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from levers9.scheduler.pools import PoolSpec, pool_specs
 from levers9.scheduler.service import Scheduler
+from levers9.services.agent_store import AgentStore
 from levers9.services.auth import Authenticator
 from levers9.state.crypto import SecretBox
 from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
@@ -45,6 +46,8 @@ class Services:
     tasks: TaskStore
     secrets: SecretStore
     machines: MachineStore
+    #: the agents' registrations, inventories and heartbeats (Redis); the hub that talks to them is the server's
+    agents: AgentStore
     embedded_redis: EmbeddedRedis | None = None
     managed_redis: ManagedRedis | None = None
 
@@ -131,6 +134,7 @@ async def open_services(
         tasks=TaskStore(db),
         secrets=SecretStore(db, box),
         machines=MachineStore(db),
+        agents=AgentStore(redis, prefix=prefix),
         embedded_redis=embedded,
         managed_redis=managed,
     )

@@ -24,17 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1clevers9/proto/v1/agent.proto\x12\nlevers9.v1\"\x14\n\x0c\x41gentMessageJ\x04\x08\x01\x10\x65\"\x14\n\x0c\x41gentCommandJ\x04\x08\x01\x10\x65\x32J\n\x05\x41gent\x12\x41\n\x07\x43onnect\x12\x18.levers9.v1.AgentMessage\x1a\x18.levers9.v1.AgentCommand(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1clevers9/proto/v1/agent.proto\x12\nlevers9.v1\"D\n\x0bJoinRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\"\xc2\x01\n\x0cJoinResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61gent_token\x18\x02 \x01(\t\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\x12\x34\n\x06labels\x18\x05 \x03(\x0b\x32$.levers9.v1.JoinResponse.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb2\x01\n\x0c\x41gentMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.levers9.v1.HelloH\x00\x12*\n\tinventory\x18\x02 \x01(\x0b\x32\x15.levers9.v1.InventoryH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.levers9.v1.HeartbeatH\x00\x12\x1e\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x0f.levers9.v1.AckH\x00\x42\x06\n\x04\x62ody\"\x9a\x01\n\x05Hello\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12-\n\x06labels\x18\x03 \x03(\x0b\x32\x1d.levers9.v1.Hello.LabelsEntry\x12\x10\n\x08hostname\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\x0bGpuCapacity\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x0c\n\x04\x66ree\x18\x03 \x01(\x05\"\xbc\x01\n\tInventory\x12\x16\n\x0e\x63pu_millicores\x18\x01 \x01(\x03\x12\x12\n\nmemory_mib\x18\x02 \x01(\x03\x12\x1b\n\x13\x66ree_cpu_millicores\x18\x03 \x01(\x03\x12\x17\n\x0f\x66ree_memory_mib\x18\x04 \x01(\x03\x12%\n\x04gpus\x18\x05 \x03(\x0b\x32\x17.levers9.v1.GpuCapacity\x12\x10\n\x08machines\x18\x06 \x03(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x07 \x01(\t\"\x0b\n\tHeartbeat\"[\n\x03\x41\x63k\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\nerror_kind\x18\x05 \x01(\t\"\x84\x01\n\x0c\x41gentCommand\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.levers9.v1.WelcomeH\x00\x12\"\n\x05order\x18\x02 \x01(\x0b\x32\x11.levers9.v1.OrderH\x00\x12 \n\x04ping\x18\x03 \x01(\x0b\x32\x10.levers9.v1.PingH\x00\x42\x06\n\x04\x62ody\"0\n\x07Welcome\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0bheartbeat_s\x18\x02 \x01(\x01\"=\n\x05Order\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\"\x06\n\x04Ping2\x85\x01\n\x05\x41gent\x12\x39\n\x04Join\x12\x17.levers9.v1.JoinRequest\x1a\x18.levers9.v1.JoinResponse\x12\x41\n\x07\x43onnect\x12\x18.levers9.v1.AgentMessage\x1a\x18.levers9.v1.AgentCommand(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'levers9.proto.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTMESSAGE']._serialized_start=44
-  _globals['_AGENTMESSAGE']._serialized_end=64
-  _globals['_AGENTCOMMAND']._serialized_start=66
-  _globals['_AGENTCOMMAND']._serialized_end=86
-  _globals['_AGENT']._serialized_start=88
-  _globals['_AGENT']._serialized_end=162
+  _globals['_JOINRESPONSE_LABELSENTRY']._loaded_options = None
+  _globals['_JOINRESPONSE_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_HELLO_LABELSENTRY']._loaded_options = None
+  _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_JOINREQUEST']._serialized_start=44
+  _globals['_JOINREQUEST']._serialized_end=112
+  _globals['_JOINRESPONSE']._serialized_start=115
+  _globals['_JOINRESPONSE']._serialized_end=309
+  _globals['_JOINRESPONSE_LABELSENTRY']._serialized_start=264
+  _globals['_JOINRESPONSE_LABELSENTRY']._serialized_end=309
+  _globals['_AGENTMESSAGE']._serialized_start=312
+  _globals['_AGENTMESSAGE']._serialized_end=490
+  _globals['_HELLO']._serialized_start=493
+  _globals['_HELLO']._serialized_end=647
+  _globals['_HELLO_LABELSENTRY']._serialized_start=264
+  _globals['_HELLO_LABELSENTRY']._serialized_end=309
+  _globals['_GPUCAPACITY']._serialized_start=649
+  _globals['_GPUCAPACITY']._serialized_end=704
+  _globals['_INVENTORY']._serialized_start=707
+  _globals['_INVENTORY']._serialized_end=895
+  _globals['_HEARTBEAT']._serialized_start=897
+  _globals['_HEARTBEAT']._serialized_end=908
+  _globals['_ACK']._serialized_start=910
+  _globals['_ACK']._serialized_end=1001
+  _globals['_AGENTCOMMAND']._serialized_start=1004
+  _globals['_AGENTCOMMAND']._serialized_end=1136
+  _globals['_WELCOME']._serialized_start=1138
+  _globals['_WELCOME']._serialized_end=1186
+  _globals['_ORDER']._serialized_start=1188
+  _globals['_ORDER']._serialized_end=1249
+  _globals['_PING']._serialized_start=1251
+  _globals['_PING']._serialized_end=1257
+  _globals['_AGENT']._serialized_start=1260
+  _globals['_AGENT']._serialized_end=1393
 # @@protoc_insertion_point(module_scope)

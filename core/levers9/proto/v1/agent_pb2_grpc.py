@@ -34,6 +34,11 @@ class AgentStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Join = channel.unary_unary(
+                '/levers9.v1.Agent/Join',
+                request_serializer=levers9_dot_proto_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_agent__pb2.JoinResponse.FromString,
+                _registered_method=True)
         self.Connect = channel.stream_stream(
                 '/levers9.v1.Agent/Connect',
                 request_serializer=levers9_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
@@ -44,8 +49,16 @@ class AgentStub:
 class AgentServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def Join(self, request, context):
+        """Spend a join token (once; refused when used, expired or unknown) for the agent's id and credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Connect(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """The agent's stream. The agent sends Hello first; the controlplane answers Welcome, then orders.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -53,6 +66,11 @@ class AgentServicer:
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_agent__pb2.JoinRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_agent__pb2.JoinResponse.SerializeToString,
+            ),
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.FromString,
@@ -68,6 +86,33 @@ def add_AgentServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Agent:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Agent/Join',
+            levers9_dot_proto_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_agent__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Connect(request_iterator,
