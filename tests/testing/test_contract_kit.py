@@ -1,48 +1,67 @@
 """The contract suite must fail, clearly, against providers that break the contract.
 
 Each broken provider below breaks one promise; the suite is run on it in a
-separate pytest session (pytester) and must fail exactly the matching test
-with a message that says what is wrong.
+separate pytest session and must fail exactly the kit tests that
+promise covers (for a defect every listing or provisioning trips on, all of
+them), each with a message that says what to fix. A well-behaved in-memory
+provider, whose user data is :func:`levers9.bootstrap.shell_script`, passes
+every test, the boot check included: a real ``levers9 worker`` registers with
+the kit's stand-in controlplane.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 import textwrap
+from xml.etree import ElementTree
 
 import pytest
 
-pytest_plugins = ["pytester"]
+import levers9.testing
 
 HEADER = '''
 from __future__ import annotations
-import itertools, uuid
+import uuid
 import pytest
 from pydantic import BaseModel, ConfigDict
-from levers9.hooks.errors import InsufficientCapacity
+from levers9.bootstrap import shell_script
+from levers9.hooks.errors import AuthenticationFailed, InsufficientCapacity, ProviderError, QuotaExceeded
 from levers9.hooks.manager import PluginPolicy, PluginSet
-from levers9.hooks.types import GpuOffer, Machine
+from levers9.hooks.types import GpuOffer, Machine, MachineState
 from levers9.testing import ProviderContract
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fail: bool = False
+    full: bool = False
 
 class Cloud:
-    """A provider in memory; subclasses break one promise each."""
+    """A provider in memory; subclasses break one promise each. It lists terminated machines as terminated."""
     def __init__(self):
         self.machines = {}
+        self.user_data = {}
     def levers9_provider_settings(self):
         return Settings
     def levers9_gpu_offers(self, pool):
-        return [GpuOffer(gpu="T4", gpu_count=1, gpu_memory_mib=15360)]
+        return [GpuOffer(gpu="T4", gpu_count=1, gpu_memory_mib=15360, zone="z1")]
     def levers9_provision(self, request):
         if request.pool.settings.fail:
-            raise InsufficientCapacity("none left")
-        m = Machine(provider_id=f"i-{uuid.uuid4().hex[:6]}", machine_id=request.machine_id, pool=request.pool.name)
+            raise AuthenticationFailed("key rejected")
+        if request.pool.settings.full:
+            raise InsufficientCapacity("none left in z1")
+        m = Machine(provider_id=f"i-{uuid.uuid4().hex[:6]}", machine_id=request.machine_id, pool=request.pool.name,
+                    state=MachineState.RUNNING, provider_data={"zone": "z1"})
         self.machines[m.provider_id] = m
+        self.user_data[m.provider_id] = self.boot(request.bootstrap)
         return m
-    def levers9_terminate(self, pool, provider_id):
-        self.machines.pop(provider_id, None)
+    def boot(self, bootstrap):
+        return shell_script(bootstrap)
+    def levers9_terminate(self, pool, machine):
+        known = self.machines.get(machine.provider_id)
+        if known is not None:
+            self.machines[machine.provider_id] = known.model_copy(update={"state": MachineState.TERMINATED})
     def levers9_list_machines(self, pool):
         return [m for m in self.machines.values() if m.pool == pool.name]
 
@@ -51,6 +70,7 @@ def suite(plugin):
         provider = "broken"
         settle_timeout = 1.0
         poll_interval = 0.05
+        boot_timeout = 60.0
         @pytest.fixture
         def levers9_plugin_set(self):
             plugins = PluginSet(PluginPolicy())
@@ -60,18 +80,62 @@ def suite(plugin):
         @pytest.fixture
         def failing_pool_settings(self):
             return {"fail": True}
+        @pytest.fixture
+        def capacity_pool_settings(self):
+            return {"full": True}
+        def user_data(self, machine):
+            return plugin.user_data[machine.provider_id]
     return Suite
 '''
 
-CASES = {
+ALL_TESTS = {
+    "test_settings_schema_forbids_unknown_keys",
+    "test_hooks_return_levers9_types",
+    "test_provisioned_machine_is_listed_with_its_id",
+    "test_terminated_machine_leaves_the_listing",
+    "test_terminate_is_idempotent",
+    "test_terminating_an_unknown_machine_succeeds",
+    "test_provider_data_round_trip",
+    "test_listing_is_limited_to_the_pool",
+    "test_gpu_offers_are_well_formed",
+    "test_failures_are_typed_errors",
+    "test_no_capacity_is_insufficient_capacity",
+    "test_the_bootstrap_boots",
+}
+#: the tests that read the listing
+LISTING = {
+    "test_hooks_return_levers9_types",
+    "test_provisioned_machine_is_listed_with_its_id",
+    "test_terminated_machine_leaves_the_listing",
+    "test_provider_data_round_trip",
+    "test_listing_is_limited_to_the_pool",
+}
+#: the tests that provision a machine successfully
+PROVISIONING = LISTING | {"test_terminate_is_idempotent", "test_the_bootstrap_boots"}
+STILL_LISTED = {"test_terminated_machine_leaves_the_listing", "test_provider_data_round_trip"}
+
+#: broken provider -> (its code, the kit tests that must fail, the message each failure shows: '*' separates
+#: parts that must each appear)
+CASES: dict[str, tuple[str, set[str], str]] = {
     "terminate_not_idempotent": (
         """
 class Broken(Cloud):
-    def levers9_terminate(self, pool, provider_id):
-        del self.machines[provider_id]
+    def levers9_terminate(self, pool, machine):
+        del self.machines[machine.provider_id]
 """,
-        "test_terminate_is_idempotent",
-        "terminating a machine twice must succeed",
+        {"test_terminate_is_idempotent", "test_terminating_an_unknown_machine_succeeds"},
+        "must succeed",
+    ),
+    "terminate_unknown_raises": (
+        """
+class Broken(Cloud):
+    def levers9_terminate(self, pool, machine):
+        if machine.provider_id not in self.machines:
+            raise RuntimeError(f"InvalidInstanceID.NotFound: {machine.provider_id}")
+        super().levers9_terminate(pool, machine)
+""",
+        {"test_terminating_an_unknown_machine_succeeds"},
+        "terminating a machine it does not know",
     ),
     "forgets_machine_id": (
         """
@@ -79,17 +143,26 @@ class Broken(Cloud):
     def levers9_provision(self, request):
         return super().levers9_provision(request).model_copy(update={"machine_id": None})
 """,
-        "test_provisioned_machine_is_listed_with_its_id",
+        {"test_provisioned_machine_is_listed_with_its_id"},
         "must carry request.machine_id",
     ),
     "terminate_does_nothing": (
         """
 class Broken(Cloud):
-    def levers9_terminate(self, pool, provider_id):
+    def levers9_terminate(self, pool, machine):
         pass
 """,
-        "test_terminated_machine_leaves_the_listing",
-        "is still listed as alive",
+        STILL_LISTED,
+        "is still listed as running",
+    ),
+    "lists_terminated_as_running": (
+        """
+class Broken(Cloud):
+    def levers9_list_machines(self, pool):
+        return [m.model_copy(update={"state": MachineState.RUNNING}) for m in super().levers9_list_machines(pool)]
+""",
+        STILL_LISTED,
+        "leave terminated machines out of levers9_list_machines or report them 'terminated'",
     ),
     "lists_every_pool": (
         """
@@ -97,8 +170,17 @@ class Broken(Cloud):
     def levers9_list_machines(self, pool):
         return [m.model_copy(update={"pool": pool.name}) for m in self.machines.values()]
 """,
-        "test_listing_is_limited_to_the_pool",
+        {"test_listing_is_limited_to_the_pool"},
         "was listed for pool",
+    ),
+    "drops_provider_data": (
+        """
+class Broken(Cloud):
+    def levers9_list_machines(self, pool):
+        return [m.model_copy(update={"provider_data": {}}) for m in super().levers9_list_machines(pool)]
+""",
+        {"test_provider_data_round_trip"},
+        "without the provider_data keys ['zone']",
     ),
     "untyped_failure": (
         """
@@ -108,8 +190,30 @@ class Broken(Cloud):
             raise RuntimeError("HTTP 500 from the API")
         return super().levers9_provision(request)
 """,
-        "test_failures_are_typed_errors",
+        {"test_failures_are_typed_errors"},
         "failed with an untyped error",
+    ),
+    "no_capacity_as_quota": (
+        """
+class Broken(Cloud):
+    def levers9_provision(self, request):
+        if request.pool.settings.full:
+            raise QuotaExceeded("no T4 left")
+        return super().levers9_provision(request)
+""",
+        {"test_no_capacity_is_insufficient_capacity"},
+        "raised QuotaExceeded ([broken] no T4 left); raise levers9.hooks.errors.InsufficientCapacity",
+    ),
+    "no_capacity_as_provider_error": (
+        """
+class Broken(Cloud):
+    def levers9_provision(self, request):
+        if request.pool.settings.full:
+            raise ProviderError("no T4 left")
+        return super().levers9_provision(request)
+""",
+        {"test_no_capacity_is_insufficient_capacity"},
+        "raised ProviderError ([broken] no T4 left); raise levers9.hooks.errors.InsufficientCapacity",
     ),
     "offers_wrong_memory": (
         """
@@ -117,57 +221,158 @@ class Broken(Cloud):
     def levers9_gpu_offers(self, pool):
         return [GpuOffer(gpu="T4", gpu_count=1, gpu_memory_mib=1024)]
 """,
-        "test_gpu_offers_are_well_formed",
+        {"test_gpu_offers_are_well_formed"},
         "the catalog says",
     ),
     "offers_dicts": (
         """
 class Broken(Cloud):
     def levers9_gpu_offers(self, pool):
-        return [{"gpu": "T4"}]
+        return [{"gpu": "T4", "gpu_count": 1, "gpu_memory_mib": 15360}]
 """,
-        "test_gpu_offers_are_well_formed",
-        "expected list[GpuOffer]",
+        {"test_gpu_offers_are_well_formed", "test_hooks_return_levers9_types"},
+        "levers9_gpu_offers returned list[dict]*return levers9.hooks.types.GpuOffer",
+    ),
+    "machines_dicts": (
+        """
+class Broken(Cloud):
+    def levers9_list_machines(self, pool):
+        return [m.model_dump() for m in super().levers9_list_machines(pool)]
+""",
+        LISTING,
+        "levers9_list_machines returned list[dict]*return levers9.hooks.types.Machine",
+    ),
+    "provision_dict": (
+        """
+class Broken(Cloud):
+    def levers9_provision(self, request):
+        return super().levers9_provision(request).model_dump()
+""",
+        PROVISIONING,
+        "levers9_provision returned dict*return levers9.hooks.types.Machine",
     ),
     "permissive_settings": (
         """
 class Loose(BaseModel):
     fail: bool = False
+    full: bool = False
 class Broken(Cloud):
     def levers9_provider_settings(self):
         return Loose
 """,
-        "test_settings_schema_forbids_unknown_keys",
+        {"test_settings_schema_forbids_unknown_keys"},
         "must set extra='forbid'",
+    ),
+    "user_data_starts_nothing": (
+        """
+class Broken(Cloud):
+    def boot(self, bootstrap):
+        return "#!/bin/sh\\necho booted, but no worker\\n"
+""",
+        {"test_the_bootstrap_boots"},
+        "no worker registered with the controlplane of request.bootstrap",
+    ),
+    "user_data_wrong_token": (
+        """
+class Broken(Cloud):
+    def boot(self, bootstrap):
+        return shell_script(bootstrap.model_copy(update={"token": "a-token-of-another-machine"}))
+""",
+        {"test_the_bootstrap_boots"},
+        "a worker registered, but not with the bootstrap's machine id",
     ),
 }
 
 
-def test_a_correct_provider_passes(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_ok=HEADER + "\nTestOk = suite(Cloud())\n")
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=7)
+Outcome = tuple[str, str]  # ("passed" | "failed" | "error" | "skipped", the report's text)
+
+
+@pytest.fixture(scope="module")
+def kit_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Outcome]]:
+    """Run the suite once, in one separate pytest session, on every provider below; outcomes by module and test.
+
+    One session for all (rather than a pytester run per case) because starting pytest with this
+    environment's plugins costs far more than the suite itself.
+    """
+    where = tmp_path_factory.mktemp("kit")
+    (where / "test_ok.py").write_text(HEADER + "\nTestOk = suite(Cloud())\n")
+    for case, (body, _, _) in CASES.items():
+        (where / f"test_{case}.py").write_text(HEADER + textwrap.dedent(body) + "\nTestBroken = suite(Broken())\n")
+    (where / "test_missing.py").write_text(
+        "from levers9.testing import ProviderContract\n"
+        "class TestMissing(ProviderContract):\n"
+        "    provider = 'nosuchcloud'\n"
+    )
+    if importlib.util.find_spec("levers9_toycloud") is not None:
+        (where / "test_documented.py").write_text(documented_example())
+    report = where / "report.xml"
+    spread = ["-n", "auto"] if importlib.util.find_spec("xdist") is not None else []
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, f"--junitxml={report}"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert report.exists(), f"the kit's pytest session wrote no report:\n{done.stdout}\n{done.stderr}"
+    outcomes: dict[str, dict[str, Outcome]] = {}
+    for testcase in ElementTree.parse(report).getroot().iter("testcase"):
+        module = testcase.get("classname", "").split(".")[0]
+        outcome, text = "passed", ""
+        for kind in ("failure", "error", "skipped"):
+            found = testcase.find(kind)
+            if found is not None:
+                outcome = "failed" if kind == "failure" else kind
+                text = f"{found.get('message', '')}\n{found.text or ''}"
+        outcomes.setdefault(module, {})[testcase.get("name", "")] = (outcome, text)
+    return outcomes
+
+
+def documented_example() -> str:
+    """The code block of ``levers9.testing``'s docstring, as it is written there."""
+    doc = levers9.testing.__doc__ or ""
+    block = doc.split("::\n", 1)[1]
+    lines = []
+    for line in block.splitlines()[1:]:
+        if line and not line.startswith(" "):
+            break
+        lines.append(line)
+    return textwrap.dedent("\n".join(lines))
+
+
+def test_a_correct_provider_passes(kit_run: dict[str, dict[str, Outcome]]) -> None:
+    outcomes = kit_run["test_ok"]
+    assert set(outcomes) == ALL_TESTS
+    failed = {test: text for test, (outcome, text) in outcomes.items() if outcome != "passed"}
+    assert not failed, failed
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_broken_provider_fails_the_matching_test(pytester: pytest.Pytester, case: str) -> None:
-    body, failing_test, message = CASES[case]
-    pytester.makepyfile(test_broken=HEADER + textwrap.dedent(body) + "\nTestBroken = suite(Broken())\n")
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("failed") == 1, result.stdout.str()
-    result.stdout.fnmatch_lines([f"FAILED *::TestBroken::{failing_test}*"])
-    assert message in result.stdout.str()
+def test_a_broken_provider_fails_the_matching_tests(kit_run: dict[str, dict[str, Outcome]], case: str) -> None:
+    _, failing, message = CASES[case]
+    outcomes = kit_run[f"test_{case}"]
+    assert set(outcomes) == ALL_TESTS
+    assert {test for test, (outcome, _) in outcomes.items() if outcome != "passed"} == failing, outcomes
+    for test in failing:  # each failure says what to fix
+        outcome, text = outcomes[test]
+        assert outcome == "failed", f"{test}: {outcome}, not a failure:\n{text}"
+        missing = [part for part in message.split("*") if part not in text]
+        assert not missing, f"{test}: {missing} not in\n{text}"
 
 
-def test_missing_provider_is_a_clear_failure(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_missing="""
-from levers9.testing import ProviderContract
-class TestMissing(ProviderContract):
-    provider = "nosuchcloud"
-"""
-    )
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", "schema")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*provider plugin 'nosuchcloud' is not installed*"])
+def test_missing_provider_is_a_clear_failure(kit_run: dict[str, dict[str, Outcome]]) -> None:
+    outcomes = kit_run["test_missing"]
+    assert set(outcomes) == ALL_TESTS
+    for test, (outcome, text) in outcomes.items():
+        assert outcome == "error", (test, text)
+        assert "provider plugin 'nosuchcloud' is not installed" in text, (test, text)
+
+
+def test_the_documented_example_works_as_written(kit_run: dict[str, dict[str, Outcome]]) -> None:
+    """The example in ``levers9.testing``'s docstring, copied as it is, passes against the example provider."""
+    if "test_documented" not in kit_run:
+        pytest.skip("examples/provider-example (levers9_toycloud) is not installed")
+    outcomes = kit_run["test_documented"]
+    assert set(outcomes) == ALL_TESTS
+    failed = {test: text for test, (outcome, text) in outcomes.items() if outcome != "passed"}
+    assert not failed, failed

@@ -1,18 +1,56 @@
-"""Test helpers for plugin authors: the provider contract suite and its pytest fixtures.
+"""Test helpers for plugin authors: the provider contract suite, its stand-in controlplane and emulated boot.
 
-Usage, in a provider distribution's tests::
+Usage, in a provider distribution's tests: settings are pytest fixtures (so
+they can use ``tmp_path``, or a fake API server another fixture starts), not
+class attributes. This is ``examples/provider-example``'s, as it runs::
 
+    from pathlib import Path
+    from typing import Any
+
+    import pytest
+
+    from levers9.hooks.types import Machine
     from levers9.testing import ProviderContract
+    from levers9_toycloud import user_data_of
 
-    class TestMyCloud(ProviderContract):
-        provider = "mycloud"            # the entry-point name
-        pool_settings = {"region": "eu-1", ...}
-        failing_pool_settings = {...}   # settings under which provisioning must fail with a typed error
 
-Every test of the suite then runs against the installed plugin, loaded through
-the real plugin manager exactly as the controlplane loads it.
+    class TestToyCloud(ProviderContract):
+        provider = "toycloud"  # the entry-point name
+
+        @pytest.fixture(autouse=True)
+        def cloud(self, tmp_path: Path) -> None:
+            self.state_dir = tmp_path / "cloud"  # this toy cloud's API is a directory
+
+        @pytest.fixture
+        def pool_settings(self) -> dict[str, Any]:
+            # settings under which provisioning works
+            return {"state_dir": str(self.state_dir), "capacity": {"cpu": 2}}
+
+        @pytest.fixture
+        def failing_pool_settings(self, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+            # settings under which provisioning fails with a typed error (a rejected API key)
+            monkeypatch.setenv("TOYCLOUD_KEY", "revoked")
+            return {"state_dir": str(self.state_dir), "api_key_env": "TOYCLOUD_KEY"}
+
+        @pytest.fixture
+        def capacity_pool_settings(self) -> dict[str, Any] | None:
+            # settings under which there is no capacity: InsufficientCapacity (None: it never runs out)
+            return {"state_dir": str(self.state_dir), "capacity": {"cpu": 0}}
+
+        def user_data(self, machine: Machine) -> str:
+            # the user data the plugin passed to the machine, as the cloud reports it
+            return user_data_of(self.state_dir, machine)
+
+A provider that runs the worker itself sets ``boots_itself = True`` instead of
+overriding ``user_data``. Every test of the suite then runs against the
+installed plugin, loaded through the real plugin manager exactly as the
+controlplane loads it; see :mod:`levers9.testing.provider_contract` for the
+promises it checks, :mod:`levers9.testing.registrar` and
+:mod:`levers9.testing.boot` for how the bootstrap is booted.
 """
 
+from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
 from levers9.testing.provider_contract import ProviderContract
+from levers9.testing.registrar import Registrar, Registration
 
-__all__ = ["ProviderContract"]
+__all__ = ["BootError", "EmulatedBoot", "ProviderContract", "Registrar", "Registration", "emulated_boot"]

@@ -1,17 +1,55 @@
 """The provider contract: what the scheduler and reconciler rely on every provider to do.
 
-Each test here is one promise the core depends on. A provider that passes can
-be enabled in a pool and trusted not to leak machines: what it starts shows up
-in its listing, terminating is idempotent, failures are the typed errors the
-scheduler fails over on, and offers name canonical GPU types.
+Each test here is one promise the core depends on, and each failure message
+says what to fix. A provider that passes can be enabled in a pool and trusted
+not to leak machines:
+
+* every hook answers levers9's types (``levers9.hooks.types``), never dicts;
+* what it starts shows up in its listing, tagged with levers9's machine id, and
+  only in its own pool's listing;
+* terminating is idempotent, also for an id it never knew; afterwards the
+  machine leaves the listing or is listed ``terminated`` (never alive);
+* ``provider_data`` makes the round trip: the kit terminates with the Machine
+  ``levers9_provision`` returned, and the listing reports at least the
+  provider_data keys provisioning returned (values may be refreshed, keys may
+  be added, none dropped), because the reconciler terminates machines levers9
+  lost track of from their listing alone;
+* no capacity is ``InsufficientCapacity`` (the scheduler moves to the next
+  offer at once), other failures are typed errors;
+* offers name canonical GPU types with the catalog's memory, in the pool's regions;
+* **the bootstrap boots**: given a :class:`~levers9.hooks.types.WorkerBootstrap`
+  pointing at a stand-in controlplane (:mod:`levers9.testing.registrar`), a
+  worker registers with exactly its token and machine id. A provider that runs
+  the worker itself (``boots_itself = True``, like ``local``) is simply
+  provisioned; any other returns the user data it passed from
+  :meth:`ProviderContract.user_data`, and the kit boots it in an emulated boot
+  (:mod:`levers9.testing.boot`).
+
+Hooks are called through the real plugin manager and the typed facade, as the
+controlplane calls them, after the facade's ``startup`` (so a provider's
+``levers9_startup`` runs first, with the agent hub of the ``levers9_agents``
+fixture: None unless a subclass provides one) and before its ``shutdown``.
+
+What a result means: a *failure* breaks a promise, names the provider (and the
+hook) and says what to fix; an *error* at set-up means the subclass is not
+complete (a settings fixture not overridden, the plugin not installed or not
+loading) and says which; a *skip* is a check the subclass declared does not
+apply (``capacity_pool_settings`` returning None). The boot check waits
+``boot_timeout`` rather than ``settle_timeout``: starting a worker takes longer
+than a listing takes to settle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.metadata
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -20,12 +58,33 @@ from levers9.config.load import resolve
 from levers9.config.model import Config
 from levers9.config.yaml_source import SourceMap
 from levers9.gpu.catalog import CATALOG
-from levers9.hooks.errors import PluginError, ProviderError
+from levers9.hooks.context import AgentHub
+from levers9.hooks.errors import InsufficientCapacity, PluginError, ProviderError
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, PluginSet
-from levers9.hooks.types import GpuOffer, Machine, MachineState, Pool, ProvisionRequest, Resources
+from levers9.hooks.types import (
+    ENDED_STATES,
+    Availability,
+    GpuOffer,
+    Machine,
+    MachineState,
+    Pool,
+    ProvisionRequest,
+    Resources,
+    WorkerBootstrap,
+)
+from levers9.testing.boot import BootError, emulated_boot
+from levers9.testing.registrar import Registrar, Registration
 
 T = TypeVar("T")
+
+#: what each provider hook must return, named as a plugin author imports it
+RETURNS = {
+    "levers9_gpu_offers": "GpuOffer",
+    "levers9_provision": "Machine",
+    "levers9_list_machines": "Machine",
+    "levers9_check": "ProviderCheck",
+}
 
 
 def run(awaitable: Awaitable[T]) -> T:
@@ -35,23 +94,37 @@ def run(awaitable: Awaitable[T]) -> T:
     return asyncio.run(_wrap())
 
 
-class ProviderContract:
-    """Subclass this in a test module; set ``provider`` and override the two settings fixtures.
+def _tail(token: str | None) -> str:
+    return "no token" if not token else f"a token ending …{token[-6:]}"
 
-    ``pool_settings`` returns the pool's ``settings:`` as they would appear in
-    config; ``failing_pool_settings`` returns settings under which provisioning
-    must fail with a typed provider error (bad credentials, no capacity).
-    Both are fixtures so they can use ``tmp_path``, servers started by other
-    fixtures, and so on.
+
+class ProviderContract:
+    """Subclass this in a test module; set ``provider`` and override the settings fixtures.
+
+    Fixtures to override (they may use ``tmp_path`` and servers other fixtures start):
+
+    * ``pool_settings``: the pool's ``settings:`` as they would appear in config;
+    * ``failing_pool_settings``: settings under which provisioning fails with a typed error;
+    * ``capacity_pool_settings``: settings under which the provider has no capacity
+      (return None for a provider that can never run out: the check is then skipped, saying so);
+    * ``boot_pool_settings`` (optional, defaults to ``pool_settings``): settings under which a
+      provisioned machine really starts ``levers9 worker`` (for ``boots_itself`` providers whose
+      test settings run a stand-in worker).
+
+    A provider that does not run the worker itself overrides :meth:`user_data`.
     """
 
     #: the provider's entry-point name
     provider: ClassVar[str]
-    #: pool fields besides settings: gpu, gpu_count, region, runtime...
+    #: pool fields besides settings: gpu, gpu_count, region, regions, runtime...
     pool_fields: ClassVar[dict[str, Any]] = {}
     #: how long a provider may take for a machine to appear in or leave its listing
     settle_timeout: ClassVar[float] = 60.0
     poll_interval: ClassVar[float] = 0.2
+    #: the provider starts the worker itself (a process, a container) rather than passing user data to a machine
+    boots_itself: ClassVar[bool] = False
+    #: how long a booted worker may take to register with the stand-in controlplane
+    boot_timeout: ClassVar[float] = 120.0
 
     # ------------------------------------------------------------------ fixtures
 
@@ -67,6 +140,18 @@ class ProviderContract:
         )
 
     @pytest.fixture
+    def capacity_pool_settings(self) -> dict[str, Any] | None:
+        pytest.fail(
+            f"{type(self).__name__} does not override the capacity_pool_settings fixture: return settings "
+            "under which the provider has no capacity (a sold-out zone, a capacity of 0), or None if it can "
+            "never run out"
+        )
+
+    @pytest.fixture
+    def boot_pool_settings(self, pool_settings: dict[str, Any]) -> dict[str, Any]:
+        return pool_settings
+
+    @pytest.fixture
     def levers9_plugin_set(self) -> PluginSet:
         """The installed plugins, loaded the way the controlplane loads them. Override to add test plugins."""
         plugins = PluginSet(PluginPolicy.from_env())
@@ -74,7 +159,12 @@ class ProviderContract:
         return plugins
 
     @pytest.fixture
-    def levers9_hooks(self, levers9_plugin_set: PluginSet) -> Iterator[Hooks]:
+    def levers9_agents(self) -> AgentHub | None:
+        """The agent hub the plugins' context carries; override for a provider whose machines are agents."""
+        return None
+
+    @pytest.fixture
+    def levers9_hooks(self, levers9_plugin_set: PluginSet, levers9_agents: AgentHub | None) -> Iterator[Hooks]:
         record = levers9_plugin_set.records.get(self.provider)
         if record is None:
             installed = ", ".join(sorted(levers9_plugin_set.records)) or "none"
@@ -85,59 +175,134 @@ class ProviderContract:
         if record.status != "loaded":
             pytest.fail(f"provider plugin {self.provider!r} did not load: {record.error or record.status}")
         hooks = Hooks(levers9_plugin_set)
+        run(hooks.startup(agents=levers9_agents))
         yield hooks
-        hooks.close()
-
-    def _pool(self, hooks: Hooks, settings: dict[str, Any], name: str) -> Pool:
-        config = Config.model_validate(
-            {
-                "pools": {
-                    name: {"provider": self.provider, "runtime": "process", **self.pool_fields, "settings": settings}
-                }
-            }
-        )
-        pools, _ = resolve(config, SourceMap("<contract>"), hooks)
-        return pools[name]
+        run(hooks.shutdown())
 
     @pytest.fixture
     def pool(self, levers9_hooks: Hooks, pool_settings: dict[str, Any]) -> Pool:
         return self._pool(levers9_hooks, pool_settings, f"contract-{uuid.uuid4().hex[:8]}")
 
     @pytest.fixture
-    def provisioned(self, levers9_hooks: Hooks, pool: Pool) -> Iterator[Callable[[], Machine]]:
-        """Provision machines for a test; whatever a test starts is terminated afterwards, even on failure."""
-        started: list[str] = []
+    def provisioned(self, levers9_hooks: Hooks, pool: Pool) -> Iterator[Callable[..., Machine]]:
+        """``provision(request=None)``: start a machine; whatever a test starts is terminated afterwards."""
+        started: list[tuple[Pool, Machine]] = []
 
-        def provision() -> Machine:
-            machine = run(levers9_hooks.provision(self.request(pool)))
-            started.append(machine.provider_id)
+        def provision(request: ProvisionRequest | None = None) -> Machine:
+            request = request or self.request(levers9_hooks, pool)
+            machine = self.call("levers9_provision", levers9_hooks.provision(request))
+            started.append((request.pool, machine))
             return machine
 
         yield provision
-        for provider_id in started:
-            run(levers9_hooks.terminate(pool, provider_id))
+        for where, machine in started:
+            # best effort: terminate's own promises are checked by their own tests, not in every teardown
+            with contextlib.suppress(Exception):
+                run(levers9_hooks.terminate(where, machine))
 
-    def request(self, pool: Pool) -> ProvisionRequest:
+    @pytest.fixture
+    def standin_controlplane(self) -> Iterator[Registrar]:
+        """A real gRPC server on 127.0.0.1 that answers ``Register`` and records who registered."""
+        with Registrar() as registrar:
+            yield registrar
+
+    # ------------------------------------------------------------------ helpers a subclass may use or override
+
+    def user_data(self, machine: Machine) -> str:
+        """The user data the provider passed to ``machine`` (read back as a cloud's instance metadata would say)."""
+        pytest.fail(
+            f"{type(self).__name__} neither sets boots_itself = True nor overrides user_data(machine): return "
+            "the user data the provider passed for the machine, so the kit can boot it"
+        )
+
+    def _pool(self, hooks: Hooks, settings: dict[str, Any], name: str) -> Pool:
+        fields = {"runtime": "process", **self.pool_fields, "settings": settings}
+        config = Config.model_validate({"pools": {name: {"provider": self.provider, **fields}}})
+        pools, _ = resolve(config, SourceMap("<contract>"), hooks)
+        return pools[name]
+
+    def bootstrap(
+        self, pool: Pool, machine_id: str, controlplane_url: str = "grpc://127.0.0.1:1993"
+    ) -> WorkerBootstrap:
+        return WorkerBootstrap(
+            controlplane_url=controlplane_url,
+            token=f"contract-{uuid.uuid4().hex}",
+            machine_id=machine_id,
+            pool=pool.name,
+            levers9_version=importlib.metadata.version("levers9"),
+            labels=dict(pool.labels),
+        )
+
+    def offer(self, hooks: Hooks, pool: Pool) -> GpuOffer | None:
+        """The offer the planner would choose: the first not unavailable (None without well-formed offers)."""
+        try:
+            offers = run(hooks.gpu_offers(pool))
+        except (PluginError, ProviderError):
+            return None  # test_gpu_offers_are_well_formed says what is wrong
+        usable = [o for o in offers if o.availability is not Availability.UNAVAILABLE] or offers
+        return usable[0] if usable else None
+
+    def request(self, hooks: Hooks, pool: Pool, *, bootstrap: WorkerBootstrap | None = None) -> ProvisionRequest:
+        offer = self.offer(hooks, pool)
+        machine_id = bootstrap.machine_id if bootstrap else f"m-{uuid.uuid4().hex[:12]}"
         return ProvisionRequest(
             pool=pool,
             resources=Resources(
                 cpu_millicores=1000, memory_mib=1024, gpu=pool.gpu, gpu_count=pool.gpu_count if pool.gpu else 0
             ),
-            machine_id=f"m-{uuid.uuid4().hex[:12]}",
-            token=f"contract-{uuid.uuid4().hex}",
-            controlplane_url="grpc://127.0.0.1:1993",
-            region=pool.region,
+            machine_id=machine_id,
+            bootstrap=bootstrap or self.bootstrap(pool, machine_id),
+            region=(offer.region if offer else None) or pool.region,
+            offer=offer,
         )
 
-    def wait_until(self, what: str, condition: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self.settle_timeout
+    def call(self, hook: str, awaitable: Awaitable[T]) -> T:
+        """Await a facade call; a hook returning dicts where levers9's types are expected fails, saying so."""
+        try:
+            return run(awaitable)
+        except PluginError as exc:
+            if exc.hook in RETURNS and "dict" in exc.message:
+                hint = f"levers9.hooks.types.{RETURNS[exc.hook]}"
+                advice = "" if hint in exc.message else f"; return {hint}, not dict"
+                pytest.fail(f"provider {self.provider!r}: {exc.hook} {exc.message}{advice}")
+            raise
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> bool:
+        deadline = time.monotonic() + (self.settle_timeout if timeout is None else timeout)
         while not condition():
             if time.monotonic() > deadline:
-                pytest.fail(f"provider {self.provider!r}: {what} within {self.settle_timeout:g} s")
+                return False
             time.sleep(self.poll_interval)
+        return True
+
+    def listing(self, hooks: Hooks, pool: Pool) -> dict[str, Machine]:
+        machines = self.call("levers9_list_machines", hooks.list_machines(pool))
+        return {m.provider_id: m for m in machines}
 
     def listed(self, hooks: Hooks, pool: Pool) -> dict[str, Machine]:
-        return {m.provider_id: m for m in run(hooks.list_machines(pool)) if m.state is not MachineState.TERMINATED}
+        """The machines of the listing that are not ended (terminated, preempted, failed)."""
+        return {k: m for k, m in self.listing(hooks, pool).items() if m.state not in ENDED_STATES}
+
+    def wait_listed(self, hooks: Hooks, pool: Pool, machine: Machine) -> Machine:
+        if not self.wait_until(lambda: machine.provider_id in self.listed(hooks, pool)):
+            pytest.fail(
+                f"provider {self.provider!r}: machine {machine.provider_id} did not appear in levers9_list_machines "
+                f"within {self.settle_timeout:g} s"
+            )
+        return self.listed(hooks, pool)[machine.provider_id]
+
+    def wait_gone(self, hooks: Hooks, pool: Pool, machine: Machine, how: str) -> None:
+        def gone() -> bool:
+            found = self.listing(hooks, pool).get(machine.provider_id)
+            return found is None or found.state is MachineState.TERMINATED
+
+        if not self.wait_until(gone):
+            state = self.listing(hooks, pool)[machine.provider_id].state.value
+            pytest.fail(
+                f"provider {self.provider!r}: terminated machine {machine.provider_id} is still listed as {state} "
+                f"{self.settle_timeout:g} s after levers9_terminate ({how}); leave terminated machines out of "
+                "levers9_list_machines or report them 'terminated', never alive"
+            )
 
     # ------------------------------------------------------------------ the contract
 
@@ -149,8 +314,22 @@ class ProviderContract:
             f"so a misspelled setting is an error, not ignored (it has extra={extra!r})"
         )
 
+    def test_hooks_return_levers9_types(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        """Every provider hook, once: each answer is levers9's type (the facade validates strictly)."""
+        self.call("levers9_gpu_offers", levers9_hooks.gpu_offers(pool))
+        check = self.call("levers9_check", levers9_hooks.check(pool))
+        assert check is None or check.ok, (
+            f"provider {self.provider!r}: levers9_check says the working pool_settings do not work: "
+            f"{check.message} (hint: {check.hint})"
+        )
+        machine = provisioned()
+        self.listing(levers9_hooks, pool)
+        self.call("levers9_terminate", levers9_hooks.terminate(pool, machine))
+
     def test_provisioned_machine_is_listed_with_its_id(
-        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[[], Machine]
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
     ) -> None:
         machine = provisioned()
         assert machine.pool == pool.name
@@ -158,44 +337,70 @@ class ProviderContract:
             f"provider {self.provider!r}: the machine returned by levers9_provision must carry "
             "request.machine_id (tag the machine with it)"
         )
-        self.wait_until(
-            f"machine {machine.provider_id} did not appear in levers9_list_machines",
-            lambda: machine.provider_id in self.listed(levers9_hooks, pool),
-        )
-        listed = self.listed(levers9_hooks, pool)[machine.provider_id]
+        listed = self.wait_listed(levers9_hooks, pool, machine)
         assert listed.machine_id == machine.machine_id, (
             f"provider {self.provider!r}: the listing reports machine_id {listed.machine_id!r} for "
             f"{machine.provider_id}, but provisioning tagged it {machine.machine_id!r}"
         )
 
     def test_terminated_machine_leaves_the_listing(
-        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[[], Machine]
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
     ) -> None:
         machine = provisioned()
-        run(levers9_hooks.terminate(pool, machine.provider_id))
-        self.wait_until(
-            f"terminated machine {machine.provider_id} is still listed as alive",
-            lambda: machine.provider_id not in self.listed(levers9_hooks, pool),
-        )
+        self.wait_listed(levers9_hooks, pool, machine)
+        run(levers9_hooks.terminate(pool, machine))
+        self.wait_gone(levers9_hooks, pool, machine, "given the Machine levers9_provision returned")
 
     def test_terminate_is_idempotent(
-        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[[], Machine]
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
     ) -> None:
         machine = provisioned()
-        run(levers9_hooks.terminate(pool, machine.provider_id))
+        run(levers9_hooks.terminate(pool, machine))
         try:
-            run(levers9_hooks.terminate(pool, machine.provider_id))
+            run(levers9_hooks.terminate(pool, machine))
         except Exception as exc:
             pytest.fail(f"provider {self.provider!r}: terminating a machine twice must succeed, it raised {exc!r}")
+
+    def test_terminating_an_unknown_machine_succeeds(self, levers9_hooks: Hooks, pool: Pool) -> None:
+        unknown = Machine(
+            provider_id=f"levers9-contract-unknown-{uuid.uuid4().hex[:12]}",
+            machine_id=f"m-{uuid.uuid4().hex[:12]}",
+            pool=pool.name,
+            state=MachineState.RUNNING,
+            region=pool.region,
+        )
+        try:
+            run(levers9_hooks.terminate(pool, unknown))
+        except Exception as exc:
+            pytest.fail(
+                f"provider {self.provider!r}: terminating a machine it does not know ({unknown.provider_id}) must "
+                f"succeed, as for one already gone (the reconciler retries terminations); it raised {exc!r}"
+            )
+
+    def test_provider_data_round_trip(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        """What provisioning returned is what levers9 stores; the reconciler terminates from the listing alone."""
+        machine = provisioned()
+        listed = self.wait_listed(levers9_hooks, pool, machine)
+        dropped = sorted(set(machine.provider_data) - set(listed.provider_data))
+        assert not dropped, (
+            f"provider {self.provider!r}: levers9_list_machines reports machine {machine.provider_id} without the "
+            f"provider_data keys {dropped} that levers9_provision returned; the reconciler terminates machines "
+            "from their listing alone, so list the same keys (adding more is fine)"
+        )
+        run(levers9_hooks.terminate(pool, listed))
+        self.wait_gone(levers9_hooks, pool, machine, "given the Machine levers9_list_machines reported")
 
     def test_listing_is_limited_to_the_pool(
         self,
         levers9_hooks: Hooks,
         pool: Pool,
-        provisioned: Callable[[], Machine],
+        provisioned: Callable[..., Machine],
         pool_settings: dict[str, Any],
     ) -> None:
         machine = provisioned()
+        self.wait_listed(levers9_hooks, pool, machine)
         other = self._pool(levers9_hooks, pool_settings, f"contract-other-{uuid.uuid4().hex[:6]}")
         assert machine.provider_id not in self.listed(levers9_hooks, other), (
             f"provider {self.provider!r}: a machine of pool {pool.name!r} was listed for pool {other.name!r}; "
@@ -204,16 +409,19 @@ class ProviderContract:
 
     def test_gpu_offers_are_well_formed(self, levers9_hooks: Hooks, pool: Pool) -> None:
         try:
-            offers = run(levers9_hooks.gpu_offers(pool))
+            offers = self.call("levers9_gpu_offers", levers9_hooks.gpu_offers(pool))
         except PluginError as exc:
             pytest.fail(str(exc))
         for offer in offers:
-            assert isinstance(offer, GpuOffer)
             assert offer.gpu in CATALOG
             expected = CATALOG[offer.gpu].memory_mib
             assert abs(offer.gpu_memory_mib - expected) <= expected * 0.1, (
                 f"provider {self.provider!r}: offer {offer.instance_type or offer.gpu} says {offer.gpu} has "
                 f"{offer.gpu_memory_mib} MiB per GPU; the catalog says {expected}"
+            )
+            assert not pool.regions or offer.region is None or offer.region in pool.regions, (
+                f"provider {self.provider!r}: offer {offer.key} is in region {offer.region}, not one of the "
+                f"pool's regions {pool.regions}; offer only what pool.regions allows"
             )
         if pool.gpu is not None:
             assert offers, f"provider {self.provider!r}: a pool with gpu {pool.gpu} got no GPU offers"
@@ -225,19 +433,90 @@ class ProviderContract:
         pool = self._pool(levers9_hooks, failing_pool_settings, f"contract-fail-{uuid.uuid4().hex[:6]}")
         error: ProviderError | None = None
         try:
-            machine = run(levers9_hooks.provision(self.request(pool)))
+            machine = self.call("levers9_provision", levers9_hooks.provision(self.request(levers9_hooks, pool)))
         except ProviderError as exc:
             error = exc
         except PluginError as exc:
             pytest.fail(
                 f"provider {self.provider!r} failed with an untyped error; raise one of levers9.hooks.errors "
-                f"(InsufficientCapacity, QuotaExceeded, AuthenticationFailed, Throttled, InvalidRequest): {exc}"
+                f"(InsufficientCapacity, QuotaExceeded, AuthenticationFailed, PermissionDenied, Throttled, "
+                f"InvalidRequest): {exc}"
             )
         if error is not None:
             assert error.plugin == self.provider
             return
-        run(levers9_hooks.terminate(pool, machine.provider_id))
+        run(levers9_hooks.terminate(pool, machine))
         pytest.fail(
             f"provider {self.provider!r}: provisioning with failing_pool_settings succeeded "
             f"(machine {machine.provider_id}, now terminated); it must raise a typed provider error"
+        )
+
+    def test_no_capacity_is_insufficient_capacity(
+        self, levers9_hooks: Hooks, capacity_pool_settings: dict[str, Any] | None
+    ) -> None:
+        if capacity_pool_settings is None:
+            pytest.skip(f"provider {self.provider!r} says it never runs out of capacity (capacity_pool_settings)")
+        pool = self._pool(levers9_hooks, capacity_pool_settings, f"contract-full-{uuid.uuid4().hex[:6]}")
+        try:
+            machine = run(levers9_hooks.provision(self.request(levers9_hooks, pool)))
+        except InsufficientCapacity:
+            return
+        except (ProviderError, PluginError) as exc:
+            pytest.fail(
+                f"provider {self.provider!r}: with no capacity, provisioning raised {type(exc).__name__} ({exc}); "
+                "raise levers9.hooks.errors.InsufficientCapacity, so the scheduler tries the next offer and pool "
+                "at once (QuotaExceeded means the account's limit, which an operator must raise)"
+            )
+        run(levers9_hooks.terminate(pool, machine))
+        pytest.fail(
+            f"provider {self.provider!r}: provisioning with capacity_pool_settings succeeded "
+            f"(machine {machine.provider_id}, now terminated); it must raise InsufficientCapacity"
+        )
+
+    def test_the_bootstrap_boots(
+        self,
+        levers9_hooks: Hooks,
+        boot_pool_settings: dict[str, Any],
+        standin_controlplane: Registrar,
+        provisioned: Callable[..., Machine],
+    ) -> None:
+        pool = self._pool(levers9_hooks, boot_pool_settings, f"contract-boot-{uuid.uuid4().hex[:6]}")
+        bootstrap = self.bootstrap(pool, f"m-{uuid.uuid4().hex[:12]}", standin_controlplane.url)
+        machine = provisioned(self.request(levers9_hooks, pool, bootstrap=bootstrap))
+        if self.boots_itself:
+            found = standin_controlplane.wait_for(bootstrap.token, bootstrap.machine_id, self.boot_timeout)
+            self._registered(bootstrap, found, standin_controlplane.registrations, "")
+            return
+        user_data = self.user_data(machine)
+        root = Path(tempfile.mkdtemp(prefix="l9boot-"))  # short: the worker's sockets live below it
+        try:
+            boot = emulated_boot(user_data, root, ports=[standin_controlplane.port])
+        except BootError as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            pytest.fail(f"provider {self.provider!r}: the user data it passed cannot be booted: {exc}")
+        try:
+            found = standin_controlplane.wait_for(
+                bootstrap.token, bootstrap.machine_id, self.boot_timeout, stop_early=lambda: not boot.alive()
+            )
+            output = "" if found else f" (emulated boot, {boot.isolation}); what it printed:\n{boot.output()}"
+        finally:
+            boot.stop()
+        self._registered(bootstrap, found, standin_controlplane.registrations, output)
+
+    def _registered(
+        self, bootstrap: WorkerBootstrap, found: Registration | None, seen: list[Registration], output: str
+    ) -> None:
+        if found is not None:
+            return
+        if seen:
+            others = "; ".join(f"machine id {r.machine_id!r} with {_tail(r.token)}" for r in seen)
+            pytest.fail(
+                f"provider {self.provider!r}: a worker registered, but not with the bootstrap's machine id "
+                f"{bootstrap.machine_id!r} and {_tail(bootstrap.token)}: {others}; pass request.bootstrap to the "
+                f"machine as it is (levers9.bootstrap.cloud_init or shell_script){output}"
+            )
+        pytest.fail(
+            f"provider {self.provider!r}: no worker registered with the controlplane of request.bootstrap within "
+            f"{self.boot_timeout:g} s (or the boot ended first); a provisioned machine must start "
+            f"`levers9 worker` from request.bootstrap (levers9.bootstrap.cloud_init or shell_script){output}"
         )

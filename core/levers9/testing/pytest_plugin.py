@@ -7,6 +7,7 @@ subclass :class:`levers9.testing.ProviderContract` for the provider suite.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -25,7 +26,9 @@ def levers9_plugins() -> PluginSet:
 
 @pytest.fixture
 def levers9_hooks(levers9_plugins: PluginSet) -> Iterator[Hooks]:
-    """The typed facade over :func:`levers9_plugins`; its threads are released after the test."""
+    """The typed facade over :func:`levers9_plugins`, started as the controlplane starts it (each plugin's
+    ``levers9_startup`` with a context that has no agent hub) and shut down after the test."""
     hooks = Hooks(levers9_plugins)
+    asyncio.run(hooks.startup())
     yield hooks
-    hooks.close()
+    asyncio.run(hooks.shutdown())

@@ -7,17 +7,46 @@ from typing import Any, ClassVar
 
 import pytest
 
+from levers9.hooks.types import Machine
 from levers9.testing import ProviderContract
+from levers9_toycloud import user_data_of
 
 
 class TestToyCloudContract(ProviderContract):
     provider = "toycloud"
-    pool_fields: ClassVar[dict[str, Any]] = {"gpu": "T4"}
+    pool_fields: ClassVar[dict[str, Any]] = {"gpu": "T4", "regions": ["toy-1", "toy-2"]}
+    settle_timeout = 10.0
+
+    @pytest.fixture(autouse=True)
+    def state_dir(self, tmp_path: Path) -> None:
+        self.cloud = tmp_path / "cloud"
 
     @pytest.fixture
-    def pool_settings(self, tmp_path: Path) -> dict[str, Any]:
-        return {"state_dir": str(tmp_path), "capacity": {"T4": 3}}
+    def pool_settings(self) -> dict[str, Any]:
+        return {"state_dir": str(self.cloud), "capacity": {"T4": 3}, "zones": ["a", "b"]}
 
     @pytest.fixture
-    def failing_pool_settings(self, tmp_path: Path) -> dict[str, Any]:
-        return {"state_dir": str(tmp_path), "capacity": {"T4": 0}}
+    def failing_pool_settings(self, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+        monkeypatch.setenv("TOYCLOUD_TEST_KEY", "revoked")
+        return {"state_dir": str(self.cloud), "capacity": {"T4": 3}, "api_key_env": "TOYCLOUD_TEST_KEY"}
+
+    @pytest.fixture
+    def capacity_pool_settings(self) -> dict[str, Any]:
+        return {"state_dir": str(self.cloud), "capacity": {"T4": 0}, "zones": ["a", "b"]}
+
+    def user_data(self, machine: Machine) -> str:
+        return user_data_of(self.cloud, machine)
+
+
+class TestToyCloudCpuContract(TestToyCloudContract):
+    """A CPU pool: no offers, so provisioning picks the zone itself."""
+
+    pool_fields: ClassVar[dict[str, Any]] = {}
+
+    @pytest.fixture
+    def pool_settings(self) -> dict[str, Any]:
+        return {"state_dir": str(self.cloud), "capacity": {"cpu": 2}, "zones": ["a", "b"]}
+
+    @pytest.fixture
+    def capacity_pool_settings(self) -> dict[str, Any]:
+        return {"state_dir": str(self.cloud), "capacity": {"cpu": 0}}

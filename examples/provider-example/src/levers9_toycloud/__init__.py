@@ -1,9 +1,24 @@
 """A toy cloud provider for levers9, kept in a directory.
 
 It exists to show plugin authors the whole provider contract in one page and
-to give the contract suite something real to run against. Machines are JSON
-files under ``state_dir``; a file lock makes concurrent provisioning from
-several processes safe, like a real cloud API would be.
+to give the contract suite something real to run against. The "cloud":
+
+* regions are the pool's (``pool.regions``; ``toy-1`` when it names none),
+  each with the zones of the ``zones`` setting (``toy-1`` + ``a`` = ``toy-1a``);
+* every zone has ``capacity[gpu]`` machines of each GPU type (``cpu`` for CPU
+  machines); a full zone raises ``InsufficientCapacity`` for that zone only, so
+  the scheduler tries the next offer (zone) before the next pool;
+* machines are JSON records under ``state_dir/machines/<zone>/``: like a zonal
+  cloud API, finding one needs its zone, which is why provisioning returns it
+  in ``provider_data`` and terminate reads it back from there;
+* each record keeps the user data the machine was given (``cloud_init`` of the
+  request's bootstrap), which :func:`user_data_of` reads back the way a cloud's
+  instance metadata would;
+* a terminated machine stays listed as ``terminated`` for
+  :data:`TERMINATED_VISIBLE_S`, as real clouds keep them for a while.
+
+A file lock makes concurrent provisioning from several processes safe, like a
+real cloud API would be.
 """
 
 from __future__ import annotations
@@ -11,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,11 +38,24 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9 import hookimpl
+from levers9.bootstrap import cloud_init
 from levers9.hooks.errors import AuthenticationFailed, InsufficientCapacity, InvalidRequest
-from levers9.hooks.types import Availability, GpuOffer, Machine, MachineState, Pool, ProvisionRequest
+from levers9.hooks.types import (
+    Availability,
+    GpuOffer,
+    Machine,
+    MachineState,
+    Pool,
+    ProviderCheck,
+    ProvisionRequest,
+)
 
 #: GPU memory per type this toy cloud sells, in MiB
 GPU_MEMORY = {"T4": 15360, "L4": 23034, "A100-80": 81920, "H100": 81559}
+#: the region of a pool that names none
+DEFAULT_REGION = "toy-1"
+#: how long a terminated machine stays in the listing (as ``terminated``)
+TERMINATED_VISIBLE_S = 300.0
 
 
 class ToyCloudSettings(BaseModel):
@@ -35,7 +64,12 @@ class ToyCloudSettings(BaseModel):
     state_dir: str = Field(description="Directory holding the toy cloud's machines.")
     capacity: dict[str, int] = Field(
         default_factory=lambda: {"cpu": 4},
-        description="Machines available per GPU type ('cpu' for CPU machines).",
+        description="Machines available per GPU type in each zone ('cpu' for CPU machines).",
+    )
+    zones: list[str] = Field(
+        default_factory=lambda: ["a"],
+        min_length=1,
+        description="Zones of every region, as suffixes of the region's name: ['a', 'b'] gives toy-1a, toy-1b.",
     )
     api_key_env: str | None = Field(
         None, description="If set, provisioning fails with AuthenticationFailed unless this env var is 'valid'."
@@ -46,6 +80,10 @@ class ToyCloudSettings(BaseModel):
 def _settings(pool: Pool) -> ToyCloudSettings:
     assert isinstance(pool.settings, ToyCloudSettings)
     return pool.settings
+
+
+def _zones(pool: Pool, region: str) -> list[str]:
+    return [f"{region}{suffix}" for suffix in _settings(pool).zones]
 
 
 @contextmanager
@@ -60,9 +98,13 @@ def _locked(state_dir: str) -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _records(machines: Path) -> Iterator[dict[str, Any]]:
-    for path in sorted(machines.glob("*.json")):
-        yield json.loads(path.read_text())
+def _records(machines: Path, zone: str = "*") -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in sorted(machines.glob(f"{zone}/*.json")):
+        yield path, json.loads(path.read_text())
+
+
+def _in_use(machines: Path, zone: str, kind: str) -> int:
+    return sum(1 for _, r in _records(machines, zone) if r["kind"] == kind and r["state"] != "terminated")
 
 
 def _machine(record: dict[str, Any]) -> Machine:
@@ -73,7 +115,24 @@ def _machine(record: dict[str, Any]) -> Machine:
         state=MachineState(record["state"]),
         gpu=record["gpu"],
         gpu_count=record["gpu_count"],
+        region=record["region"],
+        zone=record["zone"],
+        instance_type=record["instance_type"],
         created_at=datetime.fromtimestamp(record["created"], UTC),
+        provider_data={"zone": record["zone"]},
+    )
+
+
+def _authenticate(settings: ToyCloudSettings) -> None:
+    if settings.api_key_env is not None and os.environ.get(settings.api_key_env) != "valid":
+        raise AuthenticationFailed(f"API key in ${settings.api_key_env} was rejected", code="invalid-api-key")
+
+
+def user_data_of(state_dir: str | Path, machine: Machine) -> str:
+    """The user data ``machine`` was started with, as the toy cloud's instance metadata serves it."""
+    zone = machine.provider_data.get("zone") or machine.zone
+    return str(
+        json.loads((Path(state_dir) / "machines" / str(zone) / f"{machine.provider_id}.json").read_text())["user_data"]
     )
 
 
@@ -83,34 +142,72 @@ def levers9_provider_settings() -> type[BaseModel]:
 
 
 @hookimpl
+def levers9_check(pool: Pool) -> ProviderCheck:
+    settings = _settings(pool)
+    try:
+        with _locked(settings.state_dir) as machines, tempfile.NamedTemporaryFile(dir=machines):
+            pass
+    except OSError as exc:
+        return ProviderCheck(
+            ok=False, message=f"state_dir {settings.state_dir} is not writable: {exc}", hint="fix state_dir"
+        )
+    try:
+        _authenticate(settings)
+    except AuthenticationFailed as exc:
+        return ProviderCheck(ok=False, message=exc.message, hint=f"export {settings.api_key_env}=valid")
+    return ProviderCheck(ok=True, message=f"state_dir {settings.state_dir} is writable; API key accepted")
+
+
+@hookimpl
 def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
     settings = _settings(pool)
-    return [
-        GpuOffer(
-            gpu=gpu,
-            gpu_count=max(pool.gpu_count, 1),
-            gpu_memory_mib=GPU_MEMORY[gpu],
-            instance_type=f"toy.{gpu.lower()}",
-            availability=Availability.AVAILABLE if count > 0 else Availability.UNAVAILABLE,
-            price_per_hour=settings.price_per_hour.get(gpu),
-        )
-        for gpu, count in settings.capacity.items()
-        if gpu in GPU_MEMORY and (pool.gpu is None or gpu == pool.gpu)
-    ]
+    offers: list[GpuOffer] = []
+    with _locked(settings.state_dir) as machines:
+        for region in pool.regions or [DEFAULT_REGION]:
+            for zone in _zones(pool, region):
+                for gpu, count in settings.capacity.items():
+                    if gpu not in GPU_MEMORY or pool.gpu not in (None, gpu):
+                        continue
+                    free = count - _in_use(machines, zone, gpu)
+                    offers.append(
+                        GpuOffer(
+                            gpu=gpu,
+                            gpu_count=max(pool.gpu_count, 1),
+                            gpu_memory_mib=GPU_MEMORY[gpu],
+                            region=region,
+                            zone=zone,
+                            instance_type=f"toy.{gpu.lower()}",
+                            availability=Availability.AVAILABLE if free > 0 else Availability.UNAVAILABLE,
+                            price_per_hour=settings.price_per_hour.get(gpu),
+                        )
+                    )
+    return offers
 
 
 @hookimpl
 def levers9_provision(request: ProvisionRequest) -> Machine:
-    settings = _settings(request.pool)
-    if settings.api_key_env is not None and os.environ.get(settings.api_key_env) != "valid":
-        raise AuthenticationFailed(f"API key in ${settings.api_key_env} was rejected", code="invalid-api-key")
+    pool, offer, settings = request.pool, request.offer, _settings(request.pool)
+    _authenticate(settings)
     kind = request.resources.gpu or "cpu"
     if kind != "cpu" and kind not in GPU_MEMORY:
         raise InvalidRequest(f"toycloud sells no {kind}; it sells {', '.join(GPU_MEMORY)}")
+    region = (offer.region if offer else None) or request.region or (pool.regions or [DEFAULT_REGION])[0]
+    zones = _zones(pool, region)
+    if offer is not None and offer.zone is not None and offer.zone not in zones:
+        raise InvalidRequest(f"offer names zone {offer.zone!r}; region {region} has {', '.join(zones)}")
+    user_data = cloud_init(request.bootstrap)  # what a VM would be given, rendered by levers9 for every provider
     with _locked(settings.state_dir) as machines:
-        in_use = sum(1 for r in _records(machines) if r["kind"] == kind and r["state"] != "terminated")
-        if in_use >= settings.capacity.get(kind, 0):
-            raise InsufficientCapacity(f"no {kind} machine free ({in_use} in use)", code="out-of-capacity")
+        for _, record in _records(machines):  # idempotent per machine id: a retry gets the same machine
+            if record["tags"].get("levers9:machine-id") == request.machine_id and record["state"] != "terminated":
+                return _machine(record)
+        capacity = settings.capacity.get(kind, 0)
+        if offer is not None and offer.zone is not None:
+            zone = offer.zone
+        else:  # no offer (a CPU pool): the first zone with room
+            zone = next((z for z in zones if _in_use(machines, z, kind) < capacity), zones[0])
+        in_use = _in_use(machines, zone, kind)
+        if in_use >= capacity:
+            raise InsufficientCapacity(f"zone {zone} has no {kind} machine free ({in_use} in use)", code="zone-full")
         record = {
             "id": f"toy-{uuid.uuid4().hex[:10]}",
             "kind": kind,
@@ -118,19 +215,36 @@ def levers9_provision(request: ProvisionRequest) -> Machine:
             "gpu_count": request.resources.gpu_count,
             "state": "running",
             "created": time.time(),
-            "tags": {"levers9:pool": request.pool.name, "levers9:machine-id": request.machine_id},
+            "region": region,
+            "zone": zone,
+            "instance_type": f"toy.{kind.lower()}",
+            "tags": {"levers9:pool": pool.name, "levers9:machine-id": request.machine_id},
+            "user_data": user_data,
         }
-        (machines / f"{record['id']}.json").write_text(json.dumps(record))
+        (machines / zone).mkdir(exist_ok=True)
+        (machines / zone / f"{record['id']}.json").write_text(json.dumps(record))
     return _machine(record)
 
 
 @hookimpl
-def levers9_terminate(pool: Pool, provider_id: str) -> None:
+def levers9_terminate(pool: Pool, machine: Machine) -> None:
+    # A zonal API: the zone comes from provider_data; a machine levers9 has no zone for is looked for everywhere.
+    zone = machine.provider_data.get("zone") or machine.zone or "*"
     with _locked(_settings(pool).state_dir) as machines:
-        (machines / f"{provider_id}.json").unlink(missing_ok=True)
+        for path in machines.glob(f"{zone}/{machine.provider_id}.json"):
+            record = json.loads(path.read_text())
+            if record["state"] != "terminated":
+                record.update(state="terminated", ended=time.time())
+                path.write_text(json.dumps(record))
 
 
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
+    listed: list[Machine] = []
     with _locked(_settings(pool).state_dir) as machines:
-        return [_machine(r) for r in _records(machines) if r["tags"].get("levers9:pool") == pool.name]
+        for path, record in _records(machines):
+            if record["state"] == "terminated" and time.time() - record["ended"] > TERMINATED_VISIBLE_S:
+                path.unlink()  # the cloud forgets it at last
+            elif record["tags"].get("levers9:pool") == pool.name:
+                listed.append(_machine(record))
+    return listed
