@@ -124,7 +124,8 @@ def test_config_schema_embeds_provider_settings(cli: Callable[..., Any]) -> None
     assert "ec2" in pool["properties"]["provider"]["enum"]
     branches = {b["if"]["properties"].get("provider", {}).get("const"): b for b in pool["allOf"]}
     ec2_settings = branches["ec2"]["then"]["properties"]["settings"]
-    assert "region" in ec2_settings["properties"]
+    assert "availability_zones" in ec2_settings["properties"]
+    assert "region" not in ec2_settings["properties"]  # a pool's region is the single source
     assert ec2_settings.get("additionalProperties") is False
     for ref in _refs(schema):
         name = ref.removeprefix("#/$defs/")

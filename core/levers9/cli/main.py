@@ -15,11 +15,13 @@ import typer
 
 from levers9.__about__ import __version__
 from levers9.cli import (
+    check_cmd,
     client_cmds,
     config_cmd,
     context_cmd,
     deploy_cmd,
     gpu_cmd,
+    offers_cmd,
     plugins_cmd,
     run_cmd,
     secret_cmd,
@@ -62,6 +64,8 @@ def _main(
 
 app.command("plugins")(plugins_cmd.plugins)
 app.add_typer(config_cmd.app, name="config")
+app.command("check")(check_cmd.check)
+app.command("offers")(offers_cmd.offers)
 app.add_typer(gpu_cmd.app, name="gpu")
 app.add_typer(context_cmd.app, name="context")
 app.command("tasks")(client_cmds.tasks)

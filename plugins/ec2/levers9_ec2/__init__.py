@@ -6,12 +6,13 @@ availability zone), and comes and goes at the provider's whim: the plugin's job
 is to turn that into offers for the scheduler and to report
 InsufficientInstanceCapacity quickly so the scheduler can fail over.
 
-The settings are what an operator must decide for an AWS account: region and
-zones, the image, the network (subnets, security groups), the instance role,
-spot or on-demand, and how the plugin authenticates. Credentials are always
-references (a profile, or the names of environment variables), never values.
-``boto3`` is never imported here. In this version the plugin declares its
-settings only; the provisioning hooks come later.
+The settings are what an operator must decide for an AWS account: zones, the
+image, the network (subnets, security groups), the instance role, spot or
+on-demand, and how the plugin authenticates. The region is the pool's own
+``region`` (or ``regions``), never a setting: one source for every provider.
+Credentials are always references (a profile, or the names of environment
+variables), never values. ``boto3`` is never imported here. In this version the
+plugin declares its settings only; the provisioning hooks come later.
 """
 
 from __future__ import annotations

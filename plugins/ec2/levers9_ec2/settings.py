@@ -4,12 +4,20 @@ Credentials are never values here: the pool names an AWS profile, or the
 environment variables that hold an access key, or nothing at all (the default
 credential chain: instance role, SSO, environment). Only pydantic and
 :mod:`levers9.config.fields` are imported.
+
+The region is not a setting: a pool's ``region`` (or ``regions``) is the single
+source, and ``settings.region`` is refused with a message that says so. What
+depends on the region (each availability zone must be a zone of one of the
+pool's regions, each region must look like an AWS region) is checked with the
+pool's regions that config loading passes as the validation context
+(``{"pool": name, "regions": [...]}``); validated without that context (a unit
+test, the JSON schema) those checks are skipped, never guessed.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -56,8 +64,33 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def context_regions(info: ValidationInfo) -> list[str] | None:
+    """The pool's regions from the validation context config loading passes; None without that context."""
+    context = info.context if isinstance(info.context, dict) else {}
+    regions = context.get("regions")
+    return [str(r) for r in regions] if isinstance(regions, list) else None
+
+
+def pool_field(info: ValidationInfo, name: str) -> str:
+    """``pools.<pool>.<name>``, with the pool's name when the validation context gives it."""
+    context = info.context if isinstance(info.context, dict) else {}
+    return f"pools.{context.get('pool') or '<name>'}.{name}"
+
+
+def region_moved_message(key: str, info: ValidationInfo) -> str:
+    return (
+        f"{key} moved: set {pool_field(info, 'region')} (or regions) instead; "
+        "the pool's region is the single source every provider reads"
+    )
+
+
+def zone_of_region(zone: str, region: str) -> bool:
+    """``us-east-1a`` of ``us-east-1``; Local and Wavelength Zones too: ``us-east-1-bos-1a``, ``us-east-1-wl1-atl-wlz-1``."""
+    suffix = zone[len(region) :] if zone.startswith(region) else ""
+    return re.fullmatch(r"[a-z]{1,2}|-[a-z0-9-]*[a-z0-9]", suffix) is not None
+
+
 EnvName = Annotated[str, env_var_name(_ACCESS_KEY_ID, "an access key")]
-Region = Annotated[str, pattern(_REGION, "an AWS region", "us-east-1")]
 InstanceType = Annotated[str, pattern(_INSTANCE_TYPE, "an EC2 instance type", "p5.48xlarge")]
 SubnetId = Annotated[str, pattern(_SUBNET_ID, "a subnet id", "subnet-0123456789abcdef0")]
 SecurityGroupId = Annotated[str, pattern(_SG_ID, "a security group id", "sg-0123456789abcdef0")]
@@ -68,11 +101,10 @@ class Ec2Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    region: Region = Field(description="AWS region every call of this pool goes to, for example 'us-east-1'.")
     availability_zones: UniqueList[str] = Field(
         default_factory=list,
-        description="Availability zones to offer and launch in, for example ['us-east-1a']; empty, every "
-        "zone the subnets cover.",
+        description="Availability zones to offer and launch in, for example ['us-east-1a'], each a zone of one "
+        "of the pool's regions; empty, every zone the subnets cover.",
     )
     instance_types: UniqueList[InstanceType] = Field(
         default_factory=list,
@@ -165,17 +197,28 @@ class Ec2Settings(BaseModel):
         None, description="Name of the environment variable holding a session token, for temporary keys."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict):
+            moved = [key for key in ("region", "regions") if key in data]
+            if moved:
+                raise ValueError(region_moved_message(moved[0], info))
+        return data
+
     @field_validator("availability_zones")
     @classmethod
     def _zones_in_region(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        region = info.data.get("region")
-        if region is None:  # the region itself was invalid and is reported on its own
+        regions = context_regions(info)
+        if not regions:  # no context, or a pool that names no region: the zones are checked at launch
             return value
         for zone in value:
-            suffix = zone[len(region) :] if zone.startswith(region) else ""
-            # us-east-1a; Local and Wavelength Zones: us-east-1-bos-1a, us-east-1-wl1-atl-wlz-1
-            if not re.fullmatch(r"[a-z]{1,2}|-[a-z0-9-]*[a-z0-9]", suffix):
-                raise ValueError(f"availability zone {zone!r} is not a zone of region {region!r}")
+            if not any(zone_of_region(zone, region) for region in regions):
+                listing = ", ".join(repr(r) for r in regions)
+                raise ValueError(
+                    f"availability zone {zone!r} is not a zone of the pool's region(s) {listing}; "
+                    f"add its region to {pool_field(info, 'regions')} or drop the zone"
+                )
         return value
 
     @field_validator("max_spot_price")
@@ -184,6 +227,15 @@ class Ec2Settings(BaseModel):
         if value is not None and info.data.get("market") == "on-demand":
             raise ValueError("max_spot_price is only meaningful with spot instances")
         return value
+
+    @model_validator(mode="after")
+    def _pool_regions(self, info: ValidationInfo) -> Self:
+        for region in context_regions(info) or []:
+            if _REGION.fullmatch(region) is None:
+                raise ValueError(
+                    f"{pool_field(info, 'region')} {region!r} is not an AWS region (for example 'us-east-1')"
+                )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

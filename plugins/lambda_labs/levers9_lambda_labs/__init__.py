@@ -8,10 +8,12 @@ lists types with the regions that have capacity right now,
 which is exactly why levers9 treats a refused launch as a reason to try the next
 candidate at once.
 
-The settings follow the launch request: regions, instance types, the one SSH key
-the API insists on, an optional filesystem, and the name of the environment
-variable holding the API key (never the key). No SDK is needed. In this version
-the plugin declares its settings only; the provisioning hooks come later.
+The settings follow the launch request: instance types, the one SSH key the API
+insists on, an optional filesystem, and the name of the environment variable
+holding the API key (never the key). The regions are the pool's own ``region``
+(or ``regions``), never a setting: one source for every provider. No SDK is
+needed. In this version the plugin declares its settings only; the provisioning
+hooks come later.
 """
 
 from __future__ import annotations

@@ -3,14 +3,31 @@
 The API key never appears in config: the pool names the environment variable
 that holds it. Only pydantic and :mod:`levers9.config.fields` are imported; the
 hooks talk to the API with httpx.
+
+The regions are not a setting: a pool's ``region`` (or ``regions``) is the
+single source (none: any region that reports capacity), and ``settings.regions``
+is refused with a message that says so. What depends on them (a filesystem
+lives in one region, so ``file_system_names`` needs exactly one; each region
+must look like a Lambda region) is checked with the validation context config
+loading passes (``{"pool": name, "regions": [...]}``); without it (a unit
+test, the JSON schema) those checks are skipped.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from levers9.config.fields import UniqueList, env_var_name, pattern
 
@@ -34,7 +51,28 @@ def _check_api_url(value: HttpUrl) -> HttpUrl:
 
 
 Name = Annotated[str, pattern(_RESOURCE_NAME, "a Lambda resource name", "my-key")]
-Region = Annotated[str, pattern(_REGION, "a Lambda region", "us-east-1")]
+
+
+def context_regions(info: ValidationInfo) -> list[str] | None:
+    """The pool's regions from the validation context config loading passes; None without that context."""
+    context = info.context if isinstance(info.context, dict) else {}
+    regions = context.get("regions")
+    return [str(r) for r in regions] if isinstance(regions, list) else None
+
+
+def pool_field(info: ValidationInfo, name: str) -> str:
+    """``pools.<pool>.<name>``, with the pool's name when the validation context gives it."""
+    context = info.context if isinstance(info.context, dict) else {}
+    return f"pools.{context.get('pool') or '<name>'}.{name}"
+
+
+def region_moved_message(key: str, info: ValidationInfo) -> str:
+    return (
+        f"{key} moved: set {pool_field(info, 'region')} (or regions) instead; "
+        "the pool's region is the single source every provider reads"
+    )
+
+
 InstanceType = Annotated[str, pattern(_INSTANCE_TYPE, "a Lambda instance type", "gpu_8x_h100_sxm5")]
 
 
@@ -52,11 +90,6 @@ class LambdaLabsSettings(BaseModel):
         description="Base URL of the Cloud API. The older https://cloud.lambdalabs.com/api/v1 is deprecated "
         "and redirects; override only for tests.",
     )
-    regions: UniqueList[Region] = Field(
-        default_factory=list,
-        description="Regions to launch in, for example ['us-east-1', 'us-west-1']; empty, any region that "
-        "reports capacity.",
-    )
     instance_types: UniqueList[InstanceType] = Field(
         default_factory=list,
         description="Restrict offers to these instance types, for example ['gpu_8x_h100_sxm5']; empty, every "
@@ -71,8 +104,8 @@ class LambdaLabsSettings(BaseModel):
     file_system_names: UniqueList[Name] = Field(
         default_factory=list,
         max_length=1,
-        description="Persistent filesystem to attach (at most one at launch); it must be in the launch "
-        "region, so it pins the pool to that one region.",
+        description="Persistent filesystem to attach (at most one at launch); it lives in one region, so the "
+        "pool must name exactly that region.",
     )
     image_family: str | None = Field(
         None,
@@ -81,9 +114,31 @@ class LambdaLabsSettings(BaseModel):
     )
     request_timeout_s: float = Field(30.0, gt=0, le=300, description="Timeout of each API request, in seconds.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict):
+            moved = [key for key in ("regions", "region") if key in data]
+            if moved:
+                raise ValueError(region_moved_message(moved[0], info))
+        return data
+
     @field_validator("file_system_names")
     @classmethod
     def _one_region(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        if value and len(info.data.get("regions", [])) != 1:
-            raise ValueError("a filesystem lives in one region: with file_system_names, list exactly that region")
+        regions = context_regions(info)
+        if value and regions is not None and len(regions) != 1:
+            raise ValueError(
+                f"a filesystem lives in one region: with file_system_names, set {pool_field(info, 'region')} "
+                f"to exactly that region (the pool names {len(regions)})"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _pool_regions(self, info: ValidationInfo) -> Self:
+        for region in context_regions(info) or []:
+            if _REGION.fullmatch(region) is None:
+                raise ValueError(
+                    f"{pool_field(info, 'region')} {region!r} is not a Lambda region (for example 'us-east-1')"
+                )
+        return self

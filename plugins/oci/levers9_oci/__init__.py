@@ -7,11 +7,12 @@ freeform tags and a cloud-init user_data that starts the worker, and turns
 "Out of host capacity" into InsufficientCapacity so the scheduler moves on.
 
 The settings are the identifiers an OCI operator must supply (compartment,
-subnet, image OCIDs, availability domains) and how to authenticate, which is
-always the OCI SDK's own mechanism: a config file and profile pointing at the
-signing key, or instance/resource principals. The ``oci`` SDK is never imported
-here. In this version the plugin declares its settings only; the provisioning
-hooks come later.
+subnet, image OCIDs, availability domains; the region is the pool's own
+``region``, never a setting) and how to authenticate, which is always the OCI
+SDK's own mechanism: a config file and profile pointing at the signing key, or
+instance/resource principals. The ``oci`` SDK is never imported here. In this
+version the plugin declares its settings only; the provisioning hooks come
+later.
 """
 
 from __future__ import annotations

@@ -4,15 +4,31 @@ Credentials stay where the OCI SDK keeps them: an SDK config file and profile
 (which point at the API signing key), or instance / resource principals. Only
 pydantic and :mod:`levers9.config.fields` are imported; the ``oci`` SDK is
 imported by the hooks that call it.
+
+The region is not a setting: a pool's ``region`` (or ``regions``) is the single
+source (left out, the SDK profile's region), and ``settings.region`` is refused
+with a message that says so. The pool's regions are checked to look like OCI
+region identifiers with the validation context config loading passes
+(``{"pool": name, "regions": [...]}``); without it (a unit test, the JSON
+schema) that check is skipped.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from levers9.config.fields import EnvVarName, UniqueList, pattern
 
@@ -53,7 +69,26 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-Region = Annotated[str, pattern(_REGION, "an OCI region identifier", "us-ashburn-1")]
+def context_regions(info: ValidationInfo) -> list[str] | None:
+    """The pool's regions from the validation context config loading passes; None without that context."""
+    context = info.context if isinstance(info.context, dict) else {}
+    regions = context.get("regions")
+    return [str(r) for r in regions] if isinstance(regions, list) else None
+
+
+def pool_field(info: ValidationInfo, name: str) -> str:
+    """``pools.<pool>.<name>``, with the pool's name when the validation context gives it."""
+    context = info.context if isinstance(info.context, dict) else {}
+    return f"pools.{context.get('pool') or '<name>'}.{name}"
+
+
+def region_moved_message(key: str, info: ValidationInfo) -> str:
+    return (
+        f"{key} moved: set {pool_field(info, 'region')} (or regions) instead; "
+        "the pool's region is the single source every provider reads"
+    )
+
+
 AvailabilityDomain = Annotated[str, pattern(_AVAILABILITY_DOMAIN, "an availability domain name", "Uocm:PHX-AD-1")]
 Shape = Annotated[str, pattern(_SHAPE, "an OCI shape name", "BM.GPU.H100.8")]
 
@@ -91,9 +126,6 @@ class OciSettings(BaseModel):
     pass_phrase_env: EnvVarName | None = Field(
         None,
         description="Name of the environment variable holding the signing key's pass phrase, if encrypted.",
-    )
-    region: Region | None = Field(
-        None, description="Region identifier, for example 'us-ashburn-1'; left out, the profile's region."
     )
     compartment_id: Annotated[str, _ocid("compartment", "tenancy")] = Field(
         description="Compartment the workers are launched and listed in (ocid1.compartment... or the "
@@ -133,6 +165,25 @@ class OciSettings(BaseModel):
     service_endpoint: HttpUrl | None = Field(
         None, description="Compute API endpoint override, for tests and private endpoints."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict):
+            moved = [key for key in ("region", "regions") if key in data]
+            if moved:
+                raise ValueError(region_moved_message(moved[0], info))
+        return data
+
+    @model_validator(mode="after")
+    def _pool_regions(self, info: ValidationInfo) -> Self:
+        for region in context_regions(info) or []:
+            if _REGION.fullmatch(region) is None:
+                raise ValueError(
+                    f"{pool_field(info, 'region')} {region!r} is not an OCI region identifier "
+                    "(for example 'us-ashburn-1')"
+                )
+        return self
 
     @field_validator("key_file", "pass_phrase_env")
     @classmethod

@@ -28,7 +28,10 @@ container starts:
   in every namespace. ``auto`` (the default) therefore starts one probe sandbox
   per runsc build and uses ``sandbox`` when it works, else ``host``: the host
   kernel's stack, but still inside the container's own network namespace on
-  the worker's bridge. The choice is logged once.
+  the worker's bridge. The choice is logged once, and reported in the
+  capabilities' ``notes`` (``levers9 check`` shows it). ``network: sandbox``
+  named explicitly never falls back: where the probe fails, the runtime is
+  reported unavailable with runsc's own words.
 """
 
 from __future__ import annotations
@@ -253,6 +256,9 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
     settings = settings_of(runtime)
     info = inspect_runsc(settings.binary)
     problem = info.problem or _settings_problem(settings, info)
+    notes: list[str] = []
+    if problem is None:
+        problem, _, notes = _network_choice(runtime, settings, info)
     if problem is not None:
         return RuntimeCapabilities(
             available=False,
@@ -271,6 +277,40 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         host_filesystem=False,
         host_network=False,
         cgroup_parent=CGROUP_PARENT,
+        notes=notes,
+    )
+
+
+def _network_choice(
+    runtime: RuntimeContext, settings: GvisorSettings, info: RunscInfo
+) -> tuple[str | None, str, list[str]]:
+    """(why the runtime is unavailable, the network containers get, notes) for settings runsc accepts.
+
+    ``network: sandbox`` refuses where gVisor's own stack fails here, never falling back; ``auto`` says which
+    stack it chose and why. Asks the probe sandbox of :func:`sandbox_network_works` (once per runsc build and
+    platform), the same answer :func:`engine` acts on.
+    """
+    if settings.network not in ("auto", "sandbox") or info.path is None:
+        return None, settings.network, []
+    platform = resolve_platform(settings, info)
+    assert platform is not None  # _settings_problem said so
+    works, words = sandbox_network_works(runtime, info.path, platform)
+    if works:
+        return None, "sandbox", [f"network {settings.network!r}: gVisor's own network stack ('sandbox')"]
+    if settings.network == "sandbox":
+        problem = (
+            f"network 'sandbox' is set, but runsc {info.version} cannot use its own network stack here ({words}); "
+            "set runtime_settings.network to 'auto' or 'host' to use the host kernel's stack inside each "
+            "container's own network namespace"
+        )
+        return problem, "sandbox", []
+    return (
+        None,
+        "host",
+        [
+            f"network 'auto' uses 'host': the host kernel's network stack inside each container's own network "
+            f"namespace, because runsc {info.version} cannot use its own stack here ({words})"
+        ],
     )
 
 
@@ -282,11 +322,16 @@ def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | N
     info = inspect_runsc(settings.binary)
     # a sandbox that cannot start cannot be checkpointed either: same answer as the capabilities
     problem = info.problem or _settings_problem(settings, info)
+    network: str = settings.network
+    if problem is None:
+        problem, network, _ = _network_choice(runtime, settings, info)
     if problem is not None:
         return CheckpointSupport(available=False, reason=problem, mechanism=MECHANISM)
+    # runsc cannot checkpoint a sandbox on the host's stack; a container asking for no network gets none
+    caveat = "; on the host's network stack here, only containers without a network" if network == "host" else ""
     return CheckpointSupport(
         available=True,
-        reason=f"runsc {info.version} checkpoints and restores whole sandboxes itself",
+        reason=f"runsc {info.version} checkpoints and restores whole sandboxes itself{caveat}",
         mechanism=MECHANISM,
     )
 

@@ -1,0 +1,337 @@
+"""``levers9 check``: can each configured pool work, and if not, why, in the plugins' own words.
+
+For every pool of the config file, three questions, each asked of the plugin
+that knows the answer:
+
+* **provider**: is the plugin loaded, do the pool's settings validate, did it
+  start (``levers9_startup``; one that failed is unhealthy, with the reason),
+  and do its credentials work? The last is the provider's optional
+  ``levers9_check`` hook (one cheap read-only call); a provider without it is
+  reported as "no check hook; settings validated", which is all levers9 can say.
+* **runtime**: is the pool's runtime available on *this* host
+  (``levers9_runtime_capabilities``), and why not; with what isolation and
+  version, and any notes the runtime reports about how it will run containers.
+* **checkpointing**: can containers of that runtime be checkpointed here
+  (``levers9_checkpoint_support``), with the reason in the tool's words (CRIU's
+  or runsc's own message). Informative only: a pool runs without it.
+
+It runs where the operator types it, from the config file, the way
+``levers9 config check`` does, not through a controlplane: the questions are
+about credentials and about a host (the one where the pool's workers run, for
+a ``local`` pool this one), so the useful place to ask them is the machine in
+front of the operator, and a check must work before any server is up. The
+answers are the same as a controlplane on this host with this config would get.
+
+Invariants, and what each failure means:
+
+* One pool's failure never hides another's: a plugin that failed to load, a
+  pool whose settings do not validate, a hook that raises, returns the wrong
+  type or hangs past ``plugins.hook_timeout_s`` is that pool's failed row.
+  Only a config file that does not parse at all (or strict plugin mode with a
+  broken plugin) stops the command, with exit status 1.
+* A pool is **usable** when its provider passed and its runtime is available
+  here. Exit status 0 when every pool checked is usable, 1 otherwise, 2 for a
+  ``--pool`` naming no configured pool.
+* Output is a table (:mod:`levers9.cli.output`), or with ``--json`` one object
+  per pool; the summary and plugin warnings go to standard error.
+
+:func:`load_pool_set` (also used by ``levers9 offers``) resolves each pool on
+its own, with the same validation as config loading, so that one broken pool
+leaves the others checkable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import typer
+
+from levers9.cli.output import Cell, Col, err, print_json, print_table
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from levers9.hooks.facade import Hooks
+    from levers9.hooks.manager import PluginSet
+    from levers9.hooks.types import Pool
+
+T = TypeVar("T")
+
+#: what a provider without ``levers9_check`` is reported as
+NO_CHECK_HOOK = "no check hook; settings validated"
+NOT_CHECKED = "not checked: the pool's config does not load"
+
+
+# --------------------------------------------------------------------------- loading, one pool at a time
+
+
+@dataclass
+class PoolSet:
+    """The config's pools, each resolved on its own: the good ones in ``pools``, the others in ``problems``."""
+
+    file: str
+    plugins: PluginSet
+    hooks: Hooks
+    #: every configured pool's name, in config order
+    names: list[str]
+    #: name -> provider and runtime as written (also for pools that did not resolve)
+    written: dict[str, tuple[str, str]]
+    pools: dict[str, Pool] = field(default_factory=dict)
+    runtime_settings: dict[str, BaseModel | None] = field(default_factory=dict)
+    #: pool -> why it did not resolve (config issues with their lines, or the plugin that failed to load)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    def close(self) -> None:
+        self.hooks.close()
+
+
+def load_pool_set(config_file: Path | None) -> PoolSet:
+    """Read the config file and resolve each pool separately; exits 1 when the file itself does not load."""
+    from levers9.config.load import ConfigError, default_config_path, read_config, resolve
+    from levers9.config.model import PluginsConfig
+    from levers9.hooks.errors import PluginLoadError
+    from levers9.hooks.facade import Hooks
+    from levers9.hooks.manager import PluginPolicy, PluginSet
+
+    path = config_file or default_config_path()
+    try:
+        config, source = read_config(path)
+    except ConfigError as exc:
+        err.print(str(exc), markup=False)
+        raise typer.Exit(1) from None
+    plugins = PluginSet(
+        PluginPolicy.from_env(allow=config.plugins.allow, block=config.plugins.block, strict=config.plugins.strict)
+    )
+    try:
+        plugins.load_entry_points()
+    except PluginLoadError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    for record in plugins.failures():
+        err.print(f"warning: plugin {record.name!r} failed to load: {record.error}", markup=False)
+    hooks = Hooks(plugins, timeout=config.plugins.hook_timeout_s)
+    written = {name: (spec.provider, spec.runtime) for name, spec in config.pools.items()}
+    result = PoolSet(str(path), plugins, hooks, list(config.pools), written)
+    for name, spec in config.pools.items():
+        # resolve() is config loading's own second pass; given one pool at a time (and no plugin
+        # allow/block lists, which `levers9 config check` reports), its problems are that pool's alone
+        alone = config.model_copy(update={"pools": {name: spec}, "plugins": PluginsConfig()})
+        try:
+            pools, runtime_settings = resolve(alone, source, hooks)
+        except ConfigError as exc:
+            result.problems[name] = "; ".join(str(issue) for issue in exc.issues)
+            continue
+        result.pools[name] = pools[name]
+        result.runtime_settings[name] = runtime_settings[name]
+    return result
+
+
+async def with_plugins_started(pool_set: PoolSet, work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work`` between the plugins' ``levers9_startup`` and ``levers9_shutdown``, as a controlplane would.
+
+    There is no agent hub here (``ctx.agents`` is None): an agent-backed provider says so in its answers.
+    A plugin whose start fails is unhealthy, and its pools' provider checks say why.
+    """
+    await pool_set.hooks.startup()
+    try:
+        return await work()
+    finally:
+        await pool_set.hooks.shutdown()
+
+
+def select_pools(pool_set: PoolSet, wanted: list[str]) -> list[str]:
+    """The pools named by ``--pool`` (all when none), in config order; exits 2 naming the configured ones."""
+    if not wanted:
+        return list(pool_set.names)
+    unknown = [name for name in wanted if name not in pool_set.names]
+    if unknown:
+        listing = ", ".join(pool_set.names) or "none"
+        err.print(f"error: no pool named {', '.join(map(repr, unknown))} in {pool_set.file}; pools: {listing}")
+        pool_set.close()
+        raise typer.Exit(2)
+    return [name for name in pool_set.names if name in wanted]
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+@dataclass
+class Verdict:
+    """One question's answer: ``ok`` None when it could not be asked."""
+
+    ok: bool | None
+    message: str
+    hint: str | None = None
+
+
+@dataclass
+class PoolCheck:
+    pool: str
+    provider: str
+    runtime: str
+    provider_check: Verdict
+    runtime_check: Verdict
+    checkpoint: Verdict
+    #: what the runtime reported beside availability (isolation, version, notes)
+    runtime_details: dict[str, Any] = field(default_factory=dict)
+    checkpoint_mechanism: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.provider_check.ok) and bool(self.runtime_check.ok)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "provider": self.provider,
+            "runtime": self.runtime,
+            "usable": self.usable,
+            "provider_check": asdict(self.provider_check),
+            "runtime_check": {**asdict(self.runtime_check), **self.runtime_details},
+            "checkpoint": {**asdict(self.checkpoint), "mechanism": self.checkpoint_mechanism},
+        }
+
+
+async def check_pool(pool_set: PoolSet, name: str) -> PoolCheck:
+    provider, runtime = pool_set.written[name]
+    pool = pool_set.pools.get(name)
+    if pool is None:
+        problem = pool_set.problems.get(name, "the pool did not resolve")
+        skipped = Verdict(None, NOT_CHECKED)
+        return PoolCheck(name, provider, runtime, Verdict(False, problem), skipped, Verdict(None, NOT_CHECKED))
+    result = PoolCheck(
+        name, provider, runtime, await _provider(pool_set.hooks, pool), Verdict(None, ""), Verdict(None, "")
+    )
+    await _runtime(pool_set.hooks, pool, pool_set.runtime_settings.get(name), result)
+    return result
+
+
+async def _provider(hooks: Hooks, pool: Pool) -> Verdict:
+    health = hooks.health().get(pool.provider)
+    if health is not None and not health.healthy:
+        return Verdict(False, f"provider {pool.provider!r} is unhealthy: {health.reason}")
+    try:
+        answer = await hooks.check(pool)
+    except Exception as exc:  # a typed error is shown as it is; anything else still makes one failed row
+        return Verdict(False, _error_text(exc))
+    if answer is None:
+        return Verdict(True, NO_CHECK_HOOK)
+    return Verdict(answer.ok, answer.message, answer.hint)
+
+
+async def _runtime(hooks: Hooks, pool: Pool, settings: BaseModel | None, result: PoolCheck) -> None:
+    from levers9.hooks.types import RuntimeContext
+
+    with tempfile.TemporaryDirectory(prefix="levers9-check-") as scratch:
+        context = RuntimeContext(name=pool.runtime, settings=settings, state_dir=scratch)
+        try:
+            caps = await hooks.runtime_capabilities(context)
+        except Exception as exc:
+            result.runtime_check = Verdict(False, _error_text(exc))
+        else:
+            # notes: what a runtime says about how it will run containers here (which network mode `auto` chose)
+            notes = list(caps.notes)
+            result.runtime_details = {
+                "isolation": str(caps.isolation.value),
+                "version": caps.version,
+                "gpu": caps.gpu,
+                "notes": notes,
+            }
+            described = f"{pool.runtime} {caps.version or ''}".strip() + f", isolation {caps.isolation.value}"
+            if caps.available:
+                result.runtime_check = Verdict(True, "; ".join([f"available: {described}", *notes]))
+            else:
+                reason = caps.unavailable_reason or "the runtime gave no reason"
+                result.runtime_check = Verdict(False, "; ".join([f"unavailable: {reason}", *notes]))
+        try:
+            support = await hooks.checkpoint_support(context)
+        except Exception as exc:
+            result.checkpoint = Verdict(False, _error_text(exc))
+        else:
+            result.checkpoint_mechanism = support.mechanism
+            text = support.reason or ("available" if support.available else "unavailable")
+            result.checkpoint = Verdict(support.available, text)
+
+
+def _error_text(exc: BaseException) -> str:
+    from levers9.hooks.errors import Levers9Error
+
+    return str(exc) if isinstance(exc, Levers9Error) else f"{type(exc).__name__}: {exc}"
+
+
+async def check_all(pool_set: PoolSet, names: list[str]) -> list[PoolCheck]:
+    async def work() -> list[PoolCheck]:
+        return list(await asyncio.gather(*(check_pool(pool_set, name) for name in names)))
+
+    return await with_plugins_started(pool_set, work)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def check(
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="The config file (default: $LEVERS9_CONFIG, else ~/.levers9/levers9.yaml).",
+        dir_okay=False,
+    ),
+    pool: list[str] = typer.Option([], "--pool", help="Check only this pool (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per pool."),
+) -> None:
+    """Check each pool: provider credentials and settings, its runtime on this host, and checkpointing.
+
+    Exit 0 when every pool checked is usable (provider ok and runtime available here), 1 otherwise.
+    """
+    pool_set = load_pool_set(config)
+    try:
+        names = select_pools(pool_set, pool)
+        results = asyncio.run(check_all(pool_set, names))
+    finally:
+        pool_set.close()
+    if as_json:
+        print_json([r.as_dict() for r in results])
+    else:
+        _print(results)
+    usable = sum(1 for r in results if r.usable)
+    if not names:
+        err.print(f"{pool_set.file}: no pools configured", markup=False)
+    else:
+        err.print(f"{pool_set.file}: {usable} of {len(results)} pool(s) usable", markup=False)
+    if usable < len(results):
+        raise typer.Exit(1)
+
+
+def _print(results: list[PoolCheck]) -> None:
+    from rich.text import Text
+
+    def cell(verdict: Verdict) -> Cell:
+        mark = {True: "ok", False: "FAIL", None: "-"}[verdict.ok]
+        text = f"{mark}: {verdict.message}" if verdict.message else mark
+        if verdict.hint:
+            text += f" (hint: {verdict.hint})"
+        return Text(text, style={True: "green", False: "red", None: "dim"}[verdict.ok])
+
+    rows: list[list[Cell]] = []
+    for r in results:
+        mechanism = f"{r.checkpoint_mechanism}: " if r.checkpoint_mechanism and r.checkpoint_mechanism != "none" else ""
+        checkpoint = Verdict(r.checkpoint.ok, mechanism + r.checkpoint.message, r.checkpoint.hint)
+        verdict = Text("yes", style="green") if r.usable else Text("no", style="red")
+        rows.append(
+            [r.pool, r.provider, cell(r.provider_check), r.runtime, cell(r.runtime_check), cell(checkpoint), verdict]
+        )
+    columns = [
+        Col("pool"),
+        Col("provider"),
+        Col("credentials and settings", wrap=True),
+        Col("runtime"),
+        Col("runtime on this host", wrap=True),
+        Col("checkpointing", wrap=True),
+        Col("usable"),
+    ]
+    print_table(columns, rows)

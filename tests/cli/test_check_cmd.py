@@ -1,0 +1,265 @@
+"""``levers9 check``, run as an operator runs it: a subprocess of the installed command against a config file.
+
+Pools use the real ``local`` provider, the ``toycloud`` example provider, the
+real ``process`` and ``gvisor`` runtimes, and small provider plugins installed
+for the test (through the ``installed`` fixture, as a third party's would be):
+one whose ``levers9_check`` answers what its settings say, one that fails to
+import. Standard output is a pipe here, so the table comes as tab-separated
+values with a header line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Installed
+
+#: a provider whose answers its pool settings choose: ``mode`` ok, bad (ok=False with a hint), raise, text
+FAKE_PROVIDER = """
+from pydantic import BaseModel, ConfigDict
+
+from levers9 import hookimpl
+from levers9.hooks.types import Availability, GpuOffer, ProviderCheck
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: str = "ok"
+    price: float | None = None
+
+
+@hookimpl
+def levers9_provider_settings():
+    return Settings
+
+
+@hookimpl
+def levers9_check(pool):
+    mode = pool.settings.mode
+    if mode == "raise":
+        raise RuntimeError("the API answered 500")
+    if mode == "bad":
+        return ProviderCheck(ok=False, message="key rejected in " + str(pool.region), hint="export FAKE_KEY")
+    if mode == "text":
+        return "all good"
+    return ProviderCheck(ok=True, message="credentials accepted in " + str(pool.region))
+
+
+@hookimpl
+def levers9_gpu_offers(pool):
+    if pool.settings.mode == "raise":
+        raise RuntimeError("the offers API answered 503")
+    return [
+        GpuOffer(gpu="H100", gpu_count=max(pool.gpu_count, 1), gpu_memory_mib=81559, instance_type="fake.h100",
+                 region=region, zone=region + "a", spot=True, price_per_hour=pool.settings.price,
+                 availability=Availability.LIMITED)
+        for region in pool.regions or ["eu-1"]
+    ]
+"""
+
+#: a runtime whose capabilities hook raises instead of reporting
+BROKEN_RUNTIME = """
+from levers9 import hookimpl
+
+
+@hookimpl
+def levers9_runtime_capabilities(runtime):
+    raise OSError("cannot read /proc/self/status")
+"""
+
+
+def install_fakes(installed: Installed) -> None:
+    installed.add("levers9-fakecloud", {"fakecloud": "l9_fakecloud"}, {"l9_fakecloud": FAKE_PROVIDER})
+    installed.add("levers9-broken", {"broken": "l9_broken"}, {"l9_broken": "raise ImportError('needs libfoo')\n"})
+    installed.add("levers9-badrt", {"badrt": "l9_badrt"}, {"l9_badrt": BROKEN_RUNTIME})
+
+
+def write_config(tmp_path: Path, pools: str) -> Path:
+    path = tmp_path / "levers9.yaml"
+    path.write_text("pools:\n" + pools)
+    return path
+
+
+def table(stdout: str) -> dict[str, dict[str, str]]:
+    """The tab-separated table as {pool: {column: value}}."""
+    header, *lines = stdout.splitlines()
+    columns = header.split("\t")
+    rows = [dict(zip(columns, line.split("\t"), strict=True)) for line in lines]
+    return {row["pool"]: row for row in rows}
+
+
+LOCAL_AND_TOY = """\
+  cpu:
+    provider: local
+    runtime: process
+  toy:
+    provider: toycloud
+    runtime: process
+    gpu: T4
+    settings: {{state_dir: {state}, capacity: {{T4: 1}}}}
+"""
+
+
+def test_usable_pools_exit_0_with_a_row_each(cli: Callable[..., Any], tmp_path: Path) -> None:
+    config = write_config(tmp_path, LOCAL_AND_TOY.format(state=tmp_path / "toy"))
+    result = cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = table(result.stdout)
+    assert list(rows) == ["cpu", "toy"]
+    assert list(rows["cpu"]) == [
+        "pool", "provider", "credentials and settings", "runtime", "runtime on this host", "checkpointing", "usable",
+    ]  # fmt: skip
+    for name, provider in (("cpu", "local"), ("toy", "toycloud")):
+        row = rows[name]
+        assert (row["provider"], row["runtime"], row["usable"]) == (provider, "process", "yes")
+        assert row["credentials and settings"].startswith("ok: ")
+        assert row["runtime on this host"].startswith("ok: available: process")
+        assert "isolation none" in row["runtime on this host"]
+        # the process runtime isolates nothing, so nothing checkpoints it: said, not hidden
+        assert row["checkpointing"] == "FAIL: no installed plugin checkpoints containers of runtime 'process'"
+    assert f"{config}: 2 of 2 pool(s) usable" in result.stderr
+
+
+def test_json_has_one_object_per_pool(cli: Callable[..., Any], tmp_path: Path, installed: Installed) -> None:
+    install_fakes(installed)
+    config = write_config(
+        tmp_path,
+        "  good:\n    provider: fakecloud\n    runtime: process\n    region: eu-1\n"
+        "  bad:\n    provider: fakecloud\n    runtime: process\n    regions: [eu-2, eu-3]\n    settings: {mode: bad}\n",
+    )
+    result = cli("check", "--config", str(config), "--json")
+    assert result.returncode == 1
+    good, bad = json.loads(result.stdout)
+    assert good == {
+        "pool": "good",
+        "provider": "fakecloud",
+        "runtime": "process",
+        "usable": True,
+        "provider_check": {"ok": True, "message": "credentials accepted in eu-1", "hint": None},
+        "runtime_check": {
+            "ok": True,
+            "message": good["runtime_check"]["message"],
+            "hint": None,
+            "isolation": "none",
+            "version": good["runtime_check"]["version"],
+            "gpu": good["runtime_check"]["gpu"],
+            "notes": good["runtime_check"]["notes"],
+        },
+        "checkpoint": {
+            "ok": False,
+            "message": "no installed plugin checkpoints containers of runtime 'process'",
+            "hint": None,
+            "mechanism": "none",
+        },
+    }
+    assert bad["usable"] is False
+    assert bad["provider_check"] == {"ok": False, "message": "key rejected in eu-2", "hint": "export FAKE_KEY"}
+    assert bad["runtime_check"]["ok"] is True  # the runtime was still asked
+
+
+def test_failed_check_shows_the_hint_and_exits_1(cli: Callable[..., Any], tmp_path: Path, installed: Installed) -> None:
+    install_fakes(installed)
+    config = write_config(
+        tmp_path, "  gpu:\n    provider: fakecloud\n    runtime: process\n    settings: {mode: bad}\n"
+    )
+    result = cli("check", "--config", str(config))
+    assert result.returncode == 1
+    row = table(result.stdout)["gpu"]
+    assert row["credentials and settings"] == "FAIL: key rejected in None (hint: export FAKE_KEY)"
+    assert row["usable"] == "no"
+    assert "0 of 1 pool(s) usable" in result.stderr
+
+
+def test_broken_plugins_are_failed_rows_and_the_rest_is_checked(
+    cli: Callable[..., Any], tmp_path: Path, installed: Installed
+) -> None:
+    install_fakes(installed)
+    config = write_config(
+        tmp_path,
+        "  cpu:\n    provider: local\n    runtime: process\n"
+        "  unloadable:\n    provider: broken\n    runtime: process\n"
+        "  raises:\n    provider: fakecloud\n    runtime: process\n    settings: {mode: raise}\n"
+        "  wrong-type:\n    provider: fakecloud\n    runtime: process\n    settings: {mode: text}\n"
+        "  bad-runtime:\n    provider: fakecloud\n    runtime: badrt\n"
+        "  typo:\n    provider: fakecloud\n    runtime: process\n    settings: {mdoe: ok}\n",
+    )
+    result = cli("check", "--config", str(config))
+    assert result.returncode == 1, result.stderr
+    rows = table(result.stdout)
+    assert list(rows) == ["cpu", "unloadable", "raises", "wrong-type", "bad-runtime", "typo"]
+    assert rows["cpu"]["usable"] == "yes"
+    assert "provider 'broken' is installed but not loaded" in rows["unloadable"]["credentials and settings"]
+    assert "ImportError: needs libfoo" in rows["unloadable"]["credentials and settings"]
+    assert rows["unloadable"]["runtime on this host"] == "-: not checked: the pool's config does not load"
+    assert "RuntimeError: the API answered 500" in rows["raises"]["credentials and settings"]
+    assert "levers9_check" in rows["raises"]["credentials and settings"]  # the hook is named
+    assert "returned str, expected ProviderCheck" in rows["wrong-type"]["credentials and settings"]
+    assert rows["bad-runtime"]["credentials and settings"].startswith("ok: ")
+    assert "cannot read /proc/self/status" in rows["bad-runtime"]["runtime on this host"]
+    assert rows["bad-runtime"]["runtime on this host"].startswith("FAIL: ")
+    # a settings typo is a failed row with the config file's line and the accepted fields
+    assert f"{config}:22: pools.typo.settings.mdoe: unknown field 'mdoe'" in rows["typo"]["credentials and settings"]
+    assert all(rows[name]["usable"] == "no" for name in list(rows)[1:])
+    assert "1 of 6 pool(s) usable" in result.stderr
+
+
+def test_unavailable_runtime_says_why_in_its_own_words(cli: Callable[..., Any], tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-runsc"
+    config = write_config(
+        tmp_path,
+        f"  sandboxed:\n    provider: local\n    runtime: gvisor\n    runtime_settings: {{binary: {missing}}}\n",
+    )
+    result = cli("check", "--config", str(config), "--json")
+    assert result.returncode == 1
+    [row] = json.loads(result.stdout)
+    assert row["usable"] is False
+    assert row["provider_check"]["ok"] is True
+    assert row["runtime_check"]["ok"] is False
+    assert row["runtime_check"]["isolation"] == "sandbox"
+    assert str(missing) in row["runtime_check"]["message"]
+    # checkpointing: gVisor answers for itself, with the same reason
+    assert row["checkpoint"]["mechanism"] == "runsc"
+    assert row["checkpoint"]["ok"] is False
+    assert str(missing) in row["checkpoint"]["message"]
+
+
+def test_pool_option_selects_and_unknown_pool_exits_2(cli: Callable[..., Any], tmp_path: Path) -> None:
+    config = write_config(tmp_path, LOCAL_AND_TOY.format(state=tmp_path / "toy"))
+    result = cli("check", "--config", str(config), "--pool", "toy", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [row["pool"] for row in json.loads(result.stdout)] == ["toy"]
+
+    result = cli("check", "--config", str(config), "--pool", "tyo")
+    assert result.returncode == 2
+    assert "no pool named 'tyo'" in result.stderr
+    assert "pools: cpu, toy" in result.stderr
+
+
+def test_global_config_option_and_a_config_that_does_not_parse(cli: Callable[..., Any], tmp_path: Path) -> None:
+    config = write_config(tmp_path, LOCAL_AND_TOY.format(state=tmp_path / "toy"))
+    result = cli("--config", str(config), "check", "--json")
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)) == 2
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("pools:\n  Bad_Name:\n    provider: local\n")
+    result = cli("check", "--config", str(broken))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"{broken}:2" in result.stderr
+
+
+def test_example_config(cli: Callable[..., Any]) -> None:
+    """Every pool of the annotated example gets a row, and its config loads; its local pool is usable anywhere."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "levers9.yaml"
+    result = cli("check", "--config", str(example), "--json")
+    rows = {row["pool"]: row for row in json.loads(result.stdout)}
+    assert set(rows) >= {"local", "default", "h100-aws", "a100-oci", "h100-lambda", "research-cluster", "l40s-lab"}
+    assert rows["local"]["usable"] is True, rows["local"]
+    assert rows["default"]["runtime_check"]["isolation"] == "sandbox"
+    for row in rows.values():
+        # what may fail is credentials or this host, never the example's own settings
+        assert "not checked" not in row["runtime_check"]["message"], row
