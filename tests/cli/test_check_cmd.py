@@ -22,6 +22,7 @@ FAKE_PROVIDER = """
 from pydantic import BaseModel, ConfigDict
 
 from levers9 import hookimpl
+from levers9.hooks.errors import InsufficientCapacity
 from levers9.hooks.types import Availability, GpuOffer, ProviderCheck
 
 
@@ -46,6 +47,11 @@ def levers9_check(pool):
     if mode == "text":
         return "all good"
     return ProviderCheck(ok=True, message="credentials accepted in " + str(pool.region))
+
+
+@hookimpl
+def levers9_provision(request):
+    raise InsufficientCapacity("levers9 check never provisions; this must not be called")
 
 
 @hookimpl
@@ -119,7 +125,7 @@ def test_usable_pools_exit_0_with_a_row_each(cli: Callable[..., Any], tmp_path: 
         assert row["runtime on this host"].startswith("ok: available: process")
         assert "isolation none" in row["runtime on this host"]
         # the process runtime isolates nothing, so nothing checkpoints it: said, not hidden
-        assert row["checkpointing"] == "FAIL: no installed plugin checkpoints containers of runtime 'process'"
+        assert row["checkpointing"] == "no: no installed plugin checkpoints containers of runtime 'process'"
     assert f"{config}: 2 of 2 pool(s) usable" in result.stderr
 
 
@@ -260,6 +266,9 @@ def test_example_config(cli: Callable[..., Any]) -> None:
     assert set(rows) >= {"local", "default", "h100-aws", "a100-oci", "h100-lambda", "research-cluster", "l40s-lab"}
     assert rows["local"]["usable"] is True, rows["local"]
     assert rows["default"]["runtime_check"]["isolation"] == "sandbox"
+    # the cloud providers declare their settings only in this version: said, not passed off as usable
+    assert rows["h100-aws"]["usable"] is False
+    assert "implements no levers9_provision" in rows["h100-aws"]["provider_check"]["message"]
     for row in rows.values():
         # what may fail is credentials or this host, never the example's own settings
         assert "not checked" not in row["runtime_check"]["message"], row

@@ -29,8 +29,9 @@ Invariants, and what each failure means:
   type or hangs past ``plugins.hook_timeout_s`` is that pool's failed row.
   Only a config file that does not parse at all (or strict plugin mode with a
   broken plugin) stops the command, with exit status 1.
-* A pool is **usable** when its provider passed and its runtime is available
-  here. Exit status 0 when every pool checked is usable, 1 otherwise, 2 for a
+* A pool is **usable** when its provider passed (it implements
+  ``levers9_provision``, and its own check, where it has one, said ok) and its
+  runtime is available here. Exit status 0 when every pool checked is usable, 1 otherwise, 2 for a
   ``--pool`` naming no configured pool.
 * Output is a table (:mod:`levers9.cli.output`), or with ``--json`` one object
   per pool; the summary and plugin warnings go to standard error.
@@ -215,6 +216,13 @@ async def _provider(hooks: Hooks, pool: Pool) -> Verdict:
     health = hooks.health().get(pool.provider)
     if health is not None and not health.healthy:
         return Verdict(False, f"provider {pool.provider!r} is unhealthy: {health.reason}")
+    if hooks.plugins.impl(pool.provider, "levers9_provision") is None:
+        # a provider that only declares its settings (ec2, oci... before their issues land) starts nothing
+        return Verdict(
+            False,
+            f"provider {pool.provider!r} implements no levers9_provision: it validates settings but cannot start "
+            "machines for this pool in this version",
+        )
     try:
         answer = await hooks.check(pool)
     except Exception as exc:  # a typed error is shown as it is; anything else still makes one failed row
@@ -310,8 +318,8 @@ def check(
 def _print(results: list[PoolCheck]) -> None:
     from rich.text import Text
 
-    def cell(verdict: Verdict) -> Cell:
-        mark = {True: "ok", False: "FAIL", None: "-"}[verdict.ok]
+    def cell(verdict: Verdict, no: str = "FAIL") -> Cell:
+        mark = {True: "ok", False: no, None: "-"}[verdict.ok]
         text = f"{mark}: {verdict.message}" if verdict.message else mark
         if verdict.hint:
             text += f" (hint: {verdict.hint})"
@@ -323,7 +331,15 @@ def _print(results: list[PoolCheck]) -> None:
         checkpoint = Verdict(r.checkpoint.ok, mechanism + r.checkpoint.message, r.checkpoint.hint)
         verdict = Text("yes", style="green") if r.usable else Text("no", style="red")
         rows.append(
-            [r.pool, r.provider, cell(r.provider_check), r.runtime, cell(r.runtime_check), cell(checkpoint), verdict]
+            [
+                r.pool,
+                r.provider,
+                cell(r.provider_check),
+                r.runtime,
+                cell(r.runtime_check),
+                cell(checkpoint, "no"),
+                verdict,
+            ]
         )
     columns = [
         Col("pool"),
