@@ -25,9 +25,9 @@ import it when they load and must stay free of SDKs and of the server.
 from __future__ import annotations
 
 import re
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, ValidationInfo
 
 __all__ = [
     "ENV_VAR_NAME",
@@ -146,3 +146,43 @@ ImageRef = Annotated[str, AfterValidator(image_ref)]
 
 #: a TCP port number
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+# --------------------------------------------------------------------------- a pool's regions, seen from provider settings
+#
+# A pool's ``region``/``regions`` is the single source of regions (provider settings have none). Config loading
+# validates a pool's provider settings with the context ``{"pool": <name>, "regions": [...]}``, so a settings
+# check that needs the regions (zones of a region, one region for a filesystem) reads them here. Without that
+# context (a unit test, the JSON schema) those checks are skipped rather than guessed.
+
+
+def context_regions(info: ValidationInfo) -> list[str] | None:
+    """The pool's regions from the validation context config loading passes; None without that context."""
+    context = info.context if isinstance(info.context, dict) else {}
+    regions = context.get("regions")
+    return [str(r) for r in regions] if isinstance(regions, list) else None
+
+
+def pool_field(info: ValidationInfo, name: str) -> str:
+    """``pools.<pool>.<name>``, with the pool's name when the validation context gives it."""
+    context = info.context if isinstance(info.context, dict) else {}
+    return f"pools.{context.get('pool') or '<name>'}.{name}"
+
+
+def refuse_region_settings(data: Any, info: ValidationInfo) -> Any:
+    """A ``model_validator(mode="before")`` body: ``region``/``regions`` in provider settings point to the pool."""
+    if isinstance(data, dict):
+        moved = [key for key in ("region", "regions") if key in data]
+        if moved:
+            raise ValueError(
+                f"{moved[0]} moved: set {pool_field(info, 'region')} (or regions) instead; "
+                "the pool's region is the single source every provider reads"
+            )
+    return data
+
+
+def check_pool_regions(info: ValidationInfo, region: re.Pattern[str], what: str, example: str) -> None:
+    """Each of the pool's regions must look like one of this provider's (``what``, for example ``example``)."""
+    for name in context_regions(info) or []:
+        if region.fullmatch(name) is None:
+            raise ValueError(f"{pool_field(info, 'region')} {name!r} is not {what} (for example {example!r})")

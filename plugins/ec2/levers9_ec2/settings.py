@@ -30,7 +30,15 @@ from pydantic import (
     model_validator,
 )
 
-from levers9.config.fields import UniqueList, env_var_name, pattern
+from levers9.config.fields import (
+    UniqueList,
+    check_pool_regions,
+    context_regions,
+    env_var_name,
+    pattern,
+    pool_field,
+    refuse_region_settings,
+)
 
 #: what an AWS access key id looks like (long-term AKIA..., temporary ASIA...)
 _ACCESS_KEY_ID = re.compile(r"^(AKIA|ASIA|AIDA|AROA)[A-Z0-9]{12,}$")
@@ -62,26 +70,6 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
         if key.startswith(RESERVED_TAG_PREFIX):
             raise ValueError(f"tag key {key!r} uses the prefix {RESERVED_TAG_PREFIX!r}, which levers9 reserves")
     return value
-
-
-def context_regions(info: ValidationInfo) -> list[str] | None:
-    """The pool's regions from the validation context config loading passes; None without that context."""
-    context = info.context if isinstance(info.context, dict) else {}
-    regions = context.get("regions")
-    return [str(r) for r in regions] if isinstance(regions, list) else None
-
-
-def pool_field(info: ValidationInfo, name: str) -> str:
-    """``pools.<pool>.<name>``, with the pool's name when the validation context gives it."""
-    context = info.context if isinstance(info.context, dict) else {}
-    return f"pools.{context.get('pool') or '<name>'}.{name}"
-
-
-def region_moved_message(key: str, info: ValidationInfo) -> str:
-    return (
-        f"{key} moved: set {pool_field(info, 'region')} (or regions) instead; "
-        "the pool's region is the single source every provider reads"
-    )
 
 
 def zone_of_region(zone: str, region: str) -> bool:
@@ -200,11 +188,7 @@ class Ec2Settings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
-        if isinstance(data, dict):
-            moved = [key for key in ("region", "regions") if key in data]
-            if moved:
-                raise ValueError(region_moved_message(moved[0], info))
-        return data
+        return refuse_region_settings(data, info)
 
     @field_validator("availability_zones")
     @classmethod
@@ -230,11 +214,7 @@ class Ec2Settings(BaseModel):
 
     @model_validator(mode="after")
     def _pool_regions(self, info: ValidationInfo) -> Self:
-        for region in context_regions(info) or []:
-            if _REGION.fullmatch(region) is None:
-                raise ValueError(
-                    f"{pool_field(info, 'region')} {region!r} is not an AWS region (for example 'us-east-1')"
-                )
+        check_pool_regions(info, _REGION, "an AWS region", "us-east-1")
         return self
 
     @model_validator(mode="after")

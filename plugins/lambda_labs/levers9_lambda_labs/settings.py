@@ -29,7 +29,15 @@ from pydantic import (
     model_validator,
 )
 
-from levers9.config.fields import UniqueList, env_var_name, pattern
+from levers9.config.fields import (
+    UniqueList,
+    check_pool_regions,
+    context_regions,
+    env_var_name,
+    pattern,
+    pool_field,
+    refuse_region_settings,
+)
 
 #: Cloud API keys start with 'secret_'
 _API_KEY = re.compile(r"^secret_")
@@ -51,26 +59,6 @@ def _check_api_url(value: HttpUrl) -> HttpUrl:
 
 
 Name = Annotated[str, pattern(_RESOURCE_NAME, "a Lambda resource name", "my-key")]
-
-
-def context_regions(info: ValidationInfo) -> list[str] | None:
-    """The pool's regions from the validation context config loading passes; None without that context."""
-    context = info.context if isinstance(info.context, dict) else {}
-    regions = context.get("regions")
-    return [str(r) for r in regions] if isinstance(regions, list) else None
-
-
-def pool_field(info: ValidationInfo, name: str) -> str:
-    """``pools.<pool>.<name>``, with the pool's name when the validation context gives it."""
-    context = info.context if isinstance(info.context, dict) else {}
-    return f"pools.{context.get('pool') or '<name>'}.{name}"
-
-
-def region_moved_message(key: str, info: ValidationInfo) -> str:
-    return (
-        f"{key} moved: set {pool_field(info, 'region')} (or regions) instead; "
-        "the pool's region is the single source every provider reads"
-    )
 
 
 InstanceType = Annotated[str, pattern(_INSTANCE_TYPE, "a Lambda instance type", "gpu_8x_h100_sxm5")]
@@ -117,11 +105,7 @@ class LambdaLabsSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
-        if isinstance(data, dict):
-            moved = [key for key in ("regions", "region") if key in data]
-            if moved:
-                raise ValueError(region_moved_message(moved[0], info))
-        return data
+        return refuse_region_settings(data, info)
 
     @field_validator("file_system_names")
     @classmethod
@@ -136,9 +120,5 @@ class LambdaLabsSettings(BaseModel):
 
     @model_validator(mode="after")
     def _pool_regions(self, info: ValidationInfo) -> Self:
-        for region in context_regions(info) or []:
-            if _REGION.fullmatch(region) is None:
-                raise ValueError(
-                    f"{pool_field(info, 'region')} {region!r} is not a Lambda region (for example 'us-east-1')"
-                )
+        check_pool_regions(info, _REGION, "a Lambda region", "us-east-1")
         return self
