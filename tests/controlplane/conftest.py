@@ -10,14 +10,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from levers9.config.load import load_config
 from levers9.controlplane.http import create_http_app
 from levers9.gpu.preference import parse_gpu
 from levers9.scheduler.request import PlacementRequest
-from levers9.services.core import Services, open_services
+from levers9.services.core import Services
 from levers9.services.metrics import Metrics
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.records import WorkspaceRecord
+from tests.fixtures.services import opened_services
 
 CONFIG = """\
 version: 1
@@ -45,18 +45,8 @@ pools:
 
 @pytest.fixture
 async def services(tmp_path: Path, database_url: str) -> AsyncIterator[Services]:
-    path = tmp_path / "levers9.yaml"
-    path.write_text(CONFIG.format(data_dir=tmp_path / "data", database_url=database_url))
-    loaded = load_config(path)
-    try:
-        opened = await open_services(loaded, controlplane_url="grpc://127.0.0.1:1993")
-        try:
-            yield opened
-        finally:
-            await opened.scheduler.stop()
-            await opened.close()
-    finally:
-        loaded.hooks.close()
+    async with opened_services(tmp_path, CONFIG, database_url) as opened:
+        yield opened
 
 
 @dataclass

@@ -27,9 +27,10 @@ from levers9.proto.v1 import agent_pb2, agent_pb2_grpc
 from levers9.services import agent_join
 from levers9.services.agents import AgentHub
 from levers9.services.auth import Principal
-from levers9.services.core import Services, open_services
+from levers9.services.core import Services
 from levers9.state.sql.records import TokenKind
 from tests.fixtures.levers9_up import free_port
+from tests.fixtures.services import opened_services
 
 CONFIG = """\
 version: 1
@@ -51,18 +52,8 @@ HEARTBEAT_S = 0.5
 
 @pytest.fixture
 async def services(tmp_path: Path, database_url: str) -> AsyncIterator[Services]:
-    path = tmp_path / "levers9.yaml"
-    path.write_text(CONFIG.format(data_dir=tmp_path / "data", database_url=database_url))
-    loaded = load_config(path)
-    try:
-        opened = await open_services(loaded, controlplane_url="grpc://127.0.0.1:1993")
-        try:
-            yield opened
-        finally:
-            await opened.scheduler.stop()
-            await opened.close()
-    finally:
-        loaded.hooks.close()
+    async with opened_services(tmp_path, CONFIG, database_url) as opened:
+        yield opened
 
 
 @dataclass

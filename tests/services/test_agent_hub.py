@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from levers9.config.load import load_config
 from levers9.hooks.context import AgentAck, AgentOrder
 from levers9.hooks.errors import (
     InsufficientCapacity,
@@ -37,8 +36,9 @@ from levers9.services.agents import (
     Welcome,
 )
 from levers9.services.auth import Principal, Unauthenticated
-from levers9.services.core import Services, open_services
+from levers9.services.core import Services
 from levers9.state.sql.records import TokenKind
+from tests.fixtures.services import opened_services
 
 CONFIG = """\
 version: 1
@@ -57,18 +57,8 @@ pools:
 
 @pytest.fixture
 async def services(tmp_path: Path, database_url: str) -> AsyncIterator[Services]:
-    path = tmp_path / "levers9.yaml"
-    path.write_text(CONFIG.format(data_dir=tmp_path / "data", database_url=database_url))
-    loaded = load_config(path)
-    try:
-        opened = await open_services(loaded, controlplane_url="grpc://127.0.0.1:1993")
-        try:
-            yield opened
-        finally:
-            await opened.scheduler.stop()
-            await opened.close()
-    finally:
-        loaded.hooks.close()
+    async with opened_services(tmp_path, CONFIG, database_url) as opened:
+        yield opened
 
 
 class Clock:
