@@ -71,6 +71,7 @@ from levers9.hooks.errors import (
 from levers9.services.agent_join import AgentIdentity, authenticate_agent, check_labels
 from levers9.services.agent_store import AgentRecord, AgentStore
 from levers9.services.auth import PermissionDenied as AccessDenied
+from levers9.state.redis.channel import listen
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import TokenKind
 
@@ -380,24 +381,7 @@ class AgentHub:
         await self._publish({"t": "up", "agent": agent_id})
 
     async def _listen(self, subscribed: asyncio.Event) -> None:
-        while True:
-            try:
-                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(self._channel)
-                subscribed.set()
-                try:
-                    while True:
-                        message = await pubsub.get_message(timeout=1.0)
-                        if message is not None:
-                            await self._on_message(str(message.get("data", "")))
-                finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("agent channel subscription failed, retrying: %s", exc)
-                await asyncio.sleep(1.0)
+        await listen(self._redis, self._channel, self._on_message, what="agent channel", subscribed=subscribed)
 
     async def _on_message(self, data: str) -> None:
         try:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Hub", "Watch"]
 
+from levers9.state.redis.channel import listen
+
 log = logging.getLogger(__name__)
 
 
@@ -141,23 +143,7 @@ class Hub:
             log.warning("could not publish %s event: %s", kind, exc)
 
     async def _listen(self) -> None:
-        while True:
-            try:
-                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(self._channel)
-                try:
-                    while True:
-                        message = await pubsub.get_message(timeout=1.0)
-                        if message is not None:
-                            self._on_message(str(message.get("data", "")))
-                finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("event subscription failed, retrying: %s", exc)
-                await asyncio.sleep(1.0)
+        await listen(self._redis, self._channel, self._on_message, what="event")
 
     def _on_message(self, data: str) -> None:
         sender, _, rest = data.partition("|")
