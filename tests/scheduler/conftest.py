@@ -106,6 +106,14 @@ class Harness:
             wid = f"worker-{m['id']}"
             if wid in registered or not m.get("machine_id"):
                 continue
+
+            # A real worker can only dial in once its machine exists: the provider's answer reaches the
+            # scheduler (the record becomes "starting") a moment after the provider wrote the machine down.
+            async def starting(machine_id: str = m["machine_id"]) -> bool:
+                record = await scheduler.ctx.machines.get(machine_id)
+                return record is not None and record.state != "requested"
+
+            await eventually(starting, f"the scheduler to record machine {m['machine_id']} as started")
             pool = self.pools[m["pool"]]
             info = WorkerInfo(
                 id=wid, pool=pool.name, cpu_millicores=pool.cpu_millicores, memory_mib=pool.memory_mib,

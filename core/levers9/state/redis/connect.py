@@ -124,9 +124,23 @@ class ManagedRedis:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the controlplane dies, however it dies."""
-    import ctypes
-    import signal
+    """In the child before exec: get SIGTERM when the controlplane dies, however it dies.
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    Runs between fork and exec in a process that has other threads, so it must take no lock another thread
+    may have held at fork time: the library and the function are looked up in the parent (``_PRCTL``), never
+    here (a ``dlopen`` in the child could wait for ever on the loader's lock, and Redis would never start).
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)
+
+
+#: ``prctl`` of the C library, resolved once in the parent; None where there is none (not Linux)
+_PRCTL: Any = None
+_PR_SET_PDEATHSIG = 1
+_SIGTERM = 15
+try:
+    import ctypes as _ctypes
+
+    _PRCTL = _ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux
+    _PRCTL = None
