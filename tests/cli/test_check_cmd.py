@@ -266,6 +266,8 @@ def test_example_config(cli: Callable[..., Any]) -> None:
     assert set(rows) >= {"local", "default", "h100-aws", "a100-oci", "h100-lambda", "research-cluster", "l40s-lab"}
     assert rows["local"]["usable"] is True, rows["local"]
     assert rows["default"]["runtime_check"]["isolation"] == "sandbox"
+    # gVisor says which network stack `auto` chose on this host, and why
+    assert any(note.startswith("network 'auto'") for note in rows["default"]["runtime_check"]["notes"])
     # the cloud providers declare their settings only in this version: said, not passed off as usable
     assert rows["h100-aws"]["usable"] is False
     assert "implements no levers9_provision" in rows["h100-aws"]["provider_check"]["message"]

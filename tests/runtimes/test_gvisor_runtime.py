@@ -220,3 +220,35 @@ def test_auto_with_no_platform_it_can_choose(fake_runsc: Callable[..., Path], co
     assert "offers none of the platforms 'auto' chooses from (systrap, ptrace; it offers: kvm)" in (
         report.unavailable_reason
     )
+
+
+def test_network_auto_says_which_stack_and_an_explicit_sandbox_refuses_rather_than_falls_back(
+    require: Callable[[str], str], context: Context
+) -> None:
+    """What ``levers9 check`` shows for gVisor's network, against the real runsc: ``auto`` names the stack it
+    chose and why; ``sandbox`` is available only where gVisor's own stack works here, and otherwise says so."""
+    require("runsc")
+    auto_ctx = context("gvisor", {"network": "auto"})
+    info = levers9_gvisor.inspect_runsc("runsc")
+    platform = levers9_gvisor.resolve_platform(levers9_gvisor.GvisorSettings(), info)
+    assert info.path is not None
+    assert platform is not None
+    works, words = levers9_gvisor.sandbox_network_works(auto_ctx, info.path, platform)
+
+    auto = levers9_gvisor.levers9_runtime_capabilities(auto_ctx)
+    assert auto.available, auto.unavailable_reason
+    sandbox = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "sandbox"}))
+    if works:
+        assert auto.notes == ["network 'auto': gVisor's own network stack ('sandbox')"]
+        assert sandbox.available, sandbox.unavailable_reason
+    else:
+        assert len(auto.notes) == 1
+        assert auto.notes[0].startswith("network 'auto' uses 'host'")
+        assert words in auto.notes[0]
+        assert not sandbox.available
+        assert sandbox.unavailable_reason is not None
+        assert sandbox.unavailable_reason.startswith("network 'sandbox' is set, but runsc")
+        assert "set runtime_settings.network to 'auto' or 'host'" in sandbox.unavailable_reason
+    host = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
+    assert host.available
+    assert host.notes == []
