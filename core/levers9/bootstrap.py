@@ -7,7 +7,7 @@ to one of the renderers here and passes the result to the machine as it is:
 where a provider runs a command instead of cloud-init, :func:`container_spec`
 for a pod or a container. Invariants:
 
-* **The worker reads only these variables.** :data:`WORKER_VARIABLES` is the
+* **The worker reads only these variables.** :data:`~levers9.worker_variables.WORKER_VARIABLES` is the
   complete list of what ``levers9 worker`` reads from its environment (the
   worker warns about a ``LEVERS9_*`` name that is a near miss of one);
   ``WorkerBootstrap.environment`` may hold only the ones no bootstrap field
@@ -47,7 +47,6 @@ break, user data over :data:`USER_DATA_MAX_BYTES`, a container spec without
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from typing import Any
 
@@ -55,9 +54,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.hooks.types import WorkerBootstrap
+from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, closest_variable
 
 __all__ = [
-    "BOOTSTRAP_FIELD_VARIABLES",
     "BOOT_DIR",
     "CA_PATH",
     "ENV_PATH",
@@ -65,51 +64,13 @@ __all__ = [
     "SCRIPT_PATH",
     "TOKEN_PATH",
     "USER_DATA_MAX_BYTES",
-    "WORKER_VARIABLES",
     "BootstrapContainer",
     "check_environment",
-    "closest_variable",
     "cloud_init",
     "container_spec",
     "shell_script",
     "worker_environment",
 ]
-
-#: every variable ``levers9 worker`` reads, with what it means (docs, ``levers9 worker --help``, validation)
-WORKER_VARIABLES: dict[str, str] = {
-    "LEVERS9_CONTROLPLANE_URL": "where to dial: grpc://HOST:PORT or grpcs://HOST:PORT, or every replica's, comma-separated",
-    "LEVERS9_CONTROLPLANE_CA": "PEM text of the CA that verifies a grpcs:// controlplane (default: system CAs)",
-    "LEVERS9_CONTROLPLANE_CA_FILE": "the same CA as a file path, when LEVERS9_CONTROLPLANE_CA is unset",
-    "LEVERS9_TOKEN_FILE": "a 0600 file holding the worker's token (a machine's join token); deleted once read",
-    "LEVERS9_TOKEN": "the token itself, for a worker started by hand (prefer LEVERS9_TOKEN_FILE)",
-    "LEVERS9_MACHINE_ID": "levers9's id for this machine (its provider's ProvisionRequest.machine_id)",
-    "LEVERS9_POOL": "the pool this worker serves (a machine token implies it)",
-    "LEVERS9_CPU_MILLICORES": "CPU this worker offers, in millicores (default: the pool's)",
-    "LEVERS9_MEMORY_MIB": "memory this worker offers, in MiB (default: the pool's)",
-    "LEVERS9_GPU_COUNT": "GPUs the machine was given (the boot script adds --gpus all when above 0); "
-    "the worker counts the GPUs it finds itself",
-    "CUDA_VISIBLE_DEVICES": "GPU indices (nvidia-smi's) the worker may use; unset: every GPU found",
-    "LEVERS9_DISCONNECT_EXIT_S": "exit after this many seconds without any controlplane (default: never)",
-    "LEVERS9_STOP_GRACE_S": "seconds between SIGTERM and SIGKILL from whoever stops the worker; calls still "
-    "running 3 s before it are stopped",
-    "LEVERS9_WORKER_STATE_DIR": "where containers are prepared and the session credential kept (removed at exit)",
-    "LEVERS9_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR (default INFO)",
-    "LEVERS9_NVIDIA_SMI": "the nvidia-smi executable GPU discovery runs (default: nvidia-smi on PATH)",
-    "LEVERS9_PLUGINS_ALLOW": "comma-separated plugins the worker may load (default: every installed one)",
-    "LEVERS9_PLUGINS_BLOCK": "comma-separated plugins the worker must not load",
-    "LEVERS9_PLUGINS_STRICT": "1: a plugin that fails to load stops the worker instead of being skipped",
-}
-
-#: the variables a :class:`WorkerBootstrap` field carries; ``environment`` may not set them
-BOOTSTRAP_FIELD_VARIABLES: dict[str, str] = {
-    "LEVERS9_CONTROLPLANE_URL": "controlplane_url",
-    "LEVERS9_CONTROLPLANE_CA": "controlplane_ca",
-    "LEVERS9_CONTROLPLANE_CA_FILE": "controlplane_ca",
-    "LEVERS9_TOKEN_FILE": "token",
-    "LEVERS9_TOKEN": "token",
-    "LEVERS9_MACHINE_ID": "machine_id",
-    "LEVERS9_POOL": "pool",
-}
 
 #: where the script keeps what it writes, on the machine (under ``$LEVERS9_BOOT_ROOT`` in an emulated boot)
 BOOT_DIR = "/etc/levers9"
@@ -141,16 +102,10 @@ class BootstrapContainer(BaseModel):
     secret_env: dict[str, str] = Field(default_factory=dict, repr=False)
 
 
-def closest_variable(name: str) -> str | None:
-    """The worker variable ``name`` is most likely a misspelling of, if any is close."""
-    found = difflib.get_close_matches(name, list(WORKER_VARIABLES), n=1, cutoff=0.8)
-    return found[0] if found else None
-
-
 def check_environment(bootstrap: WorkerBootstrap) -> None:
     """ValueError unless ``bootstrap`` can be rendered: known variables only, values that fit on a line.
 
-    ``environment`` may hold the :data:`WORKER_VARIABLES` that no field carries;
+    ``environment`` may hold the :data:`~levers9.worker_variables.WORKER_VARIABLES` that no field carries;
     the text fields may not hold line breaks (they go into an environment file
     and a script), nor may the token hold whitespace.
     """

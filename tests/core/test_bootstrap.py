@@ -28,7 +28,6 @@ from levers9.bootstrap import (
     SCRIPT_PATH,
     TOKEN_PATH,
     USER_DATA_MAX_BYTES,
-    WORKER_VARIABLES,
     check_environment,
     cloud_init,
     container_spec,
@@ -36,6 +35,7 @@ from levers9.bootstrap import (
     worker_environment,
 )
 from levers9.hooks.types import WorkerBootstrap
+from levers9.worker_variables import WORKER_VARIABLES
 
 TOKEN = "l9_machine_" + "S" * 43
 CA = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"

@@ -176,7 +176,7 @@ def worker(
 
 def _with_variables(doc: str) -> str:
     """``doc`` (one line per paragraph) and the variables the worker reads: the list the boot scripts are held to."""
-    from levers9.bootstrap import WORKER_VARIABLES
+    from levers9.worker_variables import WORKER_VARIABLES
 
     paragraphs = [" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n")]
     paragraphs.append("Environment (the worker reads these variables and no others):")

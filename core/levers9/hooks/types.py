@@ -86,7 +86,7 @@ class WorkerBootstrap(_Frozen):
     #: None: install ``levers9==levers9_version`` with pip on the machine
     worker_image: str | None = None
     #: the worker's settings as its ``LEVERS9_*`` variables (sizes, GPUs it may use, disconnect exit...):
-    #: only names :data:`levers9.bootstrap.WORKER_VARIABLES` lists
+    #: only names :data:`levers9.worker_variables.WORKER_VARIABLES` lists
     environment: dict[str, str] = Field(default_factory=dict)
     #: labels the worker reports (the pool's labels and the provider's own)
     labels: dict[str, str] = Field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""What ``levers9 worker`` reads from its environment: the variables of :data:`levers9.bootstrap.WORKER_VARIABLES`.
+"""What ``levers9 worker`` reads from its environment: the variables of :data:`levers9.worker_variables.WORKER_VARIABLES`.
 
 The worker reads no other variable, so a boot script (:mod:`levers9.bootstrap`)
 and the worker agree by construction. A ``LEVERS9_*`` variable outside the list
@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from levers9.bootstrap import WORKER_VARIABLES, closest_variable
 from levers9.proto.tls import read_ca_file
 from levers9.worker.credentials import (
     TOKEN_ENV,
@@ -26,6 +25,7 @@ from levers9.worker.credentials import (
     scrub_environ,
     take_token_file,
 )
+from levers9.worker_variables import WORKER_VARIABLES, closest_variable
 
 __all__ = ["default_state_dir", "options_from_env"]
 
@@ -44,7 +44,7 @@ _OPTIONS: dict[str, tuple[str, type]] = {
 
 
 def options_from_env(environ: dict[str, str] | None = None, *, state_dir: Path | None = None) -> dict[str, Any]:
-    """Defaults for the worker command from the variables of :data:`levers9.bootstrap.WORKER_VARIABLES`.
+    """Defaults for the worker command from the variables of :data:`levers9.worker_variables.WORKER_VARIABLES`.
 
     The token is the session credential an earlier worker process saved in the state directory
     (``state_dir``, else ``LEVERS9_WORKER_STATE_DIR``, else the machine's default; with the worker id

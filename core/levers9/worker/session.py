@@ -3,7 +3,7 @@
 The worker only ever dials out. It registers with its own token (its
 machine's join token, exchanged at the first registration for the session
 credential it uses from then on, see :mod:`levers9.worker.credentials`; or a
-pool worker token), reads only :data:`levers9.bootstrap.WORKER_VARIABLES`,
+pool worker token), reads only :data:`levers9.worker_variables.WORKER_VARIABLES`,
 then holds one session stream: container requests come down, batches of
 started tasks, results and output go up. If the controlplane goes away the worker keeps running its
 calls, reconnects with backoff and re-sends the results of the last minute

@@ -34,7 +34,7 @@ What the hooks do:
   (a worker left without its controlplane exits after that long). The rest of
   the controlplane's environment is inherited, except its ``LEVERS9_*``
   variables other than the host-wide worker ones of
-  :data:`levers9.bootstrap.WORKER_VARIABLES` (plugin policy, nvidia-smi, log
+  :data:`levers9.worker_variables.WORKER_VARIABLES` (plugin policy, nvidia-smi, log
   level). Each GPU goes to at most one live worker; asking for more than are
   free raises ``InsufficientCapacity``. The provider id is the machine id; no
   ``provider_data`` is needed to find it again.

@@ -41,11 +41,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from levers9.bootstrap import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, worker_environment
+from levers9.bootstrap import worker_environment
 from levers9.files import write_atomic
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProviderCheck, ProvisionRequest
 from levers9.worker.credentials import TOKEN_FILE_ENV, write_token_file
+from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES
 from levers9_local.gpus import Discover, NvidiaSmiDiscovery, eligible, offer
 from levers9_local.processes import (
     LaunchError,

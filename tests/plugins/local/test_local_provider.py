@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from levers9.bootstrap import WORKER_VARIABLES
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.types import Availability, GpuDevice, Machine, MachineState, Pool
+from levers9.worker_variables import WORKER_VARIABLES
 from levers9_local.processes import boot_id, read_stat
 from levers9_local.provider import LOG_RETENTION_S, LocalProvider, default_state_dir
 from tests.plugins.local.conftest import TOKEN_PREFIX, Workers, alive, wait_for
