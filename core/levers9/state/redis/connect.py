@@ -58,6 +58,7 @@ class ManagedRedis:
 
     def __init__(self, workdir: Path, binary: str) -> None:
         import fcntl
+        import shutil
         import subprocess
 
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -77,11 +78,16 @@ class ManagedRedis:
         self.socket = workdir / "redis.sock"
         self.socket.unlink(missing_ok=True)
         self._log = workdir / "redis.log"
+        command = [binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+                   "--save", "", "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no",
+                   "--logfile", str(self._log)]  # fmt: skip
+        # util-linux's setpriv sets the death signal and execs Redis, so no Python runs between fork and exec:
+        # a preexec_fn forces a plain fork (fork handlers, locks other threads held) in a process full of threads
+        setpriv = shutil.which("setpriv")
         self.process = subprocess.Popen(
-            [binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no", "--logfile", str(self._log)],
+            [setpriv, "--pdeathsig", "TERM", *command] if setpriv is not None else command,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=None if setpriv is not None else _die_with_parent,
         )  # fmt: skip
 
     @classmethod
@@ -124,7 +130,7 @@ class ManagedRedis:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the controlplane dies, however it dies.
+    """In the child before exec, where ``setpriv`` is missing: get SIGTERM when the controlplane dies, however it dies.
 
     Runs between fork and exec in a process that has other threads, so it must take no lock another thread
     may have held at fork time: the library and the function are looked up in the parent (``_PRCTL``), never
