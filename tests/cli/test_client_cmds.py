@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from levers9.proto.v1 import controlplane_pb2_grpc
 from levers9.sdk.channel import MAX_MESSAGE_BYTES, call_metadata, explain, open_channel, parse_target
 from levers9.sdk.context import Context, save_context
 from tests.conftest import Result
+from tests.fixtures.ports import free_port
 
 TOKEN = "l9u_test-token"
 NOW = time.time()
@@ -170,13 +170,6 @@ def serving(servicer: FakeControlPlane, tmp_path: Path, monkeypatch: pytest.Monk
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=30)
         loop.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 Cli = Callable[..., Result]

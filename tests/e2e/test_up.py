@@ -371,6 +371,14 @@ def test_a_second_up_on_the_same_home_or_port_refuses_and_leaves_the_first_alone
     )  # fmt: skip
     assert other_home.returncode == 1
     assert f"cannot listen for gRPC on 127.0.0.1:{levers9_up.grpc_port}" in other_home.stderr
+    http_taken = subprocess.run(
+        [sys.executable, "-m", "levers9", "up", "--grpc-port", str(free_port()),
+         "--http-port", str(levers9_up.http_port), "--metrics-port", str(free_port())],
+        env={**levers9_up.env, "LEVERS9_HOME": str(levers9_up.root / "third-home")},
+        capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
+    )  # fmt: skip
+    assert http_taken.returncode == 1, http_taken.stderr
+    assert f"cannot listen for HTTP on 127.0.0.1:{levers9_up.http_port}" in http_taken.stderr
     done = levers9_up.levers9("run", str(EXAMPLES / "hello.py"))  # the first one still serves
     assert done.returncode == 0, done.stderr
     assert "7 squared on a levers9 worker: 49" in done.stdout

@@ -118,3 +118,38 @@ async def test_reconcile_fills_in_provider_data_a_record_lacks(make_harness: Mak
     record = await MachineStore(h.db).get(machine["machine_id"])
     assert record is not None
     assert record.provider_data == {"host": "rack-7"}, "what the record has is kept"
+
+
+async def test_a_provision_in_flight_when_the_scheduler_stops_is_recorded_not_abandoned(
+    make_harness: MakeHarness,
+) -> None:
+    # The provider call runs on the plugin's thread, which a cancel does not stop: a machine it starts
+    # after the scheduler gave up would have no provider id on record and could not be stopped.
+    h = await make_harness([("cpu", None, 1, {"min_workers": 1})])
+    h.behave(cpu="hang:1.0")
+    s = h.scheduler()
+    await s.upkeep_once()
+    assert s.provisioner.in_flight, "the provision call is under way"
+
+    await s.stop()
+
+    [machine] = h.machines()
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert (record.state, record.provider_id) == ("starting", machine["id"])
+
+
+async def test_a_provision_past_the_close_grace_is_recorded_failed(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu", None, 1, {"min_workers": 1})])
+    h.behave(cpu="hang:1.0")
+    s = h.scheduler()
+    await s.upkeep_once()
+    [machine_id] = s.provisioner.in_flight
+
+    await s.provisioner.close(grace_s=0.05)
+
+    record = await MachineStore(h.db).get(machine_id)
+    assert record is not None
+    assert record.state == "failed"
+    assert record.provider_id is None
+    assert "stopped while the machine was being started" in (record.last_error or "")

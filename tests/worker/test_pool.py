@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from levers9.state.sql.database import open_database
 from levers9.state.sql.workspaces import WorkspaceStore
 from levers9.worker.calls import Call, Outcome, StubSpec
 from levers9.worker.warm.pool import WarmPool
+from tests.fixtures.ports import free_port
 
 RUNTIMES = ["process", "runc", "gvisor"]
 ISOLATED = ["runc", "gvisor"]
@@ -600,16 +600,10 @@ async def test_close_stops_busy_idle_and_starting_containers(world: World) -> No
 # --------------------------------------------------------------------------- the runner itself
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_the_runner_drops_connections_without_the_token(tmp_path: Path) -> None:
     handler = tmp_path / "handler.pkl"
     handler.write_bytes(cloudpickle.dumps(lambda: "hi"))
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "LEVERS9_RUNNER_PORT": str(port), "LEVERS9_RUNNER_TOKEN": "right-token",
            "LEVERS9_HANDLER_FILE": str(handler), "LEVERS9_PYTHON_VERSION": PYTHON, "LEVERS9_RUNNER_HOST": "127.0.0.1"}  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "levers9.runner"], env=env)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from levers9.state.sql.database import Database
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 __all__ = ["server", "token_app", "up", "worker"]
 
@@ -295,9 +296,11 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> 
         sys.stdout.flush()
         await stop.wait()
     finally:
-        if server.services is not None:
-            await _stop_local_workers(server)
-        await server.stop()
+        try:
+            if server.services is not None:
+                await _stop_local_workers(server)
+        finally:
+            await server.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -321,8 +324,14 @@ async def _user_token(services: object, context_name: str) -> tuple[str, str]:
 
 
 async def _stop_local_workers(server: object) -> None:
-    """`up` owns its local workers: they stop with it (a `levers9 server` leaves machines to the reconciler)."""
+    """`up` owns its local workers: they stop with it (a `levers9 server` leaves machines to the reconciler).
+
+    What the database records is stopped first, so the records follow; then whatever the provider itself
+    still lists, so a worker whose start returned too late to be recorded, or whose record could not be
+    updated (a busy database), is stopped all the same.
+    """
     from levers9.controlplane.server import Server
+    from levers9.hooks.types import ENDED_STATES
 
     assert isinstance(server, Server)
     assert server.services is not None
@@ -331,10 +340,26 @@ async def _stop_local_workers(server: object) -> None:
     for spec in services.pools.values():
         if spec.pool.provider != "local":
             continue
-        for machine in await services.machines.list(pool=spec.name):
-            if machine.state.value in ("terminated",):
+        try:
+            for machine in await services.machines.list(pool=spec.name):
+                if machine.state.value not in ("terminated",):
+                    await services.scheduler.provisioner.terminate(spec, machine, "levers9 up is stopping")
+        except Exception as exc:
+            log.warning(
+                "pool %s: stopping its recorded machines failed (%s); stopping what the provider lists", spec.name, exc
+            )
+        try:
+            listed = await services.hooks.list_machines(spec.pool)
+        except Exception as exc:
+            log.warning("pool %s: the local provider could not list its machines: %s", spec.name, exc)
+            continue
+        for left in listed:
+            if left.state in ENDED_STATES:
                 continue
-            await services.scheduler.provisioner.terminate(spec, machine, "levers9 up is stopping")
+            try:
+                await services.hooks.terminate(spec.pool, left)
+            except Exception as exc:
+                log.warning("pool %s: stopping %s failed: %s", spec.name, left.provider_id, exc)
 
 
 token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")

@@ -132,6 +132,8 @@ class Server:
         self._grpc: grpc.aio.Server | None = None
         self._http: list[_Uvicorn] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        #: the HTTP listeners' sockets, bound before anything starts and served by uvicorn
+        self._sockets: list[socket.socket] = []
         self.hub: Hub | None = None
         #: the agents' streams on this replica, and what provider plugins send them
         self.agents: AgentHub | None = None
@@ -179,8 +181,12 @@ class Server:
                 bound = 0
             if bound == 0:
                 raise OSError(f"cannot listen for gRPC on {address}: the port is taken or the address is not ours")
-            for port in (ls.http_port, ls.metrics_port):
-                _check_free(ls.host, port)
+            # bound now and handed to uvicorn, so no other process can take a port between a check and
+            # uvicorn's own bind (which would end in uvicorn's sys.exit inside a running controlplane)
+            http_socket = _listen(ls.host, ls.http_port)
+            self._sockets.append(http_socket)
+            metrics_socket = _listen(ls.host, ls.metrics_port)
+            self._sockets.append(metrics_socket)
             await self.hub.start()
             await self.agents.start()
             # the plugins start before the scheduler, which calls them, and get the agent hub
@@ -193,14 +199,14 @@ class Server:
                                  create_http_app(services, metrics=self.metrics, dataplane=self.dataplane),
                                  metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
-            for app, port in ((HttpMetricsMiddleware(gateway, self.metrics), ls.http_port),
-                              (self.metrics.asgi_app(), ls.metrics_port)):  # fmt: skip
+            for app, port, sock in ((HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket),
+                                    (self.metrics.asgi_app(), ls.metrics_port, metrics_socket)):  # fmt: skip
                 context = self.tls.ssl_context() if self.tls is not None else None
                 config = _UvicornConfig(app, ssl_context=context, host=ls.host, port=port, log_level="warning",
                                         lifespan="off")  # fmt: skip
                 http = _Uvicorn(config)
                 self._http.append(http)
-                self._tasks.append(asyncio.create_task(http.serve(), name=f"http :{port}"))
+                self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))
             while not all(h.started for h in self._http):
                 failed = [t for t in self._tasks if t.done()]
                 if failed:
@@ -256,6 +262,9 @@ class Server:
             await _step("worker reports", self.dataplane.close(), 10)
         self._tasks.clear()
         self._http.clear()
+        for sock in self._sockets:
+            sock.close()
+        self._sockets.clear()
         if self.services is not None:
             await _step("scheduler", self.services.scheduler.stop(), 30)
             if self._plugins_started:
@@ -272,15 +281,20 @@ class Server:
         log.info("the controlplane stopped")
 
 
-def _check_free(host: str, port: int) -> None:
-    """Fail now if an HTTP port is taken, before the scheduler starts (uvicorn binds only when it serves)."""
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or OSError naming the port (taken, or not an address of ours)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host in ("::", ""):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
+    return sock
 
 
 async def _step(what: str, awaitable: Any, timeout: float) -> None:

@@ -63,6 +63,10 @@ class Throttle:
     reason: str
 
 
+#: how long :meth:`Provisioner.close` waits for provider calls in flight before abandoning them
+CLOSE_GRACE_S = 15.0
+
+
 class Provisioner:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -263,9 +267,18 @@ class Provisioner:
         ctx.emit(events.MachineTerminated(pool.name, kind))
         return True
 
-    async def close(self) -> None:
-        """Stop waiting for provider calls; their machines are recorded as failed and the reconciler cleans up."""
+    async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop waiting for provider calls, after giving those in flight ``grace_s`` to return.
+
+        A provider call runs on the plugin's own thread, which cancelling the awaiting task does not
+        stop: a machine it starts after the cancel would be recorded as failed with no provider id, and
+        only the reconciler's next listing would find it. So calls that return within the grace are
+        recorded as usual (and ``levers9 up`` can stop their machines); the rest are recorded as failed
+        and left to the reconciler.
+        """
         tasks = list(self._tasks.values())
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

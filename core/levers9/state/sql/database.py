@@ -17,6 +17,8 @@ import asyncio
 import importlib.util
 import logging
 import os
+import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
@@ -41,6 +43,8 @@ T = TypeVar("T")
 
 #: how long a SQLite connection waits for another writer before failing, in milliseconds
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+#: a transaction on SQLite held longer than this is logged, with where it came from
+SLOW_TRANSACTION_S = 5.0
 #: an arbitrary constant: the PostgreSQL advisory lock held while migrating, so replicas migrate one at a time
 _MIGRATION_LOCK = 0x1E7E_0509
 
@@ -179,7 +183,11 @@ class Database:
                 yield session
             return
         async with self._serial, self.sessions() as session, session.begin():
-            yield session
+            began = time.monotonic()
+            try:
+                yield session
+            finally:
+                _held(began, None)
 
     async def run(self, work: Callable[[Connection], T]) -> T:
         """``work(connection)`` inside one transaction, committed when it returns, rolled back if it raises.
@@ -200,8 +208,12 @@ class Database:
         engine, thread = self._sqlite_sync, self._sqlite_thread
 
         def transaction() -> T:
-            with engine.begin() as connection:
-                return work(connection)
+            began = time.monotonic()
+            try:
+                with engine.begin() as connection:
+                    return work(connection)
+            finally:
+                _held(began, f"Database.run({getattr(work, '__qualname__', work)!r})")
 
         async with self._serial:
             return await asyncio.get_running_loop().run_in_executor(thread, transaction)
@@ -249,6 +261,23 @@ class Database:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _held(began: float, where: str | None) -> None:
+    """Warn when a transaction held SQLite's write lock long enough to fail another process's writers.
+
+    ``where`` names the work; None: the caller's stack, taken only when the warning is due.
+    """
+    held = time.monotonic() - began
+    if held > SLOW_TRANSACTION_S:
+        if where is None:
+            where = "".join(traceback.format_stack(limit=7)[:-1])
+        log.warning(
+            "a transaction held the database's write lock for %.1f s (other processes wait at most %.0f s):\n%s",
+            held,
+            SQLITE_BUSY_TIMEOUT_MS / 1000,
+            where,
+        )
 
 
 def _sqlite_pragma(connection: Connection, pragma: str) -> None:
