@@ -15,17 +15,20 @@ import typer
 
 from levers9.__about__ import __version__
 from levers9.cli import (
+    agent_cmd,
     check_cmd,
     client_cmds,
     config_cmd,
     context_cmd,
     deploy_cmd,
     gpu_cmd,
+    machine_cmd,
     offers_cmd,
     plugins_cmd,
     run_cmd,
     secret_cmd,
     server_cmd,
+    worker_image_cmd,
 )
 
 app = typer.Typer(
@@ -82,6 +85,10 @@ app.command("worker")(server_cmd.worker)
 app.command("up")(server_cmd.up)
 app.add_typer(server_cmd.token_app, name="token")
 app.add_typer(secret_cmd.app, name="secret")
+app.add_typer(machine_cmd.app, name="machine")
+app.command("machines")(machine_cmd.machines)
+app.add_typer(agent_cmd.app, name="agent")
+app.add_typer(worker_image_cmd.app, name="worker-image")
 
 
 def main() -> None:
