@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from levers9.__about__ import __version__
 from levers9.config.load import load_config
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
@@ -48,7 +49,7 @@ class Cp:
 
     async def register(self, token: str, machine_id: str, worker_id: str = "") -> worker_pb2.RegisterResponse:
         request = worker_pb2.RegisterRequest(
-            pool="cpu", machine_id=machine_id, hostname="box", version="test", worker_id=worker_id
+            pool="cpu", machine_id=machine_id, hostname="box", version=__version__, worker_id=worker_id
         )
         response: worker_pb2.RegisterResponse = await self.stub.Register(
             request, metadata=(("authorization", f"Bearer {token}"),), timeout=30

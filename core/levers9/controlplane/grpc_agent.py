@@ -102,6 +102,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 yield _command(command)
             if reader.done() and not reader.cancelled():
                 failure = reader.exception()
+        except agents.AgentCut as exc:  # removed or revoked: final, the agent must not dial again
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         except agents.AgentLapsed as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:

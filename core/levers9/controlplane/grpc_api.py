@@ -3,13 +3,15 @@
 Every operation and who may do it live in :mod:`levers9.services`, shared with
 the REST API: cancelling a task here is the same call as REST's cancel, and
 pools and workers are listed under the same visibility rule. Every method takes
-a user token bound to a workspace, except ListPools and ListWorkers, which an
-operator's token (bound to none) may call too.
+a user token bound to a workspace, except ListPools, ListWorkers and the
+joined-machine calls, which an operator's token (bound to none) may call too
+(an operator's joined machines serve the shared pools).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -18,7 +20,7 @@ import grpc
 from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.payloads import BATCH_BYTES
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
-from levers9.services import deployments, pools, secrets, tasks, workspaces
+from levers9.services import deployments, joined_machines, pools, secrets, tasks, workspaces
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
 from levers9.services.pools import PoolView, WorkerView
@@ -94,6 +96,32 @@ def _epoch(value: Any) -> float:
 def _secret(info: SecretInfo) -> controlplane_pb2.SecretInfo:
     return controlplane_pb2.SecretInfo(
         name=info.name, created_at=_epoch(info.created_at), updated_at=_epoch(info.updated_at)
+    )
+
+
+def joined_machine(view: joined_machines.JoinedMachineView) -> controlplane_pb2.JoinedMachine:
+    m = view.machine
+    return controlplane_pb2.JoinedMachine(
+        id=m.id,
+        name=m.name,
+        pool=m.pool,
+        state=m.state,
+        hostname=m.hostname or "",
+        created_at=_epoch(m.created_at),
+        joined_at=_epoch(m.joined_at),
+        connected=view.connected,
+        last_seen=view.last_seen,
+        version=view.version,
+        gpus=[
+            controlplane_pb2.GpuCount(gpu=gpu, count=count, free=view.free_gpus.get(gpu, 0))
+            for gpu, count in sorted(view.gpus.items())
+        ],
+        cpu_millicores=view.cpu_millicores,
+        memory_mib=view.memory_mib,
+        free_cpu_millicores=view.free_cpu_millicores,
+        free_memory_mib=view.free_memory_mib,
+        workers=view.workers,
+        workspace_id=m.workspace_id or "",
     )
 
 
@@ -344,6 +372,44 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         principal = await self._user(context)
         await secrets.delete_secret(self.services, principal, request.name)
         return controlplane_pb2.DeleteSecretResponse(deleted=True)
+
+    @unary
+    async def CreateJoinedMachine(
+        self, request: controlplane_pb2.CreateJoinedMachineRequest, context: Context
+    ) -> controlplane_pb2.CreateJoinedMachineResponse:
+        """The same as REST's ``POST /api/v1/joined-machines``; the join token is in this answer only."""
+        principal = await self._caller(context)
+        ttl = request.ttl_s or joined_machines.JOIN_TTL_S
+        made = await joined_machines.create(self.services, principal, request.pool, request.name or None, ttl_s=ttl)
+        return controlplane_pb2.CreateJoinedMachineResponse(
+            machine=joined_machine(joined_machines.JoinedMachineView(made.machine)),
+            join_token=made.join.token,
+            expires_at=_epoch(made.join.expires_at),
+            controlplane_url=made.controlplane_url,
+            ca_pem=made.ca_pem,
+            join_command=joined_machines.join_command(made.controlplane_url, made.join.token, ca_pem=made.ca_pem),
+            ssh_json=json.dumps(made.ssh),
+        )
+
+    @unary
+    async def ListJoinedMachines(
+        self, request: controlplane_pb2.ListJoinedMachinesRequest, context: Context
+    ) -> controlplane_pb2.ListJoinedMachinesResponse:
+        principal = await self._caller(context)
+        found = await joined_machines.list_machines(self.services, principal)
+        return controlplane_pb2.ListJoinedMachinesResponse(machines=[joined_machine(v) for v in found])
+
+    @unary
+    async def RemoveJoinedMachine(
+        self, request: controlplane_pb2.RemoveJoinedMachineRequest, context: Context
+    ) -> controlplane_pb2.RemoveJoinedMachineResponse:
+        principal = await self._caller(context)
+        removed = await joined_machines.remove(self.services, principal, request.name)
+        return controlplane_pb2.RemoveJoinedMachineResponse(
+            machine=joined_machine(joined_machines.JoinedMachineView(removed.machine)),
+            terminated=removed.terminated,
+            not_terminated=removed.not_terminated,
+        )
 
     @unary
     async def PutBlob(

@@ -7,7 +7,10 @@ Upstream, the worker sends keepalives and batches of started tasks, results
 and output. Workers authenticate with their own machine (or pool worker)
 token; a worker of one machine cannot speak for another. A machine's first
 registration spends its join token and answers the worker's session
-credential (``RegisterResponse.session_token``, see :mod:`levers9.services.fleet`). Who a worker is and
+credential (``RegisterResponse.session_token``, see :mod:`levers9.services.fleet`). A worker the
+controlplane cannot connect to (``RegisterResponse.tunnel``) holds a ``Tunnel`` stream, whose frames go
+to and from :class:`levers9.services.tunnels.TunnelRegistry`, and the serving containers it reports are
+recorded at ``tunnel://`` addresses. Who a worker is and
 what it may touch is decided in :mod:`levers9.services.fleet`; this module only
 translates messages.
 """
@@ -27,12 +30,13 @@ from levers9.controlplane.grpc_errors import status_of, streaming, unary
 from levers9.payloads import BATCH_BYTES
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from levers9.services import fleet
+from levers9.services import fleet, tunnels
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
 from levers9.services.reports import ServingReport, TaskOutcome, WorkerReport
 from levers9.services.stubs import CALLED_KINDS
 from levers9.state.sql.records import CheckpointRecord
+from levers9.tunnel import frames
 
 __all__ = ["WorkerService"]
 
@@ -63,9 +67,11 @@ def _metadata(context: Context, key: str) -> str | None:
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, tunnel_registry: tunnels.TunnelRegistry | None = None) -> None:
         self.dp = dataplane
         self.services = dataplane.services
+        #: the tunnels workers hold to this replica (shared with the gateway's upstream)
+        self.tunnels = tunnel_registry or tunnels.TunnelRegistry()
 
     async def _principal(self, context: Context) -> Principal:
         return await fleet.authenticate_worker(self.services, bearer(context.invocation_metadata()))
@@ -88,6 +94,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             memory_mib=request.memory_mib,
             hostname=request.hostname,
             running=list(request.running),
+            version=request.version,
+            peer_host=tunnels.peer_host(context.peer() or ""),
+            probe_port=request.probe_port,
+            probe_nonce=request.probe_nonce,
         )
         return worker_pb2.RegisterResponse(
             worker_id=done.worker_id,
@@ -99,6 +109,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             checkpoint_cache_dir=done.checkpoint_cache_dir,
             max_payload_bytes=done.max_payload_bytes,
             session_token=done.session_token,
+            tunnel=done.tunnel,
         )
 
     @unary
@@ -148,15 +159,34 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
-        session = _Session(self.dp, worker.worker_id, gpus=worker.gpu_count)
+        session = _Session(self.dp, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel)
         async for message in session.run(request_iterator):
             yield message
 
+    async def Tunnel(self, request_iterator: AsyncIterator[worker_pb2.TunnelFrame], context: Context) -> None:
+        """A worker's tunnel: frames in both directions until either side ends it."""
+        try:
+            worker = await self._worker(context)
+        except Exception as exc:
+            await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
+            return
+
+        async def incoming() -> AsyncIterator[frames.Frame]:
+            async for message in request_iterator:
+                yield frames.from_message(message)
+
+        async def send(frame: frames.Frame) -> None:
+            await context.write(frames.to_message(frame))
+
+        await self.tunnels.serve(worker.worker_id, incoming(), send)
+
 
 class _Session:
-    def __init__(self, dp: DataPlane, worker_id: str, *, gpus: int) -> None:
+    def __init__(self, dp: DataPlane, worker_id: str, *, gpus: int, tunnel: bool = False) -> None:
         self.dp = dp
         self.worker_id = worker_id
+        #: its serving containers are reached through its tunnel
+        self.tunnel = tunnel
         #: GPUs of this worker: a GPU stub placed here by its CPU fallback runs without any
         self.gpus = gpus
         self.sent_stubs: set[str] = set()
@@ -258,7 +288,7 @@ class _Session:
                 report = WorkerReport(
                     started=[(s.task_id, s.container_id) for s in message.started],
                     serving=[
-                        ServingReport(s.task_id, s.address, dict(s.ports))
+                        self._serving(ServingReport(s.task_id, s.address, dict(s.ports)))
                         for s in message.started
                         if s.address or s.ports
                     ],
@@ -276,6 +306,9 @@ class _Session:
                     logs=[(entry.task_id, entry.data) for entry in message.logs],
                 )
                 await self.dp.report(self.worker_id, report)
+
+    def _serving(self, report: ServingReport) -> ServingReport:
+        return tunnels.through_tunnel(self.worker_id, report) if self.tunnel else report
 
     async def _leave(self) -> None:
         """A drained worker that hung up is gone for good: take it out now instead of waiting for the reaper."""

@@ -21,6 +21,10 @@ from levers9.controlplane.rest_schemas import (
     ErrorBody,
     Health,
     IssuedToken,
+    JoinedMachineCreate,
+    JoinedMachineCreated,
+    JoinedMachineOut,
+    JoinedMachineRemoved,
     MachineOut,
     PlacementOut,
     PoolOut,
@@ -34,13 +38,14 @@ from levers9.controlplane.rest_schemas import (
     WorkspaceCreate,
     WorkspaceOut,
     deployment_out,
+    joined_machine_out,
     pool_out,
     secret_out,
     task_out,
     token_out,
     worker_out,
 )
-from levers9.services import deployments, machines, pools, secrets, tasks, workspaces
+from levers9.services import deployments, joined_machines, machines, pools, secrets, tasks, workspaces
 from levers9.services import health as health_service
 from levers9.services.access import authenticate_user
 from levers9.services.auth import Principal
@@ -216,6 +221,40 @@ async def delete_secret(services: ServicesDep, principal: Caller, name: str) -> 
     """Delete a secret of the caller's workspace; 204, or 404 when it has none of that name."""
     await secrets.delete_secret(services, principal, name)
     return Response(status_code=204)
+
+
+@router.get("/joined-machines")
+async def list_joined_machines(services: ServicesDep, principal: Caller) -> list[JoinedMachineOut]:
+    """The caller's joined machines (an operator's: those serving shared pools) with their agents' last report."""
+    return [joined_machine_out(v) for v in await joined_machines.list_machines(services, principal)]
+
+
+@router.post("/joined-machines", status_code=201, responses={403: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def create_joined_machine(
+    services: ServicesDep, principal: Caller, body: JoinedMachineCreate
+) -> JoinedMachineCreated:
+    """Record a machine for a pool of provider agent_machine and issue its join token (in this answer only)."""
+    made = await joined_machines.create(services, principal, body.pool, body.name, ttl_s=body.ttl_s)
+    return JoinedMachineCreated(
+        machine=joined_machine_out(joined_machines.JoinedMachineView(made.machine)),
+        join_token=made.join.token,
+        expires_at=made.join.expires_at,
+        controlplane_url=made.controlplane_url,
+        ca_pem=made.ca_pem,
+        join_command=joined_machines.join_command(made.controlplane_url, made.join.token, ca_pem=made.ca_pem),
+        ssh=made.ssh,
+    )
+
+
+@router.delete("/joined-machines/{name}", responses={404: {"model": ErrorBody}})
+async def remove_joined_machine(services: ServicesDep, principal: Caller, name: str) -> JoinedMachineRemoved:
+    """Drain and stop the machine's workers, revoke its agent and cut its stream; 404 for no such machine."""
+    removed = await joined_machines.remove(services, principal, name)
+    return JoinedMachineRemoved(
+        machine=joined_machine_out(joined_machines.JoinedMachineView(removed.machine)),
+        terminated=removed.terminated,
+        not_terminated=removed.not_terminated,
+    )
 
 
 @router.get("/deployments")

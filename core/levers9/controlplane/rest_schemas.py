@@ -3,7 +3,8 @@
 Request bodies refuse unknown fields, so a misspelt option is an error instead
 of silently ignored; every number they carry is bounded (see
 :data:`levers9.controlplane.http.ACCEPTED`). Answers never carry a secret's
-value or a token's hash; a token itself appears once, in :class:`IssuedToken`.
+value or a token's hash; a token itself appears once, in :class:`IssuedToken`
+(and a joined machine's join token once, in :class:`JoinedMachineCreated`).
 The ``*_out`` functions render what the services return.
 """
 
@@ -17,6 +18,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.services.deployments import MAX_VERSION, DeploymentView
+from levers9.services.joined_machines import JoinedMachineView
 from levers9.services.pools import PoolView, WorkerView
 from levers9.services.secrets import MAX_NAME, check_secret_name, check_secret_value
 from levers9.services.workspaces import MAX_TOKEN_TTL_S
@@ -32,6 +34,10 @@ __all__ = [
     "ErrorDetail",
     "Health",
     "IssuedToken",
+    "JoinedMachineCreate",
+    "JoinedMachineCreated",
+    "JoinedMachineOut",
+    "JoinedMachineRemoved",
     "MachineOut",
     "PlacementOut",
     "PoolOut",
@@ -45,6 +51,7 @@ __all__ = [
     "WorkspaceCreate",
     "WorkspaceOut",
     "deployment_out",
+    "joined_machine_out",
     "pool_out",
     "secret_out",
     "task_out",
@@ -253,6 +260,64 @@ class SecretOut(BaseModel):
     updated_at: datetime
 
 
+class JoinedMachineCreate(_In):
+    pool: str = Field(min_length=1, max_length=64, description="A pool of provider agent_machine the caller may use.")
+    name: str | None = Field(
+        None, min_length=1, max_length=64, description="Unique among the workspace's machines; left out: its id."
+    )
+    ttl_s: float = Field(3600.0, gt=0, le=30 * 86_400, description="The join token's lifetime in seconds.")
+
+
+class GpuCountOut(BaseModel):
+    gpu: str
+    count: int
+    free: int
+
+
+class JoinedMachineOut(BaseModel):
+    """A joined machine and what its agent last reported (zeros before it ever did)."""
+
+    id: str
+    name: str
+    pool: str
+    workspace_id: str | None
+    #: pending (join token issued), joined, removed
+    state: str
+    hostname: str | None
+    created_at: datetime
+    joined_at: datetime | None
+    connected: bool
+    #: epoch seconds of the agent's last message; 0: never connected
+    last_seen: float
+    version: str
+    gpus: list[GpuCountOut]
+    cpu_millicores: int
+    memory_mib: int
+    free_cpu_millicores: int
+    free_memory_mib: int
+    #: levers9 machine ids of the worker containers running there
+    workers: list[str]
+
+
+class JoinedMachineCreated(BaseModel):
+    """The new machine and its single-use join token, shown this once."""
+
+    machine: JoinedMachineOut
+    join_token: str
+    expires_at: datetime | None
+    controlplane_url: str
+    ca_pem: str
+    join_command: str
+    #: the pool's ssh settings: the defaults ``levers9 machine create --ssh`` starts from
+    ssh: dict[str, Any]
+
+
+class JoinedMachineRemoved(BaseModel):
+    machine: JoinedMachineOut
+    terminated: list[str]
+    not_terminated: list[str]
+
+
 class CancelOut(BaseModel):
     #: False when the task had already finished: it keeps the status it finished with
     cancelled: bool
@@ -304,6 +369,29 @@ def pool_out(view: PoolView) -> PoolOut:
 
 def worker_out(view: WorkerView) -> WorkerOut:
     return WorkerOut.model_validate(dataclasses.asdict(view))
+
+
+def joined_machine_out(view: JoinedMachineView) -> JoinedMachineOut:
+    m = view.machine
+    return JoinedMachineOut(
+        id=m.id,
+        name=m.name,
+        pool=m.pool,
+        workspace_id=m.workspace_id,
+        state=m.state,
+        hostname=m.hostname,
+        created_at=m.created_at,
+        joined_at=m.joined_at,
+        connected=view.connected,
+        last_seen=view.last_seen,
+        version=view.version,
+        gpus=[GpuCountOut(gpu=g, count=n, free=view.free_gpus.get(g, 0)) for g, n in sorted(view.gpus.items())],
+        cpu_millicores=view.cpu_millicores,
+        memory_mib=view.memory_mib,
+        free_cpu_millicores=view.free_cpu_millicores,
+        free_memory_mib=view.free_memory_mib,
+        workers=view.workers,
+    )
 
 
 def secret_out(info: SecretInfo) -> SecretOut:

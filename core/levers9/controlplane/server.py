@@ -46,6 +46,7 @@ from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
 from levers9.services.plugin_metrics import PluginSeries
+from levers9.services.tunnels import TunnelRegistry
 
 if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
@@ -141,6 +142,7 @@ class Server:
         self.dataplane: DataPlane | None = None
         self.serving: ServingAutoscaler | None = None
         self.upstream: Upstream | None = None
+        self.tunnels: TunnelRegistry | None = None
         #: the listeners' certificate, with ``listen.tls``
         self.tls: ListenerTls | None = None
 
@@ -161,7 +163,8 @@ class Server:
             self.agents = AgentHub(services.redis, name=services.scheduler.name)
             self.dataplane = DataPlane(services, self.hub, self.metrics)
             self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
-            self.upstream = Upstream()
+            self.tunnels = TunnelRegistry()  # workers' tunnels to this replica: the gateway reaches them through it
+            self.upstream = Upstream(tunnel=self.tunnels.connect_address)
             # The port is taken before anything starts: a controlplane that cannot listen must not
             # have begun provisioning machines for its pools.
             server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[GrpcMetricsInterceptor(self.metrics)])
@@ -169,7 +172,7 @@ class Server:
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
             add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
             add_api(ControlPlaneService(self.dataplane), server)
-            add_worker(WorkerService(self.dataplane), server)
+            add_worker(WorkerService(self.dataplane, self.tunnels), server)
             add_agent(AgentService(services, self.agents), server)
             address = f"{ls.host}:{ls.grpc_port}"
             try:
@@ -258,6 +261,9 @@ class Server:
         if self.upstream is not None:
             await _step("gateway connections", self.upstream.close(), 5)
             self.upstream = None
+        if self.tunnels is not None:
+            self.tunnels.close()
+            self.tunnels = None
         if self.dataplane is not None:
             await _step("worker reports", self.dataplane.close(), 10)
         self._tasks.clear()

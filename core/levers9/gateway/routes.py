@@ -333,7 +333,9 @@ class GatewayApp:
             except UpstreamTimeout as exc:
                 raise _Answer(errors.TIMEOUT, f"{exc} (the {settings.kind}'s timeout)") from None
             except UpstreamError as exc:
-                broken = True  # it gets no more requests, and the scaler replaces it
+                # it gets no more requests, and the scaler replaces it; but a container behind another
+                # replica's tunnel is fine, only not reachable from here
+                broken = not exc.elsewhere
                 if exc.refused:  # nothing of the request reached it: another container may have it
                     self.upstream.forget(address)
                     refused.append(str(exc))

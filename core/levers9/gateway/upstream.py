@@ -19,6 +19,16 @@ written (the connection ends without an answer: the container had the request
 when it died) is the caller's, :class:`UpstreamError` with ``refused`` false.
 Only a connection that could not be made at all raises with ``refused`` true,
 which is safe to try on another container.
+
+Addresses are ``host:port``, connected over TCP (the fast path), or
+``tunnel://WORKER_ID/HOST:PORT`` for a container of a worker the controlplane
+cannot connect to: those are opened with the ``tunnel`` connector the
+Upstream was given (:meth:`levers9.services.tunnels.TunnelRegistry.connect_address`),
+a stream through the worker's own connection that reads and writes as a TCP
+connection does. A tunnel stream the worker could not connect, or a tunnel
+that ended before the stream opened, is refused (``refused`` true); a worker
+without a tunnel to this replica raises :class:`UpstreamError` with
+``elsewhere`` true, naming why (the gateway answers 502 with that message).
 """
 
 from __future__ import annotations
@@ -28,9 +38,18 @@ import contextlib
 import select
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["MAX_REQUEST_BYTES", "RequestTooLarge", "Upstream", "UpstreamError", "UpstreamTimeout"]
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "Reader",
+    "RequestTooLarge",
+    "TunnelConnector",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamTimeout",
+    "Writer",
+]
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -54,19 +73,51 @@ _HOP_BY_HOP = {
     b"content-length",
 }
 _DROP_FROM_RESPONSE = _HOP_BY_HOP - {b"authorization", b"host"}
+_TUNNEL = "tunnel://"
+
+
+class Reader(Protocol):
+    """What the upstream reads a connection with: ``asyncio.StreamReader``, or a tunnel stream's reader."""
+
+    async def readuntil(self, separator: bytes = ..., /) -> bytes: ...
+
+    async def readexactly(self, n: int, /) -> bytes: ...
+
+    async def read(self, n: int = ..., /) -> bytes: ...
+
+    def at_eof(self) -> bool: ...
+
+
+class Writer(Protocol):
+    """What the upstream writes a connection with: ``asyncio.StreamWriter``, or a tunnel stream's writer."""
+
+    def write(self, data: bytes, /) -> None: ...
+
+    def close(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_extra_info(self, name: str, default: Any = None, /) -> Any: ...
+
+
+#: opens a ``tunnel://`` address within the timeout given
+TunnelConnector = Callable[[str, float], Awaitable[tuple[Reader, Writer]]]
 
 
 class UpstreamError(Exception):
     """The container could not be reached or broke the response.
 
     ``sent``: the caller saw part of the response. ``refused``: no connection could be made, so nothing of
-    the request reached the container (it may be sent to another).
+    the request reached the container (it may be sent to another). ``elsewhere``: the container is
+    reached through its worker's tunnel, which goes to another controlplane replica: nothing is known to
+    be wrong with the container itself.
     """
 
-    def __init__(self, message: str, *, sent: bool, refused: bool = False) -> None:
+    def __init__(self, message: str, *, sent: bool, refused: bool = False, elsewhere: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
         self.refused = refused
+        self.elsewhere = elsewhere
 
 
 class UpstreamTimeout(Exception):
@@ -80,9 +131,10 @@ class RequestTooLarge(Exception):
 class Upstream:
     """Connections to containers' HTTP servers, pooled per ``host:port``."""
 
-    def __init__(self, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, *, connect_timeout_s: float = 5.0, tunnel: TunnelConnector | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
-        self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self.tunnel = tunnel
+        self._idle: dict[str, list[tuple[Reader, Writer]]] = {}
 
     async def close(self) -> None:
         for connections in self._idle.values():
@@ -127,7 +179,8 @@ class Upstream:
         """
         query = scope.get("query_string", b"")
         target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")
-        head = [b"%s %s HTTP/1.1" % (scope["method"].encode(), target), b"host: " + address.encode()]
+        authority = address.rpartition("/")[2] if address.startswith(_TUNNEL) else address
+        head = [b"%s %s HTTP/1.1" % (scope["method"].encode(), target), b"host: " + authority.encode()]
         client = scope.get("client")
         forwarded_for = b""
         for name, value in scope["headers"]:
@@ -178,9 +231,7 @@ class Upstream:
         return status
 
     @staticmethod
-    async def _status_line(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout_s: float
-    ) -> bytes:
+    async def _status_line(reader: Reader, writer: Writer, address: str, timeout_s: float) -> bytes:
         if not timeout_s:
             return await reader.readuntil(b"\r\n")
         try:
@@ -191,9 +242,7 @@ class Upstream:
                 f"the container at {address} did not begin to answer within {timeout_s:g} s"
             ) from None
 
-    async def _relay(
-        self, status_line: bytes, reader: asyncio.StreamReader, send: Send, head_only: bool
-    ) -> tuple[bool, int]:
+    async def _relay(self, status_line: bytes, reader: Reader, send: Send, head_only: bool) -> tuple[bool, int]:
         """Pass one response on; whether the connection can carry another request, and the status."""
         sent = False
         try:
@@ -258,7 +307,7 @@ class Upstream:
         except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             raise _BrokenResponse(str(exc) or type(exc).__name__, sent) from None
 
-    def _take(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    def _take(self, address: str) -> tuple[Reader, Writer] | None:
         """An idle connection to ``address`` that is still open; those the container closed are dropped."""
         idle = self._idle.get(address)
         while idle:
@@ -268,14 +317,16 @@ class Upstream:
             writer.close()
         return None
 
-    def _give_back(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _give_back(self, address: str, reader: Reader, writer: Writer) -> None:
         idle = self._idle.setdefault(address, [])
         if len(idle) < MAX_IDLE_PER_ADDRESS:
             idle.append((reader, writer))
         else:
             writer.close()
 
-    async def _connect(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self, address: str) -> tuple[Reader, Writer]:
+        if address.startswith(_TUNNEL):
+            return await self._connect_tunnel(address)
         host, _, port = address.rpartition(":")
         try:
             reader, writer = await asyncio.wait_for(
@@ -291,8 +342,23 @@ class Upstream:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return reader, writer
 
+    async def _connect_tunnel(self, address: str) -> tuple[Reader, Writer]:
+        if self.tunnel is None:
+            raise UpstreamError(f"cannot connect to the container at {address}: this gateway has no tunnels",
+                                sent=False)  # fmt: skip
+        try:
+            return await self.tunnel(address, self.connect_timeout_s)
+        except (ConnectionRefusedError, ConnectionResetError, TimeoutError) as exc:
+            # the worker could not connect to the container, or the tunnel ended: nothing reached it
+            why = str(exc) or type(exc).__name__
+            raise UpstreamError(f"cannot connect to the container at {address}: {why}", sent=False,
+                                refused=True) from None  # fmt: skip
+        except (OSError, ValueError) as exc:  # no tunnel from that worker to this replica
+            raise UpstreamError(f"cannot reach the container at {address}: {exc}", sent=False,
+                                elsewhere=True) from None  # fmt: skip
 
-def _quiet(writer: asyncio.StreamWriter) -> bool:
+
+def _quiet(writer: Writer) -> bool:
     """Whether an idle kept-alive connection has nothing to read: no end, no reset, no stray bytes.
 
     The event loop learns of a peer's FIN or RST only on its next poll; this asks the kernel now, so a

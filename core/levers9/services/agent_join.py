@@ -20,6 +20,13 @@ them tells a holder of no token anything it did not know.
 :func:`authenticate_agent` accepts only an agent's credential: a join token is
 refused there with what to do instead, and the workspace always comes from the
 credential in SQL, so no agent can speak for another or for another workspace.
+
+Joined machines (:mod:`levers9.services.joined_machines`). A join flips the
+machine's SQL row (if it has one) to ``joined`` with its host name. A machine
+removed with ``levers9 machine remove`` has every token revoked and is marked
+removed in SQL and in Redis; its Join and its Connect are then refused with
+:func:`removed_message` (Unauthenticated), never with the generic "unknown or
+revoked", so its owner knows to create it again rather than retry.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from levers9.services.auth import PermissionDenied as AccessDenied
 from levers9.services.auth import Principal, Unauthenticated
+from levers9.state.sql.joined_machines import JoinedMachineStore
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import TokenKind
 from levers9.state.sql.workspaces import TokenRefused
@@ -51,6 +59,7 @@ __all__ = [
     "check_labels",
     "issue_join_token",
     "join",
+    "removed_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,6 +139,22 @@ async def issue_join_token(
     return JoinToken(agent_id, token, provider, workspace, record.expires_at)
 
 
+def removed_message(agent_id: str) -> str:
+    return (
+        f"this machine was removed (levers9 machine remove); agent {agent_id} may not join or connect again. "
+        "To join the box again, create a new machine ('levers9 machine create --pool POOL') and run the join "
+        "command it prints"
+    )
+
+
+async def _removed(services: Services, agent_id: str) -> bool:
+    row = await JoinedMachineStore(services.db).get(agent_id)
+    if row is not None:
+        return row.state == "removed"
+    known = await services.agents.get(agent_id)
+    return known is not None and known.removed
+
+
 def _refusal(exc: TokenRefused) -> str:
     when = exc.when.isoformat(timespec="seconds") if exc.when is not None else ""
     new = "ask for a new one ('levers9 machine create' or 'levers9 cluster join' prints it)"
@@ -154,21 +179,37 @@ async def join(services: Services, join_token: str, *, version: str = "", hostna
             join_token, kind=TokenKind.AGENT.value, subject_prefix=JOIN_PREFIX, issue_kind=TokenKind.AGENT.value
         )
     except TokenRefused as exc:
+        if exc.reason == "used":
+            spent = await services.tokens.find(join_token)
+            subject = (spent.subject or "") if spent is not None else ""
+            if subject.startswith(JOIN_PREFIX) and await _removed(services, subject[len(JOIN_PREFIX) :]):
+                raise Unauthenticated(removed_message(subject[len(JOIN_PREFIX) :])) from None
         raise Unauthenticated(_refusal(exc)) from None
     agent_id = record.subject or ""
     registration = await services.agents.joined(
         agent_id, workspace=record.workspace_id, version=version[:64], hostname=hostname[:255]
     )
+    await JoinedMachineStore(services.db).mark_joined(agent_id, hostname=hostname[:255])
     log.info("agent %s joined (%s, workspace %s)", agent_id, registration.provider or "?", record.workspace_id)
     return JoinedAgent(agent_id, token, registration.provider, record.workspace_id, registration.labels)
 
 
 async def authenticate_agent(services: Services, token: str | None) -> AgentIdentity:
     """The agent behind its credential; a join token, or any other kind of token, is refused."""
-    principal = await services.auth.verify(token, TokenKind.AGENT)
+    try:
+        principal = await services.auth.verify(token, TokenKind.AGENT)
+    except Unauthenticated:
+        found = await services.tokens.find(token) if token else None
+        subject = found.subject if found is not None else None
+        if subject and not subject.startswith(JOIN_PREFIX) and await _removed(services, subject):
+            raise Unauthenticated(removed_message(subject)) from None
+        raise
     subject = principal.subject or ""
     if not subject or subject.startswith(JOIN_PREFIX):
         raise Unauthenticated(
             "this is a join token: call Join with it first, then connect with the agent credential Join returns"
         )
+    known = await services.agents.get(subject)
+    if known is not None and known.removed:  # revoked in SQL too; the auth cache may not know yet
+        raise Unauthenticated(removed_message(subject))
     return AgentIdentity(subject, principal.workspace_id, principal.token_id)

@@ -5,7 +5,8 @@ orders) from every other. Keys, under the controlplane's prefix:
 
 * ``agent:<id>`` (hash): ``provider``, ``workspace`` (empty: an operator's
   agent), ``labels`` (the issuer's, JSON), ``agent_labels`` (the agent's own,
-  JSON), ``state`` (``pending`` until it joins, then ``joined``), ``capacity``
+  JSON), ``state`` (``pending`` until it joins, then ``joined``; ``removed``
+  after ``levers9 machine remove``, for good: Hello never turns it back), ``capacity``
   and ``machines`` (its last inventory, JSON), ``last_seen`` (epoch seconds),
   ``version`` and ``hostname``. A pending registration expires with its join
   token; a joined one stays;
@@ -51,6 +52,8 @@ class AgentRecord:
     #: the issuer's labels, then the agent's own under them (an issuer's label wins)
     labels: dict[str, str] = field(default_factory=dict)
     joined: bool = False
+    #: ``levers9 machine remove`` removed it: it is refused at Join and Connect, and no pool sees it
+    removed: bool = False
     capacity: dict[str, Any] = field(default_factory=dict)
     machines: list[str] = field(default_factory=list)
     #: epoch seconds of the last message on its stream; 0: never connected
@@ -81,6 +84,7 @@ def _record(agent_id: str, fields: dict[str, str]) -> AgentRecord:
         workspace=fields.get("workspace") or None,
         labels={**own, **issuer},
         joined=fields.get("state") == "joined",
+        removed=fields.get("state") == "removed",
         capacity=_json(fields.get("capacity"), {}),
         machines=_json(fields.get("machines"), []),
         last_seen=last_seen if math.isfinite(last_seen) else 0.0,
@@ -94,6 +98,11 @@ class AgentStore:
         self._redis = redis
         self._prefix = prefix
         self._index = f"{prefix}agents"
+
+    @property
+    def prefix(self) -> str:
+        """The controlplane's Redis key prefix (the agent channel is ``<prefix>agents``)."""
+        return self._prefix
 
     def _key(self, agent_id: str) -> str:
         return f"{self._prefix}agent:{agent_id}"
@@ -130,14 +139,29 @@ class AgentStore:
         self, agent_id: str, *, workspace: str | None, provider: str, labels: dict[str, str], version: str,
         hostname: str,
     ) -> None:  # fmt: skip
-        """Record what a connecting agent says of itself; ``provider`` only where the registration has none."""
+        """Record what a connecting agent says of itself; ``provider`` only where the registration has none.
+
+        A removed agent stays removed (its state is not touched).
+        """
         key = self._key(agent_id)
+        if await self._redis.hget(key, "state") == "removed":
+            return
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, "provider", provider)
             pipe.hset(key, mapping={"state": "joined", "workspace": workspace or "", "agent_labels": json.dumps(labels),
                                     "version": version, "hostname": hostname})  # fmt: skip
             pipe.persist(key)
             pipe.sadd(self._index, agent_id)
+            await pipe.execute()
+
+    async def removed(self, agent_id: str) -> None:
+        """``levers9 machine remove`` removed the agent: its registration stays, marked removed, for good."""
+        key = self._key(agent_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, "state", "removed")
+            pipe.persist(key)
+            pipe.sadd(self._index, agent_id)
+            pipe.delete(self._conn(agent_id))
             await pipe.execute()
 
     async def seen(self, agent_id: str, *, replica: str, now: float, presence_s: float) -> None:

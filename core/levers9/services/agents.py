@@ -27,6 +27,11 @@ an unknown kind). Orders are idempotent by id: every pending order is sent
 again when its agent reconnects (to any replica), and the agent acknowledges
 an order it already carried out without doing it again.
 
+Cutting a stream. :meth:`AgentHub.disconnect` (:func:`publish_disconnect` without
+a hub) ends an agent's stream at once, on whichever replica holds it, with
+:class:`AgentCut` (an :class:`AgentLapsed`, so transports end it alike): how
+``levers9 machine remove`` cuts off a revoked agent. A removed agent's Hello is refused.
+
 Replicas. An agent holds one stream, to one replica; ``send`` may be called on
 any. Orders, acknowledgements and "agent connected" notices travel on one
 Redis channel (``<prefix>agents``): the replica holding the agent's stream
@@ -68,9 +73,10 @@ from levers9.hooks.errors import (
     QuotaExceeded,
     Throttled,
 )
-from levers9.services.agent_join import AgentIdentity, authenticate_agent, check_labels
+from levers9.services.agent_join import AgentIdentity, authenticate_agent, check_labels, removed_message
 from levers9.services.agent_store import AgentRecord, AgentStore
 from levers9.services.auth import PermissionDenied as AccessDenied
+from levers9.services.auth import Unauthenticated
 from levers9.state.redis.channel import listen
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import TokenKind
@@ -83,6 +89,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANY_WORKSPACE",
     "HEARTBEAT_S",
+    "AgentCut",
     "AgentHub",
     "AgentLapsed",
     "AgentProtocolError",
@@ -94,6 +101,7 @@ __all__ = [
     "Welcome",
     "json_object",
     "open_session",
+    "publish_disconnect",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,6 +124,10 @@ class AgentProtocolError(ValueError):
 
 class AgentLapsed(Exception):
     """The agent's stream was silent for three heartbeat periods: it is disconnected and must dial again."""
+
+
+class AgentCut(AgentLapsed):
+    """The controlplane ended the agent's stream on purpose (its machine was removed); the message says why."""
 
 
 # ---------------------------------------------------------------------------------------------- values
@@ -193,8 +205,13 @@ class _Pending:
     future: asyncio.Future[AgentAck]
 
 
-def _ack_dict(ack: AgentAck) -> dict[str, Any]:
-    return ack.model_dump()
+async def publish_disconnect(
+    redis: Redis, prefix: str, agent_id: str, reason: str, *, sender: str = "services"
+) -> None:
+    """Ask every replica's hub to end ``agent_id``'s stream now (see the module docstring); raises what Redis
+    raises (the caller's revocation still cuts the agent off within the auth cache's lifetime)."""
+    message = {"from": sender, "t": "cut", "agent": agent_id, "reason": reason[:500]}
+    await redis.publish(f"{prefix}agents", json.dumps(message))
 
 
 class AgentHub:
@@ -298,6 +315,17 @@ class AgentHub:
     def _connected(self, record: AgentRecord, now: float) -> bool:
         return record.last_seen > 0 and now - record.last_seen <= 3 * self.heartbeat_s
 
+    async def disconnect(self, agent_id: str, reason: str) -> None:
+        """End ``agent_id``'s stream at once, here and on every other replica (see the module docstring)."""
+        self._cut(agent_id, reason)
+        await publish_disconnect(self._redis, self.store.prefix, agent_id, reason, sender=self.name)
+
+    def _cut(self, agent_id: str, reason: str) -> None:
+        if (session := self._sessions.get(agent_id)) is not None:
+            session.cut(reason)
+        if (record := self._known.get(agent_id)) is not None:
+            self._known[agent_id] = replace(record, joined=False)
+
     async def refresh(self) -> None:
         """Read every agent's registration, inventory and last heartbeat from Redis (done every heartbeat period)."""
         self._known = {record.id: record for record in await self.store.all()}
@@ -335,7 +363,7 @@ class AgentHub:
     async def _acked(self, agent_id: str, ack: AgentAck) -> None:
         pending = self._pending.get(ack.order_id)
         if pending is None:
-            await self._publish({"t": "ack", "agent": agent_id, "ack": _ack_dict(ack)})
+            await self._publish({"t": "ack", "agent": agent_id, "ack": ack.model_dump()})
             return
         self._resolve(agent_id, ack)
 
@@ -400,6 +428,8 @@ class AgentHub:
                 for pending in list(self._pending.values()):
                     if pending.agent_id == agent_id:
                         await self._publish({"t": "order", "agent": agent_id, "order": asdict(pending.command)})
+            elif kind == "cut":
+                self._cut(agent_id, str(message.get("reason", "")) or "the controlplane ended this agent's stream")
             elif kind == "inv":
                 record = await self.store.get(agent_id)
                 if record is not None:
@@ -413,6 +443,9 @@ class AgentHub:
             try:
                 await self.refresh()
             except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # a cancel the Redis client turned into an error
+                    raise asyncio.CancelledError from exc
                 log.warning("could not read the agents' inventories: %s", exc)
 
 
@@ -429,6 +462,7 @@ class AgentSession:
         self._outbox: asyncio.Queue[Command | None] = asyncio.Queue()
         self._greeted = False
         self._ended = False
+        self._cut_reason: str | None = None
         self._last = asyncio.get_running_loop().time()
 
     @property
@@ -445,6 +479,12 @@ class AgentSession:
         """Stop sending to this stream (the agent dialled again, or this replica stops)."""
         self._ended = True
         self._outbox.put_nowait(None)
+
+    def cut(self, reason: str) -> None:
+        """End this stream on purpose: :meth:`commands` raises :class:`AgentCut` with ``reason``."""
+        if not self._ended:
+            self._cut_reason = reason
+            self.end()
 
     async def _touch(self) -> None:
         await self._recheck()
@@ -463,6 +503,8 @@ class AgentSession:
             raise AgentProtocolError("Hello was already sent on this stream")
         agent_id = self.identity.agent_id
         known = await self.hub.store.get(agent_id)
+        if known is not None and known.removed:
+            raise Unauthenticated(removed_message(agent_id))
         joined_for = known.provider if known is not None else ""
         if joined_for and provider and provider != joined_for:
             raise AccessDenied(f"agent {agent_id} joined for provider {joined_for!r}; its Hello says {provider!r}")
@@ -540,6 +582,8 @@ class AgentSession:
                 if getter.done() and not getter.cancelled():
                     command = getter.result()
                     if command is None:
+                        if self._cut_reason is not None:
+                            raise AgentCut(self._cut_reason)
                         return
                     yield command
         finally:

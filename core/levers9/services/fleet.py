@@ -21,6 +21,20 @@ attached pool only ever serves that workspace: every task, blob, stub and
 checkpoint it names is checked with :func:`may_serve`. A worker reads only the
 arguments of an unfinished task placed in its pools and writes blobs only into
 that task's workspace.
+
+A worker registers only with a controlplane of its own levers9 version
+(:func:`check_worker_version`): the full version string must be equal, local
+and development segments included, because the wire protocol and the
+functions pickled for a worker may change between any two builds. A worker of
+another version (or one that names none) is refused with
+:class:`WorkerVersionMismatch` (FAILED_PRECONDITION on the wire) before its
+join token is spent, so the same machine registers once its image is rebuilt.
+
+Whether the controlplane can connect to a worker is decided at each
+registration (:func:`levers9.services.tunnels.decide_tunnel`: the provider's
+declaration, else a connection tried to the port the worker offers); a worker
+it cannot reach is told to open its tunnel (``Registration.tunnel``), and the
+verdict is kept with the worker (``WorkerInfo.tunnel``).
 """
 
 from __future__ import annotations
@@ -34,12 +48,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from levers9.__about__ import __version__
+from levers9.hooks.errors import Levers9Error
 from levers9.payloads import parse_ref
 from levers9.scheduler.pools import PoolSpec
 from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.stubs import StubSettings
+from levers9.services.tunnels import decide_tunnel
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.checkpoints import CheckpointStore
@@ -49,8 +66,10 @@ __all__ = [
     "Registration",
     "StubBundle",
     "WorkerIdentity",
+    "WorkerVersionMismatch",
     "authenticate_worker",
     "calling_worker",
+    "check_worker_version",
     "cordon",
     "heartbeat",
     "leave",
@@ -63,6 +82,21 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class WorkerVersionMismatch(Levers9Error):
+    """A worker of another levers9 version than the controlplane's: refused at registration, not retried."""
+
+
+def check_worker_version(version: str, expected: str = __version__) -> None:
+    """WorkerVersionMismatch unless ``version`` (what the worker says at Register) is exactly ``expected``."""
+    if version.strip() == expected:
+        return
+    said = version.strip() or "(a worker that names no version)"
+    raise WorkerVersionMismatch(
+        f"worker levers9 {said} does not match the controlplane's {expected}: rebuild the worker image with "
+        f"`levers9 worker-image build` on a machine with levers9 {expected} (or install levers9=={expected})"
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +112,8 @@ class Registration:
     max_payload_bytes: int
     #: the worker's session credential, when it registered with its machine's join token (else "")
     session_token: str = field(default="", repr=False)
+    #: the controlplane cannot connect to the worker: it must open its tunnel to this replica
+    tunnel: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +123,8 @@ class WorkerIdentity:
     spec: PoolSpec
     worker_id: str
     gpu_count: int
+    #: its serving containers are reached through its tunnel
+    tunnel: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,14 +176,26 @@ async def register(
     memory_mib: int,
     hostname: str,
     running: Sequence[str] = (),
+    version: str | None = None,
+    peer_host: str = "",
+    probe_port: int = 0,
+    probe_nonce: str = "",
 ) -> Registration:
     """Register a worker of the token's pool (a reconnect of the same machine keeps its id).
+
+    ``peer_host``: the address the worker's call came from; ``probe_port``/``probe_nonce``: what it listens
+    on and answers for the reachability check (see :func:`levers9.services.tunnels.decide_tunnel`).
+
+    ``version``: the worker's levers9 version, checked with :func:`check_worker_version` before anything
+    else (None: the caller checked it, or registers a worker of this process).
 
     ``running``: the calls the worker still holds (running, or with a result yet to be delivered), as it says
     when it comes back (to this replica or another, after the one it talked to went away). They are claimed
     for it here, so this replica finishes them as the one that dispatched them would have (retries included);
     they are not run again. A call the worker was sent but never got goes back on the backlog.
     """
+    if version is not None:
+        check_worker_version(version)
     services = dp.services
     spec, machine_id = await _pool_of(services, principal, pool)
     session_id, session_token = await _redeem_join_token(services, principal, machine_id)
@@ -153,6 +203,7 @@ async def register(
         registration = await _register(
             dp, spec, machine_id, worker_id=worker_id, gpus=gpus, cpu_millicores=cpu_millicores,
             memory_mib=memory_mib, hostname=hostname, running=running,
+            reach=(peer_host, probe_port, probe_nonce),
         )  # fmt: skip
     except BaseException:
         if session_id:  # the join token stays spent: the registration failed for a reason of its own
@@ -201,6 +252,7 @@ async def _register(
     memory_mib: int,
     hostname: str,
     running: Sequence[str],
+    reach: tuple[str, int, str] = ("", 0, ""),
 ) -> Registration:
     services = dp.services
     registry = services.scheduler.workers
@@ -210,6 +262,11 @@ async def _register(
         if old is None or old.info.machine_id == machine_id:
             kept = worker_id  # a reconnect keeps its id, so late reports still match
     worker_id = kept or f"wkr_{uuid.uuid4().hex[:16]}"
+    machine = await services.machines.get(machine_id) if machine_id else None
+    tunnel = await decide_tunnel(
+        declared_reachable=((machine.provider_data or {}).get("reachable") if machine is not None else None),
+        peer_host=reach[0], probe_port=reach[1], probe_nonce=reach[2], worker=worker_id,
+    )  # fmt: skip
     usable = [g for g in gpus if not spec.gpu or g == spec.gpu]
     info = WorkerInfo(
         id=worker_id,
@@ -222,6 +279,7 @@ async def _register(
         machine_id=machine_id,
         address=hostname or None,
         workspace=spec.workspace,
+        tunnel=tunnel,
     )
     if spec.gpu and info.gpu_count < spec.gpu_count:
         log.warning(
@@ -248,6 +306,7 @@ async def _register(
         checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
         checkpoint_cache_dir=checkpoints.cache_dir or "",
         max_payload_bytes=dp.max_payload_bytes,
+        tunnel=tunnel,
     )
 
 
@@ -259,7 +318,7 @@ async def calling_worker(services: Services, principal: Principal, worker_id: st
     spec, machine_id = await _pool_of(services, principal, state.info.pool)
     if state.info.machine_id != machine_id:
         raise PermissionDenied(f"worker {worker_id} belongs to another machine")
-    return WorkerIdentity(spec, worker_id, state.info.gpu_count)
+    return WorkerIdentity(spec, worker_id, state.info.gpu_count, tunnel=state.info.tunnel)
 
 
 def may_serve(spec: PoolSpec, workspace_id: str, what: str) -> None:

@@ -12,6 +12,11 @@ SIGTERM makes it drain: it says so, takes no new work, finishes what it has,
 then leaves. A worker that cannot reach its controlplane for
 ``disconnect_exit_s`` stops by itself, so nothing runs orphaned for long.
 
+A worker the controlplane cannot connect to (it tries a port the worker
+offers at registration, :mod:`levers9.worker.tunnel`) is told so, and holds a
+tunnel to the replica of its session for as long as the session lasts: the
+gateway reaches its serving containers through it.
+
 The controlplane may be several replicas (``LEVERS9_CONTROLPLANE_URL`` /
 ``--controlplane`` as a comma list, :func:`levers9.proto.target.parse_targets`):
 when one fails the worker moves straight to the next and registers there
@@ -27,6 +32,11 @@ What goes up is batched by :mod:`levers9.worker.outbox`; calls run in the
 warm pool (:mod:`levers9.worker.warm`). The worker speaks the wire protocol
 (:mod:`levers9.proto`) and nothing else of the controlplane: it imports
 neither the database layer (``levers9.state``) nor the SDK (``levers9.sdk``).
+
+It says its levers9 version at Register; a controlplane of another version
+refuses it with FAILED_PRECONDITION, which no retry can fix (the image must be
+rebuilt): the worker logs the controlplane's message and exits with
+:data:`EXIT_REFUSED` at once, running calls or not.
 """
 
 from __future__ import annotations
@@ -72,9 +82,18 @@ from levers9.worker.credentials import save_session_credential
 from levers9.worker.environment import default_state_dir, options_from_env
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
+from levers9.worker.tunnel import ProbeListener, hold_tunnel
 from levers9.worker.warm.pool import WarmPool
 
-__all__ = ["SESSION_PING_S", "WorkerOptions", "WorkerProcess", "default_state_dir", "options_from_env"]
+__all__ = [
+    "EXIT_REFUSED",
+    "SESSION_PING_S",
+    "WorkerOptions",
+    "WorkerProcess",
+    "WorkerRefused",
+    "default_state_dir",
+    "options_from_env",
+]
 
 #: how often the worker pings the replica its session is on; above the server's
 #: grpc.http2.min_ping_interval_without_data_ms (10 s), or the server would end the connection for pinging
@@ -102,6 +121,16 @@ class WorkerOptions:
     controlplane_ca: str = field(default="", repr=False)
     #: the id an earlier worker process on this machine registered as (saved with its session credential)
     worker_id: str = ""
+    #: the levers9 version it says at Register (this package's; the controlplane refuses another)
+    version: str = __version__
+
+
+#: the exit code of a worker the controlplane refuses at Register for good (another levers9 version)
+EXIT_REFUSED = 4
+
+
+class WorkerRefused(Exception):
+    """Register answered FAILED_PRECONDITION: the controlplane will not take this worker until something changes."""
 
 
 class WorkerProcess:
@@ -126,6 +155,8 @@ class WorkerProcess:
         #: cancelled tasks still running here: their results are dropped, their transfers stopped
         self.cancelled: set[str] = set()
         self._transfers: dict[str, asyncio.Task[bytes]] = {}
+        #: the port the controlplane tries at registration, to know whether it can connect to this worker
+        self.probe = ProbeListener()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -137,9 +168,11 @@ class WorkerProcess:
         drainer = asyncio.create_task(self._drain_deadline())
         try:
             self.gpus = await self._discover_gpus()
+            await self.probe.start()
             return await self._sessions()
         finally:
             drainer.cancel()
+            await self.probe.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             if self.pool is not None:
@@ -217,6 +250,9 @@ class WorkerProcess:
                         last_ok = time.monotonic()
                     if self.draining.is_set() and not self.inflight:
                         return 0
+            except WorkerRefused as exc:
+                log.error("the controlplane refused this worker: %s", exc)
+                return EXIT_REFUSED
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     log.error("the controlplane refused this worker: %s", exc.details())
@@ -249,11 +285,18 @@ class WorkerProcess:
             ],
             runtime=self.runtime,
             hostname=socket.gethostname(),
-            version=__version__,
+            version=self.options.version,
             running=list(dict.fromkeys([*self.inflight, *self.outbox.undelivered()])),  # all it holds
             worker_id=self.worker_id,
+            probe_port=self.probe.port,
+            probe_nonce=self.probe.nonce,
         )
-        response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)
+        try:
+            response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                raise WorkerRefused(exc.details() or "Register failed its precondition") from None
+            raise
         if response.session_token:  # the join token is spent: this credential is the worker's from now on
             self.options.token = response.session_token
         if self.worker_id and response.worker_id != self.worker_id:
@@ -329,6 +372,8 @@ class WorkerProcess:
         stop = self._session_stop = asyncio.Event()
         call = stub.Session(self.outbox.messages(response.keepalive_s, stop), metadata=self._metadata())
         reaper = asyncio.create_task(self._reap_idle())
+        # the controlplane cannot connect to this worker: its containers are reached through the tunnel
+        tunnel = asyncio.create_task(hold_tunnel(stub, self._metadata)) if response.tunnel else None
         try:
             async for message in call:
                 kind = message.WhichOneof("kind")
@@ -351,6 +396,10 @@ class WorkerProcess:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
+            if tunnel is not None:
+                tunnel.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await tunnel
             call.cancel()
 
     async def _cancel(self, task_id: str) -> None:

@@ -13,7 +13,7 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0005"
+HEAD = "0006"
 
 EVERY_TABLE = {
     "workspaces",
@@ -32,6 +32,7 @@ EVERY_TABLE = {
     "clusters",
     "task_io",
     "task_logs",
+    "joined_machines",
 }
 
 

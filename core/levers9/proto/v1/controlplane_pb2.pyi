@@ -403,3 +403,105 @@ class DeleteSecretResponse(_message.Message):
     DELETED_FIELD_NUMBER: _ClassVar[int]
     deleted: bool
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class CreateJoinedMachineRequest(_message.Message):
+    __slots__ = ("pool", "name", "ttl_s")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    name: str
+    ttl_s: float
+    def __init__(self, pool: _Optional[str] = ..., name: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class GpuCount(_message.Message):
+    __slots__ = ("gpu", "count", "free")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    gpu: str
+    count: int
+    free: int
+    def __init__(self, gpu: _Optional[str] = ..., count: _Optional[int] = ..., free: _Optional[int] = ...) -> None: ...
+
+class JoinedMachine(_message.Message):
+    __slots__ = ("id", "name", "pool", "state", "hostname", "created_at", "joined_at", "connected", "last_seen", "version", "gpus", "cpu_millicores", "memory_mib", "free_cpu_millicores", "free_memory_mib", "workers", "workspace_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    JOINED_AT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    FREE_CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    FREE_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    pool: str
+    state: str
+    hostname: str
+    created_at: float
+    joined_at: float
+    connected: bool
+    last_seen: float
+    version: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuCount]
+    cpu_millicores: int
+    memory_mib: int
+    free_cpu_millicores: int
+    free_memory_mib: int
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    workspace_id: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., state: _Optional[str] = ..., hostname: _Optional[str] = ..., created_at: _Optional[float] = ..., joined_at: _Optional[float] = ..., connected: _Optional[bool] = ..., last_seen: _Optional[float] = ..., version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuCount, _Mapping]]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., free_cpu_millicores: _Optional[int] = ..., free_memory_mib: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., workspace_id: _Optional[str] = ...) -> None: ...
+
+class CreateJoinedMachineResponse(_message.Message):
+    __slots__ = ("machine", "join_token", "expires_at", "controlplane_url", "ca_pem", "join_command", "ssh_json")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    CONTROLPLANE_URL_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    JOIN_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    SSH_JSON_FIELD_NUMBER: _ClassVar[int]
+    machine: JoinedMachine
+    join_token: str
+    expires_at: float
+    controlplane_url: str
+    ca_pem: str
+    join_command: str
+    ssh_json: str
+    def __init__(self, machine: _Optional[_Union[JoinedMachine, _Mapping]] = ..., join_token: _Optional[str] = ..., expires_at: _Optional[float] = ..., controlplane_url: _Optional[str] = ..., ca_pem: _Optional[str] = ..., join_command: _Optional[str] = ..., ssh_json: _Optional[str] = ...) -> None: ...
+
+class ListJoinedMachinesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJoinedMachinesResponse(_message.Message):
+    __slots__ = ("machines",)
+    MACHINES_FIELD_NUMBER: _ClassVar[int]
+    machines: _containers.RepeatedCompositeFieldContainer[JoinedMachine]
+    def __init__(self, machines: _Optional[_Iterable[_Union[JoinedMachine, _Mapping]]] = ...) -> None: ...
+
+class RemoveJoinedMachineRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveJoinedMachineResponse(_message.Message):
+    __slots__ = ("machine", "terminated", "not_terminated")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    NOT_TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    machine: JoinedMachine
+    terminated: _containers.RepeatedScalarFieldContainer[str]
+    not_terminated: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, machine: _Optional[_Union[JoinedMachine, _Mapping]] = ..., terminated: _Optional[_Iterable[str]] = ..., not_terminated: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -140,6 +140,21 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretResponse.FromString,
                 _registered_method=True)
+        self.CreateJoinedMachine = channel.unary_unary(
+                '/levers9.v1.ControlPlane/CreateJoinedMachine',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.CreateJoinedMachineRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.CreateJoinedMachineResponse.FromString,
+                _registered_method=True)
+        self.ListJoinedMachines = channel.unary_unary(
+                '/levers9.v1.ControlPlane/ListJoinedMachines',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListJoinedMachinesRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListJoinedMachinesResponse.FromString,
+                _registered_method=True)
+        self.RemoveJoinedMachine = channel.unary_unary(
+                '/levers9.v1.ControlPlane/RemoveJoinedMachine',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineResponse.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -288,6 +303,28 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateJoinedMachine(self, request, context):
+        """Record a machine to join a pool of provider agent_machine and issue its single-use join token
+        (in the answer only, shown once). A workspace's token: its pools; an operator's token: shared pools.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJoinedMachines(self, request, context):
+        """The caller's joined machines (not removed), with what each agent last reported.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveJoinedMachine(self, request, context):
+        """Drain and stop a joined machine's workers, revoke its agent, cut its stream; NOT_FOUND for no such name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -395,6 +432,21 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.DeleteSecret,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretResponse.SerializeToString,
+            ),
+            'CreateJoinedMachine': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateJoinedMachine,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.CreateJoinedMachineRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.CreateJoinedMachineResponse.SerializeToString,
+            ),
+            'ListJoinedMachines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJoinedMachines,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListJoinedMachinesRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListJoinedMachinesResponse.SerializeToString,
+            ),
+            'RemoveJoinedMachine': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveJoinedMachine,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -964,6 +1016,87 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/DeleteSecret',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.DeleteSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateJoinedMachine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/CreateJoinedMachine',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.CreateJoinedMachineRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.CreateJoinedMachineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJoinedMachines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/ListJoinedMachines',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListJoinedMachinesRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListJoinedMachinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveJoinedMachine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/RemoveJoinedMachine',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,7 +22,7 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id")
+    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id", "probe_port", "probe_nonce")
     POOL_FIELD_NUMBER: _ClassVar[int]
     MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class RegisterRequest(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_NONCE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     machine_id: str
     cpu_millicores: int
@@ -43,10 +45,12 @@ class RegisterRequest(_message.Message):
     version: str
     running: _containers.RepeatedScalarFieldContainer[str]
     worker_id: str
-    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    probe_port: int
+    probe_nonce: str
+    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_nonce: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token")
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +60,7 @@ class RegisterResponse(_message.Message):
     CHECKPOINT_CACHE_DIR_FIELD_NUMBER: _ClassVar[int]
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TUNNEL_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     keepalive_s: float
     runtime: str
@@ -65,7 +70,8 @@ class RegisterResponse(_message.Message):
     checkpoint_cache_dir: str
     max_payload_bytes: int
     session_token: str
-    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ...) -> None: ...
+    tunnel: bool
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("id", "runtime", "status", "path", "size_bytes", "gpu", "workspace_id", "stub_id")
@@ -247,3 +253,31 @@ class WorkerMessage(_message.Message):
     keepalive: bool
     draining: bool
     def __init__(self, started: _Optional[_Iterable[_Union[TaskStarted, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.TaskResult, _Mapping]]] = ..., logs: _Optional[_Iterable[_Union[TaskLog, _Mapping]]] = ..., keepalive: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class TunnelFrame(_message.Message):
+    __slots__ = ("stream", "open", "opened", "data", "credit", "close", "reset")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    open: TunnelOpen
+    opened: int
+    data: bytes
+    credit: int
+    close: bool
+    reset: str
+    def __init__(self, stream: _Optional[int] = ..., open: _Optional[_Union[TunnelOpen, _Mapping]] = ..., opened: _Optional[int] = ..., data: _Optional[bytes] = ..., credit: _Optional[int] = ..., close: _Optional[bool] = ..., reset: _Optional[str] = ...) -> None: ...
+
+class TunnelOpen(_message.Message):
+    __slots__ = ("host", "port", "window")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    window: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...

@@ -60,6 +60,11 @@ class WorkerStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
                 _registered_method=True)
+        self.Tunnel = channel.stream_stream(
+                '/levers9.v1.Worker/Tunnel',
+                request_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.TunnelFrame.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.TunnelFrame.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -103,6 +108,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tunnel(self, request_iterator, context):
+        """A worker the controlplane cannot connect to (RegisterResponse.tunnel) holds this stream open to the replica
+        it registered with: the gateway's connections to its serving containers travel over it, many at once, each
+        with its own flow control (levers9.tunnel). The worker id travels in the "levers9-worker-id" metadata.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +144,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.GetBlob,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.SerializeToString,
+            ),
+            'Tunnel': grpc.stream_stream_rpc_method_handler(
+                    servicer.Tunnel,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_worker__pb2.TunnelFrame.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_worker__pb2.TunnelFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +286,33 @@ class Worker:
             '/levers9.v1.Worker/GetBlob',
             levers9_dot_proto_dot_v1_dot_common__pb2.GetBlobRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_common__pb2.BlobChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tunnel(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.Worker/Tunnel',
+            levers9_dot_proto_dot_v1_dot_worker__pb2.TunnelFrame.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_worker__pb2.TunnelFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,8 @@ class WorkerInfo:
     address: str | None = None
     #: set for workers of a workspace's own attached cluster
     workspace: str | None = None
+    #: the controlplane cannot connect to it: its serving containers are reached through the tunnel it opens
+    tunnel: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class WorkerState:
 
 _FIELDS = (
     "pool", "gpu", "gpu_total", "gpu_free", "cpu_total", "cpu_free", "mem_total", "mem_free",
-    "runtime", "machine", "address", "ws", "registered", "idle_since", "running", "status",
+    "runtime", "machine", "address", "ws", "registered", "idle_since", "running", "status", "tunnel",
 )  # fmt: skip
 
 
@@ -80,6 +82,7 @@ class WorkerRegistry:
                 info.workspace or "",
                 now_ms,
                 ttl_ms,
+                "1" if info.tunnel else "",
             )
         )
 
@@ -138,7 +141,7 @@ class WorkerRegistry:
 
 def _state(wid: str, row: list[str | None]) -> WorkerState | None:
     (pool, gpu, gpu_total, gpu_free, cpu_total, cpu_free, mem_total, mem_free,
-     runtime, machine, address, ws, registered, idle_since, running, status) = row  # fmt: skip
+     runtime, machine, address, ws, registered, idle_since, running, status, tunnel) = row  # fmt: skip
     if pool is None or status is None:
         return None
     info = WorkerInfo(
@@ -152,6 +155,7 @@ def _state(wid: str, row: list[str | None]) -> WorkerState | None:
         machine_id=machine or None,
         address=address or None,
         workspace=ws or None,
+        tunnel=tunnel == "1",
     )
     return WorkerState(
         info=info,

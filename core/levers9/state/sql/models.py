@@ -59,6 +59,7 @@ TASK_STATUSES = tuple(status.value for status in TaskStatus)
 TOKEN_KINDS = tuple(kind.value for kind in TokenKind)
 MACHINE_STATES = tuple(state.value for state in MachineState)
 CHECKPOINT_STATUSES = tuple(status.value for status in CheckpointStatus)
+JOINED_MACHINE_STATES = ("pending", "joined", "removed")
 
 
 def new_id(prefix: str) -> str:
@@ -355,8 +356,37 @@ class Cluster(Base):
     created_at: Mapped[datetime]
 
 
+class JoinedMachine(Base):
+    """A machine joined with ``levers9 machine create`` (migration 0006); its id is its agent's.
+
+    ``live_key`` is ``<workspace id or '-'>/<name>`` while the machine is not removed and NULL once it is:
+    its unique constraint makes a name unique per workspace among live machines (the operator's
+    included, whose workspace is NULL), on SQLite and PostgreSQL alike, with no partial index.
+    """
+
+    __tablename__ = "joined_machines"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", JOINED_MACHINE_STATES), name="state"),
+        UniqueConstraint("live_key"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    workspace_id: Mapped[str | None] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+    pool: Mapped[str] = mapped_column(String(64))
+    provider: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    hostname: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime]
+    joined_at: Mapped[datetime | None]
+    removed_at: Mapped[datetime | None]
+    created_by: Mapped[str | None] = mapped_column(ForeignKey("tokens.id", ondelete="SET NULL"))
+    live_key: Mapped[str | None] = mapped_column(String(255))
+
+
 __all__ = [
     "CHECKPOINT_STATUSES",
+    "JOINED_MACHINE_STATES",
     "MACHINE_STATES",
     "NAMING_CONVENTION",
     "TASK_STATUSES",
@@ -367,6 +397,7 @@ __all__ = [
     "Cluster",
     "Deployment",
     "DeploymentVersion",
+    "JoinedMachine",
     "Machine",
     "Secret",
     "Stub",

@@ -218,6 +218,26 @@ class ClusterRecord:
     created_at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class JoinedMachineRecord:
+    """A machine joined (or being joined) with ``levers9 machine create``; its id is its agent's (``agt_...``)."""
+
+    id: str
+    name: str
+    #: None: an operator's machine, serving shared pools
+    workspace_id: str | None
+    pool: str
+    provider: str
+    #: ``pending`` (join token issued), ``joined`` (the agent spent it), ``removed`` (``levers9 machine remove``)
+    state: str
+    hostname: str | None
+    created_at: datetime
+    joined_at: datetime | None
+    removed_at: datetime | None
+    #: the id of the user token that created it
+    created_by: str | None
+
+
 __all__ = [
     "AppRecord",
     "CallResult",
@@ -226,6 +246,7 @@ __all__ = [
     "ClusterRecord",
     "DeploymentRecord",
     "DeploymentVersionRecord",
+    "JoinedMachineRecord",
     "MachineRecord",
     "MachineState",
     "PlacementEvent",

@@ -1,0 +1,546 @@
+"""The worker's root filesystem, planned from what is installed here and written as a tarball.
+
+:func:`plan` lists every entry of the image (:class:`Entry`) without reading a
+file's contents; :func:`write` streams them as a tar archive; :func:`digest`
+hashes the plan (paths, modes, link targets, and each source file's size and
+modification time), so an unchanged installation gives the same digest and the
+image built from it can be reused. What goes in:
+
+* the running interpreter, relocated to ``/usr/local`` (``bin/python3.X`` and
+  its standard library without tests, IDLE, tkinter and ensurepip; the
+  stdlib's own ``.pyc`` files are kept, they match their sources' mtimes);
+* the distributions ``levers9`` requires, without extras, walked recursively
+  through ``importlib.metadata`` (the extras *they* ask for included), copied
+  file by file into ``/usr/local/lib/python3.X/site-packages``; levers9 itself
+  (editable here or not) is copied from the directories its packages and its
+  plugins' packages (the ``levers9`` entry points) are imported from, with a
+  dist-info carrying this version and the entry points. Every copied ``.py``
+  gets an unchecked hash-based ``.pyc`` (the image is immutable, so start-up
+  compiles nothing); compiling is most of a build's time, so the results are
+  kept by content hash in a cache directory (:func:`default_cache_dir`,
+  pruned to the last build's files) and a rebuild compiles only what changed;
+* the shared libraries all of those and the tools need (``ldd``), at their
+  paths on a merged-``/usr`` layout (``/bin``, ``/lib``, ``/lib64`` link into
+  ``/usr``); a library from outside the system directories (the interpreter's
+  ``libpython``) goes to ``/usr/lib/x86_64-linux-gnu``, which the loader
+  searches without a cache;
+* ``/bin/sh`` and the tools the worker and its shim run (:data:`TOOLS`), a
+  minimal ``/etc/passwd`` and ``/etc/group`` (root and nobody), the CA
+  certificates, ``/tmp`` 1777, and the ``levers9`` launcher in
+  ``/usr/local/bin``.
+
+Failures raise :class:`ImageError` naming what is missing and how to get it:
+a required tool or the CA bundle absent, a dependency installed in editable
+mode (only levers9's own packages are taken from a checkout), a distribution
+levers9 requires that is not installed, or ``packaging`` missing (it evaluates
+the requirements' markers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import marshal
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from levers9.__about__ import __version__
+
+__all__ = [
+    "CA_BUNDLE",
+    "LAUNCHER",
+    "PATH",
+    "PYTHON",
+    "TOOLS",
+    "Entry",
+    "ImageError",
+    "default_cache_dir",
+    "digest",
+    "plan",
+    "write",
+]
+
+
+class ImageError(Exception):
+    """The image cannot be built from this installation; the message says what to install or change."""
+
+
+#: the interpreter's name, as on this machine (``python3.11``)
+PYTHON = f"python{sys.version_info.major}.{sys.version_info.minor}"
+PREFIX = "usr/local"
+STDLIB = f"{PREFIX}/lib/{PYTHON}"
+SITE = f"{STDLIB}/site-packages"
+#: where a library from outside the system directories goes (searched by the loader without a cache)
+LIBDIR = "usr/lib/x86_64-linux-gnu"
+LAUNCHER = f"{PREFIX}/bin/levers9"
+CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
+PATH = "/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin"
+
+#: tools the worker and the shim run, with the Debian package of each; required ones fail the build when missing
+TOOLS: dict[str, tuple[str, bool]] = {
+    "sh": ("dash", True),
+    "setsid": ("util-linux", True),
+    "sed": ("sed", True),
+    "date": ("coreutils", True),
+    "mv": ("coreutils", True),
+    "env": ("coreutils", True),
+    "cat": ("coreutils", True),
+    "rm": ("coreutils", True),
+    "mkdir": ("coreutils", True),
+    "ls": ("coreutils", True),
+    "sleep": ("coreutils", True),
+    "id": ("coreutils", True),
+    "true": ("coreutils", True),
+    "false": ("coreutils", True),
+    "kill": ("procps", False),
+    "ip": ("iproute2", False),
+    "mount": ("mount", False),
+    "umount": ("mount", False),
+    "nsenter": ("util-linux", False),
+    "unshare": ("util-linux", False),
+    "setpriv": ("util-linux", False),
+}
+_TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: the standard library's parts a worker never uses (dropped; tkinter also needs libraries that are not here)
+_STDLIB_SKIP = {"test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages"}
+_SYSTEM_LIB_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
+_PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+_GROUP = "root:x:0:\nnogroup:x:65534:\n"
+_NSSWITCH = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One path of the image (relative, no leading slash)."""
+
+    path: str
+    kind: Literal["dir", "file", "link"]
+    mode: int = 0o755
+    #: a host file copied as it is
+    source: str | None = None
+    #: generated contents
+    data: bytes | None = None
+    #: a symlink's target
+    target: str = ""
+    #: a host ``.py`` file this entry is the compiled ``.pyc`` of
+    compile_from: str | None = None
+
+
+class _Plan:
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        #: host paths of the ELF files whose libraries must be in the image
+        self.elves: list[str] = []
+
+    def dir(self, path: str, mode: int = 0o755) -> None:
+        path = path.strip("/")
+        if not path or path in self.entries:
+            return
+        self.dir(os.path.dirname(path))
+        self.entries[path] = Entry(path, "dir", mode)
+
+    def link(self, path: str, target: str) -> None:
+        self.dir(os.path.dirname(path))
+        self.entries[path] = Entry(path, "link", 0o777, target=target)
+
+    def data(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.dir(os.path.dirname(path))
+        self.entries[path] = Entry(path, "file", mode, data=text.encode())
+
+    def file(self, path: str, source: str, *, compile_py: bool = False) -> None:
+        if path in self.entries:
+            return
+        self.dir(os.path.dirname(path))
+        st = os.stat(source)
+        mode = 0o755 if st.st_mode & 0o111 else 0o644
+        self.entries[path] = Entry(path, "file", mode, source=source)
+        if path.endswith(".so") or ".so." in os.path.basename(path) or (mode == 0o755 and _is_elf(source)):
+            self.elves.append(source)
+        if compile_py and path.endswith(".py"):
+            pyc = importlib.util.cache_from_source("/" + path).lstrip("/")
+            self.dir(os.path.dirname(pyc))
+            self.entries[pyc] = Entry(pyc, "file", 0o644, compile_from=source)
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def plan() -> list[Entry]:
+    """Every entry of the worker's root filesystem, sorted by path (directories before what they hold)."""
+    p = _Plan()
+    _layout(p)
+    _interpreter(p)
+    _packages(p)
+    _tools(p)
+    _libraries(p)
+    _config(p)
+    return [p.entries[k] for k in sorted(p.entries)]
+
+
+def _layout(p: _Plan) -> None:
+    for top in ("bin", "sbin", "lib", "lib64"):
+        p.dir(f"usr/{top}")
+        p.link(top, f"usr/{top}")
+    for directory in ("proc", "sys", "dev", "run", "etc", "home", "var/lib/levers9", f"{PREFIX}/bin", LIBDIR):
+        p.dir(directory)
+    p.dir("tmp", 0o1777)
+    p.dir("var/tmp", 0o1777)
+    p.dir("root", 0o700)
+
+
+def _interpreter(p: _Plan) -> None:
+    """The interpreter and its standard library."""
+    binary = Path(sys.base_prefix) / "bin" / PYTHON
+    if not binary.exists():
+        binary = Path(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
+    p.file(f"{PREFIX}/bin/{PYTHON}", str(binary))
+    p.link(f"{PREFIX}/bin/python3", PYTHON)
+    p.link(f"{PREFIX}/bin/python", PYTHON)
+    stdlib = Path(sysconfig.get_path("stdlib"))
+    tag = sys.implementation.cache_tag
+    for root, dirs, files in os.walk(stdlib):
+        here = Path(root)
+        rel = here.relative_to(stdlib)
+        dirs[:] = sorted(d for d in dirs if d not in _STDLIB_SKIP and not d.startswith("config-"))
+        for name in sorted(files):
+            if here.name == "__pycache__":
+                if not name.endswith(f".{tag}.pyc"):
+                    continue  # the optimised levels (opt-1, opt-2) are not used
+            elif name.endswith((".pyc", ".pyo", ".exe")):
+                continue
+            if name.startswith("_tkinter"):
+                continue
+            p.file(f"{STDLIB}/{rel.as_posix()}/{name}".replace("/./", "/"), str(here / name))
+
+
+def _packages(p: _Plan) -> None:
+    """levers9, its plugins and the distributions it requires."""
+    own = metadata.distribution("levers9")
+    for dist in _required(own):
+        if _editable(dist):
+            raise ImageError(
+                f"the distribution {dist.metadata['Name']} levers9 needs is installed in editable mode: only "
+                f"levers9's own packages are taken from a checkout; install it normally (pip install "
+                f"{dist.metadata['Name']}=={dist.version})"
+            )
+        for f in dist.files or ():
+            rel = f.as_posix()
+            if rel.startswith("..") or "__pycache__" in f.parts or rel.endswith((".pyc", ".pyo")):
+                continue  # scripts in bin/ and byte code compiled here are left out
+            source = Path(str(f.locate()))
+            if source.is_file():
+                p.file(f"{SITE}/{rel}", str(source), compile_py=True)
+    for package in _own_packages(own):
+        for root, dirs, files in os.walk(package):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            rel = Path(root).relative_to(package.parent).as_posix()
+            for name in sorted(files):
+                if not name.endswith((".pyc", ".pyo")):
+                    p.file(f"{SITE}/{rel}/{name}", os.path.join(root, name), compile_py=True)
+    info = f"{SITE}/levers9-{__version__}.dist-info"
+    text = own.read_text("METADATA") or f"Metadata-Version: 2.1\nName: levers9\nVersion: {__version__}\n"
+    lines = [f"Version: {__version__}" if line.startswith("Version:") else line for line in text.splitlines()]
+    p.data(f"{info}/METADATA", "\n".join(lines) + "\n")
+    p.data(f"{info}/entry_points.txt", own.read_text("entry_points.txt") or "")
+    p.data(f"{info}/INSTALLER", "levers9 worker-image\n")
+
+
+def _editable(dist: metadata.Distribution) -> bool:
+    try:
+        info = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    return isinstance(info, dict) and bool((info.get("dir_info") or {}).get("editable"))
+
+
+def _own_packages(own: metadata.Distribution) -> list[Path]:
+    """The directories of ``levers9`` and of each package a ``levers9`` entry point of its distribution names."""
+    names = ["levers9"]
+    for ep in own.entry_points:
+        if ep.group == "levers9":
+            top = ep.value.split(":")[0].split(".")[0]
+            if top not in names:
+                names.append(top)
+    found = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ImageError(f"the package {name} (entry point group 'levers9' of levers9) cannot be imported here")
+        found.append(Path(next(iter(spec.submodule_search_locations))).resolve())
+    return found
+
+
+def _required(own: metadata.Distribution) -> list[metadata.Distribution]:
+    """The distributions ``own`` requires without extras, recursively (with the extras each requirement names)."""
+    try:
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+    except ImportError:
+        raise ImageError("building the worker image needs 'packaging': pip install packaging") from None
+    seen: dict[str, set[str]] = {}
+    order: list[metadata.Distribution] = []
+
+    def walk(dist: metadata.Distribution, extras: set[str]) -> None:
+        for text in dist.requires or ():
+            req = Requirement(text)
+            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras | {""}):
+                continue
+            key = canonicalize_name(req.name)
+            wanted = set(req.extras)
+            if key in seen and wanted <= seen[key]:
+                continue
+            try:
+                found = metadata.distribution(req.name)
+            except metadata.PackageNotFoundError:
+                raise ImageError(
+                    f"{dist.metadata['Name']} requires {text!r}, which is not installed here: pip install '{req}'"
+                ) from None
+            if key not in seen:
+                order.append(found)
+            seen.setdefault(key, set()).update(wanted)
+            walk(found, seen[key])
+
+    walk(own, set())
+    return sorted(order, key=lambda d: canonicalize_name(d.metadata["Name"]))
+
+
+def _image_path(host: str) -> str:
+    """Where a host path goes on the merged-/usr layout (relative)."""
+    for top in ("/bin/", "/sbin/", "/lib/", "/lib64/"):
+        if host.startswith(top):
+            return "usr" + host
+    return host.lstrip("/")
+
+
+def _tools(p: _Plan) -> None:
+    missing = []
+    for name, (package, required) in TOOLS.items():
+        found = shutil.which(name, path=_TOOL_PATH)
+        if found is None:
+            if required:
+                missing.append(f"{name} (apt-get install -y {package})")
+            continue
+        where = "usr/sbin" if "/sbin/" in found else "usr/bin"
+        p.file(f"{where}/{name}", os.path.realpath(found))
+    if missing:
+        raise ImageError(f"the worker image needs tools this machine lacks: {', '.join(missing)}")
+
+
+def _ldd(paths: list[str]) -> Iterator[tuple[str, str | None]]:
+    """(name, host path or None when not found) of every library the ELF files ``paths`` load."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise ImageError("building the worker image needs ldd: apt-get install -y libc-bin")
+    for start in range(0, len(paths), 200):
+        done = subprocess.run(
+            [ldd, *paths[start : start + 200]], capture_output=True, text=True, check=False, timeout=300
+        )
+        for line in done.stdout.splitlines():
+            parts = line.split()
+            if "=>" in parts:
+                name, _, *rest = parts
+                if rest and rest[0].startswith("/"):
+                    yield name, rest[0]
+                elif rest[:2] == ["not", "found"]:
+                    yield name, None
+            elif line.startswith("\t/") and parts:
+                yield parts[0], parts[0]
+
+
+def _libraries(p: _Plan) -> None:
+    """Each library the planned ELF files load, unless the plan copies it already (beside a package: ``$ORIGIN``)."""
+    planned = {os.path.realpath(e.source) for e in p.entries.values() if e.source is not None}
+    missing: dict[str, str] = {}
+    pending = sorted(set(p.elves))
+    done: set[str] = set(pending)
+    while pending:
+        new: list[str] = []
+        for name, host in _ldd(pending):
+            if host is None:
+                missing[name] = name
+                continue
+            real = os.path.realpath(host)
+            if real in planned:
+                continue
+            # a library from elsewhere (the interpreter's libpython) goes where the loader looks without a cache
+            system = host.startswith(_SYSTEM_LIB_DIRS)
+            target = _image_path(host) if system else f"{LIBDIR}/{os.path.basename(host)}"
+            if target not in p.entries:  # by path: the loader must be at /lib64/ld-linux-x86-64.so.2 too
+                p.file(target, real)
+            if real not in done:
+                done.add(real)
+                new.append(real)
+        pending = new
+    if any(name.startswith("libpython") for name in missing):
+        raise ImageError(f"the interpreter's library is not found by ldd: {', '.join(sorted(missing))}")
+
+
+def _config(p: _Plan) -> None:
+    p.data("etc/passwd", _PASSWD)
+    p.data("etc/group", _GROUP)
+    p.data("etc/nsswitch.conf", _NSSWITCH)
+    cafile = ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt"
+    if not os.path.isfile(cafile):
+        raise ImageError(f"no CA certificates at {cafile}: apt-get install -y ca-certificates")
+    p.file(CA_BUNDLE, os.path.realpath(cafile))
+    p.link("usr/lib/ssl/cert.pem", "/" + CA_BUNDLE)
+    p.link("usr/lib/ssl/certs", "/etc/ssl/certs")
+    p.data(LAUNCHER, f'#!/bin/sh\nexec /{PREFIX}/bin/{PYTHON} -m levers9 "$@"\n', mode=0o755)
+
+
+def digest(entries: Iterable[Entry], extra: Iterable[str] = ()) -> str:
+    """``sha256:<hex>`` of the plan: paths, kinds, modes, targets, generated contents, sources' sizes and mtimes."""
+    h = hashlib.sha256()
+    h.update(f"{sys.version}\0{importlib.util.MAGIC_NUMBER.hex()}\0".encode())
+    for item in extra:
+        h.update(item.encode() + b"\0")
+    for e in entries:
+        h.update(f"{e.path}\0{e.kind}\0{e.mode:o}\0{e.target}\0".encode())
+        if e.data is not None:
+            h.update(hashlib.sha256(e.data).digest())
+        for source in (e.source, e.compile_from):
+            if source is not None:
+                st = os.stat(source)
+                h.update(f"{source}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _pyc(source: str, path: str, cache: _PycCache | None = None) -> bytes | None:
+    """The unchecked hash-based ``.pyc`` of ``source`` as the image's ``/path``; None when it does not compile.
+
+    Compiling takes most of a build's time, so each result is kept in ``cache`` under the hash of the
+    interpreter's magic number, the path and the source: a rebuild compiles only what changed.
+    """
+    raw = Path(source).read_bytes()
+    key = hashlib.sha256(importlib.util.MAGIC_NUMBER + path.encode() + b"\0" + raw).hexdigest()
+    if cache is not None:
+        found = cache.get(key)
+        if found is not None:
+            return found or None
+    try:
+        code = compile(raw, "/" + path, "exec", dont_inherit=True, optimize=0)
+        flags = (0b01).to_bytes(4, "little")  # hash-based, not checked against the source
+        data = importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(raw) + marshal.dumps(code)
+    except (SyntaxError, ValueError):
+        data = b""  # a template or a file for another Python: imported by nobody here
+    if cache is not None:
+        cache.put(key, data)
+    return data or None
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/levers9/worker-image-pyc`` (``~/.cache`` without it): compiled files kept between builds."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "levers9" / "worker-image-pyc"
+
+
+class _PycCache:
+    """Compiled files by content hash in one directory (:func:`default_cache_dir`); pruned to one build's set.
+
+    Best effort: an unwritable cache only makes the build slower, and an entry that vanishes is compiled again.
+    """
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_cache_dir()
+        self.used: set[str] = set()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.usable = os.access(self.root, os.W_OK)
+        except OSError:
+            self.usable = False
+
+    def get(self, key: str) -> bytes | None:
+        self.used.add(key)
+        try:
+            return (self.root / key).read_bytes() if self.usable else None
+        except OSError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        if not self.usable:
+            return
+        scratch = self.root / f".{key}.{os.getpid()}"
+        try:
+            scratch.write_bytes(data)
+            scratch.replace(self.root / key)
+        except OSError:
+            scratch.unlink(missing_ok=True)
+
+    def prune(self) -> None:
+        """Remove what this build did not use (an installation's old versions)."""
+        if not self.usable:
+            return
+        for entry in self.root.iterdir():
+            if entry.name not in self.used and not entry.name.startswith("."):
+                entry.unlink(missing_ok=True)
+
+
+def write(entries: Iterable[Entry], out: BinaryIO, cache_dir: Path | None = None) -> int:
+    """Stream ``entries`` as a tar archive to ``out`` (not closed); answers the bytes of file contents written.
+
+    ``cache_dir``: where compiled files are kept between builds (default: :func:`default_cache_dir`).
+    """
+    total = 0
+    cache = _PycCache(cache_dir)
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for e in entries:
+            info = tarfile.TarInfo(e.path)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mode = e.mode
+            if e.kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif e.kind == "link":
+                info.type = tarfile.SYMTYPE
+                info.linkname = e.target
+                tar.addfile(info)
+            elif e.compile_from is not None:
+                py_path = e.path.replace("/__pycache__/", "/").rsplit(".", 2)[0] + ".py"
+                data = _pyc(e.compile_from, py_path, cache)
+                if data is None:
+                    continue
+                info.size, info.mtime = len(data), int(os.stat(e.compile_from).st_mtime)
+                tar.addfile(info, _Bytes(data))
+                total += len(data)
+            elif e.data is not None:
+                info.size = len(e.data)
+                tar.addfile(info, _Bytes(e.data))
+                total += len(e.data)
+            else:
+                assert e.source is not None
+                with open(e.source, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    info.size, info.mtime = st.st_size, int(st.st_mtime)
+                    tar.addfile(info, f)
+                    total += st.st_size
+    cache.prune()
+    return total
+
+
+class _Bytes:
+    """A minimal readable file over bytes (tarfile reads ``size`` bytes from it)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data, self._at = data, 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._data) if n < 0 else self._at + n
+        chunk, self._at = self._data[self._at : end], min(end, len(self._data))
+        return chunk

@@ -1,0 +1,275 @@
+"""Joined machines: creating one (its join token and join command), listing them live, removing one.
+
+A joined machine is a box whose ``levers9 agent`` joined a pool of the
+``agent_machine`` provider; its id is its agent's id. Its row is in SQL
+(:mod:`levers9.state.sql.joined_machines`), what it reports (inventory,
+heartbeat) in Redis (:mod:`levers9.services.agent_store`).
+
+Who may create for which pool: the pool must be configured, use the
+``agent_machine`` provider, and belong to the caller's workspace. A workspace
+user may create machines only for pools whose ``workspace`` is theirs; an
+operator (a user token bound to no workspace) only for shared pools (no
+``workspace``). The two never cross, because the provider serves a pool only
+with agents of the pool's own workspace (an agent belongs to the workspace of
+its join token): a machine created otherwise could never serve. Refusals name
+the pool and the pools the caller may use (``ValueError`` for a pool that is
+not there or not an agent pool, ``PermissionDenied`` for another workspace's).
+
+The join token (:func:`levers9.services.agent_join.issue_join_token`) carries
+the labels ``pool`` and ``name``; it is shown once, in the join command
+(:func:`join_command`), and works once. Names are unique per workspace among
+live machines (``AlreadyExists``); unknown names are ``NotFound``.
+
+Removing (:func:`remove`): the scheduler's machines on the box (their
+``provider_data["agent_id"]``) are cordoned and terminated through the
+provisioner (which sends the agent its ``terminate`` orders while it is still
+joined; a terminate that fails is left to the reconciler, which retries it),
+their workers' calls requeued; then every token of the agent is revoked (its
+credential and an unused join token), it is marked removed in SQL and Redis,
+and its stream is cut at once on whichever replica holds it. A removed
+machine is refused at Join and Connect with a message saying it was removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from levers9.services.agent_join import JOIN_PREFIX, JOIN_TTL_S, JoinToken, issue_join_token
+from levers9.services.agents import publish_disconnect
+from levers9.services.auth import PermissionDenied, Principal
+from levers9.state.errors import AlreadyExists, NotFound
+from levers9.state.sql.joined_machines import JoinedMachineStore, check_machine_name
+from levers9.state.sql.records import JoinedMachineRecord, TokenKind
+
+if TYPE_CHECKING:
+    from levers9.scheduler.pools import PoolSpec
+    from levers9.services.core import Services
+
+__all__ = [
+    "JOIN_TTL_S",
+    "PROVIDER",
+    "CreatedMachine",
+    "JoinedMachineView",
+    "RemovedMachine",
+    "create",
+    "join_command",
+    "list_machines",
+    "remove",
+]
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "agent_machine"
+#: machine records of the scheduler that may still have a container on the box
+_LIVE_MACHINE_STATES = ("requested", "starting", "running", "draining", "terminating")
+
+
+@dataclass(frozen=True)
+class CreatedMachine:
+    machine: JoinedMachineRecord
+    join: JoinToken
+    #: the controlplane's own advertised gRPC URL and CA, for a join command made here
+    controlplane_url: str
+    ca_pem: str
+    #: the pool's ``ssh`` settings (paths, user, port, jump host; never a key), for ``machine create --ssh``
+    ssh: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JoinedMachineView:
+    """A joined machine with what its agent last reported (zeros when it never did)."""
+
+    machine: JoinedMachineRecord
+    connected: bool = False
+    #: epoch seconds of its last message; 0: never connected
+    last_seen: float = 0.0
+    version: str = ""
+    #: GPUs by canonical type: total and free
+    gpus: dict[str, int] = field(default_factory=dict)
+    free_gpus: dict[str, int] = field(default_factory=dict)
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    free_cpu_millicores: int = 0
+    free_memory_mib: int = 0
+    #: levers9 machine ids of the worker containers running there
+    workers: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RemovedMachine:
+    machine: JoinedMachineRecord
+    #: scheduler machines stopped on the box, and those whose stop failed (the reconciler retries them)
+    terminated: list[str]
+    not_terminated: list[str]
+
+
+def join_command(controlplane_url: str, token: str, *, ca_pem: str = "", version: str = "") -> str:
+    """The command to run on the box: install this levers9 version, then ``levers9 agent join``.
+
+    The token travels in ``LEVERS9_JOIN_TOKEN``, never in argv; a plain ``grpc://`` controlplane gets
+    ``--insecure`` (development only); the CA, when there is one, travels base64-encoded.
+    """
+    if not version:
+        from levers9.__about__ import __version__ as version
+    parts = [f"LEVERS9_JOIN_TOKEN={token}", "levers9", "agent", "join", "--controlplane", controlplane_url]
+    if ca_pem:
+        parts += ["--ca-b64", base64.b64encode(ca_pem.encode()).decode()]
+    if controlplane_url.startswith("grpc://"):
+        parts.append("--insecure")
+    return f"pip install 'levers9=={version}' && " + " ".join(parts)
+
+
+def _agent_pools(services: Services) -> dict[str, PoolSpec]:
+    return {name: spec for name, spec in services.pools.items() if spec.pool.provider == PROVIDER}
+
+
+def _usable(spec: PoolSpec, principal: Principal) -> bool:
+    return spec.workspace == principal.workspace_id
+
+
+def _check_pool(services: Services, principal: Principal, pool: str) -> PoolSpec:
+    agent_pools = _agent_pools(services)
+    usable = sorted(name for name, spec in agent_pools.items() if _usable(spec, principal))
+    accepted = f"pools you may join machines to: {', '.join(usable)}" if usable else (
+        "you may join machines to no pool: configure a pool with 'provider: agent_machine'"
+        + ("" if principal.workspace_id is None else " for this workspace")
+    )  # fmt: skip
+    spec = services.pools.get(pool)
+    if spec is None:
+        raise ValueError(f"pool {pool!r} is not configured on this controlplane; {accepted}")
+    if spec.pool.provider != PROVIDER:
+        raise ValueError(
+            f"pool {pool!r} uses provider {spec.pool.provider!r}; machines join pools of provider {PROVIDER!r} "
+            f"only; {accepted}"
+        )
+    if not _usable(spec, principal):
+        whose = "shared (the operator's)" if spec.workspace is None else "another workspace's"
+        who = "an operator" if principal.workspace_id is None else "this workspace"
+        raise PermissionDenied(f"pool {pool!r} is {whose}: {who} may not join machines to it; {accepted}")
+    return spec
+
+
+async def create(
+    services: Services, principal: Principal, pool: str, name: str | None = None, *, ttl_s: float = JOIN_TTL_S
+) -> CreatedMachine:
+    """Record a pending machine for ``pool`` and issue its single-use join token (see the module docstring)."""
+    if principal.kind is not TokenKind.USER:
+        raise PermissionDenied(f"only a user token may create machines, not a {principal.kind.value} token")
+    spec = _check_pool(services, principal, pool)
+    store = JoinedMachineStore(services.db)
+    if name:
+        check_machine_name(name)
+        try:
+            await store.by_name(principal.workspace_id, name)
+        except NotFound:
+            pass
+        else:
+            raise AlreadyExists(
+                f"a machine named {name!r} exists already: choose another --name, or remove it first "
+                f"(levers9 machine remove {name})"
+            )
+    labels = {"pool": pool} | ({"name": name} if name else {})
+    issued = await issue_join_token(services, principal, PROVIDER, labels, ttl_s=ttl_s)
+    try:
+        record = await store.create(
+            issued.agent_id, name=name or issued.agent_id, workspace_id=principal.workspace_id, pool=pool,
+            provider=PROVIDER, created_by=principal.token_id,
+        )  # fmt: skip
+    except BaseException:
+        await services.tokens.revoke_subject(f"{JOIN_PREFIX}{issued.agent_id}")  # a token for no machine
+        raise
+    log.info("machine %s (%s) created for pool %s", record.name, record.id, pool)
+    ctx = services.scheduler.ctx
+    return CreatedMachine(record, issued, ctx.controlplane_url, ctx.controlplane_ca, _ssh(spec))
+
+
+def _ssh(spec: PoolSpec) -> dict[str, Any]:
+    ssh = getattr(spec.pool.settings, "ssh", None)
+    dump = getattr(ssh, "model_dump", None)
+    return dict(dump(mode="json")) if callable(dump) else {}
+
+
+def _ints(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)}
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
+async def list_machines(services: Services, principal: Principal) -> list[JoinedMachineView]:
+    """The caller's workspace's live machines (an operator's: the operator's own), with their live inventory."""
+    records = await JoinedMachineStore(services.db).list(principal.workspace_id)
+    views = []
+    for record in records:
+        agent = await services.agents.get(record.id)
+        if agent is None:
+            views.append(JoinedMachineView(record))
+            continue
+        capacity = agent.capacity
+        free = capacity.get("free") if isinstance(capacity.get("free"), dict) else {}
+        assert isinstance(free, dict)
+        views.append(
+            JoinedMachineView(
+                record,
+                connected=await services.agents.owner(record.id) is not None,
+                last_seen=agent.last_seen,
+                version=agent.version,
+                gpus=_ints(capacity.get("gpus")),
+                free_gpus=_ints(free.get("gpus")),
+                cpu_millicores=_int(capacity.get("cpu_millicores")),
+                memory_mib=_int(capacity.get("memory_mib")),
+                free_cpu_millicores=_int(free.get("cpu_millicores")),
+                free_memory_mib=_int(free.get("memory_mib")),
+                workers=list(agent.machines),
+            )
+        )
+    return views
+
+
+async def remove(services: Services, principal: Principal, name: str) -> RemovedMachine:
+    """Drain and stop the machine's workers, revoke its agent, mark it removed, cut its stream."""
+    if principal.kind is not TokenKind.USER:
+        raise PermissionDenied(f"only a user token may remove machines, not a {principal.kind.value} token")
+    store = JoinedMachineStore(services.db)
+    record = await store.by_name(principal.workspace_id, name)
+    agent_id = record.id
+    why = f"joined machine {record.name} ({agent_id}) is being removed"
+    terminated: list[str] = []
+    failed: list[str] = []
+    spec = services.pools.get(record.pool)
+    if spec is not None:
+        scheduler = services.scheduler
+        for machine in await services.machines.list(pool=record.pool, states=_LIVE_MACHINE_STATES):
+            if (machine.provider_data or {}).get("agent_id") != agent_id and machine.zone != agent_id:
+                continue
+            if machine.worker_id:
+                await scheduler.ctx.workers.cordon(machine.worker_id)
+            if await scheduler.provisioner.terminate(spec, machine, why):
+                terminated.append(machine.id)
+            else:
+                failed.append(machine.id)
+            if machine.worker_id:
+                await scheduler.remove_worker(machine.worker_id, "left: its joined machine was removed", force=True)
+    await services.tokens.revoke_subject(agent_id)
+    await services.tokens.revoke_subject(f"{JOIN_PREFIX}{agent_id}")
+    removed = await store.mark_removed(agent_id)
+    await services.agents.removed(agent_id)
+    try:
+        await publish_disconnect(services.redis, services.agents.prefix, agent_id, f"this machine was removed ({why})")
+    except Exception as exc:  # revoked already: the stream's next message is refused within the auth cache's life
+        log.warning("could not ask the replicas to cut agent %s's stream: %s", agent_id, exc)
+    log.info("machine %s (%s) removed: %d workers stopped, %d left to the reconciler", record.name, agent_id,
+             len(terminated), len(failed))  # fmt: skip
+    return RemovedMachine(removed, terminated, failed)
+
+
+def epoch(value: datetime | None) -> float:
+    """A record's time as epoch seconds (0 for none), as the transports send it."""
+    return value.timestamp() if value is not None else 0.0

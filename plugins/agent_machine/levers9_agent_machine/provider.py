@@ -1,0 +1,327 @@
+"""The ``agent_machine`` provider's hooks: offers from the joined machines' inventories, orders to their agents.
+
+A pool is served by the agents that joined for it: agents of this provider,
+of the pool's own workspace (``pool.workspace``; None: the operator's), whose
+join token's ``pool`` label is the pool's name. So one workspace's pool never
+sees, and never orders, another workspace's machine. An agent *serves* (gets
+offers and new workers) while connected and heard from within the pool's
+``heartbeat_timeout_s``.
+
+* offers: for a GPU pool, one :class:`GpuOffer` per serving agent with enough
+  free GPUs of the pool's type and fewer than ``max_workers_per_machine`` of
+  the pool's containers alive; ``zone`` is the agent id. A CPU pool gets none,
+  and provision picks the agent with the most free CPU that fits.
+* provision: a ``provision`` order (payload as the design of issue 17 says)
+  to the offer's agent, acknowledged within the provision deadline; the
+  machine is ``l9w-<machine_id>`` on that agent. An agent that is not
+  connected is :class:`InsufficientCapacity` (the hub says so), a refusal is
+  the typed error its ``error_kind`` names.
+* terminate: a ``terminate`` order to ``provider_data["agent_id"]``. An agent
+  not connected is :class:`AgentOffline`, retryable: the reconciler tries
+  again and the order is never forgotten. An agent no longer known (removed
+  with ``levers9 machine remove``) has nothing left to stop: success.
+* list: the containers of the pool in each agent's last inventory; running
+  -> RUNNING, created/restarting -> PENDING, exited/dead -> FAILED with the
+  exit code. An agent silent past ``heartbeat_timeout_s`` has every machine
+  reported FAILED ("agent <name> silent for N s"), so its calls are requeued.
+
+Nothing heavy is imported here: the hub comes from ``levers9_startup``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from levers9.bootstrap import container_spec
+from levers9.gpu.catalog import CATALOG
+from levers9.hooks.context import AgentInventory, AgentOrder, PluginContext
+from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError
+from levers9.hooks.types import (
+    Availability,
+    GpuOffer,
+    Machine,
+    MachineState,
+    Pool,
+    ProviderCheck,
+    ProvisionRequest,
+)
+from levers9_agent_machine.settings import AgentMachineSettings
+
+__all__ = ["PROVIDER", "AgentMachineProvider", "AgentOffline", "container_name"]
+
+PROVIDER = "agent_machine"
+#: the longest a provision order waits for its acknowledgement (the hook's own deadline is 120 s)
+PROVISION_ORDER_S = 110.0
+#: the longest a terminate order waits (the hook's deadline is 30 s; the agent stops with 10 s grace)
+TERMINATE_ORDER_S = 20.0
+_STATES = {
+    "running": MachineState.RUNNING,
+    "created": MachineState.PENDING,
+    "restarting": MachineState.PENDING,
+    "paused": MachineState.PENDING,
+    "removing": MachineState.STOPPING,
+    "exited": MachineState.FAILED,
+    "dead": MachineState.FAILED,
+}
+#: a container in these states still holds its place on the machine
+_ALIVE = frozenset({"running", "created", "restarting", "paused"})
+
+
+class AgentOffline(ProviderError):
+    """The agent that must carry out the order is not connected now; the same call may succeed later."""
+
+    kind = "agent_offline"
+    retryable = True
+
+
+def container_name(machine_id: str) -> str:
+    return f"l9w-{machine_id}"
+
+
+def _settings(pool: Pool) -> AgentMachineSettings:
+    if isinstance(pool.settings, AgentMachineSettings):
+        return pool.settings
+    return AgentMachineSettings.model_validate(pool.settings or {})
+
+
+def _containers(agent: AgentInventory, pool: str) -> list[dict[str, Any]]:
+    details = agent.capacity.get("details")
+    found = details.get("containers") if isinstance(details, dict) else None
+    if not isinstance(found, list):
+        return []
+    return [c for c in found if isinstance(c, dict) and c.get("pool") == pool and c.get("machine_id")]
+
+
+def _free(agent: AgentInventory) -> dict[str, Any]:
+    free = agent.capacity.get("free")
+    return free if isinstance(free, dict) else {}
+
+
+def _num(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _name(agent: AgentInventory) -> str:
+    return agent.labels.get("name") or agent.labels.get("hostname") or agent.agent_id
+
+
+class AgentMachineProvider:
+    """The hooks' state: the plugin context (its agent hub) and a clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.ctx: PluginContext | None = None
+        self._clock = clock
+
+    def startup(self, ctx: PluginContext) -> None:
+        self.ctx = ctx
+
+    def _context(self) -> PluginContext:
+        if self.ctx is None or self.ctx.agents is None:
+            raise ProviderError(
+                "agent_machine has no agent hub in this process: its pools are served by a running controlplane "
+                "('levers9 server'), where the joined machines' agents connect"
+            )
+        return self.ctx
+
+    # -------------------------------------------------------------------------- the pool's agents
+
+    def agents(self, pool: Pool) -> list[AgentInventory]:
+        """Every agent that joined for ``pool`` (connected or not), of the pool's workspace only."""
+        hub = self._context().agents
+        assert hub is not None
+        found = hub.inventories(PROVIDER, workspace=pool.workspace)
+        return [a for a in found if a.labels.get("pool") == pool.name and a.workspace == pool.workspace]
+
+    def silent_for(self, agent: AgentInventory) -> float:
+        return max(0.0, self._clock() - agent.last_seen) if agent.last_seen > 0 else float("inf")
+
+    def serving(self, pool: Pool) -> list[AgentInventory]:
+        """The pool's agents that are connected and were heard from within ``heartbeat_timeout_s``."""
+        timeout = _settings(pool).heartbeat_timeout_s
+        return [a for a in self.agents(pool) if a.connected and self.silent_for(a) <= timeout]
+
+    def _fits(self, pool: Pool, agent: AgentInventory, cpu_millicores: int = 0, memory_mib: int = 0) -> bool:
+        settings = _settings(pool)
+        alive = [c for c in _containers(agent, pool.name) if c.get("state") in _ALIVE]
+        if len(alive) >= settings.max_workers_per_machine:
+            return False
+        free = _free(agent)
+        if pool.gpu and pool.gpu_count > 0:
+            gpus = free.get("gpus")
+            if not isinstance(gpus, dict) or _num(gpus.get(pool.gpu)) < pool.gpu_count:
+                return False
+        return _num(free.get("cpu_millicores")) >= cpu_millicores and _num(free.get("memory_mib")) >= memory_mib
+
+    # -------------------------------------------------------------------------- hooks
+
+    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+        if not pool.gpu or pool.gpu_count <= 0:
+            return []
+        gpu_type = CATALOG.get(pool.gpu)
+        memory = gpu_type.memory_mib if gpu_type is not None else 1
+        offers = []
+        for agent in self.serving(pool):
+            if not self._fits(pool, agent):
+                continue
+            free = _free(agent)
+            offers.append(
+                GpuOffer(
+                    gpu=pool.gpu,
+                    gpu_count=pool.gpu_count,
+                    gpu_memory_mib=max(1, memory),
+                    zone=agent.agent_id,
+                    instance_type=_name(agent),
+                    cpu_millicores=_num(free.get("cpu_millicores")) or None,
+                    memory_mib=_num(free.get("memory_mib")) or None,
+                    availability=Availability.AVAILABLE,
+                )
+            )
+        return offers
+
+    def _pick(self, request: ProvisionRequest) -> AgentInventory:
+        pool, resources = request.pool, request.resources
+        serving = self.serving(pool)
+        if request.offer is not None and request.offer.zone:
+            chosen = next((a for a in serving if a.agent_id == request.offer.zone), None)
+            if chosen is None:
+                raise InsufficientCapacity(
+                    f"agent {request.offer.zone} no longer serves pool {pool.name!r} (disconnected, silent past "
+                    f"{_settings(pool).heartbeat_timeout_s:g} s, or removed)"
+                )
+            return chosen
+        fitting = [a for a in serving if self._fits(pool, a, resources.cpu_millicores, resources.memory_mib)]
+        if not fitting:
+            raise InsufficientCapacity(
+                f"no joined machine of pool {pool.name!r} can take a worker of {resources.cpu_millicores} "
+                f"millicores and {resources.memory_mib} MiB now ({len(serving)} connected; each runs at most "
+                f"{_settings(pool).max_workers_per_machine} of this pool's workers)"
+            )
+        return max(fitting, key=lambda a: (_num(_free(a).get("cpu_millicores")), a.agent_id))
+
+    def provision(self, request: ProvisionRequest) -> Machine:
+        ctx = self._context()
+        pool, resources = request.pool, request.resources
+        settings = _settings(pool)
+        agent = self._pick(request)
+        gpu_count = resources.gpu_count if resources.gpu else 0
+        if gpu_count and settings.gpu_runtime is None:
+            raise InvalidRequest(
+                f"pool {pool.name!r} asks for {gpu_count} GPU(s) but its gpu_runtime is none: set gpu_runtime: "
+                "nvidia (the NVIDIA Container Toolkit on the machine)"
+            )
+        try:
+            spec = container_spec(request.bootstrap.model_copy(update={"worker_image": settings.worker_image}))
+        except ValueError as exc:
+            raise InvalidRequest(f"pool {pool.name!r}: {exc}") from None
+        payload: dict[str, Any] = {
+            "machine_id": request.machine_id,
+            "pool": pool.name,
+            "workspace": pool.workspace,
+            "image": settings.worker_image,
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "secret_env": dict(spec.secret_env),
+            "cpu_millicores": resources.cpu_millicores,
+            "memory_mib": resources.memory_mib,
+            "gpu": resources.gpu if gpu_count else None,
+            "gpu_count": gpu_count,
+            "network_mode": settings.docker_network_mode,
+            "gpu_runtime": settings.gpu_runtime if gpu_count else None,
+        }
+        order = AgentOrder(
+            agent_id=agent.agent_id, kind="provision", payload=payload, order_id=f"prov-{request.machine_id}"
+        )
+        try:
+            ack = ctx.send_order(order, timeout=PROVISION_ORDER_S)
+        except TimeoutError as exc:
+            raise ProviderError(f"pool {pool.name!r}: {exc}") from None
+        container_id = ack.result.get("container_id")
+        return Machine(
+            provider_id=container_name(request.machine_id),
+            machine_id=request.machine_id,
+            pool=pool.name,
+            state=MachineState.PENDING,
+            gpu=resources.gpu if gpu_count else None,
+            gpu_count=gpu_count,
+            zone=agent.agent_id,
+            instance_type=_name(agent),
+            labels={"agent": agent.agent_id},
+            provider_data={"agent_id": agent.agent_id, "container_id": str(container_id or "")},
+        )
+
+    def terminate(self, pool: Pool, machine: Machine) -> None:
+        ctx = self._context()
+        agent_id = str(machine.provider_data.get("agent_id") or machine.zone or "")
+        machine_id = machine.machine_id or machine.provider_id.removeprefix("l9w-")
+        if not agent_id:
+            raise InvalidRequest(
+                f"machine {machine.provider_id} of pool {pool.name!r} names no agent (provider_data.agent_id): "
+                "it was not started by agent_machine"
+            )
+        assert ctx.agents is not None
+        known = {a.agent_id: a for a in ctx.agents.inventories(PROVIDER)}
+        if agent_id not in known:  # removed (or never joined): nothing of it can run for levers9 any more
+            return
+        order = AgentOrder(agent_id=agent_id, kind="terminate", payload={"machine_id": machine_id},
+                           order_id=f"term-{machine_id}")  # fmt: skip
+        try:
+            ctx.send_order(order, timeout=TERMINATE_ORDER_S)
+        except InsufficientCapacity as exc:  # the hub's "not connected"
+            raise AgentOffline(f"cannot stop {machine.provider_id} now: {exc}; it is stopped once the agent "
+                               "reconnects") from None  # fmt: skip
+        except TimeoutError as exc:
+            raise AgentOffline(str(exc)) from None
+
+    def list_machines(self, pool: Pool) -> list[Machine]:
+        timeout = _settings(pool).heartbeat_timeout_s
+        machines = []
+        for agent in self.agents(pool):
+            silent = self.silent_for(agent)
+            gone = silent > timeout
+            for container in _containers(agent, pool.name):
+                machine_id = str(container["machine_id"])
+                docker_state = str(container.get("state") or "")
+                state = _STATES.get(docker_state, MachineState.UNKNOWN)
+                reason = None
+                if gone:
+                    state = MachineState.FAILED
+                    reason = f"agent {_name(agent)} silent for {silent:.0f} s"
+                elif state is MachineState.FAILED:
+                    reason = f"worker container exited with code {container.get('exit_code')}"
+                gpus = container.get("gpus")
+                machines.append(
+                    Machine(
+                        provider_id=container_name(machine_id),
+                        machine_id=machine_id,
+                        pool=pool.name,
+                        state=state,
+                        gpu_count=len(gpus) if isinstance(gpus, list) else 0,
+                        zone=agent.agent_id,
+                        instance_type=_name(agent),
+                        provider_data={"agent_id": agent.agent_id,
+                                       "container_id": str(container.get("container_id") or "")},
+                        reason=reason,
+                    )
+                )  # fmt: skip
+        return machines
+
+    def check(self, pool: Pool) -> ProviderCheck:
+        if self.ctx is None or self.ctx.agents is None:
+            return ProviderCheck(
+                ok=True,
+                message="no agent hub here: joined machines are seen by a running controlplane only",
+                hint="run 'levers9 machines' against the controlplane to see them",
+            )
+        joined = self.agents(pool)
+        serving = self.serving(pool)
+        if not serving:
+            return ProviderCheck(
+                ok=False,
+                message=f"no joined machine serves pool {pool.name!r} now ({len(joined)} joined, none connected)",
+                hint=f"join one with 'levers9 machine create --pool {pool.name}'",
+            )
+        gpus = sum(_num((_free(a).get("gpus") or {}).get(pool.gpu or "")) for a in serving) if pool.gpu else 0
+        what = f", {gpus} free {pool.gpu}" if pool.gpu else ""
+        return ProviderCheck(ok=True, message=f"{len(serving)} of {len(joined)} joined machines connected{what}")
