@@ -158,11 +158,15 @@ class AgentServer:
         return joined
 
     async def revoke(self, credential: AgentCredential) -> None:
-        """Revoke the agent's credential, at once on this replica (as revoking through the API does)."""
-        assert await self.services.tokens.revoke_subject(credential.agent_id) >= 1
+        """Revoke the agent's credential through the service the API's `DELETE /tokens/{id}` calls."""
+        from levers9.services.auth import Principal
+        from levers9.services.workspaces import revoke_token
+        from levers9.state.sql.records import TokenKind
+
         record = await self.services.tokens.find(credential.token)
         assert record is not None
-        self.services.auth.forget(record.id)
+        operator = Principal(token_id="tok_test_operator", kind=TokenKind.USER, workspace_id=None, subject="op")
+        await revoke_token(self.services, operator, record.id)
 
     def inventory(self, agent_id: str) -> AgentInventory | None:
         assert self.hub is not None

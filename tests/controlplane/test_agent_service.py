@@ -28,6 +28,7 @@ from levers9.services import agent_join
 from levers9.services.agents import AgentHub
 from levers9.services.auth import Principal
 from levers9.services.core import Services
+from levers9.services.workspaces import revoke_token
 from levers9.state.sql.records import TokenKind
 from tests.fixtures.levers9_up import free_port
 from tests.fixtures.services import opened_services
@@ -232,15 +233,14 @@ async def test_an_agent_answering_pings_stays_connected(wire: Wire) -> None:
 
 
 async def test_a_revoked_agent_is_cut_off(wire: Wire) -> None:
-    agent_id, token = await wire.agent()
+    _, token = await wire.agent()
     stream = Stream(wire.stub, token)
     await stream.hello()
-    assert await wire.services.tokens.revoke_subject(agent_id) == 1
     record = await wire.services.tokens.find(token)
     assert record is not None
-    wire.services.auth.forget(record.id)  # at once on this replica, as revoking through the API does
-    await stream.send(heartbeat=agent_pb2.Heartbeat())
-    refused = await stream.refused()
+    operator = Principal(token_id="tok_test_operator", kind=TokenKind.USER, workspace_id=None, subject="op")
+    await revoke_token(wire.services, operator, record.id)  # as `DELETE /tokens/{id}` does
+    refused = await stream.refused()  # at once: the agent need not send anything first
     assert refused.code() is grpc.StatusCode.UNAUTHENTICATED
 
 

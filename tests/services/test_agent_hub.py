@@ -26,6 +26,7 @@ from levers9.hooks.errors import (
     Throttled,
 )
 from levers9.services import agent_join
+from levers9.services import agents as agents_module
 from levers9.services.agents import (
     ANY_WORKSPACE,
     AgentHub,
@@ -405,3 +406,62 @@ async def test_hello_must_name_the_provider_joined_for_and_come_first(services: 
         await session.heartbeat()
     with contextlib.suppress(Exception):
         await session.close()
+
+
+# ---------------------------------------------------------------------------------------------- what a heartbeat costs
+
+
+async def test_heartbeats_reach_redis_together_and_every_replica_sees_them(
+    services: Services, hub: AgentHub, clock: Clock
+) -> None:
+    agents = [await joined_agent(services, hub, await operator(services)) for _ in range(3)]
+    for agent in agents:
+        await agent.connect()
+    clock.now += 4.0
+    for agent in agents:
+        assert agent.session is not None
+        await agent.session.heartbeat()
+    ids = [agent.identity.agent_id for agent in agents]
+    # heard here at once; in Redis with the next batch (one pipeline for all three)
+    assert all(i.last_seen == clock.now for i in hub.inventories() if i.agent_id in ids)
+    assert set(hub._heard) == set(ids)
+    await hub._flush_presence()
+    assert hub._heard == {}
+    assert await hub.store.last_seen(ids) == dict.fromkeys(ids, clock.now)
+
+    other = AgentHub(services.redis, name="replica-b", heartbeat_s=5.0, clock=clock)
+    await other.refresh()
+    clock.now += 3.0
+    for agent in agents:
+        assert agent.session is not None
+        await agent.session.heartbeat()
+    await hub._flush_presence()
+    await other.refresh(full=False)  # the light refresh: heartbeats only
+    assert {i.agent_id: i.last_seen for i in other.inventories() if i.agent_id in ids} == dict.fromkeys(ids, clock.now)
+    assert all(i.connected for i in other.inventories() if i.agent_id in ids)
+    for agent in agents:
+        await agent.hang_up()
+
+
+async def test_a_stream_rechecks_its_credential_only_now_and_then(
+    services: Services, hub: AgentHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = await joined_agent(services, hub, await operator(services))
+    checks = 0
+
+    async def recheck() -> None:
+        nonlocal checks
+        checks += 1
+
+    agent.session = hub.attach(agent.identity, recheck)
+    hang_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    pump = asyncio.create_task(agent._read(agent.session, hang_up))
+    await agent.session.hello(version="test", provider="agent_machine", labels={}, hostname="box")
+    for _ in range(20):
+        await agent.session.heartbeat()
+    assert checks == 0, "the credential was checked when the stream opened; heartbeats do not check it again"
+    monkeypatch.setattr(agents_module, "CREDENTIAL_RECHECK_S", 0.0)
+    await agent.session.heartbeat()
+    assert checks == 1
+    hang_up.set_result(None)
+    await pump

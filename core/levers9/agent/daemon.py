@@ -11,12 +11,18 @@ connection loop drives. Invariants:
   container exists answers with it (:mod:`levers9.agent.docker_workers`).
 * **Inventory** goes out right after every Welcome, whenever it changes
   (checked every ``poll_s`` and at once after each order) and every
-  ``inventory_every_s`` (30 s) regardless. While Docker cannot be reached,
+  ``inventory_every_s`` (5 min) regardless: a thousand agents re-sending an
+  unchanged inventory would cost the controlplane more than their heartbeats. While Docker cannot be reached,
   none is sent (an empty container list would read as "every worker is
   gone"); the failure is logged once until it changes.
 * **Heartbeats** every ``Welcome.heartbeat_s``.
 * **Nothing is stopped on start-up**: the agent reports its containers and
   the controlplane decides.
+* **A removed machine leaves nothing running**: when the controlplane refuses
+  the credential because the machine was removed ("this machine was
+  removed"), the agent stops and removes its own ``l9w-*`` containers (those
+  its terminate orders did not reach) before it exits with code 3. Any other
+  refusal (a revoked token, say) leaves them: the operator decides.
 
 Docker's blocking calls run in threads. :func:`run_agent` is what the CLI
 runs: it returns the process's exit code (0 on a stop signal, 3 when the
@@ -41,12 +47,14 @@ from levers9.agent.inventory import GpuSource, build_inventory, change_key, mach
 from levers9.hooks.types import GpuDevice
 from levers9.proto.v1 import agent_pb2
 
-__all__ = ["EXIT_REFUSED", "Agent", "run_agent"]
+__all__ = ["EXIT_REFUSED", "REMOVED", "Agent", "run_agent"]
 
 log = logging.getLogger(__name__)
 
 #: the exit code of an agent whose credential (or join token) the controlplane refused
 EXIT_REFUSED = 3
+#: the words of the controlplane's refusal of a removed machine's agent (services.agent_join.removed_message)
+REMOVED = "this machine was removed"
 #: acknowledgements remembered for orders seen again
 _DONE_KEPT = 1000
 
@@ -55,7 +63,7 @@ class Agent:
     """One agent process's state across its streams (see the module docstring)."""
 
     def __init__(
-        self, workers: DockerWorkers, gpus: GpuSource, *, poll_s: float = 2.0, inventory_every_s: float = 30.0
+        self, workers: DockerWorkers, gpus: GpuSource, *, poll_s: float = 2.0, inventory_every_s: float = 300.0
     ) -> None:
         self.workers = workers
         self._gpu_source = gpus
@@ -194,6 +202,18 @@ class Agent:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
 
 
+async def _remove_workers(workers: DockerWorkers) -> None:
+    """The machine was removed: its worker containers go with it (logged; a failure is logged, not raised)."""
+    try:
+        removed = await asyncio.to_thread(workers.remove_mine)
+    except OrderRefused as exc:
+        log.error("this machine was removed but its worker containers could not be removed: %s", exc)
+        return
+    if removed:
+        log.warning("this machine was removed: stopped and removed its worker containers %s",
+                    ", ".join(f"l9w-{m}" for m in removed))  # fmt: skip
+
+
 async def run_agent(
     credential: AgentCredential,
     stop: asyncio.Event,
@@ -215,7 +235,7 @@ async def run_agent(
         plugin_gpus = PluginGpus()
         gpus = plugin_gpus
     workers = DockerWorkers(credential.agent_id, docker_host=docker_host, resources=machine_resources(),
-                            stop_grace_s=stop_grace_s)  # fmt: skip
+                            stop_grace_s=stop_grace_s, insecure=credential.insecure)  # fmt: skip
     agent = Agent(workers, gpus, poll_s=poll_s)
     try:
         if on_ready is not None:
@@ -225,6 +245,9 @@ async def run_agent(
         try:
             await connect_forever(credential, agent, stop)
         except CredentialRefused as exc:
+            await agent.wait_orders()
+            if REMOVED in str(exc):
+                await _remove_workers(workers)
             log.error("%s; this agent stops (remove its state directory and join again with a new token)", exc)
             return EXIT_REFUSED
         finally:

@@ -20,6 +20,10 @@ device requests when it asks for GPUs, and the restart policy ``on-failure``
   its state (a container that exited may be restarted by its policy).
 * Secret environment values go into the container's environment and nowhere
   else: never into a log, a label or an error.
+* **Workers reach the controlplane over TLS only.** A provision order whose
+  worker would dial a plain-text controlplane (``LEVERS9_CONTROLPLANE_URL``
+  not ``grpcs://``) is refused (``invalid_request``) unless the agent itself
+  runs with ``--insecure`` (development only).
 
 Failures are :class:`OrderRefused` with the provider error kind the
 controlplane maps (docs/architecture.md §5.2): a missing image or a GPU order
@@ -230,8 +234,11 @@ class DockerWorkers:
         resources: tuple[int, int] = (0, 0),
         gpus: Callable[[], Sequence[GpuDevice]] = list,
         stop_grace_s: float = 10.0,
+        insecure: bool = False,
     ) -> None:
         self.agent_id = agent_id
+        #: the agent runs with --insecure: workers may dial a plain-text controlplane too
+        self.insecure = insecure
         self.docker_host = docker_host or DEFAULT_DOCKER_HOST
         #: (CPU millicores, memory MiB) of the machine
         self.resources = resources
@@ -250,7 +257,12 @@ class DockerWorkers:
 
     def _client(self, role: str) -> docker.DockerClient:
         """One client per role ("orders", "inventory"), so a slow stop never holds up an inventory."""
-        import docker
+        try:
+            import docker
+        except ImportError as exc:
+            raise OrderRefused(
+                f"the Docker SDK is not installed where this agent runs ({exc}): pip install 'levers9[agent]'"
+            ) from None
 
         with self._clients_lock:
             client = self._clients.get(role)
@@ -269,9 +281,9 @@ class DockerWorkers:
 
     def facts(self, role: str = "inventory") -> DockerFacts:
         """Docker's version and runtimes. :raises OrderRefused: Docker is unreachable."""
+        client = self._client(role)  # first: it says so when the Docker SDK is missing
         import docker
 
-        client = self._client(role)
         try:
             info = client.info()
             version = client.version()
@@ -288,9 +300,9 @@ class DockerWorkers:
 
         :raises OrderRefused: Docker is unreachable.
         """
+        client = self._client(role)  # first: it says so when the Docker SDK is missing
         import docker
 
-        client = self._client(role)
         try:
             found = client.containers.list(all=True, filters={"label": LABEL_MACHINE})
         except docker.errors.NotFound:  # a container removed while listing: list again
@@ -311,8 +323,27 @@ class DockerWorkers:
     def provision(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Start the order's worker container, or answer with the one that exists. :raises OrderRefused:."""
         order = ProvisionOrder.parse(payload)
+        self._check_tls(order)
         with self._orders:
             return self._provision(order)
+
+    def _check_tls(self, order: ProvisionOrder) -> None:
+        from levers9.proto.target import TargetError, parse_targets
+
+        url = order.env.get("LEVERS9_CONTROLPLANE_URL", "")
+        if not url:  # nothing to dial: the worker says so itself when it starts
+            return
+        try:
+            _, tls = parse_targets(url)
+        except TargetError as exc:
+            raise OrderRefused(f"provision order: LEVERS9_CONTROLPLANE_URL: {exc}", _INVALID) from None
+        if not tls and not self.insecure:
+            raise OrderRefused(
+                f"the worker of machine {order.machine_id} would reach the controlplane in plain text ({url}): "
+                "workers reach it over TLS only; serve the controlplane with listen.tls (grpcs://), or run this "
+                "agent with --insecure on a development machine",
+                _INVALID,
+            )
 
     def _provision(self, order: ProvisionOrder) -> dict[str, Any]:
         import docker
@@ -459,6 +490,15 @@ class DockerWorkers:
         except (docker.errors.DockerException, OSError) as exc:
             raise OrderRefused(self._unreachable(exc)) from None
         return {"machine_id": machine_id, "removed": len(found)}
+
+    def remove_mine(self) -> list[str]:
+        """Stop and remove every worker container of this agent (its machine was removed); their machine ids."""
+        removed = []
+        for container in self.mine(self.containers("orders")):
+            with self._orders:
+                self._terminate(container.machine_id)
+            removed.append(container.machine_id)
+        return removed
 
     @staticmethod
     def _remove_quietly(client: docker.DockerClient, name: str) -> None:

@@ -7,8 +7,10 @@ this context's address (``grpcs://``, with the context's CA when it has one;
 a plain ``grpc://`` context gets ``--insecure`` and a warning, development
 only). With ``--ssh user@host[:port]`` levers9 runs it on the box itself
 (:func:`levers9.agent.ssh_join.join_over_ssh`, paramiko imported only then),
-with the pool's ``ssh`` settings as defaults that the flags override, then
-waits (up to 300 s) until the machine shows joined. ``machines`` lists the
+with the pool's ``ssh`` settings as defaults that the flags override and the
+pool's ``docker_host`` as the box's Docker (``--agent-dir`` puts the agent's
+files under one directory of the box, run by a supervisor), then waits (up to
+300 s) until the machine shows joined. ``machines`` lists the
 caller's joined machines with their agents' last report; ``machine remove``
 drains and stops its workers, revokes its agent and cuts it off.
 
@@ -147,6 +149,13 @@ def create(
     no_strict: bool = typer.Option(
         False, "--no-strict-host-key-checking", help="Accept an unknown host key (trusted networks only)."
     ),
+    agent_dir: str | None = typer.Option(
+        None,
+        "--agent-dir",
+        metavar="DIR",
+        help="With --ssh: keep the agent's state, scripts, log and pid file "
+        "under DIR on the box, run by a supervisor (default: system paths as root, else ~/.levers9).",
+    ),
     context: str | None = context_option(),
 ) -> None:
     """Create a machine for a pool and print the one command that joins a box to it (shown once)."""
@@ -158,8 +167,12 @@ def create(
         jump = parse_ssh(ssh_jump, "--ssh-jump") if ssh_jump else None
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    if target is None and (ssh_key or ssh_known_hosts or jump or sudo is not None or no_strict):
-        raise _fail("--ssh-key, --ssh-known-hosts, --ssh-jump, --sudo and --no-strict-host-key-checking need --ssh")
+    if target is None and (ssh_key or ssh_known_hosts or jump or sudo is not None or no_strict or agent_dir):
+        raise _fail(
+            "--ssh-key, --ssh-known-hosts, --ssh-jump, --sudo, --no-strict-host-key-checking and --agent-dir need --ssh"
+        )
+    if agent_dir is not None and not agent_dir.startswith("/"):
+        raise _fail(f"--agent-dir {agent_dir!r} must be an absolute path on the box")
     machine_name = name or (target.host if target is not None else None)
     ctx = resolve_context(context)
     url, tls = join_url(ctx)
@@ -194,7 +207,7 @@ def create(
         return
     defaults: dict[str, Any] = json.loads(made.ssh_json or "{}")
     joined_id = _join_over_ssh(made, target, jump, defaults, url=url, ca_pem=ca_pem, key=ssh_key, known_hosts=ssh_known_hosts,
-                   sudo=sudo, no_strict=no_strict)  # fmt: skip
+                   sudo=sudo, no_strict=no_strict, agent_dir=agent_dir)  # fmt: skip
     if joined_id != made.machine.id:  # the box runs the agent of an earlier machine: this one is not needed
         typer.echo(f"the box is already joined (agent {joined_id}); removing the machine just created")
         _remove(context, made.machine.name)
@@ -208,8 +221,10 @@ def create(
 def _join_over_ssh(
     made: pb.CreateJoinedMachineResponse, target: UserHost, jump: UserHost | None, defaults: dict[str, Any], *,
     url: str, ca_pem: str, key: Path | None, known_hosts: Path | None, sudo: bool | None, no_strict: bool,
+    agent_dir: str | None = None,
 ) -> str:  # fmt: skip
     """Run the join on the box; the id of the agent it runs (an earlier one's when it was joined already)."""
+    from levers9.agent.service_unit import AgentLayout
     from levers9.agent.ssh_join import SshJoinError, SshTarget, join_over_ssh
 
     default_jump = defaults.get("jump") or None
@@ -236,10 +251,16 @@ def _join_over_ssh(
         sudo=bool(defaults.get("sudo", False)) if sudo is None else sudo,
         connect_timeout_s=float(defaults.get("connect_timeout_s") or 10.0),
     )
+    docker_host = str(defaults.get("docker_host") or "") or None
+    layout = None
+    if agent_dir is not None:
+        base = agent_dir.rstrip("/") or "/"
+        layout = AgentLayout(state_dir=f"{base}/agent", lib_dir=f"{base}/lib", log_file=f"{base}/agent.log",
+                             pid_file=f"{base}/agent-supervise.pid", service="supervisor")  # fmt: skip
     typer.echo(f"joining {user}@{target.host} as machine {made.machine.name} ({made.machine.id})")
     try:
         result = join_over_ssh(ssh_target, controlplane=url, join_token=made.join_token, ca_pem=ca_pem,
-                               docker_host=None, echo=typer.echo)  # fmt: skip
+                               docker_host=docker_host, echo=typer.echo, layout=layout)  # fmt: skip
     except SshJoinError as exc:
         raise _fail(f"joining {target.host} over SSH failed: {exc}", 3) from None
     if result.already_joined and result.agent_id:

@@ -9,7 +9,8 @@ image built from it can be reused. What goes in:
 * the running interpreter, relocated to ``/usr/local`` (``bin/python3.X`` and
   its standard library without tests, IDLE, tkinter and ensurepip; the
   stdlib's own ``.pyc`` files are kept, they match their sources' mtimes);
-* the distributions ``levers9`` requires, without extras, walked recursively
+* the distributions ``levers9`` requires, without extras but with the Docker
+  SDK of its ``agent`` extra (the agent may run in this image), walked recursively
   through ``importlib.metadata`` (the extras *they* ask for included), copied
   file by file into ``/usr/local/lib/python3.X/site-packages``; levers9 itself
   (editable here or not) is copied from the directories its packages and its
@@ -49,7 +50,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -286,8 +287,15 @@ def _own_packages(own: metadata.Distribution) -> list[Path]:
     return found
 
 
+#: the extra of levers9 the agent needs, and the distributions of it the image carries (not paramiko: the agent
+#: never opens SSH connections)
+AGENT_EXTRA = "agent"
+AGENT_DISTRIBUTIONS = frozenset({"docker"})
+
+
 def _required(own: metadata.Distribution) -> list[metadata.Distribution]:
-    """The distributions ``own`` requires without extras, recursively (with the extras each requirement names)."""
+    """The distributions ``own`` requires without extras, recursively (with the extras each requirement names),
+    and the agent's :data:`AGENT_DISTRIBUTIONS` of its extra :data:`AGENT_EXTRA`."""
     try:
         from packaging.requirements import Requirement
         from packaging.utils import canonicalize_name
@@ -296,12 +304,14 @@ def _required(own: metadata.Distribution) -> list[metadata.Distribution]:
     seen: dict[str, set[str]] = {}
     order: list[metadata.Distribution] = []
 
-    def walk(dist: metadata.Distribution, extras: set[str]) -> None:
+    def walk(dist: metadata.Distribution, extras: set[str], only: Collection[str] | None = None) -> None:
         for text in dist.requires or ():
             req = Requirement(text)
             if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras | {""}):
                 continue
             key = canonicalize_name(req.name)
+            if only is not None and key not in only:
+                continue
             wanted = set(req.extras)
             if key in seen and wanted <= seen[key]:
                 continue
@@ -317,6 +327,8 @@ def _required(own: metadata.Distribution) -> list[metadata.Distribution]:
             walk(found, seen[key])
 
     walk(own, set())
+    # the agent runs in this image too (`machine create --ssh` on a box without levers9): its Docker SDK
+    walk(own, {AGENT_EXTRA}, only=AGENT_DISTRIBUTIONS)
     return sorted(order, key=lambda d: canonicalize_name(d.metadata["Name"]))
 
 

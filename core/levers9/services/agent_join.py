@@ -212,4 +212,8 @@ async def authenticate_agent(services: Services, token: str | None) -> AgentIden
     known = await services.agents.get(subject)
     if known is not None and known.removed:  # revoked in SQL too; the auth cache may not know yet
         raise Unauthenticated(removed_message(subject))
+    if known is None:  # Redis lost its contents: a joined machine's row says which pool it serves
+        from levers9.services.joined_machines import restore_registration
+
+        await restore_registration(services, subject)
     return AgentIdentity(subject, principal.workspace_id, principal.token_id)

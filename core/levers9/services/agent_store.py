@@ -171,6 +171,35 @@ class AgentStore:
             pipe.set(self._conn(agent_id), replica, px=max(1, int(presence_s * 1000)))
             await pipe.execute()
 
+    async def seen_many(self, heard: dict[str, float], *, replica: str, presence_s: float) -> None:
+        """:meth:`seen` for many agents in one round trip (a replica's heartbeats, written once a second)."""
+        if not heard:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for agent_id, now in heard.items():
+                pipe.hset(self._key(agent_id), "last_seen", repr(now))
+                pipe.set(self._conn(agent_id), replica, px=max(1, int(presence_s * 1000)))
+            await pipe.execute()
+
+    async def last_seen(self, agent_ids: list[str]) -> dict[str, float | None]:
+        """Each agent's last heartbeat (None: no registration any more), without reading its inventory."""
+        if not agent_ids:
+            return {}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for agent_id in agent_ids:
+                pipe.hget(self._key(agent_id), "last_seen")
+            values = await pipe.execute()
+        found: dict[str, float | None] = {}
+        for agent_id, value in zip(agent_ids, values, strict=True):
+            try:
+                found[agent_id] = float(value) if value is not None else None
+            except ValueError:
+                found[agent_id] = 0.0
+        return found
+
+    async def ids(self) -> set[str]:
+        return {str(member) for member in await self._redis.smembers(self._index)}
+
     async def inventory(self, agent_id: str, *, capacity: dict[str, Any], machines: list[str]) -> None:
         await self._redis.hset(
             self._key(agent_id), mapping={"capacity": json.dumps(capacity), "machines": json.dumps(machines)}

@@ -12,10 +12,15 @@ workspace it belongs to.
 Streams. An agent connects with its credential; its first message is Hello
 (its provider must be the one it joined for), answered by Welcome with
 ``heartbeat_s``. It then reports its inventory and heartbeats; every message
-it sends counts as a heartbeat and re-checks its credential (through the auth
-cache), so a revoked agent is cut off within that cache's lifetime. A stream
-silent for twice ``heartbeat_s`` is sent a Ping; silent for three times, it is
-ended (:class:`AgentLapsed`) and the agent counts as disconnected everywhere.
+it sends counts as a heartbeat. A stream re-checks its credential in SQL at
+most every ``CREDENTIAL_RECHECK_S`` (5 min), so a token revoked behind the
+hub's back cuts the agent off within that; ``machine remove`` cuts it at once
+(:meth:`AgentHub.disconnect`). Heartbeats are written to Redis in one batch per
+replica every ``PRESENCE_FLUSH_S`` (1 s); Hello, inventories and acks at once.
+A stream silent for twice ``heartbeat_s`` is sent a Ping; silent for three
+times, it is ended (:class:`AgentLapsed`) and the agent counts as disconnected
+everywhere. These keep a thousand idle agents cheap: per heartbeat, no SQL and
+no Redis round trip of its own (bench/RESULTS.md, "Agent machines").
 
 Orders. :meth:`AgentHub.send` gives each order a fresh id and keeps it
 pending until its acknowledgement or the caller's timeout. It raises
@@ -65,15 +70,22 @@ from levers9.gpu.catalog import canonical
 from levers9.gpu.normalize import normalize
 from levers9.hooks.context import AgentAck, AgentInventory, AgentOrder
 from levers9.hooks.errors import (
-    AuthenticationFailed,
     InsufficientCapacity,
     InvalidRequest,
-    PermissionDenied,
     ProviderError,
-    QuotaExceeded,
-    Throttled,
 )
 from levers9.services.agent_join import AgentIdentity, authenticate_agent, check_labels, removed_message
+from levers9.services.agent_messages import (
+    ERROR_KINDS,
+    AgentProtocolError,
+    Command,
+    InventoryReport,
+    OrderCommand,
+    Ping,
+    Welcome,
+    json_object,
+    publish_disconnect,
+)
 from levers9.services.agent_store import AgentRecord, AgentStore
 from levers9.services.auth import PermissionDenied as AccessDenied
 from levers9.services.auth import Unauthenticated
@@ -106,7 +118,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 10.0
+#: how often an agent heartbeats; a dead connection is found sooner by gRPC's keepalive pings (30 s, in C)
+HEARTBEAT_S = 30.0
+#: heartbeats are written to Redis together, this often (presence lasts three heartbeat periods)
+PRESENCE_FLUSH_S = 1.0
+#: a stream re-checks its agent's credential in SQL at most this often (``machine remove`` and revocation
+#: through the hub cut a stream at once; a token revoked otherwise is noticed within this)
+CREDENTIAL_RECHECK_S = 300.0
+#: every this many refresh periods a replica re-reads every agent's whole record; in between, heartbeats only
+_FULL_REFRESH_EVERY = 6
 
 
 class _AnyWorkspace:
@@ -118,65 +138,12 @@ class _AnyWorkspace:
 ANY_WORKSPACE = _AnyWorkspace()
 
 
-class AgentProtocolError(ValueError):
-    """The agent broke the protocol (a message before Hello, a Hello twice, a result that is not a JSON object)."""
-
-
 class AgentLapsed(Exception):
     """The agent's stream was silent for three heartbeat periods: it is disconnected and must dial again."""
 
 
 class AgentCut(AgentLapsed):
     """The controlplane ended the agent's stream on purpose (its machine was removed); the message says why."""
-
-
-# ---------------------------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True)
-class InventoryReport:
-    cpu_millicores: int = 0
-    memory_mib: int = 0
-    free_cpu_millicores: int = 0
-    free_memory_mib: int = 0
-    #: (GPU type as the agent names it, count, free)
-    gpus: tuple[tuple[str, int, int], ...] = ()
-    machines: tuple[str, ...] = ()
-    details: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Welcome:
-    agent_id: str
-    heartbeat_s: float
-
-
-@dataclass(frozen=True)
-class OrderCommand:
-    order_id: str
-    kind: str
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Ping:
-    pass
-
-
-Command = Welcome | OrderCommand | Ping
-
-
-def json_object(text: str, what: str) -> dict[str, Any]:
-    """``text`` as a JSON object (empty: ``{}``); :class:`AgentProtocolError` naming ``what`` otherwise."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise AgentProtocolError(f"{what} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise AgentProtocolError(f"{what} must be a JSON object, not {type(value).__name__}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- the hub
@@ -192,26 +159,11 @@ async def open_session(services: Services, hub: AgentHub, token: str | None) -> 
     return hub.attach(identity, recheck)
 
 
-_ERRORS: dict[str, type[ProviderError]] = {
-    cls.kind: cls
-    for cls in (InsufficientCapacity, QuotaExceeded, AuthenticationFailed, PermissionDenied, InvalidRequest, Throttled)
-}
-
-
 @dataclass
 class _Pending:
     agent_id: str
     command: OrderCommand
     future: asyncio.Future[AgentAck]
-
-
-async def publish_disconnect(
-    redis: Redis, prefix: str, agent_id: str, reason: str, *, sender: str = "services"
-) -> None:
-    """Ask every replica's hub to end ``agent_id``'s stream now (see the module docstring); raises what Redis
-    raises (the caller's revocation still cuts the agent off within the auth cache's lifetime)."""
-    message = {"from": sender, "t": "cut", "agent": agent_id, "reason": reason[:500]}
-    await redis.publish(f"{prefix}agents", json.dumps(message))
 
 
 class AgentHub:
@@ -233,6 +185,9 @@ class AgentHub:
         self._pending: dict[str, _Pending] = {}
         self._known: dict[str, AgentRecord] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        #: heartbeats heard on this replica since the last flush to Redis: agent id -> epoch seconds
+        self._heard: dict[str, float] = {}
+        self._refreshes = 0
 
     async def start(self) -> None:
         with contextlib.suppress(Exception):
@@ -241,6 +196,7 @@ class AgentHub:
         self._tasks = [
             asyncio.create_task(self._listen(subscribed), name="agent hub listener"),
             asyncio.create_task(self._refresh_loop(), name="agent hub refresh"),
+            asyncio.create_task(self._presence_loop(), name="agent hub presence"),
         ]
         # an order published by another replica before this one listens would be lost: wait (briefly) for it
         with contextlib.suppress(TimeoutError):
@@ -284,7 +240,7 @@ class AgentHub:
             self._pending.pop(command.order_id, None)
         if ack.ok:
             return ack
-        error = _ERRORS.get(ack.error_kind or "", ProviderError)
+        error = ERROR_KINDS.get(ack.error_kind or "", ProviderError)
         raise error(f"agent {order.agent_id} refused the {order.kind} order: {ack.error or 'no reason given'}")
 
     def inventories(
@@ -326,9 +282,28 @@ class AgentHub:
         if (record := self._known.get(agent_id)) is not None:
             self._known[agent_id] = replace(record, joined=False)
 
-    async def refresh(self) -> None:
-        """Read every agent's registration, inventory and last heartbeat from Redis (done every heartbeat period)."""
-        self._known = {record.id: record for record in await self.store.all()}
+    async def refresh(self, *, full: bool = True) -> None:
+        """Read every agent's registration, inventory and last heartbeat from Redis.
+
+        Every heartbeat period a replica reads only the heartbeats of the agents it knows, and the whole
+        record of any it does not (inventories reach it through the ``inv`` notices); every
+        ``_FULL_REFRESH_EVERY`` periods, and when ``full``, everything.
+        """
+        if full:
+            self._known = {record.id: record for record in await self.store.all()}
+            return
+        ids = await self.store.ids()
+        known = [agent_id for agent_id in ids if agent_id in self._known]
+        seen = await self.store.last_seen(known)
+        fresh = {
+            agent_id: replace(self._known[agent_id], last_seen=max(self._known[agent_id].last_seen, when))
+            for agent_id, when in seen.items()
+            if when is not None
+        }
+        for agent_id in ids - set(known):
+            if (record := await self.store.get(agent_id)) is not None:
+                fresh[agent_id] = record
+        self._known = fresh
 
     # -------------------------------------------------------------------------- streams (the transport's side)
 
@@ -437,11 +412,24 @@ class AgentHub:
         except Exception:
             log.exception("an agent message from another replica could not be handled: %.200s", data)
 
+    async def _presence_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PRESENCE_FLUSH_S)
+            await self._flush_presence()
+
+    async def _flush_presence(self) -> None:
+        heard, self._heard = self._heard, {}
+        try:
+            await self.store.seen_many(heard, replica=self.name, presence_s=3 * self.heartbeat_s)
+        except Exception as exc:
+            log.warning("could not record %d agents' heartbeats: %s", len(heard), exc)
+
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
+            self._refreshes += 1
             try:
-                await self.refresh()
+                await self.refresh(full=self._refreshes % _FULL_REFRESH_EVERY == 0)
             except Exception as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():  # a cancel the Redis client turned into an error
@@ -464,6 +452,7 @@ class AgentSession:
         self._ended = False
         self._cut_reason: str | None = None
         self._last = asyncio.get_running_loop().time()
+        self._checked = self._last  # the credential was checked when the stream opened
 
     @property
     def live(self) -> bool:
@@ -486,12 +475,20 @@ class AgentSession:
             self._cut_reason = reason
             self.end()
 
-    async def _touch(self) -> None:
-        await self._recheck()
+    async def _touch(self, *, at_once: bool = True) -> None:
+        """The agent spoke: re-check its credential (at most every ``CREDENTIAL_RECHECK_S``) and record it,
+        in Redis now (``at_once``: Hello, inventories, acks) or with the next batch (heartbeats)."""
+        loop_now = asyncio.get_running_loop().time()
+        if loop_now - self._checked >= CREDENTIAL_RECHECK_S:
+            await self._recheck()
+            self._checked = loop_now
         now = self.hub._clock()
-        self._last = asyncio.get_running_loop().time()
+        self._last = loop_now
         agent_id = self.identity.agent_id
-        await self.hub.store.seen(agent_id, replica=self.hub.name, now=now, presence_s=3 * self.hub.heartbeat_s)
+        if at_once:
+            await self.hub.store.seen(agent_id, replica=self.hub.name, now=now, presence_s=3 * self.hub.heartbeat_s)
+        else:
+            self.hub._heard[agent_id] = now
         self.hub._seen_locally(agent_id, now)
 
     def _require_hello(self, what: str) -> None:
@@ -549,7 +546,7 @@ class AgentSession:
 
     async def heartbeat(self) -> None:
         self._require_hello("Heartbeat")
-        await self._touch()
+        await self._touch(at_once=False)
 
     async def ack(self, ack: AgentAck) -> None:
         self._require_hello("Ack")
@@ -576,7 +573,9 @@ class AgentSession:
                 getter = asyncio.ensure_future(self._outbox.get())
                 try:
                     waiting: set[asyncio.Future[Any]] = {getter, reader}
-                    await asyncio.wait(waiting, timeout=period / 2, return_when=asyncio.FIRST_COMPLETED)
+                    # wake when a ping or the lapse would be due (a message meanwhile moves both later)
+                    due = self._last + (3 if pinged_at >= self._last else 2) * period - loop.time()
+                    await asyncio.wait(waiting, timeout=max(due, 0.05), return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     getter.cancel()
                 if getter.done() and not getter.cancelled():

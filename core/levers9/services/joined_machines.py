@@ -28,6 +28,11 @@ their workers' calls requeued; then every token of the agent is revoked (its
 credential and an unused join token), it is marked removed in SQL and Redis,
 and its stream is cut at once on whichever replica holds it. A removed
 machine is refused at Join and Connect with a message saying it was removed.
+
+Redis losing its contents (an embedded Redis whose ``levers9 up`` was killed)
+loses no machine: when a joined machine's agent authenticates and Redis has no
+registration for it, :func:`restore_registration` writes it again from the
+SQL row (its pool and name labels, which the provider selects agents by).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ __all__ = [
     "join_command",
     "list_machines",
     "remove",
+    "restore_registration",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,7 +81,8 @@ class CreatedMachine:
     #: the controlplane's own advertised gRPC URL and CA, for a join command made here
     controlplane_url: str
     ca_pem: str
-    #: the pool's ``ssh`` settings (paths, user, port, jump host; never a key), for ``machine create --ssh``
+    #: the pool's ``ssh`` settings (paths, user, port, jump host; never a key) and its ``docker_host``, for
+    #: ``machine create --ssh``
     ssh: dict[str, Any] = field(default_factory=dict)
 
 
@@ -188,9 +195,14 @@ async def create(
 
 
 def _ssh(spec: PoolSpec) -> dict[str, Any]:
-    ssh = getattr(spec.pool.settings, "ssh", None)
-    dump = getattr(ssh, "model_dump", None)
-    return dict(dump(mode="json")) if callable(dump) else {}
+    """The pool's ``ssh`` settings, and its ``docker_host`` (the Docker the box's agent and checks use)."""
+    settings = spec.pool.settings
+    dump = getattr(getattr(settings, "ssh", None), "model_dump", None)
+    found: dict[str, Any] = dict(dump(mode="json")) if callable(dump) else {}
+    docker_host = getattr(settings, "docker_host", None)
+    if isinstance(docker_host, str) and docker_host:
+        found["docker_host"] = docker_host
+    return found
 
 
 def _ints(value: Any) -> dict[str, int]:
@@ -263,11 +275,31 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
     await services.agents.removed(agent_id)
     try:
         await publish_disconnect(services.redis, services.agents.prefix, agent_id, f"this machine was removed ({why})")
-    except Exception as exc:  # revoked already: the stream's next message is refused within the auth cache's life
+    except Exception as exc:  # revoked already: the stream is refused at its next credential check (5 min)
         log.warning("could not ask the replicas to cut agent %s's stream: %s", agent_id, exc)
     log.info("machine %s (%s) removed: %d workers stopped, %d left to the reconciler", record.name, agent_id,
              len(terminated), len(failed))  # fmt: skip
     return RemovedMachine(removed, terminated, failed)
+
+
+async def restore_registration(services: Services, agent_id: str) -> bool:
+    """Write a joined machine's agent registration again from its SQL row when Redis has none; whether it did.
+
+    Redis may lose its contents (an embedded one does whenever ``levers9 up`` is killed). The pool a machine
+    joined for is a label of its registration there, which the ``agent_machine`` provider selects agents by;
+    without it the machine would never serve again. Its row here says which pool and name it joined with.
+    """
+    if await services.agents.get(agent_id) is not None:
+        return False
+    row = await JoinedMachineStore(services.db).get(agent_id)
+    if row is None or row.state != "joined":
+        return False
+    # pending until the agent's Hello, which follows at once, marks it joined for good
+    labels = {"pool": row.pool, "name": row.name}
+    await services.agents.register(agent_id, provider=row.provider, workspace=row.workspace_id, labels=labels,
+                                   ttl_s=JOIN_TTL_S)  # fmt: skip
+    log.warning("agent %s (machine %s, pool %s) registered again from the database", agent_id, row.name, row.pool)
+    return True
 
 
 def epoch(value: datetime | None) -> float:

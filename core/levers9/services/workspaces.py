@@ -10,14 +10,19 @@ the others.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from levers9.services.access import is_operator, require_operator, workspace_named
+from levers9.services.agent_join import JOIN_PREFIX
+from levers9.services.agent_messages import publish_disconnect
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.state.errors import NotFound
 from levers9.state.sql.records import TokenKind, TokenRecord, WorkspaceRecord
 from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_TOKEN_TTL_S",
@@ -86,6 +91,14 @@ async def revoke_token(services: Services, principal: Principal, token_id: str) 
         raise NotFound("token", token_id)
     await services.tokens.revoke(token_id)
     services.auth.forget(token_id)
+    if record.kind == TokenKind.AGENT.value and record.subject and not record.subject.startswith(JOIN_PREFIX):
+        # an agent's stream re-checks its credential only now and then: cut it now, on every replica
+        try:
+            await publish_disconnect(
+                services.redis, services.agents.prefix, record.subject, "this agent's credential was revoked"
+            )
+        except Exception as exc:
+            log.warning("could not ask the replicas to cut agent %s's stream: %s", record.subject, exc)
     revoked = await services.tokens.get(token_id)
     if revoked is None:
         raise NotFound("token", token_id)

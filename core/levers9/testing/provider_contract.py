@@ -48,7 +48,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -164,7 +164,26 @@ class ProviderContract:
         return None
 
     @pytest.fixture
-    def levers9_hooks(self, levers9_plugin_set: PluginSet, levers9_agents: AgentHub | None) -> Iterator[Hooks]:
+    def levers9_agents_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The running event loop (on another thread) that ``levers9_agents`` lives on; None: no hub.
+
+        The plugins start and stop on it, so their context's ``send_order`` reaches the hub on its own loop.
+        """
+        return None
+
+    def pool_name(self, role: str) -> str:
+        """The name of a pool the kit makes: ``role`` is ``main``, ``other`` (one the provider must not list
+        with the main pool's machines), ``fail``, ``full`` or ``boot``. Override for a provider that serves
+        only pools it was set up for (agents join one pool by name); keep ``other`` distinct."""
+        return f"contract-{role}-{uuid.uuid4().hex[:8]}"
+
+    @pytest.fixture
+    def levers9_hooks(
+        self,
+        levers9_plugin_set: PluginSet,
+        levers9_agents: AgentHub | None,
+        levers9_agents_loop: asyncio.AbstractEventLoop | None,
+    ) -> Iterator[Hooks]:
         record = levers9_plugin_set.records.get(self.provider)
         if record is None:
             installed = ", ".join(sorted(levers9_plugin_set.records)) or "none"
@@ -175,13 +194,20 @@ class ProviderContract:
         if record.status != "loaded":
             pytest.fail(f"provider plugin {self.provider!r} did not load: {record.error or record.status}")
         hooks = Hooks(levers9_plugin_set)
-        run(hooks.startup(agents=levers9_agents))
+
+        def on_loop(awaitable: Coroutine[Any, Any, None]) -> None:
+            if levers9_agents_loop is None:
+                run(awaitable)
+            else:
+                asyncio.run_coroutine_threadsafe(awaitable, levers9_agents_loop).result(60)
+
+        on_loop(hooks.startup(agents=levers9_agents))
         yield hooks
-        run(hooks.shutdown())
+        on_loop(hooks.shutdown())
 
     @pytest.fixture
     def pool(self, levers9_hooks: Hooks, pool_settings: dict[str, Any]) -> Pool:
-        return self._pool(levers9_hooks, pool_settings, f"contract-{uuid.uuid4().hex[:8]}")
+        return self._pool(levers9_hooks, pool_settings, self.pool_name("main"))
 
     @pytest.fixture
     def provisioned(self, levers9_hooks: Hooks, pool: Pool) -> Iterator[Callable[..., Machine]]:
@@ -401,7 +427,7 @@ class ProviderContract:
     ) -> None:
         machine = provisioned()
         self.wait_listed(levers9_hooks, pool, machine)
-        other = self._pool(levers9_hooks, pool_settings, f"contract-other-{uuid.uuid4().hex[:6]}")
+        other = self._pool(levers9_hooks, pool_settings, self.pool_name("other"))
         assert machine.provider_id not in self.listed(levers9_hooks, other), (
             f"provider {self.provider!r}: a machine of pool {pool.name!r} was listed for pool {other.name!r}; "
             "the reconciler of that pool would terminate it"
@@ -430,7 +456,7 @@ class ProviderContract:
             )
 
     def test_failures_are_typed_errors(self, levers9_hooks: Hooks, failing_pool_settings: dict[str, Any]) -> None:
-        pool = self._pool(levers9_hooks, failing_pool_settings, f"contract-fail-{uuid.uuid4().hex[:6]}")
+        pool = self._pool(levers9_hooks, failing_pool_settings, self.pool_name("fail"))
         error: ProviderError | None = None
         try:
             machine = self.call("levers9_provision", levers9_hooks.provision(self.request(levers9_hooks, pool)))
@@ -456,7 +482,7 @@ class ProviderContract:
     ) -> None:
         if capacity_pool_settings is None:
             pytest.skip(f"provider {self.provider!r} says it never runs out of capacity (capacity_pool_settings)")
-        pool = self._pool(levers9_hooks, capacity_pool_settings, f"contract-full-{uuid.uuid4().hex[:6]}")
+        pool = self._pool(levers9_hooks, capacity_pool_settings, self.pool_name("full"))
         try:
             machine = run(levers9_hooks.provision(self.request(levers9_hooks, pool)))
         except InsufficientCapacity:
@@ -480,7 +506,7 @@ class ProviderContract:
         standin_controlplane: Registrar,
         provisioned: Callable[..., Machine],
     ) -> None:
-        pool = self._pool(levers9_hooks, boot_pool_settings, f"contract-boot-{uuid.uuid4().hex[:6]}")
+        pool = self._pool(levers9_hooks, boot_pool_settings, self.pool_name("boot"))
         bootstrap = self.bootstrap(pool, f"m-{uuid.uuid4().hex[:12]}", standin_controlplane.url)
         machine = provisioned(self.request(levers9_hooks, pool, bootstrap=bootstrap))
         if self.boots_itself:

@@ -268,7 +268,11 @@ class WorkerProcess:
             if failed >= len(targets):  # every replica failed in a row: wait before the next round
                 wait, failed = reconnect.next_s(), 0
                 log.info("retrying the controlplane at %s in %.1fs", targets[index], wait)
-                await asyncio.sleep(wait)
+                if self.draining.is_set():  # stopping, with results still to deliver: keep the pace
+                    await asyncio.sleep(wait)
+                else:  # a stop (SIGTERM: docker stop, systemd) ends the wait, before the SIGKILL that follows
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.draining.wait(), wait)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_METADATA, self.worker_id))

@@ -255,13 +255,12 @@ class AgentMachineProvider:
         ctx = self._context()
         agent_id = str(machine.provider_data.get("agent_id") or machine.zone or "")
         machine_id = machine.machine_id or machine.provider_id.removeprefix("l9w-")
-        if not agent_id:
-            raise InvalidRequest(
-                f"machine {machine.provider_id} of pool {pool.name!r} names no agent (provider_data.agent_id): "
-                "it was not started by agent_machine"
-            )
         assert ctx.agents is not None
         known = {a.agent_id: a for a in ctx.agents.inventories(PROVIDER)}
+        if not agent_id:  # the provisioning answer was lost: the agents' own reports say who runs it
+            agent_id = next((a.agent_id for a in known.values() if machine_id in _reported_ids(a)), "")
+            if not agent_id:  # no agent runs it for levers9: nothing to stop
+                return
         if agent_id not in known:  # removed (or never joined): nothing of it can run for levers9 any more
             return
         order = AgentOrder(agent_id=agent_id, kind="terminate", payload={"machine_id": machine_id},
@@ -325,3 +324,11 @@ class AgentMachineProvider:
         gpus = sum(_num((_free(a).get("gpus") or {}).get(pool.gpu or "")) for a in serving) if pool.gpu else 0
         what = f", {gpus} free {pool.gpu}" if pool.gpu else ""
         return ProviderCheck(ok=True, message=f"{len(serving)} of {len(joined)} joined machines connected{what}")
+
+
+def _reported_ids(agent: AgentInventory) -> set[str]:
+    """The machine ids of every levers9 container ``agent`` last reported, in any state."""
+    details = agent.capacity.get("details")
+    found = details.get("containers") if isinstance(details, dict) else None
+    ids = {str(c.get("machine_id")) for c in found if isinstance(c, dict)} if isinstance(found, list) else set()
+    return ids | set(agent.machines)

@@ -127,7 +127,8 @@ class AgentMachineSettings(BaseModel):
         60.0,
         ge=5,
         le=3600,
-        description="An agent silent this long is considered gone; its workers are marked lost.",
+        description="An agent silent this long is considered gone; its workers are marked lost. Agents heartbeat "
+        "every 30 s, so keep this at 60 or more.",
     )
     ssh: SshBootstrap = Field(
         default_factory=SshBootstrap,
