@@ -55,7 +55,7 @@ T = TypeVar("T")
 #: the real agent's channel options (levers9.agent.connection), plus a subchannel pool of its own per channel, so
 #: that every simulated agent has its own TCP connection as a separate machine would (gRPC shares them otherwise)
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.keepalive_time_ms", 15_000),
+    ("grpc.keepalive_time_ms", 30_000),  # as the agent (levers9.agent.connection.KEEPALIVE_S)
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),

@@ -58,7 +58,8 @@ BACKOFF_CAP_S = 30.0
 WELCOME_TIMEOUT_S = 30.0
 #: gRPC keepalive pings: a controlplane whose host vanished is found gone within this + 10 s; the server accepts
 #: pings every 10 s (grpc.http2.min_ping_interval_without_data_ms), so never more often than that
-KEEPALIVE_S = 15.0
+#: (30 s: with a thousand agents, each ping costs the controlplane too; bench/RESULTS.md "Agent machines")
+KEEPALIVE_S = 30.0
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 Send = Callable[[agent_pb2.AgentMessage], None]
 
