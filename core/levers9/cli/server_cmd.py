@@ -342,7 +342,7 @@ async def _stop_local_workers(server: object) -> None:
             continue
         try:
             for machine in await services.machines.list(pool=spec.name):
-                if machine.state.value not in ("terminated",):
+                if machine.state.value != "terminated":
                     await services.scheduler.provisioner.terminate(spec, machine, "levers9 up is stopping")
         except Exception as exc:
             log.warning(
@@ -354,12 +354,8 @@ async def _stop_local_workers(server: object) -> None:
             log.warning("pool %s: the local provider could not list its machines: %s", spec.name, exc)
             continue
         for left in listed:
-            if left.state in ENDED_STATES:
-                continue
-            try:
-                await services.hooks.terminate(spec.pool, left)
-            except Exception as exc:
-                log.warning("pool %s: stopping %s failed: %s", spec.name, left.provider_id, exc)
+            if left.state not in ENDED_STATES:  # an orphan now: stopped as listed, failures logged there
+                await services.scheduler.provisioner.terminate(spec, left, "levers9 up is stopping")
 
 
 token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")
