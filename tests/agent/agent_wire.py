@@ -31,24 +31,12 @@ from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.state.sql.records import TokenKind
 from tests.fixtures.ports import free_port
-from tests.fixtures.services import opened_services
+from tests.fixtures.services import ONE_POOL_CONFIG, opened_services
 from tests.fixtures.tls import TestCA
 
 __all__ = ["HEARTBEAT_S", "AgentServer", "Said", "eventually", "opened_server", "provision_payload"]
 
-CONFIG = """\
-version: 1
-data_dir: {data_dir}
-state:
-  database_url: {database_url}
-pools:
-  cpu:
-    provider: local
-    runtime: process
-    cpu: 2
-    memory: 4GiB
-    max_workers: 1
-"""
+CONFIG = ONE_POOL_CONFIG
 
 #: short, so the tests' streams beat fast; the agent follows what Welcome says
 HEARTBEAT_S = 0.5

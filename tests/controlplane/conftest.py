@@ -5,15 +5,22 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from levers9.__about__ import __version__
+from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
 from levers9.gpu.preference import parse_gpu
+from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
 from levers9.scheduler.request import PlacementRequest
 from levers9.services.core import Services
+from levers9.services.dataplane import DataPlane
+from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.records import WorkspaceRecord
@@ -103,3 +110,47 @@ async def api(services: Services) -> AsyncIterator[Api]:
     _, operator = await services.tokens.issue("user", subject="root")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://levers9.test") as client:
         yield Api(services, metrics, client, operator)
+
+
+@dataclass
+class Cp:
+    """The real Worker gRPC service on :func:`services`, as a booted machine's worker calls it."""
+
+    services: Services
+    stub: worker_pb2_grpc.WorkerStub
+    port: int
+
+    async def machine(self, pool: str = "cpu", *, register_in_s: float = 600.0) -> tuple[str, str]:
+        """A machine record and its join token, as the provisioner makes them before calling the provider."""
+        machines, tokens = self.services.machines, self.services.tokens
+        record = await machines.create(pool, "local", register_by=datetime.now(UTC) + timedelta(seconds=register_in_s))
+        token_record, token = await tokens.issue("machine", subject=record.id)
+        await machines.set_token(record.id, token_record.id)
+        return record.id, token
+
+    async def register(
+        self, token: str, machine_id: str, worker_id: str = "", *, version: str = __version__
+    ) -> worker_pb2.RegisterResponse:
+        request = worker_pb2.RegisterRequest(
+            pool="cpu", machine_id=machine_id, hostname="box", version=version, worker_id=worker_id
+        )
+        response: worker_pb2.RegisterResponse = await self.stub.Register(
+            request, metadata=(("authorization", f"Bearer {token}"),), timeout=30
+        )
+        return response
+
+
+@pytest.fixture
+async def cp(services: Services) -> AsyncIterator[Cp]:
+    dataplane = DataPlane(services, Hub(services.redis, name="worker-service-test"))
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(dataplane), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            factory = worker_pb2_grpc.WorkerStub  # generated, unannotated
+            yield Cp(services, factory(channel), port)  # type: ignore[no-untyped-call]
+    finally:
+        await server.stop(None)
+        await dataplane.close()

@@ -31,21 +31,9 @@ from levers9.services.core import Services
 from levers9.services.workspaces import revoke_token
 from levers9.state.sql.records import TokenKind
 from tests.fixtures.levers9_up import free_port
-from tests.fixtures.services import opened_services
+from tests.fixtures.services import ONE_POOL_CONFIG, opened_services
 
-CONFIG = """\
-version: 1
-data_dir: {data_dir}
-state:
-  database_url: {database_url}
-pools:
-  cpu:
-    provider: local
-    runtime: process
-    cpu: 2
-    memory: 4GiB
-    max_workers: 1
-"""
+CONFIG = ONE_POOL_CONFIG
 
 #: short, so a silent agent is cut off within a second; the stream's own pace, not an assertion on time
 HEARTBEAT_S = 0.5

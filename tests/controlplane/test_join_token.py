@@ -17,14 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 
-from levers9.__about__ import __version__
 from levers9.config.load import load_config
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
@@ -32,45 +30,7 @@ from levers9.services.core import Services, open_services
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
 from levers9.worker.credentials import SESSION_FILE, read_session_credential, write_token_file
-
-
-@dataclass
-class Cp:
-    services: Services
-    stub: worker_pb2_grpc.WorkerStub
-
-    async def machine(self, pool: str = "cpu", *, register_in_s: float = 600.0) -> tuple[str, str]:
-        """A machine record and its join token, as the provisioner makes them before calling the provider."""
-        machines, tokens = self.services.machines, self.services.tokens
-        record = await machines.create(pool, "local", register_by=datetime.now(UTC) + timedelta(seconds=register_in_s))
-        token_record, token = await tokens.issue("machine", subject=record.id)
-        await machines.set_token(record.id, token_record.id)
-        return record.id, token
-
-    async def register(self, token: str, machine_id: str, worker_id: str = "") -> worker_pb2.RegisterResponse:
-        request = worker_pb2.RegisterRequest(
-            pool="cpu", machine_id=machine_id, hostname="box", version=__version__, worker_id=worker_id
-        )
-        response: worker_pb2.RegisterResponse = await self.stub.Register(
-            request, metadata=(("authorization", f"Bearer {token}"),), timeout=30
-        )
-        return response
-
-
-@pytest.fixture
-async def cp(services: Services) -> AsyncIterator[Cp]:
-    dataplane = DataPlane(services, Hub(services.redis, name="join-test"))
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(dataplane), server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            factory = worker_pb2_grpc.WorkerStub  # generated, unannotated
-            yield Cp(services, factory(channel))  # type: ignore[no-untyped-call]
-    finally:
-        await server.stop(None)
-        await dataplane.close()
+from tests.controlplane.conftest import Cp
 
 
 async def test_the_join_token_registers_once_and_the_session_credential_from_then_on(cp: Cp) -> None:

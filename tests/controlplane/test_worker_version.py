@@ -13,24 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 
 from levers9.__about__ import __version__
-from levers9.controlplane.grpc_worker import WorkerService
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, PluginSet
-from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
-from levers9.services.core import Services
-from levers9.services.dataplane import DataPlane
 from levers9.services.fleet import WorkerVersionMismatch, check_worker_version
-from levers9.services.hub import Hub
 from levers9.worker.session import EXIT_REFUSED, WorkerOptions, WorkerProcess
+from tests.controlplane.conftest import Cp
 
 OTHER = "0.0.1+elsewhere"
 
@@ -40,45 +33,6 @@ def expected_message(worker: str) -> str:
         f"worker levers9 {worker} does not match the controlplane's {__version__}: rebuild the worker image with "
         f"`levers9 worker-image build` on a machine with levers9 {__version__} (or install levers9=={__version__})"
     )
-
-
-@dataclass
-class Cp:
-    services: Services
-    stub: worker_pb2_grpc.WorkerStub
-    port: int
-
-    async def machine(self) -> tuple[str, str]:
-        """A machine record and its join token, as the provisioner makes them."""
-        record = await self.services.machines.create(
-            "cpu", "local", register_by=datetime.now(UTC) + timedelta(seconds=600)
-        )
-        token_record, token = await self.services.tokens.issue("machine", subject=record.id)
-        await self.services.machines.set_token(record.id, token_record.id)
-        return record.id, token
-
-    async def register(self, token: str, machine_id: str, version: str) -> worker_pb2.RegisterResponse:
-        request = worker_pb2.RegisterRequest(pool="cpu", machine_id=machine_id, hostname="box", version=version)
-        response: worker_pb2.RegisterResponse = await self.stub.Register(
-            request, metadata=(("authorization", f"Bearer {token}"),), timeout=30
-        )
-        return response
-
-
-@pytest.fixture
-async def cp(services: Services) -> AsyncIterator[Cp]:
-    dataplane = DataPlane(services, Hub(services.redis, name="version-test"))
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(dataplane), server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            factory = worker_pb2_grpc.WorkerStub  # generated, unannotated
-            yield Cp(services, factory(channel), port)  # type: ignore[no-untyped-call]
-    finally:
-        await server.stop(None)
-        await dataplane.close()
 
 
 def test_only_the_exact_version_passes_the_check() -> None:
@@ -94,14 +48,14 @@ def test_only_the_exact_version_passes_the_check() -> None:
 async def test_another_version_is_refused_before_the_join_token_is_spent(cp: Cp) -> None:
     machine_id, join = await cp.machine()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await cp.register(join, machine_id, OTHER)
+        await cp.register(join, machine_id, version=OTHER)
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.details() == expected_message(OTHER)
     with pytest.raises(grpc.aio.AioRpcError) as unnamed:
-        await cp.register(join, machine_id, "")
+        await cp.register(join, machine_id, version="")
     assert unnamed.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     # the refusals spent nothing: the same join token registers a worker of this version, once
-    accepted = await cp.register(join, machine_id, __version__)
+    accepted = await cp.register(join, machine_id, version=__version__)
     assert accepted.worker_id
     assert accepted.session_token
     assert await cp.services.scheduler.workers.get(accepted.worker_id) is not None
@@ -131,5 +85,5 @@ async def test_a_worker_of_another_version_exits_at_once_with_the_message(
     refusals = [r.getMessage() for r in caplog.records if "refused this worker" in r.getMessage()]
     assert refusals == [f"the controlplane refused this worker: {expected_message(OTHER)}"]
     # it registered nowhere, and its machine's join token still works for a worker of this version
-    accepted = await cp.register(join, machine_id, __version__)
+    accepted = await cp.register(join, machine_id, version=__version__)
     assert accepted.session_token

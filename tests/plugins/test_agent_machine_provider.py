@@ -37,22 +37,10 @@ from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9_agent_machine.provider import AgentMachineProvider, AgentOffline
 from levers9_agent_machine.settings import AgentMachineSettings
-from tests.fixtures.services import opened_services
+from tests.fixtures.services import ONE_POOL_CONFIG, opened_services
 from tests.services.test_agent_hub import Agent, Clock, operator, workspace_user
 
-CONFIG = """\
-version: 1
-data_dir: {data_dir}
-state:
-  database_url: {database_url}
-pools:
-  cpu:
-    provider: local
-    runtime: process
-    cpu: 2
-    memory: 4GiB
-    max_workers: 1
-"""
+CONFIG = ONE_POOL_CONFIG
 
 IMAGE = "levers9/worker:test"
 

@@ -39,21 +39,9 @@ from levers9.services.agents import (
 from levers9.services.auth import Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.state.sql.records import TokenKind
-from tests.fixtures.services import opened_services
+from tests.fixtures.services import ONE_POOL_CONFIG, opened_services
 
-CONFIG = """\
-version: 1
-data_dir: {data_dir}
-state:
-  database_url: {database_url}
-pools:
-  cpu:
-    provider: local
-    runtime: process
-    cpu: 2
-    memory: 4GiB
-    max_workers: 1
-"""
+CONFIG = ONE_POOL_CONFIG
 
 
 @pytest.fixture

@@ -6,14 +6,18 @@ orders) from every other. Keys, under the controlplane's prefix:
 * ``agent:<id>`` (hash): ``provider``, ``workspace`` (empty: an operator's
   agent), ``labels`` (the issuer's, JSON), ``agent_labels`` (the agent's own,
   JSON), ``state`` (``pending`` until it joins, then ``joined``; ``removed``
-  after ``levers9 machine remove``, for good: Hello never turns it back), ``capacity``
-  and ``machines`` (its last inventory, JSON), ``last_seen`` (epoch seconds),
-  ``version`` and ``hostname``. A pending registration expires with its join
-  token; a joined one stays;
+  after ``levers9 machine remove``, for good: Hello never turns it back),
+  ``capacity`` and ``machines`` (its last inventory, JSON), ``version`` and
+  ``hostname``. A pending registration expires with its join token; a joined
+  one stays;
 * ``agents`` (set): every agent id with a registration;
-* ``agent:<id>:conn`` (string): the name of the replica holding the agent's
-  stream, expiring three heartbeats after the last one. Absent: the agent is
-  connected nowhere.
+* ``agents:seen`` (hash): agent id -> ``<last_seen>|<until>|<replica>``: when
+  the agent last spoke (epoch seconds), until when it counts as connected
+  (three heartbeats on), and the name of the replica holding its stream.
+  ``until`` 0 and no replica: connected nowhere. One hash for every agent, so
+  a replica writes a second's worth of heartbeats in one ``HSET`` and reads
+  every agent's in one ``HMGET``: the cost of a heartbeat does not grow with
+  a command of its own.
 
 Invariants: who an agent is and which workspace it belongs to come from its
 credential in SQL (:mod:`levers9.state.sql.workspaces`), never from here, so
@@ -28,19 +32,55 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["AgentRecord", "AgentStore"]
+__all__ = ["AgentRecord", "AgentStore", "Seen"]
 
-#: compare-and-delete: a replica ends only its own claim on an agent's stream, never a newer one's
+#: compare-and-release: a replica ends only its own claim on an agent's stream, never a newer one's (ARGV[2]
+#: empty: whoever holds it); when the agent was last seen stays
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+local seen = redis.call('HGET', KEYS[1], ARGV[1])
+if not seen then return 0 end
+local last, _, replica = string.match(seen, '^([^|]*)|([^|]*)|(.*)$')
+if last == nil or (ARGV[2] ~= '' and replica ~= ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], last .. '|0|')
+return 1
 """
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An agent's entry in ``agents:seen``."""
+
+    #: epoch seconds it last spoke
+    last: float
+    #: it counts as connected until then (epoch seconds); 0: connected nowhere
+    until: float
+    #: the replica holding its stream ("" for none)
+    replica: str
+
+    def encode(self) -> str:
+        return f"{self.last!r}|{self.until!r}|{self.replica}"
+
+    @classmethod
+    def decode(cls, value: str | bytes | None) -> Seen | None:
+        if not value:
+            return None
+        if isinstance(value, bytes):
+            value = value.decode()
+        last, _, rest = value.partition("|")
+        until, _, replica = rest.partition("|")
+        try:
+            seen = cls(float(last), float(until or 0), replica)
+        except ValueError:
+            return None
+        return seen if math.isfinite(seen.last) and math.isfinite(seen.until) else None
 
 
 @dataclass(frozen=True)
@@ -71,13 +111,9 @@ def _json(text: str | None, default: Any) -> Any:
         return default
 
 
-def _record(agent_id: str, fields: dict[str, str]) -> AgentRecord:
+def _record(agent_id: str, fields: dict[str, str], seen: Seen | None) -> AgentRecord:
     issuer: dict[str, str] = _json(fields.get("labels"), {})
     own: dict[str, str] = _json(fields.get("agent_labels"), {})
-    try:
-        last_seen = float(fields.get("last_seen") or 0.0)
-    except ValueError:
-        last_seen = 0.0
     return AgentRecord(
         id=agent_id,
         provider=fields.get("provider", ""),
@@ -87,17 +123,19 @@ def _record(agent_id: str, fields: dict[str, str]) -> AgentRecord:
         removed=fields.get("state") == "removed",
         capacity=_json(fields.get("capacity"), {}),
         machines=_json(fields.get("machines"), []),
-        last_seen=last_seen if math.isfinite(last_seen) else 0.0,
+        last_seen=seen.last if seen is not None else 0.0,
         version=fields.get("version", ""),
         hostname=fields.get("hostname", ""),
     )
 
 
 class AgentStore:
-    def __init__(self, redis: Redis, *, prefix: str = "l9:") -> None:
+    def __init__(self, redis: Redis, *, prefix: str = "l9:", clock: Callable[[], float] = time.time) -> None:
         self._redis = redis
         self._prefix = prefix
         self._index = f"{prefix}agents"
+        self._seen = f"{prefix}agents:seen"
+        self._clock = clock
 
     @property
     def prefix(self) -> str:
@@ -106,9 +144,6 @@ class AgentStore:
 
     def _key(self, agent_id: str) -> str:
         return f"{self._prefix}agent:{agent_id}"
-
-    def _conn(self, agent_id: str) -> str:
-        return f"{self._prefix}agent:{agent_id}:conn"
 
     async def register(
         self, agent_id: str, *, provider: str, workspace: str | None, labels: dict[str, str], ttl_s: float
@@ -161,40 +196,30 @@ class AgentStore:
             pipe.hset(key, "state", "removed")
             pipe.persist(key)
             pipe.sadd(self._index, agent_id)
-            pipe.delete(self._conn(agent_id))
             await pipe.execute()
+        await self.release(agent_id, replica="")
 
     async def seen(self, agent_id: str, *, replica: str, now: float, presence_s: float) -> None:
         """The agent spoke on ``replica``'s stream at ``now``; it counts as connected there for ``presence_s``."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(self._key(agent_id), "last_seen", repr(now))
-            pipe.set(self._conn(agent_id), replica, px=max(1, int(presence_s * 1000)))
-            await pipe.execute()
+        await self.seen_many({agent_id: now}, replica=replica, presence_s=presence_s)
 
     async def seen_many(self, heard: dict[str, float], *, replica: str, presence_s: float) -> None:
-        """:meth:`seen` for many agents in one round trip (a replica's heartbeats, written once a second)."""
-        if not heard:
-            return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for agent_id, now in heard.items():
-                pipe.hset(self._key(agent_id), "last_seen", repr(now))
-                pipe.set(self._conn(agent_id), replica, px=max(1, int(presence_s * 1000)))
-            await pipe.execute()
+        """:meth:`seen` for many agents in one command (a replica's heartbeats, written once a second)."""
+        if heard:
+            await self._redis.hset(
+                self._seen,
+                mapping={agent_id: Seen(now, now + presence_s, replica).encode() for agent_id, now in heard.items()},
+            )
 
     async def last_seen(self, agent_ids: list[str]) -> dict[str, float | None]:
-        """Each agent's last heartbeat (None: no registration any more), without reading its inventory."""
+        """Each agent's last heartbeat (None: never heard from), without reading its inventory; one command."""
         if not agent_ids:
             return {}
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for agent_id in agent_ids:
-                pipe.hget(self._key(agent_id), "last_seen")
-            values = await pipe.execute()
+        values = await self._redis.hmget(self._seen, agent_ids)
         found: dict[str, float | None] = {}
         for agent_id, value in zip(agent_ids, values, strict=True):
-            try:
-                found[agent_id] = float(value) if value is not None else None
-            except ValueError:
-                found[agent_id] = 0.0
+            seen = Seen.decode(value)
+            found[agent_id] = seen.last if seen is not None else None
         return found
 
     async def ids(self) -> set[str]:
@@ -208,16 +233,23 @@ class AgentStore:
     async def release(self, agent_id: str, *, replica: str) -> None:
         """The stream on ``replica`` ended: the agent is connected nowhere, unless it already reconnected elsewhere."""
         with contextlib.suppress(Exception):
-            await self._redis.eval(_RELEASE, 1, self._conn(agent_id), replica)
+            await self._redis.eval(_RELEASE, 1, self._seen, agent_id, replica)
 
     async def owner(self, agent_id: str) -> str | None:
         """The replica holding the agent's stream; None when no replica has heard from it lately."""
-        value = await self._redis.get(self._conn(agent_id))
-        return str(value) if value else None
+        seen = Seen.decode(await self._redis.hget(self._seen, agent_id))
+        if seen is None or not seen.replica or seen.until < self._clock():
+            return None
+        return seen.replica
 
     async def get(self, agent_id: str) -> AgentRecord | None:
-        fields = await self._redis.hgetall(self._key(agent_id))
-        return _record(agent_id, {str(k): str(v) for k, v in fields.items()}) if fields else None
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._key(agent_id))
+            pipe.hget(self._seen, agent_id)
+            fields, seen = await pipe.execute()
+        if not fields:
+            return None
+        return _record(agent_id, {str(k): str(v) for k, v in fields.items()}, Seen.decode(seen))
 
     async def all(self) -> list[AgentRecord]:
         """Every registered agent (pending ones too); ids whose registration expired leave the index."""
@@ -227,8 +259,17 @@ class AgentStore:
         async with self._redis.pipeline(transaction=False) as pipe:
             for agent_id in ids:
                 pipe.hgetall(self._key(agent_id))
-            rows = [{str(k): str(v) for k, v in row.items()} for row in await pipe.execute()]
+            pipe.hmget(self._seen, ids)
+            *found, seen = await pipe.execute()
+        rows = [{str(k): str(v) for k, v in row.items()} for row in found]
         gone = [agent_id for agent_id, fields in zip(ids, rows, strict=True) if not fields]
         if gone:
-            await self._redis.srem(self._index, *gone)
-        return [_record(agent_id, fields) for agent_id, fields in zip(ids, rows, strict=True) if fields]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.srem(self._index, *gone)
+                pipe.hdel(self._seen, *gone)
+                await pipe.execute()
+        return [
+            _record(agent_id, fields, Seen.decode(when))
+            for agent_id, fields, when in zip(ids, rows, seen, strict=True)
+            if fields
+        ]

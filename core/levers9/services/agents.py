@@ -17,10 +17,12 @@ most every ``CREDENTIAL_RECHECK_S`` (5 min), so a token revoked behind the
 hub's back cuts the agent off within that; ``machine remove`` cuts it at once
 (:meth:`AgentHub.disconnect`). Heartbeats are written to Redis in one batch per
 replica every ``PRESENCE_FLUSH_S`` (1 s); Hello, inventories and acks at once.
-A stream silent for twice ``heartbeat_s`` is sent a Ping; silent for three
-times, it is ended (:class:`AgentLapsed`) and the agent counts as disconnected
-everywhere. These keep a thousand idle agents cheap: per heartbeat, no SQL and
-no Redis round trip of its own (bench/RESULTS.md, "Agent machines").
+One watchdog per replica looks at every open stream three times a heartbeat
+period: a stream silent for twice ``heartbeat_s`` is sent a Ping; silent for
+three times, it is ended (:class:`AgentLapsed`) and the agent counts as
+disconnected everywhere. A stream itself only waits for what to send. These
+keep a thousand idle agents cheap: per heartbeat, no SQL, no Redis command of
+its own and no timer (bench/RESULTS.md, "Agent machines").
 
 Orders. :meth:`AgentHub.send` gives each order a fresh id and keeps it
 pending until its acknowledgement or the caller's timeout. It raises
@@ -175,13 +177,15 @@ class AgentHub:
     ) -> None:  # fmt: skip
         if not (math.isfinite(heartbeat_s) and heartbeat_s > 0):
             raise ValueError(f"heartbeat_s must be a positive number of seconds, got {heartbeat_s}")
-        self.store = AgentStore(redis, prefix=prefix)
+        self.store = AgentStore(redis, prefix=prefix, clock=clock)
         self.heartbeat_s = heartbeat_s
         self.name = name
         self._redis = redis
         self._channel = f"{prefix}agents"
         self._clock = clock
         self._sessions: dict[str, AgentSession] = {}
+        #: every stream open on this replica, greeted or not (the watchdog's round)
+        self._open: set[AgentSession] = set()
         self._pending: dict[str, _Pending] = {}
         self._known: dict[str, AgentRecord] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -197,6 +201,7 @@ class AgentHub:
             asyncio.create_task(self._listen(subscribed), name="agent hub listener"),
             asyncio.create_task(self._refresh_loop(), name="agent hub refresh"),
             asyncio.create_task(self._presence_loop(), name="agent hub presence"),
+            asyncio.create_task(self._watch_loop(), name="agent hub watchdog"),
         ]
         # an order published by another replica before this one listens would be lost: wait (briefly) for it
         with contextlib.suppress(TimeoutError):
@@ -209,7 +214,7 @@ class AgentHub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
-        for session in list(self._sessions.values()):
+        for session in {*self._open, *self._sessions.values()}:
             session.end()
 
     # -------------------------------------------------------------------------- what plugins call
@@ -296,9 +301,8 @@ class AgentHub:
         known = [agent_id for agent_id in ids if agent_id in self._known]
         seen = await self.store.last_seen(known)
         fresh = {
-            agent_id: replace(self._known[agent_id], last_seen=max(self._known[agent_id].last_seen, when))
+            agent_id: replace(self._known[agent_id], last_seen=max(self._known[agent_id].last_seen, when or 0.0))
             for agent_id, when in seen.items()
-            if when is not None
         }
         for agent_id in ids - set(known):
             if (record := await self.store.get(agent_id)) is not None:
@@ -309,7 +313,9 @@ class AgentHub:
 
     def attach(self, identity: AgentIdentity, recheck: Callable[[], Awaitable[object]]) -> AgentSession:
         """A new stream of ``identity``'s agent; it starts receiving orders once it said Hello."""
-        return AgentSession(self, identity, recheck)
+        session = AgentSession(self, identity, recheck)
+        self._open.add(session)
+        return session
 
     def _greeted(self, session: AgentSession) -> None:
         agent_id = session.identity.agent_id
@@ -323,6 +329,7 @@ class AgentHub:
                 session.push(pending.command)
 
     def _detached(self, session: AgentSession) -> None:
+        self._open.discard(session)
         agent_id = session.identity.agent_id
         if self._sessions.get(agent_id) is session:
             del self._sessions[agent_id]
@@ -424,6 +431,14 @@ class AgentHub:
         except Exception as exc:
             log.warning("could not record %d agents' heartbeats: %s", len(heard), exc)
 
+    async def _watch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.heartbeat_s / 3)
+            now = loop.time()
+            for session in list(self._open):
+                session.watch(now)
+
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
@@ -451,7 +466,9 @@ class AgentSession:
         self._greeted = False
         self._ended = False
         self._cut_reason: str | None = None
+        self._lapsed: str | None = None
         self._last = asyncio.get_running_loop().time()
+        self._pinged_at = -math.inf
         self._checked = self._last  # the credential was checked when the stream opened
 
     @property
@@ -553,38 +570,40 @@ class AgentSession:
         await self._touch()
         await self.hub._acked(self.identity.agent_id, ack)
 
+    def watch(self, now: float) -> None:
+        """The hub's watchdog looks at this stream (loop time ``now``): a Ping when it is silent for twice the
+        heartbeat period, the end (:class:`AgentLapsed`) at three times."""
+        if self._ended:
+            return
+        period = self.hub.heartbeat_s
+        silent = now - self._last
+        if silent > 3 * period:
+            self._lapsed = (
+                f"agent {self.identity.agent_id} sent nothing for {silent:.1f} s (heartbeat every {period:g} s): "
+                "disconnected; dial again"
+            )
+            self.end()
+        elif silent > 2 * period and self._pinged_at < self._last:
+            self._pinged_at = now
+            self.push(Ping())
+
     async def commands(self, reader: asyncio.Future[None]) -> AsyncIterator[Command]:
         """What to send the agent, until ``reader`` (the transport's reading of the stream) ends or the agent
-        replaced this stream; raises :class:`AgentLapsed` when the agent falls silent."""
-        loop = asyncio.get_running_loop()
-        period = self.hub.heartbeat_s
-        pinged_at = -math.inf
+        replaced this stream; raises :class:`AgentLapsed` when the agent falls silent, :class:`AgentCut` when
+        the controlplane cut it off."""
+        wake = self._outbox.put_nowait
+        reader.add_done_callback(lambda _: wake(None))
         try:
             while not reader.done():
-                silent = loop.time() - self._last
-                if silent > 3 * period:
-                    raise AgentLapsed(
-                        f"agent {self.identity.agent_id} sent nothing for {silent:.1f} s (heartbeat every "
-                        f"{period:g} s): disconnected; dial again"
-                    )
-                if silent > 2 * period and pinged_at < self._last:
-                    pinged_at = loop.time()
-                    yield Ping()
-                getter = asyncio.ensure_future(self._outbox.get())
-                try:
-                    waiting: set[asyncio.Future[Any]] = {getter, reader}
-                    # wake when a ping or the lapse would be due (a message meanwhile moves both later)
-                    due = self._last + (3 if pinged_at >= self._last else 2) * period - loop.time()
-                    await asyncio.wait(waiting, timeout=max(due, 0.05), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    getter.cancel()
-                if getter.done() and not getter.cancelled():
-                    command = getter.result()
-                    if command is None:
-                        if self._cut_reason is not None:
-                            raise AgentCut(self._cut_reason)
-                        return
+                command = await self._outbox.get()
+                if command is not None:
                     yield command
+                elif self._cut_reason is not None:
+                    raise AgentCut(self._cut_reason)
+                elif self._lapsed is not None:
+                    raise AgentLapsed(self._lapsed)
+                elif self._ended:
+                    return
         finally:
             await self.close()
 
