@@ -44,6 +44,7 @@ import grpc
 import grpc.aio
 
 from levers9.__about__ import __version__
+from levers9.agent.connection import CHANNEL_OPTIONS as AGENT_CHANNEL_OPTIONS
 from levers9.proto.target import parse_target
 from levers9.proto.v1 import agent_pb2, agent_pb2_grpc
 from levers9.proto.v1 import controlplane_pb2 as pb
@@ -54,13 +55,7 @@ T = TypeVar("T")
 
 #: the real agent's channel options (levers9.agent.connection), plus a subchannel pool of its own per channel, so
 #: that every simulated agent has its own TCP connection as a separate machine would (gRPC shares them otherwise)
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.keepalive_time_ms", 30_000),  # as the agent (levers9.agent.connection.KEEPALIVE_S)
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.use_local_subchannel_pool", 1),
-]
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [*AGENT_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 DETAILS = json.dumps(
     {"docker": {"version": "20.10.24", "runtimes": ["runc"], "nvidia": False}, "arch": "x86_64",
@@ -206,11 +201,13 @@ async def read(fleet: Fleet, call: Any, outbox: asyncio.Queue[agent_pb2.AgentMes
 
 async def heartbeats(fleet: Fleet, outbox: asyncio.Queue[agent_pb2.AgentMessage | None], period: float) -> None:
     await asyncio.sleep(random.uniform(0, period))
-    next_inventory = time.monotonic() + random.uniform(0, fleet.inventory_every)
+    next_inventory: float | None = None  # the first at a random point of the first period after SIGUSR1
     while True:
         outbox.put_nowait(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
         fleet.counts.heartbeats += 1
-        if fleet.inventories_on.is_set() and time.monotonic() >= next_inventory:
+        if fleet.inventories_on.is_set() and next_inventory is None:
+            next_inventory = time.monotonic() + random.uniform(0, fleet.inventory_every)
+        if next_inventory is not None and time.monotonic() >= next_inventory:
             outbox.put_nowait(agent_pb2.AgentMessage(inventory=inventory()))
             fleet.counts.inventories += 1
             next_inventory = time.monotonic() + fleet.inventory_every

@@ -42,6 +42,7 @@ from levers9.proto.v1 import agent_pb2, agent_pb2_grpc
 __all__ = [
     "BACKOFF_CAP_S",
     "BACKOFF_INITIAL_S",
+    "CHANNEL_OPTIONS",
     "CredentialRefused",
     "InsecureRefused",
     "SessionHandler",
@@ -56,10 +57,19 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_CAP_S = 30.0
 #: how long Welcome may take after Hello
 WELCOME_TIMEOUT_S = 30.0
-#: gRPC keepalive pings: a controlplane whose host vanished is found gone within this + 10 s; the server accepts
-#: pings every 10 s (grpc.http2.min_ping_interval_without_data_ms), so never more often than that
-#: (30 s: with a thousand agents, each ping costs the controlplane too; bench/RESULTS.md "Agent machines")
-KEEPALIVE_S = 30.0
+#: gRPC keepalive pings, sent only after this long without receiving anything. They are not what finds a dead
+#: controlplane: with keepalive on, gRPC sets TCP_USER_TIMEOUT to the keepalive timeout (10 s) on the socket,
+#: so the heartbeat the agent writes every ``Welcome.heartbeat_s`` (30 s) is itself the probe, and a host that
+#: vanished, or a NAT that forgot the connection, is found within a heartbeat period and 10 s. With a thousand
+#: agents every ping costs the controlplane too (bench/RESULTS.md, "Agent machines"), so they are rare.
+KEEPALIVE_S = 300.0
+#: the channel options of every agent (the benchmark's simulated agents use them too)
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 Send = Callable[[agent_pb2.AgentMessage], None]
 
@@ -91,12 +101,7 @@ def open_channel(controlplane: str, *, ca_pem: str | None, insecure: bool, attem
         targets, tls = parse_targets(controlplane)
     except TargetError as exc:
         raise InsecureRefused(f"--controlplane {controlplane!r}: {exc}") from None
-    options: list[tuple[str, Any]] = [
-        ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
+    options = list(CHANNEL_OPTIONS)
     target = targets[attempt % len(targets)]
     if tls:
         roots = ca_pem.encode() if ca_pem else system_roots()

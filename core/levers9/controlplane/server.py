@@ -62,7 +62,9 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
     ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
+    # pinged after 60 s of silence: workers (every few seconds), agents (every 30 s) and SDK clients (their own
+    # pings) are never silent that long while alive, so on a busy controlplane these pings are for dead peers only
+    ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
 ]

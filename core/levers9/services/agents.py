@@ -120,7 +120,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: how often an agent heartbeats; a dead connection is found sooner by gRPC's keepalive pings (30 s, in C)
+#: how often an agent heartbeats. The heartbeat is also the agent's probe of its connection (gRPC's
+#: TCP_USER_TIMEOUT, see levers9.agent.connection.KEEPALIVE_S); the controlplane's own keepalive pings
+#: (every 60 s of silence, in C) never fire while an agent heartbeats
 HEARTBEAT_S = 30.0
 #: heartbeats are written to Redis together, this often (presence lasts three heartbeat periods)
 PRESENCE_FLUSH_S = 1.0
