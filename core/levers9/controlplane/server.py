@@ -67,6 +67,13 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    # A fixed 4 MiB window per stream for what clients send (uploads: 4 MiB per round trip, 80 MiB/s at 50 ms)
+    # instead of gRPC's bandwidth probing, which sends a PING on nearly every message that arrives: with a
+    # thousand agents heartbeating that was a third of the controlplane's socket work (bench/RESULTS.md,
+    # "Agent machines"). grpc-java runs a fixed window by default too. What the controlplane sends is
+    # governed by the client's window, which still probes.
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 4 * 1024 * 1024),
 ]
 
 
