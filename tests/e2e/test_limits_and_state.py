@@ -148,8 +148,9 @@ def test_a_worker_going_away_leaves_no_pending_task_destroyed(levers9_up: Up, mo
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
-    # the controlplane notices either way: the worker's keepalive lapses, or the provider no longer lists it
-    noticed = ("stopped reporting", "is gone from the provider")
+    # the controlplane notices one of three ways: the worker's keepalive lapses, the provider no longer
+    # lists it, or the provider lists it as failed (the local provider does once it reaps the process)
+    noticed = ("stopped reporting", "is gone from the provider", "failed: the worker exited")
     deadline = time.monotonic() + 60
     while not any(n in levers9_up.log() for n in noticed) and time.monotonic() < deadline:
         time.sleep(0.2)
