@@ -233,6 +233,8 @@ class HttpServer:
                 return False
             raise
         except Exception as exc:
+            if response.gone:
+                return False  # the client went away mid-response: nothing to tell the app's log
             traceback.print_exc()
             if not response.started:
                 await _error(response.send, errors.HANDLER_ERROR, f"{type(exc).__name__}: {str(exc)[:4000]}",
@@ -333,6 +335,8 @@ class _Response:
         self.complete = False
         self.chunked = False
         self.finished = asyncio.Event()
+        #: the client went away while the response was being sent
+        self.gone = False
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
 
     async def send(self, message: Message) -> None:
@@ -374,7 +378,11 @@ class _Response:
         if not more:
             self.complete = True
             self.finished.set()
-        await self.writer.drain()
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            self.gone = True  # the client hung up mid-response: the app's failure to send is not the app's fault
+            raise
 
 
 async def _refuse(writer: asyncio.StreamWriter, message: str) -> None:

@@ -4,7 +4,8 @@ Plain frozen values, so :mod:`levers9.services.agents` (the hub) and
 :mod:`levers9.controlplane.grpc_agent` (the transport, which translates the
 protobuf messages to and from these) share one vocabulary. A message that
 breaks the protocol is :class:`AgentProtocolError`, which the transport answers
-with INVALID_ARGUMENT. Also here: how a refusing acknowledgement's
+with INVALID_ARGUMENT; a stream the hub ends is :class:`AgentLapsed` (silent) or
+:class:`AgentCut` (cut off on purpose). Also here: how a refusing acknowledgement's
 ``error_kind`` maps to the provider errors (:data:`ERROR_KINDS`), and the
 "cut this agent's stream" notice any process can publish to every replica
 (:func:`publish_disconnect`).
@@ -31,8 +32,12 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 __all__ = [
+    "ANY_WORKSPACE",
     "ERROR_KINDS",
+    "AgentCut",
+    "AgentLapsed",
     "AgentProtocolError",
+    "AnyWorkspace",
     "Command",
     "InventoryReport",
     "OrderCommand",
@@ -45,6 +50,25 @@ __all__ = [
 
 class AgentProtocolError(ValueError):
     """The agent broke the protocol (a message before Hello, a Hello twice, a result that is not a JSON object)."""
+
+
+class AgentLapsed(Exception):
+    """The agent's stream was silent for three heartbeat periods: it is disconnected and must dial again."""
+
+
+class AgentCut(AgentLapsed):
+    """The controlplane ended the agent's stream on purpose (its machine was removed); the message says why."""
+
+
+class AnyWorkspace:
+    """The type of :data:`ANY_WORKSPACE`."""
+
+    def __repr__(self) -> str:
+        return "ANY_WORKSPACE"
+
+
+#: ``inventories(workspace=ANY_WORKSPACE)``: every workspace's agents (the default); None: the operator's
+ANY_WORKSPACE = AnyWorkspace()
 
 
 @dataclass(frozen=True)

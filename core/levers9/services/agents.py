@@ -2,12 +2,9 @@
 
 Agents (joined machines, attached clusters) dial out to the ``Agent`` gRPC
 service (:mod:`levers9.controlplane.grpc_agent` translates; everything is
-decided here). Provider plugins reach them through :class:`AgentHub`, which
-implements :class:`levers9.hooks.context.AgentHub`.
-
-Joining is :mod:`levers9.services.agent_join`: a single-use join token spent
-once for the agent's own credential, which says who the agent is and which
-workspace it belongs to.
+decided here); provider plugins reach them through :class:`AgentHub`. Joining
+(a single-use token spent for the agent's own credential) is
+:mod:`levers9.services.agent_join`.
 
 Streams. An agent connects with its credential; its first message is Hello
 (its provider must be the one it joined for), answered by Welcome with
@@ -34,10 +31,10 @@ an unknown kind). Orders are idempotent by id: every pending order is sent
 again when its agent reconnects (to any replica), and the agent acknowledges
 an order it already carried out without doing it again.
 
-Cutting a stream. :meth:`AgentHub.disconnect` (:func:`publish_disconnect` without
-a hub) ends an agent's stream at once, on whichever replica holds it, with
-:class:`AgentCut` (an :class:`AgentLapsed`, so transports end it alike): how
-``levers9 machine remove`` cuts off a revoked agent. A removed agent's Hello is refused.
+Cutting a stream. :meth:`AgentHub.disconnect` (:func:`publish_disconnect`
+without a hub) ends an agent's stream at once, on whichever replica holds it,
+with :class:`AgentCut`: how ``levers9 machine remove`` cuts off a revoked agent,
+whose Hello is refused from then on.
 
 Replicas. An agent holds one stream, to one replica; ``send`` may be called on
 any. Orders, acknowledgements and "agent connected" notices travel on one
@@ -50,10 +47,9 @@ every heartbeat period and on every inventory, so :meth:`AgentHub.inventories`
 answers without I/O. A message lost between replicas costs the caller a
 timeout, never a doubled order.
 
-Workspaces. An agent belongs to the workspace of whoever issued its join
-token, taken from its credential in SQL on every stream. ``inventories`` with
-``workspace=`` lists only that workspace's agents (None: the operator's), so a
-workspace's pools never see another workspace's agents.
+Workspaces. An agent belongs to the workspace of whoever issued its join token
+(its credential in SQL says so); ``inventories(workspace=)`` lists only that
+workspace's agents (None: the operator's).
 """
 
 from __future__ import annotations
@@ -78,8 +74,12 @@ from levers9.hooks.errors import (
 )
 from levers9.services.agent_join import AgentIdentity, authenticate_agent, check_labels, removed_message
 from levers9.services.agent_messages import (
+    ANY_WORKSPACE,
     ERROR_KINDS,
+    AgentCut,
+    AgentLapsed,
     AgentProtocolError,
+    AnyWorkspace,
     Command,
     InventoryReport,
     OrderCommand,
@@ -120,9 +120,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: how often an agent heartbeats. The heartbeat is also the agent's probe of its connection (gRPC's
-#: TCP_USER_TIMEOUT, see levers9.agent.connection.KEEPALIVE_S); the controlplane's own keepalive pings
-#: (every 60 s of silence, in C) never fire while an agent heartbeats
+#: how often an agent heartbeats; also its probe of the connection (levers9.agent.connection.KEEPALIVE_S)
 HEARTBEAT_S = 30.0
 #: heartbeats are written to Redis together, this often (presence lasts three heartbeat periods)
 PRESENCE_FLUSH_S = 1.0
@@ -131,23 +129,6 @@ PRESENCE_FLUSH_S = 1.0
 CREDENTIAL_RECHECK_S = 300.0
 #: every this many refresh periods a replica re-reads every agent's whole record; in between, heartbeats only
 _FULL_REFRESH_EVERY = 6
-
-
-class _AnyWorkspace:
-    def __repr__(self) -> str:
-        return "ANY_WORKSPACE"
-
-
-#: ``inventories(workspace=ANY_WORKSPACE)``: every workspace's agents (the default); None: the operator's
-ANY_WORKSPACE = _AnyWorkspace()
-
-
-class AgentLapsed(Exception):
-    """The agent's stream was silent for three heartbeat periods: it is disconnected and must dial again."""
-
-
-class AgentCut(AgentLapsed):
-    """The controlplane ended the agent's stream on purpose (its machine was removed); the message says why."""
 
 
 # ---------------------------------------------------------------------------------------------- the hub
@@ -251,7 +232,7 @@ class AgentHub:
         raise error(f"agent {order.agent_id} refused the {order.kind} order: {ack.error or 'no reason given'}")
 
     def inventories(
-        self, provider: str | None = None, *, workspace: str | _AnyWorkspace | None = ANY_WORKSPACE
+        self, provider: str | None = None, *, workspace: str | AnyWorkspace | None = ANY_WORKSPACE
     ) -> list[AgentInventory]:
         """Every joined agent's last inventory, of ``provider``'s agents and ``workspace``'s only when given."""
         now = self._clock()
@@ -259,7 +240,7 @@ class AgentHub:
         for record in sorted(self._known.values(), key=lambda r: r.id):
             if not record.joined or (provider is not None and record.provider != provider):
                 continue
-            if not isinstance(workspace, _AnyWorkspace) and record.workspace != workspace:
+            if not isinstance(workspace, AnyWorkspace) and record.workspace != workspace:
                 continue
             found.append(
                 AgentInventory(

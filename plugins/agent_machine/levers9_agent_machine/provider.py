@@ -159,6 +159,10 @@ class AgentMachineProvider:
     def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if not pool.gpu or pool.gpu_count <= 0:
             return []
+        if self.ctx is None or self.ctx.agents is None:
+            # outside a controlplane (``levers9 offers`` from a config file) no agent connects: none to offer,
+            # which is no failure of the pool's (provisioning still says where the agents are)
+            return []
         gpu_type = CATALOG.get(pool.gpu)
         memory = gpu_type.memory_mib if gpu_type is not None else 1
         offers = []
