@@ -212,17 +212,30 @@ class FleetFigures:
     threads: dict[str, dict[str, float]]
 
 
+@dataclass(frozen=True)
+class Window:
+    """One measured window: CPU shares by process, the controlplane's by thread group, its memory at the end."""
+
+    shares: dict[str, float]
+    threads: dict[str, float]
+    memory: Memory
+    wall_s: float
+
+
+def measure(pids: dict[str, int], seconds: float) -> Window:
+    cpu, by_thread = CpuWindow(pids), ThreadWindow(pids["controlplane"])
+    cpu.start()
+    by_thread.start()
+    time.sleep(seconds)
+    shares = cpu.stop()
+    return Window(shares, by_thread.stop(), memory(pids["controlplane"]), cpu.wall_s)
+
+
 def fleet(count: int, window: float, baseline_s: float) -> FleetFigures:
     with Controlplane() as cp:
         pids = {"controlplane": cp.pid, "redis": cp.redis_pid()}
         time.sleep(SETTLE_S)
-        idle, idle_threads = CpuWindow(pids), ThreadWindow(cp.pid)
-        idle.start()
-        idle_threads.start()
-        time.sleep(baseline_s)
-        baseline = idle.stop()
-        threads = {"idle": idle_threads.stop()}
-        baseline_memory = memory(cp.pid)
+        idle = measure(pids, baseline_s)
         ramp_from = cpu_seconds(cp.pid) + cpu_seconds(pids["redis"])
         load = LoadGenerator(cp, count)
         try:
@@ -234,31 +247,20 @@ def fleet(count: int, window: float, baseline_s: float) -> FleetFigures:
             print(f"  connected {count} streams in {connected:.1f} s", file=sys.stderr)
             ramp_cpu = cpu_seconds(cp.pid) + cpu_seconds(pids["redis"]) - ramp_from
             time.sleep(SETTLE_S)
-            beats, beats_threads = CpuWindow(pids), ThreadWindow(cp.pid)
-            beats.start()
-            beats_threads.start()
-            time.sleep(window)
-            heartbeats = beats.stop()
-            threads["heartbeats"] = beats_threads.stop()
-            heartbeats_memory = memory(cp.pid)
-            print(f"  heartbeats only: {heartbeats}", file=sys.stderr)
+            beats = measure(pids, window)
+            print(f"  heartbeats only: {beats.shares}", file=sys.stderr)
             load.process.send_signal(signal.SIGUSR1)
             time.sleep(SETTLE_S + 10)
-            both, both_threads = CpuWindow(pids), ThreadWindow(cp.pid)
-            both.start()
-            both_threads.start()
-            time.sleep(window)
-            inventories = both.stop()
-            threads["heartbeats + inventories"] = both_threads.stop()
-            inventories_memory = memory(cp.pid)
-            print(f"  with inventories: {inventories}", file=sys.stderr)
+            both = measure(pids, window)
+            print(f"  with inventories: {both.shares}", file=sys.stderr)
             connected_now = sum(1 for m in cp.machines() if m["connected"])
             redis_memory = memory(pids["redis"])
         finally:
             load.stop()
         counts = load.expect("done", 60)
-    return FleetFigures(count, baseline, baseline_memory, created, joined, connected, ramp_cpu, heartbeats,
-                        heartbeats_memory, inventories, inventories_memory, redis_memory, connected_now, counts,
+    threads = {"idle": idle.threads, "heartbeats": beats.threads, "heartbeats + inventories": both.threads}
+    return FleetFigures(count, idle.shares, idle.memory, created, joined, connected, ramp_cpu, beats.shares,
+                        beats.memory, both.shares, both.memory, redis_memory, connected_now, counts,
                         beats.wall_s, threads)  # fmt: skip
 
 
