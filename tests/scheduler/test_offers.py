@@ -251,7 +251,7 @@ async def test_giving_up_names_every_offer_tried_and_why(make_harness: MakeHarne
     h.offer(h100=[o1, o2])
     h.behave(H100="quota")
     s = h.scheduler()
-    req = h.request("H100", max_wait_s=1.0)  # long enough for both offers' misses on a loaded machine
+    req = h.request("H100", max_wait_s=5.0)  # both offers' misses on a loaded machine (1 s was too short)
     await s.submit(req)
     await s.place_once()
     tasks = TaskStore(h.db)
