@@ -98,8 +98,18 @@ class Harness:
         tasks = list(scheduler.provisioner._tasks.values())
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def register_started(self, scheduler: Scheduler) -> list[str]:
-        """Play the workers of every machine the provider started: each dials in and registers."""
+    async def register_started(self, scheduler: Scheduler, *, at_least: int = 0) -> list[str]:
+        """Play the workers of every machine the provider started: each dials in and registers.
+
+        ``at_least``: first wait until the provider lists that many machines. A test driving the
+        scheduler's own loops needs it: a provision call is in the call log before its machine is
+        written down, so reading the machines straight after the log can find none yet.
+        """
+
+        async def listed() -> bool:
+            return len(self.machines()) >= at_least
+
+        await eventually(listed, f"the provider to list {at_least} machines")
         registered = await scheduler.workers.ids()
         out = []
         for m in self.machines():

@@ -70,7 +70,7 @@ async def test_a_capacity_miss_falls_over_to_the_pools_next_offer_then_the_next_
     assert tried[f"h100 offer {_key(o1)}"].startswith(f"insufficient_capacity: [flaky] no {_key(o1)} capacity")
     assert tried[f"h100 offer {_key(o2)}"].startswith(f"insufficient_capacity: [flaky] no {_key(o2)} capacity")
 
-    await h.register_started(s)
+    assert await h.register_started(s, at_least=1)
 
     async def placed() -> bool:
         return any(e.outcome == "placed" for e in await TaskStore(h.db).history(req.id))
