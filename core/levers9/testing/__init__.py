@@ -46,11 +46,22 @@ overriding ``user_data``. Every test of the suite then runs against the
 installed plugin, loaded through the real plugin manager exactly as the
 controlplane loads it; see :mod:`levers9.testing.provider_contract` for the
 promises it checks, :mod:`levers9.testing.registrar` and
-:mod:`levers9.testing.boot` for how the bootstrap is booted.
+:mod:`levers9.testing.boot` for how the bootstrap is booted, and
+:mod:`levers9.testing.cloud_boot` for booting every instance a fake cloud
+API runs (an end-to-end test's stand-in for the cloud's hypervisor).
 """
 
 from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
+from levers9.testing.cloud_boot import CloudBooter
 from levers9.testing.provider_contract import ProviderContract
 from levers9.testing.registrar import Registrar, Registration
 
-__all__ = ["BootError", "EmulatedBoot", "ProviderContract", "Registrar", "Registration", "emulated_boot"]
+__all__ = [
+    "BootError",
+    "CloudBooter",
+    "EmulatedBoot",
+    "ProviderContract",
+    "Registrar",
+    "Registration",
+    "emulated_boot",
+]

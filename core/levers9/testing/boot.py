@@ -24,6 +24,15 @@ a ``PATH`` whose first entry is this interpreter's ``bin`` directory, so the
 in a session and process group of their own, with output in
 ``<root>/boot.log``.
 
+GPUs: a machine with GPUs is given ``gpus``, the lines its ``nvidia-smi
+--query-gpu=index,uuid,name,memory.total --format=csv,noheader,nounits``
+would print (recorded from a real machine of that type); an ``nvidia-smi``
+that prints them is put at ``<root>/usr/bin/nvidia-smi``, on the boot's
+``PATH`` after the interpreter's directory, so the worker's GPU discovery
+finds the machine's GPUs as on the real machine. Without ``gpus`` the boot
+has no ``nvidia-smi`` of its own (whatever the host's ``PATH`` holds is not
+on the boot's).
+
 Network: when running as root with ``unshare``, ``nsenter`` and ``ip``
 available, the boot runs in a network namespace of its own in which only
 loopback exists; each port of ``ports`` on the host's ``127.0.0.1`` (the
@@ -159,10 +168,29 @@ def prepare(user_data: str, root: Path) -> list[str]:
     )
 
 
+def _install_nvidia_smi(root: Path, gpus: str) -> None:
+    """An ``nvidia-smi`` under ``root`` that prints ``gpus`` for the query GPU discovery makes, and fails otherwise."""
+    table = root / "usr" / "share" / "levers9-boot" / "gpus.csv"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(gpus if gpus.endswith("\n") else gpus + "\n")
+    tool = root / "usr" / "bin" / "nvidia-smi"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text(
+        "#!/bin/sh\n"
+        "# the emulated machine's GPUs, as its real nvidia-smi printed them\n"
+        'case "$*" in\n'
+        f"  *--query-gpu=*) exec cat {shlex.quote(str(table))} ;;\n"
+        "esac\n"
+        'echo "emulated nvidia-smi: only --query-gpu is recorded" >&2\n'
+        "exit 2\n"
+    )
+    tool.chmod(0o755)
+
+
 def boot_environment(root: Path) -> dict[str, str]:
     """The clean environment a boot starts with: the boot root, and this installation's ``levers9`` first."""
     return {
-        "PATH": f"{Path(sys.executable).parent}:{_STANDARD_PATH}",
+        "PATH": f"{Path(sys.executable).parent}:{root / 'usr' / 'bin'}:{_STANDARD_PATH}",
         "HOME": str(root),
         "LEVERS9_BOOT_ROOT": str(root),
         "LANG": "C.UTF-8",
@@ -293,7 +321,9 @@ def _namespace_holder() -> tuple[subprocess.Popen[bytes], str]:
 class EmulatedBoot:
     """A running emulated boot; :meth:`stop` ends it and removes its root."""
 
-    def __init__(self, root: Path, command: list[str], ports: Sequence[int], isolate: bool | None) -> None:
+    def __init__(
+        self, root: Path, command: list[str], ports: Sequence[int], isolate: bool | None, gpus: str | None = None
+    ) -> None:
         self.root = root
         self.log_path = root / "boot.log"
         self._holder: subprocess.Popen[bytes] | None = None
@@ -302,6 +332,8 @@ class EmulatedBoot:
         #: how the boot is kept apart: ``network namespace (loopback only)`` or ``process group only: <why>``
         self.isolation = self._isolate(ports, isolate)
         (root / "tmp").mkdir(parents=True, exist_ok=True)
+        if gpus is not None:
+            _install_nvidia_smi(root, gpus)
         prefix: list[str] = ["nsenter", f"--net={self._netns}", "--"] if self._netns else []
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -418,14 +450,20 @@ class EmulatedBoot:
 
 
 def emulated_boot(
-    user_data: str, root: Path | str, *, ports: Sequence[int] = (), isolate: bool | None = None
+    user_data: str,
+    root: Path | str,
+    *,
+    ports: Sequence[int] = (),
+    isolate: bool | None = None,
+    gpus: str | None = None,
 ) -> EmulatedBoot:
     """Boot ``user_data`` under ``root`` (see the module docstring); ``ports``: host loopback ports it may reach.
 
     ``isolate``: None isolates the network where this host allows it, True insists (raises OSError where it
-    cannot), False runs in a process group only. Raises :class:`BootError` for user data a boot cannot run.
+    cannot), False runs in a process group only. ``gpus``: the machine's GPUs as ``nvidia-smi --query-gpu``
+    CSV lines (None: a machine without GPUs). Raises :class:`BootError` for user data a boot cannot run.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     command = prepare(user_data, root)
-    return EmulatedBoot(root, command, ports, isolate)
+    return EmulatedBoot(root, command, ports, isolate, gpus)

@@ -1,0 +1,159 @@
+"""Boot what a fake cloud runs: every instance it reports running gets an emulated first boot of its user data.
+
+A fake cloud API (a moto server, a fake OCI or Lambda API) holds instances
+but runs nothing. :class:`CloudBooter` plays the cloud's hypervisor for a
+test: a thread asks each source (a callable listing the cloud's instances)
+every ``interval`` seconds, and
+
+* an instance reported running that has not been booted gets
+  :func:`levers9.testing.boot.emulated_boot` of its user data, under a root
+  of its own, reaching only ``ports`` on the host's loopback (the
+  controlplane's), with the GPUs ``hardware`` says its instance type has;
+* an instance reported gone (terminated, or no longer listed) has its boot
+  stopped: everything it started is signalled and its root removed, as a
+  terminated VM takes its processes with it.
+
+An instance is booted at most once: a boot that ends by itself (the worker
+exited) is not started again, as a real machine's first boot runs once. User
+data a boot cannot run is recorded in :attr:`CloudBooter.refused` with the
+reason, and the instance is left alone.
+
+Invariants: :meth:`CloudBooter.stop` stops the thread and every boot it
+started, whatever state the sources are in; a source that raises is logged
+and asked again next round (a fake restarting must not end the harness).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
+
+__all__ = ["BootTarget", "CloudBooter"]
+
+log = logging.getLogger(__name__)
+
+
+class BootTarget(Protocol):
+    """What the booter needs of an instance (``tests.fakes.CloudInstance`` has it)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def gone(self) -> bool: ...
+
+    @property
+    def user_data(self) -> str: ...
+
+    @property
+    def instance_type(self) -> str | None: ...
+
+
+class CloudBooter:
+    """Boots the running instances of ``sources`` until :meth:`stop` (see the module docstring)."""
+
+    def __init__(
+        self,
+        sources: Sequence[Callable[[], Iterable[BootTarget]]],
+        *,
+        ports: Sequence[int],
+        hardware: Callable[[BootTarget], str | None] = lambda _: None,
+        interval: float = 0.2,
+        root: Path | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self.ports = list(ports)
+        self.hardware = hardware
+        self.interval = interval
+        # short: a worker's unix sockets live below its boot root
+        self._root = Path(tempfile.mkdtemp(prefix="l9cb-", dir=root))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        #: instance id -> its boot (running or ended)
+        self.boots: dict[str, EmulatedBoot] = {}
+        #: instance id -> why its user data could not be booted
+        self.refused: dict[str, str] = {}
+        #: instance ids whose boot was stopped because the cloud reported the instance gone
+        self.stopped: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="cloud-booter", daemon=True)
+
+    def start(self) -> CloudBooter:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(self.interval)
+
+    def step(self) -> None:
+        """One round: boot the newly running, stop the gone."""
+        seen: dict[str, BootTarget] = {}
+        complete = True
+        for source in self.sources:
+            try:
+                for instance in source():
+                    seen[instance.id] = instance
+            except Exception:
+                log.exception("a cloud's instance listing failed; asking again next round")
+                complete = False
+        with self._lock:
+            if self._stop.is_set():
+                return
+            for instance in seen.values():
+                if instance.running and not instance.gone and instance.id not in self.boots:
+                    self._boot(instance)
+            for instance_id, boot in list(self.boots.items()):
+                found = seen.get(instance_id)
+                vanished = found is None and complete
+                if (vanished or (found is not None and found.gone)) and instance_id not in self.stopped:
+                    boot.stop()
+                    self.stopped.append(instance_id)
+
+    def _boot(self, instance: BootTarget) -> None:
+        root = self._root / f"b{len(self.boots) + len(self.refused)}"
+        try:
+            self.boots[instance.id] = emulated_boot(
+                instance.user_data, root, ports=self.ports, gpus=self.hardware(instance)
+            )
+        except (BootError, OSError) as exc:
+            self.refused[instance.id] = str(exc)
+            shutil.rmtree(root, ignore_errors=True)
+            log.warning("instance %s: its user data was not booted: %s", instance.id, exc)
+
+    def alive(self) -> list[str]:
+        """Instances whose boot still runs something."""
+        with self._lock:
+            return [i for i, boot in self.boots.items() if i not in self.stopped and boot.alive()]
+
+    def output(self, instance_id: str) -> str:
+        boot = self.boots.get(instance_id)
+        return boot.output() if boot is not None else self.refused.get(instance_id, "(never booted)")
+
+    def stop(self) -> None:
+        """End the thread and every boot; remove every root."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        with self._lock:
+            for instance_id, boot in self.boots.items():
+                if instance_id not in self.stopped:
+                    boot.stop()
+                    self.stopped.append(instance_id)
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> CloudBooter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,132 @@
+"""The cloud booter boots each running instance once, with its GPUs, and stops it when the cloud says it is gone."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from levers9.testing.boot import boot_environment
+from levers9.testing.cloud_boot import BootTarget, CloudBooter
+
+H100 = (Path(__file__).parents[1] / "data" / "gpu" / "nvidia_smi" / "h100_sxm_8x.csv").read_text()
+
+#: what each booted "machine" does: say it is up, record what nvidia-smi shows it, then stay up
+SCRIPT = """#!/bin/sh
+echo "up as $$" > "$LEVERS9_BOOT_ROOT/up"
+nvidia-smi --query-gpu=index,uuid,name,memory.total --format=csv,noheader,nounits > "$LEVERS9_BOOT_ROOT/gpus" 2>&1
+echo "exit $?" >> "$LEVERS9_BOOT_ROOT/gpus"
+exec sleep 600
+"""
+
+
+@dataclass
+class Instance:
+    id: str
+    running: bool = True
+    gone: bool = False
+    user_data: str = SCRIPT
+    instance_type: str | None = "p5.48xlarge"
+
+
+@dataclass
+class Cloud:
+    instances: dict[str, Instance] = field(default_factory=dict)
+    fail: bool = False
+
+    def list(self) -> list[BootTarget]:
+        if self.fail:
+            raise ConnectionError("the fake cloud is restarting")
+        return list(self.instances.values())
+
+
+def _booted(booter: CloudBooter, instance_id: str) -> bool:
+    """The instance's boot has run its nvidia-smi (its last line, ``exit N``, is written)."""
+    boot = booter.boots.get(instance_id)
+    return boot is not None and "exit " in _read(boot.root / "gpus")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def _pids_of(root: Path) -> list[int]:
+    marker = f"LEVERS9_BOOT_ROOT={root}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker in Path(f"/proc/{entry}/environ").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_running_instances_boot_once_with_their_gpus_and_stop_when_gone() -> None:
+    cloud = Cloud({"i-1": Instance("i-1"), "i-2": Instance("i-2", instance_type="t3.micro", running=False)})
+    hardware = {"p5.48xlarge": H100}
+    booter = CloudBooter([cloud.list], ports=[], hardware=lambda i: hardware.get(i.instance_type or ""))
+    with booter:
+        _until(lambda: _booted(booter, "i-1"), "i-1 to boot")
+        boot = booter.boots["i-1"]
+        assert (boot.root / "up").read_text().startswith("up as ")
+        shown = (boot.root / "gpus").read_text()
+        assert shown == H100 + "exit 0\n"  # the machine's GPUs, as its type's recorded nvidia-smi printed them
+        assert "i-2" not in booter.boots  # not running yet: nothing to boot
+
+        # a listing that fails is not a vanished cloud: nothing is stopped
+        cloud.fail = True
+        booter.step()
+        assert booter.stopped == []
+        assert "i-1" in booter.alive()
+        cloud.fail = False
+
+        cloud.instances["i-2"].running = True
+        _until(lambda: _booted(booter, "i-2"), "i-2 to boot")
+        assert "nvidia-smi: not found\nexit 127" in _read(booter.boots["i-2"].root / "gpus")  # no GPUs, no nvidia-smi
+        root = boot.root
+        assert _pids_of(root)
+
+        cloud.instances["i-1"].gone = True
+        _until(lambda: "i-1" in booter.stopped, "i-1's boot to be stopped")
+        assert not _pids_of(root)
+        assert not root.exists()
+        assert booter.alive() == ["i-2"]
+
+        # an instance listed again after its boot was stopped is not booted a second time
+        cloud.instances["i-1"].gone = False
+        booter.step()
+        assert list(booter.boots) == ["i-1", "i-2"]
+
+        del cloud.instances["i-2"]  # left the listing altogether
+        _until(lambda: "i-2" in booter.stopped, "i-2's boot to be stopped")
+    assert booter.alive() == []
+    assert not _pids_of(booter.boots["i-2"].root)
+
+
+def test_user_data_that_cannot_boot_is_refused_with_the_reason_and_stop_leaves_nothing() -> None:
+    cloud = Cloud({"i-bad": Instance("i-bad", user_data="just text"), "i-ok": Instance("i-ok")})
+    booter = CloudBooter([cloud.list], ports=[]).start()
+    try:
+        _until(lambda: "i-bad" in booter.refused and "i-ok" in booter.boots, "both instances to be looked at")
+        assert "neither a '#!' script nor '#cloud-config'" in booter.refused["i-bad"]
+        root = booter.boots["i-ok"].root
+        _until(lambda: bool(_pids_of(root)), "i-ok's boot to run")
+    finally:
+        booter.stop()
+    assert not _pids_of(root)
+    assert not root.exists()
+    assert boot_environment(root)["PATH"].split(":")[1] == str(root / "usr" / "bin")
