@@ -11,21 +11,78 @@ image, the network (subnets, security groups), the instance role, spot or
 on-demand, and how the plugin authenticates. The region is the pool's own
 ``region`` (or ``regions``), never a setting: one source for every provider.
 Credentials are always references (a profile, or the names of environment
-variables), never values. ``boto3`` is never imported here. In this version the
-plugin declares its settings only; the provisioning hooks come later.
+variables), never values.
+
+The hooks below are thin: :mod:`levers9_ec2.provider` says what each does,
+and holds the one provider object they share (its boto3 clients, made by
+:mod:`levers9_ec2.session`, live from ``levers9_startup`` to
+``levers9_shutdown``). ``boto3`` is imported only inside the functions that
+make a client, never when this package is imported.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
+from levers9.hooks.context import PluginContext
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import GpuOffer, Machine, Pool, ProviderCheck, ProvisionRequest
+from levers9_ec2.provider import Ec2Provider
 from levers9_ec2.settings import Ec2Settings
 
-__all__ = ["Ec2Settings", "levers9_provider_settings"]
+__all__ = [
+    "Ec2Provider",
+    "Ec2Settings",
+    "levers9_check",
+    "levers9_gpu_offers",
+    "levers9_list_machines",
+    "levers9_provider_settings",
+    "levers9_provision",
+    "levers9_shutdown",
+    "levers9_startup",
+    "levers9_terminate",
+]
+
+#: the hooks' shared state: clients per credentials and region, and the describe cache
+_provider = Ec2Provider()
 
 
 @hookimpl
 def levers9_provider_settings() -> type[BaseModel]:
     """Declare ``ec2`` a provider whose pools are validated with :class:`Ec2Settings`."""
     return Ec2Settings
+
+
+@hookimpl
+def levers9_startup(ctx: PluginContext) -> None:
+    _provider.startup(ctx)
+
+
+@hookimpl
+def levers9_shutdown(ctx: PluginContext) -> None:
+    _provider.shutdown()
+
+
+@hookimpl
+def levers9_check(pool: Pool) -> ProviderCheck:
+    return _provider.check(pool)
+
+
+@hookimpl
+def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
+    return _provider.gpu_offers(pool)
+
+
+@hookimpl
+def levers9_provision(request: ProvisionRequest) -> Machine:
+    return _provider.provision(request)
+
+
+@hookimpl
+def levers9_terminate(pool: Pool, machine: Machine) -> None:
+    _provider.terminate(pool, machine)
+
+
+@hookimpl
+def levers9_list_machines(pool: Pool) -> list[Machine]:
+    return _provider.list_machines(pool)
