@@ -1,0 +1,178 @@
+"""Fixtures for the ``oci`` provider's tests: a signing key, an OCI config file, a fake region over HTTP.
+
+The real ``oci`` SDK signs every request with the test's RSA key (written to a
+temporary directory with an SDK config file naming it); the fake region
+(:class:`tests.fakes.oci_cloud.FakeOci`, a thread on 127.0.0.1) knows the
+public half and refuses anything not signed by it. Pools point
+``service_endpoint`` at the fake, so the plugin, a test's own SDK client and a
+subprocess all reach it over HTTP. Each test gets a fresh fake (stopped at
+its end) and a fresh provider (shut down at its end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from levers9.hooks.types import GpuOffer, Pool, ProvisionRequest, Resources, WorkerBootstrap
+from levers9_oci.provider import OciProvider
+from levers9_oci.settings import OciSettings
+from tests.fakes.oci_cloud import FakeOci
+
+TENANCY = "ocid1.tenancy.oc1..aaaaaaaatenancy0test"
+USER = "ocid1.user.oc1..aaaaaaaauser0test"
+COMPARTMENT = "ocid1.compartment.oc1..aaaaaaaacompartment0test"
+SUBNET = "ocid1.subnet.oc1.iad.aaaaaaaasubnet0test"
+IMAGE = "ocid1.image.oc1.iad.aaaaaaaaimage0test"
+#: an image the fake does not know: launches naming it answer 400 RelatedResourceNotAuthorizedOrNotFound
+UNKNOWN_IMAGE = "ocid1.image.oc1.iad.aaaaaaaanosuchimage"
+REGION = "us-ashburn-1"
+AD1 = "Uocm:US-ASHBURN-AD-1"
+AD2 = "Uocm:US-ASHBURN-AD-2"
+
+
+@dataclass(frozen=True)
+class OciCredentials:
+    """The test's API key: its files, its fingerprint and the keyId the SDK signs with."""
+
+    config_file: Path
+    key_file: Path
+    fingerprint: str
+    private_key: rsa.RSAPrivateKey
+
+    @property
+    def key_id(self) -> str:
+        return f"{TENANCY}/{USER}/{self.fingerprint}"
+
+
+def fingerprint(public_key: rsa.RSAPublicKey) -> str:
+    """OCI's API key fingerprint: the MD5 of the DER public key, as colon-separated hex pairs."""
+    der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    digest = hashlib.md5(der).hexdigest()
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+
+def write_config(path: Path, key_file: Path, print_: str, *, profile: str = "DEFAULT", extra: str = "") -> Path:
+    path.write_text(
+        f"[{profile}]\nuser={USER}\nfingerprint={print_}\nkey_file={key_file}\ntenancy={TENANCY}\n"
+        f"region={REGION}\n{extra}"
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def oci_private_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+@pytest.fixture
+def oci_credentials(tmp_path: Path, oci_private_key: rsa.RSAPrivateKey) -> OciCredentials:
+    key_file = tmp_path / "oci_api_key.pem"
+    key_file.write_bytes(
+        oci_private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    key_file.chmod(0o600)
+    print_ = fingerprint(oci_private_key.public_key())
+    config = write_config(tmp_path / "oci_config", key_file, print_)
+    return OciCredentials(config, key_file, print_, oci_private_key)
+
+
+@pytest.fixture
+def fake_oci(oci_credentials: OciCredentials) -> Iterator[FakeOci]:
+    fake = FakeOci(
+        region=REGION,
+        availability_domains=(AD1, AD2),
+        compartments=(COMPARTMENT, TENANCY),
+        images=(IMAGE,),
+        subnets=(SUBNET,),
+    )
+    fake.add_key(oci_credentials.key_id, oci_credentials.private_key.public_key())
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def oci_settings(fake_oci: FakeOci, oci_credentials: OciCredentials) -> dict[str, Any]:
+    """Working pool settings against the fake, as they would appear in config."""
+    return {
+        "config_file": str(oci_credentials.config_file),
+        "compartment_id": COMPARTMENT,
+        "subnet_id": SUBNET,
+        "image_id": IMAGE,
+        "service_endpoint": fake_oci.url,
+    }
+
+
+@pytest.fixture
+def sdk_compute(fake_oci: FakeOci, oci_credentials: OciCredentials) -> Any:
+    """The test's own ComputeClient on the fake: how a test reads back what the plugin launched."""
+    import oci
+
+    config = oci.config.from_file(str(oci_credentials.config_file))
+    return oci.core.ComputeClient(config, service_endpoint=fake_oci.url, retry_strategy=oci.retry.NoneRetryStrategy())
+
+
+@pytest.fixture
+def provider() -> Iterator[OciProvider]:
+    """A fresh provider (its own client cache), shut down at the end; it never sleeps between launches."""
+    made = OciProvider(sleep=lambda seconds: None)
+    yield made
+    made.shutdown()
+
+
+@pytest.fixture
+def make_pool(oci_settings: dict[str, Any]) -> Callable[..., Pool]:
+    """``make_pool(name="p", gpu="A10", gpu_count=1, regions=[REGION], preemptible=False, **settings)``."""
+
+    def make(
+        name: str = "p",
+        *,
+        gpu: str | None = "A10",
+        gpu_count: int = 1,
+        regions: list[str] | None = None,
+        preemptible: bool = False,
+        **settings: Any,
+    ) -> Pool:
+        regions = [REGION] if regions is None else regions
+        return Pool(
+            name=name,
+            provider="oci",
+            runtime="process",
+            gpu=gpu,
+            gpu_count=gpu_count if gpu else 0,
+            region=regions[0] if regions else None,
+            regions=regions,
+            preemptible=preemptible,
+            settings=OciSettings.model_validate({**oci_settings, **settings}),
+        )
+
+    return make
+
+
+def provision_request(pool: Pool, offer: GpuOffer | None, machine_id: str | None = None) -> ProvisionRequest:
+    machine_id = machine_id or f"m-{uuid.uuid4().hex[:12]}"
+    return ProvisionRequest(
+        pool=pool,
+        resources=Resources(gpu=pool.gpu, gpu_count=pool.gpu_count),
+        machine_id=machine_id,
+        bootstrap=WorkerBootstrap(
+            controlplane_url="grpc://127.0.0.1:1993",
+            token=f"tok-{uuid.uuid4().hex}",
+            machine_id=machine_id,
+            pool=pool.name,
+            levers9_version=importlib.metadata.version("levers9"),
+        ),
+        region=offer.region if offer else pool.region,
+        offer=offer,
+    )
