@@ -118,11 +118,21 @@ def test_running_instances_boot_once_with_their_gpus_and_stop_when_gone() -> Non
 
 
 def test_user_data_that_cannot_boot_is_refused_with_the_reason_and_stop_leaves_nothing() -> None:
-    cloud = Cloud({"i-bad": Instance("i-bad", user_data="just text"), "i-ok": Instance("i-ok")})
+    cloud = Cloud(
+        {
+            "i-bad": Instance("i-bad", user_data="just text"),
+            "i-ok": Instance("i-ok"),
+            "i-bare": Instance("i-bare", user_data=""),
+        }
+    )
     booter = CloudBooter([cloud.list], ports=[]).start()
     try:
         _until(lambda: "i-bad" in booter.refused and "i-ok" in booter.boots, "both instances to be looked at")
         assert "neither a '#!' script nor '#cloud-config'" in booter.refused["i-bad"]
+        booter.step()  # looked at once: neither is tried again
+        assert list(booter.refused) == ["i-bad"]
+        assert booter.bare == ["i-bare"]
+        assert "i-bare" not in booter.boots
         root = booter.boots["i-ok"].root
         _until(lambda: bool(_pids_of(root)), "i-ok's boot to run")
     finally:

@@ -14,9 +14,10 @@ every ``interval`` seconds, and
   terminated VM takes its processes with it.
 
 An instance is booted at most once: a boot that ends by itself (the worker
-exited) is not started again, as a real machine's first boot runs once. User
-data a boot cannot run is recorded in :attr:`CloudBooter.refused` with the
-reason, and the instance is left alone.
+exited) is not started again, as a real machine's first boot runs once. An
+instance without user data boots nothing (its image would just start) and is
+listed in :attr:`CloudBooter.bare`. User data a boot cannot run is recorded in
+:attr:`CloudBooter.refused` with the reason, and the instance is left alone.
 
 Invariants: :meth:`CloudBooter.stop` stops the thread and every boot it
 started, whatever state the sources are in; a source that raises is logged
@@ -83,6 +84,8 @@ class CloudBooter:
         self.boots: dict[str, EmulatedBoot] = {}
         #: instance id -> why its user data could not be booted
         self.refused: dict[str, str] = {}
+        #: instances that were running without user data: nothing to boot
+        self.bare: list[str] = []
         #: instance ids whose boot was stopped because the cloud reported the instance gone
         self.stopped: list[str] = []
         self._thread = threading.Thread(target=self._run, name="cloud-booter", daemon=True)
@@ -111,7 +114,8 @@ class CloudBooter:
             if self._stop.is_set():
                 return
             for instance in seen.values():
-                if instance.running and not instance.gone and instance.id not in self.boots:
+                known = instance.id in self.boots or instance.id in self.refused or instance.id in self.bare
+                if instance.running and not instance.gone and not known:
                     self._boot(instance)
             for instance_id, boot in list(self.boots.items()):
                 found = seen.get(instance_id)
@@ -121,6 +125,9 @@ class CloudBooter:
                     self.stopped.append(instance_id)
 
     def _boot(self, instance: BootTarget) -> None:
+        if not instance.user_data.strip():
+            self.bare.append(instance.id)
+            return
         root = self._root / f"b{len(self.boots) + len(self.refused)}"
         try:
             self.boots[instance.id] = emulated_boot(
