@@ -23,7 +23,8 @@ not to leak machines:
   the worker itself (``boots_itself = True``, like ``local``) is simply
   provisioned; any other returns the user data it passed from
   :meth:`ProviderContract.user_data`, and the kit boots it in an emulated boot
-  (:mod:`levers9.testing.boot`).
+  (:mod:`levers9.testing.boot`) through the harness end-to-end tests boot a
+  fake cloud's instances with (:class:`levers9.testing.cloud_boot.CloudBooter`).
 
 Hooks are called through the real plugin manager and the typed facade, as the
 controlplane calls them, after the facade's ``startup`` (so a provider's
@@ -44,12 +45,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -73,7 +72,7 @@ from levers9.hooks.types import (
     Resources,
     WorkerBootstrap,
 )
-from levers9.testing.boot import BootError, emulated_boot
+from levers9.testing.cloud_boot import CloudBooter
 from levers9.testing.registrar import Registrar, Registration
 
 T = TypeVar("T")
@@ -85,6 +84,18 @@ RETURNS = {
     "levers9_list_machines": "Machine",
     "levers9_check": "ProviderCheck",
 }
+
+
+@dataclass(frozen=True)
+class _Booted:
+    """The provisioned machine, as :class:`~levers9.testing.cloud_boot.CloudBooter` boots it: running, with its
+    user data."""
+
+    id: str
+    user_data: str
+    instance_type: str | None
+    running: bool = True
+    gone: bool = False
 
 
 def run(awaitable: Awaitable[T]) -> T:
@@ -513,20 +524,28 @@ class ProviderContract:
             found = standin_controlplane.wait_for(bootstrap.token, bootstrap.machine_id, self.boot_timeout)
             self._registered(bootstrap, found, standin_controlplane.registrations, "")
             return
-        user_data = self.user_data(machine)
-        root = Path(tempfile.mkdtemp(prefix="l9boot-"))  # short: the worker's sockets live below it
+        # the same harness an end-to-end test boots a fake cloud's instances with: one instance, running
+        instance = _Booted(machine.provider_id, self.user_data(machine), machine.instance_type)
+        booter = CloudBooter([lambda: [instance]], ports=[standin_controlplane.port], interval=0.1)
         try:
-            boot = emulated_boot(user_data, root, ports=[standin_controlplane.port])
-        except BootError as exc:
-            shutil.rmtree(root, ignore_errors=True)
-            pytest.fail(f"provider {self.provider!r}: the user data it passed cannot be booted: {exc}")
-        try:
+            booter.step()
+            if machine.provider_id in booter.bare:
+                pytest.fail(
+                    f"provider {self.provider!r}: user_data(machine) is empty: pass "
+                    "levers9.bootstrap.cloud_init(request.bootstrap) to the machine as its user data"
+                )
+            if machine.provider_id in booter.refused:
+                pytest.fail(
+                    f"provider {self.provider!r}: the user data it passed cannot be booted: "
+                    f"{booter.refused[machine.provider_id]}"
+                )
+            boot = booter.boots[machine.provider_id]
             found = standin_controlplane.wait_for(
                 bootstrap.token, bootstrap.machine_id, self.boot_timeout, stop_early=lambda: not boot.alive()
             )
             output = "" if found else f" (emulated boot, {boot.isolation}); what it printed:\n{boot.output()}"
         finally:
-            boot.stop()
+            booter.stop()
         self._registered(bootstrap, found, standin_controlplane.registrations, output)
 
     def _registered(
