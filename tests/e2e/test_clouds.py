@@ -42,15 +42,13 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from levers9.testing.cloud_boot import BootTarget, CloudBooter
 from tests.fakes.ec2_cloud import FakeEc2
 from tests.fakes.lambda_cloud import DEFAULT_API_KEY, DEFAULT_SSH_KEY, LambdaCloud
 from tests.fakes.oci_cloud import FakeOci
+from tests.fakes.oci_tenancy import COMPARTMENT, IMAGE, SUBNET, TENANCY, make_credentials
 from tests.fixtures.replicas import Replicas
-from tests.plugins.oci.conftest import COMPARTMENT, IMAGE, SUBNET, TENANCY, USER, fingerprint, write_config
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -133,18 +131,11 @@ print("RESULT", answer.remote(), flush=True)
 @pytest.fixture
 def clouds(tmp_path: Path) -> Iterator[tuple[FakeEc2, FakeOci, LambdaCloud, Path]]:
     """The three fakes, started; each must hold no live instance when the test ends."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    key_file = tmp_path / "oci_api_key.pem"
-    key_file.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    key_file.chmod(0o600)
-    print_ = fingerprint(key.public_key())
-    config = write_config(tmp_path / "oci_config", key_file, print_)
+    credentials = make_credentials(tmp_path)
     with FakeEc2() as ec2, FakeOci(compartments=(COMPARTMENT, TENANCY), images=(IMAGE,), subnets=(SUBNET,)) as oci:
-        oci.add_key(f"{TENANCY}/{USER}/{print_}", key.public_key())
+        oci.add_key(credentials.key_id, credentials.private_key.public_key())
         with LambdaCloud(requests_per_s=None) as lam:
-            yield ec2, oci, lam, config
+            yield ec2, oci, lam, credentials.config_file
             left = {
                 "ec2": [i.id for i in ec2.instances() if not i.gone],
                 "oci": [i.id for i in oci.instances() if not i.gone],

@@ -90,6 +90,7 @@ STATUS: dict[str, int] = {
     "Blocked": 403,
 }
 _REGION = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/")
+_ERROR_CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 _KEYS = {"aws_access_key_id": "AKIAIOSFODNN7EXAMPLE", "aws_secret_access_key": "fake-ec2-secret"}
 
@@ -430,10 +431,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if what == "fault":
             rule: _Rule = detail
             self._answer(
-                STATUS.get(rule.code, 400),
-                [("Content-Type", "text/xml")],
-                error_document(rule.code, rule.message),
-                code=rule.code,
+                STATUS.get(rule.code, 400), [("Content-Type", "text/xml")], error_document(rule.code, rule.message)
             )
             return
         if what == "replay":
@@ -441,12 +439,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         if what == "mismatch":
             message = "Request with the same client token was used with different parameters (fake EC2)"
-            self._answer(
-                400,
-                [("Content-Type", "text/xml")],
-                error_document("IdempotentParameterMismatch", message),
-                code="IdempotentParameterMismatch",
-            )
+            self._answer(400, [("Content-Type", "text/xml")], error_document("IdempotentParameterMismatch", message))
             return
         if what == "timeout":
             (underneath, _), hold_s = detail
@@ -475,7 +468,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         finally:
             connection.close()
 
-    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes, *, code: str | None = None) -> None:
+    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         self.send_response(status)
         for key, value in headers:
             if key.lower() not in ("server", "date"):
@@ -483,8 +476,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        self.owner._note(
-            time.time(),
-            getattr(self, "_action", ""),
-            f"response {status} {code or ('ok' if status < 400 else 'error')}",
-        )
+        sent = time.time()
+        found = _ERROR_CODE.search(body) if status >= 400 else None
+        code = found.group(1).decode(errors="replace") if found else ("ok" if status < 400 else "error")
+        self.owner._note(sent, getattr(self, "_action", ""), f"response {status} {code}")

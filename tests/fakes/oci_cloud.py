@@ -701,7 +701,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except _ApiError as exc:
             extra = {"retry-after": f"{exc.retry_after:g}"} if exc.retry_after is not None else {}
-            self._answer(exc.status, {"code": exc.code, "message": exc.message}, extra, code=exc.code)
+            self._answer(exc.status, {"code": exc.code, "message": exc.message}, extra)
             return
         extra = {"opc-next-page": next_page} if next_page else {}
         if op in ("LaunchInstance", "GetInstance"):
@@ -710,7 +710,7 @@ class _Handler(BaseHTTPRequestHandler):
             extra["opc-work-request-id"] = f"ocid1.coreservicesworkrequest.oc1..{uuid.uuid4().hex}"
         self._answer(status, None if status == 204 else data, extra)
 
-    def _answer(self, status: int, data: Any, extra: dict[str, str], *, code: str = "ok") -> None:
+    def _answer(self, status: int, data: Any, extra: dict[str, str]) -> None:
         payload = b"" if data is None else json.dumps(data).encode()
         self.send_response(status)
         self.send_header("opc-request-id", uuid.uuid4().hex.upper())
@@ -722,7 +722,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if payload:
             self.wfile.write(payload)
-        self.oci.note(time.time(), getattr(self, "_op", ""), f"response {status} {code}")
+        code = data.get("code") if status >= 400 and isinstance(data, dict) else None
+        self.oci.note(time.time(), getattr(self, "_op", ""), f"response {status} {code or 'ok'}")
 
     def do_GET(self) -> None:
         self._handle("GET")

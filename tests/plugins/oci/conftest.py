@@ -11,62 +11,30 @@ its end) and a fresh provider (shut down at its end).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from levers9.hooks.types import GpuOffer, Pool, ProvisionRequest, Resources, WorkerBootstrap
 from levers9_oci.provider import OciProvider
 from levers9_oci.settings import OciSettings
 from tests.fakes.oci_cloud import FakeOci
-
-TENANCY = "ocid1.tenancy.oc1..aaaaaaaatenancy0test"
-USER = "ocid1.user.oc1..aaaaaaaauser0test"
-COMPARTMENT = "ocid1.compartment.oc1..aaaaaaaacompartment0test"
-SUBNET = "ocid1.subnet.oc1.iad.aaaaaaaasubnet0test"
-IMAGE = "ocid1.image.oc1.iad.aaaaaaaaimage0test"
-#: an image the fake does not know: launches naming it answer 400 RelatedResourceNotAuthorizedOrNotFound
-UNKNOWN_IMAGE = "ocid1.image.oc1.iad.aaaaaaaanosuchimage"
-REGION = "us-ashburn-1"
-AD1 = "Uocm:US-ASHBURN-AD-1"
-AD2 = "Uocm:US-ASHBURN-AD-2"
-
-
-@dataclass(frozen=True)
-class OciCredentials:
-    """The test's API key: its files, its fingerprint and the keyId the SDK signs with."""
-
-    config_file: Path
-    key_file: Path
-    fingerprint: str
-    private_key: rsa.RSAPrivateKey
-
-    @property
-    def key_id(self) -> str:
-        return f"{TENANCY}/{USER}/{self.fingerprint}"
-
-
-def fingerprint(public_key: rsa.RSAPublicKey) -> str:
-    """OCI's API key fingerprint: the MD5 of the DER public key, as colon-separated hex pairs."""
-    der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    digest = hashlib.md5(der).hexdigest()
-    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
-
-
-def write_config(path: Path, key_file: Path, print_: str, *, profile: str = "DEFAULT", extra: str = "") -> Path:
-    path.write_text(
-        f"[{profile}]\nuser={USER}\nfingerprint={print_}\nkey_file={key_file}\ntenancy={TENANCY}\n"
-        f"region={REGION}\n{extra}"
-    )
-    return path
+from tests.fakes.oci_tenancy import (
+    AD1,
+    AD2,
+    COMPARTMENT,
+    IMAGE,
+    REGION,
+    SUBNET,
+    TENANCY,
+    OciCredentials,
+    make_credentials,
+)
 
 
 @pytest.fixture(scope="session")
@@ -76,16 +44,7 @@ def oci_private_key() -> rsa.RSAPrivateKey:
 
 @pytest.fixture
 def oci_credentials(tmp_path: Path, oci_private_key: rsa.RSAPrivateKey) -> OciCredentials:
-    key_file = tmp_path / "oci_api_key.pem"
-    key_file.write_bytes(
-        oci_private_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    key_file.chmod(0o600)
-    print_ = fingerprint(oci_private_key.public_key())
-    config = write_config(tmp_path / "oci_config", key_file, print_)
-    return OciCredentials(config, key_file, print_, oci_private_key)
+    return make_credentials(tmp_path, oci_private_key)
 
 
 @pytest.fixture

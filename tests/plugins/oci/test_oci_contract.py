@@ -28,7 +28,7 @@ from levers9.hooks.types import Machine
 from levers9.testing import ProviderContract
 from levers9.testing.provider_contract import run
 from tests.fakes.oci_cloud import FakeOci
-from tests.plugins.oci.conftest import AD2, REGION, UNKNOWN_IMAGE
+from tests.fakes.oci_tenancy import AD2, REGION, UNKNOWN_IMAGE
 
 
 class TestOciContract(ProviderContract):

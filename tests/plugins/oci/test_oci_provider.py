@@ -37,8 +37,7 @@ from levers9.hooks.errors import (
 from levers9.hooks.types import Availability, Machine, MachineState, Pool
 from levers9_oci.provider import LAUNCH_ATTEMPTS, MACHINE_TAG, POOL_TAG, OciProvider
 from tests.fakes.oci_cloud import API_VERSION, FakeOci
-from tests.fixtures.ports import free_port
-from tests.plugins.oci.conftest import (
+from tests.fakes.oci_tenancy import (
     AD1,
     AD2,
     COMPARTMENT,
@@ -47,9 +46,10 @@ from tests.plugins.oci.conftest import (
     SUBNET,
     OciCredentials,
     fingerprint,
-    provision_request,
     write_config,
 )
+from tests.fixtures.ports import free_port
+from tests.plugins.oci.conftest import provision_request
 
 MakePool = Callable[..., Pool]
 
