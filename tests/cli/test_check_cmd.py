@@ -268,9 +268,16 @@ def test_example_config(cli: Callable[..., Any]) -> None:
     assert rows["default"]["runtime_check"]["isolation"] == "sandbox"
     # gVisor says which network stack `auto` chose on this host, and why
     assert any(note.startswith("network 'auto'") for note in rows["default"]["runtime_check"]["notes"])
-    # the cloud providers declare their settings only in this version: said, not passed off as usable
-    assert rows["h100-aws"]["usable"] is False
-    assert "implements no levers9_provision" in rows["h100-aws"]["provider_check"]["message"]
+    # the cloud providers check their credentials; this host has none of the example's: said, with what to do
+    clouds = {"h100-aws": "ProfileNotFound", "a100-oci": "/root/.oci/config", "h100-lambda": "LAMBDA_API_KEY"}
+    for pool, named in clouds.items():
+        check = rows[pool]["provider_check"]
+        assert rows[pool]["usable"] is False, rows[pool]
+        assert named in check["message"].replace(str(Path.home()), "/root"), check
+        assert check["hint"], check
+    # a provider that declares its settings only (Kubernetes, until issue 19): said, not passed off as usable
+    assert rows["default"]["usable"] is False
+    assert "implements no levers9_provision" in rows["default"]["provider_check"]["message"]
     for row in rows.values():
         # what may fail is credentials or this host, never the example's own settings
         assert "not checked" not in row["runtime_check"]["message"], row

@@ -110,7 +110,10 @@ def test_failing_pools_come_last_with_their_error(
         "    settings: {mode: raise}\n"
         "  gone:\n    provider: broken\n    runtime: process\n"
         "  aws:\n    provider: ec2\n    runtime: process\n    gpu: H100\n    region: us-east-1\n"
-        "    settings: {ami: ami-0123456789abcdef0}\n",
+        "    settings: {ami: ami-0123456789abcdef0, access_key_id_env: L9_NO_SUCH_KEY, "
+        "secret_access_key_env: L9_NO_SUCH_SECRET}\n"
+        "  k8s:\n    provider: local_k8s\n    runtime: process\n    gpu: H100\n"
+        "    settings: {worker_image: ghcr.io/levers9/worker:0.1.0}\n",
     )
     result = cli("offers", "--config", str(config))
     assert result.returncode == 1
@@ -119,15 +122,19 @@ def test_failing_pools_come_last_with_their_error(
     assert "RuntimeError: the offers API answered 503" in result.stderr
     assert "pool gone (broken) failed: " in result.stderr
     assert "ImportError: needs libfoo" in result.stderr
+    assert "pool aws (ec2) failed: " in result.stderr
+    assert "L9_NO_SUCH_KEY" in result.stderr  # the credential variable that is not set, by name
     # a provider that declares settings only makes no offers: a note, not a failure
-    assert "pool aws (ec2): no offers: provider 'ec2' has no levers9_gpu_offers hook" in result.stderr
+    assert "pool k8s (local_k8s): no offers: provider 'local_k8s' has no levers9_gpu_offers hook" in result.stderr
 
     result = cli("offers", "--config", str(config), "--json")
     assert result.returncode == 1
     entries = json.loads(result.stdout)
-    tail = [(e["pool"], e["error"] is not None, e["note"] is not None, e["gpu"]) for e in entries[-3:]]
-    assert tail == [("down", True, False, None), ("gone", True, False, None), ("aws", False, True, None)]
-    assert all(e["error"] is None and e["gpu"] is not None for e in entries[:-3])
+    tail = [(e["pool"], e["error"] is not None, e["note"] is not None, e["gpu"]) for e in entries[-4:]]
+    assert sorted(tail) == [
+        ("aws", True, False, None), ("down", True, False, None), ("gone", True, False, None), ("k8s", False, True, None),
+    ]  # fmt: skip
+    assert all(e["error"] is None and e["gpu"] is not None for e in entries[:-4])
 
 
 def test_pool_option(cli: Callable[..., Any], tmp_path: Path) -> None:
@@ -141,9 +148,13 @@ def test_pool_option(cli: Callable[..., Any], tmp_path: Path) -> None:
 
 
 def test_example_config(cli: Callable[..., Any]) -> None:
-    """The annotated example: its pools' providers declare settings only or offer nothing here; none fails to load."""
+    """The annotated example: none of its pools fails to load; the clouds fail only for want of credentials here."""
     example = Path(__file__).resolve().parents[2] / "examples" / "levers9.yaml"
     result = cli("offers", "--config", str(example), "--json")
     entries = json.loads(result.stdout)
-    assert [e for e in entries if e["error"] is not None] == []
-    assert result.returncode == 0, result.stderr
+    failed = {e["pool"]: e["error"] for e in entries if e["error"] is not None}
+    assert set(failed) == {"h100-aws", "a100-oci", "h100-lambda"}, failed
+    assert "ProfileNotFound" in failed["h100-aws"]
+    assert "OCI config file" in failed["a100-oci"]
+    assert "LAMBDA_API_KEY" in failed["h100-lambda"]
+    assert result.returncode == 1, result.stderr
