@@ -32,7 +32,8 @@ What is measured, per run:
    a controlplane that has been up a while has them; no other state survives from one run to the next.
 3. **levers9's own figures**: the same hops as the task's placement history (``GET /api/v1/tasks/{id}/history``)
    records them: the gaps between consecutive ``unavailable`` events' ``at``, and from the last to ``placed``.
-4. **Peer: SkyPilot 0.14.1** (``/tmp/skyvenv``; ``--no-peer`` skips it), in the same run, against the same
+4. **Peer: SkyPilot 0.14.1** (in its own virtualenv, made with ``uv venv /tmp/skyvenv && uv pip install -p
+   /tmp/skyvenv/bin/python 'skypilot[aws]==0.14.1'``; ``--no-peer`` skips it), in the same run, against the same
    FakeEc2 with the same fault, once levers9's call is done: SkyPilot's own failover loop
    (``CloudVmRayBackend.provision``, so ``RetryingVmProvisioner``) asked for one ``p5.48xlarge`` in us-east-1, in
    a throwaway HOME (see :data:`SKY_DRIVER` for what of it is SkyPilot's and what is not). For a one-node AWS
