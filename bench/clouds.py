@@ -71,7 +71,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 
 from bench.placement import machine, redis_server  # noqa: E402
 from levers9.testing.cloud_boot import CloudBooter  # noqa: E402
@@ -184,17 +183,6 @@ def _stamp(text: str) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _api(group: Replicas, path: str) -> Any:
-    replica = group.replicas[0]
-    response = httpx.get(
-        f"http://127.0.0.1:{replica.http_port}/api/v1{path}",
-        headers={"authorization": f"Bearer {group.token}"},
-        timeout=10,
-    )
-    response.raise_for_status()
-    return response.json()
-
-
 def _launches(log: Log, op: str) -> list[tuple[float, float]]:
     """(request received, its answer sent) of each ``op`` in a fake's call log, in order."""
     pairs: list[tuple[float, float]] = []
@@ -284,9 +272,9 @@ def one_run(pg: str, redis_url: str, peer: bool) -> tuple[Run, list[dict[str, An
                     run.call_s = time.monotonic() - started
                     if done.returncode != 0 or "RESULT 42" not in done.stdout:
                         raise RuntimeError(f"the call failed:\n{done.stdout}\n{done.stderr}\n{group.logs()}")
-                    tasks = _api(group, "/tasks")
-                    workers = [w for w in _api(group, "/workers") if w["pool"] == "lambda-a100"]
-                    history = _api(group, f"/tasks/{tasks[0]['id']}/history")
+                    tasks = group.api("/tasks")
+                    workers = [w for w in group.api("/workers") if w["pool"] == "lambda-a100"]
+                    history = group.api(f"/tasks/{tasks[0]['id']}/history")
                     logs = ec2.call_log(), oci.call_log(), lam.call_log()
                     measure(run, tasks[0], workers, history, *logs)
                     first = _stamp(tasks[0]["created_at"])

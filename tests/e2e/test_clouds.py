@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from levers9.testing.cloud_boot import BootTarget, CloudBooter
@@ -158,17 +157,6 @@ def _until(check: Callable[[], Any], what: str, timeout: float, why: Callable[[]
         time.sleep(0.25)
 
 
-def _api(replicas: Replicas, path: str) -> Any:
-    replica = replicas.replicas[0]
-    response = httpx.get(
-        f"http://127.0.0.1:{replica.http_port}/api/v1{path}",
-        headers={"authorization": f"Bearer {replicas.token}"},
-        timeout=10,
-    )
-    response.raise_for_status()
-    return response.json()
-
-
 def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone_at_the_end(
     replicas: Replicas, clouds: tuple[FakeEc2, FakeOci, LambdaCloud, Path]
 ) -> None:
@@ -204,10 +192,10 @@ def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{replicas.logs()}"
         assert "RESULT 42" in run.stdout
 
-        tasks = _api(replicas, "/tasks")
+        tasks = replicas.api("/tasks")
         items = tasks["tasks"] if isinstance(tasks, dict) else tasks
         assert len(items) == 1, items
-        history = _api(replicas, f"/tasks/{items[0]['id']}/history")
+        history = replicas.api(f"/tasks/{items[0]['id']}/history")
         events = history["events"] if isinstance(history, dict) else history
         shown = json.dumps(events, indent=1)
         misses = [e for e in events if e["outcome"] == "unavailable"]

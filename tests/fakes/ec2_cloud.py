@@ -66,12 +66,13 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 from tests.fakes import CloudInstance
+from tests.fakes.local_server import LocalServer
 from tests.fixtures.ports import free_port
 
 __all__ = ["STATUS", "FakeEc2"]
@@ -134,8 +135,7 @@ class FakeEc2:
         self._moto: subprocess.Popen[bytes] | None = None
         self._moto_port = 0
         self._log_dir: Path | None = None
-        self._proxy: ThreadingHTTPServer | None = None
-        self._proxy_thread: threading.Thread | None = None
+        self._proxy: LocalServer | None = None
         self._subnet_zones: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -151,7 +151,7 @@ class FakeEc2:
     def url(self) -> str:
         """Where the plugin points ``endpoint_url``: the proxy."""
         assert self._proxy is not None, "FakeEc2 is not started"
-        return f"http://127.0.0.1:{self._proxy.server_address[1]}"
+        return f"http://127.0.0.1:{self._proxy.port}"
 
     @property
     def moto_url(self) -> str:
@@ -178,10 +178,7 @@ class FakeEc2:
         class Handler(_ProxyHandler):
             owner = fake
 
-        self._proxy = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self._proxy.daemon_threads = True
-        self._proxy_thread = threading.Thread(target=self._proxy.serve_forever, name="fake-ec2-proxy", daemon=True)
-        self._proxy_thread.start()
+        self._proxy = LocalServer(Handler, name="fake-ec2-proxy")
 
     def _wait_for_moto(self) -> None:
         assert self._moto is not None
@@ -203,12 +200,8 @@ class FakeEc2:
 
     def stop(self) -> None:
         if self._proxy is not None:
-            self._proxy.shutdown()
-            self._proxy.server_close()
+            self._proxy.close()
             self._proxy = None
-        if self._proxy_thread is not None:
-            self._proxy_thread.join(10)
-            self._proxy_thread = None
         if self._moto is not None:
             if self._moto.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

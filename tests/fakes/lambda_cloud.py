@@ -66,12 +66,12 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
 
 from tests.fakes import CloudInstance
-from tests.fixtures.ports import free_port
+from tests.fakes.local_server import LocalServer
 
 __all__ = ["DEFAULT_API_KEY", "DEFAULT_SSH_KEY", "LambdaCloud"]
 
@@ -208,8 +208,7 @@ class LambdaCloud:
         self._launch_bodies: list[Any] = []
         self._buckets: dict[str, _Bucket] = {}
         self._last_launch: dict[str, float] = {}
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: LocalServer | None = None
         self.port = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -220,32 +219,15 @@ class LambdaCloud:
         return f"http://127.0.0.1:{self.port}{PREFIX}"
 
     def start(self) -> LambdaCloud:
-        handler = _handler(self)
-        for _ in range(20):
-            try:
-                server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
-                break
-            except OSError:
-                continue
-        else:
-            raise OSError("no free port for the fake Lambda Cloud API")
-        server.daemon_threads = True
-        self._server = server
-        self.port = server.server_address[1]
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-lambda-cloud", daemon=True
-        )
-        self._thread.start()
+        self._server = LocalServer(_handler(self), name="fake-lambda-cloud", poll_interval=0.05)
+        self.port = self._server.port
         return self
 
     def stop(self) -> None:
         self._stopping.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(10)
-        self._server = self._thread = None
+            self._server.close()
+        self._server = None
 
     def __enter__(self) -> LambdaCloud:
         return self.start()
@@ -279,10 +261,6 @@ class LambdaCloud:
             if instance_type not in self._types:
                 raise KeyError(f"no instance type {instance_type!r} in the recorded data")
             self._capacity[instance_type] = set(regions)
-
-    def add_ssh_key(self, name: str) -> None:
-        with self._lock:
-            self._ssh_keys[name] = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{name} levers9-fake"
 
     def add_file_system(self, name: str, region: str) -> None:
         with self._lock:

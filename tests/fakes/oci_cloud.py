@@ -66,7 +66,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -76,7 +76,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from tests.fakes import CloudInstance
-from tests.fixtures.ports import free_port
+from tests.fakes.local_server import LocalServer
 
 __all__ = ["API_VERSION", "SHAPES_FILE", "FakeOci", "Fault"]
 
@@ -172,8 +172,7 @@ class FakeOci:
         self._calls: Counter[str] = Counter()
         self._log: list[tuple[float, str, str]] = []
         self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: LocalServer | None = None
         self.port = 0
 
     # ------------------------------------------------------------------ life cycle
@@ -189,20 +188,14 @@ class FakeOci:
         class Handler(_Handler):
             oci = fake
 
-        self.port = free_port()
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-oci", daemon=True)
-        self._thread.start()
+        self._server = LocalServer(Handler, name="fake-oci")
+        self.port = self._server.port
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(10)
-        self._server = self._thread = None
+            self._server.close()
+        self._server = None
 
     def __enter__(self) -> FakeOci:
         return self.start()

@@ -14,16 +14,15 @@ import functools
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from levers9_ec2.prices import Catalog, catalog, prices_from_offer_file
-from tests.fixtures.ports import free_port
+from tests.fakes.local_server import LocalServer
 
 GPU_LINUX = {
     "instanceType": "p5.48xlarge",
@@ -92,13 +91,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
     root = tmp_path / "offers"
     root.mkdir()
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), functools.partial(Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", root
-    server.shutdown()
-    server.server_close()
-    thread.join(10)
+    server = LocalServer(functools.partial(Quiet, directory=str(root)), name="offer-files")
+    yield f"http://127.0.0.1:{server.port}", root
+    server.close()
 
 
 def test_the_shipped_catalog_says_where_it_came_from() -> None:

@@ -14,13 +14,11 @@ import base64
 import subprocess
 import sys
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from levers9.__about__ import __version__
 from levers9.bootstrap import cloud_init
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.errors import (
@@ -38,9 +36,6 @@ from levers9.hooks.types import (
     Machine,
     MachineState,
     Pool,
-    ProvisionRequest,
-    Resources,
-    WorkerBootstrap,
 )
 from levers9_ec2.launch import MACHINE_ID_TAG, POOL_TAG, run_instances_params
 from levers9_ec2.machines import state_of
@@ -49,27 +44,10 @@ from levers9_ec2.provider import Ec2Provider
 from levers9_ec2.settings import Ec2Settings
 from tests.fakes.ec2_cloud import FakeEc2
 from tests.plugins.ec2.conftest import AMI, KEY_ID_ENV, SECRET, make_pool
+from tests.plugins.provision import provision_request
 
 #: where moto's catalog sells p5.48xlarge (8 H100) in us-east-1
 P5_ZONES = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"]
-
-
-def request_for(pool: Pool, offer: GpuOffer | None, machine_id: str | None = None) -> ProvisionRequest:
-    machine_id = machine_id or f"m-{uuid.uuid4().hex[:12]}"
-    return ProvisionRequest(
-        pool=pool,
-        resources=Resources(gpu=pool.gpu, gpu_count=pool.gpu_count),
-        machine_id=machine_id,
-        bootstrap=WorkerBootstrap(
-            controlplane_url="grpcs://cp.example.com:1993",
-            token=f"tok-{uuid.uuid4().hex}",
-            machine_id=machine_id,
-            pool=pool.name,
-            levers9_version=__version__,
-        ),
-        region=offer.region if offer else pool.region,
-        offer=offer,
-    )
 
 
 def first_offer(provider: Ec2Provider, pool: Pool) -> GpuOffer:
@@ -186,7 +164,7 @@ def test_offers_fail_with_typed_errors(
 def test_provision_launches_the_offer(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
     pool = make_pool({**ec2_settings, "tags": {"team": "ml"}, "root_volume_gib": 300})
     offer = provider.gpu_offers(pool)[2]
-    request = request_for(pool, offer)
+    request = provision_request(pool, offer)
     machine = provider.provision(request)
     assert machine.machine_id == request.machine_id
     assert (machine.region, machine.zone, machine.instance_type) == ("us-east-1", offer.zone, "p5.48xlarge")
@@ -220,7 +198,7 @@ def test_provision_picks_a_subnet_of_the_offers_zone(
     pool = make_pool({**ec2_settings, "subnet_ids": [chosen["us-east-1b"], chosen["us-east-1c"]]})
     offers = provider.gpu_offers(pool)
     assert [o.zone for o in offers] == ["us-east-1b", "us-east-1c"]
-    machine = provider.provision(request_for(pool, offers[1]))
+    machine = provider.provision(provision_request(pool, offers[1]))
     assert machine.zone == "us-east-1c"
     described = fake_ec2.client().describe_instances(InstanceIds=[machine.provider_id])
     assert described["Reservations"][0]["Instances"][0]["SubnetId"] == chosen["us-east-1c"]
@@ -230,7 +208,7 @@ def test_provision_spot(provider: Ec2Provider, ec2_settings: dict[str, Any], fak
     pool = make_pool({**ec2_settings, "market": "spot", "max_spot_price": 40.0})
     offer = first_offer(provider, pool)
     assert offer.spot
-    machine = provider.provision(request_for(pool, offer))
+    machine = provider.provision(provision_request(pool, offer))
     described = fake_ec2.client().describe_instances(InstanceIds=[machine.provider_id])
     assert described["Reservations"][0]["Instances"][0].get("InstanceLifecycle") == "spot"
 
@@ -278,7 +256,7 @@ def test_each_ec2_error_is_typed_in_one_call(
     offer = first_offer(provider, pool)
     fake_ec2.fail_run_instances(code, message=f"the fake says {code}", zone=offer.zone)
     with pytest.raises(expected) as caught:
-        provider.provision(request_for(pool, offer))
+        provider.provision(provision_request(pool, offer))
     error = caught.value
     assert error.code == code
     for part in ("pool 'train'", "us-east-1", "p5.48xlarge", str(offer.zone), f"the fake says {code}"):
@@ -290,7 +268,7 @@ def test_each_ec2_error_is_typed_in_one_call(
 def test_throttling_says_when_to_retry(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
     pool = make_pool(ec2_settings)
     fake_ec2.fail_run_instances("RequestLimitExceeded", times=1)
-    request = request_for(pool, first_offer(provider, pool))
+    request = provision_request(pool, first_offer(provider, pool))
     with pytest.raises(Throttled) as caught:
         provider.provision(request)
     assert caught.value.retry_after is not None
@@ -306,8 +284,8 @@ def test_a_sold_out_zone_fails_only_its_offers(
     offers = provider.gpu_offers(pool)
     fake_ec2.fail_run_instances("InsufficientInstanceCapacity", zone=offers[0].zone, instance_type="p5.48xlarge")
     with pytest.raises(InsufficientCapacity):
-        provider.provision(request_for(pool, offers[0]))
-    machine = provider.provision(request_for(pool, offers[1]))
+        provider.provision(provision_request(pool, offers[0]))
+    machine = provider.provision(provision_request(pool, offers[1]))
     assert machine.zone == offers[1].zone
 
 
@@ -315,7 +293,7 @@ def test_a_lost_answer_is_asked_again_with_the_same_token(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     pool = make_pool(ec2_settings)
-    request = request_for(pool, first_offer(provider, pool))
+    request = provision_request(pool, first_offer(provider, pool))
     fake_ec2.timeout_after_create(times=1)
     machine = provider.provision(request)
     assert fake_ec2.calls("RunInstances") == 2
@@ -326,7 +304,7 @@ def test_provision_is_idempotent_per_machine_id(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     pool = make_pool(ec2_settings)
-    request = request_for(pool, first_offer(provider, pool))
+    request = provision_request(pool, first_offer(provider, pool))
     first = provider.provision(request)
     again = provider.provision(request)
     assert again.provider_id == first.provider_id
@@ -335,7 +313,7 @@ def test_provision_is_idempotent_per_machine_id(
 
 def test_no_answer_at_all_is_throttled(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
     pool = make_pool(ec2_settings)
-    request = request_for(pool, first_offer(provider, pool))
+    request = provision_request(pool, first_offer(provider, pool))
     fake_ec2.timeout_after_create(times=10)
     with pytest.raises(Throttled) as caught:
         provider.provision(request)
@@ -347,7 +325,7 @@ def test_no_answer_at_all_is_throttled(provider: Ec2Provider, ec2_settings: dict
 def test_an_unknown_ami_is_an_invalid_request(provider: Ec2Provider, ec2_settings: dict[str, Any]) -> None:
     pool = make_pool({**ec2_settings, "ami": "ami-0badbadbadbadbad0"})
     with pytest.raises(InvalidRequest) as caught:
-        provider.provision(request_for(pool, first_offer(provider, pool)))
+        provider.provision(provision_request(pool, first_offer(provider, pool)))
     assert caught.value.code == "InvalidAMIID.NotFound"
     assert "ami-0badbadbadbadbad0" in str(caught.value)
 
@@ -379,7 +357,7 @@ def test_public_ip_moves_subnet_and_groups_into_the_interface(ec2_settings: dict
         key_name="debug",
     )
     params = run_instances_params(
-        request_for(pool, None, "m-1"),
+        provision_request(pool, None, "m-1"),
         settings,
         instance_type="p5.48xlarge",
         zone="us-east-1a",
@@ -416,7 +394,7 @@ def test_ssm_image_spot_and_placement() -> None:
     )
     pool = Pool(name="p", provider="ec2", runtime="process", gpu="H100", gpu_count=8, settings=settings)
     params = run_instances_params(
-        request_for(pool, None, "m-2"),
+        provision_request(pool, None, "m-2"),
         settings,
         instance_type="p5.48xlarge",
         zone="us-east-1b",
@@ -452,7 +430,7 @@ def test_terminate_twice_and_unknown_ids_succeed(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     pool = make_pool(ec2_settings)
-    machine = provider.provision(request_for(pool, first_offer(provider, pool)))
+    machine = provider.provision(provision_request(pool, first_offer(provider, pool)))
     provider.terminate(pool, machine)
     provider.terminate(pool, machine)
     (found,) = [i for i in fake_ec2.instances() if i.id == machine.provider_id]
@@ -466,7 +444,7 @@ def test_terminate_goes_to_the_machines_own_region(
 ) -> None:
     pool = make_pool(ec2_settings, regions=["us-east-1", "us-west-2"])
     west = next(o for o in provider.gpu_offers(pool) if o.region == "us-west-2")
-    machine = provider.provision(request_for(pool, west))
+    machine = provider.provision(provision_request(pool, west))
     assert machine.provider_data["region"] == "us-west-2"
     provider.terminate(pool, machine)
     (found,) = [i for i in fake_ec2.instances() if i.id == machine.provider_id]
@@ -487,10 +465,10 @@ def test_listing_filters_by_pool_and_maps_states(
 ) -> None:
     ours = make_pool(ec2_settings, name="ours")
     theirs = make_pool(ec2_settings, name="theirs")
-    running = provider.provision(request_for(ours, first_offer(provider, ours)))
-    stopped = provider.provision(request_for(ours, first_offer(provider, ours)))
-    gone = provider.provision(request_for(ours, first_offer(provider, ours)))
-    other = provider.provision(request_for(theirs, first_offer(provider, theirs)))
+    running = provider.provision(provision_request(ours, first_offer(provider, ours)))
+    stopped = provider.provision(provision_request(ours, first_offer(provider, ours)))
+    gone = provider.provision(provision_request(ours, first_offer(provider, ours)))
+    other = provider.provision(provision_request(theirs, first_offer(provider, theirs)))
     fake_ec2.stop_instance(stopped.provider_id)
     provider.terminate(ours, gone)
     listed = {m.provider_id: m for m in provider.list_machines(ours)}

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from levers9.hooks.context import PluginContext
-from levers9.hooks.types import Pool, ProvisionRequest, Resources, WorkerBootstrap
+from levers9.hooks.types import Pool, ProvisionRequest
 from levers9_lambda_labs import LambdaLabsProvider, LambdaLabsSettings
 from levers9_lambda_labs.ratelimit import LaunchPacer
 from tests.fakes.lambda_cloud import DEFAULT_API_KEY, DEFAULT_SSH_KEY, LambdaCloud, running
+from tests.plugins.provision import provision_request
 
 #: the variable the test pools name as ``api_key_env``
 KEY_ENV = "LEVERS9_TEST_LAMBDA_KEY"
@@ -85,29 +86,10 @@ def lambda_provider() -> Iterator[LambdaLabsProvider]:
     provider.shutdown()
 
 
-def bootstrap_for(pool: Pool, machine_id: str, **fields: Any) -> WorkerBootstrap:
-    return WorkerBootstrap(
-        controlplane_url="grpc://127.0.0.1:1993",
-        token=f"token-{uuid.uuid4().hex}",
-        machine_id=machine_id,
-        pool=pool.name,
-        levers9_version="0.0.0",
-        **fields,
-    )
-
-
 def request_for(
     provider: LambdaLabsProvider, pool: Pool, machine_id: str | None = None, **bootstrap: Any
 ) -> ProvisionRequest:
     """The request the planner would make: the pool's first available offer."""
     offers = provider.gpu_offers(pool)
     offer = next((o for o in offers if o.availability.value == "available"), offers[0] if offers else None)
-    machine_id = machine_id or f"m-{uuid.uuid4().hex[:12]}"
-    return ProvisionRequest(
-        pool=pool,
-        resources=Resources(gpu=pool.gpu, gpu_count=pool.gpu_count),
-        machine_id=machine_id,
-        bootstrap=bootstrap_for(pool, machine_id, **bootstrap),
-        region=offer.region if offer else pool.region,
-        offer=offer,
-    )
+    return provision_request(pool, offer, machine_id, **bootstrap)

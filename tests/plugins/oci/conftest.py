@@ -11,8 +11,6 @@ its end) and a fresh provider (shut down at its end).
 
 from __future__ import annotations
 
-import importlib.metadata
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from levers9.hooks.types import GpuOffer, Pool, ProvisionRequest, Resources, WorkerBootstrap
+from levers9.hooks.types import Pool
 from levers9_oci.provider import OciProvider
 from levers9_oci.settings import OciSettings
 from tests.fakes.oci_cloud import FakeOci
@@ -117,21 +115,3 @@ def make_pool(oci_settings: dict[str, Any]) -> Callable[..., Pool]:
         )
 
     return make
-
-
-def provision_request(pool: Pool, offer: GpuOffer | None, machine_id: str | None = None) -> ProvisionRequest:
-    machine_id = machine_id or f"m-{uuid.uuid4().hex[:12]}"
-    return ProvisionRequest(
-        pool=pool,
-        resources=Resources(gpu=pool.gpu, gpu_count=pool.gpu_count),
-        machine_id=machine_id,
-        bootstrap=WorkerBootstrap(
-            controlplane_url="grpc://127.0.0.1:1993",
-            token=f"tok-{uuid.uuid4().hex}",
-            machine_id=machine_id,
-            pool=pool.name,
-            levers9_version=importlib.metadata.version("levers9"),
-        ),
-        region=offer.region if offer else pool.region,
-        offer=offer,
-    )

@@ -49,7 +49,7 @@ from tests.fakes.oci_tenancy import (
     write_config,
 )
 from tests.fixtures.ports import free_port
-from tests.plugins.oci.conftest import provision_request
+from tests.plugins.provision import provision_request
 
 MakePool = Callable[..., Pool]
 
