@@ -34,6 +34,10 @@ WORKER_VARIABLES: dict[str, str] = {
     "LEVERS9_WORKER_STATE_DIR": "where containers are prepared and the session credential kept (removed at exit)",
     "LEVERS9_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR (default INFO)",
     "LEVERS9_NVIDIA_SMI": "the nvidia-smi executable GPU discovery runs (default: nvidia-smi on PATH)",
+    "LEVERS9_MACHINE_IDENTITY": "the plugin that proves which machine this is at the first registration (its "
+    "levers9_machine_identity hook; ec2: the signed instance identity document); set by the provider",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT": "the EC2 instance metadata service the ec2 plugin asks for the identity "
+    "(default http://169.254.169.254; http://[fd00:ec2::254] on IPv6-only subnets)",
     "LEVERS9_PLUGINS_ALLOW": "comma-separated plugins the worker may load (default: every installed one)",
     "LEVERS9_PLUGINS_BLOCK": "comma-separated plugins the worker must not load",
     "LEVERS9_PLUGINS_STRICT": "1: a plugin that fails to load stops the worker instead of being skipped",

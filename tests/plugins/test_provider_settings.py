@@ -364,7 +364,9 @@ PROVIDER_HOOKS = {
     "levers9_list_machines",
 }  # fmt: skip
 #: hooks a provisioning provider may add to those: the spec marks them optional
-OPTIONAL_PROVIDER_HOOKS = {"levers9_check", "levers9_startup", "levers9_shutdown"}
+OPTIONAL_PROVIDER_HOOKS = {
+    "levers9_check", "levers9_startup", "levers9_shutdown", "levers9_verify_identity", "levers9_machine_identity",
+}  # fmt: skip
 
 
 def test_providers_implement_all_provider_hooks_or_only_settings() -> None:

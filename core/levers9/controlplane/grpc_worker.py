@@ -24,9 +24,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from pydantic import ValidationError
 
 from levers9.controlplane.grpc_api import blob_upload
 from levers9.controlplane.grpc_errors import status_of, streaming, unary
+from levers9.hooks.types import MachineIdentity
 from levers9.payloads import BATCH_BYTES
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -66,6 +68,16 @@ def _metadata(context: Context, key: str) -> str | None:
     return None
 
 
+def _identity(request: worker_pb2.RegisterRequest) -> MachineIdentity | None:
+    """The machine identity a Register carries; None when it has none (a worker whose provider proves nothing)."""
+    if not request.HasField("identity") or not request.identity.document:
+        return None
+    try:
+        return MachineIdentity(document=request.identity.document, signature=request.identity.signature)
+    except ValidationError as exc:
+        raise ValueError(f"RegisterRequest.identity: {exc.errors()[0]['msg']}") from None
+
+
 class WorkerService(worker_pb2_grpc.WorkerServicer):
     def __init__(self, dataplane: DataPlane, tunnel_registry: tunnels.TunnelRegistry | None = None) -> None:
         self.dp = dataplane
@@ -98,6 +110,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             peer_host=tunnels.peer_host(context.peer() or ""),
             probe_port=request.probe_port,
             probe_nonce=request.probe_nonce,
+            identity=_identity(request),
         )
         return worker_pb2.RegisterResponse(
             worker_id=done.worker_id,

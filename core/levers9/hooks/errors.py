@@ -98,6 +98,15 @@ class InvalidRequest(ProviderError):
     kind = "invalid_request"
 
 
+class IdentityRejected(Levers9Error):
+    """What a worker showed does not prove it runs on the machine its join token was issued to.
+
+    Raised by ``levers9_verify_identity``: a missing, malformed, unsigned or
+    mismatched identity. The registration is refused and the join token is
+    not spent, so a thief who read the token cannot burn it either.
+    """
+
+
 class CheckpointUnavailable(Levers9Error):
     """Checkpointing was asked of a host or runtime that cannot do it; ``reason`` says why."""
 
@@ -147,6 +156,7 @@ class UnknownPlugin(Levers9Error):
 __all__ = [
     "AuthenticationFailed",
     "CheckpointUnavailable",
+    "IdentityRejected",
     "InsufficientCapacity",
     "InvalidRequest",
     "Levers9Error",

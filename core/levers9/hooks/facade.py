@@ -41,6 +41,7 @@ from levers9.hooks.types import (
     GpuOffer,
     LogChunk,
     Machine,
+    MachineIdentity,
     Pool,
     PreparedContainer,
     ProviderCheck,
@@ -166,6 +167,29 @@ class Hooks(PluginCalls):
         result: ProviderCheck = await self._one(pool.provider, "levers9_check", ProviderCheck, timeout, pool=pool)
         return result
 
+    def binds_identity(self, provider: str) -> bool:
+        """Whether ``provider`` checks a registering worker's machine identity (has ``levers9_verify_identity``)."""
+        return self.plugins.impl(provider, "levers9_verify_identity") is not None
+
+    async def verify_identity(
+        self, pool: Pool, machine: Machine, identity: MachineIdentity | None, *, timeout: float | None = None
+    ) -> bool:
+        """Check ``identity`` against ``machine`` with the pool's provider; False when it binds no identity.
+
+        :raises IdentityRejected: the provider says the identity does not prove the worker runs on ``machine``.
+        """
+        _expect(pool, Pool, "pool")
+        _expect(machine, Machine, "machine")
+        if identity is not None:
+            _expect(identity, MachineIdentity, "identity")
+        if not self.binds_identity(pool.provider):
+            self._require("provider", pool.provider, self.providers())
+            return False
+        await self._one(
+            pool.provider, "levers9_verify_identity", None, timeout, pool=pool, machine=machine, identity=identity
+        )
+        return True
+
     async def list_machines(self, pool: Pool, *, timeout: float | None = None) -> list[Machine]:
         _expect(pool, Pool, "pool")
         machines: list[Machine] = await self._one(
@@ -231,6 +255,12 @@ class Hooks(PluginCalls):
             for device in result:
                 devices.setdefault(device.uuid, device)
         return GpuDiscovery(sorted(devices.values(), key=lambda d: d.index), failures)
+
+    async def machine_identity(self, plugin: str, *, timeout: float | None = None) -> MachineIdentity:
+        """This machine's identity as ``plugin`` proves it (``LEVERS9_MACHINE_IDENTITY`` names the plugin)."""
+        self._require("plugin", plugin, self.plugins.implementers("levers9_machine_identity"))
+        identity: MachineIdentity = await self._one(plugin, "levers9_machine_identity", MachineIdentity, timeout)
+        return identity
 
     # ----------------------------------------------------------------- runtime hooks
 

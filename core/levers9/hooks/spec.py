@@ -5,10 +5,14 @@ group. Its entry-point name is the name operators write in config: a pool with
 ``provider: ec2`` is served by the plugin named ``ec2``, a pool with
 ``runtime: gvisor`` runs its containers through the plugin named ``gvisor``.
 
-Hooks come in four families:
+Hooks come in five families:
 
 * **provider hooks**, called on the controlplane, only on the plugin a pool
   names as its ``provider``;
+* **machine identity**: ``levers9_machine_identity`` on a worker (only the
+  plugin its ``LEVERS9_MACHINE_IDENTITY`` names) makes a provider-signed proof
+  of which machine it runs on, which the pool's provider checks in
+  ``levers9_verify_identity`` before the machine's join token is spent;
 * **GPU discovery**: ``levers9_gpu_offers`` (per pool, from its provider) and
   ``levers9_gpu_devices`` (asked of every plugin on a worker machine, answers merged);
 * **runtime hooks**, called on a worker, only on the plugin a pool names as its ``runtime``;
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
         GpuOffer,
         LogChunk,
         Machine,
+        MachineIdentity,
         Pool,
         PreparedContainer,
         ProviderCheck,
@@ -199,7 +204,43 @@ def levers9_list_machines(pool: Pool) -> list[Machine]:
     raise NotImplementedError
 
 
-# --------------------------------------------------------------------------- GPU discovery on a machine
+@hookspec
+def levers9_verify_identity(pool: Pool, machine: Machine, identity: MachineIdentity | None) -> None:
+    """Check that a worker registering with ``machine``'s join token runs on that very machine; optional.
+
+    Called on the controlplane, on the pool's provider only, when a worker
+    registers with a machine's join token (never with its session
+    credential), before the token is spent. ``identity`` is what the worker's
+    ``levers9_machine_identity`` made (None when it sent none); ``machine`` is
+    levers9's record of the machine (``provider_id``, ``region``, ``zone``,
+    ``provider_data``). Return None when the identity proves the worker runs
+    on ``machine``; raise ``IdentityRejected`` saying what did not match
+    otherwise, and the registration is refused with the token unspent. A
+    provider without this hook binds nothing: the token alone admits the worker.
+    Must be quick and should not call the provider's API (a signature check).
+
+    :raises IdentityRejected: the identity is missing, unsigned, or names another machine.
+    """
+    raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- on a worker machine
+
+
+@hookspec
+def levers9_machine_identity() -> MachineIdentity:
+    """Fetch the provider-signed proof of which machine this is, for the worker's first registration.
+
+    Called on a worker, once before it registers, only on the plugin its
+    ``LEVERS9_MACHINE_IDENTITY`` variable names (the provider's boot script
+    sets it, for example ``ec2``, whose answer is the instance identity
+    document and its signature from the instance metadata service). The
+    controlplane checks the answer with the same plugin's
+    ``levers9_verify_identity``. Retry briefly on the machine's own metadata
+    service; raise ``ProviderError`` when it cannot be had, and the worker
+    registers without it (and is refused where the provider binds tokens).
+    """
+    raise NotImplementedError
 
 
 @hookspec

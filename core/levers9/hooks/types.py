@@ -201,6 +201,23 @@ class ProviderCheck(_Frozen):
     hint: str | None = None
 
 
+#: the most a machine identity may carry (EC2's document and signature take about 1.5 KiB)
+MACHINE_IDENTITY_MAX_CHARS = 16384
+
+
+class MachineIdentity(_Frozen):
+    """What a worker shows to prove which machine it runs on: a document its provider signed, and the signature.
+
+    Opaque to the core: ``levers9_machine_identity`` makes it on the machine,
+    ``levers9_verify_identity`` of the same provider reads it on the
+    controlplane (for EC2: the instance identity document and its base64
+    RSA-SHA256 signature from the instance metadata service).
+    """
+
+    document: str = Field(min_length=1, max_length=MACHINE_IDENTITY_MAX_CHARS)
+    signature: str = Field(default="", max_length=MACHINE_IDENTITY_MAX_CHARS)
+
+
 class GpuDevice(_Frozen):
     """A GPU actually present on a machine."""
 

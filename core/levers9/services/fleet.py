@@ -22,6 +22,17 @@ checkpoint it names is checked with :func:`may_serve`. A worker reads only the
 arguments of an unfinished task placed in its pools and writes blobs only into
 that task's workspace.
 
+Where the machine's provider can prove which machine a worker runs on (its
+``levers9_verify_identity``: EC2 checks the signed instance identity
+document), the join token is also bound to the machine: the registration must
+carry the identity the worker's ``levers9_machine_identity`` made, and the
+provider must accept it for this machine, *before* the token is spent. A
+token read from the user data and shown from anywhere else is refused
+(Unauthenticated) and stays unspent, so the real worker still joins. A
+machine whose record has no provider id yet (its provision's answer is still
+being recovered) cannot be checked: that registration is answered ABORTED,
+which the worker retries.
+
 A worker registers only with a controlplane of its own levers9 version
 (:func:`check_worker_version`): the full version string must be equal, local
 and development segments included, because the wire protocol and the
@@ -49,18 +60,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from levers9.__about__ import __version__
-from levers9.hooks.errors import Levers9Error
+from levers9.hooks.errors import IdentityRejected, Levers9Error
+from levers9.hooks.types import MachineIdentity
 from levers9.payloads import parse_ref
 from levers9.scheduler.pools import PoolSpec
+from levers9.scheduler.provisioning import stored_machine
 from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.stubs import StubSettings
 from levers9.services.tunnels import decide_tunnel
-from levers9.state.errors import NotFound
+from levers9.state.errors import Conflict, NotFound
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.checkpoints import CheckpointStore
-from levers9.state.sql.records import CheckpointRecord, StubRecord, TokenKind
+from levers9.state.sql.records import CheckpointRecord, MachineRecord, StubRecord, TokenKind
 
 __all__ = [
     "Registration",
@@ -180,8 +193,12 @@ async def register(
     peer_host: str = "",
     probe_port: int = 0,
     probe_nonce: str = "",
+    identity: MachineIdentity | None = None,
 ) -> Registration:
     """Register a worker of the token's pool (a reconnect of the same machine keeps its id).
+
+    ``identity``: the machine identity the worker sent, checked before a join token is spent where the
+    machine's provider binds tokens to machines (see the module docstring).
 
     ``peer_host``: the address the worker's call came from; ``probe_port``/``probe_nonce``: what it listens
     on and answers for the reachability check (see :func:`levers9.services.tunnels.decide_tunnel`).
@@ -198,7 +215,7 @@ async def register(
         check_worker_version(version)
     services = dp.services
     spec, machine_id = await _pool_of(services, principal, pool)
-    session_id, session_token = await _redeem_join_token(services, principal, machine_id)
+    session_id, session_token = await _redeem_join_token(services, principal, spec, machine_id, identity)
     try:
         registration = await _register(
             dp, spec, machine_id, worker_id=worker_id, gpus=gpus, cpu_millicores=cpu_millicores,
@@ -214,7 +231,9 @@ async def register(
     return dataclasses.replace(registration, session_token=session_token)
 
 
-async def _redeem_join_token(services: Services, principal: Principal, machine_id: str | None) -> tuple[str, str]:
+async def _redeem_join_token(
+    services: Services, principal: Principal, spec: PoolSpec, machine_id: str | None, identity: MachineIdentity | None
+) -> tuple[str, str]:
     """The session credential's id and value for a registration with a machine's join token (empty for others)."""
     if principal.kind is not TokenKind.MACHINE or machine_id is None:
         return "", ""
@@ -229,6 +248,7 @@ async def _redeem_join_token(services: Services, principal: Principal, machine_i
                 f"machine {machine_id}'s join token expired with its registration deadline "
                 f"({deadline.isoformat(timespec='seconds')})"
             )
+    await _verify_identity(services, spec, machine, identity)
     if not await services.tokens.redeem(principal.token_id):
         services.auth.forget(principal.token_id)
         raise Unauthenticated(
@@ -239,6 +259,28 @@ async def _redeem_join_token(services: Services, principal: Principal, machine_i
     record, session_token = await services.tokens.issue("machine", subject=machine_id)
     log.info("machine %s joined: its join token is spent, its worker holds a session credential", machine_id)
     return record.id, session_token
+
+
+async def _verify_identity(
+    services: Services, spec: PoolSpec, machine: MachineRecord, identity: MachineIdentity | None
+) -> None:
+    """Refuse a join token shown by a worker that does not prove it runs on ``machine`` (where its provider can tell)."""
+    hooks = services.hooks
+    if not hooks.binds_identity(spec.pool.provider):
+        return
+    if machine.provider_id is None:
+        raise Conflict(
+            f"machine {machine.id} has no provider id recorded yet, so its identity cannot be checked; register "
+            "again in a moment"
+        )
+    try:
+        await hooks.verify_identity(spec.pool, stored_machine(machine), identity)
+    except IdentityRejected as exc:
+        log.warning("machine %s: a registration with its join token was refused: %s", machine.id, exc)
+        raise Unauthenticated(
+            f"machine {machine.id}'s join token was shown by a worker that did not prove it runs on that machine "
+            f"({spec.pool.provider} {machine.provider_id}): {exc}; the token is not spent"
+        ) from None
 
 
 async def _register(

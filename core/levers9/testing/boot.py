@@ -67,7 +67,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -322,7 +322,13 @@ class EmulatedBoot:
     """A running emulated boot; :meth:`stop` ends it and removes its root."""
 
     def __init__(
-        self, root: Path, command: list[str], ports: Sequence[int], isolate: bool | None, gpus: str | None = None
+        self,
+        root: Path,
+        command: list[str],
+        ports: Sequence[int],
+        isolate: bool | None,
+        gpus: str | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.root = root
         self.log_path = root / "boot.log"
@@ -339,7 +345,7 @@ class EmulatedBoot:
             self.process = subprocess.Popen(
                 prefix + command,
                 cwd=root,
-                env=boot_environment(root),
+                env={**(environment or {}), **boot_environment(root)},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -456,8 +462,12 @@ def emulated_boot(
     ports: Sequence[int] = (),
     isolate: bool | None = None,
     gpus: str | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> EmulatedBoot:
     """Boot ``user_data`` under ``root`` (see the module docstring); ``ports``: host loopback ports it may reach.
+
+    ``environment``: what the machine's platform gives every process beside the clean environment (a fake
+    cloud's metadata service, say ``AWS_EC2_METADATA_SERVICE_ENDPOINT``; its port must be among ``ports``).
 
     ``isolate``: None isolates the network where this host allows it, True insists (raises OSError where it
     cannot), False runs in a process group only. ``gpus``: the machine's GPUs as ``nvidia-smi --query-gpu``
@@ -466,4 +476,4 @@ def emulated_boot(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     command = prepare(user_data, root)
-    return EmulatedBoot(root, command, ports, isolate, gpus)
+    return EmulatedBoot(root, command, ports, isolate, gpus, environment)

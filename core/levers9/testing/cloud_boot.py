@@ -8,7 +8,10 @@ every ``interval`` seconds, and
 * an instance reported running that has not been booted gets
   :func:`levers9.testing.boot.emulated_boot` of its user data, under a root
   of its own, reaching only ``ports`` on the host's loopback (the
-  controlplane's), with the GPUs ``hardware`` says its instance type has;
+  controlplane's), with the GPUs ``hardware`` says its instance type has,
+  and the environment ``platform`` says the cloud gives its processes (the
+  address of a fake metadata service for that instance, whose port is then
+  among ``ports``);
 * an instance reported gone (terminated, or no longer listed) has its boot
   stopped: everything it started is signalled and its root removed, as a
   terminated VM takes its processes with it.
@@ -30,7 +33,7 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -69,12 +72,14 @@ class CloudBooter:
         *,
         ports: Sequence[int],
         hardware: Callable[[BootTarget], str | None] = lambda _: None,
+        platform: Callable[[BootTarget], Mapping[str, str]] = lambda _: {},
         interval: float = 0.2,
         root: Path | None = None,
     ) -> None:
         self.sources = list(sources)
         self.ports = list(ports)
         self.hardware = hardware
+        self.platform = platform
         self.interval = interval
         # short: a worker's unix sockets live below its boot root
         self._root = Path(tempfile.mkdtemp(prefix="l9cb-", dir=root))
@@ -131,7 +136,11 @@ class CloudBooter:
         root = self._root / f"b{len(self.boots) + len(self.refused)}"
         try:
             self.boots[instance.id] = emulated_boot(
-                instance.user_data, root, ports=self.ports, gpus=self.hardware(instance)
+                instance.user_data,
+                root,
+                ports=self.ports,
+                gpus=self.hardware(instance),
+                environment=self.platform(instance),
             )
         except (BootError, OSError) as exc:
             self.refused[instance.id] = str(exc)

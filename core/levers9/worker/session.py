@@ -63,6 +63,7 @@ from levers9.backoff import Backoff
 from levers9.checkpoint.node_cache import NodeCache
 from levers9.checkpoint.snapshot import Checkpointing, RecordStore, record_of
 from levers9.checkpoint.storage import storage_from_url
+from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.payloads import (
@@ -123,6 +124,8 @@ class WorkerOptions:
     worker_id: str = ""
     #: the levers9 version it says at Register (this package's; the controlplane refuses another)
     version: str = __version__
+    #: the plugin whose levers9_machine_identity proves which machine this is ("": none is shown)
+    machine_identity: str = ""
 
 
 #: the exit code of a worker the controlplane refuses at Register for good (another levers9 version)
@@ -157,6 +160,8 @@ class WorkerProcess:
         self._transfers: dict[str, asyncio.Task[bytes]] = {}
         #: the port the controlplane tries at registration, to know whether it can connect to this worker
         self.probe = ProbeListener()
+        #: this machine's identity as shown at Register (None: none asked for, or it could not be had)
+        self.identity: worker_pb2.MachineIdentity | None = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -168,6 +173,7 @@ class WorkerProcess:
         drainer = asyncio.create_task(self._drain_deadline())
         try:
             self.gpus = await self._discover_gpus()
+            self.identity = await self._machine_identity()
             await self.probe.start()
             return await self._sessions()
         finally:
@@ -204,6 +210,23 @@ class WorkerProcess:
         found = (await self.hooks.gpu_devices()).devices
         visible = self.options.visible_gpus
         return [g for g in found if visible is None or g.index in visible]
+
+    async def _machine_identity(self) -> worker_pb2.MachineIdentity | None:
+        """The identity the plugin ``LEVERS9_MACHINE_IDENTITY`` names makes, once; None (logged) when it fails.
+
+        A worker that cannot show it still registers: where the provider binds join tokens to machines the
+        controlplane refuses it saying why, which is clearer in both logs than a worker that never dials.
+        """
+        plugin = self.options.machine_identity
+        if not plugin:
+            return None
+        try:
+            identity = await self.hooks.machine_identity(plugin, timeout=60)
+        except Levers9Error as exc:
+            log.error("could not fetch this machine's identity (%s): %s", plugin, exc)
+            return None
+        log.info("this machine's identity comes from plugin %s (%d bytes)", plugin, len(identity.document))
+        return worker_pb2.MachineIdentity(document=identity.document, signature=identity.signature)
 
     async def _sessions(self) -> int:
         """Hold a session, reconnecting with backoff; give up after ``disconnect_exit_s`` without contact.
@@ -294,6 +317,7 @@ class WorkerProcess:
             worker_id=self.worker_id,
             probe_port=self.probe.port,
             probe_nonce=self.probe.nonce,
+            identity=self.identity,
         )
         try:
             response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)

@@ -26,7 +26,8 @@ from pydantic import BaseModel
 
 from levers9.hooks.context import PluginContext
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import GpuOffer, Machine, Pool, ProviderCheck, ProvisionRequest
+from levers9.hooks.types import GpuOffer, Machine, MachineIdentity, Pool, ProviderCheck, ProvisionRequest
+from levers9_ec2.identity import fetch_identity
 from levers9_ec2.provider import Ec2Provider
 from levers9_ec2.settings import Ec2Settings
 
@@ -36,11 +37,13 @@ __all__ = [
     "levers9_check",
     "levers9_gpu_offers",
     "levers9_list_machines",
+    "levers9_machine_identity",
     "levers9_provider_settings",
     "levers9_provision",
     "levers9_shutdown",
     "levers9_startup",
     "levers9_terminate",
+    "levers9_verify_identity",
 ]
 
 #: the hooks' shared state: clients per credentials and region, and the describe cache
@@ -86,3 +89,14 @@ def levers9_terminate(pool: Pool, machine: Machine) -> None:
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
     return _provider.list_machines(pool)
+
+
+@hookimpl
+def levers9_verify_identity(pool: Pool, machine: Machine, identity: MachineIdentity | None) -> None:
+    _provider.verify_identity(pool, machine, identity)
+
+
+@hookimpl
+def levers9_machine_identity() -> MachineIdentity:
+    """On a worker of an EC2 instance: the instance's signed identity document, from IMDSv2."""
+    return fetch_identity()

@@ -31,7 +31,10 @@ the offer (pure, so it is tested without a cloud):
 * ``TagSpecifications`` on the instance and its volumes: ``levers9:machine-id``,
   ``levers9:pool``, ``Name=levers9-<machine id>``, and the pool's extra tags;
 * ``UserData`` = :func:`levers9.bootstrap.cloud_init` of the request's
-  bootstrap (boto3 base64-encodes it).
+  bootstrap (boto3 base64-encodes it), with ``LEVERS9_MACHINE_IDENTITY=ec2``
+  added to its environment unless the pool's ``instance_identity`` is
+  ``off``: the worker then shows the instance's signed identity document when
+  it joins (:mod:`levers9_ec2.identity`).
 
 :func:`launch` sends it with the launch client (botocore's retries off, see
 :mod:`levers9_ec2.session`). An answer that never came (read timeout,
@@ -49,7 +52,8 @@ import time
 from typing import Any
 
 from levers9.bootstrap import cloud_init
-from levers9.hooks.types import ProvisionRequest
+from levers9.hooks.types import ProvisionRequest, WorkerBootstrap
+from levers9_ec2.identity import IDENTITY_PLUGIN
 from levers9_ec2.settings import Ec2Settings
 
 __all__ = [
@@ -88,6 +92,15 @@ def _tags(request: ProvisionRequest, settings: Ec2Settings) -> list[dict[str, st
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
+def _bootstrap(request: ProvisionRequest, settings: Ec2Settings) -> WorkerBootstrap:
+    """The request's bootstrap, with the worker told to show its instance identity where the pool requires it."""
+    bootstrap = request.bootstrap
+    if settings.instance_identity != "required":
+        return bootstrap
+    environment = {**bootstrap.environment, "LEVERS9_MACHINE_IDENTITY": IDENTITY_PLUGIN}
+    return bootstrap.model_copy(update={"environment": environment})
+
+
 def run_instances_params(
     request: ProvisionRequest,
     settings: Ec2Settings,
@@ -106,7 +119,7 @@ def run_instances_params(
         "ClientToken": request.machine_id,
         "InstanceType": instance_type,
         "ImageId": image,
-        "UserData": cloud_init(request.bootstrap),
+        "UserData": cloud_init(_bootstrap(request, settings)),
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [
             {

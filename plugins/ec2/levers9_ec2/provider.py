@@ -18,9 +18,12 @@ and endpoint); describe answers from :class:`levers9_ec2.offers.DescribeCache`.
   live states (pending, running, shutting-down, stopping, stopped), mapped by
   :mod:`levers9_ec2.machines`;
 * check: STS ``GetCallerIdentity`` and one page of
-  ``DescribeInstanceTypeOfferings`` in the pool's first region; what an
-  operator can fix (credentials, permissions, an unset variable) is
-  ``ok=False`` with a hint, never a secret.
+  ``DescribeInstanceTypeOfferings`` in the pool's first region, and that each
+  of the pool's regions has a certificate to verify its instances' identity
+  with; what an operator can fix (credentials, permissions, an unset
+  variable, a missing certificate) is ``ok=False`` with a hint, never a secret;
+* verify identity: :func:`levers9_ec2.identity.verify_identity` against the
+  machine's region (no API call).
 
 Every EC2 failure is translated by :mod:`levers9_ec2.errors` with a message
 naming the pool, region, instance type and zone; one it does not know
@@ -41,8 +44,9 @@ from levers9.hooks.errors import (
     PermissionDenied,
     ProviderError,
 )
-from levers9.hooks.types import GpuOffer, Machine, Pool, ProviderCheck, ProvisionRequest
+from levers9.hooks.types import GpuOffer, Machine, MachineIdentity, Pool, ProviderCheck, ProvisionRequest
 from levers9_ec2.errors import error_code, translate
+from levers9_ec2.identity import load_certificates, verify_identity
 from levers9_ec2.launch import DEFAULT_ROOT_DEVICE, POOL_TAG, choose_subnet, launch, run_instances_params
 from levers9_ec2.machines import machine_from_instance
 from levers9_ec2.offers import (
@@ -262,6 +266,16 @@ class Ec2Provider:
             machines.extend(_typed(where, describe))
         return machines
 
+    # ------------------------------------------------------------------ identity
+
+    def verify_identity(self, pool: Pool, machine: Machine, identity: MachineIdentity | None) -> None:
+        """Accept a joining worker only with the signed identity document of ``machine`` (unless the pool opts out)."""
+        settings = _settings(pool)
+        if settings.instance_identity == "off":
+            return
+        region = str(machine.provider_data.get("region") or machine.region or _regions(pool)[0])
+        verify_identity(machine, identity, region, settings.identity_certificate_file)
+
     # ------------------------------------------------------------------ check
 
     def check(self, pool: Pool) -> ProviderCheck:
@@ -279,10 +293,33 @@ class Ec2Provider:
             )
         except (AuthenticationFailed, PermissionDenied, InvalidRequest) as exc:
             return ProviderCheck(ok=False, message=str(exc), hint=_hint(exc, settings))
+        identity = _identity_check(pool, settings)
+        if identity is not None:
+            return ProviderCheck(ok=False, message=identity, hint=_IDENTITY_HINT)
         return ProviderCheck(
             ok=True,
             message=f"credentials of {creds.describe} accepted as {arn} in {region}; instance type offerings readable",
         )
+
+
+_IDENTITY_HINT = (
+    "set the pool's identity_certificate_file to the region's RSA certificate from "
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/regions-certs.html, or instance_identity: off"
+)
+
+
+def _identity_check(pool: Pool, settings: Ec2Settings) -> str | None:
+    """What stops workers of ``pool`` from proving their instances, if anything (no certificate for a region)."""
+    if settings.instance_identity == "off" or settings.identity_certificate_file is not None:
+        return None
+    known = load_certificates()
+    missing = [r for r in _regions(pool) if r not in known]
+    if not missing:
+        return None
+    return (
+        f"pool {pool.name!r}: the ec2 plugin ships no AWS identity certificate for {', '.join(missing)}, so its "
+        "workers' instance identity documents cannot be verified and they would be refused"
+    )
 
 
 def _hint(exc: ProviderError, settings: Ec2Settings) -> str:

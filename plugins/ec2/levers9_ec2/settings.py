@@ -17,6 +17,7 @@ test, the JSON schema) those checks are skipped, never guessed.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -164,6 +165,19 @@ class Ec2Settings(BaseModel):
         description="Extra tags for instances and volumes (cost allocation). Keys starting with 'levers9:' "
         "are reserved for levers9's own 'levers9:machine-id' and 'levers9:pool'.",
     )
+    instance_identity: Literal["required", "off"] = Field(
+        "required",
+        description="required: a worker joins only by also showing its instance's identity document, signed by "
+        "AWS and read from the instance metadata service (IMDSv2), for the very instance its join token was made "
+        "for, so a token copied from the user data is refused anywhere else; off: the token alone admits the "
+        "worker (images whose worker cannot reach the metadata service).",
+    )
+    identity_certificate_file: Path | None = Field(
+        None,
+        description="PEM file of the certificate(s) that verify identity documents' base64 (RSA-SHA256) "
+        "signatures, instead of AWS's certificate of the instance's region that the plugin ships (for a region "
+        "newer than the plugin, or after AWS rotates a certificate). Read on the controlplane.",
+    )
     endpoint_url: HttpUrl | None = Field(
         None, description="EC2 endpoint override, for tests (moto) and VPC interface endpoints."
     )
@@ -203,6 +217,23 @@ class Ec2Settings(BaseModel):
                     f"availability zone {zone!r} is not a zone of the pool's region(s) {listing}; "
                     f"add its region to {pool_field(info, 'regions')} or drop the zone"
                 )
+        return value
+
+    @field_validator("identity_certificate_file")
+    @classmethod
+    def _certificates(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        from cryptography import x509
+
+        try:
+            found = x509.load_pem_x509_certificates(value.read_bytes())
+        except OSError as exc:
+            raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+        except ValueError:
+            raise ValueError(f"{value} holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+        if not found:
+            raise ValueError(f"{value} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
         return value
 
     @field_validator("max_spot_price")

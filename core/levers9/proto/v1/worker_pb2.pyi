@@ -22,7 +22,7 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id", "probe_port", "probe_nonce")
+    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id", "probe_port", "probe_nonce", "identity")
     POOL_FIELD_NUMBER: _ClassVar[int]
     MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class RegisterRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     PROBE_NONCE_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
     pool: str
     machine_id: str
     cpu_millicores: int
@@ -47,7 +48,16 @@ class RegisterRequest(_message.Message):
     worker_id: str
     probe_port: int
     probe_nonce: str
-    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_nonce: _Optional[str] = ...) -> None: ...
+    identity: MachineIdentity
+    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_nonce: _Optional[str] = ..., identity: _Optional[_Union[MachineIdentity, _Mapping]] = ...) -> None: ...
+
+class MachineIdentity(_message.Message):
+    __slots__ = ("document", "signature")
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    document: str
+    signature: str
+    def __init__(self, document: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel")
