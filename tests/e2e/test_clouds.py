@@ -27,7 +27,10 @@ launch is not retried by the SDK); Lambda's first launch answered 429 and was
 retried on the same pool, not failed over; the idle Lambda machine is
 terminated in the fake after the pool's ``idle_timeout_s``; an instance tagged
 for a pool that levers9 has no record of is terminated by the reconciler; at
-the end no fake holds a live instance. The failover figures (each hop, and
+the end no fake holds a live instance; an EC2 machine's join token, copied from
+its user data and shown by a worker on another instance (with that instance's
+genuine signed identity document, from :mod:`tests.fakes.imds`), is refused
+and stays unspent, and the machine's own worker then joins with it. The failover figures (each hop, and
 request to registered worker) are printed for the closing note and measured by
 ``bench/clouds.py``; no time is asserted.
 """
@@ -35,15 +38,23 @@ request to registered worker) are printed for the closing note and measured by
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from levers9.testing.cloud_boot import BootTarget, CloudBooter
+from tests.fakes import CloudInstance
 from tests.fakes.ec2_cloud import FakeEc2
+from tests.fakes.imds import FakeImds
 from tests.fakes.lambda_cloud import DEFAULT_API_KEY, DEFAULT_SSH_KEY, LambdaCloud
 from tests.fakes.oci_cloud import FakeOci
 from tests.fakes.oci_tenancy import COMPARTMENT, IMAGE, SUBNET, TENANCY, make_credentials
@@ -144,6 +155,14 @@ def clouds(tmp_path: Path) -> Iterator[tuple[FakeEc2, FakeOci, LambdaCloud, Path
             oci.terminate_all()
             lam.terminate_all()
     assert not any(left.values()), f"instances left in the fakes after the test: {left}"
+
+
+@pytest.fixture
+def imds(tmp_path: Path) -> Iterator[FakeImds]:
+    """The EC2 instances' metadata service (IMDSv2), signing their identity documents."""
+    fake = FakeImds(tmp_path)
+    yield fake
+    fake.close()
 
 
 def _until(check: Callable[[], Any], what: str, timeout: float, why: Callable[[], str] = lambda: "") -> Any:
@@ -260,6 +279,7 @@ T4_POOL = """\
       availability_zones: [us-east-1a]
       access_key_id_env: L9_E2E_AWS_KEY_ID
       secret_access_key_env: L9_E2E_AWS_SECRET
+      identity_certificate_file: {imds_certificate}
 """
 
 T4_PROGRAM = """
@@ -273,14 +293,43 @@ print("RESULT", answer.remote(), flush=True)
 """
 
 
+def _join_token(user_data: str) -> str:
+    """The join token as anyone who reads the instance's user data finds it (the boot script's heredoc)."""
+    found = re.search(r"cat >\"\$TOKEN_FILE\" <<'(\w+)'\n\s*(\S+)\n", user_data)
+    assert found is not None, user_data
+    return found.group(2)
+
+
+def _worker_elsewhere(replicas: Replicas, token: str, machine_id: str, imds: str, state: Path) -> str:
+    """``levers9 worker`` with a copied join token on another EC2 instance (its own genuine metadata service)."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(state),
+        "LEVERS9_CONTROLPLANE_URL": f"grpc://127.0.0.1:{replicas.replicas[0].grpc_port}",
+        "LEVERS9_TOKEN": token,
+        "LEVERS9_MACHINE_ID": machine_id,
+        "LEVERS9_MACHINE_IDENTITY": "ec2",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
+        "LEVERS9_WORKER_STATE_DIR": str(state / "worker"),
+        "LEVERS9_DISCONNECT_EXIT_S": "30",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "levers9", "worker"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, f"the worker with a copied token was not refused:\n{done.stdout}\n{done.stderr}"
+    return done.stderr
+
+
 def test_a_launch_whose_answer_was_lost_after_the_create_starts_one_machine_not_two(
-    replicas: Replicas, clouds: tuple[FakeEc2, FakeOci, LambdaCloud, Path]
+    replicas: Replicas, clouds: tuple[FakeEc2, FakeOci, LambdaCloud, Path], imds: FakeImds, tmp_path: Path
 ) -> None:
+    """Also: the machine's join token, copied from its user data and shown by a worker on another instance,
+    is refused and stays unspent; the machine's own worker then joins with it and runs the call."""
     ec2 = clouds[0]
     ec2.timeout_after_create(1)  # moto creates the instance; the plugin never hears back
     replicas.count = 1
     replicas.min_workers = 0
-    replicas.pools = T4_POOL.format(ami=AMI, ec2_url=ec2.url)
+    replicas.pools = T4_POOL.format(ami=AMI, ec2_url=ec2.url, imds_certificate=imds.certificate_file)
     replicas.extra_env = {
         "L9_E2E_AWS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
         "L9_E2E_AWS_SECRET": "l9-e2e-secret-not-a-real-key",
@@ -288,13 +337,27 @@ def test_a_launch_whose_answer_was_lost_after_the_create_starts_one_machine_not_
     }
     replicas.write_config()
     hardware = {"g4dn.xlarge": (GPU_DATA / "t4_1x.csv").read_text()}
-    with CloudBooter(
-        [ec2.instances],  # type: ignore[list-item]
-        ports=[replicas.replicas[0].grpc_port],
-        hardware=lambda i: hardware.get(i.instance_type or ""),
-    ) as booter:
+    released = threading.Event()  # the instance boots only once the copied token was tried elsewhere
+    with (
+        CloudBooter(
+            [lambda: ec2.instances() if released.is_set() else []],
+            ports=[replicas.replicas[0].grpc_port, imds.port],
+            hardware=lambda i: hardware.get(i.instance_type or ""),
+            platform=imds.platform,  # type: ignore[arg-type]
+        ) as booter,
+        ThreadPoolExecutor(1) as pool,
+    ):
         replicas.start_all()
-        run = replicas.python(T4_PROGRAM, timeout=600)
+        running = pool.submit(replicas.python, T4_PROGRAM, timeout=600)
+        [launched] = _until(lambda: [i for i in ec2.instances() if i.user_data], "the T4 instance", 300)
+        token, machine_id = _join_token(launched.user_data), launched.tags["levers9:machine-id"]
+        thief = CloudInstance(id="i-0bad0bad0bad0bad0", state="running", running=True, gone=False,
+                              instance_type="t3.micro", region="us-east-1", zone="us-east-1a")  # fmt: skip
+        said = _worker_elsewhere(replicas, token, machine_id, imds.endpoint(thief), tmp_path / "thief")
+        assert "did not prove it runs on that machine" in said, said
+        assert "names EC2 instance 'i-0bad0bad0bad0bad0'" in said, said
+        released.set()
+        run = running.result(timeout=600)
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{replicas.logs()}"
         assert "RESULT 7" in run.stdout
         instances = ec2.instances()
@@ -302,3 +365,6 @@ def test_a_launch_whose_answer_was_lost_after_the_create_starts_one_machine_not_
         assert ec2.calls("RunInstances") >= 2  # the lost answer, then the retry
         _until(lambda: all(i.gone for i in ec2.instances()), "the idle T4 machine to be terminated", 120, replicas.logs)
         assert list(booter.boots) == [instances[0].id]
+        # the machine's own worker showed its instance's identity: the metadata service served that instance
+        served = {path.split("/")[1] for method, path, status in imds.requests if status == 200}
+        assert served == {instances[0].id, thief.id}, imds.requests

@@ -48,16 +48,20 @@ controlplane loads it; see :mod:`levers9.testing.provider_contract` for the
 promises it checks, :mod:`levers9.testing.registrar` and
 :mod:`levers9.testing.boot` for how the bootstrap is booted, and
 :mod:`levers9.testing.cloud_boot` for booting every instance a fake cloud
-API runs (an end-to-end test's stand-in for the cloud's hypervisor).
+API runs (an end-to-end test's stand-in for the cloud's hypervisor). A
+provider that binds join tokens to machines also overrides ``boot_platform``
+to give the boot what its worker proves the machine with (a fake metadata
+service's address and port).
 """
 
 from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
 from levers9.testing.cloud_boot import CloudBooter
-from levers9.testing.provider_contract import ProviderContract
+from levers9.testing.provider_contract import BootPlatform, ProviderContract
 from levers9.testing.registrar import Registrar, Registration
 
 __all__ = [
     "BootError",
+    "BootPlatform",
     "CloudBooter",
     "EmulatedBoot",
     "ProviderContract",

@@ -24,7 +24,12 @@ not to leak machines:
   provisioned; any other returns the user data it passed from
   :meth:`ProviderContract.user_data`, and the kit boots it in an emulated boot
   (:mod:`levers9.testing.boot`) through the harness end-to-end tests boot a
-  fake cloud's instances with (:class:`levers9.testing.cloud_boot.CloudBooter`).
+  fake cloud's instances with (:class:`levers9.testing.cloud_boot.CloudBooter`);
+* where the provider binds join tokens to machines (``levers9_verify_identity``),
+  the identity the booted worker showed verifies for its machine, and neither
+  no identity nor that identity for another machine does
+  (:meth:`ProviderContract.boot_platform` gives the boot a fake metadata
+  service to fetch it from).
 
 Hooks are called through the real plugin manager and the typed facade, as the
 controlplane calls them, after the facade's ``startup`` (so a provider's
@@ -48,7 +53,7 @@ import importlib.metadata
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -58,7 +63,7 @@ from levers9.config.model import Config
 from levers9.config.yaml_source import SourceMap
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import AgentHub
-from levers9.hooks.errors import InsufficientCapacity, PluginError, ProviderError
+from levers9.hooks.errors import IdentityRejected, InsufficientCapacity, PluginError, ProviderError
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, PluginSet
 from levers9.hooks.types import (
@@ -107,6 +112,15 @@ def run(awaitable: Awaitable[T]) -> T:
 
 def _tail(token: str | None) -> str:
     return "no token" if not token else f"a token ending …{token[-6:]}"
+
+
+@dataclass(frozen=True)
+class BootPlatform:
+    """What :meth:`ProviderContract.boot_platform` says a booted machine gets: its processes' extra environment,
+    and the host loopback ports (a fake metadata service's) it may reach besides the controlplane's."""
+
+    environment: dict[str, str] = field(default_factory=dict)
+    ports: tuple[int, ...] = ()
 
 
 class ProviderContract:
@@ -251,6 +265,12 @@ class ProviderContract:
             f"{type(self).__name__} neither sets boots_itself = True nor overrides user_data(machine): return "
             "the user data the provider passed for the machine, so the kit can boot it"
         )
+
+    def boot_platform(self, machine: Machine) -> BootPlatform:
+        """What the cloud gives a booted machine's processes besides its user data: the address of a (fake)
+        metadata service the worker proves the machine's identity with, and its loopback port. Override for a
+        provider that binds join tokens to machines (``levers9_verify_identity``); the default gives nothing."""
+        return BootPlatform()
 
     def _pool(self, hooks: Hooks, settings: dict[str, Any], name: str) -> Pool:
         fields = {"runtime": "process", **self.pool_fields, "settings": settings}
@@ -526,7 +546,13 @@ class ProviderContract:
             return
         # the same harness an end-to-end test boots a fake cloud's instances with: one instance, running
         instance = _Booted(machine.provider_id, self.user_data(machine), machine.instance_type)
-        booter = CloudBooter([lambda: [instance]], ports=[standin_controlplane.port], interval=0.1)
+        platform = self.boot_platform(machine)
+        booter = CloudBooter(
+            [lambda: [instance]],
+            ports=[standin_controlplane.port, *platform.ports],
+            platform=lambda _: platform.environment,
+            interval=0.1,
+        )
         try:
             booter.step()
             if machine.provider_id in booter.bare:
@@ -547,6 +573,37 @@ class ProviderContract:
         finally:
             booter.stop()
         self._registered(bootstrap, found, standin_controlplane.registrations, output)
+        assert found is not None
+        self._identity_binds(levers9_hooks, pool, machine, found)
+
+    def _identity_binds(self, hooks: Hooks, pool: Pool, machine: Machine, found: Registration) -> None:
+        """Where the provider binds join tokens to machines, what the booted worker showed verifies for its own
+        machine, and nothing verifies for another machine or with no identity shown."""
+        if not hooks.binds_identity(self.provider):
+            return
+        stored = machine.model_copy(update={"machine_id": found.machine_id})
+        try:
+            run(hooks.verify_identity(pool, stored, found.identity))
+        except IdentityRejected as exc:
+            shown = "no identity" if found.identity is None else "an identity"
+            pytest.fail(
+                f"provider {self.provider!r}: the booted worker showed {shown} at Register, which the provider's "
+                f"levers9_verify_identity refused for the machine it booted on: {exc}; its "
+                "levers9_machine_identity must prove that machine (and boot_platform give the boot what it needs)"
+            )
+        for label, other, identity in (
+            ("no identity", stored, None),
+            ("another machine's", stored.model_copy(update={"provider_id": f"{machine.provider_id}-other"}),
+             found.identity),
+        ):  # fmt: skip
+            try:
+                run(hooks.verify_identity(pool, other, identity))
+            except IdentityRejected:
+                continue
+            pytest.fail(
+                f"provider {self.provider!r}: levers9_verify_identity accepted {label} identity for machine "
+                f"{other.provider_id}; it must raise IdentityRejected unless the identity proves that very machine"
+            )
 
     def _registered(
         self, bootstrap: WorkerBootstrap, found: Registration | None, seen: list[Registration], output: str

@@ -9,7 +9,8 @@ is emulated.
 What it answers, on ``127.0.0.1`` only, in plain text (no TLS):
 
 * ``Worker.Register``: records the bearer token of the ``authorization``
-  metadata, the request's ``machine_id``, ``pool`` and ``version``, and answers
+  metadata, the request's ``machine_id``, ``pool``, ``version`` and machine
+  ``identity`` (checked by the kit, not here), and answers
   a valid ``RegisterResponse`` (runtime ``process``, no checkpoint storage) so a
   real ``levers9 worker`` carries on as it would against a controlplane. Where
   the response has a session-credential field (a string field whose name holds
@@ -40,6 +41,7 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
+from levers9.hooks.types import MachineIdentity
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = ["Registrar", "Registration"]
@@ -60,6 +62,8 @@ class Registration:
     hostname: str
     #: the worker id the stand-in answered
     worker_id: str
+    #: the machine identity the worker showed (``RegisterRequest.identity``); None when it showed none
+    identity: MachineIdentity | None = None
 
 
 def _bearer(context: grpc.ServicerContext) -> str | None:
@@ -96,6 +100,11 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
                 version=request.version,
                 hostname=request.hostname,
                 worker_id=worker_id,
+                identity=(
+                    MachineIdentity(document=request.identity.document, signature=request.identity.signature)
+                    if request.HasField("identity") and request.identity.document
+                    else None
+                ),
             )
         )
         answer: dict[str, Any] = {"worker_id": worker_id, "keepalive_s": 30.0, "runtime": STANDIN_RUNTIME}

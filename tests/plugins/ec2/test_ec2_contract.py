@@ -5,7 +5,10 @@
   us-east-1, which moto's catalog sells as p5.48xlarge in every zone;
 * "the bootstrap boots": the user data is read back from the fake
   (``DescribeInstanceAttribute userData``, as a machine's metadata service
-  would serve it) and booted by the kit's emulated boot;
+  would serve it) and booted by the kit's emulated boot, with the fake
+  metadata service (:mod:`tests.fakes.imds`) the worker fetches the instance's
+  signed identity document from; the pool verifies it with that fake's
+  certificate, and the kit checks the binding;
 * failing settings: an AMI moto does not have (``InvalidAMIID.NotFound``,
   :class:`InvalidRequest`);
 * no capacity: the pool is limited to us-east-1b, where the fake answers every
@@ -15,13 +18,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from levers9.hooks.types import Machine
-from levers9.testing import ProviderContract
+from levers9.testing import BootPlatform, ProviderContract
 from tests.fakes.ec2_cloud import FakeEc2
+from tests.fakes.imds import FakeImds
 
 FULL_ZONE = "us-east-1b"
 
@@ -49,5 +54,20 @@ class TestEc2Contract(ProviderContract):
         yield {**ec2_settings, "availability_zones": [FULL_ZONE]}
         fake_ec2.clear_faults()
 
+    @pytest.fixture(autouse=True)
+    def _imds(self, tmp_path: Path) -> Iterator[None]:
+        self.imds = FakeImds(tmp_path)
+        yield
+        self.imds.close()
+
+    @pytest.fixture
+    def boot_pool_settings(self, ec2_settings: dict[str, Any]) -> dict[str, Any]:
+        return {**ec2_settings, "identity_certificate_file": str(self.imds.certificate_file)}
+
     def user_data(self, machine: Machine) -> str:
         return self.fake.user_data(machine.provider_id, machine.region or "us-east-1")
+
+    def boot_platform(self, machine: Machine) -> BootPlatform:
+        """The instance's metadata service, for the identity document its worker shows at Register."""
+        [instance] = [i for i in self.fake.instances() if i.id == machine.provider_id]
+        return BootPlatform(environment=self.imds.platform(instance), ports=(self.imds.port,))

@@ -31,6 +31,7 @@ from levers9.hooks.types import Machine, MachineIdentity, MachineState
 from levers9.testing.provider_contract import run as hooks_run
 from levers9_ec2.identity import fetch_identity, load_certificates
 from levers9_ec2.launch import run_instances_params
+from levers9_ec2.provider import Ec2Provider
 from levers9_ec2.settings import Ec2Settings
 from tests.fakes import CloudInstance
 from tests.fakes.imds import FakeImds, make_signer
@@ -191,3 +192,17 @@ def test_the_shipped_aws_certificates_are_rsa_certificates_of_every_commercial_r
         assert len(found) == 1, region
         assert isinstance(found[0].public_key(), rsa.RSAPublicKey), region
         assert "Amazon" in found[0].subject.rfc4514_string(), region
+
+
+def test_check_says_when_a_region_has_no_certificate_to_verify_identities_with(
+    provider: Ec2Provider, ec2_settings: dict[str, Any], imds: FakeImds
+) -> None:
+    regions = ["us-east-1", "us-isob-east-1"]  # the plugin ships no certificate of the ISO partition
+    found = provider.check(make_pool(ec2_settings, regions=regions))
+    assert not found.ok
+    assert "no AWS identity certificate for us-isob-east-1" in found.message
+    assert found.hint is not None
+    assert "identity_certificate_file" in found.hint
+    with_file = {**ec2_settings, "identity_certificate_file": str(imds.certificate_file)}
+    assert provider.check(make_pool(with_file, regions=regions)).ok
+    assert provider.check(make_pool({**ec2_settings, "instance_identity": "off"}, regions=regions)).ok
