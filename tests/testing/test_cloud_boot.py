@@ -140,3 +140,21 @@ def test_user_data_that_cannot_boot_is_refused_with_the_reason_and_stop_leaves_n
     assert not _pids_of(root)
     assert not root.exists()
     assert boot_environment(root)["PATH"].split(":")[1] == str(root / "usr" / "bin")
+
+
+def test_each_boot_gets_the_environment_its_platform_gives_and_cannot_override_the_clean_one() -> None:
+    script = (
+        '#!/bin/sh\nprintf "%s|%s" "$AWS_EC2_METADATA_SERVICE_ENDPOINT" "$HOME" > "$LEVERS9_BOOT_ROOT/env"\n'
+        "exec sleep 600\n"
+    )
+    cloud = Cloud({"i-1": Instance("i-1", user_data=script), "i-2": Instance("i-2", user_data=script)})
+
+    def platform(instance: BootTarget) -> dict[str, str]:
+        return {"AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:1/{instance.id}", "HOME": "/nowhere"}
+
+    with CloudBooter([cloud.list], ports=[], platform=platform) as booter:
+        for instance_id in ("i-1", "i-2"):
+            _until(lambda i=instance_id: i in booter.boots and "|" in _read(booter.boots[i].root / "env"),  # type: ignore[misc]
+                   f"{instance_id} to boot")  # fmt: skip
+            root = booter.boots[instance_id].root
+            assert _read(root / "env") == f"http://127.0.0.1:1/{instance_id}|{boot_environment(root)['HOME']}"
