@@ -4,9 +4,10 @@ The worker side runs the plugin's real HTTP client against the fake metadata
 service (:mod:`tests.fakes.imds`, IMDSv2 with tokens); the controlplane side
 runs the plugin's verification through the core's facade, with the fake's
 certificate as the pool's ``identity_certificate_file``, and checks that each
-way a shown identity can be wrong is refused, naming what was wrong. The
-certificates the plugin ships for AWS's regions are checked for what the
-verification needs of them.
+way a shown identity can be wrong is refused, naming what was wrong. A
+document and signature recorded from a real instance (``tests/data/ec2``)
+verify with the certificate the plugin ships for its region, so the procedure
+is AWS's and not only the fake's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginSet
 from levers9.hooks.types import Machine, MachineIdentity, MachineState
 from levers9.testing.provider_contract import run as hooks_run
-from levers9_ec2.identity import fetch_identity, load_certificates
+from levers9_ec2.identity import fetch_identity, load_certificates, verify_identity
 from levers9_ec2.launch import run_instances_params
 from levers9_ec2.provider import Ec2Provider
 from levers9_ec2.settings import Ec2Settings
@@ -206,3 +207,18 @@ def test_check_says_when_a_region_has_no_certificate_to_verify_identities_with(
     with_file = {**ec2_settings, "identity_certificate_file": str(imds.certificate_file)}
     assert provider.check(make_pool(with_file, regions=regions)).ok
     assert provider.check(make_pool({**ec2_settings, "instance_identity": "off"}, regions=regions)).ok
+
+
+def test_a_real_document_signed_by_aws_verifies_with_the_shipped_certificate_of_its_region(tmp_path: Path) -> None:
+    """A document and signature recorded from a real instance (tests/data/ec2): the procedure is AWS's own."""
+    recorded = json.loads((Path(__file__).parents[2] / "data" / "ec2" / "identity_ap-southeast-2.json").read_text())
+    shown = MachineIdentity(document=recorded["document"], signature=recorded["signature"])
+    real = machine("i-0c5541936caf78c12", region="ap-southeast-2")
+    (tmp_path / "ap-south-2.pem").write_text(load_certificates()["ap-south-2"])
+    assert verify_identity(real, shown, "ap-southeast-2")["accountId"] == "189292791360"
+    edited = MachineIdentity(document=shown.document.replace("t4g.small", "t4g.large"), signature=shown.signature)
+    with pytest.raises(IdentityRejected, match="does not verify with AWS's ap-southeast-2 certificate"):
+        verify_identity(real, edited, "ap-southeast-2")
+    # each region has its own key: another region's certificate, given as the pool's file, does not verify it
+    with pytest.raises(IdentityRejected, match="does not verify with identity_certificate_file"):
+        verify_identity(real, shown, "ap-southeast-2", certificate_file=tmp_path / "ap-south-2.pem")
