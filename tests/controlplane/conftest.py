@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -140,9 +141,10 @@ class Cp:
         return response
 
 
-@pytest.fixture
-async def cp(services: Services) -> AsyncIterator[Cp]:
-    dataplane = DataPlane(services, Hub(services.redis, name="worker-service-test"))
+@contextlib.asynccontextmanager
+async def worker_service(services: Services, name: str) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerStub, int]]:
+    """The real Worker gRPC service on ``services``, on a free port, and a stub dialling it; stopped on exit."""
+    dataplane = DataPlane(services, Hub(services.redis, name=name))
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(dataplane), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
@@ -150,7 +152,13 @@ async def cp(services: Services) -> AsyncIterator[Cp]:
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             factory = worker_pb2_grpc.WorkerStub  # generated, unannotated
-            yield Cp(services, factory(channel), port)  # type: ignore[no-untyped-call]
+            yield factory(channel), port  # type: ignore[no-untyped-call]
     finally:
         await server.stop(None)
         await dataplane.close()
+
+
+@pytest.fixture
+async def cp(services: Services) -> AsyncIterator[Cp]:
+    async with worker_service(services, "worker-service-test") as (stub, port):
+        yield Cp(services, stub, port)

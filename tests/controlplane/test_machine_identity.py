@@ -22,13 +22,11 @@ import grpc
 import pytest
 
 from levers9.__about__ import __version__
-from levers9.controlplane.grpc_worker import WorkerService
 from levers9.hooks.types import MachineIdentity
 from levers9.proto.v1 import worker_pb2, worker_pb2_grpc
 from levers9.services.core import Services
-from levers9.services.dataplane import DataPlane
-from levers9.services.hub import Hub
 from levers9_ec2.identity import fetch_identity
+from tests.controlplane.conftest import worker_service
 from tests.fakes import CloudInstance
 from tests.fakes.imds import FakeImds
 from tests.fixtures.services import opened_services
@@ -99,21 +97,13 @@ class Ec2Cp:
 @pytest.fixture
 async def ec2_cp(tmp_path: Path, database_url: str) -> AsyncIterator[Ec2Cp]:
     imds = FakeImds(tmp_path)
-    config = CONFIG.format(certificate=imds.certificate_file)
     try:
-        async with opened_services(tmp_path, config, database_url) as services:
-            dataplane = DataPlane(services, Hub(services.redis, name="identity-test"))
-            server = grpc.aio.server()
-            worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(dataplane), server)  # type: ignore[no-untyped-call]
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            try:
-                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                    factory = worker_pb2_grpc.WorkerStub  # generated, unannotated
-                    yield Ec2Cp(services, factory(channel), imds)  # type: ignore[no-untyped-call]
-            finally:
-                await server.stop(None)
-                await dataplane.close()
+        config = CONFIG.format(certificate=imds.certificate_file)
+        async with (
+            opened_services(tmp_path, config, database_url) as services,
+            worker_service(services, "identity-test") as (stub, _),
+        ):
+            yield Ec2Cp(services, stub, imds)
     finally:
         imds.close()
 
