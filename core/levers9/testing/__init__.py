@@ -45,8 +45,9 @@ A provider that runs the worker itself sets ``boots_itself = True`` instead of
 overriding ``user_data``. Every test of the suite then runs against the
 installed plugin, loaded through the real plugin manager exactly as the
 controlplane loads it; see :mod:`levers9.testing.provider_contract` for the
-promises it checks, :mod:`levers9.testing.registrar` and
-:mod:`levers9.testing.boot` for how the bootstrap is booted, and
+promises it checks, :mod:`levers9.testing.registrar`,
+:mod:`levers9.testing.contract_boot` and :mod:`levers9.testing.boot` for how
+the bootstrap is booted and judged, and
 :mod:`levers9.testing.cloud_boot` for booting every instance a fake cloud
 API runs (an end-to-end test's stand-in for the cloud's hypervisor). A
 provider that binds join tokens to machines also overrides ``boot_platform``
@@ -56,7 +57,8 @@ service's address and port).
 
 from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
 from levers9.testing.cloud_boot import CloudBooter
-from levers9.testing.provider_contract import BootPlatform, ProviderContract
+from levers9.testing.contract_boot import BootPlatform
+from levers9.testing.provider_contract import ProviderContract
 from levers9.testing.registrar import Registrar, Registration
 
 __all__ = [

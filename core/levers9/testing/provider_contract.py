@@ -53,7 +53,6 @@ import importlib.metadata
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -63,7 +62,7 @@ from levers9.config.model import Config
 from levers9.config.yaml_source import SourceMap
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import AgentHub
-from levers9.hooks.errors import IdentityRejected, InsufficientCapacity, PluginError, ProviderError
+from levers9.hooks.errors import InsufficientCapacity, PluginError, ProviderError
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, PluginSet
 from levers9.hooks.types import (
@@ -77,7 +76,13 @@ from levers9.hooks.types import (
     Resources,
     WorkerBootstrap,
 )
-from levers9.testing.cloud_boot import CloudBooter
+from levers9.testing.contract_boot import (
+    BootPlatform,
+    boot_user_data,
+    check_identity_binds,
+    check_registered,
+    run,
+)
 from levers9.testing.registrar import Registrar, Registration
 
 T = TypeVar("T")
@@ -89,38 +94,6 @@ RETURNS = {
     "levers9_list_machines": "Machine",
     "levers9_check": "ProviderCheck",
 }
-
-
-@dataclass(frozen=True)
-class _Booted:
-    """The provisioned machine, as :class:`~levers9.testing.cloud_boot.CloudBooter` boots it: running, with its
-    user data."""
-
-    id: str
-    user_data: str
-    instance_type: str | None
-    running: bool = True
-    gone: bool = False
-
-
-def run(awaitable: Awaitable[T]) -> T:
-    async def _wrap() -> T:
-        return await awaitable
-
-    return asyncio.run(_wrap())
-
-
-def _tail(token: str | None) -> str:
-    return "no token" if not token else f"a token ending …{token[-6:]}"
-
-
-@dataclass(frozen=True)
-class BootPlatform:
-    """What :meth:`ProviderContract.boot_platform` says a booted machine gets: its processes' extra environment,
-    and the host loopback ports (a fake metadata service's) it may reach besides the controlplane's."""
-
-    environment: dict[str, str] = field(default_factory=dict)
-    ports: tuple[int, ...] = ()
 
 
 class ProviderContract:
@@ -544,81 +517,15 @@ class ProviderContract:
             found = standin_controlplane.wait_for(bootstrap.token, bootstrap.machine_id, self.boot_timeout)
             self._registered(bootstrap, found, standin_controlplane.registrations, "")
             return
-        # the same harness an end-to-end test boots a fake cloud's instances with: one instance, running
-        instance = _Booted(machine.provider_id, self.user_data(machine), machine.instance_type)
-        platform = self.boot_platform(machine)
-        booter = CloudBooter(
-            [lambda: [instance]],
-            ports=[standin_controlplane.port, *platform.ports],
-            platform=lambda _: platform.environment,
-            interval=0.1,
-        )
-        try:
-            booter.step()
-            if machine.provider_id in booter.bare:
-                pytest.fail(
-                    f"provider {self.provider!r}: user_data(machine) is empty: pass "
-                    "levers9.bootstrap.cloud_init(request.bootstrap) to the machine as its user data"
-                )
-            if machine.provider_id in booter.refused:
-                pytest.fail(
-                    f"provider {self.provider!r}: the user data it passed cannot be booted: "
-                    f"{booter.refused[machine.provider_id]}"
-                )
-            boot = booter.boots[machine.provider_id]
-            found = standin_controlplane.wait_for(
-                bootstrap.token, bootstrap.machine_id, self.boot_timeout, stop_early=lambda: not boot.alive()
-            )
-            output = "" if found else f" (emulated boot, {boot.isolation}); what it printed:\n{boot.output()}"
-        finally:
-            booter.stop()
+        found, output = boot_user_data(
+            self.provider, machine, self.user_data(machine), self.boot_platform(machine), bootstrap,
+            standin_controlplane, self.boot_timeout,
+        )  # fmt: skip
         self._registered(bootstrap, found, standin_controlplane.registrations, output)
         assert found is not None
-        self._identity_binds(levers9_hooks, pool, machine, found)
-
-    def _identity_binds(self, hooks: Hooks, pool: Pool, machine: Machine, found: Registration) -> None:
-        """Where the provider binds join tokens to machines, what the booted worker showed verifies for its own
-        machine, and nothing verifies for another machine or with no identity shown."""
-        if not hooks.binds_identity(self.provider):
-            return
-        stored = machine.model_copy(update={"machine_id": found.machine_id})
-        try:
-            run(hooks.verify_identity(pool, stored, found.identity))
-        except IdentityRejected as exc:
-            shown = "no identity" if found.identity is None else "an identity"
-            pytest.fail(
-                f"provider {self.provider!r}: the booted worker showed {shown} at Register, which the provider's "
-                f"levers9_verify_identity refused for the machine it booted on: {exc}; its "
-                "levers9_machine_identity must prove that machine (and boot_platform give the boot what it needs)"
-            )
-        for label, other, identity in (
-            ("no identity", stored, None),
-            ("another machine's", stored.model_copy(update={"provider_id": f"{machine.provider_id}-other"}),
-             found.identity),
-        ):  # fmt: skip
-            try:
-                run(hooks.verify_identity(pool, other, identity))
-            except IdentityRejected:
-                continue
-            pytest.fail(
-                f"provider {self.provider!r}: levers9_verify_identity accepted {label} identity for machine "
-                f"{other.provider_id}; it must raise IdentityRejected unless the identity proves that very machine"
-            )
+        check_identity_binds(self.provider, levers9_hooks, pool, machine, found)
 
     def _registered(
         self, bootstrap: WorkerBootstrap, found: Registration | None, seen: list[Registration], output: str
     ) -> None:
-        if found is not None:
-            return
-        if seen:
-            others = "; ".join(f"machine id {r.machine_id!r} with {_tail(r.token)}" for r in seen)
-            pytest.fail(
-                f"provider {self.provider!r}: a worker registered, but not with the bootstrap's machine id "
-                f"{bootstrap.machine_id!r} and {_tail(bootstrap.token)}: {others}; pass request.bootstrap to the "
-                f"machine as it is (levers9.bootstrap.cloud_init or shell_script){output}"
-            )
-        pytest.fail(
-            f"provider {self.provider!r}: no worker registered with the controlplane of request.bootstrap within "
-            f"{self.boot_timeout:g} s (or the boot ended first); a provisioned machine must start "
-            f"`levers9 worker` from request.bootstrap (levers9.bootstrap.cloud_init or shell_script){output}"
-        )
+        check_registered(self.provider, bootstrap, found, seen, output, self.boot_timeout)

@@ -5,7 +5,9 @@
 - :mod:`~levers9.worker.calls`: calls and outcomes, independent of the wire;
 - :mod:`~levers9.worker.warm`: the warm pool of containers that run the calls;
 - :mod:`~levers9.worker.credentials`, :mod:`~levers9.worker.leftovers`: the
-  worker's token file, and what a crashed worker left behind.
+  worker's token file, and what a crashed worker left behind;
+- :mod:`~levers9.worker.identity`: the machine identity shown at the first
+  registration, where the provider binds join tokens to machines.
 
 The code inside the containers is :mod:`levers9.runner`; checkpoints are
 :mod:`levers9.checkpoint`. The worker talks to the controlplane only through

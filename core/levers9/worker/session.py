@@ -63,7 +63,6 @@ from levers9.backoff import Backoff
 from levers9.checkpoint.node_cache import NodeCache
 from levers9.checkpoint.snapshot import Checkpointing, RecordStore, record_of
 from levers9.checkpoint.storage import storage_from_url
-from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeContext
 from levers9.payloads import (
@@ -81,6 +80,7 @@ from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.credentials import save_session_credential
 from levers9.worker.environment import default_state_dir, options_from_env
+from levers9.worker.identity import machine_identity
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
 from levers9.worker.tunnel import ProbeListener, hold_tunnel
@@ -173,7 +173,7 @@ class WorkerProcess:
         drainer = asyncio.create_task(self._drain_deadline())
         try:
             self.gpus = await self._discover_gpus()
-            self.identity = await self._machine_identity()
+            self.identity = await machine_identity(self.hooks, self.options.machine_identity)
             await self.probe.start()
             return await self._sessions()
         finally:
@@ -210,23 +210,6 @@ class WorkerProcess:
         found = (await self.hooks.gpu_devices()).devices
         visible = self.options.visible_gpus
         return [g for g in found if visible is None or g.index in visible]
-
-    async def _machine_identity(self) -> worker_pb2.MachineIdentity | None:
-        """The identity the plugin ``LEVERS9_MACHINE_IDENTITY`` names makes, once; None (logged) when it fails.
-
-        A worker that cannot show it still registers: where the provider binds join tokens to machines the
-        controlplane refuses it saying why, which is clearer in both logs than a worker that never dials.
-        """
-        plugin = self.options.machine_identity
-        if not plugin:
-            return None
-        try:
-            identity = await self.hooks.machine_identity(plugin, timeout=60)
-        except Levers9Error as exc:
-            log.error("could not fetch this machine's identity (%s): %s", plugin, exc)
-            return None
-        log.info("this machine's identity comes from plugin %s (%d bytes)", plugin, len(identity.document))
-        return worker_pb2.MachineIdentity(document=identity.document, signature=identity.signature)
 
     async def _sessions(self) -> int:
         """Hold a session, reconnecting with backoff; give up after ``disconnect_exit_s`` without contact.

@@ -178,7 +178,9 @@ def test_provision_launches_the_offer(provider: Ec2Provider, ec2_settings: dict[
         "Name": f"levers9-{request.machine_id}",
         "team": "ml",
     }
-    assert found.user_data == cloud_init(request.bootstrap)
+    # the bootstrap as it is, with the worker told to show its instance's identity (test_ec2_identity.py)
+    shown = {**request.bootstrap.environment, "LEVERS9_MACHINE_IDENTITY": "ec2"}
+    assert found.user_data == cloud_init(request.bootstrap.model_copy(update={"environment": shown}))
     assert fake_ec2.calls("RunInstances") == 1
     described = fake_ec2.client().describe_instances(InstanceIds=[machine.provider_id])
     instance = described["Reservations"][0]["Instances"][0]
