@@ -109,6 +109,7 @@ NVIDIA_SMI_FILES = {
     "h100_sxm_8x.csv": ["H100"] * 8,
     "a100_sxm4_40gb_8x.csv": ["A100-40"] * 8,
     "t4_1x.csv": ["T4"],
+    "l4_1x.csv": ["L4"],
     "workstation_rtx4090_rtx3090.csv": ["RTX4090", None],
     "h100_nvl_2x.csv": ["H100", "H100"],
     "gh200_1x.csv": ["GH200"],
