@@ -275,9 +275,13 @@ def test_example_config(cli: Callable[..., Any]) -> None:
         assert rows[pool]["usable"] is False, rows[pool]
         assert named in check["message"].replace(str(Path.home()), "/root"), check
         assert check["hint"], check
-    # a provider that declares its settings only (Kubernetes, until issue 19): said, not passed off as usable
+    # the Kubernetes pool reads its kubeconfig; this host has none and is no pod: said, with what to do
     assert rows["default"]["usable"] is False
-    assert "implements no levers9_provision" in rows["default"]["provider_check"]["message"]
+    assert "no kubeconfig" in rows["default"]["provider_check"]["message"], rows["default"]
+    assert rows["default"]["provider_check"]["hint"]
+    # a provider that declares its settings only (attached clusters, until issue 19 lands them): said, not usable
+    assert rows["research-cluster"]["usable"] is False
+    assert "implements no levers9_provision" in rows["research-cluster"]["provider_check"]["message"]
     for row in rows.values():
         # what may fail is credentials or this host, never the example's own settings
         assert "not checked" not in row["runtime_check"]["message"], row

@@ -113,7 +113,9 @@ def test_failing_pools_come_last_with_their_error(
         "    settings: {ami: ami-0123456789abcdef0, access_key_id_env: L9_NO_SUCH_KEY, "
         "secret_access_key_env: L9_NO_SUCH_SECRET}\n"
         "  k8s:\n    provider: local_k8s\n    runtime: process\n    gpu: H100\n"
-        "    settings: {worker_image: ghcr.io/levers9/worker:0.1.0}\n",
+        f"    settings: {{worker_image: ghcr.io/levers9/worker:0.1.0, kubeconfig: {tmp_path / 'no-kubeconfig'}}}\n"
+        "  lab:\n    provider: attached_cluster\n    runtime: process\n    gpu: H100\n"
+        "    settings: {cluster: lab, worker_image: ghcr.io/levers9/worker:0.1.0}\n",
     )
     result = cli("offers", "--config", str(config))
     assert result.returncode == 1
@@ -124,17 +126,22 @@ def test_failing_pools_come_last_with_their_error(
     assert "ImportError: needs libfoo" in result.stderr
     assert "pool aws (ec2) failed: " in result.stderr
     assert "L9_NO_SUCH_KEY" in result.stderr  # the credential variable that is not set, by name
+    assert "pool k8s (local_k8s) failed: " in result.stderr
+    assert "no-kubeconfig" in result.stderr  # the kubeconfig it could not read, by path
     # a provider that declares settings only makes no offers: a note, not a failure
-    assert "pool k8s (local_k8s): no offers: provider 'local_k8s' has no levers9_gpu_offers hook" in result.stderr
+    assert "pool lab (attached_cluster): no offers: provider 'attached_cluster' has no levers9_gpu_offers hook" in (
+        result.stderr
+    )
 
     result = cli("offers", "--config", str(config), "--json")
     assert result.returncode == 1
     entries = json.loads(result.stdout)
-    tail = [(e["pool"], e["error"] is not None, e["note"] is not None, e["gpu"]) for e in entries[-4:]]
+    tail = [(e["pool"], e["error"] is not None, e["note"] is not None, e["gpu"]) for e in entries[-5:]]
     assert sorted(tail) == [
-        ("aws", True, False, None), ("down", True, False, None), ("gone", True, False, None), ("k8s", False, True, None),
+        ("aws", True, False, None), ("down", True, False, None), ("gone", True, False, None), ("k8s", True, False, None),
+        ("lab", False, True, None),
     ]  # fmt: skip
-    assert all(e["error"] is None and e["gpu"] is not None for e in entries[:-4])
+    assert all(e["error"] is None and e["gpu"] is not None for e in entries[:-5])
 
 
 def test_pool_option(cli: Callable[..., Any], tmp_path: Path) -> None:

@@ -1,0 +1,178 @@
+"""The objects one worker machine is made of in Kubernetes: a Job running the worker, and a Secret with its token.
+
+Both are built from the provision request alone, so a retried provision
+builds the very same objects and the API's 409 on the fixed names makes the
+retry idempotent:
+
+* **Job** ``levers9-<machine id>`` (lowercased, ``_`` -> ``-``), labels
+  ``levers9/machine-id`` and ``levers9/pool`` on the Job and its pod;
+  ``backoffLimit: 0`` and ``restartPolicy: Never`` (a worker that dies is not
+  restarted in place: levers9 replaces the machine); the container runs
+  :func:`levers9.bootstrap.container_spec` of the request's bootstrap with the
+  pool's ``worker_image``; requests are the pool's CPU and memory, the memory
+  also its limit, and the GPUs the limit (and request) of the pool's
+  ``gpu_resource_name``; the pool's node selector, tolerations, service
+  account, pull secrets and priority class; when the offer names the label of
+  a GPU type (``nvidia.com/gpu.product=NVIDIA-L4``) a required node affinity
+  on it, so the pod lands on a node of that type and no other; the service
+  account token is not mounted (the worker never calls the Kubernetes API).
+* **Secret** ``levers9-<machine id>-token`` holding the join token, read by
+  the container through ``secretKeyRef`` (never in the Job's spec); it is
+  created owned by the Job (:func:`owner_reference`), so deleting the Job
+  (background propagation) deletes it too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from levers9.bootstrap import container_spec
+from levers9.hooks.types import ProvisionRequest
+from levers9_local_k8s.settings import LocalK8sSettings, Toleration
+
+__all__ = [
+    "CONTAINER",
+    "MACHINE_LABEL",
+    "POOL_LABEL",
+    "STOP_GRACE_S",
+    "job_manifest",
+    "job_name",
+    "owner_reference",
+    "secret_manifest",
+    "secret_name",
+]
+
+MACHINE_LABEL = "levers9/machine-id"
+POOL_LABEL = "levers9/pool"
+CONTAINER = "worker"
+#: SIGTERM to SIGKILL for a worker pod: the worker stops its calls 3 s before (LEVERS9_STOP_GRACE_S)
+STOP_GRACE_S = 30
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def job_name(machine_id: str) -> str:
+    """``levers9-<machine id>`` as a DNS label (at most 63 characters)."""
+    name = "levers9-" + _NOT_NAME.sub("-", machine_id.lower()).strip("-")
+    return name[:63].rstrip("-")
+
+
+def secret_name(machine_id: str) -> str:
+    return job_name(machine_id) + "-token"
+
+
+def _labels(request: ProvisionRequest) -> dict[str, str]:
+    return {
+        MACHINE_LABEL: request.machine_id,
+        POOL_LABEL: request.pool.name,
+        "app.kubernetes.io/name": "levers9-worker",
+        "app.kubernetes.io/managed-by": "levers9",
+    }
+
+
+def secret_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[str, Any]:
+    spec = container_spec(request.bootstrap.model_copy(update={"worker_image": settings.worker_image}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name(request.machine_id),
+            "namespace": settings.namespace,
+            "labels": _labels(request),
+        },
+        "type": "Opaque",
+        "stringData": dict(spec.secret_env),
+    }
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """The ownerReference that ties an object's life to ``job`` (as the API returned it, with its uid)."""
+    metadata = job.get("metadata") or {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": metadata.get("name"),
+        "uid": metadata.get("uid"),
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+
+
+def _toleration(toleration: Toleration) -> dict[str, Any]:
+    shown: dict[str, Any] = {"operator": toleration.operator}
+    if toleration.key:
+        shown["key"] = toleration.key
+    if toleration.value:
+        shown["value"] = toleration.value
+    if toleration.effect:
+        shown["effect"] = toleration.effect
+    if toleration.toleration_seconds is not None:
+        shown["tolerationSeconds"] = toleration.toleration_seconds
+    return shown
+
+
+def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[str, Any]:
+    """The Job of ``request`` (see the module docstring)."""
+    bootstrap = request.bootstrap.model_copy(update={"worker_image": settings.worker_image})
+    environment = dict(bootstrap.environment)
+    environment.setdefault("LEVERS9_STOP_GRACE_S", str(STOP_GRACE_S))
+    spec = container_spec(bootstrap.model_copy(update={"environment": environment}))
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env.items()]
+    env += [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name(request.machine_id), "key": k}}}
+        for k in spec.secret_env
+    ]
+    resources = request.resources
+    requests: dict[str, str] = {"cpu": f"{resources.cpu_millicores}m", "memory": f"{resources.memory_mib}Mi"}
+    limits: dict[str, str] = {"memory": f"{resources.memory_mib}Mi"}
+    if resources.gpu_count:
+        requests[settings.gpu_resource_name] = str(resources.gpu_count)
+        limits[settings.gpu_resource_name] = str(resources.gpu_count)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": list(spec.command),
+        "env": env,
+        "resources": {"requests": requests, "limits": limits},
+    }
+    if settings.privileged:
+        container["securityContext"] = {"privileged": True}
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        # no service-link variables (LEVERS9_GRPC_PORT...) from the controlplane's Services in the namespace
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": STOP_GRACE_S,
+        "containers": [container],
+    }
+    if settings.service_account:
+        pod["serviceAccountName"] = settings.service_account
+    if settings.node_selector:
+        pod["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        pod["tolerations"] = [_toleration(t) for t in settings.tolerations]
+    if settings.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    if settings.priority_class_name:
+        pod["priorityClassName"] = settings.priority_class_name
+    type_label = request.offer.instance_type if request.offer is not None else None
+    if type_label and "=" in type_label:
+        key, _, value = type_label.partition("=")
+        term = {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+        pod["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": _labels(request)}, "spec": pod},
+    }
+    if settings.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = settings.ttl_seconds_after_finished
+    if settings.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name(request.machine_id), "namespace": settings.namespace, "labels": _labels(request)},
+        "spec": job_spec,
+    }

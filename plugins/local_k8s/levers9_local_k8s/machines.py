@@ -1,0 +1,116 @@
+"""A worker Job and its pod, as the machine levers9 tracks (state, reason, where it runs).
+
+========================================  ===========  ==========================================
+what the API says                         state        reason
+========================================  ===========  ==========================================
+the Job is being deleted                  stopping
+the Job failed (``Failed`` condition)     failed       the condition's reason and message, and
+                                                       the container's exit code and reason
+the Job completed (the worker exited 0)   terminated
+no pod yet, or the pod is Pending         pending      ``FailedScheduling: <the scheduler's
+                                                       message>`` when the pod cannot be placed;
+                                                       the container's waiting reason (an image
+                                                       that cannot be pulled) otherwise
+the pod is Running                        running
+the pod Succeeded / Failed                terminated / failed (as the Job)
+========================================  ===========  ==========================================
+
+A pending machine's reason is not an end: the cluster may still make room (a
+node autoscaler, a pod that finishes). The core waits until the machine's
+registration deadline, then terminates it and counts the reason as the offer's
+miss.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from levers9.hooks.types import Machine, MachineState, Pool
+from levers9_local_k8s.jobs import MACHINE_LABEL
+
+__all__ = ["machine_of", "unschedulable"]
+
+
+def _true_conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message for a pod it could not place (its PodScheduled condition); None otherwise."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            return str(condition.get("message") or "the pod cannot be scheduled")
+    return None
+
+
+def _container_detail(pod: dict[str, Any]) -> str | None:
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = container.get("state") or {}
+        if "terminated" in state:
+            ended = state["terminated"]
+            return f"container exited {ended.get('exitCode')} ({ended.get('reason') or 'no reason'})"
+        if "waiting" in state and (state["waiting"] or {}).get("reason"):
+            waiting = state["waiting"]
+            message = waiting.get("message")
+            return f"{waiting.get('reason')}: {message}" if message else str(waiting.get("reason"))
+    return None
+
+
+def _created(metadata: dict[str, Any]) -> datetime | None:
+    stamp = metadata.get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def machine_of(pool: Pool, job: dict[str, Any], pod: dict[str, Any] | None, scheduling: str | None = None) -> Machine:
+    """The machine ``job`` (and its newest pod) stands for; ``scheduling``: a FailedScheduling event's message."""
+    metadata = job.get("metadata") or {}
+    status = job.get("status") or {}
+    conditions = _true_conditions(status)
+    pod_status = (pod or {}).get("status") or {}
+    phase = pod_status.get("phase")
+    reason: str | None = None
+    if metadata.get("deletionTimestamp"):
+        state = MachineState.STOPPING
+    elif "Failed" in conditions or phase == "Failed":
+        state = MachineState.FAILED
+        failed = conditions.get("Failed") or {}
+        said = ": ".join(str(w) for w in (failed.get("reason"), failed.get("message")) if w)
+        detail = _container_detail(pod) if pod else None
+        reason = "; ".join(p for p in (said, detail) if p) or "the Job failed"
+    elif "Complete" in conditions or phase == "Succeeded":
+        state = MachineState.TERMINATED
+        reason = "the worker exited"
+    elif phase == "Running":
+        state = MachineState.RUNNING
+    else:
+        state = MachineState.PENDING
+        message = (unschedulable(pod) if pod else None) or scheduling
+        if message:
+            reason = f"FailedScheduling: {message}"
+        elif pod is not None:
+            reason = _container_detail(pod)
+    spec = (pod or {}).get("spec") or {}
+    namespace = metadata.get("namespace") or ""
+    return Machine(
+        provider_id=str(metadata.get("name")),
+        machine_id=(metadata.get("labels") or {}).get(MACHINE_LABEL),
+        pool=pool.name,
+        state=state,
+        gpu=pool.gpu,
+        gpu_count=pool.gpu_count,
+        region=pool.region,
+        address=pod_status.get("podIP"),
+        created_at=_created(metadata),
+        provider_data={"namespace": namespace, **({"node": spec["nodeName"]} if spec.get("nodeName") else {})},
+        reason=reason,
+    )

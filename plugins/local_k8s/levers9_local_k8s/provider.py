@@ -1,0 +1,347 @@
+"""The ``local_k8s`` provider's hooks: nodes as offers, one Job per worker, labels to find them again.
+
+* offers (:meth:`K8sProvider.gpu_offers`): the nodes (``list_node``) and the
+  pods bound to them (``list_pod_for_all_namespaces``) give each node's GPU
+  type and free GPUs (:mod:`levers9_local_k8s.nodes`); one offer per GPU-type
+  label among the nodes the pool may use (``instance_type`` is that label,
+  ``nvidia.com/gpu.product=NVIDIA-L4``), ``available`` when one of them has
+  ``gpu_count`` GPUs free now, else ``unavailable``; no price, no zone. A CPU
+  pool has none.
+* provision: a Job that already exists for the machine id (a retry) is
+  answered as it is. Otherwise, before anything is created, the same room
+  computation must find a node where the worker fits now (else
+  ``InsufficientCapacity`` naming each node's shortfall: the scheduler fails
+  over at once rather than leaving a pod pending), and the namespace's
+  ResourceQuotas must have room for one more Job, pod, its CPU, memory and
+  GPUs (else ``QuotaExceeded`` naming the quota). Then the Job
+  (:mod:`levers9_local_k8s.jobs`), and the Secret with the token, owned by the
+  Job from its creation (the pod waits for it, as a kubelet retries a missing
+  Secret). A Secret that cannot be created takes its Job with it.
+* terminate: the Job deleted with ``propagationPolicy: Background`` (the API's
+  default for a Job orphans its pod), then the Secret in case it was never
+  owned; 404 is success for both.
+* list: the Jobs labelled with the pool, each with its newest pod
+  (:mod:`levers9_local_k8s.machines`); a pending pod the scheduler cannot place
+  carries its ``FailedScheduling`` message as the machine's reason.
+* check: the namespace is readable, and a SelfSubjectAccessReview says these
+  credentials may create Jobs and Secrets there and list nodes.
+
+Every API failure is translated by :mod:`levers9_local_k8s.errors` with a
+message naming the pool, the namespace and the object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from fractions import Fraction
+from functools import partial
+from typing import Any, NoReturn, TypeVar
+
+from levers9.gpu.catalog import CATALOG
+from levers9.hooks.context import PluginContext
+from levers9.hooks.errors import InsufficientCapacity, ProviderError, QuotaExceeded
+from levers9.hooks.types import (
+    Availability,
+    GpuOffer,
+    Machine,
+    Pool,
+    ProviderCheck,
+    ProvisionRequest,
+)
+from levers9_local_k8s.client import Clients, Cluster
+from levers9_local_k8s.errors import api_status, translate
+from levers9_local_k8s.jobs import (
+    MACHINE_LABEL,
+    POOL_LABEL,
+    job_manifest,
+    job_name,
+    owner_reference,
+    secret_manifest,
+    secret_name,
+)
+from levers9_local_k8s.machines import machine_of, unschedulable
+from levers9_local_k8s.nodes import NodeRoom, describe_misses, rooms
+from levers9_local_k8s.quantity import parse_quantity
+from levers9_local_k8s.settings import LocalK8sSettings
+
+__all__ = ["K8sProvider"]
+
+T = TypeVar("T")
+
+
+def _settings(pool: Pool) -> LocalK8sSettings:
+    settings = pool.settings
+    if isinstance(settings, LocalK8sSettings):
+        return settings
+    return LocalK8sSettings.model_validate(settings or {})
+
+
+def _typed(where: str, call: Callable[[], T]) -> T:
+    try:
+        return call()
+    except ProviderError:
+        raise
+    except Exception as exc:
+        typed = translate(exc, where)
+        if typed is None:
+            raise
+        raise typed from None
+
+
+def _fail(exc: Exception, where: str) -> NoReturn:
+    typed = translate(exc, where)
+    if typed is None:
+        raise exc
+    raise typed from None
+
+
+class K8sProvider:
+    """The hooks' shared state: the API clients of the pools' clusters."""
+
+    def __init__(self) -> None:
+        self.clients = Clients()
+
+    def startup(self, ctx: PluginContext) -> None:
+        self.ctx = ctx
+
+    def shutdown(self) -> None:
+        self.clients.close()
+
+    def _cluster(self, settings: LocalK8sSettings, where: str) -> Cluster:
+        return _typed(where, lambda: self.clients.cluster(settings))
+
+    def _rooms(self, cluster: Cluster, settings: LocalK8sSettings, where: str) -> list[NodeRoom]:
+        nodes = _typed(where, cluster.nodes)
+        pods = _typed(where, lambda: cluster.pods())
+        return rooms(
+            nodes,
+            pods,
+            gpu_resource=settings.gpu_resource_name,
+            node_selector=settings.node_selector,
+            tolerations=settings.tolerations,
+        )
+
+    # ------------------------------------------------------------------ offers
+
+    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+        if not pool.gpu or pool.gpu_count < 1:
+            return []
+        settings = _settings(pool)
+        where = f"reading the nodes for pool {pool.name!r}"
+        found = self._rooms(self._cluster(settings, where), settings, where)
+        by_label: dict[str, list[NodeRoom]] = {}
+        for room in found:
+            if room.excluded or room.gpu != pool.gpu or room.gpus_total < pool.gpu_count or room.type_label is None:
+                continue
+            by_label.setdefault(room.type_label, []).append(room)
+        offers = []
+        for label, nodes in sorted(by_label.items()):
+            free = any(n.gpus_free >= pool.gpu_count for n in nodes)
+            offers.append(
+                GpuOffer(
+                    gpu=pool.gpu,
+                    gpu_count=pool.gpu_count,
+                    gpu_memory_mib=CATALOG[pool.gpu].memory_mib,
+                    region=pool.region,
+                    instance_type=label,
+                    availability=Availability.AVAILABLE if free else Availability.UNAVAILABLE,
+                )
+            )
+        return offers
+
+    # ------------------------------------------------------------------ provision
+
+    def provision(self, request: ProvisionRequest) -> Machine:
+        pool = request.pool
+        settings = _settings(pool)
+        namespace, name = settings.namespace, job_name(request.machine_id)
+        where = f"pool {pool.name!r}: Job {name} in namespace {namespace}"
+        cluster = self._cluster(settings, where)
+        existing = self._existing(cluster, namespace, name, where)
+        if existing is not None:
+            return machine_of(pool, existing, None).model_copy(update={"machine_id": request.machine_id})
+        self._check_room(cluster, request, settings, where)
+        self._check_quota(cluster, request, settings, where)
+        try:
+            job = cluster.create_job(namespace, job_manifest(request, settings))
+        except Exception as exc:
+            if api_status(exc) != 409:
+                _fail(exc, where)
+            job = _typed(where, lambda: cluster.job(namespace, name))  # a retry whose first answer was lost
+        # the token's Secret, owned by the Job from its creation: deleting the Job deletes it, and nothing else
+        # ever holds it unowned (the pod waits for it, as a kubelet retries a missing Secret)
+        secret = secret_manifest(request, settings)
+        secret["metadata"]["ownerReferences"] = [owner_reference(job)]
+        try:
+            cluster.create_secret(namespace, secret)
+        except Exception as exc:
+            if api_status(exc) != 409:  # 409: the same machine's Secret, made by the first try
+                with contextlib.suppress(Exception):  # best effort: the failure below is what matters
+                    cluster.delete_job(namespace, name)
+                _fail(exc, f"{where}: creating its Secret")
+        return machine_of(pool, job, None).model_copy(update={"machine_id": request.machine_id})
+
+    def _existing(self, cluster: Cluster, namespace: str, name: str, where: str) -> dict[str, Any] | None:
+        try:
+            return cluster.job(namespace, name)
+        except Exception as exc:
+            if api_status(exc) == 404:
+                return None
+            _fail(exc, where)
+
+    def _check_room(self, cluster: Cluster, request: ProvisionRequest, settings: LocalK8sSettings, where: str) -> None:
+        resources = request.resources
+        label = request.offer.instance_type if request.offer is not None else None
+        misses: list[tuple[str, str]] = []
+        for room in self._rooms(cluster, settings, where):
+            if label and room.type_label != label:
+                misses.append((room.name, f"not a {label} node"))
+                continue
+            if resources.gpu_count and room.gpu != resources.gpu:
+                misses.append((room.name, f"has no {resources.gpu} GPUs"))
+                continue
+            short = room.shortfall(resources.gpu_count, resources.cpu_millicores, resources.memory_mib)
+            if short is None:
+                return
+            misses.append((room.name, short))
+        shape = f"{resources.gpu_count}x {resources.gpu}, " if resources.gpu_count else ""
+        raise InsufficientCapacity(
+            f"{where}: no node has room for a worker ({shape}{resources.cpu_millicores}m CPU, "
+            f"{resources.memory_mib} MiB) now: {describe_misses(misses) or 'the cluster has no nodes'}",
+            code="NoNodeFits",
+        )
+
+    def _check_quota(self, cluster: Cluster, request: ProvisionRequest, settings: LocalK8sSettings, where: str) -> None:
+        resources = request.resources
+        gpu = settings.gpu_resource_name
+        asked: dict[str, Fraction] = {
+            "count/jobs.batch": Fraction(1),
+            "pods": Fraction(1),
+            "count/pods": Fraction(1),
+            "count/secrets": Fraction(1),
+            "secrets": Fraction(1),
+            "requests.cpu": Fraction(resources.cpu_millicores, 1000),
+            "cpu": Fraction(resources.cpu_millicores, 1000),
+            "requests.memory": Fraction(resources.memory_mib * 1024 * 1024),
+            "memory": Fraction(resources.memory_mib * 1024 * 1024),
+            "limits.memory": Fraction(resources.memory_mib * 1024 * 1024),
+        }
+        if resources.gpu_count:
+            asked[f"requests.{gpu}"] = Fraction(resources.gpu_count)
+            asked[f"limits.{gpu}"] = Fraction(resources.gpu_count)
+        for quota in _typed(where, lambda: cluster.quotas(settings.namespace)):
+            status = quota.get("status") or {}
+            hard, used = status.get("hard") or {}, status.get("used") or {}
+            for resource, amount in asked.items():
+                if resource not in hard:
+                    continue
+                try:
+                    limit, held = parse_quantity(hard[resource]), parse_quantity(used.get(resource, 0))
+                except ValueError:
+                    continue
+                if held + amount > limit:
+                    name = (quota.get("metadata") or {}).get("name")
+                    raise QuotaExceeded(
+                        f"{where}: ResourceQuota {name} allows {resource}={hard[resource]} in namespace "
+                        f"{settings.namespace}, {used.get(resource, 0)} is used, a worker needs {_shown(amount)} more",
+                        code="ExceededQuota",
+                    )
+
+    # ------------------------------------------------------------------ terminate, list
+
+    def terminate(self, pool: Pool, machine: Machine) -> None:
+        settings = _settings(pool)
+        namespace = str(machine.provider_data.get("namespace") or settings.namespace)
+        where = f"pool {pool.name!r}: deleting Job {machine.provider_id} in namespace {namespace}"
+        cluster = self._cluster(settings, where)
+        try:
+            cluster.delete_job(namespace, machine.provider_id)
+        except Exception as exc:
+            if api_status(exc) != 404:
+                _fail(exc, where)
+        if machine.machine_id:
+            try:
+                cluster.delete_secret(namespace, secret_name(machine.machine_id))
+            except Exception as exc:
+                if api_status(exc) != 404:
+                    _fail(exc, f"{where}: its Secret")
+
+    def list_machines(self, pool: Pool) -> list[Machine]:
+        settings = _settings(pool)
+        namespace = settings.namespace
+        where = f"listing the Jobs of pool {pool.name!r} in namespace {namespace}"
+        cluster = self._cluster(settings, where)
+        selector = f"{POOL_LABEL}={pool.name}"
+        jobs = _typed(where, lambda: cluster.jobs(namespace, selector))
+        pods = _typed(where, lambda: cluster.pods(namespace, selector))
+        newest: dict[str, dict[str, Any]] = {}
+        for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or "")):
+            machine_id = ((pod.get("metadata") or {}).get("labels") or {}).get(MACHINE_LABEL)
+            if machine_id:
+                newest[machine_id] = pod
+        machines = []
+        for job in jobs:
+            machine_id = ((job.get("metadata") or {}).get("labels") or {}).get(MACHINE_LABEL) or ""
+            owned = newest.get(machine_id)
+            scheduling: str | None = None
+            if owned is not None and (owned.get("status") or {}).get("phase") == "Pending" and not unschedulable(owned):
+                scheduling = self._failed_scheduling(cluster, namespace, owned, where)
+            machines.append(machine_of(pool, job, owned, scheduling))
+        return machines
+
+    def _failed_scheduling(self, cluster: Cluster, namespace: str, pod: dict[str, Any], where: str) -> str | None:
+        name = (pod.get("metadata") or {}).get("name")
+        found = _typed(where, lambda: cluster.events(namespace, f"involvedObject.name={name},reason=FailedScheduling"))
+        if not found:
+            return None
+        latest = max(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+        return str(latest.get("message") or "") or None
+
+    # ------------------------------------------------------------------ check
+
+    def check(self, pool: Pool) -> ProviderCheck:
+        settings = _settings(pool)
+        namespace = settings.namespace
+        where = f"checking pool {pool.name!r} in namespace {namespace}"
+        try:
+            cluster = self._cluster(settings, where)
+            _typed(where, lambda: cluster.namespace(namespace))
+            missing = []
+            for verb, resource, group, scope in (
+                ("create", "jobs", "batch", namespace),
+                ("delete", "jobs", "batch", namespace),
+                ("create", "secrets", "", namespace),
+                ("list", "nodes", "", None),
+                ("list", "pods", "", None),
+            ):
+                allowed, _ = _typed(where, partial(cluster.allowed, verb, resource, scope, group))
+                if not allowed:
+                    missing.append(f"{verb} {resource}" + (f" in {scope}" if scope else " (cluster-wide)"))
+        except ProviderError as exc:
+            return ProviderCheck(ok=False, message=str(exc), hint=_hint(exc, settings))
+        if missing:
+            return ProviderCheck(
+                ok=False,
+                message=f"pool {pool.name!r}: the credentials may not {', '.join(missing)}",
+                hint="grant them in the Role and ClusterRole `levers9 kubernetes manifests` writes",
+            )
+        return ProviderCheck(
+            ok=True,
+            message=f"namespace {namespace} readable; Jobs and Secrets may be created there, nodes and pods listed",
+        )
+
+
+def _shown(amount: Fraction) -> str:
+    return str(amount.numerator) if amount.denominator == 1 else f"{float(amount):g}"
+
+
+def _hint(exc: ProviderError, settings: LocalK8sSettings) -> str:
+    code = exc.code or ""
+    if code == "Kubeconfig":
+        return "point the pool's kubeconfig at a readable file (or 'in-cluster'), and its context at one it has"
+    if code == "NotFound":
+        return f"create the namespace: kubectl create namespace {settings.namespace}"
+    if code == "Unreachable":
+        return "check that the API server in the kubeconfig is reachable from the controlplane"
+    return "fix the pool's settings or the credentials' RBAC, and run `levers9 check` again"

@@ -1,0 +1,58 @@
+"""The levers9 provider contract, run against the installed ``local_k8s`` plugin and the fake cluster.
+
+* working settings: the fake's kubeconfig, the GPU taint tolerated; the pool
+  asks for one L4, which the GPU node has;
+* "the bootstrap boots": the provider runs the worker itself (a Job whose pod
+  the fake kubelet runs as a local process, in a network namespace reaching
+  only the stand-in controlplane), so ``boots_itself``;
+* failing settings: a namespace that does not exist (the API's 404 on create,
+  :class:`InvalidRequest`);
+* no capacity: a node selector no node matches, refused before any Job exists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from levers9.testing import ProviderContract, Registrar
+from tests.fakes.k8s_cluster import FakeCluster
+
+
+class TestLocalK8sContract(ProviderContract):
+    provider = "local_k8s"
+    pool_fields: ClassVar[dict[str, Any]] = {"gpu": "L4", "gpu_count": 1}
+    boots_itself = True
+    settle_timeout = 30.0
+
+    @pytest.fixture(autouse=True)
+    def _cluster(self, cluster: FakeCluster) -> Iterator[None]:
+        self.cluster = cluster
+        yield
+        # background deletion goes on after the API answered: the pods stop within their grace period
+        deadline = time.monotonic() + 15
+        while cluster.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.leftovers() == [], "the kit's machines must all be terminated"
+
+    @pytest.fixture
+    def pool_settings(self, k8s_settings: dict[str, Any]) -> dict[str, Any]:
+        return k8s_settings
+
+    @pytest.fixture
+    def failing_pool_settings(self, k8s_settings: dict[str, Any]) -> dict[str, Any]:
+        return {**k8s_settings, "namespace": "no-such-namespace"}
+
+    @pytest.fixture
+    def capacity_pool_settings(self, k8s_settings: dict[str, Any]) -> dict[str, Any]:
+        return {**k8s_settings, "node_selector": {"levers9.test/pool": "none-has-it"}}
+
+    @pytest.fixture
+    def standin_controlplane(self) -> Iterator[Registrar]:
+        """The kit's stand-in, reachable from the cluster's pods."""
+        with Registrar() as registrar:
+            self.cluster.set_reachable_ports([registrar.port])
+            yield registrar
