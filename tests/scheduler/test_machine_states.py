@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -153,3 +154,36 @@ async def test_a_provision_past_the_close_grace_is_recorded_failed(make_harness:
     assert record.state == "failed"
     assert record.provider_id is None
     assert "stopped while the machine was being started" in (record.last_error or "")
+
+
+async def test_a_machine_still_pending_with_a_reason_at_its_deadline_is_its_offers_miss(
+    make_harness: MakeHarness,
+) -> None:
+    """A Kubernetes pod the scheduler cannot place: the listing says why it waits, the deadline makes it a miss."""
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1"]})], register_timeout_s=0.3)
+    on_demand = {**SPOT, "spot": False, "zone": "us-east-1b"}
+    h.offer(h100=[on_demand])
+    s = h.scheduler()
+    await s.submit(h.request("H100"))
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [machine] = h.machines()
+    why = "FailedScheduling: 0/2 nodes are available: 1 Insufficient nvidia.com/gpu."
+    _report(h, machine, state="pending", reason=why)
+
+    await s.reconcile_once()
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert (record.state, record.last_error) == ("starting", why), "kept while it waits, not an end"
+    key = GpuOffer(**on_demand).key
+    assert await s.ctx.unavailable.offer_reasons("h100", [key]) == {}, "not a miss before the deadline"
+
+    await asyncio.sleep(0.35)  # past the registration deadline under test
+    s.ctx.planner_wanted.clear()
+    report = await s.upkeep_once()
+    assert report.timed_out == [machine["machine_id"]]
+    marks = await s.ctx.unavailable.offer_reasons("h100", [key])
+    assert marks == {key: f"never started within its registration deadline: {why}"}
+    assert s.ctx.planner_wanted.is_set(), "the call that waited for it is planned again at once"
+    assert [t["provider_id"] for t in h.terminates()] == [machine["id"]]

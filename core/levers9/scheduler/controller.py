@@ -26,7 +26,11 @@ Every terminate hands the provider the machine as levers9 stored it (see
 :func:`levers9.scheduler.provisioning.stored_machine`). A record that another
 replica closed in the meantime (``InvalidTransition``) is left as it is. A
 machine that never registered within ``register_timeout_s`` is terminated and
-its record removed.
+its record removed; when the provider's listing said why it was still waiting
+(kept as the record's last error: a pod the scheduler could not place, with
+the scheduler's message), that is a capacity miss of the machine's offer for
+``unavailable_ttl_s``, so the calls waiting for it move to the next candidate
+and their history says why.
 """
 
 from __future__ import annotations
@@ -105,6 +109,9 @@ class PoolController:
                     pool, m, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
                 ):
                     await ctx.machines.delete(m.id)
+                    if m.last_error:
+                        await self._missed(pool, m)
+                    ctx.planner_wanted.set()  # calls that waited for it are planned again now, not at a tick
                 report.timed_out.append(m.id)
 
         # A running machine whose worker is gone (crashed, reaped) is no use to anyone.
@@ -199,8 +206,29 @@ class PoolController:
             )  # fmt: skip
             report.vanished.append(mid)
 
+    async def _missed(self, pool: PoolSpec, machine: MachineRecord) -> None:
+        """A machine that never started, and whose provider said why (a pod the scheduler could not place): its
+        offer (or the pool, without one) is a capacity miss for ``unavailable_ttl_s``, with the provider's words,
+        so the planner moves the waiting calls to the next candidate and their history says why."""
+        ctx = self.ctx
+        reason = f"never started within its registration deadline: {machine.last_error}"
+        log.warning("pool %s: machine %s %s", pool.name, machine.id, reason)
+        ttl = ctx.settings.unavailable_ttl_s
+        ctx.failover_wanted.set()
+        if machine.offer_key:
+            await ctx.unavailable.mark_offer(pool.name, machine.offer_key, reason, ttl)
+        else:
+            await ctx.unavailable.mark(pool.name, pool.gpu, pool.pool.region, reason, ttl)
+
     async def _fill_in(self, record: MachineRecord, machine: Machine) -> None:
-        """Take the provider's id, zone, instance type and data from its listing where the record lacks them."""
+        """Take the provider's id, zone, instance type and data from its listing where the record lacks them,
+        and, for a machine still starting, the provider's word on why it waits (kept as its last error)."""
+        waiting = record.state in STARTING and machine.state is MachineState.PENDING and machine.reason
+        if waiting and machine.reason != record.last_error:
+            try:
+                await self.ctx.machines.set_state(record.id, record.state, error=machine.reason)
+            except InvalidTransition:
+                return  # it registered (or was closed) since it was read: the reason is stale
         missing_id = record.provider_id is None
         missing_data = not record.provider_data and bool(machine.provider_data)
         if not (missing_id or missing_data):

@@ -141,7 +141,7 @@ class OfferCache:
         if offers == [None]:
             return Pick(None)
         if not offers:
-            return Pick(None, free=False, why="the provider reports every offer of the pool unavailable")
+            return Pick(None, free=False, why=await self._all_unavailable(pool))
         known = marks if marks is not None else {}
         if pool.name not in known:
             keys = [o.key for o in offers if o is not None]
@@ -155,6 +155,15 @@ class OfferCache:
                 return Pick(offer, skipped=tuple(skipped))
             skipped.append((offer, reason))
         return Pick(None, free=False, skipped=tuple(skipped), why=f"every offer is unavailable ({len(offers)} tried)")
+
+    async def _all_unavailable(self, pool: PoolSpec) -> str:
+        """Why nothing of ``pool`` can start: the provider says so, with the last miss levers9 saw, if one is
+        remembered (a machine that never started, and why), so the call's history keeps the provider's words."""
+        why = "the provider reports every offer of the pool unavailable"
+        known = self._known.get(pool.name)
+        keys = [o.key for o in known.offers] if known is not None else []
+        marked = await self.ctx.unavailable.offer_reasons(pool.name, keys) if keys else {}
+        return f"{why} (last miss: {next(iter(marked.values()))})" if marked else why
 
     def stale(self) -> list[PoolSpec]:
         """The pools whose offers are due to be asked again (older than the TTL, or never asked)."""
