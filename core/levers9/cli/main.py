@@ -22,6 +22,7 @@ from levers9.cli import (
     context_cmd,
     deploy_cmd,
     gpu_cmd,
+    kubernetes_cmd,
     machine_cmd,
     offers_cmd,
     plugins_cmd,
@@ -89,6 +90,7 @@ app.add_typer(machine_cmd.app, name="machine")
 app.command("machines")(machine_cmd.machines)
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(worker_image_cmd.app, name="worker-image")
+app.add_typer(kubernetes_cmd.app, name="kubernetes")
 
 
 def main() -> None:
