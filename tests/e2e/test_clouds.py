@@ -47,7 +47,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -59,6 +58,7 @@ from tests.fakes.lambda_cloud import DEFAULT_API_KEY, DEFAULT_SSH_KEY, LambdaClo
 from tests.fakes.oci_cloud import FakeOci
 from tests.fakes.oci_tenancy import COMPARTMENT, IMAGE, SUBNET, TENANCY, make_credentials
 from tests.fixtures.replicas import Replicas
+from tests.fixtures.wait import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -165,17 +165,6 @@ def imds(tmp_path: Path) -> Iterator[FakeImds]:
     fake.close()
 
 
-def _until(check: Callable[[], Any], what: str, timeout: float, why: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}:\n{why()}")
-        time.sleep(0.25)
-
-
 def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone_at_the_end(
     replicas: Replicas, clouds: tuple[FakeEc2, FakeOci, LambdaCloud, Path]
 ) -> None:
@@ -238,13 +227,13 @@ def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone
         # the Lambda machine goes once idle for the pool's idle_timeout_s
         lambda_ids = [i.id for i in lam.instances()]
         assert len(lambda_ids) == 1, lam.instances()
-        _until(
+        wait_for(
             lambda: all(i.gone for i in lam.instances()),
             "the idle Lambda machine to be terminated",
             120,
             lambda: replicas.logs(),
         )
-        _until(lambda: lambda_ids[0] in booter.stopped, "the terminated machine's boot to be stopped", 30)
+        wait_for(lambda: lambda_ids[0] in booter.stopped, "the terminated machine's boot to be stopped", 30)
 
         # an instance tagged for a pool, which levers9 has no record of, is terminated by the reconciler
         stray = ec2.client().run_instances(
@@ -253,7 +242,7 @@ def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone
                 {"Key": "levers9:pool", "Value": "ec2-h100"}, {"Key": "levers9:machine-id", "Value": "mach_stray"},
             ]}],
         )["Instances"][0]["InstanceId"]  # fmt: skip
-        _until(
+        wait_for(
             lambda: all(i.gone for i in ec2.instances() if i.id == stray),
             "the reconciler to terminate the stray EC2 instance",
             120,
@@ -349,7 +338,7 @@ def test_a_launch_whose_answer_was_lost_after_the_create_starts_one_machine_not_
     ):
         replicas.start_all()
         running = pool.submit(replicas.python, T4_PROGRAM, timeout=600)
-        [launched] = _until(lambda: [i for i in ec2.instances() if i.user_data], "the T4 instance", 300)
+        [launched] = wait_for(lambda: [i for i in ec2.instances() if i.user_data], "the T4 instance", 300)
         token, machine_id = _join_token(launched.user_data), launched.tags["levers9:machine-id"]
         thief = CloudInstance(id="i-0bad0bad0bad0bad0", state="running", running=True, gone=False,
                               instance_type="t3.micro", region="us-east-1", zone="us-east-1a")  # fmt: skip
@@ -363,7 +352,9 @@ def test_a_launch_whose_answer_was_lost_after_the_create_starts_one_machine_not_
         instances = ec2.instances()
         assert len(instances) == 1, instances  # the retry with the same ClientToken found the first launch's
         assert ec2.calls("RunInstances") >= 2  # the lost answer, then the retry
-        _until(lambda: all(i.gone for i in ec2.instances()), "the idle T4 machine to be terminated", 120, replicas.logs)
+        wait_for(
+            lambda: all(i.gone for i in ec2.instances()), "the idle T4 machine to be terminated", 120, replicas.logs
+        )
         assert list(booter.boots) == [instances[0].id]
         # the machine's own worker showed its instance's identity: the metadata service served that instance
         served = {path.split("/")[1] for method, path, status in imds.requests if status == 200}

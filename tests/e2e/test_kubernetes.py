@@ -33,66 +33,40 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
 
-from tests.fakes.k8s_cluster import FakeCluster
+from tests.fakes.k8s_cluster import GPU_NODE, FakeCluster, load_recorded_nodes
 from tests.fixtures.replicas import Replicas
+from tests.fixtures.wait import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "k8s"
-GPU_NODE = "ip-10-0-41-27.ec2.internal"
-CPU_NODE = "ip-10-0-12-190.ec2.internal"
 NS, BUDGET_NS = "levers9", "budget"
 #: a miss is remembered this long: shorter than the pauses between the test's steps, so each step starts clean
 UNAVAILABLE_TTL_S = 6
 
-POOLS = """\
-  k8s-l4-budget:
-    provider: local_k8s
-    runtime: process
-    gpu: L4
-    gpu_count: 1
-    cpu: 1
-    memory: 2048
-    max_workers: 1
-    priority: 10
-    settings:
-      kubeconfig: {kubeconfig}
-      namespace: {budget_ns}
-      worker_image: registry.example.com/levers9/worker:test
-      tolerations: [{{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}]
-  k8s-l4:
-    provider: local_k8s
-    runtime: process
-    gpu: L4
-    gpu_count: 1
-    cpu: 1
-    memory: 2048
-    max_workers: 1
-    idle_timeout_s: 2
-    settings:
-      kubeconfig: {kubeconfig}
-      namespace: {ns}
-      worker_image: registry.example.com/levers9/worker:test
-      tolerations: [{{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}]
-  k8s-cpu:
-    provider: local_k8s
-    runtime: process
-    cpu: 1
-    memory: 2048
-    max_workers: 1
-    idle_timeout_s: 2
-    settings:
-      kubeconfig: {kubeconfig}
-      namespace: {ns}
-      worker_image: registry.example.com/levers9/worker:test
-"""
+
+def _pool(name: str, namespace: str, *, gpu: bool, extra: str = "") -> str:
+    """One local_k8s pool of the test: one L4 (tolerating the GPU node's taint) or CPU only, 1 CPU, 2 GiB."""
+    shape = "    gpu: L4\n    gpu_count: 1\n" if gpu else ""
+    tolerate = "      tolerations: [{{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}]\n" if gpu else ""
+    return (
+        f"  {name}:\n    provider: local_k8s\n    runtime: process\n{shape}    cpu: 1\n    memory: 2048\n"
+        f"    max_workers: 1\n{extra}    settings:\n      kubeconfig: {{kubeconfig}}\n      namespace: {namespace}\n"
+        f"      worker_image: registry.example.com/levers9/worker:test\n{tolerate}"
+    )
+
+
+POOLS = (
+    _pool("k8s-l4-budget", BUDGET_NS, gpu=True, extra="    priority: 10\n")
+    + _pool("k8s-l4", NS, gpu=True, extra="    idle_timeout_s: 2\n")
+    + _pool("k8s-cpu", NS, gpu=False, extra="    idle_timeout_s: 2\n")
+)
 
 PROGRAM = """
 import levers9
@@ -108,21 +82,8 @@ print("RESULT", answer.remote(), flush=True)
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
     with FakeCluster(NS, max_grace_s=3.0) as fake:
-        fake.load_nodes(DATA / "node_gpu_l4.json", gpus_csv={GPU_NODE: "l4_1x.csv"})
-        fake.load_nodes(DATA / "node_cpu.json")
-        yield fake
+        yield load_recorded_nodes(fake)
         assert fake.errors == []
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float, why: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}:\n{why()}")
-        time.sleep(0.25)
 
 
 def _history(replicas: Replicas) -> list[dict[str, Any]]:
@@ -171,7 +132,7 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
 
     replicas.count = 1
     replicas.min_workers = 0
-    replicas.pools = POOLS.format(kubeconfig=kubeconfig, ns=NS, budget_ns=BUDGET_NS)
+    replicas.pools = POOLS.format(kubeconfig=kubeconfig)
     replicas.scheduler = f"  unavailable_ttl_s: {UNAVAILABLE_TTL_S}\n  offers_ttl_s: 1\n"
     replicas.write_config()
     config = (replicas.home / "levers9.yaml").read_text().replace("register_timeout_s: 60", "register_timeout_s: 15")
@@ -192,12 +153,12 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
         assert [j["metadata"]["namespace"] for j in cluster.created("jobs")] == [NS]
         [pod] = [p for p in cluster.pods(NS) if p["metadata"]["labels"].get("levers9/pool") == "k8s-l4"]
         assert pod["spec"]["nodeName"] == GPU_NODE
-        _until(lambda: not cluster.objects("jobs", NS), "the idle L4 worker to be released", 120, replicas.logs)
+        wait_for(lambda: not cluster.objects("jobs", NS), "the idle L4 worker to be released", 120, replicas.logs)
         time.sleep(UNAVAILABLE_TTL_S)
 
         # 2. another tenant holds the L4: the call goes to the CPU pool at once, saying why
         _holder(batch, "tenant-a")
-        _until(lambda: any(p["spec"].get("nodeName") == GPU_NODE for p in cluster.pods("default")),
+        wait_for(lambda: any(p["spec"].get("nodeName") == GPU_NODE for p in cluster.pods("default")),
                "the tenant's pod on the GPU node", 30)  # fmt: skip
         events = _call(replicas, "k8s-cpu")
         shown = json.dumps(events, indent=1)
@@ -207,7 +168,7 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
         said = ("0 of 1 GPUs free", "reports every offer of the pool unavailable")
         assert any(w in (e["reason"] or "") for e in l4 for w in said), shown
         batch.delete_namespaced_job("tenant-a", "default", propagation_policy="Background")
-        _until(lambda: not cluster.objects("jobs", NS) and not cluster.pods("default"), "a clean cluster", 120)
+        wait_for(lambda: not cluster.objects("jobs", NS) and not cluster.pods("default"), "a clean cluster", 120)
         time.sleep(UNAVAILABLE_TTL_S)
 
         # 3. another pod wins the GPU after the plugin looked: the worker's pod never schedules; at the deadline
@@ -216,7 +177,7 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
         _holder(batch, "tenant-b")
         running = replicas.popen(PROGRAM)
         try:
-            _until(lambda: [j for j in cluster.objects("jobs", NS)], "the L4 worker's Job", 120, replicas.logs)
+            wait_for(lambda: [j for j in cluster.objects("jobs", NS)], "the L4 worker's Job", 120, replicas.logs)
             cluster.resume_scheduling()
             out, err = running.communicate(timeout=300)
         finally:
@@ -234,7 +195,7 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
         batch.delete_namespaced_job("tenant-b", "default", propagation_policy="Background")
 
         # 4. idle workers released, the tenants gone: nothing of levers9's is left in the cluster
-        _until(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 120,
+        wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 120,
                lambda: f"{cluster.leftovers()}\n{replicas.logs()}")  # fmt: skip
         assert cluster.running_processes() == []
     finally:

@@ -118,7 +118,18 @@ from tests.fakes.k8s_api import (
 )
 from tests.fakes.local_server import LocalServer
 
-__all__ = ["DEFAULT_COMMAND", "DEFAULT_TOKEN", "GPU_RESOURCE", "NVIDIA_SMI_DATA", "FakeCluster", "running"]
+__all__ = [
+    "CPU_NODE",
+    "DEFAULT_COMMAND",
+    "DEFAULT_TOKEN",
+    "GPU_NODE",
+    "GPU_RESOURCE",
+    "NVIDIA_SMI_DATA",
+    "RECORDED",
+    "FakeCluster",
+    "load_recorded_nodes",
+    "running",
+]
 
 DEFAULT_TOKEN = "levers9-fake-k8s-token-0123456789abcdef"
 #: the worker image's CMD (no ENTRYPOINT): what a container without ``command`` or ``args`` runs
@@ -1300,3 +1311,17 @@ def running(**kwargs: Any) -> Iterator[FakeCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+#: the recorded Node objects (tests/data/k8s): an EKS g6.xlarge with one L4 and GPU Feature Discovery's labels,
+#: tainted nvidia.com/gpu=present:NoSchedule, and an m6i.xlarge without GPUs
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "k8s"
+GPU_NODE = "ip-10-0-41-27.ec2.internal"
+CPU_NODE = "ip-10-0-12-190.ec2.internal"
+
+
+def load_recorded_nodes(cluster: FakeCluster) -> FakeCluster:
+    """Give ``cluster`` the recorded GPU node (with an L4's nvidia-smi) and CPU node."""
+    cluster.load_nodes(RECORDED / "node_gpu_l4.json", gpus_csv={GPU_NODE: "l4_1x.csv"})
+    cluster.load_nodes(RECORDED / "node_cpu.json")
+    return cluster

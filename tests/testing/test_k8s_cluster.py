@@ -18,19 +18,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakes.k8s_cluster import FakeCluster
+from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, FakeCluster, load_recorded_nodes
+from tests.fixtures.wait import wait_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "k8s"
-GPU_NODE = "ip-10-0-41-27.ec2.internal"
-CPU_NODE = "ip-10-0-12-190.ec2.internal"
 NS = "levers9"
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- harness
@@ -52,9 +50,7 @@ class Kube:
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
     with FakeCluster(NS, max_grace_s=2.0) as fake:
-        fake.load_nodes(DATA / "node_gpu_l4.json", gpus_csv={GPU_NODE: "l4_1x.csv"})
-        fake.load_nodes(DATA / "node_cpu.json")
-        yield fake
+        yield load_recorded_nodes(fake)
         assert fake.errors == []
 
 
@@ -63,18 +59,6 @@ def kube(cluster: FakeCluster, tmp_path: Path) -> Iterator[Kube]:
     apis = Kube(cluster.kubeconfig(tmp_path / "kubeconfig"))
     yield apis
     apis.close()
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout:g} s")
-        time.sleep(0.05)
 
 
 def body(error: ApiException) -> dict[str, Any]:

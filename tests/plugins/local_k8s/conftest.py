@@ -20,11 +20,10 @@ import pytest
 from levers9.hooks.types import Pool
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings
-from tests.fakes.k8s_cluster import FakeCluster
+from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, FakeCluster, load_recorded_nodes
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "k8s"
-GPU_NODE = "ip-10-0-41-27.ec2.internal"
-CPU_NODE = "ip-10-0-12-190.ec2.internal"
+__all__ = ["CPU_NODE", "GPU_NODE", "IMAGE", "L4_LABEL", "NAMESPACE", "TOLERATE_GPU", "make_pool"]
+
 NAMESPACE = "levers9"
 IMAGE = "registry.example.com/levers9/worker:test"
 L4_LABEL = "nvidia.com/gpu.product=NVIDIA-L4"
@@ -34,9 +33,7 @@ TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSche
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
     with FakeCluster(NAMESPACE, max_grace_s=2.0) as fake:
-        fake.load_nodes(DATA / "node_gpu_l4.json", gpus_csv={GPU_NODE: "l4_1x.csv"})
-        fake.load_nodes(DATA / "node_cpu.json")
-        yield fake
+        yield load_recorded_nodes(fake)
         assert fake.errors == []
 
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -20,6 +19,7 @@ import pytest
 
 from levers9.testing import ProviderContract, Registrar
 from tests.fakes.k8s_cluster import FakeCluster
+from tests.fixtures.wait import wait_for
 
 
 class TestLocalK8sContract(ProviderContract):
@@ -33,10 +33,9 @@ class TestLocalK8sContract(ProviderContract):
         self.cluster = cluster
         yield
         # background deletion goes on after the API answered: the pods stop within their grace period
-        deadline = time.monotonic() + 15
-        while cluster.leftovers() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cluster.leftovers() == [], "the kit's machines must all be terminated"
+        wait_for(
+            lambda: cluster.leftovers() == [], "the kit's machines to be gone", 15, lambda: str(cluster.leftovers())
+        )
 
     @pytest.fixture
     def pool_settings(self, k8s_settings: dict[str, Any]) -> dict[str, Any]:

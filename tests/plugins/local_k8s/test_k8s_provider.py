@@ -13,9 +13,8 @@ API's answers become the typed errors; ``levers9 check`` says what RBAC lacks.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import kubernetes
 import pytest
@@ -33,21 +32,9 @@ from levers9_local_k8s.jobs import job_manifest, secret_name
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings
 from tests.fakes.k8s_cluster import FakeCluster
+from tests.fixtures.wait import wait_for
 from tests.plugins.local_k8s.conftest import CPU_NODE, GPU_NODE, L4_LABEL, NAMESPACE, make_pool
 from tests.plugins.provision import provision_request
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
