@@ -49,11 +49,12 @@ while [ $# -gt 0 ]; do
     *) shift ;;
   esac
 done
-echo "$mode $$" >> "$dir/marker"
 if [ "$mode" = join ]; then
-  cat "$tf" > "$dir/token-seen"
+  cat "$tf" > "$dir/token-seen.part" && mv "$dir/token-seen.part" "$dir/token-seen"
   echo '{"agent_id": "agt_fake123", "token": "secret"}' > "$dir/agent.json"
 fi
+# the marker last: a test that sees it sees everything this run wrote
+echo "$mode $$" >> "$dir/marker"
 exec sleep 1000
 """
 

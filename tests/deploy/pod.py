@@ -53,6 +53,8 @@ __all__ = ["Pod", "PodError"]
 _SHADOWED = ("/etc", "/run", "/var/lib")
 #: where the pod's directories are seen in a container's namespace (a tmpfs over the host's /mnt there)
 _STAGE = "/mnt"
+#: this checkout (the levers9 the pod's containers run, installed editable in its virtualenv)
+_REPO = Path(__file__).resolve().parents[2]
 
 
 class PodError(RuntimeError):
@@ -131,6 +133,8 @@ class Pod:
         # the pod's directories, reachable at _STAGE whatever the mounts hide (a volume may be mounted at /tmp)
         lines = ["set -e", "mount --make-rprivate /", f"mount -t tmpfs -o mode=755 tmpfs {_STAGE}",
                  f"mkdir {_STAGE}/pod", f"mount --rbind {self.root} {_STAGE}/pod"]  # fmt: skip
+        keep_before, keep_after = self._keep_checkout(container.get("volumeMounts", []))
+        lines += keep_before
         shadowed: list[str] = []
         for mount in container.get("volumeMounts", []):
             target = mount["mountPath"]
@@ -156,10 +160,33 @@ class Pod:
             lines.append(f"mount --bind {source} {shlex.quote(target)}")
             if mount.get("readOnly"):
                 lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+        lines += keep_after
         lines += self._open_interpreter()
         groups = f"--groups={self.fs_group}" if self.fs_group is not None else "--clear-groups"
         lines.append(f'exec setpriv --reuid={self.uid} --regid={self.gid} {groups} -- "$@"')
         return "\n".join(lines)
+
+    def _keep_checkout(self, mounts: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+        """Lines before and after the volume mounts that keep this checkout and its virtualenv where they are when
+        a volume is mounted over a directory holding them (a checkout under ``/tmp``, where the Deployment mounts an
+        ``emptyDir``), as an image keeps levers9 outside its volumes. The path is made inside the volume and the
+        checkout bound there, so the server is the same ``levers9`` either way."""
+        targets = [str(m["mountPath"]).rstrip("/") or "/" for m in mounts]
+        before: list[str] = []
+        after: list[str] = []
+        kept: list[str] = []
+        for path in dict.fromkeys([str(_REPO), os.path.realpath(sys.prefix)]):
+            if any(path == k or path.startswith(k + "/") for k in kept):
+                continue  # inside a path already kept (the virtualenv inside the checkout)
+            if not any(path == t or path.startswith(t + "/") for t in targets):
+                continue
+            name = f"checkout-{len(kept)}"
+            (self.root / "host" / name).mkdir(parents=True, exist_ok=True)
+            keep = f"{_STAGE}/pod/host/{name}"
+            before.append(f"mount --bind {shlex.quote(path)} {keep}")
+            after += [f"mkdir -p {shlex.quote(path)}", f"mount --bind {keep} {shlex.quote(path)}"]
+            kept.append(path)
+        return before, after
 
     def _open_interpreter(self) -> list[str]:
         """Lines that let the pod's user reach this interpreter, as every user of an image reaches its Python.
