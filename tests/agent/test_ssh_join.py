@@ -50,7 +50,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ "$mode" = join ]; then
-  cat "$tf" > "$dir/token-seen.part" && mv "$dir/token-seen.part" "$dir/token-seen"
+  cat "$tf" > "$dir/token-seen"
   echo '{"agent_id": "agt_fake123", "token": "secret"}' > "$dir/agent.json"
 fi
 # the marker last: a test that sees it sees everything this run wrote
