@@ -38,8 +38,6 @@ import functools
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -106,6 +104,10 @@ def fetch_identity(endpoint: str | None = None, *, budget_s: float = FETCH_BUDGE
 
 
 def _ask(base: str, path: str, method: str, headers: dict[str, str]) -> str:
+    # imported here: only a worker asks; the controlplane, which loads this plugin too, never does
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(base + path, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:

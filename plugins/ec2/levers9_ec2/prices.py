@@ -41,7 +41,6 @@ import argparse
 import json
 import sys
 import threading
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import resources
@@ -130,6 +129,8 @@ def prices_from_offer_file(offer: Mapping[str, Any], region: str | None = None) 
 
 def _read_json(source: str) -> Any:
     if source.startswith(("http://", "https://")):
+        import urllib.request  # only a refresh downloads; loading the plugin never does
+
         with urllib.request.urlopen(source, timeout=600) as response:
             return json.load(response)
     with open(source, encoding="utf-8") as file:

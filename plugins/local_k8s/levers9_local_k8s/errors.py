@@ -37,10 +37,10 @@ from levers9.hooks.errors import (
 
 __all__ = ["api_status", "status_reason", "translate"]
 
+#: urllib3's names for a request that got no answer (the builtin ConnectionError and TimeoutError are caught by type)
 _NO_ANSWER = frozenset(
-    {"MaxRetryError", "NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProtocolError",
-     "ConnectionRefusedError", "ConnectionResetError", "TimeoutError"}
-)  # fmt: skip
+    {"MaxRetryError", "NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProtocolError"}
+)
 
 
 def api_status(exc: BaseException) -> int | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["cpu_millicores", "memory_mib", "parse_quantity"]
+__all__ = ["parse_quantity"]
 
 _BINARY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5, "Ei": 1024**6}
 _DECIMAL = {
@@ -47,15 +47,3 @@ def parse_quantity(text: str | int | float) -> Fraction:
     if suffix in _DECIMAL:
         return number * _DECIMAL[suffix]
     return number * Fraction(10) ** int(suffix[1:])
-
-
-def cpu_millicores(text: str | int | float) -> int:
-    """A CPU quantity in millicores, rounded up (the API server rounds a request below 1m up to 1m)."""
-    value = parse_quantity(text) * 1000
-    return int(-(-value.numerator // value.denominator))
-
-
-def memory_mib(text: str | int | float) -> int:
-    """A memory quantity in whole MiB, rounded down (what fits)."""
-    value = parse_quantity(text) / (1024 * 1024)
-    return int(value.numerator // value.denominator)
