@@ -20,8 +20,10 @@ event). For each node, :func:`rooms` works out:
 
 Everything is computed from plain API JSON (camelCase keys), the same shape
 the test data files hold. Quantities are parsed exactly
-(:mod:`levers9_local_k8s.quantity`); a node or pod with a malformed quantity
-counts as having none of it, never as unlimited.
+(:mod:`levers9.kube`, shared with the agent of an attached cluster); a node or
+pod with a malformed quantity counts as having none of it, never as unlimited.
+:func:`rooms_from_usage` does the same from a usage already summed per node
+(what an attached cluster's agent reports).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from fractions import Fraction
 from typing import Any
 
 from levers9.gpu import from_k8s_labels
-from levers9_local_k8s.quantity import parse_quantity
+from levers9.kube import node_usage, quantity
 from levers9_local_k8s.settings import Toleration
 
 __all__ = [
@@ -40,8 +42,8 @@ __all__ = [
     "NodeRoom",
     "describe_misses",
     "gpu_label",
-    "pod_requests",
     "rooms",
+    "rooms_from_usage",
     "tolerates",
 ]
 
@@ -53,7 +55,6 @@ TYPE_LABELS = (
     "amd.com/gpu.product-name",
 )
 #: pod phases whose requests no longer hold a node's resources
-_ENDED = frozenset({"Succeeded", "Failed"})
 _BLOCKING = frozenset({"NoSchedule", "NoExecute"})
 
 
@@ -109,30 +110,8 @@ def tolerates(tolerations: Iterable[Toleration], taint: Mapping[str, Any]) -> bo
     return False
 
 
-def pod_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
-    """What a pod holds on its node: the sum of its containers' requests (a limit stands in for a missing request)."""
-    total: dict[str, Fraction] = {}
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        asked = dict(resources.get("limits") or {})
-        asked.update(resources.get("requests") or {})
-        for name, amount in asked.items():
-            try:
-                total[name] = total.get(name, Fraction(0)) + parse_quantity(amount)
-            except ValueError:
-                continue
-    return total
-
-
 def _floor(value: Fraction) -> int:
     return max(0, value.numerator // value.denominator)
-
-
-def _quantity(values: Mapping[str, Any], name: str) -> Fraction:
-    try:
-        return parse_quantity(values.get(name, 0))
-    except ValueError:
-        return Fraction(0)
 
 
 def _excluded(
@@ -164,14 +143,20 @@ def rooms(
     tolerations: Sequence[Toleration],
 ) -> list[NodeRoom]:
     """Every node, with its GPU type, what is free on it and whether the pool's pods may go there."""
-    held: dict[str, dict[str, Fraction]] = {}
-    for pod in pods:
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        if not node_name or (pod.get("status") or {}).get("phase") in _ENDED:
-            continue
-        on_node = held.setdefault(node_name, {})
-        for name, amount in pod_requests(pod).items():
-            on_node[name] = on_node.get(name, Fraction(0)) + amount
+    return rooms_from_usage(
+        nodes, node_usage(pods), gpu_resource=gpu_resource, node_selector=node_selector, tolerations=tolerations
+    )
+
+
+def rooms_from_usage(
+    nodes: Iterable[Mapping[str, Any]],
+    held: Mapping[str, Mapping[str, Fraction]],
+    *,
+    gpu_resource: str,
+    node_selector: Mapping[str, str],
+    tolerations: Sequence[Toleration],
+) -> list[NodeRoom]:
+    """:func:`rooms` from what the live pods hold on each node (:func:`levers9.kube.node_usage`)."""
     found: list[NodeRoom] = []
     for node in nodes:
         metadata, status = node.get("metadata") or {}, node.get("status") or {}
@@ -180,10 +165,10 @@ def rooms(
         allocatable = status.get("allocatable") or {}
         used = held.get(name, {})
         gpu, labelled = from_k8s_labels(labels)
-        gpus_total = int(_quantity(allocatable, gpu_resource)) if gpu_resource in allocatable else labelled
-        gpus_free = max(0, int(_quantity(allocatable, gpu_resource) - used.get(gpu_resource, Fraction(0))))
-        cpu_free = _quantity(allocatable, "cpu") - used.get("cpu", Fraction(0))
-        memory_free = _quantity(allocatable, "memory") - used.get("memory", Fraction(0))
+        gpus_total = int(quantity(allocatable, gpu_resource)) if gpu_resource in allocatable else labelled
+        gpus_free = max(0, int(quantity(allocatable, gpu_resource) - used.get(gpu_resource, Fraction(0))))
+        cpu_free = quantity(allocatable, "cpu") - used.get("cpu", Fraction(0))
+        memory_free = quantity(allocatable, "memory") - used.get("memory", Fraction(0))
         found.append(
             NodeRoom(
                 name=name,

@@ -49,6 +49,7 @@ from levers9.hooks.types import (
     ProviderCheck,
     ProvisionRequest,
 )
+from levers9.kube import parse_quantity
 from levers9_local_k8s.client import Clients, Cluster
 from levers9_local_k8s.errors import api_status, translate
 from levers9_local_k8s.jobs import (
@@ -62,7 +63,6 @@ from levers9_local_k8s.jobs import (
 )
 from levers9_local_k8s.machines import machine_of, unschedulable
 from levers9_local_k8s.nodes import NodeRoom, describe_misses, rooms
-from levers9_local_k8s.quantity import parse_quantity
 from levers9_local_k8s.settings import LocalK8sSettings
 
 __all__ = ["K8sProvider"]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from levers9.hooks.types import GpuOffer, Pool
+from levers9.kube import parse_quantity, pod_asks
 from levers9_local_k8s.jobs import (
     MACHINE_LABEL,
     POOL_LABEL,
@@ -24,8 +25,7 @@ from levers9_local_k8s.jobs import (
     secret_manifest,
     secret_name,
 )
-from levers9_local_k8s.nodes import describe_misses, gpu_label, pod_requests, rooms, tolerates
-from levers9_local_k8s.quantity import parse_quantity
+from levers9_local_k8s.nodes import describe_misses, gpu_label, rooms, tolerates
 from levers9_local_k8s.settings import LocalK8sSettings, Toleration
 from tests.plugins.provision import provision_request
 
@@ -130,7 +130,7 @@ def test_free_room_is_allocatable_minus_what_live_pods_hold() -> None:
     selected = {r.name: r for r in rooms(nodes, pods, gpu_resource="nvidia.com/gpu",
                                          node_selector={"pool": "train"}, tolerations=TOLERATE_GPU)}  # fmt: skip
     assert selected["gpu-b"].excluded == "does not match the pool's node_selector (pool=train)"
-    assert pod_requests(pods[0]) == {"cpu": 2, "memory": 8 * 1024**3, "nvidia.com/gpu": 2}
+    assert pod_asks(pods[0]["spec"])[0] == {"cpu": 2, "memory": 8 * 1024**3, "nvidia.com/gpu": 2}
     misses = [(f"n{i}", "full") for i in range(6)]
     assert describe_misses(misses) == "n0: full; n1: full; n2: full; n3: full; and 2 more nodes"
 
