@@ -18,6 +18,7 @@ from levers9.cli import (
     agent_cmd,
     check_cmd,
     client_cmds,
+    cluster_cmd,
     config_cmd,
     context_cmd,
     deploy_cmd,
@@ -88,6 +89,8 @@ app.add_typer(server_cmd.token_app, name="token")
 app.add_typer(secret_cmd.app, name="secret")
 app.add_typer(machine_cmd.app, name="machine")
 app.command("machines")(machine_cmd.machines)
+app.add_typer(cluster_cmd.app, name="cluster")
+app.command("clusters")(cluster_cmd.clusters)
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(worker_image_cmd.app, name="worker-image")
 app.add_typer(kubernetes_cmd.app, name="kubernetes")

@@ -178,7 +178,7 @@ def resolve(config: Config, source: SourceMap, hooks: Hooks) -> tuple[dict[str, 
             hooks, "runtime", pool.runtime, pool.runtime_settings, base, issues, context
         )
         if ok and rt_ok:
-            pools[name] = _pool(name, pool, settings)
+            pools[name] = hook_pool(name, pool, settings)
             runtime_settings[name] = rt_settings
     if issues.items:
         raise ConfigError(issues.items)
@@ -212,7 +212,8 @@ def _validate_settings(
         return False, None
 
 
-def _pool(name: str, pool: PoolConfig, settings: BaseModel | None) -> Pool:
+def hook_pool(name: str, pool: PoolConfig, settings: BaseModel | None) -> Pool:
+    """The pool a provider sees, from its validated config and provider settings."""
     return Pool(
         name=name,
         provider=pool.provider,

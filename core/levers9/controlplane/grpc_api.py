@@ -20,7 +20,7 @@ import grpc
 from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.payloads import BATCH_BYTES
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
-from levers9.services import deployments, joined_machines, pools, secrets, tasks, workspaces
+from levers9.services import clusters, deployments, joined_machines, pools, secrets, tasks, workspaces
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
 from levers9.services.pools import PoolView, WorkerView
@@ -97,6 +97,53 @@ def _secret(info: SecretInfo) -> controlplane_pb2.SecretInfo:
     return controlplane_pb2.SecretInfo(
         name=info.name, created_at=_epoch(info.created_at), updated_at=_epoch(info.updated_at)
     )
+
+
+def cluster_message(view: clusters.ClusterView) -> controlplane_pb2.Cluster:
+    c = view.cluster
+    return controlplane_pb2.Cluster(
+        id=c.id,
+        name=c.name,
+        pool=view.pool,
+        gpu=view.gpu or "",
+        gpu_count=view.gpu_count,
+        namespace=view.namespace,
+        agent_id=view.agent_id,
+        connected=view.connected,
+        last_seen=view.last_seen,
+        version=view.version,
+        nodes=view.nodes,
+        gpus=[
+            controlplane_pb2.GpuCount(gpu=gpu, count=count, free=view.free_gpus.get(gpu, 0))
+            for gpu, count in sorted(view.gpus.items())
+        ],
+        cpu_millicores=view.cpu_millicores,
+        memory_mib=view.memory_mib,
+        workers=view.workers,
+        created_at=_epoch(c.created_at),
+    )
+
+
+def cluster_options(request: controlplane_pb2.JoinClusterRequest) -> clusters.ClusterOptions:
+    """The request's options; what it leaves out keeps the defaults. :raises ValueError: bad settings_json."""
+    settings: Any = {}
+    if request.settings_json:
+        try:
+            settings = json.loads(request.settings_json)
+        except ValueError as exc:
+            raise ValueError(f"settings_json is not JSON: {exc}") from None
+        if not isinstance(settings, dict):
+            raise ValueError("settings_json must be a JSON object of attached_cluster settings")
+    given: dict[str, Any] = {"name": request.name, "settings": settings}
+    for key in ("gpu_count", "cpu", "min_workers", "max_workers"):
+        if request.HasField(key):
+            given[key] = getattr(request, key)
+    for key in ("gpu", "memory", "runtime", "namespace", "worker_image"):
+        if getattr(request, key):
+            given[key] = getattr(request, key)
+    if request.ttl_s:
+        given["ttl_s"] = request.ttl_s
+    return clusters.ClusterOptions(**given)
 
 
 def joined_machine(view: joined_machines.JoinedMachineView) -> controlplane_pb2.JoinedMachine:
@@ -410,6 +457,31 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             terminated=removed.terminated,
             not_terminated=removed.not_terminated,
         )
+
+    @unary
+    async def JoinCluster(
+        self, request: controlplane_pb2.JoinClusterRequest, context: Context
+    ) -> controlplane_pb2.JoinClusterResponse:
+        """The same as REST's ``POST /api/v1/clusters``; the join token is in this answer only."""
+        principal = await self._caller(context)
+        made = await clusters.join(self.services, principal, cluster_options(request))
+        view = clusters.ClusterView(made.cluster, made.pool.name, gpu=made.pool.gpu, gpu_count=made.pool.gpu_count,
+                                    namespace=str(getattr(made.pool.pool.settings, "namespace", "")))  # fmt: skip
+        return controlplane_pb2.JoinClusterResponse(
+            cluster=cluster_message(view),
+            join_token=made.join.token,
+            expires_at=_epoch(made.join.expires_at),
+            controlplane_url=made.controlplane_url,
+            ca_pem=made.ca_pem,
+        )
+
+    @unary
+    async def ListClusters(
+        self, request: controlplane_pb2.ListClustersRequest, context: Context
+    ) -> controlplane_pb2.ListClustersResponse:
+        principal = await self._caller(context)
+        found = await clusters.list_clusters(self.services, principal)
+        return controlplane_pb2.ListClustersResponse(clusters=[cluster_message(v) for v in found])
 
     @unary
     async def PutBlob(

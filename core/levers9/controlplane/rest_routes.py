@@ -16,6 +16,9 @@ from levers9.controlplane.rest_schemas import (
     MAX_TASKS_LISTED,
     MAX_VERSION,
     CancelOut,
+    ClusterJoin,
+    ClusterJoined,
+    ClusterOut,
     DeploymentOut,
     DeploymentVersionOut,
     ErrorBody,
@@ -37,6 +40,7 @@ from levers9.controlplane.rest_schemas import (
     WorkerOut,
     WorkspaceCreate,
     WorkspaceOut,
+    cluster_out,
     deployment_out,
     joined_machine_out,
     pool_out,
@@ -45,7 +49,7 @@ from levers9.controlplane.rest_schemas import (
     token_out,
     worker_out,
 )
-from levers9.services import deployments, joined_machines, machines, pools, secrets, tasks, workspaces
+from levers9.services import clusters, deployments, joined_machines, machines, pools, secrets, tasks, workspaces
 from levers9.services import health as health_service
 from levers9.services.access import authenticate_user
 from levers9.services.auth import Principal
@@ -221,6 +225,29 @@ async def delete_secret(services: ServicesDep, principal: Caller, name: str) -> 
     """Delete a secret of the caller's workspace; 204, or 404 when it has none of that name."""
     await secrets.delete_secret(services, principal, name)
     return Response(status_code=204)
+
+
+@router.get("/clusters")
+async def list_clusters(services: ServicesDep, principal: Caller) -> list[ClusterOut]:
+    """The caller's workspace's attached clusters, connected or not, with their agents' last report."""
+    return [cluster_out(v) for v in await clusters.list_clusters(services, principal)]
+
+
+@router.post("/clusters", status_code=201, responses={403: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJoin) -> ClusterJoined:
+    """Attach a Kubernetes cluster to the caller's workspace: its pool, and its agent's join token (this answer
+    only). ``levers9 cluster join`` renders the manifest that starts the agent from this answer."""
+    options = clusters.ClusterOptions(**body.model_dump())
+    made = await clusters.join(services, principal, options)
+    view = clusters.ClusterView(made.cluster, made.pool.name, gpu=made.pool.gpu, gpu_count=made.pool.gpu_count,
+                                namespace=str(getattr(made.pool.pool.settings, "namespace", "")))  # fmt: skip
+    return ClusterJoined(
+        cluster=cluster_out(view),
+        join_token=made.join.token,
+        expires_at=made.join.expires_at,
+        controlplane_url=made.controlplane_url,
+        ca_pem=made.ca_pem,
+    )
 
 
 @router.get("/joined-machines")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_MEMORY_MIB, MAX_WORKERS, ClusterView
 from levers9.services.deployments import MAX_VERSION, DeploymentView
 from levers9.services.joined_machines import JoinedMachineView
 from levers9.services.pools import PoolView, WorkerView
@@ -312,6 +313,60 @@ class JoinedMachineCreated(BaseModel):
     ssh: dict[str, Any]
 
 
+class ClusterJoin(_In):
+    name: str = Field(min_length=1, max_length=40, description="A DNS label, unique in the workspace (like gpu-lab).")
+    gpu: str | None = Field(
+        None, description="The GPU type of the cluster's pool (levers9 gpu normalize); left out: CPU."
+    )
+    gpu_count: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per worker pod (default 1 with a GPU).")
+    cpu: float = Field(1.0, gt=0, le=MAX_CPUS, description="CPU cores per worker pod.")
+    memory: Annotated[int, Field(ge=1, le=MAX_MEMORY_MIB)] | str = Field(
+        2048, description="Memory per worker pod, in MiB or as a size like 16GiB."
+    )
+    min_workers: int = Field(0, ge=0, le=MAX_WORKERS)
+    max_workers: int = Field(10, ge=0, le=MAX_WORKERS)
+    runtime: str = Field("runc", description="The container runtime plugin the workers use.")
+    namespace: str = Field("levers9", description="Where the agent creates worker Jobs in the cluster.")
+    worker_image: str = Field("", description="The worker image the cluster pulls (required).")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="Further attached_cluster settings: tolerations, node_selector, privileged..."
+    )
+    ttl_s: float = Field(3600.0, gt=0, le=30 * 86_400, description="The join token's lifetime in seconds.")
+
+
+class ClusterOut(BaseModel):
+    """An attached cluster and what its agent last reported (zeros before it ever did)."""
+
+    id: str
+    name: str
+    pool: str
+    gpu: str | None
+    gpu_count: int
+    namespace: str
+    agent_id: str
+    connected: bool
+    #: epoch seconds of the agent's last message; 0: never connected
+    last_seen: float
+    version: str
+    nodes: int
+    gpus: list[GpuCountOut]
+    cpu_millicores: int
+    memory_mib: int
+    #: levers9 machine ids of the worker Jobs running there
+    workers: list[str]
+    created_at: datetime
+
+
+class ClusterJoined(BaseModel):
+    """The attached cluster and its agent's single-use join token, shown this once."""
+
+    cluster: ClusterOut
+    join_token: str
+    expires_at: datetime | None
+    controlplane_url: str
+    ca_pem: str
+
+
 class JoinedMachineRemoved(BaseModel):
     machine: JoinedMachineOut
     terminated: list[str]
@@ -391,6 +446,28 @@ def joined_machine_out(view: JoinedMachineView) -> JoinedMachineOut:
         free_cpu_millicores=view.free_cpu_millicores,
         free_memory_mib=view.free_memory_mib,
         workers=view.workers,
+    )
+
+
+def cluster_out(view: ClusterView) -> ClusterOut:
+    c = view.cluster
+    return ClusterOut(
+        id=c.id,
+        name=c.name,
+        pool=view.pool,
+        gpu=view.gpu,
+        gpu_count=view.gpu_count,
+        namespace=view.namespace,
+        agent_id=view.agent_id,
+        connected=view.connected,
+        last_seen=view.last_seen,
+        version=view.version,
+        nodes=view.nodes,
+        gpus=[GpuCountOut(gpu=g, count=n, free=view.free_gpus.get(g, 0)) for g, n in sorted(view.gpus.items())],
+        cpu_millicores=view.cpu_millicores,
+        memory_mib=view.memory_mib,
+        workers=view.workers,
+        created_at=c.created_at,
     )
 
 

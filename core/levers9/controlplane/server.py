@@ -40,6 +40,7 @@ from levers9.gateway.routes import GatewayApp
 from levers9.gateway.upstream import Upstream
 from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, worker_pb2_grpc
+from levers9.services import clusters
 from levers9.services.agents import AgentHub
 from levers9.services.core import Services, open_services
 from levers9.services.dataplane import DataPlane
@@ -203,6 +204,9 @@ class Server:
             await self.agents.start()
             # the plugins start before the scheduler, which calls them, and get the agent hub
             await self._start_plugins(services)
+            # the attached clusters' pools join the config's before the scheduler first plans
+            await clusters.sync_pools(services)
+            self._tasks.append(asyncio.create_task(clusters.keep_pools(services), name="cluster pools"))
             await services.scheduler.start()
             await self.serving.start()
             await server.start()
@@ -261,7 +265,7 @@ class Server:
             http.should_exit = True
             http.force_exit = True  # do not wait for idle keep-alive connections
         for task in self._tasks:
-            if task.get_name() == "metrics":
+            if task.get_name() in ("metrics", "cluster pools"):
                 task.cancel()
         await _step("HTTP listeners", asyncio.gather(*self._tasks, return_exceptions=True), grace_s)
         if self.serving is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LOCAL_K8S_CALLS", "ApiCall", "cluster_rules", "namespaced_rules"]
+__all__ = ["AGENT_CALLS", "LOCAL_K8S_CALLS", "ApiCall", "cluster_rules", "namespaced_rules"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,32 @@ LOCAL_K8S_CALLS: tuple[ApiCall, ...] = (
     ApiCall("CoreV1Api.list_namespaced_pod", "", "pods", "list", False, "the phase of each Job's pod"),
     ApiCall("CoreV1Api.list_namespaced_event", "", "events", "list", False,
             "FailedScheduling: why a worker's pod is still pending (a capacity miss)"),
+)  # fmt: skip
+
+#: the calls of an attached cluster's agent (``levers9.agent.k8s_api``): the Role in its namespace and the
+#: ClusterRole ``levers9 cluster join`` writes are built from these alone
+AGENT_CALLS: tuple[ApiCall, ...] = (
+    ApiCall("CoreV1Api.list_node", "", "nodes", "list", True,
+            "inventory and the room check: GPU labels, allocatable and taints of each node"),
+    ApiCall("CoreV1Api.list_pod_for_all_namespaces", "", "pods", "list", True,
+            "inventory and the room check: what each node's pods hold, whatever their namespace"),
+    ApiCall("CoreV1Api.list_namespaced_resource_quota", "", "resourcequotas", "list", False,
+            "quota checked before a Job is created, so a full namespace fails over at once"),
+    ApiCall("BatchV1Api.create_namespaced_job", "batch", "jobs", "create", False, "provision: one Job per worker"),
+    ApiCall("BatchV1Api.read_namespaced_job", "batch", "jobs", "get", False,
+            "a provision order seen again: the machine's Job already made"),
+    ApiCall("BatchV1Api.list_namespaced_job", "batch", "jobs", "list", False, "the workers, by label"),
+    ApiCall("BatchV1Api.delete_namespaced_job", "batch", "jobs", "delete", False,
+            "terminate, with background propagation so the pod and the Secret go too"),
+    ApiCall("CoreV1Api.create_namespaced_secret", "", "secrets", "create", False,
+            "the worker's token in a Secret owned by its Job; the agent's own credential once joined"),
+    ApiCall("CoreV1Api.read_namespaced_secret", "", "secrets", "get", False,
+            "the agent's credential, read back when its pod restarts"),
+    ApiCall("CoreV1Api.list_namespaced_secret", "", "secrets", "list", False, "terminate: the machine's Secrets"),
+    ApiCall("CoreV1Api.delete_namespaced_secret", "", "secrets", "delete", False, "terminate: the token Secret"),
+    ApiCall("CoreV1Api.list_namespaced_pod", "", "pods", "list", False, "the phase of each Job's pod"),
+    ApiCall("CoreV1Api.list_namespaced_event", "", "events", "list", False,
+            "FailedScheduling: why a worker's pod is still pending"),
 )  # fmt: skip
 
 

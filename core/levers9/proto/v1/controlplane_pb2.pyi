@@ -505,3 +505,91 @@ class RemoveJoinedMachineResponse(_message.Message):
     terminated: _containers.RepeatedScalarFieldContainer[str]
     not_terminated: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, machine: _Optional[_Union[JoinedMachine, _Mapping]] = ..., terminated: _Optional[_Iterable[str]] = ..., not_terminated: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JoinClusterRequest(_message.Message):
+    __slots__ = ("name", "gpu", "gpu_count", "cpu", "memory", "min_workers", "max_workers", "runtime", "namespace", "worker_image", "settings_json", "ttl_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpu: str
+    gpu_count: int
+    cpu: float
+    memory: str
+    min_workers: int
+    max_workers: int
+    runtime: str
+    namespace: str
+    worker_image: str
+    settings_json: str
+    ttl_s: float
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., cpu: _Optional[float] = ..., memory: _Optional[str] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., runtime: _Optional[str] = ..., namespace: _Optional[str] = ..., worker_image: _Optional[str] = ..., settings_json: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class Cluster(_message.Message):
+    __slots__ = ("id", "name", "pool", "gpu", "gpu_count", "namespace", "agent_id", "connected", "last_seen", "version", "nodes", "gpus", "cpu_millicores", "memory_mib", "workers", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    pool: str
+    gpu: str
+    gpu_count: int
+    namespace: str
+    agent_id: str
+    connected: bool
+    last_seen: float
+    version: str
+    nodes: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuCount]
+    cpu_millicores: int
+    memory_mib: int
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    created_at: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., namespace: _Optional[str] = ..., agent_id: _Optional[str] = ..., connected: _Optional[bool] = ..., last_seen: _Optional[float] = ..., version: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuCount, _Mapping]]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., created_at: _Optional[float] = ...) -> None: ...
+
+class JoinClusterResponse(_message.Message):
+    __slots__ = ("cluster", "join_token", "expires_at", "controlplane_url", "ca_pem")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    CONTROLPLANE_URL_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    cluster: Cluster
+    join_token: str
+    expires_at: float
+    controlplane_url: str
+    ca_pem: str
+    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ..., join_token: _Optional[str] = ..., expires_at: _Optional[float] = ..., controlplane_url: _Optional[str] = ..., ca_pem: _Optional[str] = ...) -> None: ...
+
+class ListClustersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListClustersResponse(_message.Message):
+    __slots__ = ("clusters",)
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[Cluster]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ...) -> None: ...

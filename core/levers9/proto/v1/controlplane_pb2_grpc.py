@@ -155,6 +155,16 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineResponse.FromString,
                 _registered_method=True)
+        self.JoinCluster = channel.unary_unary(
+                '/levers9.v1.ControlPlane/JoinCluster',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.JoinClusterRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.JoinClusterResponse.FromString,
+                _registered_method=True)
+        self.ListClusters = channel.unary_unary(
+                '/levers9.v1.ControlPlane/ListClusters',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersResponse.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -325,6 +335,19 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinCluster(self, request, context):
+        """attach a Kubernetes cluster to the caller's workspace: its pool, and its agent's single-use join token
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListClusters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -447,6 +470,16 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.RemoveJoinedMachine,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineResponse.SerializeToString,
+            ),
+            'JoinCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinCluster,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.JoinClusterRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.JoinClusterResponse.SerializeToString,
+            ),
+            'ListClusters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListClusters,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1097,6 +1130,60 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/RemoveJoinedMachine',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveJoinedMachineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/JoinCluster',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.JoinClusterRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.JoinClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListClusters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/ListClusters',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -131,5 +131,22 @@ class ClusterStore:
             )
             return [_cluster(row) for row in rows]
 
+    async def list_kind(self, kind: str) -> builtins.list[tuple[ClusterRecord, dict[str, Any] | None]]:
+        """Every workspace's clusters of ``kind`` with their decrypted settings (what each replica's pools are
+        made of), by workspace and name."""
+        async with self._db.transaction() as session:
+            rows = list(
+                await session.scalars(
+                    select(Cluster).where(Cluster.kind == kind).order_by(Cluster.workspace_id, Cluster.name)
+                )
+            )
+        found = []
+        for row in rows:
+            settings = None
+            if row.settings_ciphertext is not None:
+                settings = json.loads(self._box.unseal(row.settings_ciphertext, context=_context(row.id)))
+            found.append((_cluster(row), settings))
+        return found
+
 
 __all__ = ["ClusterStore"]

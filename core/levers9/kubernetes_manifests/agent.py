@@ -1,0 +1,222 @@
+"""The manifest ``levers9 cluster join`` writes: the agent of an attached cluster, and exactly the rights it needs.
+
+The customer applies it with their own kube context; nothing in it lets the
+controlplane reach into their cluster. Its objects:
+
+* the **Namespace** the agent and its worker Jobs live in;
+* the **ServiceAccount** ``levers9-agent`` and its rights, built from
+  :data:`~levers9.kubernetes_manifests.permissions.AGENT_CALLS` and from
+  nothing else: a Role in the namespace (worker Jobs and their Secrets, pods,
+  events, quotas, the agent's credential Secret) and a ClusterRole with the two
+  cluster-wide reads placement needs (nodes, and pods in every namespace, since
+  GPUs free on a node are its allocatable less what *every* pod there holds);
+* the **Secret** ``levers9-agent-join`` with the single-use join token (the
+  only copy: it is in this file and in no log);
+* the agent's **Deployment**: one replica, ``Recreate`` (two agents of one
+  cluster never run at once), running ``levers9 agent join --kubernetes`` as
+  nobody, read-only root, no privileges; the token reaches it through a
+  ``secretKeyRef`` only. Once joined, the agent keeps its own credential in the
+  Secret ``levers9-agent-credential`` and a restarted pod runs with that: the
+  spent join token is never needed again.
+
+Every object carries ``app.kubernetes.io/*`` labels naming the cluster. The
+worker Jobs the agent creates later are not part of it (the agent deletes
+them when the cluster is removed).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from levers9.__about__ import __version__
+from levers9.kubernetes_manifests.permissions import AGENT_CALLS, cluster_rules, namespaced_rules
+
+__all__ = [
+    "AGENT",
+    "CREDENTIAL_SECRET",
+    "JOIN_SECRET",
+    "JOIN_TOKEN_KEY",
+    "AgentManifest",
+    "apply_line",
+    "render_agent",
+]
+
+AGENT = "levers9-agent"
+JOIN_SECRET = "levers9-agent-join"
+#: where the agent keeps the credential it got for the join token (it creates it; the Role lets it)
+CREDENTIAL_SECRET = "levers9-agent-credential"
+JOIN_TOKEN_KEY = "LEVERS9_JOIN_TOKEN"
+RUN_AS = 65534
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class AgentManifest:
+    """What the manifest of one attached cluster is made of."""
+
+    #: the cluster's name on the controlplane
+    cluster: str
+    #: where the agent and its worker Jobs live
+    namespace: str
+    #: an image with levers9 and its Kubernetes client (``pip install 'levers9[k8s]'``)
+    image: str
+    controlplane_url: str
+    join_token: str
+    #: PEM of the CA the controlplane's certificate is signed by; empty: the system trust store
+    ca_pem: str = ""
+    #: worker pods may run privileged containers (the runc and gvisor runtimes need it)
+    allow_privileged: bool = False
+    image_pull_secrets: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """:raises ValueError: naming each field that Kubernetes would refuse."""
+        problems = []
+        for field, value in (("cluster", self.cluster), ("namespace", self.namespace)):
+            if not (len(value) <= 63 and _DNS_LABEL.fullmatch(value)):
+                problems.append(f"{field} {value!r} must be a DNS label (lowercase letters, digits, '-')")
+        if not self.image or any(c.isspace() for c in self.image):
+            problems.append(f"image {self.image!r} must be an image reference like registry.example.com/levers9:1.0")
+        if not self.controlplane_url.startswith(("grpcs://", "grpc://")):
+            problems.append(f"controlplane_url {self.controlplane_url!r} must be grpcs://host:port")
+        if not self.join_token:
+            problems.append("join_token is empty")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def _labels(cluster: str) -> dict[str, str]:
+    version = re.sub(r"[^A-Za-z0-9_.-]", "-", __version__)[:63].strip("-_.") or "unknown"
+    return {
+        "app.kubernetes.io/name": "levers9",
+        "app.kubernetes.io/instance": cluster,
+        "app.kubernetes.io/component": "agent",
+        "app.kubernetes.io/version": version,
+        "app.kubernetes.io/managed-by": "levers9",
+    }
+
+
+def agent_command(manifest: AgentManifest) -> list[str]:
+    """The agent container's command: join (or, once joined, run with the credential Secret)."""
+    command = [
+        "levers9",
+        "agent",
+        "join",
+        "--kubernetes",
+        "--namespace",
+        manifest.namespace,
+        "--controlplane",
+        manifest.controlplane_url,
+    ]
+    if manifest.ca_pem:
+        command += ["--ca-b64", base64.b64encode(manifest.ca_pem.encode()).decode()]
+    if manifest.controlplane_url.startswith("grpc://"):
+        command.append("--insecure")
+    if manifest.allow_privileged:
+        command.append("--allow-privileged")
+    return command
+
+
+def render_agent(manifest: AgentManifest) -> list[dict[str, Any]]:
+    """The objects, in the order ``kubectl apply`` needs them. :raises ValueError: see :meth:`AgentManifest.check`."""
+    manifest.check()
+    ns, labels = manifest.namespace, _labels(manifest.cluster)
+    rbac = "rbac.authorization.k8s.io"
+    cluster_role = f"{AGENT}-{ns}"
+
+    def meta(name: str, namespaced: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": name}
+        if namespaced:
+            out["namespace"] = ns
+        out["labels"] = dict(labels)
+        return out
+
+    subject = [{"kind": "ServiceAccount", "name": AGENT, "namespace": ns}]
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": AGENT,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "agent",
+                "image": manifest.image,
+                "command": agent_command(manifest),
+                "env": [
+                    {
+                        "name": JOIN_TOKEN_KEY,
+                        "valueFrom": {"secretKeyRef": {"name": JOIN_SECRET, "key": JOIN_TOKEN_KEY, "optional": True}},
+                    },
+                    {"name": "HOME", "value": "/tmp"},
+                ],
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            }
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if manifest.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in manifest.image_pull_secrets]
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns, namespaced=False)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(AGENT)},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta(AGENT), "rules": namespaced_rules(AGENT_CALLS)},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(AGENT),
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": AGENT},
+            "subjects": subject,
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRole",
+            "metadata": meta(cluster_role, namespaced=False),
+            "rules": cluster_rules(AGENT_CALLS),
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta(cluster_role, namespaced=False),
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": cluster_role},
+            "subjects": subject,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta(JOIN_SECRET),
+            "type": "Opaque",
+            "stringData": {JOIN_TOKEN_KEY: manifest.join_token},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(AGENT),
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {
+                    "matchLabels": {
+                        "app.kubernetes.io/instance": manifest.cluster,
+                        "app.kubernetes.io/component": "agent",
+                    }
+                },
+                "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+            },
+        },
+    ]
+
+
+def apply_line(path: str) -> str:
+    """The command the customer runs, with their own kube context."""
+    return f"kubectl apply -f {path}"

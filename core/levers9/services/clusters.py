@@ -1,0 +1,338 @@
+"""Attached clusters: joining one (its pool and its agent's join token), listing them live, their pools on every replica.
+
+A workspace W attaches its own Kubernetes cluster with ``levers9 cluster join
+NAME --gpu TYPE``. Nothing here reaches that cluster: the agent the printed
+manifest starts there dials out (provider ``attached_cluster``), and the
+``attached_cluster`` plugin sends it orders. Invariants:
+
+* **A cluster is a pool of W's.** :func:`join` records the cluster (SQL,
+  :class:`~levers9.state.sql.clusters.ClusterStore`, kind ``attached``) with
+  the pool's whole config in its sealed settings, and the pool is named
+  ``<NAME>.<8 hex of W's id>`` (:func:`pool_name`), so two workspaces may both
+  call a cluster ``lab``. The pool's ``workspace`` is W: the scheduler never
+  shows it to, nor places work of, another workspace, and the provider serves
+  it only with W's agents whose ``cluster`` label is NAME.
+* **Every replica has every cluster's pool.** :func:`sync_pools` reads the
+  clusters from SQL and puts their pools into the scheduler's pool table (the
+  same dict object every part of the process reads), adding the new, replacing
+  the changed, dropping those no longer there; the replica that joined one
+  syncs at once, every replica every :data:`SYNC_S` seconds
+  (:func:`keep_pools`). A config pool's name is never replaced: a cluster whose
+  pool name collides with one is skipped and logged.
+* **Only a workspace's user token joins** (``PermissionDenied`` otherwise: an
+  operator's pools are the config file's). A name already used in W is
+  ``AlreadyExists``; a bad option (GPU type, sizes, namespace, image) is
+  ``ValueError`` naming the option and what is accepted, and nothing is
+  written.
+* **The join token** is single-use and expires (:data:`JOIN_TTL_S` unless
+  asked otherwise), labelled ``cluster``, ``pool`` and ``name``; it is in the
+  answer of :func:`join` only. The cluster's record keeps the id of the agent
+  it was issued for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from levers9.config.load import hook_pool
+from levers9.config.model import PoolConfig
+from levers9.scheduler.pools import PoolSpec
+from levers9.services.agent_join import JOIN_TTL_S, JoinToken, issue_join_token
+from levers9.services.auth import PermissionDenied, Principal
+from levers9.state.errors import AlreadyExists
+from levers9.state.sql.clusters import ClusterStore
+from levers9.state.sql.records import ClusterRecord, TokenKind
+
+if TYPE_CHECKING:
+    from levers9.services.core import Services
+
+__all__ = [
+    "JOIN_TTL_S",
+    "KIND",
+    "PROVIDER",
+    "SYNC_S",
+    "ClusterOptions",
+    "ClusterView",
+    "JoinedCluster",
+    "join",
+    "keep_pools",
+    "list_clusters",
+    "pool_name",
+    "sync_pools",
+]
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "attached_cluster"
+KIND = "attached"
+#: how often every replica re-reads the attached clusters' pools
+SYNC_S = 5.0
+#: the bounds of a cluster pool's numbers (one worker pod's size, the pool's workers), as the API states them
+MAX_GPUS = 8
+MAX_CPUS = 1024
+MAX_MEMORY_MIB = 16 * 1024 * 1024
+MAX_WORKERS = 10_000
+#: cluster names are DNS labels short enough that ``<name>.<8 hex>`` is still a Kubernetes label value
+MAX_NAME = 40
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What ``levers9 cluster join`` decides about the cluster's pool (the config file's pool fields)."""
+
+    name: str
+    gpu: str | None = None
+    gpu_count: int | None = None
+    #: CPU cores and memory (MiB, or a size like ``16GiB``) of one worker pod
+    cpu: float = 1.0
+    memory: int | str = 2048
+    min_workers: int = 0
+    max_workers: int = 10
+    runtime: str = "runc"
+    namespace: str = "levers9"
+    worker_image: str = ""
+    #: further ``attached_cluster`` settings (tolerations, node_selector, privileged...), as the config file has them
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    ttl_s: float = JOIN_TTL_S
+
+
+@dataclass(frozen=True)
+class JoinedCluster:
+    cluster: ClusterRecord
+    pool: PoolSpec
+    join: JoinToken
+    #: the controlplane's advertised gRPC URL and CA, for the agent's manifest
+    controlplane_url: str
+    ca_pem: str
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """A cluster with what its agent last reported (zeros when it never did)."""
+
+    cluster: ClusterRecord
+    pool: str
+    gpu: str | None = None
+    gpu_count: int = 0
+    namespace: str = ""
+    agent_id: str = ""
+    connected: bool = False
+    #: epoch seconds of the agent's last message; 0: never connected
+    last_seen: float = 0.0
+    version: str = ""
+    nodes: int = 0
+    gpus: dict[str, int] = field(default_factory=dict)
+    free_gpus: dict[str, int] = field(default_factory=dict)
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    #: levers9 machine ids of the worker Jobs running there
+    workers: list[str] = field(default_factory=list)
+
+
+def pool_name(name: str, workspace_id: str) -> str:
+    """``lab.1a2b3c4d``: the pool of cluster ``name`` of workspace ``workspace_id``, unique on the controlplane."""
+    return f"{name}.{workspace_id.rsplit('_', 1)[-1][:8]}"
+
+
+def _check_name(name: str) -> None:
+    if not (0 < len(name) <= MAX_NAME and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)):
+        raise ValueError(
+            f"cluster name {name!r} is not valid: it must be 1-{MAX_NAME} lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (like gpu-lab)"
+        )
+
+
+def _pool_config(options: ClusterOptions) -> dict[str, Any]:
+    settings = {**dict(options.settings), "cluster": options.name, "namespace": options.namespace}
+    if options.worker_image:
+        settings["worker_image"] = options.worker_image
+    config: dict[str, Any] = {
+        "provider": PROVIDER,
+        "runtime": options.runtime,
+        "cpu": options.cpu,
+        "memory": options.memory,
+        "min_workers": options.min_workers,
+        "max_workers": options.max_workers,
+        "settings": settings,
+    }
+    if options.gpu:
+        config["gpu"] = options.gpu
+        config["gpu_count"] = options.gpu_count or 1
+    return config
+
+
+def _errors(exc: ValidationError, prefix: str) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"] if isinstance(p, str | int))
+        message = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{prefix}{where}: {message}" if where else f"{prefix.rstrip('.')}: {message}")
+    return "; ".join(parts)
+
+
+def build_pool(services: Services, name: str, workspace_id: str, config: Mapping[str, Any]) -> PoolSpec:
+    """The scheduler's pool of a cluster's stored config. :raises ValueError: naming each bad field."""
+    try:
+        pool_config = PoolConfig.model_validate(dict(config))
+    except ValidationError as exc:
+        raise ValueError(_errors(exc, "")) from None
+    hooks = services.hooks
+    model = hooks.provider_settings_model(PROVIDER)
+    try:
+        settings = model.model_validate(pool_config.settings, context={"pool": name, "regions": []})
+    except ValidationError as exc:
+        raise ValueError(_errors(exc, "settings.")) from None
+    if pool_config.runtime not in hooks.runtimes():
+        raise ValueError(
+            f"runtime {pool_config.runtime!r} is not installed here; installed: {', '.join(sorted(hooks.runtimes()))}"
+        )
+    pool = hook_pool(name, pool_config, settings)
+    return PoolSpec.from_config(pool, pool_config, workspace=workspace_id)
+
+
+async def join(services: Services, principal: Principal, options: ClusterOptions) -> JoinedCluster:
+    """Record the cluster and its pool, and issue its agent's single-use join token (see the module docstring)."""
+    if principal.kind is not TokenKind.USER:
+        raise PermissionDenied(f"only a user token may attach clusters, not a {principal.kind.value} token")
+    workspace = principal.workspace_id
+    if workspace is None:
+        raise PermissionDenied(
+            "an operator's token belongs to no workspace, and an attached cluster serves one workspace: attach it "
+            "with a token of that workspace (an operator's own pools are in the config file)"
+        )
+    if PROVIDER not in services.hooks.providers():
+        raise ValueError(f"the {PROVIDER} provider plugin is not loaded on this controlplane (levers9 plugins list)")
+    _check_name(options.name)
+    store = ClusterStore(services.db, services.box)
+    if await store.by_name(workspace, options.name) is not None:
+        raise AlreadyExists(f"this workspace already has a cluster named {options.name!r} (levers9 clusters)")
+    name = pool_name(options.name, workspace)
+    if name in services.pools and services.pools[name].workspace != workspace:
+        raise AlreadyExists(f"pool {name!r} exists on this controlplane already; choose another cluster name")
+    config = _pool_config(options)
+    spec = build_pool(services, name, workspace, config)  # every bad option refused before anything is written
+    record = await store.create(workspace, options.name, KIND, name, {"pool": config})
+    try:
+        token = await issue_join_token(
+            services, principal, PROVIDER, {"cluster": options.name, "pool": name, "name": options.name},
+            ttl_s=options.ttl_s,
+        )  # fmt: skip
+    except BaseException:
+        await store.delete(record.id)
+        raise
+    await store.set_settings(record.id, {"pool": config, "agent_id": token.agent_id})
+    await sync_pools(services)
+    return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
+                         services.scheduler.ctx.controlplane_ca)  # fmt: skip
+
+
+def _ints(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)}
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
+async def list_clusters(services: Services, principal: Principal) -> list[ClusterView]:
+    """The caller's workspace's attached clusters, connected or not, with their agents' last report."""
+    workspace = principal.workspace_id
+    if workspace is None:
+        return []
+    store = ClusterStore(services.db, services.box)
+    records = [r for r in await store.list(workspace) if r.kind == KIND]
+    agents = [
+        a for a in await services.agents.all()
+        if a.provider == PROVIDER and a.workspace == workspace and not a.removed
+    ]  # fmt: skip
+    views = []
+    for record in records:
+        spec = services.pools.get(record.pool)
+        settings = getattr(spec.pool.settings, "namespace", "") if spec is not None else ""
+        mine = sorted((a for a in agents if a.labels.get("cluster") == record.name), key=lambda a: a.last_seen)
+        base = ClusterView(record, record.pool, gpu=spec.gpu if spec else None,
+                           gpu_count=spec.gpu_count if spec else 0, namespace=settings)  # fmt: skip
+        if not mine:
+            views.append(base)
+            continue
+        agent = mine[-1]
+        capacity = agent.capacity
+        free = capacity.get("free")
+        free = free if isinstance(free, dict) else {}
+        details = capacity.get("details")
+        nodes = details.get("nodes") if isinstance(details, dict) else None
+        views.append(
+            ClusterView(
+                record,
+                record.pool,
+                gpu=base.gpu,
+                gpu_count=base.gpu_count,
+                namespace=base.namespace,
+                agent_id=agent.id,
+                connected=await services.agents.owner(agent.id) is not None,
+                last_seen=agent.last_seen,
+                version=agent.version,
+                nodes=len(nodes) if isinstance(nodes, list) else 0,
+                gpus=_ints(capacity.get("gpus")),
+                free_gpus=_ints(free.get("gpus")),
+                cpu_millicores=_int(capacity.get("cpu_millicores")),
+                memory_mib=_int(capacity.get("memory_mib")),
+                workers=list(agent.machines),
+            )
+        )
+    return views
+
+
+async def sync_pools(services: Services) -> list[str]:
+    """Make the scheduler's pool table hold exactly the attached clusters' pools; the names that changed."""
+    pools = services.pools
+    found: dict[str, PoolSpec] = {}
+    for record, settings in await ClusterStore(services.db, services.box).list_kind(KIND):
+        config = (settings or {}).get("pool")
+        if not isinstance(config, dict):
+            log.error("attached cluster %s (%s) has no pool config; it serves nothing", record.name, record.id)
+            continue
+        configured = pools.get(record.pool)
+        if configured is not None and configured.pool.provider != PROVIDER:
+            log.error("attached cluster %s: its pool %r collides with a config pool; it serves nothing",
+                      record.name, record.pool)  # fmt: skip
+            continue
+        try:
+            found[record.pool] = build_pool(services, record.pool, record.workspace_id, config)
+        except ValueError as exc:
+            log.error("attached cluster %s (%s): its pool is not valid here: %s", record.name, record.id, exc)
+    changed = []
+    for name in [
+        n
+        for n, spec in pools.items()
+        if spec.pool.provider == PROVIDER and spec.workspace is not None and n not in found
+    ]:
+        del pools[name]
+        changed.append(name)
+    for name, spec in found.items():
+        if pools.get(name) != spec:
+            pools[name] = spec
+            changed.append(name)
+    if changed:
+        services.scheduler.ctx.planner_wanted.set()
+        log.info("attached clusters' pools now: %s", ", ".join(sorted(found)) or "none")
+    return changed
+
+
+async def keep_pools(services: Services, every_s: float = SYNC_S) -> None:
+    """:func:`sync_pools` every ``every_s`` seconds until cancelled; a failed pass is logged and retried."""
+    while True:
+        try:
+            await sync_pools(services)
+        except Exception:
+            log.exception("reading the attached clusters' pools failed; retrying in %g s", every_s)
+        await asyncio.sleep(every_s)
