@@ -52,6 +52,12 @@ async def test_a_workspace_joins_a_cluster_as_its_own_pool_with_a_single_use_tok
     )
     assert pool.pool.settings.cluster == "lab"
     assert pool.pool.settings.worker_image == IMAGE
+    # GPU nodes' usual taints are tolerated unless the settings name tolerations
+    assert [(t.key, t.operator, t.effect) for t in pool.pool.settings.tolerations] == [
+        ("nvidia.com/gpu", "Exists", "NoSchedule"), ("amd.com/gpu", "Exists", "NoSchedule")
+    ]  # fmt: skip
+    cpu = await clusters.join(services, team, options("cpu-lab", gpu=None, idle_timeout_s=5))
+    assert (cpu.pool.gpu, cpu.pool.pool.settings.tolerations, cpu.pool.idle_timeout_s) == (None, [], 5)
     assert services.pools[pool.name] == pool
     # the token joins once, as an attached_cluster agent of the workspace labelled with its cluster and pool
     joined = await agent_join.join(services, made.join.token, hostname="agent-pod")

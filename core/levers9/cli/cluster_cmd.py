@@ -96,6 +96,9 @@ def join(
     cpu: float | None = typer.Option(None, "--cpu", help="CPU cores per worker pod (default 1)."),
     memory: str | None = typer.Option(None, "--memory", help="Memory per worker pod: MiB or a size like 16GiB."),
     max_workers: int | None = typer.Option(None, "--max-workers", help="At most this many workers (default 10)."),
+    idle_timeout: float | None = typer.Option(
+        None, "--idle-timeout", help="Seconds before an idle worker is released (default 300)."
+    ),
     runtime: str | None = typer.Option(None, "--runtime", help="The workers' container runtime (default runc)."),
     privileged: bool = typer.Option(
         False, "--privileged", help="Worker pods run privileged (the runc and gvisor runtimes need it)."
@@ -136,7 +139,8 @@ def join(
         name=name, gpu=gpu or "", memory=memory or "", runtime=runtime or "", namespace=namespace,
         worker_image=worker_image, settings_json=json.dumps(extra) if extra else "", ttl_s=ttl_s,
     )  # fmt: skip
-    for field, value in (("gpu_count", gpu_count), ("cpu", cpu), ("max_workers", max_workers)):
+    for field, value in (("gpu_count", gpu_count), ("cpu", cpu), ("max_workers", max_workers),
+                         ("idle_timeout_s", idle_timeout)):  # fmt: skip
         if value is not None:
             setattr(request, field, value)
     manifest = AgentManifest(cluster=name, namespace=namespace, image=image, controlplane_url=url,

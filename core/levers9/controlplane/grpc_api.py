@@ -135,7 +135,7 @@ def cluster_options(request: controlplane_pb2.JoinClusterRequest) -> clusters.Cl
         if not isinstance(settings, dict):
             raise ValueError("settings_json must be a JSON object of attached_cluster settings")
     given: dict[str, Any] = {"name": request.name, "settings": settings}
-    for key in ("gpu_count", "cpu", "min_workers", "max_workers"):
+    for key in ("gpu_count", "cpu", "min_workers", "max_workers", "idle_timeout_s"):
         if request.HasField(key):
             given[key] = getattr(request, key)
     for key in ("gpu", "memory", "runtime", "namespace", "worker_image"):

@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
-from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_MEMORY_MIB, MAX_WORKERS
+from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS, error_answer
@@ -58,6 +58,7 @@ ACCEPTED: dict[str, str] = {
     "body.memory": f"a whole number of MiB from 1 to {MAX_MEMORY_MIB}, or a size like 16GiB",
     "body.min_workers": f"a whole number from 0 to {MAX_WORKERS}",
     "body.max_workers": f"a whole number from 0 to {MAX_WORKERS}",
+    "body.idle_timeout_s": f"a number of seconds from 0 to {MAX_IDLE_S:.0f} (30 days)",
     "query.limit": f"a whole number from 1 to {MAX_TASKS_LISTED}",
 }
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_MEMORY_MIB, MAX_WORKERS, ClusterView
+from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS, ClusterView
 from levers9.services.deployments import MAX_VERSION, DeploymentView
 from levers9.services.joined_machines import JoinedMachineView
 from levers9.services.pools import PoolView, WorkerView
@@ -325,6 +325,9 @@ class ClusterJoin(_In):
     )
     min_workers: int = Field(0, ge=0, le=MAX_WORKERS)
     max_workers: int = Field(10, ge=0, le=MAX_WORKERS)
+    idle_timeout_s: float = Field(
+        300.0, ge=0, le=MAX_IDLE_S, description="An idle worker above min_workers is released after this."
+    )
     runtime: str = Field("runc", description="The container runtime plugin the workers use.")
     namespace: str = Field("levers9", description="Where the agent creates worker Jobs in the cluster.")
     worker_image: str = Field("", description="The worker image the cluster pulls (required).")

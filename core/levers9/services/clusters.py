@@ -74,11 +74,15 @@ PROVIDER = "attached_cluster"
 KIND = "attached"
 #: how often every replica re-reads the attached clusters' pools
 SYNC_S = 5.0
+#: the taints GPU nodes commonly carry (the NVIDIA GPU Operator, EKS and GKE GPU node groups, AMD's); a GPU
+#: pool tolerates them unless its settings name tolerations of their own
+GPU_TAINTS = ("nvidia.com/gpu", "amd.com/gpu")
 #: the bounds of a cluster pool's numbers (one worker pod's size, the pool's workers), as the API states them
 MAX_GPUS = 8
 MAX_CPUS = 1024
 MAX_MEMORY_MIB = 16 * 1024 * 1024
 MAX_WORKERS = 10_000
+MAX_IDLE_S = 30 * 86_400.0
 #: cluster names are DNS labels short enough that ``<name>.<8 hex>`` is still a Kubernetes label value
 MAX_NAME = 40
 
@@ -95,6 +99,8 @@ class ClusterOptions:
     memory: int | str = 2048
     min_workers: int = 0
     max_workers: int = 10
+    #: an idle worker above ``min_workers`` is released after this many seconds
+    idle_timeout_s: float = 300.0
     runtime: str = "runc"
     namespace: str = "levers9"
     worker_image: str = ""
@@ -151,6 +157,9 @@ def _check_name(name: str) -> None:
 
 def _pool_config(options: ClusterOptions) -> dict[str, Any]:
     settings = {**dict(options.settings), "cluster": options.name, "namespace": options.namespace}
+    if options.gpu and "tolerations" not in settings:
+        # GPU nodes are commonly tainted so that only pods asking for GPUs land there: tolerated unless told
+        settings["tolerations"] = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in GPU_TAINTS]
     if options.worker_image:
         settings["worker_image"] = options.worker_image
     config: dict[str, Any] = {
@@ -160,6 +169,7 @@ def _pool_config(options: ClusterOptions) -> dict[str, Any]:
         "memory": options.memory,
         "min_workers": options.min_workers,
         "max_workers": options.max_workers,
+        "idle_timeout_s": options.idle_timeout_s,
         "settings": settings,
     }
     if options.gpu:
