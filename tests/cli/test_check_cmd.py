@@ -279,9 +279,9 @@ def test_example_config(cli: Callable[..., Any]) -> None:
     assert rows["default"]["usable"] is False
     assert "no kubeconfig" in rows["default"]["provider_check"]["message"], rows["default"]
     assert rows["default"]["provider_check"]["hint"]
-    # a provider that declares its settings only (attached clusters, until issue 19 lands them): said, not usable
-    assert rows["research-cluster"]["usable"] is False
-    assert "implements no levers9_provision" in rows["research-cluster"]["provider_check"]["message"]
+    # an attached cluster's agent dials a running controlplane, never this command: said, as for joined machines
+    assert rows["research-cluster"]["usable"] is True, rows["research-cluster"]
+    assert "no agent hub here" in rows["research-cluster"]["provider_check"]["message"]
     for row in rows.values():
         # what may fail is credentials or this host, never the example's own settings
         assert "not checked" not in row["runtime_check"]["message"], row

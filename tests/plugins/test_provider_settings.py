@@ -358,7 +358,7 @@ def test_hooks_register_against_the_spec() -> None:
 
 
 #: providers whose provisioning hooks have landed; the others declare settings only
-PROVISIONING = {"local", "agent_machine", "ec2", "oci", "lambda_labs", "local_k8s"}
+PROVISIONING = {"local", "agent_machine", "ec2", "oci", "lambda_labs", "local_k8s", "attached_cluster"}
 PROVIDER_HOOKS = {
     "levers9_provider_settings", "levers9_gpu_offers", "levers9_provision", "levers9_terminate",
     "levers9_list_machines",

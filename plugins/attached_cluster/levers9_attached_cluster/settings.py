@@ -66,3 +66,10 @@ class AttachedClusterSettings(BaseModel):
         le=600,
         description="How long the controlplane waits for the agent to acknowledge a create or delete order.",
     )
+    heartbeat_timeout_s: float = Field(
+        90.0,
+        ge=5,
+        le=3600,
+        description="A cluster's agent silent this long no longer serves the pool: no offers, no new workers, "
+        "and its workers are reported failed. Agents heartbeat every 30 s, so keep this at 60 or more.",
+    )
