@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from levers9.agent import k8s_credential
 from levers9.kubernetes_manifests.agent import (
     AGENT,
     CREDENTIAL_SECRET,
@@ -76,7 +77,8 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
     assert attached == f"attached cluster lab as pool {pool}; its agent's manifest: {path}"
     assert apply == f"kubectl apply -f {path}"
     assert "within 30m" in result.stderr
-    assert "plain text" in result.stderr
+    # the agent dials what the controlplane advertises to its workers, not this context's plain-text address
+    assert "plain text" not in result.stderr
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # it holds the token
     objects = list(yaml.safe_load_all(path.read_text()))
     kinds = by_kind(objects)
@@ -86,7 +88,7 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
     assert token not in json.dumps(kinds["Deployment"])  # the pod reads it through a secretKeyRef only
     command = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command == ["levers9", "agent", "join", "--kubernetes", "--namespace", "levers9", "--controlplane",
-                       f"grpc://{plane.address}", "--insecure"]  # fmt: skip
+                       "grpcs://cp.example:50051"]  # fmt: skip
     assert {o["metadata"].get("namespace") for o in objects if o["kind"] not in ("Namespace", "ClusterRole",
                                                                                 "ClusterRoleBinding")} == {"levers9"}  # fmt: skip
 
@@ -196,7 +198,7 @@ def test_the_rbac_grants_exactly_the_agents_listed_calls() -> None:
     # the credential Secret the agent keeps is one it may create and read back
     secrets = next(r for r in kinds["Role"]["rules"] if r["resources"] == ["secrets"])
     assert {"create", "get"} <= set(secrets["verbs"])
-    assert CREDENTIAL_SECRET.startswith(AGENT)
+    assert CREDENTIAL_SECRET == k8s_credential.SECRET_NAME  # the name the agent keeps its credential under
 
 
 def test_every_kubernetes_call_the_agent_makes_is_granted() -> None:

@@ -14,6 +14,9 @@ runs) reads it back. Invariants:
   or deleted here, so nothing the operator has is lost.
 * :class:`NotJoined` (a :class:`CredentialError`) means there is no file: the
   machine never joined with this state directory.
+* :func:`to_json` and :func:`from_json` are that file's text and its reading,
+  for a credential kept elsewhere (in Kubernetes mode, a Secret:
+  :mod:`levers9.agent.k8s_credential`); the same checks, the same messages.
 
 Standard library only.
 """
@@ -34,12 +37,15 @@ __all__ = [
     "CredentialError",
     "NotJoined",
     "default_state_dir",
+    "from_json",
     "load",
     "save",
+    "to_json",
 ]
 
 STATE_DIR_ENV = "LEVERS9_AGENT_DIR"
 CREDENTIAL_FILE = "agent.json"
+_AGAIN = "join again into an empty --state-dir"
 
 
 class CredentialError(ValueError):
@@ -80,6 +86,24 @@ def default_state_dir() -> Path:
     return Path.home() / ".levers9" / "agent"
 
 
+def to_json(credential: AgentCredential) -> str:
+    """The credential's JSON, as ``agent.json`` holds it (the token included: keep it where only the agent reads)."""
+    return json.dumps(asdict(credential), indent=2, sort_keys=True) + "\n"
+
+
+def from_json(text: str, where: str, *, again: str = _AGAIN) -> AgentCredential:
+    """The credential in ``text`` (what :func:`to_json` wrote), read from ``where`` (named in every error).
+
+    ``again``: what the operator does about a credential that is not what a join wrote.
+    :raises CredentialError: it is not JSON, or not what a join wrote.
+    """
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        raise CredentialError(f"{where} is not JSON ({exc}); {again}") from None
+    return _parse(data, where, again)
+
+
 def save(state_dir: Path, credential: AgentCredential) -> Path:
     """Write ``credential`` to ``<state_dir>/agent.json`` (0600, whole or not at all); returns the path."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -88,8 +112,7 @@ def save(state_dir: Path, credential: AgentCredential) -> Path:
     partial.unlink(missing_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as file:
-        json.dump(asdict(credential), file, indent=2, sort_keys=True)
-        file.write("\n")
+        file.write(to_json(credential))
         file.flush()
         os.fsync(file.fileno())
     partial.replace(path)
@@ -120,19 +143,15 @@ def load(state_dir: Path) -> AgentCredential:
                 f"{stat.filemode(info.st_mode)}: fix it with `chmod 600 {path}`"
             )
         text = file.read()
-    try:
-        data: Any = json.loads(text)
-    except ValueError as exc:
-        raise CredentialError(f"{path} is not JSON ({exc}); join again into an empty --state-dir") from None
-    return _parse(data, path)
+    return from_json(text, str(path))
 
 
-def _parse(data: Any, path: Path) -> AgentCredential:
+def _parse(data: Any, path: str, again: str) -> AgentCredential:
     if not isinstance(data, dict):
         raise CredentialError(f"{path} must hold a JSON object, not {type(data).__name__}")
     missing = [key for key in ("agent_id", "token", "controlplane", "provider") if not isinstance(data.get(key), str)]
     if missing:
-        raise CredentialError(f"{path} lacks {', '.join(missing)} (text fields): join again into an empty --state-dir")
+        raise CredentialError(f"{path} lacks {', '.join(missing)} (text fields): {again}")
     labels = data.get("labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise CredentialError(f"{path}: labels must be an object of text values")

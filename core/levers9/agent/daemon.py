@@ -1,32 +1,39 @@
-"""The agent itself: orders carried out once and acknowledged, inventories sent, GPUs rediscovered.
+"""The agent itself: orders carried out once and acknowledged, inventories sent, workers on Docker or Kubernetes.
 
 :class:`Agent` is the :class:`~levers9.agent.connection.SessionHandler` the
-connection loop drives. Invariants:
+connection loop drives; what it drives is a :class:`~levers9.agent.backends.Backend`:
+a joined machine's Docker (:class:`~levers9.agent.backends.DockerBackend`) or,
+in Kubernetes mode (:class:`KubernetesMode`), worker Jobs in the agent's
+namespace of an attached cluster (:class:`~levers9.agent.backends.K8sBackend`).
+Invariants:
 
 * **An order is carried out once per agent process.** Orders are keyed by
   id: one seen again while it runs is not started twice (its acknowledgement
   goes out when it is done, on whatever stream is up then); one seen again
   after it was done is answered with the same acknowledgement. Across
-  restarts Docker is the memory: a provision order for a machine whose
-  container exists answers with it (:mod:`levers9.agent.docker_workers`).
+  restarts the workers' side is the memory: a provision order for a machine
+  whose container (Docker) or Job (Kubernetes) exists answers with it.
 * **Inventory** goes out right after every Welcome, whenever it changes
-  (checked every ``poll_s`` and at once after each order) and every
-  ``inventory_every_s`` (5 min) regardless: a thousand agents re-sending an
-  unchanged inventory would cost the controlplane more than their heartbeats. While Docker cannot be reached,
-  none is sent (an empty container list would read as "every worker is
-  gone"); the failure is logged once until it changes.
+  (checked every ``poll_s``, :data:`DOCKER_POLL_S` or :data:`K8S_POLL_S`, and at
+  once after each order) and every ``inventory_every_s`` (5 min) regardless: a
+  thousand agents re-sending an unchanged inventory would cost the
+  controlplane more than their heartbeats. What counts as a change is the
+  backend's ``change_key``. While Docker or the Kubernetes API cannot be read,
+  none is sent (an empty worker list would read as "every worker is gone");
+  the failure is logged once until it changes.
 * **Heartbeats** every ``Welcome.heartbeat_s``.
-* **Nothing is stopped on start-up**: the agent reports its containers and
-  the controlplane decides.
-* **A removed machine leaves nothing running**: when the controlplane refuses
-  the credential because the machine was removed ("this machine was
-  removed"), the agent stops and removes its own ``l9w-*`` containers (those
-  its terminate orders did not reach) before it exits with code 3. Any other
-  refusal (a revoked token, say) leaves them: the operator decides.
+* **Nothing is stopped on start-up**: the agent reports its workers and the
+  controlplane decides.
+* **A removed agent leaves nothing running**: when the controlplane refuses
+  the credential because the agent was removed (:data:`REMOVED`), the agent
+  removes its own workers (its ``l9w-*`` containers; in Kubernetes mode every
+  worker Job and Secret of its namespace), those its terminate orders did not
+  reach, before it exits with code 3. Any other refusal (a revoked token, say)
+  leaves them: the operator decides.
 
-Docker's blocking calls run in threads. :func:`run_agent` is what the CLI
-runs: it returns the process's exit code (0 on a stop signal, 3 when the
-controlplane refused the credential).
+Blocking calls run in threads. :func:`run_agent` is what the CLI runs: it
+returns the process's exit code (0 on a stop signal, 3 when the controlplane
+refused the credential).
 """
 
 from __future__ import annotations
@@ -38,16 +45,18 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from levers9.agent.backends import Backend, DockerBackend, K8sBackend
 from levers9.agent.connection import CredentialRefused, Send, connect_forever
 from levers9.agent.credentials import AgentCredential
 from levers9.agent.docker_workers import DockerWorkers, OrderRefused
-from levers9.agent.inventory import GpuSource, build_inventory, change_key, machine_resources
-from levers9.hooks.types import GpuDevice
+from levers9.agent.inventory import GpuSource, machine_resources
+from levers9.agent.k8s_workers import K8sWorkers
 from levers9.proto.v1 import agent_pb2
 
-__all__ = ["EXIT_REFUSED", "REMOVED", "Agent", "run_agent"]
+__all__ = ["DOCKER_POLL_S", "EXIT_REFUSED", "K8S_POLL_S", "REMOVED", "Agent", "KubernetesMode", "run_agent"]
 
 log = logging.getLogger(__name__)
 
@@ -57,26 +66,36 @@ EXIT_REFUSED = 3
 REMOVED = "this machine was removed"
 #: acknowledgements remembered for orders seen again
 _DONE_KEPT = 1000
+#: how often a joined machine's agent looks for a changed inventory (Docker answers locally, in milliseconds)
+DOCKER_POLL_S = 2.0
+#: how often an attached cluster's agent does (each look lists the cluster's nodes and pods on its API server)
+K8S_POLL_S = 10.0
+
+
+@dataclass(frozen=True)
+class KubernetesMode:
+    """Run the workers as Jobs in ``namespace`` of the cluster ``api_client_factory`` reaches (None: in-cluster).
+
+    ``allow_privileged``: the Jobs may run privileged containers (the runc and gvisor runtimes need it).
+    """
+
+    namespace: str
+    api_client_factory: Callable[[], Any] | None = None
+    allow_privileged: bool = False
 
 
 class Agent:
     """One agent process's state across its streams (see the module docstring)."""
 
-    def __init__(
-        self, workers: DockerWorkers, gpus: GpuSource, *, poll_s: float = 2.0, inventory_every_s: float = 300.0
-    ) -> None:
-        self.workers = workers
-        self._gpu_source = gpus
-        self._gpus: list[GpuDevice] = []
-        self._gpus_at = -float("inf")
+    def __init__(self, backend: Backend, *, poll_s: float = DOCKER_POLL_S, inventory_every_s: float = 300.0) -> None:
+        self.backend = backend
         self.poll_s = poll_s
         self.inventory_every_s = inventory_every_s
         self._send: Send | None = None
         self._running: dict[str, asyncio.Task[None]] = {}
         self._done: OrderedDict[str, agent_pb2.Ack] = OrderedDict()
         self._changed = asyncio.Event()
-        self._docker_error: str | None = None
-        workers.gpu_devices = lambda: list(self._gpus)
+        self._unreadable: str | None = None
 
     # -------------------------------------------------------------------------- the stream's side
 
@@ -123,14 +142,14 @@ class Agent:
             payload = json.loads(order.payload_json or "{}")
             if not isinstance(payload, dict):
                 raise OrderRefused(f"the {order.kind} order's payload must be a JSON object", "invalid_request")
-            action = self._actions().get(order.kind)
+            actions = self.backend.actions()
+            action = actions.get(order.kind)
             if action is None:
                 raise OrderRefused(
-                    f"this agent does not know the order {order.kind!r}; it knows {', '.join(sorted(self._actions()))}",
+                    f"this agent does not know the order {order.kind!r}; it knows {', '.join(sorted(actions))}",
                     "invalid_request",
                 )
-            if order.kind == "provision" and int(payload.get("gpu_count") or 0) > 0:
-                await self._refresh_gpus(force=not self._gpus)
+            await self.backend.before_order(order.kind, payload)
             result = await asyncio.to_thread(action, payload)
         except OrderRefused as exc:
             log.warning("refused the %s order %s: %s", order.kind, order.order_id, exc)
@@ -143,13 +162,6 @@ class Agent:
             return agent_pb2.Ack(order_id=order.order_id, ok=False, error=f"{type(exc).__name__}: {exc}")
         return agent_pb2.Ack(order_id=order.order_id, ok=True, result_json=json.dumps(result))
 
-    def _actions(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-        return {
-            "provision": self.workers.provision,
-            "terminate": self.workers.terminate,
-            "list": lambda _payload: self.workers.list_containers(),
-        }
-
     # -------------------------------------------------------------------------- inventory and heartbeats
 
     @staticmethod
@@ -158,29 +170,19 @@ class Agent:
             await asyncio.sleep(max(0.1, heartbeat_s))
             send(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
 
-    async def _refresh_gpus(self, *, force: bool = False) -> None:
-        if not force and time.monotonic() - self._gpus_at < self.inventory_every_s:
-            return
-        self._gpus_at = time.monotonic()
-        try:
-            self._gpus = await self._gpu_source()
-        except Exception as exc:  # the facade logs a failing plugin; anything else: keep what was known
-            log.warning("GPU discovery failed: %s", exc)
-
     async def inventory(self) -> agent_pb2.Inventory | None:
-        """This machine's inventory now; None when Docker cannot be reached."""
-        await self._refresh_gpus()
+        """The inventory now; None when Docker or the Kubernetes API cannot be read (logged once per failure)."""
         try:
-            facts, containers = await asyncio.to_thread(lambda: (self.workers.facts(), self.workers.containers()))
+            inventory = await self.backend.inventory()
         except OrderRefused as exc:
-            if str(exc) != self._docker_error:
+            if str(exc) != self._unreadable:
                 log.warning("no inventory sent: %s", exc)
-                self._docker_error = str(exc)
+                self._unreadable = str(exc)
             return None
-        if self._docker_error is not None:
-            log.info("Docker at %s answers again", self.workers.docker_host)
-            self._docker_error = None
-        return build_inventory(self.workers.agent_id, self.workers.resources, self._gpus, facts, containers)
+        if self._unreadable is not None:
+            log.info("%s answers again", self.backend.where)
+            self._unreadable = None
+        return inventory
 
     async def _inventories(self, send: Send) -> None:
         sent_key: str | None = None
@@ -189,7 +191,7 @@ class Agent:
             self._changed.clear()
             inventory = await self.inventory()
             if inventory is not None:
-                key = change_key(inventory)
+                key = self.backend.change_key(inventory)
                 if key != sent_key or time.monotonic() - sent_at >= self.inventory_every_s:
                     send(agent_pb2.AgentMessage(inventory=inventory))
                     sent_key, sent_at = key, time.monotonic()
@@ -202,16 +204,15 @@ class Agent:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
 
 
-async def _remove_workers(workers: DockerWorkers) -> None:
-    """The machine was removed: its worker containers go with it (logged; a failure is logged, not raised)."""
+async def _remove_workers(backend: Backend) -> None:
+    """The agent was removed: its workers go with it (logged; a failure is logged, not raised)."""
     try:
-        removed = await asyncio.to_thread(workers.remove_mine)
+        removed = await asyncio.to_thread(backend.remove_mine)
     except OrderRefused as exc:
-        log.error("this machine was removed but its worker containers could not be removed: %s", exc)
+        log.error("this agent was removed but its workers could not be removed: %s", exc)
         return
     if removed:
-        log.warning("this machine was removed: stopped and removed its worker containers %s",
-                    ", ".join(f"l9w-{m}" for m in removed))  # fmt: skip
+        log.warning("%s", backend.describe_removed(removed))
 
 
 async def run_agent(
@@ -221,39 +222,52 @@ async def run_agent(
     docker_host: str | None = None,
     gpus: GpuSource | None = None,
     stop_grace_s: float = 10.0,
-    poll_s: float = 2.0,
+    poll_s: float | None = None,
+    kubernetes: KubernetesMode | None = None,
     on_ready: Callable[[Agent], Awaitable[None]] | None = None,
 ) -> int:
     """Run the agent of ``credential`` until ``stop`` is set: 0, or :data:`EXIT_REFUSED` (3) when refused.
 
-    ``gpus`` is where GPUs are discovered (default: the installed plugins' ``levers9_gpu_devices``).
+    Its workers are containers on Docker (``docker_host``; ``gpus`` is where GPUs are discovered, default the
+    installed plugins' ``levers9_gpu_devices``), or, with ``kubernetes``, Jobs in that namespace. ``poll_s``:
+    how often a changed inventory is looked for (None: :data:`DOCKER_POLL_S`, or :data:`K8S_POLL_S`).
     """
     from levers9.agent.inventory import PluginGpus
 
     plugin_gpus = None
-    if gpus is None:
-        plugin_gpus = PluginGpus()
-        gpus = plugin_gpus
-    workers = DockerWorkers(credential.agent_id, docker_host=docker_host, resources=machine_resources(),
-                            stop_grace_s=stop_grace_s, insecure=credential.insecure)  # fmt: skip
-    agent = Agent(workers, gpus, poll_s=poll_s)
+    backend: Backend
+    if kubernetes is not None:
+        backend = K8sBackend(
+            K8sWorkers(kubernetes.namespace, agent_id=credential.agent_id,
+                       api_client_factory=kubernetes.api_client_factory,
+                       allow_privileged=kubernetes.allow_privileged, insecure=credential.insecure)
+        )  # fmt: skip
+        default_poll_s = K8S_POLL_S
+    else:
+        if gpus is None:
+            plugin_gpus = PluginGpus()
+            gpus = plugin_gpus
+        workers = DockerWorkers(credential.agent_id, docker_host=docker_host, resources=machine_resources(),
+                                stop_grace_s=stop_grace_s, insecure=credential.insecure)  # fmt: skip
+        backend = DockerBackend(workers, gpus)
+        default_poll_s = DOCKER_POLL_S
+    agent = Agent(backend, poll_s=default_poll_s if poll_s is None else poll_s)
     try:
         if on_ready is not None:
             await on_ready(agent)
-        log.info("agent %s for provider %s, Docker at %s", credential.agent_id, credential.provider,
-                 workers.docker_host)  # fmt: skip
+        log.info("agent %s for provider %s, workers on %s", credential.agent_id, credential.provider, backend.where)
         try:
             await connect_forever(credential, agent, stop)
         except CredentialRefused as exc:
             await agent.wait_orders()
             if REMOVED in str(exc):
-                await _remove_workers(workers)
-            log.error("%s; this agent stops (remove its state directory and join again with a new token)", exc)
+                await _remove_workers(backend)
+            log.error("%s; this agent stops (%s)", exc, backend.forget)
             return EXIT_REFUSED
         finally:
             await agent.wait_orders()
         return 0
     finally:
-        workers.close()
+        backend.close()
         if plugin_gpus is not None:
             plugin_gpus.close()

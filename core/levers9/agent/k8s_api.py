@@ -8,7 +8,8 @@ by page, and answers are the API's JSON as plain dicts
 deleted with ``propagationPolicy: Background`` (the API's default for a Job
 orphans its pod). ``kubernetes`` is imported only when a client is made
 (:func:`open_api`; the default is the pod's in-cluster service account,
-:func:`in_cluster_client`).
+:func:`in_cluster_client`; outside a cluster, a kubeconfig's context,
+:func:`kubeconfig_client`).
 
 :func:`refusal` turns what the client raised into the
 :class:`~levers9.agent.docker_workers.OrderRefused` the agent answers, with the
@@ -44,6 +45,7 @@ __all__ = [
     "K8sApi",
     "api_status",
     "in_cluster_client",
+    "kubeconfig_client",
     "open_api",
     "raise_refusal",
     "refusal",
@@ -192,6 +194,9 @@ class K8sApi:
         # the API's default for a Job orphans its pod: Background deletes the pod (and the owned Secret) after it
         self._call(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
 
+    def secret(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self.core.read_namespaced_secret, name, namespace)
+
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call(self.core.create_namespaced_secret, namespace, body)
 
@@ -208,6 +213,15 @@ def in_cluster_client() -> Any:
     return client.ApiClient(configuration)
 
 
+def kubeconfig_client(path: str, context: str | None = None) -> Any:
+    """An ApiClient for ``context`` (None: the current one) of the kubeconfig at ``path``; the file is only read
+    (a refreshed token is not written back)."""
+    from kubernetes import config
+
+    load: Any = config.new_client_from_config  # unannotated
+    return load(config_file=path, context=context, persist_config=False)
+
+
 def open_api(factory: Callable[[], Any]) -> K8sApi:
     """A :class:`K8sApi` on the client ``factory`` makes; :class:`OrderRefused` (plain) saying why there is none."""
     try:
@@ -221,5 +235,5 @@ def open_api(factory: Callable[[], Any]) -> K8sApi:
     except Exception as exc:  # no in-cluster configuration here, a kubeconfig unreadable
         raise OrderRefused(
             f"cannot make a Kubernetes API client ({type(exc).__name__}: {exc}); the agent's Kubernetes mode runs "
-            "in a pod with a service account"
+            "in a pod with a service account, or outside the cluster with --kubeconfig FILE (or $KUBECONFIG)"
         ) from None

@@ -6,9 +6,10 @@ join token, writes the manifest that starts the agent
 (:mod:`levers9.kubernetes_manifests.agent`) to ``--output`` (default
 ``levers9-cluster-NAME.yaml``, mode 0600: it holds the token, which is in
 nothing else) and prints the ``kubectl apply`` line to run with the cluster's
-own kube context. The agent dials the controlplane at this context's address
-(``grpcs://``, with the context's CA; a plain ``grpc://`` context gets
-``--insecure`` and a warning, development only). ``clusters`` lists the
+own kube context. The agent dials the addresses the controlplane advertises to
+its workers (every replica, so it fails over between them) with the
+controlplane's CA, else this context's address and CA (``grpcs://``; a plain
+``grpc://`` one gets ``--insecure`` and a warning, development only). ``clusters`` lists the
 workspace's clusters, connected or not, with their agents' last report.
 
 Exit codes: 1 for what the controlplane refused (its message says why), 2 for a
@@ -155,6 +156,11 @@ def join(
         return made
 
     made = call(context, action)
+    # the agent dials what the controlplane advertises to its workers (every replica, so it fails over), with
+    # the controlplane's own CA; this context's address and CA only when it advertises none
+    if made.controlplane_url:
+        url, tls = made.controlplane_url, made.controlplane_url.startswith("grpcs://")
+        manifest = replace(manifest, controlplane_url=url, ca_pem=made.ca_pem or ca_pem)
     objects = render_agent(replace(manifest, join_token=made.join_token))
     header = (
         f"# levers9: the agent of attached cluster {name} (pool {made.cluster.pool}), written by "
