@@ -120,6 +120,16 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
     assert cells[:3] == ["lab", pool, "yes"]
     assert cells[4:] == ["1", "1/1 L4", "0"]
 
+    removed = cli("cluster", "remove", "lab", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.strip() == f"removed cluster lab (pool {pool}): 0 workers stopped, 1 agents revoked"
+    assert "kubectl delete -f" in removed.stderr
+    plane.agents.pop()  # its stream was cut
+    assert cli("clusters", "--json").stdout.strip() == "[]"
+    again = cli("cluster", "remove", "lab", "--yes")
+    assert again.returncode == 1
+    assert "'lab' does not exist" in again.stderr
+
 
 def test_refusals_are_explained(plane: Plane, cli: Cli, tmp_path: Path) -> None:
     base = ["--image", IMAGE, "--worker-image", WORKER_IMAGE, "--output", str(tmp_path / "x.yaml")]

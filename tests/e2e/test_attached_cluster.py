@@ -18,7 +18,8 @@ pod's service account. What is checked:
    once (no pool of its own has an L4) and no Job is made;
 4. the replica holding the agent's stream is SIGKILLed: the agent dials the
    other, and ``team``'s next call runs in a new Job ordered through it;
-5. idle workers released and the agent stopped, no Job, pod or Secret of
+5. idle workers released and the cluster removed (``levers9 cluster
+   remove``: its agent is revoked and exits 3), no Job, pod or Secret of
    levers9's is left in the cluster but the agent's own credential Secret.
 
 No time is asserted.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -157,6 +157,8 @@ def test_an_attached_cluster_runs_its_workspaces_calls_through_its_agent_across_
         assert (job["metadata"]["namespace"], job["metadata"]["labels"]["levers9/pool"]) == (NS, pool)
         [pod] = [p for p in cluster.pods(NS) if p["metadata"]["labels"].get("levers9/pool") == pool]
         assert pod["spec"]["nodeName"] == GPU_NODE
+        # nothing reaches into the customer's cluster: the worker serves through its tunnel
+        assert any("declares its machine unreachable; it serves through a tunnel" in r.log() for r in replicas.replicas)
 
         # 3. another workspace's L4 call: refused at once, naming no pool of team's; no Job made for it
         refused = _call(replicas, other)
@@ -180,8 +182,11 @@ def test_an_attached_cluster_runs_its_workspaces_calls_through_its_agent_across_
 
         # 5. nothing left: the idle worker's Job and Secret deleted on the surviving replica's order
         wait_for(lambda: not _worker_jobs(cluster), "the second idle worker's Job to be deleted", 120, report)
-        agent.send_signal(signal.SIGTERM)
-        assert agent.wait(60) == 0, report()
+        removed = _cli(replicas, team, "cluster", "remove", "lab", "--yes")
+        assert removed.returncode == 0, f"{removed.stderr}\n{report()}"
+        assert agent.wait(60) == 3, report()  # revoked: it says so and exits 3
+        assert "attached cluster lab was removed" in agent_log.read_text()
+        assert _clusters(replicas, team) == []
         # only the agent's own credential stays (the customer's `kubectl delete -f` of the manifest removes it)
         kept = [f"Secret {NS}/levers9-agent-credential"]
         wait_for(lambda: cluster.leftovers() == kept, "no worker Job, pod or Secret left", 120,

@@ -17,9 +17,9 @@ import pytest
 
 from levers9.proto.v1 import agent_pb2, controlplane_pb2
 from levers9.services import agent_join, clusters
-from levers9.services.agents import InventoryReport
-from levers9.services.auth import PermissionDenied
-from levers9.state.errors import AlreadyExists
+from levers9.services.agents import AgentCut, InventoryReport
+from levers9.services.auth import PermissionDenied, Unauthenticated
+from levers9.state.errors import AlreadyExists, NotFound
 from levers9.state.sql.clusters import ClusterStore
 from tests.services import test_joined_machines
 from tests.services.test_agent_hub import Agent, workspace_user
@@ -206,3 +206,57 @@ async def test_rest_and_grpc_join_and_list(plant: Plant) -> None:
     # the agent joins over gRPC with the token the answer carried
     joined = await plant.agent_api.Join(agent_pb2.JoinRequest(join_token=made.join_token, hostname="agent-pod"))
     assert dict(joined.labels)["cluster"] == "cpu-lab"
+
+
+async def test_remove_revokes_the_agent_cuts_its_stream_with_the_removal_words_and_drops_the_pool(
+    plant: Plant,
+) -> None:
+    services = plant.services
+    team = await workspace_user(services, "team")
+    made = await clusters.join(services, team, options())
+    joined = await agent_join.join(services, made.join.token, hostname="agent-pod")
+    agent = Agent(plant.hub, await agent_join.authenticate_agent(services, joined.token))
+    await agent.connect(provider="attached_cluster")
+    other = await workspace_user(services, "other")
+    with pytest.raises(NotFound):
+        await clusters.remove(services, other, "lab")  # another workspace's cluster is not there for it
+    removed = await clusters.remove(services, team, "lab")
+    assert removed.agents == [joined.agent_id]
+    assert (removed.terminated, removed.not_terminated) == ([], [])
+    with pytest.raises(AgentCut, match="this machine was removed: attached cluster lab was removed"):
+        await agent.hang_up()  # cut at once, with the words the agent deletes its Jobs on
+    with pytest.raises(Unauthenticated):
+        await agent_join.authenticate_agent(services, joined.token)
+    assert made.pool.name not in services.pools
+    assert await clusters.list_clusters(services, team) == []
+    with pytest.raises(NotFound):
+        await clusters.remove(services, team, "lab")
+    # the name is free again: a new cluster, a new pool of the same name, a new token
+    again = await clusters.join(services, team, options())
+    assert again.pool.name == made.pool.name
+    assert again.join.agent_id != joined.agent_id
+
+
+async def test_an_agent_redis_forgot_is_registered_again_from_its_clusters_record(plant: Plant) -> None:
+    services = plant.services
+    team = await workspace_user(services, "team")
+    made = await clusters.join(services, team, options())
+    joined = await agent_join.join(services, made.join.token, hostname="agent-pod")
+    await services.redis.delete(services.agents._key(joined.agent_id))  # Redis lost it (an embedded one, killed)
+    assert await services.agents.get(joined.agent_id) is None
+    identity = await agent_join.authenticate_agent(services, joined.token)
+    assert identity.agent_id == joined.agent_id
+    record = await services.agents.get(joined.agent_id)
+    assert record is not None
+    assert (record.provider, record.workspace) == ("attached_cluster", team.workspace_id)
+    assert record.labels.items() >= {"cluster": "lab", "pool": made.pool.name}.items()
+    # over the transports: REST and gRPC remove the same way
+    again = await clusters.join(services, team, options("lab2"))
+    _, token = await services.tokens.issue("user", workspace_id=team.workspace_id, subject="someone@team")
+    gone = await plant.rest.delete("/api/v1/clusters/lab", headers=dict(auth(token)))
+    assert gone.status_code == 200, gone.text
+    assert gone.json()["agents"] == [joined.agent_id]
+    missing = await plant.rest.delete("/api/v1/clusters/lab", headers=dict(auth(token)))
+    assert missing.status_code == 404
+    over_grpc = await plant.api.RemoveCluster(controlplane_pb2.RemoveClusterRequest(name="lab2"), metadata=auth(token))
+    assert list(over_grpc.agents) == [again.join.agent_id]

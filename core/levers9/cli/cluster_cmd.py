@@ -1,4 +1,4 @@
-"""``levers9 cluster join`` and ``levers9 clusters``: Kubernetes clusters attached to the caller's workspace.
+"""``levers9 cluster join|remove`` and ``levers9 clusters``: Kubernetes clusters attached to the caller's workspace.
 
 ``cluster join NAME --gpu TYPE --image IMAGE --worker-image IMAGE`` asks the
 controlplane (JoinCluster) for the cluster's pool and its agent's single-use
@@ -10,7 +10,9 @@ own kube context. The agent dials the addresses the controlplane advertises to
 its workers (every replica, so it fails over between them) with the
 controlplane's CA, else this context's address and CA (``grpcs://``; a plain
 ``grpc://`` one gets ``--insecure`` and a warning, development only). ``clusters`` lists the
-workspace's clusters, connected or not, with their agents' last report.
+workspace's clusters, connected or not, with their agents' last report;
+``cluster remove`` stops its workers, revokes its agent (which then deletes
+its worker Jobs and exits) and forgets its pool.
 
 Exit codes: 1 for what the controlplane refused (its message says why), 2 for a
 bad argument or an output file that cannot be written.
@@ -186,6 +188,42 @@ def join(
     out.print(f"attached cluster {name} as pool {made.cluster.pool}; its agent's manifest: {path}", markup=False)
     err.print(f"apply it within {ttl} with the cluster's own kube context (the token works once):", markup=False)
     typer.echo(apply_line(str(path)))
+
+
+@app.command("remove")
+def remove(
+    name: str = typer.Argument(..., help="The attached cluster's name."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    context: str | None = context_option(),
+) -> None:
+    """Detach a cluster: its workers stop, its agent is revoked and deletes its worker Jobs, its pool goes."""
+    from levers9.proto.v1 import controlplane_pb2 as pb
+
+    if not yes and not typer.confirm(f"remove cluster {name}? its workers stop and its agent is revoked"):
+        raise typer.Exit(1)
+
+    async def action(stub: ControlPlaneStub, metadata: Metadata) -> pb.RemoveClusterResponse:
+        removed: pb.RemoveClusterResponse = await stub.RemoveCluster(
+            pb.RemoveClusterRequest(name=name), metadata=metadata, timeout=UNARY_TIMEOUT_S
+        )
+        return removed
+
+    removed = call(context, action)
+    out.print(
+        f"removed cluster {name} (pool {removed.cluster.pool}): {len(removed.terminated)} workers stopped, "
+        f"{len(removed.agents)} agents revoked",
+        markup=False,
+    )
+    if removed.not_terminated:
+        err.print(
+            f"warning: {len(removed.not_terminated)} workers could not be stopped now "
+            f"({', '.join(removed.not_terminated)}); the revoked agent deletes its worker Jobs when it hears",
+            markup=False,
+        )
+    err.print(
+        "the agent's own objects stay in the cluster until you delete them: kubectl delete -f <its manifest>",
+        markup=False,
+    )
 
 
 def clusters(

@@ -484,6 +484,20 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         return controlplane_pb2.ListClustersResponse(clusters=[cluster_message(v) for v in found])
 
     @unary
+    async def RemoveCluster(
+        self, request: controlplane_pb2.RemoveClusterRequest, context: Context
+    ) -> controlplane_pb2.RemoveClusterResponse:
+        """The same as REST's ``DELETE /api/v1/clusters/{name}``."""
+        principal = await self._caller(context)
+        removed = await clusters.remove(self.services, principal, request.name)
+        return controlplane_pb2.RemoveClusterResponse(
+            cluster=cluster_message(clusters.ClusterView(removed.cluster, removed.cluster.pool)),
+            agents=removed.agents,
+            terminated=removed.terminated,
+            not_terminated=removed.not_terminated,
+        )
+
+    @unary
     async def PutBlob(
         self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
     ) -> common_pb2.BlobRef:

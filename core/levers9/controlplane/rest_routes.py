@@ -19,6 +19,7 @@ from levers9.controlplane.rest_schemas import (
     ClusterJoin,
     ClusterJoined,
     ClusterOut,
+    ClusterRemoved,
     DeploymentOut,
     DeploymentVersionOut,
     ErrorBody,
@@ -247,6 +248,19 @@ async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJo
         expires_at=made.join.expires_at,
         controlplane_url=made.controlplane_url,
         ca_pem=made.ca_pem,
+    )
+
+
+@router.delete("/clusters/{name}", responses={404: {"model": ErrorBody}})
+async def remove_cluster(services: ServicesDep, principal: Caller, name: str) -> ClusterRemoved:
+    """Stop the cluster's workers, revoke its agent (which then deletes its worker Jobs) and forget it; 404 for
+    no such cluster."""
+    removed = await clusters.remove(services, principal, name)
+    return ClusterRemoved(
+        cluster=cluster_out(clusters.ClusterView(removed.cluster, removed.cluster.pool)),
+        agents=removed.agents,
+        terminated=removed.terminated,
+        not_terminated=removed.not_terminated,
     )
 
 

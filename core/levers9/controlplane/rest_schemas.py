@@ -370,6 +370,14 @@ class ClusterJoined(BaseModel):
     ca_pem: str
 
 
+class ClusterRemoved(BaseModel):
+    cluster: ClusterOut
+    #: the cluster's agents, revoked
+    agents: list[str]
+    terminated: list[str]
+    not_terminated: list[str]
+
+
 class JoinedMachineRemoved(BaseModel):
     machine: JoinedMachineOut
     terminated: list[str]

@@ -212,8 +212,9 @@ async def authenticate_agent(services: Services, token: str | None) -> AgentIden
     known = await services.agents.get(subject)
     if known is not None and known.removed:  # revoked in SQL too; the auth cache may not know yet
         raise Unauthenticated(removed_message(subject))
-    if known is None:  # Redis lost its contents: a joined machine's row says which pool it serves
-        from levers9.services.joined_machines import restore_registration
+    if known is None:  # Redis lost its contents: a joined machine's row or a cluster's record says what it serves
+        from levers9.services import clusters, joined_machines
 
-        await restore_registration(services, subject)
+        if not await joined_machines.restore_registration(services, subject):
+            await clusters.restore_registration(services, subject)
     return AgentIdentity(subject, principal.workspace_id, principal.token_id)

@@ -24,6 +24,15 @@ manifest starts there dials out (provider ``attached_cluster``), and the
   ``AlreadyExists``; a bad option (GPU type, sizes, namespace, image) is
   ``ValueError`` naming the option and what is accepted, and nothing is
   written.
+* **Removing a cluster** (:func:`remove`) stops its pool's workers through
+  the provider (terminate orders while the agent is connected), revokes every
+  agent of the cluster and cuts their streams with the removal words the
+  agent acts on (it deletes its remaining worker Jobs and Secrets and exits),
+  and deletes the record, so every replica drops the pool at its next sync.
+  Unknown names are ``NotFound``.
+* **Redis losing its contents** loses no cluster: an agent that
+  authenticates with no registration in Redis is registered again from its
+  cluster's record (:func:`restore_registration`).
 * **The join token** is single-use and expires (:data:`JOIN_TTL_S` unless
   asked otherwise), labelled ``cluster``, ``pool`` and ``name``; it is in the
   answer of :func:`join` only. The cluster's record keeps the id of the agent
@@ -44,9 +53,10 @@ from pydantic import ValidationError
 from levers9.config.load import hook_pool
 from levers9.config.model import PoolConfig
 from levers9.scheduler.pools import PoolSpec
-from levers9.services.agent_join import JOIN_TTL_S, JoinToken, issue_join_token
+from levers9.services.agent_join import JOIN_PREFIX, JOIN_TTL_S, JoinToken, issue_join_token
+from levers9.services.agents import publish_disconnect
 from levers9.services.auth import PermissionDenied, Principal
-from levers9.state.errors import AlreadyExists
+from levers9.state.errors import AlreadyExists, NotFound
 from levers9.state.sql.clusters import ClusterStore
 from levers9.state.sql.records import ClusterRecord, TokenKind
 
@@ -61,10 +71,13 @@ __all__ = [
     "ClusterOptions",
     "ClusterView",
     "JoinedCluster",
+    "RemovedCluster",
     "join",
     "keep_pools",
     "list_clusters",
     "pool_name",
+    "remove",
+    "restore_registration",
     "sync_pools",
 ]
 
@@ -142,6 +155,22 @@ class ClusterView:
     workers: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RemovedCluster:
+    cluster: ClusterRecord
+    #: the cluster's agents, revoked
+    agents: list[str]
+    #: scheduler machines stopped there, and those whose stop failed (the removed agent deletes its Jobs itself)
+    terminated: list[str]
+    not_terminated: list[str]
+
+
+#: what a removed cluster's agent is told (it holds the words the agent deletes its workers on)
+REMOVED = "this machine was removed: attached cluster {name} was removed (levers9 cluster remove)"
+#: machine records of the scheduler that may still have a Job in the cluster
+_LIVE_MACHINE_STATES = ("requested", "starting", "running", "draining", "terminating")
+
+
 def pool_name(name: str, workspace_id: str) -> str:
     """``lab.1a2b3c4d``: the pool of cluster ``name`` of workspace ``workspace_id``, unique on the controlplane."""
     return f"{name}.{workspace_id.rsplit('_', 1)[-1][:8]}"
@@ -209,14 +238,7 @@ def build_pool(services: Services, name: str, workspace_id: str, config: Mapping
 
 async def join(services: Services, principal: Principal, options: ClusterOptions) -> JoinedCluster:
     """Record the cluster and its pool, and issue its agent's single-use join token (see the module docstring)."""
-    if principal.kind is not TokenKind.USER:
-        raise PermissionDenied(f"only a user token may attach clusters, not a {principal.kind.value} token")
-    workspace = principal.workspace_id
-    if workspace is None:
-        raise PermissionDenied(
-            "an operator's token belongs to no workspace, and an attached cluster serves one workspace: attach it "
-            "with a token of that workspace (an operator's own pools are in the config file)"
-        )
+    workspace = _workspace_user(principal, "attach clusters")
     if PROVIDER not in services.hooks.providers():
         raise ValueError(f"the {PROVIDER} provider plugin is not loaded on this controlplane (levers9 plugins list)")
     _check_name(options.name)
@@ -241,6 +263,81 @@ async def join(services: Services, principal: Principal, options: ClusterOptions
     await sync_pools(services)
     return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
                          services.scheduler.ctx.controlplane_ca)  # fmt: skip
+
+
+def _workspace_user(principal: Principal, doing: str) -> str:
+    if principal.kind is not TokenKind.USER:
+        raise PermissionDenied(f"only a user token may {doing}, not a {principal.kind.value} token")
+    if principal.workspace_id is None:
+        raise PermissionDenied(
+            f"an operator's token belongs to no workspace, and an attached cluster belongs to one: {doing} with a "
+            "token of that workspace (an operator's own pools are in the config file)"
+        )
+    return principal.workspace_id
+
+
+async def remove(services: Services, principal: Principal, name: str) -> RemovedCluster:
+    """Stop the cluster's workers, revoke its agents and cut their streams, forget it (see the module docstring)."""
+    workspace = _workspace_user(principal, "remove clusters")
+    store = ClusterStore(services.db, services.box)
+    record = await store.by_name(workspace, name)
+    if record is None or record.kind != KIND:
+        raise NotFound("attached cluster", name)
+    settings = await store.settings(record.id) or {}
+    agents = {str(settings["agent_id"])} if settings.get("agent_id") else set()
+    agents |= {
+        a.id for a in await services.agents.all()
+        if a.provider == PROVIDER and a.workspace == workspace and a.labels.get("cluster") == name
+    }  # fmt: skip
+    why = f"attached cluster {name} is being removed"
+    terminated: list[str] = []
+    failed: list[str] = []
+    spec = services.pools.get(record.pool)
+    if spec is not None and spec.pool.provider == PROVIDER:
+        scheduler = services.scheduler
+        for machine in await services.machines.list(pool=record.pool, states=_LIVE_MACHINE_STATES):
+            if machine.worker_id:
+                await scheduler.ctx.workers.cordon(machine.worker_id)
+            if await scheduler.provisioner.terminate(spec, machine, why):
+                terminated.append(machine.id)
+            else:
+                failed.append(machine.id)
+            if machine.worker_id:
+                await scheduler.remove_worker(machine.worker_id, "left: its attached cluster was removed", force=True)
+    for agent_id in sorted(agents):
+        await services.tokens.revoke_subject(agent_id)
+        await services.tokens.revoke_subject(f"{JOIN_PREFIX}{agent_id}")
+        await services.agents.removed(agent_id)
+        try:
+            await publish_disconnect(services.redis, services.agents.prefix, agent_id, REMOVED.format(name=name))
+        except Exception as exc:  # revoked already: the stream is refused at its next credential check
+            log.warning("could not ask the replicas to cut agent %s's stream: %s", agent_id, exc)
+    await store.delete(record.id)
+    await sync_pools(services)
+    log.info("attached cluster %s (%s) removed: %d workers stopped, %d left to its agent, agents %s revoked",
+             name, record.id, len(terminated), len(failed), ", ".join(sorted(agents)) or "none")  # fmt: skip
+    return RemovedCluster(record, sorted(agents), terminated, failed)
+
+
+async def restore_registration(services: Services, agent_id: str) -> bool:
+    """Register a cluster's agent again from its cluster's record when Redis has none; whether it did.
+
+    The cluster and pool an agent serves are labels of its registration in Redis, which the
+    ``attached_cluster`` provider selects agents by; Redis may lose them (an embedded one does whenever
+    ``levers9 up`` is killed). The record keeps the id of the agent its token was issued for.
+    """
+    if await services.agents.get(agent_id) is not None:
+        return False
+    for record, settings in await ClusterStore(services.db, services.box).list_kind(KIND):
+        if (settings or {}).get("agent_id") != agent_id:
+            continue
+        labels = {"cluster": record.name, "pool": record.pool, "name": record.name}
+        await services.agents.register(agent_id, provider=PROVIDER, workspace=record.workspace_id, labels=labels,
+                                       ttl_s=JOIN_TTL_S)  # fmt: skip
+        log.warning("agent %s (cluster %s, pool %s) registered again from the database", agent_id, record.name,
+                    record.pool)  # fmt: skip
+        return True
+    return False
 
 
 def _ints(value: Any) -> dict[str, int]:

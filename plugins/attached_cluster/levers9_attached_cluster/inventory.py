@@ -130,6 +130,8 @@ def machine_of(pool: Pool, worker: Mapping[str, Any], agent_id: str) -> Machine:
         "agent_id": agent_id,
         "namespace": str(worker.get("namespace") or ""),
         "job": str(worker.get("job") or ""),
+        # the controlplane has no way into the customer's cluster: its workers serve through their tunnels
+        "reachable": False,
     }
     if worker.get("node"):
         provider_data["node"] = str(worker["node"])

@@ -38,7 +38,9 @@ was heard from within ``heartbeat_timeout_s``; when a cluster was joined again
   ``insufficient_capacity`` -> :class:`InsufficientCapacity`...); no
   acknowledgement in time is a plain :class:`ProviderError`. The machine is the
   Job: ``provider_id`` its name, ``provider_data`` ``{"agent_id", "namespace",
-  "job"}``.
+  "job", "reachable": False}`` (nothing reaches into the customer's cluster, so
+  its workers open their tunnels when they register and the gateway reaches
+  their serving containers through them).
 * terminate: a ``terminate`` order (by machine id: the agent deletes the Jobs,
   their pods and the Secrets labelled with it) to ``provider_data["agent_id"]``,
   or, when that agent is not connected, to a connected agent of the same
@@ -301,6 +303,8 @@ class AttachedClusterProvider:
                 "agent_id": agent.agent_id,
                 "namespace": str(ack.result.get("namespace") or settings.namespace),
                 "job": name,
+                # the controlplane has no way into the customer's cluster: its workers serve through their tunnels
+                "reachable": False,
             },
         )
 

@@ -142,7 +142,8 @@ def test_provision_creates_the_job_and_secret_listed_running_and_terminate_leave
     machine = provider.provision(request)
     name = job_name(request.machine_id)
     assert (machine.provider_id, machine.machine_id, machine.state) == (name, request.machine_id, MachineState.PENDING)
-    assert machine.provider_data == {"agent_id": agent.agent_id, "namespace": NAMESPACE, "job": name}
+    assert machine.provider_data == {"agent_id": agent.agent_id, "namespace": NAMESPACE, "job": name,
+                                     "reachable": False}  # fmt: skip
     assert (machine.gpu, machine.gpu_count, machine.instance_type) == ("L4", 1, L4_LABEL)
     [order] = agent.orders
     assert (order.kind, order.order_id, sorted(order.payload)) == (

@@ -595,3 +595,21 @@ class ListClustersResponse(_message.Message):
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     clusters: _containers.RepeatedCompositeFieldContainer[Cluster]
     def __init__(self, clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ...) -> None: ...
+
+class RemoveClusterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveClusterResponse(_message.Message):
+    __slots__ = ("cluster", "agents", "terminated", "not_terminated")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    NOT_TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    cluster: Cluster
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    terminated: _containers.RepeatedScalarFieldContainer[str]
+    not_terminated: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ..., agents: _Optional[_Iterable[str]] = ..., terminated: _Optional[_Iterable[str]] = ..., not_terminated: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -165,6 +165,11 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersResponse.FromString,
                 _registered_method=True)
+        self.RemoveCluster = channel.unary_unary(
+                '/levers9.v1.ControlPlane/RemoveCluster',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveClusterRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveClusterResponse.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -348,6 +353,13 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveCluster(self, request, context):
+        """stop the cluster's workers, revoke its agent (which then deletes its worker Jobs) and forget it
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -480,6 +492,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.ListClusters,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersResponse.SerializeToString,
+            ),
+            'RemoveCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveCluster,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveClusterRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveClusterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1184,6 +1201,33 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/ListClusters',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListClustersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/RemoveCluster',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveClusterRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.RemoveClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,
