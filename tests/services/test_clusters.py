@@ -260,3 +260,40 @@ async def test_an_agent_redis_forgot_is_registered_again_from_its_clusters_recor
     assert missing.status_code == 404
     over_grpc = await plant.api.RemoveCluster(controlplane_pb2.RemoveClusterRequest(name="lab2"), metadata=auth(token))
     assert list(over_grpc.agents) == [again.join.agent_id]
+
+
+def shared_pool(services: Any, name: str = "shared-lab", cluster: str = "research") -> str:
+    """An operator's shared cluster, as the config file declares one (provider attached_cluster, no workspace)."""
+    spec = clusters.build_pool(services, name, "", clusters._pool_config(options(cluster)))
+    services.pools[name] = dataclasses.replace(spec, pool=spec.pool.model_copy(update={"workspace": None}),
+                                               workspace=None)  # fmt: skip
+    return name
+
+
+async def test_an_operators_shared_cluster_is_a_config_pool_whose_agent_joins_with_pool(plant: Plant) -> None:
+    services = plant.services
+    pool = shared_pool(services)
+    with pytest.raises(PermissionDenied, match=r"--pool POOL"):
+        await clusters.join(services, plant.root, options("research"))
+    with pytest.raises(ValueError, match=r"served by cluster 'research', not 'lab'"):
+        await clusters.join(services, plant.root, options("lab", pool=pool))
+    with pytest.raises(ValueError, match=r"'nope' is not a configured attached_cluster pool; configured: shared-lab"):
+        await clusters.join(services, plant.root, options("research", pool="nope"))
+    team = await workspace_user(services, "team")
+    with pytest.raises(ValueError, match="only for an operator's shared cluster"):
+        await clusters.join(services, team, options("research", pool=pool))
+    made = await clusters.join(services, plant.root, options("research", pool=pool))
+    assert (made.cluster.kind, made.pool.name, made.join.workspace) == ("configured", pool, None)
+    joined = await agent_join.join(services, made.join.token, hostname="agent-pod")
+    assert dict(joined.labels).items() >= {"cluster": "research", "pool": pool}.items()
+    [view] = await clusters.list_clusters(services, plant.root)
+    assert (view.cluster.name, view.pool, view.agent_id) == ("research", pool, joined.agent_id)
+    assert await clusters.list_clusters(services, team) == []  # not the workspace's to list
+    assert await ClusterStore(services.db, services.box).list_kind(clusters.KIND) == []  # nothing recorded
+    removed = await clusters.remove(services, plant.root, "research")
+    assert removed.agents == [joined.agent_id]
+    with pytest.raises(Unauthenticated):
+        await agent_join.authenticate_agent(services, joined.token)
+    assert pool in services.pools  # the configured pool stays
+    with pytest.raises(NotFound):
+        await clusters.remove(services, plant.root, "lab")

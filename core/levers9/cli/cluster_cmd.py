@@ -94,7 +94,9 @@ def join(
     image: str = typer.Option(
         ..., "--image", help="The agent's image: levers9 with its Kubernetes client, pullable in the cluster."
     ),
-    worker_image: str = typer.Option(..., "--worker-image", help="The workers' image, pullable in the cluster."),
+    worker_image: str | None = typer.Option(
+        None, "--worker-image", help="The workers' image, pullable in the cluster (required but with --pool)."
+    ),
     namespace: str = typer.Option("levers9", "--namespace", help="Where the agent and its worker Jobs live."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPU cores per worker pod (default 1)."),
     memory: str | None = typer.Option(None, "--memory", help="Memory per worker pod: MiB or a size like 16GiB."),
@@ -108,6 +110,9 @@ def join(
     ),
     settings: str | None = typer.Option(
         None, "--settings", help="Further attached_cluster settings as JSON (tolerations, node_selector...)."
+    ),
+    pool: str | None = typer.Option(
+        None, "--pool", help="Operators: the configured attached_cluster pool of a shared cluster (its agent joins)."
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write the manifest.", dir_okay=False),
     ttl: str = typer.Option("1h", "--ttl", help="How long the join token works: 90s, 30m, 1h, 7d."),
@@ -140,7 +145,7 @@ def join(
         raise _fail(f"cannot read the context's ca_file {ctx.ca_file!r}: {exc.strerror}", 1) from None
     request = pb.JoinClusterRequest(
         name=name, gpu=gpu or "", memory=memory or "", runtime=runtime or "", namespace=namespace,
-        worker_image=worker_image, settings_json=json.dumps(extra) if extra else "", ttl_s=ttl_s,
+        worker_image=worker_image or "", settings_json=json.dumps(extra) if extra else "", ttl_s=ttl_s, pool=pool or "",
     )  # fmt: skip
     for field, value in (("gpu_count", gpu_count), ("cpu", cpu), ("max_workers", max_workers),
                          ("idle_timeout_s", idle_timeout)):  # fmt: skip
@@ -163,6 +168,8 @@ def join(
     if made.controlplane_url:
         url, tls = made.controlplane_url, made.controlplane_url.startswith("grpcs://")
         manifest = replace(manifest, controlplane_url=url, ca_pem=made.ca_pem or ca_pem)
+    # the namespace the pool's Jobs go to (an operator's configured pool says its own)
+    manifest = replace(manifest, namespace=made.cluster.namespace or manifest.namespace)
     objects = render_agent(replace(manifest, join_token=made.join_token))
     header = (
         f"# levers9: the agent of attached cluster {name} (pool {made.cluster.pool}), written by "

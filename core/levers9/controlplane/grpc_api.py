@@ -138,7 +138,7 @@ def cluster_options(request: controlplane_pb2.JoinClusterRequest) -> clusters.Cl
     for key in ("gpu_count", "cpu", "min_workers", "max_workers", "idle_timeout_s"):
         if request.HasField(key):
             given[key] = getattr(request, key)
-    for key in ("gpu", "memory", "runtime", "namespace", "worker_image"):
+    for key in ("gpu", "memory", "runtime", "namespace", "worker_image", "pool"):
         if getattr(request, key):
             given[key] = getattr(request, key)
     if request.ttl_s:

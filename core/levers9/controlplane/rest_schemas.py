@@ -335,6 +335,9 @@ class ClusterJoin(_In):
         default_factory=dict, description="Further attached_cluster settings: tolerations, node_selector, privileged..."
     )
     ttl_s: float = Field(3600.0, gt=0, le=30 * 86_400, description="The join token's lifetime in seconds.")
+    pool: str | None = Field(
+        None, description="Operators only: the configured attached_cluster pool of a shared cluster whose agent joins."
+    )
 
 
 class ClusterOut(BaseModel):

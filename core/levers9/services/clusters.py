@@ -19,8 +19,12 @@ manifest starts there dials out (provider ``attached_cluster``), and the
   syncs at once, every replica every :data:`SYNC_S` seconds
   (:func:`keep_pools`). A config pool's name is never replaced: a cluster whose
   pool name collides with one is skipped and logged.
-* **Only a workspace's user token joins** (``PermissionDenied`` otherwise: an
-  operator's pools are the config file's). A name already used in W is
+* **Only a workspace's user token attaches** (``PermissionDenied`` otherwise).
+  An operator's *shared* cluster is a pool of the config file (provider
+  ``attached_cluster``, no workspace, serving every workspace): ``cluster join
+  NAME --pool POOL`` with an operator's token issues its agent's token (labels
+  as above, no workspace) and records nothing; ``remove`` by an operator
+  revokes that cluster's agents and leaves the configured pool. A name already used in W is
   ``AlreadyExists``; a bad option (GPU type, sizes, namespace, image) is
   ``ValueError`` naming the option and what is accepted, and nothing is
   written.
@@ -58,6 +62,7 @@ from levers9.services.agents import publish_disconnect
 from levers9.services.auth import PermissionDenied, Principal
 from levers9.state.errors import AlreadyExists, NotFound
 from levers9.state.sql.clusters import ClusterStore
+from levers9.state.sql.models import utcnow
 from levers9.state.sql.records import ClusterRecord, TokenKind
 
 if TYPE_CHECKING:
@@ -85,6 +90,8 @@ log = logging.getLogger(__name__)
 
 PROVIDER = "attached_cluster"
 KIND = "attached"
+#: the kind a configured (operator's shared) cluster is listed with; it has no record of its own
+CONFIGURED = "configured"
 #: how often every replica re-reads the attached clusters' pools
 SYNC_S = 5.0
 #: the taints GPU nodes commonly carry (the NVIDIA GPU Operator, EKS and GKE GPU node groups, AMD's); a GPU
@@ -120,6 +127,8 @@ class ClusterOptions:
     #: further ``attached_cluster`` settings (tolerations, node_selector, privileged...), as the config file has them
     settings: Mapping[str, Any] = field(default_factory=dict)
     ttl_s: float = JOIN_TTL_S
+    #: an operator's shared cluster: the configured ``attached_cluster`` pool whose agent joins (nothing is made)
+    pool: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +247,13 @@ def build_pool(services: Services, name: str, workspace_id: str, config: Mapping
 
 async def join(services: Services, principal: Principal, options: ClusterOptions) -> JoinedCluster:
     """Record the cluster and its pool, and issue its agent's single-use join token (see the module docstring)."""
+    if principal.kind is TokenKind.USER and principal.workspace_id is None and options.pool:
+        return await _join_configured(services, principal, options)
+    if options.pool:
+        raise ValueError(
+            "a pool is named only for an operator's shared cluster, configured in the config file; a workspace's "
+            "cluster join makes the cluster's own pool (leave the pool out)"
+        )
     workspace = _workspace_user(principal, "attach clusters")
     if PROVIDER not in services.hooks.providers():
         raise ValueError(f"the {PROVIDER} provider plugin is not loaded on this controlplane (levers9 plugins list)")
@@ -271,20 +287,60 @@ def _workspace_user(principal: Principal, doing: str) -> str:
     if principal.workspace_id is None:
         raise PermissionDenied(
             f"an operator's token belongs to no workspace, and an attached cluster belongs to one: {doing} with a "
-            "token of that workspace (an operator's own pools are in the config file)"
+            "token of that workspace; an operator's shared cluster is a pool of the config file, whose agent joins "
+            "with 'levers9 cluster join NAME --pool POOL'"
         )
     return principal.workspace_id
 
 
+def _configured(services: Services) -> dict[str, PoolSpec]:
+    """The operator's shared clusters: the config file's ``attached_cluster`` pools, by their cluster's name."""
+    return {
+        str(getattr(spec.pool.settings, "cluster", "")): spec
+        for spec in services.pools.values()
+        if spec.pool.provider == PROVIDER and spec.workspace is None
+    }
+
+
+async def _join_configured(services: Services, principal: Principal, options: ClusterOptions) -> JoinedCluster:
+    """An operator's shared cluster: a join token for the agent of the configured pool ``options.pool``."""
+    configured = _configured(services)
+    shown = ", ".join(f"{spec.name} (cluster {name})" for name, spec in sorted(configured.items())) or "none"
+    spec = services.pools.get(options.pool or "")
+    if spec is None or spec.pool.provider != PROVIDER or spec.workspace is not None:
+        raise ValueError(f"pool {options.pool!r} is not a configured attached_cluster pool; configured: {shown}")
+    cluster = str(getattr(spec.pool.settings, "cluster", ""))
+    if cluster != options.name:
+        raise ValueError(f"pool {spec.name!r} is served by cluster {cluster!r}, not {options.name!r}: join that name")
+    token = await issue_join_token(
+        services, principal, PROVIDER, {"cluster": cluster, "pool": spec.name, "name": cluster}, ttl_s=options.ttl_s
+    )
+    record = ClusterRecord(id=f"pool:{spec.name}", workspace_id="", name=cluster, kind=CONFIGURED, pool=spec.name,
+                           has_settings=False, created_at=utcnow())  # fmt: skip
+    return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
+                         services.scheduler.ctx.controlplane_ca)  # fmt: skip
+
+
 async def remove(services: Services, principal: Principal, name: str) -> RemovedCluster:
     """Stop the cluster's workers, revoke its agents and cut their streams, forget it (see the module docstring)."""
-    workspace = _workspace_user(principal, "remove clusters")
     store = ClusterStore(services.db, services.box)
-    record = await store.by_name(workspace, name)
-    if record is None or record.kind != KIND:
-        raise NotFound("attached cluster", name)
-    settings = await store.settings(record.id) or {}
-    agents = {str(settings["agent_id"])} if settings.get("agent_id") else set()
+    workspace: str | None
+    if principal.kind is TokenKind.USER and principal.workspace_id is None:
+        # an operator's shared cluster: its agents go, its pool stays in the config file
+        workspace, shared = None, _configured(services).get(name)
+        if shared is None:
+            raise NotFound("configured attached cluster", name)
+        record = ClusterRecord(id=f"pool:{shared.name}", workspace_id="", name=name, kind=CONFIGURED,
+                               pool=shared.name, has_settings=False, created_at=utcnow())  # fmt: skip
+        agents: set[str] = set()
+    else:
+        workspace = _workspace_user(principal, "remove clusters")
+        found = await store.by_name(workspace, name)
+        if found is None or found.kind != KIND:
+            raise NotFound("attached cluster", name)
+        record = found
+        settings = await store.settings(record.id) or {}
+        agents = {str(settings["agent_id"])} if settings.get("agent_id") else set()
     agents |= {
         a.id for a in await services.agents.all()
         if a.provider == PROVIDER and a.workspace == workspace and a.labels.get("cluster") == name
@@ -312,8 +368,9 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
             await publish_disconnect(services.redis, services.agents.prefix, agent_id, REMOVED.format(name=name))
         except Exception as exc:  # revoked already: the stream is refused at its next credential check
             log.warning("could not ask the replicas to cut agent %s's stream: %s", agent_id, exc)
-    await store.delete(record.id)
-    await sync_pools(services)
+    if record.kind == KIND:
+        await store.delete(record.id)
+        await sync_pools(services)
     log.info("attached cluster %s (%s) removed: %d workers stopped, %d left to its agent, agents %s revoked",
              name, record.id, len(terminated), len(failed), ", ".join(sorted(agents)) or "none")  # fmt: skip
     return RemovedCluster(record, sorted(agents), terminated, failed)
@@ -351,12 +408,17 @@ def _int(value: Any) -> int:
 
 
 async def list_clusters(services: Services, principal: Principal) -> list[ClusterView]:
-    """The caller's workspace's attached clusters, connected or not, with their agents' last report."""
+    """The caller's workspace's attached clusters (an operator's: the configured shared ones), connected or not,
+    with their agents' last report."""
     workspace = principal.workspace_id
     if workspace is None:
-        return []
-    store = ClusterStore(services.db, services.box)
-    records = [r for r in await store.list(workspace) if r.kind == KIND]
+        records = [
+            ClusterRecord(id=f"pool:{spec.name}", workspace_id="", name=name, kind=CONFIGURED, pool=spec.name,
+                          has_settings=False, created_at=utcnow())
+            for name, spec in sorted(_configured(services).items())
+        ]  # fmt: skip
+    else:
+        records = [r for r in await ClusterStore(services.db, services.box).list(workspace) if r.kind == KIND]
     agents = [
         a for a in await services.agents.all()
         if a.provider == PROVIDER and a.workspace == workspace and not a.removed

@@ -507,7 +507,7 @@ class RemoveJoinedMachineResponse(_message.Message):
     def __init__(self, machine: _Optional[_Union[JoinedMachine, _Mapping]] = ..., terminated: _Optional[_Iterable[str]] = ..., not_terminated: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinClusterRequest(_message.Message):
-    __slots__ = ("name", "gpu", "gpu_count", "cpu", "memory", "min_workers", "max_workers", "runtime", "namespace", "worker_image", "settings_json", "ttl_s", "idle_timeout_s")
+    __slots__ = ("name", "gpu", "gpu_count", "cpu", "memory", "min_workers", "max_workers", "runtime", "namespace", "worker_image", "settings_json", "ttl_s", "idle_timeout_s", "pool")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -521,6 +521,7 @@ class JoinClusterRequest(_message.Message):
     SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: str
     gpu_count: int
@@ -534,7 +535,8 @@ class JoinClusterRequest(_message.Message):
     settings_json: str
     ttl_s: float
     idle_timeout_s: float
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., cpu: _Optional[float] = ..., memory: _Optional[str] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., runtime: _Optional[str] = ..., namespace: _Optional[str] = ..., worker_image: _Optional[str] = ..., settings_json: _Optional[str] = ..., ttl_s: _Optional[float] = ..., idle_timeout_s: _Optional[float] = ...) -> None: ...
+    pool: str
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., cpu: _Optional[float] = ..., memory: _Optional[str] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., runtime: _Optional[str] = ..., namespace: _Optional[str] = ..., worker_image: _Optional[str] = ..., settings_json: _Optional[str] = ..., ttl_s: _Optional[float] = ..., idle_timeout_s: _Optional[float] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "name", "pool", "gpu", "gpu_count", "namespace", "agent_id", "connected", "last_seen", "version", "nodes", "gpus", "cpu_millicores", "memory_mib", "workers", "created_at")
