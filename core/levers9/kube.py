@@ -28,14 +28,17 @@ A malformed quantity counts as none of it, never as unlimited.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
 __all__ = [
+    "api_status",
     "as_list",
     "as_object",
+    "container_detail",
     "format_quantity",
     "misfit",
     "node_usage",
@@ -43,7 +46,9 @@ __all__ = [
     "pod_asks",
     "quantity",
     "shown",
+    "status_reason",
     "trimmed_node",
+    "unschedulable",
     "unusable",
 ]
 
@@ -297,3 +302,54 @@ def misfit(
         if amount > free:
             return f"{format_quantity(free)} of {format_quantity(total)} {name} free, {format_quantity(amount)} needed"
     return None
+
+
+# ---------------------------------------------------------------------------------------------- pods and errors
+
+
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message for a pod it could not place (its PodScheduled condition); None otherwise."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            return str(condition.get("message") or "the pod cannot be scheduled")
+    return None
+
+
+def container_detail(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod's container is not running: ``container exited 1 (Error)``, ``ErrImagePull: ...``; else None."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = container.get("state") or {}
+        if "terminated" in state:
+            ended = state["terminated"] or {}
+            return f"container exited {ended.get('exitCode')} ({ended.get('reason') or 'no reason'})"
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason"):
+            message = waiting.get("message")
+            return f"{waiting['reason']}: {message}" if message else str(waiting["reason"])
+    return None
+
+
+def api_status(exc: BaseException) -> int | None:
+    """The HTTP status of the ``kubernetes`` client's ``ApiException`` (recognised by name, so the client need not
+    be imported); None for anything else."""
+    status = getattr(exc, "status", None)
+    api_error = any(kind.__name__ == "ApiException" for kind in type(exc).__mro__)  # NotFoundException...
+    return status if isinstance(status, int) and api_error else None
+
+
+def status_reason(exc: BaseException) -> tuple[str, str]:
+    """The API's ``Status`` body's (reason, message), or the HTTP reason and the raw body when it is not one."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    try:
+        parsed = json.loads(body) if isinstance(body, str) and body else {}
+    except ValueError:
+        parsed = {}
+    if isinstance(parsed, dict) and parsed.get("kind") == "Status":
+        return str(parsed.get("reason") or ""), str(parsed.get("message") or "")
+    return str(getattr(exc, "reason", "") or ""), str(body or "")[:300]

@@ -60,9 +60,8 @@ from levers9.state.sql.records import TokenKind
 from levers9_local_k8s.jobs import job_name, secret_name
 from tests.agent.agent_wire import AgentServer, eventually, opened_server
 from tests.agent.test_k8s_workers import make_order
-from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, FakeCluster, load_recorded_nodes
+from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, FakeCluster, recorded_cluster
 from tests.fixtures.ports import free_port
-from tests.fixtures.wait import wait_for
 
 NAMESPACE = "levers9"
 CLUSTER = "gpus"
@@ -77,10 +76,8 @@ CREDENTIAL = f"Secret {NAMESPACE}/{SECRET_NAME}"
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
     """The two recorded nodes; afterwards no Job, pod or Secret may be left (background deletion waited for)."""
-    with FakeCluster(NAMESPACE, max_grace_s=2.0) as fake:
-        yield load_recorded_nodes(fake)
-        wait_for(lambda: not fake.leftovers(), "no Job, pod or Secret left", why=lambda: "\n".join(fake.leftovers()))
-        assert fake.errors == []
+    with recorded_cluster(NAMESPACE) as fake:
+        yield fake
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ from levers9.hooks.types import Availability, GpuOffer, Pool
 from levers9.kube import format_quantity, parse_quantity
 from levers9_local_k8s.jobs import job_manifest, job_name, secret_manifest, secret_name
 from levers9_local_k8s.settings import LocalK8sSettings
-from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, RECORDED, FakeCluster, load_recorded_nodes
+from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, RECORDED, FakeCluster, recorded_cluster
 from tests.fixtures.wait import wait_for
 from tests.plugins.provision import provision_request
 
@@ -62,10 +62,8 @@ Order = dict[str, Any]
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
     """The two recorded nodes; afterwards no Job, pod or Secret may be left (background deletion waited for)."""
-    with FakeCluster(NAMESPACE, max_grace_s=2.0) as fake:
-        yield load_recorded_nodes(fake)
-        wait_for(lambda: not fake.leftovers(), "no Job, pod or Secret left", why=lambda: "\n".join(fake.leftovers()))
-        assert fake.errors == []
+    with recorded_cluster(NAMESPACE) as fake:
+        yield fake
 
 
 @pytest.fixture

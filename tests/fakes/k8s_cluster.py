@@ -1325,3 +1325,15 @@ def load_recorded_nodes(cluster: FakeCluster) -> FakeCluster:
     cluster.load_nodes(RECORDED / "node_gpu_l4.json", gpus_csv={GPU_NODE: "l4_1x.csv"})
     cluster.load_nodes(RECORDED / "node_cpu.json")
     return cluster
+
+
+@contextlib.contextmanager
+def recorded_cluster(namespace: str, *, max_grace_s: float = 2.0) -> Iterator[FakeCluster]:
+    """A started cluster with the recorded nodes (a test fixture's body); on the way out no Job, pod or Secret may
+    be left (background deletion waited for) and no controller may have failed."""
+    from tests.fixtures.wait import wait_for
+
+    with FakeCluster(namespace, max_grace_s=max_grace_s) as fake:
+        yield load_recorded_nodes(fake)
+        wait_for(lambda: not fake.leftovers(), "no Job, pod or Secret left", why=lambda: "\n".join(fake.leftovers()))
+        assert fake.errors == []

@@ -14,7 +14,7 @@ orphans its pod). ``kubernetes`` is imported only when a client is made
 :func:`refusal` turns what the client raised into the
 :class:`~levers9.agent.docker_workers.OrderRefused` the agent answers, with the
 provider error kind the controlplane maps to a typed error
-(``levers9.services.agent_messages.ERROR_KINDS``; docs/architecture.md §5.2):
+(``levers9.hooks.errors.ERROR_KINDS``; docs/architecture.md §5.2):
 
 ================================================  =========================
 what the API answered                             kind
@@ -39,11 +39,11 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from levers9.agent.docker_workers import OrderRefused
+from levers9.kube import api_status, status_reason
 
 __all__ = [
     "REQUEST_TIMEOUT",
     "K8sApi",
-    "api_status",
     "in_cluster_client",
     "kubeconfig_client",
     "open_api",
@@ -71,24 +71,9 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------------------------------- failures
 
 
-def api_status(exc: BaseException) -> int | None:
-    """The HTTP status of an ``ApiException`` (recognised by name, so the client need not be imported); else None."""
-    status = getattr(exc, "status", None)
-    api_error = any(kind.__name__ == "ApiException" for kind in type(exc).__mro__)
-    return status if isinstance(status, int) and api_error else None
-
-
 def _status_message(exc: BaseException) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes):
-        body = body.decode(errors="replace")
-    try:
-        parsed = json.loads(body) if isinstance(body, str) and body else {}
-    except ValueError:
-        parsed = {}
-    if isinstance(parsed, dict) and parsed.get("kind") == "Status":
-        return str(parsed.get("message") or parsed.get("reason") or "")
-    return str(getattr(exc, "reason", "") or "") or str(body or "")[:300]
+    reason, message = status_reason(exc)
+    return message or reason
 
 
 def refusal(exc: BaseException, where: str) -> OrderRefused | None:

@@ -45,9 +45,9 @@ from typing import Any
 
 from levers9.agent.credentials import AgentCredential, CredentialError, NotJoined, from_json, to_json
 from levers9.agent.docker_workers import OrderRefused
-from levers9.agent.k8s_api import K8sApi, api_status, open_api, refusal
+from levers9.agent.k8s_api import K8sApi, open_api, refusal
 from levers9.backoff import delay_s
-from levers9.kube import as_object
+from levers9.kube import api_status, as_object
 
 __all__ = [
     "SECRET_KEY",

@@ -71,10 +71,12 @@ from functools import partial
 from typing import Any
 
 from levers9.agent.docker_workers import OrderRefused
-from levers9.agent.k8s_api import K8sApi, api_status, in_cluster_client, open_api, raise_refusal, typed
+from levers9.agent.k8s_api import K8sApi, in_cluster_client, open_api, raise_refusal, typed
 from levers9.agent.k8s_objects import MACHINE_LABEL, POOL_LABEL, ProvisionObjects, check_provision, machine_id_of
 from levers9.kube import (
+    api_status,
     as_object,
+    container_detail,
     format_quantity,
     misfit,
     node_usage,
@@ -83,6 +85,7 @@ from levers9.kube import (
     quantity,
     shown,
     trimmed_node,
+    unschedulable,
     unusable,
 )
 from levers9.proto.v1 import agent_pb2
@@ -152,30 +155,6 @@ class WorkerJob:
         }
 
 
-def _unschedulable(pod: Mapping[str, Any]) -> str | None:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
-            "PodScheduled",
-            "False",
-            "Unschedulable",
-        ):
-            return str(condition.get("message") or "the pod cannot be scheduled")
-    return None
-
-
-def _container_detail(pod: Mapping[str, Any]) -> str | None:
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        state = container.get("state") or {}
-        if "terminated" in state:
-            ended = state["terminated"] or {}
-            return f"container exited {ended.get('exitCode')} ({ended.get('reason') or 'no reason'})"
-        waiting = state.get("waiting") or {}
-        if waiting.get("reason"):
-            message = waiting.get("message")
-            return f"{waiting['reason']}: {message}" if message else str(waiting["reason"])
-    return None
-
-
 def _worker(job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: str | None) -> WorkerJob:
     metadata, status = job.get("metadata") or {}, job.get("status") or {}
     labels = metadata.get("labels") or {}
@@ -192,7 +171,7 @@ def _worker(job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: s
     phase = pod_status.get("phase") if pod is not None else None
     waiting_for_a_node: str | None = None
     if pod is not None and phase == "Pending":
-        waiting_for_a_node = _unschedulable(pod) or scheduling
+        waiting_for_a_node = unschedulable(pod) or scheduling
     return WorkerJob(
         machine_id=str(labels.get(MACHINE_LABEL) or ""),
         pool=str(labels.get(POOL_LABEL) or ""),
@@ -208,7 +187,7 @@ def _worker(job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: s
         node=pod_spec.get("nodeName"),
         pod_ip=pod_status.get("podIP"),
         unschedulable=waiting_for_a_node,
-        container=_container_detail(pod) if pod is not None and phase != "Running" else None,
+        container=container_detail(pod) if pod is not None and phase != "Running" else None,
     )
 
 
@@ -283,7 +262,7 @@ class K8sWorkers:
             scheduling = None
             # a pod the scheduler cannot place says so in its PodScheduled condition; else in a FailedScheduling event
             pending = newest is not None and as_object(newest.get("status")).get("phase") == "Pending"
-            if newest is not None and pending and not _unschedulable(newest):
+            if newest is not None and pending and not unschedulable(newest):
                 scheduling = self._failed_scheduling(api, str(newest["metadata"].get("name")), where)
             found.append(_worker(job, newest, scheduling))
         return sorted(found, key=lambda w: (w.machine_id, w.job))

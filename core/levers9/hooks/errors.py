@@ -153,7 +153,15 @@ class UnknownPlugin(Levers9Error):
     """A provider or runtime name that no loaded plugin answers to."""
 
 
+#: the typed provider errors an agent's refusal may name, by their ``kind`` (an acknowledgement's ``error_kind``);
+#: any other kind is a plain :class:`ProviderError`
+ERROR_KINDS: dict[str, type[ProviderError]] = {
+    cls.kind: cls
+    for cls in (InsufficientCapacity, QuotaExceeded, AuthenticationFailed, PermissionDenied, InvalidRequest, Throttled)
+}
+
 __all__ = [
+    "ERROR_KINDS",
     "AuthenticationFailed",
     "CheckpointUnavailable",
     "IdentityRejected",

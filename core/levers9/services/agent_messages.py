@@ -19,13 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from levers9.hooks.errors import (
-    AuthenticationFailed,
-    InsufficientCapacity,
-    InvalidRequest,
-    PermissionDenied,
-    ProviderError,
-    QuotaExceeded,
-    Throttled,
+    ERROR_KINDS,
 )
 
 if TYPE_CHECKING:
@@ -118,10 +112,6 @@ def json_object(text: str, what: str) -> dict[str, Any]:
 
 
 #: an acknowledgement's ``error_kind`` -> the provider error :meth:`AgentHub.send` raises (others: ProviderError)
-ERROR_KINDS: dict[str, type[ProviderError]] = {
-    cls.kind: cls
-    for cls in (InsufficientCapacity, QuotaExceeded, AuthenticationFailed, PermissionDenied, InvalidRequest, Throttled)
-}
 
 
 async def publish_disconnect(

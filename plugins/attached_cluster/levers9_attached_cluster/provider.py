@@ -68,12 +68,10 @@ from collections.abc import Callable
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import AgentAck, AgentInventory, AgentOrder, PluginContext
 from levers9.hooks.errors import (
-    AuthenticationFailed,
+    ERROR_KINDS,
     InsufficientCapacity,
     InvalidRequest,
-    PermissionDenied,
     ProviderError,
-    QuotaExceeded,
     Throttled,
 )
 from levers9.hooks.types import (
@@ -98,11 +96,6 @@ PROVIDER = "attached_cluster"
 PROVISION_ORDER_S = 110.0
 #: the longest a terminate order waits (the hook's deadline is 30 s)
 TERMINATE_ORDER_S = 20.0
-#: a refusing acknowledgement's ``error_kind`` -> the typed error (others: a plain ProviderError)
-_KINDS: dict[str, type[ProviderError]] = {
-    cls.kind: cls
-    for cls in (InsufficientCapacity, QuotaExceeded, AuthenticationFailed, PermissionDenied, InvalidRequest, Throttled)
-}
 
 
 class AgentOffline(ProviderError):
@@ -139,7 +132,7 @@ def pod_settings(settings: AttachedClusterSettings) -> LocalK8sSettings:
 def _retyped(exc: ProviderError, where: str) -> ProviderError:
     """``exc`` as the same kind of error, its message led by ``where`` (the pool and cluster)."""
     cls = type(exc)
-    if cls not in (*_KINDS.values(), ProviderError, AgentOffline):
+    if cls not in (*ERROR_KINDS.values(), ProviderError, AgentOffline):
         return exc
     retyped = cls(f"{where}: {exc.message}", code=exc.code)
     if isinstance(exc, Throttled) and isinstance(retyped, Throttled):
@@ -149,7 +142,7 @@ def _retyped(exc: ProviderError, where: str) -> ProviderError:
 
 def _refusal(ack: AgentAck, order: AgentOrder, where: str) -> ProviderError:
     """A refusing acknowledgement (from a hub that answers it rather than raising it) as its typed error."""
-    cls = _KINDS.get(ack.error_kind or "", ProviderError)
+    cls = ERROR_KINDS.get(ack.error_kind or "", ProviderError)
     return cls(f"{where}: agent {order.agent_id} refused the {order.kind} order: {ack.error or 'no reason given'}")
 
 

@@ -23,7 +23,6 @@ the caller lets it propagate (the core reports it as a plugin error).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from levers9.hooks.errors import (
@@ -34,34 +33,14 @@ from levers9.hooks.errors import (
     QuotaExceeded,
     Throttled,
 )
+from levers9.kube import api_status, status_reason
 
-__all__ = ["api_status", "status_reason", "translate"]
+__all__ = ["translate"]
 
 #: urllib3's names for a request that got no answer (the builtin ConnectionError and TimeoutError are caught by type)
 _NO_ANSWER = frozenset(
     {"MaxRetryError", "NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProtocolError"}
 )
-
-
-def api_status(exc: BaseException) -> int | None:
-    """The HTTP status of an ``ApiException``; None for anything else."""
-    status = getattr(exc, "status", None)
-    api_error = any(kind.__name__ == "ApiException" for kind in type(exc).__mro__)  # NotFoundException...
-    return status if isinstance(status, int) and api_error else None
-
-
-def status_reason(exc: BaseException) -> tuple[str, str]:
-    """The ``Status`` body's (reason, message), or the HTTP reason and the raw body when it is not one."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes):
-        body = body.decode(errors="replace")
-    try:
-        parsed = json.loads(body) if isinstance(body, str) and body else {}
-    except ValueError:
-        parsed = {}
-    if isinstance(parsed, dict) and parsed.get("kind") == "Status":
-        return str(parsed.get("reason") or ""), str(parsed.get("message") or "")
-    return str(getattr(exc, "reason", "") or ""), str(body or "")[:300]
 
 
 def translate(exc: BaseException, where: str) -> ProviderError | None:

@@ -27,38 +27,14 @@ from datetime import datetime
 from typing import Any
 
 from levers9.hooks.types import Machine, MachineState, Pool
+from levers9.kube import container_detail, unschedulable
 from levers9_local_k8s.jobs import MACHINE_LABEL
 
-__all__ = ["machine_of", "unschedulable"]
+__all__ = ["machine_of"]
 
 
 def _true_conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c.get("type", ""): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-
-
-def unschedulable(pod: dict[str, Any]) -> str | None:
-    """The scheduler's message for a pod it could not place (its PodScheduled condition); None otherwise."""
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
-            "PodScheduled",
-            "False",
-            "Unschedulable",
-        ):
-            return str(condition.get("message") or "the pod cannot be scheduled")
-    return None
-
-
-def _container_detail(pod: dict[str, Any]) -> str | None:
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        state = container.get("state") or {}
-        if "terminated" in state:
-            ended = state["terminated"]
-            return f"container exited {ended.get('exitCode')} ({ended.get('reason') or 'no reason'})"
-        if "waiting" in state and (state["waiting"] or {}).get("reason"):
-            waiting = state["waiting"]
-            message = waiting.get("message")
-            return f"{waiting.get('reason')}: {message}" if message else str(waiting.get("reason"))
-    return None
 
 
 def _created(metadata: dict[str, Any]) -> datetime | None:
@@ -85,7 +61,7 @@ def machine_of(pool: Pool, job: dict[str, Any], pod: dict[str, Any] | None, sche
         state = MachineState.FAILED
         failed = conditions.get("Failed") or {}
         said = ": ".join(str(w) for w in (failed.get("reason"), failed.get("message")) if w)
-        detail = _container_detail(pod) if pod else None
+        detail = container_detail(pod) if pod else None
         reason = "; ".join(p for p in (said, detail) if p) or "the Job failed"
     elif "Complete" in conditions or phase == "Succeeded":
         state = MachineState.TERMINATED
@@ -98,7 +74,7 @@ def machine_of(pool: Pool, job: dict[str, Any], pod: dict[str, Any] | None, sche
         if message:
             reason = f"FailedScheduling: {message}"
         elif pod is not None:
-            reason = _container_detail(pod)
+            reason = container_detail(pod)
     spec = (pod or {}).get("spec") or {}
     namespace = metadata.get("namespace") or ""
     return Machine(

@@ -49,9 +49,9 @@ from levers9.hooks.types import (
     ProviderCheck,
     ProvisionRequest,
 )
-from levers9.kube import parse_quantity
+from levers9.kube import api_status, parse_quantity, unschedulable
 from levers9_local_k8s.client import Clients, Cluster
-from levers9_local_k8s.errors import api_status, translate
+from levers9_local_k8s.errors import translate
 from levers9_local_k8s.jobs import (
     MACHINE_LABEL,
     POOL_LABEL,
@@ -61,7 +61,7 @@ from levers9_local_k8s.jobs import (
     secret_manifest,
     secret_name,
 )
-from levers9_local_k8s.machines import machine_of, unschedulable
+from levers9_local_k8s.machines import machine_of
 from levers9_local_k8s.nodes import NodeRoom, describe_misses, rooms
 from levers9_local_k8s.settings import LocalK8sSettings
 

@@ -30,9 +30,8 @@ from levers9.hooks.context import PluginContext
 from levers9.hooks.types import Pool
 from levers9_attached_cluster.provider import AttachedClusterProvider
 from levers9_attached_cluster.settings import AttachedClusterSettings
-from tests.fakes.k8s_cluster import FakeCluster, load_recorded_nodes
+from tests.fakes.k8s_cluster import FakeCluster, recorded_cluster
 from tests.fixtures.agent_hub import HubLoop
-from tests.fixtures.wait import wait_for
 from tests.plugins.attached_cluster.cluster_hub import ClusterAgent, ClusterHub
 
 __all__ = ["CLUSTER", "IMAGE", "L4_LABEL", "NAMESPACE", "POOL", "TOLERATE_GPU", "WORKSPACE", "cluster_settings"]
@@ -85,10 +84,9 @@ def make_pool(
 
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
-    with FakeCluster(NAMESPACE, max_grace_s=2.0) as fake:
-        yield load_recorded_nodes(fake)
-        wait_for(lambda: not fake.leftovers(), "no Job, pod or Secret left", why=lambda: "\n".join(fake.leftovers()))
-        assert fake.errors == []
+    """The two recorded nodes; afterwards no Job, pod or Secret may be left (background deletion waited for)."""
+    with recorded_cluster(NAMESPACE) as fake:
+        yield fake
 
 
 @pytest.fixture
