@@ -297,3 +297,17 @@ async def test_an_operators_shared_cluster_is_a_config_pool_whose_agent_joins_wi
     assert pool in services.pools  # the configured pool stays
     with pytest.raises(NotFound):
         await clusters.remove(services, plant.root, "lab")
+
+
+async def test_a_removed_clusters_agent_is_refused_in_words_that_say_what_to_do(plant: Plant) -> None:
+    services = plant.services
+    team = await workspace_user(services, "team")
+    made = await clusters.join(services, team, options())
+    joined = await agent_join.join(services, made.join.token, hostname="agent-pod")
+    await clusters.remove(services, team, "lab")
+    with pytest.raises(Unauthenticated) as refused:
+        await agent_join.authenticate_agent(services, joined.token)
+    said = str(refused.value)
+    assert said.startswith("this machine was removed: its attached cluster was removed")  # the agent's REMOVED
+    assert "levers9 cluster join NAME" in said
+    assert "levers9-agent-credential" in said

@@ -139,7 +139,15 @@ async def issue_join_token(
     return JoinToken(agent_id, token, provider, workspace, record.expires_at)
 
 
-def removed_message(agent_id: str) -> str:
+def removed_message(agent_id: str, provider: str = "agent_machine") -> str:
+    """Why a removed agent is refused, and what its owner does instead; it starts with the words the agent acts on
+    (``levers9.agent.daemon.REMOVED``: it deletes its workers before it exits)."""
+    if provider == "attached_cluster":
+        return (
+            f"this machine was removed: its attached cluster was removed (levers9 cluster remove); agent {agent_id} "
+            "may not join or connect again. To attach the cluster again, run 'levers9 cluster join NAME' and apply "
+            "the manifest it writes, after deleting the Secret levers9-agent-credential"
+        )
     return (
         f"this machine was removed (levers9 machine remove); agent {agent_id} may not join or connect again. "
         "To join the box again, create a new machine ('levers9 machine create --pool POOL') and run the join "
@@ -147,12 +155,13 @@ def removed_message(agent_id: str) -> str:
     )
 
 
-async def _removed(services: Services, agent_id: str) -> bool:
+async def _removed(services: Services, agent_id: str) -> str | None:
+    """The provider of ``agent_id`` when it was removed; None when it was not."""
     row = await JoinedMachineStore(services.db).get(agent_id)
     if row is not None:
-        return row.state == "removed"
+        return row.provider if row.state == "removed" else None
     known = await services.agents.get(agent_id)
-    return known is not None and known.removed
+    return known.provider if known is not None and known.removed else None
 
 
 def _refusal(exc: TokenRefused) -> str:
@@ -182,8 +191,9 @@ async def join(services: Services, join_token: str, *, version: str = "", hostna
         if exc.reason == "used":
             spent = await services.tokens.find(join_token)
             subject = (spent.subject or "") if spent is not None else ""
-            if subject.startswith(JOIN_PREFIX) and await _removed(services, subject[len(JOIN_PREFIX) :]):
-                raise Unauthenticated(removed_message(subject[len(JOIN_PREFIX) :])) from None
+            removed = await _removed(services, subject[len(JOIN_PREFIX) :]) if subject.startswith(JOIN_PREFIX) else None
+            if removed is not None:
+                raise Unauthenticated(removed_message(subject[len(JOIN_PREFIX) :], removed)) from None
         raise Unauthenticated(_refusal(exc)) from None
     agent_id = record.subject or ""
     registration = await services.agents.joined(
@@ -200,9 +210,10 @@ async def authenticate_agent(services: Services, token: str | None) -> AgentIden
         principal = await services.auth.verify(token, TokenKind.AGENT)
     except Unauthenticated:
         found = await services.tokens.find(token) if token else None
-        subject = found.subject if found is not None else None
-        if subject and not subject.startswith(JOIN_PREFIX) and await _removed(services, subject):
-            raise Unauthenticated(removed_message(subject)) from None
+        subject = (found.subject or "") if found is not None else ""
+        removed = await _removed(services, subject) if subject and not subject.startswith(JOIN_PREFIX) else None
+        if removed is not None:
+            raise Unauthenticated(removed_message(subject, removed)) from None
         raise
     subject = principal.subject or ""
     if not subject or subject.startswith(JOIN_PREFIX):
@@ -211,7 +222,7 @@ async def authenticate_agent(services: Services, token: str | None) -> AgentIden
         )
     known = await services.agents.get(subject)
     if known is not None and known.removed:  # revoked in SQL too; the auth cache may not know yet
-        raise Unauthenticated(removed_message(subject))
+        raise Unauthenticated(removed_message(subject, known.provider))
     if known is None:  # Redis lost its contents: a joined machine's row or a cluster's record says what it serves
         from levers9.services import clusters, joined_machines
 
