@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,18 +118,31 @@ class AgentServer:
 
     async def stop(self) -> None:
         if self._server is not None:
-            await self._server.stop(None)
+            await _bounded("the Agent gRPC server's stop", self._server.stop(None))
             self._server = None
         if self.hub is not None:
             # AgentHub.close() can wait for ever: a cancel that lands inside its refresh loop's Redis read may come
             # back as an ordinary exception, which the loop logs and goes on (reported); cancelling again ends it
-            closing = asyncio.ensure_future(self.hub.close())
-            done, _ = await asyncio.wait({closing}, timeout=_HUB_CLOSE_S)
-            if not done:
-                closing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await closing
+            await _bounded("AgentHub.close()", self.hub.close())
             self.hub = None
+
+
+async def _bounded(step: str, awaitable: Awaitable[Any], timeout: float = _HUB_CLOSE_S) -> None:
+    """Await a stop step for at most ``timeout`` s, as the controlplane's own stop bounds each of its steps; a step
+    still running then has every task's stack written to stderr (the test's captured output), a warning, and is
+    cancelled, so one stuck stop names itself instead of hanging the run until the suite's timeout."""
+    running = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({running}, timeout=timeout)
+    if done:
+        running.result()
+        return
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()} still running while {step} waits:", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    warnings.warn(f"{step} did not end within {timeout:g} s; cancelled (stacks on stderr)", stacklevel=2)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
 
     async def join_token(self) -> str:
         if self._operator is None:
