@@ -80,6 +80,24 @@ class _RecordingHub(AgentHub):
         return session
 
 
+async def _bounded(step: str, awaitable: Awaitable[Any], timeout: float = _HUB_CLOSE_S) -> None:
+    """Await a stop step for at most ``timeout`` s, as the controlplane's own stop bounds each of its steps; a step
+    still running then has every task's stack written to stderr (the test's captured output), a warning, and is
+    cancelled, so one stuck stop names itself instead of hanging the run until the suite's timeout."""
+    running = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({running}, timeout=timeout)
+    if done:
+        running.result()
+        return
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()} still running while {step} waits:", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    warnings.warn(f"{step} did not end within {timeout:g} s; cancelled (stacks on stderr)", stacklevel=2)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+
+
 class AgentServer:
     """The Agent service on ``127.0.0.1:port``; :meth:`stop` and :meth:`start` again keep the port and stores."""
 
@@ -125,24 +143,6 @@ class AgentServer:
             # back as an ordinary exception, which the loop logs and goes on (reported); cancelling again ends it
             await _bounded("AgentHub.close()", self.hub.close())
             self.hub = None
-
-
-async def _bounded(step: str, awaitable: Awaitable[Any], timeout: float = _HUB_CLOSE_S) -> None:
-    """Await a stop step for at most ``timeout`` s, as the controlplane's own stop bounds each of its steps; a step
-    still running then has every task's stack written to stderr (the test's captured output), a warning, and is
-    cancelled, so one stuck stop names itself instead of hanging the run until the suite's timeout."""
-    running = asyncio.ensure_future(awaitable)
-    done, _ = await asyncio.wait({running}, timeout=timeout)
-    if done:
-        running.result()
-        return
-    for task in asyncio.all_tasks():
-        print(f"--- task {task.get_name()} still running while {step} waits:", file=sys.stderr)
-        task.print_stack(file=sys.stderr)
-    warnings.warn(f"{step} did not end within {timeout:g} s; cancelled (stacks on stderr)", stacklevel=2)
-    running.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await running
 
     async def join_token(self) -> str:
         if self._operator is None:
