@@ -60,6 +60,7 @@ from levers9.scheduler.pools import PoolSpec
 from levers9.services.agent_join import JOIN_PREFIX, JOIN_TTL_S, JoinToken, issue_join_token
 from levers9.services.agents import publish_disconnect
 from levers9.services.auth import PermissionDenied, Principal
+from levers9.services.joined_machines import as_int, int_map
 from levers9.state.errors import AlreadyExists, NotFound
 from levers9.state.sql.clusters import ClusterStore
 from levers9.state.sql.models import utcnow
@@ -293,6 +294,12 @@ def _workspace_user(principal: Principal, doing: str) -> str:
     return principal.workspace_id
 
 
+def _configured_record(name: str, spec: PoolSpec) -> ClusterRecord:
+    """What an operator's shared cluster is listed as: no record of its own, its configured pool's."""
+    return ClusterRecord(id=f"pool:{spec.name}", workspace_id="", name=name, kind=CONFIGURED, pool=spec.name,
+                         has_settings=False, created_at=utcnow())  # fmt: skip
+
+
 def _configured(services: Services) -> dict[str, PoolSpec]:
     """The operator's shared clusters: the config file's ``attached_cluster`` pools, by their cluster's name."""
     return {
@@ -315,8 +322,7 @@ async def _join_configured(services: Services, principal: Principal, options: Cl
     token = await issue_join_token(
         services, principal, PROVIDER, {"cluster": cluster, "pool": spec.name, "name": cluster}, ttl_s=options.ttl_s
     )
-    record = ClusterRecord(id=f"pool:{spec.name}", workspace_id="", name=cluster, kind=CONFIGURED, pool=spec.name,
-                           has_settings=False, created_at=utcnow())  # fmt: skip
+    record = _configured_record(cluster, spec)
     return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
                          services.scheduler.ctx.controlplane_ca)  # fmt: skip
 
@@ -330,8 +336,7 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
         workspace, shared = None, _configured(services).get(name)
         if shared is None:
             raise NotFound("configured attached cluster", name)
-        record = ClusterRecord(id=f"pool:{shared.name}", workspace_id="", name=name, kind=CONFIGURED,
-                               pool=shared.name, has_settings=False, created_at=utcnow())  # fmt: skip
+        record = _configured_record(name, shared)
         agents: set[str] = set()
     else:
         workspace = _workspace_user(principal, "remove clusters")
@@ -397,24 +402,13 @@ async def restore_registration(services: Services, agent_id: str) -> bool:
     return False
 
 
-def _ints(value: Any) -> dict[str, int]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)}
-
-
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) else 0
-
-
 async def list_clusters(services: Services, principal: Principal) -> list[ClusterView]:
     """The caller's workspace's attached clusters (an operator's: the configured shared ones), connected or not,
     with their agents' last report."""
     workspace = principal.workspace_id
     if workspace is None:
         records = [
-            ClusterRecord(id=f"pool:{spec.name}", workspace_id="", name=name, kind=CONFIGURED, pool=spec.name,
-                          has_settings=False, created_at=utcnow())
+            _configured_record(name, spec)
             for name, spec in sorted(_configured(services).items())
         ]  # fmt: skip
     else:
@@ -451,10 +445,10 @@ async def list_clusters(services: Services, principal: Principal) -> list[Cluste
                 last_seen=agent.last_seen,
                 version=agent.version,
                 nodes=len(nodes) if isinstance(nodes, list) else 0,
-                gpus=_ints(capacity.get("gpus")),
-                free_gpus=_ints(free.get("gpus")),
-                cpu_millicores=_int(capacity.get("cpu_millicores")),
-                memory_mib=_int(capacity.get("memory_mib")),
+                gpus=int_map(capacity.get("gpus")),
+                free_gpus=int_map(free.get("gpus")),
+                cpu_millicores=as_int(capacity.get("cpu_millicores")),
+                memory_mib=as_int(capacity.get("memory_mib")),
                 workers=list(agent.machines),
             )
         )

@@ -60,7 +60,9 @@ __all__ = [
     "CreatedMachine",
     "JoinedMachineView",
     "RemovedMachine",
+    "as_int",
     "create",
+    "int_map",
     "join_command",
     "list_machines",
     "remove",
@@ -205,13 +207,15 @@ def _ssh(spec: PoolSpec) -> dict[str, Any]:
     return found
 
 
-def _ints(value: Any) -> dict[str, int]:
+def int_map(value: Any) -> dict[str, int]:
+    """An inventory's ``{name: count}`` with whole numbers only (an agent's report is not trusted)."""
     if not isinstance(value, dict):
         return {}
     return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)}
 
 
-def _int(value: Any) -> int:
+def as_int(value: Any) -> int:
+    """An inventory's number, or 0 when it is not one."""
     return int(value) if isinstance(value, int | float) else 0
 
 
@@ -233,12 +237,12 @@ async def list_machines(services: Services, principal: Principal) -> list[Joined
                 connected=await services.agents.owner(record.id) is not None,
                 last_seen=agent.last_seen,
                 version=agent.version,
-                gpus=_ints(capacity.get("gpus")),
-                free_gpus=_ints(free.get("gpus")),
-                cpu_millicores=_int(capacity.get("cpu_millicores")),
-                memory_mib=_int(capacity.get("memory_mib")),
-                free_cpu_millicores=_int(free.get("cpu_millicores")),
-                free_memory_mib=_int(free.get("memory_mib")),
+                gpus=int_map(capacity.get("gpus")),
+                free_gpus=int_map(free.get("gpus")),
+                cpu_millicores=as_int(capacity.get("cpu_millicores")),
+                memory_mib=as_int(capacity.get("memory_mib")),
+                free_cpu_millicores=as_int(free.get("cpu_millicores")),
+                free_memory_mib=as_int(free.get("memory_mib")),
                 workers=list(agent.machines),
             )
         )
