@@ -17,9 +17,10 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from levers9.config.model import SchedulerConfig
 from levers9.scheduler import events
@@ -27,6 +28,7 @@ from levers9.scheduler.availability import Unavailable
 from levers9.scheduler.candidates import NoPoolOffers, candidates, groups
 from levers9.scheduler.context import Context
 from levers9.scheduler.controller import PoolController, UpkeepReport
+from levers9.scheduler.history import HistoryWriter
 from levers9.scheduler.lease import Lease
 from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.planner import PassReport, Planner
@@ -52,8 +54,8 @@ __all__ = ["RebuildReport", "Scheduler"]
 
 log = logging.getLogger(__name__)
 
-#: placement batches whose history may be written in the background at once
-_MAX_RECORDING = 16
+#: how long stop() waits for the placement history still buffered to be stored
+_HISTORY_FLUSH_S = 10.0
 
 
 @dataclass
@@ -102,15 +104,17 @@ class Scheduler:
         self.planner = Planner(self.ctx, self.provisioner, self.offers)
         self.controller = PoolController(self.ctx, self.provisioner, self.offers)
         self.lease = Lease(redis, f"{prefix}lease:planner", self.name, ttl_s=15)
-        #: told of every batch of placements, once its history is stored (the server wakes worker sessions)
+        #: told of every batch of placements (the server wakes worker sessions); its history is stored by self.history
         self.on_placed = on_placed
         self._runner: asyncio.Task[None] | None = None
         self._upkeep_at = 0.0
         self._reconcile_at = 0.0
         #: set by stop(): the loops end at their next turn even if their cancellation was swallowed
         self._stopping = False
-        #: placement history being written in the background (see place_once)
-        self._recording: set[asyncio.Task[None]] = set()
+        #: a submission's own placement pass is running (see submit_many's place_now)
+        self._placing_now = False
+        #: stores the placement history in the background, in batches (see place_once)
+        self.history = HistoryWriter(self.ctx.tasks)
 
     @property
     def backlog(self) -> Backlog:
@@ -158,10 +162,13 @@ class Scheduler:
         *,
         stub_id: str | None = None,
         args: Sequence[bytes] | None = None,
+        place_now: bool = False,
     ) -> None:
         """Store the requests as pending tasks (with each call's ``args``), then queue them.
 
-        Refuses all if any can never be placed.
+        Refuses all if any can never be placed. ``place_now``: run a placement pass here, right after
+        queueing, rather than waking the placement loop (a lone call is placed without waiting for the
+        loop's turn; a failure of that pass is logged and left to the loop, the requests are queued).
         """
         memo: dict[str, tuple[Group, ...]] = {}
         queued = [self._queued(r, memo) for r in requests]
@@ -178,7 +185,21 @@ class Scheduler:
                 args=None if args is None else [a or b"" for _, a in batch],
             )
         await self.backlog.enqueue(queued)
-        self.ctx.placer_wanted.set()
+        if place_now and not self._placing_now:
+            await self._place_now()
+        else:
+            self.ctx.placer_wanted.set()
+
+    async def _place_now(self) -> None:
+        """One placement pass for a submission that just queued its calls (see ``submit_many``)."""
+        self._placing_now = True  # one at a time: the others wake the loop, whose pass places theirs too
+        try:
+            await self.place_once(wait_for_history=False)
+        except Exception:
+            log.exception("placing at submit failed; the placement loop places the calls")
+            self.ctx.placer_wanted.set()
+        finally:
+            self._placing_now = False
 
     async def ensure_queued(self, request_ids: Sequence[str]) -> int:
         """Put those of ``request_ids`` that SQL has as pending but Redis does not know back on the backlog.
@@ -247,57 +268,50 @@ class Scheduler:
         return report
 
     async def place_once(self, *, wait_for_history: bool = True) -> PlaceResult:
-        """One batch of placements, with their history written to SQL in one transaction.
+        """One batch of placements; their history goes to the history writer (:attr:`history`).
 
-        The placement loop passes ``wait_for_history=False``: the workers are told at once and
-        the history is written in the background, so a busy database never holds up the next
-        batch. Redis holds the placement itself; SQL's history is the record of it.
+        Redis holds the placement itself; SQL's history is the record of it, stored by one
+        writer task in batches of whatever piled up (:mod:`levers9.scheduler.history`). With
+        ``wait_for_history`` this returns once the batch's history is stored (tests, tools);
+        the placement loop passes False: the workers are told at once and the next batch
+        follows, unless the writer is :data:`~levers9.scheduler.history.MAX_BUFFERED` events
+        behind, when this waits for it to catch up.
         """
         ctx = self.ctx
         result = await self.backlog.place(
             ctx.now_ms(), limit=ctx.settings.batch_size, recheck_ms=round(ctx.settings.retry_initial_s * 1000)
         )
         if result.placed:
-            history = ctx.tasks.record(
-                [
-                    PlacementEvent(
-                        task_id=p.request,
-                        outcome="placed",
-                        pool=p.pool,
-                        gpu=ctx.pools[p.pool].gpu if p.pool in ctx.pools else None,
-                        region=ctx.pools[p.pool].pool.region if p.pool in ctx.pools else None,
-                        worker_id=p.worker,
-                    )
-                    for p in result.placed
-                ]
-            )
+            # buffered before anything is awaited, so a placement made in Redis always gets its history
+            ticket = self.history.add(self._placement_events(result))
             if not wait_for_history:
-                self._record_later(history)
                 if self.on_placed is not None:
                     await self.on_placed(result)
             elif self.on_placed is None:
-                await history
+                await self.history.written(ticket)
             else:
                 # the workers are told while the history is written: a call is not held up by its own record
-                await asyncio.gather(history, self.on_placed(result))
+                await asyncio.gather(self.history.written(ticket), self.on_placed(result))
+            await self.history.room()
         if result.unplaced:
             ctx.planner_wanted.set()
         return result
 
-    def _record_later(self, history: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(history, name="placement history")
-        self._recording.add(task)
-        task.add_done_callback(self._recorded)
-
-    def _recorded(self, task: asyncio.Task[None]) -> None:
-        self._recording.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("writing placement history failed: %s", task.exception())
-
-    async def _history_written(self, timeout: float) -> None:
-        """Wait for the placement history still being written (at stop, so none is lost)."""
-        if self._recording:
-            await asyncio.wait(set(self._recording), timeout=timeout)
+    def _placement_events(self, result: PlaceResult) -> list[PlacementEvent]:
+        """The history of a batch, stamped now: the time of placing, not of the writer's transaction."""
+        pools, at = self.ctx.pools, datetime.now(UTC)
+        return [
+            PlacementEvent(
+                task_id=p.request,
+                outcome="placed",
+                pool=p.pool,
+                gpu=pools[p.pool].gpu if p.pool in pools else None,
+                region=pools[p.pool].pool.region if p.pool in pools else None,
+                worker_id=p.worker,
+                at=at,
+            )
+            for p in result.placed
+        ]
 
     # ------------------------------------------------------------------ workers
 
@@ -447,7 +461,7 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
             self._runner = None
-        await self._history_written(timeout=10.0)
+        await self.history.close(timeout=_HISTORY_FLUSH_S)
         await self.offers.close()
         await self.provisioner.close()
         with contextlib.suppress(Exception):
@@ -484,10 +498,7 @@ class Scheduler:
         event.clear()
 
     async def _place_step(self) -> float:
-        if len(self._recording) >= _MAX_RECORDING:
-            # the database is far behind: let it catch up before placing more
-            await asyncio.wait(set(self._recording), return_when=asyncio.FIRST_COMPLETED)
-        result = await self.place_once(wait_for_history=False)
+        result = await self.place_once(wait_for_history=False)  # waits there while the history writer is far behind
         if len(result.placed) + len(result.unplaced) >= self.settings.batch_size:
             return 0  # more may be due right now
         due = await self.backlog.next_due_ms()

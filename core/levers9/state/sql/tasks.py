@@ -13,12 +13,15 @@ survive the controlplane: every task that is not finished is read back by
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, bindparam, insert, select, update
+from sqlalchemy import JSON, Connection, Table, Text, bindparam, column, func, insert, select, update
+from sqlalchemy import cast as cast_
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.selectable import TableValuedAlias
 
 from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
 from levers9.state.sql._common import require
@@ -32,6 +35,60 @@ _TASK_IO = cast(Table, TaskIO.__table__)
 _PLACEMENTS = cast(Table, TaskPlacement.__table__)
 _WORKSPACES = cast(Table, Workspace.__table__)
 _OUTCOME_MAX = 32
+
+
+def _recordset(name: str, table: Table, columns: Sequence[str]) -> TableValuedAlias:
+    """``json_to_recordset(:name) AS name(c1 type1, ...)``: PostgreSQL rows from one JSON array of objects.
+
+    A whole batch is then one statement with one parameter, serialized by the C JSON encoder,
+    instead of a statement (or an array element adapted in Python) per row; the rows come out
+    in the array's order. The types are ``table``'s, so a value too long for its column is
+    refused as it would be by an insert.
+    """
+    rows = func.json_to_recordset(cast_(bindparam(name, type_=Text()), JSON()))
+    return rows.table_valued(*[column(c, table.c[c].type) for c in columns]).render_derived(name=name, with_types=True)
+
+
+def _json(rows: Sequence[Any]) -> str:
+    """``rows`` as JSON text, timestamps as ISO 8601 (each distinct one formatted once: a batch shares a few)."""
+    seen: dict[object, str] = {}
+
+    def timestamp(value: object) -> str:
+        text = seen.get(value)
+        if text is None:
+            text = seen[value] = _utc_iso(value)
+        return text
+
+    return json.dumps(rows, default=timestamp, separators=(",", ":"))
+
+
+def _utc_iso(value: object) -> str:
+    """A timestamp as JSON carries it: aware UTC only, as :class:`UtcDateTime` requires of every timestamp."""
+    if not isinstance(value, datetime):
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"timestamp {value.isoformat()} has no time zone; pass an aware UTC datetime")
+    return value.astimezone(UTC).isoformat()
+
+
+#: a placement history row's columns
+_HISTORY_COLUMNS = ("task_id", "attempt", "at", "outcome", "pool", "gpu", "region", "worker_id", "reason")
+# PostgreSQL's statements for a batch of placement history: each takes one JSON parameter, whatever the batch's size
+_pg_ids = select(func.json_array_elements_text(cast_(bindparam("ids", type_=Text()), JSON())))
+_PG_LOCK = (
+    select(_TASKS.c.id, _TASKS.c.attempts, _TASKS.c.status)
+    .where(_TASKS.c.id.in_(_pg_ids.scalar_subquery()))
+    .order_by(_TASKS.c.id)
+    .with_for_update()
+)
+_pg_history = _recordset("history", _PLACEMENTS, _HISTORY_COLUMNS)
+_PG_HISTORY = insert(_PLACEMENTS).from_select(_HISTORY_COLUMNS, select(*[_pg_history.c[c] for c in _HISTORY_COLUMNS]))
+_pg_placed = _recordset("placed", _TASKS, ("id", "worker_id", "pool", "gpu"))
+_PG_PLACED = (
+    update(_TASKS)
+    .where(_TASKS.c.id == _pg_placed.c.id)
+    .values(worker_id=_pg_placed.c.worker_id, pool=_pg_placed.c.pool, gpu=_pg_placed.c.gpu, updated_at=bindparam("now"))
+)
 
 
 def _task(row: Task) -> TaskRecord:
@@ -76,6 +133,41 @@ def _event(row: TaskPlacement) -> PlacementEvent:
         attempt=row.attempt,
         at=row.at,
     )
+
+
+def _history(
+    events: Sequence[PlacementEvent], found: dict[str, tuple[int, str]], now: datetime
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The history rows of ``events`` whose task is in ``found`` (id: attempts, status), and where each went.
+
+    The second list has one entry per placed task, its last placement in ``events``; a task cancelled
+    while it was being placed never ran, so it has none.
+    """
+    history: list[dict[str, Any]] = []
+    placed: dict[str, dict[str, Any]] = {}
+    for event in events:
+        task = found.get(event.task_id)
+        if task is None:
+            continue
+        attempts, status = task
+        history.append(
+            {
+                "task_id": event.task_id,
+                "attempt": attempts if event.attempt is None else event.attempt,
+                "at": now if event.at is None else event.at,
+                "outcome": event.outcome,
+                "pool": event.pool,
+                "gpu": event.gpu,
+                "region": event.region,
+                "worker_id": event.worker_id,
+                "reason": event.reason,
+            }
+        )
+        # where it ran is kept even when the call finished before this was written (it is fast)
+        if event.outcome == PlacementOutcome.PLACED and status != TaskStatus.CANCELLED.value:
+            placed[event.task_id] = {"id": event.task_id, "worker_id": event.worker_id, "pool": event.pool,
+                                     "gpu": event.gpu}  # fmt: skip
+    return history, list(placed.values())
 
 
 class TaskStore:
@@ -203,63 +295,54 @@ class TaskStore:
             rows = await session.scalars(query.order_by(Task.created_at.desc(), Task.id).limit(limit))
             return [_task(row) for row in rows]
 
-    async def record(self, events: Sequence[PlacementEvent]) -> None:
-        """Append placement history for many tasks in one transaction (the scheduler calls it once per batch).
+    async def record(self, events: Sequence[PlacementEvent], *, skip_missing: bool = False) -> list[str]:
+        """Append placement history for many tasks in one transaction (the scheduler's history writer batches it).
 
         A ``placed`` event also stores where the task went (worker, pool, GPU)
         on the task itself, even when it already finished (a fast call may end
         before its history is written), but not when it was cancelled while the
-        scheduler was placing it. Unknown task ids fail the whole batch.
+        scheduler was placing it. Unknown task ids fail the whole batch, or
+        with ``skip_missing`` their events are left out and the ids returned
+        (a task deleted with its workspace has nowhere to keep history).
+
+        Whatever the batch's size, each table is written by one statement: an
+        executemany on SQLite, which runs in the database's own thread, and on
+        PostgreSQL one statement over the whole batch passed as one JSON parameter
+        (``json_to_recordset``), so a batch is a few round trips, none per row.
         """
         if not events:
-            return
+            return []
         for event in events:
             if not event.outcome or len(event.outcome) > _OUTCOME_MAX:
                 raise ValueError(f"placement outcome {event.outcome!r} must be 1-{_OUTCOME_MAX} characters")
         now = utcnow()
         ids = sorted({event.task_id for event in events})
+        postgresql = self._db.dialect == "postgresql"
 
-        def work(connection: Connection) -> None:
+        def work(connection: Connection) -> list[str]:
             # Locked in id order, so two batches touching the same tasks cannot deadlock.
-            found = {
-                row[0]: (row[1], row[2])
-                for row in connection.execute(
+            locking = (
+                connection.execute(_PG_LOCK, {"ids": _json(ids)})
+                if postgresql
+                else connection.execute(
                     select(_TASKS.c.id, _TASKS.c.attempts, _TASKS.c.status)
                     .where(_TASKS.c.id.in_(ids))
                     .order_by(_TASKS.c.id)
                     .with_for_update()
                 )
-            }
+            )
+            found: dict[str, tuple[int, str]] = {row[0]: (row[1], row[2]) for row in locking}
             missing = [task_id for task_id in ids if task_id not in found]
-            if missing:
+            if missing and not skip_missing:
                 raise NotFound("task", ", ".join(missing))
-            history: list[dict[str, Any]] = []
-            placed: dict[str, dict[str, Any]] = {}
-            for event in events:
-                attempts, status = found[event.task_id]
-                history.append(
-                    {
-                        "task_id": event.task_id,
-                        "attempt": attempts if event.attempt is None else event.attempt,
-                        "at": now if event.at is None else event.at,
-                        "outcome": event.outcome,
-                        "pool": event.pool,
-                        "gpu": event.gpu,
-                        "region": event.region,
-                        "worker_id": event.worker_id,
-                        "reason": event.reason,
-                    }
-                )
-                # where it ran is kept even when the call finished before this was written (it is fast);
-                # a call cancelled while being placed never ran
-                if event.outcome == PlacementOutcome.PLACED and status != TaskStatus.CANCELLED.value:
-                    placed[event.task_id] = {
-                        "id": event.task_id,
-                        "worker_id": event.worker_id,
-                        "pool": event.pool,
-                        "gpu": event.gpu,
-                        "updated_at": now,
-                    }
+            history, placed = _history(events, found, now)
+            if not history:
+                return missing
+            if postgresql:
+                connection.execute(_PG_HISTORY, {"history": _json(history)})
+                if placed:
+                    connection.execute(_PG_PLACED, {"placed": _json(placed), "now": now})
+                return missing
             connection.execute(insert(_PLACEMENTS), history)
             if placed:
                 connection.execute(
@@ -268,13 +351,11 @@ class TaskStore:
                     .values(
                         worker_id=bindparam("wid"), pool=bindparam("p"), gpu=bindparam("g"), updated_at=bindparam("u")
                     ),
-                    [
-                        {"tid": v["id"], "wid": v["worker_id"], "p": v["pool"], "g": v["gpu"], "u": v["updated_at"]}
-                        for v in placed.values()
-                    ],
+                    [{"tid": v["id"], "wid": v["worker_id"], "p": v["pool"], "g": v["gpu"], "u": now} for v in placed],
                 )
+            return missing
 
-        await self._db.run(work)
+        return await self._db.run(work)
 
     async def set_running(self, task_id: str, worker_id: str, container_id: str) -> TaskRecord:
         """The task's container started on ``worker_id``; only a pending task can start.
