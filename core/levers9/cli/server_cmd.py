@@ -257,9 +257,10 @@ def _memory_mib() -> int:
 async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> None:
     import signal
 
-    from levers9.controlplane.server import Server
+    from levers9.controlplane.server import SWITCH_INTERVAL_S, Server
     from levers9.sdk.context import Context, save_context
 
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process is the controlplane's own (see serve)
     server = Server(loaded, listeners)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

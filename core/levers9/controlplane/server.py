@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import ssl
+import sys
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
 __all__ = ["GRPC_OPTIONS", "Listeners", "Server", "serve"]
 
 log = logging.getLogger(__name__)
+
+#: the interpreter's switch interval in the controlplane process (see serve)
+SWITCH_INTERVAL_S = 0.0005
 
 GRPC_OPTIONS = [
     # gRPC shares a port with any other process by default (SO_REUSEPORT): a second controlplane would
@@ -327,7 +331,11 @@ async def _step(what: str, awaitable: Any, timeout: float) -> None:
 async def serve(
     loaded: LoadedConfig, listeners: Listeners | None = None, *, ready: asyncio.Event | None = None
 ) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    """Run until SIGTERM or SIGINT, then stop gracefully (the process is the controlplane's own)."""
+    # The event loop shares the interpreter with SQLite's thread (Database.run): a thread waiting for the
+    # interpreter lock gets it after the switch interval at worst, and Python's 5 ms default put that wait
+    # on a call's path whenever a transaction ran beside it. Set here, for the process, not in Server.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     server = Server(loaded, listeners)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

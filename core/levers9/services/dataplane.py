@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 _MAX_QUEUED_REPORTS = 10_000
 #: submitted calls whose arguments are kept in memory until a worker takes them
 _MAX_FRESH = 200_000
+#: submissions of at most this many calls are placed by their own request, not the placement loop
+_PLACE_NOW_MAX = 16
 #: how often, and after how long, blobs whose upload never finished are removed
 _SWEEP_BLOBS_S = 3600.0
 
@@ -237,13 +239,12 @@ class DataPlane:
         if not _SUBMISSION.fullmatch(submission):
             raise ValueError(f"submission_id {submission[:80]!r}: expected 8-64 letters, digits, '-' or '_'")
         ids = [submission_task_id(workspace, stub_id, submission, i) for i in range(len(args))]
-        if await self.calls.dispatch(ids[:1]):
-            await self.services.scheduler.ensure_queued(ids)
-            return ids, True
+        # Stored first, looked up only when that fails: a submission sent once (nearly all of them) costs
+        # one transaction, and one sent again fails on its ids and is found (all of its tasks or none).
         try:
             return await self._queue(workspace, stub_id, settings, args, ids=ids), False
         except Exception:
-            if await self.calls.dispatch(ids[:1]):  # the same submission, stored meanwhile by another replica
+            if await self.calls.dispatch(ids[:1]):  # stored before, here or by another replica
                 await self.services.scheduler.ensure_queued(ids)
                 return ids, True
             raise
@@ -297,10 +298,20 @@ class DataPlane:
         # validated once; the others differ only by their generated id
         more = ids[1:] if ids else [new_id("task") for _ in args[1:]]
         requests = [template] + [template.model_copy(update={"id": task_id}) for task_id in more]
-        await self.services.scheduler.submit_many(requests, stub_id=stub_id, args=args)
-        if len(self._fresh) < _MAX_FRESH:
+        # known before they are queued: a worker may take them the moment they are placed
+        fresh = len(self._fresh) < _MAX_FRESH
+        if fresh:
             for r, payload in zip(requests, args, strict=True):
                 self._fresh[r.id] = (workspace, stub_id, payload)
+        try:
+            await self.services.scheduler.submit_many(
+                requests, stub_id=stub_id, args=args, place_now=len(requests) <= _PLACE_NOW_MAX
+            )
+        except BaseException:
+            if fresh:
+                for r in requests:
+                    self._fresh.pop(r.id, None)
+            raise
         return [r.id for r in requests]
 
     async def watch(
@@ -442,6 +453,7 @@ class DataPlane:
             if serving:
                 listener.ended(serving)
         if report.outcomes:
+            self._deliver_early(worker_id, report.outcomes)
             self._to_release.setdefault(worker_id, []).extend(o.task_id for o in report.outcomes)
             if self._releaser is None or self._releaser.done():
                 self._releaser = asyncio.create_task(self._release(), name="releaser")
@@ -452,6 +464,26 @@ class DataPlane:
         self._reports_ready.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_reports(), name="report flusher")
+
+    def _deliver_early(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> None:
+        """Hand successful outcomes to this replica's watchers now, before they are stored (write-behind).
+
+        Only a call this replica sent to this very worker, and that succeeded (a failure may still be
+        retried), so what a caller sees is always the outcome of a whole run of its call. Storing follows
+        in the flusher; should the controlplane die first, the task is still running in SQL and runs again
+        (at least once, as before), and its caller already has a valid result. Watchers on other replicas
+        hear of it once it is stored, and read it from SQL as before.
+        """
+        early: dict[str, CallResult] = {}
+        for o in outcomes:
+            if o.status != "complete":
+                continue
+            running = self._running.get(o.task_id)
+            if running is None or running.worker_id != worker_id or self._serves(o.task_id):
+                continue
+            early[o.task_id] = CallResult(o.task_id, "", o.status, o.result, None, None, None, 0)
+        if early:
+            self.hub.deliver(early)
 
     def _serves(self, task_id: str) -> bool:
         """Whether a running task is a serving container (of a stub whose settings are cached here)."""
@@ -491,6 +523,9 @@ class DataPlane:
     async def _flush_reports(self) -> None:
         while True:
             await self._reports_ready.wait()
+            # one turn of the loop first: watchers handed an outcome early send it before this
+            # replica spends its time (and, on SQLite, the GIL) storing it
+            await asyncio.sleep(0)
             self._reports_ready.clear()
             batch, self._reports = self._reports, []
             self._reports_room.set()

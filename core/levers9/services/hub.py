@@ -120,6 +120,10 @@ class Hub:
         self._deliver(ids, outcomes)
         await self._publish("t", ids)
 
+    def deliver(self, outcomes: Mapping[str, Any]) -> None:
+        """Hand outcomes to this replica's watchers only (before they are stored; see ``finished``)."""
+        self._deliver(outcomes, outcomes)
+
     def _deliver(self, ids: Iterable[str], outcomes: Mapping[str, Any] | None = None) -> None:
         by_watch: dict[Watch, list[tuple[str, Any]]] = defaultdict(list)
         for task_id in ids:
