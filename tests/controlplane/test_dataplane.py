@@ -178,3 +178,52 @@ async def test_a_submission_sent_twice_is_stored_once_and_queued_even_if_the_fir
     finally:
         await replica_a.close()
         await replica_b.close()
+
+
+async def test_a_success_reaches_its_callers_watch_before_it_is_stored_and_a_failure_only_after(api: Api) -> None:
+    """Write-behind: the outcome of a call sent to this worker is handed to the watch while SQL is held up."""
+    services = api.services
+    dp = DataPlane(services, Hub(services.redis, name="test"))
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(me, {"name": "f", "cpu_millicores": 500, "retries": 0}, b"handler")
+    await api.worker("w1", "cpu")
+    [ok, failing] = await dp.submit(me, stub_id, [b"a", b"b"])
+    await services.scheduler.place_once()
+    assert sorted(d.task_id for d in await dp.take("w1")) == sorted([ok, failing])
+    held = asyncio.Event()
+    store = dp.calls.finish_many
+
+    async def held_up(*args: object, **kwargs: object) -> list[str]:  # levers9's own store, gated
+        await held.wait()
+        return await store(*args, **kwargs)  # type: ignore[arg-type]
+
+    dp.calls.finish_many = held_up  # type: ignore[method-assign]
+    try:
+        watch = dp.watch(me, [ok, failing], just_submitted=True)
+        waiting = asyncio.ensure_future(anext(watch))  # the watch in place, as Invoke has it
+        await asyncio.sleep(0)
+        await dp.report("w1", WorkerReport(outcomes=[TaskOutcome(ok, "complete", b"value")]))
+        first = await asyncio.wait_for(waiting, 10.0)
+        assert (first.task_id, first.status, first.result) == (ok, "complete", b"value")
+        stored = await services.tasks.get(ok)
+        assert stored is not None
+        assert stored.status.value == "pending"  # not stored yet: it came before
+
+        await dp.report("w1", WorkerReport(outcomes=[TaskOutcome(failing, "error", error="boom")]))
+        second = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.3)
+        assert not second.done()  # a failure is told only once stored (it could have been retried)
+        held.set()
+        result = await asyncio.wait_for(second, 10.0)
+        assert (result.task_id, result.status) == (failing, "error")
+
+        async def both_stored() -> bool:
+            tasks = [await services.tasks.get(t) for t in (ok, failing)]
+            return [t.status.value if t else None for t in tasks] == ["complete", "error"]
+
+        await _until(both_stored)
+        await watch.aclose()
+    finally:
+        held.set()
+        await dp.close()
