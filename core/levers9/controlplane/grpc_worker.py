@@ -13,6 +13,23 @@ to and from :class:`levers9.services.tunnels.TunnelRegistry`, and the serving co
 recorded at ``tunnel://`` addresses. Who a worker is and
 what it may touch is decided in :mod:`levers9.services.fleet`; this module only
 translates messages.
+
+An idle session costs no timer and no Redis command of its own: the sessions a
+replica holds share one timer (:class:`_Sessions`), which every :data:`TICK_S`
+(a tenth of ``scheduler.worker_keepalive_s`` when that is shorter)
+
+* sends the keepalives received since its last tick to Redis in one step. A
+  keepalive therefore reaches Redis at most one tick late, well within the
+  worker's keepalive TTL; a worker found presumed dead (reaped) has its session
+  ended, and registers again. A tick that fails (Redis unreachable) is logged
+  and its keepalives go with the next one. Keepalives still waiting when the
+  replica's last session ends are dropped: their workers have left this
+  replica and register again wherever they reconnect.
+* asks Redis in one step which workers have requests on their queue that they
+  have not taken, and wakes the sessions it holds of those. Work placed on a
+  worker is announced by the hub's wake-up; that is an optimisation (a notice
+  from another replica can be lost), and this bounds what a lost one costs to
+  one tick.
 """
 
 from __future__ import annotations
@@ -46,6 +63,8 @@ log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _TAKE = 256
+#: the period of the timer a replica's sessions share (see the module docstring)
+TICK_S = 1.0
 
 
 def checkpoint_ref(record: CheckpointRecord) -> worker_pb2.CheckpointRef:
@@ -84,6 +103,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.services = dataplane.services
         #: the tunnels workers hold to this replica (shared with the gateway's upstream)
         self.tunnels = tunnel_registry or tunnels.TunnelRegistry()
+        self.sessions = _Sessions(dataplane)
 
     async def _principal(self, context: Context) -> Principal:
         return await fleet.authenticate_worker(self.services, bearer(context.invocation_metadata()))
@@ -172,7 +192,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
-        session = _Session(self.dp, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel)
+        session = _Session(self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel)
         async for message in session.run(request_iterator):
             yield message
 
@@ -194,9 +214,71 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self.tunnels.serve(worker.worker_id, incoming(), send)
 
 
-class _Session:
-    def __init__(self, dp: DataPlane, worker_id: str, *, gpus: int, tunnel: bool = False) -> None:
+class _Sessions:
+    """The sessions held on this replica and the one timer they share (see the module docstring)."""
+
+    def __init__(self, dp: DataPlane) -> None:
         self.dp = dp
+        self._attached: set[_Session] = set()
+        #: sessions whose worker sent a keepalive since the last tick
+        self._beats: set[_Session] = set()
+        self._timer: asyncio.Task[None] | None = None
+
+    def tick_s(self) -> float:
+        """The timer's period: :data:`TICK_S`, shorter where a short keepalive TTL needs it (tests)."""
+        return min(TICK_S, self.dp.services.config.scheduler.worker_keepalive_s / 10)
+
+    def attach(self, session: _Session) -> None:
+        self._attached.add(session)
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.create_task(self._run(), name="worker sessions")
+
+    def detach(self, session: _Session) -> None:
+        self._attached.discard(session)
+        if not self._attached and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._beats.clear()
+
+    def keepalive(self, session: _Session) -> None:
+        """The session's worker sent a keepalive: it reaches Redis at the next tick."""
+        self._beats.add(session)
+
+    async def _run(self) -> None:
+        period = self.tick_s()
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("worker sessions: a tick failed (%s: %s); trying again in %g s",
+                            type(exc).__name__, exc, period)  # fmt: skip
+
+    async def _tick(self) -> None:
+        services = self.dp.services
+        beats, self._beats = self._beats, set()
+        if beats:
+            try:
+                lost = await fleet.heartbeats(services, sorted({s.worker_id for s in beats}))
+            except BaseException:
+                self._beats |= beats  # they go with the next tick
+                raise
+            for session in beats:
+                if session.worker_id in lost:
+                    session.presumed_dead()
+        if self._attached:
+            queued = await fleet.with_work(services)
+            for session in list(self._attached) if queued else ():
+                if session.worker_id in queued:
+                    session.wake()
+
+
+class _Session:
+    def __init__(self, dp: DataPlane, sessions: _Sessions, worker_id: str, *, gpus: int, tunnel: bool = False) -> None:
+        self.dp = dp
+        self.sessions = sessions
         self.worker_id = worker_id
         #: its serving containers are reached through its tunnel
         self.tunnel = tunnel
@@ -205,12 +287,26 @@ class _Session:
         self.sent_stubs: set[str] = set()
         self.draining = False
         self.lost = False
+        #: set when there is something to send: work placed, a cancellation, the worker presumed dead
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def presumed_dead(self) -> None:
+        """Its worker was reaped: the session ends, and the worker registers again."""
+        if not self.lost:
+            log.warning("worker %s was presumed dead; asking it to register again", self.worker_id)
+            self.lost = True
+            self._event.set()
 
     async def run(
         self, incoming: AsyncIterator[worker_pb2.WorkerMessage]
     ) -> AsyncIterator[worker_pb2.ControllerMessage]:
         event, cancels = self.dp.hub.attach_worker(self.worker_id)
-        reader = asyncio.create_task(self._read(incoming, event), name=f"session {self.worker_id}")
+        self._event = event
+        reader = asyncio.create_task(self._read(incoming), name=f"session {self.worker_id}")
+        self.sessions.attach(self)
         try:
             while not reader.done():
                 event.clear()
@@ -247,13 +343,14 @@ class _Session:
                 if len(took) >= _TAKE:
                     continue
                 waiter = asyncio.create_task(event.wait())
-                try:
-                    await asyncio.wait({waiter, reader}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                try:  # no timeout: the replica's timer wakes the session for work no wake-up announced
+                    await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     # also when the session is cancelled mid-wait (its worker went away): a waiter left
                     # pending is destroyed with the dropped event ("Task was destroyed but it is pending!")
                     waiter.cancel()
         finally:
+            self.sessions.detach(self)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
@@ -285,14 +382,11 @@ class _Session:
             ports=settings.ports,
         )
 
-    async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage], event: asyncio.Event) -> None:
+    async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage]) -> None:
         services = self.dp.services
         async for message in incoming:
-            if message.keepalive and not await fleet.heartbeat(services, self.worker_id):
-                log.warning("worker %s was presumed dead; asking it to register again", self.worker_id)
-                self.lost = True
-                event.set()
-                return
+            if message.keepalive:
+                self.sessions.keepalive(self)
             if message.draining and not self.draining:
                 self.draining = True
                 await fleet.cordon(services, self.worker_id)

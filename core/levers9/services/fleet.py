@@ -85,6 +85,7 @@ __all__ = [
     "check_worker_version",
     "cordon",
     "heartbeat",
+    "heartbeats",
     "leave",
     "may_serve",
     "read_arguments",
@@ -92,6 +93,7 @@ __all__ = [
     "register",
     "store_result",
     "stub_bundle",
+    "with_work",
 ]
 
 log = logging.getLogger(__name__)
@@ -440,6 +442,18 @@ async def stub_bundle(dp: DataPlane, stub_id: str) -> StubBundle:
 async def heartbeat(services: Services, worker_id: str) -> bool:
     """A worker's keepalive; False when it was presumed dead (it must register again)."""
     return await services.scheduler.heartbeat(worker_id)
+
+
+async def heartbeats(services: Services, worker_ids: Sequence[str]) -> set[str]:
+    """Many workers' keepalives in one step (as :func:`heartbeat` each); the ids that were presumed dead."""
+    scheduler = services.scheduler
+    ttl = round(scheduler.settings.worker_keepalive_s * 1000)
+    return await scheduler.workers.heartbeat_many(worker_ids, now_ms=scheduler.ctx.now_ms(), ttl_ms=ttl)
+
+
+async def with_work(services: Services) -> set[str]:
+    """The workers (of any replica) with work placed on them that they have not taken, in one step."""
+    return await services.scheduler.workers.with_work()
 
 
 async def cordon(services: Services, worker_id: str) -> None:

@@ -427,16 +427,12 @@ class Metrics:
         workers = scheduler.workers
         backlog = scheduler.backlog
         depth = await backlog.size()
-        ids = sorted(await workers.ids())
-        silent = set(await workers.silent())
-        states = await workers.get_many(ids)
         counts = {
             (spec.name, _gpu(spec.gpu), status): 0 for spec in services.pools.values() for status in _SEEDED_STATUSES
         }
-        for wid, state in zip(ids, states, strict=True):
-            if state is not None:
-                key = (state.info.pool, _gpu(state.info.gpu), "silent" if wid in silent else state.status)
-                counts[key] = counts.get(key, 0) + 1
+        for (pool, gpu, status), count in (await workers.census()).items():  # counted in Redis, in one step
+            key = (pool, _gpu(gpu or None), status)
+            counts[key] = counts.get(key, 0) + count
 
         pending: dict[str, tuple[int, int]] = dict.fromkeys(services.pools, (0, 0))
         queued = [str(r) for r in await services.redis.zrange(f"{backlog.prefix}backlog", 0, -1)]

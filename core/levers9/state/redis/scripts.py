@@ -18,12 +18,17 @@ NAMES = (
     "take",
     "register",
     "heartbeat",
+    "heartbeat_many",
     "remove",
     "reclaim",
     "drain",
     "cordon",
     "wake",
     "note",
+    "with_work",
+    "rows",
+    "silent",
+    "census",
 )
 
 

@@ -3,10 +3,20 @@
 A worker's keepalive is a separate key with a TTL, not a TTL on its record: when a
 worker goes quiet its record must survive long enough for the reaper to put the
 work it held back on the backlog.
+
+Whatever touches many workers is one Lua step (per :data:`CHUNK` of the ids it
+names), not one command per worker: reading states (``rows.lua``, one JSON
+reply), the reaper's list of silent workers (``silent.lua``), the counts the
+metrics export (``census.lua``), a replica's batch of keepalives
+(``heartbeat_many.lua``, the same change as ``heartbeat.lua`` for each) and its
+look for work that workers have not taken (``with_work.lua``). A controlplane
+with a thousand idle workers spends its CPU on the workers' keepalives, not on
+sending and parsing a thousand commands.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,7 +26,11 @@ from levers9.state.redis.scripts import Scripts
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["WorkerInfo", "WorkerRegistry", "WorkerState"]
+__all__ = ["CHUNK", "WorkerInfo", "WorkerRegistry", "WorkerState"]
+
+#: the most workers one step of :meth:`WorkerRegistry.get_many` or :meth:`WorkerRegistry.heartbeat_many`
+#: names, so that no single script holds Redis for long (a few ms at most)
+CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,23 @@ class WorkerRegistry:
         """Extend the keepalive; False means the worker was reaped and must register again."""
         return bool(await self.scripts("heartbeat", worker, now_ms, ttl_ms))
 
+    async def heartbeat_many(self, workers: Sequence[str], *, now_ms: int, ttl_ms: int) -> set[str]:
+        """:meth:`heartbeat` for many workers, one step per :data:`CHUNK`; the ids that were reaped and must
+        register again."""
+        lost: set[str] = set()
+        for start in range(0, len(workers), CHUNK):
+            chunk = workers[start : start + CHUNK]
+            lost.update(str(w) for w in await self.scripts("heartbeat_many", now_ms, ttl_ms, *chunk))
+        return lost
+
+    async def with_work(self) -> set[str]:
+        """The workers whose queue holds requests placed on them and not taken yet (one step for all)."""
+        return {str(w) for w in await self.scripts("with_work")}
+
+    async def census(self) -> dict[tuple[str, str, str], int]:
+        """How many workers there are by (pool, GPU model or "", status), a silent one counted as "silent"."""
+        return {(str(p), str(g), str(s)): int(n) for p, g, s, n in await self.scripts("census")}
+
     async def remove(self, worker: str, *, now_ms: int, force: bool = False) -> list[str] | None:
         """Drop the worker, requeueing its work; None when it is still alive and ``force`` is off."""
         out = await self.scripts("remove", worker, now_ms, "1" if force else "0")
@@ -116,23 +147,25 @@ class WorkerRegistry:
         return {str(w) for w in await self.redis.smembers(key)}
 
     async def silent(self) -> list[str]:
-        """Workers whose keepalive has lapsed: the reaper's list."""
-        ids = sorted(await self.ids())
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for wid in ids:
-                pipe.exists(f"{self.prefix}alive:{wid}")
-            alive = await pipe.execute()
-        return [wid for wid, up in zip(ids, alive, strict=True) if not up]
+        """Workers whose keepalive has lapsed: the reaper's list (one step, however many workers)."""
+        return sorted(str(w) for w in await self.scripts("silent"))
 
     async def get(self, worker: str) -> WorkerState | None:
         return (await self.get_many([worker]))[0]
 
     async def get_many(self, workers: Sequence[str]) -> list[WorkerState | None]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for wid in workers:
-                pipe.hmget(f"{self.prefix}w:{wid}", _FIELDS)
-            rows = await pipe.execute()
-        return [_state(wid, row) for wid, row in zip(workers, rows, strict=True)]
+        """The workers' states, in order (None for one unknown), one step per :data:`CHUNK` of them."""
+        out: list[WorkerState | None] = []
+        for start in range(0, len(workers), CHUNK):
+            chunk = workers[start : start + CHUNK]
+            rows = json.loads(await self.scripts("rows", len(_FIELDS), *_FIELDS, *chunk))
+            if not isinstance(rows, list):  # an empty table is encoded as an object: no row
+                rows = []
+            out += [
+                _state(wid, [v if isinstance(v, str) else None for v in row])
+                for wid, row in zip(chunk, rows, strict=True)
+            ]
+        return out
 
     async def in_pool(self, pool: str) -> list[WorkerState]:
         states = await self.get_many(sorted(await self.ids(pool)))
