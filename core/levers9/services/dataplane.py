@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
 from levers9.services.reports import ServingListener, TaskOutcome, WorkerReport
 from levers9.services.stubs import CALLED_KINDS, InvalidStub, StubSettings
+from levers9.services.submissions import SUBMISSION_ID, submission_task_id
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult
 from levers9.state.redis.workers import WorkerInfo
@@ -52,8 +52,7 @@ log = logging.getLogger(__name__)
 _MAX_QUEUED_REPORTS = 10_000
 #: submitted calls whose arguments are kept in memory until a worker takes them
 _MAX_FRESH = 200_000
-#: submissions of at most this many calls are placed by their own request, not the placement loop
-_PLACE_NOW_MAX = 16
+_PLACE_NOW_MAX = 16  # submissions of at most this many calls place themselves (not the placement loop)
 #: how often, and after how long, blobs whose upload never finished are removed
 _SWEEP_BLOBS_S = 3600.0
 
@@ -69,19 +68,6 @@ class _Running:
     dispatched: float
     #: the worker it was sent to (SQL learns it only once the worker reports the start)
     worker_id: str = ""
-
-
-#: a client's submission id: long enough to be unique, short and plain enough to log
-_SUBMISSION = re.compile(r"[A-Za-z0-9_-]{8,64}")
-
-
-def submission_task_id(workspace: str, stub_id: str, submission: str, index: int) -> str:
-    """The id of call ``index`` of a submission: the same every time the client sends it, unique otherwise.
-
-    The workspace is part of it, so one workspace can neither guess nor collide with another's tasks.
-    """
-    digest = hashlib.sha256(f"{workspace}\0{stub_id}\0{submission}\0{index}".encode()).hexdigest()
-    return f"task_{digest[:32]}"
 
 
 class DataPlane:
@@ -223,10 +209,8 @@ class DataPlane:
     ) -> tuple[list[str], bool]:
         """:meth:`submit`, at most once per ``submission`` (a client's id for this batch of calls).
 
-        A client whose replica went away before it answered sends the same submission again, to another
-        replica. The tasks' ids are derived from the workspace and the submission, so the second time finds
-        the first one's tasks (stored in one transaction: all or none), makes sure those still pending are
-        on the backlog, and answers with them. Returns the task ids and whether they were already stored.
+        Task ids derive from the submission (:mod:`levers9.services.submissions`), so a batch sent again,
+        to any replica, finds its tasks (stored all or none). Returns them and whether they were stored before.
         """
         workspace = principal.require_workspace()
         record, settings = await self.stub(stub_id, workspace)
@@ -236,11 +220,10 @@ class DataPlane:
             )
         if not submission:
             return await self._queue(workspace, stub_id, settings, args), False
-        if not _SUBMISSION.fullmatch(submission):
+        if not SUBMISSION_ID.fullmatch(submission):
             raise ValueError(f"submission_id {submission[:80]!r}: expected 8-64 letters, digits, '-' or '_'")
         ids = [submission_task_id(workspace, stub_id, submission, i) for i in range(len(args))]
-        # Stored first, looked up only when that fails: a submission sent once (nearly all of them) costs
-        # one transaction, and one sent again fails on its ids and is found (all of its tasks or none).
+        # stored first, looked up only when that fails (sent again): one transaction for nearly all
         try:
             return await self._queue(workspace, stub_id, settings, args, ids=ids), False
         except Exception:
@@ -299,18 +282,15 @@ class DataPlane:
         more = ids[1:] if ids else [new_id("task") for _ in args[1:]]
         requests = [template] + [template.model_copy(update={"id": task_id}) for task_id in more]
         # known before they are queued: a worker may take them the moment they are placed
-        fresh = len(self._fresh) < _MAX_FRESH
-        if fresh:
-            for r, payload in zip(requests, args, strict=True):
-                self._fresh[r.id] = (workspace, stub_id, payload)
+        if len(self._fresh) < _MAX_FRESH:
+            self._fresh.update((r.id, (workspace, stub_id, a)) for r, a in zip(requests, args, strict=True))
         try:
             await self.services.scheduler.submit_many(
                 requests, stub_id=stub_id, args=args, place_now=len(requests) <= _PLACE_NOW_MAX
             )
         except BaseException:
-            if fresh:
-                for r in requests:
-                    self._fresh.pop(r.id, None)
+            for r in requests:
+                self._fresh.pop(r.id, None)
             raise
         return [r.id for r in requests]
 
@@ -466,22 +446,14 @@ class DataPlane:
             self._flusher = asyncio.create_task(self._flush_reports(), name="report flusher")
 
     def _deliver_early(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> None:
-        """Hand successful outcomes to this replica's watchers now, before they are stored (write-behind).
-
-        Only a call this replica sent to this very worker, and that succeeded (a failure may still be
-        retried), so what a caller sees is always the outcome of a whole run of its call. Storing follows
-        in the flusher; should the controlplane die first, the task is still running in SQL and runs again
-        (at least once, as before), and its caller already has a valid result. Watchers on other replicas
-        hear of it once it is stored, and read it from SQL as before.
-        """
-        early: dict[str, CallResult] = {}
-        for o in outcomes:
-            if o.status != "complete":
-                continue
-            running = self._running.get(o.task_id)
-            if running is None or running.worker_id != worker_id or self._serves(o.task_id):
-                continue
-            early[o.task_id] = CallResult(o.task_id, "", o.status, o.result, None, None, None, 0)
+        """Successes of calls sent to this worker reach watchers before they are stored (failures wait)."""
+        early = {
+            o.task_id: CallResult(o.task_id, "", o.status, o.result, None, None, None, 0)
+            for o in outcomes
+            if o.status == "complete"
+            and getattr(self._running.get(o.task_id), "worker_id", None) == worker_id
+            and not self._serves(o.task_id)
+        }
         if early:
             self.hub.deliver(early)
 
@@ -523,8 +495,7 @@ class DataPlane:
     async def _flush_reports(self) -> None:
         while True:
             await self._reports_ready.wait()
-            # one turn of the loop first: watchers handed an outcome early send it before this
-            # replica spends its time (and, on SQLite, the GIL) storing it
+            # a turn of the loop first: watchers handed an outcome early send it before it is stored
             await asyncio.sleep(0)
             self._reports_ready.clear()
             batch, self._reports = self._reports, []
