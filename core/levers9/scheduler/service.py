@@ -328,6 +328,11 @@ class Scheduler:
         ttl = round(self.settings.worker_keepalive_s * 1000)
         return await self.workers.heartbeat(worker, now_ms=self.ctx.now_ms(), ttl_ms=ttl)
 
+    async def heartbeat_many(self, workers: Sequence[str]) -> set[str]:
+        """:meth:`heartbeat` for many workers in one step; returns those that were presumed dead."""
+        ttl = round(self.settings.worker_keepalive_s * 1000)
+        return await self.workers.heartbeat_many(workers, now_ms=self.ctx.now_ms(), ttl_ms=ttl)
+
     async def take(self, worker: str, max_count: int = 1) -> list[str]:
         return await self.backlog.take(worker, max_count)
 

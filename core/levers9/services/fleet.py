@@ -84,7 +84,6 @@ __all__ = [
     "calling_worker",
     "check_worker_version",
     "cordon",
-    "heartbeat",
     "heartbeats",
     "leave",
     "may_serve",
@@ -439,16 +438,9 @@ async def stub_bundle(dp: DataPlane, stub_id: str) -> StubBundle:
     return StubBundle(record, settings, handler, secret_env, latest)
 
 
-async def heartbeat(services: Services, worker_id: str) -> bool:
-    """A worker's keepalive; False when it was presumed dead (it must register again)."""
-    return await services.scheduler.heartbeat(worker_id)
-
-
 async def heartbeats(services: Services, worker_ids: Sequence[str]) -> set[str]:
-    """Many workers' keepalives in one step (as :func:`heartbeat` each); the ids that were presumed dead."""
-    scheduler = services.scheduler
-    ttl = round(scheduler.settings.worker_keepalive_s * 1000)
-    return await scheduler.workers.heartbeat_many(worker_ids, now_ms=scheduler.ctx.now_ms(), ttl_ms=ttl)
+    """Many workers' keepalives in one step; the ids that were presumed dead (their sessions end)."""
+    return await services.scheduler.heartbeat_many(worker_ids)
 
 
 async def with_work(services: Services) -> set[str]:
