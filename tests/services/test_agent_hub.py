@@ -359,6 +359,46 @@ async def test_the_inventory_reported_is_listed_until_heartbeats_lapse(
     await agent.hang_up()
 
 
+@pytest.mark.parametrize("ends_by", ["its peer hanging up", "the agent dialling again"])
+async def test_a_stream_its_transport_stopped_reading_is_closed_by_the_watchdog(
+    services: Services, clock: Clock, ends_by: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gRPC abandons a response generator cancelled mid-write (the agent died with an order on the wire): nothing
+    iterates :meth:`AgentSession.commands` again, so its own end never runs; the watchdog closes the stream."""
+    hub = AgentHub(services.redis, name="replica-w", heartbeat_s=0.3, clock=clock)
+    await hub.start()
+    try:
+        agent = await joined_agent(services, hub, await operator(services))
+        session = hub.attach(agent.identity, agent_join_recheck)
+        reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        commands = session.commands(reader)
+        await session.hello(version="test", provider="agent_machine", labels={}, hostname="box")
+        assert isinstance(await commands.__anext__(), Welcome)  # then the transport stops iterating, for good
+        if ends_by == "its peer hanging up":
+            reader.set_result(None)
+        else:
+            await Agent(hub, agent.identity).connect()
+        caplog.set_level("INFO", logger=agents_module.__name__)
+        disconnected = f"agent {agent.identity.agent_id} disconnected from replica-w"
+        for _ in range(100):
+            if disconnected in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+        assert disconnected in caplog.text, caplog.text
+        assert session not in hub._open
+        owner = await hub.store.owner(agent.identity.agent_id)
+        # connected nowhere now, or (dialled again) still here: the old stream's end released nothing of the new
+        assert owner == (None if ends_by == "its peer hanging up" else "replica-w")
+        await commands.aclose()  # a second close does nothing
+        assert caplog.text.count(disconnected) == 1
+    finally:
+        await hub.close()
+
+
+async def agent_join_recheck() -> None:
+    return None
+
+
 async def test_a_workspace_sees_only_its_own_agents(services: Services, hub: AgentHub) -> None:
     red = await workspace_user(services, "red")
     blue = await workspace_user(services, "blue")

@@ -98,8 +98,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         reader = asyncio.create_task(self._read(request_iterator, session), name=f"agent {session.identity.agent_id}")
         failure: BaseException | None = None
         try:
-            async for command in session.commands(reader):
-                yield _command(command)
+            async with contextlib.aclosing(session.commands(reader)) as commands:
+                async for command in commands:
+                    yield _command(command)
             if reader.done() and not reader.cancelled():
                 failure = reader.exception()
         except agents.AgentCut as exc:  # removed or revoked: final, the agent must not dial again

@@ -17,8 +17,9 @@ replica every ``PRESENCE_FLUSH_S`` (1 s); Hello, inventories and acks at once.
 One watchdog per replica looks at every open stream three times a heartbeat
 period: a stream silent for twice ``heartbeat_s`` is sent a Ping; silent for
 three times, it is ended (:class:`AgentLapsed`) and the agent counts as
-disconnected everywhere. A stream itself only waits for what to send. These
-keep a thousand idle agents cheap: per heartbeat, no SQL, no Redis command of
+disconnected everywhere. A stream ended a period ago whose transport stopped
+reading it (the peer died mid-write) is closed by the watchdog itself. A stream
+only waits for what to send. These keep a thousand idle agents cheap: per heartbeat, no SQL, no Redis command of
 its own and no timer (bench/RESULTS.md, "Agent machines").
 
 Orders. :meth:`AgentHub.send` gives each order a fresh id and keeps it
@@ -60,18 +61,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levers9.gpu.catalog import canonical
 from levers9.gpu.normalize import normalize
 from levers9.hooks.context import AgentAck, AgentInventory, AgentOrder
-from levers9.hooks.errors import (
-    InsufficientCapacity,
-    InvalidRequest,
-    ProviderError,
-)
+from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError
 from levers9.services.agent_join import AgentIdentity, authenticate_agent, check_labels, removed_message
 from levers9.services.agent_messages import (
     ANY_WORKSPACE,
@@ -313,16 +310,14 @@ class AgentHub:
 
     def _detached(self, session: AgentSession) -> None:
         self._open.discard(session)
-        agent_id = session.identity.agent_id
-        if self._sessions.get(agent_id) is session:
-            del self._sessions[agent_id]
+        if self._sessions.get(session.identity.agent_id) is session:
+            del self._sessions[session.identity.agent_id]
 
     def _remember(self, record: AgentRecord) -> None:
         self._known[record.id] = record
 
     def _seen_locally(self, agent_id: str, now: float) -> None:
-        record = self._known.get(agent_id)
-        if record is not None:
+        if (record := self._known.get(agent_id)) is not None:
             self._known[agent_id] = replace(record, last_seen=now)
 
     async def _acked(self, agent_id: str, ack: AgentAck) -> None:
@@ -420,7 +415,9 @@ class AgentHub:
             await asyncio.sleep(self.heartbeat_s / 3)
             now = loop.time()
             for session in list(self._open):
-                session.watch(now)
+                if session.watch(now):  # ended, yet its transport never closed it (a stream abandoned mid-write)
+                    with contextlib.suppress(Exception):
+                        await session.close()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -448,6 +445,7 @@ class AgentSession:
         self._outbox: asyncio.Queue[Command | None] = asyncio.Queue()
         self._greeted = False
         self._ended = False
+        self._ended_at = math.inf
         self._cut_reason: str | None = None
         self._lapsed: str | None = None
         self._last = asyncio.get_running_loop().time()
@@ -466,7 +464,8 @@ class AgentSession:
 
     def end(self) -> None:
         """Stop sending to this stream (the agent dialled again, or this replica stops)."""
-        self._ended = True
+        if not self._ended:
+            self._ended, self._ended_at = True, asyncio.get_running_loop().time()
         self._outbox.put_nowait(None)
 
     def cut(self, reason: str) -> None:
@@ -553,11 +552,12 @@ class AgentSession:
         await self._touch()
         await self.hub._acked(self.identity.agent_id, ack)
 
-    def watch(self, now: float) -> None:
+    def watch(self, now: float) -> bool:
         """The hub's watchdog looks at this stream (loop time ``now``): a Ping when it is silent for twice the
-        heartbeat period, the end (:class:`AgentLapsed`) at three times."""
+        heartbeat period, the end (:class:`AgentLapsed`) at three times. True when the stream ended a period ago
+        and is still open: its transport stopped iterating :meth:`commands`, so the watchdog closes it."""
         if self._ended:
-            return
+            return now - self._ended_at > self.hub.heartbeat_s
         period = self.hub.heartbeat_s
         silent = now - self._last
         if silent > 3 * period:
@@ -569,13 +569,13 @@ class AgentSession:
         elif silent > 2 * period and self._pinged_at < self._last:
             self._pinged_at = now
             self.push(Ping())
+        return False
 
-    async def commands(self, reader: asyncio.Future[None]) -> AsyncIterator[Command]:
+    async def commands(self, reader: asyncio.Future[None]) -> AsyncGenerator[Command, None]:
         """What to send the agent, until ``reader`` (the transport's reading of the stream) ends or the agent
         replaced this stream; raises :class:`AgentLapsed` when the agent falls silent, :class:`AgentCut` when
         the controlplane cut it off."""
-        wake = self._outbox.put_nowait
-        reader.add_done_callback(lambda _: wake(None))
+        reader.add_done_callback(lambda _: self.end())  # the agent's side ended: nothing more goes to it
         try:
             while not reader.done():
                 command = await self._outbox.get()
