@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -193,8 +193,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
         session = _Session(self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel)
-        async for message in session.run(request_iterator):
-            yield message
+        async with contextlib.aclosing(session.run(request_iterator)) as messages:  # closed with this stream
+            async for message in messages:
+                yield message
 
     async def Tunnel(self, request_iterator: AsyncIterator[worker_pb2.TunnelFrame], context: Context) -> None:
         """A worker's tunnel: frames in both directions until either side ends it."""
@@ -302,7 +303,7 @@ class _Session:
 
     async def run(
         self, incoming: AsyncIterator[worker_pb2.WorkerMessage]
-    ) -> AsyncIterator[worker_pb2.ControllerMessage]:
+    ) -> AsyncGenerator[worker_pb2.ControllerMessage, None]:
         event, cancels = self.dp.hub.attach_worker(self.worker_id)
         self._event = event
         reader = asyncio.create_task(self._read(incoming), name=f"session {self.worker_id}")
