@@ -92,13 +92,14 @@ def _free_port() -> int:
         return port
 
 
-def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int) -> dict[str, float]:
+def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, queue: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="l9-bench-"))
     home = root / "home"
     home.mkdir()
     (home / "levers9.yaml").write_text(
         "version: 1\npools:\n  local:\n    provider: local\n    runtime: process\n"
         f"    cpu: {cpus}\n    memory: 8192\n    min_workers: 1\n    max_workers: 1\n"
+        f"scheduler:\n  worker_queue: {queue}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
     env.update(LEVERS9_HOME=str(home), XDG_STATE_HOME=str(root / "state"))
@@ -157,11 +158,21 @@ def main() -> None:
         help="levers9 call sizes to measure, CPU:MiB each (default: the SDK's default size, and a tiny one); "
         "a worker holds as many calls at once as their sizes fit",
     )
+    parser.add_argument(
+        "--queues",
+        default="16,0",
+        help="scheduler.worker_queue values to measure each size with (default: the default, 16, and 0: off)",
+    )
     parser.add_argument("--write", action="store_true", help="append the table to bench/RESULTS.md")
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
     sizes = [(float(c), int(m)) for c, m in (s.split(":") for s in args.sizes.split(","))]
-    ours = {size: run_levers9(args.n, args.latency_calls, size[0], size[1], cpus) for size in sizes}
+    queues = [int(q) for q in args.queues.split(",")]
+    ours = {
+        (cpu, memory, queue): run_levers9(args.n, args.latency_calls, cpu, memory, cpus, queue)
+        for cpu, memory in sizes
+        for queue in queues
+    }
     theirs = run_ray(args.n, args.latency_calls, cpus)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = (
@@ -177,17 +188,19 @@ def main() -> None:
         "| | map throughput (calls/s) | `.remote()` p50 (ms) | `.remote()` p99 (ms) |",
         "|---|---:|---:|---:|",
     ]
-    for (cpu, memory), r in ours.items():
+    for (cpu, memory, queue), r in ours.items():
         lines.append(
-            f"| levers9, calls of {cpu:g} CPU / {memory} MiB | {r['throughput']:,.0f} | {r['p50_ms']:.1f} | "
-            f"{r['p99_ms']:.1f} |"
+            f"| levers9, calls of {cpu:g} CPU / {memory} MiB, worker queue {queue} | {r['throughput']:,.0f} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
         )
     if isinstance(theirs, str):
         lines.append(f"| Ray | {theirs} | | |")
     else:
         lines.append(f"| Ray | {theirs['throughput']:,.0f} | {theirs['p50_ms']:.1f} | {theirs['p99_ms']:.1f} |")
-        best = max(r["throughput"] for r in ours.values())
-        lines += ["", f"levers9 (best size) / Ray throughput: {best / theirs['throughput']:.2f}x"]
+        ray = theirs["throughput"]
+        lines.append("")
+        lines += [f"levers9 / Ray throughput, calls of {c:g} CPU, worker queue {q}: {r['throughput'] / ray:.2f}x"
+                  for (c, _, q), r in ours.items()]  # fmt: skip
     table = "\n".join(lines)
     print(table)
     if args.write:

@@ -73,6 +73,37 @@ def test_map_over_1000_inputs_returns_1000_results_in_order(levers9_up: Up) -> N
     assert "OK 1000" in done.stdout
 
 
+def test_calls_beyond_a_workers_room_wait_in_its_own_queue_and_all_return(levers9_up: Up) -> None:
+    """One worker of 2 CPUs, calls of 0.5 CPU: 4 run at once. Once the function is measured as short, the calls
+    beyond those 4 are placed in the worker's own queue (the metric counts them) and start there as room frees."""
+    import httpx
+
+    levers9_up.max_workers = 1
+    levers9_up.start()
+    done = levers9_up.python(
+        """
+        import time, levers9
+
+        @levers9.function(cpu=0.5, memory=64)
+        def nap(x):
+            time.sleep(0.02)
+            return x
+
+        assert list(nap.map(range(8))) == list(range(8))  # measured: short
+        out = list(nap.map(range(300)))
+        assert out == list(range(300)), out[:20]
+        print("OK", len(out))
+        """
+    )
+    assert done.returncode == 0, done.stderr + levers9_up.log()[-3000:]
+    assert "OK 300" in done.stdout
+    metrics = httpx.get(f"http://127.0.0.1:{levers9_up.metrics_port}/metrics").text
+    queued = [line for line in metrics.splitlines() if line.startswith("levers9_placements_queued_total{")]
+    assert queued, "no call was placed in a worker's queue:\n" + metrics[-2000:]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in queued) > 0, queued
+    assert len(levers9_up.workers()) == 1
+
+
 def test_a_remote_exception_is_raised_with_its_remote_traceback(levers9_up: Up) -> None:
     levers9_up.start()
     done = levers9_up.python(

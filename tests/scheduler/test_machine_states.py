@@ -9,6 +9,7 @@ from typing import Any
 from levers9.hooks.types import GpuOffer
 from levers9.scheduler import events
 from levers9.scheduler.events import SchedulerEvent
+from levers9.state.redis.backlog import Taken
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.tasks import TaskStore
 from tests.scheduler.conftest import Harness, MakeHarness
@@ -42,7 +43,7 @@ async def test_a_preempted_machine_is_ended_and_its_calls_requeued_in_the_same_p
     await h.settle(s)
     [wid] = await h.register_started(s)
     assert [p.worker for p in (await s.place_once()).placed] == [wid]
-    assert await s.take(wid) == [req.id]
+    assert await s.take(wid) == [Taken(req.id)]
     await TaskStore(h.db).set_running(req.id, wid, "c1")
     [machine] = h.machines()
 

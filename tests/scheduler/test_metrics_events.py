@@ -7,6 +7,7 @@ import json
 import pytest
 
 from levers9.services.metrics import Metrics
+from levers9.state.redis.backlog import Taken
 from levers9.state.sql.tasks import TaskStore
 from tests.scheduler.conftest import MakeHarness, eventually
 
@@ -26,7 +27,7 @@ async def test_a_silent_worker_and_a_vanished_machine_are_counted(make_harness: 
     await h.settle(s)
     [wid] = await h.register_started(s)
     assert [p.worker for p in (await s.place_once()).placed] == [wid]
-    assert await s.take(wid) == [req.id]
+    assert await s.take(wid) == [Taken(req.id)]
     await TaskStore(h.db).set_running(req.id, wid, "c1")
 
     async def reaped() -> bool:

@@ -373,7 +373,7 @@ async def test_two_schedulers_place_each_request_exactly_once(redis_factory: Red
     assert set(ids) == set(requests)
 
     used: dict[str, list[int]] = {wid: [0, 0, 0, 0] for wid in workers}
-    for rid, wid, pool in a + b:
+    for rid, wid, pool, _ in a + b:
         assert workers[wid].pool == pool
         req = requests[rid]
         gpus = 1 if pool == "gpu" and req.gpu_count else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from levers9.state.redis.backlog import Taken
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.tasks import TaskStore
 from tests.scheduler.conftest import MakeHarness, eventually
@@ -140,7 +141,7 @@ async def test_the_reaper_requeues_the_work_of_a_silent_worker(make_harness: Mak
     await h.settle(s)
     [wid] = await h.register_started(s)
     assert [p.worker for p in (await s.place_once()).placed] == [wid]
-    assert await s.take(wid) == [req.id]
+    assert await s.take(wid) == [Taken(req.id)]
     await TaskStore(h.db).set_running(req.id, wid, "c1")
 
     async def reaped() -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
+from levers9.state.redis.backlog import Taken
 from levers9.state.redis.connect import EmbeddedRedis, connect
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.database import open_database
@@ -53,8 +54,7 @@ async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
     assert len(placed) == 40  # 10 workers x 4 CPUs, one CPU each
     tasks = TaskStore(h.db)
     for p in placed[:25]:
-        [rid] = await first.take(p.worker) or [None]
-        assert rid is not None
+        [(rid, _)] = await first.take(p.worker)
         await tasks.set_running(rid, p.worker, f"c-{rid}")
     await first.stop()  # the controlplane goes away; the test plays what comes back
     await h.db.close()
@@ -175,7 +175,7 @@ async def test_a_replica_starting_beside_a_live_one_requeues_no_task_whose_worke
     assert set(placed) == {"w-live", "w-gone"}
     tasks = TaskStore(h.db)
     for worker, rid in placed.items():
-        assert await a.take(worker) == [rid]
+        assert await a.take(worker) == [Taken(rid)]
         await tasks.set_running(rid, worker, f"c-{rid}")
     now_ms = a.ctx.now_ms()
     await a.backlog.finish(placed["w-live"], now_ms)  # done in Redis; SQL hears a moment later

@@ -8,6 +8,7 @@ from pathlib import Path
 from levers9.config.load import load_config
 from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.scheduler.pools import pool_specs
+from levers9.state.redis.backlog import Taken
 from levers9.state.sql.tasks import TaskStore
 from tests.scheduler.conftest import MakeHarness
 
@@ -93,7 +94,7 @@ async def test_a_worker_takes_runs_and_finishes_a_request(make_harness: MakeHarn
     [wid] = await h.register_started(s)
     await s.place_once()
     assert await s.heartbeat(wid)
-    assert await s.take(wid, 10) == [req.id]
+    assert await s.take(wid, 10) == [Taken(req.id)]
     await s.started(req.id, wid, "ctr-1")
     task = await TaskStore(h.db).get(req.id)
     assert task is not None

@@ -200,6 +200,20 @@ class SchedulerConfig(_Strict):
         60.0, gt=0, description="How often each pool's machines are compared with the provider's own listing."
     )
     batch_size: int = Field(256, ge=1, le=10_000, description="Requests placed per round trip to Redis.")
+    worker_queue: int = Field(
+        16,
+        ge=0,
+        le=1024,
+        description="Calls a worker may hold waiting in its own queue beyond what it runs at once, so the next "
+        "starts the moment one ends. Only CPU-only calls of functions whose calls are short (queue_short_s) "
+        "wait there, only when no worker has room, and never behind a long call; 0 turns queueing off.",
+    )
+    queue_short_s: float = Field(
+        1.0,
+        ge=0,
+        description="A function's calls are short, and may wait in a worker's queue, when their measured mean "
+        "duration is at most this; a function not measured yet counts as long.",
+    )
     offers_ttl_s: float = Field(
         60.0,
         gt=0,

@@ -131,6 +131,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             probe_port=request.probe_port,
             probe_nonce=request.probe_nonce,
             identity=_identity(request),
+            max_queued=max(0, request.max_queued),
         )
         return worker_pb2.RegisterResponse(
             worker_id=done.worker_id,
@@ -143,6 +144,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             max_payload_bytes=done.max_payload_bytes,
             session_token=done.session_token,
             tunnel=done.tunnel,
+            cpu_millicores=done.cpu_millicores,
+            memory_mib=done.memory_mib,
         )
 
     @unary
@@ -337,6 +340,7 @@ class _Session:
                             gpu_count=settings.gpu_count if self.gpus else 0,
                             timeout_s=settings.timeout_s if settings.kind in CALLED_KINDS else 0.0,
                             attempt=d.attempts,
+                            queued=d.queued,
                         )
                     )
                 if batch:  # one message for all of them: per-message cost dominates tiny calls

@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.scheduler.request import PlacementRequest
 from levers9.state.errors import InvalidTransition, NotFound
-from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest
+from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Taken
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
 from levers9.state.sql.machines import MachineStore
@@ -130,7 +130,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
 
-    def _queued(self, request: PlacementRequest, same_as: dict[str, tuple[Group, ...]] | None = None) -> QueuedRequest:
+    def _queued(
+        self,
+        request: PlacementRequest,
+        same_as: dict[str, tuple[Group, ...]] | None = None,
+        function: str | None = None,
+    ) -> QueuedRequest:
         """Raises :class:`NoPoolOffers` when no configured pool could ever take the request.
 
         ``same_as`` memoizes the candidate groups across one batch: requests that differ
@@ -151,6 +156,7 @@ class Scheduler:
             enqueued_ms=request.submitted_ms,
             workspace=request.workspace,
             deadline_ms=request.submitted_ms + round(wait_s * 1000),
+            function=function or "",
         )
 
     async def submit(self, request: PlacementRequest, *, stub_id: str | None = None, args: bytes | None = None) -> None:
@@ -171,7 +177,7 @@ class Scheduler:
         loop's turn; a failure of that pass is logged and left to the loop, the requests are queued).
         """
         memo: dict[str, tuple[Group, ...]] = {}
-        queued = [self._queued(r, memo) for r in requests]
+        queued = [self._queued(r, memo, stub_id) for r in requests]
         if args is not None and len(args) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(args)} argument payloads")
         by_workspace: dict[str, list[tuple[PlacementRequest, bytes | None]]] = {}
@@ -213,7 +219,9 @@ class Scheduler:
         known = await self.backlog.get_many([t.id for t in tasks])
         lost = [t for t, state in zip(tasks, known, strict=True) if state is None]
         if lost:
-            await self.backlog.enqueue([self._queued(PlacementRequest.from_json(t.request)) for t in lost])
+            await self.backlog.enqueue(
+                [self._queued(PlacementRequest.from_json(t.request), None, t.stub_id) for t in lost]
+            )
             log.info("queued again %d tasks of a submission sent twice", len(lost))
             self.ctx.placer_wanted.set()
         return len(lost)
@@ -252,7 +260,7 @@ class Scheduler:
                 else:
                     report.requeued_pending += 1
                 try:
-                    pending.append(self._queued(PlacementRequest.from_json(task.request)))
+                    pending.append(self._queued(PlacementRequest.from_json(task.request), None, task.stub_id))
                 except NoPoolOffers as exc:
                     await self.ctx.tasks.finish(task.id, "error", error=f"after a restart with a new config: {exc}")
                     report.failed += 1
@@ -278,9 +286,11 @@ class Scheduler:
         behind, when this waits for it to catch up.
         """
         ctx = self.ctx
+        settings = ctx.settings
         result = await self.backlog.place(
-            ctx.now_ms(), limit=ctx.settings.batch_size, recheck_ms=round(ctx.settings.retry_initial_s * 1000)
-        )
+            ctx.now_ms(), limit=settings.batch_size, recheck_ms=round(settings.retry_initial_s * 1000),
+            short_ms=round(settings.queue_short_s * 1000) if settings.worker_queue else 0,
+        )  # fmt: skip
         if result.placed:
             # buffered before anything is awaited, so a placement made in Redis always gets its history
             ticket = self.history.add(self._placement_events(result))
@@ -320,6 +330,8 @@ class Scheduler:
         if info.machine_id:
             await ctx.machines.mark_registered(info.machine_id, info.id)
         ttl = round(ctx.settings.worker_keepalive_s * 1000)
+        # the worker says how many queued calls it can hold (0: a worker that starts every call it is sent)
+        info = replace(info, queue=min(info.queue, ctx.settings.worker_queue))
         await ctx.workers.register(info, now_ms=ctx.now_ms(), ttl_ms=ttl)
         await ctx.backlog.wake(info.pool, ctx.now_ms())
         ctx.placer_wanted.set()
@@ -333,7 +345,7 @@ class Scheduler:
         ttl = round(self.settings.worker_keepalive_s * 1000)
         return await self.workers.heartbeat_many(workers, now_ms=self.ctx.now_ms(), ttl_ms=ttl)
 
-    async def take(self, worker: str, max_count: int = 1) -> list[str]:
+    async def take(self, worker: str, max_count: int = 1) -> list[Taken]:
         return await self.backlog.take(worker, max_count)
 
     async def started(self, request_id: str, worker: str, container_id: str) -> None:
@@ -375,7 +387,7 @@ class Scheduler:
         except (InvalidTransition, NotFound):
             return False
         try:
-            queued = self._queued(PlacementRequest.from_json(task.request))
+            queued = self._queued(PlacementRequest.from_json(task.request), None, task.stub_id)
         except NoPoolOffers as exc:
             await ctx.tasks.finish(request_id, "error", error=f"{reason}; cannot run it again: {exc}")
             return False

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -391,19 +391,20 @@ class DataPlane:
         return claimed
 
     async def take(self, worker_id: str, max_count: int = 256) -> list[Dispatch]:
-        ids = await self.services.scheduler.take(worker_id, max_count)
-        if not ids:
+        took = await self.services.scheduler.take(worker_id, max_count)
+        if not took:
             return []
         found: list[Dispatch] = []
         unknown: list[str] = []
-        for task_id in ids:
+        queued = {t.request for t in took if t.queued}
+        for task_id, _ in took:
             fresh = self._fresh.pop(task_id, None)
             if fresh is None:
                 unknown.append(task_id)
             else:  # a first attempt, taken straight from the backlog: still pending
-                found.append(Dispatch(task_id, fresh[0], fresh[1], fresh[2], 0, "pending"))
+                found.append(Dispatch(task_id, fresh[0], fresh[1], fresh[2], 0, "pending", task_id in queued))
         if unknown:
-            found += await self.calls.dispatch(unknown)
+            found += [replace(d, queued=d.task_id in queued) for d in await self.calls.dispatch(unknown)]
         now = time.monotonic()
         out: list[Dispatch] = []
         for d in found:
@@ -590,9 +591,10 @@ class DataPlane:
     async def _on_placed(self, result: PlaceResult) -> None:
         await self.hub.placed(p.worker for p in result.placed)
         if self.metrics is not None:
-            per_pool: dict[str, int] = {}
+            per_pool: dict[str, list[int]] = {}  # pool -> [placed, of which queued on a worker]
             for p in result.placed:
-                per_pool[p.pool] = per_pool.get(p.pool, 0) + 1
-            for pool, count in per_pool.items():  # one counter update per pool, not per call
+                counts = per_pool.setdefault(p.pool, [0, 0])
+                counts[0], counts[1] = counts[0] + 1, counts[1] + p.queued
+            for pool, (count, queued) in per_pool.items():  # one counter update per pool, not per call
                 spec = self.services.pools.get(pool)
-                self.metrics.placed(pool, (spec.gpu if spec else None) or "cpu", count)
+                self.metrics.placed(pool, (spec.gpu if spec else None) or "cpu", count, queued=queued)

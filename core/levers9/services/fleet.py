@@ -128,6 +128,9 @@ class Registration:
     session_token: str = field(default="", repr=False)
     #: the controlplane cannot connect to the worker: it must open its tunnel to this replica
     tunnel: bool = False
+    #: the room the scheduler counts the worker as having (the worker starts queued calls within it)
+    cpu_millicores: int = 0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -195,8 +198,12 @@ async def register(
     probe_port: int = 0,
     probe_nonce: str = "",
     identity: MachineIdentity | None = None,
+    max_queued: int = 0,
 ) -> Registration:
     """Register a worker of the token's pool (a reconnect of the same machine keeps its id).
+
+    ``max_queued``: how many calls the worker can hold waiting in its own queue (capped by the scheduler's
+    ``worker_queue``; 0 for a worker that starts every call it is sent).
 
     ``identity``: the machine identity the worker sent, checked before a join token is spent where the
     machine's provider binds tokens to machines (see the module docstring).
@@ -221,7 +228,7 @@ async def register(
         registration = await _register(
             dp, spec, machine_id, worker_id=worker_id, gpus=gpus, cpu_millicores=cpu_millicores,
             memory_mib=memory_mib, hostname=hostname, running=running,
-            reach=(peer_host, probe_port, probe_nonce),
+            reach=(peer_host, probe_port, probe_nonce), max_queued=max_queued,
         )  # fmt: skip
     except BaseException:
         if session_id:  # the join token stays spent: the registration failed for a reason of its own
@@ -296,6 +303,7 @@ async def _register(
     hostname: str,
     running: Sequence[str],
     reach: tuple[str, int, str] = ("", 0, ""),
+    max_queued: int = 0,
 ) -> Registration:
     services = dp.services
     registry = services.scheduler.workers
@@ -323,6 +331,7 @@ async def _register(
         address=hostname or None,
         workspace=spec.workspace,
         tunnel=tunnel,
+        queue=max(0, max_queued),
     )
     if spec.gpu and info.gpu_count < spec.gpu_count:
         log.warning(
@@ -350,6 +359,8 @@ async def _register(
         checkpoint_cache_dir=checkpoints.cache_dir or "",
         max_payload_bytes=dp.max_payload_bytes,
         tunnel=tunnel,
+        cpu_millicores=info.cpu_millicores,
+        memory_mib=info.memory_mib,
     )
 
 

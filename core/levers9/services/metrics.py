@@ -161,6 +161,12 @@ class Metrics:
             [*r, "pool", "gpu"],
             registry=self.registry,
         )
+        self.placements_queued = Counter(
+            "levers9_placements_queued_total",
+            "Of those, the calls placed in a worker's own queue (to start there when its room frees), by pool.",
+            [*r, "pool"],
+            registry=self.registry,
+        )
         self.provisioning = Histogram(
             "levers9_provisioning_seconds",
             "Duration of provider calls that start a machine (not the machine's boot), by provider and outcome.",
@@ -312,8 +318,10 @@ class Metrics:
 
     # ------------------------------------------------------------------ fed by code paths
 
-    def placed(self, pool: str, gpu: str | None, n: int = 1) -> None:
+    def placed(self, pool: str, gpu: str | None, n: int = 1, *, queued: int = 0) -> None:
         self.placements.labels(replica=self._replica, pool=pool, gpu=_gpu(gpu)).inc(n)
+        if queued:
+            self.placements_queued.labels(replica=self._replica, pool=pool).inc(queued)
 
     def provisioned(self, provider: str, seconds: float, outcome: str) -> None:
         """Fits :attr:`levers9.scheduler.context.Context.on_provisioned`, so it can be handed to the scheduler as is."""

@@ -77,6 +77,7 @@ from levers9.proto.blobs import download, upload
 from levers9.proto.target import parse_targets
 from levers9.proto.tls import system_roots
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from levers9.worker.admission import MAX_QUEUED, Admission
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.credentials import save_session_credential
 from levers9.worker.environment import default_state_dir, options_from_env
@@ -145,6 +146,8 @@ class WorkerProcess:
         self._saved_as = options.worker_id
         self.stubs: dict[str, StubSpec] = {}
         self.inflight: dict[str, asyncio.Task[None]] = {}
+        #: which calls run now and which wait in this worker's own queue
+        self.admission = Admission()
         self.outbox = Outbox()
         self.draining = asyncio.Event()
         self.pool: WarmPool | None = None
@@ -187,7 +190,8 @@ class WorkerProcess:
 
     def drain(self) -> None:
         if not self.draining.is_set():
-            log.info("draining: no new work; finishing %d running calls", len(self.inflight))
+            dropped = len(self.admission.clear())  # placed again by the scheduler when this worker leaves
+            log.info("draining: finishing %d running calls, dropping %d queued", len(self.inflight), dropped)
             self.draining.set()
             self.outbox.draining = True
             self.outbox.wake.set()
@@ -296,11 +300,13 @@ class WorkerProcess:
             runtime=self.runtime,
             hostname=socket.gethostname(),
             version=self.options.version,
-            running=list(dict.fromkeys([*self.inflight, *self.outbox.undelivered()])),  # all it holds
+            # all it holds, the calls waiting in its own queue too
+            running=list(dict.fromkeys([*self.inflight, *self.admission.waiting, *self.outbox.undelivered()])),
             worker_id=self.worker_id,
             probe_port=self.probe.port,
             probe_nonce=self.probe.nonce,
             identity=self.identity,
+            max_queued=MAX_QUEUED,
         )
         try:
             response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)
@@ -313,6 +319,7 @@ class WorkerProcess:
         if self.worker_id and response.worker_id != self.worker_id:
             log.warning("registered again as %s (was %s)", response.worker_id, self.worker_id)
         self.worker_id = response.worker_id
+        self.admission.set_room(response.cpu_millicores, response.memory_mib)
         await self._ensure_pool(response)
         if response.session_token or self._saved_as not in ("", self.worker_id):  # new, or registered anew
             self._keep_session_credential(self.options.token)
@@ -416,7 +423,7 @@ class WorkerProcess:
     async def _cancel(self, task_id: str) -> None:
         """Stop a task: its container (and whatever it started) goes, its result is never sent."""
         self.outbox.drop(task_id)
-        if task_id not in self.inflight:
+        if self.admission.drop(task_id) or task_id not in self.inflight:
             return
         self.cancelled.add(task_id)
         transfer = self._transfers.get(task_id)
@@ -507,11 +514,15 @@ class WorkerProcess:
             self.pool.checkpointing.latest[d.stub_id] = record_of(d.checkpoint)
 
     def _start(self, request: worker_pb2.ContainerRequest) -> None:
-        if request.task_id in self.inflight:
-            return  # delivered twice (a reconnect): it is already running here
+        if request.task_id in self.inflight or self.admission.holds(request.task_id):
+            return  # delivered twice (a reconnect): it is already running or waiting here
         stub = self.stubs.get(request.stub_id)
         call = Call(task_id=request.task_id, args=request.args, timeout_s=request.timeout_s, attempt=request.attempt)
-        self.inflight[request.task_id] = asyncio.create_task(self._run(stub, call), name=request.task_id)
+
+        def run() -> None:
+            self.inflight[call.task_id] = asyncio.create_task(self._run(stub, call), name=call.task_id)
+
+        self.admission.start(call.task_id, request.cpu_millicores, request.memory_mib, queued=request.queued, run=run)
 
     async def _run(self, stub: StubSpec | None, call: Call) -> None:
         task_id = call.task_id
@@ -531,6 +542,7 @@ class WorkerProcess:
             raise
         finally:
             self.inflight.pop(task_id, None)
+            self.admission.ended(task_id)  # its room goes to the calls waiting here (none once draining)
             cancelled = task_id in self.cancelled
             self.cancelled.discard(task_id)
         if cancelled:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from levers9.state.redis.backlog import Backlog, Group, QueuedRequest
+from levers9.state.redis.backlog import Backlog, Group, QueuedRequest, Taken
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
 from tests.fixtures.redis import RedisFactory
 
@@ -76,7 +76,7 @@ async def test_enqueue_is_idempotent_and_finish_gives_resources_back(redis_facto
     assert await backlog.enqueue([r]) == 0
     await backlog.place(NOW)
     assert await backlog.enqueue([r]) == 0  # a placed request is not queued again
-    assert await backlog.take("g", 5) == ["r"]
+    assert await backlog.take("g", 5) == [Taken("r")]
     state = await backlog.get("r")
     assert state is not None
     assert state.state == "running"

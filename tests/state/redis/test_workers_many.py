@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from levers9.state.redis.backlog import Backlog, Group, QueuedRequest
+from levers9.state.redis.backlog import Backlog, Group, QueuedRequest, Taken
 from levers9.state.redis.workers import CHUNK, WorkerInfo, WorkerRegistry
 from tests.fixtures.redis import RedisFactory
 
@@ -81,7 +81,7 @@ async def test_with_work_names_workers_with_placements_they_have_not_taken(redis
     await backlog.enqueue([QueuedRequest("r", 1000, 1024, 0, (Group(0, ("cpu",), 0),), NOW, "ws")])
     [placed] = (await backlog.place(NOW)).placed
     assert await reg.with_work() == {placed.worker}
-    assert await backlog.take(placed.worker, 10) == ["r"]
+    assert await backlog.take(placed.worker, 10) == [Taken("r")]
     assert await reg.with_work() == set()
 
 

@@ -22,7 +22,7 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id", "probe_port", "probe_nonce", "identity")
+    __slots__ = ("pool", "machine_id", "cpu_millicores", "memory_mib", "gpus", "runtime", "hostname", "version", "running", "worker_id", "probe_port", "probe_nonce", "identity", "max_queued")
     POOL_FIELD_NUMBER: _ClassVar[int]
     MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class RegisterRequest(_message.Message):
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     PROBE_NONCE_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_FIELD_NUMBER: _ClassVar[int]
     pool: str
     machine_id: str
     cpu_millicores: int
@@ -49,7 +50,8 @@ class RegisterRequest(_message.Message):
     probe_port: int
     probe_nonce: str
     identity: MachineIdentity
-    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_nonce: _Optional[str] = ..., identity: _Optional[_Union[MachineIdentity, _Mapping]] = ...) -> None: ...
+    max_queued: int
+    def __init__(self, pool: _Optional[str] = ..., machine_id: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., runtime: _Optional[str] = ..., hostname: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_nonce: _Optional[str] = ..., identity: _Optional[_Union[MachineIdentity, _Mapping]] = ..., max_queued: _Optional[int] = ...) -> None: ...
 
 class MachineIdentity(_message.Message):
     __slots__ = ("document", "signature")
@@ -60,7 +62,7 @@ class MachineIdentity(_message.Message):
     def __init__(self, document: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel")
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +73,8 @@ class RegisterResponse(_message.Message):
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TUNNEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     keepalive_s: float
     runtime: str
@@ -81,7 +85,9 @@ class RegisterResponse(_message.Message):
     max_payload_bytes: int
     session_token: str
     tunnel: bool
-    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ...) -> None: ...
+    cpu_millicores: int
+    memory_mib: int
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("id", "runtime", "status", "path", "size_bytes", "gpu", "workspace_id", "stub_id")
@@ -178,7 +184,7 @@ class StubDefinition(_message.Message):
     def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ..., interface: _Optional[str] = ..., tasks_per_container: _Optional[int] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ContainerRequest(_message.Message):
-    __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt")
+    __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt", "queued")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STUB_ID_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +193,7 @@ class ContainerRequest(_message.Message):
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     stub_id: str
     args: bytes
@@ -195,7 +202,8 @@ class ContainerRequest(_message.Message):
     gpu_count: int
     timeout_s: float
     attempt: int
-    def __init__(self, task_id: _Optional[str] = ..., stub_id: _Optional[str] = ..., args: _Optional[bytes] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
+    queued: bool
+    def __init__(self, task_id: _Optional[str] = ..., stub_id: _Optional[str] = ..., args: _Optional[bytes] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., queued: _Optional[bool] = ...) -> None: ...
 
 class CancelTask(_message.Message):
     __slots__ = ("task_id",)

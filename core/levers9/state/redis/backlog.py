@@ -19,7 +19,7 @@ from levers9.state.redis.scripts import Scripts
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["Backlog", "Finished", "Group", "PlaceResult", "Placement", "QueuedRequest", "RequestState"]
+__all__ = ["Backlog", "Finished", "Group", "PlaceResult", "Placement", "QueuedRequest", "RequestState", "Taken"]
 
 
 class Group(NamedTuple):
@@ -59,12 +59,16 @@ class QueuedRequest:
     workspace: str = ""
     #: epoch ms after which the planner stops trying and the request fails (0: never)
     deadline_ms: int = 0
+    #: the function (stub) whose call it is: calls of a function known to be short may wait in a worker's own
+    #: queue ("" for none: never queued)
+    function: str = ""
 
 
 @dataclass(frozen=True)
 class RequestState:
     request: QueuedRequest
-    #: queued, placed (on a worker's queue) or running (taken by the worker)
+    #: queued (in the backlog), placed (holding room on a worker, not taken yet), running (taken by the
+    #: worker) or waiting (in a worker's own queue, holding no room until room there frees)
     state: str
     worker: str | None
     pool: str | None
@@ -78,6 +82,15 @@ class Placement(NamedTuple):
     request: str
     worker: str
     pool: str
+    #: it waits in the worker's own queue (runs there next) rather than holding room there now
+    queued: bool = False
+
+
+class Taken(NamedTuple):
+    """A request a worker took: one that holds room runs at once; a ``queued`` one when the worker's room frees."""
+
+    request: str
+    queued: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,7 @@ class PlaceResult:
 
 
 class Finished(NamedTuple):
-    #: the state the request was in: queued, placed or running
+    #: the state the request was in: queued, placed, running or waiting
     state: str
     worker: str | None
     pool: str | None
@@ -95,6 +108,7 @@ class Finished(NamedTuple):
 
 _FIELDS = (
     "cpu", "mem", "gpus", "groups", "enq", "ws", "deadline", "state", "worker", "pool", "attempts", "next_plan", "tried",
+    "fn",
 )  # fmt: skip
 
 
@@ -122,18 +136,30 @@ class Backlog:
                     r.enqueued_ms,
                     r.workspace,
                     r.deadline_ms,
+                    r.function,
                 ]
             added += int(await self.scripts("enqueue", *args))
         return added
 
-    async def place(self, now_ms: int, *, limit: int = 256, recheck_ms: int = 1000) -> PlaceResult:
-        placed_flat, unplaced = await self.scripts("place", now_ms, limit, recheck_ms)
-        placed = [Placement(*placed_flat[i : i + 3]) for i in range(0, len(placed_flat), 3)]
+    async def place(self, now_ms: int, *, limit: int = 256, recheck_ms: int = 1000, short_ms: int = 0) -> PlaceResult:
+        """One placement pass (place.lua). ``short_ms``: a CPU-only call of a function whose calls took at most
+        this long on average may wait in a worker's own queue when no worker has room (0: never)."""
+        placed_flat, unplaced = await self.scripts("place", now_ms, limit, recheck_ms, short_ms)
+        placed = [
+            Placement(placed_flat[i], placed_flat[i + 1], placed_flat[i + 2], placed_flat[i + 3] == "1")
+            for i in range(0, len(placed_flat), 4)
+        ]
         return PlaceResult(placed, list(unplaced))
 
-    async def take(self, worker: str, max_count: int = 1) -> list[str]:
-        """The requests a worker takes off its queue, now running."""
-        return list(await self.scripts("take", worker, max_count))
+    async def take(self, worker: str, max_count: int = 1) -> list[Taken]:
+        """The requests a worker takes off its list: those holding room now running, queued ones still waiting."""
+        flat = await self.scripts("take", worker, max_count)
+        return [Taken(flat[i], flat[i + 1] == "1") for i in range(0, len(flat), 2)]
+
+    async def mean_duration_ms(self, function: str) -> float | None:
+        """What a call of ``function`` took on average lately (finish to placement), None before the first."""
+        value = await self.redis.hget(f"{self.prefix}dur", function)
+        return None if value is None else float(value)
 
     async def finish(self, request: str, now_ms: int) -> Finished | None:
         """Forget a request (done, cancelled or given up), giving its worker the resources back."""
@@ -203,7 +229,7 @@ class Backlog:
 
 
 def _state(rid: str, row: list[str | None]) -> RequestState | None:
-    cpu, mem, gpus, groups, enq, ws, deadline, state, worker, pool, attempts, next_plan, tried = row
+    cpu, mem, gpus, groups, enq, ws, deadline, state, worker, pool, attempts, next_plan, tried, fn = row
     if cpu is None or state is None:
         return None
     request = QueuedRequest(
@@ -215,6 +241,7 @@ def _state(rid: str, row: list[str | None]) -> RequestState | None:
         enqueued_ms=int(enq or 0),
         workspace=ws or "",
         deadline_ms=int(deadline or 0),
+        function=fn or "",
     )
     return RequestState(
         request=request,

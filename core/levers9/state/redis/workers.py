@@ -50,6 +50,8 @@ class WorkerInfo:
     workspace: str | None = None
     #: the controlplane cannot connect to it: its serving containers are reached through the tunnel it opens
     tunnel: bool = False
+    #: how many calls it may hold waiting in its own queue beyond what it runs at once (0: none)
+    queue: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class WorkerRegistry:
                 now_ms,
                 ttl_ms,
                 "1" if info.tunnel else "",
+                max(0, info.queue),
             )
         )
 

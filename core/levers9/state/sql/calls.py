@@ -76,6 +76,8 @@ class Dispatch:
     args: bytes
     attempts: int
     status: str
+    #: it waits in the worker's own queue, to start when the worker's room frees (the scheduler says)
+    queued: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 -- ARGV: prefix, now_ms, only_worker, wake_per_freed, request id...
--- finish.lua for many requests in one step (a worker reports results in batches).
+-- finish.lua for many requests in one step (a worker reports results in batches), in order: the room each
+-- frees goes to its worker's queue before the next request is looked at.
 -- only_worker: when not '', a request placed on another worker is left alone (a late report
 -- from a worker presumed dead must not free the worker that now runs it); it counts as unknown.
 -- wake_per_freed: for each place freed in a pool, this many of its waiting requests become due
@@ -13,15 +14,13 @@ local freed = {}
 for i = 5, #ARGV do
   local rid = ARGV[i]
   local rkey = P .. 'r:' .. rid
-  local r = redis.call('HMGET', rkey, 'cpu', 'mem', 'held', 'state', 'worker', 'pool', 'groups')
+  local r = redis.call('HMGET', rkey, 'cpu', 'mem', 'held', 'state', 'worker', 'pool', 'groups', 'long', 'fn', 'start')
   local worker, pool = r[5] or '', r[6] or ''
   if not r[1] or (only ~= '' and worker ~= '' and worker ~= only) then
     out[#out + 1], out[#out + 2], out[#out + 3] = '', '', ''
   else
-    if (r[4] == 'placed' or r[4] == 'running') and worker ~= '' then
-      give_back(worker, pool, tonumber(r[1]), tonumber(r[2]), tonumber(r[3]), now)
-      redis.call('SREM', P .. 'wr:' .. worker, rid)
-      redis.call('LREM', P .. 'wq:' .. worker, 0, rid)
+    if release(rid, r[4], worker, pool, tonumber(r[1]), tonumber(r[2]), tonumber(r[3]), r[8], now) then
+      learn(r[9], r[10], now)
       if pool ~= '' then freed[pool] = (freed[pool] or 0) + 1 end
     end
     redis.call('ZREM', P .. 'backlog', rid)
