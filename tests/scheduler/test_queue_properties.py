@@ -27,7 +27,7 @@ TTL_MS = 3_600_000
 SHORT_MS = 1_000
 GROUPS = (Group(0, ("cpu",), 0),)
 #: functions and the mean duration measured before the run (None: never measured)
-FUNCTIONS = {"short": 10.0, "long": 5_000.0, "new": None}
+FUNCTIONS = {"short": 10.0, "long": 5_000.0, "new": None, "middling": 400.0}
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,13 @@ class Scenario:
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
     workers = tuple(
-        (draw(st.sampled_from((1_000, 2_000, 4_000))), draw(st.integers(0, 3))) for _ in range(draw(st.integers(1, 4)))
+        (draw(st.sampled_from((1_000, 2_000, 4_000))), draw(st.integers(0, 6))) for _ in range(draw(st.integers(1, 4)))
     )
     calls = tuple(
-        (draw(st.sampled_from((500, 1_000, 2_000, 3_000))), draw(st.sampled_from(("short", "short", "long", "new"))))
+        (
+            draw(st.sampled_from((500, 1_000, 2_000, 3_000))),
+            draw(st.sampled_from(("short", "short", "middling", "long", "new"))),
+        )
         for _ in range(draw(st.integers(1, 25)))
     )
     step = st.one_of(
@@ -101,8 +104,13 @@ class Model:
     def short(self, fn: str) -> bool:
         return fn in self.duration and self.duration[fn] <= SHORT_MS
 
+    def running(self, wid: str) -> int:
+        return sum(1 for w, _, _ in self.held.values() if w == wid)
+
     def place(self, now: int, limit: int) -> None:
         ready = sorted((t, rid) for rid, t in self.due.items() if t <= now)[:limit]
+        #: within one pass, a (size, function) that found no queue is not queued later in that pass
+        unqueueable: set[tuple[int, str]] = set()
         for _, rid in ready:
             cpu, fn = self.call(rid)
             roomy = [w for w in self.cpu if not self.queue[w] and self.free[w] >= cpu]
@@ -117,8 +125,16 @@ class Model:
             queues = [
                 w
                 for w in self.cpu
-                if self.short(fn) and len(self.queue[w]) < self.bound[w] and not self.long[w] and self.cpu[w] >= cpu
+                if (cpu, fn) not in unqueueable
+                and self.short(fn)
+                and len(self.queue[w]) < self.bound[w]
+                and not self.long[w]
+                and self.cpu[w] >= cpu
+                # expected to start within the bound: the calls ahead and it, over the calls running there
+                and (len(self.queue[w]) + 1) * self.duration[fn] <= max(self.running(w), 1) * SHORT_MS
             ]
+            if not queues and self.short(fn):
+                unqueueable.add((cpu, fn))
             if queues:
                 best = min(queues, key=lambda w: (len(self.queue[w]), w))
                 self.queue[best].append(rid)

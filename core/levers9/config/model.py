@@ -201,18 +201,20 @@ class SchedulerConfig(_Strict):
     )
     batch_size: int = Field(256, ge=1, le=10_000, description="Requests placed per round trip to Redis.")
     worker_queue: int = Field(
-        16,
+        64,
         ge=0,
         le=1024,
         description="Calls a worker may hold waiting in its own queue beyond what it runs at once, so the next "
-        "starts the moment one ends. Only CPU-only calls of functions whose calls are short (queue_short_s) "
-        "wait there, only when no worker has room, and never behind a long call; 0 turns queueing off.",
+        "starts the moment one ends. Only CPU-only calls wait there, only when no worker has room, and only "
+        "when expected to start within queue_wait_s; 0 turns queueing off.",
     )
-    queue_short_s: float = Field(
+    queue_wait_s: float = Field(
         1.0,
         ge=0,
-        description="A function's calls are short, and may wait in a worker's queue, when their measured mean "
-        "duration is at most this; a function not measured yet counts as long.",
+        description="A call waits in a worker's queue only when it is expected to start there within this long: "
+        "its function's measured mean duration times the calls ahead of it, shared among the calls the worker "
+        "runs at once. A function whose mean call is longer than this (or not measured yet) is never queued, and "
+        "no queue forms on a worker running one of its calls.",
     )
     offers_ttl_s: float = Field(
         60.0,

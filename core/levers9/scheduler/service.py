@@ -289,7 +289,7 @@ class Scheduler:
         settings = ctx.settings
         result = await self.backlog.place(
             ctx.now_ms(), limit=settings.batch_size, recheck_ms=round(settings.retry_initial_s * 1000),
-            short_ms=round(settings.queue_short_s * 1000) if settings.worker_queue else 0,
+            short_ms=round(settings.queue_wait_s * 1000) if settings.worker_queue else 0,
         )  # fmt: skip
         if result.placed:
             # buffered before anything is awaited, so a placement made in Redis always gets its history

@@ -5,8 +5,9 @@
 -- this Redis can never place a request twice or overcommit a worker.
 -- A CPU-only call of a short function (common.lua `short`, short_ms) that fits in no worker's room is
 -- queued on a worker instead, when the first open group with one has a worker whose own queue has room
--- (the shortest queue; the worker must be able to run it at all): it waits there, state `waiting`, and
--- gets the first room that frees on that worker (common.lua `promote`). Placed means "runs there next".
+-- (the shortest queue; the worker must be able to run it at all, and be expected to start it within
+-- short_ms): it waits there, state `waiting`, and gets the first room that frees on that worker
+-- (common.lua `promote`). Placed means "runs there next".
 -- Returns {placed: request, worker, pool, queued ('1' or '0') per request; unplaced ids}.
 local now = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
@@ -37,8 +38,10 @@ local function fit(pool, cpu, mem, gpus)
   end
 end
 
--- The worker of `pool` with the shortest queue that still has room and could ever run the call.
-local function queue_fit(pool, cpu, mem)
+-- The worker of `pool` with the shortest queue that still has room, could ever run the call, and would
+-- start it within short_ms as expected: (calls ahead + 1) x the function's mean duration `dur`, shared among
+-- the calls it runs at once.
+local function queue_fit(pool, cpu, mem, dur)
   local qidx = P .. 'qidx:' .. pool
   for _ = 1, 4 do
     local page = redis.call('ZRANGE', qidx, 0, 31, 'WITHSCORES')
@@ -46,11 +49,12 @@ local function queue_fit(pool, cpu, mem)
     local dropped = 0
     for i = 1, #page, 2 do
       local wid = page[i]
-      local w = redis.call('HMGET', wkey(wid), 'cpu_total', 'mem_total', 'status')
+      local w = redis.call('HMGET', wkey(wid), 'cpu_total', 'mem_total', 'status', 'running')
       if w[3] ~= 'running' or redis.call('EXISTS', P .. 'alive:' .. wid) == 0 then
         redis.call('ZREM', qidx, wid)
         dropped = dropped + 1
-      elseif tonumber(w[1]) >= cpu and tonumber(w[2]) >= mem then
+      elseif tonumber(w[1]) >= cpu and tonumber(w[2]) >= mem
+          and (tonumber(page[i + 1]) + 1) * dur <= math.max(tonumber(w[4]) or 0, 1) * short_ms then
         return wid, tonumber(page[i + 1])
       end
     end
@@ -102,7 +106,7 @@ for _, rid in ipairs(due) do
         local nb, g, list = string.match(group, '^(%d+);(%d+);(.*)$')
         if tonumber(nb) <= now and g == '0' then
           for _, pool in ipairs(split(list, ',')) do
-            local wid, s = queue_fit(pool, cpu, mem)
+            local wid, s = queue_fit(pool, cpu, mem, tonumber(redis.call('HGET', P .. 'dur', r[7])))
             if wid and (not best or s < best_score) then best, best_score, best_pool = wid, s, pool end
           end
           if best then break end
