@@ -160,8 +160,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--queues",
-        default="16,0",
-        help="scheduler.worker_queue values to measure each size with (default: the default, 16, and 0: off)",
+        default="256,0",
+        help="scheduler.worker_queue values to measure each size with (default: the default, 256, and 0: off)",
     )
     parser.add_argument("--write", action="store_true", help="append the table to bench/RESULTS.md")
     args = parser.parse_args()

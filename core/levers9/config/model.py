@@ -201,7 +201,7 @@ class SchedulerConfig(_Strict):
     )
     batch_size: int = Field(256, ge=1, le=10_000, description="Requests placed per round trip to Redis.")
     worker_queue: int = Field(
-        64,
+        256,
         ge=0,
         le=1024,
         description="Calls a worker may hold waiting in its own queue beyond what it runs at once, so the next "
