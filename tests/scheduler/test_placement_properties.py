@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from levers9.state.redis.backlog import Backlog, Finished, Group, Placement, PlaceResult, QueuedRequest
-from levers9.state.redis.connect import connect
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
-from tests.fixtures.redis import RedisFactory
+from tests.fixtures.redis import RedisFactory, run_on_redis
 
 PREFIX = "l9:"
 #: a fixed epoch for the simulated clock; keepalive keys use Redis' own clock, hence the long TTL
@@ -308,28 +307,13 @@ async def run_scenario(redis: Redis, scenario: Scenario) -> None:
 @settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenarios())
 def test_placement_follows_the_reference_model_embedded(scenario: Scenario) -> None:
-    async def body() -> None:
-        redis = connect(None)
-        try:
-            await run_scenario(redis, scenario)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(body())
+    run_on_redis(None, lambda redis: run_scenario(redis, scenario))
 
 
 @settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios())
 def test_placement_follows_the_reference_model_on_redis_server(redis_server: str, scenario: Scenario) -> None:
-    async def body() -> None:
-        redis = connect(redis_server)
-        try:
-            await redis.flushall()
-            await run_scenario(redis, scenario)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(body())
+    run_on_redis(redis_server, lambda redis: run_scenario(redis, scenario))
 
 
 async def test_two_schedulers_place_each_request_exactly_once(redis_factory: RedisFactory) -> None:

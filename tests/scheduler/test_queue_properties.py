@@ -10,7 +10,6 @@ step the engine's rooms, queues (in order) and request states must equal the mod
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
@@ -18,8 +17,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from levers9.state.redis.backlog import Backlog, Group, QueuedRequest
-from levers9.state.redis.connect import connect
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
+from tests.fixtures.redis import run_on_redis
 
 PREFIX = "q:"
 T0 = 1_700_000_000_000
@@ -222,25 +221,10 @@ async def check(redis: Redis, backlog: Backlog, registry: WorkerRegistry, model:
 @settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenarios())
 def test_queued_calls_follow_the_reference_model_embedded(scenario: Scenario) -> None:
-    async def body() -> None:
-        redis = connect(None)
-        try:
-            await run_scenario(redis, scenario)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(body())
+    run_on_redis(None, lambda redis: run_scenario(redis, scenario))
 
 
 @settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios())
 def test_queued_calls_follow_the_reference_model_on_redis_server(redis_server: str, scenario: Scenario) -> None:
-    async def body() -> None:
-        redis = connect(redis_server)
-        try:
-            await redis.flushall()
-            await run_scenario(redis, scenario)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(body())
+    run_on_redis(redis_server, lambda redis: run_scenario(redis, scenario))
