@@ -40,13 +40,27 @@ class EmbeddedRedis:
         return client
 
 
-def connect(url: str | None, *, embedded: EmbeddedRedis | None = None) -> Redis:
-    """A client for ``url``, or for ``embedded`` (a fresh one when not given) when ``url`` is empty."""
+#: connections one client opens to a Redis server at most; a command past them waits for one to come back
+MAX_CONNECTIONS = 100
+#: how long such a command waits before it fails (``redis.exceptions.ConnectionError``)
+POOL_WAIT_S = 20.0
+
+
+def connect(url: str | None, *, embedded: EmbeddedRedis | None = None, max_connections: int = MAX_CONNECTIONS) -> Redis:
+    """A client for ``url``, or for ``embedded`` (a fresh one when not given) when ``url`` is empty.
+
+    A client of a server holds at most ``max_connections`` connections, and a command beyond them waits (up to
+    :data:`POOL_WAIT_S`) for one to be free: redis-py's default pool raises at once instead, which a thousand
+    workers reconnecting after a restart would turn into failed registrations and a reconnect storm.
+    """
     if not url:
         return (embedded or EmbeddedRedis()).client()
-    from redis.asyncio import Redis
+    from redis.asyncio import BlockingConnectionPool, Redis
 
-    return Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=POOL_WAIT_S, decode_responses=True, health_check_interval=30
+    )
+    return Redis.from_pool(pool)
 
 
 class ManagedRedis:
