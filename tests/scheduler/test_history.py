@@ -240,3 +240,37 @@ async def test_an_event_the_database_refuses_is_left_out_alone(make_harness: Mak
     assert [t for t, _, _ in await placed_history(h.db)] == ids
     assert (writer.stored, writer.dropped) == (3, 1)
     await writer.close(timeout=1)
+
+
+async def test_a_planner_line_is_stored_after_the_placement_lines_added_before_it(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner's lines go through the same writer: a placement's line still buffered is stored first."""
+    h = await make_harness([("cpu",)])
+    s, [rid] = await ready(h, 1)
+    gate, entered = asyncio.Event(), asyncio.Event()
+    record = TaskStore.record
+    calls = 0
+
+    async def first_held(self: TaskStore, events: Sequence[PlacementEvent], *, skip_missing: bool = False) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the writer's first batch (the placement) waits; any later write goes through
+            entered.set()
+            await gate.wait()
+        return await record(self, events, skip_missing=skip_missing)
+
+    monkeypatch.setattr(TaskStore, "record", first_held)
+    await s.place_once(wait_for_history=False)
+    await entered.wait()
+    later = asyncio.create_task(s.planner._record([(rid, "unavailable", None, "a line written later", None)]))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not later.done(), "the planner's line waits behind the placement's"
+    gate.set()
+    await later
+    async with h.db.transaction() as session:
+        rows = await session.execute(
+            select(TaskPlacement.outcome).where(TaskPlacement.task_id == rid).order_by(TaskPlacement.id)
+        )
+        assert [r[0] for r in rows] == ["placed", "unavailable"]

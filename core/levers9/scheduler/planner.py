@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from levers9.hooks.types import GpuOffer
 from levers9.scheduler.context import Context
+from levers9.scheduler.history import HistoryWriter
 from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
@@ -83,9 +84,12 @@ def offer_subject(pool: str, offer: GpuOffer) -> str:
 
 class Planner:
     def __init__(
-        self, ctx: Context, provisioner: Provisioner, offers: OfferCache | None = None, *, window: int = 2000
-    ) -> None:
+        self, ctx: Context, provisioner: Provisioner, offers: OfferCache | None = None, *, window: int = 2000,
+        history: HistoryWriter | None = None,
+    ) -> None:  # fmt: skip
         self.ctx = ctx
+        #: where its history lines go (the scheduler's writer, in order with the placements'); None: straight to SQL
+        self.history = history
         self.provisioner = provisioner
         self.offers = offers if offers is not None else OfferCache(ctx)
         self.window = window
@@ -284,19 +288,22 @@ class Planner:
                         tried.setdefault(offer_subject(name, offer), marks[offer.key])
 
     async def _record(self, events: list[tuple[str, str, PoolSpec | None, str, str | None]]) -> None:
-        await self.ctx.tasks.record(
-            [
-                PlacementEvent(
-                    task_id=rid,
-                    outcome=outcome,
-                    pool=pool.name if pool else None,
-                    gpu=pool.gpu if pool else None,
-                    region=region,
-                    reason=reason,
-                )
-                for rid, outcome, pool, reason, region in events
-            ]
-        )
+        """Store the lines; returns once they are stored (through the history writer, after every line before)."""
+        lines = [
+            PlacementEvent(
+                task_id=rid,
+                outcome=outcome,
+                pool=pool.name if pool else None,
+                gpu=pool.gpu if pool else None,
+                region=region,
+                reason=reason,
+            )
+            for rid, outcome, pool, reason, region in events
+        ]
+        if self.history is None:
+            await self.ctx.tasks.record(lines)
+        else:
+            await self.history.written(self.history.add(lines))
 
 
 def _parse_tried(lines: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -101,7 +101,10 @@ class Scheduler:
         self.provisioner = Provisioner(self.ctx)
         #: each pool's offers, refreshed in the background while this replica holds the lease
         self.offers = OfferCache(self.ctx)
-        self.planner = Planner(self.ctx, self.provisioner, self.offers)
+        #: stores the placement history in the background, in batches, in order (see place_once); the planner's
+        #: lines go through it too, so a placement's line is never stored after a later planner line
+        self.history = HistoryWriter(self.ctx.tasks)
+        self.planner = Planner(self.ctx, self.provisioner, self.offers, history=self.history)
         self.controller = PoolController(self.ctx, self.provisioner, self.offers)
         self.lease = Lease(redis, f"{prefix}lease:planner", self.name, ttl_s=15)
         #: told of every batch of placements (the server wakes worker sessions); its history is stored by self.history
@@ -113,8 +116,6 @@ class Scheduler:
         self._stopping = False
         #: a submission's own placement pass is running (see submit_many's place_now)
         self._placing_now = False
-        #: stores the placement history in the background, in batches (see place_once)
-        self.history = HistoryWriter(self.ctx.tasks)
 
     @property
     def backlog(self) -> Backlog:
