@@ -204,6 +204,51 @@ print("RESULT", slow.remote(), flush=True)
     assert task["attempts"] == 1
 
 
+def test_a_worker_killed_with_calls_waiting_in_its_queue_loses_none(levers9_up: Up) -> None:
+    """Two workers of 2 CPUs, calls of 1 CPU taking 0.3 s: once measured, calls beyond the 4 running wait in the
+    workers' queues. SIGKILL one worker mid-map: what ran and what waited there is placed again, every result
+    comes back, in order."""
+    import httpx
+
+    levers9_up.min_workers = 2
+    levers9_up.start()
+    program = levers9_up.root / "queued_app.py"
+    program.write_text(
+        """
+import time, levers9
+
+@levers9.function(cpu=1, memory=64)
+def nap(x):
+    time.sleep(0.3)
+    return x
+
+assert list(nap.map(range(4))) == list(range(4))  # measured: 0.3 s a call
+print("RESULT", list(nap.map(range(60))) == list(range(60)), flush=True)
+"""
+    )
+    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+
+    def queued() -> float:
+        text = httpx.get(f"http://127.0.0.1:{levers9_up.metrics_port}/metrics").text
+        lines = [line for line in text.splitlines() if line.startswith("levers9_placements_queued_total{")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    try:
+        deadline = time.monotonic() + 120
+        while queued() < 4 and time.monotonic() < deadline and app.poll() is None:
+            time.sleep(0.1)
+        assert queued() >= 4, "no calls waited in a worker's queue"
+        os.kill(_worker_running_a_call(levers9_up), signal.SIGKILL)
+        out, err = app.communicate(timeout=300)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+    assert app.returncode == 0, err + levers9_up.log()[-3000:]
+    assert "RESULT True" in out
+
+
 def _worker_running_a_call(up: Up) -> int:
     """The pid of the `levers9 worker` whose state directory holds a container right now."""
     for pid, cmd in _processes_mentioning(str(up.root)):
