@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fixtures.levers9_up import Up
+from tests.fixtures.levers9_up import Up, free_port
 
 APP = """
 import time
@@ -263,7 +263,7 @@ def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(levers9_up:
 
 def test_a_box_port_is_proxied(levers9_up: Up) -> None:
     levers9_up.start()
-    port = 18000 + (levers9_up.http_port % 1000)
+    port = free_port()  # free now, on this host: the box binds it on the worker's host network
     source = f"""
     import http.server
     import levers9

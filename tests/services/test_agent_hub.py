@@ -395,6 +395,38 @@ async def test_a_stream_its_transport_stopped_reading_is_closed_by_the_watchdog(
         await hub.close()
 
 
+async def test_a_stream_closed_by_a_cancelled_task_still_says_so_and_releases_the_agent(
+    services: Services, hub: AgentHub, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gRPC cancels the handler's task when the peer goes; the close that runs then must not be cut short."""
+    agent = await joined_agent(services, hub, await operator(services))
+    session = hub.attach(agent.identity, agent_join_recheck)
+    await session.hello(version="test", provider="agent_machine", labels={}, hostname="box")
+    releasing, release = asyncio.Event(), hub.store.release
+    released: list[str] = []
+
+    async def slow_release(agent_id: str, *, replica: str) -> None:
+        releasing.set()
+        await asyncio.sleep(0.2)
+        await release(agent_id, replica=replica)
+        released.append(agent_id)
+
+    monkeypatch.setattr(hub.store, "release", slow_release)
+    caplog.set_level("INFO", logger=agents_module.__name__)
+    closing = asyncio.create_task(session.close())
+    await releasing.wait()
+    closing.cancel()  # a second cancel, mid-release
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    assert f"agent {agent.identity.agent_id} disconnected from replica-a" in caplog.text
+    for _ in range(100):
+        if released:
+            break
+        await asyncio.sleep(0.02)
+    assert released == [agent.identity.agent_id]  # the release went on, shielded from the cancel
+    assert await hub.store.owner(agent.identity.agent_id) is None
+
+
 async def agent_join_recheck() -> None:
     return None
 

@@ -594,7 +594,7 @@ class AgentSession:
         """The stream ended: no more orders go to it, and the agent is connected nowhere unless it dialled again."""
         greeted, self._greeted, self._ended = self._greeted, False, True
         self.hub._detached(self)
-        if greeted:
-            if self.identity.agent_id not in self.hub._sessions:
-                await self.hub.store.release(self.identity.agent_id, replica=self.hub.name)
+        if greeted:  # said before anything is awaited, and the release shielded: a cancelled close still does both
             log.info("agent %s disconnected from %s", self.identity.agent_id, self.hub.name)
+            if self.identity.agent_id not in self.hub._sessions:
+                await asyncio.shield(self.hub.store.release(self.identity.agent_id, replica=self.hub.name))
