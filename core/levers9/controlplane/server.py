@@ -307,7 +307,9 @@ class Server:
 def _listen(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port``, or OSError naming the port (taken, or not an address of ours)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections accepted from a socket that says so,
+    # and without it a kept-alive client waits out Nagle and delayed ACK (40 ms) on every response
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

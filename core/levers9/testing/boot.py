@@ -219,7 +219,8 @@ def _listen_inside(netns: str, port: int) -> socket.socket:
     def enter() -> None:
         try:
             _setns(netns)  # this thread only; it ends right after, the socket stays in the namespace
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # IPPROTO_TCP named, so asyncio sets TCP_NODELAY on the connections it accepts
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind(("127.0.0.1", port))
             listener.listen(64)

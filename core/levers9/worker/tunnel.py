@@ -78,7 +78,8 @@ class ProbeListener:
 def _dual_stack_socket() -> socket.socket:
     """One listening socket, one port, for IPv6 and IPv4 peers (IPv4 alone where IPv6 is off)."""
     try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, so asyncio sets TCP_NODELAY on the connections it accepts
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(("::", 0))
@@ -86,7 +87,7 @@ def _dual_stack_socket() -> socket.socket:
             sock.close()
             raise
     except OSError:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("0.0.0.0", 0))
     sock.listen(16)
     sock.setblocking(False)
