@@ -34,6 +34,7 @@ from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
+from levers9.controlplane.http_front import FrontProtocol
 from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMiddleware
 from levers9.controlplane.tls import ListenerTls, check_plaintext
 from levers9.gateway.autoscaler import ServingAutoscaler
@@ -219,11 +220,14 @@ class Server:
                                  create_http_app(services, metrics=self.metrics, dataplane=self.dataplane),
                                  metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
-            for app, port, sock in ((HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket),
-                                    (self.metrics.asgi_app(), ls.metrics_port, metrics_socket)):  # fmt: skip
+            # the HTTP listener's simple requests take the front's short path (every gateway request crosses it)
+            for app, port, sock, protocol in (
+                (HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket, FrontProtocol),
+                (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, "auto"),
+            ):
                 context = self.tls.ssl_context() if self.tls is not None else None
                 config = _UvicornConfig(app, ssl_context=context, host=ls.host, port=port, log_level="warning",
-                                        lifespan="off")  # fmt: skip
+                                        lifespan="off", http=protocol)  # fmt: skip
                 http = _Uvicorn(config)
                 self._http.append(http)
                 self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))

@@ -1,0 +1,404 @@
+"""The HTTP listener's front: simple HTTP/1.1 requests served on a short path, anything else by uvicorn.
+
+Every gateway request crosses the controlplane's HTTP listener, and uvicorn's path costs a task, a
+request-response cycle and two socket writes per response. This protocol (handed to uvicorn as its
+``http`` class, so uvicorn still owns the listener, TLS, the graceful shutdown and its date header)
+serves the requests that are simple, with the same ASGI app uvicorn would call, and writes each
+response's head and body in one write when the body comes whole.
+
+A request is simple when its head is well-formed by the strict rules below and it carries nothing that
+needs more than a body read whole: ``HTTP/1.1``, an origin-form ASCII target, header names that are
+HTTP tokens, no folded lines, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, at most one
+``Content-Length`` of digits and at most :data:`MAX_BODY` bytes, a head of at most :data:`MAX_HEAD`
+bytes. The first request that is not simple, and every one after it on that connection, is uvicorn's:
+the connection is handed to uvicorn's own protocol between two requests, with the bytes not yet
+served, exactly as uvicorn hands a connection to its WebSocket protocol. So what this module does not
+parse (malformed requests, chunked uploads, HTTP/1.0, upgrades) is answered by uvicorn as before, and
+no request is ever read two ways.
+
+Invariants: requests on one connection are answered in order, one at a time (a pipelined request
+waits in the buffer, and reading pauses while more than :data:`MAX_BUFFER` bytes wait); a response
+the app leaves unfinished closes the connection; an app that fails before answering is answered 500
+and the connection closed, as uvicorn does; an idle connection is closed after uvicorn's
+``timeout_keep_alive``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import urllib.parse
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["MAX_BODY", "MAX_BUFFER", "MAX_HEAD", "FrontProtocol"]
+
+log = logging.getLogger(__name__)
+
+#: the largest request head served here (a larger one goes to uvicorn, which answers it)
+MAX_HEAD = 16 * 1024
+#: the largest request body served here; a larger one goes to uvicorn, which streams it to the app
+MAX_BODY = 1024 * 1024
+#: bytes of pipelined requests buffered before reading pauses
+MAX_BUFFER = MAX_HEAD + MAX_BODY
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TARGET = re.compile(rb"/[\x21-\x7e]*")
+_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+#: request headers that make a request not simple
+_NOT_SIMPLE = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+_NO_BODY = (204, 304)
+_REASONS = {
+    200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content", 301: b"Moved Permanently",
+    302: b"Found", 304: b"Not Modified", 307: b"Temporary Redirect", 400: b"Bad Request",
+    401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
+    409: b"Conflict", 413: b"Content Too Large", 422: b"Unprocessable Content", 429: b"Too Many Requests",
+    499: b"Client Closed Request", 500: b"Internal Server Error", 502: b"Bad Gateway",
+    503: b"Service Unavailable", 504: b"Gateway Timeout",
+}  # fmt: skip
+
+
+class _Request:
+    __slots__ = ("body", "keep_alive", "method", "scope")
+
+    def __init__(self, method: str, scope: dict[str, Any], body: bytes, keep_alive: bool) -> None:
+        self.method = method
+        self.scope = scope
+        self.body = body
+        self.keep_alive = keep_alive
+
+
+class FrontProtocol(asyncio.Protocol):
+    """One HTTP connection; built by uvicorn as its ``http`` protocol class (same arguments as its own)."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:  # fmt: skip
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.server_state = server_state
+        self.app_state = app_state
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.busy = False
+        self.closing = False
+        self.handed_off = False
+        self.read_paused = False
+        self.disconnected = asyncio.Event()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server_state.connections.add(self)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
+        self.scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
+        self._arm_idle_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self._cancel_idle_timer()
+        self.disconnected.set()
+        self.writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        self._cancel_idle_timer()
+        self.buffer += data
+        if not self.busy:
+            self._next()
+        elif len(self.buffer) > MAX_BUFFER and not self.read_paused:
+            self.read_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        if not self.busy:
+            self._close()
+        return None
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close now when idle, after the response in flight otherwise."""
+        self.closing = True
+        if not self.busy:
+            self._close()
+
+    # ------------------------------------------------------------------ requests
+
+    def _next(self) -> None:
+        """Serve the next buffered request, or hand the connection to uvicorn when it is not simple."""
+        if self.closing or self.handed_off or self.transport is None or self.transport.is_closing():
+            return
+        if not self.buffer:
+            if self.read_paused:
+                self.read_paused = False
+                self.transport.resume_reading()
+            self._arm_idle_timer()
+            return
+        end = self.buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
+        if end < 0:
+            if len(self.buffer) >= MAX_HEAD:
+                self._hand_off()
+            return  # the rest of the head is still to come
+        parsed = self._parse(bytes(self.buffer[:end]))
+        if parsed is None:
+            self._hand_off()
+            return
+        request, length = parsed
+        start = end + 4
+        if len(self.buffer) < start + length:
+            return  # the rest of the body is still to come
+        request.body = bytes(self.buffer[start : start + length])
+        del self.buffer[: start + length]
+        self.busy = True
+        task = self.loop.create_task(self._serve(request))
+        tasks = self.server_state.tasks  # held there (the loop keeps only weak references), as uvicorn does
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _parse(self, head: bytes) -> tuple[_Request, int] | None:
+        """The request of a simple head, and its body's length; None when the head is not simple."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(parts[1]):
+            return None
+        method = parts[0].decode("latin-1")
+        if method not in _METHODS:
+            return None
+        headers: list[tuple[bytes, bytes]] = []
+        length = 0
+        lengths = 0
+        keep_alive = True
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not _TOKEN.fullmatch(name):
+                return None  # no colon, a folded line, or a name that is not a token
+            name = name.lower()
+            value = value.strip(b" \t")
+            if _VALUE_BAD.search(value) or name in _NOT_SIMPLE:
+                return None
+            if name == b"content-length":
+                lengths += 1
+                if lengths > 1 or not value.isdigit() or len(value) > 8:
+                    return None
+                length = int(value)
+                if length > MAX_BODY:
+                    return None
+            elif name == b"connection" and b"close" in value.lower():
+                keep_alive = False
+            headers.append((name, value))
+        raw_path, _, query = parts[1].partition(b"?")
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": self.config.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "method": method,
+            "root_path": self.config.root_path,
+            "path": self.config.root_path + path,
+            "raw_path": self.config.root_path.encode("ascii") + raw_path,
+            "query_string": query,
+            "headers": headers,
+            "state": self.app_state.copy(),
+        }
+        return _Request(method, scope, b"", keep_alive), length
+
+    async def _serve(self, request: _Request) -> None:
+        response = _Response(self, request)
+        try:
+            await self.app(request.scope, response.receive, response.send)
+        except BaseException as exc:
+            if not response.started:
+                log.error("the HTTP app failed before answering %s %s", request.method, request.scope["path"],
+                          exc_info=exc)  # fmt: skip
+                response.write_error()
+            else:
+                log.error("the HTTP app failed while answering %s %s", request.method, request.scope["path"],
+                          exc_info=exc)  # fmt: skip
+            self._close()
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise
+            return
+        finally:
+            self.server_state.total_requests += 1
+        if not response.complete:
+            self._close()  # the app left the response unfinished: the caller cannot tell where it ends
+            return
+        self.busy = False
+        if not request.keep_alive or not response.keep_alive or self.closing:
+            self._close()
+            return
+        self._next()
+
+    # ------------------------------------------------------------------ the connection
+
+    def _hand_off(self) -> None:
+        """uvicorn's protocol takes the connection from here on, beginning with the bytes not yet served."""
+        assert self.transport is not None
+        self.handed_off = True
+        self._cancel_idle_timer()
+        self.server_state.connections.discard(self)
+        protocol = HttpToolsProtocol(config=self.config, server_state=self.server_state, app_state=self.app_state,
+                                     _loop=self.loop)  # fmt: skip
+        pending = bytes(self.buffer)
+        self.buffer.clear()
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if pending:
+            protocol.data_received(pending)
+
+    def _close(self) -> None:
+        self._cancel_idle_timer()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._close)
+
+    def _cancel_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+
+class _Response:
+    """One request's ASGI ``receive`` and ``send``, writing to its connection."""
+
+    __slots__ = (
+        "body_sent",
+        "chunked",
+        "complete",
+        "front",
+        "head",
+        "keep_alive",
+        "remaining",
+        "request",
+        "started",
+        "status",
+    )  # fmt: skip
+
+    def __init__(self, front: FrontProtocol, request: _Request) -> None:
+        self.front = front
+        self.request = request
+        self.status = 0
+        self.head = b""
+        self.started = False
+        self.complete = False
+        self.keep_alive = True
+        self.chunked = False
+        self.remaining: int | None = None
+        self.body_sent = False
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.body_sent:
+            self.body_sent = True
+            return {"type": "http.request", "body": self.request.body, "more_body": False}
+        await self.front.disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        front = self.front
+        if not front.writable.is_set():
+            await front.writable.wait()
+        if front.disconnected.is_set():
+            return
+        kind = message["type"]
+        if not self.started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"expected ASGI message 'http.response.start', but got {kind!r}")
+            self._start(message["status"], message.get("headers", []))
+            return
+        if self.complete:
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"expected ASGI message 'http.response.body', but got {kind!r}")
+        body: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        head, self.head = self.head, b""
+        if self.request.method == "HEAD" or self.status in _NO_BODY:
+            if self.status not in _NO_BODY and self.remaining is None and not self.chunked and not more:
+                head = head[:-2] + b"content-length: %d\r\n\r\n" % len(body)  # what a GET would have had
+                self.remaining = 0
+            body = b""  # never sent
+        else:
+            if self.remaining is None and not self.chunked:
+                if more:  # no length, and more to come: chunked
+                    self.chunked = True
+                    head = head[:-2] + b"transfer-encoding: chunked\r\n\r\n"
+                else:  # the whole body in one message: its length is known
+                    head = head[:-2] + b"content-length: %d\r\n\r\n" % len(body)
+                    self.remaining = len(body)
+            if self.chunked:
+                body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
+            elif self.remaining is not None:
+                self.remaining -= len(body)
+                if self.remaining < 0:
+                    raise RuntimeError("response content longer than its content-length")
+                if not more and self.remaining:
+                    raise RuntimeError("response content shorter than its content-length")
+        assert front.transport is not None
+        if head or body:
+            front.transport.write(head + body)
+        if not more:
+            self.complete = True
+
+    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        reason = _REASONS.get(status, b"")
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+        for name, value in [*self.front.server_state.default_headers, *headers]:
+            if not _TOKEN.fullmatch(name) or _VALUE_BAD.search(value):
+                raise RuntimeError(f"invalid HTTP header {name!r}: {value!r}")
+            lowered = name.lower()
+            if lowered == b"content-length":
+                self.remaining = int(value)
+            elif lowered == b"transfer-encoding" and value.lower() == b"chunked":
+                self.chunked = True
+            elif lowered == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+            lines.append(b"%s: %s\r\n" % (lowered, value))
+        if not self.request.keep_alive and self.keep_alive:
+            self.keep_alive = False
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        self.head = b"".join(lines)
+
+    def write_error(self) -> None:
+        assert self.front.transport is not None
+        body = b"Internal Server Error"
+        self.front.transport.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                                   b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        self.complete = True
+
+
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, tuple) and len(value) >= 2:
+        return str(value[0]), int(value[1])
+    return None
