@@ -33,6 +33,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from levers9.gateway.shortpath import Exchange, ShortPath
+
 __all__ = ["MAX_BODY", "MAX_BUFFER", "MAX_HEAD", "FrontProtocol"]
 
 log = logging.getLogger(__name__)
@@ -61,12 +63,16 @@ _REASONS = {
 
 
 class _Request:
-    __slots__ = ("body", "keep_alive", "method", "scope")
+    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "raw_path")
 
-    def __init__(self, method: str, scope: dict[str, Any], body: bytes, keep_alive: bool) -> None:
+    def __init__(self, method: str, raw_path: bytes, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                 keep_alive: bool) -> None:  # fmt: skip
         self.method = method
-        self.scope = scope
-        self.body = body
+        self.raw_path = raw_path
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = b""
         self.keep_alive = keep_alive
 
 
@@ -92,6 +98,12 @@ class FrontProtocol(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.idle_timer: asyncio.TimerHandle | None = None
+        #: when the caller last sent something, or the last response ended (the loop's clock)
+        self.active = 0.0
+        #: offered every simple request first (the gateway's short path), when the config carries one
+        self.short: ShortPath | None = getattr(config, "short_path", None)
+        self.request: _Request | None = None
+        self.exchange: Exchange | None = None
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
         self.scheme = "http"
@@ -112,9 +124,12 @@ class FrontProtocol(asyncio.Protocol):
         self._cancel_idle_timer()
         self.disconnected.set()
         self.writable.set()
+        if self.exchange is not None:
+            self.exchange.caller_gone()
+            self.exchange = None
 
     def data_received(self, data: bytes) -> None:
-        self._cancel_idle_timer()
+        self.active = self.loop.time()
         self.buffer += data
         if not self.busy:
             self._next()
@@ -130,9 +145,13 @@ class FrontProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable.clear()
+        if self.exchange is not None:
+            self.exchange.pause()
 
     def resume_writing(self) -> None:
         self.writable.set()
+        if self.exchange is not None:
+            self.exchange.resume()
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: close now when idle, after the response in flight otherwise."""
@@ -168,6 +187,16 @@ class FrontProtocol(asyncio.Protocol):
         request.body = bytes(self.buffer[start : start + length])
         del self.buffer[: start + length]
         self.busy = True
+        self.request = request
+        if self.short is not None and not self.config.root_path:
+            exchange = self.short.take(self, request.method, request.path, request.query, request.headers,
+                                       request.body)  # fmt: skip
+            if exchange is not None:
+                self.exchange = exchange
+                return
+        self._start_app(request)
+
+    def _start_app(self, request: _Request) -> None:
         task = self.loop.create_task(self._serve(request))
         tasks = self.server_state.tasks  # held there (the loop keeps only weak references), as uvicorn does
         tasks.add(task)
@@ -208,34 +237,38 @@ class FrontProtocol(asyncio.Protocol):
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        scope: dict[str, Any] = {
+        return _Request(method, raw_path, path, query, headers, keep_alive), length
+
+    def _scope(self, request: _Request) -> dict[str, Any]:
+        root = self.config.root_path
+        return {
             "type": "http",
             "asgi": {"version": self.config.asgi_version, "spec_version": "2.3"},
             "http_version": "1.1",
             "server": self.server,
             "client": self.client,
             "scheme": self.scheme,
-            "method": method,
-            "root_path": self.config.root_path,
-            "path": self.config.root_path + path,
-            "raw_path": self.config.root_path.encode("ascii") + raw_path,
-            "query_string": query,
-            "headers": headers,
+            "method": request.method,
+            "root_path": root,
+            "path": root + request.path,
+            "raw_path": root.encode("ascii") + request.raw_path,
+            "query_string": request.query,
+            "headers": request.headers,
             "state": self.app_state.copy(),
         }
-        return _Request(method, scope, b"", keep_alive), length
 
     async def _serve(self, request: _Request) -> None:
         response = _Response(self, request)
+        scope = self._scope(request)
         try:
-            await self.app(request.scope, response.receive, response.send)
+            await self.app(scope, response.receive, response.send)
         except BaseException as exc:
             if not response.started:
-                log.error("the HTTP app failed before answering %s %s", request.method, request.scope["path"],
+                log.error("the HTTP app failed before answering %s %s", request.method, scope["path"],
                           exc_info=exc)  # fmt: skip
                 response.write_error()
             else:
-                log.error("the HTTP app failed while answering %s %s", request.method, request.scope["path"],
+                log.error("the HTTP app failed while answering %s %s", request.method, scope["path"],
                           exc_info=exc)  # fmt: skip
             self._close()
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
@@ -246,11 +279,41 @@ class FrontProtocol(asyncio.Protocol):
         if not response.complete:
             self._close()  # the app left the response unfinished: the caller cannot tell where it ends
             return
+        self._done(response.keep_alive)
+
+    def _done(self, keep_alive: bool) -> None:
+        """The current request is answered: on to the next, or the connection closes."""
+        request, self.request, self.exchange = self.request, None, None
         self.busy = False
-        if not request.keep_alive or not response.keep_alive or self.closing:
+        if not keep_alive or request is None or not request.keep_alive or self.closing:
             self._close()
             return
         self._next()
+
+    # ------------------------------------------------------------------ the short path's caller
+
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        headers: list[tuple[bytes, bytes]] = self.server_state.default_headers
+        return headers
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def finish(self) -> None:
+        self.server_state.total_requests += 1
+        self._done(True)
+
+    def fall_back(self) -> None:
+        self.exchange = None
+        if self.request is not None and not self.disconnected.is_set():
+            self._start_app(self.request)
+        else:
+            self.busy = False
+
+    def abort(self) -> None:
+        self.exchange = None
+        self._close()
 
     # ------------------------------------------------------------------ the connection
 
@@ -278,8 +341,20 @@ class FrontProtocol(asyncio.Protocol):
             self.transport.close()
 
     def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._close)
+        """Close the connection once it has been idle for ``timeout_keep_alive``: one timer per connection,
+        re-armed when it fires early, so a busy connection sets no timer per request."""
+        self.active = self.loop.time()
+        if self.idle_timer is None:
+            self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self.idle_timer = None
+        idle_for = self.loop.time() - self.active
+        if not self.busy and not self.buffer and idle_for >= self.config.timeout_keep_alive:
+            self._close()
+            return
+        wait = self.config.timeout_keep_alive - (0.0 if self.busy else idle_for)
+        self.idle_timer = self.loop.call_later(max(wait, 0.01), self._idle_check)
 
     def _cancel_idle_timer(self) -> None:
         if self.idle_timer is not None:

@@ -39,6 +39,7 @@ from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMidd
 from levers9.controlplane.tls import ListenerTls, check_plaintext
 from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
+from levers9.gateway.shortpath import ShortPath
 from levers9.gateway.upstream import Upstream
 from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, worker_pb2_grpc
@@ -129,9 +130,12 @@ class _UvicornConfig(uvicorn.Config):
     uvicorn builds from ``ssl_certfile`` would not. Set after ``load()`` (every uvicorn version builds its own
     there); uvicorn hands ``config.ssl`` to the event loop's ``create_server``."""
 
-    def __init__(self, app: Any, *, ssl_context: ssl.SSLContext | None, **kwargs: Any) -> None:
+    def __init__(self, app: Any, *, ssl_context: ssl.SSLContext | None, short_path: ShortPath | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(app, **kwargs)
         self._ssl_context = ssl_context
+        #: read by the HTTP front (:class:`FrontProtocol`), which offers it every simple request first
+        self.short_path = short_path
 
     def load(self) -> None:
         super().load()
@@ -157,6 +161,7 @@ class Server:
         self.dataplane: DataPlane | None = None
         self.serving: ServingAutoscaler | None = None
         self.upstream: Upstream | None = None
+        self.short_path: ShortPath | None = None
         self.tunnels: TunnelRegistry | None = None
         #: the listeners' certificate, with ``listen.tls``
         self.tls: ListenerTls | None = None
@@ -220,14 +225,17 @@ class Server:
                                  create_http_app(services, metrics=self.metrics, dataplane=self.dataplane),
                                  metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
-            # the HTTP listener's simple requests take the front's short path (every gateway request crosses it)
-            for app, port, sock, protocol in (
-                (HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket, FrontProtocol),
-                (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, "auto"),
-            ):
+            self.short_path = ShortPath(gateway, self.serving, metrics=self.metrics)
+            # the HTTP listener's simple requests take the front (every gateway request crosses it), and an
+            # endpoint's in the steady state the gateway's short path
+            for app, port, sock, protocol, short in (
+                (HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket, FrontProtocol,
+                 self.short_path),
+                (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, "auto", None),
+            ):  # fmt: skip
                 context = self.tls.ssl_context() if self.tls is not None else None
-                config = _UvicornConfig(app, ssl_context=context, host=ls.host, port=port, log_level="warning",
-                                        lifespan="off", http=protocol)  # fmt: skip
+                config = _UvicornConfig(app, ssl_context=context, short_path=short, host=ls.host, port=port,
+                                        log_level="warning", lifespan="off", http=protocol)  # fmt: skip
                 http = _Uvicorn(config)
                 self._http.append(http)
                 self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))
@@ -282,6 +290,9 @@ class Server:
         if self.upstream is not None:
             await _step("gateway connections", self.upstream.close(), 5)
             self.upstream = None
+        if self.short_path is not None:
+            self.short_path.close()
+            self.short_path = None
         if self.tunnels is not None:
             self.tunnels.close()
             self.tunnels = None

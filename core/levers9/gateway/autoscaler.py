@@ -164,11 +164,8 @@ class ServingAutoscaler:
         waited for a container that then refused it waits only for what is left).
         """
         state = self._state(stub)
-        container = _pick(state)
+        container = self._take_slot(state)
         if container is not None:
-            container.in_flight += 1
-            if container.in_flight >= state.capacity:
-                self._kick.set()  # this was its last slot: maybe time for another container
             return container
         settings = stub.settings
         if len(state.waiters) >= settings.max_pending:
@@ -202,6 +199,20 @@ class ServingAutoscaler:
                 future.cancel()
             with contextlib.suppress(ValueError):
                 state.waiters.remove(future)
+
+    def try_acquire(self, stub_id: str) -> Container | None:
+        """A slot on a ready container of a stub served here already, when one is free now; None otherwise
+        (then :meth:`acquire` decides: it waits, or refuses)."""
+        state = self._stubs.get(stub_id)
+        return None if state is None else self._take_slot(state)
+
+    def _take_slot(self, state: _StubContainers) -> Container | None:
+        container = _pick(state)
+        if container is not None:
+            container.in_flight += 1
+            if container.in_flight >= state.capacity:
+                self._kick.set()  # this was its last slot: maybe time for another container
+        return container
 
     def release(self, container: Container, *, broken: bool = False) -> None:
         """A request ended; ``broken``: the container failed it (refused, or broke off) and is unusable now.

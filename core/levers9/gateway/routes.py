@@ -49,7 +49,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from levers9.gateway.autoscaler import NoContainer, Overloaded, ServedStub, ServingAutoscaler
 from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
@@ -65,7 +65,7 @@ from levers9.services.metrics import Metrics
 from levers9.services.stubs import InvalidStub
 from levers9.state.sql.records import TokenKind
 
-__all__ = ["MAX_VERSION", "GatewayApp"]
+__all__ = ["MAX_VERSION", "AtHand", "GatewayApp"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,15 @@ class _Resolved:
     expires: float
     stub_id: str | None
     refreshing: asyncio.Future[str | None] | None = None
+
+
+class AtHand(NamedTuple):
+    """An endpoint or box request the short path may serve: its kind, stub, the container's path and box port."""
+
+    kind: str
+    stub: ServedStub
+    path: str
+    port: int | None
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,63 @@ class GatewayApp:
             return await self._box(stub, target, scope, receive, send)
         return await self._call(stub, target, scope, receive, send)
 
+    # ------------------------------------------------------------------ the short path's lookup
+
+    def at_hand(self, path: str, headers: list[tuple[bytes, bytes]]) -> AtHand | None:
+        """What an endpoint or box request goes to, when everything needed is cached and it may be served.
+
+        For the short path (:mod:`levers9.gateway.shortpath`): None whenever anything is not at hand (a token
+        not verified lately, a deployment not resolved within :data:`RESOLVE_CACHE_S`, a stub not read yet)
+        or the request would be refused; the ASGI path then answers it, errors included, and fills the
+        caches. It decides exactly as :meth:`_target`, :meth:`_resolve` and :meth:`_stub` do on a hit.
+        """
+        first, _, rest = path[1:].partition("/")
+        kinds = _ROUTES.get(first)
+        if kinds is None or kinds[0] not in ("endpoint", "box") or not rest:
+            return None
+        token = _bearer(headers)
+        principal = None
+        if token is not None:
+            principal = self.services.auth.cached(token, TokenKind.USER)
+            if principal is None:
+                return None
+        parts = rest.split("/")
+        now = time.monotonic()
+        if parts[0].startswith("@"):
+            hit = self._workspaces.get(parts[0][1:])
+            if hit is None or hit[0] <= now or hit[1] is None:
+                return None
+            workspace_id: str = hit[1]
+            parts = parts[1:]
+        elif principal is None or principal.workspace_id is None:
+            return None
+        else:
+            workspace_id = principal.workspace_id
+        if not parts or not parts[0]:
+            return None
+        name, parts = parts[0], parts[1:]
+        version = None
+        if parts and _VERSION_ATTEMPT.fullmatch(parts[0]):
+            version = _version(parts[0])
+            if version is None:
+                return None
+            parts = parts[1:]
+        entry = self._resolved.get((workspace_id, name, version))
+        if entry is None or entry.stub_id is None or entry.expires <= now:
+            return None
+        cached = self.dataplane.stubs_read.get(entry.stub_id)
+        if cached is None:
+            return None
+        record, settings = cached
+        if record.kind not in kinds or not access.may_call_served(principal, workspace_id, public=settings.public):
+            return None
+        stub = ServedStub(entry.stub_id, record.workspace_id, settings)
+        if kinds[0] == "endpoint":
+            return AtHand("endpoint", stub, "/" + "/".join(parts) if settings.interface == "asgi" else "/", None)
+        if not parts or not parts[0].isdigit() or int(parts[0]) not in settings.ports:
+            return None
+        return AtHand("box", stub, "/" + "/".join(parts[1:]), int(parts[0]))
+
     # ------------------------------------------------------------------ finding the deployment
 
     async def _target(self, parts: list[str], scope: Scope) -> _Target:
@@ -217,13 +283,7 @@ class GatewayApp:
         return _Target(workspace_id, name, version, parts, principal)
 
     async def _principal(self, scope: Scope) -> Principal | None:
-        token = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, given = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer" and given.strip():
-                    token = given.strip()
-                break
+        token = _bearer(scope["headers"])
         if token is None:
             return None
         try:
@@ -396,6 +456,15 @@ class GatewayApp:
             out["error"] = {"type": task.error_type, "message": task.error}
         await _json(send, 200, out)
         return 200
+
+
+def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The bearer token of the first ``authorization`` header; None without one."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, given = value.decode("latin-1").partition(" ")
+            return given.strip() if scheme.lower() == "bearer" and given.strip() else None
+    return None
 
 
 def _route_of(kind: str) -> str:

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 __all__ = [
+    "DROP_FROM_RESPONSE",
     "MAX_REQUEST_BYTES",
     "Reader",
     "RequestTooLarge",
@@ -49,6 +50,8 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
     "Writer",
+    "quiet",
+    "request_bytes",
 ]
 
 Message = dict[str, Any]
@@ -72,7 +75,8 @@ _HOP_BY_HOP = {
     b"host",
     b"content-length",
 }
-_DROP_FROM_RESPONSE = _HOP_BY_HOP - {b"authorization", b"host"}
+#: what is not passed on from a container's response (the framing is the gateway's own)
+DROP_FROM_RESPONSE = _HOP_BY_HOP - {b"authorization", b"host"}
 _TUNNEL = "tunnel://"
 
 
@@ -177,23 +181,9 @@ class Upstream:
         Returns the response's status. ``timeout_s`` (0: none) bounds the wait for the response to begin;
         once it has begun, a streamed response may take as long as it takes.
         """
-        query = scope.get("query_string", b"")
-        target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")
-        authority = address.rpartition("/")[2] if address.startswith(_TUNNEL) else address
-        head = [b"%s %s HTTP/1.1" % (scope["method"].encode(), target), b"host: " + authority.encode()]
         client = scope.get("client")
-        forwarded_for = b""
-        for name, value in scope["headers"]:
-            if name in _HOP_BY_HOP:
-                continue
-            if name == b"x-forwarded-for":
-                forwarded_for = value + b", "
-                continue
-            head.append(name + b": " + value)
-        if client:
-            head.append(b"x-forwarded-for: " + forwarded_for + str(client[0]).encode())
-        head.append(b"content-length: %d" % len(body))
-        request = b"\r\n".join(head) + b"\r\n\r\n" + body
+        request = request_bytes(scope["method"], path, scope.get("query_string", b""), address, scope["headers"],
+                                body, client[0] if client else None)  # fmt: skip
         connection = self._take(address)
         reused = connection is not None
         if connection is None:
@@ -265,7 +255,7 @@ class Upstream:
                     chunked = b"chunked" in value.lower()
                 elif name == b"connection":
                     keep = value.lower() != b"close"
-                if name in _DROP_FROM_RESPONSE:
+                if name in DROP_FROM_RESPONSE:
                     continue
                 headers.append((name, value))
             if length is not None and not chunked:
@@ -312,7 +302,7 @@ class Upstream:
         idle = self._idle.get(address)
         while idle:
             reader, writer = idle.pop()
-            if not writer.is_closing() and not reader.at_eof() and _quiet(writer):
+            if not writer.is_closing() and not reader.at_eof() and quiet(writer):
                 return reader, writer
             writer.close()
         return None
@@ -358,7 +348,28 @@ class Upstream:
                                 elsewhere=True) from None  # fmt: skip
 
 
-def _quiet(writer: Writer) -> bool:
+def request_bytes(method: str, path: str, query: bytes, address: str, headers: list[tuple[bytes, bytes]],
+                  body: bytes, client_host: str | None) -> bytes:  # fmt: skip
+    """A request as sent to the container at ``address``: hop-by-hop headers and the caller's token left out,
+    ``x-forwarded-for`` extended with ``client_host``, the body sent with its length."""
+    target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")
+    authority = address.rpartition("/")[2] if address.startswith(_TUNNEL) else address
+    head = [b"%s %s HTTP/1.1" % (method.encode(), target), b"host: " + authority.encode()]
+    forwarded_for = b""
+    for name, value in headers:
+        if name in _HOP_BY_HOP:
+            continue
+        if name == b"x-forwarded-for":
+            forwarded_for = value + b", "
+            continue
+        head.append(name + b": " + value)
+    if client_host:
+        head.append(b"x-forwarded-for: " + forwarded_for + client_host.encode())
+    head.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def quiet(writer: Writer | asyncio.BaseTransport) -> bool:
     """Whether an idle kept-alive connection has nothing to read: no end, no reset, no stray bytes.
 
     The event loop learns of a peer's FIN or RST only on its next poll; this asks the kernel now, so a

@@ -96,6 +96,15 @@ class Authenticator:
             raise Unauthenticated(f"this call needs a {wanted} token, not a {principal.kind.value} token")
         return principal
 
+    def cached(self, token: str, *kinds: TokenKind) -> Principal | None:
+        """The principal behind ``token`` when this replica verified it lately and it is of one of ``kinds``;
+        None otherwise, when :meth:`verify` must decide (a miss is never a refusal)."""
+        hit = self._cache.get(hash_token(token))
+        if hit is None or hit[0] <= self._clock() or (hit[1] is not None and hit[1] <= datetime.now(UTC)):
+            return None
+        principal = hit[2]
+        return principal if not kinds or principal.kind in kinds else None
+
     async def _lookup(self, key: str, token: str) -> Principal | None:
         record = await self._tokens.verify(token)
         if record is None:

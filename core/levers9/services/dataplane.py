@@ -78,7 +78,8 @@ class DataPlane:
         self.calls = CallStore(services.db, max_task_log_bytes=services.config.limits.max_task_log_bytes)
         self.blobs = BlobStore(services.db)
         self._blobs_swept = 0.0
-        self._stubs: dict[str, tuple[StubRecord, StubSettings]] = {}
+        #: stubs read so far (a stub never changes): the gateway's short path looks here without awaiting
+        self.stubs_read: dict[str, tuple[StubRecord, StubSettings]] = {}
         self._gpu: dict[str, GpuRequest] = {}
         self._running: dict[str, _Running] = {}
         services.scheduler.on_placed = self._on_placed
@@ -133,13 +134,13 @@ class DataPlane:
 
     async def stub(self, stub_id: str, workspace: str | None = None) -> tuple[StubRecord, StubSettings]:
         """A stub and its settings (cached: a stub never changes); another workspace's stub is NotFound."""
-        hit = self._stubs.get(stub_id)
+        hit = self.stubs_read.get(stub_id)
         if hit is None:
             record = await self.services.stubs.get(stub_id)
             if record is None:
                 raise NotFound("stub", stub_id)
             hit = (record, StubSettings.model_validate(record.config))
-            self._stubs[stub_id] = hit
+            self.stubs_read[stub_id] = hit
         if workspace is not None and hit[0].workspace_id != workspace:
             raise NotFound("stub", stub_id)
         return hit
@@ -258,10 +259,8 @@ class DataPlane:
             await self.hub.finished([task_id])
         return cancelled
 
-    async def _queue(
-        self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *,
-        ids: Sequence[str] = (),
-    ) -> list[str]:  # fmt: skip
+    async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *,
+                     ids: Sequence[str] = ()) -> list[str]:  # fmt: skip
         if not args:
             return []
         if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
@@ -463,7 +462,7 @@ class DataPlane:
         running = self._running.get(task_id)
         if running is None or not running.stub_id:
             return False
-        hit = self._stubs.get(running.stub_id)
+        hit = self.stubs_read.get(running.stub_id)
         return hit is not None and hit[0].kind not in CALLED_KINDS
 
     async def _release(self) -> None:
