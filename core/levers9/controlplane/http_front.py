@@ -49,6 +49,8 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"/[\x21-\x7e]*")
 _VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+#: header lines, each ending in CRLF: a token, a colon, then no control character but tab (so no folding)
+_HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*")
 #: request headers that make a request not simple
 _NOT_SIMPLE = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 _NO_BODY = (204, 304)
@@ -60,6 +62,10 @@ _REASONS = {
     499: b"Client Closed Request", 500: b"Internal Server Error", 502: b"Bad Gateway",
     503: b"Service Unavailable", 504: b"Gateway Timeout",
 }  # fmt: skip
+
+
+#: uvicorn's default headers list and the head lines made of it
+_joined: tuple[object, bytes] = (None, b"")
 
 
 class _Request:
@@ -204,10 +210,12 @@ class FrontProtocol(asyncio.Protocol):
 
     def _parse(self, head: bytes) -> tuple[_Request, int] | None:
         """The request of a simple head, and its body's length; None when the head is not simple."""
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
+        first, _, rest = head.partition(b"\r\n")
+        parts = first.split(b" ")
         if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(parts[1]):
             return None
+        if rest and not _HEADER_LINES.fullmatch(rest + b"\r\n"):
+            return None  # no colon, a folded line, a name that is not a token, or a control character
         method = parts[0].decode("latin-1")
         if method not in _METHODS:
             return None
@@ -215,13 +223,11 @@ class FrontProtocol(asyncio.Protocol):
         length = 0
         lengths = 0
         keep_alive = True
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
-                return None  # no colon, a folded line, or a name that is not a token
+        for line in rest.split(b"\r\n") if rest else ():
+            name, _, value = line.partition(b":")
             name = name.lower()
             value = value.strip(b" \t")
-            if _VALUE_BAD.search(value) or name in _NOT_SIMPLE:
+            if name in _NOT_SIMPLE:
                 return None
             if name == b"content-length":
                 lengths += 1
@@ -292,9 +298,13 @@ class FrontProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ the short path's caller
 
-    def default_headers(self) -> list[tuple[bytes, bytes]]:
-        headers: list[tuple[bytes, bytes]] = self.server_state.default_headers
-        return headers
+    def default_head(self) -> bytes:
+        """uvicorn's default headers (its date, once a second), as head lines; joined once per list uvicorn makes."""
+        global _joined
+        headers = self.server_state.default_headers
+        if _joined[0] is not headers:
+            _joined = (headers, b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers))
+        return _joined[1]
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():

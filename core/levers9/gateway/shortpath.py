@@ -60,7 +60,8 @@ class Caller(Protocol):
 
     client: tuple[str, int] | None
 
-    def default_headers(self) -> list[tuple[bytes, bytes]]: ...
+    def default_head(self) -> bytes:
+        """The head lines every response carries (the server's date), each ending in CRLF."""
 
     def write(self, data: bytes) -> None: ...
 
@@ -276,9 +277,7 @@ class Exchange:
         status = self.status = self.parser.get_status_code()
         if status < 200:
             raise ValueError(f"an interim response ({status}) the gateway does not pass on")
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
-        for name, value in self.caller.default_headers():
-            lines.append(b"%s: %s\r\n" % (name, value))
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status)), self.caller.default_head()]
         length: bytes | None = None
         chunked = False
         for name, value in self.headers:
@@ -401,8 +400,7 @@ class Exchange:
     def _answer(self, kind: str, message: str) -> None:
         status = errors.ERROR_TYPES[kind]
         body = errors.error_body(kind, message)
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
-        head += [b"%s: %s\r\n" % (name, value) for name, value in self.caller.default_headers()]
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status)), self.caller.default_head()]
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
         self.caller.write(b"".join(head) + body)
         if self.pool.metrics is not None:
