@@ -7,7 +7,6 @@ afterwards: the front for simple requests, uvicorn's own once a request was not 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from levers9.controlplane.http_front import MAX_BODY, FrontProtocol
 from levers9.controlplane.server import _listen
+from tests.fixtures.http_wire import connect, read_response, request_body
 
 
 @dataclass
@@ -35,12 +35,7 @@ class Served:
 
 async def _app(served: Served, scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await request_body(receive)
     served.seen.append((scope["method"], scope["path"], scope["query_string"], body, dict(scope["headers"])))
     path = scope["path"]
     if path == "/fail":
@@ -86,46 +81,11 @@ async def served() -> AsyncIterator[Served]:
         sock.close()
 
 
-@contextlib.asynccontextmanager
-async def _connect(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-
-async def _response(reader: asyncio.StreamReader, head_only: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
-    """One response off the wire: status, headers (lowercased), body (content-length or chunked)."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    lines = head[:-4].split(b"\r\n")
-    status = int(lines[0].split(b" ")[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    if head_only:
-        return status, headers, b""
-    if headers.get(b"transfer-encoding") == b"chunked":
-        body = b""
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                return status, headers, body
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-    length = int(headers.get(b"content-length", b"0"))
-    return status, headers, await reader.readexactly(length)
-
-
 async def test_kept_alive_requests_are_answered_in_order_on_the_front(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         for path in ("/a", "/b?x=1"):
             writer.write(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path.encode())
-            status, headers, body = await _response(reader)
+            status, headers, body = await read_response(reader)
             assert status == 200
             assert headers[b"content-length"] == str(len(body)).encode()
             assert b"date" in headers  # uvicorn's default headers are kept
@@ -135,36 +95,36 @@ async def test_kept_alive_requests_are_answered_in_order_on_the_front(served: Se
 
 
 async def test_pipelined_requests_are_answered_in_order(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"".join(b"POST /p%d HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (i, i, b"x" * i)
                               for i in range(1, 6)))  # fmt: skip
-        answers = [json.loads((await _response(reader))[2]) for _ in range(5)]
+        answers = [json.loads((await read_response(reader))[2]) for _ in range(5)]
     assert [(a["path"], a["length"]) for a in answers] == [(f"/p{i}", i) for i in range(1, 6)]
 
 
 async def test_a_body_sent_in_pieces_reaches_the_app_whole(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"PUT /up HTTP/1.1\r\nhost: x\r\ncont")
         await asyncio.sleep(0.05)
         writer.write(b"ent-length: 11\r\n\r\nhello")
         await asyncio.sleep(0.05)
         writer.write(b" world")
-        status, _, body = await _response(reader)
+        status, _, body = await read_response(reader)
     assert status == 200
     assert json.loads(body)["length"] == 11
     assert served.seen[-1][3] == b"hello world"
 
 
 async def test_a_request_that_is_not_simple_goes_to_uvicorn_with_the_rest_of_the_connection(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n")
-        assert (await _response(reader))[0] == 200
+        assert (await read_response(reader))[0] == 200
         assert served.protocols() == {FrontProtocol}
         # chunked: the front does not read those; uvicorn does, and keeps the connection
         writer.write(b"POST /chunked HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
                      b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n")  # fmt: skip
-        assert json.loads((await _response(reader))[2]) == {"method": "POST", "path": "/chunked", "length": 5}
-        assert json.loads((await _response(reader))[2])["path"] == "/after"
+        assert json.loads((await read_response(reader))[2]) == {"method": "POST", "path": "/chunked", "length": 5}
+        assert json.loads((await read_response(reader))[2])["path"] == "/after"
         assert served.protocols() == {HttpToolsProtocol}
     assert served.seen[1][3] == b"hello"
 
@@ -180,56 +140,56 @@ async def test_a_request_that_is_not_simple_goes_to_uvicorn_with_the_rest_of_the
     ids=["bad name", "folded", "two lengths", "target"],
 )
 async def test_a_malformed_request_is_uvicorns_to_refuse(served: Served, request_bytes: bytes) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(request_bytes)
-        status, _, _ = await _response(reader)
+        status, _, _ = await read_response(reader)
     assert status == 400
     assert served.seen == []
 
 
 async def test_http_1_0_and_large_bodies_are_served_by_uvicorn(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"GET /old HTTP/1.0\r\n\r\n")
-        assert (await _response(reader))[0] == 200
+        assert (await read_response(reader))[0] == 200
     big = b"y" * (MAX_BODY + 1)
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(big) + big)
-        assert json.loads((await _response(reader))[2])["length"] == len(big)
+        assert json.loads((await read_response(reader))[2])["length"] == len(big)
         assert served.protocols() == {HttpToolsProtocol}
 
 
 async def test_head_streaming_and_connection_close(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"HEAD /h HTTP/1.1\r\nhost: x\r\n\r\nGET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
-        status, headers, _ = await _response(reader, head_only=True)
+        status, headers, _ = await read_response(reader, head_only=True)
         assert status == 200
         assert int(headers[b"content-length"]) > 0
-        status, headers, body = await _response(reader)  # the next response follows at once: no HEAD body
+        status, headers, body = await read_response(reader)  # the next response follows at once: no HEAD body
         assert headers[b"transfer-encoding"] == b"chunked"
         assert body == b"one two three"
         writer.write(b"GET /last HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        status, headers, _ = await _response(reader)
+        status, headers, _ = await read_response(reader)
         assert status == 200
         assert headers[b"connection"] == b"close"
         assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
 
 
 async def test_an_app_that_fails_or_leaves_a_response_unfinished_closes_the_connection(served: Served) -> None:
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"GET /fail HTTP/1.1\r\nhost: x\r\n\r\n")
-        status, headers, _body = await _response(reader)
+        status, headers, _body = await read_response(reader)
         assert status == 500
         assert headers[b"connection"] == b"close"
         assert await asyncio.wait_for(reader.read(), 10) == b""
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"GET /unfinished HTTP/1.1\r\nhost: x\r\n\r\n")
-        status, headers, _ = await _response(reader, head_only=True)
+        status, headers, _ = await read_response(reader, head_only=True)
         assert status == 200
         assert await asyncio.wait_for(reader.read(), 10) == b"12345"  # and then the end: the connection closed
 
 
 async def test_the_app_hears_that_the_client_went_away(served: Served) -> None:
-    async with _connect(served.port) as (_, writer):
+    async with connect(served.port) as (_, writer):
         writer.write(b"GET /wait-for-disconnect HTTP/1.1\r\nhost: x\r\n\r\n")
         await writer.drain()
         while not served.seen:
@@ -243,8 +203,8 @@ async def test_the_app_hears_that_the_client_went_away(served: Served) -> None:
 
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(served: Served) -> None:
     served.server.config.timeout_keep_alive = 1
-    async with _connect(served.port) as (reader, writer):
+    async with connect(served.port) as (reader, writer):
         writer.write(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
-        assert (await _response(reader))[0] == 200
+        assert (await read_response(reader))[0] == 200
         # nothing more is sent: the server closes the connection after a second
         assert await asyncio.wait_for(reader.read(), 10) == b""

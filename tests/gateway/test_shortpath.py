@@ -27,6 +27,7 @@ from levers9.gateway.autoscaler import Container, ServedStub
 from levers9.gateway.routes import AtHand
 from levers9.gateway.shortpath import ShortPath
 from levers9.services.stubs import StubSettings
+from tests.fixtures.http_wire import connect, read_response
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -108,37 +109,6 @@ async def _gateway(container_port: int, *, timeout_s: float = 0.0) -> AsyncItera
         sock.close()
 
 
-@contextlib.asynccontextmanager
-async def _caller(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-
-async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    lines = head[:-4].split(b"\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get(b"transfer-encoding") == b"chunked":
-        body = b""
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-        return int(lines[0].split(b" ")[1]), headers, body
-    return int(lines[0].split(b" ")[1]), headers, await reader.readexactly(int(headers.get(b"content-length", 0)))
-
-
 async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
     length = 0
@@ -168,11 +138,11 @@ async def test_requests_are_relayed_on_one_kept_alive_connection_without_the_tok
             writer.write(b"HTTP/1.1 201 Created\r\nx-from: container\r\nconnection: keep-alive\r\n"
                          b"content-length: %d\r\n\r\n%s" % (len(out), out))  # fmt: skip
 
-    async with _container(answer) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(answer) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         for n in (1, 2):
             writer.write(b"POST /endpoint/hello?q=1 HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer secret\r\n"
                          b"content-length: 5\r\n\r\nhello")  # fmt: skip
-            status, headers, body = await _response(reader)
+            status, headers, body = await read_response(reader)
             assert status == 201
             assert headers[b"x-from"] == b"container"
             assert b"connection" not in headers  # hop-by-hop: not passed on
@@ -196,15 +166,15 @@ async def test_chunked_and_close_delimited_responses_are_passed_on_chunked() -> 
         await writer.drain()
         writer.close()
 
-    async with _container(answer) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(answer) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
-        assert (await _response(reader))[2] == b"one two"
+        assert (await read_response(reader))[2] == b"one two"
         writer.write(GET)
-        _status, headers, body = await _response(reader)
+        _status, headers, body = await read_response(reader)
         assert headers[b"transfer-encoding"] == b"chunked"
         assert body == b"until the end"
         writer.write(b"GET /other HTTP/1.1\r\nhost: gw\r\n\r\n")  # the caller's connection goes on
-        assert (await _response(reader))[2] == b"asgi"
+        assert (await read_response(reader))[2] == b"asgi"
     assert gw.plane.released == [False, False]
 
 
@@ -213,14 +183,14 @@ async def test_a_container_that_closes_before_answering_is_answered_502_and_rele
         await _read_request(reader)
         writer.close()
 
-    async with _container(hang_up) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(hang_up) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
-        status, headers, body = await _response(reader)
+        status, headers, body = await read_response(reader)
         assert status == 502
         assert headers[b"content-type"] == b"application/json"
         assert json.loads(body)["error"]["type"] == "bad_gateway"
         writer.write(b"GET /other HTTP/1.1\r\nhost: gw\r\n\r\n")
-        assert (await _response(reader))[2] == b"asgi"
+        assert (await read_response(reader))[2] == b"asgi"
     assert gw.plane.released == [True]
 
 
@@ -231,7 +201,7 @@ async def test_a_response_cut_short_closes_the_callers_connection() -> None:
         await writer.drain()
         writer.close()
 
-    async with _container(half) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(half) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         assert head.startswith(b"HTTP/1.1 200 OK")
@@ -244,9 +214,9 @@ async def test_a_container_that_does_not_begin_to_answer_in_time_is_answered_504
         await _read_request(reader)
         await asyncio.sleep(30)
 
-    async with _container(silent) as port, _gateway(port, timeout_s=0.3) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(silent) as port, _gateway(port, timeout_s=0.3) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
-        status, _, body = await _response(reader)
+        status, _, body = await read_response(reader)
         assert status == 504
         assert "did not begin to answer within 0.3 s" in json.loads(body)["error"]["message"]
     assert gw.plane.released == [False]
@@ -266,11 +236,11 @@ async def test_a_kept_alive_connection_reset_before_answering_sends_the_request_
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
 
-    async with _container(once_then_reset) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(once_then_reset) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
-        assert (await _response(reader))[2] == b"ok"
+        assert (await read_response(reader))[2] == b"ok"
         writer.write(GET)
-        assert (await _response(reader))[2] == b"asgi"
+        assert (await read_response(reader))[2] == b"asgi"
     assert served == 1
     assert gw.asgi == ["/endpoint/hello"]
     assert gw.plane.released == [False, False]
@@ -280,9 +250,9 @@ async def test_a_connection_that_cannot_be_made_sends_the_request_through_the_as
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
-    async with _gateway(closed_port) as gw, _caller(gw.port) as (reader, writer):
+    async with _gateway(closed_port) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
-        assert (await _response(reader))[2] == b"asgi"
+        assert (await read_response(reader))[2] == b"asgi"
     assert gw.asgi == ["/endpoint/hello"]
     assert gw.plane.released == [False]
 
@@ -298,7 +268,7 @@ async def test_a_caller_that_goes_away_mid_response_frees_the_slot_and_the_conta
         container_closed.set()
 
     async with _container(slow_stream) as port, _gateway(port) as gw:
-        async with _caller(gw.port) as (reader, writer):
+        async with connect(gw.port) as (reader, writer):
             writer.write(GET)
             await asyncio.wait_for(reader.readuntil(b"first\r\n"), 10)
         await asyncio.wait_for(container_closed.wait(), 10)
@@ -314,13 +284,13 @@ async def test_what_is_not_at_hand_and_head_requests_go_to_the_asgi_path() -> No
     async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise AssertionError("the container was reached")
 
-    async with _container(never) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(never) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         writer.write(b"GET /endpoint/other HTTP/1.1\r\nhost: gw\r\n\r\n")
-        assert (await _response(reader))[2] == b"asgi"
+        assert (await read_response(reader))[2] == b"asgi"
         writer.write(b"HEAD /endpoint/hello HTTP/1.1\r\nhost: gw\r\n\r\n")
         await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         writer.write(b"GET /endpoint/hello HTTP/1.1\r\nhost: gw\r\nx-forwarded-for: 10.0.0.1\r\n\r\n")
-        assert (await _response(reader))[2] == b"asgi"
+        assert (await read_response(reader))[2] == b"asgi"
     assert gw.asgi == ["/endpoint/other", "/endpoint/hello", "/endpoint/hello"]
     assert gw.plane.released == []
 
@@ -339,9 +309,9 @@ async def test_a_response_arriving_in_pieces_is_passed_on_whole(pieces: int) -> 
             await asyncio.sleep(0.02)
         await reader.read()
 
-    async with _container(big) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(big) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         writer.write(GET)
-        status, _headers, body = await _response(reader)
+        status, _headers, body = await read_response(reader)
         assert status == 200
         assert body == payload
     assert gw.plane.released == [False]
@@ -358,9 +328,9 @@ async def test_bytes_after_the_end_of_a_response_retire_that_connection() -> Non
         await writer.drain()
         await reader.read()
 
-    async with _container(chatty) as port, _gateway(port) as gw, _caller(gw.port) as (reader, writer):
+    async with _container(chatty) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         for _ in range(2):
             writer.write(GET)
-            assert (await _response(reader))[2] == b"ok"
+            assert (await read_response(reader))[2] == b"ok"
     assert connections == 2
     assert gw.plane.released == [False, False]

@@ -13,6 +13,7 @@ import pytest
 
 from levers9.gateway.upstream import MAX_REQUEST_BYTES, RequestTooLarge, Upstream, UpstreamError, UpstreamTimeout
 from levers9.runner.serving import HttpServer
+from tests.fixtures.http_wire import request_body
 from tests.fixtures.levers9_up import free_port
 
 
@@ -29,12 +30,7 @@ class Container:
         return f"127.0.0.1:{self.port}"
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         if scope["path"] == "/stream":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             for part in (b"one ", b"two ", b"three"):

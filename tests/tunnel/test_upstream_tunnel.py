@@ -15,6 +15,7 @@ from levers9.runner.serving import HttpServer
 from levers9.services.tunnels import TunnelRegistry, parse_address
 from levers9.tunnel.mux import WINDOW, Mux
 from levers9.worker.tunnel import connect_locally
+from tests.fixtures.http_wire import request_body
 from tests.fixtures.ports import free_port
 from tests.tunnel.pair import Channel
 
@@ -22,12 +23,7 @@ STREAMED = 16 * 1024 * 1024
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await request_body(receive)
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         piece = b"s" * 65536

@@ -14,6 +14,7 @@ import pytest
 
 from levers9.runner.http_errors import ERROR_TYPES
 from levers9.runner.serving import App, HttpServer, function_app
+from tests.fixtures.http_wire import request_body
 from tests.fixtures.levers9_up import free_port
 
 
@@ -180,12 +181,7 @@ def test_malformed_requests_get_a_400_json_error_and_the_server_keeps_serving(se
 
 def test_an_asgi_app_gets_path_query_headers_and_body(serve: Callable[[App], str]) -> None:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         seen = {
             "method": scope["method"],
             "path": scope["path"],

@@ -345,15 +345,20 @@ class Exchange:
         why = str(exc) if exc else "the connection was closed"
         self._broken(f"the container at {self.address} broke off before answering: {why}")
 
+    def _stop(self) -> None:
+        """This exchange ends before its response did: no timer, and the connection to the container is
+        closed (never reused: the container may still be answering, or running the request)."""
+        self.finished = True
+        self._cancel_timer()
+        link, self.link = self.link, None
+        if link is not None:
+            link.exchange = None
+            link.close()
+
     def _broken(self, message: str) -> None:
         if self.finished:
             return
-        self.finished = True
-        self._cancel_timer()
-        if self.link is not None:
-            self.link.exchange = None
-            self.link.close()
-            self.link = None
+        self._stop()
         if self.head_sent:
             self._end(502, broken=True)
             self.caller.abort()
@@ -365,12 +370,8 @@ class Exchange:
     def _timed_out(self) -> None:
         if self.finished:
             return
-        self.finished = True
         self.timer = None
-        if self.link is not None:
-            self.link.exchange = None
-            self.link.close()  # the request may still run in the container: the connection is never reused
-            self.link = None
+        self._stop()
         settings = self.at.stub.settings
         self._answer(errors.TIMEOUT, f"the container at {self.address} did not begin to answer within "
                                      f"{settings.timeout_s:g} s (the {settings.kind}'s timeout)")  # fmt: skip
@@ -381,12 +382,7 @@ class Exchange:
         """The caller went away: the connection to the container is dropped mid-response, the slot released."""
         if self.finished:
             return
-        self.finished = True
-        self._cancel_timer()
-        if self.link is not None:
-            self.link.exchange = None
-            self.link.close()
-            self.link = None
+        self._stop()
         self._end(499, broken=False)
 
     def pause(self) -> None:
