@@ -195,7 +195,9 @@ def test_a_valid_order_creates_the_job_and_its_owned_secret_and_is_idempotent(
     assert token not in json.dumps(workers.list_containers())
 
     assert workers.provision(order) == answer  # a retried order: the Job that exists
-    # and one whose first answer was lost: the Job looks absent, its create answers 409, the Secret 409 too
+    # and one whose first answer was lost: the Job looks absent, its create answers 409, the Secret 409 too;
+    # by then its pod holds the only GPU, which must not count against the order itself
+    wait_for(lambda: any(p["spec"].get("nodeName") for p in cluster.pods(NAMESPACE)), "the worker pod bound")
     cluster.fail("GET", rf"/jobs/{job_name(machine_id)}$", 404, "NotFound", "lost on the way", times=1)
     assert workers.provision(order) == answer
     assert len(cluster.created("jobs")) == 1

@@ -240,12 +240,22 @@ class K8sWorkers:
 
     # -------------------------------------------------------------------------- reading
 
-    def _view(self, api: K8sApi) -> tuple[list[dict[str, Any]], dict[str, dict[str, Fraction]]]:
-        """The trimmed nodes, by name, and what the live pods hold on each."""
+    def _view(
+        self, api: K8sApi, *, besides: str | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Fraction]]]:
+        """The trimmed nodes, by name, and what the live pods hold on each; ``besides``: not counting the pods
+        of that machine's own Job (an order retried after its first answer was lost finds its pod running)."""
         where = "reading the cluster's nodes and pods"
         nodes = typed(where, api.nodes)
         pods = typed(where, api.live_pods)
+        if besides is not None:
+            pods = [p for p in pods if not self._of_machine(p, besides)]
         return sorted((trimmed_node(n) for n in nodes), key=lambda n: n["metadata"]["name"]), node_usage(pods)
+
+    def _of_machine(self, pod: Mapping[str, Any], machine_id: str) -> bool:
+        metadata = as_object(pod.get("metadata"))
+        labels = as_object(metadata.get("labels"))
+        return metadata.get("namespace") == self.namespace and labels.get(MACHINE_LABEL) == machine_id
 
     def workers(self) -> list[WorkerJob]:
         """Every worker Job of the namespace with its newest pod, by machine id. :raises OrderRefused:."""
@@ -358,7 +368,7 @@ class K8sWorkers:
     def _check_room(self, api: K8sApi, objects: ProvisionObjects, where: str) -> None:
         pod = objects.job["spec"]["template"]["spec"]
         requests, _ = pod_asks(pod)
-        nodes, usage = self._view(api)
+        nodes, usage = self._view(api, besides=objects.machine_id)
         misses: list[str] = []
         for node in nodes:
             node_name = node["metadata"]["name"]
