@@ -109,6 +109,8 @@ class FrontProtocol(asyncio.Protocol):
         #: offered every simple request first (the gateway's short path), when the config carries one
         self.short: ShortPath | None = getattr(config, "short_path", None)
         self.request: _Request | None = None
+        #: the next request's head, parsed, while its body is still arriving: (request, body length, body start)
+        self.head: tuple[_Request, int, int] | None = None
         self.exchange: Exchange | None = None
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
@@ -177,19 +179,21 @@ class FrontProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
             self._arm_idle_timer()
             return
-        end = self.buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
-        if end < 0:
-            if len(self.buffer) >= MAX_HEAD:
+        if self.head is None:
+            end = self.buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
+            if end < 0:
+                if len(self.buffer) >= MAX_HEAD:
+                    self._hand_off()
+                return  # the rest of the head is still to come
+            parsed = self._parse(bytes(self.buffer[:end]))
+            if parsed is None:
                 self._hand_off()
-            return  # the rest of the head is still to come
-        parsed = self._parse(bytes(self.buffer[:end]))
-        if parsed is None:
-            self._hand_off()
-            return
-        request, length = parsed
-        start = end + 4
+                return
+            self.head = (*parsed, end + 4)
+        request, length, start = self.head
         if len(self.buffer) < start + length:
-            return  # the rest of the body is still to come
+            return  # the rest of the body is still to come: the head is kept, parsed once
+        self.head = None
         request.body = bytes(self.buffer[start : start + length])
         del self.buffer[: start + length]
         self.busy = True
