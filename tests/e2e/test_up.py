@@ -76,7 +76,6 @@ def test_map_over_1000_inputs_returns_1000_results_in_order(levers9_up: Up) -> N
 def test_calls_beyond_a_workers_room_wait_in_its_own_queue_and_all_return(levers9_up: Up) -> None:
     """One worker of 2 CPUs, calls of 0.5 CPU: 4 run at once. Once the function is measured as short, the calls
     beyond those 4 are placed in the worker's own queue (the metric counts them) and start there as room frees."""
-    import httpx
 
     levers9_up.max_workers = 1
     levers9_up.start()
@@ -97,10 +96,7 @@ def test_calls_beyond_a_workers_room_wait_in_its_own_queue_and_all_return(levers
     )
     assert done.returncode == 0, done.stderr + levers9_up.log()[-3000:]
     assert "OK 300" in done.stdout
-    metrics = httpx.get(f"http://127.0.0.1:{levers9_up.metrics_port}/metrics").text
-    queued = [line for line in metrics.splitlines() if line.startswith("levers9_placements_queued_total{")]
-    assert queued, "no call was placed in a worker's queue:\n" + metrics[-2000:]
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in queued) > 0, queued
+    assert _queued_placements(levers9_up) > 0, "no call was placed in a worker's queue"
     assert len(levers9_up.workers()) == 1
 
 
@@ -204,11 +200,19 @@ print("RESULT", slow.remote(), flush=True)
     assert task["attempts"] == 1
 
 
+def _queued_placements(up: Up) -> float:
+    """``levers9_placements_queued_total``, summed over its pools: calls placed in a worker's queue so far."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{up.metrics_port}/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("levers9_placements_queued_total{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
 def test_a_worker_killed_with_calls_waiting_in_its_queue_loses_none(levers9_up: Up) -> None:
     """Two workers of 2 CPUs, calls of 1 CPU taking 0.3 s: once measured, calls beyond the 4 running wait in the
     workers' queues. SIGKILL one worker mid-map: what ran and what waited there is placed again, every result
     comes back, in order."""
-    import httpx
 
     levers9_up.min_workers = 2
     levers9_up.start()
@@ -229,16 +233,11 @@ print("RESULT", list(nap.map(range(60))) == list(range(60)), flush=True)
     app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
 
-    def queued() -> float:
-        text = httpx.get(f"http://127.0.0.1:{levers9_up.metrics_port}/metrics").text
-        lines = [line for line in text.splitlines() if line.startswith("levers9_placements_queued_total{")]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-
     try:
         deadline = time.monotonic() + 120
-        while queued() < 4 and time.monotonic() < deadline and app.poll() is None:
+        while _queued_placements(levers9_up) < 4 and time.monotonic() < deadline and app.poll() is None:
             time.sleep(0.1)
-        assert queued() >= 4, "no calls waited in a worker's queue"
+        assert _queued_placements(levers9_up) >= 4, "no calls waited in a worker's queue"
         os.kill(_worker_running_a_call(levers9_up), signal.SIGKILL)
         out, err = app.communicate(timeout=300)
     finally:
