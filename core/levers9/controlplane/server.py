@@ -118,11 +118,31 @@ class Listeners:
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handlers: the server process decides when to stop."""
+    """uvicorn without its own signal handlers: the server process decides when to stop.
+
+    Its main loop wakes once a second, not ten times: uvicorn's own loop sleeps 0.1 s between ticks, yet
+    its tick's work (the date header, checking whether to exit) is per second; at rest those extra
+    wake-ups were a third of the idle controlplane's. :meth:`exit` wakes it at once.
+    """
+
+    _woken: asyncio.Event | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def main_loop(self) -> None:
+        self._woken = asyncio.Event()
+        while not await self.on_tick(0):  # a tick of 0 refreshes the date header
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), 1.0)
+
+    def exit(self) -> None:
+        """Stop serving, without waiting for idle keep-alive connections."""
+        self.should_exit = True
+        self.force_exit = True
+        if self._woken is not None:
+            self._woken.set()
 
 
 class _UvicornConfig(uvicorn.Config):
@@ -278,8 +298,7 @@ class Server:
             await _step("gRPC listener", self._grpc.stop(grace_s), grace_s + 5)
             self._grpc = None
         for http in self._http:
-            http.should_exit = True
-            http.force_exit = True  # do not wait for idle keep-alive connections
+            http.exit()
         for task in self._tasks:
             if task.get_name() in ("metrics", "cluster pools"):
                 task.cancel()

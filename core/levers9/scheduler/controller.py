@@ -1,7 +1,12 @@
 """Pool upkeep: the warm minimum, releasing idle workers, and never leaking a machine.
 
 Runs on the replica holding the lease. Each pool is handled on its own, so a
-provider that errors or hangs delays only its own pools. The warm minimum is
+provider that errors or hangs delays only its own pools. A tick reads every
+pool's active machines in one query; a pool reads its own again only after its
+upkeep changed them, or when earlier pools took more than a second. A pool's
+registered workers are read only when it has a running machine whose worker
+could be gone: at rest a fleet of workers started by hand costs no read per
+worker (the fleet benchmark's 1,000 workers were read every 5 s). The warm minimum is
 started from the pool's first free offer, like the planner's machines; when
 every offer is marked unavailable it waits for the next tick.
 
@@ -36,6 +41,7 @@ and their history says why.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from levers9.hooks.types import Machine, MachineState
@@ -49,6 +55,9 @@ from levers9.state.errors import InvalidTransition
 from levers9.state.sql.records import MachineRecord
 
 __all__ = ["PoolController", "UpkeepReport"]
+
+#: how old the tick's read of the machines may be when a pool's upkeep begins; older, the pool reads its own
+_FRESH_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +83,17 @@ class PoolController:
     async def tick(self, report: UpkeepReport | None = None) -> UpkeepReport:
         """Warm minimum, idle release and registration deadlines, for every pool."""
         report = report or UpkeepReport()
+        # one read of every pool's active machines per tick; a pool re-reads its own only after changing them
+        by_pool: dict[str, list[MachineRecord]] = {}
+        read_at = time.monotonic()
+        for m in await self.ctx.machines.list(states=list(ACTIVE)):
+            by_pool.setdefault(m.pool, []).append(m)
         for pool in list(self.ctx.pools.values()):
             try:
-                await self._tick_pool(pool, report)
+                machines = by_pool.get(pool.name, [])
+                if time.monotonic() - read_at > _FRESH_S:  # earlier pools' provider calls took a while
+                    machines = await self.ctx.machines.list(pool=pool.name, states=list(ACTIVE))
+                await self._tick_pool(pool, report, machines)
             except Exception as exc:
                 log.exception("upkeep of pool %s failed", pool.name)
                 report.errors.append(f"{pool.name}: {type(exc).__name__}: {exc}")
@@ -95,16 +112,18 @@ class PoolController:
 
     # ------------------------------------------------------------------ upkeep
 
-    async def _tick_pool(self, pool: PoolSpec, report: UpkeepReport) -> None:
+    async def _tick_pool(self, pool: PoolSpec, report: UpkeepReport, machines: list[MachineRecord]) -> None:
+        """One pool's upkeep, from its ``machines`` in an active state as the tick read them."""
         ctx = self.ctx
         now_s = ctx.clock()
-        machines = await ctx.machines.list(pool=pool.name, states=list(ACTIVE))
+        changed = False
 
         # Registration deadline: a machine that never dialled in is stopped and forgotten.
         in_flight = self.provisioner.in_flight
         for m in machines:
             overdue = m.register_by is not None and m.register_by.timestamp() <= now_s
             if m.state in STARTING and m.id not in in_flight and overdue:
+                changed = True
                 if await self.provisioner.terminate(
                     pool, m, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
                 ):
@@ -114,16 +133,20 @@ class PoolController:
                     ctx.planner_wanted.set()  # calls that waited for it are planned again now, not at a tick
                 report.timed_out.append(m.id)
 
-        # A running machine whose worker is gone (crashed, reaped) is no use to anyone.
-        registered = await ctx.workers.ids(pool.name)
-        for m in machines:
-            gone = m.state == "running" and m.worker_id and m.worker_id not in registered
-            if gone and await self.provisioner.terminate(
-                pool, m, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
-            ):
-                report.released.append(m.id)
+        # A running machine whose worker is gone (crashed, reaped) is no use to anyone. The pool's worker
+        # list is read only when it has such machines: a pool of workers started by hand has none.
+        running = [m for m in machines if m.state == "running" and m.worker_id]
+        registered = await ctx.workers.ids(pool.name) if running else set()
+        for m in running:
+            if m.worker_id not in registered:
+                changed = True
+                if await self.provisioner.terminate(
+                    pool, m, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
+                ):
+                    report.released.append(m.id)
 
-        machines = await ctx.machines.list(pool=pool.name, states=list(ACTIVE))
+        if changed:
+            machines = await ctx.machines.list(pool=pool.name, states=list(ACTIVE))
         live = [m for m in machines if m.state not in ("terminating",)]
 
         # The warm minimum, from the pool's first free offer (the next tick tries again after a miss).
