@@ -13,6 +13,14 @@ the calls come from another process through the SDK. Ray gets the same CPUs
 (``ray.init(num_cpus=...)``). Each side runs in its own processes, one after
 the other, so they never share the machine.
 
+During the latency loop, the CPU each process of the run spends is read from
+``/proc`` (user + system time, per call): levers9's controlplane, worker,
+runners, redis-server and client, found by the run's home in their
+environment; Ray's driver, raylet, GCS and workers, found as the driver's
+descendants. On a machine whose CPUs the processes share, a sequential call
+takes at least the CPU its busiest process spends on it, so this says where a
+call's latency goes.
+
 Run: ``.venv/bin/python bench/calls.py`` (Ray comes from ``pip install 'levers9[bench]'``);
 ``--write`` appends the table to bench/RESULTS.md.
 """
@@ -28,8 +36,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,10 +58,12 @@ out = list(noop.map(range(n)))
 took = time.perf_counter() - start
 assert out == list(range(n))
 lat = []
+open({marks!r} + ".start", "w").close()
 for i in range(latency_calls):
     t = time.perf_counter()
     noop.remote(i)
     lat.append(time.perf_counter() - t)
+open({marks!r} + ".end", "w").close()
 lat.sort()
 print(json.dumps({{"throughput": n / took, "p50_ms": lat[len(lat) // 2] * 1000,
                   "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000}}))
@@ -72,15 +85,120 @@ out = ray.get([noop.remote(i) for i in range(n)])
 took = time.perf_counter() - start
 assert out == list(range(n))
 lat = []
+open({marks!r} + ".start", "w").close()
 for i in range(latency_calls):
     t = time.perf_counter()
     ray.get(noop.remote(i))
     lat.append(time.perf_counter() - t)
+open({marks!r} + ".end", "w").close()
 lat.sort()
 print(json.dumps({{"throughput": n / took, "p50_ms": lat[len(lat) // 2] * 1000,
                   "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000}}))
 ray.shutdown()
 """
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _processes(belongs: Callable[[int], bool]) -> dict[int, str]:
+    """The processes ``belongs`` picks, by pid, each named by its command line."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and belongs(int(entry.name)):
+            try:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+    return found
+
+
+class CpuPerCall:
+    """CPU each process spends while the client makes its sequential ``.remote()`` calls (per call).
+
+    The client marks the loop's start and end with files ``<marks>.start`` and ``<marks>.end``; a thread
+    reads the CPU of every process ``belongs`` picks at both marks. Processes are grouped by ``name_of``.
+    """
+
+    def __init__(self, marks: Path, belongs: Callable[[int], bool], name_of: Callable[[str], str]) -> None:
+        self.marks, self.belongs, self.name_of = marks, belongs, name_of
+        self.by_name: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        start, end = Path(f"{self.marks}.start"), Path(f"{self.marks}.end")
+        while not start.exists():
+            time.sleep(0.01)
+        procs = _processes(self.belongs)
+        before = {pid: _cpu_s(pid) for pid in procs}
+        while not end.exists():
+            time.sleep(0.01)
+        for pid, name in procs.items():
+            used = _cpu_s(pid) - before[pid]
+            group = self.name_of(name)
+            self.by_name[group] = self.by_name.get(group, 0.0) + max(0.0, used)
+
+    def per_call_ms(self, calls: int) -> dict[str, float]:
+        self._thread.join(30)
+        return {name: used / calls * 1000 for name, used in sorted(self.by_name.items(), key=lambda kv: -kv[1])}
+
+
+def _environ_has(pid: int, text: bytes) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _cmdline_has(pid: int, text: bytes) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _descends(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _levers9_part(cmdline: str) -> str:
+    for part, named in (
+        ("levers9 up", "controlplane (levers9 up)"),
+        ("levers9 worker", "worker"),
+        ("levers9.runner", "runners"),
+        ("redis-server", "redis-server"),
+        ("client.py", "client (SDK)"),
+    ):
+        if part in cmdline:
+            return named
+    return "other"
+
+
+def _ray_part(cmdline: str) -> str:
+    for part, named in (
+        ("raylet", "raylet"),
+        ("gcs_server", "gcs_server"),
+        ("ray::", "workers"),
+        ("default_worker", "workers"),
+        ("-c", "driver (client)"),
+    ):
+        if part in cmdline:
+            return named
+    return "other"
 
 
 def _free_port() -> int:
@@ -92,7 +210,7 @@ def _free_port() -> int:
         return port
 
 
-def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, queue: int) -> dict[str, float]:
+def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, queue: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="l9-bench-"))
     home = root / "home"
     home.mkdir()
@@ -117,11 +235,19 @@ def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, 
                 raise RuntimeError("levers9 up did not start:\n" + (root / "up.log").read_text()[-3000:])
             time.sleep(0.1)
         client = root / "client.py"
-        client.write_text(LEVERS9_CLIENT.format(n=n, latency_calls=latency_calls, cpu=cpu, memory=memory))
+        marks = root / "latency"
+        client.write_text(LEVERS9_CLIENT.format(n=n, latency_calls=latency_calls, cpu=cpu, memory=memory,
+                                                marks=str(marks)))  # fmt: skip
+        # every process of this run has its directory in its environment (the controlplane, its worker and
+        # the worker's runners, the client) or its command line (redis-server)
+        mine = str(root).encode()
+        cpu_use = CpuPerCall(marks, lambda pid: _environ_has(pid, mine) or _cmdline_has(pid, mine) or pid == up.pid,
+                             _levers9_part)  # fmt: skip
         done = subprocess.run([sys.executable, str(client)], env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"the levers9 client failed:\n{done.stderr[-3000:]}")
-        result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        result["cpu_ms"] = cpu_use.per_call_ms(latency_calls)
         return result
     finally:
         up.terminate()
@@ -133,19 +259,34 @@ def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, 
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_ray(n: int, latency_calls: int, cpus: int) -> dict[str, float] | str:
+def run_ray(n: int, latency_calls: int, cpus: int) -> dict[str, Any] | str:
     try:
         import ray  # noqa: F401
     except ImportError:
         return "Ray is not installed: pip install 'levers9[bench]'"
-    done = subprocess.run(
-        [sys.executable, "-c", RAY_CLIENT.format(n=n, latency_calls=latency_calls, cpus=cpus)],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return f"Ray failed: {done.stderr[-2000:]}"
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    with tempfile.TemporaryDirectory(prefix="l9-bench-ray-") as tmp:
+        marks = Path(tmp) / "latency"
+        driver = subprocess.Popen(
+            [sys.executable, "-c", RAY_CLIENT.format(n=n, latency_calls=latency_calls, cpus=cpus, marks=str(marks))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        # Ray's processes descend from the driver (raylet, GCS, workers)
+        cpu_use = CpuPerCall(marks, lambda pid: _descends(pid, driver.pid), _ray_part)
+        try:
+            out, err = driver.communicate(timeout=1800)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            out, err = driver.communicate()
+        if driver.returncode != 0:
+            return f"Ray failed: {err[-2000:]}"
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        result["cpu_ms"] = cpu_use.per_call_ms(latency_calls)
+        return result
+
+
+def _cpu_line(cpu_ms: dict[str, float]) -> str:
+    parts = ", ".join(f"{name} {ms:.2f}" for name, ms in cpu_ms.items())
+    return f"{sum(cpu_ms.values()):.2f} in all: {parts}"
 
 
 def main() -> None:
@@ -201,6 +342,12 @@ def main() -> None:
         lines.append("")
         lines += [f"levers9 / Ray throughput, calls of {c:g} CPU, worker queue {q}: {r['throughput'] / ray:.2f}x"
                   for (c, _, q), r in ours.items()]  # fmt: skip
+    lines += ["", f"CPU per sequential `.remote()` call, by process (ms; {args.latency_calls} calls; the machine's "
+              "CPUs are shared, so a call's latency is at least the largest of these):", ""]  # fmt: skip
+    for (c, _, q), r in ours.items():
+        lines.append(f"- levers9, {c:g} CPU, worker queue {q}: " + _cpu_line(r["cpu_ms"]))
+    if not isinstance(theirs, str):
+        lines.append("- Ray: " + _cpu_line(theirs["cpu_ms"]))
     table = "\n".join(lines)
     print(table)
     if args.write:
