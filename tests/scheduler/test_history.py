@@ -274,3 +274,46 @@ async def test_a_planner_line_is_stored_after_the_placement_lines_added_before_i
             select(TaskPlacement.outcome).where(TaskPlacement.task_id == rid).order_by(TaskPlacement.id)
         )
         assert [r[0] for r in rows] == ["placed", "unavailable"]
+
+
+async def test_events_added_one_after_another_share_a_transaction_while_the_writer_lingers(
+    make_harness: MakeHarness,
+) -> None:
+    """Lone placements, one after another, are stored together: nobody waits, so the writer lingers for more."""
+    h = await make_harness([("cpu",)])
+    s, ids = await ready(h, 4)
+    writer = HistoryWriter(s.ctx.tasks, linger_s=60.0)  # longer than the test: only a waiter ends it
+    for task_id in ids:
+        writer.add([PlacementEvent(task_id=task_id, outcome="placed", pool="cpu", worker_id="w0")])
+        for _ in range(20):
+            await asyncio.sleep(0)  # the writer's turns: it has events, and lingers
+    assert (writer.transactions, await placed_history(h.db)) == (0, [])
+    await asyncio.wait_for(writer.written(writer.added), 30)  # a waiter cuts the linger short
+    assert writer.transactions == 1
+    assert [t for t, _, _ in await placed_history(h.db)] == ids
+    await writer.close(timeout=1)
+
+
+async def test_a_close_cuts_the_linger_short_and_stores_everything(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu",)])
+    s, ids = await ready(h, 2)
+    writer = HistoryWriter(s.ctx.tasks, linger_s=60.0)
+    writer.add([PlacementEvent(task_id=i, outcome="placed", pool="cpu", worker_id="w0") for i in ids])
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(writer.close(timeout=30), 30) == 0
+    assert [t for t, _, _ in await placed_history(h.db)] == ids
+    assert (writer.transactions, writer.lost) == (1, 0)
+
+
+async def test_a_full_batch_is_written_without_lingering(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu",)])
+    s, ids = await ready(h, 3)
+    writer = HistoryWriter(s.ctx.tasks, linger_s=60.0, max_batch=3)
+    writer.add([PlacementEvent(task_id=i, outcome="placed", pool="cpu", worker_id="w0") for i in ids])
+
+    async def stored() -> bool:
+        return writer.transactions == 1
+
+    await eventually(stored, "a full batch stored at once, with nobody waiting (the linger is 60 s)")
+    assert [t for t, _, _ in await placed_history(h.db)] == ids
+    await writer.close(timeout=1)
