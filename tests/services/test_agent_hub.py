@@ -525,3 +525,33 @@ async def test_a_stream_rechecks_its_credential_only_now_and_then(
     assert checks == 1
     hang_up.set_result(None)
     await pump
+
+
+async def test_close_ends_a_loop_whose_redis_call_turned_the_cancellation_into_an_error(
+    services: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py can catch the CancelledError of a read and raise a connection error instead: the hub's
+    loops must end all the same, or its close (the controlplane's stop) waits for ever."""
+    import redis.exceptions
+
+    hub = AgentHub(services.redis, name="replica-a", heartbeat_s=5.0, clock=clock)
+    await hub.start()
+    inside = asyncio.Event()
+
+    async def seen_many(heard: dict[str, float], *, replica: str, presence_s: float) -> None:
+        inside.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise redis.exceptions.ConnectionError("Connection closed by server.") from None
+
+    monkeypatch.setattr(hub.store, "seen_many", seen_many)
+    tasks = list(hub._tasks)
+    await asyncio.wait_for(inside.wait(), 10)  # the presence flush, once a second
+    closing = asyncio.ensure_future(hub.close())
+    done, _ = await asyncio.wait({closing}, timeout=10)  # a deadline for a hang, not a timing assertion
+    if not done:
+        for task in tasks:
+            task.cancel()
+    assert done, "close() still waits on a loop that took its cancellation for a Redis error"
+    assert all(task.done() for task in tasks)

@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
+from levers9.cancelling import raise_if_cancelling
 from levers9.controlplane.grpc_api import blob_upload
 from levers9.controlplane.grpc_errors import status_of, streaming, unary
 from levers9.hooks.types import MachineIdentity
@@ -257,6 +258,7 @@ class _Sessions:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                raise_if_cancelling(exc)
                 log.warning("worker sessions: a tick failed (%s: %s); trying again in %g s",
                             type(exc).__name__, exc, period)  # fmt: skip
 

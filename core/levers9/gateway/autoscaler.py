@@ -34,6 +34,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 
 from levers9.backoff import delay_s
+from levers9.cancelling import raise_if_cancelling
 from levers9.services import deployments
 from levers9.services.dataplane import DataPlane
 from levers9.services.metrics import Metrics
@@ -354,7 +355,8 @@ class ServingAutoscaler:
                     self._export(self.metrics)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                raise_if_cancelling(exc)
                 log.exception("scaling serving containers failed; trying again")
                 await asyncio.sleep(1.0)
 

@@ -65,6 +65,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from levers9.cancelling import raise_if_cancelling
 from levers9.gpu.catalog import canonical
 from levers9.gpu.normalize import normalize
 from levers9.hooks.context import AgentAck, AgentInventory, AgentOrder
@@ -407,6 +408,7 @@ class AgentHub:
         try:
             await self.store.seen_many(heard, replica=self.name, presence_s=3 * self.heartbeat_s)
         except Exception as exc:
+            raise_if_cancelling(exc)
             log.warning("could not record %d agents' heartbeats: %s", len(heard), exc)
 
     async def _watch_loop(self) -> None:
@@ -426,9 +428,7 @@ class AgentHub:
             try:
                 await self.refresh(full=self._refreshes % _FULL_REFRESH_EVERY == 0)
             except Exception as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():  # a cancel the Redis client turned into an error
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelling(exc)
                 log.warning("could not read the agents' inventories: %s", exc)
 
 

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from levers9.cancelling import raise_if_cancelling
 from levers9.config.load import hook_pool
 from levers9.config.model import PoolConfig
 from levers9.scheduler.pools import PoolSpec
@@ -496,6 +497,7 @@ async def keep_pools(services: Services, every_s: float = SYNC_S) -> None:
     while True:
         try:
             await sync_pools(services)
-        except Exception:
+        except Exception as exc:
+            raise_if_cancelling(exc)
             log.exception("reading the attached clusters' pools failed; retrying in %g s", every_s)
         await asyncio.sleep(every_s)

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from levers9.cancelling import raise_if_cancelling
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -51,5 +53,6 @@ async def listen(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            raise_if_cancelling(exc)  # redis-py can turn the listener's cancellation into a connection error
             log.warning("%s subscription failed, retrying: %s", what, exc)
             await asyncio.sleep(1.0)
