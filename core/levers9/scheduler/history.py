@@ -34,12 +34,6 @@ Invariants:
   added up to its ticket is stored (or left out as above), which is what
   ``place_once(wait_for_history=True)`` promises; it raises :class:`HistoryLost`
   when :meth:`HistoryWriter.close` gave up on them.
-- **Lingering.** When fewer than :data:`MAX_BATCH` events are buffered and nobody
-  waits on the writer (:meth:`HistoryWriter.written`, :meth:`HistoryWriter.room`,
-  :meth:`HistoryWriter.close`), it waits up to ``linger_s`` (:data:`LINGER_S`) before
-  writing, so calls placed one after another share a transaction instead of paying
-  one each; a waiter cuts the wait short. No call waits on its history, so the
-  linger is off every call's path; it only delays the record by that much.
 - **Stopping.** :meth:`HistoryWriter.close` writes what is buffered, waiting at
   most its timeout, then stops the writer. Events still unstored then (the
   database did not answer in time) are lost: they are counted in
@@ -73,8 +67,6 @@ log = logging.getLogger(__name__)
 MAX_BUFFERED = 8192
 #: at most this many events go into one transaction
 MAX_BATCH = 2048
-#: seconds the writer waits for more events before writing a batch smaller than MAX_BATCH (nobody waiting)
-LINGER_S = 0.05
 
 
 class HistoryLost(RuntimeError):
@@ -104,7 +96,6 @@ class HistoryWriter:
         max_batch: int = MAX_BATCH,
         retry_initial_s: float = 0.05,
         retry_max_s: float = 5.0,
-        linger_s: float = LINGER_S,
     ) -> None:
         if max_buffered < 1 or max_batch < 1:
             raise ValueError(f"max_buffered ({max_buffered}) and max_batch ({max_batch}) must be at least 1")
@@ -113,11 +104,6 @@ class HistoryWriter:
         self.max_batch = max_batch
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
-        self.linger_s = linger_s
-        #: callers waiting on the writer (for a ticket, for room, for a close): the writer does not linger then
-        self._waiters = 0
-        #: set when a caller starts waiting, cutting a linger short
-        self._hurry = asyncio.Event()
         #: events added and not yet stored, oldest first; the writer's batch is a prefix of it
         self._buffer: list[PlacementEvent] = []
         #: events ever added; an event's ticket is its position in that count (the first is 1)
@@ -203,27 +189,8 @@ class HistoryWriter:
         return lost
 
     async def _until(self, done: Callable[[], bool]) -> None:
-        if done():
-            return
-        self._waiters += 1
-        self._hurry.set()
-        try:
-            while not done():
-                await self._progress.wait()
-        finally:
-            self._waiters -= 1
-
-    async def _linger(self) -> None:
-        """Wait up to ``linger_s`` for more events, unless the batch is full or someone waits on the writer."""
-        if self.linger_s <= 0 or self._waiters or len(self._buffer) >= self.max_batch:
-            return
-        self._hurry.clear()
-        hurry = asyncio.ensure_future(self._hurry.wait())
-        try:
-            # not asyncio.wait_for: on Python 3.11 it can swallow a cancellation of the writer
-            await asyncio.wait({hurry}, timeout=self.linger_s)
-        finally:
-            hurry.cancel()
+        while not done():
+            await self._progress.wait()
 
     def _settle(self, count: int) -> None:
         """The first ``count`` buffered events are done with: take them out and wake the waiters."""
@@ -239,7 +206,6 @@ class HistoryWriter:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            await self._linger()
             batch = self._buffer[: self.max_batch]
             try:
                 try:
