@@ -175,30 +175,18 @@ def _descends(pid: int, root: int) -> bool:
     return False
 
 
-def _levers9_part(cmdline: str) -> str:
-    for part, named in (
-        ("levers9 up", "controlplane (levers9 up)"),
-        ("levers9 worker", "worker"),
-        ("levers9.runner", "runners"),
-        ("redis-server", "redis-server"),
-        ("client.py", "client (SDK)"),
-    ):
-        if part in cmdline:
-            return named
-    return "other"
+#: what a process of each run is, by a part of its command line (the first that matches)
+LEVERS9_PARTS = (("levers9 up", "controlplane (levers9 up)"), ("levers9 worker", "worker"),
+                 ("levers9.runner", "runners"), ("redis-server", "redis-server"), ("client.py", "client (SDK)"))  # fmt: skip
+RAY_PARTS = (("raylet", "raylet"), ("gcs_server", "gcs_server"), ("ray::", "workers"), ("default_worker", "workers"),
+             ("-c", "driver (client)"))  # fmt: skip
 
 
-def _ray_part(cmdline: str) -> str:
-    for part, named in (
-        ("raylet", "raylet"),
-        ("gcs_server", "gcs_server"),
-        ("ray::", "workers"),
-        ("default_worker", "workers"),
-        ("-c", "driver (client)"),
-    ):
-        if part in cmdline:
-            return named
-    return "other"
+def _part(parts: tuple[tuple[str, str], ...]) -> Callable[[str], str]:
+    def name_of(cmdline: str) -> str:
+        return next((named for part, named in parts if part in cmdline), "other")
+
+    return name_of
 
 
 def _free_port() -> int:
@@ -242,7 +230,7 @@ def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, 
         # the worker's runners, the client) or its command line (redis-server)
         mine = str(root).encode()
         cpu_use = CpuPerCall(marks, lambda pid: _environ_has(pid, mine) or _cmdline_has(pid, mine) or pid == up.pid,
-                             _levers9_part)  # fmt: skip
+                             _part(LEVERS9_PARTS))  # fmt: skip
         done = subprocess.run([sys.executable, str(client)], env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"the levers9 client failed:\n{done.stderr[-3000:]}")
@@ -271,7 +259,7 @@ def run_ray(n: int, latency_calls: int, cpus: int) -> dict[str, Any] | str:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         # Ray's processes descend from the driver (raylet, GCS, workers)
-        cpu_use = CpuPerCall(marks, lambda pid: _descends(pid, driver.pid), _ray_part)
+        cpu_use = CpuPerCall(marks, lambda pid: _descends(pid, driver.pid), _part(RAY_PARTS))
         try:
             out, err = driver.communicate(timeout=1800)
         except subprocess.TimeoutExpired:
