@@ -42,6 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.agents_proc import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 LEVERS9_CLIENT = """
@@ -99,12 +103,11 @@ ray.shutdown()
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far; 0 once it is gone."""
+    """CPU seconds the process has used so far (its own, not its children's); 0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        return cpu_seconds(pid, children=False)
+    except ProcessLookupError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _processes(belongs: Callable[[int], bool]) -> dict[int, str]:
