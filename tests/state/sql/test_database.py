@@ -142,3 +142,14 @@ async def test_run_after_close_fails_clearly(database_url: str) -> None:
     if db.dialect == "sqlite":
         with pytest.raises(StateError, match="closed"):
             await db.run(lambda c: c.scalar(select(1)))
+
+
+async def test_only_sqlite_has_the_direct_path(db: Database) -> None:
+    """state/sql/direct.py: SQLite runs the call path's statements on its driver; PostgreSQL refuses to."""
+    if db.dialect == "sqlite":
+        assert db.direct
+        assert await db.run_direct(lambda connection: connection.execute("SELECT 41 + 1").fetchone()) == (42,)
+        return
+    assert not db.direct
+    with pytest.raises(StateError, match="SQLite only"):
+        await db.run_direct(lambda connection: None)

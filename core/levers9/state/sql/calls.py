@@ -12,6 +12,7 @@ reports late does not overwrite the attempt that replaced it.
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -20,6 +21,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Select, Table, bindparam, func, insert, select, update
 
 from levers9.quantities import MIB, format_bytes
+from levers9.state.sql import direct
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskLog, utcnow
 from levers9.state.sql.records import CallResult, TaskStatus
@@ -231,8 +233,7 @@ class CallStore:
         ids = sorted({f.task_id for f in finishes})
         now = utcnow()
 
-        def work(connection: Connection) -> list[Finish]:
-            current = {row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))}
+        def accept(current: dict[str, tuple[str, str | None]]) -> list[Finish]:
             accepted: list[Finish] = []
             seen: set[str] = set()
             for f in finishes:
@@ -243,23 +244,31 @@ class CallStore:
                     continue
                 seen.add(f.task_id)
                 accepted.append(f)
-            if not accepted:
-                return []
-            connection.execute(
-                _FINISH,
-                [
-                    {"tid": f.task_id, "st": f.status, "err": f.error, "now": now, "cid": f.container_id,
-                     "wid": worker_id}
-                    for f in accepted
-                ],
-            )  # fmt: skip
-            connection.execute(
-                _FINISH_IO,
-                [{"tid": f.task_id, "res": f.result, "et": f.error_type, "tb": f.traceback} for f in accepted],
-            )
             return accepted
 
-        return [f.task_id for f in await self._db.run(work)]
+        def rows(accepted: list[Finish]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            return (
+                [{"tid": f.task_id, "st": f.status, "err": f.error, "now": now, "cid": f.container_id,
+                  "wid": worker_id} for f in accepted],
+                [{"tid": f.task_id, "res": f.result, "et": f.error_type, "tb": f.traceback} for f in accepted],
+            )  # fmt: skip
+
+        def work(connection: Connection) -> list[Finish]:
+            accepted = accept({row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))})
+            if accepted:
+                task_rows, io_rows = rows(accepted)
+                connection.execute(_FINISH, task_rows)
+                connection.execute(_FINISH_IO, io_rows)
+            return accepted
+
+        def direct_work(connection: sqlite3.Connection) -> list[Finish]:
+            accepted = accept(direct.status_and_worker(connection, ids))
+            if accepted:
+                direct.finish(connection, *rows(accepted))
+            return accepted
+
+        done = await (self._db.run_direct(direct_work) if self._db.direct else self._db.run(work))
+        return [f.task_id for f in done]
 
     async def results(self, task_ids: Sequence[str], *, workspace_id: str | None = None) -> list[CallResult]:
         """Outcomes of the finished tasks among ``task_ids`` (of ``workspace_id`` when given)."""

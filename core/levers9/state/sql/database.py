@@ -17,6 +17,7 @@ import asyncio
 import importlib.util
 import logging
 import os
+import sqlite3
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
@@ -161,6 +162,8 @@ class Database:
         self._sqlite_thread = (
             ThreadPoolExecutor(1, thread_name_prefix="levers9-sqlite") if sqlite_sync is not None else None
         )
+        #: for :meth:`run_direct`: the driver's own connection, opened on (and only used from) that thread
+        self._direct: sqlite3.Connection | None = None
 
     @property
     def dialect(self) -> str:
@@ -218,6 +221,58 @@ class Database:
         async with self._serial:
             return await asyncio.get_running_loop().run_in_executor(thread, transaction)
 
+    @property
+    def direct(self) -> bool:
+        """Whether :meth:`run_direct` is available: SQLite, the call path's statements on the driver itself."""
+        return self._sqlite_sync is not None and self._serial is not None
+
+    async def run_direct(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work(connection)`` on SQLite's driver connection, in one ``BEGIN IMMEDIATE`` transaction.
+
+        :mod:`levers9.state.sql.direct` says why the call path's statements skip
+        SQLAlchemy. The transaction queues behind this process's others, as
+        :meth:`run` does, and runs in the same thread; it is committed when
+        ``work`` returns and rolled back if it raises. ``work`` must not touch the
+        event loop. Only on SQLite (see :attr:`direct`).
+        """
+        if not self.direct:
+            raise StateError(f"{self!r}: run_direct is for SQLite only")
+        if self._sqlite_thread is None:
+            raise StateError(f"{self!r} is closed")
+        thread = self._sqlite_thread
+
+        def transaction() -> T:
+            connection = self._direct
+            if connection is None:
+                connection = self._direct = self._open_direct()
+            began = time.monotonic()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(connection)
+                connection.execute("COMMIT")
+                return result
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+            finally:
+                _held(began, f"Database.run_direct({getattr(work, '__qualname__', work)!r})")
+
+        async with self._serial:  # type: ignore[union-attr]  # direct: SQLite has the lock
+            return await asyncio.get_running_loop().run_in_executor(thread, transaction)
+
+    def _open_direct(self) -> sqlite3.Connection:
+        assert self._sqlite_sync is not None
+        path = self._sqlite_sync.url.database
+        connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=True)
+        _sqlite_connect(connection, None)
+        return connection
+
+    def _close_direct(self) -> None:
+        connection, self._direct = self._direct, None
+        if connection is not None:
+            connection.close()
+
     async def migrate(self) -> None:
         """Bring the schema to the newest migration; does nothing when it is already there."""
         from alembic import command
@@ -251,6 +306,7 @@ class Database:
         await self.engine.dispose()
         thread, self._sqlite_thread = self._sqlite_thread, None  # closing twice is harmless
         if self._sqlite_sync is not None and thread is not None:
+            await asyncio.get_running_loop().run_in_executor(thread, self._close_direct)
             await asyncio.get_running_loop().run_in_executor(thread, self._sqlite_sync.dispose)
             thread.shutdown(wait=True)
 

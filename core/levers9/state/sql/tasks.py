@@ -14,6 +14,7 @@ survive the controlplane: every task that is not finished is read back by
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -24,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.selectable import TableValuedAlias
 
 from levers9.state.errors import AlreadyExists, InvalidTransition, NotFound
+from levers9.state.sql import direct
 from levers9.state.sql._common import require
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskPlacement, Workspace, new_id, utcnow
@@ -242,9 +244,17 @@ class TaskStore:
             if io_rows is not None:
                 connection.execute(insert(_TASK_IO), io_rows)
 
+        def direct_work(connection: sqlite3.Connection) -> None:
+            if not direct.workspace_exists(connection, workspace_id):
+                raise NotFound("workspace", workspace_id)
+            direct.insert_tasks(connection, rows, io_rows)
+
         try:
-            await self._db.run(work)
-        except IntegrityError:
+            if self._db.direct:
+                await self._db.run_direct(direct_work)
+            else:
+                await self._db.run(work)
+        except (IntegrityError, sqlite3.IntegrityError):
             # The workspace was checked above, so a violated constraint is a reused id or a missing stub.
             shown = ", ".join(chosen[:5]) + ("..." if len(chosen) > 5 else "")
             raise AlreadyExists(
@@ -319,6 +329,22 @@ class TaskStore:
         ids = sorted({event.task_id for event in events})
         postgresql = self._db.dialect == "postgresql"
 
+        def history_of(
+            found: dict[str, tuple[int, str]],
+        ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+            missing = [task_id for task_id in ids if task_id not in found]
+            if missing and not skip_missing:
+                raise NotFound("task", ", ".join(missing))
+            return missing, *_history(events, found, now)
+
+        def direct_work(connection: sqlite3.Connection) -> list[str]:
+            missing, history, placed = history_of(direct.attempts_and_status(connection, ids))
+            if history:
+                direct.insert_history(connection, history)
+            if placed:
+                direct.set_placed(connection, placed, now)
+            return missing
+
         def work(connection: Connection) -> list[str]:
             # Locked in id order, so two batches touching the same tasks cannot deadlock.
             locking = (
@@ -331,11 +357,7 @@ class TaskStore:
                     .with_for_update()
                 )
             )
-            found: dict[str, tuple[int, str]] = {row[0]: (row[1], row[2]) for row in locking}
-            missing = [task_id for task_id in ids if task_id not in found]
-            if missing and not skip_missing:
-                raise NotFound("task", ", ".join(missing))
-            history, placed = _history(events, found, now)
+            missing, history, placed = history_of({row[0]: (row[1], row[2]) for row in locking})
             if not history:
                 return missing
             if postgresql:
@@ -355,7 +377,7 @@ class TaskStore:
                 )
             return missing
 
-        return await self._db.run(work)
+        return await (self._db.run_direct(direct_work) if self._db.direct else self._db.run(work))
 
     async def set_running(self, task_id: str, worker_id: str, container_id: str) -> TaskRecord:
         """The task's container started on ``worker_id``; only a pending task can start.
