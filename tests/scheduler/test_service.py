@@ -106,3 +106,28 @@ async def test_a_worker_takes_runs_and_finishes_a_request(make_harness: MakeHarn
     worker = await s.workers.get(wid)
     assert worker is not None
     assert (worker.cpu_free, worker.running) == (4000, 0)
+
+
+async def test_a_release_wakes_the_placement_loop_only_for_a_request_it_let_in(make_harness: MakeHarness) -> None:
+    """The loop's pass over a backlog with nothing new is two Redis round trips, once per lone call."""
+    h = await make_harness([("cpu",)])
+    s = h.scheduler()
+    first, second = h.request(None, cpu_millicores=4000), h.request(None, cpu_millicores=4000)
+    await s.submit(first)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [wid] = await h.register_started(s)
+    assert [p.request for p in (await s.place_once()).placed] == [first.id]
+
+    s.ctx.placer_wanted.clear()
+    assert await s.release_many([first.id], worker=wid) == 1
+    assert not s.ctx.placer_wanted.is_set(), "nothing waited for the room freed"
+
+    await s.submit(second)
+    await s.submit(third := h.request(None, cpu_millicores=4000))
+    assert [p.request for p in (await s.place_once()).placed] == [second.id]  # the third waits for room
+    s.ctx.placer_wanted.clear()
+    assert await s.release_many([second.id], worker=wid) == 1
+    assert s.ctx.placer_wanted.is_set(), "the waiting request is placed at once"
+    assert [p.request for p in (await s.place_once()).placed] == [third.id]

@@ -196,6 +196,7 @@ async def test_finish_many_for_one_worker_leaves_requests_on_other_workers_alone
     other = {"w1": "w2", "w2": "w1"}[placed["r0"]]
     done = await backlog.finish_many(["r0", "r1"], NOW + 20, worker=other, wake_per_freed=2)
     assert [d is not None for d in done] == [False, True]
+    assert done.woken == 1  # r2, waiting on the pool: the placement loop is woken for it
     assert await backlog.get("r0") is not None  # still placed where it runs
     state = await reg.get(placed["r0"])
     assert state is not None
@@ -203,3 +204,13 @@ async def test_finish_many_for_one_worker_leaves_requests_on_other_workers_alone
     # the place freed on the other worker made the waiting request due at once, in the same step
     assert [(p.request, p.worker) for p in (await backlog.place(NOW + 21)).placed] == [("r2", other)]
     assert await backlog.finish_many(["r1"], NOW + 30, worker=other) == [None]  # nothing twice
+
+
+async def test_a_release_with_nothing_waiting_wakes_no_one(redis_factory: RedisFactory) -> None:
+    """A lone call's release: the placement loop need not look at an empty backlog."""
+    backlog, reg = await setup(redis_factory)
+    await add(reg, "w1", "p", cpu=1000, mem=1024)
+    await backlog.enqueue([q("r0", Group(0, ("p",), 0), cpu=400, mem=100, enq=NOW)])
+    assert [p.request for p in (await backlog.place(NOW + 1)).placed] == ["r0"]
+    done = await backlog.finish_many(["r0"], NOW + 2, worker="w1", wake_per_freed=2)
+    assert ([d.state if d else None for d in done], done.woken) == (["placed"], 0)

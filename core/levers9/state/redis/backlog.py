@@ -19,7 +19,9 @@ from levers9.state.redis.scripts import Scripts
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["Backlog", "Finished", "Group", "PlaceResult", "Placement", "QueuedRequest", "RequestState", "Taken"]
+__all__ = [
+    "Backlog", "Finished", "Group", "PlaceResult", "Placement", "QueuedRequest", "Released", "RequestState", "Taken",
+]  # fmt: skip
 
 
 class Group(NamedTuple):
@@ -106,6 +108,13 @@ class Finished(NamedTuple):
     pool: str | None
 
 
+class Released(list[Finished | None]):
+    """What :meth:`Backlog.finish_many` returns: per request, what it finished (None: unknown), in order."""
+
+    #: how many waiting requests the freed places made due (see ``wake_per_freed``)
+    woken: int = 0
+
+
 _FIELDS = (
     "cpu", "mem", "gpus", "groups", "enq", "ws", "deadline", "state", "worker", "pool", "attempts", "next_plan", "tried",
     "fn",
@@ -171,17 +180,19 @@ class Backlog:
 
     async def finish_many(
         self, requests: Sequence[str], now_ms: int, *, worker: str | None = None, wake_per_freed: int = 0
-    ) -> list[Finished | None]:
+    ) -> Released:
         """:meth:`finish` for many requests in one atomic step, in order.
 
         With ``worker``, requests placed on another worker are left alone and come back as None (a
         late report of a worker presumed dead). ``wake_per_freed`` makes that many waiting requests
-        of a pool due for each place freed in it, as :meth:`wake` does, in the same step.
+        of a pool due for each place freed in it, as :meth:`wake` does, in the same step; the result's
+        ``woken`` counts them.
         """
-        out: list[Finished | None] = []
+        out = Released()
         for start in range(0, len(requests), 1000):
             chunk = requests[start : start + 1000]
             flat = list(await self.scripts("finish_many", now_ms, worker or "", wake_per_freed, *chunk))
+            out.woken += int(flat.pop())
             for i in range(0, len(flat), 3):
                 state, worker_id, pool = flat[i : i + 3]
                 out.append(Finished(state, worker_id or None, pool or None) if state else None)

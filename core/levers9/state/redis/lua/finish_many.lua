@@ -5,7 +5,8 @@
 -- from a worker presumed dead must not free the worker that now runs it); it counts as unknown.
 -- wake_per_freed: for each place freed in a pool, this many of its waiting requests become due
 -- now (as wake.lua does), so the next placement pass sees them without another round trip.
--- Returns, per request in order, previous state, worker and pool ('' for each when unknown).
+-- Returns, per request in order, previous state, worker and pool ('' for each when unknown), then how
+-- many waiting requests it made due (the placement loop has nothing new to look at when none).
 local now = tonumber(ARGV[2])
 local only = ARGV[3]
 local per_freed = tonumber(ARGV[4])
@@ -29,11 +30,14 @@ for i = 5, #ARGV do
     out[#out + 1], out[#out + 2], out[#out + 3] = r[4], worker, pool
   end
 end
+local woken = 0
 if per_freed > 0 then
   for pool, count in pairs(freed) do
     for _, rid in ipairs(redis.call('ZRANGE', P .. 'unmet:' .. pool, 0, count * per_freed - 1)) do
       redis.call('ZADD', P .. 'backlog', 'XX', 'CH', now, rid)
+      woken = woken + 1
     end
   end
 end
+out[#out + 1] = woken
 return out
