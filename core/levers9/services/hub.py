@@ -6,6 +6,13 @@ Each event is therefore delivered to this replica's waiters at once and
 published on one Redis channel for the others. Events only wake; the data
 itself is always read from Redis or SQL, so a lost message costs at most a
 poll interval, never a result.
+
+A replica that finds itself the only listener (a publish reached no one but
+itself) stops publishing wake-ups for work and finished tasks for
+:data:`ALONE_RECHECK_S`, then publishes again and so learns of a replica that
+joined. One controlplane thus saves a Redis round trip per call, and a
+replica that joins misses wake-ups for at most that long (its pollers catch
+up). Cancellations and serving events are always published.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,6 +33,11 @@ __all__ = ["Hub", "Watch"]
 from levers9.state.redis.channel import listen
 
 log = logging.getLogger(__name__)
+
+#: seconds a replica that was the only listener publishes no wake-ups before it looks again
+ALONE_RECHECK_S = 1.0
+#: the kinds of event that only wake a poller elsewhere, and so may be left unpublished when no one listens
+_WAKE_UPS = frozenset({"w", "t"})
 
 
 class Watch:
@@ -45,6 +58,9 @@ class Hub:
         self._cancels: dict[str, asyncio.Queue[str]] = {}
         self._watches: dict[str, set[Watch]] = defaultdict(set)
         self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+        #: until when no other replica listens, as far as the last publish showed (monotonic seconds)
+        self._alone_until = 0.0
         #: the gateway: told what other replicas' workers reported about serving containers (a JSON text)
         self.on_serving: Callable[[str], None] | None = None
 
@@ -141,13 +157,20 @@ class Hub:
     # ------------------------------------------------------------------ between replicas
 
     async def _publish(self, kind: str, items: list[str]) -> None:
+        wake_up = kind in _WAKE_UPS
+        if wake_up and time.monotonic() < self._alone_until:
+            return
         try:
-            await self._redis.publish(self._channel, f"{self._name}|{kind}|{','.join(items)}")
+            receivers = await self._redis.publish(self._channel, f"{self._name}|{kind}|{','.join(items)}")
         except Exception as exc:  # a wake-up is an optimisation; pollers catch up
             log.warning("could not publish %s event: %s", kind, exc)
+            return
+        # only this replica's own listener heard it: nobody else to wake for a while (see the module's docstring)
+        alone = self._subscribed.is_set() and int(receivers) <= 1
+        self._alone_until = time.monotonic() + ALONE_RECHECK_S if alone and wake_up else 0.0
 
     async def _listen(self) -> None:
-        await listen(self._redis, self._channel, self._on_message, what="event")
+        await listen(self._redis, self._channel, self._on_message, what="event", subscribed=self._subscribed)
 
     def _on_message(self, data: str) -> None:
         sender, _, rest = data.partition("|")
