@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 from levers9.config.load import load_config
@@ -131,3 +132,22 @@ async def test_a_release_wakes_the_placement_loop_only_for_a_request_it_let_in(m
     assert await s.release_many([second.id], worker=wid) == 1
     assert s.ctx.placer_wanted.is_set(), "the waiting request is placed at once"
     assert [p.request for p in (await s.place_once()).placed] == [third.id]
+
+
+async def test_alike_requests_are_stored_and_queued_as_each_would_be_alone(make_harness: MakeHarness) -> None:
+    """``submit_many(alike=True)`` (a map) works out a request's pools and stored form once: the result is the same."""
+    h = await make_harness([("cpu",)])
+    s = h.scheduler()
+    template = h.request(None, cpu_millicores=250, memory_mib=64)
+    copies = [template] + [template.model_copy(update={"id": f"{template.id}_{i}"}) for i in range(3)]
+    alone = h.request(None, cpu_millicores=250, memory_mib=64)
+    await s.submit_many(copies, alike=True, args=[b"a", b"b", b"c", b"d"])
+    await s.submit_many([alone])
+    tasks = {t.id: t for t in await TaskStore(h.db).get_many([r.id for r in [*copies, alone]])}
+    for r in copies:
+        assert tasks[r.id].request == r.to_json(), "each task stores its own request, its own id in it"
+    states = await s.backlog.get_many([r.id for r in [*copies, alone]])
+    assert all(st is not None for st in states)
+    assert [st.request.id for st in states if st is not None] == [r.id for r in [*copies, alone]]
+    shapes = {replace(st.request, id="", enqueued_ms=0, deadline_ms=0) for st in states if st is not None}
+    assert len(shapes) == 1, "the copies were queued as the same request is alone: same size, pools and function"

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from levers9.config.model import SchedulerConfig
 from levers9.scheduler import events
@@ -170,26 +170,37 @@ class Scheduler:
         stub_id: str | None = None,
         args: Sequence[bytes] | None = None,
         place_now: bool = False,
+        alike: bool = False,
     ) -> None:
         """Store the requests as pending tasks (with each call's ``args``), then queue them.
 
         Refuses all if any can never be placed. ``place_now``: run a placement pass here, right after
         queueing, rather than waking the placement loop (a lone call is placed without waiting for the
         loop's turn; a failure of that pass is logged and left to the loop, the requests are queued).
+        ``alike``: the requests differ only by their ids (copies of one request: a map), so what is
+        derived from a request (its candidate pools, its stored form) is worked out once.
         """
-        memo: dict[str, tuple[Group, ...]] = {}
-        queued = [self._queued(r, memo, stub_id) for r in requests]
         if args is not None and len(args) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(args)} argument payloads")
-        by_workspace: dict[str, list[tuple[PlacementRequest, bytes | None]]] = {}
+        if alike and requests:
+            first = self._queued(requests[0], None, stub_id)
+            queued = [first] + [replace(first, id=r.id) for r in requests[1:]]
+            stored = requests[0].to_json()
+            as_json = [{**stored, "id": r.id} for r in requests]
+        else:
+            memo: dict[str, tuple[Group, ...]] = {}
+            queued = [self._queued(r, memo, stub_id) for r in requests]
+            as_json = [r.to_json() for r in requests]
+        by_workspace: dict[str, list[tuple[PlacementRequest, dict[str, Any], bytes | None]]] = {}
         for i, r in enumerate(requests):
-            by_workspace.setdefault(r.workspace, []).append((r, None if args is None else args[i]))
+            by_workspace.setdefault(r.workspace, []).append((r, as_json[i], None if args is None else args[i]))
         for workspace, batch in by_workspace.items():
             await self.ctx.tasks.create_many(
                 workspace,
-                [(r.id, r.to_json()) for r, _ in batch],
+                [(r.id, body) for r, body, _ in batch],
                 stub_id=stub_id,
-                args=None if args is None else [a or b"" for _, a in batch],
+                args=None if args is None else [a or b"" for _, _, a in batch],
+                records=False,
             )
         await self.backlog.enqueue(queued)
         if place_now and not self._placing_now:

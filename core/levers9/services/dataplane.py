@@ -285,7 +285,7 @@ class DataPlane:
             self._fresh.update((r.id, (workspace, stub_id, a)) for r, a in zip(requests, args, strict=True))
         try:
             await self.services.scheduler.submit_many(
-                requests, stub_id=stub_id, args=args, place_now=len(requests) <= _PLACE_NOW_MAX
+                requests, stub_id=stub_id, args=args, place_now=len(requests) <= _PLACE_NOW_MAX, alike=True
             )
         except BaseException:
             for r in requests:

@@ -192,12 +192,15 @@ class TaskStore:
         *,
         stub_id: str | None = None,
         args: Sequence[bytes] | None = None,
+        records: bool = True,
     ) -> list[TaskRecord]:
         """Many pending tasks in one transaction (a ``map`` over inputs): all are stored, or none.
 
         Each item is a request (its task id is made here) or a ``(task_id,
         request)`` pair, for a scheduler that names its requests itself.
         ``args``, when given, holds each call's serialized arguments, in order.
+        ``records=False``: return nothing (an empty list), for a caller that
+        named the tasks itself and would build thousands of records for nothing.
         """
         if args is not None and len(args) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(args)} argument payloads")
@@ -260,7 +263,7 @@ class TaskStore:
             raise AlreadyExists(
                 f"a task id given ({shown or 'none'}) already exists, or stub {stub_id!r} does not; nothing was stored"
             ) from None
-        return [_record(row) for row in rows]
+        return [_record(row) for row in rows] if records else []
 
     async def get(self, task_id: str) -> TaskRecord | None:
         async with self._db.transaction() as session:
