@@ -8,39 +8,25 @@ committed or rolled back whole, and batches larger than one ``IN`` list.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Connection, Table
 
 from levers9.state.sql import direct
 from levers9.state.sql.calls import CallStore, Finish
-from levers9.state.sql.database import Database, open_database
+from levers9.state.sql.database import Database
 from levers9.state.sql.models import Task, new_id
 from levers9.state.sql.records import PlacementEvent, WorkspaceRecord
 from levers9.state.sql.tasks import TaskStore
-from levers9.state.sql.workspaces import WorkspaceStore
 
 _TASKS: Table = Task.__table__  # type: ignore[assignment]
 
 REQUEST = {"cpu_millicores": 125, "memory_mib": 128, "gpu": None}
 
 
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    """SQLite alone, in place of the package's ``db`` (which also runs on PostgreSQL): the direct path is SQLite's."""
-    database = await open_database(f"sqlite:///{tmp_path}/levers9.db")
-    try:
-        yield database
-    finally:
-        await database.close()
-
-
-@pytest.fixture
-async def workspace(db: Database) -> WorkspaceRecord:
-    return await WorkspaceStore(db).create("team-direct")
+#: the package's ``db`` and ``workspace`` fixtures, on SQLite only: the direct path is SQLite's
+sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +37,7 @@ async def workspace(db: Database) -> WorkspaceRecord:
         datetime(2026, 6, 30, 23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-7))),  # another zone: to UTC
     ],
 )
+@sqlite_only
 async def test_a_timestamp_is_stored_as_the_text_sqlalchemy_stores(
     db: Database, workspace: WorkspaceRecord, when: datetime
 ) -> None:
@@ -68,6 +55,7 @@ def test_a_naive_timestamp_is_refused_not_guessed() -> None:
         direct.stamp(datetime(2026, 12, 3, 12, 0))
 
 
+@sqlite_only
 async def test_what_the_direct_path_writes_reads_back_through_sqlalchemy(
     db: Database, workspace: WorkspaceRecord
 ) -> None:
@@ -92,6 +80,7 @@ async def test_what_the_direct_path_writes_reads_back_through_sqlalchemy(
     assert (result.status, result.result) == ("complete", b"value")
 
 
+@sqlite_only
 async def test_a_failing_batch_stores_nothing_and_the_next_one_is_stored(
     db: Database, workspace: WorkspaceRecord
 ) -> None:
@@ -104,6 +93,7 @@ async def test_a_failing_batch_stores_nothing_and_the_next_one_is_stored(
     assert await tasks.get("task_fresh") is not None
 
 
+@sqlite_only
 async def test_run_direct_rolls_back_what_its_work_wrote_before_raising(
     db: Database, workspace: WorkspaceRecord
 ) -> None:
@@ -120,6 +110,7 @@ async def test_run_direct_rolls_back_what_its_work_wrote_before_raising(
     assert stored.status == "pending"
 
 
+@sqlite_only
 async def test_batches_larger_than_one_in_list_are_read_whole(db: Database, workspace: WorkspaceRecord) -> None:
     tasks, calls = TaskStore(db), CallStore(db)
     ids = [new_id("task") for _ in range(1_234)]  # more than two of direct's IN lists

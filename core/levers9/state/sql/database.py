@@ -159,8 +159,9 @@ class Database:
         self._serial: asyncio.Lock | None = asyncio.Lock() if engine.dialect.name == "sqlite" else None
         #: for :meth:`run` on SQLite: a plain sqlite3 engine used only from one thread of its own
         self._sqlite_sync = sqlite_sync
+        #: SQLite's own thread: :meth:`run` (with ``sqlite_sync``) and :meth:`run_direct` work there
         self._sqlite_thread = (
-            ThreadPoolExecutor(1, thread_name_prefix="levers9-sqlite") if sqlite_sync is not None else None
+            ThreadPoolExecutor(1, thread_name_prefix="levers9-sqlite") if self._serial is not None else None
         )
         #: for :meth:`run_direct`: the driver's own connection, opened on (and only used from) that thread
         self._direct: sqlite3.Connection | None = None
@@ -224,7 +225,7 @@ class Database:
     @property
     def direct(self) -> bool:
         """Whether :meth:`run_direct` is available: SQLite, the call path's statements on the driver itself."""
-        return self._sqlite_sync is not None and self._serial is not None
+        return self._serial is not None
 
     async def run_direct(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """``work(connection)`` on SQLite's driver connection, in one ``BEGIN IMMEDIATE`` transaction.
@@ -235,11 +236,11 @@ class Database:
         ``work`` returns and rolled back if it raises. ``work`` must not touch the
         event loop. Only on SQLite (see :attr:`direct`).
         """
-        if not self.direct:
+        serial, thread = self._serial, self._sqlite_thread
+        if serial is None:
             raise StateError(f"{self!r}: run_direct is for SQLite only")
-        if self._sqlite_thread is None:
+        if thread is None:
             raise StateError(f"{self!r} is closed")
-        thread = self._sqlite_thread
 
         def transaction() -> T:
             connection = self._direct
@@ -258,13 +259,11 @@ class Database:
             finally:
                 _held(began, f"Database.run_direct({getattr(work, '__qualname__', work)!r})")
 
-        async with self._serial:  # type: ignore[union-attr]  # direct: SQLite has the lock
+        async with serial:
             return await asyncio.get_running_loop().run_in_executor(thread, transaction)
 
     def _open_direct(self) -> sqlite3.Connection:
-        assert self._sqlite_sync is not None
-        path = self._sqlite_sync.url.database
-        connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=True)
+        connection = sqlite3.connect(str(self.engine.url.database), isolation_level=None, check_same_thread=True)
         _sqlite_connect(connection, None)
         return connection
 
@@ -305,9 +304,11 @@ class Database:
         """Close every pooled connection; the Database cannot be used afterwards."""
         await self.engine.dispose()
         thread, self._sqlite_thread = self._sqlite_thread, None  # closing twice is harmless
-        if self._sqlite_sync is not None and thread is not None:
-            await asyncio.get_running_loop().run_in_executor(thread, self._close_direct)
-            await asyncio.get_running_loop().run_in_executor(thread, self._sqlite_sync.dispose)
+        if thread is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(thread, self._close_direct)
+            if self._sqlite_sync is not None:
+                await loop.run_in_executor(thread, self._sqlite_sync.dispose)
             thread.shutdown(wait=True)
 
     async def __aenter__(self) -> Database:

@@ -330,7 +330,6 @@ class TaskStore:
                 raise ValueError(f"placement outcome {event.outcome!r} must be 1-{_OUTCOME_MAX} characters")
         now = utcnow()
         ids = sorted({event.task_id for event in events})
-        postgresql = self._db.dialect == "postgresql"
 
         def history_of(
             found: dict[str, tuple[int, str]],
@@ -348,36 +347,14 @@ class TaskStore:
                 direct.set_placed(connection, placed, now)
             return missing
 
-        def work(connection: Connection) -> list[str]:
+        def work(connection: Connection) -> list[str]:  # PostgreSQL: SQLite runs direct_work
             # Locked in id order, so two batches touching the same tasks cannot deadlock.
-            locking = (
-                connection.execute(_PG_LOCK, {"ids": _json(ids)})
-                if postgresql
-                else connection.execute(
-                    select(_TASKS.c.id, _TASKS.c.attempts, _TASKS.c.status)
-                    .where(_TASKS.c.id.in_(ids))
-                    .order_by(_TASKS.c.id)
-                    .with_for_update()
-                )
-            )
+            locking = connection.execute(_PG_LOCK, {"ids": _json(ids)})
             missing, history, placed = history_of({row[0]: (row[1], row[2]) for row in locking})
-            if not history:
-                return missing
-            if postgresql:
+            if history:
                 connection.execute(_PG_HISTORY, {"history": _json(history)})
-                if placed:
-                    connection.execute(_PG_PLACED, {"placed": _json(placed), "now": now})
-                return missing
-            connection.execute(insert(_PLACEMENTS), history)
             if placed:
-                connection.execute(
-                    update(_TASKS)
-                    .where(_TASKS.c.id == bindparam("tid"))
-                    .values(
-                        worker_id=bindparam("wid"), pool=bindparam("p"), gpu=bindparam("g"), updated_at=bindparam("u")
-                    ),
-                    [{"tid": v["id"], "wid": v["worker_id"], "p": v["pool"], "g": v["gpu"], "u": now} for v in placed],
-                )
+                connection.execute(_PG_PLACED, {"placed": _json(placed), "now": now})
             return missing
 
         return await (self._db.run_direct(direct_work) if self._db.direct else self._db.run(work))
