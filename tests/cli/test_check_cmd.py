@@ -285,3 +285,23 @@ def test_example_config(cli: Callable[..., Any]) -> None:
     for row in rows.values():
         # what may fail is credentials or this host, never the example's own settings
         assert "not checked" not in row["runtime_check"]["message"], row
+
+
+def test_local_pools_sharing_a_state_dir_are_all_writable_every_run(cli: Callable[..., Any], tmp_path: Path) -> None:
+    """Pools are checked at once, in one process: each write probe is its own file, so none sees another's vanish.
+
+    With one ``.check-<pid>`` file for all, one pool's unlink removed the file another had just written and that
+    pool was reported unwritable in most runs; several runs of four pools catch the race.
+    """
+    state = tmp_path / "local-state"
+    config = write_config(
+        tmp_path,
+        "".join(f"  p{n}:\n    provider: local\n    runtime: process\n    settings: {{state_dir: {state}}}\n"
+                for n in range(4)),
+    )  # fmt: skip
+    for run in range(4):
+        result = cli("check", "--config", str(config), "--json")
+        rows = json.loads(result.stdout)
+        assert [row["provider_check"]["ok"] for row in rows] == [True] * 4, (run, rows)
+        assert result.returncode == 0, result.stderr
+        assert list(state.iterdir()) == []  # every probe removed

@@ -30,6 +30,7 @@ import fcntl
 import logging
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -258,10 +259,12 @@ class LocalProvider:
         """Whether this host can start the pool's workers: state directory, worker command, GPUs."""
         settings = _settings(pool)
         root = self._root(settings)
-        probe = root / f".check-{os.getpid()}"
+        # Pools sharing a state_dir are checked at once, in threads of one process: each probe has its own
+        # name (pid, pool, random suffix) and is created with O_EXCL, so no check removes another's file.
+        probe = root / f".check-{os.getpid()}-{pool.name}-{secrets.token_hex(6)}"
         try:
             root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            probe.write_text("")
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             probe.unlink()
         except OSError as exc:
             return ProviderCheck(
