@@ -19,6 +19,9 @@ becomes which status is decided in one table, :data:`ERRORS`. Every number a
 request carries (path, query or body) is bounded, and one out of its bounds is
 a 422 naming the field and, from :data:`ACCEPTED`, the range it takes: never a
 500 from deeper down (an overflowing date, an integer the database cannot hold).
+A method a path does not take is a 405 whose ``Allow`` names every method of
+every route on that path. Each route's OpenAPI ``responses`` list every status
+it can answer (see :mod:`levers9.controlplane.rest_routes`).
 Every route calls one function of :mod:`levers9.services` (the same one
 the gRPC call of that operation uses): this package only translates. The wire
 models are in :mod:`levers9.controlplane.rest_schemas`, the routes in
@@ -28,12 +31,14 @@ errors.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
@@ -66,9 +71,12 @@ ACCEPTED: dict[str, str] = {
 # --------------------------------------------------------------------------- errors
 
 
-def _error(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
+def _error(
+    status: int, kind: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     detail = ErrorDetail(type=kind, message=message, **extra)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return JSONResponse({"error": detail.model_dump(exclude_none=True)}, status_code=status, headers=headers)
 
 
@@ -108,7 +116,29 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return _error(422, "validation_error", message, fields=fields)
 
 
-_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+_HTTP_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+def _routes(routes: Iterable[Any]) -> Iterator[Any]:
+    """Every route, those of included routers too: FastAPI 0.165 keeps an included router as one entry
+    whose routes are its ``effective_route_contexts`` (each with ``matches`` and ``methods``, as a route has)."""
+    for route in routes:
+        nested = getattr(route, "effective_route_contexts", None)
+        if nested is not None:
+            yield from nested()
+        else:
+            yield route
+
+
+def _allowed(request: Request) -> str:
+    """Every method the request's path takes, over all the routes of that path (the router's own 405 names
+    only the first route's, so a path with a GET and a POST route answered a PUT with ``Allow: GET``)."""
+    methods: set[str] = set()
+    for route in _routes(request.app.router.routes):
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -116,7 +146,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc.__cause__, RecursionError):  # FastAPI's "error parsing the body": JSON nested too deeply
         message = "body: not valid JSON: its arrays and objects nest too deeply (a few hundred levels at most)"
         return _error(422, "validation_error", message, fields=[{"field": "body", "message": message[6:]}])
-    response = _error(exc.status_code, _HTTP_TYPES.get(exc.status_code, "http_error"), str(exc.detail))
+    if exc.status_code == 405:
+        allow = _allowed(request)
+        message = f"{request.method} is not allowed on {request.url.path}; it takes {allow}"
+        return _error(405, "method_not_allowed", message, headers={"Allow": allow})
+    message = str(exc.detail)
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):  # a body FastAPI cannot decode
+        message = f"body: not valid JSON: not UTF-8 text ({exc.__cause__})"
+    response = _error(exc.status_code, _HTTP_TYPES.get(exc.status_code, "http_error"), message)
     response.headers.update(exc.headers or {})
     return response
 

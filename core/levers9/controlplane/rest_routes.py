@@ -3,11 +3,18 @@
 Who may do what is decided in :mod:`levers9.services` (see
 :mod:`levers9.services.access`), never here: this module only knows that every
 route but ``/health`` needs a user token (:func:`_caller`).
+
+Every route's OpenAPI ``responses`` list each status it can answer, each error
+with the error body's schema (:class:`ErrorBody`): :data:`ALWAYS` on every
+route (405 with its ``Allow`` header, 500), :data:`USER_ERRORS` on every route
+behind a user token (one entry per status of the domain error table
+:data:`levers9.services.errors.ERRORS`, which the app's exception handlers
+answer, and 422 for validation), and the route's own beside them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -56,9 +63,56 @@ from levers9.services.access import authenticate_user
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
+from levers9.services.errors import ERRORS
 from levers9.state.sql.records import MachineState, TaskStatus
 
-__all__ = ["router"]
+__all__ = ["ALWAYS", "USER_ERRORS", "router"]
+
+Responses = dict[int | str, dict[str, Any]]
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+#: what any route may answer, whatever it does
+ALWAYS: Responses = {
+    405: {
+        **_error("The path does not take this method (type `method_not_allowed`)"),
+        "headers": {
+            "Allow": {"description": "Every method the path takes, comma-separated", "schema": {"type": "string"}}
+        },
+    },
+    500: _error("A fault of the controlplane (type `internal`); its log has the details"),
+}
+
+#: what each status of the domain error table means to a caller of the REST API
+_MEANING = {
+    400: "A value the service refused, naming the field and what it accepts, or a body that is not UTF-8 text",
+    401: "No token, or an unknown, revoked or expired one",
+    403: "Not a user token, or outside the token's scope",
+    404: "No such object, or one outside the token's workspace",
+    409: "The request conflicts with what exists",
+}
+
+
+def _user_errors() -> Responses:
+    kinds: dict[int, list[str]] = {}
+    for _, status, kind in ERRORS:
+        kinds.setdefault(status, []).append(f"`{kind}`")
+    responses: Responses = {
+        status: _error(f"{_MEANING.get(status, 'A domain error')} (type {' or '.join(names)})")
+        for status, names in sorted(kinds.items())
+    }
+    responses[422] = _error(
+        "A parameter or body field is not valid, or the body is not JSON (type `validation_error`, "
+        "with each field and what it accepts)"
+    )
+    return responses
+
+
+#: what every route behind a user token may answer besides its own: each domain error, and validation
+USER_ERRORS: Responses = _user_errors()
 
 _bearer = HTTPBearer(auto_error=False, description="A user token: `Authorization: Bearer l9_user_...`")
 
@@ -84,36 +138,36 @@ ServicesDep = Annotated[Services, Depends(_services)]
 DataPlaneDep = Annotated[DataPlane, Depends(_dataplane)]
 Caller = Annotated[Principal, Depends(_caller)]
 
-router = APIRouter(
-    prefix="/api/v1",
-    responses={
-        401: {"model": ErrorBody, "description": "No token, or an unknown, revoked or expired one"},
-        403: {"model": ErrorBody, "description": "Not a user token, or outside the token's scope"},
-        422: {"model": ErrorBody, "description": "A parameter or body field is not valid"},
-    },
-)
+#: the routes that take no token, so answer none of the user token's errors
+_open = APIRouter(prefix="/api/v1", responses=ALWAYS)
 
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Degraded"}})
+@_open.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Degraded"}})
 async def health(services: ServicesDep, response: Response) -> Health:
-    """Unauthenticated, for load balancers: 503 when the database or Redis does not answer."""
+    """Unauthenticated, for load balancers: 503 when the database or Redis does not answer, or the data
+    directory is full (new work is refused then)."""
     report = await health_service.health(services)
     if report.degraded:
         response.status_code = 503
-    return Health(status="degraded" if report.degraded else "ok", database=report.database, redis=report.redis)
+    return Health(status="degraded" if report.degraded else "ok", database=report.database, redis=report.redis,
+                  disk=report.disk)  # fmt: skip
 
 
-@router.get("/workspaces")
+#: the routes behind a user token (:data:`Caller`)
+_user = APIRouter(prefix="/api/v1", responses={**ALWAYS, **USER_ERRORS})
+
+
+@_user.get("/workspaces")
 async def list_workspaces(services: ServicesDep, principal: Caller) -> list[WorkspaceOut]:
     return [WorkspaceOut.model_validate(r) for r in await workspaces.list_workspaces(services, principal)]
 
 
-@router.post("/workspaces", status_code=201)
+@_user.post("/workspaces", status_code=201)
 async def create_workspace(services: ServicesDep, principal: Caller, body: WorkspaceCreate) -> WorkspaceOut:
     return WorkspaceOut.model_validate(await workspaces.create_workspace(services, principal, body.name))
 
 
-@router.get("/tokens")
+@_user.get("/tokens")
 async def list_tokens(
     services: ServicesDep,
     principal: Caller,
@@ -126,7 +180,7 @@ async def list_tokens(
     return [token_out(r) for r in await workspaces.list_tokens(services, principal, workspace)]
 
 
-@router.post("/tokens", status_code=201)
+@_user.post("/tokens", status_code=201)
 async def create_token(services: ServicesDep, principal: Caller, body: TokenCreate) -> IssuedToken:
     record, token = await workspaces.issue_token(
         services, principal, body.workspace, subject=body.subject, ttl_s=body.ttl_s
@@ -134,18 +188,18 @@ async def create_token(services: ServicesDep, principal: Caller, body: TokenCrea
     return IssuedToken.model_validate({**token_out(record).model_dump(), "token": token})
 
 
-@router.delete("/tokens/{token_id}")
+@_user.delete("/tokens/{token_id}")
 async def revoke_token(services: ServicesDep, principal: Caller, token_id: str) -> TokenOut:
     """Takes effect at once on this replica and within the auth cache's lifetime on the others."""
     return token_out(await workspaces.revoke_token(services, principal, token_id))
 
 
-@router.get("/pools")
+@_user.get("/pools")
 async def list_pools(services: ServicesDep, principal: Caller) -> list[PoolOut]:
     return [pool_out(p) for p in await pools.list_pools(services, principal)]
 
 
-@router.get("/workers")
+@_user.get("/workers")
 async def list_workers(
     services: ServicesDep,
     principal: Caller,
@@ -154,7 +208,7 @@ async def list_workers(
     return [worker_out(w) for w in await pools.list_workers(services, principal, pool)]
 
 
-@router.get("/machines")
+@_user.get("/machines")
 async def list_machines(
     services: ServicesDep,
     principal: Caller,
@@ -168,7 +222,7 @@ async def list_machines(
     ]
 
 
-@router.get("/tasks")
+@_user.get("/tasks")
 async def list_tasks(
     dataplane: DataPlaneDep,
     principal: Caller,
@@ -181,17 +235,17 @@ async def list_tasks(
     return [task_out(r) for r in await tasks.list_tasks(dataplane, principal, statuses=statuses, limit=limit)]
 
 
-@router.get("/tasks/{task_id}", responses={404: {"model": ErrorBody}})
+@_user.get("/tasks/{task_id}", responses={404: _error("No such task, or another workspace's")})
 async def get_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> TaskDetail:
     return TaskDetail.model_validate(await tasks.get_task(dataplane, principal, task_id))
 
 
-@router.get("/tasks/{task_id}/history", responses={404: {"model": ErrorBody}})
+@_user.get("/tasks/{task_id}/history", responses={404: _error("No such task, or another workspace's")})
 async def task_history(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> list[PlacementOut]:
     return [PlacementOut.model_validate(e) for e in await tasks.task_history(dataplane, principal, task_id)]
 
 
-@router.post("/tasks/{task_id}/cancel", responses={404: {"model": ErrorBody}})
+@_user.post("/tasks/{task_id}/cancel", responses={404: _error("No such task, or another workspace's")})
 async def cancel_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> CancelOut:
     """Stop the task: its worker is told to end it (its process and the processes it started).
 
@@ -202,13 +256,13 @@ async def cancel_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) 
     return CancelOut(cancelled=cancelled, task=task_out(task))
 
 
-@router.get("/secrets")
+@_user.get("/secrets")
 async def list_secrets(services: ServicesDep, principal: Caller) -> list[SecretOut]:
     """The workspace's secrets, by name: names and times only, never values."""
     return [secret_out(s) for s in await secrets.list_secrets(services, principal)]
 
 
-@router.post("/secrets", status_code=201, responses={200: {"model": SecretOut, "description": "Replaced"}})
+@_user.post("/secrets", status_code=201, responses={200: {"model": SecretOut, "description": "Replaced"}})
 async def put_secret(services: ServicesDep, principal: Caller, body: SecretCreate, response: Response) -> SecretOut:
     """Create a secret (201), or replace the value of one of the same name (200). The value is not echoed.
 
@@ -221,20 +275,22 @@ async def put_secret(services: ServicesDep, principal: Caller, body: SecretCreat
     return secret_out(info)
 
 
-@router.delete("/secrets/{name}", responses={404: {"model": ErrorBody}})
+@_user.delete("/secrets/{name}", status_code=204, responses={404: _error("The workspace has no secret of that name")})
 async def delete_secret(services: ServicesDep, principal: Caller, name: str) -> Response:
     """Delete a secret of the caller's workspace; 204, or 404 when it has none of that name."""
     await secrets.delete_secret(services, principal, name)
     return Response(status_code=204)
 
 
-@router.get("/clusters")
+@_user.get("/clusters")
 async def list_clusters(services: ServicesDep, principal: Caller) -> list[ClusterOut]:
     """The caller's workspace's attached clusters, connected or not, with their agents' last report."""
     return [cluster_out(v) for v in await clusters.list_clusters(services, principal)]
 
 
-@router.post("/clusters", status_code=201, responses={403: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+@_user.post(
+    "/clusters", status_code=201, responses={409: _error("The workspace has a cluster of that name, or a pool has it")}
+)
 async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJoin) -> ClusterJoined:
     """Attach a Kubernetes cluster to the caller's workspace: its pool, and its agent's join token (this answer
     only). ``levers9 cluster join`` renders the manifest that starts the agent from this answer."""
@@ -251,7 +307,7 @@ async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJo
     )
 
 
-@router.delete("/clusters/{name}", responses={404: {"model": ErrorBody}})
+@_user.delete("/clusters/{name}", responses={404: _error("The workspace has no cluster of that name")})
 async def remove_cluster(services: ServicesDep, principal: Caller, name: str) -> ClusterRemoved:
     """Stop the cluster's workers, revoke its agent (which then deletes its worker Jobs) and forget it; 404 for
     no such cluster."""
@@ -264,13 +320,13 @@ async def remove_cluster(services: ServicesDep, principal: Caller, name: str) ->
     )
 
 
-@router.get("/joined-machines")
+@_user.get("/joined-machines")
 async def list_joined_machines(services: ServicesDep, principal: Caller) -> list[JoinedMachineOut]:
     """The caller's joined machines (an operator's: those serving shared pools) with their agents' last report."""
     return [joined_machine_out(v) for v in await joined_machines.list_machines(services, principal)]
 
 
-@router.post("/joined-machines", status_code=201, responses={403: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+@_user.post("/joined-machines", status_code=201, responses={409: _error("A machine of that name exists")})
 async def create_joined_machine(
     services: ServicesDep, principal: Caller, body: JoinedMachineCreate
 ) -> JoinedMachineCreated:
@@ -287,7 +343,7 @@ async def create_joined_machine(
     )
 
 
-@router.delete("/joined-machines/{name}", responses={404: {"model": ErrorBody}})
+@_user.delete("/joined-machines/{name}", responses={404: _error("No joined machine of that name")})
 async def remove_joined_machine(services: ServicesDep, principal: Caller, name: str) -> JoinedMachineRemoved:
     """Drain and stop the machine's workers, revoke its agent and cut its stream; 404 for no such machine."""
     removed = await joined_machines.remove(services, principal, name)
@@ -298,12 +354,12 @@ async def remove_joined_machine(services: ServicesDep, principal: Caller, name: 
     )
 
 
-@router.get("/deployments")
+@_user.get("/deployments")
 async def list_deployments(dataplane: DataPlaneDep, principal: Caller) -> list[DeploymentOut]:
     return [deployment_out(d) for d in await deployments.list_deployments(dataplane, principal)]
 
 
-@router.post("/deployments/{name}/versions/{version}/stop", responses={404: {"model": ErrorBody}})
+@_user.post("/deployments/{name}/versions/{version}/stop", responses={404: _error("No such deployment or version")})
 async def stop_deployment_version(
     dataplane: DataPlaneDep,
     principal: Caller,
@@ -312,3 +368,9 @@ async def stop_deployment_version(
 ) -> DeploymentVersionOut:
     """Stop one version; the others keep serving. Stopping a stopped version again is not an error."""
     return DeploymentVersionOut.model_validate(await deployments.stop_version(dataplane, principal, name, version))
+
+
+#: every route of the REST API, each with the responses of its kind
+router = APIRouter()
+router.include_router(_open)
+router.include_router(_user)
