@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from levers9.engine import host_guard
 from levers9.engine.network import (
     Attachment,
     Bridge,
@@ -63,6 +64,25 @@ with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as s:
     while data := s.recv(65536):
         chunks.append(data)
 sys.stdout.write(b"".join(chunks).decode())
+"""
+
+# Tries one TCP connection and says how it went: connected, refused, timed out, or failed with an errno.
+PROBE = """
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+s = socket.socket(family, kind, proto)
+s.settimeout(5)
+try:
+    s.connect(address)
+except ConnectionRefusedError:
+    print("refused")
+except TimeoutError:
+    print("timed out")
+except OSError as exc:
+    print("failed", exc.errno)
+else:
+    print("connected")
 """
 
 SUBNET_POOL = ipaddress.IPv4Network("10.210.0.0/16")
@@ -159,6 +179,43 @@ def bridge(tmp_path: Path, subnet: str, new_id: Callable[[str], str]) -> Iterato
     finally:
         br.destroy()
         assert not link_exists(br.name), f"bridge {br.name} left behind"
+        assert not chain_exists(host_guard.chain_name(br.name)), f"iptables chain of {br.name} left behind"
+
+
+def chain_exists(chain: str) -> bool:
+    return subprocess.run(["iptables", "-w", "-S", chain], capture_output=True, check=False).returncode == 0
+
+
+def input_jumps(bridge: str) -> int:
+    listing = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True, check=True).stdout
+    return listing.splitlines().count(f"-A INPUT -i {bridge} -j {host_guard.chain_name(bridge)}")
+
+
+def probe_from(ns: str, host: str, port: int) -> str:
+    done = ip("netns", "exec", ns, sys.executable, "-c", PROBE, host, str(port))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def host_addresses(exclude: str) -> list[str]:
+    """Every address of the host but loopback and the bridge's own (those the container might aim at)."""
+    found = []
+    for family in ("-4", "-6"):
+        for link in json.loads(ip("-j", family, "addr", "show").stdout or "[]"):
+            if link.get("ifname") in ("lo", exclude):
+                continue
+            for a in link.get("addr_info", []):
+                if not a["local"].startswith("fe80:"):
+                    found.append(a["local"])
+    return found
+
+
+def link_local(mac: str) -> str:
+    """The IPv6 link-local address the kernel derives from a MAC (EUI-64)."""
+    octets = [int(x, 16) for x in mac.split(":")]
+    octets[0] ^= 0x02
+    eui = [*octets[:3], 0xFF, 0xFE, *octets[3:]]
+    return "fe80::" + ":".join(f"{eui[i] << 8 | eui[i + 1]:x}" for i in range(0, 8, 2))
 
 
 @contextlib.contextmanager
@@ -190,7 +247,9 @@ def client_in(ns: str, host: str, port: int, payload: str) -> str:
     return done.stdout
 
 
-def test_two_containers_reach_each_other_the_gateway_and_the_host(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+def test_two_containers_reach_each_other_and_the_host_reaches_them(
+    bridge: Bridge, new_id: Callable[[str], str]
+) -> None:
     a = bridge.attach(new_id("a"))
     b = bridge.attach(new_id("b"))
 
@@ -217,28 +276,81 @@ def test_two_containers_reach_each_other_the_gateway_and_the_host(bridge: Bridge
             s.shutdown(socket.SHUT_WR)
             assert s.makefile("rb").read() == b"from host"
 
-    # A container reaches the host at the gateway address.
-    with socket.create_server((bridge.gateway, 0)) as srv:
-        srv.settimeout(60)
-        port = srv.getsockname()[1]
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", b.netns_name, sys.executable, "-c", CLIENT, bridge.gateway, str(port), "to gw"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            conn, (peer, _) = srv.accept()
-            with conn:
-                assert conn.makefile("rb").read() == b"to gw"
-                conn.sendall(b"from gw")
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        assert peer == b.ip
-        assert (proc.returncode, out) == (0, "from gw"), err
+
+def test_a_container_cannot_open_a_connection_to_the_host(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    """Services the host listens on at 0.0.0.0 and :: are closed to containers: at the gateway, at any other
+    address of the host, and over IPv6 (the bridge has none); the host still reaches the container."""
+    att = bridge.attach(new_id("a"))
+    v4 = socket.create_server(("0.0.0.0", 0))
+    v6 = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True) if socket.has_ipv6 else None
+    try:
+        mac = json.loads(ip("-j", "link", "show", "dev", bridge.name).stdout)[0]["address"]
+        targets = [(bridge.gateway, v4), *[(a, v4 if ":" not in a else v6) for a in host_addresses(bridge.name)]]
+        if v6 is not None:
+            targets.append((f"{link_local(mac)}%eth0", v6))
+        outcomes = {}
+        for host, server in targets:
+            assert server is not None
+            outcomes[host] = probe_from(att.netns_name, host, server.getsockname()[1])
+        assert all(result != "connected" for result in outcomes.values()), outcomes
+        assert outcomes[bridge.gateway] == "refused"  # answered with a reset, not left to time out
+        for server in (v4, v6):
+            if server is not None:
+                server.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    server.accept()  # nothing ever reached the listener
+        assert Path(f"/proc/sys/net/ipv6/conf/{bridge.name}/disable_ipv6").read_text().strip() == "1"
+    finally:
+        v4.close()
+        if v6 is not None:
+            v6.close()
+    with echo_server(att) as port, socket.create_connection((att.ip, port), timeout=30) as s:
+        s.sendall(b"the host still gets in")
+        s.shutdown(socket.SHUT_WR)
+        assert s.makefile("rb").read() == b"the host still gets in"
+
+
+def test_the_host_guard_is_repaired_by_ensure_and_removed_with_the_bridge(
+    bridge: Bridge, new_id: Callable[[str], str]
+) -> None:
+    chain = host_guard.chain_name(bridge.name)
+    assert host_guard.is_guarded(bridge.name)
+    assert input_jumps(bridge.name) == 1
+    subprocess.run(["iptables", "-w", "-D", "INPUT", "-i", bridge.name, "-j", chain], check=True)
+    subprocess.run(["iptables", "-w", "-F", chain], check=True)
+    assert not host_guard.is_guarded(bridge.name)
+    bridge.ensure()
+    assert host_guard.is_guarded(bridge.name)
+    assert input_jumps(bridge.name) == 1
+    bridge.ensure()
+    assert input_jumps(bridge.name) == 1  # checked, not added twice
+    att = bridge.attach(new_id("a"))
+    with socket.create_server(("0.0.0.0", 0)) as server:
+        assert probe_from(att.netns_name, bridge.gateway, server.getsockname()[1]) == "refused"
+    bridge.destroy()
+    assert not chain_exists(chain)
+    assert input_jumps(bridge.name) == 0
+
+
+def test_without_iptables_no_container_is_attached(
+    tmp_path: Path, subnet: str, new_id: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    ip_binary = subprocess.run(["sh", "-c", "command -v ip"], capture_output=True, text=True, check=True).stdout
+    (empty / "ip").symlink_to(ip_binary.strip())
+    br = Bridge(name=f"l9t{secrets.token_hex(5)}", subnet=subnet, state_dir=tmp_path / "net")
+    cid = new_id("a")
+    try:
+        with monkeypatch.context() as patched:
+            patched.setenv("PATH", str(empty))
+            patched.setattr(host_guard, "FALLBACK_PATHS", ())
+            with pytest.raises(NetworkError, match=r"iptables is not installed.*apt-get install -y iptables"):
+                br.attach(cid)
+        assert netns_name(cid) not in netns_list()
+        assert not link_exists(veth_name(cid))
+    finally:
+        br.destroy()
 
 
 def test_attach_is_idempotent_and_detach_releases_everything(bridge: Bridge, new_id: Callable[[str], str]) -> None:

@@ -7,8 +7,24 @@ veth pair and gets an address from a private subnet; the bridge holds the subnet
 and is the namespace's default gateway.
 
 Nothing here touches ``net.ipv4.ip_forward`` or adds NAT: containers on one bridge talk over the
-bridge (layer 2), and a container reaches the worker at the gateway address, which is local to the
-host, so neither needs routing between interfaces. Containers get no way out to other networks.
+bridge (layer 2), and the host reaches them through the bridge's route, so nothing needs routing between
+interfaces. Containers get no way out to other networks, and no way in to the host either: the gateway
+address is the host's own, so every service the host listens on at ``0.0.0.0`` would be reachable there
+(and at any other address of the host, which Linux answers on every interface). Nothing a container
+legitimately does dials the host: the worker connects to the runner inside the container (through the
+forwarded port below), and the gateway's tunnel connects to a serving container's address. So the
+bridge is guarded (:mod:`levers9.engine.host_guard`) before any container is attached to it: the host
+accepts from the bridge only packets of connections it opened itself, refuses new TCP connections with
+a reset, drops the rest, and has IPv6 off on the bridge. This is a rule in the host's ``INPUT`` chain,
+not in each container's namespace, because gVisor's own network stack sends through a packet socket that
+a namespace's ``OUTPUT`` chain never sees; and it fails closed: where ``iptables`` is missing or refuses,
+:meth:`Bridge.ensure` raises and no container is attached. A firewall manager that later rebuilds the
+host's ``INPUT`` chain drops the jump until the next :meth:`Bridge.ensure` (every container start) puts
+it back first in line.
+
+Each namespace lets its processes bind ports below 1024 (``net.ipv4.ip_unprivileged_port_start`` 0):
+the namespace is the container's alone, and the root of a container in a user namespace has no
+privilege over a namespace the host made, so it could not bind port 80 otherwise.
 
 Ports are published with a userspace TCP forwarder rather than DNAT rules, because iptables and
 nftables cannot be relied on where workers run; it runs in-process (:class:`PortForward`) or as a
@@ -36,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from levers9.engine.host_guard import HostGuardError, guard, unguard
 from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 
@@ -51,6 +68,8 @@ IFNAME_MAX = 15
 CONTAINER_IFNAME = "eth0"
 #: long enough for a loaded machine, short enough that a wedged ``ip`` does not hang a worker
 IP_TIMEOUT_S = 30.0
+#: ports from this one up may be bound without privilege; set to 0 inside every container's namespace
+UNPRIVILEGED_PORT_START = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
 #: how long the forwarder waits for the container to accept before dropping the client
 CONNECT_TIMEOUT_S = 10.0
 _STATE_SUFFIX = ".json"
@@ -238,13 +257,14 @@ class Bridge:
         return sorted(found, key=lambda a: ipaddress.IPv4Address(a.ip))
 
     def destroy(self) -> None:
-        """Detach every container and delete the bridge, including veths no record mentions."""
+        """Detach every container and delete the bridge (and its host guard), including veths no record mentions."""
         with self._locked():
             for attachment in self.attachments():
                 self._unwire(attachment.container_id)
                 self._state_path(attachment.container_id).unlink(missing_ok=True)
             bridge = _link(self.name)
             if bridge is None:
+                self._unguard()
                 return
             if self._kind(bridge) != "bridge":
                 raise NetworkError(
@@ -255,6 +275,7 @@ class Bridge:
                 if ifname.startswith("l9h"):
                     _run_ip("link", "del", "dev", ifname, check=False)
             _run_ip("link", "del", "dev", self.name)
+            self._unguard()
 
     # -- the bridge ---------------------------------------------------------------------------
 
@@ -276,6 +297,16 @@ class Bridge:
             _run_ip("addr", "add", f"{self.gateway}/{self.network.prefixlen}", "dev", self.name)
         if "UP" not in (bridge or {}).get("flags", []):
             _run_ip("link", "set", "dev", self.name, "up")
+        try:
+            guard(self.name)
+        except HostGuardError as exc:
+            raise NetworkError(str(exc)) from exc
+
+    def _unguard(self) -> None:
+        try:
+            unguard(self.name)
+        except HostGuardError as exc:
+            raise NetworkError(str(exc)) from exc
 
     def _check_subnet_free(self) -> None:
         """Refuse a subnet another interface uses: two routes for it would send traffic the wrong way."""
@@ -307,6 +338,7 @@ class Bridge:
         _run_ip("-n", ns, "link", "set", "dev", "lo", "up")
         _run_ip("-n", ns, "link", "set", "dev", CONTAINER_IFNAME, "up")
         _run_ip("-n", ns, "route", "add", "default", "via", a.gateway, "dev", CONTAINER_IFNAME)
+        _run_ip("netns", "exec", ns, "/bin/sh", "-c", f"echo 0 > {UNPRIVILEGED_PORT_START}")
 
     def _unwire(self, container_id: str) -> None:
         # The veth goes first and explicitly: deleting the namespace only unmounts it, and the
