@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from levers9.controlplane.http import create_http_app
 from levers9.services.auth import PermissionDenied, Unauthenticated
 from levers9.services.errors import ERRORS, error_answer
-from levers9.state.errors import AlreadyExists, Conflict, InvalidTransition, NotFound
+from levers9.state.errors import AlreadyExists, Conflict, DataDirectoryFull, InvalidTransition, NotFound
 from levers9.state.sql.database import Database
 from tests.controlplane.conftest import Api, bearer
 
@@ -57,7 +57,7 @@ async def _call(api: Api, method: str, path: str, body: dict[str, Any] | None, t
 async def test_health_needs_no_token_and_reports_both_stores(api: Api) -> None:
     response = await api.client.get("/api/v1/health")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    assert response.json() == {"status": "ok", "database": "ok", "redis": "ok", "disk": "ok"}
 
 
 async def test_health_is_degraded_when_redis_does_not_answer(api: Api) -> None:
@@ -552,6 +552,7 @@ async def test_a_finished_task_stays_finished_when_cancelled(api: Api) -> None:
         (Unauthenticated("who?"), 401, "unauthenticated"),
         (PermissionDenied("not yours"), 403, "permission_denied"),
         (ValueError("bad value"), 400, "invalid_request"),
+        (DataDirectoryFull("/var/lib/levers9", 4096, 64 << 20), 507, "insufficient_storage"),
     ],
 )
 async def test_domain_errors_map_to_statuses_in_one_table(api: Api, exc: Exception, status: int, kind: str) -> None:

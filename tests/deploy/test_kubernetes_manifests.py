@@ -566,7 +566,7 @@ def test_a_pod_of_the_deployment_serves_with_the_secrets_as_its_only_source_of_c
         scheme = "https" if tls else "http"
         verify: ssl.SSLContext | bool = ssl.create_default_context(cadata=ca.pem.decode()) if tls else False
         ready = _wait_ready(pod, f"{scheme}://127.0.0.1:{http_port}{READINESS_PATH}", verify)
-        assert ready.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+        assert ready.json() == {"status": "ok", "database": "ok", "redis": "ok", "disk": "ok"}
         assert httpx.get(f"{scheme}://127.0.0.1:{http_port}{LIVENESS_PATH}", verify=verify).status_code == 200
         scraped = httpx.get(f"{scheme}://127.0.0.1:{metrics_port}{METRICS_PATH}", verify=verify)
         assert scraped.status_code == 200

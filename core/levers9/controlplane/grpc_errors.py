@@ -20,7 +20,7 @@ from levers9.hooks.errors import Levers9Error
 from levers9.services.auth import PermissionDenied, Unauthenticated
 from levers9.services.errors import NoPoolOffers
 from levers9.services.stubs import InvalidStub
-from levers9.state.errors import AlreadyExists, Conflict, InvalidTransition, NotFound
+from levers9.state.errors import AlreadyExists, Conflict, DataDirectoryFull, InvalidTransition, NotFound
 
 __all__ = ["STATUS_OF", "status_of", "streaming", "unary"]
 
@@ -38,6 +38,8 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidStub, grpc.StatusCode.INVALID_ARGUMENT),
     (UnknownGpuType, grpc.StatusCode.INVALID_ARGUMENT),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+    # refused for want of room, not retried by the SDK as UNAVAILABLE would be: the caller reads why
+    (DataDirectoryFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Levers9Error, grpc.StatusCode.FAILED_PRECONDITION),
 )
 

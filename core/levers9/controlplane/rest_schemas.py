@@ -91,6 +91,8 @@ class Health(BaseModel):
     database: str
     #: "ok", or why Redis did not answer
     redis: str
+    #: "ok", or "data directory full: ..." (naming the directory and what is free there)
+    disk: str
 
 
 class WorkspaceCreate(_In):

@@ -29,6 +29,7 @@ __all__ = [
     "CONFLICT",
     "ERROR_TYPES",
     "HANDLER_ERROR",
+    "INSUFFICIENT_STORAGE",
     "INTERNAL",
     "INVALID_JSON",
     "INVALID_REQUEST",
@@ -78,6 +79,8 @@ PERMISSION_DENIED = "permission_denied"
 ALREADY_EXISTS = "already_exists"
 CONFLICT = "conflict"
 INVALID_TRANSITION = "invalid_transition"
+#: 507: the controlplane's data directory is full; new work is refused until space is freed there
+INSUFFICIENT_STORAGE = "insufficient_storage"
 
 #: type -> the HTTP status it is answered with
 ERROR_TYPES: dict[str, int] = {
@@ -98,6 +101,7 @@ ERROR_TYPES: dict[str, int] = {
     ALREADY_EXISTS: 409,
     CONFLICT: 409,
     INVALID_TRANSITION: 409,
+    INSUFFICIENT_STORAGE: 507,
 }
 
 #: the message for a JSON body whose nesting is deeper than the parser can follow (it raised RecursionError)

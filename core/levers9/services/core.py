@@ -12,6 +12,7 @@ from levers9.scheduler.service import Scheduler
 from levers9.services.agent_store import AgentStore
 from levers9.services.auth import Authenticator
 from levers9.state.crypto import SecretBox
+from levers9.state.disk import require_room
 from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
 from levers9.state.sql.database import Database, open_database
@@ -62,6 +63,10 @@ class Services:
     @property
     def pools(self) -> dict[str, PoolSpec]:
         return self.scheduler.ctx.pools
+
+    def require_room(self) -> None:
+        """Raise :class:`~levers9.state.errors.DataDirectoryFull` while the data directory is too full for new work."""
+        require_room(self.config.data_dir)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

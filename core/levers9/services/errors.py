@@ -3,7 +3,9 @@
 Services raise what went wrong in the caller's terms: :class:`NotFound` (also
 for what exists but is not the caller's, so ids cannot be probed),
 :class:`PermissionDenied`, :class:`Unauthenticated`, :class:`ValueError` and its
-subclasses for invalid input (each naming the field and what it accepts). Each
+subclasses for invalid input (each naming the field and what it accepts),
+:class:`DataDirectoryFull` for work refused while the data directory has no
+room (507 here, ``RESOURCE_EXHAUSTED`` over gRPC). Each
 transport maps them once: HTTP here, in :data:`ERRORS` (shared by the REST API
 and the gateway, so the gateway need not import the controlplane), gRPC in
 :mod:`levers9.controlplane.grpc_errors`.
@@ -15,12 +17,13 @@ import pydantic
 
 from levers9.scheduler.candidates import NoPoolOffers
 from levers9.services.auth import PermissionDenied, Unauthenticated
-from levers9.state.errors import AlreadyExists, Conflict, InvalidTransition, NotFound
+from levers9.state.errors import AlreadyExists, Conflict, DataDirectoryFull, InvalidTransition, NotFound
 
 __all__ = [
     "ERRORS",
     "AlreadyExists",
     "Conflict",
+    "DataDirectoryFull",
     "InvalidTransition",
     "NoPoolOffers",
     "NotFound",
@@ -38,6 +41,8 @@ ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
     (InvalidTransition, 409, "invalid_transition"),
     (Unauthenticated, 401, "unauthenticated"),
     (PermissionDenied, 403, "permission_denied"),
+    # the request may be fine: the server has no room for it now (and its health check says so)
+    (DataDirectoryFull, 507, "insufficient_storage"),
     (ValueError, 400, "invalid_request"),
 )
 

@@ -31,6 +31,23 @@ class DecryptionError(StateError):
     """
 
 
+class DataDirectoryFull(StateError):
+    """The data directory (where SQLite, logs and checkpoints live) has no room: new work is refused until it has.
+
+    Nothing is latched: the first request after space returns works. The message names the directory and
+    what is free there, which is what an operator acts on.
+    """
+
+    def __init__(self, path: str, free_bytes: int, needed_bytes: int) -> None:
+        super().__init__(
+            f"data directory full: {path} has {free_bytes} bytes free (levers9 takes new work with at least "
+            f"{needed_bytes} free); free space there"
+        )
+        self.path = path
+        self.free_bytes = free_bytes
+        self.needed_bytes = needed_bytes
+
+
 class NotFound(StateError):
     """The record a caller named does not exist."""
 
@@ -55,6 +72,7 @@ class InvalidTransition(StateError):
 __all__ = [
     "AlreadyExists",
     "Conflict",
+    "DataDirectoryFull",
     "DatabaseUrlError",
     "DecryptionError",
     "InvalidTransition",

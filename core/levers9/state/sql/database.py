@@ -9,6 +9,13 @@ are private to the user running levers9: the file is created 0600 before
 SQLite first opens it (SQLite gives its -wal and -shm files the database
 file's mode), a directory created for it is 0700, and files found with looser
 modes are tightened each time the database is opened.
+
+A SQLite transaction that fails because the disk under the file is full
+raises :class:`~levers9.state.errors.DataDirectoryFull` naming the file's
+directory and what is free there (:mod:`levers9.state.disk`), from every way
+in (:meth:`Database.transaction`, :meth:`Database.run`,
+:meth:`Database.run_direct`): callers answer it as a refusal, never as an
+internal error, and the next transaction after space returns goes through.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from levers9.config.data_dir import PRIVATE_DIR, PRIVATE_FILE, tighten
+from levers9.state.disk import full_error, is_full
 from levers9.state.errors import DatabaseUrlError, StateError
 
 if TYPE_CHECKING:
@@ -165,6 +173,8 @@ class Database:
         )
         #: for :meth:`run_direct`: the driver's own connection, opened on (and only used from) that thread
         self._direct: sqlite3.Connection | None = None
+        #: the directory of the SQLite file, named when its disk is full; None for PostgreSQL
+        self._sqlite_dir = Path(str(engine.url.database)).parent if self._serial is not None else None
 
     @property
     def dialect(self) -> str:
@@ -186,12 +196,21 @@ class Database:
             async with self.sessions() as session, session.begin():
                 yield session
             return
-        async with self._serial, self.sessions() as session, session.begin():
-            began = time.monotonic()
-            try:
-                yield session
-            finally:
-                _held(began, None)
+        try:
+            async with self._serial, self.sessions() as session, session.begin():
+                began = time.monotonic()
+                try:
+                    yield session
+                finally:
+                    _held(began, None)
+        except Exception as exc:
+            self._raise_if_full(exc)
+            raise
+
+    def _raise_if_full(self, exc: Exception) -> None:
+        """Raise :class:`~levers9.state.errors.DataDirectoryFull` (from ``exc``) when ``exc`` is SQLite's full disk."""
+        if self._sqlite_dir is not None and is_full(exc):
+            raise full_error(self._sqlite_dir) from exc
 
     async def run(self, work: Callable[[Connection], T]) -> T:
         """``work(connection)`` inside one transaction, committed when it returns, rolled back if it raises.
@@ -219,8 +238,12 @@ class Database:
             finally:
                 _held(began, f"Database.run({getattr(work, '__qualname__', work)!r})")
 
-        async with self._serial:
-            return await asyncio.get_running_loop().run_in_executor(thread, transaction)
+        try:
+            async with self._serial:
+                return await asyncio.get_running_loop().run_in_executor(thread, transaction)
+        except Exception as exc:
+            self._raise_if_full(exc)
+            raise
 
     @property
     def direct(self) -> bool:
@@ -259,8 +282,12 @@ class Database:
             finally:
                 _held(began, f"Database.run_direct({getattr(work, '__qualname__', work)!r})")
 
-        async with serial:
-            return await asyncio.get_running_loop().run_in_executor(thread, transaction)
+        try:
+            async with serial:
+                return await asyncio.get_running_loop().run_in_executor(thread, transaction)
+        except Exception as exc:
+            self._raise_if_full(exc)
+            raise
 
     def _open_direct(self) -> sqlite3.Connection:
         connection = sqlite3.connect(str(self.engine.url.database), isolation_level=None, check_same_thread=True)

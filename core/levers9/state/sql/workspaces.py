@@ -8,13 +8,14 @@ the API.
 from __future__ import annotations
 
 import builtins
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from levers9.state.crypto import hash_token, new_token
-from levers9.state.errors import AlreadyExists, NotFound
+from levers9.state.errors import AlreadyExists, DataDirectoryFull, NotFound
 from levers9.state.sql._common import check_name, retry_on_race
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Token, Workspace, new_id, utcnow
@@ -163,9 +164,17 @@ class TokenStore:
                 return None
             if wanted is not None and row.kind != wanted.value:
                 return None
-            if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
-                row.last_used_at = now
-            return _token(row)
+            record = _token(row)
+        if record.last_used_at is None or now - record.last_used_at >= LAST_USED_RESOLUTION:
+            # A transaction of its own, after the read: the stamp is bookkeeping, and a disk too full to
+            # write it must not refuse a valid token (every read of the API would fail with it).
+            try:
+                async with self._db.transaction() as session:
+                    await session.execute(update(Token).where(Token.id == record.id).values(last_used_at=now))
+            except DataDirectoryFull:
+                return record
+            record = replace(record, last_used_at=now)
+        return record
 
     async def get(self, token_id: str) -> TokenRecord | None:
         async with self._db.transaction() as session:
