@@ -120,6 +120,9 @@ class Cp:
     services: Services
     stub: worker_pb2_grpc.WorkerStub
     port: int
+    #: the data plane behind the service (its metrics are :attr:`metrics`)
+    dataplane: DataPlane
+    metrics: Metrics
 
     async def machine(self, pool: str = "cpu", *, register_in_s: float = 600.0) -> tuple[str, str]:
         """A machine record and its join token, as the provisioner makes them before calling the provider."""
@@ -142,9 +145,12 @@ class Cp:
 
 
 @contextlib.asynccontextmanager
-async def worker_service(services: Services, name: str) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerStub, int]]:
-    """The real Worker gRPC service on ``services``, on a free port, and a stub dialling it; stopped on exit."""
-    dataplane = DataPlane(services, Hub(services.redis, name=name))
+async def worker_service(
+    services: Services, name: str, dataplane: DataPlane | None = None
+) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerStub, int]]:
+    """The real Worker gRPC service on ``services`` (and ``dataplane``, else its own), on a free port, and a stub
+    dialling it; stopped on exit."""
+    dataplane = dataplane or DataPlane(services, Hub(services.redis, name=name))
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(dataplane), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
@@ -160,5 +166,7 @@ async def worker_service(services: Services, name: str) -> AsyncIterator[tuple[w
 
 @pytest.fixture
 async def cp(services: Services) -> AsyncIterator[Cp]:
-    async with worker_service(services, "worker-service-test") as (stub, port):
-        yield Cp(services, stub, port)
+    metrics = Metrics()
+    dataplane = DataPlane(services, Hub(services.redis, name="worker-service-test"), metrics)
+    async with worker_service(services, "worker-service-test", dataplane) as (stub, port):
+        yield Cp(services, stub, port, dataplane, metrics)

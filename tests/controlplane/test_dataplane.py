@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -16,9 +19,10 @@ from levers9.state.sql.records import TokenKind
 from .conftest import Api
 
 
-async def _until(check: object, timeout: float = 10.0) -> None:
+async def _until(check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Until ``check()`` (or what it returns, awaited) is true, within ``timeout`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():  # type: ignore[operator]
+    while not (await answer if inspect.isawaitable(answer := check()) else answer):
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("the condition did not hold within 10 s")
         await asyncio.sleep(0.02)
@@ -226,4 +230,138 @@ async def test_a_success_reaches_its_callers_watch_before_it_is_stored_and_a_fai
         await watch.aclose()
     finally:
         held.set()
+        await dp.close()
+
+
+async def test_a_worker_cannot_start_log_or_finish_a_call_never_placed_on_it(api: Api) -> None:
+    """A registered worker reports on another workspace's pending call: nothing of it is stored or delivered.
+
+    The call asks for an L4, so no CPU worker could ever be given it; before the check, the store took
+    the start, the output and the pickled result of any worker of any pool for a task owned by none.
+    """
+    services = api.services
+    dp = DataPlane(services, Hub(services.redis, name="test"), api.metrics)
+    victim, _ = await api.user("team-b")
+    them = Principal(token_id="t", kind=TokenKind.USER, workspace_id=victim.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(them, {"name": "f", "gpu": ["L4"]}, b"pickled handler")
+    [task_id] = await dp.submit(them, stub_id, [b"args"])
+    await api.worker("w-forged", "cpu")
+    watch = dp.watch(them, [task_id])
+    delivered = asyncio.ensure_future(anext(watch))
+    try:
+        await dp.report(
+            "w-forged",
+            WorkerReport(
+                started=[(task_id, "c1")],
+                outcomes=[TaskOutcome(task_id, "complete", b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.")],
+                logs=[(task_id, b"owned\n")],
+            ),
+        )
+
+        def refused() -> bool:
+            return api.metrics.worker_refusals.labels(replica="local", what="report")._value.get() > 0
+
+        await _until(refused)
+        await _until(lambda: dp.reports.idle)  # the flusher has taken (and stored) what it was given
+        await asyncio.sleep(0.2)
+        task = await services.tasks.get(task_id)
+        assert task is not None
+        assert (task.status.value, task.worker_id, task.container_id) == ("pending", None, None)
+        assert await dp.calls.results([task_id]) == []
+        assert not delivered.done()  # the caller's watch got nothing
+        state = await services.scheduler.backlog.get(task_id)
+        assert state is not None
+        assert (state.state, state.worker) == ("queued", None)
+    finally:
+        delivered.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await delivered
+        await watch.aclose()
+        await dp.close()
+
+
+async def test_a_late_report_of_a_call_placed_again_is_not_stored_even_by_the_replica_that_sent_it(api: Api) -> None:
+    """The worker the call was sent from here was presumed dead; the call was queued again. Its late outcome is
+    dropped on Redis's word (the request is placed on no worker now), whatever this replica remembers of it."""
+    services = api.services
+    dp = DataPlane(services, Hub(services.redis, name="test"), api.metrics)
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(me, {"name": "f", "cpu_millicores": 2000}, b"pickled handler")
+    await api.worker("w1", "cpu")
+    [task_id] = await dp.submit(me, stub_id, [b"a"])
+    await services.scheduler.place_once()
+    try:
+        assert [d.task_id for d in await dp.take("w1")] == [task_id]
+        assert await services.scheduler.remove_worker("w1", "was silent", force=True) == [task_id]
+        await dp.report("w1", WorkerReport(outcomes=[TaskOutcome(task_id, "complete", b"late")]))
+
+        def refused() -> bool:
+            return api.metrics.worker_refusals.labels(replica="local", what="outcome")._value.get() > 0
+
+        await _until(refused)
+        await _until(lambda: dp.reports.idle)
+        await asyncio.sleep(0.2)
+        task = await services.tasks.get(task_id)
+        assert task is not None
+        assert task.status.value == "pending"
+
+        # placed again, on a worker of its own: that worker's outcome is the one stored
+        await api.worker("w2", "cpu")
+        await services.scheduler.place_once()
+        assert [d.task_id for d in await dp.take("w2")] == [task_id]
+        await dp.report("w2", WorkerReport(outcomes=[TaskOutcome(task_id, "complete", b"right")]))
+
+        async def stored() -> bool:
+            return bool(await dp.calls.results([task_id]))
+
+        await _until(stored)
+        [result] = await dp.calls.results([task_id])
+        assert (result.status, result.result) == ("complete", b"right")
+    finally:
+        await dp.close()
+
+
+async def test_a_worker_reads_and_writes_payloads_of_its_own_calls_only(api: Api) -> None:
+    """GetBlob and PutBlob for a task not placed on the worker answer NotFound and are counted as refused."""
+    from levers9.payloads import parse_ref
+    from levers9.services import fleet
+    from levers9.state.errors import NotFound
+
+    services = api.services
+    dp = DataPlane(services, Hub(services.redis, name="test"), api.metrics)
+    victim, _ = await api.user("team-b")
+    them = Principal(token_id="t", kind=TokenKind.USER, workspace_id=victim.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(them, {"name": "f", "cpu_millicores": 2000}, b"pickled handler")
+    big = b"x" * (2 * 1024 * 1024)  # stored as a blob: the task's arguments name it
+    [theirs] = await dp.submit(them, stub_id, [big])
+    [task] = await dp.calls.dispatch([theirs])
+    ref = parse_ref(task.args)
+    assert ref is not None
+    await api.worker("w1", "cpu")
+    await api.worker("w2", "cpu")
+    await services.scheduler.place_once()
+    state = await services.scheduler.backlog.get(theirs)
+    assert state is not None
+    assert state.worker is not None
+    owner = state.worker
+    other = {"w1": "w2", "w2": "w1"}[owner]
+    spec = services.pools["cpu"]
+    try:
+        intruder = fleet.WorkerIdentity(spec, other, 0)
+        with pytest.raises(NotFound):
+            async for _ in fleet.read_arguments(dp, intruder, theirs, ref[0]):
+                pass
+
+        async def one() -> AsyncIterator[bytes]:
+            yield b"cos\nsystem\n(S'id'\ntR."
+
+        with pytest.raises(NotFound):
+            await fleet.store_result(dp, intruder, theirs, 21, one())
+        assert api.metrics.worker_refusals.labels(replica="local", what="arguments")._value.get() == 1
+        assert api.metrics.worker_refusals.labels(replica="local", what="result")._value.get() == 1
+        # the worker it was placed on may
+        mine = fleet.WorkerIdentity(spec, owner, 0)
+        assert b"".join([p async for p in fleet.read_arguments(dp, mine, theirs, ref[0])]) == big
+    finally:
         await dp.close()

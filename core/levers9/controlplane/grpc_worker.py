@@ -196,7 +196,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
-        session = _Session(self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel)
+        session = _Session(
+            self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel,
+            peer_host=tunnels.peer_host(context.peer() or ""),
+        )  # fmt: skip
         async with contextlib.aclosing(session.run(request_iterator)) as messages:  # closed with this stream
             async for message in messages:
                 yield message
@@ -282,12 +285,23 @@ class _Sessions:
 
 
 class _Session:
-    def __init__(self, dp: DataPlane, sessions: _Sessions, worker_id: str, *, gpus: int, tunnel: bool = False) -> None:
+    def __init__(
+        self,
+        dp: DataPlane,
+        sessions: _Sessions,
+        worker_id: str,
+        *,
+        gpus: int,
+        tunnel: bool = False,
+        peer_host: str = "",
+    ) -> None:
         self.dp = dp
         self.sessions = sessions
         self.worker_id = worker_id
         #: its serving containers are reached through its tunnel
         self.tunnel = tunnel
+        #: the address its session comes from ("" when not an IP): where its serving containers may answer
+        self.peer_host = peer_host
         #: GPUs of this worker: a GPU stub placed here by its CPU fallback runs without any
         self.gpus = gpus
         self.sent_stubs: set[str] = set()
@@ -402,9 +416,10 @@ class _Session:
                 report = WorkerReport(
                     started=[(s.task_id, s.container_id) for s in message.started],
                     serving=[
-                        self._serving(ServingReport(s.task_id, s.address, dict(s.ports)))
+                        admitted
                         for s in message.started
-                        if s.address or s.ports
+                        if (s.address or s.ports)
+                        and (admitted := self._serving(ServingReport(s.task_id, s.address, dict(s.ports))))
                     ],
                     outcomes=[
                         TaskOutcome(
@@ -421,8 +436,8 @@ class _Session:
                 )
                 await self.dp.report(self.worker_id, report)
 
-    def _serving(self, report: ServingReport) -> ServingReport:
-        return tunnels.through_tunnel(self.worker_id, report) if self.tunnel else report
+    def _serving(self, report: ServingReport) -> ServingReport | None:
+        return fleet.serving_report(self.dp, self.worker_id, report, tunnel=self.tunnel, peer_host=self.peer_host)
 
     async def _leave(self) -> None:
         """A drained worker that hung up is gone for good: take it out now instead of waiting for the reaper."""

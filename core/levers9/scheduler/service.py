@@ -36,7 +36,7 @@ from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.scheduler.request import PlacementRequest
 from levers9.state.errors import InvalidTransition, NotFound
-from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Taken
+from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Released, Taken
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
 from levers9.state.sql.machines import MachineStore
@@ -379,6 +379,20 @@ class Scheduler:
         """
         if not request_ids:
             return 0
+        done = await self._release(request_ids, worker)
+        return sum(1 for d in done if d is not None)
+
+    async def release_reported(self, worker: str, request_ids: Sequence[str]) -> list[str]:
+        """:meth:`release_many` for what ``worker`` reported finished; the ids it may not report on.
+
+        Those are the requests Redis has placed on another worker, or on none: the worker's outcomes for them
+        must not be stored (a late report from a worker presumed dead, or a forged one).
+        """
+        if not request_ids:
+            return []
+        return (await self._release(request_ids, worker)).refused
+
+    async def _release(self, request_ids: Sequence[str], worker: str | None) -> Released:
         # about as many waiting requests are woken as places were freed, not the whole queue: each woken
         # request is looked at by the next placement pass, and most could not fit anyway
         done = await self.ctx.backlog.finish_many(request_ids, self.ctx.now_ms(), worker=worker, wake_per_freed=2)
@@ -387,7 +401,7 @@ class Scheduler:
         # and the loop's pass over an empty backlog (two round trips) is saved.
         if done.woken:
             self.ctx.placer_wanted.set()
-        return sum(1 for d in done if d is not None)
+        return done
 
     async def retry(self, request_id: str, reason: str) -> bool:
         """Run a failed attempt again: free its worker, count the attempt in SQL and queue the request anew.

@@ -9,16 +9,19 @@ worker's session; the session takes it with :meth:`DataPlane.take`, which
 also loads its arguments; the worker reports with :meth:`DataPlane.report`,
 which stores outcomes in one transaction per batch, retries failed attempts
 the stub allows to retry, frees the worker's resources and wakes watchers.
+
+A worker reports only on what was placed on it; what it reports goes through
+:class:`~levers9.services.worker_reports.WorkerReports`, whose docstring says
+how that is checked and what a refusal does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -33,14 +36,15 @@ from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
-from levers9.services.reports import ServingListener, TaskOutcome, WorkerReport
+from levers9.services.reports import ServingListener, WorkerReport
 from levers9.services.stubs import CALLED_KINDS, InvalidStub, StubSettings
 from levers9.services.submissions import SUBMISSION_ID, submission_task_id
+from levers9.services.worker_reports import WorkerReports
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.blobs import BlobStore
-from levers9.state.sql.calls import CallStore, Dispatch, Finish
+from levers9.state.sql.calls import CallStore, Dispatch
 from levers9.state.sql.models import new_id
 from levers9.state.sql.records import CallResult, StubRecord
 
@@ -48,8 +52,6 @@ __all__ = ["DataPlane", "InvalidPayload"]
 
 log = logging.getLogger(__name__)
 
-#: worker reports queued before sessions wait for the flusher (backpressure)
-_MAX_QUEUED_REPORTS = 10_000
 #: submitted calls whose arguments are kept in memory until a worker takes them
 _MAX_FRESH = 200_000
 _PLACE_NOW_MAX = 16  # submissions of at most this many calls place themselves (not the placement loop)
@@ -83,21 +85,13 @@ class DataPlane:
         self._gpu: dict[str, GpuRequest] = {}
         self._running: dict[str, _Running] = {}
         services.scheduler.on_placed = self._on_placed
-        #: reports waiting to be stored; one flusher stores everything that piled up in one go, so
-        #: a busy worker's thousands of small messages cost a few transactions, not thousands
-        self._reports: list[tuple[str, WorkerReport]] = []
-        self._reports_ready = asyncio.Event()
-        self._reports_room = asyncio.Event()
-        self._reports_room.set()
-        self._flusher: asyncio.Task[None] | None = None
-        #: calls reported finished whose places are not freed yet, per worker (see report)
-        self._to_release: dict[str, list[str]] = {}
-        self._releaser: asyncio.Task[None] | None = None
         #: arguments of calls submitted here and not yet taken, so a worker's take needs no SQL read;
         #: bounded, and anything missing is read from SQL (the source of truth)
         self._fresh: dict[str, tuple[str, str, bytes]] = {}
         #: the gateway, when there is one: told where serving containers answer and when they end
         self.serving_listener: ServingListener | None = None
+        #: what workers report, admitted, freed and stored
+        self.reports = WorkerReports(self)
 
     @classmethod
     def standalone(cls, services: Services, metrics: Metrics | None = None) -> DataPlane:
@@ -261,7 +255,6 @@ class DataPlane:
 
     async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *,
                      ids: Sequence[str] = ()) -> list[str]:  # fmt: skip
-        self.services.require_room()  # new work: refused while the data directory is full (health says so too)
         if not args:
             return []
         if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
@@ -390,6 +383,14 @@ class DataPlane:
             claimed += 1
         return claimed
 
+    async def placed_on(self, worker_id: str, task_ids: Iterable[str], *, ended: bool = False) -> set[str]:
+        """Which of ``task_ids`` were placed on ``worker_id`` (see :meth:`WorkerReports.placed_on`)."""
+        return await self.reports.placed_on(worker_id, task_ids, ended=ended)
+
+    def refuse(self, worker_id: str, what: str, task_ids: Iterable[str], reason: str = "") -> None:
+        """Log and count a worker's attempt on tasks not placed on it (see :meth:`WorkerReports.refuse`)."""
+        self.reports.refuse(worker_id, what, task_ids, reason)
+
     async def take(self, worker_id: str, max_count: int = 256) -> list[Dispatch]:
         took = await self.services.scheduler.take(worker_id, max_count)
         if not took:
@@ -417,176 +418,12 @@ class DataPlane:
         return out
 
     async def report(self, worker_id: str, report: WorkerReport) -> None:
-        """Free what finished and queue the report for the flusher; waits only when far too much is queued.
-
-        The worker's resources come back now, before the outcomes are stored, so its next calls are
-        placed without waiting on the database. Only calls placed on this worker are freed: a late
-        report from a worker presumed dead frees nothing. Should storing fail, the task is still
-        unfinished in SQL and runs again after a restart (calls are at least once).
-        """
-        listener = self.serving_listener
-        if listener is not None:
-            for ready in report.serving:
-                running = self._running.get(ready.task_id)
-                if running is not None and running.stub_id:
-                    listener.serving(running.stub_id, worker_id, ready)
-            serving = [o for o in report.outcomes if self._serves(o.task_id)]
-            if serving:
-                listener.ended(serving)
-        if report.outcomes:
-            self._deliver_early(worker_id, report.outcomes)
-            self._to_release.setdefault(worker_id, []).extend(o.task_id for o in report.outcomes)
-            if self._releaser is None or self._releaser.done():
-                self._releaser = asyncio.create_task(self._release(), name="releaser")
-        await self._reports_room.wait()
-        self._reports.append((worker_id, report))
-        if len(self._reports) >= _MAX_QUEUED_REPORTS:
-            self._reports_room.clear()
-        self._reports_ready.set()
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_reports(), name="report flusher")
-
-    def _deliver_early(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> None:
-        """Successes of calls sent to this worker reach watchers before they are stored (failures wait)."""
-        early = {
-            o.task_id: CallResult(o.task_id, "", o.status, o.result, None, None, None, 0)
-            for o in outcomes
-            if o.status == "complete"
-            and getattr(self._running.get(o.task_id), "worker_id", None) == worker_id
-            and not self._serves(o.task_id)
-        }
-        if early:
-            self.hub.deliver(early)
-
-    def _serves(self, task_id: str) -> bool:
-        """Whether a running task is a serving container (of a stub whose settings are cached here)."""
-        running = self._running.get(task_id)
-        if running is None or not running.stub_id:
-            return False
-        hit = self.stubs_read.get(running.stub_id)
-        return hit is not None and hit[0].kind not in CALLED_KINDS
-
-    async def _release(self) -> None:
-        """Free the places of reported calls: whatever piled up meanwhile goes in one step per worker."""
-        while self._to_release:
-            batch, self._to_release = self._to_release, {}
-            for worker_id, task_ids in batch.items():
-                try:
-                    await self.services.scheduler.release_many(task_ids, worker=worker_id)
-                except Exception:
-                    # Redis is away: try again shortly (freeing is idempotent), or the places stay taken
-                    log.exception("freeing the places of %d calls on worker %s failed", len(task_ids), worker_id)
-                    self._to_release.setdefault(worker_id, []).extend(task_ids)
-                    await asyncio.sleep(0.5)
+        """What a worker reports of the calls placed on it: see :meth:`WorkerReports.report`."""
+        await self.reports.report(worker_id, report)
 
     async def close(self) -> None:
         """Free and store what is queued, then stop the flusher."""
-        if self._releaser is not None:
-            with contextlib.suppress(TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._releaser), 5.0)
-            self._releaser.cancel()
-        if self._flusher is not None:
-            while self._reports:
-                await asyncio.sleep(0.01)
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-            self._flusher = None
-
-    async def _flush_reports(self) -> None:
-        while True:
-            await self._reports_ready.wait()
-            # a turn of the loop first: watchers handed an outcome early send it before it is stored
-            await asyncio.sleep(0)
-            self._reports_ready.clear()
-            batch, self._reports = self._reports, []
-            self._reports_room.set()
-            if not batch:
-                continue
-            for attempt in range(5):
-                try:
-                    await self._store(batch)
-                    break
-                except Exception:
-                    log.exception("storing %d worker reports failed (attempt %d)", len(batch), attempt + 1)
-                    await asyncio.sleep(0.2 * 2**attempt)
-
-    async def _store(self, batch: list[tuple[str, WorkerReport]]) -> None:
-        """Everything in ``batch``, in order: starts, then output, then outcomes, a few transactions in all."""
-        by_worker: dict[str, WorkerReport] = {}
-        for worker_id, report in batch:
-            merged = by_worker.setdefault(worker_id, WorkerReport())
-            merged.started += report.started
-            merged.outcomes += report.outcomes
-            merged.logs += report.logs
-        logs = [chunk for r in by_worker.values() for chunk in r.logs]
-        for worker_id, r in by_worker.items():
-            # a call that started and ended within this batch is stored once, by its finish
-            ending = {o.task_id for o in r.outcomes}
-            started = dict(r.started)
-            only_started = [(t, c) for t, c in r.started if t not in ending]
-            r.outcomes = [
-                TaskOutcome(o.task_id, o.status, o.result, o.error, o.error_type, o.traceback, started.get(o.task_id))
-                if o.task_id in started else o
-                for o in r.outcomes
-            ]  # fmt: skip
-            if only_started:
-                await self.calls.start_many(worker_id, only_started)
-        if logs:
-            await self.calls.append_logs(logs)
-        for worker_id, r in by_worker.items():
-            if r.outcomes:
-                await self._finish(worker_id, r.outcomes)
-
-    async def _finish(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> None:
-        final: list[Finish] = []
-        for o in outcomes:
-            running = self._running.get(o.task_id)
-            if o.status in ("error", "timeout") and running is not None and running.stub_id:
-                _, settings = await self.stub(running.stub_id)
-                if settings.kind in CALLED_KINDS and running.attempts < settings.retries:
-                    self._running.pop(o.task_id, None)
-                    self._fresh.pop(o.task_id, None)
-                    reason = f"attempt {running.attempts + 1} failed: {o.error or o.status}"
-                    await self.services.scheduler.retry(o.task_id, reason[:2000])
-                    continue
-            final.append(
-                Finish(
-                    o.task_id,
-                    o.status,
-                    o.result,
-                    (o.error or "")[:10_000] or None,
-                    o.error_type,
-                    o.traceback,
-                    container_id=o.container_id,
-                )
-            )
-        stored = await self.calls.finish_many(final, worker_id=worker_id)
-        if stored:
-            # watchers on this replica get the outcome itself: no read back from SQL
-            outcome = {f.task_id: f for f in final}
-            await self.hub.finished(
-                stored,
-                {
-                    t: CallResult(
-                        t,
-                        "",
-                        outcome[t].status,
-                        outcome[t].result,
-                        outcome[t].error,
-                        outcome[t].error_type,
-                        outcome[t].traceback,
-                        0,
-                    )
-                    for t in stored
-                },
-            )
-        now = time.monotonic()
-        by_id = {f.task_id: f for f in final}
-        for task_id in stored:
-            running = self._running.pop(task_id, None)
-            if self.metrics is not None:
-                self.metrics.task_finished(by_id[task_id].status, now - running.dispatched if running else 0.0)
+        await self.reports.close()
 
     async def _on_placed(self, result: PlaceResult) -> None:
         await self.hub.placed(p.worker for p in result.placed)

@@ -65,9 +65,11 @@ from levers9.hooks.types import MachineIdentity
 from levers9.payloads import parse_ref
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import stored_machine
+from levers9.services import reach, tunnels
 from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
+from levers9.services.reports import ServingReport
 from levers9.services.stubs import StubSettings
 from levers9.services.tunnels import decide_tunnel
 from levers9.state.errors import Conflict, NotFound
@@ -381,12 +383,35 @@ def may_serve(spec: PoolSpec, workspace_id: str, what: str) -> None:
         raise PermissionDenied(f"{what} belongs to a workspace pool {spec.name} does not serve")
 
 
-async def _unfinished_task(dp: DataPlane, spec: PoolSpec, task_id: str) -> tuple[str, bytes]:
-    """The workspace and stored arguments of an unfinished task the worker's pool may run."""
+def serving_report(
+    dp: DataPlane, worker_id: str, report: ServingReport, *, tunnel: bool, peer_host: str
+) -> ServingReport | None:
+    """Where the gateway reaches a worker's serving container (through its tunnel, if it has one); None if nowhere.
+
+    An address the gateway may not connect to (:mod:`levers9.services.reach`) is refused and logged.
+    """
+    if tunnel:
+        return tunnels.through_tunnel(worker_id, report)
+    reason = reach.check_report(report, peer_host=peer_host)
+    if reason is not None:
+        dp.refuse(worker_id, "address", [report.task_id], reason)
+        return None
+    return report
+
+
+async def _unfinished_task(dp: DataPlane, worker: WorkerIdentity, task_id: str, what: str) -> tuple[str, bytes]:
+    """The workspace and stored arguments of an unfinished task placed on ``worker``.
+
+    A task placed on another worker, or on none yet, is refused as unknown (and logged as a security
+    event): a worker reads the arguments of, and uploads results for, its own calls only.
+    """
+    if not await dp.placed_on(worker.worker_id, [task_id]):
+        dp.refuse(worker.worker_id, what, [task_id])
+        raise NotFound("task", f"{task_id} (not placed on worker {worker.worker_id}, or it has ended)")
     found = await dp.calls.dispatch([task_id])
     if not found or found[0].status not in ("pending", "running"):
         raise NotFound("task", f"{task_id} (unknown, or it has ended)")
-    may_serve(spec, found[0].workspace_id, f"task {task_id}")
+    may_serve(worker.spec, found[0].workspace_id, f"task {task_id}")
     return found[0].workspace_id, found[0].args
 
 
@@ -394,13 +419,13 @@ async def store_result(
     dp: DataPlane, worker: WorkerIdentity, task_id: str, size: int, pieces: AsyncIterable[bytes]
 ) -> str:
     """Store a big result of an unfinished task, in that task's workspace; the blob's id."""
-    workspace, _ = await _unfinished_task(dp, worker.spec, task_id)
+    workspace, _ = await _unfinished_task(dp, worker, task_id, "result")
     return await dp.put_blob(workspace, size, pieces, "the call's result")
 
 
 async def read_arguments(dp: DataPlane, worker: WorkerIdentity, task_id: str, blob_id: str) -> AsyncIterator[bytes]:
     """The big arguments of an unfinished task, and only the blob those name."""
-    workspace, args = await _unfinished_task(dp, worker.spec, task_id)
+    workspace, args = await _unfinished_task(dp, worker, task_id, "arguments")
     ref = parse_ref(args)
     if ref is None or ref[0] != blob_id:
         raise NotFound("blob", f"{blob_id} (not the arguments of task {task_id})")

@@ -252,6 +252,13 @@ class Metrics:
             [*r, "reason"],
             registry=self.registry,
         )
+        self.worker_refusals = Counter(
+            "levers9_worker_refusals_total",
+            "Tasks a worker reported on, or asked the payloads of, that were not placed on it: refused, by what "
+            "it tried (a security event: a forged worker, or a late one whose call was placed again elsewhere).",
+            [*r, "what"],
+            registry=self.registry,
+        )
         self.workers_lost = Counter(
             "levers9_workers_lost_total",
             "Workers this replica took out, by pool and reason (keepalive_lapsed, removed, machine_vanished).",
@@ -342,6 +349,9 @@ class Metrics:
                 self.provider_errors.labels(
                     replica=r, provider=event.provider, hook=event.hook, error=event.error
                 ).inc()
+
+    def worker_refused(self, what: str, n: int = 1) -> None:
+        self.worker_refusals.labels(replica=self._replica, what=what).inc(n)
 
     def task_finished(self, status: str, seconds: float) -> None:
         """``seconds`` is how long the task ran (0 when it never started), so queueing does not blur run times."""

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import urllib.parse
 from collections.abc import AsyncIterable
 
 from levers9.services.reports import ServingReport
@@ -128,7 +129,8 @@ def peer_host(peer: str) -> str:
     kind, _, rest = peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return ""
-    host = rest.rpartition(":")[0]
+    # gRPC percent-encodes the brackets of an IPv6 peer: ipv6:%5B::1%5D:5
+    host = urllib.parse.unquote(rest).rpartition(":")[0]
     return host.strip("[]")
 
 

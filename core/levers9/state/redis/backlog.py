@@ -109,10 +109,14 @@ class Finished(NamedTuple):
 
 
 class Released(list[Finished | None]):
-    """What :meth:`Backlog.finish_many` returns: per request, what it finished (None: unknown), in order."""
+    """What :meth:`Backlog.finish_many` returns: per request, what it finished (None: unknown or left alone), in order."""
 
-    #: how many waiting requests the freed places made due (see ``wake_per_freed``)
-    woken: int = 0
+    def __init__(self) -> None:
+        super().__init__()
+        #: how many waiting requests the freed places made due (see ``wake_per_freed``)
+        self.woken = 0
+        #: requests left alone because they are placed on another worker than the one named, or on none
+        self.refused: list[str] = []
 
 
 _FIELDS = (
@@ -183,8 +187,9 @@ class Backlog:
     ) -> Released:
         """:meth:`finish` for many requests in one atomic step, in order.
 
-        With ``worker``, requests placed on another worker are left alone and come back as None (a
-        late report of a worker presumed dead). ``wake_per_freed`` makes that many waiting requests
+        With ``worker``, requests placed on another worker, or on none (queued, or queued again), are
+        left alone: they come back as None and are listed in ``refused`` (a late report of a worker
+        presumed dead, or a report on what was never placed on it). ``wake_per_freed`` makes that many waiting requests
         of a pool due for each place freed in it, as :meth:`wake` does, in the same step; the result's
         ``woken`` counts them.
         """
@@ -195,7 +200,11 @@ class Backlog:
             out.woken += int(flat.pop())
             for i in range(0, len(flat), 3):
                 state, worker_id, pool = flat[i : i + 3]
-                out.append(Finished(state, worker_id or None, pool or None) if state else None)
+                if state == "!":
+                    out.refused.append(chunk[i // 3])
+                    out.append(None)
+                else:
+                    out.append(Finished(state, worker_id or None, pool or None) if state else None)
         return out
 
     async def wake(self, pool: str, now_ms: int, count: int = 256) -> int:

@@ -187,6 +187,13 @@ class CallStore:
         found = await self._db.run(work)
         return [found[t] for t in task_ids if t in found]
 
+    async def owners(self, task_ids: Sequence[str]) -> dict[str, tuple[str, str | None]]:
+        """Status and worker of each known task of ``task_ids`` (unknown ids are left out); nothing is locked."""
+        if not task_ids:
+            return {}
+        query = select(_TASKS.c.id, _TASKS.c.status, _TASKS.c.worker_id).where(_TASKS.c.id.in_(list(task_ids)))
+        return await self._db.run(lambda connection: {row[0]: (row[1], row[2]) for row in connection.execute(query)})
+
     async def start_many(self, worker_id: str, started: Sequence[tuple[str, str]]) -> list[str]:
         """Mark ``(task_id, container_id)`` pairs running on ``worker_id``; returns the ids that changed."""
         if not started:
