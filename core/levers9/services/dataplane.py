@@ -255,6 +255,7 @@ class DataPlane:
 
     async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *,
                      ids: Sequence[str] = ()) -> list[str]:  # fmt: skip
+        self.services.require_room()  # new work: refused while the data directory is full (health says so too)
         if not args:
             return []
         if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
