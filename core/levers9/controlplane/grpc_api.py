@@ -6,11 +6,17 @@ pools and workers are listed under the same visibility rule. Every method takes
 a user token bound to a workspace, except ListPools, ListWorkers and the
 joined-machine calls, which an operator's token (bound to none) may call too
 (an operator's joined machines serve the shared pools).
+
+A method that streams (Invoke, SubmitAndWatch, Watch, WatchMany, StreamLogs,
+GetBlob, PutBlob) holds its token's guard for as long as it streams
+(:mod:`levers9.services.revocation`): when the token is revoked, here or on
+another replica, the stream ends with UNAUTHENTICATED, "token revoked".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -24,6 +30,7 @@ from levers9.services import clusters, deployments, joined_machines, pools, secr
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
 from levers9.services.pools import PoolView, WorkerView
+from levers9.services.revocation import StreamGuard
 from levers9.state.sql.records import CallResult, DeploymentVersionRecord, SecretInfo, TaskRecord, TaskStatus, TokenKind
 
 __all__ = ["ControlPlaneService", "blob_upload", "event_batches", "task_event"]
@@ -238,6 +245,10 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         principal.require_workspace()
         return principal
 
+    def _guard(self, principal: Principal) -> contextlib.AbstractContextManager[StreamGuard]:
+        """Hold ``principal``'s token for a stream: it ends with "token revoked" once the token is revoked."""
+        return self.services.auth.streams.open(principal.token_id)
+
     @unary
     async def WhoAmI(
         self, request: controlplane_pb2.WhoAmIRequest, context: Context
@@ -301,8 +312,9 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         events = self.dp.watch(principal, [task_id], just_submitted=not replayed)
         first = asyncio.ensure_future(anext(events))  # watching before anything else can run
         try:
-            yield controlplane_pb2.TaskEvent(task_id=task_id, status=TaskStatus.PENDING.value, message="queued")
-            yield task_event(await first)
+            with self._guard(principal) as guard:
+                yield controlplane_pb2.TaskEvent(task_id=task_id, status=TaskStatus.PENDING.value, message="queued")
+                yield task_event(await guard.wait(first))
         finally:
             first.cancel()
             await events.aclose()
@@ -339,14 +351,15 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         batches = self.dp.watch_batches(principal, ids, just_submitted=not replayed)
         first = asyncio.ensure_future(anext(batches))  # watching before anything else can run
         try:
-            yield controlplane_pb2.TaskEvents(
-                events=[controlplane_pb2.TaskEvent(task_id=t, status=TaskStatus.PENDING.value) for t in ids]
-            )
-            for message in event_batches(await first):
-                yield message
-            async for batch in batches:
-                for message in event_batches(batch):
+            with self._guard(principal) as guard:
+                yield controlplane_pb2.TaskEvents(
+                    events=[controlplane_pb2.TaskEvent(task_id=t, status=TaskStatus.PENDING.value) for t in ids]
+                )
+                for message in event_batches(await guard.wait(first)):
                     yield message
+                async for batch in guard.iterate(batches):
+                    for message in event_batches(batch):
+                        yield message
         finally:
             first.cancel()
             await batches.aclose()
@@ -356,17 +369,19 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
         principal = await self._user(context)
-        async for result in self.dp.watch(principal, list(request.task_ids)):
-            yield task_event(result)
+        with self._guard(principal) as guard:
+            async for result in guard.iterate(self.dp.watch(principal, list(request.task_ids))):
+                yield task_event(result)
 
     @streaming
     async def WatchMany(
         self, request: controlplane_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
         principal = await self._user(context)
-        async for batch in self.dp.watch_batches(principal, list(request.task_ids)):
-            for message in event_batches(batch):
-                yield message
+        with self._guard(principal) as guard:
+            async for batch in guard.iterate(self.dp.watch_batches(principal, list(request.task_ids))):
+                for message in event_batches(batch):
+                    yield message
 
     @unary
     async def ListTasks(
@@ -502,9 +517,11 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
     ) -> common_pb2.BlobRef:
         principal = await self._user(context)
-        first, pieces = await blob_upload(request_iterator)
-        size = first.total_bytes
-        blob_id = await self.dp.put_blob(principal.require_workspace(), size, pieces, "the call's arguments")
+        with self._guard(principal) as guard:
+            first, pieces = await guard.wait(blob_upload(request_iterator))
+            size = first.total_bytes
+            workspace = principal.require_workspace()
+            blob_id = await guard.wait(self.dp.put_blob(workspace, size, pieces, "the call's arguments"))
         return common_pb2.BlobRef(blob_id=blob_id, size_bytes=size)
 
     @streaming
@@ -512,16 +529,20 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: common_pb2.GetBlobRequest, context: Context
     ) -> AsyncIterator[common_pb2.BlobChunk]:
         principal = await self._user(context)
-        async for piece in self.dp.read_blob(principal.require_workspace(), request.blob_id):
-            yield common_pb2.BlobChunk(data=piece)
+        with self._guard(principal) as guard:
+            async for piece in guard.iterate(self.dp.read_blob(principal.require_workspace(), request.blob_id)):
+                yield common_pb2.BlobChunk(data=piece)
 
     @streaming
     async def StreamLogs(
         self, request: controlplane_pb2.StreamLogsRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.LogChunk]:
         principal = await self._user(context)
-        async for data in tasks.task_logs(self.dp, principal, request.task_id, follow=request.follow):
-            yield controlplane_pb2.LogChunk(data=data)
+        with self._guard(principal) as guard:
+            async for data in guard.iterate(
+                tasks.task_logs(self.dp, principal, request.task_id, follow=request.follow)
+            ):
+                yield controlplane_pb2.LogChunk(data=data)
 
     @unary
     async def ListPools(

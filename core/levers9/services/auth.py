@@ -6,19 +6,30 @@ verified token is therefore remembered for ``cache_s`` seconds. Revocation takes
 effect within that window on every replica. Expiry never waits for the window:
 a cached token is refused from the moment its ``expires_at`` passes, so a token
 issued for 2 seconds works for 2 seconds, never for the rest of a cache entry.
+
+A call is checked once, when it starts; a stream that stays open (a watch, a
+log stream, a worker's session) holds its token in :attr:`Authenticator.streams`
+(:mod:`levers9.services.revocation`) and ends when the token is revoked:
+:meth:`Authenticator.revoked` drops the token from the cache and ends its
+streams on this replica, and the event hub calls it on every other replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from levers9.state.crypto import hash_token
 from levers9.state.sql.records import TokenKind
 from levers9.state.sql.workspaces import TokenStore
+
+if TYPE_CHECKING:
+    from levers9.services.revocation import OpenStreams
 
 __all__ = ["CACHE_S", "Authenticator", "PermissionDenied", "Principal", "Unauthenticated", "bearer"]
 
@@ -61,9 +72,17 @@ def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
 
 class Authenticator:
     def __init__(
-        self, tokens: TokenStore, *, cache_s: float = CACHE_S, clock: Callable[[], float] = time.monotonic
+        self,
+        tokens: TokenStore,
+        *,
+        cache_s: float = CACHE_S,
+        clock: Callable[[], float] = time.monotonic,
+        recheck_s: float | None = None,
     ) -> None:
+        """``recheck_s``: how often open streams' tokens are checked in SQL (None: the default,
+        :data:`levers9.services.revocation.RECHECK_S`)."""
         self._tokens = tokens
+        self._recheck_s = recheck_s
         #: by token hash: (when the entry ends on ``clock``, when the token itself expires, who it is)
         self._cache: dict[str, tuple[float, datetime | None, Principal]] = {}
         #: lookups on their way, by token hash: a busy caller's many requests share one when the entry expires
@@ -123,3 +142,19 @@ class Authenticator:
         for key, (_, _, principal) in list(self._cache.items()):
             if principal.token_id == token_id:
                 del self._cache[key]
+
+    @functools.cached_property
+    def streams(self) -> OpenStreams:
+        """The streams open on this replica, by token: ended when their token is revoked."""
+        # imported here: revocation's TokenRevoked is an Unauthenticated of this module
+        from levers9.services.revocation import RECHECK_S, OpenStreams
+
+        return OpenStreams(self._tokens.invalid, recheck_s=self._recheck_s or RECHECK_S)
+
+    def revoked(self, token_ids: Iterable[str]) -> int:
+        """These tokens were revoked: forget them and end their open streams here; how many streams ended."""
+        ids = set(token_ids)
+        for key, (_, _, principal) in list(self._cache.items()):
+            if principal.token_id in ids:
+                del self._cache[key]
+        return self.streams.end(ids)

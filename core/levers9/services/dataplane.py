@@ -76,6 +76,7 @@ class DataPlane:
     def __init__(self, services: Services, hub: Hub, metrics: Metrics | None = None) -> None:
         self.services = services
         self.hub = hub
+        hub.on_revoked = services.auth.revoked  # another replica revoked a token: its streams here end too
         self.metrics = metrics
         self.calls = CallStore(services.db, max_task_log_bytes=services.config.limits.max_task_log_bytes)
         self.blobs = BlobStore(services.db)

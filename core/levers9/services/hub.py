@@ -12,7 +12,14 @@ itself) stops publishing wake-ups for work and finished tasks for
 :data:`ALONE_RECHECK_S`, then publishes again and so learns of a replica that
 joined. One controlplane thus saves a Redis round trip per call, and a
 replica that joins misses wake-ups for at most that long (its pollers catch
-up). Cancellations and serving events are always published.
+up). Cancellations, serving events and revocations are always published.
+
+A revoked token is announced to every replica (:func:`publish_revoked`, by
+whatever revoked it, which ends its streams on its own replica itself): each
+other replica's hub hands the token ids to :attr:`Hub.on_revoked`, which forgets
+them and ends the streams they opened there
+(:meth:`levers9.services.auth.Authenticator.revoked`). A notice lost is caught
+by the open streams' own re-check (:mod:`levers9.services.revocation`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["Hub", "Watch"]
+__all__ = ["Hub", "Watch", "publish_revoked"]
 
 from levers9.state.redis.channel import listen
 
@@ -38,6 +45,23 @@ log = logging.getLogger(__name__)
 ALONE_RECHECK_S = 1.0
 #: the kinds of event that only wake a poller elsewhere, and so may be left unpublished when no one listens
 _WAKE_UPS = frozenset({"w", "t"})
+#: the kind of event that announces revoked tokens (their ids)
+_REVOKED = "r"
+
+
+def _channel(prefix: str) -> str:
+    return f"{prefix}events"
+
+
+async def publish_revoked(redis: Redis, token_ids: Iterable[str], *, sender: str, prefix: str = "l9:") -> None:
+    """Tell every replica's hub that these tokens were revoked (see the module docstring).
+
+    ``sender``: the replica announcing it, whose own hub ignores the notice (it ended its streams itself).
+    Raises what Redis raises: the caller decides whether a notice that did not go out matters.
+    """
+    ids = [token_id for token_id in token_ids if token_id]
+    if ids:
+        await redis.publish(_channel(prefix), f"{sender}|{_REVOKED}|{','.join(ids)}")
 
 
 class Watch:
@@ -52,7 +76,7 @@ class Watch:
 class Hub:
     def __init__(self, redis: Redis, *, prefix: str = "l9:", name: str) -> None:
         self._redis = redis
-        self._channel = f"{prefix}events"
+        self._channel = _channel(prefix)
         self._name = name
         self._work: dict[str, asyncio.Event] = {}
         self._cancels: dict[str, asyncio.Queue[str]] = {}
@@ -63,6 +87,8 @@ class Hub:
         self._alone_until = 0.0
         #: the gateway: told what other replicas' workers reported about serving containers (a JSON text)
         self.on_serving: Callable[[str], None] | None = None
+        #: told the ids of tokens another replica revoked (the data plane sets it: the authenticator's)
+        self.on_revoked: Callable[[list[str]], object] | None = None
 
     async def start(self) -> None:
         self._listener = asyncio.create_task(self._listen(), name="hub listener")
@@ -185,7 +211,13 @@ class Hub:
                     log.exception("a serving event from %s could not be handled", sender)
             return
         items = payload.split(",")
-        if kind == "w":
+        if kind == _REVOKED:
+            if self.on_revoked is not None:
+                try:
+                    self.on_revoked(items)
+                except Exception:
+                    log.exception("a revocation from %s could not be handled", sender)
+        elif kind == "w":
             for worker_id in items:
                 self._wake_worker(worker_id)
         elif kind == "t":

@@ -3,9 +3,12 @@
 Operators (user tokens bound to no workspace) create workspaces and issue
 tokens for any of them; a workspace's token sees and issues only its own.
 A token is shown once, when issued: listings carry metadata only, and its hash
-never leaves the store. Revoking takes effect at once on this replica and
-within the auth cache's lifetime (:data:`~levers9.services.auth.CACHE_S`) on
-the others.
+never leaves the store. Revoking takes effect at once on this replica and, as
+fast as Redis carries the notice, on the others (:func:`~levers9.services.hub.publish_revoked`):
+each forgets the token and ends the streams it opened there. Were the notice
+lost, a replica still refuses the token within the auth cache's lifetime
+(:data:`~levers9.services.auth.CACHE_S`) and ends its streams within
+:data:`~levers9.services.revocation.RECHECK_S`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from levers9.services.agent_join import JOIN_PREFIX
 from levers9.services.agent_messages import publish_disconnect
 from levers9.services.auth import Principal
 from levers9.services.core import Services
+from levers9.services.hub import publish_revoked
 from levers9.state.errors import NotFound
 from levers9.state.sql.records import TokenKind, TokenRecord, WorkspaceRecord
 from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
@@ -90,7 +94,12 @@ async def revoke_token(services: Services, principal: Principal, token_id: str) 
     if record is None or not (is_operator(principal) or record.workspace_id == principal.workspace_id):
         raise NotFound("token", token_id)
     await services.tokens.revoke(token_id)
-    services.auth.forget(token_id)
+    services.auth.revoked([token_id])  # its streams here end now
+    try:  # and on the other replicas as soon as they hear of it
+        await publish_revoked(services.redis, [token_id], sender=services.scheduler.name, prefix=services.agents.prefix)
+    except Exception as exc:
+        log.warning("could not tell the other replicas that token %s is revoked (their re-check will): %s",
+                    token_id, exc)  # fmt: skip
     if record.kind == TokenKind.AGENT.value and record.subject and not record.subject.startswith(JOIN_PREFIX):
         # an agent's stream re-checks its credential only now and then: cut it now, on every replica
         try:

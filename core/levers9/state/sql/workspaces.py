@@ -8,6 +8,7 @@ the API.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -293,6 +294,28 @@ class TokenStore:
             )
             count: int = result.rowcount  # type: ignore[attr-defined]
             return count
+
+    async def invalid(self, token_ids: Iterable[str]) -> builtins.set[str]:
+        """Which of ``token_ids`` are no longer valid (revoked, expired or unknown), in one read per 500 ids.
+
+        For the open streams' re-check (:mod:`levers9.services.revocation`): one query for all of them.
+        """
+        wanted = builtins.list(dict.fromkeys(token_ids))
+        now = utcnow()
+        valid: builtins.set[str] = builtins.set()
+        async with self._db.transaction() as session:
+            for start in range(0, len(wanted), 500):
+                rows = await session.execute(
+                    select(Token.id, Token.revoked_at, Token.expires_at).where(
+                        Token.id.in_(wanted[start : start + 500])
+                    )
+                )
+                valid.update(
+                    token_id
+                    for token_id, revoked_at, expires_at in rows
+                    if revoked_at is None and (expires_at is None or expires_at > now)
+                )
+        return builtins.set(wanted) - valid
 
 
 __all__ = ["LAST_USED_RESOLUTION", "MAX_TOKEN_TTL_S", "TokenRefused", "TokenStore", "WorkspaceStore"]

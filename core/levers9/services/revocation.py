@@ -1,0 +1,191 @@
+"""Long-lived streams end when their token is revoked: the open streams of one replica, by token.
+
+A stream (a watch, a log stream, a worker's session) is authorized once, when
+it opens; left alone, a token revoked later would keep it open for as long as
+it lasts. Every such stream therefore holds a :class:`StreamGuard` from
+:meth:`OpenStreams.open` for as long as it is open, and awaits what it streams
+through :meth:`StreamGuard.wait` (or :meth:`StreamGuard.iterate`). It ends
+with :class:`TokenRevoked` (gRPC ``UNAUTHENTICATED``, "token revoked") when
+
+* the token's revocation is announced (:meth:`OpenStreams.end`): by whatever
+  revoked it, on this replica at once, and through the event hub
+  (:mod:`levers9.services.hub`) on the others; or
+* the re-check finds the token no longer valid: every :data:`RECHECK_S`, while
+  any stream is open, one question to the token store (one SQL query for all
+  of this replica's open streams, :meth:`~levers9.state.sql.workspaces.TokenStore.invalid`)
+  asks which of their tokens are revoked, expired or gone. That catches what no
+  notice announces: a revocation made offline (``levers9 server token revoke``),
+  a machine's tokens revoked at its termination, a notice lost between
+  replicas, a token that expired.
+
+So a revoked token's streams end at once where the notice arrives, and within
+:data:`RECHECK_S` in any case. Nothing is read per message, and an open
+stream costs no timer of its own.
+
+How a stream is ended: the guard cancels the stream's task only while that
+task awaits inside :meth:`StreamGuard.wait` (so the cancellation lands in the
+stream's own code, where it becomes :class:`TokenRevoked`, and never in the
+transport's code that sends a message); a stream that was sending at that
+moment ends at its next :meth:`~StreamGuard.wait`. A cancellation of the task
+from elsewhere (the caller went away) is left as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
+from typing import TypeVar
+
+from levers9.cancelling import raise_if_cancelling
+from levers9.services.auth import Unauthenticated
+
+__all__ = ["RECHECK_S", "OpenStreams", "StreamGuard", "TokenRevoked"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: how often the tokens of this replica's open streams are checked against the token store
+RECHECK_S = 10.0
+
+
+class TokenRevoked(Unauthenticated):
+    """The token a stream was opened with was revoked (or expired) while the stream was open."""
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(
+            f"token revoked: token {token_id} was revoked or has expired since this stream opened; "
+            "open it again with a valid token"
+        )
+        self.token_id = token_id
+
+
+class StreamGuard:
+    """One open stream's hold on its token (see the module docstring); made by :meth:`OpenStreams.open`."""
+
+    def __init__(self, token_id: str) -> None:
+        self.token_id = token_id
+        self.revoked = False
+        #: the task awaiting inside :meth:`wait`, while it does
+        self._waiting: asyncio.Task[object] | None = None
+        #: whether this guard cancelled that task (and so owes it an uncancel)
+        self._cut = False
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """``awaitable``'s result; raises :class:`TokenRevoked` once the token is revoked, before or meanwhile."""
+        if self.revoked:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()  # never awaited: no "was never awaited" warning
+            raise TokenRevoked(self.token_id)
+        task = self._waiting = asyncio.current_task()
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if not self._cut:
+                raise
+            self._settle(task)
+            raise TokenRevoked(self.token_id) from None
+        finally:
+            self._waiting = None
+        if self._cut:  # the awaitable swallowed this guard's cancellation: still the end of the stream
+            self._settle(task)
+            raise TokenRevoked(self.token_id)
+        return result
+
+    def _settle(self, task: asyncio.Task[object] | None) -> None:
+        """This guard's cancellation, and only it, became the revocation: the task is no longer being cancelled."""
+        self._cut = False
+        if task is not None:
+            task.uncancel()
+
+    async def iterate(self, source: AsyncIterator[T]) -> AsyncIterator[T]:
+        """``source``'s items until it ends or the token is revoked (:class:`TokenRevoked`); ``source`` is
+        closed when this ends, however it ends."""
+        try:
+            while True:
+                try:
+                    item = await self.wait(anext(source))
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()
+
+    def cut(self) -> None:
+        """The token is revoked: end the stream now if it is waiting, else at its next :meth:`wait`."""
+        self.revoked = True
+        if self._waiting is not None and not self._cut:
+            self._cut = True
+            self._waiting.cancel()
+
+
+class OpenStreams:
+    """This replica's open streams by token id, and the re-check of their tokens (see the module docstring).
+
+    ``invalid``: which of the token ids given are no longer valid (revoked, expired or unknown).
+    """
+
+    def __init__(
+        self, invalid: Callable[[Collection[str]], Awaitable[Collection[str]]], *, recheck_s: float = RECHECK_S
+    ) -> None:
+        self._invalid = invalid
+        self.recheck_s = recheck_s
+        self._by_token: dict[str, set[StreamGuard]] = {}
+        self._checker: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return sum(len(guards) for guards in self._by_token.values())
+
+    @contextlib.contextmanager
+    def open(self, token_id: str) -> Iterator[StreamGuard]:
+        """A guard for a stream opened with ``token_id``, held until the block ends."""
+        guard = StreamGuard(token_id)
+        self._by_token.setdefault(token_id, set()).add(guard)
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.create_task(self._recheck(), name="open streams' tokens")
+        try:
+            yield guard
+        finally:
+            guards = self._by_token.get(token_id)
+            if guards is not None:
+                guards.discard(guard)
+                if not guards:
+                    del self._by_token[token_id]
+            if not self._by_token and self._checker is not None:
+                self._checker.cancel()
+                self._checker = None
+
+    def end(self, token_ids: Iterable[str]) -> int:
+        """End the streams opened with ``token_ids`` (revoked); how many there were."""
+        ended = 0
+        for token_id in token_ids:
+            for guard in self._by_token.get(token_id, ()):
+                guard.cut()
+                ended += 1
+        return ended
+
+    async def check(self) -> int:
+        """Ask the token store about every open stream's token once, and end those of invalid ones; how many."""
+        if not self._by_token:
+            return 0
+        invalid = await self._invalid(list(self._by_token))
+        ended = self.end(invalid)
+        if ended:
+            log.info("ended %d stream(s) whose token was revoked or expired: %s", ended, ", ".join(sorted(invalid)))
+        return ended
+
+    async def _recheck(self) -> None:
+        while True:
+            await asyncio.sleep(self.recheck_s)
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise_if_cancelling(exc)
+                log.warning("open streams: could not re-check their tokens (%s: %s); trying again in %g s",
+                            type(exc).__name__, exc, self.recheck_s)  # fmt: skip
