@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from levers9.controlplane.http_deadlines import GuardedHttpTools
 from levers9.controlplane.http_front import MAX_BODY, FrontProtocol
 from levers9.controlplane.server import _listen
 from tests.fixtures.http_wire import connect, read_response, request_body
@@ -125,7 +125,7 @@ async def test_a_request_that_is_not_simple_goes_to_uvicorn_with_the_rest_of_the
                      b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n")  # fmt: skip
         assert json.loads((await read_response(reader))[2]) == {"method": "POST", "path": "/chunked", "length": 5}
         assert json.loads((await read_response(reader))[2])["path"] == "/after"
-        assert served.protocols() == {HttpToolsProtocol}
+        assert served.protocols() == {GuardedHttpTools}
     assert served.seen[1][3] == b"hello"
 
 
@@ -155,7 +155,7 @@ async def test_http_1_0_and_large_bodies_are_served_by_uvicorn(served: Served) -
     async with connect(served.port) as (reader, writer):
         writer.write(b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(big) + big)
         assert json.loads((await read_response(reader))[2])["length"] == len(big)
-        assert served.protocols() == {HttpToolsProtocol}
+        assert served.protocols() == {GuardedHttpTools}
 
 
 async def test_head_streaming_and_connection_close(served: Served) -> None:

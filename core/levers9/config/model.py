@@ -114,6 +114,39 @@ class ListenConfig(_Strict):
         description="The controlplane addresses workers and agents dial, every replica's or a load balancer's "
         "(grpc://host:port, grpcs://host:port); empty means $LEVERS9_ADVERTISE_URL, else this host.",
     )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Connections the HTTP listener (REST, the gateway, health) holds at most; at the cap a "
+        "connection that has not sent a request head is evicted for a new one, else the new one is refused "
+        "(503). Empty: derived from the process's file descriptor limit (docs/config.md).",
+    )
+    max_connections_per_client: int | None = Field(
+        None,
+        ge=0,
+        description="Of those, from one client address at most (503 beyond); 0 turns this off, for a "
+        "controlplane behind a load balancer or proxy (every connection then has its address). Empty: an eighth "
+        "of max_connections.",
+    )
+    grpc_max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Connections the gRPC listener (workers, agents, SDK and CLI clients) holds at most; one more "
+        "is closed at once. Empty: derived from the file descriptor limit like max_connections.",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="An HTTP request's head must arrive whole this long after its first byte, and a gRPC "
+        "connection finish its handshake; else the connection is closed (HTTP: after a 408).",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="The longest pause in an HTTP request's body; past it, 408 and closed."
+    )
+    keep_alive_s: float = Field(
+        5.0, gt=0, le=3600, description="An HTTP connection idle this long between requests is closed."
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> ListenConfig:

@@ -20,7 +20,11 @@ Invariants: requests on one connection are answered in order, one at a time (a p
 waits in the buffer, and reading pauses while more than :data:`MAX_BUFFER` bytes wait); a response
 the app leaves unfinished closes the connection; an app that fails before answering is answered 500
 and the connection closed, as uvicorn does; an idle connection is closed after uvicorn's
-``timeout_keep_alive``.
+``timeout_keep_alive``; a request head not whole ``header_timeout_s`` after its first byte, or a body
+that pauses longer than ``body_timeout_s``, is answered 408 and the connection closed
+(:mod:`levers9.controlplane.http_deadlines`, which also gives uvicorn's protocol the same deadlines for the
+connections handed to it); the connection's listener is told when its first complete head arrives (from
+then on it is never evicted to make room, :mod:`levers9.controlplane.listener`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import re
 import urllib.parse
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
+from levers9.controlplane.http_deadlines import GuardedHttpTools, listener_fd, timed_out, timeouts
+from levers9.controlplane.listener import Listener
 from levers9.gateway.shortpath import Exchange, ShortPath
 
 __all__ = ["MAX_BODY", "MAX_BUFFER", "MAX_HEAD", "FrontProtocol"]
@@ -103,9 +107,18 @@ class FrontProtocol(asyncio.Protocol):
         self.disconnected = asyncio.Event()
         self.writable = asyncio.Event()
         self.writable.set()
-        self.idle_timer: asyncio.TimerHandle | None = None
+        #: the connection's one timer: the keep-alive, header and body deadlines (see _check)
+        self.timer: asyncio.TimerHandle | None = None
+        self.header_timeout, self.body_timeout = timeouts(config)
+        #: how long the timer sleeps at most while no deadline is near, so that none it looks at is ever late
+        self.recheck = min(config.timeout_keep_alive, self.header_timeout, self.body_timeout)
         #: when the caller last sent something, or the last response ended (the loop's clock)
         self.active = 0.0
+        #: when the first byte of the request head being read arrived
+        self.head_since = 0.0
+        #: the listener to tell when the first complete head arrives (None after, or without one), and our fd there
+        self.unproven: Listener | None = None
+        self.fd = -1
         #: offered every simple request first (the gateway's short path), when the config carries one
         self.short: ShortPath | None = getattr(config, "short_path", None)
         self.request: _Request | None = None
@@ -125,11 +138,12 @@ class FrontProtocol(asyncio.Protocol):
         self.server = _address(transport.get_extra_info("sockname"))
         self.client = _address(transport.get_extra_info("peername"))
         self.scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
+        self.unproven, self.fd = listener_fd(self.config, transport)
         self._arm_idle_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
-        self._cancel_idle_timer()
+        self._cancel_timer()
         self.disconnected.set()
         self.writable.set()
         if self.exchange is not None:
@@ -138,6 +152,8 @@ class FrontProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.active = self.loop.time()
+        if not self.buffer:
+            self.head_since = self.active
         self.buffer += data
         if not self.busy:
             self._next()
@@ -173,10 +189,10 @@ class FrontProtocol(asyncio.Protocol):
         """Serve the next buffered request, or hand the connection to uvicorn when it is not simple."""
         if self.closing or self.handed_off or self.transport is None or self.transport.is_closing():
             return
+        if self.read_paused and len(self.buffer) <= MAX_BUFFER:
+            self.read_paused = False  # (also when what is left is the start of a request: its rest is to come)
+            self.transport.resume_reading()
         if not self.buffer:
-            if self.read_paused:
-                self.read_paused = False
-                self.transport.resume_reading()
             self._arm_idle_timer()
             return
         if self.head is None:
@@ -190,6 +206,12 @@ class FrontProtocol(asyncio.Protocol):
                 self._hand_off()
                 return
             self.head = (*parsed, end + 4)
+            if self.unproven is not None:
+                self.unproven.proven(self.fd)
+                self.unproven = None
+            due = self.active + self.body_timeout  # the body's deadline, when it is still to come
+            if len(self.buffer) < end + 4 + parsed[1] and (self.timer is None or self.timer.when() > due):
+                self._arm(due)
         request, length, start = self.head
         if len(self.buffer) < start + length:
             return  # the rest of the body is still to come: the head is kept, parsed once
@@ -298,6 +320,8 @@ class FrontProtocol(asyncio.Protocol):
         if not keep_alive or request is None or not request.keep_alive or self.closing:
             self._close()
             return
+        if self.buffer:
+            self.head_since = self.loop.time()  # a pipelined head: its time starts now, not while we answered
         self._next()
 
     # ------------------------------------------------------------------ the short path's caller
@@ -335,14 +359,15 @@ class FrontProtocol(asyncio.Protocol):
         """uvicorn's protocol takes the connection from here on, beginning with the bytes not yet served."""
         assert self.transport is not None
         self.handed_off = True
-        self._cancel_idle_timer()
+        self._cancel_timer()
         self.server_state.connections.discard(self)
-        protocol = HttpToolsProtocol(config=self.config, server_state=self.server_state, app_state=self.app_state,
-                                     _loop=self.loop)  # fmt: skip
+        protocol = GuardedHttpTools(config=self.config, server_state=self.server_state, app_state=self.app_state,
+                                    _loop=self.loop)  # fmt: skip
         pending = bytes(self.buffer)
         self.buffer.clear()
         self.transport.set_protocol(protocol)
         protocol.connection_made(self.transport)
+        protocol.continue_head(self.head_since)
         if self.read_paused:
             self.read_paused = False
             self.transport.resume_reading()
@@ -350,30 +375,64 @@ class FrontProtocol(asyncio.Protocol):
             protocol.data_received(pending)
 
     def _close(self) -> None:
-        self._cancel_idle_timer()
+        self._cancel_timer()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
     def _arm_idle_timer(self) -> None:
-        """Close the connection once it has been idle for ``timeout_keep_alive``: one timer per connection,
-        re-armed when it fires early, so a busy connection sets no timer per request."""
+        """Note the connection idle from now; its timer (one per connection, re-armed when it fires early, so
+        a busy connection sets no timer per request) closes it after ``timeout_keep_alive``."""
         self.active = self.loop.time()
-        if self.idle_timer is None:
-            self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._idle_check)
+        if self.timer is None:
+            self._arm(self.active + self.recheck)
 
-    def _idle_check(self) -> None:
-        self.idle_timer = None
-        idle_for = self.loop.time() - self.active
-        if not self.busy and not self.buffer and idle_for >= self.config.timeout_keep_alive:
-            self._close()
-            return
-        wait = self.config.timeout_keep_alive - (0.0 if self.busy else idle_for)
-        self.idle_timer = self.loop.call_later(max(wait, 0.01), self._idle_check)
+    def _arm(self, due: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(due, self._check)
 
-    def _cancel_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+    def _check(self) -> None:
+        """The timer: close the connection past a deadline of what it is doing, else sleep until the next one.
+
+        Idle (nothing buffered): ``timeout_keep_alive`` after the last byte or response. Reading a head: the
+        header timeout after its first byte. Reading a body: the body timeout after the last byte. Answering:
+        no deadline. Between deadlines it sleeps at most ``recheck``, the shortest of the three, so a state
+        entered meanwhile never finds its deadline already passed unnoticed.
+        """
+        self.timer = None
+        now = self.loop.time()
+        if self.busy:
+            due = now + self.recheck
+        elif not self.buffer:
+            due = self.active + self.config.timeout_keep_alive
+            if now >= due:
+                self._close()
+                return
+            due = min(due, now + self.recheck)
+        elif self.head is None:
+            due = self.head_since + self.header_timeout
+            if now >= due:
+                self._time_out("head", self.header_timeout)
+                return
+        else:
+            due = self.active + self.body_timeout
+            if now >= due:
+                self._time_out("body", self.body_timeout)
+                return
+        self.timer = self.loop.call_at(due, self._check)
+
+    def _time_out(self, what: str, seconds: float) -> None:
+        """The client owed a request's ``what`` for ``seconds``: answered 408 (no response is under way) and closed."""
+        listener = getattr(self.config, "listener", None)
+        if isinstance(listener, Listener):
+            listener.event("header_timeout" if what == "head" else "body_timeout")
+        self.write(timed_out(what, seconds))
+        self._close()
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class _Response:
