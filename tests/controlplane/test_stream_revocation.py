@@ -6,6 +6,8 @@ Streams are opened by a real gRPC client (Watch, WatchMany, SubmitAndWatch, Stre
 never runs: no worker exists), the token is revoked through the REST API (or straight in SQL, as
 ``levers9 server token revoke`` does without any controlplane), and every stream must end with
 UNAUTHENTICATED, "token revoked", before a deadline. Before this, each stayed open until its task finished.
+A worker's Session and Tunnel (the Worker service, registered with its machine's join token) end the same
+way when its session credential is revoked, or its machine's tokens are (as terminating the machine does).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import pytest
 
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.http import create_http_app
-from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc
+from levers9.proto import WORKER_ID_METADATA
+from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc, worker_pb2
+from levers9.services import workspaces
 from levers9.services.auth import Authenticator
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
-from tests.controlplane.conftest import CONFIG, bearer
+from tests.controlplane.conftest import CONFIG, Cp, bearer
 from tests.fixtures.services import opened_services
 
 #: how long a stream may take to end once its token is revoked before the test fails (a hang, not a timing)
@@ -217,3 +221,45 @@ async def test_a_token_revoked_on_one_replica_ends_its_streams_on_another(
     with pytest.raises(grpc.aio.AioRpcError) as refused:  # not served from B's cache for the next 10 s
         await b.grpc.WhoAmI(controlplane_pb2.WhoAmIRequest(), metadata=b.metadata(token))
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def _idle() -> AsyncIterator[Any]:
+    """A worker's side of a stream that sends nothing (until the stream ends)."""
+    await asyncio.Event().wait()
+    yield worker_pb2.WorkerMessage()
+
+
+async def _worker_streams(cp: Cp) -> tuple[str, str, dict[str, Any]]:
+    """A registered worker's Session and Tunnel, open: its machine id, its session credential's id, the calls."""
+    machine_id, join = await cp.machine()
+    registered = await cp.register(join, machine_id)
+    record = await cp.services.tokens.find(registered.session_token)
+    assert record is not None
+    metadata = (("authorization", f"Bearer {registered.session_token}"), (WORKER_ID_METADATA, registered.worker_id))
+    calls = {
+        "Session": cp.stub.Session(_idle(), metadata=metadata),
+        "Tunnel": cp.stub.Tunnel(_idle(), metadata=metadata),
+    }
+    async with asyncio.timeout(DEADLINE_S):
+        while len(cp.services.auth.streams) != 2:
+            await asyncio.sleep(0.02)
+    return machine_id, record.id, calls
+
+
+async def test_revoking_a_workers_credential_ends_its_session_and_tunnel(cp: Cp) -> None:
+    _, token_id, calls = await _worker_streams(cp)
+    _, operator = await cp.services.tokens.issue("user", subject="root")
+    principal = await cp.services.auth.verify(operator)
+    await workspaces.revoke_token(cp.services, principal, token_id)  # what DELETE /api/v1/tokens/ID does
+    for call in calls.values():
+        await _ends_revoked(call)
+    assert len(cp.services.auth.streams) == 0
+
+
+async def test_a_terminated_machines_worker_is_cut_off_at_the_recheck(cp: Cp) -> None:
+    """Terminating a machine revokes its tokens in SQL and tells no replica: the re-check ends its streams."""
+    cp.services.auth.streams.recheck_s = 0.2
+    machine_id, _, calls = await _worker_streams(cp)
+    assert await cp.services.tokens.revoke_subject(machine_id) >= 1  # what terminating the machine does
+    for call in calls.values():
+        await _ends_revoked(call)

@@ -30,6 +30,11 @@ replica holds share one timer (:class:`_Sessions`), which every :data:`TICK_S`
   worker is announced by the hub's wake-up; that is an optimisation (a notice
   from another replica can be lost), and this bounds what a lost one costs to
   one tick.
+
+A session and a tunnel hold their token's guard (:mod:`levers9.services.revocation`)
+for as long as they are open: when the worker's credential is revoked (by an
+operator, or with its machine, which terminating revokes), they end with
+UNAUTHENTICATED, "token revoked", and the worker stops rather than register again.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from levers9.services import fleet, tunnels
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
 from levers9.services.reports import ServingReport, TaskOutcome, WorkerReport
+from levers9.services.revocation import TokenRevoked
 from levers9.services.stubs import CALLED_KINDS
 from levers9.state.sql.records import CheckpointRecord
 from levers9.tunnel import frames
@@ -111,8 +117,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     async def _worker(self, context: Context) -> fleet.WorkerIdentity:
         """The calling worker, once its token is shown to speak for it."""
+        _, worker = await self._caller(context)
+        return worker
+
+    async def _caller(self, context: Context) -> tuple[Principal, fleet.WorkerIdentity]:
+        """The calling worker and the token it showed."""
         principal = await self._principal(context)
-        return await fleet.calling_worker(self.services, principal, _metadata(context, WORKER_ID_METADATA) or "")
+        worker_id = _metadata(context, WORKER_ID_METADATA) or ""
+        return principal, await fleet.calling_worker(self.services, principal, worker_id)
 
     @unary
     async def Register(self, request: worker_pb2.RegisterRequest, context: Context) -> worker_pb2.RegisterResponse:
@@ -192,7 +204,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage], context: Context
     ) -> AsyncIterator[worker_pb2.ControllerMessage]:
         try:
-            worker = await self._worker(context)
+            principal, worker = await self._caller(context)
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
@@ -200,14 +212,22 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel,
             peer_host=tunnels.peer_host(context.peer() or ""),
         )  # fmt: skip
-        async with contextlib.aclosing(session.run(request_iterator)) as messages:  # closed with this stream
-            async for message in messages:
-                yield message
+        revoked: TokenRevoked | None = None
+        with self.services.auth.streams.open(principal.token_id) as guard:
+            try:
+                # closed with this stream (the guard closes the session's generator however it ends)
+                async with contextlib.aclosing(guard.iterate(session.run(request_iterator))) as messages:
+                    async for message in messages:
+                        yield message
+            except TokenRevoked as exc:
+                revoked = exc
+        if revoked is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(revoked))
 
     async def Tunnel(self, request_iterator: AsyncIterator[worker_pb2.TunnelFrame], context: Context) -> None:
         """A worker's tunnel: frames in both directions until either side ends it."""
         try:
-            worker = await self._worker(context)
+            principal, worker = await self._caller(context)
         except Exception as exc:
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
@@ -219,7 +239,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         async def send(frame: frames.Frame) -> None:
             await context.write(frames.to_message(frame))
 
-        await self.tunnels.serve(worker.worker_id, incoming(), send)
+        revoked: TokenRevoked | None = None
+        with self.services.auth.streams.open(principal.token_id) as guard:
+            try:
+                await guard.wait(self.tunnels.serve(worker.worker_id, incoming(), send))
+            except TokenRevoked as exc:
+                revoked = exc
+        if revoked is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(revoked))
 
 
 class _Sessions:

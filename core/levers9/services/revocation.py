@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
 from typing import TypeVar
 
 from levers9.cancelling import raise_if_cancelling
@@ -100,7 +100,7 @@ class StreamGuard:
         if task is not None:
             task.uncancel()
 
-    async def iterate(self, source: AsyncIterator[T]) -> AsyncIterator[T]:
+    async def iterate(self, source: AsyncIterator[T]) -> AsyncGenerator[T, None]:
         """``source``'s items until it ends or the token is revoked (:class:`TokenRevoked`); ``source`` is
         closed when this ends, however it ends."""
         try:
