@@ -1,4 +1,9 @@
-"""Everything one controlplane process holds, built once from the config and shared by every front end."""
+"""Everything one controlplane process holds, built once from the config and shared by every front end.
+
+With the embedded ``redis-server`` (no ``state.redis_url``), :meth:`Services.supervise_redis` keeps it
+alive (:mod:`levers9.state.redis.supervisor`); :meth:`Services.close` stops the supervisor before the
+server, so a stop is never taken for a death.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from levers9.services.auth import Authenticator
 from levers9.state.crypto import SecretBox
 from levers9.state.disk import require_room
 from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
+from levers9.state.redis.supervisor import RedisSupervisor
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
 from levers9.state.sql.database import Database, open_database
 from levers9.state.sql.machines import MachineStore
@@ -22,6 +28,8 @@ from levers9.state.sql.tasks import TaskStore
 from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from redis.asyncio import Redis
 
     from levers9.config.load import LoadedConfig
@@ -51,6 +59,8 @@ class Services:
     agents: AgentStore
     embedded_redis: EmbeddedRedis | None = None
     managed_redis: ManagedRedis | None = None
+    #: restarts :attr:`managed_redis` when it dies (see :meth:`supervise_redis`); None without one
+    redis_supervisor: RedisSupervisor | None = None
 
     @property
     def config(self) -> Config:
@@ -68,7 +78,25 @@ class Services:
         """Raise :class:`~levers9.state.errors.DataDirectoryFull` while the data directory is too full for new work."""
         require_room(self.config.data_dir)
 
+    def supervise_redis(
+        self, recover: Callable[[], Awaitable[None]], *, on_restart: Callable[[], None] | None = None
+    ) -> RedisSupervisor | None:
+        """Restart the embedded ``redis-server`` whenever it dies, running ``recover`` after each restart.
+
+        Returns the supervisor (its ``failed`` event is set when it gave up), or None when this process has
+        no ``redis-server`` child (a configured Redis, or the in-process one, which cannot die on its own).
+        """
+        if self.managed_redis is None:
+            return None
+        if self.redis_supervisor is None:
+            self.redis_supervisor = RedisSupervisor(self.managed_redis, recover, on_restart=on_restart)
+            self.redis_supervisor.start()
+        return self.redis_supervisor
+
     async def close(self) -> None:
+        if self.redis_supervisor is not None:
+            await self.redis_supervisor.close()
+            self.redis_supervisor = None
         with contextlib.suppress(Exception):
             await self.redis.aclose()
         await self.db.close()
@@ -86,6 +114,8 @@ async def open_services(
     """
     config = loaded.config
     from levers9.config.data_dir import secure_data_dir
+    from levers9.config.load import ConfigError
+    from levers9.services.isolation import shared_without_isolation
 
     secure_data_dir(config.data_dir)  # 0700, before anything is created in it
     embedded: EmbeddedRedis | None = None
@@ -106,6 +136,15 @@ async def open_services(
             managed.stop()
         raise
     try:
+        issues = await shared_without_isolation(loaded)
+        if issues:
+            raise ConfigError(issues)
+        workspaces = WorkspaceStore(db)
+        bound = {
+            name: (await workspaces.get_or_create(pool.workspace)).id
+            for name, pool in config.pools.items()
+            if pool.workspace
+        }
         redis = connect(url, embedded=embedded)
         box = SecretBox.from_config(config.state.secret_key_file, config.data_dir)
         tokens = TokenStore(db)
@@ -113,7 +152,7 @@ async def open_services(
             db=db,
             redis=redis,
             hooks=loaded.hooks,
-            pools=pool_specs(loaded),
+            pools=pool_specs(loaded, bound),
             settings=config.scheduler,
             controlplane_url=controlplane_url,
             controlplane_ca=controlplane_ca,
@@ -131,7 +170,7 @@ async def open_services(
         box=box,
         scheduler=scheduler,
         auth=Authenticator(tokens),
-        workspaces=WorkspaceStore(db),
+        workspaces=workspaces,
         tokens=tokens,
         apps=AppStore(db),
         stubs=StubStore(db),

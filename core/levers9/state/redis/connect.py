@@ -14,6 +14,8 @@ and the backlog is rebuilt from it at start. Two kinds:
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,8 @@ class EmbeddedRedis:
 MAX_CONNECTIONS = 100
 #: how long such a command waits before it fails (``redis.exceptions.ConnectionError``)
 POOL_WAIT_S = 20.0
+#: how long an embedded ``redis-server`` has to listen on its socket once started
+START_TIMEOUT_S = 20.0
 
 
 def connect(url: str | None, *, embedded: EmbeddedRedis | None = None, max_connections: int = MAX_CONNECTIONS) -> Redis:
@@ -67,13 +71,15 @@ class ManagedRedis:
     """A ``redis-server`` child process private to this controlplane: a unix socket, no persistence.
 
     It is told to die with its parent (``PR_SET_PDEATHSIG``), so even a controlplane
-    killed with SIGKILL leaves no Redis behind.
+    killed with SIGKILL leaves no Redis behind. Should it die first, :meth:`restart`
+    starts a new one on the same socket (clients reconnect to the same path), empty:
+    :mod:`levers9.state.redis.supervisor` watches for that and has the controlplane
+    rebuild what it held. What the child writes to stdout and stderr (a refusal to
+    start, say) goes to its log file, which a failed start quotes.
     """
 
     def __init__(self, workdir: Path, binary: str) -> None:
         import fcntl
-        import shutil
-        import subprocess
 
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.workdir = workdir
@@ -89,23 +95,33 @@ class ManagedRedis:
                 "stop it, or give this one another data_dir (an embedded Redis serves one controlplane; "
                 "for several, configure state.redis_url)"
             ) from None
+        self.binary = binary
         self.socket = workdir / "redis.sock"
-        self.socket.unlink(missing_ok=True)
         self._log = workdir / "redis.log"
-        command = [binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-                   "--save", "", "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no",
+        self._log_from = 0
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """A new ``redis-server`` on :attr:`socket` (a socket left by a dead one is removed first)."""
+        import shutil
+
+        self.socket.unlink(missing_ok=True)
+        command = [self.binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+                   "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
                    "--logfile", str(self._log)]  # fmt: skip
         # util-linux's setpriv sets the death signal and execs Redis, so no Python runs between fork and exec:
         # a preexec_fn forces a plain fork (fork handlers, locks other threads held) in a process full of threads
         setpriv = shutil.which("setpriv")
-        self.process = subprocess.Popen(
-            [setpriv, "--pdeathsig", "TERM", *command] if setpriv is not None else command,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=None if setpriv is not None else _die_with_parent,
-        )  # fmt: skip
+        with open(self._log, "ab") as output:  # the child holds its own copy of the descriptor
+            self._log_from = output.tell()  # where what this start writes begins (a failure quotes only that)
+            return subprocess.Popen(
+                [setpriv, "--pdeathsig", "TERM", *command] if setpriv is not None else command,
+                stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                preexec_fn=None if setpriv is not None else _die_with_parent,
+            )  # fmt: skip
 
     @classmethod
-    def start(cls, workdir: Path, *, timeout: float = 20.0) -> ManagedRedis | None:
+    def start(cls, workdir: Path, *, timeout: float = START_TIMEOUT_S) -> ManagedRedis | None:
         """A running server, or None when ``redis-server`` is not installed (or may not be used)."""
         import shutil
         import time
@@ -117,21 +133,57 @@ class ManagedRedis:
             return None
         managed = cls(workdir, binary)
         deadline = time.monotonic() + timeout
-        while not managed.socket.exists():
-            if managed.process.poll() is not None or time.monotonic() > deadline:
+        while not managed._ready():
+            if time.monotonic() > deadline:
+                managed.process.kill()
+            if managed.process.poll() is not None:
+                failure = managed._failed_start()
                 managed.stop()
-                tail = managed._log.read_text(errors="replace")[-1000:] if managed._log.exists() else ""
-                raise StateError(f"the embedded redis-server did not start: {tail}")
+                raise failure
             time.sleep(0.01)
         return managed
+
+    async def restart(self, *, timeout: float = START_TIMEOUT_S) -> None:
+        """Start a new server on the same socket once the old one has exited (and been reaped).
+
+        Raises :class:`StateError` quoting the server's log when the new one exits or does not listen
+        within ``timeout``; the caller decides whether to try again.
+        """
+        import asyncio
+
+        if self.process.poll() is None:
+            raise StateError(f"the embedded redis-server (pid {self.process.pid}) still runs; it is not restarted")
+        self.process = self._spawn()
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if time.monotonic() > deadline:
+                self.process.kill()
+            if self.process.poll() is not None:
+                raise self._failed_start()
+            await asyncio.sleep(0.01)
+
+    def _ready(self) -> bool:
+        """Whether the server listens (its socket exists) and is still alive."""
+        return self.socket.exists() and self.process.poll() is None
+
+    def _failed_start(self) -> StateError:
+        """Why the last start failed: its exit status and the end of what it wrote to its log."""
+        try:
+            with open(self._log, "rb") as log:
+                log.seek(self._log_from)
+                tail = log.read().decode(errors="replace")[-1000:].strip()
+        except OSError:
+            tail = ""
+        return StateError(
+            f"the embedded redis-server did not start (exit status {self.process.returncode}); "
+            f"it wrote to {self._log}: {tail or '(nothing)'}"
+        )
 
     @property
     def url(self) -> str:
         return f"unix://{self.socket}"
 
     def stop(self) -> None:
-        import subprocess
-
         if self.process.poll() is None:
             self.process.terminate()
             try:
