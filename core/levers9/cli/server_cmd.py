@@ -35,16 +35,12 @@ version: 1
 pools:
   local:
     provider: local          # workers are processes on this machine
-    runtime: {runtime}{why}
+    runtime: {runtime}       # process: no isolation, no root needed; runc or gvisor for containers
     cpu: {cpu}
     memory: {memory}
     min_workers: 1
     max_workers: 1
-{extra}"""
-#: the workspace `up` gives its context's token, and the one a starter `process` pool serves
-UP_WORKSPACE = "default"
-#: the runtimes `up --runtime auto` tries for its starter pool, most isolated first
-_AUTO = ("gvisor", "runc")
+"""
 
 
 def _logging(level: str) -> None:
@@ -216,10 +212,7 @@ def up(
     http_port: int | None = _HTTP,
     metrics_port: int | None = _METRICS,
     runtime: str = typer.Option(
-        "auto",
-        "--runtime",
-        help="Runtime of the starter pool, when `up` writes the config: auto (gvisor, else runc, where they run "
-        "here; else process), gvisor, runc or process.",
+        "process", "--runtime", help="Runtime of the starter pool, when `up` writes the config."
     ),
     context: str = typer.Option("local", "--context", help="Name of the context written to ~/.levers9/config."),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
@@ -237,11 +230,9 @@ def up(
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         memory = max(512, min(8192, _memory_mib() // 2))
-        text, note = _starter(runtime)
-        path.write_text(text.format(cpu=os.cpu_count() or 1, memory=memory))
-        typer.echo(f"wrote a starter config: {path} ({note})")
+        path.write_text(STARTER_CONFIG.format(runtime=runtime, cpu=os.cpu_count() or 1, memory=memory))
+        typer.echo(f"wrote a starter config: {path}")
     loaded = _load(path)
-    _warn_unisolated(loaded)
     listeners = _listeners(loaded, host, grpc_port, http_port, metrics_port)
     try:
         asyncio.run(_up(loaded, listeners, context))
@@ -250,82 +241,6 @@ def up(
         raise typer.Exit(1) from None
     finally:
         loaded.hooks.close()
-
-
-def _starter(choice: str) -> tuple[str, str]:
-    """The starter config for ``--runtime choice`` (``{cpu}`` and ``{memory}`` still to fill), and why that runtime.
-
-    ``auto`` takes the first of gVisor and runc that runs here (root, its binary, its checks), else the
-    process runtime. A process pool serves only the workspace `up` gives its token; where its calls cannot run
-    as nobody (a user who is not root, a Python nobody cannot execute), the pool allows them to run as this
-    user, which is what a single-user machine is.
-    """
-    from levers9.hooks.facade import Hooks
-    from levers9.hooks.manager import PluginPolicy, PluginSet
-
-    plugins = PluginSet(PluginPolicy.from_env())
-    plugins.load_entry_points()
-    hooks = Hooks(plugins)
-    try:
-        runtime, why = choice, "chosen with --runtime"
-        if choice == "auto":
-            runtime, passed = "process", []
-            for candidate in _AUTO:
-                unavailable = _unavailable(hooks, candidate)
-                if unavailable is None:
-                    runtime = candidate
-                    break
-                passed.append(f"{candidate} cannot run here: {unavailable}")
-            why = "; ".join(passed) or "it runs here"
-        extra, comment = "", "  # calls run in containers: each its own filesystem, network and processes"
-        if runtime == "process":
-            comment = "  # no isolation: calls run as host processes (as nobody when levers9 runs as root)"
-            extra = (
-                f"    workspace: {UP_WORKSPACE}       # a pool that isolates nothing serves one workspace: "
-                "the one `levers9 up` gives your token\n"
-            )
-            if _unavailable(hooks, "process") is not None:
-                extra += (
-                    "    runtime_settings:\n"
-                    "      # calls cannot run as nobody here, so they run as you: fine on a single-user machine,\n"
-                    "      # never on a shared one (they can read levers9's database and keys)\n"
-                    "      allow_calls_as_worker_user: true\n"
-                )
-    finally:
-        hooks.close()
-    return STARTER_CONFIG.replace("{runtime}", runtime).replace("{why}", comment).replace("{extra}", extra), (
-        f"runtime {runtime}: {why}"
-    )
-
-
-def _unavailable(hooks: object, runtime: str) -> str | None:
-    """Why ``runtime`` cannot run calls on this host (None when it can), as its plugin says."""
-    import tempfile
-
-    from levers9.hooks.facade import Hooks
-    from levers9.hooks.types import RuntimeContext
-
-    assert isinstance(hooks, Hooks)
-    if runtime not in hooks.runtimes():
-        return "not installed"
-    with tempfile.TemporaryDirectory(prefix="levers9-up-") as scratch:
-        try:
-            capabilities = asyncio.run(hooks.runtime_capabilities(RuntimeContext(name=runtime, state_dir=scratch)))
-        except Levers9Error as exc:
-            return str(exc)
-    return None if capabilities.available else capabilities.unavailable_reason or "unavailable"
-
-
-def _warn_unisolated(loaded: LoadedConfig) -> None:
-    """Say, in red, which pools run calls as the worker's own user (the process runtime's opt-in)."""
-    from levers9.cli.output import err
-
-    for name, settings in loaded.runtime_settings.items():
-        if getattr(settings, "allow_calls_as_worker_user", False):
-            err.print(
-                f"[red]pool {name}: calls run as the worker's own user (allow_calls_as_worker_user): they can read "
-                "levers9's database and keys; keep this to a single-user machine[/red]"
-            )
 
 
 def _memory_mib() -> int:
@@ -397,7 +312,7 @@ async def _user_token(services: object, context_name: str) -> tuple[str, str]:
     from levers9.services.core import Services
 
     assert isinstance(services, Services)
-    workspace = await services.workspaces.get_or_create(UP_WORKSPACE)
+    workspace = await services.workspaces.get_or_create("default")
     try:
         existing = current_context(context_name)
         record = await services.tokens.verify(existing.token, kind="user") if existing.token else None

@@ -10,6 +10,15 @@ With ``listen.tls`` every listener (gRPC, HTTP, metrics) serves TLS with one
 certificate, re-read when its files change (:mod:`levers9.controlplane.tls`).
 Without it the listeners are plain text, which is refused on an address other
 machines can reach unless ``listen.plaintext`` says so.
+
+Every listener holds a bounded number of connections, below the process's
+descriptor limit (raised to its hard limit first), so no flood of clients can
+take the descriptors the rest of the process needs
+(:mod:`levers9.controlplane.limits`): the HTTP listeners cap, evict and refuse
+in their sockets (:mod:`levers9.controlplane.listener`) and time out slow
+requests in their protocols (:mod:`levers9.controlplane.http_deadlines`); gRPC
+closes connections over its own cap and those whose handshake takes longer than
+the header timeout.
 """
 
 from __future__ import annotations
@@ -34,7 +43,10 @@ from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
+from levers9.controlplane.http_deadlines import GuardedHttpTools
 from levers9.controlplane.http_front import FrontProtocol
+from levers9.controlplane.limits import Budget, plan, raise_descriptor_limit
+from levers9.controlplane.listener import Listener, quiet_accept_failures
 from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMiddleware
 from levers9.controlplane.tls import ListenerTls, check_plaintext
 from levers9.gateway.autoscaler import ServingAutoscaler
@@ -148,14 +160,20 @@ class _Uvicorn(uvicorn.Server):
 class _UvicornConfig(uvicorn.Config):
     """uvicorn's config with a context of ours: one that follows certificate renewals, which the context
     uvicorn builds from ``ssl_certfile`` would not. Set after ``load()`` (every uvicorn version builds its own
-    there); uvicorn hands ``config.ssl`` to the event loop's ``create_server``."""
+    there); uvicorn hands ``config.ssl`` to the event loop's ``create_server``. It also carries what the
+    protocols of ours read: the short path, the listener and the request timeouts."""
 
     def __init__(self, app: Any, *, ssl_context: ssl.SSLContext | None, short_path: ShortPath | None = None,
+                 listener: Listener | None = None, header_timeout_s: float, body_timeout_s: float,
                  **kwargs: Any) -> None:  # fmt: skip
         super().__init__(app, **kwargs)
         self._ssl_context = ssl_context
         #: read by the HTTP front (:class:`FrontProtocol`), which offers it every simple request first
         self.short_path = short_path
+        #: told by the protocols when a connection sent its first head, and of their timeouts
+        self.listener = listener
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
 
     def load(self) -> None:
         super().load()
@@ -185,11 +203,18 @@ class Server:
         self.tunnels: TunnelRegistry | None = None
         #: the listeners' certificate, with ``listen.tls``
         self.tls: ListenerTls | None = None
+        #: the connection caps, worked out at start from the descriptor limit
+        self.budget: Budget | None = None
+        self._restore_exception_handler: Any = None
 
     async def start(self) -> None:
         ls = self.listeners
         # Before anything opens: a controlplane that may not (or cannot) serve must not start machines.
         check_plaintext(ls.host, ls.tls, ls.plaintext)
+        listen = self.loaded.config.listen
+        budget = self.budget = plan(raise_descriptor_limit(), http=listen.max_connections,
+                                    http_per_client=listen.max_connections_per_client,
+                                    grpc=listen.grpc_max_connections)  # fmt: skip
         self.tls = ListenerTls(ls.tls) if ls.tls is not None else None
         ca = self.tls.ca_pem if self.tls is not None else ""
         services = self.services = await open_services(
@@ -207,7 +232,14 @@ class Server:
             self.upstream = Upstream(tunnel=self.tunnels.connect_address)
             # The port is taken before anything starts: a controlplane that cannot listen must not
             # have begun provisioning machines for its pools.
-            server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[GrpcMetricsInterceptor(self.metrics)])
+            options = [
+                *GRPC_OPTIONS,
+                # gRPC's own cap: connections beyond it are closed as they come, before any handshake
+                ("grpc.max_allowed_incoming_connections", budget.grpc),
+                # a connection that has not finished TLS and sent its HTTP/2 settings by then is closed
+                ("grpc.server_handshake_timeout_ms", int(listen.header_timeout_s * 1000)),
+            ]
+            server = grpc.aio.server(options=options, interceptors=[GrpcMetricsInterceptor(self.metrics)])
             add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
             add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
@@ -226,10 +258,16 @@ class Server:
                 raise OSError(f"cannot listen for gRPC on {address}: the port is taken or the address is not ours")
             # bound now and handed to uvicorn, so no other process can take a port between a check and
             # uvicorn's own bind (which would end in uvicorn's sys.exit inside a running controlplane)
-            http_socket = _listen(ls.host, ls.http_port)
+            plain = self.tls is None  # the refusals' 503 is plain HTTP
+            http_socket = _listen(ls.host, ls.http_port, cap=budget.http, per_client=budget.http_per_client,
+                                  name="HTTP", answer=plain)  # fmt: skip
             self._sockets.append(http_socket)
-            metrics_socket = _listen(ls.host, ls.metrics_port)
+            metrics_socket = _listen(ls.host, ls.metrics_port, cap=budget.metrics, name="metrics", answer=plain)
             self._sockets.append(metrics_socket)
+            for name, sock in (("http", http_socket), ("metrics", metrics_socket)):
+                sock.on_event = self.metrics.connection_counter(name)
+                self.metrics.watch_connections(name, sock.open_now)
+            self._restore_exception_handler = quiet_accept_failures(asyncio.get_running_loop())
             await self.hub.start()
             await self.agents.start()
             # the plugins start before the scheduler, which calls them, and get the agent hub
@@ -251,11 +289,13 @@ class Server:
             for app, port, sock, protocol, short in (
                 (HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket, FrontProtocol,
                  self.short_path),
-                (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, "auto", None),
+                (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, GuardedHttpTools, None),
             ):  # fmt: skip
                 context = self.tls.ssl_context() if self.tls is not None else None
-                config = _UvicornConfig(app, ssl_context=context, short_path=short, host=ls.host, port=port,
-                                        log_level="warning", lifespan="off", http=protocol)  # fmt: skip
+                config = _UvicornConfig(app, ssl_context=context, short_path=short, listener=sock,
+                                        header_timeout_s=listen.header_timeout_s, body_timeout_s=listen.body_timeout_s,
+                                        host=ls.host, port=port, log_level="warning", lifespan="off", http=protocol,
+                                        timeout_keep_alive=listen.keep_alive_s)  # fmt: skip
                 http = _Uvicorn(config)
                 self._http.append(http)
                 self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))
@@ -278,6 +318,9 @@ class Server:
         log.info("levers9 controlplane listening%s: gRPC %s:%d, HTTP :%d, metrics :%d",
                  " over TLS" if self.tls is not None else "", ls.host, ls.grpc_port, ls.http_port,
                  ls.metrics_port)  # fmt: skip
+        log.info("connection caps, of %d file descriptors: HTTP %d (%s per client address), gRPC %d, metrics %d; "
+                 "%d left to the rest", budget.descriptors, budget.http, budget.http_per_client or "no cap",
+                 budget.grpc, budget.metrics, budget.reserve)  # fmt: skip
 
     async def _redis_restarted(self) -> None:
         """The embedded Redis died and a new, empty one runs: start-up's steps that filled it, again.
@@ -360,6 +403,9 @@ class Server:
         for sock in self._sockets:
             sock.close()
         self._sockets.clear()
+        if self._restore_exception_handler is not None:
+            self._restore_exception_handler()
+            self._restore_exception_handler = None
         if self.services is not None:
             await _step("scheduler", self.services.scheduler.stop(), 30)
             if self._plugins_started:
@@ -376,12 +422,14 @@ class Server:
         log.info("the controlplane stopped")
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``, or OSError naming the port (taken, or not an address of ours)."""
+def _listen(host: str, port: int, *, cap: int | None = None, per_client: int = 0, name: str = "HTTP",
+            answer: bool = True) -> Listener:  # fmt: skip
+    """A listening socket on ``host:port`` holding at most ``cap`` connections, ``per_client`` from one address
+    (:class:`Listener`; None, 0: no cap), or OSError naming the port (taken, or not an address of ours)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections accepted from a socket that says so,
-    # and without it a kept-alive client waits out Nagle and delayed ACK (40 ms) on every response
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    # IPPROTO_TCP named (Listener does): asyncio sets TCP_NODELAY only on connections accepted from a socket that
+    # says so, and without it a kept-alive client waits out Nagle and delayed ACK (40 ms) on every response
+    sock = Listener(family, cap=cap, per_client=per_client, name=name, answer=answer)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -51,7 +51,7 @@ from levers9.scheduler import events
 from levers9.scheduler.planner import ACTIVE
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from levers9.services.core import Services
 
@@ -75,6 +75,8 @@ _REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _SEEDED_STATUSES = ("running", "draining")
 #: backlog entries read per Redis round trip while counting pending tasks
 _CHUNK = 1000
+#: the HTTP listeners' events that close a connection (the others refuse one)
+_CLOSED = frozenset({"evicted", "header_timeout", "body_timeout"})
 
 
 def _gpu(gpu: str | None) -> str:
@@ -245,11 +247,39 @@ class Metrics:
             buckets=_REQUEST_BUCKETS,
             registry=self.registry,
         )
+        self.connections_refused = Counter(
+            "levers9_connections_refused_total",
+            "Connections an HTTP listener (http, metrics) refused, by reason: per_client (over "
+            "listen.max_connections_per_client), cap (at its cap, none to evict), descriptors (accept found no "
+            "file descriptor free; counted once per pause of the listener).",
+            [*r, "listener", "reason"],
+            registry=self.registry,
+        )
+        self.connections_closed = Counter(
+            "levers9_connections_closed_total",
+            "Connections an HTTP listener closed while the client owed bytes, by reason: evicted (at the cap, one "
+            "that had sent no request head, to make room), header_timeout, body_timeout.",
+            [*r, "listener", "reason"],
+            registry=self.registry,
+        )
+        self.connections_open = Gauge(
+            "levers9_connections_open",
+            "Connections an HTTP listener holds now.",
+            [*r, "listener"],
+            registry=self.registry,
+        )
         self.requeues = Counter(
             "levers9_requeues_total",
             "Tasks this replica put back in the backlog, by reason "
             "(worker_lost, machine_vanished, attempt_failed, restart).",
             [*r, "reason"],
+            registry=self.registry,
+        )
+        self.worker_refusals = Counter(
+            "levers9_worker_refusals_total",
+            "Tasks a worker reported on, or asked the payloads of, that were not placed on it: refused, by what "
+            "it tried (a security event: a forged worker, or a late one whose call was placed again elsewhere).",
+            [*r, "what"],
             registry=self.registry,
         )
         self.workers_lost = Counter(
@@ -350,6 +380,9 @@ class Metrics:
                     replica=r, provider=event.provider, hook=event.hook, error=event.error
                 ).inc()
 
+    def worker_refused(self, what: str, n: int = 1) -> None:
+        self.worker_refusals.labels(replica=self._replica, what=what).inc(n)
+
     def embedded_redis_restarted(self) -> None:
         self.redis_restarts.labels(replica=self._replica).inc()
 
@@ -409,6 +442,23 @@ class Metrics:
             )
         series[0].inc()
         series[1].observe(max(0.0, seconds))
+
+    def connection_counter(self, listener: str) -> Callable[[str], None]:
+        """What counts an HTTP listener's events (refusals, evictions, timeouts: levers9.controlplane.listener)."""
+        children: dict[str, Counter] = {}
+
+        def count(what: str) -> None:
+            child = children.get(what)
+            if child is None:
+                family = self.connections_closed if what in _CLOSED else self.connections_refused
+                child = children[what] = family.labels(replica=self._replica, listener=listener, reason=what)
+            child.inc()
+
+        return count
+
+    def watch_connections(self, listener: str, read: Callable[[], float]) -> None:
+        """``levers9_connections_open`` of ``listener`` is what ``read`` returns at each scrape."""
+        self.connections_open.labels(replica=self._replica, listener=listener).set_function(read)
 
     # ------------------------------------------------------------------ read from shared state
 
