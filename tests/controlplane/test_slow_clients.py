@@ -165,6 +165,26 @@ async def _slow_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"done"})
 
 
+async def test_a_body_the_app_has_not_read_yet_is_not_timed_out() -> None:
+    """uvicorn stops reading a body the app has not taken (a gateway request waiting for a container): the
+    client cannot send then, so that pause is not the client's and the body timeout does not count it."""
+    body = b"z" * (MAX_BODY + 512 * 1024)  # uvicorn's protocol, which pauses reading past 64 KiB unread
+    async with serving(body_timeout_s=0.5) as served:
+        served.server.config.loaded_app = _late_reader
+        async with connect(served.port) as (reader, writer):
+            writer.write(b"POST /late HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            status, _, answer = await read_response(reader)
+        assert (status, answer) == (200, str(len(body)).encode())
+        assert served.listener.counts["body_timeout"] == 0
+
+
+async def _late_reader(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await asyncio.sleep(2.0)  # three body timeouts before the app reads a byte
+    body = await request_body(receive)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(len(body)).encode()})
+
+
 # ---------------------------------------------------------------------- caps
 
 

@@ -6,7 +6,10 @@ complete ``header_timeout_s`` after its first byte (after the connection opened,
 and its body must not pause for longer than ``body_timeout_s`` between two reads; past either the
 connection is answered ``408`` with ``connection: close`` where no response of its own has begun, and
 closed. Idle connections between requests are uvicorn's ``timeout_keep_alive``'s; the app's own time
-answering is not limited here.
+answering is not limited here, and neither is a pause while uvicorn has stopped reading (a body the app
+has not taken yet, as the gateway's while it waits for a container): the client cannot send then, and its
+body's clock starts again when reading resumes. A connection upgraded to another protocol (WebSocket)
+leaves these deadlines behind.
 
 Both protocols keep these deadlines: the front (:mod:`levers9.controlplane.http_front`) for the requests it
 serves, and :class:`GuardedHttpTools`, uvicorn's own protocol with them, for the connections the front hands
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from levers9.controlplane.listener import Listener
@@ -60,6 +64,22 @@ def timed_out(what: str, seconds: float) -> bytes:
             b"connection: close\r\n\r\n%s" % (len(text), text))  # fmt: skip
 
 
+class _Flow(FlowControl):
+    """uvicorn's flow control, noting when reading resumes: the client could not send while it was paused."""
+
+    def __init__(self, transport: asyncio.Transport, owner: GuardedHttpTools) -> None:
+        super().__init__(transport)
+        self._owner = owner
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            owner = self._owner
+            owner.arrived = owner.loop.time()
+            if owner.phase == _HEAD:
+                owner.since = owner.arrived  # a pipelined head cut short by the pause: its time starts now
+        super().resume_reading()
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the header and body timeouts and its listener told of each head."""
 
@@ -80,6 +100,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = _Flow(transport, self)
         self.unproven, self.fd = listener_fd(self.config, transport)
         self.since = self.arrived = self.loop.time()
         self._arm(self.since + self.header_timeout)
@@ -117,6 +138,13 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._arm(due)
         super().on_headers_complete()
 
+    def handle_websocket_upgrade(self) -> None:
+        self.phase = _APP  # the WebSocket protocol's from here on
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+        super().handle_websocket_upgrade()
+
     def on_message_complete(self) -> None:
         self.phase = _APP
         super().on_message_complete()
@@ -139,6 +167,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.transport is None or self.transport.is_closing():
             return
         now = self.loop.time()
+        if self.flow.read_paused and self.phase in (_HEAD, _BODY):
+            self._arm(now + min(self.header_timeout, self.body_timeout))  # not reading: the client cannot send
+            return
         if self.phase == _HEAD:
             due = self.since + self.header_timeout
             if now >= due and self.cycle is not None and not self.cycle.response_complete:
