@@ -135,7 +135,10 @@ class OpenStreams:
         self._invalid = invalid
         self.recheck_s = recheck_s
         self._by_token: dict[str, set[StreamGuard]] = {}
-        self._checker: asyncio.Task[None] | None = None
+        #: the next re-check, while one is due (a timer: opening and closing streams creates no task)
+        self._due: asyncio.TimerHandle | None = None
+        #: the re-check under way, while one is
+        self._checking: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return sum(len(guards) for guards in self._by_token.values())
@@ -145,8 +148,7 @@ class OpenStreams:
         """A guard for a stream opened with ``token_id``, held until the block ends."""
         guard = StreamGuard(token_id)
         self._by_token.setdefault(token_id, set()).add(guard)
-        if self._checker is None or self._checker.done():
-            self._checker = asyncio.create_task(self._recheck(), name="open streams' tokens")
+        self._schedule()
         try:
             yield guard
         finally:
@@ -155,9 +157,7 @@ class OpenStreams:
                 guards.discard(guard)
                 if not guards:
                     del self._by_token[token_id]
-            if not self._by_token and self._checker is not None:
-                self._checker.cancel()
-                self._checker = None
+            # a re-check still due finds nothing open and schedules no other
 
     def end(self, token_ids: Iterable[str]) -> int:
         """End the streams opened with ``token_ids`` (revoked); how many there were."""
@@ -178,14 +178,25 @@ class OpenStreams:
             log.info("ended %d stream(s) whose token was revoked or expired: %s", ended, ", ".join(sorted(invalid)))
         return ended
 
+    def _schedule(self) -> None:
+        if self._due is None and self._checking is None:
+            self._due = asyncio.get_running_loop().call_later(self.recheck_s, self._start_check)
+
+    def _start_check(self) -> None:
+        self._due = None
+        if self._by_token:
+            self._checking = asyncio.create_task(self._recheck(), name="open streams' tokens")
+
     async def _recheck(self) -> None:
-        while True:
-            await asyncio.sleep(self.recheck_s)
-            try:
-                await self.check()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                raise_if_cancelling(exc)
-                log.warning("open streams: could not re-check their tokens (%s: %s); trying again in %g s",
-                            type(exc).__name__, exc, self.recheck_s)  # fmt: skip
+        try:
+            await self.check()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise_if_cancelling(exc)
+            log.warning("open streams: could not re-check their tokens (%s: %s); trying again in %g s",
+                        type(exc).__name__, exc, self.recheck_s)  # fmt: skip
+        finally:
+            self._checking = None
+        if self._by_token:
+            self._schedule()
