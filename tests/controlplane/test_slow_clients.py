@@ -29,7 +29,7 @@ import uvicorn
 from levers9.controlplane import listener as listener_module
 from levers9.controlplane.http_deadlines import GuardedHttpTools
 from levers9.controlplane.http_front import MAX_BODY, FrontProtocol
-from levers9.controlplane.listener import Listener
+from levers9.controlplane.listener import Listener, client_of
 from levers9.controlplane.server import _listen
 from tests.fixtures.http_wire import connect, read_response, request_body
 
@@ -208,6 +208,21 @@ async def test_connections_over_the_per_address_cap_are_refused_while_the_others
             assert (await read_response(r))[0] == 200
         assert served.listener.counts["per_client"] == 1
     await _until(lambda: served.listener.open == 0)
+
+
+@pytest.mark.parametrize(
+    ("peer", "client"),
+    [
+        ("127.0.0.5", "127.0.0.5"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:1:2:3", "2001:db8:1:2::/64"),  # the same host's /64: the same client
+        ("2001:db8:1:3::1", "2001:db8:1:3::/64"),
+        ("::ffff:10.1.2.3", "10.1.2.3"),  # IPv4 on a dual-stack socket
+        ("fe80::1%eth0", "fe80::/64"),
+    ],
+)
+def test_the_per_address_cap_counts_an_ipv6_client_by_its_64(peer: str, client: str) -> None:
+    assert client_of(peer) == client
 
 
 async def test_at_the_total_cap_a_connection_that_sent_no_head_is_evicted_for_a_new_one() -> None:

@@ -9,7 +9,9 @@ tell the listener when they close, whoever closes them (the front, uvicorn's pro
 What a new connection meets:
 
 - **Over the cap per client address** (``per_client``; 0: none): refused, accepted and closed at once, on a
-  plain-text listener after a ``503`` with ``connection: close``.
+  plain-text listener after a ``503`` with ``connection: close``. An IPv6 client is its /64 (one host
+  commonly holds a whole /64, so each of its addresses alone would be no cap); an IPv4 address mapped into
+  IPv6 is that IPv4 address.
 - **At the cap in all** (``cap``): the connection that has waited longest without sending one complete
   request head (a slow or silent client; see :meth:`Listener.proven`) is evicted to make room: shut down,
   so its transport reads the end of the stream and closes as every other connection does. A client that
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -41,7 +44,7 @@ from typing import Any
 
 from levers9.controlplane.limits import SLACK
 
-__all__ = ["EVENTS", "REPORT_EVERY_S", "Connection", "Listener", "quiet_accept_failures"]
+__all__ = ["EVENTS", "REPORT_EVERY_S", "Connection", "Listener", "client_of", "quiet_accept_failures"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,19 @@ def _refusal(text: bytes) -> bytes:
 
 _REFUSE_PER_CLIENT = _refusal(b"too many connections from this address\n")
 _REFUSE_CAP = _refusal(b"too many connections\n")
+
+
+def client_of(host: str) -> str:
+    """The client a peer address counts as: an IPv4 address itself, an IPv6 address its /64 (see above)."""
+    if ":" not in host:
+        return host
+    try:
+        ip = ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return f"{ipaddress.IPv6Address(int(ip) >> 64 << 64)}/64"
 
 
 class Connection(socket.socket):
@@ -132,7 +148,7 @@ class Listener(socket.socket):
             if self.cap is not None and self.open >= self.cap + SLACK:
                 raise ConnectionAbortedError  # evictions are closing: the next pass finds room
             fd, address = self._accept_one()
-            client = str(address[0]) if isinstance(address, tuple) and address else ""
+            client = client_of(str(address[0])) if isinstance(address, tuple) and address else ""
             reason = self._room(client)
             if reason is None:
                 conn = Connection(self.family, self.type, self.proto, fileno=fd)
