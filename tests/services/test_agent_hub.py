@@ -555,3 +555,22 @@ async def test_close_ends_a_loop_whose_redis_call_turned_the_cancellation_into_a
             task.cancel()
     assert done, "close() still waits on a loop that took its cancellation for a Redis error"
     assert all(task.done() for task in tasks)
+
+
+async def test_a_hub_started_again_on_an_emptied_redis_has_its_agents_dial_again_and_registers_them_anew(
+    services: Services, hub: AgentHub, clock: Clock
+) -> None:
+    """What the controlplane does when its embedded Redis restarted empty (``Server._redis_restarted``)."""
+    agent = await joined_agent(services, hub, await operator(services))
+    await agent.connect()
+    await services.redis.flushall()  # the new redis-server: nothing of the agent's registration is left
+    await hub.close()
+    await hub.start()
+    assert agent._pump is not None
+    await asyncio.wait_for(agent._pump, 10)  # its stream ended (not cut): a real agent dials again at once
+    again = Agent(hub, agent.identity)
+    await again.connect()
+    fresh = AgentHub(services.redis, name="replica-c", heartbeat_s=5.0, clock=clock)
+    await fresh.refresh()
+    assert [listed.agent_id for listed in fresh.inventories()] == [agent.identity.agent_id]
+    await again.hang_up()
