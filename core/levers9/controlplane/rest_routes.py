@@ -93,6 +93,7 @@ _MEANING = {
     403: "Not a user token, or outside the token's scope",
     404: "No such object, or one outside the token's workspace",
     409: "The request conflicts with what exists",
+    507: "The controlplane's data directory is full: new work is refused until space is freed there",
 }
 
 
