@@ -238,17 +238,35 @@ def test_network_auto_says_which_stack_and_an_explicit_sandbox_refuses_rather_th
     auto = levers9_gvisor.levers9_runtime_capabilities(auto_ctx)
     assert auto.available, auto.unavailable_reason
     sandbox = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "sandbox"}))
+    network_notes = [note for note in auto.notes if note.startswith("network")]
     if works:
-        assert auto.notes == ["network 'auto': gVisor's own network stack ('sandbox')"]
+        assert network_notes == ["network 'auto': gVisor's own network stack ('sandbox')"]
         assert sandbox.available, sandbox.unavailable_reason
     else:
-        assert len(auto.notes) == 1
-        assert auto.notes[0].startswith("network 'auto' uses 'host'")
-        assert words in auto.notes[0]
+        assert len(network_notes) == 1
+        assert network_notes[0].startswith("network 'auto' uses 'host'")
+        assert words in network_notes[0]
         assert not sandbox.available
         assert sandbox.unavailable_reason is not None
         assert sandbox.unavailable_reason.startswith("network 'sandbox' is set, but runsc")
         assert "set runtime_settings.network to 'auto' or 'host'" in sandbox.unavailable_reason
     host = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
     assert host.available
-    assert host.notes == []
+    assert [note for note in host.notes if note.startswith("network")] == []
+
+
+def test_the_seccomp_note_follows_the_oci_seccomp_flag(
+    require: Callable[[str], str], context: Context, fake_runsc: Callable[..., Path]
+) -> None:
+    """The real runsc here has -oci-seccomp, so the profile is applied in the sandbox; a build without it says so."""
+    require("runsc")
+    info = levers9_gvisor.inspect_runsc("runsc")
+    real = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
+    if info.oci_seccomp:
+        assert "seccomp: levers9's profile, applied inside the sandbox (-oci-seccomp)" in real.notes
+        assert "--oci-seccomp" in levers9_gvisor.engine(context("gvisor", {"network": "host"})).flavor.argv
+    old_build = fake_runsc(platforms="ptrace\n", flags=OLD_FLAGS)
+    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(old_build),
+                                                                            "network": "host"}))  # fmt: skip
+    assert report.available, report.unavailable_reason
+    assert any(note.startswith("seccomp: runsc") and "no -oci-seccomp flag" in note for note in report.notes)

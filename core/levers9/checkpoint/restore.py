@@ -100,6 +100,8 @@ READY_ENV = runner.ENV_READY
 def with_ready_signal(spec: ContainerSpec, host_dir: Path, *, mounts: bool = True) -> ContainerSpec:
     """``spec`` with a way to say "start-up is done": ``$LEVERS9_READY_FILE``, created by the application.
 
+    The spec is marked ``checkpointable``, so the runtime leaves out what it could not checkpoint.
+
     The file lives in ``host_dir`` on the worker, bind-mounted writable at :data:`READY_DIR` (or named
     directly when the runtime has no mounts, like the process runtime).
     """
@@ -107,8 +109,8 @@ def with_ready_signal(spec: ContainerSpec, host_dir: Path, *, mounts: bool = Tru
     if mounts:
         extra = [Mount(source=str(host_dir), target=READY_DIR, read_only=False)]
         env = {**spec.env, READY_ENV: f"{READY_DIR}/ready"}
-        return spec.model_copy(update={"mounts": [*spec.mounts, *extra], "env": env})
-    return spec.model_copy(update={"env": {**spec.env, READY_ENV: str(host_dir / "ready")}})
+        return spec.model_copy(update={"mounts": [*spec.mounts, *extra], "env": env, "checkpointable": True})
+    return spec.model_copy(update={"env": {**spec.env, READY_ENV: str(host_dir / "ready")}, "checkpointable": True})
 
 
 def memory_in_use(container_id: str, cgroup_parent: str | None, root: Path = Path("/sys/fs/cgroup")) -> int | None:

@@ -138,7 +138,9 @@ class Checkpointing:
         }
         env.pop(runner.ENV_PORT, None)
         mounts = [*spec.mounts, Mount(source=str(signal_dir), target=READY_DIR, read_only=False)]
-        return spec.model_copy(update={"env": env, "mounts": mounts, "network": "none", "ports": []})
+        return spec.model_copy(
+            update={"env": env, "mounts": mounts, "network": "none", "ports": [], "checkpointable": True}
+        )
 
     async def start(
         self, hooks: Hooks, runtime: RuntimeContext, spec: ContainerSpec, *, stub_id: str, timeout: float

@@ -9,6 +9,8 @@ the runtime hooks:
 - :mod:`~levers9.engine.oci`: running containers with runc or runsc; their state directories;
 - :mod:`~levers9.engine.process`: the process runtime's engine (a plain host process, same records);
 - :mod:`~levers9.engine.spec`: the OCI runtime configuration (``config.json``) of one container;
+- :mod:`~levers9.engine.seccomp`: the seccomp profile of every runc and gVisor container;
+- :mod:`~levers9.engine.userns`: user namespaces for runc containers, with idmapped mounts;
 - :mod:`~levers9.engine.shim` (and ``shim.sh``): the per-container process that records how it ended;
 - :mod:`~levers9.engine.as_user`: running the process runtime's command as an unprivileged user;
 - :mod:`~levers9.engine.node`: what every runtime on a worker shares: the image cache and the bridge;
@@ -19,6 +21,7 @@ the runtime hooks:
 - :mod:`~levers9.engine.host_image`: the ``host`` image (the host's own /usr and Python);
 - :mod:`~levers9.engine.rootfs`: a container's root filesystem (an overlay of the image's layers);
 - :mod:`~levers9.engine.network`: network namespaces, the bridge, addresses and forwarded ports;
+- :mod:`~levers9.engine.host_guard`: the rule that keeps containers on a bridge off their host's listeners;
 - :mod:`~levers9.engine.cdi`: GPUs through the Container Device Interface.
 
 Invariants: every hook is a stateless call (a container's state lives in its

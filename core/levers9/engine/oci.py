@@ -11,15 +11,33 @@ container lives in its own directory under the runtime's state dir::
       shim.pid         the shim supervising it (see levers9.engine.shim)
       exit.json        how it ended, written by the shim
 
+and a container in a user namespace has its root filesystem, its idmapped
+layers and bind sources and its ``/sys`` in a directory of its own below
+:data:`levers9.engine.userns.MOUNT_ROOT`, named by a hash of its directory
+here (:meth:`OciEngine.userns_dir`).
+
 Removal undoes each step in reverse and is idempotent, so a worker that
 crashed half way can call it again and nothing is left: no mount, cgroup,
-network namespace, forwarder or directory.
+network namespace, forwarder or directory. The directory is deleted only
+once nothing is mounted below it any more (a delete through an idmapped
+mount would reach the image's layers or the host's directories); until then
+removal fails and can be called again.
+
+A flavor with an ``id_mapping`` (runc, where the host allows it) runs each
+container in a user namespace (:mod:`levers9.engine.userns`), except a
+container the worker may checkpoint (CRIU cannot restore one), one with
+GPUs (the NVIDIA hooks are not known to work in one), and one whose
+mounts cannot be idmapped: those run as before, and ``meta.json`` says why
+(``user_namespace_off``). A container in a user namespace cannot be
+checkpointed: :meth:`OciEngine.checkpoint` refuses it up front.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -34,10 +52,11 @@ from typing import TYPE_CHECKING, Any
 
 from levers9.engine import shim
 from levers9.engine.cdi import apply_edits, load_specs
-from levers9.engine.rootfs import mount_overlay, unmount
+from levers9.engine.rootfs import mount_overlay, unmount, unmount_all
 from levers9.engine.spec import cgroups_path, oci_config
+from levers9.engine.userns import MOUNT_ROOT, IdMapping, MappedMounts, UsernsError, map_mounts, mounts_dir
 from levers9.files import write_atomic
-from levers9.hooks.errors import InvalidRequest, Levers9Error, RestoreFailed
+from levers9.hooks.errors import CheckpointUnavailable, InvalidRequest, Levers9Error, RestoreFailed
 from levers9.hooks.types import (
     CheckpointImage,
     ContainerSpec,
@@ -48,10 +67,13 @@ from levers9.hooks.types import (
 )
 
 if TYPE_CHECKING:
+    from levers9.engine.image_types import ResolvedImage
     from levers9.engine.images import ImageStore
     from levers9.engine.network import Bridge
 
 __all__ = ["START_TIMEOUT_S", "ContainerRecords", "OciEngine", "OciFlavor"]
+
+log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
 CONTAINER_PID = "container.pid"
@@ -76,6 +98,10 @@ class OciFlavor:
     #: whether ``checkpoint --leave-running`` keeps the container running (runc with CRIU); if not, the engine
     #: checkpoints and restores in place
     leave_running: bool = False
+    #: container ids to host ids for containers given a user namespace; None gives none a user namespace
+    id_mapping: IdMapping | None = None
+    #: the runtime's own variant of the seccomp profile (:func:`levers9.engine.seccomp.profile`); None: the profile
+    seccomp: dict[str, Any] | None = None
 
 
 class ContainerRecords:
@@ -188,7 +214,6 @@ class OciEngine(ContainerRecords):
         image = self.images.resolve(spec.image)
         cdir.mkdir(parents=True, exist_ok=True)
         try:
-            mount_overlay(list(image.layers), cdir / "upper", cdir / "work", bundle / "rootfs")
             netns: str | None = None
             attachment: dict[str, Any] | None = None
             if spec.network == "bridge":
@@ -198,29 +223,82 @@ class OciEngine(ContainerRecords):
                 att = self.bridge.attach(spec.container_id)
                 netns = att.netns_path
                 attachment = {"ip": att.ip, "netns": att.netns_path}
+            mapped, userns_off = self._map(spec, image, netns)
+            upper = cdir / "upper"
+            upper.mkdir(exist_ok=True)
+            if mapped is not None and self.flavor.id_mapping is not None:
+                # the overlay's root directory is its upper layer's: owned by the container's root
+                os.chown(upper, self.flavor.id_mapping.host_id, self.flavor.id_mapping.host_id)
+            rootfs = mapped.directory / "rootfs" if mapped is not None else bundle / "rootfs"
+            mount_overlay(list(mapped.layers if mapped else image.layers), upper, cdir / "work", rootfs)
+            sources = mapped.sources if mapped is not None else {}
             # GPUs: the host's CDI spec when it has one (exact nodes, libraries and hooks), else device
             # nodes by index plus the runtime's own GPU hook (the NVIDIA prestart hook for runc)
             cdi = load_specs() if spec.gpus else None
             config = oci_config(
                 spec,
-                rootfs=str(bundle / "rootfs"),
+                rootfs=str(rootfs),
                 image_env=image.config.env,
-                binds=[(b.source, b.target) for b in image.binds],
+                binds=[(sources.get(b.source, b.source), b.target) for b in image.binds],
                 netns_path=netns,
                 no_new_privileges=self.flavor.no_new_privileges,
                 hooks=None if cdi else (self.flavor.oci_hooks or None),
+                id_mapping=self.flavor.id_mapping if mapped is not None else None,
+                sysfs_source=str(mapped.sysfs) if mapped is not None and mapped.sysfs is not None else None,
+                mount_sources=sources,
+                seccomp=self.flavor.seccomp,
             )
             if cdi is not None:
                 apply_edits(config, cdi.edits_for(spec.gpus))
+            bundle.mkdir(exist_ok=True)
             (bundle / "config.json").write_text(json.dumps(config, indent=1))
             (cdir / shim.LOG_FILE).touch()
-            self._write_meta(spec.container_id, {"spec": spec.model_dump(mode="json"), "network": attachment,
-                                                 "forwards": []})  # fmt: skip
+            mapping = self.flavor.id_mapping
+            self._write_meta(spec.container_id, {
+                "spec": spec.model_dump(mode="json"), "network": attachment, "forwards": [],
+                "user_namespace": {"host_id": mapping.host_id, "size": mapping.size} if mapped and mapping else None,
+                "user_namespace_off": userns_off,
+            })  # fmt: skip
         except BaseException:
             self.remove(spec.container_id)
             raise
         return PreparedContainer(container_id=spec.container_id, runtime=self.flavor.name, spec=spec,
                                  bundle_dir=str(bundle))  # fmt: skip
+
+    def _map(
+        self, spec: ContainerSpec, image: ResolvedImage, netns: str | None
+    ) -> tuple[MappedMounts | None, str | None]:
+        """The idmapped mounts of a container that gets a user namespace, else None and why it gets none."""
+        mapping = self.flavor.id_mapping
+        if mapping is None:
+            return None, None
+        if spec.checkpointable:
+            return None, "the worker may checkpoint it, and CRIU cannot restore a container in a user namespace"
+        if spec.gpus:
+            return None, "it has GPUs, and the NVIDIA container hooks are not known to work in a user namespace"
+        sources = [(b.source, True) for b in image.binds]
+        sources += [(m.source, m.read_only) for m in spec.mounts if os.path.exists(m.source)]
+        try:
+            directory = mounts_dir(self._userns_key(spec.container_id), mapping)
+            return map_mounts(directory, mapping, list(image.layers), sources, netns=netns,
+                              host_network=spec.network == "host"), None  # fmt: skip
+        except (UsernsError, OSError) as exc:
+            self._unmount_userns_dir(spec.container_id)
+            log.warning("container %s runs without a user namespace: %s", spec.container_id, exc)
+            return None, str(exc)
+
+    def _userns_key(self, container_id: str) -> str:
+        # the runtime's state directory is in the key: tests (and two workers) may reuse container ids
+        return hashlib.sha256(str(self._dir(container_id).resolve()).encode()).hexdigest()[:24]
+
+    def userns_dir(self, container_id: str) -> Path:
+        """Where the container's root filesystem and idmapped mounts are when it has a user namespace."""
+        return MOUNT_ROOT / self._userns_key(container_id)
+
+    def _unmount_userns_dir(self, container_id: str) -> None:
+        directory = self.userns_dir(container_id)
+        unmount_all(directory)  # raises when anything stays mounted: nothing is deleted through a mount
+        shutil.rmtree(directory, ignore_errors=True)
 
     # ------------------------------------------------------------------ start and restore
 
@@ -382,6 +460,8 @@ class OciEngine(ContainerRecords):
         if self.bridge is not None:
             self.bridge.detach(container_id)
         unmount(cdir / "bundle" / "rootfs")
+        self._unmount_userns_dir(container_id)
+        unmount_all(cdir)  # anything a crash left; raises if any stays, so nothing is deleted through a mount
         _remove_cgroups(cgroups_path(container_id))
         shutil.rmtree(cdir, ignore_errors=True)
 
@@ -399,6 +479,11 @@ class OciEngine(ContainerRecords):
         meta = self._meta(container_id)
         if meta is None or self._exit(container_id) is not None:
             raise Levers9Error(f"container {container_id} is not running, so it cannot be checkpointed")
+        if meta.get("user_namespace"):
+            raise CheckpointUnavailable(
+                f"container {container_id} runs in a user namespace, which CRIU cannot restore; containers the "
+                "worker will checkpoint are marked checkpointable and get none"
+            )
         Path(image_dir).mkdir(parents=True, exist_ok=True)
         native = ("--leave-running",) if self.flavor.leave_running else ()
         proc = self._run(container_id, "checkpoint", "--image-path", image_dir, *native, timeout=600)

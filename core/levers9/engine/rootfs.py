@@ -7,23 +7,51 @@ upper directory, which is thrown away with the container.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from levers9.hooks.errors import Levers9Error
 
-__all__ = ["RootfsError", "is_mounted", "mount_overlay", "unmount"]
+__all__ = ["RootfsError", "is_mounted", "mount_overlay", "mounts_under", "unmount", "unmount_all"]
 
 
 class RootfsError(Levers9Error):
     """The root filesystem could not be set up or taken down; the message has the kernel's answer."""
 
 
+def _mount_points() -> list[str]:
+    # mountinfo writes a space, tab, newline or backslash in a path as an octal escape (\040 and so on)
+    with open("/proc/self/mountinfo") as info:
+        return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in info]
+
+
 def is_mounted(path: Path) -> bool:
     target = str(path.resolve())
-    with open("/proc/self/mountinfo") as info:
-        return any(line.split()[4] == target for line in info)
+    return target in _mount_points()
+
+
+def mounts_under(directory: Path) -> list[Path]:
+    """Every mount point strictly below ``directory``, deepest first (the order to unmount them in)."""
+    prefix = str(directory.resolve()).rstrip("/") + "/"
+    found = {p for p in _mount_points() if p.startswith(prefix)}
+    return [Path(p) for p in sorted(found, key=lambda p: (-p.count("/"), p))]
+
+
+def unmount_all(directory: Path) -> None:
+    """Unmount everything mounted below ``directory``; raises RootfsError when anything is still mounted after.
+
+    Callers delete ``directory`` afterwards, and a delete that went through a mount still in place would
+    delete what the mount shows (a shared image layer, a directory of the host), hence the check.
+    """
+    if not directory.exists():
+        return
+    for point in mounts_under(directory):
+        unmount(point)
+    left = mounts_under(directory)
+    if left:
+        raise RootfsError(f"still mounted below {directory} after unmounting: {', '.join(map(str, left))}")
 
 
 def mount_overlay(layers: Sequence[Path], upper: Path, work: Path, target: Path) -> None:

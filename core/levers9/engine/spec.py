@@ -7,30 +7,57 @@ UTS and mount namespaces, a network namespace (the worker's bridge, none, or
 the host's when the pool asks for it), cgroup limits for CPU, memory (no swap
 beyond it) and processes, read-only binds for code and volumes, and no new
 privileges.
+
+What the container's processes may do to the kernel is cut three ways, for runc and runsc alike:
+
+* capabilities: root in a container keeps only :data:`CAPABILITIES` (owning files, switching users,
+  signalling, binding low ports); not ``CAP_MKNOD`` (no device nodes), ``CAP_NET_RAW`` (no raw or packet
+  sockets, so no forged packets on the bridge), ``CAP_SETFCAP``, ``CAP_SYS_CHROOT`` or
+  ``CAP_AUDIT_WRITE``, which ordinary software does not need;
+* devices: the devices cgroup denies every device but the few every container has (``/dev/null``,
+  ``zero``, ``full``, ``random``, ``urandom``, ``tty``, the pty multiplexer) and the GPUs it was given;
+* system calls: the seccomp profile of :mod:`levers9.engine.seccomp`.
+
+With an :class:`~levers9.engine.userns.IdMapping` the container also gets a user namespace (runc only;
+see :mod:`levers9.engine.userns`). Its root then has no privilege over a network namespace the host made,
+which is not enough to mount ``sysfs`` there, so ``/sys`` is then a bind of a read-only ``sysfs`` the
+engine mounted in the container's network namespace (``sysfs_source``): the same view a ``sysfs`` mount
+inside the container would give.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from levers9.engine.seccomp import profile
+from levers9.engine.userns import IdMapping
 from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.types import ContainerSpec, GpuDevice
 
-__all__ = ["CGROUP_PARENT", "CPU_PERIOD_US", "DEFAULT_PATH", "cgroups_path", "gpu_env", "oci_config", "parse_user"]
+__all__ = [
+    "CAPABILITIES",
+    "CGROUP_PARENT",
+    "CPU_PERIOD_US",
+    "DEFAULT_PATH",
+    "cgroups_path",
+    "gpu_env",
+    "oci_config",
+    "parse_user",
+]
 
 CPU_PERIOD_US = 100_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-#: what a container process keeps of root's capabilities: enough to run ordinary software, nothing to manage the host
-_CAPS = [
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-]  # fmt: skip
+#: what a container process keeps of root's capabilities: enough to run ordinary software (install packages,
+#: own files, switch users, serve on port 80), nothing to make devices, forge packets or manage the host
+CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE", "CAP_KILL",
+)  # fmt: skip
 
 _MASKED = [
     "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
@@ -101,8 +128,18 @@ def oci_config(
     no_new_privileges: bool = True,
     dev: Path = Path("/dev"),
     hooks: dict[str, list[dict[str, Any]]] | None = None,
+    id_mapping: IdMapping | None = None,
+    sysfs_source: str | None = None,
+    mount_sources: Mapping[str, str] | None = None,
+    seccomp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``config.json`` for ``spec``; ``binds`` are read-only (source, target) pairs from the image."""
+    """The ``config.json`` for ``spec``; ``binds`` are read-only (source, target) pairs from the image.
+
+    ``id_mapping`` gives the container a user namespace; ``sysfs_source`` is then the sysfs to bind at
+    ``/sys`` (see the module's docstring), and ``mount_sources`` the idmapped stand-in for each of
+    ``spec.mounts``' sources (the spec's own sources are checked either way). ``seccomp`` replaces the
+    profile of :func:`levers9.engine.seccomp.profile` (a runtime's own variant of it).
+    """
     uid, gid = parse_user(spec.user)
     env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOME": "/root" if uid == 0 else "/tmp"}
     for item in image_env:
@@ -119,7 +156,9 @@ def oci_config(
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}
+        if sysfs_source is None
+        else {"destination": "/sys", "type": "bind", "source": sysfs_source, "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
     ]  # fmt: skip
     for source, target in binds:
@@ -130,9 +169,12 @@ def oci_config(
         if not os.path.exists(m.source):
             raise InvalidRequest(f"mount source {m.source!r} does not exist on this worker")
         options = ["rbind", "ro" if m.read_only else "rw", "nosuid", "nodev"]
-        mounts.append({"destination": m.target, "type": "bind", "source": m.source, "options": options})
+        source = (mount_sources or {}).get(m.source, m.source)
+        mounts.append({"destination": m.target, "type": "bind", "source": source, "options": options})
 
     namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    if id_mapping is not None:
+        namespaces.append({"type": "user"})
     if spec.network != "host":
         namespaces.append({"type": "network", "path": netns_path} if netns_path else {"type": "network"})
 
@@ -153,7 +195,7 @@ def oci_config(
             "args": list(spec.command),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": spec.workdir,
-            "capabilities": {k: list(_CAPS) for k in ("bounding", "effective", "permitted")},
+            "capabilities": {k: list(CAPABILITIES) for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": no_new_privileges,
         },
         "root": {"path": rootfs, "readonly": False},
@@ -166,8 +208,12 @@ def oci_config(
             "devices": _gpu_devices(spec.gpus, dev),
             "maskedPaths": _MASKED,
             "readonlyPaths": _READONLY,
+            "seccomp": dict(seccomp) if seccomp is not None else profile(),
         },
     }
+    if id_mapping is not None:
+        config["linux"]["uidMappings"] = id_mapping.oci()
+        config["linux"]["gidMappings"] = id_mapping.oci()
     if hooks:
         config["hooks"] = hooks
     return config

@@ -303,6 +303,9 @@ class ContainerSpec(_Frozen):
     mounts: list[Mount] = Field(default_factory=list)
     network: Literal["bridge", "host", "none"] = "bridge"
     ports: list[int] = Field(default_factory=list)
+    #: the worker may checkpoint this container and restore it into another: a runtime then leaves out what it
+    #: cannot checkpoint (runc: the user namespace, which CRIU cannot restore)
+    checkpointable: bool = False
 
 
 class PreparedContainer(_Frozen):

@@ -18,6 +18,18 @@ Decisions worth knowing when reading the capability report:
   answer, which the core asks of every plugin. Answering it a second time here
   would duplicate CRIU's probe and could claim support when the plugin that
   would do the checkpointing is not even installed.
+* **User namespace** (``user_namespace``, on by default): each container's
+  root is an unprivileged host user (ids from ``userns_host_id`` up), where
+  this host allows it: user namespaces turned on, and idmapped mounts on the
+  image cache's file system (:func:`levers9.engine.userns.support` tries
+  both). The capability report's ``notes`` say whether it is on and, when it
+  is off, why; ``levers9 check`` shows them. Containers the worker will
+  checkpoint, and containers with GPUs, get none (see
+  :mod:`levers9.engine.oci`).
+* Whatever the user namespace, every container runs with the seccomp
+  profile of :mod:`levers9.engine.seccomp`, without ``CAP_MKNOD`` and
+  ``CAP_NET_RAW`` (:mod:`levers9.engine.spec`), and cannot open connections
+  to the host (:mod:`levers9.engine.host_guard`).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from levers9.engine.hooks import container_hooks
 from levers9.engine.node import NodeSettings, bridge_for, images_for
 from levers9.engine.oci import OciEngine, OciFlavor
 from levers9.engine.spec import CGROUP_PARENT
+from levers9.engine.userns import DEFAULT_HOST_ID, IdMapping, support
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     Isolation,
@@ -57,6 +70,7 @@ __all__ = [
     "levers9_runtime_settings",
     "parse_version",
     "settings_of",
+    "user_namespace",
 ]
 
 #: seconds ``runc --version`` may take before runc is reported unusable
@@ -86,11 +100,27 @@ class RuncSettings(NodeSettings):
     systemd_cgroup: bool = False
     #: set ``noNewPrivileges`` so no process in a container can gain privileges through setuid binaries
     no_new_privileges: bool = True
+    #: run each container in a user namespace where this host allows it (see the module's docstring)
+    user_namespace: bool = True
+    #: the host id a container's root (and group 0) is; its ids 0..65535 are this and the 65535 after it
+    userns_host_id: int = Field(DEFAULT_HOST_ID, ge=1, le=2**32 - 1 - 65536)
 
 
 def settings_of(runtime: RuntimeContext) -> RuncSettings:
     """The runtime's settings, or the defaults when the pool gave none."""
     return RuncSettings.of(runtime)
+
+
+def user_namespace(runtime: RuntimeContext) -> tuple[IdMapping | None, str]:
+    """The id mapping containers get (None: no user namespace) and a note saying which, and why."""
+    settings = settings_of(runtime)
+    if not settings.user_namespace:
+        return None, "user namespace: off (runtime_settings.user_namespace is false); container root is host root"
+    mapping = IdMapping(host_id=settings.userns_host_id)
+    works, words = support(images_for(runtime, settings).cache_dir, mapping)
+    if not works:
+        return None, f"user namespace: off, this host does not allow it ({words}); container root is host root"
+    return mapping, f"user namespace: on ({words})"
 
 
 def parse_version(output: str) -> str | None:
@@ -138,6 +168,7 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
     if version is None:
         first = (result.output_lines() or ["no output"])[0]
         return unavailable(f"{path} does not look like runc: '--version' printed {first!r}")
+    _, userns_note = user_namespace(runtime)
     return RuntimeCapabilities(
         available=True,
         isolation=Isolation.NAMESPACES,
@@ -149,6 +180,7 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
         host_network=False,
         # under systemd the cgroup is a unit whose path systemd chooses: none the worker can name
         cgroup_parent=None if settings.systemd_cgroup else CGROUP_PARENT,
+        notes=[userns_note, "seccomp: levers9's profile; capabilities: no CAP_MKNOD or CAP_NET_RAW"],
     )
 
 
@@ -164,8 +196,9 @@ def engine(runtime: RuntimeContext) -> OciEngine:
     if nvidia and nvidia.endswith("nvidia-container-runtime-hook"):
         hooks = {"prestart": [{"path": nvidia, "args": [nvidia, "prestart"]}]}
     # --keep: the stopped container (and its memory cgroup) stays until the shim has read whether OOM killed it
+    mapping, _ = user_namespace(runtime)
     flavor = OciFlavor("runc", tuple(argv), run=("run", "--keep"), no_new_privileges=settings.no_new_privileges,
-                       oci_hooks=hooks, leave_running=True)  # fmt: skip
+                       oci_hooks=hooks, leave_running=True, id_mapping=mapping)  # fmt: skip
     return OciEngine(flavor, Path(runtime.state_dir), images=images_for(runtime, settings), bridge=bridge_for(settings))
 
 
