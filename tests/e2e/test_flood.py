@@ -10,14 +10,17 @@ far over its cap in all (so the ones that never sent a whole head are evicted fo
 are held, a health request and a real function call must each finish within the deadline the test gives
 them, and the log must not have flooded.
 
-The config raises ``listen.header_timeout_s`` to 120 s so that the slow connections the controlplane holds
+The controlplane runs under a descriptor limit of 20,000, soft and hard, as the probe's did (a higher one
+would make its caps hold all 20,000). The config raises ``listen.header_timeout_s`` to 120 s so that the slow connections the controlplane holds
 are still held while the test checks (at the default 10 s they would be answered 408 and closed first,
 which tests/controlplane/test_slow_clients.py checks); every other limit is the default.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import resource
 import time
 
 import httpx
@@ -36,13 +39,20 @@ DEADLINE_S = 60.0
 
 
 def test_health_and_a_call_answer_while_20000_slow_connections_are_held(levers9_up: Up) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < FLOOD:
+        pytest.fail(f"this test runs levers9 up under {FLOOD} file descriptors, above this process's hard limit "
+                    f"({hard}): run it after `ulimit -Hn {FLOOD}` (as root)")  # fmt: skip
+    levers9_up.nofile = FLOOD
     levers9_up.write_config()
     with (levers9_up.home / "levers9.yaml").open("a") as config:
         config.write("listen:\n  header_timeout_s: 120\n")
     levers9_up.start()
     began = time.monotonic()
+    # each helper holds what its descriptor limit (raised to this process's hard one) allows, and no more than 10,000
+    helpers = max(2, math.ceil(FLOOD / max(1, min(10_000, hard - 1_000))))
     with slow_clients(levers9_up.http_port, addresses=ADDRESSES, per_address=FLOOD // len(ADDRESSES),
-                      helpers=2) as clients:  # fmt: skip
+                      helpers=min(helpers, len(ADDRESSES))) as clients:  # fmt: skip
         status = clients.wait_settled(FLOOD, timeout=180)
         assert status["connected"] == FLOOD, status
 
