@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,7 +77,8 @@ def leftovers(state_dir: Path, ids: list[str], bridge: str, ctx: RuntimeContext)
     for cid in ids:
         if ctx.name == "runc":  # a container in a user namespace has its mounts in a directory of its own
             userns_dir = levers9_runc.engine(ctx).userns_dir(cid)
-            if userns_dir.exists() or str(userns_dir) in mounts:
+            owner = userns_dir.with_name(f"{userns_dir.name}.owner")
+            if userns_dir.exists() or owner.exists() or str(userns_dir) in mounts:
                 found.append(f"user namespace mounts of {cid} at {userns_dir}")
         for cg in Path("/sys/fs/cgroup").glob(f"*/levers9/{cid}"):
             found.append(f"cgroup {cg}")
@@ -341,6 +343,27 @@ async def test_runc_root_is_an_unprivileged_host_user(box: Box, tmp_path: Path) 
     cid2 = await box.run(["cat", "/proc/self/uid_map"], checkpointable=True)
     assert (await box.wait(cid2)).exit_code == 0
     assert (await box.output(cid2)).split() == ["0", "0", "4294967295"]
+
+
+@pytest.mark.parametrize("box", ["runc"], indirect=True)
+async def test_mounts_a_killed_worker_left_of_a_user_namespace_container_are_swept(box: Box) -> None:
+    """A worker killed half way, then its state deleted: the container's idmapped mounts outside that state
+    are found by their owner file and released when the next container is prepared."""
+    cid = f"t-{secrets.token_hex(6)}"
+    box.made.append(cid)
+    await box.hooks.container_prepare(box.ctx, ContainerSpec(container_id=cid, image="host", command=["true"]))
+    userns_dir = levers9_runc.engine(box.ctx).userns_dir(cid)
+    assert str(userns_dir) in Path("/proc/self/mountinfo").read_text()
+    bridge = levers9_runc.engine(box.ctx).bridge
+    assert bridge is not None
+    bridge.detach(cid)
+    shutil.rmtree(Path(box.ctx.state_dir) / "containers" / cid)  # what the worker's exit does to its state
+
+    next_cid = await box.run(["true"])
+    assert (await box.wait(next_cid)).exit_code == 0
+    assert str(userns_dir) not in Path("/proc/self/mountinfo").read_text()
+    assert not userns_dir.exists()
+    assert not userns_dir.with_name(f"{userns_dir.name}.owner").exists()
 
 
 async def test_runc_runs_without_a_user_namespace_where_the_host_does_not_allow_one(

@@ -54,7 +54,16 @@ from levers9.engine import shim
 from levers9.engine.cdi import apply_edits, load_specs
 from levers9.engine.rootfs import mount_overlay, unmount, unmount_all
 from levers9.engine.spec import cgroups_path, oci_config
-from levers9.engine.userns import MOUNT_ROOT, IdMapping, MappedMounts, UsernsError, map_mounts, mounts_dir
+from levers9.engine.userns import (
+    MOUNT_ROOT,
+    IdMapping,
+    MappedMounts,
+    UsernsError,
+    map_mounts,
+    mounts_dir,
+    release_dir,
+    sweep,
+)
 from levers9.files import write_atomic
 from levers9.hooks.errors import CheckpointUnavailable, InvalidRequest, Levers9Error, RestoreFailed
 from levers9.hooks.types import (
@@ -279,7 +288,8 @@ class OciEngine(ContainerRecords):
         sources = [(b.source, True) for b in image.binds]
         sources += [(m.source, m.read_only) for m in spec.mounts if os.path.exists(m.source)]
         try:
-            directory = mounts_dir(self._userns_key(spec.container_id), mapping)
+            sweep()  # what killed workers left of other containers' mounts
+            directory = mounts_dir(self._userns_key(spec.container_id), mapping, owner=self._dir(spec.container_id))
             return map_mounts(directory, mapping, list(image.layers), sources, netns=netns,
                               host_network=spec.network == "host"), None  # fmt: skip
         except (UsernsError, OSError) as exc:
@@ -296,9 +306,7 @@ class OciEngine(ContainerRecords):
         return MOUNT_ROOT / self._userns_key(container_id)
 
     def _unmount_userns_dir(self, container_id: str) -> None:
-        directory = self.userns_dir(container_id)
-        unmount_all(directory)  # raises when anything stays mounted: nothing is deleted through a mount
-        shutil.rmtree(directory, ignore_errors=True)
+        release_dir(self._userns_key(container_id))  # raises when a mount stays: nothing is deleted through one
 
     # ------------------------------------------------------------------ start and restore
 

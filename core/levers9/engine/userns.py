@@ -24,7 +24,9 @@ mode 0700, below a parent other users may pass through but not list (0711).
 
 Invariants: the namespace that carries a mapping is made by a short-lived ``unshare`` process and is
 released when the last mount using it is unmounted; every mount this module makes is under the
-directory the caller names, so removing a container finds them all; :func:`support` asks the kernel
+directory the caller names, so removing a container finds them all; that directory names its owner (the
+container's directory in the runtime's state), so one whose owner was deleted while it was still mounted
+(a worker killed half way, then its state removed) is found and released by :func:`sweep`; :func:`support` asks the kernel
 for real (a user namespace, an idmapped mount of the image cache's file system, an overlay on it) and
 says why not in the kernel's words, once per file system and mapping.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import shutil
 import struct
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from levers9.engine.rootfs import RootfsError, mount_overlay, unmount, unmount_all
+from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 
 __all__ = [
@@ -60,7 +64,9 @@ __all__ = [
     "map_mounts",
     "mapping_namespace",
     "mounts_dir",
+    "release_dir",
     "support",
+    "sweep",
 ]
 
 #: the first host id container ids are mapped to when a pool names none
@@ -72,6 +78,7 @@ MOUNT_ROOT = Path("/run/levers9/userns")
 #: how long ``unshare`` may take to make the namespace before the attempt is given up
 UNSHARE_TIMEOUT_S = 10.0
 _MAX_USER_NAMESPACES = Path("/proc/sys/user/max_user_namespaces")
+_OWNER_SUFFIX = ".owner"
 
 # System calls of the new mount API: one number on every architecture since Linux 5.1 (alpha aside).
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
@@ -83,6 +90,7 @@ _MOUNT_ATTR_RDONLY = 0x00000001
 _MOUNT_ATTR_IDMAP = 0x00100000
 
 _libc: Any = ctypes.CDLL(None, use_errno=True)
+log = logging.getLogger(__name__)
 
 
 class UsernsError(Levers9Error):
@@ -204,10 +212,12 @@ def idmapped_bind(source: Path, target: Path, userns_fd: int, *, read_only: bool
             os.close(tree)
 
 
-def mounts_dir(key: str, mapping: IdMapping, root: Path = MOUNT_ROOT) -> Path:
+def mounts_dir(key: str, mapping: IdMapping, owner: Path, root: Path = MOUNT_ROOT) -> Path:
     """The container's own directory below ``root``, made when missing: the container's root owns it, mode 0700.
 
-    ``root`` and every directory above it are made passable (search permission) for other users.
+    ``root`` and every directory above it are made passable (search permission) for other users. ``owner``
+    (the container's directory in the runtime's state) is written beside it first, in ``<key>.owner``: a
+    directory whose owner is gone is an orphan :func:`sweep` removes.
     """
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)
@@ -215,10 +225,52 @@ def mounts_dir(key: str, mapping: IdMapping, root: Path = MOUNT_ROOT) -> Path:
         mode = parent.stat().st_mode
         if not mode & 0o001:
             parent.chmod((mode & 0o7777) | 0o001)
+    write_atomic(root / f"{key}{_OWNER_SUFFIX}", f"{owner}\n", mode=0o600)
     directory = root / key
     directory.mkdir(mode=0o700, exist_ok=True)
     os.chown(directory, mapping.host_id, mapping.host_id)
     return directory
+
+
+def release_dir(key: str, root: Path = MOUNT_ROOT) -> None:
+    """Unmount everything in the container's directory, then delete it and its owner file; nothing there is fine.
+
+    Raises :class:`~levers9.engine.rootfs.RootfsError` when a mount stays: nothing is deleted through one.
+    """
+    directory = root / key
+    unmount_all(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    (root / f"{key}{_OWNER_SUFFIX}").unlink(missing_ok=True)
+
+
+def sweep(root: Path = MOUNT_ROOT) -> list[str]:
+    """Release every directory whose owner no longer exists (its runtime state was deleted while it was mounted,
+    a worker killed half way through); the keys released. Failures are logged, not raised."""
+    if not root.is_dir():
+        return []
+    released = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.endswith(_OWNER_SUFFIX):
+            continue
+        try:
+            owner = (root / f"{entry.name}{_OWNER_SUFFIX}").read_text().strip()
+        except FileNotFoundError:
+            owner = ""  # the owner file is written before the directory: without one, nothing owns it
+        except OSError as exc:
+            log.warning("cannot read the owner of %s: %s", entry, exc)
+            continue
+        if owner and Path(owner).exists():
+            continue
+        try:
+            release_dir(entry.name, root)
+        except (RootfsError, OSError) as exc:
+            log.warning("could not remove %s, which no container owns any more: %s", entry, exc)
+            continue
+        released.append(entry.name)
+    for stale in root.glob(f"*{_OWNER_SUFFIX}"):
+        if not (root / stale.name.removesuffix(_OWNER_SUFFIX)).exists():
+            stale.unlink(missing_ok=True)
+    return released
 
 
 @dataclass(frozen=True)
