@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
 
 from levers9.checkpoint.record import CheckpointRecord
+from levers9.checkpoint.untar import extract_all
 from levers9.config.storage_url import parse_storage_url
 from levers9.hooks.errors import Levers9Error
 
@@ -164,31 +165,18 @@ def _write_tar(source: Path, out: IO[bytes]) -> None:
             tar.add(child, arcname=child.name)
 
 
-def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """The ``data`` filter, except that directories keep their permissions (which it would leave to the umask).
-
-    The owner keeps full access, or the directory's own contents could not be
-    cleaned up by the worker later.
-    """
-    filtered = tarfile.data_filter(member, dest)
-    if filtered is not None and filtered.isdir():
-        return filtered.replace(mode=(member.mode & 0o755) | 0o700, deep=False)
-    return filtered
-
-
 def _unpack(stream: IO[bytes], dest: Path) -> None:
     """Unpack a tar stream into ``dest`` all at once: a reader never sees half an image, even after a crash.
 
-    The filter refuses members and links that would reach outside ``dest`` (a
-    tampered object must not write anywhere else on the node), device files and
-    set-id bits, and drops the archive's owners, so files belong to whoever
+    :mod:`levers9.checkpoint.untar` refuses members and links that would reach outside
+    ``dest`` (a tampered object must not write anywhere else on the node), device files
+    and set-id bits, and drops the archive's owners, so files belong to whoever
     restores them.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
-            tar.extractall(staging, filter=_safe_member)
+        extract_all(stream, staging, bufsize=_CHUNK)
         os.rename(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

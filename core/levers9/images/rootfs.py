@@ -12,7 +12,8 @@ image built from it can be reused. What goes in:
 * the distributions ``levers9`` requires, without extras but with the Docker
   SDK of its ``agent`` extra (the agent may run in this image), walked recursively
   through ``importlib.metadata`` (the extras *they* ask for included), copied
-  file by file into ``/usr/local/lib/python3.X/site-packages``; levers9 itself
+  file by file into ``/usr/local/lib/python3.X/site-packages`` (``dist-packages``
+  when the interpreter is Debian's, whose ``site.py`` reads no other); levers9 itself
   (editable here or not) is copied from the directories its packages and its
   plugins' packages (the ``levers9`` entry points) are imported from, with a
   dist-info carrying this version and the entry points. Every copied ``.py``
@@ -82,6 +83,8 @@ PYTHON = f"python{sys.version_info.major}.{sys.version_info.minor}"
 PREFIX = "usr/local"
 STDLIB = f"{PREFIX}/lib/{PYTHON}"
 SITE = f"{STDLIB}/site-packages"
+#: Debian's interpreter reads no site-packages outside a virtualenv, only dist-packages (its site.py is patched)
+DEBIAN_SITE = f"{STDLIB}/dist-packages"
 #: where a library from outside the system directories goes (searched by the loader without a cache)
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 LAUNCHER = f"{PREFIX}/bin/levers9"
@@ -230,8 +233,25 @@ def _interpreter(p: _Plan) -> None:
             p.file(f"{STDLIB}/{rel.as_posix()}/{name}".replace("/./", "/"), str(here / name))
 
 
+def site_dir() -> str:
+    """Where the image's interpreter looks for packages: :data:`SITE`, or Debian's :data:`DEBIAN_SITE`.
+
+    Asked of the base interpreter itself, outside any virtualenv, as the image runs it: ``python -I``, whose
+    ``site.getsitepackages`` lists what its (maybe patched) ``site.py`` reads under the image's prefix.
+    """
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    code = f"import site; print('\\n'.join(site.getsitepackages(['/{PREFIX}'])))"
+    try:
+        listed = subprocess.run([base, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ImageError(f"cannot ask {base} where it reads its packages: {exc}") from exc
+    dirs = {line.strip().lstrip("/") for line in listed.stdout.splitlines()}
+    return SITE if SITE in dirs or DEBIAN_SITE not in dirs else DEBIAN_SITE
+
+
 def _packages(p: _Plan) -> None:
     """levers9, its plugins and the distributions it requires."""
+    site = site_dir()  # the image's, decided once per plan
     own = metadata.distribution("levers9")
     for dist in _required(own):
         if _editable(dist):
@@ -246,15 +266,15 @@ def _packages(p: _Plan) -> None:
                 continue  # scripts in bin/ and byte code compiled here are left out
             source = Path(str(f.locate()))
             if source.is_file():
-                p.file(f"{SITE}/{rel}", str(source), compile_py=True)
+                p.file(f"{site}/{rel}", str(source), compile_py=True)
     for package in _own_packages(own):
         for root, dirs, files in os.walk(package):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             rel = Path(root).relative_to(package.parent).as_posix()
             for name in sorted(files):
                 if not name.endswith((".pyc", ".pyo")):
-                    p.file(f"{SITE}/{rel}/{name}", os.path.join(root, name), compile_py=True)
-    info = f"{SITE}/levers9-{__version__}.dist-info"
+                    p.file(f"{site}/{rel}/{name}", os.path.join(root, name), compile_py=True)
+    info = f"{site}/levers9-{__version__}.dist-info"
     text = own.read_text("METADATA") or f"Metadata-Version: 2.1\nName: levers9\nVersion: {__version__}\n"
     lines = [f"Version: {__version__}" if line.startswith("Version:") else line for line in text.splitlines()]
     p.data(f"{info}/METADATA", "\n".join(lines) + "\n")
