@@ -65,12 +65,17 @@ async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
         redis = connect(None, embedded=EmbeddedRedis()) if embedded else redis_factory()
         second = h.scheduler(redis=redis, db=db)
         report = await second.rebuild()
+        running = {p.request: p.worker for p in placed[:25]}
         if embedded:
-            assert (report.requeued_pending, report.requeued_running) == (275, 25)
+            # the 25 running calls are kept for their workers, which Redis forgot, not queued again
+            assert (report.requeued_pending, report.requeued_running, report.kept_for_workers) == (275, 0, 25)
         else:
-            assert (report.requeued_pending, report.requeued_running) == (0, 0)
+            assert (report.requeued_pending, report.requeued_running, report.kept_for_workers) == (0, 0, 0)
         for w in WORKERS:
             await second.register_worker(w)
+            # it registers again saying what it holds: its calls are its own again
+            held = [rid for rid, worker in running.items() if worker == w.id]
+            assert sorted(await second.reclaim_worker(w.id, held)) == sorted(held)
         tasks = TaskStore(db)
         done: set[str] = set()
         for _ in range(200):
@@ -91,6 +96,7 @@ async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
         counts = await placed_counts(tasks, ids)
         if not embedded:
             assert set(counts.values()) == {1}, "with Redis intact nothing is placed twice"
+        assert {counts[rid] for rid in running} == {1}, "a call whose worker came back is not placed again"
         assert await second.backlog.size() == 0
         if embedded:
             await redis.aclose()
@@ -193,3 +199,47 @@ async def test_a_replica_starting_beside_a_live_one_requeues_no_task_whose_worke
         await b.stop()
         await a.stop()
         await redis.aclose()
+
+
+async def test_a_call_kept_for_a_worker_that_does_not_come_back_is_queued_again_when_its_time_is_up(
+    make_harness: MakeHarness, tmp_path: Path
+) -> None:
+    """Redis lost its data (an embedded Redis died with its controlplane): the running call waits for its worker,
+    holding no room and placed nowhere, for the grace; then it is queued again with its attempt counted."""
+    h = await make_harness([("cpu",)], database_url=f"sqlite:///{tmp_path / 'levers9.db'}",
+                           redis=connect(None, embedded=EmbeddedRedis()), worker_keepalive_s=3)  # fmt: skip
+    first = h.scheduler()
+    await first.register_worker(WorkerInfo("w-old", "cpu", 1000, 1024))
+    request = h.request(None, cpu_millicores=1000)
+    await first.submit(request)
+    [placed] = (await first.place_once()).placed
+    assert await first.take(placed.worker) == [Taken(request.id)]
+    tasks = TaskStore(h.db)
+    await tasks.set_running(request.id, "w-old", "c-1")
+    await first.stop()
+
+    now = [1_000_000.0]
+    second = h.scheduler(redis=connect(None, embedded=EmbeddedRedis()))  # nothing survived
+    second.ctx.clock = lambda: now[0]
+    assert second.return_grace_s == 20.0  # the keepalive is shorter than a worker's pause between reconnects
+    report = await second.rebuild()
+    assert (report.requeued_running, report.kept_for_workers) == (0, 1)
+    assert await second.workers.returning(), "no machine is judged gone meanwhile"
+    state = await second.backlog.get(request.id)
+    assert state is not None
+    assert (state.state, state.worker) == ("orphan", "w-old")
+    # another worker registers: the kept call is not placed on it
+    await second.register_worker(WorkerInfo("w-new", "cpu", 1000, 1024))
+    assert (await second.place_once()).placed == []
+    assert await second.reap_once() == []  # not yet
+    now[0] += 19.0
+    assert await second.reap_once() == []
+    now[0] += 2.0
+    assert await second.reap_once() == [request.id]
+    task = await tasks.get(request.id)
+    assert task is not None
+    assert (task.status, task.attempts) == ("pending", 1)
+    assert [(p.request, p.worker) for p in (await second.place_once()).placed] == [(request.id, "w-new")]
+    # and the old worker, back too late, has nothing of it: its report would be refused (placed elsewhere)
+    await second.register_worker(WorkerInfo("w-old", "cpu", 1000, 1024))
+    assert await second.reclaim_worker("w-old", [request.id]) == []

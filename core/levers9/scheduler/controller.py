@@ -134,8 +134,11 @@ class PoolController:
                 report.timed_out.append(m.id)
 
         # A running machine whose worker is gone (crashed, reaped) is no use to anyone. The pool's worker
-        # list is read only when it has such machines: a pool of workers started by hand has none.
+        # list is read only when it has such machines: a pool of workers started by hand has none. After a
+        # restart that lost Redis's data, workers it forgot are given time to register again first.
         running = [m for m in machines if m.state == "running" and m.worker_id]
+        if running and await ctx.workers.returning():
+            running = []
         registered = await ctx.workers.ids(pool.name) if running else set()
         for m in running:
             if m.worker_id not in registered:

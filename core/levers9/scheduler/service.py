@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from levers9.scheduler.planner import PassReport, Planner
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.provisioning import Provisioner
 from levers9.scheduler.request import PlacementRequest
+from levers9.scheduler.restart import RebuildReport, rebuild, requeue_kept, return_grace_s
 from levers9.state.errors import InvalidTransition, NotFound
 from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Released, Taken
 from levers9.state.redis.scripts import Scripts
@@ -56,13 +57,6 @@ log = logging.getLogger(__name__)
 
 #: how long stop() waits for the placement history still buffered to be stored
 _HISTORY_FLUSH_S = 10.0
-
-
-@dataclass
-class RebuildReport:
-    requeued_pending: int = 0
-    requeued_running: int = 0
-    failed: int = 0
 
 
 class Scheduler:
@@ -246,46 +240,14 @@ class Scheduler:
             self.ctx.placer_wanted.set()
         return await self.ctx.tasks.cancel(request_id)
 
+    @property
+    def return_grace_s(self) -> float:
+        """How long workers Redis forgot are waited for before their calls are queued again and machines stopped."""
+        return return_grace_s(self.settings)
+
     async def rebuild(self) -> RebuildReport:
-        """Put SQL's unfinished tasks back into Redis after a restart (Redis may have lost them)."""
-        report = RebuildReport()
-        pending = []
-        unfinished = await self.ctx.tasks.unfinished()
-        registered = await self.ctx.workers.ids()
-        alive = set(registered) - set(await self.ctx.workers.silent()) if registered else set()
-        for start in range(0, len(unfinished), 500):
-            chunk = unfinished[start : start + 500]
-            known = await self.backlog.get_many([t.id for t in chunk])
-            for task, state in zip(chunk, known, strict=True):
-                if state is not None:
-                    continue
-                if task.status == "running":
-                    if task.worker_id and task.worker_id in alive:
-                        # another replica runs this cluster: the task finished in Redis a moment ago and SQL
-                        # has yet to hear, or its worker still holds it and will report it
-                        continue
-                    try:
-                        await self.ctx.tasks.requeue(task.id, "the controlplane restarted and lost track of its worker")
-                    except InvalidTransition:
-                        continue  # it finished between the two reads
-                    report.requeued_running += 1
-                else:
-                    report.requeued_pending += 1
-                try:
-                    pending.append(self._queued(PlacementRequest.from_json(task.request), None, task.stub_id))
-                except NoPoolOffers as exc:
-                    await self.ctx.tasks.finish(task.id, "error", error=f"after a restart with a new config: {exc}")
-                    report.failed += 1
-                except ValueError as exc:
-                    await self.ctx.tasks.finish(task.id, "error", error=f"its stored request is unreadable: {exc}")
-                    report.failed += 1
-        await self.backlog.enqueue(pending)
-        if report.requeued_running:
-            self.ctx.emit(events.Requeued(events.REQUEUE_RESTART, report.requeued_running))
-        if pending:
-            log.info("rebuilt the backlog from SQL: %s", report)
-        self.ctx.placer_wanted.set()
-        return report
+        """Put SQL's unfinished tasks back into Redis after a restart: see :func:`levers9.scheduler.restart.rebuild`."""
+        return await rebuild(self.ctx, self.backlog, self._queued, self.return_grace_s)
 
     async def place_once(self, *, wait_for_history: bool = True) -> PlaceResult:
         """One batch of placements; their history goes to the history writer (:attr:`history`).
@@ -425,10 +387,12 @@ class Scheduler:
         return True
 
     async def reap_once(self) -> list[str]:
-        """Remove workers whose keepalive lapsed and requeue their work; returns the requeued request ids."""
+        """Remove workers whose keepalive lapsed and requeue their work, and the calls kept for workers that did
+        not come back after a restart (see :meth:`rebuild`); returns the requeued request ids."""
         requeued: list[str] = []
         for worker in await self.ctx.workers.silent():
             requeued += await self.remove_worker(worker, "stopped reporting")
+        requeued += await requeue_kept(self.ctx, self.backlog, self.return_grace_s)
         return requeued
 
     async def remove_worker(self, worker: str, why: str, *, force: bool = False) -> list[str]:

@@ -70,7 +70,8 @@ class QueuedRequest:
 class RequestState:
     request: QueuedRequest
     #: queued (in the backlog), placed (holding room on a worker, not taken yet), running (taken by the
-    #: worker) or waiting (in a worker's own queue, holding no room until room there frees)
+    #: worker), waiting (in a worker's own queue, holding no room until room there frees) or orphan (kept for
+    #: a worker Redis forgot, after Redis lost its data, until it registers again or its time is up)
     state: str
     worker: str | None
     pool: str | None
@@ -206,6 +207,26 @@ class Backlog:
                 else:
                     out.append(Finished(state, worker_id or None, pool or None) if state else None)
         return out
+
+    async def keep_for_workers(self, kept: Sequence[tuple[QueuedRequest, str, str, int]], *, until_ms: int) -> int:
+        """Keep requests for the workers SQL says run them, until ``until_ms`` (see ``orphan.lua``).
+
+        ``kept``: (request, worker, pool, GPUs it takes there). For after Redis lost its data: a worker that
+        registers again holding one gets it back (:meth:`WorkerRegistry.reclaim`); :meth:`orphans_due` queues
+        the others again. A request Redis knows is left alone. Returns how many were kept.
+        """
+        count = 0
+        for start in range(0, len(kept), 200):
+            flat: list[str | int] = []
+            for r, worker, pool, held in kept[start : start + 200]:
+                flat += [r.id, r.cpu_millicores, r.memory_mib, r.gpu_count, encode_groups(r.groups), r.enqueued_ms,
+                         r.workspace, r.deadline_ms, r.function, worker, pool, held]  # fmt: skip
+            count += int(await self.scripts("orphan", until_ms, *flat))
+        return count
+
+    async def orphans_due(self, now_ms: int, limit: int = 500) -> list[str]:
+        """Requests kept for a worker that did not come back by now, queued again (their attempt counted)."""
+        return [str(r) for r in await self.scripts("orphans_due", now_ms, limit)]
 
     async def wake(self, pool: str, now_ms: int, count: int = 256) -> int:
         """Make the oldest requests waiting on ``pool`` due now (it just gained capacity)."""

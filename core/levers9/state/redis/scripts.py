@@ -29,6 +29,8 @@ NAMES = (
     "rows",
     "silent",
     "census",
+    "orphan",
+    "orphans_due",
 )
 
 

@@ -145,6 +145,18 @@ class WorkerRegistry:
         """Stop placing on the worker even while it is busy (it is shutting down); False when unknown."""
         return bool(await self.scripts("cordon", worker))
 
+    async def expect_returning(self, for_ms: int) -> None:
+        """Redis lost its workers: for ``for_ms`` no worker is judged gone for being unknown (see :meth:`returning`)."""
+        await self.redis.set(f"{self.prefix}returning", "1", px=max(1, for_ms))
+
+    async def returning(self) -> bool:
+        """Whether workers Redis forgot may still be on their way back (after a restart that lost its data)."""
+        return bool(await self.redis.exists(f"{self.prefix}returning"))
+
+    async def requests_of(self, worker: str) -> list[str]:
+        """The requests placed on ``worker`` now (holding room there, running, or waiting in its queue)."""
+        return sorted(str(r) for r in await self.redis.smembers(f"{self.prefix}wr:{worker}"))
+
     async def ids(self, pool: str | None = None) -> set[str]:
         key = f"{self.prefix}pool:{pool}" if pool else f"{self.prefix}workers"
         return {str(w) for w in await self.redis.smembers(key)}

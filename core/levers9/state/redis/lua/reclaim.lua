@@ -4,7 +4,9 @@
 -- hold never reached it: a replica sent it into a session that was breaking. Such a request goes back on the
 -- backlog and its resources back to the worker; one taken from the worker's own queue (state waiting) but not
 -- held leaves that queue for the backlog. Requests not taken yet (state placed, or waiting untaken) stay there
--- for its new session to take. Returns {requeued ids, ids still on the worker that it holds}.
+-- for its new session to take. A held request Redis kept for the worker after losing its data (an 'orphan',
+-- see orphan.lua) is its own again: running there, holding its room. Returns {requeued ids, ids still on the
+-- worker that it holds}.
 local wid, now = ARGV[2], tonumber(ARGV[3])
 local held = {}
 for i = 4, #ARGV do held[ARGV[i]] = true end
@@ -25,4 +27,23 @@ for _, rid in ipairs(redis.call('SMEMBERS', P .. 'wr:' .. wid)) do
     kept[#kept + 1] = rid
   end
 end
+local key = wkey(wid)
+for i = 4, #ARGV do
+  local rid = ARGV[i]
+  local rkey = P .. 'r:' .. rid
+  local r = redis.call('HMGET', rkey, 'cpu', 'mem', 'held', 'state', 'worker')
+  if r[4] == 'orphan' and r[5] == wid then
+    redis.call('HINCRBY', key, 'cpu_free', 0 - tonumber(r[1]))
+    redis.call('HINCRBY', key, 'mem_free', 0 - tonumber(r[2]))
+    redis.call('HINCRBY', key, 'gpu_free', 0 - tonumber(r[3]))
+    redis.call('HINCRBY', key, 'running', 1)
+    redis.call('HINCRBY', key, 'long', 1)  -- how long it has run is unknown: no queue forms behind it
+    redis.call('HSET', key, 'idle_since', 0)
+    redis.call('HSET', rkey, 'state', 'running', 'pool', pool, 'start', now, 'long', 1, 'taken', 0)
+    redis.call('SADD', P .. 'wr:' .. wid, rid)
+    redis.call('ZREM', P .. 'orphans', rid)
+    kept[#kept + 1] = rid
+  end
+end
+reindex(wid, pool)
 return {requeued, kept}
