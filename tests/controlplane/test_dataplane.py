@@ -365,3 +365,48 @@ async def test_a_worker_reads_and_writes_payloads_of_its_own_calls_only(api: Api
         assert b"".join([p async for p in fleet.read_arguments(dp, mine, theirs, ref[0])]) == big
     finally:
         await dp.close()
+
+
+async def test_a_worker_records_checkpoints_only_of_stubs_it_ran_a_call_of(api: Api) -> None:
+    """A checkpoint is restored into the stub's later containers anywhere: a worker that never ran the stub
+    (a forged one with the shared pool's token) may not offer one, nor change one's status or path."""
+    from levers9.services import fleet
+    from levers9.services.auth import PermissionDenied
+
+    services = api.services
+    dp = DataPlane(services, Hub(services.redis, name="test"), api.metrics)
+    victim, _ = await api.user("team-b")
+    them = Principal(token_id="t", kind=TokenKind.USER, workspace_id=victim.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(them, {"name": "f", "cpu_millicores": 2000}, b"pickled handler")
+    await api.worker("w1", "cpu")
+    await api.worker("w2", "cpu")
+    [task_id] = await dp.submit(them, stub_id, [b"a"])
+    await services.scheduler.place_once()
+    state = await services.scheduler.backlog.get(task_id)
+    assert state is not None
+    assert state.worker is not None
+    owner, other = state.worker, {"w1": "w2", "w2": "w1"}[state.worker]
+    spec = services.pools["cpu"]
+    record = dict(runtime="gvisor", gpu="", status="", path="", size_bytes=0, error="")
+    try:
+        with pytest.raises(PermissionDenied, match="ran no call"):
+            await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, other, 0), checkpoint_id="", stub_id=stub_id,
+                                          **record)  # fmt: skip
+        # the worker the call is placed on may (Redis says so, before any replica sent it the call)
+        made = await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id="",
+                                             stub_id=stub_id, **record)  # fmt: skip
+        assert made.stub_id == stub_id
+        changed = {**record, "status": "available", "path": f"{victim.id}/{stub_id}/{made.id}"}
+        with pytest.raises(PermissionDenied, match="ran no call"):
+            await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, other, 0), checkpoint_id=made.id,
+                                          stub_id="", **changed)  # fmt: skip
+        assert api.metrics.worker_refusals.labels(replica="local", what="checkpoint")._value.get() == 2
+        # once the call is sent to it and has ended, it still may (its snapshot is published after)
+        assert [d.task_id for d in await dp.take(owner)] == [task_id]
+        await dp.report(owner, WorkerReport(outcomes=[TaskOutcome(task_id, "complete", b"r")]))
+        await _until(lambda: dp.reports.idle)
+        done = await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id=made.id,
+                                             stub_id="", **changed)  # fmt: skip
+        assert done.status.value == "available"
+    finally:
+        await dp.close()

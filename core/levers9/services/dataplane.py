@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: submitted calls whose arguments are kept in memory until a worker takes them
 _MAX_FRESH = 200_000
+#: (worker, stub) pairs remembered for :meth:`DataPlane.ran_stub`
+_SERVED_KEPT = 20_000
 _PLACE_NOW_MAX = 16  # submissions of at most this many calls place themselves (not the placement loop)
 #: how often, and after how long, blobs whose upload never finished are removed
 _SWEEP_BLOBS_S = 3600.0
@@ -93,6 +96,8 @@ class DataPlane:
         self.serving_listener: ServingListener | None = None
         #: what workers report, admitted, freed and stored
         self.reports = WorkerReports(self)
+        #: (worker, stub) pairs of calls sent to workers from here lately, oldest first (see ran_stub)
+        self._served: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     @classmethod
     def standalone(cls, services: Services, metrics: Metrics | None = None) -> DataPlane:
@@ -382,8 +387,29 @@ class DataPlane:
                 continue
             if d.task_id not in self._running:
                 self._running[d.task_id] = _Running(d.stub_id, d.attempts, now, worker_id)
+                self._serve(worker_id, d.stub_id)
             claimed += 1
         return claimed
+
+    def _serve(self, worker_id: str, stub_id: str | None) -> None:
+        if stub_id:
+            self._served[(worker_id, stub_id)] = None
+            self._served.move_to_end((worker_id, stub_id))
+            if len(self._served) > _SERVED_KEPT:
+                self._served.popitem(last=False)
+
+    async def ran_stub(self, worker_id: str, stub_id: str) -> bool:
+        """Whether a call of ``stub_id`` was placed on ``worker_id``: only then may it record the stub's checkpoints.
+
+        A checkpoint is restored into later containers of the stub, on any worker, so a worker that never ran
+        the stub (a forged one holding a shared pool's token) must not be able to offer one. Asked of the calls
+        sent from this replica lately, then of what Redis has placed on the worker now.
+        """
+        if (worker_id, stub_id) in self._served:
+            return True
+        held = await self.services.scheduler.workers.requests_of(worker_id)
+        states = await self.services.scheduler.backlog.get_many(held) if held else []
+        return any(state is not None and state.request.function == stub_id for state in states)
 
     async def placed_on(self, worker_id: str, task_ids: Iterable[str], *, ended: bool = False) -> set[str]:
         """Which of ``task_ids`` were placed on ``worker_id`` (see :meth:`WorkerReports.placed_on`)."""
@@ -416,6 +442,7 @@ class DataPlane:
                 await self.services.scheduler.release_many([d.task_id])
                 continue
             self._running[d.task_id] = _Running(d.stub_id, d.attempts, now, worker_id)
+            self._serve(worker_id, d.stub_id)
             out.append(d)
         return out
 

@@ -453,12 +453,21 @@ async def record_checkpoint(
         if found is None:
             raise NotFound("checkpoint", checkpoint_id)
         may_serve(worker.spec, found.workspace_id, f"checkpoint {found.id}")
+        await _ran(dp, worker, found.stub_id, f"checkpoint {found.id}")
         return await store.set_status(
             found.id, status, path=path or None, size_bytes=size_bytes or None, error=error[:2000] or None
         )
     stub, _ = await dp.stub(stub_id)
     may_serve(worker.spec, stub.workspace_id, f"stub {stub.id}")
+    await _ran(dp, worker, stub.id, f"stub {stub.id}")
     return await store.create(stub.workspace_id, runtime, stub_id=stub.id, gpu=gpu or None)
+
+
+async def _ran(dp: DataPlane, worker: WorkerIdentity, stub_id: str | None, what: str) -> None:
+    """PermissionDenied (logged as a security event) unless a call of ``stub_id`` was placed on ``worker``."""
+    if stub_id is not None and not await dp.ran_stub(worker.worker_id, stub_id):
+        dp.refuse(worker.worker_id, "checkpoint", [stub_id])
+        raise PermissionDenied(f"worker {worker.worker_id} ran no call of {what}: it may not record its checkpoints")
 
 
 async def stub_bundle(dp: DataPlane, stub_id: str) -> StubBundle:

@@ -20,6 +20,9 @@ The rule (:func:`check`), for an address ``HOST:PORT`` a worker reports:
   session comes from this host too, and never a port this process listens on
   (gRPC, HTTP, metrics): a worker elsewhere has no containers here, and the
   controlplane's listeners are no container's;
+* from a worker on this host, an address on one of this host's Linux bridges
+  (a runc or gVisor container's own address on its worker's bridge), never
+  one reached through a router or on any other network the host is on;
 * any other address only when it is the address the worker's session comes
   from: its own machine, where its runtime publishes container ports.
 
@@ -38,9 +41,10 @@ import socket
 from levers9.services.reports import ServingReport
 from levers9.services.tunnels import SCHEME
 
-__all__ = ["check", "check_report", "is_local", "listening_ports"]
+__all__ = ["check", "check_report", "is_local", "listening_ports", "on_a_bridge"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 def _ip(host: str) -> IPAddress | None:
     try:
@@ -60,6 +64,26 @@ def is_local(ip: IPAddress) -> bool:
     with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.bind((str(ip), 0))
         return True
+    return False
+
+
+def on_a_bridge(ip: IPAddress) -> bool:
+    """Whether ``ip`` is on the subnet of one of this host's Linux bridges, reached without a router (IPv4)."""
+    if ip.version != 4:
+        return False
+    with contextlib.suppress(OSError), open("/proc/net/route") as lines:
+        next(lines, None)
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 8 or fields[2] != "00000000":  # through a gateway: another network
+                continue
+            iface, destination, mask = fields[0], int(fields[1], 16), int(fields[7], 16)
+            if mask == 0 or not os.path.isdir(f"/sys/class/net/{iface}/bridge"):
+                continue
+            # /proc/net/route writes addresses in the host's byte order (little-endian here)
+            network = ipaddress.IPv4Network((socket.ntohl(destination), bin(mask).count("1")), strict=False)
+            if ip in network:
+                return True
     return False
 
 
@@ -108,9 +132,9 @@ def check(address: str, *, peer_host: str, own_ports: frozenset[int] | None = No
         if int(port_text) in (listening_ports() if own_ports is None else own_ports):
             return f"{address!r} is one of the controlplane's own listeners"
         return None
-    if ip != peer:
-        return f"{address!r} is not the address the worker's session comes from ({peer})"
-    return None
+    if ip == peer or (is_local(peer) and on_a_bridge(ip)):
+        return None
+    return f"{address!r} is not the address the worker's session comes from ({peer}), nor a container's on this host"
 
 
 def check_report(report: ServingReport, *, peer_host: str) -> str | None:

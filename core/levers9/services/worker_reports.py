@@ -56,11 +56,12 @@ _ENDED_KEPT = 20_000
 _REFUSED_LOG_S = 60.0
 #: what a worker may try on a task not placed on it (the metric's label), and how the log says it
 _REFUSALS = {
-    "report": "reported on",
-    "outcome": "reported the outcomes of",
-    "result": "uploaded results for",
-    "arguments": "asked the arguments of",
-    "address": "reported a serving address the gateway may not connect to for",
+    "report": "reports on {n} task(s) not placed on it",
+    "outcome": "outcomes of {n} task(s) Redis has placed on another worker, or on none",
+    "result": "a result upload for a task not placed on it",
+    "arguments": "a read of the arguments of a task not placed on it",
+    "address": "a serving address the gateway may not connect to",
+    "checkpoint": "a checkpoint of a stub it ran no call of",
 }
 
 
@@ -170,8 +171,8 @@ class WorkerReports:
         self._refused_log[worker_id] = (now, 0)
         more = f" ({since} more refused since the last warning)" if since else ""
         log.warning(
-            "security: worker %s %s %d tasks%s (%s%s); refused%s",
-            worker_id, _REFUSALS.get(what, what), len(ids), f": {reason}" if reason else " not placed on it",
+            "security: refused worker %s %s%s (%s%s)%s",
+            worker_id, _REFUSALS.get(what, what).format(n=len(ids)), f": {reason}" if reason else "",
             ", ".join(ids[:5]), ", ..." if len(ids) > 5 else "", more,
         )  # fmt: skip
 
