@@ -11,6 +11,11 @@ values with a header line.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,9 +106,11 @@ LOCAL_AND_TOY = """\
   cpu:
     provider: local
     runtime: process
+    workspace: team
   toy:
     provider: toycloud
     runtime: process
+    workspace: team
     gpu: T4
     settings: {{state_dir: {state}, capacity: {{T4: 1}}}}
 """
@@ -133,8 +140,8 @@ def test_json_has_one_object_per_pool(cli: Callable[..., Any], tmp_path: Path, i
     install_fakes(installed)
     config = write_config(
         tmp_path,
-        "  good:\n    provider: fakecloud\n    runtime: process\n    region: eu-1\n"
-        "  bad:\n    provider: fakecloud\n    runtime: process\n    regions: [eu-2, eu-3]\n    settings: {mode: bad}\n",
+        "  good:\n    provider: fakecloud\n    runtime: process\n    workspace: team\n    region: eu-1\n"
+        "  bad:\n    provider: fakecloud\n    runtime: process\n    workspace: team\n    regions: [eu-2, eu-3]\n    settings: {mode: bad}\n",
     )
     result = cli("check", "--config", str(config), "--json")
     assert result.returncode == 1
@@ -144,11 +151,12 @@ def test_json_has_one_object_per_pool(cli: Callable[..., Any], tmp_path: Path, i
         "provider": "fakecloud",
         "runtime": "process",
         "usable": True,
-        "provider_check": {"ok": True, "message": "credentials accepted in eu-1", "hint": None},
+        "provider_check": {"ok": True, "message": "credentials accepted in eu-1", "hint": None, "warning": False},
         "runtime_check": {
             "ok": True,
             "message": good["runtime_check"]["message"],
             "hint": None,
+            "warning": False,
             "isolation": "none",
             "version": good["runtime_check"]["version"],
             "gpu": good["runtime_check"]["gpu"],
@@ -158,18 +166,22 @@ def test_json_has_one_object_per_pool(cli: Callable[..., Any], tmp_path: Path, i
             "ok": False,
             "message": "no installed plugin checkpoints containers of runtime 'process'",
             "hint": None,
+            "warning": False,
             "mechanism": "none",
         },
     }
     assert bad["usable"] is False
-    assert bad["provider_check"] == {"ok": False, "message": "key rejected in eu-2", "hint": "export FAKE_KEY"}
+    assert bad["provider_check"] == {
+        "ok": False, "message": "key rejected in eu-2", "hint": "export FAKE_KEY", "warning": False
+    }  # fmt: skip
     assert bad["runtime_check"]["ok"] is True  # the runtime was still asked
 
 
 def test_failed_check_shows_the_hint_and_exits_1(cli: Callable[..., Any], tmp_path: Path, installed: Installed) -> None:
     install_fakes(installed)
     config = write_config(
-        tmp_path, "  gpu:\n    provider: fakecloud\n    runtime: process\n    settings: {mode: bad}\n"
+        tmp_path,
+        "  gpu:\n    provider: fakecloud\n    runtime: process\n    workspace: team\n    settings: {mode: bad}\n",
     )
     result = cli("check", "--config", str(config))
     assert result.returncode == 1
@@ -185,12 +197,12 @@ def test_broken_plugins_are_failed_rows_and_the_rest_is_checked(
     install_fakes(installed)
     config = write_config(
         tmp_path,
-        "  cpu:\n    provider: local\n    runtime: process\n"
-        "  unloadable:\n    provider: broken\n    runtime: process\n"
-        "  raises:\n    provider: fakecloud\n    runtime: process\n    settings: {mode: raise}\n"
-        "  wrong-type:\n    provider: fakecloud\n    runtime: process\n    settings: {mode: text}\n"
+        "  cpu:\n    provider: local\n    runtime: process\n    workspace: team\n"
+        "  unloadable:\n    provider: broken\n    runtime: process\n    workspace: team\n"
+        "  raises:\n    provider: fakecloud\n    runtime: process\n    workspace: team\n    settings: {mode: raise}\n"
+        "  wrong-type:\n    provider: fakecloud\n    runtime: process\n    workspace: team\n    settings: {mode: text}\n"
         "  bad-runtime:\n    provider: fakecloud\n    runtime: badrt\n"
-        "  typo:\n    provider: fakecloud\n    runtime: process\n    settings: {mdoe: ok}\n",
+        "  typo:\n    provider: fakecloud\n    runtime: process\n    workspace: team\n    settings: {mdoe: ok}\n",
     )
     result = cli("check", "--config", str(config))
     assert result.returncode == 1, result.stderr
@@ -207,7 +219,7 @@ def test_broken_plugins_are_failed_rows_and_the_rest_is_checked(
     assert "cannot read /proc/self/status" in rows["bad-runtime"]["runtime on this host"]
     assert rows["bad-runtime"]["runtime on this host"].startswith("FAIL: ")
     # a settings typo is a failed row with the config file's line and the accepted fields
-    assert f"{config}:22: pools.typo.settings.mdoe: unknown field 'mdoe'" in rows["typo"]["credentials and settings"]
+    assert f"{config}:27: pools.typo.settings.mdoe: unknown field 'mdoe'" in rows["typo"]["credentials and settings"]
     assert all(rows[name]["usable"] == "no" for name in list(rows)[1:])
     assert "1 of 6 pool(s) usable" in result.stderr
 
@@ -296,7 +308,7 @@ def test_local_pools_sharing_a_state_dir_are_all_writable_every_run(cli: Callabl
     state = tmp_path / "local-state"
     config = write_config(
         tmp_path,
-        "".join(f"  p{n}:\n    provider: local\n    runtime: process\n    settings: {{state_dir: {state}}}\n"
+        "".join(f"  p{n}:\n    provider: local\n    runtime: process\n    workspace: team\n    settings: {{state_dir: {state}}}\n"
                 for n in range(4)),
     )  # fmt: skip
     for run in range(4):
@@ -305,3 +317,42 @@ def test_local_pools_sharing_a_state_dir_are_all_writable_every_run(cli: Callabl
         assert [row["provider_check"]["ok"] for row in rows] == [True] * 4, (run, rows)
         assert result.returncode == 0, result.stderr
         assert list(state.iterdir()) == []  # every probe removed
+
+
+def test_a_process_pool_of_a_worker_that_cannot_drop_privileges_fails_unless_it_allows_calls_as_the_worker(
+    tmp_path: Path,
+) -> None:
+    """As a user who is not root (nobody here), the process runtime cannot run calls as another user: a pool
+    of it is unusable, with the fix; a pool that allows calls as the worker's user is usable, in red."""
+    shared = Path(tempfile.mkdtemp(prefix="levers9-check-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        config = shared / "levers9.yaml"
+        config.write_text(
+            "pools:\n"
+            f"  strict:\n    provider: local\n    runtime: process\n    workspace: me\n"
+            f"    settings: {{state_dir: {shared / 'a'}}}\n"
+            f"  single-user:\n    provider: local\n    runtime: process\n    workspace: me\n"
+            f"    settings: {{state_dir: {shared / 'b'}}}\n"
+            "    runtime_settings: {allow_calls_as_worker_user: true}\n"
+        )
+        config.chmod(0o644)
+        env = {"PATH": os.environ["PATH"], "LEVERS9_HOME": str(shared / "home"), "COLUMNS": "300", "NO_COLOR": "1"}
+        done = subprocess.run(
+            ["runuser", "-u", "nobody", "--", sys.executable, "-m", "levers9.cli.main", "check", "--config",
+             str(config), "--json"],
+            capture_output=True, text=True, env=env, timeout=120, check=False, cwd=shared,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        rows = {row["pool"]: row for row in json.loads(done.stdout)}
+        strict, single = rows["strict"]["runtime_check"], rows["single-user"]["runtime_check"]
+        assert strict["ok"] is False
+        assert "not root, so it cannot run calls as another user" in strict["message"]
+        assert "allow_calls_as_worker_user: true" in strict["message"]
+        assert single["ok"] is True
+        assert single["warning"] is True
+        assert "calls run as the worker's own user" in single["message"]
+        assert rows["single-user"]["usable"] is True
+        assert rows["strict"]["usable"] is False
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -55,7 +55,7 @@ pools:
       worker_image: levers9/worker:test
   cpu:
     provider: local
-    runtime: process
+    runtime: runc
     cpu: 2
     memory: 4GiB
     max_workers: 1

@@ -35,14 +35,14 @@ state:
 pools:
   cpu:
     provider: local
-    runtime: process
+    runtime: runc  # workers here are registered by the tests; they never run a container
     cpu: 2
     memory: 4GiB
     min_workers: 0
     max_workers: 3
   gpu-l4:
     provider: local
-    runtime: process
+    runtime: runc  # workers here are registered by the tests; they never run a container
     gpu: L4
     cpu: 8
     memory: 32GiB

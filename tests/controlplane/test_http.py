@@ -315,7 +315,7 @@ def _attach(api: Api, name: str, workspace_id: str) -> None:
     """A workspace's attached cluster, as a pool only that workspace may use."""
     shared = api.services.pools["cpu"]
     pool = shared.pool.model_copy(update={"name": name, "provider": "attached_cluster"})
-    api.services.pools[name] = dataclasses.replace(shared, pool=pool, workspace=workspace_id)
+    api.services.pools[name] = dataclasses.replace(shared, pool=pool, workspace=workspace_id, configured=False)
 
 
 async def test_pools_show_sizes_live_workers_and_unavailability(api: Api) -> None:
@@ -330,14 +330,15 @@ async def test_pools_show_sizes_live_workers_and_unavailability(api: Api) -> Non
     assert response.status_code == 200
     pools = {p["name"]: p for p in response.json()}
     assert pools["cpu"] == {
-        "name": "cpu", "provider": "local", "runtime": "process", "gpu": None, "gpu_count": 0, "region": None,
+        "name": "cpu", "provider": "local", "runtime": "runc", "gpu": None, "gpu_count": 0, "region": None,
         "cpu_millicores": 2000, "memory_mib": 4096, "min_workers": 0, "max_workers": 3, "priority": 0,
-        "workspace_id": None, "workers": 2, "unavailable": None, "isolation": "none",
+        "workspace_id": None, "workers": 2, "unavailable": None, "isolation": "namespaces",
     }  # fmt: skip
     assert pools["gpu-l4"] == {
-        "name": "gpu-l4", "provider": "local", "runtime": "process", "gpu": "L4", "gpu_count": 1, "region": None,
+        "name": "gpu-l4", "provider": "local", "runtime": "runc", "gpu": "L4", "gpu_count": 1, "region": None,
         "cpu_millicores": 8000, "memory_mib": 32768, "min_workers": 0, "max_workers": 2, "priority": 5,
-        "workspace_id": None, "workers": 0, "unavailable": "insufficient_capacity: none left", "isolation": "none",
+        "workspace_id": None, "workers": 0, "unavailable": "insufficient_capacity: none left",
+        "isolation": "namespaces",
     }  # fmt: skip
 
 
@@ -380,7 +381,7 @@ async def test_workers_show_capacity_and_what_is_free(api: Api) -> None:
     assert response.status_code == 200
     [worker] = response.json()
     assert {k: worker[k] for k in worker if k not in ("registered_at", "idle_since")} == {
-        "id": "w-cpu", "pool": "cpu", "status": "running", "runtime": "process", "gpu": None, "gpu_count": 0,
+        "id": "w-cpu", "pool": "cpu", "status": "running", "runtime": "runc", "gpu": None, "gpu_count": 0,
         "gpu_free": 0, "cpu_millicores": 2000, "cpu_free": 1500, "memory_mib": 4096, "memory_free": 3072,
         "running": 1, "workspace_id": None, "machine_id": None, "address": None,
     }  # fmt: skip

@@ -40,6 +40,7 @@ pools:
   h100:
     provider: ec2
     runtime: process
+    workspace: default
     region: us-east-1
     gpu: H100
     gpu_count: 8

@@ -101,7 +101,7 @@ async def test_rest_and_grpc_list_the_same_pools_and_workers_for_an_operator_and
     # team-b's attached cluster: a pool only team-b (and operators) may see
     shared = services.pools["cpu"]
     pool = shared.pool.model_copy(update={"name": "b-cluster", "provider": "attached_cluster"})
-    services.pools["b-cluster"] = dataclasses.replace(shared, pool=pool, workspace=b.id)
+    services.pools["b-cluster"] = dataclasses.replace(shared, pool=pool, workspace=b.id, configured=False)
     await _worker(services, "w-shared", "cpu")
     await _worker(services, "w-b", "b-cluster", workspace=b.id)
     await _worker(services, "w-silent", "cpu")

@@ -443,6 +443,7 @@ pools:
   local:
     provider: local
     runtime: process
+    workspace: default
     cpu: 2
     memory: 4096
     min_workers: 1

@@ -89,6 +89,7 @@ POOLS = """\
   ec2-h100:
     provider: ec2
     runtime: process
+    workspace: default
     gpu: H100
     gpu_count: 8
     region: us-east-1
@@ -102,6 +103,7 @@ POOLS = """\
   oci-h100:
     provider: oci
     runtime: process
+    workspace: default
     gpu: H100
     gpu_count: 8
     region: us-ashburn-1
@@ -116,6 +118,7 @@ POOLS = """\
   lambda-a100:
     provider: lambda_labs
     runtime: process
+    workspace: default
     gpu: A100-80
     gpu_count: 8
     region: {lambda_region}
@@ -256,6 +259,7 @@ T4_POOL = """\
   ec2-t4:
     provider: ec2
     runtime: process
+    workspace: default
     gpu: T4
     gpu_count: 1
     region: us-east-1

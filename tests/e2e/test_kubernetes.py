@@ -56,7 +56,8 @@ def _pool(name: str, namespace: str, *, gpu: bool, extra: str = "") -> str:
     shape = "    gpu: L4\n    gpu_count: 1\n" if gpu else ""
     tolerate = "      tolerations: [{{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}]\n" if gpu else ""
     return (
-        f"  {name}:\n    provider: local_k8s\n    runtime: process\n{shape}    cpu: 1\n    memory: 2048\n"
+        f"  {name}:\n    provider: local_k8s\n    runtime: process\n    workspace: default\n{shape}    cpu: 1\n"
+        "    memory: 2048\n"
         f"    max_workers: 1\n{extra}    settings:\n      kubeconfig: {{kubeconfig}}\n      namespace: {namespace}\n"
         f"      worker_image: registry.example.com/levers9/worker:test\n{tolerate}"
     )

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -47,11 +50,17 @@ async def wait(hooks: Hooks, ctx: RuntimeContext, cid: str) -> ContainerState:
 async def test_exit_code_output_and_environment(rt: tuple[Hooks, RuntimeContext], tmp_path: Path) -> None:
     hooks, ctx = rt
     code = "import os, sys; print(os.getcwd(), os.environ['ANSWER']); sys.exit(7)"
-    cid = await run(hooks, ctx, ["python3", "-c", code], env={"ANSWER": "42"}, workdir=str(tmp_path))
-    state = await wait(hooks, ctx, cid)
+    # a workdir the call's user (nobody, under a root worker) may enter: pytest's own are root's alone
+    workdir = tempfile.mkdtemp(prefix="levers9-test-", dir="/tmp")
+    os.chmod(workdir, 0o755)
+    try:
+        cid = await run(hooks, ctx, [sys.executable, "-c", code], env={"ANSWER": "42"}, workdir=workdir)
+        state = await wait(hooks, ctx, cid)
+    finally:
+        os.rmdir(workdir)
     assert state.exit_code == 7
     chunk = await hooks.container_logs(ctx, cid, 0)
-    assert chunk.data.decode().strip() == f"{tmp_path} 42"
+    assert chunk.data.decode().strip() == f"{workdir} 42"
     assert chunk.eof
     await hooks.container_remove(ctx, cid)
     assert not (tmp_path / "process" / "containers" / cid).exists()

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.hooks.types import ContainerSpec, ContainerState, ContainerStatus, RuntimeContext
+from levers9_process import ProcessSettings
 
 
 @pytest.fixture
@@ -117,10 +119,30 @@ async def test_nobody_reads_its_handler_file_through_a_copy_and_its_whole_group_
     assert handler.read_bytes() == b"pickled-function", "the original is untouched"
 
 
-async def test_a_command_nobody_cannot_reach_runs_as_the_worker_and_says_why(
+async def test_a_command_nobody_cannot_reach_is_refused_with_the_fix(
+    rt: tuple[Hooks, RuntimeContext], tmp_path: Path
+) -> None:
+    """Fail closed: such a call never runs as root (it did, with a warning in the worker's log only)."""
+    hooks, ctx = rt
+    hidden = tmp_path / "private-bin"
+    hidden.mkdir(mode=0o700)
+    program = hidden / "whoami.sh"
+    program.write_text("#!/bin/sh\nid -u\n")
+    program.chmod(0o755)
+    spec = ContainerSpec(container_id=f"u-{secrets.token_hex(5)}", image="host", command=[str(program)])
+    with pytest.raises(InvalidRequest) as refused:
+        await hooks.container_prepare(ctx, spec)
+    message = str(refused.value)
+    assert f"nobody (uid {nobody()[0]}) cannot reach the program {program} (blocked at /" in message
+    assert "allow_calls_as_worker_user: true" in message
+    assert not (Path(ctx.state_dir) / "containers" / spec.container_id).exists(), "a refused call leaves nothing"
+
+
+async def test_a_pool_that_allows_it_runs_such_a_command_as_the_worker_and_says_why(
     rt: tuple[Hooks, RuntimeContext], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hooks, ctx = rt
+    hooks, base = rt
+    ctx = base.model_copy(update={"settings": ProcessSettings(allow_calls_as_worker_user=True)})
     hidden = tmp_path / "private-bin"
     hidden.mkdir(mode=0o700)
     program = hidden / "whoami.sh"

@@ -266,7 +266,7 @@ def shared_pool(services: Any, name: str = "shared-lab", cluster: str = "researc
     """An operator's shared cluster, as the config file declares one (provider attached_cluster, no workspace)."""
     spec = clusters.build_pool(services, name, "", clusters._pool_config(options(cluster)))
     services.pools[name] = dataclasses.replace(spec, pool=spec.pool.model_copy(update={"workspace": None}),
-                                               workspace=None)  # fmt: skip
+                                               workspace=None, configured=True)  # fmt: skip
     return name
 
 

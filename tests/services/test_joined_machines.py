@@ -53,7 +53,7 @@ pools:
       ssh: {{user: ops, port: 2222}}
   cpu:
     provider: local
-    runtime: process
+    runtime: runc
     cpu: 2
     memory: 4GiB
     max_workers: 1
@@ -81,7 +81,7 @@ def team_pool(services: Services, workspace: str, name: str = "team-gpus") -> No
     """A pool of ``workspace`` (as an attached pool is): the shared pool's shape under another name."""
     shared = services.pools["shared-gpus"]
     pool = shared.pool.model_copy(update={"name": name, "workspace": workspace})
-    services.pools[name] = dataclasses.replace(shared, pool=pool, workspace=workspace)
+    services.pools[name] = dataclasses.replace(shared, pool=pool, workspace=workspace, configured=False)
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ async def test_who_may_create_for_which_pool_is_refused_clearly(plant: Plant) ->
     team = await workspace_user(services, "team")
     other = await workspace_user(services, "other")
     team_pool(services, team.workspace_id or "")
-    with pytest.raises(PermissionDenied, match=r"pool 'shared-gpus' is shared .*pools you may join machines to: "
+    with pytest.raises(PermissionDenied, match=r"pool 'shared-gpus' is the operator's.*pools you may join machines to: "
                                                r"team-gpus"):  # fmt: skip
         await joined_machines.create(services, team, "shared-gpus")
     with pytest.raises(PermissionDenied, match=r"pool 'team-gpus' is another workspace's.*shared-gpus"):

@@ -44,6 +44,7 @@ from levers9.state.sql.checkpoints import CheckpointStore
 from levers9.state.sql.database import open_database
 from levers9.state.sql.workspaces import WorkspaceStore
 from levers9.worker.calls import Call, Outcome, StubSpec
+from levers9.worker.warm.launch import HANDLER_DIR
 from levers9.worker.warm.pool import WarmPool
 from tests.fixtures.ports import free_port
 
@@ -566,7 +567,12 @@ async def test_a_runtime_with_the_process_runtimes_capabilities_is_treated_alike
 
         host, handler = await w.value(w.stub(where))
         assert host == "127.0.0.1"
-        assert handler.startswith(str(tmp_path / "pool" / "handlers"))
+        # a host path, not the image's mount point: the worker's own file, or the copy a root worker's runtime
+        # gives the call's user (nobody) in its private home (levers9.engine.process)
+        assert not handler.startswith(HANDLER_DIR)
+        assert handler.startswith(str(tmp_path / "pool" / "handlers")) or Path(handler).parent.name.startswith(
+            "levers9-"
+        ), handler
     finally:
         await pool.close()
         hooks.close()

@@ -86,6 +86,8 @@ class PoolSet:
     runtime_settings: dict[str, BaseModel | None] = field(default_factory=dict)
     #: pool -> why it did not resolve (config issues with their lines, or the plugin that failed to load)
     problems: dict[str, str] = field(default_factory=dict)
+    #: the pools whose config names the one workspace they serve
+    bound: set[str] = field(default_factory=set)
 
     def close(self) -> None:
         self.hooks.close()
@@ -118,6 +120,7 @@ def load_pool_set(config_file: Path | None) -> PoolSet:
     hooks = Hooks(plugins, timeout=config.plugins.hook_timeout_s)
     written = {name: (spec.provider, spec.runtime) for name, spec in config.pools.items()}
     result = PoolSet(str(path), plugins, hooks, list(config.pools), written)
+    result.bound = {name for name, spec in config.pools.items() if spec.workspace}
     for name, spec in config.pools.items():
         # resolve() is config loading's own second pass; given one pool at a time (and no plugin
         # allow/block lists, which `levers9 config check` reports), its problems are that pool's alone
@@ -168,6 +171,8 @@ class Verdict:
     ok: bool | None
     message: str
     hint: str | None = None
+    #: usable, but with a risk the operator chose: shown in red all the same
+    warning: bool = False
 
 
 @dataclass
@@ -209,6 +214,13 @@ async def check_pool(pool_set: PoolSet, name: str) -> PoolCheck:
         name, provider, runtime, await _provider(pool_set.hooks, pool), Verdict(None, ""), Verdict(None, "")
     )
     await _runtime(pool_set.hooks, pool, pool_set.runtime_settings.get(name), result)
+    if result.runtime_details.get("isolation") == "none" and name not in pool_set.bound:
+        # the controlplane refuses to start with such a pool (services.isolation.shared_without_isolation)
+        result.runtime_check = Verdict(
+            False,
+            f"pools.{name}.workspace: runtime {pool.runtime!r} isolates nothing, so the pool serves one workspace",
+            "name it (workspace: NAME), or use runtime runc or gvisor to share the pool",
+        )
     return result
 
 
@@ -251,7 +263,14 @@ async def _runtime(hooks: Hooks, pool: Pool, settings: BaseModel | None, result:
                 "notes": notes,
             }
             described = f"{pool.runtime} {caps.version or ''}".strip() + f", isolation {caps.isolation.value}"
-            if caps.available:
+            if caps.available and caps.calls_as_worker_user:
+                # usable, but not safe to share: shown in red, so that it is read
+                result.runtime_check = Verdict(
+                    True, "; ".join([f"available, calls run as the worker's own user: {described}", *notes]),
+                    "only for a single-user machine: remove allow_calls_as_worker_user to refuse such calls",
+                    warning=True,
+                )  # fmt: skip
+            elif caps.available:
                 result.runtime_check = Verdict(True, "; ".join([f"available: {described}", *notes]))
             else:
                 reason = caps.unavailable_reason or "the runtime gave no reason"
@@ -319,11 +338,11 @@ def _print(results: list[PoolCheck]) -> None:
     from rich.text import Text
 
     def cell(verdict: Verdict, no: str = "FAIL") -> Cell:
-        mark = {True: "ok", False: no, None: "-"}[verdict.ok]
+        mark = "WARNING" if verdict.warning else {True: "ok", False: no, None: "-"}[verdict.ok]
         text = f"{mark}: {verdict.message}" if verdict.message else mark
         if verdict.hint:
             text += f" (hint: {verdict.hint})"
-        return Text(text, style={True: "green", False: "red", None: "dim"}[verdict.ok])
+        return Text(text, style="red" if verdict.warning else {True: "green", False: "red", None: "dim"}[verdict.ok])
 
     rows: list[list[Cell]] = []
     for r in results:

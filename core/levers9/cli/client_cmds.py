@@ -233,7 +233,7 @@ def pools(
                 p.name,
                 p.provider,
                 p.runtime,
-                Text(isolation, style="red" if isolation == "none" else ""),
+                Text(isolation, style="red" if isolation.startswith("none") else ""),
                 f"{p.gpu_count}x {p.gpu}" if p.gpu else "cpu",
                 str(p.workers),
                 str(p.starting),

@@ -199,8 +199,9 @@ def _notes(options: ManifestOptions, *, starter: bool, worker_image: str | None)
         from levers9.images.worker import default_tag
 
         images.append(worker_image or default_tag())
-        notes.append(f"the starter config has one local_k8s CPU pool whose workers run {images[-1]}; write your "
-                     "own config and pass it with --config")  # fmt: skip
+        notes.append(f"the starter config has one local_k8s CPU pool whose workers run {images[-1]}, for the "
+                     "workspace 'default' alone (its process runtime isolates nothing); write your own config and "
+                     "pass it with --config")  # fmt: skip
     notes.append(f"{' and '.join(images)} must be in a registry the cluster's nodes pull from")
     return notes
 

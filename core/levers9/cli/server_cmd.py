@@ -27,21 +27,6 @@ __all__ = ["server", "token_app", "up", "worker"]
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-#: the config `levers9 up` writes when there is none: one local pool on this machine
-STARTER_CONFIG = """\
-# levers9 configuration, written by `levers9 up` (edit freely; `levers9 config check` validates it).
-# State: SQLite and an embedded Redis in data_dir. See docs/config.md for every key.
-version: 1
-pools:
-  local:
-    provider: local          # workers are processes on this machine
-    runtime: {runtime}       # process: no isolation, no root needed; runc or gvisor for containers
-    cpu: {cpu}
-    memory: {memory}
-    min_workers: 1
-    max_workers: 1
-"""
-
 
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=_LOG_FORMAT, stream=sys.stderr)
@@ -212,7 +197,10 @@ def up(
     http_port: int | None = _HTTP,
     metrics_port: int | None = _METRICS,
     runtime: str = typer.Option(
-        "process", "--runtime", help="Runtime of the starter pool, when `up` writes the config."
+        "auto",
+        "--runtime",
+        help="Runtime of the starter pool, when `up` writes the config: auto (gvisor, else runc, where they run "
+        "here; else process), gvisor, runc or process.",
     ),
     context: str = typer.Option("local", "--context", help="Name of the context written to ~/.levers9/config."),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
@@ -223,6 +211,7 @@ def up(
     context with a token to ~/.levers9/config, then runs until Ctrl-C, which
     also stops the pool's workers.
     """
+    from levers9.cli.starter import starter_config, warn_unisolated
     from levers9.config.load import default_config_path
 
     _logging(log_level)
@@ -230,9 +219,11 @@ def up(
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         memory = max(512, min(8192, _memory_mib() // 2))
-        path.write_text(STARTER_CONFIG.format(runtime=runtime, cpu=os.cpu_count() or 1, memory=memory))
-        typer.echo(f"wrote a starter config: {path}")
+        text, note = starter_config(runtime)
+        path.write_text(text.format(cpu=os.cpu_count() or 1, memory=memory))
+        typer.echo(f"wrote a starter config: {path} ({note})")
     loaded = _load(path)
+    warn_unisolated(loaded)
     listeners = _listeners(loaded, host, grpc_port, http_port, metrics_port)
     try:
         asyncio.run(_up(loaded, listeners, context))
@@ -312,7 +303,9 @@ async def _user_token(services: object, context_name: str) -> tuple[str, str]:
     from levers9.services.core import Services
 
     assert isinstance(services, Services)
-    workspace = await services.workspaces.get_or_create("default")
+    from levers9.cli.starter import UP_WORKSPACE
+
+    workspace = await services.workspaces.get_or_create(UP_WORKSPACE)
     try:
         existing = current_context(context_name)
         record = await services.tokens.verify(existing.token, kind="user") if existing.token else None

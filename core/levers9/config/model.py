@@ -380,6 +380,13 @@ class PoolConfig(_Strict):
     runtime_settings: dict[str, Any] = Field(
         default_factory=dict, description="Runtime settings, validated by the runtime plugin's own schema."
     )
+    workspace: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="Only this workspace's calls run on the pool (its name; made if new). Required of a pool whose "
+        "runtime isolates nothing (process): calls sharing one could read each other's files and processes.",
+    )
 
     @field_validator("labels")
     @classmethod

@@ -14,10 +14,15 @@ command gets a private home directory of its own (``$HOME``, mode 0700,
 removed with the container) and a copy there of its handler file, which the
 worker keeps where only root may read. The switch is done by
 :mod:`levers9.engine.as_user` between the shim and the command, so the
-command keeps the shim's pid, process group and output descriptors. A
-command the user cannot reach (its program or workdir below a directory
-only root may enter, such as an interpreter under ``/root``) runs as the
-worker's own user instead, with a warning naming the path.
+command keeps the shim's pid, process group and output descriptors.
+
+It fails closed: a command the user cannot reach (its program or workdir
+below a directory only root may enter, such as an interpreter under
+``/root``), or any command of an engine with no :class:`RunAs` (a worker that
+is not root), is refused at prepare with the reason and the fix. Only an
+engine built with ``as_worker`` (the operator's opt-in for a single-user
+machine) runs such a command as the worker's own user, with a warning naming
+the path the first time.
 
 The environment of a command is its spec's ``env`` plus ``PATH`` and
 ``HOME``: never the worker's own, which may hold what the worker must keep.
@@ -78,18 +83,20 @@ def _allows(info: os.stat_result, run_as: RunAs, bits: int) -> bool:
 def unreachable(path: str, run_as: RunAs, *, bits: int) -> str | None:
     """The first directory on the way to ``path`` (or ``path`` itself) that ``run_as`` may not use, or None.
 
-    ``bits`` is what the user needs on ``path`` itself (1: execute or enter, 4: read). Symbolic links
-    are followed as the kernel would; ACLs are not looked at.
+    ``bits`` is what the user needs on ``path`` itself (1: execute or enter, 4: read). The directories on
+    the way to ``path`` as written and to what it resolves to are both looked at, as the kernel walks both
+    (a link in a private directory is out of reach whatever it points to); ACLs are not looked at.
     """
     real = os.path.realpath(path)
-    parts = Path(real).parts
-    for depth in range(1, len(parts)):
-        parent = os.path.join(*parts[:depth])
-        try:
-            if not _allows(os.stat(parent), run_as, 1):
+    for walked in dict.fromkeys([os.path.abspath(path), real]):
+        parts = Path(walked).parts
+        for depth in range(1, len(parts)):
+            parent = os.path.join(*parts[:depth])
+            try:
+                if not _allows(os.stat(parent), run_as, 1):
+                    return parent
+            except OSError:
                 return parent
-        except OSError:
-            return parent
     try:
         return None if _allows(os.stat(real), run_as, bits) else real
     except OSError:
@@ -99,9 +106,13 @@ def unreachable(path: str, run_as: RunAs, *, bits: int) -> str | None:
 class ProcessEngine(ContainerRecords):
     name = "process"
 
-    def __init__(self, state_dir: Path, *, run_as: RunAs | None = None) -> None:
+    def __init__(self, state_dir: Path, *, run_as: RunAs | None = None, as_worker: bool = True, fix: str = "") -> None:
         super().__init__(state_dir)
         self.run_as = run_as
+        #: a command that cannot run as ``run_as`` (or any, without one) runs as the worker: else it is refused
+        self.as_worker = as_worker
+        #: what the refusal tells the operator to do
+        self.fix = fix
 
     def prepare(self, spec: ContainerSpec) -> PreparedContainer:
         problems = []
@@ -118,12 +129,12 @@ class ProcessEngine(ContainerRecords):
             raise InvalidRequest("the process runtime cannot honour: " + "; ".join(problems))
         if not os.path.isdir(spec.workdir):
             raise InvalidRequest(f"workdir {spec.workdir!r} does not exist on this host")
+        run_as = self._user_for(spec)  # before anything is made: a refused call leaves nothing
         cdir = self._dir(spec.container_id)
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / shim.LOG_FILE).touch()
         forwards = [{"port": p, "host_port": p, "pid": 0} for p in spec.ports]
         meta: dict[str, Any] = {"spec": spec.model_dump(mode="json"), "forwards": forwards}
-        run_as = self._user_for(spec)
         if run_as is not None:
             # Recorded before it exists, so that remove() finds it even if what follows fails half way.
             home = tempfile.mkdtemp(prefix=f"levers9-{spec.container_id}-", dir=_shared_tmp())
@@ -135,26 +146,37 @@ class ProcessEngine(ContainerRecords):
         return PreparedContainer(container_id=spec.container_id, runtime=self.name, spec=spec)
 
     def _user_for(self, spec: ContainerSpec) -> RunAs | None:
-        """Who runs ``spec``'s command: the unprivileged user when it can reach the command, else the worker's."""
+        """Who runs ``spec``'s command: the unprivileged user when it can reach the command; else the worker
+        (``as_worker``) or nobody: InvalidRequest, naming the path and the fix."""
         run_as = self.run_as
         if run_as is None:
-            return None
+            if self.as_worker:
+                return None
+            raise InvalidRequest(
+                f"the process runtime runs no call as the worker's own user (uid {os.geteuid()}, not root, so it "
+                f"cannot switch to another); {self.fix or 'run the worker as root'}"
+            )
         path = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
         program = shutil.which(spec.command[0], path=path) or spec.command[0]
         for what, target, bits in (("the program", program, 1), ("the workdir", spec.workdir, 1)):
             blocked = unreachable(target, run_as, bits=bits)
-            if blocked is not None:
-                # a warning the first time, so that a pool of such calls does not flood the worker's log
-                level = logging.DEBUG if (what, target) in _warned else logging.WARNING
-                _warned.add((what, target))
-                log.log(
-                    level,
-                    "%s runs as the worker's own user, not as %s (uid %d): %s cannot reach %s %s (blocked at %s). "
-                    "Install Python and levers9 where every user may read them (not under /root) and use a "
-                    "workdir %s may enter, so that calls cannot read the worker's files",
-                    spec.container_id, run_as.name, run_as.uid, run_as.name, what, target, blocked, run_as.name,
-                )  # fmt: skip
-                return None
+            if blocked is None:
+                continue
+            if not self.as_worker:
+                raise InvalidRequest(
+                    f"{run_as.name} (uid {run_as.uid}) cannot reach {what} {target} (blocked at {blocked}), and the "
+                    f"process runtime runs no call as the worker's own user; {self.fix or 'install it where every user may read it'}"
+                )
+            # a warning the first time, so that a pool of such calls does not flood the worker's log
+            level = logging.DEBUG if (what, target) in _warned else logging.WARNING
+            _warned.add((what, target))
+            log.log(
+                level,
+                "%s runs as the worker's own user, not as %s (uid %d): %s cannot reach %s %s (blocked at %s); "
+                "the pool allows it (allow_calls_as_worker_user), and such a call can read the worker's files",
+                spec.container_id, run_as.name, run_as.uid, run_as.name, what, target, blocked,
+            )  # fmt: skip
+            return None
         return run_as
 
     @staticmethod

@@ -278,6 +278,9 @@ class RuntimeCapabilities(_Frozen):
     #: what an operator should know about how this host runs the runtime's containers, in the runtime's own
     #: words (which network mode ``auto`` chose here, and why); ``levers9 check`` shows them
     notes: list[str] = Field(default_factory=list)
+    #: calls run as the worker's own user, with its privileges: they can read whatever the worker can (an
+    #: operator's opt-in for a single-user machine); ``levers9 check`` and ``levers9 pools`` show it in red
+    calls_as_worker_user: bool = False
 
 
 class Mount(_Frozen):

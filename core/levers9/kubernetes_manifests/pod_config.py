@@ -99,13 +99,18 @@ class PodConfig:
 
 
 def default_config(worker_namespace: str, worker_image: str) -> dict[str, Any]:
-    """A config with one CPU pool of ``local_k8s`` workers, to start from; replace it with your own file."""
+    """A config with one CPU pool of ``local_k8s`` workers, to start from; replace it with your own file.
+
+    The worker image runs calls on the ``process`` runtime, which isolates nothing between them, so the pool
+    serves one workspace, ``default`` (the one ``levers9 token create`` gives a token without ``--workspace``).
+    """
     return {
         "version": 1,
         "pools": {
             "k8s-cpu": {
                 "provider": "local_k8s",
                 "runtime": "process",
+                "workspace": "default",
                 "cpu": 1,
                 "memory": "2GiB",
                 "min_workers": 0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,8 +27,12 @@ class PoolSpec:
     priority: int = 0
     idle_timeout_s: float = 300.0
     cpu_work: bool = False
-    #: the workspace that attached this pool's cluster; None for the operator's shared pools
+    #: the one workspace whose calls the pool serves: the one that attached its cluster, or the one its config
+    #: names (a pool whose runtime isolates nothing must name one); None for the operator's shared pools
     workspace: str | None = None
+    #: the pool is in the config file (the operator's, whether or not it names a workspace); False for the pool
+    #: of a cluster a workspace attached
+    configured: bool = False
 
     @property
     def name(self) -> str:
@@ -69,6 +75,14 @@ class PoolSpec:
         )
 
 
-def pool_specs(loaded: LoadedConfig) -> dict[str, PoolSpec]:
-    """Every pool of a loaded config, ready for the scheduler."""
-    return {name: PoolSpec.from_config(pool, loaded.config.pools[name]) for name, pool in loaded.pools.items()}
+def pool_specs(loaded: LoadedConfig, workspaces: Mapping[str, str] | None = None) -> dict[str, PoolSpec]:
+    """Every pool of a loaded config, ready for the scheduler; ``workspaces``: pool -> the id of the one
+    workspace it serves (its config's ``workspace``), for the pools that name one."""
+    bound = workspaces or {}
+    # the provider sees the operator's pool (workspace None) whichever workspace's calls it serves
+    return {
+        name: dataclasses.replace(
+            PoolSpec.from_config(pool, loaded.config.pools[name]), workspace=bound.get(name), configured=True
+        )
+        for name, pool in loaded.pools.items()
+    }

@@ -302,11 +302,11 @@ def _configured_record(name: str, spec: PoolSpec) -> ClusterRecord:
 
 
 def _configured(services: Services) -> dict[str, PoolSpec]:
-    """The operator's shared clusters: the config file's ``attached_cluster`` pools, by their cluster's name."""
+    """The operator's clusters: the config file's ``attached_cluster`` pools, by their cluster's name."""
     return {
         str(getattr(spec.pool.settings, "cluster", "")): spec
         for spec in services.pools.values()
-        if spec.pool.provider == PROVIDER and spec.workspace is None
+        if spec.pool.provider == PROVIDER and spec.configured
     }
 
 
@@ -315,7 +315,7 @@ async def _join_configured(services: Services, principal: Principal, options: Cl
     configured = _configured(services)
     shown = ", ".join(f"{spec.name} (cluster {name})" for name, spec in sorted(configured.items())) or "none"
     spec = services.pools.get(options.pool or "")
-    if spec is None or spec.pool.provider != PROVIDER or spec.workspace is not None:
+    if spec is None or spec.pool.provider != PROVIDER or not spec.configured:
         raise ValueError(f"pool {options.pool!r} is not a configured attached_cluster pool; configured: {shown}")
     cluster = str(getattr(spec.pool.settings, "cluster", ""))
     if cluster != options.name:
@@ -476,9 +476,7 @@ async def sync_pools(services: Services) -> list[str]:
             log.error("attached cluster %s (%s): its pool is not valid here: %s", record.name, record.id, exc)
     changed = []
     for name in [
-        n
-        for n, spec in pools.items()
-        if spec.pool.provider == PROVIDER and spec.workspace is not None and n not in found
+        n for n, spec in pools.items() if spec.pool.provider == PROVIDER and not spec.configured and n not in found
     ]:
         del pools[name]
         changed.append(name)

@@ -114,6 +114,8 @@ async def open_services(
     """
     config = loaded.config
     from levers9.config.data_dir import secure_data_dir
+    from levers9.config.load import ConfigError
+    from levers9.services.isolation import shared_without_isolation
 
     secure_data_dir(config.data_dir)  # 0700, before anything is created in it
     embedded: EmbeddedRedis | None = None
@@ -134,6 +136,15 @@ async def open_services(
             managed.stop()
         raise
     try:
+        issues = await shared_without_isolation(loaded)
+        if issues:
+            raise ConfigError(issues)
+        workspaces = WorkspaceStore(db)
+        bound = {
+            name: (await workspaces.get_or_create(pool.workspace)).id
+            for name, pool in config.pools.items()
+            if pool.workspace
+        }
         redis = connect(url, embedded=embedded)
         box = SecretBox.from_config(config.state.secret_key_file, config.data_dir)
         tokens = TokenStore(db)
@@ -141,7 +152,7 @@ async def open_services(
             db=db,
             redis=redis,
             hooks=loaded.hooks,
-            pools=pool_specs(loaded),
+            pools=pool_specs(loaded, bound),
             settings=config.scheduler,
             controlplane_url=controlplane_url,
             controlplane_ca=controlplane_ca,
@@ -159,7 +170,7 @@ async def open_services(
         box=box,
         scheduler=scheduler,
         auth=Authenticator(tokens),
-        workspaces=WorkspaceStore(db),
+        workspaces=workspaces,
         tokens=tokens,
         apps=AppStore(db),
         stubs=StubStore(db),

@@ -7,7 +7,7 @@ guess from the runtime's name, so a third-party runtime is described the way
 its author declared it. A runtime declares its isolation whether or not its
 tools are installed on the controlplane's host, so asking here is sound. The
 declaration does not change while a process lives: each runtime is asked
-once per plugin set. When the plugin cannot answer, the pool shows
+once per process (per plugin module and settings). When the plugin cannot answer, the pool shows
 ``unknown``, never a reassuring guess.
 """
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from levers9.config.load import ConfigIssue, LoadedConfig
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import RuntimeContext
@@ -27,22 +28,31 @@ from levers9.hooks.types import RuntimeContext
 if TYPE_CHECKING:
     from levers9.services.core import Services
 
-__all__ = ["UNKNOWN", "pool_isolation", "runtime_isolation"]
+__all__ = ["AS_WORKER", "UNKNOWN", "pool_isolation", "runtime_isolation", "shared_without_isolation"]
 
 log = logging.getLogger(__name__)
 
 UNKNOWN = "unknown"
+#: added to the isolation of a pool whose calls run as the worker's own user
+AS_WORKER = "as the worker's user"
 #: seconds a runtime may take to say what it is (it may run its binary's --version)
 TIMEOUT_S = 15.0
 
-_answers: weakref.WeakKeyDictionary[Hooks, dict[str, str]] = weakref.WeakKeyDictionary()
+#: answers per runtime plugin's hook function (one per imported plugin module, whatever plugin set holds it)
+_answers: weakref.WeakKeyDictionary[object, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 async def runtime_isolation(hooks: Hooks, runtime: str, settings: BaseModel | None = None) -> str:
-    """``none``, ``namespaces``, ``sandbox``, ``vm`` (or a plugin's own value), or ``unknown``."""
-    known = _answers.setdefault(hooks, {})
-    if runtime in known:
-        return known[runtime]
+    """``none``, ``namespaces``, ``sandbox``, ``vm`` (or a plugin's own value), or ``unknown``.
+
+    ``none, as the worker's user`` when, with these settings, calls run as the worker's own user (the process
+    runtime's opt-in for a single-user machine, where calls cannot run as nobody).
+    """
+    impl = hooks.plugins.impl(runtime, "levers9_runtime_capabilities")
+    known = _answers.setdefault(impl.function if impl is not None else hooks, {})
+    key = f"{runtime}\0{settings.model_dump_json() if settings is not None else ''}"
+    if key in known:
+        return known[key]
     with tempfile.TemporaryDirectory(prefix="levers9-isolation-") as scratch:
         context = RuntimeContext(name=runtime, settings=settings, state_dir=scratch)
         try:
@@ -50,8 +60,36 @@ async def runtime_isolation(hooks: Hooks, runtime: str, settings: BaseModel | No
         except Levers9Error as exc:
             log.warning("runtime %r did not say how it isolates calls: %s", runtime, exc)
             return UNKNOWN  # not remembered: the next listing asks again
-    known[runtime] = str(capabilities.isolation.value)
-    return known[runtime]
+    isolation = str(capabilities.isolation.value)
+    known[key] = f"{isolation}, {AS_WORKER}" if capabilities.calls_as_worker_user else isolation
+    return known[key]
+
+
+async def shared_without_isolation(loaded: LoadedConfig) -> list[ConfigIssue]:
+    """The configured pools whose runtime isolates nothing (``none``) and that name no ``workspace``.
+
+    Calls on such a pool share the worker's user, files and processes: one workspace's call could read
+    another's arguments, secrets and results. So such a pool serves one workspace, and a config without it
+    is refused when the controlplane starts (asking a runtime how it isolates may run its binary, too slow
+    for every command that reads the config). A runtime that cannot say is let through: its pool's
+    workers will not start either, and ``levers9 check`` says why.
+    """
+    issues: list[ConfigIssue] = []
+    for name, pool in loaded.config.pools.items():
+        if pool.workspace:
+            continue
+        isolation = await runtime_isolation(loaded.hooks, pool.runtime, loaded.runtime_settings.get(name))
+        if isolation.split(",")[0] == "none":
+            issues.append(
+                ConfigIssue(
+                    loaded.file or "config",
+                    None,
+                    f"pools.{name}.workspace",
+                    f"runtime {pool.runtime!r} isolates nothing, so pool {name!r} serves one workspace: name it "
+                    "(workspace: NAME), or use runtime runc or gvisor to share the pool between workspaces",
+                )
+            )
+    return issues
 
 
 async def pool_isolation(services: Services, pool: str, runtime: str) -> str:

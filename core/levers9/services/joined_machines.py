@@ -137,6 +137,10 @@ def _agent_pools(services: Services) -> dict[str, PoolSpec]:
 
 
 def _usable(spec: PoolSpec, principal: Principal) -> bool:
+    """The operator joins machines to the config's pools (one naming the workspace it serves too); a workspace to
+    the pools it attached."""
+    if spec.configured:
+        return principal.workspace_id is None
     return spec.workspace == principal.workspace_id
 
 
@@ -156,7 +160,7 @@ def _check_pool(services: Services, principal: Principal, pool: str) -> PoolSpec
             f"only; {accepted}"
         )
     if not _usable(spec, principal):
-        whose = "shared (the operator's)" if spec.workspace is None else "another workspace's"
+        whose = "the operator's" if spec.configured else "another workspace's"
         who = "an operator" if principal.workspace_id is None else "this workspace"
         raise PermissionDenied(f"pool {pool!r} is {whose}: {who} may not join machines to it; {accepted}")
     return spec

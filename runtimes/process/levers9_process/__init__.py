@@ -10,10 +10,18 @@ run the command through :mod:`levers9.engine.process`.
 
 The one line it draws: a worker running as root runs commands as ``nobody``
 (uid and gid from the host's passwd, 65534 where it has none), so a call
-cannot read the worker's state or credential, nor trace or signal it (see
-:mod:`levers9.engine.process` for how, and for the fallback when the
-command lives where ``nobody`` cannot reach it). A worker that is not root
-runs them as its own user, which it can do nothing else about.
+cannot read the worker's state or credential, the controlplane's database or
+key, nor trace or signal either of them (see :mod:`levers9.engine.process`).
+
+It fails closed. Where it cannot run a call as ``nobody`` (the worker is not
+root, or ``nobody`` cannot execute the worker's Python or read levers9, as
+with an interpreter under ``/root``), the runtime reports itself unavailable,
+so a worker of it does not start and ``levers9 check`` says why and how to fix
+it; a call whose own program or workdir ``nobody`` cannot reach is refused.
+Only an operator who sets ``allow_calls_as_worker_user: true`` in the pool's
+``runtime_settings`` (a single-user machine, where calls may read whatever the
+worker can) gets calls run as the worker's own user instead; ``levers9 check``
+and ``levers9 pools`` show that choice in red.
 """
 
 from __future__ import annotations
@@ -21,14 +29,15 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import sys
 import threading
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from levers9 import __version__
 from levers9.engine.hooks import container_hooks
-from levers9.engine.process import ProcessEngine, RunAs
+from levers9.engine.process import ProcessEngine, RunAs, unreachable
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     ContainerSpec,
@@ -39,9 +48,12 @@ from levers9.hooks.types import (
 
 __all__ = [
     "CHECKPOINT_REASON",
+    "FIX",
     "ISOLATION_WARNING",
+    "WORKER_USER_NOTE",
     "ProcessSettings",
     "call_user",
+    "cannot_drop",
     "levers9_container_kill",
     "levers9_container_list",
     "levers9_container_logs",
@@ -58,8 +70,8 @@ logger = logging.getLogger("levers9.runtime.process")
 CHECKPOINT_REASON = "the process runtime isolates nothing and cannot checkpoint"
 ISOLATION_WARNING = (
     "the 'process' runtime isolates nothing: commands run as plain processes on the worker's "
-    "filesystem, network and GPUs (as 'nobody' when the worker is root, else as the worker's user); "
-    "use it for development only"
+    "filesystem, network and GPUs, as 'nobody' (or as the worker's own user where a pool allows it); "
+    "use it for development only, one workspace per pool"
 )
 #: who runs the commands of a root worker when the host has no ``nobody``
 NOBODY = 65534
@@ -68,10 +80,30 @@ _warn_lock = threading.Lock()
 _warned = False
 
 
+#: the fix for a worker that cannot run calls as another user, in the runtime's own words
+FIX = (
+    "run the worker as root with a Python and levers9 that every user can read (scripts/setup builds .venv on "
+    "such a Python: not one under /root), or use runtime runc or gvisor; on a single-user machine only, set "
+    "runtime_settings.allow_calls_as_worker_user: true on the pool"
+)
+#: what ``check`` and ``pools`` say of a pool that opted in
+WORKER_USER_NOTE = (
+    "calls run as the worker's own user (allow_calls_as_worker_user): each can read what the worker and the "
+    "controlplane can, their database and keys included"
+)
+
+
 class ProcessSettings(BaseModel):
-    """A pool's ``runtime_settings:`` for ``runtime: process``: none are accepted yet, so typos are caught."""
+    """A pool's ``runtime_settings:`` for ``runtime: process``; unknown keys are refused, so typos are caught."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_calls_as_worker_user: bool = Field(
+        False,
+        description="Run calls as the worker's own user where they cannot run as nobody (a worker that is not "
+        "root, a Python nobody cannot execute). Only for a single-user machine: such calls can read the worker's "
+        "and the controlplane's files, secrets and tokens. Off: such a worker does not start (fail closed).",
+    )
 
 
 def _warn_once() -> None:
@@ -88,11 +120,40 @@ def levers9_runtime_settings() -> type[ProcessSettings]:
     return ProcessSettings
 
 
+def _settings(runtime: RuntimeContext) -> ProcessSettings:
+    settings = runtime.settings
+    return settings if isinstance(settings, ProcessSettings) else ProcessSettings()
+
+
+def cannot_drop(run_as: RunAs | None) -> str | None:
+    """Why calls of this worker could not run as an unprivileged user; None when they can.
+
+    The runner is the worker's own interpreter running levers9, so ``nobody`` must be able to execute the one
+    and read the other.
+    """
+    if run_as is None:
+        return f"the worker runs as uid {os.geteuid()}, not root, so it cannot run calls as another user"
+    import levers9
+
+    for what, path, bits in (("the worker's Python", sys.executable, 1), ("levers9", levers9.__file__ or "", 4)):
+        blocked = unreachable(path, run_as, bits=bits)
+        if blocked is not None:
+            return f"{run_as.name} cannot reach {what} at {path} (blocked at {blocked})"
+    return None
+
+
 @hookimpl
 def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities:
     _warn_once()
+    opted_in = _settings(runtime).allow_calls_as_worker_user
+    why = cannot_drop(call_user())
     return RuntimeCapabilities(
-        available=True,
+        available=why is None or opted_in,
+        unavailable_reason=None
+        if why is None or opted_in
+        else f"calls cannot run as an unprivileged user: {why}; {FIX}",
+        notes=[WORKER_USER_NOTE] if opted_in and why is not None else [],
+        calls_as_worker_user=opted_in and why is not None,
         isolation=Isolation.NONE,
         gpu=True,
         checkpoint=False,
@@ -117,7 +178,9 @@ def call_user() -> RunAs | None:
 
 
 def _engine(runtime: RuntimeContext) -> ProcessEngine:
-    return ProcessEngine(Path(runtime.state_dir), run_as=call_user())
+    return ProcessEngine(
+        Path(runtime.state_dir), run_as=call_user(), as_worker=_settings(runtime).allow_calls_as_worker_user, fix=FIX
+    )
 
 
 def _warn(runtime: RuntimeContext, spec: ContainerSpec) -> None:
