@@ -14,7 +14,7 @@ from levers9.services.auth import Principal
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
 from levers9.services.reports import TaskOutcome, WorkerReport
-from levers9.state.sql.records import TokenKind
+from levers9.state.sql.records import CallResult, TokenKind
 
 from .conftest import Api
 
@@ -26,6 +26,17 @@ async def _until(check: Callable[[], object], timeout: float = 10.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("the condition did not hold within 10 s")
         await asyncio.sleep(0.02)
+
+
+async def _stored(dp: DataPlane, task_id: str) -> CallResult:
+    """The call's outcome, once the flusher has stored it."""
+
+    async def stored() -> bool:
+        return bool(await dp.calls.results([task_id]))
+
+    await _until(stored)
+    [result] = await dp.calls.results([task_id])
+    return result
 
 
 async def test_a_late_report_from_another_worker_frees_nothing_and_stores_nothing(api: Api) -> None:
@@ -62,12 +73,8 @@ async def test_a_late_report_from_another_worker_frees_nothing_and_stores_nothin
             state = await services.scheduler.workers.get(runs_first)
             return state is not None and state.running == 0
 
-        async def stored() -> bool:
-            return bool(await dp.calls.results([first]))
-
         await _until(freed)
-        await _until(stored)
-        [result] = await dp.calls.results([first])
+        result = await _stored(dp, first)
         assert (result.status, result.result) == ("complete", b"right")
     finally:
         await dp.close()
@@ -312,11 +319,7 @@ async def test_a_late_report_of_a_call_placed_again_is_not_stored_even_by_the_re
         assert [d.task_id for d in await dp.take("w2")] == [task_id]
         await dp.report("w2", WorkerReport(outcomes=[TaskOutcome(task_id, "complete", b"right")]))
 
-        async def stored() -> bool:
-            return bool(await dp.calls.results([task_id]))
-
-        await _until(stored)
-        [result] = await dp.calls.results([task_id])
+        result = await _stored(dp, task_id)
         assert (result.status, result.result) == ("complete", b"right")
     finally:
         await dp.close()
