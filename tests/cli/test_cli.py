@@ -93,12 +93,20 @@ def test_blocked_plugins_are_hidden_unless_all(cli: Callable[..., Any]) -> None:
 def test_config_check_ok_and_failing(cli: Callable[..., Any], tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(
-        "pools:\n  t4:\n    provider: toycloud\n    runtime: process\n    gpu: t4\n    settings: {state_dir: /tmp/t}\n"
+        "pools:\n  t4:\n    provider: toycloud\n    runtime: process\n    workspace: team\n    gpu: t4\n"
+        "    settings: {state_dir: /tmp/t}\n"
     )
     result = cli("config", "check", str(good))
     assert result.returncode == 0, result.stderr
     assert "ok, 1 pool(s)" in result.stdout
     assert "t4: provider toycloud, runtime process, 1x T4" in result.stdout
+
+    # a pool that isolates nothing must name the one workspace it serves: the controlplane would not start
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(good.read_text().replace("    workspace: team\n", ""))
+    result = cli("config", "check", str(shared))
+    assert result.returncode == 1
+    assert "pools.t4.workspace: runtime 'process' isolates nothing, so pool 't4' serves one workspace" in result.stderr
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools:\n  t4:\n    provider: toycloud\n    gpu: RTX-4900\n")

@@ -532,8 +532,8 @@ def test_a_pod_of_the_deployment_serves_with_the_secrets_as_its_only_source_of_c
         pytest.fail("running a pod needs root, unshare and setpriv (util-linux), as on the CI machines")
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     config = {"version": 1, "listen": {"grpc_port": grpc_port, "http_port": http_port, "metrics_port": metrics_port},
-              "pools": {"k8s-cpu": {"provider": "local_k8s", "runtime": "process", "max_workers": 1,
-                                    "settings": {"worker_image": "registry.example.com/levers9/worker:0.1.0"}}}}  # fmt: skip
+              "pools": {"k8s-cpu": {"provider": "local_k8s", "runtime": "process", "workspace": "default",
+                                    "max_workers": 1, "settings": {"worker_image": "registry.example.com/levers9/worker:0.1.0"}}}}  # fmt: skip
     options = ManifestOptions(image=IMAGE, tls_secret="levers9-tls" if tls else None)
     objects = render(options, config)
     database_url = postgres_url.replace("postgres@", "postgres:made-up-pg-pw@", 1)  # trust auth: unused, but carried

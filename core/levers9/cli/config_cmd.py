@@ -37,6 +37,15 @@ def check(
     try:
         for record in loaded.plugins.failures():
             err.print(f"warning: plugin {record.name!r} failed to load: {record.error}", markup=False)
+        # what the controlplane refuses at start: asking runtimes how they isolate may run their binaries
+        import asyncio
+
+        from levers9.services.isolation import shared_without_isolation
+
+        issues = asyncio.run(shared_without_isolation(loaded))
+        if issues:
+            err.print(str(ConfigError(issues)), markup=False)
+            raise typer.Exit(1)
         pools = loaded.pools
         if as_json:
             err.print(f"{path}: ok, {len(pools)} pool(s)", markup=False)
