@@ -13,8 +13,11 @@ import logging
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -157,3 +160,32 @@ async def test_a_pool_that_allows_it_runs_such_a_command_as_the_worker_and_says_
     warning = next(r.getMessage() for r in caplog.records if cid in r.getMessage())
     assert "not as nobody" in warning
     assert str(hidden) in warning
+
+
+def test_a_home_a_killed_worker_left_is_swept_once_its_container_is_gone() -> None:
+    """Homes live in the shared /tmp, outside the worker's state: a SIGKILLed worker cannot remove its own."""
+    from levers9.engine.process import RunAs, sweep_homes
+
+    uid, gid = nobody()
+    me = RunAs(uid=uid, gid=gid, name="nobody")
+    made: dict[str, Path] = {}
+    for what in ("gone", "live", "fresh"):
+        home = Path(tempfile.mkdtemp(prefix=f"levers9-u-{what}{secrets.token_hex(4)}-", dir="/tmp"))
+        os.chown(home, uid, gid)
+        made[what] = home
+    for what in ("gone", "live"):
+        os.utime(made[what], (time.time() - 3600, time.time() - 3600))
+    live_id = made["live"].name.removeprefix("levers9-").rpartition("-")[0]
+    # a process whose argv names the container, as its shim's does
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", live_id])
+    try:
+        removed = sweep_homes(me)
+        assert str(made["gone"]) in removed
+        assert not made["gone"].exists()
+        assert made["live"].exists(), "its container still runs"
+        assert made["fresh"].exists(), "just made: its container may be starting"
+    finally:
+        holder.kill()
+        holder.wait()
+        for home in made.values():
+            shutil.rmtree(home, ignore_errors=True)

@@ -38,6 +38,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,8 @@ class ProcessEngine(ContainerRecords):
         if not os.path.isdir(spec.workdir):
             raise InvalidRequest(f"workdir {spec.workdir!r} does not exist on this host")
         run_as = self._user_for(spec)  # before anything is made: a refused call leaves nothing
+        if run_as is not None:
+            _sweep_once(run_as)  # once per process: what a killed worker left behind
         cdir = self._dir(spec.container_id)
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / shim.LOG_FILE).touch()
@@ -275,6 +278,64 @@ class ProcessEngine(ContainerRecords):
         if isinstance(home, str) and Path(home).name.startswith(f"levers9-{container_id}-"):
             shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(cdir, ignore_errors=True)
+
+
+#: a call's home left behind is removed once it is this old and no shim of its container runs
+STALE_HOME_S = 60.0
+_swept = False
+_sweep_lock = threading.Lock()
+
+
+def sweep_homes(run_as: RunAs, *, older_than_s: float = STALE_HOME_S) -> list[str]:
+    """Remove the homes of calls whose container is gone but whose home stayed (its worker was killed).
+
+    A home is removed with its container; a worker killed with SIGKILL, whose state directory went with it,
+    leaves it in the shared temporary directory. One owned by ``run_as``, named as this engine names them,
+    older than ``older_than_s`` and whose container id no running process names (each container's shim has it
+    in its argv) is removed. Returns what was removed.
+    """
+    base = _shared_tmp()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("levers9-")]
+    except OSError:
+        return []
+    if not names:
+        return []
+    live = _live_argv()
+    now = time.time()
+    removed = []
+    for name in names:
+        container_id = name.removeprefix("levers9-").rpartition("-")[0]
+        path = os.path.join(base, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        stale = now - info.st_mtime > older_than_s
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == run_as.uid and stale and container_id not in live:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _live_argv() -> str:
+    """Every running process's argv, joined (to look a container id up in)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+    return "\n".join(found)
+
+
+def _sweep_once(run_as: RunAs) -> None:
+    global _swept
+    with _sweep_lock:
+        if _swept:
+            return
+        _swept = True
+    for path in sweep_homes(run_as):
+        log.info("removed %s: the home of a call whose container is gone (its worker was killed)", path)
 
 
 def _shared_tmp() -> str:
