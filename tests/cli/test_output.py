@@ -229,7 +229,9 @@ def test_token_list_on_the_database(cli: Cli) -> None:
 
 def test_config_check_json_lists_the_pools(cli: Cli, tmp_path: Path) -> None:
     path = tmp_path / "levers9.yaml"
-    path.write_text("pools:\n  cpu:\n    provider: local\n    runtime: process\n    cpu: 2\n    memory: 4GiB\n")
+    path.write_text(
+        "pools:\n  cpu:\n    provider: local\n    runtime: process\n    workspace: me\n    cpu: 2\n    memory: 4GiB\n"
+    )
     result = cli("config", "check", str(path), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
