@@ -13,7 +13,7 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0006"
+HEAD = "0007"
 
 EVERY_TABLE = {
     "workspaces",
@@ -33,6 +33,8 @@ EVERY_TABLE = {
     "task_io",
     "task_logs",
     "joined_machines",
+    "blueprint_steps",
+    "blueprint_images",
 }
 
 

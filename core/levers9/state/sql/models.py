@@ -410,3 +410,38 @@ __all__ = [
     "new_id",
     "utcnow",
 ]
+
+
+class BlueprintStep(Base):
+    """A built step of a blueprint (migration 0007): its content key and the layer it made, per workspace.
+
+    ``key`` is the step's content key (:func:`levers9.blueprints.spec.step_key`); a workspace's step is
+    never used by another workspace's build. A step that changes only the image config (env, workdir) made
+    no layer: its layer columns are NULL.
+    """
+
+    __tablename__ = "blueprint_steps"
+
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    op: Mapped[str] = mapped_column(String(16))
+    #: sha256 hex of the uncompressed layer tar (what image configs list), and of the blob the registry holds
+    diff_id: Mapped[str | None] = mapped_column(String(64))
+    blob_digest: Mapped[str | None] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+
+
+class BlueprintImage(Base):
+    """A built image of a workspace (migration 0007): the key of its last step and where it is stored."""
+
+    __tablename__ = "blueprint_images"
+
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    repository: Mapped[str] = mapped_column(String(255))
+    manifest_digest: Mapped[str] = mapped_column(String(80))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    steps: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    last_used_at: Mapped[datetime]

@@ -283,3 +283,30 @@ class SecretInfo:
     name: str
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BlueprintStepRecord:
+    """A step a workspace built: its key, and the layer it made (None for a config-only step)."""
+
+    workspace_id: str
+    key: str
+    op: str
+    diff_id: str | None
+    blob_digest: str | None
+    size_bytes: int | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BlueprintImageRecord:
+    """An image a workspace built: the key of its last step, and its manifest in the registry."""
+
+    workspace_id: str
+    key: str
+    repository: str
+    manifest_digest: str
+    size_bytes: int
+    steps: int
+    created_at: datetime
+    last_used_at: datetime
