@@ -380,6 +380,11 @@ class PoolConfig(_Strict):
     runtime_settings: dict[str, Any] = Field(
         default_factory=dict, description="Runtime settings, validated by the runtime plugin's own schema."
     )
+    builds: bool = Field(
+        False,
+        description="The pool's workers build blueprint images (in containers of its runtime: runc or gvisor). "
+        "Builds go only to such pools; a pool may also take calls as usual.",
+    )
     workspace: str | None = Field(
         None,
         min_length=1,
@@ -445,6 +450,41 @@ class PoolConfig(_Strict):
         return [] if self.region is None else [self.region]
 
 
+class RegistryConfig(_Strict):
+    """Where built images are stored: an OCI registry (CNCF distribution, or any that speaks its API)."""
+
+    url: str | None = Field(
+        None,
+        description="Base URL of an OCI registry (https://registry.example.com, http://10.0.0.5:5000); empty "
+        "means an embedded one, only for a single controlplane: Debian's docker-registry as a child process on "
+        "127.0.0.1 with its storage in data_dir/registry.",
+    )
+    username: str | None = Field(None, description="User name for the registry's basic or token authentication.")
+    password_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The environment variable holding the registry password (never the password itself).",
+    )
+    repository_prefix: str = Field(
+        "levers9",
+        pattern=r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$",
+        description="Images go to PREFIX/<workspace id>/blueprints in the registry.",
+    )
+    tls_verify: bool | str = Field(
+        True, description="Check the registry's TLS certificate: true, false, or the path of a CA bundle."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+/?$", value):
+            raise ValueError(
+                f"{value!r} is not a registry URL; expected http(s)://HOST[:PORT], with no path "
+                "(images are named under repository_prefix)"
+            )
+        return value.rstrip("/") if value is not None else None
+
+
 class Config(_Strict):
     version: Literal[1] = Field(1, description="Config format version.")
     data_dir: str = Field(
@@ -460,6 +500,7 @@ class Config(_Strict):
     pools: dict[Annotated[str, Field(pattern=POOL_NAME)], PoolConfig] = Field(
         default_factory=dict, description="Pools by name (lowercase letters, digits and '-')."
     )
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
     @property
     def database_url(self) -> str:

@@ -8,9 +8,10 @@ joined-machine calls, which an operator's token (bound to none) may call too
 (an operator's joined machines serve the shared pools).
 
 A method that streams (Invoke, SubmitAndWatch, Watch, WatchMany, StreamLogs,
-GetBlob, PutBlob) holds its token's guard for as long as it streams
+GetBlob, PutBlob, BuildImage) holds its token's guard for as long as it streams
 (:mod:`levers9.services.revocation`): when the token is revoked, here or on
 another replica, the stream ends with UNAUTHENTICATED, "token revoked".
+Rendering records into messages is :mod:`levers9.controlplane.grpc_messages`.
 """
 
 from __future__ import annotations
@@ -18,51 +19,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from levers9.controlplane.grpc_errors import streaming, unary
-from levers9.payloads import BATCH_BYTES
+from levers9.controlplane.grpc_messages import (
+    build_event,
+    cluster_message,
+    cluster_options,
+    deployment_version,
+    epoch,
+    event_batches,
+    joined_machine,
+    pool_info,
+    secret_info,
+    stub_config,
+    task_event,
+    task_message,
+    worker_summary,
+)
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
 from levers9.services import clusters, deployments, joined_machines, pools, secrets, tasks, workspaces
 from levers9.services.auth import Principal, bearer
+from levers9.services.builds import Builds, NoBuildPool
 from levers9.services.dataplane import DataPlane
-from levers9.services.pools import PoolView, WorkerView
 from levers9.services.revocation import StreamGuard
-from levers9.state.sql.records import CallResult, DeploymentVersionRecord, SecretInfo, TaskRecord, TaskStatus, TokenKind
+from levers9.state.sql.records import TaskStatus, TokenKind
 
-__all__ = ["ControlPlaneService", "blob_upload", "event_batches", "task_event"]
+__all__ = ["ControlPlaneService", "blob_upload"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _MAX_SUBMIT = 10_000
-
-
-def deployment_version(v: DeploymentVersionRecord) -> controlplane_pb2.DeploymentVersion:
-    return controlplane_pb2.DeploymentVersion(
-        version=v.version,
-        stub_id=v.stub_id,
-        created_at=v.created_at.timestamp(),
-        stopped_at=v.stopped_at.timestamp() if v.stopped_at else 0.0,
-    )
-
-
-def task_event(result: CallResult) -> controlplane_pb2.TaskEvent:
-    error = None
-    if result.status != TaskStatus.COMPLETE.value:
-        kind = result.error_type or result.status
-        message = result.error or ""
-        if message.startswith(f"{kind}: "):
-            message = message[len(kind) + 2 :]  # stored as "Type: message" for listings
-        error = common_pb2.RemoteError(type=kind, message=message, traceback=result.traceback or "")
-    return controlplane_pb2.TaskEvent(
-        task_id=result.task_id,
-        status=result.status,
-        result=common_pb2.TaskResult(
-            task_id=result.task_id, status=result.status, result=result.result or b"", error=error
-        ),
-    )
 
 
 async def blob_upload(
@@ -81,159 +70,11 @@ async def blob_upload(
     return first, pieces()
 
 
-def event_batches(results: Sequence[CallResult]) -> Iterator[controlplane_pb2.TaskEvents]:
-    """``results`` as few messages as fit: each cut at about BATCH_BYTES, so none is over a channel's limit."""
-    events: list[controlplane_pb2.TaskEvent] = []
-    size = 0
-    for result in results:
-        event = task_event(result)
-        cost = len(result.result or b"") + len(result.error or "") + len(result.traceback or "") + 64
-        if events and size + cost > BATCH_BYTES:
-            yield controlplane_pb2.TaskEvents(events=events)
-            events, size = [], 0
-        events.append(event)
-        size += cost
-    yield controlplane_pb2.TaskEvents(events=events)
-
-
-def _epoch(value: Any) -> float:
-    return value.timestamp() if value is not None else 0.0
-
-
-def _secret(info: SecretInfo) -> controlplane_pb2.SecretInfo:
-    return controlplane_pb2.SecretInfo(
-        name=info.name, created_at=_epoch(info.created_at), updated_at=_epoch(info.updated_at)
-    )
-
-
-def cluster_message(view: clusters.ClusterView) -> controlplane_pb2.Cluster:
-    c = view.cluster
-    return controlplane_pb2.Cluster(
-        id=c.id,
-        name=c.name,
-        pool=view.pool,
-        gpu=view.gpu or "",
-        gpu_count=view.gpu_count,
-        namespace=view.namespace,
-        agent_id=view.agent_id,
-        connected=view.connected,
-        last_seen=view.last_seen,
-        version=view.version,
-        nodes=view.nodes,
-        gpus=[
-            controlplane_pb2.GpuCount(gpu=gpu, count=count, free=view.free_gpus.get(gpu, 0))
-            for gpu, count in sorted(view.gpus.items())
-        ],
-        cpu_millicores=view.cpu_millicores,
-        memory_mib=view.memory_mib,
-        workers=view.workers,
-        created_at=_epoch(c.created_at),
-    )
-
-
-def cluster_options(request: controlplane_pb2.JoinClusterRequest) -> clusters.ClusterOptions:
-    """The request's options; what it leaves out keeps the defaults. :raises ValueError: bad settings_json."""
-    settings: Any = {}
-    if request.settings_json:
-        try:
-            settings = json.loads(request.settings_json)
-        except ValueError as exc:
-            raise ValueError(f"settings_json is not JSON: {exc}") from None
-        if not isinstance(settings, dict):
-            raise ValueError("settings_json must be a JSON object of attached_cluster settings")
-    given: dict[str, Any] = {"name": request.name, "settings": settings}
-    for key in ("gpu_count", "cpu", "min_workers", "max_workers", "idle_timeout_s"):
-        if request.HasField(key):
-            given[key] = getattr(request, key)
-    for key in ("gpu", "memory", "runtime", "namespace", "worker_image", "pool"):
-        if getattr(request, key):
-            given[key] = getattr(request, key)
-    if request.ttl_s:
-        given["ttl_s"] = request.ttl_s
-    return clusters.ClusterOptions(**given)
-
-
-def joined_machine(view: joined_machines.JoinedMachineView) -> controlplane_pb2.JoinedMachine:
-    m = view.machine
-    return controlplane_pb2.JoinedMachine(
-        id=m.id,
-        name=m.name,
-        pool=m.pool,
-        state=m.state,
-        hostname=m.hostname or "",
-        created_at=_epoch(m.created_at),
-        joined_at=_epoch(m.joined_at),
-        connected=view.connected,
-        last_seen=view.last_seen,
-        version=view.version,
-        gpus=[
-            controlplane_pb2.GpuCount(gpu=gpu, count=count, free=view.free_gpus.get(gpu, 0))
-            for gpu, count in sorted(view.gpus.items())
-        ],
-        cpu_millicores=view.cpu_millicores,
-        memory_mib=view.memory_mib,
-        free_cpu_millicores=view.free_cpu_millicores,
-        free_memory_mib=view.free_memory_mib,
-        workers=view.workers,
-        workspace_id=m.workspace_id or "",
-    )
-
-
-def _pool(view: PoolView) -> controlplane_pb2.PoolInfo:
-    return controlplane_pb2.PoolInfo(
-        name=view.name,
-        provider=view.provider,
-        runtime=view.runtime,
-        gpu=view.gpu or "",
-        gpu_count=view.gpu_count,
-        min_workers=view.min_workers,
-        max_workers=view.max_workers,
-        workers=view.workers,
-        starting=view.starting,
-        unavailable=view.unavailable or "",
-        # how far its calls are kept from each other and from the worker: "none" for process
-        isolation=view.isolation,
-    )
-
-
-def _worker(view: WorkerView) -> controlplane_pb2.WorkerSummary:
-    return controlplane_pb2.WorkerSummary(
-        id=view.id,
-        pool=view.pool,
-        status=view.status,
-        gpu=view.gpu or "",
-        gpu_total=view.gpu_count,
-        gpu_free=view.gpu_free,
-        cpu_millicores=view.cpu_millicores,
-        cpu_free=view.cpu_free,
-        memory_mib=view.memory_mib,
-        memory_free=view.memory_free,
-        running=view.running,
-        machine_id=view.machine_id or "",
-    )
-
-
-def _task(record: TaskRecord, function: str = "") -> controlplane_pb2.Task:
-    return controlplane_pb2.Task(
-        id=record.id,
-        stub_id=record.stub_id or "",
-        status=record.status.value,
-        attempts=record.attempts,
-        worker_id=record.worker_id or "",
-        pool=record.pool or "",
-        gpu=record.gpu or "",
-        error=record.error or "",
-        created_at=_epoch(record.created_at),
-        started_at=_epoch(record.started_at),
-        finished_at=_epoch(record.finished_at),
-        function=function,
-    )
-
-
 class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, builds: Builds | None = None) -> None:
         self.dp = dataplane
         self.services = dataplane.services
+        self.builds = builds
 
     async def _caller(self, context: Context) -> Principal:
         """Any user token (an operator's too)."""
@@ -261,12 +102,47 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             max_payload_bytes=self.dp.max_payload_bytes,
         )
 
+    def _builds(self) -> Builds:
+        if self.builds is None:
+            raise NoBuildPool("this controlplane builds no images (it was started without an image registry)")
+        return self.builds
+
+    @streaming
+    async def BuildImage(
+        self, request: controlplane_pb2.BuildImageRequest, context: Context
+    ) -> AsyncIterator[controlplane_pb2.BuildImageEvent]:
+        principal = await self._user(context)
+        events = self._builds().build(principal, request.spec, dict(request.contents))
+        with self._guard(principal) as guard:
+            async for event in guard.iterate(events):  # closes ``events`` however it ends
+                yield build_event(event)
+
+    @unary
+    async def ListImages(
+        self, request: controlplane_pb2.ListImagesRequest, context: Context
+    ) -> controlplane_pb2.ListImagesResponse:
+        principal = await self._user(context)
+        return controlplane_pb2.ListImagesResponse(
+            images=[
+                controlplane_pb2.BuiltImage(
+                    key=image.key,
+                    image=ref,
+                    manifest_digest=image.manifest_digest,
+                    size_bytes=image.size_bytes,
+                    steps=image.steps,
+                    created_at=epoch(image.created_at),
+                    last_used_at=epoch(image.last_used_at),
+                )
+                for image, ref in await self._builds().images(principal)
+            ]
+        )
+
     @unary
     async def GetOrCreateStub(
         self, request: controlplane_pb2.GetOrCreateStubRequest, context: Context
     ) -> controlplane_pb2.GetOrCreateStubResponse:
         principal = await self._user(context)
-        stub_id, created = await self.dp.get_or_create_stub(principal, _stub_config(request.config), request.handler)
+        stub_id, created = await self.dp.get_or_create_stub(principal, stub_config(request.config), request.handler)
         return controlplane_pb2.GetOrCreateStubResponse(stub_id=stub_id, created=created)
 
     @unary
@@ -391,14 +267,16 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         statuses = [request.status] if request.status else None
         records = await tasks.list_tasks(self.dp, principal, statuses=statuses, limit=request.limit or 100)
         names = await tasks.function_names(self.dp, records)
-        return controlplane_pb2.ListTasksResponse(tasks=[_task(r, names.get(r.stub_id or "", "")) for r in records])
+        return controlplane_pb2.ListTasksResponse(
+            tasks=[task_message(r, names.get(r.stub_id or "", "")) for r in records]
+        )
 
     @unary
     async def GetTask(self, request: controlplane_pb2.GetTaskRequest, context: Context) -> controlplane_pb2.Task:
         principal = await self._user(context)
         record = await tasks.get_task(self.dp, principal, request.task_id)
         names = await tasks.function_names(self.dp, [record])
-        return _task(record, names.get(record.stub_id or "", ""))
+        return task_message(record, names.get(record.stub_id or "", ""))
 
     @unary
     async def CancelTask(
@@ -416,7 +294,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         """Create or replace a secret of the caller's workspace; the answer never carries the value."""
         principal = await self._user(context)
         info, _ = await secrets.put_secret(self.services, principal, request.name, request.value)
-        return _secret(info)
+        return secret_info(info)
 
     @unary
     async def ListSecrets(
@@ -424,7 +302,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> controlplane_pb2.ListSecretsResponse:
         principal = await self._user(context)
         found = await secrets.list_secrets(self.services, principal)
-        return controlplane_pb2.ListSecretsResponse(secrets=[_secret(s) for s in found])
+        return controlplane_pb2.ListSecretsResponse(secrets=[secret_info(s) for s in found])
 
     @unary
     async def DeleteSecret(
@@ -446,7 +324,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         return controlplane_pb2.CreateJoinedMachineResponse(
             machine=joined_machine(joined_machines.JoinedMachineView(made.machine)),
             join_token=made.join.token,
-            expires_at=_epoch(made.join.expires_at),
+            expires_at=epoch(made.join.expires_at),
             controlplane_url=made.controlplane_url,
             ca_pem=made.ca_pem,
             join_command=joined_machines.join_command(made.controlplane_url, made.join.token, ca_pem=made.ca_pem),
@@ -485,7 +363,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         return controlplane_pb2.JoinClusterResponse(
             cluster=cluster_message(view),
             join_token=made.join.token,
-            expires_at=_epoch(made.join.expires_at),
+            expires_at=epoch(made.join.expires_at),
             controlplane_url=made.controlplane_url,
             ca_pem=made.ca_pem,
         )
@@ -551,7 +429,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         """The pools REST's ``GET /api/v1/pools`` lists for the same token."""
         principal = await self._caller(context)
         return controlplane_pb2.ListPoolsResponse(
-            pools=[_pool(p) for p in await pools.list_pools(self.services, principal)]
+            pools=[pool_info(p) for p in await pools.list_pools(self.services, principal)]
         )
 
     @unary
@@ -561,40 +439,4 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         """The workers REST's ``GET /api/v1/workers`` lists for the same token."""
         principal = await self._caller(context)
         found = await pools.list_workers(self.services, principal, request.pool or None)
-        return controlplane_pb2.ListWorkersResponse(workers=[_worker(w) for w in found])
-
-
-def _stub_config(c: controlplane_pb2.StubConfig) -> dict[str, Any]:
-    """A stub's settings as the wire sends them, unset optional fields left out (the defaults apply)."""
-    raw: dict[str, Any] = {
-        "kind": c.kind or "function",
-        "app": c.app or "default",
-        "name": c.name,
-        "image": c.image or "host",
-        "gpu": list(c.gpu),
-        "gpu_count": c.gpu_count,
-        "retries": c.retries,
-        "timeout_s": c.timeout_s,
-        "secrets": list(c.secrets),
-        "env": dict(c.env),
-        "python_version": c.python_version,
-        "checkpoint_enabled": c.checkpoint_enabled,
-    }
-    if c.cpu_millicores:
-        raw["cpu_millicores"] = c.cpu_millicores
-    if c.memory_mib:
-        raw["memory_mib"] = c.memory_mib
-    if c.HasField("fallback_after_s"):
-        raw["fallback_after_s"] = c.fallback_after_s
-    if c.HasField("keep_warm_s"):
-        raw["keep_warm_s"] = c.keep_warm_s
-    for name in ("min_containers", "max_containers", "tasks_per_container", "max_pending", "start_timeout_s"):
-        if c.HasField(name):
-            raw[name] = getattr(c, name)
-    if c.public:
-        raw["public"] = True
-    if c.interface:
-        raw["interface"] = c.interface
-    if c.ports:
-        raw["ports"] = list(c.ports)
-    return raw
+        return controlplane_pb2.ListWorkersResponse(workers=[worker_summary(w) for w in found])

@@ -33,6 +33,8 @@ class PoolSpec:
     #: the pool is in the config file (the operator's, whether or not it names a workspace); False for the pool
     #: of a cluster a workspace attached
     configured: bool = False
+    #: the pool's workers build blueprint images; builds go only to such pools
+    builds: bool = False
 
     @property
     def name(self) -> str:
@@ -72,6 +74,7 @@ class PoolSpec:
             idle_timeout_s=config.idle_timeout_s,
             cpu_work=config.cpu_work,
             workspace=workspace,
+            builds=config.builds,
         )
 
 

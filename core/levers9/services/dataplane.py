@@ -38,7 +38,7 @@ from levers9.services.core import Services
 from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
 from levers9.services.reports import ServingListener, WorkerReport
-from levers9.services.stubs import CALLED_KINDS, InvalidStub, StubSettings
+from levers9.services.stubs import BUILD_KIND, CALLED_KINDS, USER_KINDS, InvalidStub, StubSettings
 from levers9.services.submissions import SUBMISSION_ID, submission_task_id
 from levers9.services.worker_reports import WorkerReports
 from levers9.state.errors import NotFound
@@ -106,8 +106,16 @@ class DataPlane:
 
     # ------------------------------------------------------------------ stubs
 
-    async def get_or_create_stub(self, principal: Principal, raw: dict[str, Any], handler: bytes) -> tuple[str, bool]:
+    async def get_or_create_stub(
+        self, principal: Principal, raw: dict[str, Any], handler: bytes, *, internal: bool = False
+    ) -> tuple[str, bool]:
+        """The id of the stub ``raw`` defines (made if new), and whether it was made.
+
+        ``internal``: the controlplane's own stub (a build's); users may define only :data:`USER_KINDS`.
+        """
         workspace = principal.require_workspace()
+        if not internal and raw.get("kind", "function") not in USER_KINDS:
+            raise InvalidStub(f"kind must be one of {', '.join(USER_KINDS)}, got {raw.get('kind')!r}")
         if not handler:
             raise InvalidStub("handler: empty; the SDK sends the pickled function here")
         try:
@@ -233,6 +241,9 @@ class DataPlane:
                 return ids, True
             raise
 
+    def _build_pools(self) -> tuple[str, ...]:
+        return tuple(sorted(name for name, pool in self.services.pools.items() if pool.builds))
+
     @staticmethod
     def new_serving_id() -> str:
         """The id of a serving container's task, named before it is queued (see ``start_serving``)."""
@@ -277,6 +288,8 @@ class DataPlane:
             memory_mib=settings.memory_mib,
             gpu=gpu,
             submitted_ms=now_ms,
+            # a build goes only to the pools that build images (services.builds checks there is one)
+            pools=self._build_pools() if settings.kind == BUILD_KIND else None,
         )
         # validated once; the others differ only by their generated id
         more = ids[1:] if ids else [new_id("task") for _ in args[1:]]

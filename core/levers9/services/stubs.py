@@ -13,11 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from levers9 import stub_bounds as bounds
 from levers9.gpu.preference import GpuRequest, parse_gpu
 
-__all__ = ["CALLED_KINDS", "KINDS", "InvalidStub", "StubSettings"]
+__all__ = ["BUILD_KIND", "CALLED_KINDS", "KINDS", "USER_KINDS", "InvalidStub", "StubSettings"]
 
-KINDS = ("function", "job", "endpoint", "queue", "box")
-#: kinds whose calls are sent one by one to a worker (SDK calls, queue items, job runs)
-CALLED_KINDS = ("function", "job", "queue")
+#: the kind of the controlplane's own stubs whose tasks build blueprint images (:mod:`levers9.services.builds`)
+BUILD_KIND = "build"
+#: the kinds users define
+USER_KINDS = ("function", "job", "endpoint", "queue", "box")
+KINDS = (*USER_KINDS, BUILD_KIND)
+#: kinds whose calls are sent one by one to a worker (SDK calls, queue items, job runs, builds)
+CALLED_KINDS = ("function", "job", "queue", BUILD_KIND)
 
 
 class InvalidStub(ValueError):

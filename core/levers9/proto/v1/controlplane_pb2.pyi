@@ -615,3 +615,66 @@ class RemoveClusterResponse(_message.Message):
     terminated: _containers.RepeatedScalarFieldContainer[str]
     not_terminated: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ..., agents: _Optional[_Iterable[str]] = ..., terminated: _Optional[_Iterable[str]] = ..., not_terminated: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BuildImageRequest(_message.Message):
+    __slots__ = ("spec", "contents")
+    class ContentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    spec: str
+    contents: _containers.ScalarMap[str, bytes]
+    def __init__(self, spec: _Optional[str] = ..., contents: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class BuildImageEvent(_message.Message):
+    __slots__ = ("kind", "text", "image", "key", "cached", "task_id", "steps", "steps_cached")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_CACHED_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    text: str
+    image: str
+    key: str
+    cached: bool
+    task_id: str
+    steps: int
+    steps_cached: int
+    def __init__(self, kind: _Optional[str] = ..., text: _Optional[str] = ..., image: _Optional[str] = ..., key: _Optional[str] = ..., cached: _Optional[bool] = ..., task_id: _Optional[str] = ..., steps: _Optional[int] = ..., steps_cached: _Optional[int] = ...) -> None: ...
+
+class ListImagesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BuiltImage(_message.Message):
+    __slots__ = ("key", "image", "manifest_digest", "size_bytes", "steps", "created_at", "last_used_at")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_AT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    image: str
+    manifest_digest: str
+    size_bytes: int
+    steps: int
+    created_at: float
+    last_used_at: float
+    def __init__(self, key: _Optional[str] = ..., image: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., size_bytes: _Optional[int] = ..., steps: _Optional[int] = ..., created_at: _Optional[float] = ..., last_used_at: _Optional[float] = ...) -> None: ...
+
+class ListImagesResponse(_message.Message):
+    __slots__ = ("images",)
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[BuiltImage]
+    def __init__(self, images: _Optional[_Iterable[_Union[BuiltImage, _Mapping]]] = ...) -> None: ...

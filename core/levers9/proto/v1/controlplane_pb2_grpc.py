@@ -40,6 +40,16 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WhoAmIRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WhoAmIResponse.FromString,
                 _registered_method=True)
+        self.BuildImage = channel.unary_stream(
+                '/levers9.v1.ControlPlane/BuildImage',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.BuildImageRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.BuildImageEvent.FromString,
+                _registered_method=True)
+        self.ListImages = channel.unary_unary(
+                '/levers9.v1.ControlPlane/ListImages',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListImagesRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListImagesResponse.FromString,
+                _registered_method=True)
         self.GetOrCreateStub = channel.unary_unary(
                 '/levers9.v1.ControlPlane/GetOrCreateStub',
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.GetOrCreateStubRequest.SerializeToString,
@@ -177,6 +187,21 @@ class ControlPlaneServicer:
 
     def WhoAmI(self, request, context):
         """Which workspace the token belongs to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BuildImage(self, request, context):
+        """Build a blueprint into an image (steps the workspace built before are not run again): the build's
+        output as it runs, then the image ref to run, or why there is none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListImages(self, request, context):
+        """The workspace's built images, the most recently used first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -368,6 +393,16 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WhoAmIRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.WhoAmIResponse.SerializeToString,
             ),
+            'BuildImage': grpc.unary_stream_rpc_method_handler(
+                    servicer.BuildImage,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.BuildImageRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.BuildImageEvent.SerializeToString,
+            ),
+            'ListImages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListImages,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListImagesRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListImagesResponse.SerializeToString,
+            ),
             'GetOrCreateStub': grpc.unary_unary_rpc_method_handler(
                     servicer.GetOrCreateStub,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.GetOrCreateStubRequest.FromString,
@@ -526,6 +561,60 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/WhoAmI',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.WhoAmIRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/BuildImage',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.BuildImageRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.BuildImageEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListImages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/ListImages',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListImagesRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListImagesResponse.FromString,
             options,
             channel_credentials,
             insecure,
