@@ -2,7 +2,9 @@
 
 - :mod:`~levers9.blueprints.spec`: the build spec (a base and ordered steps), its canonical JSON and
   validation, and the content keys of its layers;
+- :mod:`~levers9.blueprints.context`: the local files a copy step adds, as a deterministic tar and its digest;
 - :mod:`~levers9.blueprints.dockerfile`: the subset of Dockerfile instructions a blueprint can be read from.
 
-Nothing here does I/O beyond reading the files a Dockerfile names, and nothing imports above ``hooks``.
+``spec`` does no I/O; ``context`` and ``dockerfile`` read only the local files they are pointed at.
+Nothing here imports above ``hooks``.
 """

@@ -81,6 +81,9 @@ __all__ = [
     "BuildSpec",
     "Step",
     "base_key",
+    "check_path",
+    "check_python_version",
+    "check_ref",
     "keys",
     "step_key",
 ]
@@ -120,8 +123,10 @@ _REF = re.compile(
 )
 
 
-class BlueprintError(Levers9Error):
+class BlueprintError(Levers9Error, ValueError):
     """A blueprint, its spec or a Dockerfile it is read from holds something that cannot be built.
+
+    It is a ValueError too: what a user passed to a :class:`~levers9.sdk.blueprint.Blueprint` was wrong.
 
     ``field`` names where (``steps[3].op``, ``python_version``, ``Dockerfile line 4 (ADD)``);
     ``problem`` says what is wrong and what would be accepted.
@@ -182,7 +187,8 @@ def _names(field: str, value: object, most: int) -> tuple[str, ...]:
     return names
 
 
-def _path(field: str, value: object) -> str:
+def check_path(field: str, value: object) -> str:
+    """``value`` when it is an absolute, normalized path in the image, else BlueprintError naming ``field``."""
     path = _text(field, value)
     if "\0" in path or "\n" in path or "\r" in path:
         raise BlueprintError(field, f"{_show(path)} holds a NUL or newline; a path cannot")
@@ -299,7 +305,10 @@ class Step:
     copy: ``(destination path,)``. ``env``: the variables an env step sets,
     in order. ``secrets``: workspace secrets this step alone sees while it
     runs (never written into the image). ``content``: a copy step's
-    ``sha256:<hex>`` of the deterministic tar of the files it adds.
+    ``sha256:<hex>`` of the deterministic tar of the files it adds
+    (:mod:`levers9.blueprints.context`): its members are named relative to
+    the destination, which the step creates (root's, mode 0755) where the
+    image has no such directory, and extracts them into.
     ``index_url``: a pip step's index, else the build machine's own.
     """
 
@@ -364,7 +373,7 @@ class Step:
         elif self.op in ("workdir", "copy"):
             if len(args) != 1:
                 raise BlueprintError("args", f"a {self.op} step takes exactly one path, not {len(args)}")
-            _path("args[0]", args[0])
+            check_path("args[0]", args[0])
             if self.op == "copy":
                 if self.content is None:
                     raise BlueprintError("content", "a copy step needs the sha256:<64 hex> digest of its files")
