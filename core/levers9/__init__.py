@@ -17,12 +17,14 @@ from levers9.__about__ import __version__
 if TYPE_CHECKING:
     from levers9.hooks.markers import hookimpl
     from levers9.sdk import (
+        Blueprint,
         CallCancelled,
         CallTimeout,
         ControlPlaneError,
         Function,
         FunctionCall,
         InvalidFunction,
+        PythonVersion,
         RemoteError,
         Unschedulable,
         asgi,
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
     )
 
 _SDK = {
-    "CallCancelled", "CallTimeout", "ControlPlaneError", "Function", "FunctionCall", "InvalidFunction",
-    "RemoteError", "Unschedulable", "asgi", "box", "endpoint", "function", "job", "queue", "ready",
+    "Blueprint", "CallCancelled", "CallTimeout", "ControlPlaneError", "Function", "FunctionCall", "InvalidFunction",
+    "PythonVersion", "RemoteError", "Unschedulable", "asgi", "box", "endpoint", "function", "job", "queue", "ready",
 }  # fmt: skip
 
 
@@ -49,12 +51,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Blueprint",
     "CallCancelled",
     "CallTimeout",
     "ControlPlaneError",
     "Function",
     "FunctionCall",
     "InvalidFunction",
+    "PythonVersion",
     "RemoteError",
     "Unschedulable",
     "__version__",

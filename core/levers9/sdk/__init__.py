@@ -27,7 +27,8 @@ The modules, by what they hold:
 - :mod:`~levers9.sdk.context`: client contexts (``~/.levers9/config``): which controlplane, which token;
 - :mod:`~levers9.sdk.serialize`: functions, arguments and results to bytes and back;
 - :mod:`~levers9.sdk.errors`: the errors the SDK raises;
-- :mod:`~levers9.sdk.lifecycle`: ``levers9.ready()``, for a server that says itself when it is up.
+- :mod:`~levers9.sdk.lifecycle`: ``levers9.ready()``, for a server that says itself when it is up;
+- :mod:`~levers9.sdk.blueprint`: :class:`Blueprint`, the image a function runs in, as a base and build steps.
 
 Invariants: every public name here stays importable as ``levers9.sdk.NAME``
 (and ``levers9.NAME``) wherever it is defined, and importing this package
@@ -40,6 +41,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from levers9.sdk.blueprint import Blueprint, PythonVersion
     from levers9.sdk.calls import FunctionCall
     from levers9.sdk.errors import (
         CallCancelled,
@@ -60,6 +62,7 @@ _WHERE = {
     ),
     **dict.fromkeys(["Function", "function", "register"], "levers9.sdk.functions"),
     **dict.fromkeys(["asgi", "box", "endpoint", "job", "queue"], "levers9.sdk.kinds"),
+    **dict.fromkeys(["Blueprint", "PythonVersion"], "levers9.sdk.blueprint"),
     "FunctionCall": "levers9.sdk.calls",
     "ready": "levers9.sdk.lifecycle",
 }
@@ -72,12 +75,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Blueprint",
     "CallCancelled",
     "CallTimeout",
     "ControlPlaneError",
     "Function",
     "FunctionCall",
     "InvalidFunction",
+    "PythonVersion",
     "RemoteError",
     "Unschedulable",
     "asgi",
