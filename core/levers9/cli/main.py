@@ -16,6 +16,7 @@ import typer
 from levers9.__about__ import __version__
 from levers9.cli import (
     agent_cmd,
+    blueprint_cmd,
     check_cmd,
     client_cmds,
     cluster_cmd,
@@ -79,6 +80,8 @@ app.command("cancel")(client_cmds.cancel)
 app.command("pools")(client_cmds.pools)
 app.command("workers")(client_cmds.workers)
 app.command("run", context_settings=run_cmd.CONTEXT_SETTINGS)(run_cmd.run)
+app.add_typer(blueprint_cmd.app, name="blueprint")
+app.command("blueprints")(blueprint_cmd.blueprints)
 app.command("deploy")(deploy_cmd.deploy)
 app.command("deployments")(deploy_cmd.deployments)
 app.command("stop")(deploy_cmd.stop)

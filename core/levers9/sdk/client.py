@@ -110,6 +110,8 @@ class Client:
         self.tried: list[str] = []
         #: stub ids by (function identity, config digest), so a function is registered once per client
         self.stub_ids: dict[tuple[int, str], str] = {}
+        #: the refs of images built through this client, by blueprint key (:mod:`levers9.sdk.builds`)
+        self.image_refs: dict[str, str] = {}
         #: the controlplane's cap on one payload, asked once before the first big one is sent
         self.max_payload_bytes: int | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from levers9.hooks.errors import Levers9Error
 
 __all__ = [
+    "BuildFailed",
     "CallCancelled",
     "CallTimeout",
     "ControlPlaneError",
@@ -25,6 +26,10 @@ class InvalidFunction(ControlPlaneError, ValueError):
 
 class Unschedulable(ControlPlaneError):
     """No configured pool can run the call, or none could within its wait; the message lists the pools."""
+
+
+class BuildFailed(Levers9Error):
+    """A blueprint's image could not be built; the message names the step, its exit code and its last output."""
 
 
 class CallTimeout(Levers9Error, TimeoutError):

@@ -36,6 +36,8 @@ import grpc
 
 from levers9.proto.v1 import controlplane_pb2
 from levers9.sdk import serialize
+from levers9.sdk.blueprint import Blueprint
+from levers9.sdk.builds import build_image
 from levers9.sdk.calls import FunctionCall, invoke, outcome, submit
 from levers9.sdk.client import Client, client_for, translate
 from levers9.sdk.errors import InvalidFunction
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     from levers9.sdk.kinds import asgi, box, endpoint, job, queue
 
 __all__ = ["Function", "FunctionCall", "asgi", "box", "endpoint", "function", "job", "queue", "register"]
+
+#: the stub config's ``image`` until the blueprint's image is built and its ref known
+BLUEPRINT_IMAGE = "blueprint"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -64,7 +69,15 @@ class Function(Generic[P, R]):
     def __init__(self, fn: Callable[P, R], config: dict[str, Any]) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
+        #: a blueprint given as ``image``: built (and its ref put in the stub's config) at registration, not
+        #: here, so that importing the module where its files are not (inside the container) reads nothing
+        self._blueprint: Blueprint | None = None
+        if isinstance(config.get("image"), Blueprint):
+            self._blueprint = config["image"]
+            config = {**config, "image": BLUEPRINT_IMAGE}
         self.config = config
+        #: the ref of the blueprint's image, per client (a client is one controlplane and workspace)
+        self._image_refs: dict[int, str] = {}
         self._handler: bytes | None = None
         code = getattr(fn, "__code__", None)
         #: where the function's source is, to restore it in remote tracebacks
@@ -82,17 +95,27 @@ class Function(Generic[P, R]):
     def _client(self) -> Client:
         return client_for(None)
 
+    async def _config(self, client: Client) -> dict[str, Any]:
+        """The config to register: with a blueprint, its image's ref (built first where it must be)."""
+        if self._blueprint is None:
+            return self.config
+        ref = self._image_refs.get(id(client))
+        if ref is None:
+            ref = self._image_refs[id(client)] = await build_image(client, self._blueprint)
+        return {**self.config, "image": ref}
+
     async def _stub_id(self, client: Client) -> str:
         if self._handler is None:
             self._handler = serialize.dumps_function(self.fn)
-        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode() + self._handler).hexdigest()
+        config = await self._config(client)
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode() + self._handler).hexdigest()
         key = (id(self), digest)
         known = client.stub_ids.get(key)
         if known is not None:
             return known
         try:
             response = await client.stub.GetOrCreateStub(
-                controlplane_pb2.GetOrCreateStubRequest(config=stub_config(self.config), handler=self._handler),
+                controlplane_pb2.GetOrCreateStubRequest(config=stub_config(config), handler=self._handler),
                 metadata=client.metadata,
             )
         except grpc.aio.AioRpcError as exc:
@@ -182,7 +205,7 @@ def function(
     timeout: float | None = None,
     secrets: str | Sequence[str] | None = None,
     env: dict[str, str] | None = None,
-    image: str = "host",
+    image: str | Blueprint = "host",
     keep_warm: float | None = None,
     checkpoint: bool = False,
     app: str | None = None,
@@ -200,7 +223,11 @@ def function(
     that raised, up to that many more times. Every option is checked here,
     against the bounds the controlplane enforces, and a bad one raises
     :class:`~levers9.sdk.errors.InvalidFunction` (a ``ValueError``) naming it. ``secrets`` names workspace secrets to expose as
-    environment variables; ``env`` adds plain ones. ``checkpoint=True``
+    environment variables; ``env`` adds plain ones. ``image`` is ``"host"`` (the
+    worker's own Python), a local image path on the worker, or a
+    :class:`~levers9.Blueprint`: built into an image on the first call or
+    deploy (steps the workspace built before are not run again, and the
+    build's output is printed to stderr), then run under runc or gVisor. ``checkpoint=True``
     snapshots the first container once its start-up (the module's top-level
     code: imports, model loading) is done, where the pool's runtime can; later
     containers of the function start from that snapshot instead of running it
