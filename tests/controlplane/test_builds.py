@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from levers9.blueprints.order import read_order
 from levers9.blueprints.spec import Base, BuildSpec, Step, keys
 from levers9.proto.v1 import common_pb2, worker_pb2
 from levers9.services.auth import Principal
-from levers9.services.builds import BuildEvent, Builds, InvalidBlueprint, NoBuildPool, RegistryTarget, read_order
+from levers9.services.builds import BuildEvent, Builds, InvalidBlueprint, NoBuildPool, RegistryTarget
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
@@ -103,8 +104,10 @@ async def _serve_one_build(worker: Forged, *, fail: bool = False) -> tuple[dict[
                 (request,) = message.requests.requests
                 break
         stub = _STUBS[request.stub_id]
-        order, contents = read_order(request.args)
-        assert contents == {SPEC.steps[1].content: CONTENT}
+        parsed = read_order(request.args)
+        assert parsed.contents == {SPEC.steps[1].content: CONTENT}
+        order = {"keys": list(parsed.keys), "cached": dict(parsed.cached), "registry": dict(parsed.registry),
+                 "spec": parsed.spec.to_json()}  # fmt: skip
         result = (
             common_pb2.TaskResult(task_id=request.task_id, status="error",
                                   error=common_pb2.RemoteError(type="BuildFailed", message="step 2/5 (apt) exited 100"))

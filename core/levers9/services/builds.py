@@ -25,22 +25,20 @@ Invariants:
   list of cached layers is the controlplane's word, and a forged one could name another workspace's
   layers.
 
-The order is a tar archive (the task's argument): ``order.json`` and, for each copy step,
-``content/<sha256 hex>.tar``, the deterministic tar of the files it adds, as the SDK made it.
+The order (the task's argument) is :mod:`levers9.blueprints.order`'s tar archive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import json
 import logging
-import tarfile
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from levers9.blueprints.order import write_order
 from levers9.blueprints.spec import BlueprintError, BuildSpec, keys
 from levers9.hooks.errors import Levers9Error
 from levers9.services.auth import Principal
@@ -57,15 +55,12 @@ __all__ = [
     "InvalidBlueprint",
     "NoBuildPool",
     "RegistryTarget",
-    "read_order",
 ]
 
 log = logging.getLogger(__name__)
 
 #: what a build stub's "handler" is: builds run the worker's own builder, never user code
 BUILDER_HANDLER = b"levers9-builder/1"
-#: the order's format, in order.json
-ORDER_VERSION = 1
 #: a build's resources on its worker: the step containers' limits (package managers want memory)
 BUILD_CPU_MILLICORES = 1000
 BUILD_MEMORY_MIB = 2048
@@ -117,55 +112,6 @@ class BuildEvent:
     task_id: str = ""
     steps: int = 0
     steps_cached: int = 0
-
-
-def _order(spec: BuildSpec, all_keys: tuple[str, ...], cached: Mapping[str, Any], registry: RegistryTarget,
-           workspace: str, contents: Mapping[str, bytes]) -> bytes:  # fmt: skip
-    order = {
-        "version": ORDER_VERSION,
-        "spec": spec.to_json(),
-        "keys": list(all_keys),
-        "cached": dict(cached),
-        "registry": {
-            "url": registry.url,
-            "repository": registry.repository(workspace),
-            "tag": all_keys[-1].removeprefix("sha256:")[:40],
-            "tls_verify": registry.tls_verify,
-        },
-    }
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in [("order.json", json.dumps(order, sort_keys=True).encode())] + [
-            (f"content/{digest.removeprefix('sha256:')}.tar", data) for digest, data in sorted(contents.items())
-        ]:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o600
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def read_order(data: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """A build order's ``order.json`` and its copy steps' tars (by ``sha256:<hex>``); ValueError when malformed."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            order: dict[str, Any] | None = None
-            contents: dict[str, bytes] = {}
-            for member in tar:
-                stream = tar.extractfile(member) if member.isfile() else None
-                if stream is None:
-                    raise ValueError(f"member {member.name!r} is not a file")
-                if member.name == "order.json":
-                    order = json.loads(stream.read())
-                elif member.name.startswith("content/") and member.name.endswith(".tar"):
-                    contents["sha256:" + member.name[len("content/") : -len(".tar")]] = stream.read()
-                else:
-                    raise ValueError(f"unexpected member {member.name!r}")
-    except (tarfile.TarError, json.JSONDecodeError) as exc:
-        raise ValueError(f"the build order is not a tar archive with order.json: {exc}") from None
-    if not isinstance(order, dict) or order.get("version") != ORDER_VERSION:
-        raise ValueError(f"the build order has no order.json of version {ORDER_VERSION}")
-    return order, contents
 
 
 class Builds:
@@ -233,7 +179,11 @@ class Builds:
                 break
             cached[key] = {"op": record.op, "diff_id": record.diff_id, "blob_digest": record.blob_digest,
                            "size": record.size_bytes}  # fmt: skip
-        order = _order(spec, all_keys, cached, registry, workspace, {d: contents[d] for d in needed})
+        order = write_order(
+            spec, all_keys, cached, {d: contents[d] for d in needed},
+            registry={"url": registry.url, "repository": registry.repository(workspace),
+                      "tag": all_keys[-1].removeprefix("sha256:")[:40], "tls_verify": registry.tls_verify},
+        )  # fmt: skip
         stub_config = {
             "kind": BUILD_KIND,
             "app": "levers9-builds",
