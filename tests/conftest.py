@@ -16,6 +16,7 @@ from tests.fixtures.dockerd import dockerd, tiny_image  # noqa: F401
 from tests.fixtures.levers9_up import levers9_up  # noqa: F401
 from tests.fixtures.postgres import database_url, postgres_server, postgres_url  # noqa: F401
 from tests.fixtures.redis import redis_factory, redis_server, redis_url  # noqa: F401
+from tests.fixtures.registry import registry, registry_factory  # noqa: F401
 from tests.fixtures.replicas import replicas  # noqa: F401
 from tests.fixtures.sshd import sshd, sshd_factory  # noqa: F401
 from tests.fixtures.worker_image import worker_image, worker_image_cache  # noqa: F401
