@@ -1,7 +1,8 @@
 """Reading images as they arrive: OCI image layout directories and ``docker save`` tarballs.
 
-An image's files are read through a :class:`Source` (a layout directory or an
-open tarball, the same three calls for both); :func:`read_archive` and
+An image's files are read through a :class:`Source` (a layout directory, an
+open tarball, or a :class:`RemoteLayout` a registry :class:`Puller` gives, the
+same three calls for each); :func:`read_archive` and
 :func:`read_layout` turn one into an :class:`ImageManifest`: the config a
 container starts from and the layer blobs to unpack, lowest first, with the
 diff ids the config lists for them.
@@ -33,6 +34,8 @@ __all__ = [
     "DirSource",
     "ImageManifest",
     "LayerBlob",
+    "Puller",
+    "RemoteLayout",
     "Source",
     "TarSource",
     "check_tarball",
@@ -82,6 +85,39 @@ class Source(Protocol):
     def read(self, name: str) -> bytes: ...
 
     def open(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]: ...
+
+
+class RemoteLayout(Source, Protocol):
+    """An image read from elsewhere (a registry), shaped as an OCI layout so :func:`read_layout` reads it.
+
+    It answers ``oci-layout``, an ``index.json`` naming the one manifest (or index) the ref
+    resolved to, and ``blobs/sha256/<hex>`` for manifests, configs and layers, each checked
+    against its digest. ``digest`` is that manifest's digest (``sha256:<hex>``): the image's
+    identity, by which the store records it.
+    """
+
+    digest: str
+
+
+class Puller(Protocol):
+    """What resolves refs that name a registry; :class:`levers9.registry.pull.RegistryPuller` is one.
+
+    The engine never imports the registry package: a worker gives its image store a puller.
+    Its errors may be any :class:`~levers9.hooks.errors.Levers9Error`; the store reports them
+    as an :class:`ImageError` naming the ref.
+    """
+
+    def accepts(self, ref: str) -> bool:
+        """Whether ``ref`` is a registry ref this puller reads (not a path, not ``host``)."""
+        ...
+
+    def pinned(self, ref: str) -> str | None:
+        """The manifest digest ``ref`` names itself (``...@sha256:<hex>``), known without any request."""
+        ...
+
+    def open(self, ref: str) -> contextlib.AbstractContextManager[RemoteLayout]:
+        """The image ``ref`` names, its manifest fetched, ready to read."""
+        ...
 
 
 class DirSource:

@@ -74,9 +74,18 @@ class ResolvedImage:
     binds: tuple[HostBind, ...] = ()
 
 
-def unknown_ref(ref: str) -> ImageError:
-    """The error for a ref that is no file or directory here; a registry name gets told how to bring it."""
+def unknown_ref(ref: str, *, pulls: bool = False) -> ImageError:
+    """The error for a ref that is no file or directory here; a registry name gets told how to bring it.
+
+    ``pulls``: the store has a registry puller, which refused ``ref`` (it names no registry host).
+    """
     looks_like_path = ref.startswith(("/", ".", "~")) or ref.endswith((".tar", ".tar.gz", ".tgz"))
+    if not looks_like_path and _REGISTRY_REF.fullmatch(ref) and pulls:
+        return ImageError(
+            f"image {ref!r} is not a local file or directory, and as a registry ref it names no registry host; "
+            "write host[:port]/repository[:tag][@sha256:<digest>] (levers9 never pulls from Docker Hub); "
+            f"{ACCEPTED}"
+        )
     if not looks_like_path and _REGISTRY_REF.fullmatch(ref):
         return ImageError(
             f"image {ref!r} is not a local file or directory; it looks like a registry name, but no registry "

@@ -1,8 +1,10 @@
-"""Local container images, unpacked once into a content-addressed layer cache: the image store.
+"""Container images, unpacked once into a content-addressed layer cache: the image store.
 
-There is no registry on a worker: images arrive as ``docker save`` tarballs, OCI
-image layout directories or plain root filesystem directories, and the ``host``
-image lets a function run on a bare machine from the host's own Python.
+Images arrive as ``docker save`` tarballs, OCI image layout directories or plain
+root filesystem directories, the ``host`` image lets a function run on a bare
+machine from the host's own Python, and, when the store is given a
+:class:`~levers9.engine.image_sources.Puller`, refs naming a registry
+(``host:port/repository@sha256:...``) are pulled from it.
 :class:`ImageStore` turns such a ref into a :class:`ResolvedImage`; the work is
 split by what it touches:
 
@@ -10,6 +12,8 @@ split by what it touches:
 - :mod:`levers9.engine.image_sources`: reading layouts and tarballs (manifests, configs, blobs);
 - :mod:`levers9.engine.layers`: unpacking one layer safely (whiteouts, path checks);
 - :mod:`levers9.engine.host_image`: the ``host`` image;
+- :mod:`levers9.engine.layer_cache`: last use and size of each layer, evicting the least recently used;
+- :mod:`levers9.registry.pull` (given in, never imported here): reading a registry's manifests and blobs;
 - this module: refs, the cache directories, records and locks.
 
 Layers are kept unpacked under ``<cache>/layers/sha256/<diff id>/`` so that every
@@ -21,6 +25,15 @@ unpacked into a private temporary directory and renamed into place atomically,
 under a per-layer file lock so it is unpacked once; a tarball's resolution is
 recorded under ``<cache>/refs/`` (keyed by its path, size, mtime and inode) and
 written atomically, and a record whose layers were pruned is ignored.
+
+A registry image is recorded under ``<cache>/refs/manifest-<hex>.json`` by its
+manifest digest (the image's identity, whatever registry or tag named it): a
+ref that pins that digest resolves from the record with no request at all, and
+a tag costs one manifest request to learn its digest. Its layers go through the
+same diff-id cache, so a layer any earlier image brought is not downloaded
+again (:attr:`ImageStore.layers_unpacked` counts the layers unpacked, which
+for a registry image are the layers downloaded). Whatever the puller raises is
+reported as an :class:`ImageError` naming the ref, the puller's error as its cause.
 """
 
 from __future__ import annotations
@@ -31,10 +44,11 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 from levers9.engine.host_image import resolve_host
@@ -42,6 +56,7 @@ from levers9.engine.image_sources import (
     DirSource,
     ImageManifest,
     LayerBlob,
+    Puller,
     Source,
     TarSource,
     check_tarball,
@@ -49,21 +64,41 @@ from levers9.engine.image_sources import (
     read_layout,
 )
 from levers9.engine.image_types import ACCEPTED, HOST_REF, HostBind, ImageConfig, ImageError, ResolvedImage, unknown_ref
+from levers9.engine.layer_cache import PruneReport, mark_used, prune
 from levers9.engine.layers import extract_layer
 from levers9.files import write_atomic
+from levers9.hooks.errors import Levers9Error
 
-__all__ = ["HOST_REF", "HostBind", "ImageConfig", "ImageError", "ImageStore", "ResolvedImage"]
+__all__ = ["HOST_REF", "HostBind", "ImageConfig", "ImageError", "ImageStore", "PruneReport", "ResolvedImage"]
+
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
 
 class ImageStore:
     """Resolves image refs to unpacked layers under ``cache_dir``, shared safely by several processes."""
 
-    def __init__(self, cache_dir: Path) -> None:
+    def __init__(self, cache_dir: Path, *, puller: Puller | None = None) -> None:
         self.cache_dir = Path(cache_dir)
+        #: what reads refs that name a registry; without one such a ref is refused
+        self.puller = puller
         #: layers this store unpacked (rather than found in the cache), so callers and tests can see reuse
         self.layers_unpacked = 0
 
     def resolve(self, ref: str) -> ResolvedImage:
+        image = self._resolve(ref)
+        mark_used(self.cache_dir, image.layers)
+        return image
+
+    def prune(self, max_bytes: int, in_use: Collection[Path] = ()) -> PruneReport:
+        """Remove least recently used layers until the cache holds ``max_bytes`` or less.
+
+        ``in_use``: layer directories (as :attr:`ResolvedImage.layers` names them) of containers that
+        run or are about to start; they stay even when the cache is then still over (the report says
+        by how much). See :mod:`levers9.engine.layer_cache`.
+        """
+        return prune(self.cache_dir, max_bytes, in_use, self._lock)
+
+    def _resolve(self, ref: str) -> ResolvedImage:
         if ref == HOST_REF:
             return resolve_host(self._dir)
         if not ref.strip():
@@ -76,7 +111,37 @@ class ImageStore:
             return ResolvedImage(ref=ref, layers=(path.resolve(),), config=ImageConfig())
         if path.is_file():
             return self._resolve_tarball(ref, path)
-        raise unknown_ref(ref)
+        if self.puller is not None and self.puller.accepts(ref):
+            return self._pull(ref, self.puller)
+        raise unknown_ref(ref, pulls=self.puller is not None)
+
+    # ------------------------------------------------------------------ registry images
+
+    def _pull(self, ref: str, puller: Puller) -> ResolvedImage:
+        try:
+            pinned = puller.pinned(ref)
+            if pinned is not None:
+                cached = self._load_record(ref, self._manifest_record(ref, pinned))
+                if cached is not None:
+                    return cached
+            with puller.open(ref) as layout:
+                record = self._manifest_record(ref, layout.digest)
+                cached = self._load_record(ref, record)
+                if cached is not None:
+                    return cached
+                image = self._image(ref, layout, read_layout(ref, layout))
+        except ImageError:
+            raise
+        except Levers9Error as e:
+            raise ImageError(f"image {ref!r} could not be pulled: {e}") from e
+        self._save_record(record, image)
+        return image
+
+    def _manifest_record(self, ref: str, digest: str) -> Path:
+        match = _DIGEST.fullmatch(digest)
+        if match is None:
+            raise ImageError(f"image {ref!r}: {digest!r} is not a sha256 digest (the only kind supported)")
+        return self._dir("refs") / f"manifest-{match.group(1)}.json"
 
     # ------------------------------------------------------------------ tarballs and their records
 
