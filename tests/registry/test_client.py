@@ -18,6 +18,7 @@ from levers9.registry.client import (
 )
 from tests.fixtures.ports import free_port
 from tests.fixtures.registry import Layer, Registry, htpasswd_file, image_config, make_layer
+from tests.fixtures.tls import TestCA
 
 
 def _image(tmp_path: Path, text: bytes = b"hello\n") -> tuple[Layer, bytes]:
@@ -116,3 +117,19 @@ def test_htpasswd_basic_login(registry_factory: Callable[..., Registry], tmp_pat
     with RegistryClient(locked.url, auth=RegistryAuth("builder", "s3cret")) as client:
         digest = push_image(client, "tests/private", "v1", [layer.spec()], config)
         assert client.get_manifest("tests/private", "v1")[2] == digest
+
+
+def test_tls_is_verified_against_the_ca_bundle_given(registry_factory: Callable[..., Registry], tmp_path: Path) -> None:
+    ca = TestCA("levers9 registry test CA")
+    ca.issue().write(tmp_path / "server.pem", tmp_path / "server.key")
+    secure = registry_factory(tls=(tmp_path / "server.pem", tmp_path / "server.key"))
+    layer, config = _image(tmp_path, b"over tls\n")
+
+    with RegistryClient(secure.url, verify=str(ca.write(tmp_path / "ca.pem"))) as client:
+        digest = push_image(client, "tests/tls", "v1", [layer.spec()], config)
+    with RegistryClient(secure.url) as system_cas, pytest.raises(RegistryError, match="CERTIFICATE_VERIFY_FAILED"):
+        system_cas.check()  # the machine's own CAs do not know this one
+    with RegistryClient(secure.url, verify=False) as unchecked:
+        assert unchecked.get_manifest("tests/tls", "v1")[2] == digest
+    with pytest.raises(RegistryError, match=r"CA bundle .* cannot be read"):
+        RegistryClient(secure.url, verify=str(tmp_path / "missing.pem"))
