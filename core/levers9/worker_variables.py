@@ -32,6 +32,8 @@ WORKER_VARIABLES: dict[str, str] = {
     "LEVERS9_STOP_GRACE_S": "seconds between SIGTERM and SIGKILL from whoever stops the worker; calls still "
     "running 3 s before it are stopped",
     "LEVERS9_WORKER_STATE_DIR": "where containers are prepared and the session credential kept (removed at exit)",
+    "LEVERS9_BUILD_CACHE": "where a build worker keeps the Debian base layers it built for blueprints (default: "
+    "build-cache beside its state directory; kept across restarts)",
     "LEVERS9_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR (default INFO)",
     "LEVERS9_NVIDIA_SMI": "the nvidia-smi executable GPU discovery runs (default: nvidia-smi on PATH)",
     "LEVERS9_MACHINE_IDENTITY": "the plugin that proves which machine this is at the first registration (its "

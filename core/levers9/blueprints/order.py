@@ -24,8 +24,10 @@ from typing import Any
 
 from levers9.blueprints.spec import BlueprintError, BuildSpec, keys
 
-__all__ = ["ORDER_VERSION", "Order", "read_order", "write_order"]
+__all__ = ["BUILD_KIND", "ORDER_VERSION", "Order", "read_order", "write_order"]
 
+#: the kind of the controlplane's own stubs whose tasks are build orders (users cannot define it)
+BUILD_KIND = "build"
 #: the order's format, in order.json
 ORDER_VERSION = 1
 

@@ -105,8 +105,12 @@ def _identity(request: worker_pb2.RegisterRequest) -> MachineIdentity | None:
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, dataplane: DataPlane, tunnel_registry: tunnels.TunnelRegistry | None = None) -> None:
+    def __init__(
+        self, dataplane: DataPlane, tunnel_registry: tunnels.TunnelRegistry | None = None, *, registry_url: str = ""
+    ) -> None:
         self.dp = dataplane
+        #: the controlplane's image registry, as workers reach it (empty: none)
+        self.registry_url = registry_url
         self.services = dataplane.services
         #: the tunnels workers hold to this replica (shared with the gateway's upstream)
         self.tunnels = tunnel_registry or tunnels.TunnelRegistry()
@@ -159,6 +163,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             tunnel=done.tunnel,
             cpu_millicores=done.cpu_millicores,
             memory_mib=done.memory_mib,
+            registry_url=self.registry_url,
         )
 
     @unary

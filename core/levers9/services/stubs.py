@@ -11,12 +11,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from levers9 import stub_bounds as bounds
+from levers9.blueprints.order import BUILD_KIND
 from levers9.gpu.preference import GpuRequest, parse_gpu
 
 __all__ = ["BUILD_KIND", "CALLED_KINDS", "KINDS", "USER_KINDS", "InvalidStub", "StubSettings"]
 
-#: the kind of the controlplane's own stubs whose tasks build blueprint images (:mod:`levers9.services.builds`)
-BUILD_KIND = "build"
 #: the kinds users define
 USER_KINDS = ("function", "job", "endpoint", "queue", "box")
 KINDS = (*USER_KINDS, BUILD_KIND)

@@ -60,6 +60,7 @@ import grpc
 
 from levers9.__about__ import __version__
 from levers9.backoff import Backoff
+from levers9.blueprints.order import BUILD_KIND
 from levers9.checkpoint.node_cache import NodeCache
 from levers9.checkpoint.snapshot import Checkpointing, RecordStore, record_of
 from levers9.checkpoint.storage import storage_from_url
@@ -77,11 +78,14 @@ from levers9.proto.blobs import download, upload
 from levers9.proto.target import parse_targets
 from levers9.proto.tls import system_roots
 from levers9.proto.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from levers9.registry.auth import RegistryAuth
 from levers9.worker.admission import MAX_QUEUED, Admission
+from levers9.worker.builds import BuildTasks
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.credentials import save_session_credential
 from levers9.worker.environment import default_state_dir, options_from_env
 from levers9.worker.identity import machine_identity
+from levers9.worker.images import ImagePullFailed, ImagePulls
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
 from levers9.worker.tunnel import ProbeListener, hold_tunnel
@@ -151,6 +155,10 @@ class WorkerProcess:
         self.outbox = Outbox()
         self.draining = asyncio.Event()
         self.pool: WarmPool | None = None
+        #: the build tasks this worker runs (blueprints), on the same runtime as its pool
+        self.builds: BuildTasks | None = None
+        #: registry images pulled into the runtime's cache (None until the pool is made)
+        self.images: ImagePulls | None = None
         #: the controlplane's Worker service on the current connection (checkpoints are recorded through it)
         self._rpc: worker_pb2_grpc.WorkerStub | None = None
         self.runtime = ""
@@ -284,6 +292,18 @@ class WorkerProcess:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.draining.wait(), wait)
 
+    def _ca_file(self) -> str | None:
+        """The controlplane's CA as a file (what the registry client verifies with), when one was given."""
+        if not self.options.controlplane_ca:
+            return None
+        path = self.options.state_dir / "controlplane-ca.pem"
+        path.write_text(self.options.controlplane_ca)
+        return str(path)
+
+    def _registry_auth(self) -> RegistryAuth:
+        """How this worker logs in to the controlplane's registry: its id and its current credential."""
+        return RegistryAuth(username=self.worker_id, password=self.options.token)
+
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.options.token}"), (WORKER_ID_METADATA, self.worker_id))
 
@@ -361,6 +381,9 @@ class WorkerProcess:
             self.hooks, context, capabilities, state_dir=self.options.state_dir / "containers", gpus=self.gpus,
             checkpointing=self._checkpointing(response), max_result_bytes=self.max_payload,
         )  # fmt: skip
+        self.builds = BuildTasks(self.hooks, context, state_dir=self.options.state_dir, credentials=self._registry_auth)
+        self.images = ImagePulls(context, registry_url=response.registry_url, credentials=self._registry_auth,
+                                 ca_file=self._ca_file())  # fmt: skip
 
     def _checkpointing(self, response: worker_pb2.RegisterResponse) -> Checkpointing | None:
         """Checkpoint storage as the controlplane says; the cache beside the state directory, kept across restarts."""
@@ -573,6 +596,15 @@ class WorkerProcess:
                     "error",
                     error=_error("WorkerError", f"fetching the call's arguments failed: {message}"),
                 )
+            if stub.kind == BUILD_KIND:
+                if self.builds is None:
+                    return Outcome(call.task_id, "error", error=_error("WorkerError", "no runtime to build with"))
+                return await self.builds.run(stub, call, self.outbox.log)
+            if self.images is not None:
+                try:
+                    await self.images.ensure(stub.image)
+                except ImagePullFailed as exc:
+                    return Outcome(call.task_id, "error", error=_error("ImagePullFailed", str(exc)))
             return await self.pool.run(
                 stub,
                 call,
