@@ -164,7 +164,7 @@ def test_a_full_buffer_answers_429_and_a_container_that_never_comes_504(levers9_
         time.sleep(3)
         return "done"
 
-    @levers9.endpoint(start_timeout=2, image="/nonexistent/image")
+    @levers9.endpoint(start_timeout=2, image="127.0.0.1:9/nowhere/image@sha256:" + "0" * 64)
     def never() -> str:
         return "unreachable"
 

@@ -485,6 +485,17 @@ class RegistryConfig(_Strict):
         return value.rstrip("/") if value is not None else None
 
 
+class ImagesConfig(_Strict):
+    """Which images stubs may name besides ``host``, blueprints and registry images pinned by digest."""
+
+    local_dirs: list[Annotated[str, Field(pattern=r"^/")]] = Field(
+        default_factory=list,
+        description="Directories on the workers whose files and subdirectories stubs may name as images "
+        "(docker save tarballs, OCI layouts, root filesystems). Empty: no path on a worker may be named; "
+        "a path elsewhere is refused (image='/' would make a worker's own root filesystem the container's).",
+    )
+
+
 class Config(_Strict):
     version: Literal[1] = Field(1, description="Config format version.")
     data_dir: str = Field(
@@ -501,6 +512,7 @@ class Config(_Strict):
         default_factory=dict, description="Pools by name (lowercase letters, digits and '-')."
     )
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    images: ImagesConfig = Field(default_factory=ImagesConfig)
 
     @property
     def database_url(self) -> str:

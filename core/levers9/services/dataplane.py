@@ -36,13 +36,14 @@ from levers9.services.access import owned_task
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.hub import Hub
+from levers9.services.image_refs import check_image
 from levers9.services.metrics import Metrics
 from levers9.services.reports import ServingListener, WorkerReport
 from levers9.services.stubs import BUILD_KIND, CALLED_KINDS, USER_KINDS, InvalidStub, StubSettings
 from levers9.services.submissions import SUBMISSION_ID, submission_task_id
 from levers9.services.worker_reports import WorkerReports
 from levers9.state.errors import NotFound
-from levers9.state.redis.backlog import PlaceResult
+from levers9.state.redis.backlog import PlaceResult, RequestState
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.blobs import BlobStore
 from levers9.state.sql.calls import CallStore, Dispatch
@@ -81,6 +82,9 @@ class DataPlane:
         self.hub = hub
         hub.on_revoked = services.auth.revoked  # another replica revoked a token: its streams here end too
         self.metrics = metrics
+        #: host:port of the controlplane's image registry as image refs name it (set where one is served):
+        #: a stub may name only its own workspace's images there
+        self.registry_host: str | None = None
         self.calls = CallStore(services.db, max_task_log_bytes=services.config.limits.max_task_log_bytes)
         self.blobs = BlobStore(services.db)
         self._blobs_swept = 0.0
@@ -98,6 +102,8 @@ class DataPlane:
         self.reports = WorkerReports(self)
         #: (worker, stub) pairs of calls sent to workers from here lately, oldest first (see ran_stub)
         self._served: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: (worker, workspace) pairs of the same calls (see placed_workspaces)
+        self._served_workspaces: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     @classmethod
     def standalone(cls, services: Services, metrics: Metrics | None = None) -> DataPlane:
@@ -125,6 +131,9 @@ class DataPlane:
             where = ".".join(str(p) for p in first["loc"]) or "config"
             raise InvalidStub(f"{where}: {first['msg']}") from None
         settings.gpu_request()
+        config = self.services.config
+        check_image(settings.image, workspace, registry_host=self.registry_host,
+                    repository_prefix=config.registry.repository_prefix, local_dirs=config.images.local_dirs)  # fmt: skip
         missing = [name for name in settings.secrets if name not in await self.services.secrets.names(workspace)]
         if missing:
             raise InvalidStub(
@@ -400,16 +409,17 @@ class DataPlane:
                 continue
             if d.task_id not in self._running:
                 self._running[d.task_id] = _Running(d.stub_id, d.attempts, now, worker_id)
-                self._serve(worker_id, d.stub_id)
+                self._serve(worker_id, d.stub_id, d.workspace_id)
             claimed += 1
         return claimed
 
-    def _serve(self, worker_id: str, stub_id: str | None) -> None:
-        if stub_id:
-            self._served[(worker_id, stub_id)] = None
-            self._served.move_to_end((worker_id, stub_id))
-            if len(self._served) > _SERVED_KEPT:
-                self._served.popitem(last=False)
+    def _serve(self, worker_id: str, stub_id: str | None, workspace_id: str) -> None:
+        for served, key in ((self._served, stub_id), (self._served_workspaces, workspace_id)):
+            if key:
+                served[(worker_id, key)] = None
+                served.move_to_end((worker_id, key))
+                if len(served) > _SERVED_KEPT:
+                    served.popitem(last=False)
 
     async def ran_stub(self, worker_id: str, stub_id: str) -> bool:
         """Whether a call of ``stub_id`` was placed on ``worker_id``: only then may it record the stub's checkpoints.
@@ -423,6 +433,41 @@ class DataPlane:
         held = await self.services.scheduler.workers.requests_of(worker_id)
         states = await self.services.scheduler.backlog.get_many(held) if held else []
         return any(state is not None and state.request.function == stub_id for state in states)
+
+    async def placed_workspaces(self, worker_id: str) -> set[str]:
+        """The workspaces of the calls placed on ``worker_id``: now (Redis, every replica's) or lately from here.
+
+        What the registry relay lets a worker pull (:mod:`levers9.services.registry_access`): the images of
+        workspaces whose calls it runs, and no other's.
+        """
+        found = {workspace for (worker, workspace) in self._served_workspaces if worker == worker_id}
+        found.update(state.request.workspace for state in await self._held(worker_id) if state.request.workspace)
+        return found
+
+    async def building_workspaces(self, worker_id: str) -> set[str]:
+        """The workspaces of the build tasks (stubs of :data:`BUILD_KIND`) placed on ``worker_id`` now.
+
+        Only while one is placed may the worker push to that workspace's repository; a build that ended
+        (its result reported, its room freed) no longer counts. Read from Redis, so every replica agrees.
+        """
+        found: set[str] = set()
+        for state in await self._held(worker_id):
+            request = state.request
+            if not request.function or not request.workspace or request.workspace in found:
+                continue
+            try:
+                record, _ = await self.stub(request.function, request.workspace)
+            except NotFound:
+                continue
+            if record.kind == BUILD_KIND:
+                found.add(request.workspace)
+        return found
+
+    async def _held(self, worker_id: str) -> list[RequestState]:
+        """The requests Redis has placed on ``worker_id`` now."""
+        held = await self.services.scheduler.workers.requests_of(worker_id)
+        states = await self.services.scheduler.backlog.get_many(held) if held else []
+        return [state for state in states if state is not None]
 
     async def placed_on(self, worker_id: str, task_ids: Iterable[str], *, ended: bool = False) -> set[str]:
         """Which of ``task_ids`` were placed on ``worker_id`` (see :meth:`WorkerReports.placed_on`)."""
@@ -455,7 +500,7 @@ class DataPlane:
                 await self.services.scheduler.release_many([d.task_id])
                 continue
             self._running[d.task_id] = _Running(d.stub_id, d.attempts, now, worker_id)
-            self._serve(worker_id, d.stub_id)
+            self._serve(worker_id, d.stub_id, d.workspace_id)
             out.append(d)
         return out
 
