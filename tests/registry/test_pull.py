@@ -54,6 +54,10 @@ def test_a_registry_ref_resolves_into_the_cache_and_a_second_resolve_asks_nothin
     other = RegistryPuller()
     assert ImageStore(tmp_path / "cache", puller=other).resolve(ref).layers == image.layers
     assert other.client(registry.address).requests == 0
+    # And one with no puller at all (a runtime's own store, after the worker pulled the image)
+    assert ImageStore(tmp_path / "cache").resolve(ref).layers == image.layers
+    with pytest.raises(ImageError, match="no registry is reachable"):  # never pulled: nothing to resolve from
+        ImageStore(tmp_path / "other-cache").resolve(ref)
     puller.close()
     other.close()
 

@@ -28,9 +28,10 @@ written atomically, and a record whose layers were pruned is ignored.
 
 A registry image is recorded under ``<cache>/refs/manifest-<hex>.json`` by its
 manifest digest (the image's identity, whatever registry or tag named it): a
-ref that pins that digest resolves from the record with no request at all, and
-a tag costs one manifest request to learn its digest. Its layers go through the
-same diff-id cache, so a layer any earlier image brought is not downloaded
+ref that pins that digest resolves from the record with no request at all (and
+with no puller: a runtime's own store finds what the worker pulled before its
+containers start), and a tag costs one manifest request to learn its digest.
+Its layers go through the same diff-id cache, so a layer any earlier image brought is not downloaded
 again (:attr:`ImageStore.layers_unpacked` counts the layers unpacked, which
 for a registry image are the layers downloaded). Whatever the puller raises is
 reported as an :class:`ImageError` naming the ref, the puller's error as its cause.
@@ -72,6 +73,8 @@ from levers9.hooks.errors import Levers9Error
 __all__ = ["HOST_REF", "HostBind", "ImageConfig", "ImageError", "ImageStore", "PruneReport", "ResolvedImage"]
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+#: a registry ref pinned by digest (``host/repo@sha256:<hex>``): resolved from its record with no puller
+_PINNED = re.compile(r"/[^@]+@(sha256:[0-9a-f]{64})$")
 
 
 class ImageStore:
@@ -111,6 +114,11 @@ class ImageStore:
             return ResolvedImage(ref=ref, layers=(path.resolve(),), config=ImageConfig())
         if path.is_file():
             return self._resolve_tarball(ref, path)
+        pinned = _PINNED.search(ref) if not ref.startswith(("/", ".", "~")) else None
+        if pinned is not None:  # pulled before (the worker pulls a stub's image before its containers start)
+            cached = self._load_record(ref, self._manifest_record(ref, pinned.group(1)))
+            if cached is not None:
+                return cached
         if self.puller is not None and self.puller.accepts(ref):
             return self._pull(ref, self.puller)
         raise unknown_ref(ref, pulls=self.puller is not None)
@@ -142,6 +150,23 @@ class ImageStore:
         if match is None:
             raise ImageError(f"image {ref!r}: {digest!r} is not a sha256 digest (the only kind supported)")
         return self._dir("refs") / f"manifest-{match.group(1)}.json"
+
+    # ------------------------------------------------------------------ layers the builder made
+
+    def layer_path(self, diff_id: str) -> Path | None:
+        """Where the layer ``diff_id`` (``sha256:<hex>`` or the hex) is unpacked in the cache; None when it is not."""
+        target = self._dir("layers", "sha256") / _hex(diff_id)
+        return target if target.is_dir() else None
+
+    def add_layer(self, path: Path, diff_id: str) -> Path:
+        """Unpack the layer tar (uncompressed or gzip) at ``path`` into the cache as ``diff_id``, unless it is there.
+
+        How the builder keeps a layer it made: unpacked as an image's layers are (whiteouts in overlayfs
+        form, paths checked), and refused with :class:`ImageError` when its content's sha256 is not ``diff_id``.
+        """
+        hex_id = _hex(diff_id)
+        source = DirSource(str(path), path.parent)
+        return self._layer(str(path), source, 0, LayerBlob(name=path.name), hex_id)
 
     # ------------------------------------------------------------------ tarballs and their records
 
@@ -263,3 +288,11 @@ class ImageStore:
         path = self.cache_dir.joinpath(*parts)
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def _hex(diff_id: str) -> str:
+    """The hex of a diff id given as ``sha256:<hex>`` or bare hex; ImageError for anything else."""
+    hex_id = diff_id.removeprefix("sha256:")
+    if len(hex_id) != 64 or any(c not in "0123456789abcdef" for c in hex_id):
+        raise ImageError(f"{diff_id!r} is not a layer diff id: sha256:<64 lowercase hex>")
+    return hex_id
