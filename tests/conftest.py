@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.debian_base import debian_base, debian_bases  # noqa: F401
 from tests.fixtures.dockerd import dockerd, tiny_image  # noqa: F401
 from tests.fixtures.levers9_up import levers9_up  # noqa: F401
 from tests.fixtures.postgres import database_url, postgres_server, postgres_url  # noqa: F401
