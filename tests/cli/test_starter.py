@@ -1,4 +1,4 @@
-"""The config `levers9 up` writes when there is none: the most isolated runtime that runs here, and a process pool
+"""The config `levers9 up` writes when there is none: runc, else gVisor where it runs (building images), and a process pool
 bound to the workspace of `up`'s own token, allowed to run calls as this user only where they cannot run as nobody.
 
 The runtimes are asked for real (runc's and runsc's checks on this machine, which `scripts/setup` makes root with
@@ -25,18 +25,26 @@ def _load(tmp_path: Path, text: str) -> dict[str, object]:
     try:
         pool = loaded.config.pools["local"]
         settings = loaded.runtime_settings["local"]
-        return {"runtime": pool.runtime, "workspace": pool.workspace, "settings": settings}
+        return {"runtime": pool.runtime, "workspace": pool.workspace, "settings": settings, "builds": pool.builds}
     finally:
         loaded.hooks.close()
 
 
-def test_auto_takes_gvisor_where_it_runs(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("runsc") is None:
-        pytest.fail("this test needs root and runsc: run scripts/setup as root")
+def test_auto_takes_runc_where_it_runs_and_its_pool_builds_images(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("runc") is None:
+        pytest.fail("this test needs root and runc: run scripts/setup as root")
     text, why = starter_config("auto")
-    assert why == "runtime gvisor: it runs here"
+    assert why == "runtime runc: it runs here"
     loaded = _load(tmp_path, text)
-    assert (loaded["runtime"], loaded["workspace"]) == ("gvisor", None), "a pool that isolates calls may be shared"
+    assert (loaded["runtime"], loaded["workspace"]) == ("runc", None), "a pool that isolates calls may be shared"
+    assert loaded["builds"] is True
+
+
+def test_a_gvisor_pool_builds_images_and_a_process_pool_does_not(tmp_path: Path) -> None:
+    gvisor, _ = starter_config("gvisor")
+    assert _load(tmp_path, gvisor)["builds"] is True
+    process, _ = starter_config("process")
+    assert _load(tmp_path, process)["builds"] is False
 
 
 def test_a_process_pool_serves_ups_workspace_and_runs_calls_as_nobody(tmp_path: Path) -> None:

@@ -199,7 +199,7 @@ def up(
     runtime: str = typer.Option(
         "auto",
         "--runtime",
-        help="Runtime of the starter pool, when `up` writes the config: auto (gvisor, else runc, where they run "
+        help="Runtime of the starter pool, when `up` writes the config: auto (runc, else gvisor, where they run "
         "here; else process), gvisor, runc or process.",
     ),
     context: str = typer.Option("local", "--context", help="Name of the context written to ~/.levers9/config."),

@@ -1,6 +1,6 @@
 """The config `levers9 up` writes when there is none: one local pool on this machine, as isolated as it can run.
 
-``levers9 up --runtime auto`` (the default) takes the first of gVisor and runc
+``levers9 up --runtime auto`` (the default) takes the first of runc and gVisor
 that can run here (root, the binary, its own checks: each runtime plugin says),
 else the process runtime. A process pool serves only the workspace `up` gives
 its context's token (a pool that isolates nothing serves one workspace), and
@@ -39,15 +39,16 @@ pools:
 {extra}"""
 #: the workspace `up` gives its context's token, and the one a starter `process` pool serves
 UP_WORKSPACE = "default"
-#: the runtimes `up --runtime auto` tries for its starter pool, most isolated first
-_AUTO = ("gvisor", "runc")
+#: the runtimes `up --runtime auto` tries for its starter pool: runc first (containers start and build faster;
+#: with its user namespace, seccomp profile and dropped capabilities), then gVisor
+_AUTO = ("runc", "gvisor")
 
 
 def starter_config(choice: str) -> tuple[str, str]:
     """The starter config for ``--runtime choice`` (``{cpu}`` and ``{memory}`` still to fill), and why that runtime.
 
-    ``auto`` takes the first of gVisor and runc that runs here (root, its binary, its checks), else the
-    process runtime. A process pool serves only the workspace `up` gives its token; where its calls cannot run
+    ``auto`` takes the first of runc and gVisor that runs here (root, its binary, its checks), else the
+    process runtime; a runc or gVisor pool also builds blueprint images (``builds: true``). A process pool serves only the workspace `up` gives its token; where its calls cannot run
     as nobody (a user who is not root, a Python nobody cannot execute), the pool allows them to run as this
     user, which is what a single-user machine is.
     """
@@ -69,6 +70,8 @@ def starter_config(choice: str) -> tuple[str, str]:
                 passed.append(f"{candidate} cannot run here: {unavailable}")
             why = "; ".join(passed) or "it runs here"
         extra, comment = "", "  # calls run in containers: each its own filesystem, network and processes"
+        if runtime in ("runc", "gvisor"):
+            extra = "    builds: true             # its workers build blueprint images, in containers of that runtime\n"
         if runtime == "process":
             comment = "  # no isolation: calls run as host processes (as nobody when levers9 runs as root)"
             extra = (
