@@ -7,12 +7,17 @@ with nothing changed imports nothing; the tarball ``--output -`` writes loads
 with ``docker import``; and a container of it, started with the environment
 :func:`levers9.bootstrap.container_spec` gives a provider, registers with a
 real ``levers9 up`` and runs a call that proves where it ran (the image's
-``sys.prefix`` is ``/usr/local``; the host's is not).
+``sys.prefix`` is ``/usr/local``; the host's is not). The image carries the
+OCI runtimes (this machine's ``runc`` and ``runsc``) and the network tools the
+engine runs: a container of it, given :data:`RUNTIME_FLAGS`, runs a nested
+container under each, and sets the host guard's iptables rules in a network
+namespace of its own.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +29,8 @@ import pytest
 from levers9.__about__ import __version__
 from levers9.bootstrap import container_spec
 from levers9.hooks.types import WorkerBootstrap
+from levers9.images import rootfs
+from levers9.images.rootfs import ImageError
 from levers9.images.worker import DIGEST_LABEL, VERSION_LABEL, BuildResult, build_image, import_changes
 from tests.fixtures.dockerd import Dockerd
 from tests.fixtures.levers9_up import Up
@@ -31,6 +38,34 @@ from tests.fixtures.levers9_up import Up
 pytestmark = pytest.mark.timeout(600)
 
 MIB = 2**20
+#: what a container of the image needs to run runc and runsc containers, found enough here (no --privileged:
+#: this machine's own bounding set lacks CAP_SYS_RESOURCE, which --privileged asks for)
+RUNTIME_FLAGS = (
+    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_PTRACE",
+    "--security-opt", "seccomp=unconfined", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+)  # fmt: skip
+#: a bundle whose root is the image's own /usr, run under runc, then under runsc (gVisor's ptrace platform)
+NESTED = """
+set -e
+mkdir -p /tmp/b/rootfs/usr /tmp/b/rootfs/proc /tmp/b/rootfs/dev /tmp/b/rootfs/sys /tmp/b/rootfs/tmp
+mount --bind /usr /tmp/b/rootfs/usr
+cd /tmp/b
+runc spec
+python3 -c '
+import json, os
+for top in ("bin", "lib", "lib64", "sbin"):
+    os.symlink("usr/" + top, "/tmp/b/rootfs/" + top)
+config = json.load(open("config.json"))
+config["process"].update(terminal=False, args=["/bin/sh", "-c", "echo nested"])
+config["root"]["readonly"] = True
+json.dump(config, open("config.json", "w"))
+'
+runc --root /tmp/runc run -b /tmp/b one
+echo ran under runc
+runsc --root /tmp/runsc --network=none --platform=ptrace run -bundle /tmp/b two
+echo ran under runsc
+umount /tmp/b/rootfs/usr
+"""
 
 
 def test_the_image_runs_this_levers9_and_its_worker_command(dockerd: Dockerd, worker_image: BuildResult) -> None:
@@ -68,6 +103,50 @@ def test_the_image_runs_this_levers9_and_its_worker_command(dockerd: Dockerd, wo
         "run", "--rm", worker_image.tag, "sh", "-c", "for t in setsid sed date mv; do command -v $t; done; id -un 65534"
     )
     assert tools.stdout.split() == ["/usr/bin/setsid", "/usr/bin/sed", "/usr/bin/date", "/usr/bin/mv", "nobody"]
+
+
+def _first_line(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.splitlines()[0]
+
+
+def test_the_image_carries_this_machines_runc_runsc_ip_and_iptables(
+    dockerd: Dockerd, worker_image: BuildResult
+) -> None:
+    shown = dockerd.cli(
+        "run", "--rm", worker_image.tag, "sh", "-c",
+        "for t in runc runsc iptables ip; do command -v $t; done; runc --version; runsc --version; iptables --version",
+    )  # fmt: skip
+    lines = shown.stdout.splitlines()
+    assert lines[:4] == ["/usr/sbin/runc", "/usr/bin/runsc", "/usr/sbin/iptables", "/usr/sbin/ip"]
+    for tool in ("runc", "runsc", "iptables"):
+        assert _first_line([tool, "--version"]) in lines, f"the image's {tool} is not this machine's"
+    listed = dockerd.cli("run", "--rm", worker_image.tag, "python3", "-c",
+                         "import json, os; print(json.dumps(os.listdir('/usr/lib/x86_64-linux-gnu/xtables')))")  # fmt: skip
+    assert {"libxt_conntrack.so", "libxt_tcp.so", "libxt_standard.so"} <= set(json.loads(listed.stdout))
+
+
+def test_runc_and_runsc_run_containers_inside_a_container_of_the_image(
+    dockerd: Dockerd, worker_image: BuildResult
+) -> None:
+    done = dockerd.cli("run", "--rm", *RUNTIME_FLAGS, "--network", "host", worker_image.tag, "sh", "-c", NESTED,
+                       check=False, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["nested", "ran under runc", "nested", "ran under runsc"]
+
+
+def test_the_host_guard_rules_load_inside_a_container_of_the_image(dockerd: Dockerd, worker_image: BuildResult) -> None:
+    # a network namespace of its own (--network none): the rules go nowhere near this machine's
+    guard = (
+        "ip link add l9test0 type bridge && python3 -c 'from levers9.engine import host_guard as g; "
+        'g.guard("l9test0"); print(g.is_guarded("l9test0"))\' && iptables -w -S'
+    )
+    done = dockerd.cli("run", "--rm", "--network", "none", "--cap-add", "NET_ADMIN", "--security-opt",
+                       "systempaths=unconfined", worker_image.tag, "sh", "-c", guard, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == "True"
+    assert "-A L9IN-l9test0 -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN" in done.stdout
+    assert "-A L9IN-l9test0 -p tcp -j REJECT --reject-with tcp-reset" in done.stdout
 
 
 def test_building_again_with_nothing_changed_reuses_the_image(
@@ -174,3 +253,18 @@ def test_a_container_of_the_image_registers_and_serves_a_call(
     while dockerd.containers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [c for c in dockerd.containers() if c["name"] == name]
+
+
+def test_a_missing_runtime_is_named_with_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every tool the image takes, from a directory that lacks the two runtimes
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in rootfs.TOOLS:
+        found = shutil.which(name, path=rootfs._TOOL_PATH)
+        if found is not None and name not in ("runc", "runsc"):
+            (tools / name).symlink_to(found)
+    monkeypatch.setattr(rootfs, "_TOOL_PATH", str(tools))
+    with pytest.raises(
+        ImageError, match=r"lacks: runc \(apt-get install -y runc\), runsc \(apt-get install -y runsc\)$"
+    ):
+        rootfs.plan()

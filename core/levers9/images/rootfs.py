@@ -29,7 +29,16 @@ image built from it can be reused. What goes in:
 * ``/bin/sh`` and the tools the worker and its shim run (:data:`TOOLS`), a
   minimal ``/etc/passwd`` and ``/etc/group`` (root and nobody), the CA
   certificates, ``/tmp`` 1777, and the ``levers9`` launcher in
-  ``/usr/local/bin``.
+  ``/usr/local/bin``;
+* the OCI runtimes the ``runc`` and ``gvisor`` runtime plugins drive, ``runc``
+  and ``runsc``, and what their containers' networking runs: ``ip``
+  (:mod:`levers9.engine.network`) and ``iptables``
+  (:mod:`levers9.engine.host_guard`) with its extensions, which it loads
+  with ``dlopen`` from :data:`XTABLES` (so ``ldd`` cannot see them: the whole
+  directory is copied, since ``iptables -S`` loads the extension of every rule
+  the host holds). ``iptables`` is whichever backend this machine's
+  alternative points at (nft on Debian 12). Running them needs privileges the
+  image cannot give itself: see docs/architecture.md.
 
 Failures raise :class:`ImageError` naming what is missing and how to get it:
 a required tool or the CA bundle absent, a dependency installed in editable
@@ -108,7 +117,10 @@ TOOLS: dict[str, tuple[str, bool]] = {
     "true": ("coreutils", True),
     "false": ("coreutils", True),
     "kill": ("procps", False),
-    "ip": ("iproute2", False),
+    "ip": ("iproute2", True),
+    "runc": ("runc", True),
+    "runsc": ("runsc", True),
+    "iptables": ("iptables", True),
     "mount": ("mount", False),
     "umount": ("mount", False),
     "nsenter": ("util-linux", False),
@@ -116,6 +128,8 @@ TOOLS: dict[str, tuple[str, bool]] = {
     "setpriv": ("util-linux", False),
 }
 _TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: where iptables looks for its extensions (``XTABLES_LIBDIR`` as Debian builds it), copied whole when present
+XTABLES = "usr/lib/x86_64-linux-gnu/xtables"
 #: the standard library's parts a worker never uses (dropped; tkinter also needs libraries that are not here)
 _STDLIB_SKIP = {"test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages"}
 _SYSTEM_LIB_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
@@ -370,6 +384,14 @@ def _tools(p: _Plan) -> None:
             continue
         where = "usr/sbin" if "/sbin/" in found else "usr/bin"
         p.file(f"{where}/{name}", os.path.realpath(found))
+    if "usr/sbin/iptables" in p.entries or "usr/bin/iptables" in p.entries:
+        extensions = Path("/" + XTABLES)
+        if not extensions.is_dir():
+            missing.append(f"iptables' extensions in {extensions} (apt-get install -y iptables)")
+        else:
+            for extension in sorted(extensions.iterdir()):
+                if extension.is_file():
+                    p.file(f"{XTABLES}/{extension.name}", str(extension.resolve()))
     if missing:
         raise ImageError(f"the worker image needs tools this machine lacks: {', '.join(missing)}")
 
