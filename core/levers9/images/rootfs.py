@@ -37,8 +37,13 @@ image built from it can be reused. What goes in:
   with ``dlopen`` from :data:`XTABLES` (so ``ldd`` cannot see them: the whole
   directory is copied, since ``iptables -S`` loads the extension of every rule
   the host holds). ``iptables`` is whichever backend this machine's
-  alternative points at (nft on Debian 12). Running them needs privileges the
-  image cannot give itself: see docs/architecture.md.
+  alternative points at (nft on Debian 12). Running them needs what the image
+  cannot give itself, from whoever starts its container: the capabilities
+  SYS_ADMIN, NET_ADMIN and SYS_PTRACE (gVisor's ptrace platform), no seccomp
+  filter (Docker's default one refuses runc's session keyring) and
+  ``/sys/fs/cgroup`` writable; the host's network namespace for the bridge and
+  the host guard's rules (tests/agent/test_worker_image.py runs both runtimes
+  so).
 
 Failures raise :class:`ImageError` naming what is missing and how to get it:
 a required tool or the CA bundle absent, a dependency installed in editable
