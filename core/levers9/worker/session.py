@@ -28,7 +28,8 @@ the controlplane's certificate with ``LEVERS9_CONTROLPLANE_CA`` (PEM text) or
 (:mod:`levers9.proto.tls`). The CA is public, so unlike the token these
 variables are not scrubbed from the environment of what the worker starts.
 
-What goes up is batched by :mod:`levers9.worker.outbox`; calls run in the
+What goes up is batched by :mod:`levers9.worker.outbox`; what runs on the pool's runtime is set up by
+:mod:`levers9.worker.runtime_setup`; calls run in the
 warm pool (:mod:`levers9.worker.warm`). The worker speaks the wire protocol
 (:mod:`levers9.proto`) and nothing else of the controlplane: it imports
 neither the database layer (``levers9.state``) nor the SDK (``levers9.sdk``).
@@ -44,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -61,11 +61,9 @@ import grpc
 from levers9.__about__ import __version__
 from levers9.backoff import Backoff
 from levers9.blueprints.order import BUILD_KIND
-from levers9.checkpoint.node_cache import NodeCache
-from levers9.checkpoint.snapshot import Checkpointing, RecordStore, record_of
-from levers9.checkpoint.storage import storage_from_url
+from levers9.checkpoint.snapshot import record_of
 from levers9.hooks.facade import Hooks
-from levers9.hooks.types import GpuDevice, RuntimeContext
+from levers9.hooks.types import GpuDevice
 from levers9.payloads import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     INLINE_MAX_BYTES,
@@ -88,6 +86,7 @@ from levers9.worker.identity import machine_identity
 from levers9.worker.images import ImagePullFailed, ImagePulls
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
+from levers9.worker.runtime_setup import runtime_for
 from levers9.worker.tunnel import ProbeListener, hold_tunnel
 from levers9.worker.warm.pool import WarmPool
 
@@ -292,14 +291,6 @@ class WorkerProcess:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.draining.wait(), wait)
 
-    def _ca_file(self) -> str | None:
-        """The controlplane's CA as a file (what the registry client verifies with), when one was given."""
-        if not self.options.controlplane_ca:
-            return None
-        path = self.options.state_dir / "controlplane-ca.pem"
-        path.write_text(self.options.controlplane_ca)
-        return str(path)
-
     def _registry_auth(self) -> RegistryAuth:
         """How this worker logs in to the controlplane's registry: its id and its current credential."""
         return RegistryAuth(username=self.worker_id, password=self.options.token)
@@ -365,49 +356,17 @@ class WorkerProcess:
             return
         if self.pool is not None:
             await self.pool.close()
-        model = self.hooks.runtime_settings_model(response.runtime)
-        settings = None
-        if model is not None:
-            settings = model.model_validate(json.loads(response.runtime_settings_json or "{}"))
-        state = self.options.state_dir / "runtime" / response.runtime
-        state.mkdir(parents=True, exist_ok=True)
-        context = RuntimeContext(name=response.runtime, settings=settings, state_dir=str(state))
-        capabilities = await self.hooks.runtime_capabilities(context)
-        if not capabilities.available:
-            raise RuntimeError(f"runtime {response.runtime} is not available here: {capabilities.unavailable_reason}")
+        made = await runtime_for(self.hooks, self.options, response, self.gpus, self._record_checkpoint,
+                                 self._registry_auth)  # fmt: skip
         self.runtime = response.runtime
-        self.max_payload = response.max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
-        self.pool = WarmPool(
-            self.hooks, context, capabilities, state_dir=self.options.state_dir / "containers", gpus=self.gpus,
-            checkpointing=self._checkpointing(response), max_result_bytes=self.max_payload,
-        )  # fmt: skip
-        self.builds = BuildTasks(self.hooks, context, state_dir=self.options.state_dir, credentials=self._registry_auth)
-        self.images = ImagePulls(context, registry_url=response.registry_url, credentials=self._registry_auth,
-                                 ca_file=self._ca_file())  # fmt: skip
+        self.max_payload = made.max_payload
+        self.pool, self.builds, self.images = made.pool, made.builds, made.images
 
-    def _checkpointing(self, response: worker_pb2.RegisterResponse) -> Checkpointing | None:
-        """Checkpoint storage as the controlplane says; the cache beside the state directory, kept across restarts."""
-        if not response.checkpoint_storage_url:
-            return None
-        try:
-            storage = storage_from_url(response.checkpoint_storage_url, default_root=self.options.state_dir)
-        except Exception as exc:
-            log.warning("checkpoint storage %s is unusable, no checkpoints: %s", response.checkpoint_storage_url, exc)
-            return None
-        where = Path(response.checkpoint_cache_dir) if response.checkpoint_cache_dir else None
-        cache = NodeCache(
-            where or self.options.state_dir.parent / "checkpoint-cache", response.checkpoint_cache_max_bytes
-        )
-
-        async def record(request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
-            if self._rpc is None:
-                raise RuntimeError("not connected to the controlplane")
-            ref: worker_pb2.CheckpointRef = await self._rpc.RecordCheckpoint(
-                request, metadata=self._metadata(), timeout=30
-            )
-            return ref
-
-        return Checkpointing(store=RecordStore(record), storage=storage, cache=cache)
+    async def _record_checkpoint(self, request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
+        if self._rpc is None:
+            raise RuntimeError("not connected to the controlplane")
+        ref: worker_pb2.CheckpointRef = await self._rpc.RecordCheckpoint(request, metadata=self._metadata(), timeout=30)
+        return ref
 
     async def _session(self, stub: worker_pb2_grpc.WorkerStub, response: worker_pb2.RegisterResponse) -> None:
         stop = self._session_stop = asyncio.Event()
