@@ -2,7 +2,10 @@
 
 :class:`RegistryClient` talks to one registry (``http://127.0.0.1:5000``,
 ``https://ghcr.io``): it checks and pushes blobs (one monolithic ``PUT`` after
-``POST /blobs/uploads/``, skipped when the registry has the blob), pushes and
+``POST /blobs/uploads/``, or for a blob over :data:`UPLOAD_CHUNK` bytes ``PATCH`` pieces of
+that size and a closing ``PUT``, as the distribution spec allows, so no request body exceeds
+what a proxy or load balancer in front of the registry accepts; skipped when the registry has
+the blob), pushes and
 reads manifests, streams blobs, lists tags. :func:`push_image` pushes a whole
 image: its blobs, then an OCI image manifest naming them.
 
@@ -55,6 +58,7 @@ __all__ = [
     "OCI_INDEX",
     "OCI_LAYER_GZIP",
     "OCI_MANIFEST",
+    "UPLOAD_CHUNK",
     "BlobStream",
     "ImageRef",
     "InvalidRefError",
@@ -79,6 +83,8 @@ INDEX_TYPES = (OCI_INDEX, DOCKER_MANIFEST_LIST)
 
 _MAX_MANIFEST = 4 << 20
 _CHUNK = 1 << 20
+#: a blob over this many bytes is uploaded in PATCH pieces of this size, each a request of its own
+UPLOAD_CHUNK = 16 << 20
 _MAX_ERROR_BODY = 64 << 10
 _USER_AGENT = "levers9-registry-client"
 
@@ -196,6 +202,10 @@ class RegistryClient:
             "push blob", repo, "POST", f"/v2/{repo}/blobs/uploads/", actions="pull,push", expect=(202,)
         )
         location = self._location(started, "push blob", repo)
+        body: _Content = _body(data)
+        if size > UPLOAD_CHUNK:
+            location = self._patch_pieces(repo, location, data, size)
+            body, size = b"", 0
         done = self._call(
             "push blob",
             repo,
@@ -204,11 +214,29 @@ class RegistryClient:
             actions="pull,push",
             params={"digest": digest},
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-            content=_body(data),
+            content=body,
             expect=(201,),
         )
         self._check_echoed("push blob", repo, done, digest)
         return True
+
+    def _patch_pieces(self, repo: str, location: str, data: Path | bytes | IO[bytes], size: int) -> str:
+        """Send a blob as ``PATCH`` pieces of :data:`UPLOAD_CHUNK` bytes; the upload's location after the last."""
+        for start in range(0, size, UPLOAD_CHUNK):
+            length = min(UPLOAD_CHUNK, size - start)
+            answered = self._call(
+                "push blob",
+                repo,
+                "PATCH",
+                location,
+                actions="pull,push",
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(length),
+                         "Content-Range": f"{start}-{start + length - 1}"},
+                content=_piece(data, start, length),
+                expect=(202,),
+            )  # fmt: skip
+            location = self._location(answered, "push blob", repo)
+        return location
 
     def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
         """Ask the registry to link a blob of ``from_repo`` into ``repo``; True when it did (no upload needed)."""
@@ -481,6 +509,30 @@ def _body(data: Path | bytes | IO[bytes]) -> _Content:
             yield piece
 
     return from_stream
+
+
+def _piece(data: Path | bytes | IO[bytes], start: int, length: int) -> _Content:
+    """``length`` bytes of ``data`` from ``start`` (a stream: its next ``length`` bytes, read once)."""
+    if isinstance(data, bytes):
+        return data[start : start + length]
+
+    def pieces(handle: IO[bytes]) -> Iterator[bytes]:
+        left = length
+        while left > 0 and (piece := handle.read(min(_CHUNK, left))):
+            left -= len(piece)
+            yield piece
+
+    if isinstance(data, Path):
+        path = data
+
+        def from_file() -> Iterator[bytes]:
+            with open(path, "rb") as handle:
+                handle.seek(start)
+                yield from pieces(handle)
+
+        return from_file
+    stream = data
+    return lambda: pieces(stream)
 
 
 def _read_some(response: httpx.Response) -> bytes:
