@@ -3,6 +3,11 @@
 With the embedded ``redis-server`` (no ``state.redis_url``), :meth:`Services.supervise_redis` keeps it
 alive (:mod:`levers9.state.redis.supervisor`); :meth:`Services.close` stops the supervisor before the
 server, so a stop is never taken for a death.
+
+The image registry the ``/v2/`` relay speaks to is :attr:`Services.registry`
+(:mod:`levers9.services.registry_backend`): made here, started by the server at start-up (or by the
+first request that needs it, so a process that never relays an image starts no ``docker-registry``),
+and stopped, supervisor first, by :meth:`Services.close`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from levers9.scheduler.pools import PoolSpec, pool_specs
 from levers9.scheduler.service import Scheduler
 from levers9.services.agent_store import AgentStore
 from levers9.services.auth import Authenticator
+from levers9.services.registry_backend import RegistryBackend
 from levers9.state.crypto import SecretBox
 from levers9.state.disk import require_room
 from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
@@ -57,6 +63,8 @@ class Services:
     machines: MachineStore
     #: the agents' registrations, inventories and heartbeats (Redis); the hub that talks to them is the server's
     agents: AgentStore
+    #: the registry behind the ``/v2/`` relay (built images); started by the server or on first use
+    registry: RegistryBackend
     embedded_redis: EmbeddedRedis | None = None
     managed_redis: ManagedRedis | None = None
     #: restarts :attr:`managed_redis` when it dies (see :meth:`supervise_redis`); None without one
@@ -94,6 +102,7 @@ class Services:
         return self.redis_supervisor
 
     async def close(self) -> None:
+        await self.registry.close()
         if self.redis_supervisor is not None:
             await self.redis_supervisor.close()
             self.redis_supervisor = None
@@ -181,4 +190,5 @@ async def open_services(
         agents=AgentStore(redis, prefix=prefix),
         embedded_redis=embedded,
         managed_redis=managed,
+        registry=RegistryBackend(config.registry, Path(config.data_dir)),
     )
