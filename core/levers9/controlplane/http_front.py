@@ -198,7 +198,9 @@ class FrontProtocol(asyncio.Protocol):
         if self.head is None:
             end = self.buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
             if end < 0:
-                if len(self.buffer) >= MAX_HEAD:
+                # a head too long, or bytes no request line starts with (a TLS handshake sent to this plain-text
+                # listener, as docker and skopeo try first): uvicorn's to refuse now, not at the header timeout
+                if len(self.buffer) >= MAX_HEAD or not 0x41 <= self.buffer[0] <= 0x5A:
                     self._hand_off()
                 return  # the rest of the head is still to come
             parsed = self._parse(bytes(self.buffer[:end]))

@@ -32,6 +32,7 @@ import signal
 import socket
 import ssl
 import sys
+import urllib.parse
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from levers9.controlplane.http_front import FrontProtocol
 from levers9.controlplane.limits import Budget, plan, raise_descriptor_limit
 from levers9.controlplane.listener import Listener, quiet_accept_failures
 from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMiddleware
+from levers9.controlplane.registry_proxy import RegistryProxy, WithRegistry
 from levers9.controlplane.tls import ListenerTls, check_plaintext
 from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
@@ -57,6 +59,7 @@ from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, worker_pb2_grpc
 from levers9.services import clusters
 from levers9.services.agents import AgentHub
+from levers9.services.builds import Builds, RegistryTarget
 from levers9.services.core import Services, open_services
 from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
@@ -127,6 +130,16 @@ class Listeners:
         if ":" in host:
             host = f"[{host}]"
         return f"{'grpcs' if self.tls is not None else 'grpc'}://{host}:{self.grpc_port}"
+
+    def advertised_http(self) -> str:
+        """The HTTP listener's URL as workers reach it (the registry host of built images' refs): the host of the
+        first advertised gRPC address with ``listen.http_port``, ``https://`` with TLS and ``http://`` without."""
+        first = self.advertised_grpc().split(",")[0].strip()
+        parts = urllib.parse.urlsplit(first if "://" in first else f"grpc://{first}")
+        host = parts.hostname or self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{self.http_port}"
 
 
 class _Uvicorn(uvicorn.Server):
@@ -201,6 +214,8 @@ class Server:
         self.upstream: Upstream | None = None
         self.short_path: ShortPath | None = None
         self.tunnels: TunnelRegistry | None = None
+        #: blueprint builds, into the registry this controlplane serves under /v2/; None without a registry
+        self.builds: Builds | None = None
         #: the listeners' certificate, with ``listen.tls``
         self.tls: ListenerTls | None = None
         #: the connection caps, worked out at start from the descriptor limit
@@ -230,6 +245,15 @@ class Server:
             self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
             self.tunnels = TunnelRegistry()  # workers' tunnels to this replica: the gateway reaches them through it
             self.upstream = Upstream(tunnel=self.tunnels.connect_address)
+            # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
+            # stub may name only its own workspace's images there, whether or not the registry is up
+            target = RegistryTarget(
+                url=ls.advertised_http(), repository_prefix=self.loaded.config.registry.repository_prefix
+            )
+            self.dataplane.registry_host = target.host
+            await services.registry.start()
+            if services.registry.problem is None:
+                self.builds = Builds(self.dataplane, target)
             # The port is taken before anything starts: a controlplane that cannot listen must not
             # have begun provisioning machines for its pools.
             options = [
@@ -243,8 +267,9 @@ class Server:
             add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
             add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
-            add_api(ControlPlaneService(self.dataplane), server)
-            add_worker(WorkerService(self.dataplane, self.tunnels), server)
+            add_api(ControlPlaneService(self.dataplane, builds=self.builds), server)
+            registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
+            add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url), server)
             add_agent(AgentService(services, self.agents), server)
             address = f"{ls.host}:{ls.grpc_port}"
             try:
@@ -287,8 +312,8 @@ class Server:
             # the HTTP listener's simple requests take the front (every gateway request crosses it), and an
             # endpoint's in the steady state the gateway's short path
             for app, port, sock, protocol, short in (
-                (HttpMetricsMiddleware(gateway, self.metrics), ls.http_port, http_socket, FrontProtocol,
-                 self.short_path),
+                (HttpMetricsMiddleware(WithRegistry(gateway, RegistryProxy(self.dataplane)), self.metrics), ls.http_port,
+                 http_socket, FrontProtocol, self.short_path),
                 (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, GuardedHttpTools, None),
             ):  # fmt: skip
                 context = self.tls.ssl_context() if self.tls is not None else None

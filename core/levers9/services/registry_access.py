@@ -150,17 +150,23 @@ async def authorize(dp: DataPlane, caller: RegistryCaller, repository: str, acti
             raise PermissionDenied(f"{repository} is not of this token's workspace; it may pull only "
                                    f"{dp.services.config.registry.repository_prefix}/{own.lower()}/...")  # fmt: skip
         return
+    reason = await _worker_refusal(dp, worker, workspace, action)
+    if reason is not None:
+        dp.refuse(worker.worker_id, f"image {action}", [repository], reason)  # a security event, counted
+        raise PermissionDenied(f"worker {worker.worker_id} may not {action} {repository}: {reason}")
+
+
+async def _worker_refusal(dp: DataPlane, worker: fleet.WorkerIdentity, workspace: str, action: Action) -> str | None:
+    """Why ``worker`` may not ``action`` the repositories of ``workspace``; None when it may."""
     bound = worker.spec.workspace
     if bound is not None and bound.lower() != workspace:
-        raise PermissionDenied(f"worker {worker.worker_id}'s pool {worker.spec.name} serves another workspace than "
-                               f"the one of {repository}")  # fmt: skip
+        return f"its pool {worker.spec.name} serves another workspace"
     if action == PUSH:
         if workspace not in {w.lower() for w in await dp.building_workspaces(worker.worker_id)}:
-            raise PermissionDenied(f"worker {worker.worker_id} may not push to {repository}: no build of that "
-                                   "workspace is placed on it")  # fmt: skip
-        return
+            return "no build of that workspace is placed on it"
+        return None
     if bound is not None:
-        return  # its pool is the workspace's own
+        return None  # its pool is the workspace's own
     if workspace not in {w.lower() for w in await dp.placed_workspaces(worker.worker_id)}:
-        raise PermissionDenied(f"worker {worker.worker_id} may not pull {repository}: no call of that workspace "
-                               "is placed on it")  # fmt: skip
+        return "no call of that workspace is placed on it"
+    return None
