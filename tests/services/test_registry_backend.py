@@ -21,6 +21,7 @@ import pytest
 from levers9.config.model import RegistryConfig
 from levers9.services.registry_backend import EMBEDDED_USER, RegistryBackend, RegistryUnavailable
 from tests.fixtures.registry import Registry, htpasswd_file
+from tests.fixtures.tls import TestCA
 from tests.registry.test_token_auth import ISSUER, PASSWORD, SERVICE, USER, TokenService, token_service  # noqa: F401
 
 DEADLINE_S = 30.0
@@ -169,3 +170,29 @@ async def test_a_configured_registry_is_logged_in_to_with_bearer_tokens_per_scop
         assert token_service.scopes == [scope]
     finally:
         await backend.close()
+
+
+async def test_a_configured_registry_over_tls_is_verified_with_the_ca_bundle_named(
+    tmp_path: Path, registry_factory: Callable[..., Registry]
+) -> None:
+    ca = TestCA("levers9 backend test CA")
+    ca.issue().write(tmp_path / "server.pem", tmp_path / "server.key")
+    secure = registry_factory(tls=(tmp_path / "server.pem", tmp_path / "server.key"))
+    bundle = str(ca.write(tmp_path / "ca.pem"))
+    for verify, answers in ((bundle, True), (True, False), (False, True)):
+        backend = RegistryBackend(RegistryConfig(url=secure.url, tls_verify=verify), tmp_path / "data")
+        try:
+            url = await backend.ready()
+            if answers:
+                assert (await backend.http.get(f"{url}/v2/")).status_code == 200, verify
+            else:
+                with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                    await backend.http.get(f"{url}/v2/")
+        finally:
+            await backend.close()
+    broken = RegistryBackend(RegistryConfig(url=secure.url, tls_verify=str(tmp_path / "missing.pem")), tmp_path)
+    try:
+        with pytest.raises(RegistryUnavailable, match=r"registry\.tls_verify names a CA bundle that cannot be read"):
+            await broken.ready()
+    finally:
+        await broken.close()

@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import shutil
+import ssl
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -136,7 +137,16 @@ class RegistryBackend:
                 log.warning("no image registry: %s; blueprint builds and image pulls through this controlplane "
                             "will fail until it is fixed", self.problem)  # fmt: skip
                 return
-            verify: bool | str = self.config.tls_verify if self.embedded is None else True
+            verify: bool | ssl.SSLContext = True
+            if self.embedded is None and isinstance(self.config.tls_verify, str):
+                try:
+                    verify = ssl.create_default_context(cafile=self.config.tls_verify)
+                except (OSError, ssl.SSLError) as exc:
+                    self.problem = f"registry.tls_verify names a CA bundle that cannot be read: {exc}"
+                    log.warning("no image registry: %s", self.problem)
+                    return
+            elif self.embedded is None:
+                verify = bool(self.config.tls_verify)
             self._http = httpx.AsyncClient(
                 verify=verify,
                 timeout=httpx.Timeout(_READ_S, connect=_CONNECT_S),
