@@ -7,6 +7,7 @@ small plugins defined here, registered through the same manager.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -39,6 +40,7 @@ from levers9.hooks.types import (
     ContainerState,
     ContainerStatus,
     GpuDevice,
+    LayerDiff,
     LogChunk,
     Machine,
     MachineState,
@@ -136,6 +138,11 @@ class MemoryRuntime:
 
     def levers9_container_list(self) -> list[str]:
         return sorted(self.containers)
+
+    def levers9_container_changes(self, container_id: str, dest: str) -> LayerDiff:
+        data = self.containers[container_id]["log"]
+        Path(dest).write_bytes(data)
+        return LayerDiff(path=dest, diff_id=f"sha256:{hashlib.sha256(data).hexdigest()}", size_bytes=len(data))
 
 
 class MemoryCheckpointer:
@@ -274,6 +281,25 @@ def test_hook_levers9_container_list(runtime_hooks: Any) -> None:
     assert hooks_run(hooks.container_list(ctx)) == ["c0", "c1"]
     hooks_run(hooks.container_remove(ctx, "c1"))
     assert hooks_run(hooks.container_list(ctx)) == ["c0"]
+
+
+def test_hook_levers9_container_changes(runtime_hooks: Any, tmp_path: Path) -> None:
+    hooks, ctx, _ = runtime_hooks
+    hooks_run(hooks.container_start(ctx, hooks_run(hooks.container_prepare(ctx, spec()))))
+    diff = hooks_run(hooks.container_changes(ctx, "c1", str(tmp_path / "layer.tar")))
+    assert diff == LayerDiff(path=str(tmp_path / "layer.tar"), size_bytes=7,
+                             diff_id=f"sha256:{hashlib.sha256(b'echo hi').hexdigest()}")  # fmt: skip
+    assert hooks.captures_changes(ctx)
+    # a runtime whose plugin lacks the hook cannot say what a container changed: None, not an error
+    plugins = PluginSet()
+    plugins.add("bare", type("Bare", (), {"levers9_runtime_settings": MemoryRuntime.levers9_runtime_settings})())
+    bare = Hooks(plugins, timeout=5)
+    try:
+        bare_ctx = ctx.model_copy(update={"name": "bare"})
+        assert not bare.captures_changes(bare_ctx)
+        assert hooks_run(bare.container_changes(bare_ctx, "c1", str(tmp_path / "other.tar"))) is None
+    finally:
+        bare.close()
 
 
 def test_hook_levers9_checkpoint(runtime_hooks: Any, tmp_path: Path) -> None:

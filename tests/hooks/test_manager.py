@@ -120,4 +120,4 @@ def test_hook_names_match_the_spec_module() -> None:
     import levers9.hooks.spec as spec
 
     assert set(HOOK_NAMES) == {n for n in dir(spec) if n.startswith("levers9_")}
-    assert len(HOOK_NAMES) == 23
+    assert len(HOOK_NAMES) == 24

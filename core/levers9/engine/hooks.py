@@ -1,4 +1,4 @@
-"""The seven container hooks, for a runtime plugin whose work an engine does.
+"""The container hooks, for a runtime plugin whose work an engine does.
 
 runc, gVisor and the process runtime differ in how they drive a container,
 not in how the hooks hand calls to them; a plugin builds its engine from the
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import ContainerSpec, ContainerState, LogChunk, PreparedContainer, RuntimeContext
+from levers9.hooks.types import ContainerSpec, ContainerState, LayerDiff, LogChunk, PreparedContainer, RuntimeContext
 
-__all__ = ["ContainerHooks", "Engine", "container_hooks"]
+__all__ = ["CapturingEngine", "ContainerHooks", "Engine", "changes_hook", "container_hooks"]
 
 
 class Engine(Protocol):
@@ -27,6 +27,10 @@ class Engine(Protocol):
     def logs(self, container_id: str, offset: int) -> LogChunk: ...
     def remove(self, container_id: str) -> None: ...
     def container_ids(self) -> list[str]: ...
+
+
+class CapturingEngine(Protocol):
+    def changes(self, container_id: str, dest: str) -> LayerDiff: ...
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,17 @@ def container_hooks(
         levers9_container_remove,
         levers9_container_list,
     )
+
+
+def changes_hook(engine: Callable[[RuntimeContext], CapturingEngine]) -> Callable[..., Any]:
+    """The ``levers9_container_changes`` implementation for an engine that can read a container's changes.
+
+    Separate from :func:`container_hooks`: a runtime whose engine cannot (the process runtime) leaves it
+    out, and the builder refuses to build on it.
+    """
+
+    @hookimpl
+    def levers9_container_changes(runtime: RuntimeContext, container_id: str, dest: str) -> LayerDiff:
+        return engine(runtime).changes(container_id, dest)
+
+    return levers9_container_changes

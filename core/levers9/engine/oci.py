@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from levers9.engine import shim
 from levers9.engine.cdi import apply_edits, load_specs
+from levers9.engine.changes import bundle_changes
 from levers9.engine.rootfs import mount_overlay, unmount, unmount_all
 from levers9.engine.spec import cgroups_path, oci_config
 from levers9.engine.userns import (
@@ -71,6 +72,7 @@ from levers9.hooks.types import (
     ContainerSpec,
     ContainerState,
     ContainerStatus,
+    LayerDiff,
     LogChunk,
     PreparedContainer,
 )
@@ -472,6 +474,20 @@ class OciEngine(ContainerRecords):
         unmount_all(cdir)  # anything a crash left; raises if any stays, so nothing is deleted through a mount
         _remove_cgroups(cgroups_path(container_id))
         shutil.rmtree(cdir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ what a container changed (the builder)
+
+    def changes(self, container_id: str, dest: str) -> LayerDiff:
+        """The exited container's changes as an OCI layer tar at ``dest`` (:func:`levers9.engine.changes.bundle_changes`)."""
+        meta = self._meta(container_id)
+        if meta is None:
+            raise InvalidRequest(
+                f"container {container_id} is unknown to {self.flavor.name} (never prepared, or removed)"
+            )
+        if self._exit(container_id) is None:
+            raise InvalidRequest(f"container {container_id} has not exited; its changes are read once it has")
+        written = bundle_changes(self._dir(container_id), meta.get("user_namespace"), Path(dest))
+        return LayerDiff(path=dest, diff_id=f"sha256:{written.sha256}", size_bytes=written.size)
 
     # ------------------------------------------------------------------ checkpoint (runsc)
 

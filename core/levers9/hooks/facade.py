@@ -39,6 +39,7 @@ from levers9.hooks.types import (
     ContainerState,
     GpuDevice,
     GpuOffer,
+    LayerDiff,
     LogChunk,
     Machine,
     MachineIdentity,
@@ -340,6 +341,28 @@ class Hooks(PluginCalls):
 
     async def container_list(self, runtime: RuntimeContext, *, timeout: float | None = None) -> list[str]:
         result: list[str] = await self._one(runtime.name, "levers9_container_list", list[str], timeout, runtime=runtime)
+        return result
+
+    def captures_changes(self, runtime: RuntimeContext) -> bool:
+        """Whether ``runtime``'s plugin implements ``levers9_container_changes`` (the builder needs it)."""
+        self._require("runtime", runtime.name, self.runtimes())
+        return self.plugins.impl(runtime.name, "levers9_container_changes") is not None
+
+    async def container_changes(
+        self, runtime: RuntimeContext, container_id: str, dest: str, *, timeout: float | None = None
+    ) -> LayerDiff | None:
+        """An exited container's changes as a layer tar at ``dest``; None when the runtime cannot tell them."""
+        if not self.captures_changes(runtime):
+            return None
+        result: LayerDiff | None = await self._one(
+            runtime.name,
+            "levers9_container_changes",
+            LayerDiff | None,
+            timeout,
+            runtime=runtime,
+            container_id=container_id,
+            dest=dest,
+        )
         return result
 
     # ----------------------------------------------------------------- checkpoint hooks (first answer wins)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         ContainerState,
         GpuDevice,
         GpuOffer,
+        LayerDiff,
         LogChunk,
         Machine,
         MachineIdentity,
@@ -355,6 +356,27 @@ def levers9_container_list(runtime: RuntimeContext) -> list[str]:
     ``levers9_container_remove``: a container is listed for as long as the
     runtime keeps anything of it (a record, a process, a bundle), so the
     worker never needs to know where or how a runtime keeps its containers.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def levers9_container_changes(runtime: RuntimeContext, container_id: str, dest: str) -> LayerDiff | None:
+    """Write what an exited container changed in its root filesystem to ``dest`` as one OCI layer tar.
+
+    Called by the image builder on a worker after a build step's container has
+    exited and before ``levers9_container_remove``; only on the runtime a pool
+    names. Write an uncompressed tar at ``dest`` (a path the caller chose, not
+    yet existing) holding every file the container added or changed, a
+    ``.wh.<name>`` whiteout for each one it deleted and ``.wh..wh..opq`` in
+    each directory it replaced whole; owners as the container saw them (its
+    root is uid 0 even in a user namespace), and nothing of the runtime's own
+    mount points (an empty directory or file made only to mount on). Return
+    its ``sha256`` diff id and size. Return None when this runtime cannot say
+    what a container changed (a plugin that does not implement the hook is
+    treated the same): the builder then refuses to build on it.
+
+    :raises InvalidRequest: the container is unknown, or has not exited yet.
     """
     raise NotImplementedError
 

@@ -342,6 +342,22 @@ class ContainerState(_Frozen):
     ip: str | None = None
 
 
+class LayerDiff(_Frozen):
+    """The filesystem changes of an exited container, written as one uncompressed OCI layer tar.
+
+    What ``levers9_container_changes`` returns: the builder turns a build step's container into an image
+    layer with it. Owners in the tar are as the container saw them (its root is uid 0 whatever user
+    namespace it ran in), deletions are OCI whiteouts (``.wh.<name>``, ``.wh..wh..opq``).
+    """
+
+    #: the tar on this host: the ``dest`` the hook was given
+    path: str
+    #: ``sha256:<64 hex>`` of the tar's bytes: the diff id an image config lists for the layer
+    diff_id: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    #: the tar's size in bytes
+    size_bytes: int = Field(ge=0)
+
+
 class LogChunk(_Frozen):
     """Bytes of a container's combined output from ``offset``; read again from ``next_offset``."""
 

@@ -63,7 +63,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from levers9 import probe
-from levers9.engine.hooks import container_hooks
+from levers9.engine.hooks import changes_hook, container_hooks
 from levers9.engine.node import NodeSettings, bridge_for, images_for
 from levers9.engine.oci import OciEngine, OciFlavor
 from levers9.engine.seccomp import profile
@@ -91,6 +91,7 @@ __all__ = [
     "inspect_runsc",
     "levers9_checkpoint",
     "levers9_checkpoint_support",
+    "levers9_container_changes",
     "levers9_container_kill",
     "levers9_container_list",
     "levers9_container_logs",
@@ -478,6 +479,7 @@ levers9_container_kill = _hooks.kill
 levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
 levers9_container_list = _hooks.list
+levers9_container_changes = changes_hook(engine)
 
 
 @hookimpl

@@ -40,7 +40,7 @@ from pathlib import Path
 from pydantic import ConfigDict, Field
 
 from levers9 import probe
-from levers9.engine.hooks import container_hooks
+from levers9.engine.hooks import changes_hook, container_hooks
 from levers9.engine.node import NodeSettings, bridge_for, images_for
 from levers9.engine.oci import OciEngine, OciFlavor
 from levers9.engine.spec import CGROUP_PARENT
@@ -59,6 +59,7 @@ __all__ = [
     "RuncSettings",
     "engine",
     "find_nvidia_hook",
+    "levers9_container_changes",
     "levers9_container_kill",
     "levers9_container_list",
     "levers9_container_logs",
@@ -210,3 +211,4 @@ levers9_container_kill = _hooks.kill
 levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
 levers9_container_list = _hooks.list
+levers9_container_changes = changes_hook(engine)
