@@ -194,10 +194,16 @@ class PluginLane:
         if job.done.done():
             return job.done.result()
         left = deadline - (time.monotonic() - job.started_at)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the answer and drops the caller's
+        # cancellation when both arrive in one turn of the loop, and the caller goes on as if not cancelled
+        timer = asyncio.timeout(max(left, 0.0))
         try:
-            return await asyncio.wait_for(asyncio.shield(job.done), max(left, 0.0))
+            async with timer:
+                return await asyncio.shield(job.done)
         except TimeoutError:
-            raise RanPastDeadline(deadline) from None
+            if timer.expired():
+                raise RanPastDeadline(deadline) from None
+            raise  # the hook's own TimeoutError
 
     def _submit(self, job: _Job) -> None:
         with self._lock:
