@@ -12,6 +12,12 @@ refuses the rest:
   packets that arrive on that bridge: connection-tracking states ``ESTABLISHED`` and ``RELATED`` go
   back to ``INPUT`` (whatever the host's own rules say of them), a new TCP connection is answered with a
   reset (the client sees "connection refused" at once), and every other packet is dropped;
+* one exception, for the image builder's egress proxy (:mod:`levers9.builder.egress`), which listens on the
+  gateway while a build runs: the bridge's chain first jumps to a second chain, ``L9AL-<bridge>``, which
+  holds one rule per build container, accepting TCP from exactly that container's address to exactly the
+  proxy's address and port (:func:`allow`, taken back with :func:`disallow`). Rebuilding the bridge's
+  chain never touches it, so the containers of a build running meanwhile keep their way out; it is empty
+  when no build runs, and every other port of the host stays refused to every container;
 * IPv6 is turned off on the bridge (``net.ipv6.conf.<bridge>.disable_ipv6``), so the host neither has
   a link-local address there nor accepts any IPv6 packet arriving on it, whatever ``ip6tables`` holds.
 
@@ -29,6 +35,7 @@ the bridge is not used: containers fail to start rather than run with the host o
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import shutil
 import subprocess
@@ -37,22 +44,39 @@ from pathlib import Path
 
 from levers9.hooks.errors import Levers9Error
 
-__all__ = ["CHAIN_PREFIX", "HostGuardError", "chain_name", "guard", "is_guarded", "unguard"]
+__all__ = [
+    "ALLOW_PREFIX",
+    "CHAIN_PREFIX",
+    "HostGuardError",
+    "allow",
+    "allow_chain_name",
+    "allowances",
+    "chain_name",
+    "disallow",
+    "guard",
+    "is_guarded",
+    "unguard",
+]
 
 #: the per-bridge chain's name is this plus the bridge's name (at most 20 of iptables' 28 characters)
 CHAIN_PREFIX = "L9IN-"
+#: the per-bridge chain of single ports opened to single containers (see the module's docstring)
+ALLOW_PREFIX = "L9AL-"
 #: long enough for a loaded machine, short enough that a wedged iptables does not hang a worker
 IPTABLES_TIMEOUT_S = 30.0
 INSTALL = "apt-get install -y iptables"
 #: where iptables is looked for when PATH (which service managers often cut short) lacks it
 FALLBACK_PATHS = (Path("/usr/sbin/iptables"), Path("/sbin/iptables"))
 
-#: the chain's rules, in order
-_RULES: tuple[tuple[str, ...], ...] = (
-    ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"),
-    ("-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"),
-    ("-j", "DROP"),
-)
+
+def _rules(bridge: str) -> tuple[tuple[str, ...], ...]:
+    """The bridge's chain's rules, in order."""
+    return (
+        ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"),
+        ("-j", allow_chain_name(bridge)),
+        ("-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"),
+        ("-j", "DROP"),
+    )
 
 
 class HostGuardError(Levers9Error):
@@ -62,6 +86,11 @@ class HostGuardError(Levers9Error):
 def chain_name(bridge: str) -> str:
     """The bridge's own chain."""
     return f"{CHAIN_PREFIX}{bridge}"
+
+
+def allow_chain_name(bridge: str) -> str:
+    """The bridge's chain of ports opened to single containers."""
+    return f"{ALLOW_PREFIX}{bridge}"
 
 
 def _iptables() -> str:
@@ -121,11 +150,12 @@ def _complete(bridge: str, binary: str) -> bool:
     lines = listing.stdout.splitlines()
     rules = [line for line in lines if line.startswith(f"-A {chain} ")]
     jump = f"-A {shlex.join(_jump(bridge))}"
-    if jump not in lines or len(rules) != len(_RULES):
+    expected = _rules(bridge)
+    if jump not in lines or len(rules) != len(expected):
         return False
     if _seen.get(bridge) == rules:
         return True
-    if any(_run(["-C", chain, *rule], binary).returncode != 0 for rule in _RULES):
+    if any(_run(["-C", chain, *rule], binary).returncode != 0 for rule in expected):
         return False
     _seen[bridge] = rules
     return True
@@ -138,11 +168,13 @@ def guard(bridge: str) -> None:
     if _complete(bridge, binary):
         return
     chain = chain_name(bridge)
+    if _run(["-S", allow_chain_name(bridge)], binary).returncode != 0:
+        _must(["-N", allow_chain_name(bridge)], binary)  # created empty, never flushed here: builds may hold rules
     if _run(["-S", chain], binary).returncode != 0:
         _must(["-N", chain], binary)
     # Rebuilt whole: the callers hold the bridge's lock, so no other levers9 process edits it meanwhile.
     _must(["-F", chain], binary)
-    for rule in _RULES:
+    for rule in _rules(bridge):
         _must(["-A", chain, *rule], binary)
     if _run(["-C", *_jump(bridge)], binary).returncode != 0:
         _must(["-I", "INPUT", "1", *_jump(bridge)[1:]], binary)
@@ -157,11 +189,59 @@ def unguard(bridge: str) -> None:
     for _ in range(100):  # every copy of the jump, should a crash have left more than one
         if _run(["-D", *_jump(bridge)], binary).returncode != 0:
             break
-    chain = chain_name(bridge)
     _seen.pop(bridge, None)
-    if _run(["-S", chain], binary).returncode == 0:
-        _must(["-F", chain], binary)
-        _must(["-X", chain], binary)
+    for chain in (chain_name(bridge), allow_chain_name(bridge)):  # the first refers to the second: it goes first
+        if _run(["-S", chain], binary).returncode == 0:
+            _must(["-F", chain], binary)
+            _must(["-X", chain], binary)
+
+
+def _allowance(source: str, destination: str, port: int) -> list[str]:
+    """The rule accepting TCP from ``source`` to ``destination:port``; ValueError names a bad argument."""
+    for name, address in (("source", source), ("destination", destination)):
+        if ipaddress.ip_address(address).version != 4:
+            raise ValueError(f"{name} {address!r} is not an IPv4 address (the bridge has no IPv6)")
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not a TCP port (1-65535)")
+    return ["-s", f"{source}/32", "-d", f"{destination}/32", "-p", "tcp", "-m", "tcp", "--dport", str(port),
+            "-j", "ACCEPT"]  # fmt: skip
+
+
+def allow(bridge: str, source: str, destination: str, port: int) -> None:
+    """Let the container at ``source`` open TCP connections to the host's ``destination:port``, and no other.
+
+    The bridge must be guarded (:func:`guard`, which every container's attachment does first). Idempotent.
+    Raises HostGuardError when iptables refuses, ValueError for an address or port that is not one.
+    """
+    rule = _allowance(source, destination, port)
+    binary = _iptables()
+    chain = allow_chain_name(bridge)
+    if _run(["-C", chain, *rule], binary).returncode != 0:
+        _must(["-A", chain, *rule], binary)
+
+
+def disallow(bridge: str, source: str, destination: str, port: int) -> None:
+    """Take back what :func:`allow` gave (every copy of it); nothing to take back (or no chain) is fine."""
+    rule = _allowance(source, destination, port)
+    try:
+        binary = _iptables()
+    except HostGuardError:
+        return
+    for _ in range(100):
+        if _run(["-D", allow_chain_name(bridge), *rule], binary).returncode != 0:
+            break
+
+
+def allowances(bridge: str) -> list[str]:
+    """The rules :func:`allow` put in the bridge's chain, as ``iptables -S`` prints them (empty without one)."""
+    try:
+        binary = _iptables()
+    except HostGuardError:
+        return []
+    listing = _run(["-S", allow_chain_name(bridge)], binary)
+    if listing.returncode != 0:
+        return []
+    return [line for line in listing.stdout.splitlines() if line.startswith("-A ")]
 
 
 def _ipv6_off(bridge: str) -> None:
