@@ -85,8 +85,10 @@ T = TypeVar("T")
 SECRETS_DIR = "/run/secrets"
 #: how many of a failed step's last lines of output its error quotes
 TAIL_LINES = 20
-#: apt, told to go through the proxy one request per connection (the proxy does not keep connections alive)
-_APT_OPTIONS = ("-o", "Acquire::http::Pipeline-Depth=0", "-o", "Acquire::Retries=3")
+#: apt, told to go through the proxy one request per connection (the proxy does not keep connections alive),
+#: and to fetch no translations of package descriptions (nothing in an image reads them, as in Debian's own
+#: container images; each is one more index to download)
+_APT_OPTIONS = ("-o", "Acquire::http::Pipeline-Depth=0", "-o", "Acquire::Retries=3", "-o", "Acquire::Languages=none")
 _POLL_S = 0.1
 _HOOK_TIMEOUT_S = 120.0
 #: how long writing a step's changes may take (a big pip install is gigabytes)

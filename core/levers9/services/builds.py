@@ -161,8 +161,8 @@ class Builds:
         registry = self._registry()
         built = await self.store.image(workspace, all_keys[-1], touch=True)
         if built is not None:
-            yield BuildEvent("done", image=registry.ref(built), key=built.key, cached=True, steps=len(all_keys),
-                             steps_cached=len(all_keys))  # fmt: skip
+            yield BuildEvent("done", image=registry.ref(built), key=built.key, cached=True, steps=len(spec.steps),
+                             steps_cached=len(spec.steps))  # fmt: skip
             return
         pools = self._build_pools(workspace)
         if not pools:
@@ -197,7 +197,7 @@ class Builds:
         (task_id,) = await self.dp.submit(principal, stub_id, [order])
         log.info("build %s of workspace %s: %d steps, %d cached, on %s", task_id, workspace, len(all_keys),
                  len(cached), ", ".join(pools))  # fmt: skip
-        yield BuildEvent("started", task_id=task_id, key=all_keys[-1], steps=len(all_keys), steps_cached=len(cached),
+        yield BuildEvent("started", task_id=task_id, key=all_keys[-1], steps=len(spec.steps), steps_cached=len(set(cached) - {all_keys[0]}),
                          text=f"building on pool {' or '.join(pools)}")  # fmt: skip
         finishing = asyncio.create_task(self._finish(principal, task_id, spec, all_keys, registry))
         self._finishing.add(finishing)
@@ -240,5 +240,6 @@ class Builds:
             workspace, steps, key=all_keys[-1], repository=registry.repository(workspace), manifest_digest=digest,
             size_bytes=size, step_count=len(all_keys),
         )  # fmt: skip
-        return BuildEvent("done", image=registry.ref(image), key=image.key, task_id=task_id, steps=len(all_keys),
-                          steps_cached=len(all_keys) - len(steps))  # fmt: skip
+        ran = {s.key for s in steps} - {all_keys[0]}
+        return BuildEvent("done", image=registry.ref(image), key=image.key, task_id=task_id, steps=len(spec.steps),
+                          steps_cached=len(spec.steps) - len(ran))  # fmt: skip

@@ -74,8 +74,18 @@ class BuildTasks:
         self.base_cache = Path(os.environ.get(BUILD_CACHE_VARIABLE) or state_dir.parent / "build-cache")
 
     async def run(self, stub: StubSpec, call: Call, on_log: Callable[[str, bytes], None]) -> Outcome:
+        loop = asyncio.get_running_loop()
+
         def say(text: str) -> None:
-            on_log(call.task_id, text.encode())
+            """Task output, from the event loop or from a thread of the build (the outbox is the loop's)."""
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is loop:
+                on_log(call.task_id, text.encode())
+            else:
+                loop.call_soon_threadsafe(on_log, call.task_id, text.encode())
 
         try:
             order = read_order(call.args)
@@ -213,7 +223,7 @@ def _fetch_layer(client: RegistryClient, order: Order, recorded: Mapping[str, An
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(scratch)
-    return Layer(diff_id=diff_id, blob_digest=blob, blob_path=None, blob_size=size)
+    return Layer(diff_id=f"sha256:{diff_id}", blob_digest=f"sha256:{blob}", blob_path=None, blob_size=size)
 
 
 def _cached_step(key: str, step: Step, layer: Layer | None) -> StepResult:

@@ -31,7 +31,8 @@ async def test_a_build_is_recorded_and_found_by_key(db: Database, workspace: Wor
     assert (found[KEYS[1]].op, found[KEYS[1]].diff_id) == ("env", None)  # a config-only step made no layer
     assert (found[KEYS[2]].diff_id, found[KEYS[2]].blob_digest, found[KEYS[2]].size_bytes) == ("c" * 64, "e" * 64, 20)
     image = await store.image(workspace.id, KEYS[2])
-    assert image is not None and (image.manifest_digest, image.steps, image.size_bytes) == (
+    assert image is not None
+    assert (image.manifest_digest, image.steps, image.size_bytes) == (
         "sha256:" + "d" * 64,
         3,
         1020,
@@ -48,11 +49,13 @@ async def test_recording_again_keeps_the_first_steps_and_touches_the_image(
     first = await store.image(workspace.id, KEYS[2])
     await _build(store, workspace.id, digest="sha256:" + "f" * 64)  # a racing build of the same blueprint
     again = await store.image(workspace.id, KEYS[2])
-    assert first is not None and again is not None
+    assert first is not None
+    assert again is not None
     assert again.manifest_digest == first.manifest_digest  # the first record stays
     assert again.last_used_at >= first.last_used_at
     touched = await store.image(workspace.id, KEYS[2], touch=True)
-    assert touched is not None and touched.last_used_at >= again.last_used_at
+    assert touched is not None
+    assert touched.last_used_at >= again.last_used_at
 
 
 async def test_another_workspace_sees_nothing(db: Database, workspace: WorkspaceRecord) -> None:

@@ -1,0 +1,182 @@
+"""Blueprints on a real `levers9 up`: built on its runc (and gVisor) workers, pushed to its registry, run from it.
+
+The user's way: a file with a ``levers9.Blueprint`` (an apt package, a pip package, shell commands and a
+local package of their own) as a function's ``image=``, run with ``levers9 run FILE::main``. The build runs
+on the pool's worker in containers of its runtime, from the run's shared Debian base
+(tests/fixtures/debian_base.py: built once per machine), through the build's egress proxy to this
+machine's Debian mirror and pip index; the image goes to the embedded registry behind the controlplane,
+the worker pulls it and runs the function in it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from levers9.builder.base import BaseLayer
+from tests.fixtures.levers9_up import Up
+
+APP = """\
+import json
+import levers9
+
+image = (
+    levers9.Blueprint(python_version="3.11")
+    .apt_install(["jq"])
+    .add_python_packages(["six"])
+    .add_local_path("mypkg")
+    .add_python_packages(["/app/mypkg"])
+    .add_commands(["echo {marker} > /built.txt"])
+)
+
+
+@levers9.function(image=image, memory=512)
+def probe() -> dict:
+    import subprocess
+
+    import mine
+    import six
+
+    return {{
+        "jq": subprocess.run(["jq", "--version"], capture_output=True, text=True).stdout.strip(),
+        "six": six.__version__,
+        "mine": mine.VALUE,
+        "built": open("/built.txt").read().strip(),
+    }}
+
+
+def main() -> None:
+    print(json.dumps(probe.remote()))
+"""
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "mine"
+version = "1.0"
+
+[tool.setuptools]
+py-modules = ["mine"]
+"""
+
+
+def _app(up: Up, marker: str) -> Path:
+    (up.root / "mypkg").mkdir(exist_ok=True)
+    (up.root / "mypkg" / "pyproject.toml").write_text(PYPROJECT)
+    (up.root / "mypkg" / "mine.py").write_text('VALUE = "from my own package"\n')
+    path = up.root / "blueprint_app.py"
+    path.write_text(textwrap.dedent(APP.format(marker=marker)))
+    return path
+
+
+def _run(up: Up, app: Path) -> tuple[dict[str, str], str]:
+    done = up.levers9("run", f"{app.name}::main", timeout=900)
+    assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n--- up:\n{up.log()[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+def test_a_blueprint_builds_and_its_function_runs_in_it(levers9_up: Up, debian_base: BaseLayer, runtime: str) -> None:
+    levers9_up.use_runtime(runtime)
+    levers9_up.builds = True
+    levers9_up.start()
+    app = _app(levers9_up, "first")
+    answer, output = _run(levers9_up, app)
+    assert answer["jq"].startswith("jq-1.6"), answer
+    assert (answer["mine"], answer["built"]) == ("from my own package", "first")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", answer["six"]), answer
+    # the build's output streamed to the user, a line per step
+    for step in ("step 1/5", "step 5/5"):
+        assert step in output, output
+    assert "cached" not in output
+
+    # the last line changed: only that step runs again (the others are the workspace's, by key)
+    app.write_text(app.read_text().replace("echo first", "echo second"))
+    answer, output = _run(levers9_up, app)
+    assert answer["built"] == "second"
+    assert [f"step {i}/5 cached" in output for i in range(1, 6)] == [True] * 4 + [False], output
+
+    listed = levers9_up.levers9("blueprints", "--json")
+    assert listed.returncode == 0, listed.stderr
+    images = json.loads(listed.stdout)
+    assert len(images) == 2
+    assert all(i["image"].split("@")[1].startswith("sha256:") for i in images)
+
+
+def test_a_failing_step_names_itself_and_records_nothing(levers9_up: Up, debian_base: BaseLayer) -> None:
+    levers9_up.use_runtime("runc")
+    levers9_up.builds = True
+    levers9_up.start()
+    app = levers9_up.root / "broken.py"
+    app.write_text(
+        textwrap.dedent("""\
+        import levers9
+
+        image = levers9.Blueprint(python_version="3.11").add_commands(["echo about to fail; exit 7"])
+        """)
+    )
+    done = levers9_up.levers9("blueprint", "build", f"{app.name}::image", timeout=600)
+    assert done.returncode == 1
+    assert "step 1/1" in done.stderr, done.stderr
+    assert re.search(r"exit(ed with| code)? 7", done.stderr), done.stderr
+    assert "about to fail" in done.stderr
+    listed = levers9_up.levers9("blueprints", "--json")
+    assert json.loads(listed.stdout) == []
+
+
+def test_a_step_secret_reaches_the_step_only(levers9_up: Up, debian_base: BaseLayer, tmp_path: Path) -> None:
+    levers9_up.use_runtime("runc")
+    levers9_up.builds = True
+    levers9_up.start()
+    secret = "s3cr3t-value-never-in-a-layer"
+    made = subprocess.run(
+        [sys.executable, "-m", "levers9", "secret", "create", "TOKEN"], input=secret, env=levers9_up.env,
+        capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    app = levers9_up.root / "secretive.py"
+    app.write_text(
+        textwrap.dedent("""\
+        import levers9
+
+        image = levers9.Blueprint(python_version="3.11").add_commands(
+            ['test "$TOKEN" = "$(cat /run/secrets/TOKEN)" && echo the step saw it > /seen'], secrets=["TOKEN"]
+        )
+        """)
+    )
+    done = levers9_up.levers9("blueprint", "build", f"{app.name}::image", timeout=600)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    ref = done.stdout.strip()
+    assert secret not in done.stderr
+    # every blob of the image as the controlplane's registry serves it to the workspace's user
+    copied = tmp_path / "copied"
+    pulled = subprocess.run(
+        ["skopeo", "copy", "--src-tls-verify=false", "--src-creds", f"user:{levers9_up.token()}",
+         f"docker://{ref}", f"dir:{copied}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert pulled.returncode == 0, f"skopeo copy failed (apt-get install -y skopeo):\n{pulled.stderr}"
+    seen = False
+    blobs = [p for p in copied.iterdir() if p.name not in ("version",)]
+    assert len(blobs) >= 4  # manifest, config, base layer, the step's layer
+    for blob in blobs:
+        data = blob.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        assert secret.encode() not in data, f"the secret's value is in {blob.name}"
+        if data[:2] != b'{"' and b"the step saw it" in data:
+            seen = True
+    assert seen, "no layer holds /seen: the step did not see its secret"
+    config = json.loads(next(b.read_bytes() for b in blobs if b'"rootfs"' in b.read_bytes()[:100000]))
+    history = json.dumps(config.get("history", []))
+    assert "TOKEN" in history  # the name, not the value
