@@ -8,6 +8,7 @@ and checks that no host-guard rule, chain or namespace is left.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import socket
 import subprocess
@@ -160,6 +161,50 @@ async def test_hosts_the_configuration_names_may_be_private(bridge: Bridge, atta
             # only that host and port: the same address under another name, or another port, is refused
             assert await ask(container, gw, proxy.port, connect("127.0.0.1", port)) == "HTTP/1.1 403 Forbidden"
             assert await ask(container, gw, proxy.port, connect("localhost", port + 1)) == "HTTP/1.1 403 Forbidden"
+
+
+# Fetches one URL through the proxy over plain http, on a connection it would keep alive, reading slowly (as
+# apt does, writing to disk) so the proxy still holds some of the answer when the server has sent it all.
+WHOLE = r"""
+import hashlib, http.client, sys, time
+conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=60)
+conn.request("GET", sys.argv[3])
+response = conn.getresponse()
+body = b""
+while chunk := response.read(65536):
+    body += chunk
+    time.sleep(0.005)
+print(response.status, len(body), hashlib.sha256(body).hexdigest(), response.getheader("Connection"))
+"""
+
+
+async def test_a_plain_http_answer_arrives_whole_and_closes_its_connection(
+    bridge: Bridge, attach: Callable[[], Attachment], tmp_path: Path
+) -> None:
+    payload = secrets.token_bytes(8 << 20)
+    (tmp_path / "big").write_bytes(payload)
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(tmp_path), "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = (await asyncio.wait_for(server.stdout.readline(), 30)).decode()
+        port = int(line.split(" port ")[1].split()[0])
+        async with EgressProxy(bridge, allowed={("localhost", port)}) as proxy:
+            container = attach()
+            await proxy.admit(container.ip)
+            for _ in range(3):
+                proc = await asyncio.create_subprocess_exec(
+                    "ip", "netns", "exec", container.netns_name, sys.executable, "-c", WHOLE, bridge.gateway,
+                    str(proxy.port), f"http://localhost:{port}/big", stdout=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                out, _ = await asyncio.wait_for(proc.communicate(), 120)
+                expected = f"200 {len(payload)} {hashlib.sha256(payload).hexdigest()} close"
+                assert out.decode().strip() == expected
+    finally:
+        server.terminate()
+        await server.wait()
 
 
 async def test_closing_it_leaves_nothing(bridge: Bridge, attach: Callable[[], Attachment]) -> None:

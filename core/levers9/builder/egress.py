@@ -204,53 +204,68 @@ class EgressProxy:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, client: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream: asyncio.StreamWriter | None = None
+        ends = [writer]
         try:
-            if len(self._tasks) > MAX_CONNECTIONS:
-                await _answer(writer, 503, f"the build proxy carries {MAX_CONNECTIONS} connections at most")
-                return
-            try:
-                async with asyncio.timeout(HEAD_TIMEOUT_S):
-                    head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-                await _answer(writer, 400, "no complete request head (at most 64 KiB, within 30 s)")
-                return
-            try:
-                method, host, port, forward = _parse(head)
-                address = await self._check(host, port)
-            except _Refused as refused:
-                if refused.status == 403:
-                    self._refuse(client, f"{_show(head)}", refused.reason)
-                await _answer(writer, refused.status, refused.reason)
-                return
-            try:
-                async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    up_reader, upstream = await asyncio.open_connection(str(address), port)
-            except (OSError, TimeoutError) as exc:
-                await _answer(writer, 502, f"{host}:{port} ({address}) could not be reached: {exc or 'timed out'}")
-                return
-            if method == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(_copy(reader, upstream))
-                    group.create_task(_copy(up_reader, writer))
-            else:
-                upstream.write(forward)
-                await upstream.drain()
-                sending = asyncio.ensure_future(_copy(reader, upstream))
-                try:
-                    await _copy(up_reader, writer)
-                finally:
-                    sending.cancel()
-                    await asyncio.gather(sending, return_exceptions=True)
+            await self._handle(client, reader, writer, ends)
         except Exception as exc:
             if not _socket_errors_only(exc):
                 log.exception("build proxy connection from %s failed", client)
+        except BaseException:  # cancelled: the proxy is closing, drop at once
+            for end in ends:
+                _drop(end)
+            raise
+        await _close(ends)  # what is still buffered goes out before the connections close
+
+    async def _handle(
+        self, client: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ends: list[asyncio.StreamWriter]
+    ) -> None:
+        """Answer one proxy request; an upstream connection it opens is appended to ``ends``."""
+        if len(self._tasks) > MAX_CONNECTIONS:
+            await _answer(writer, 503, f"the build proxy carries {MAX_CONNECTIONS} connections at most")
+            return
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            await _answer(writer, 400, "no complete request head (at most 64 KiB, within 30 s)")
+            return
+        try:
+            method, host, port, forward = _parse(head)
+            address = await self._check(host, port)
+        except _Refused as refused:
+            if refused.status == 403:
+                self._refuse(client, f"{_show(head)}", refused.reason)
+            await _answer(writer, refused.status, refused.reason)
+            return
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                up_reader, upstream = await asyncio.open_connection(str(address), port, limit=MAX_HEAD_BYTES)
+        except (OSError, TimeoutError) as exc:
+            await _answer(writer, 502, f"{host}:{port} ({address}) could not be reached: {exc or 'timed out'}")
+            return
+        ends.append(upstream)
+        if method == "CONNECT":
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_copy(reader, upstream))
+                group.create_task(_copy(up_reader, writer))
+            return
+        # One request per connection: upstream was asked to close after its answer, and the client is told
+        # the same, so it never sends a second request down a connection that is about to close.
+        upstream.write(forward)
+        await upstream.drain()
+        sending = asyncio.ensure_future(_copy(reader, upstream))  # the request's body, if it has one
+        try:
+            try:
+                response = await up_reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                raise ConnectionError(f"{host}:{port} sent no complete response head") from exc
+            writer.write(_closing(response))
+            await _copy(up_reader, writer)
         finally:
-            for end in (writer, upstream):
-                if end is not None:
-                    end.transport.abort()
+            sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
 
     async def _check(self, host: str, port: int) -> Address:
         """The address to connect to for ``host:port``, or _Refused saying why none may be."""
@@ -337,6 +352,40 @@ def _authority(authority: str, default_port: int | None) -> tuple[str, int]:
     if not host or port is None or not 0 < port < 65536:
         raise _Refused(400, f"{authority!r} is not a host and port")
     return host, port
+
+
+def _closing(head: bytes) -> bytes:
+    """A response head with its connection headers replaced by ``Connection: close``."""
+    lines = head.decode("latin-1").split("\r\n")
+    kept = [line for line in lines[1:] if line and line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
+    return (lines[0] + "\r\n" + "".join(f"{line}\r\n" for line in kept) + "Connection: close\r\n\r\n").encode("latin-1")
+
+
+async def _close(ends: list[asyncio.StreamWriter]) -> None:
+    """Close each connection once what is buffered for it is sent; a peer that stops reading gets 10 s.
+
+    ``abort`` would drop what is still buffered (the end of an answer); cancelled meanwhile, it drops it.
+    """
+    for end in ends:
+        end.close()
+    try:
+        async with asyncio.timeout(10):
+            for end in ends:
+                with contextlib.suppress(OSError):
+                    await end.wait_closed()
+    except TimeoutError:
+        for end in ends:
+            _drop(end)
+    except BaseException:
+        for end in ends:
+            _drop(end)
+        raise
+
+
+def _drop(end: asyncio.StreamWriter) -> None:
+    """Close a connection now, dropping what is buffered for it (one closed already is left as it is)."""
+    with contextlib.suppress(AttributeError, RuntimeError):  # asyncio's transport has no loop once closed
+        end.transport.abort()
 
 
 def _unmapped(address: Address) -> Address:
