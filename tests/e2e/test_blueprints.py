@@ -16,12 +16,14 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from levers9.builder.base import BaseLayer
 from tests.fixtures.levers9_up import Up
+from tests.fixtures.registry import Registry, htpasswd_file
 
 APP = """\
 import json
@@ -180,3 +182,72 @@ def test_a_step_secret_reaches_the_step_only(levers9_up: Up, debian_base: BaseLa
     config = json.loads(next(b.read_bytes() for b in blobs if b'"rootfs"' in b.read_bytes()[:100000]))
     history = json.dumps(config.get("history", []))
     assert "TOKEN" in history  # the name, not the value
+
+
+@pytest.mark.parametrize("where", ["own", "private"])
+def test_a_blueprint_on_a_registry_base(
+    levers9_up: Up, debian_base: BaseLayer, where: str, registry_factory: Callable[..., Registry], tmp_path: Path
+) -> None:
+    """``Blueprint.from_registry`` on the workspace's first image: in the controlplane's own registry, and copied to
+    a private registry (htpasswd) whose login the blueprint names as two workspace secrets."""
+    levers9_up.use_runtime("runc")
+    levers9_up.builds = True
+    levers9_up.start()
+    first = levers9_up.root / "first.py"
+    first.write_text(
+        textwrap.dedent("""\
+        import levers9
+
+        image = levers9.Blueprint(python_version="3.11").apt_install(["jq"]).add_commands(["echo below > /below"])
+        """)
+    )
+    built = levers9_up.levers9("blueprint", "build", f"{first.name}::image", timeout=600)
+    assert built.returncode == 0, built.stderr
+    base_ref = built.stdout.strip()
+    credentials = ""
+    if where == "private":
+        users = htpasswd_file(tmp_path / "htpasswd", "puller", "pa55word")
+        private = registry_factory({"htpasswd": {"realm": "levers9-tests", "path": str(users)}})
+        digest = base_ref.split("@")[1]
+        copied = subprocess.run(
+            ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false",
+             "--src-creds", f"user:{levers9_up.token()}", "--dest-creds", "puller:pa55word",
+             f"docker://{base_ref}", f"docker://{private.address}/team/base:v1"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert copied.returncode == 0, copied.stderr
+        base_ref = f"{private.address}/team/base@{digest}"
+        for name, value in (("REG_USER", "puller"), ("REG_PASSWORD", "pa55word")):
+            made = subprocess.run(
+                [sys.executable, "-m", "levers9", "secret", "create", name], input=value, env=levers9_up.env,
+                capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
+            )  # fmt: skip
+            assert made.returncode == 0, made.stderr
+        credentials = ', credentials=["REG_USER", "REG_PASSWORD"]'
+    app = levers9_up.root / "layered.py"
+    app.write_text(
+        textwrap.dedent(f"""\
+        import json
+        import subprocess
+
+        import levers9
+
+        image = levers9.Blueprint.from_registry({base_ref!r}{credentials}).add_commands(["echo above > /above"])
+
+
+        @levers9.function(image=image, memory=512)
+        def probe() -> dict:
+            return {{
+                "jq": subprocess.run(["jq", "--version"], capture_output=True, text=True).stdout.strip(),
+                "files": [open(p).read().strip() for p in ("/below", "/above")],
+            }}
+
+
+        def main() -> None:
+            print(json.dumps(probe.remote()))
+        """)
+    )
+    answer, output = _run(levers9_up, app)
+    assert answer["jq"].startswith("jq-1.6"), answer
+    assert answer["files"] == ["below", "above"]
+    assert f"base: {base_ref}" in output

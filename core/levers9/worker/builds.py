@@ -36,8 +36,9 @@ from levers9.blueprints.order import Order, read_order
 from levers9.blueprints.spec import BuildSpec, Step
 from levers9.builder.base import base_image
 from levers9.builder.build import BaseImage, BuildEvent, BuildFailed, BuildResult, StepResult, run_build
-from levers9.builder.layout import Layer
+from levers9.builder.layout import LAYER_GZIP, LAYER_TAR, Layer, blob_dir
 from levers9.builder.steps import describe
+from levers9.engine.image_sources import read_layout
 from levers9.engine.images import ImageStore
 from levers9.engine.node import NodeSettings, images_for
 from levers9.hooks.errors import Levers9Error
@@ -45,6 +46,8 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import RuntimeContext
 from levers9.registry.auth import RegistryAuth
 from levers9.registry.client import RegistryClient
+from levers9.registry.pull import RegistryPuller, default_base_url
+from levers9.registry.refs import parse_ref
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 
 __all__ = ["BUILD_CACHE_VARIABLE", "BuildTasks"]
@@ -117,7 +120,7 @@ class BuildTasks:
         registry = order.registry
         client = RegistryClient(str(registry["url"]), auth=self.credentials(), verify=registry.get("tls_verify", True))
         try:
-            base, base_built = await asyncio.to_thread(self._base, spec, order, store, client, say)
+            base, base_built = await asyncio.to_thread(self._base, spec, order, store, client, say, stub.secret_env)
             cached = await asyncio.to_thread(self._cached, spec, order, store, client)
             contents: dict[str, Path] = {}
             for digest, data in order.contents.items():
@@ -146,15 +149,23 @@ class BuildTasks:
         return {"manifest_digest": digest, "size": size, "steps": made}
 
     def _base(
-        self, spec: BuildSpec, order: Order, store: ImageStore, client: RegistryClient, say: Callable[[str], None]
+        self,
+        spec: BuildSpec,
+        order: Order,
+        store: ImageStore,
+        client: RegistryClient,
+        say: Callable[[str], None],
+        stub_secrets: Mapping[str, str],
     ) -> tuple[BaseImage, dict[str, Any] | None]:
         """The base to build on, and its record when this build made it (None: the workspace had it)."""
-        if spec.base.kind != "debian" or spec.base.python_version is None:
-            raise BuildUnsupported(
-                "blueprints on a registry base are not built yet by this worker; use a Debian base "
-                "(Blueprint(python_version=...)) for now"
-            )
         base_key = order.keys[0]
+        if spec.base.kind == "registry":
+            return self._registry_base(spec, order, store, stub_secrets, say), (
+                None if base_key in order.cached else {"key": base_key, "op": "base", "diff_id": None,
+                                                        "blob_digest": None, "size": None}
+            )  # fmt: skip
+        if spec.base.python_version is None:
+            raise BuildUnsupported("a Debian base names its Python version (Blueprint(python_version=...))")
         say(f"step 0/{len(spec.steps)} base: Debian with Python {spec.base.python_version}\n")
         local = base_image(spec.base.python_version, self.base_cache)
         image = BaseImage.debian(local, store)
@@ -172,6 +183,55 @@ class BuildTasks:
                          architecture=image.architecture, created=image.created, history=image.history,
                          apt_urls=image.apt_urls), None  # fmt: skip
 
+    def _registry_base(
+        self, spec: BuildSpec, order: Order, store: ImageStore, secrets: Mapping[str, str], say: Callable[[str], None]
+    ) -> BaseImage:
+        """A registry image as the base: its layers' blobs fetched into this machine's blob directory (they are
+        pushed with the image, so it needs nothing of the registry it came from) and unpacked into the node cache.
+
+        The controlplane's own registry is logged in to with this worker's credential (it holds a build of the
+        workspace, whose images it may then read); another with the base's credentials, the values of the
+        workspace secrets it names (a user name and a password, or a token alone).
+        """
+        ref = str(spec.base.ref)
+        parsed = parse_ref(ref)
+        ours = str(order.registry["url"]).split("://", 1)[-1].rstrip("/")
+        if parsed.registry == ours:
+            client = RegistryClient(str(order.registry["url"]), auth=self.credentials(),
+                                    verify=order.registry.get("tls_verify", True))  # fmt: skip
+        else:
+            client = RegistryClient(default_base_url(parsed.registry), auth=_login(spec.base.credentials, secrets))
+        say(f"step 0/{len(spec.steps)} base: {ref}\n")
+        blobs = blob_dir(store.cache_dir)
+        try:
+            with RegistryPuller(client=lambda _: client) as puller, puller.open(ref) as layout:
+                manifest = read_layout(ref, layout)
+                if manifest.diff_ids is None or len(manifest.diff_ids) != len(manifest.layers):
+                    raise BuildUnsupported(f"base {ref}: its config does not list a diff id for each layer")
+                layers = []
+                for blob, diff_id in zip(manifest.layers, manifest.diff_ids, strict=True):
+                    hex_blob = blob.name.rsplit("/", 1)[-1]
+                    path = blobs / hex_blob
+                    if not path.exists():
+                        scratch = blobs / f".pull-{hex_blob}"
+                        with layout.open(blob.name) as src, open(scratch, "wb") as out:
+                            shutil.copyfileobj(src, out, 1 << 20)
+                        os.replace(scratch, path)
+                    store.add_layer(path, diff_id)
+                    with open(path, "rb") as head:
+                        gzipped = head.read(2) == b"\x1f\x8b"
+                    layers.append(Layer(diff_id=f"sha256:{diff_id}", blob_digest=f"sha256:{hex_blob}", blob_path=path,
+                                        blob_size=path.stat().st_size, media_type=LAYER_GZIP if gzipped else LAYER_TAR))  # fmt: skip
+        except Levers9Error as exc:
+            if isinstance(exc, BuildUnsupported):
+                raise
+            raise BuildUnsupported(f"base {ref} could not be pulled: {exc}") from exc
+        finally:
+            client.close()
+        config = manifest.config
+        return BaseImage(layers=tuple(layers), env=config.env, cmd=config.cmd, workdir=config.workdir or "/",
+                         history=tuple({"created_by": f"levers9: base {ref}, layer {i + 1}"} for i in range(len(layers))))  # fmt: skip
+
     def _cached(
         self, spec: BuildSpec, order: Order, store: ImageStore, client: RegistryClient
     ) -> dict[str, StepResult]:
@@ -188,6 +248,18 @@ class BuildTasks:
 
 class BuildUnsupported(Levers9Error):
     """The order asks for something this worker's builder cannot do yet; the message says what to use."""
+
+
+def _login(names: tuple[str, ...], secrets: Mapping[str, str]) -> RegistryAuth | None:
+    """The base registry's login from the workspace secrets it names: (user, password), or a token alone."""
+    if not names:
+        return None
+    missing = [n for n in names if n not in secrets]
+    if missing:
+        raise BuildUnsupported(f"the base's credentials name secrets this build was not given: {', '.join(missing)}")
+    if len(names) == 1:
+        return RegistryAuth(username="token", password=secrets[names[0]])
+    return RegistryAuth(username=secrets[names[0]], password=secrets[names[1]])
 
 
 def _hex(digest: str) -> str:
