@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from levers9.builder.base import BaseLayer
+from tests.fixtures.dockerd import Dockerd
 from tests.fixtures.levers9_up import Up
 from tests.fixtures.registry import Registry, htpasswd_file
 
@@ -251,3 +253,49 @@ def test_a_blueprint_on_a_registry_base(
     assert answer["jq"].startswith("jq-1.6"), answer
     assert answer["files"] == ["below", "above"]
     assert f"base: {base_ref}" in output
+
+
+def test_docker_and_skopeo_take_a_built_image(levers9_up: Up, debian_base: BaseLayer, dockerd: Dockerd) -> None:
+    """The image is a standard OCI image: skopeo inspects it and docker pulls and runs it, through the controlplane."""
+    levers9_up.use_runtime("runc")
+    levers9_up.builds = True
+    levers9_up.start()
+    app = levers9_up.root / "plain.py"
+    app.write_text(
+        textwrap.dedent("""\
+        import levers9
+
+        image = levers9.Blueprint(python_version="3.11").apt_install(["jq"]).add_commands(["echo docked > /x"])
+        """)
+    )
+    built = levers9_up.levers9("blueprint", "build", f"{app.name}::image", timeout=600)
+    assert built.returncode == 0, built.stderr
+    ref, token = built.stdout.strip(), levers9_up.token()
+    host, digest = ref.split("/")[0], ref.split("@")[1]
+    inspected = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--creds", f"user:{token}", f"docker://{ref}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert inspected.returncode == 0, f"(apt-get install -y skopeo) {inspected.stderr}"
+    shown = json.loads(inspected.stdout)
+    assert shown["Digest"] == digest
+    assert shown["Os"] == "linux"
+    assert len(shown["Layers"]) == 3
+
+    with tempfile.TemporaryDirectory(prefix="l9-docker-config-") as config:
+        env = {**dockerd.env, "DOCKER_CONFIG": config}
+
+        def docker(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["docker", *args], env=env, input=stdin, capture_output=True, text=True,
+                                  timeout=300)  # fmt: skip
+
+        login = docker("login", "-u", "user", "--password-stdin", host, stdin=token)
+        assert login.returncode == 0, login.stderr
+        pulled = docker("pull", ref)
+        assert pulled.returncode == 0, pulled.stderr
+        try:
+            ran = docker("run", "--rm", "--network", "none", ref, "sh", "-c", "cat /x && jq --version")
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.split() == ["docked", "jq-1.6"]
+        finally:
+            docker("image", "rm", "-f", ref)
