@@ -19,6 +19,7 @@ import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ def _app(up: Up, marker: str) -> Path:
     return path
 
 
-def _run(up: Up, app: Path) -> tuple[dict[str, str], str]:
+def _run(up: Up, app: Path) -> tuple[dict[str, Any], str]:
     done = up.levers9("run", f"{app.name}::main", timeout=900)
     assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n--- up:\n{up.log()[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
