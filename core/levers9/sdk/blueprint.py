@@ -44,6 +44,7 @@ import glob
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
@@ -222,6 +223,27 @@ def _read_requirements(path: Path, field: str, out: list[str], index: list[str |
             out.append(line)
 
 
+@dataclass(frozen=True)
+class _PendingCopy:
+    """An ``add_local_path`` whose pattern is matched when the blueprint is resolved (built), not when added."""
+
+    dest: str
+    pattern: str
+    posix: PurePosixPath
+    root: Path
+
+    def resolve(self) -> LocalCopy:
+        posix = PurePosixPath("*") if str(self.posix) == "." else self.posix
+        if glob.has_magic(str(posix)):
+            found = sorted(glob.glob(str(posix), root_dir=self.root, recursive=True))
+        else:
+            found = [str(posix)] if (self.root / posix).exists() or (self.root / posix).is_symlink() else []
+        if not found:
+            raise BlueprintError("pattern", f"{self.pattern!r} matches nothing in {self.root}")
+        entries = tuple((PurePosixPath(Path(f).as_posix()).as_posix(), self.root / f) for f in found)
+        return LocalCopy(self.dest, LocalFiles(f"add_local_path({self.pattern!r})", entries))
+
+
 class Blueprint:
     """A container image: a base (Debian with Python, or a registry's image) and steps run on it in order."""
 
@@ -241,7 +263,7 @@ class Blueprint:
         self._python = _python("python_version", python_version)
         self._ref: str | None = None
         self._credentials: tuple[str, ...] = ()
-        self._steps: list[Step | LocalCopy] = []
+        self._steps: list[Step | LocalCopy | _PendingCopy] = []
         self._secrets: list[str] = []
         if base_image is not None:
             self._ref = check_ref("base_image", base_image)
@@ -392,7 +414,9 @@ class Blueprint:
         directories); a matched file keeps its path relative to it
         (``src/a.py`` lands at ``/app/src/a.py``), a matched directory
         brings everything below it. As in a shell, ``*`` matches no name
-        starting with ``.``: name those explicitly.
+        starting with ``.``: name those explicitly. The files are looked for
+        when the blueprint is built, not here, so a module that makes its
+        blueprint where they are not (a container importing it) does not fail.
         """
         dest = DEFAULT_REMOTE_PATH if remote_path is None else remote_path
         check_path("remote_path", dest)
@@ -401,17 +425,7 @@ class Blueprint:
         posix = PurePosixPath(Path(pattern).as_posix())
         if posix.is_absolute() or ".." in posix.parts:
             raise BlueprintError("pattern", f"{pattern!r} must be relative to the current directory and inside it")
-        root = Path.cwd()
-        if str(posix) == ".":
-            posix = PurePosixPath("*")
-        if glob.has_magic(str(posix)):
-            found = sorted(glob.glob(str(posix), root_dir=root, recursive=True))
-        else:
-            found = [str(posix)] if (root / posix).exists() or (root / posix).is_symlink() else []
-        if not found:
-            raise BlueprintError("pattern", f"{pattern!r} matches nothing in {root}")
-        entries = tuple((PurePosixPath(Path(f).as_posix()).as_posix(), root / f) for f in found)
-        self._steps.append(LocalCopy(dest, LocalFiles(f"add_local_path({pattern!r})", entries)))
+        self._steps.append(_PendingCopy(dest, pattern, posix, Path.cwd()))
         return self
 
     # what it makes
@@ -420,6 +434,8 @@ class Blueprint:
         steps: list[Step] = []
         files: dict[str, LocalFiles] = {}
         for item in self._steps:
+            if isinstance(item, _PendingCopy):
+                item = item.resolve()
             if isinstance(item, LocalCopy):
                 step = item.step()
                 assert step.content is not None
