@@ -108,6 +108,14 @@ def test_config_check_ok_and_failing(cli: Callable[..., Any], tmp_path: Path) ->
     assert result.returncode == 1
     assert "pools.t4.workspace: runtime 'process' isolates nothing, so pool 't4' serves one workspace" in result.stderr
 
+    # a pool set to build images on a runtime that cannot capture a container's changes would fail every build
+    builds = tmp_path / "builds.yaml"
+    builds.write_text(good.read_text().replace("    workspace: team\n", "    workspace: team\n    builds: true\n"))
+    result = cli("config", "check", str(builds))
+    assert result.returncode == 1
+    assert "pools.t4.builds: runtime 'process' cannot capture a container's changes" in result.stderr
+    assert "builds need runtime runc or gvisor" in result.stderr
+
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools:\n  t4:\n    provider: toycloud\n    gpu: RTX-4900\n")
     result = cli("config", "check", str(bad))

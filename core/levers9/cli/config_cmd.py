@@ -40,9 +40,9 @@ def check(
         # what the controlplane refuses at start: asking runtimes how they isolate may run their binaries
         import asyncio
 
-        from levers9.services.isolation import shared_without_isolation
+        from levers9.services.isolation import builds_without_capture, shared_without_isolation
 
-        issues = asyncio.run(shared_without_isolation(loaded))
+        issues = asyncio.run(shared_without_isolation(loaded)) + builds_without_capture(loaded)
         if issues:
             err.print(str(ConfigError(issues)), markup=False)
             raise typer.Exit(1)

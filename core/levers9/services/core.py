@@ -124,7 +124,7 @@ async def open_services(
     config = loaded.config
     from levers9.config.data_dir import secure_data_dir
     from levers9.config.load import ConfigError
-    from levers9.services.isolation import shared_without_isolation
+    from levers9.services.isolation import builds_without_capture, shared_without_isolation
 
     secure_data_dir(config.data_dir)  # 0700, before anything is created in it
     embedded: EmbeddedRedis | None = None
@@ -145,7 +145,7 @@ async def open_services(
             managed.stop()
         raise
     try:
-        issues = await shared_without_isolation(loaded)
+        issues = await shared_without_isolation(loaded) + builds_without_capture(loaded)
         if issues:
             raise ConfigError(issues)
         workspaces = WorkspaceStore(db)

@@ -28,7 +28,14 @@ from levers9.hooks.types import RuntimeContext
 if TYPE_CHECKING:
     from levers9.services.core import Services
 
-__all__ = ["AS_WORKER", "UNKNOWN", "pool_isolation", "runtime_isolation", "shared_without_isolation"]
+__all__ = [
+    "AS_WORKER",
+    "UNKNOWN",
+    "builds_without_capture",
+    "pool_isolation",
+    "runtime_isolation",
+    "shared_without_isolation",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,34 @@ async def shared_without_isolation(loaded: LoadedConfig) -> list[ConfigIssue]:
                     "(workspace: NAME), or use runtime runc or gvisor to share the pool between workspaces",
                 )
             )
+    return issues
+
+
+def builds_without_capture(loaded: LoadedConfig) -> list[ConfigIssue]:
+    """The configured pools set to build images (``builds: true``) whose runtime cannot capture a container's changes.
+
+    A build's step is a container whose filesystem changes become the step's layer
+    (``levers9_container_changes``); a runtime that does not implement it (the ``process`` runtime) could take
+    builds only to fail every one. Refused with the pool's other start-time issues. A runtime no plugin
+    provides is left to the loader's own error.
+    """
+    issues: list[ConfigIssue] = []
+    for name, pool in loaded.config.pools.items():
+        if not pool.builds or pool.runtime not in loaded.hooks.runtimes():
+            continue
+        with tempfile.TemporaryDirectory(prefix="levers9-builds-") as scratch:
+            context = RuntimeContext(name=pool.runtime, settings=loaded.runtime_settings.get(name), state_dir=scratch)
+            if loaded.hooks.captures_changes(context):
+                continue
+        issues.append(
+            ConfigIssue(
+                loaded.file or "config",
+                None,
+                f"pools.{name}.builds",
+                f"runtime {pool.runtime!r} cannot capture a container's changes, so pool {name!r} cannot build "
+                "images: builds need runtime runc or gvisor (or drop builds: true)",
+            )
+        )
     return issues
 
 
