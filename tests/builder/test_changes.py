@@ -132,3 +132,15 @@ async def test_changes_of_a_running_container_are_refused(box: Box, base: BaseIm
 async def test_the_process_runtime_cannot_say_what_changed(plain_box: Box, tmp_path: Path) -> None:
     assert not plain_box.hooks.captures_changes(plain_box.runtime)
     assert await plain_box.hooks.container_changes(plain_box.runtime, "any", str(tmp_path / "layer.tar")) is None
+
+
+def test_gvisor_writes_its_root_filesystem_through_to_the_host(tmp_path: Path) -> None:
+    """Newer runsc builds keep root writes in memory by default; levers9 asks for them on the host."""
+    import levers9_gvisor
+    from levers9.hooks.types import RuntimeContext
+
+    info = levers9_gvisor.inspect_runsc("runsc")
+    assert info.overlay2, "this machine's runsc has the -overlay2 flag"
+    engine = levers9_gvisor.engine(RuntimeContext(name="gvisor", settings=None, state_dir=str(tmp_path)))
+    argv = engine.flavor.argv
+    assert argv[argv.index("--overlay2") + 1] == "none"

@@ -32,6 +32,12 @@ container starts:
   capabilities' ``notes`` (``levers9 check`` shows it). ``network: sandbox``
   named explicitly never falls back: where the probe fails, the runtime is
   reported unavailable with runsc's own words.
+* **the root filesystem's writes** go to the container's overlay on the host,
+  through gVisor's gofer: levers9 passes ``--overlay2 none`` where the build
+  has the flag (builds since 2023 default to an overlay in the sandbox's
+  memory), so what a container wrote is where the image builder reads it
+  (``levers9_container_changes``) on every build. The 2022-12 build writes
+  through by default.
 * **seccomp**: a sandbox is always behind gVisor's own host-side filter, and
   the container's system calls are served by gVisor's kernel, not the
   host's. On top of that the OCI profile every container gets
@@ -127,6 +133,7 @@ _PLATFORM_FLAG = re.compile(r"specifies which platform to use:\s*([^\n]*)")
 _PLATFORM_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 _NVPROXY_FLAG = re.compile(r"^\s*-nvproxy\b", re.MULTILINE)
 _OCI_SECCOMP_FLAG = re.compile(r"^\s*-oci-seccomp\b", re.MULTILINE)
+_OVERLAY2_FLAG = re.compile(r"^\s*-overlay2\b", re.MULTILINE)
 
 
 class GvisorSettings(NodeSettings):
@@ -163,6 +170,8 @@ class RunscInfo:
     nvproxy: bool | None = None
     #: whether this build has the ``-oci-seccomp`` flag, applying the OCI seccomp profile in the sandbox
     oci_seccomp: bool | None = None
+    #: whether this build has the ``-overlay2`` flag (newer builds default to a root overlay in memory)
+    overlay2: bool | None = None
 
 
 def settings_of(runtime: RuntimeContext) -> GvisorSettings:
@@ -230,7 +239,8 @@ def inspect_runsc(binary: str, *, want_flags: bool = True) -> RunscInfo:
         platforms = parse_flag_platforms(flag_text)
     nvproxy = bool(_NVPROXY_FLAG.search(flag_text)) if flags.ok else None
     oci_seccomp = bool(_OCI_SECCOMP_FLAG.search(flag_text)) if flags.ok else None
-    return RunscInfo(path, version, None, platforms, nvproxy, oci_seccomp)
+    overlay2 = bool(_OVERLAY2_FLAG.search(flag_text)) if flags.ok else None
+    return RunscInfo(path, version, None, platforms, nvproxy, oci_seccomp, overlay2)
 
 
 def resolve_platform(settings: GvisorSettings, info: RunscInfo) -> str | None:
@@ -398,6 +408,11 @@ def engine(runtime: RuntimeContext) -> OciEngine:
         argv.append("--nvproxy")
     if info.oci_seccomp:
         argv.append("--oci-seccomp")  # the container's seccomp profile, enforced by gVisor's kernel
+    if info.overlay2:
+        # The root filesystem's writes go to the host's overlay (through the gofer), as on builds whose default
+        # this is: newer builds keep them in an in-memory overlay inside the sandbox by default, where the
+        # builder cannot read what a build step changed (levers9_container_changes)
+        argv += ["--overlay2", "none"]
     # A checkpointed function container (no network) serves its worker over a unix socket it creates in
     # its signal directory, the one writable bind mount levers9 gives it; that needs "create".
     argv += ["--host-uds", "create"]
