@@ -31,6 +31,12 @@ class NodeSettings(BaseModel):
     image_cache: str | None = Field(
         None, description="Where unpacked image layers are kept; empty means images/ in the runtime's state dir."
     )
+    image_cache_max_bytes: int = Field(
+        20 * 1024**3,
+        ge=0,
+        description="The image cache's size the worker keeps it under after each pull, evicting the least "
+        "recently used layers no image of its functions uses (0: no limit).",
+    )
 
     @classmethod
     def of(cls, runtime: RuntimeContext) -> Self:

@@ -75,6 +75,8 @@ class BuildTasks:
         self.state_dir = state_dir
         self.credentials = credentials
         self.base_cache = Path(os.environ.get(BUILD_CACHE_VARIABLE) or state_dir.parent / "build-cache")
+        #: builds running now (their step containers mount layers of the node cache)
+        self.running = 0
 
     async def run(self, stub: StubSpec, call: Call, on_log: Callable[[str, bytes], None]) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -95,6 +97,7 @@ class BuildTasks:
         except ValueError as exc:
             return _failed(call, "InvalidBuildOrder", str(exc))
         work = Path(tempfile.mkdtemp(prefix="build-order-", dir=self._scratch()))
+        self.running += 1
         try:
             report = await self._build(order, stub, call, work, say)
         except BuildFailed as exc:
@@ -104,6 +107,7 @@ class BuildTasks:
             say(f"build failed: {exc}\n")
             return _failed(call, type(exc).__name__, str(exc))
         finally:
+            self.running -= 1
             shutil.rmtree(work, ignore_errors=True)
         return Outcome(call.task_id, "complete", result=json.dumps(report).encode())
 

@@ -5,6 +5,9 @@ blueprints@sha256:...``) is pulled here, once per worker, with :class:`~levers9.
 into the image cache the runtime's engine reads (:func:`levers9.engine.node.images_for`): its layers go
 to the diff-id cache (a layer any earlier image brought is not downloaded again) and the image is
 recorded by its manifest digest, which is how the engine then resolves the ref with no network at all.
+After a pull the cache is brought under the runtime's ``image_cache_max_bytes``, least recently used
+layers first, keeping every layer an image of the worker's functions uses, and not while a build runs
+(its step containers mount layers no function names).
 
 Invariants: the worker's own credential (its id and token) goes only to the controlplane's registry,
 the one ``RegisterResponse.registry_url`` names, over that URL's scheme; a ref naming any other
@@ -16,8 +19,10 @@ for a built image): a tag could move between two containers of one stub. A pull 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from levers9.engine.images import ImageStore
 from levers9.engine.node import NodeSettings, images_for
@@ -59,6 +64,8 @@ class ImagePulls:
         registry_url: str,
         credentials: Callable[[], RegistryAuth],
         ca_file: str | None = None,
+        in_use: Callable[[], Iterable[str]] = tuple,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.runtime = runtime
         self.registry_url = registry_url.rstrip("/")
@@ -67,6 +74,10 @@ class ImagePulls:
         #: the CA that verifies an https:// controlplane registry (the controlplane's own), else the system's
         self._verify: bool | str = ca_file or True
         self._pulled: set[str] = set()
+        #: the image refs of the functions this worker holds (their layers are never evicted)
+        self.in_use = in_use
+        #: whether something else uses the cache's layers now (a build): no eviction then
+        self.busy = busy
         self._lock = asyncio.Lock()
 
     def _client(self, registry: str) -> RegistryClient:
@@ -82,6 +93,22 @@ class ImagePulls:
         cache = images_for(self.runtime, settings).cache_dir
         with RegistryPuller(client=self._client) as puller:
             ImageStore(cache, puller=puller).resolve(ref)
+        self._evict(ImageStore(cache), settings.image_cache_max_bytes, ref)
+
+    def _evict(self, store: ImageStore, max_bytes: int, pulled: str) -> None:
+        """Keep the cache under ``max_bytes``: least recently used layers first, never one an image of this
+        worker's functions uses (nor the one just pulled), and not at all while a build uses the cache."""
+        if not max_bytes or self.busy():
+            return
+        keep: set[Path] = set()
+        for ref in {pulled, *self.in_use()}:
+            if names_registry(ref):
+                with contextlib.suppress(Levers9Error):
+                    keep.update(store.resolve(ref).layers)  # recorded: no network
+        report = store.prune(max_bytes, keep)
+        if report.removed:
+            log.info("image cache: %d layers evicted, %d bytes now (limit %d)", len(report.removed),
+                     report.bytes_after, max_bytes)  # fmt: skip
 
     async def ensure(self, ref: str) -> None:
         """Pull ``ref`` unless this worker has already; see the module docstring."""

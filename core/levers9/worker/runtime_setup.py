@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +59,7 @@ async def runtime_for(
     gpus: list[GpuDevice],
     record: Record,
     credentials: Callable[[], RegistryAuth],
+    in_use: Callable[[], Iterable[str]] = tuple,
 ) -> RuntimeSetup:
     """Everything the worker runs on the runtime ``response`` names (see the module docstring)."""
     model = hooks.runtime_settings_model(response.runtime)
@@ -78,7 +79,7 @@ async def runtime_for(
     )  # fmt: skip
     builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials)
     images = ImagePulls(context, registry_url=response.registry_url, credentials=credentials,
-                        ca_file=_ca_file(options))  # fmt: skip
+                        ca_file=_ca_file(options), in_use=in_use, busy=lambda: builds.running > 0)  # fmt: skip
     return RuntimeSetup(context=context, pool=pool, builds=builds, images=images, max_payload=max_payload)
 
 

@@ -357,7 +357,7 @@ class WorkerProcess:
         if self.pool is not None:
             await self.pool.close()
         made = await runtime_for(self.hooks, self.options, response, self.gpus, self._record_checkpoint,
-                                 self._registry_auth)  # fmt: skip
+                                 self._registry_auth, in_use=lambda: [s.image for s in self.stubs.values()])  # fmt: skip
         self.runtime = response.runtime
         self.max_payload = made.max_payload
         self.pool, self.builds, self.images = made.pool, made.builds, made.images
