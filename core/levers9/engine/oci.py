@@ -250,6 +250,7 @@ class OciEngine(ContainerRecords):
                 spec,
                 rootfs=str(rootfs),
                 image_env=image.config.env,
+                image_workdir=image.config.workdir,
                 binds=[(sources.get(b.source, b.source), b.target) for b in image.binds],
                 netns_path=netns,
                 no_new_privileges=self.flavor.no_new_privileges,

@@ -122,6 +122,7 @@ def oci_config(
     *,
     rootfs: str,
     image_env: Sequence[str] = (),
+    image_workdir: str | None = None,
     binds: Sequence[tuple[str, str]] = (),
     netns_path: str | None = None,
     hostname: str | None = None,
@@ -194,7 +195,8 @@ def oci_config(
             "user": {"uid": uid, "gid": gid},
             "args": list(spec.command),
             "env": [f"{k}={v}" for k, v in env.items()],
-            "cwd": spec.workdir,
+            # the spec's directory; where it leaves the default (/), the image's own WorkingDir
+            "cwd": image_workdir if spec.workdir == "/" and image_workdir else spec.workdir,
             "capabilities": {k: list(CAPABILITIES) for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": no_new_privileges,
         },
