@@ -147,7 +147,11 @@ def oci_config(
         key, _, value = item.partition("=")
         env[key] = value
     env.update(gpu_env(spec.gpus))
+    image_path = env.get("PYTHONPATH")
     env.update(spec.env)
+    if image_path and spec.env.get("PYTHONPATH") and image_path not in spec.env["PYTHONPATH"].split(":"):
+        # the spec's Python path (the runner's packages) first, then the image's own (a blueprint's PYTHONPATH)
+        env["PYTHONPATH"] = f"{spec.env['PYTHONPATH']}:{image_path}"
     env["HOSTNAME"] = hostname or spec.container_id[:63]
 
     mounts: list[dict[str, Any]] = [
