@@ -34,16 +34,11 @@ image built from it can be reused. What goes in:
   and ``runsc``, and what their containers' networking runs: ``ip``
   (:mod:`levers9.engine.network`) and ``iptables``
   (:mod:`levers9.engine.host_guard`) with its extensions, which it loads
-  with ``dlopen`` from :data:`XTABLES` (so ``ldd`` cannot see them: the whole
-  directory is copied, since ``iptables -S`` loads the extension of every rule
-  the host holds). ``iptables`` is whichever backend this machine's
-  alternative points at (nft on Debian 12). Running them needs what the image
-  cannot give itself, from whoever starts its container: the capabilities
-  SYS_ADMIN, NET_ADMIN and SYS_PTRACE (gVisor's ptrace platform), no seccomp
-  filter (Docker's default one refuses runc's session keyring) and
-  ``/sys/fs/cgroup`` writable; the host's network namespace for the bridge and
-  the host guard's rules (tests/agent/test_worker_image.py runs both runtimes
-  so).
+  with ``dlopen`` from :data:`XTABLES` (invisible to ``ldd``: the whole directory
+  is copied, as ``iptables -S`` loads the extension of every rule on the host;
+  nft on Debian 12). Running them needs, from whoever
+  starts the container: SYS_ADMIN, NET_ADMIN, SYS_PTRACE, no seccomp filter,
+  ``/sys/fs/cgroup`` writable and the host's network (test_worker_image.py).
 
 Failures raise :class:`ImageError` naming what is missing and how to get it:
 a required tool or the CA bundle absent, a dependency installed in editable

@@ -5,7 +5,7 @@
 
 * A death is noticed at once: the child's pidfd becomes readable the moment it
   exits (Linux 5.3 and later; elsewhere the child is polled every
-  :data:`POLL_S`). The child is reaped before anything else, so no zombie is
+  :data:`levers9.children.POLL_S`; :func:`levers9.children.wait_exited`). The child is reaped before anything else, so no zombie is
   left however it died.
 * The new registry listens on the same address and serves the same storage
   directory, so every image pushed before the death is there after it and refs
@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 from collections.abc import Callable
 
+from levers9.children import how_it_ended, wait_exited
 from levers9.registry.errors import RegistryError
 from levers9.registry.server import EmbeddedRegistry
 
-__all__ = ["POLL_S", "RESTART_TRIES", "RegistrySupervisor"]
+__all__ = ["RESTART_TRIES", "RegistrySupervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +40,6 @@ log = logging.getLogger(__name__)
 RESTART_TRIES = 5
 #: the waits between those tries: doubling from the first, at most the cap
 RESTART_BACKOFF_S = (0.2, 2.0)
-#: how often the child is looked at where there is no pidfd to wait on
-POLL_S = 0.5
 
 
 class RegistrySupervisor:
@@ -101,29 +98,7 @@ class RegistrySupervisor:
         """Return once the child has exited, reaped."""
         process = self.registry.process
         assert process is not None
-        if process.poll() is not None:
-            return
-        try:
-            pidfd = os.pidfd_open(process.pid)
-        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
-            while process.poll() is None:
-                await asyncio.sleep(POLL_S)
-            return
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        loop.add_reader(pidfd, readable)
-        try:
-            if process.poll() is None:  # it may have exited before the pidfd was opened
-                await ended
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        process.wait()  # readable means exited: this reaps it without blocking
+        await wait_exited(process)
 
     async def _restart(self) -> bool:
         """Start a new registry, up to :attr:`tries` times; False (and :attr:`failure` set) when none answers."""
@@ -131,7 +106,7 @@ class RegistrySupervisor:
         process = registry.process
         assert process is not None
         log.error("the embedded registry (pid %d) %s; starting it again on %s",
-                  process.pid, _how(process.returncode), registry.address)  # fmt: skip
+                  process.pid, how_it_ended(process.returncode), registry.address)  # fmt: skip
         delay, cap = RESTART_BACKOFF_S
         last: RegistryError | None = None
         for attempt in range(1, self.tries + 1):
@@ -161,15 +136,3 @@ class RegistrySupervisor:
         log.error("%s", self.failure)
         self.failed.set()
         return False
-
-
-def _how(returncode: int | None) -> str:
-    """How a child ended, for the log: 'was killed by SIGKILL', 'exited with status 1'."""
-    if returncode is None:
-        return "ended"
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"

@@ -5,7 +5,7 @@ child of one controlplane. Invariants:
 
 * A death is noticed at once: the child's pidfd becomes readable the moment
   it exits (Linux 5.3 and later; elsewhere the child is polled every
-  :data:`POLL_S`). The child is reaped before anything else, so no zombie is
+  :data:`levers9.children.POLL_S`; :func:`levers9.children.wait_exited`). The child is reaped before anything else, so no zombie is
   left however it died.
 * The new server listens on the same socket path, so every client of it
   reconnects by itself on its next command. It starts empty (the embedded
@@ -32,16 +32,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 from collections.abc import Awaitable, Callable
 
 from levers9.backoff import Backoff
 from levers9.cancelling import raise_if_cancelling
+from levers9.children import how_it_ended, wait_exited
 from levers9.state.errors import StateError
 from levers9.state.redis.connect import ManagedRedis
 
-__all__ = ["POLL_S", "RESTART_TRIES", "RedisSupervisor"]
+__all__ = ["RESTART_TRIES", "RedisSupervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +50,6 @@ RESTART_TRIES = 5
 RESTART_BACKOFF_S = (0.2, 2.0)
 #: the waits between tries of ``recover`` after a restart
 RECOVER_BACKOFF_S = (0.5, 10.0)
-#: how often the child is looked at where there is no pidfd to wait on
-POLL_S = 0.5
 
 
 class RedisSupervisor:
@@ -102,35 +99,14 @@ class RedisSupervisor:
     async def _exited(self) -> None:
         """Return once the child has exited, reaped."""
         process = self.managed.process
-        if process.poll() is not None:
-            return
-        try:
-            pidfd = os.pidfd_open(process.pid)
-        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
-            while process.poll() is None:
-                await asyncio.sleep(POLL_S)
-            return
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        loop.add_reader(pidfd, readable)
-        try:
-            if process.poll() is None:  # it may have exited before the pidfd was opened
-                await ended
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        process.wait()  # readable means exited: this reaps it without blocking
+        assert process is not None
+        await wait_exited(process)
 
     async def _restart(self) -> bool:
         """Start a new server, up to :attr:`tries` times; False (and :attr:`failure` set) when none listens."""
         managed = self.managed
         log.error("the embedded redis-server (pid %d) %s; starting it again on %s",
-                  managed.process.pid, _how(managed.process.returncode), managed.socket)  # fmt: skip
+                  managed.process.pid, how_it_ended(managed.process.returncode), managed.socket)  # fmt: skip
         backoff = Backoff(initial_s=RESTART_BACKOFF_S[0], cap_s=RESTART_BACKOFF_S[1])
         last: StateError | None = None
         for attempt in range(1, self.tries + 1):
@@ -168,15 +144,3 @@ class RedisSupervisor:
                 await asyncio.sleep(backoff.next_s())
                 continue
             return
-
-
-def _how(returncode: int | None) -> str:
-    """How a child ended, for the log: 'was killed by SIGKILL', 'exited with status 1'."""
-    if returncode is None:
-        return "ended"
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
