@@ -6,7 +6,8 @@ machine's base cache (:func:`levers9.builder.base.base_image`, built once per ma
 the steps the workspace built before taken from the registry into the node cache rather than run
 again, the others run by :func:`levers9.builder.build.run_build` in containers of the runtime. Then
 it pushes the image to the registry the order names (the controlplane's, which checks that this
-worker holds a build of that workspace) and answers with a JSON report: the manifest digest, the
+worker holds a build of that workspace; an https:// one verified with the controlplane's CA when the
+worker was given one, as the controlplane itself is) and answers with a JSON report: the manifest digest, the
 image's size, and each step it built (key, op, layer digests), which the controlplane records.
 
 Progress goes to the task's output as it happens, one line per step ("step 3/6 cached",
@@ -69,11 +70,15 @@ class BuildTasks:
         *,
         state_dir: Path,
         credentials: Callable[[], RegistryAuth | None],
+        ca_file: str | None = None,
     ) -> None:
         self.hooks = hooks
         self.runtime = runtime
         self.state_dir = state_dir
         self.credentials = credentials
+        #: the controlplane's CA, which verifies its https:// registry relay (the order's push URL): the worker
+        #: verifies the relay as it verifies the controlplane; None: the order's tls_verify (system CAs)
+        self.ca_file = ca_file
         self.base_cache = Path(os.environ.get(BUILD_CACHE_VARIABLE) or state_dir.parent / "build-cache")
         #: builds running now (their step containers mount layers of the node cache)
         self.running = 0
@@ -111,6 +116,11 @@ class BuildTasks:
             shutil.rmtree(work, ignore_errors=True)
         return Outcome(call.task_id, "complete", result=json.dumps(report).encode())
 
+    def _verify(self, order: Order) -> bool | str:
+        """How to verify the order's registry: the controlplane's CA when this worker has one, else as it says."""
+        said = order.registry.get("tls_verify", True)
+        return self.ca_file if self.ca_file is not None and said is not False else said
+
     def _scratch(self) -> Path:
         path = self.state_dir / "build-orders"
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -122,7 +132,7 @@ class BuildTasks:
         spec = order.spec
         store = images_for(self.runtime, NodeSettings.of(self.runtime))
         registry = order.registry
-        client = RegistryClient(str(registry["url"]), auth=self.credentials(), verify=registry.get("tls_verify", True))
+        client = RegistryClient(str(registry["url"]), auth=self.credentials(), verify=self._verify(order))
         try:
             base, base_built = await asyncio.to_thread(self._base, spec, order, store, client, say, stub.secret_env)
             cached = await asyncio.to_thread(self._cached, spec, order, store, client)
@@ -201,8 +211,7 @@ class BuildTasks:
         parsed = parse_ref(ref)
         ours = str(order.registry["url"]).split("://", 1)[-1].rstrip("/")
         if parsed.registry == ours:
-            client = RegistryClient(str(order.registry["url"]), auth=self.credentials(),
-                                    verify=order.registry.get("tls_verify", True))  # fmt: skip
+            client = RegistryClient(str(order.registry["url"]), auth=self.credentials(), verify=self._verify(order))
         else:
             client = RegistryClient(default_base_url(parsed.registry), auth=_login(spec.base.credentials, secrets))
         say(f"step 0/{len(spec.steps)} base: {ref}\n")

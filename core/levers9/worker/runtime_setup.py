@@ -77,9 +77,10 @@ async def runtime_for(
         hooks, context, capabilities, state_dir=options.state_dir / "containers", gpus=gpus,
         checkpointing=_checkpointing(options, response, record), max_result_bytes=max_payload,
     )  # fmt: skip
-    builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials)
+    ca_file = _ca_file(options)
+    builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials, ca_file=ca_file)
     images = ImagePulls(context, registry_url=response.registry_url, credentials=credentials,
-                        ca_file=_ca_file(options), in_use=in_use, busy=lambda: builds.running > 0)  # fmt: skip
+                        ca_file=ca_file, in_use=in_use, busy=lambda: builds.running > 0)  # fmt: skip
     return RuntimeSetup(context=context, pool=pool, builds=builds, images=images, max_payload=max_payload)
 
 
