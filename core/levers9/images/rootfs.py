@@ -28,7 +28,7 @@ image built from it can be reused. What goes in:
   searches without a cache;
 * ``/bin/sh`` and the tools the worker and its shim run (:data:`TOOLS`), a
   minimal ``/etc/passwd`` and ``/etc/group`` (root and nobody), the CA
-  certificates, ``/tmp`` 1777, and the ``levers9`` launcher in
+  certificates, ``/tmp`` 1777, ``/var/run`` linking ``/run``, and the ``levers9`` launcher in
   ``/usr/local/bin``;
 * the OCI runtimes the ``runc`` and ``gvisor`` runtime plugins drive, ``runc``
   and ``runsc``, and what their containers' networking runs: ``ip``
@@ -217,9 +217,9 @@ def _layout(p: _Plan) -> None:
         p.link(top, f"usr/{top}")
     for directory in ("proc", "sys", "dev", "run", "etc", "home", "var/lib/levers9", f"{PREFIX}/bin", LIBDIR):
         p.dir(directory)
-    p.dir("tmp", 0o1777)
-    p.dir("var/tmp", 0o1777)
-    p.dir("root", 0o700)
+    p.link("var/run", "../run")  # as on Debian: `ip netns add` pins in /run/netns, the engine reads /var/run/netns
+    for directory, mode in (("tmp", 0o1777), ("var/tmp", 0o1777), ("root", 0o700)):
+        p.dir(directory, mode)
 
 
 def _interpreter(p: _Plan) -> None:
