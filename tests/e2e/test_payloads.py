@@ -17,14 +17,14 @@ import time
 import httpx
 import pytest
 
-from tests.fixtures.levers9_up import CONFIG, Up
+from tests.fixtures.levers9_up import Up
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _start(up: Up, *, max_payload: str | None = None) -> None:
     up.home.mkdir(parents=True, exist_ok=True)
-    text = CONFIG.format(runtime=up.runtime, cpu=up.cpu, min_workers=up.min_workers, max_workers=up.max_workers)
+    text = up.config_text()
     if max_payload is not None:
         text += f"limits:\n  max_payload_bytes: {max_payload}\n"
     (up.home / "levers9.yaml").write_text(text)

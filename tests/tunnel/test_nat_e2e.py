@@ -25,7 +25,7 @@ import pytest
 
 from levers9.proto import WORKER_ID_METADATA
 from levers9.proto.v1 import worker_pb2_grpc
-from tests.fixtures.levers9_up import CONFIG, Up, end_session
+from tests.fixtures.levers9_up import Up, end_session
 from tests.tunnel.netns import Namespace, namespace
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,7 +115,7 @@ def test_endpoints_streams_and_box_ports_of_a_worker_behind_nat(levers9_up: Up) 
     up.min_workers = 0
     up.max_workers = 0  # no provider workers: the one worker is the one behind NAT
     up.home.mkdir(parents=True, exist_ok=True)
-    config = CONFIG.format(runtime=up.runtime, cpu=up.cpu, min_workers=0, max_workers=0)
+    config = up.config_text(min_workers=0, max_workers=0)
     # every interface, so the namespace can dial in; plain text on a test-only link
     (up.home / "levers9.yaml").write_text(config + "listen:\n  host: 0.0.0.0\n  plaintext: true\n")
     up.start(wait_workers=0)
