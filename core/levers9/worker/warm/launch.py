@@ -6,7 +6,10 @@ runtime's name:
 
 - a runtime that gives containers their own filesystem gets the runner's
   packages (:data:`RUNNER_PACKAGES`, standard library plus cloudpickle) and the
-  stub's handler as read-only mounts at fixed paths; one whose containers see
+  stub's handler as read-only mounts at fixed paths. Packages on overlayfs (a
+  worker in a container of the worker image) are mounted from a copy in the
+  worker's state directory, made once: an overlayfs directory cannot be
+  idmapped, and without that a runc container gets no user namespace; one whose containers see
   the host's filesystem (``host_filesystem``) is told their host paths, and its
   GPUs are picked by ``CUDA_VISIBLE_DEVICES`` since nothing else hides the rest;
 - a runtime whose containers share the host's network (``host_network``) has the
@@ -27,6 +30,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -78,6 +82,8 @@ HANDLER_DIR = "/opt/levers9/handler"
 HANDLER_FILE = "handler.pkl"
 #: what ``python -m levers9.runner`` imports beyond the standard library (tests/worker/test_runner_stdlib.py)
 RUNNER_PACKAGES = ("levers9", "cloudpickle")
+#: file systems whose directories cannot be idmapped into a container's user namespace
+NO_IDMAP = frozenset({"overlay"})
 
 
 class StartFailed(Exception):
@@ -139,6 +145,8 @@ class Launcher:
         self.runtime = runtime
         self.capabilities = capabilities
         self.state_dir = state_dir
+        #: where the runner's packages are mounted from (copies when they are on overlayfs); known at the first mount
+        self._runner_dirs: dict[str, str] | None = None
         self.python = python
         self.gpus_present = gpus_present
         self.start_timeout_s = start_timeout_s
@@ -187,7 +195,9 @@ class Launcher:
 
     def mounts(self, group: WarmStub) -> list[Mount]:
         """The runner's packages, at a path of their own so any image can import them, and the handler."""
-        mounts = [Mount(source=d, target=f"{PYTHON_DIR}/{name}") for name, d in _package_dirs().items()]
+        if self._runner_dirs is None:
+            self._runner_dirs = _idmappable(_package_dirs(), self.state_dir / "runner")
+        mounts = [Mount(source=d, target=f"{PYTHON_DIR}/{name}") for name, d in self._runner_dirs.items()]
         return [*mounts, Mount(source=str(group.handler_dir), target=HANDLER_DIR)]
 
     # ----------------------------------------------------------------- start
@@ -272,6 +282,35 @@ def _package_dirs() -> dict[str, str]:
             raise Levers9Error(f"package {name!r}, which the container runner needs, is not importable here")
         found[name] = locations[0]
     return found
+
+
+def _idmappable(found: dict[str, str], copies: Path) -> dict[str, str]:
+    """``found``, or copies of its packages under ``copies`` when one is on a file system that cannot be idmapped."""
+    if not any(_fs_type(path) in NO_IDMAP for path in found.values()):
+        return found
+    copied = {}
+    for name, path in found.items():
+        target = copies / name
+        if not target.exists():
+            scratch = copies / f".{name}.{os.getpid()}"
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.copytree(path, scratch, symlinks=True)
+            os.replace(scratch, target)
+        copied[name] = str(target)
+    log.info("the runner's packages are on overlayfs: containers get copies from %s", copies)
+    return copied
+
+
+def _fs_type(path: str) -> str:
+    """The type of the file system ``path`` is on: that of the deepest mount point above it in mountinfo."""
+    target, deepest, kind = os.path.realpath(path), "", ""
+    with open("/proc/self/mountinfo") as info:
+        for line in info:
+            fields, _, rest = line.partition(" - ")
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(deepest):
+                deepest, kind = point, rest.split()[0]
+    return kind
 
 
 def _ephemeral_low() -> int:
