@@ -83,14 +83,16 @@ def gpu_pool(workspace: str | None, name: str = "gpus", **settings: Any) -> Pool
         gpu="H100",
         gpu_count=1,
         workspace=workspace,
-        settings=AgentMachineSettings.model_validate({"worker_image": IMAGE, "heartbeat_timeout_s": 5} | settings),
+        settings=AgentMachineSettings.model_validate(
+            {"worker_image": IMAGE, "heartbeat_timeout_s": 5, "docker_network_mode": "host"} | settings
+        ),
     )
 
 
-def cpu_pool(workspace: str | None, name: str = "cpus") -> Pool:
-    settings = AgentMachineSettings.model_validate({"worker_image": IMAGE, "heartbeat_timeout_s": 5,
-                                                    "gpu_runtime": None})  # fmt: skip
-    return Pool(name=name, provider="agent_machine", runtime="runc", workspace=workspace, settings=settings)
+def cpu_pool(workspace: str | None, name: str = "cpus", runtime: str = "runc", **settings: Any) -> Pool:
+    made = AgentMachineSettings.model_validate({"worker_image": IMAGE, "heartbeat_timeout_s": 5, "gpu_runtime": None,
+                                                "docker_network_mode": "host"} | settings)  # fmt: skip
+    return Pool(name=name, provider="agent_machine", runtime=runtime, workspace=workspace, settings=made)
 
 
 def request(pool: Pool, machine_id: str, offer: GpuOffer | None) -> ProvisionRequest:
@@ -198,8 +200,10 @@ async def test_provision_sends_the_order_the_design_names_and_returns_the_contai
     assert payload["env"]["LEVERS9_MACHINE_ID"] == "mach_a1"
     assert payload["command"]
     assert all(isinstance(part, str) for part in payload["command"])
+    assert payload["runtime"] == "runc"
     assert set(payload) == {"machine_id", "pool", "workspace", "image", "command", "env", "secret_env",
-                            "cpu_millicores", "memory_mib", "gpu", "gpu_count", "network_mode", "gpu_runtime"}  # fmt: skip
+                            "cpu_millicores", "memory_mib", "gpu", "gpu_count", "network_mode", "gpu_runtime",
+                            "runtime"}  # fmt: skip
     await agent.ack(order, result={"container_id": "c0ffee", "name": "l9w-mach_a1", "machine_id": "mach_a1",
                                    "gpus": ["GPU-1"]})  # fmt: skip
     machine = await started
@@ -223,6 +227,32 @@ async def test_a_cpu_pool_provisions_on_the_agent_with_the_most_free_cpu(
     assert (order.payload["gpu"], order.payload["gpu_count"], order.payload["gpu_runtime"]) == (None, 0, None)
     await big.ack(order, result={"container_id": "c1", "name": "l9w-mach_c1", "machine_id": "mach_c1", "gpus": []})
     assert (await started).zone == big.identity.agent_id
+
+
+async def test_the_order_names_the_runtime_and_a_runc_pool_needs_the_hosts_network(
+    services: Services, hub: AgentHub, provider: AgentMachineProvider
+) -> None:
+    root = await operator(services)
+    agent = await box(services, hub, root, "cpus", "box-1")
+    # the agent gives a runc (or gvisor) worker's container what runc needs, and a process worker's nothing more
+    pool = cpu_pool(None)
+    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_r1", None)))
+    order = await agent.order()
+    assert (order.payload["runtime"], order.payload["network_mode"]) == ("runc", "host")
+    await agent.ack(order, result={"container_id": "c1", "name": "l9w-mach_r1", "machine_id": "mach_r1", "gpus": []})
+    await started
+    pool = cpu_pool(None, runtime="process", docker_network_mode="bridge")
+    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_r2", None)))
+    order = await agent.order()
+    assert (order.payload["runtime"], order.payload["network_mode"]) == ("process", "bridge")
+    await agent.ack(order, result={"container_id": "c2", "name": "l9w-mach_r2", "machine_id": "mach_r2", "gpus": []})
+    await started
+    # runc or gvisor on a Docker network of its own: refused before any order goes out
+    for runtime in ("runc", "gvisor"):
+        pool = cpu_pool(None, runtime=runtime, docker_network_mode="bridge")
+        with pytest.raises(InvalidRequest, match="needs docker_network_mode: host"):
+            await asyncio.to_thread(provider.provision, request(pool, "mach_r3", None))
+    assert agent.received.empty()
 
 
 async def test_a_capacity_refusal_is_insufficient_capacity_and_a_bad_image_invalid_request(

@@ -5,14 +5,18 @@ labels ``levers9.machine-id``, ``levers9.pool``, ``levers9.agent-id``,
 ``levers9.workspace`` (empty for an operator's pool) and ``levers9.gpus`` (the
 GPU uuids it holds, comma-separated), the resource limits of the order, GPU
 device requests when it asks for GPUs, and the restart policy ``on-failure``
-(3 tries). Invariants:
+(3 tries). A worker of the ``process`` runtime gets nothing more (its
+container is the isolation boundary, unprivileged); one of ``runc`` or
+``gvisor`` gets what :mod:`levers9.agent.runtime_access` lists, with a state
+volume ``l9w-<machine_id>-state`` removed with the container. Invariants:
 
 * **Containers are the state.** Nothing is kept in memory or on disk about
   which workers run: every answer is read from Docker, so a restarted agent
   knows what the one before it started.
 * **Idempotent.** A provision order for a machine whose container exists
   (whatever its state) answers with that container; a terminate order for a
-  container that is not there succeeds. Orders are carried out one at a time,
+  container that is not there succeeds (and removes the machine's volume if
+  one is left). Orders are carried out one at a time,
   so two orders never pick the same GPUs.
 * **Nothing is pulled.** The image must already be in the machine's Docker
   (``levers9 worker-image build`` puts it there); no registry is asked.
@@ -42,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from levers9.agent.runtime_access import check_access, volume_name, worker_access
 from levers9.hooks.types import GpuDevice
 
 if TYPE_CHECKING:
@@ -111,6 +116,8 @@ class ProvisionOrder:
     gpu_count: int
     network_mode: str
     gpu_runtime: str | None
+    #: the pool's runtime: ``runc`` and ``gvisor`` workers get what :mod:`levers9.agent.runtime_access` lists
+    runtime: str = "process"
 
     @classmethod
     def parse(cls, payload: Mapping[str, Any]) -> ProvisionOrder:
@@ -146,6 +153,14 @@ class ProvisionOrder:
         gpu_runtime = text("gpu_runtime", optional=True)
         if gpu_runtime not in (None, "nvidia"):
             raise OrderRefused(f"provision order: gpu_runtime must be 'nvidia' or null, got {gpu_runtime!r}", _INVALID)
+        runtime = text("runtime", optional=True) or "process"
+        if not all(c.isalnum() or c in "_-" for c in runtime):
+            raise OrderRefused(f"provision order: runtime {runtime!r} may hold letters, digits, '_-'", _INVALID)
+        network_mode = text("network_mode", optional=True) or "bridge"
+        try:
+            check_access(runtime, network_mode)
+        except ValueError as exc:
+            raise OrderRefused(f"provision order: {exc}", _INVALID) from None
         return cls(
             machine_id=machine_id,
             pool=text("pool"),
@@ -158,8 +173,9 @@ class ProvisionOrder:
             memory_mib=number("memory_mib"),
             gpu=text("gpu", optional=True),
             gpu_count=number("gpu_count"),
-            network_mode=text("network_mode", optional=True) or "bridge",
+            network_mode=network_mode,
             gpu_runtime=gpu_runtime,
+            runtime=runtime,
         )
 
 
@@ -218,6 +234,30 @@ def _worker(container: Any) -> WorkerContainer:
         cpu_millicores=int(host.get("NanoCpus") or 0) // 1_000_000,
         memory_mib=int(host.get("Memory") or 0) // (1024 * 1024),
     )
+
+
+def _run(
+    client: docker.DockerClient, image: str, command: list[str] | None, options: dict[str, Any], raw: dict[str, Any]
+) -> Any:
+    """``client.containers.run(image, command, **options)``, with the HostConfig fields of ``raw`` set as well.
+
+    The SDK has no argument for some fields (``MaskedPaths`` and ``ReadonlyPaths``: what the CLI's
+    ``--security-opt systempaths=unconfined`` sets), so with any such field the container is created with the
+    low-level API: the host config built by the SDK from the same options, then completed.
+    """
+    if not raw:
+        return client.containers.run(image, command, **options)
+    own = {"name", "labels", "environment", "detach"}
+    host = client.api.create_host_config(
+        **{("binds" if key == "volumes" else key): value for key, value in options.items() if key not in own}
+    )
+    host.update(raw)
+    made = client.api.create_container(
+        image, command, name=options["name"], labels=options["labels"], environment=options["environment"],
+        detach=True, host_config=host,
+    )  # fmt: skip
+    client.api.start(made["Id"])
+    return client.containers.get(made["Id"])
 
 
 # ---------------------------------------------------------------------------------------------- the manager
@@ -372,10 +412,12 @@ class DockerWorkers:
             LABEL_WORKSPACE: order.workspace or "",
             LABEL_GPUS: ",".join(gpus),
         }
+        access = worker_access(order.runtime, order.machine_id)
         options: dict[str, Any] = {
+            **access.options,
             "name": name,
             "labels": labels,
-            "environment": {**order.env, **order.secret_env},
+            "environment": {**order.env, **access.env, **order.secret_env},
             "detach": True,
             "restart_policy": dict(RESTART_POLICY),
             "network_mode": order.network_mode,
@@ -389,12 +431,18 @@ class DockerWorkers:
                 docker.types.DeviceRequest(driver="nvidia", device_ids=gpus, capabilities=[["gpu"]])
             ]
         try:
-            container = client.containers.run(order.image, order.command or None, **options)
+            if access.volume is not None:
+                client.volumes.create(
+                    access.volume, labels={LABEL_MACHINE: order.machine_id, LABEL_AGENT: self.agent_id}
+                )
+            container = _run(client, order.image, order.command or None, options, access.host_config)
         except docker.errors.APIError as exc:
             if exc.status_code == 409:  # the name is taken: by a worker created meanwhile, or by something else
                 again = {c.machine_id: c for c in self.containers("orders")}
                 if order.machine_id in again:
                     return self._result(again[order.machine_id])
+                with contextlib.suppress(docker.errors.DockerException, OSError):
+                    self._remove_volume(client, order.machine_id)  # made for this order, held by no container
                 raise OrderRefused(f"a container named {name} that levers9 did not start exists; remove it",
                                    _INVALID) from None  # fmt: skip
             self._remove_quietly(client, name)
@@ -483,6 +531,7 @@ class DockerWorkers:
                 except docker.errors.NotFound:
                     continue
                 log.info("removed worker container %s (%s)", container.name, container.id[:12])
+            self._remove_volume(client, machine_id)
         except docker.errors.APIError as exc:
             raise OrderRefused(
                 f"Docker could not remove {container_name(machine_id)}: {exc.explanation or exc}"
@@ -501,8 +550,20 @@ class DockerWorkers:
         return removed
 
     @staticmethod
-    def _remove_quietly(client: docker.DockerClient, name: str) -> None:
+    def _remove_volume(client: docker.DockerClient, machine_id: str) -> None:
+        """Remove the machine's state volume (an OCI runtime's worker has one), once no container holds it."""
+        import docker
+
+        try:
+            client.volumes.get(volume_name(machine_id)).remove(force=True)
+        except docker.errors.NotFound:
+            return
+        log.info("removed worker volume %s", volume_name(machine_id))
+
+    def _remove_quietly(self, client: docker.DockerClient, name: str) -> None:
         import docker
 
         with contextlib.suppress(docker.errors.DockerException, OSError):
             client.containers.get(name).remove(force=True)
+        with contextlib.suppress(docker.errors.DockerException, OSError):
+            self._remove_volume(client, name.removeprefix(CONTAINER_PREFIX))

@@ -11,9 +11,10 @@ offers and new workers) while connected and heard from within the pool's
   free GPUs of the pool's type and fewer than ``max_workers_per_machine`` of
   the pool's containers alive; ``zone`` is the agent id. A CPU pool gets none,
   and provision picks the agent with the most free CPU that fits.
-* provision: a ``provision`` order (payload as the design of issue 17 says)
-  to the offer's agent, acknowledged within the provision deadline; the
-  machine is ``l9w-<machine_id>`` on that agent. An agent that is not
+* provision: a ``provision`` order (payload as the design of issue 17 says,
+  plus the pool's ``runtime``) to the offer's agent, acknowledged within the provision deadline; the
+  machine is ``l9w-<machine_id>`` on that agent. A runc or gvisor pool whose
+  ``docker_network_mode`` is not ``host`` is :class:`InvalidRequest`. An agent that is not
   connected is :class:`InsufficientCapacity` (the hub says so), a refusal is
   the typed error its ``error_kind`` names.
 * terminate: a ``terminate`` order to ``provider_data["agent_id"]``. An agent
@@ -52,6 +53,8 @@ from levers9_agent_machine.settings import AgentMachineSettings
 __all__ = ["PROVIDER", "AgentMachineProvider", "AgentOffline", "container_name"]
 
 PROVIDER = "agent_machine"
+#: runtimes whose worker container runs containers of its own (levers9.agent.runtime_access.OCI_RUNTIMES)
+OCI_RUNTIMES = frozenset({"runc", "gvisor"})
 #: the longest a provision order waits for its acknowledgement (the hook's own deadline is 120 s)
 PROVISION_ORDER_S = 110.0
 #: the longest a terminate order waits (the hook's deadline is 30 s; the agent stops with 10 s grace)
@@ -215,6 +218,11 @@ class AgentMachineProvider:
                 f"pool {pool.name!r} asks for {gpu_count} GPU(s) but its gpu_runtime is none: set gpu_runtime: "
                 "nvidia (the NVIDIA Container Toolkit on the machine)"
             )
+        if pool.runtime in OCI_RUNTIMES and settings.docker_network_mode != "host":
+            raise InvalidRequest(
+                f"pool {pool.name!r}: runtime {pool.runtime!r} needs docker_network_mode: host (got "
+                f"{settings.docker_network_mode!r}); its workers' bridge and host guard belong on the machine's network"
+            )
         try:
             spec = container_spec(request.bootstrap.model_copy(update={"worker_image": settings.worker_image}))
         except ValueError as exc:
@@ -233,6 +241,7 @@ class AgentMachineProvider:
             "gpu_count": gpu_count,
             "network_mode": settings.docker_network_mode,
             "gpu_runtime": settings.gpu_runtime if gpu_count else None,
+            "runtime": pool.runtime,
         }
         order = AgentOrder(
             agent_id=agent.agent_id, kind="provision", payload=payload, order_id=f"prov-{request.machine_id}"
