@@ -34,7 +34,21 @@ join token is spent by the first registration, so a worker that exits leaves
 its machine to the reconciler, which replaces it; ``--gpus all`` when
 ``LEVERS9_GPU_COUNT`` is above 0); else
 ``levers9==<levers9_version>`` installed with pip (in a virtualenv at
-``/opt/levers9`` when ``python3 -m venv`` works). Every path it touches is
+``/opt/levers9`` when ``python3 -m venv`` works).
+
+The pool's runtime (``WorkerBootstrap.runtime``) changes two things. On the
+docker path a ``runc`` or ``gvisor`` worker container gets
+:func:`levers9.worker_container.docker_run_flags`: what the agent gives the
+same container on a joined machine (capabilities, unconfined seccomp,
+AppArmor and system paths, the host's cgroup namespace and tree, the host's
+network records, Docker's init, a named volume for the state directory);
+a ``process`` worker container gets none of it. On the two paths that run the
+worker on the machine itself (as root), a ``runc`` worker needs the
+machine's ``runc``: a missing one is installed with ``apt-get install -y
+runc`` where apt-get exists (logged; a failed install is logged and the
+worker started anyway, to refuse the pool in its own words). ``runsc`` for
+a ``gvisor`` pool must be in the machine image: its absence is logged, not
+mended. Every path it touches is
 under ``$LEVERS9_BOOT_ROOT`` (empty on a real machine), so an emulated boot
 runs it in a temporary directory; it logs to
 ``/var/log/levers9-bootstrap.log``.
@@ -54,6 +68,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.hooks.types import WorkerBootstrap
+from levers9.worker_container import docker_run_flags
 from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, closest_variable
 
 __all__ = [
@@ -124,7 +139,7 @@ def check_environment(bootstrap: WorkerBootstrap) -> None:
             )
         _one_line(f"WorkerBootstrap.environment[{name!r}]", value)
     _count(bootstrap)
-    for field in ("controlplane_url", "machine_id", "pool", "levers9_version"):
+    for field in ("controlplane_url", "machine_id", "pool", "levers9_version", "runtime"):
         value = getattr(bootstrap, field)
         if not value.strip():
             raise ValueError(f"WorkerBootstrap.{field} is empty; the worker cannot start without it")
@@ -179,9 +194,11 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
     env = {k: v for k, v in worker_environment(bootstrap).items() if k != "LEVERS9_CONTROLPLANE_CA"}
     env_lines = "".join(f"{name}={value}\n" for name, value in env.items())
     gpus = "--gpus all " if _count(bootstrap) > 0 else ""
+    access = "".join(f"{q(flag)} " for flag in docker_run_flags(bootstrap.runtime, bootstrap.machine_id))
     parts = [
         "#!/bin/sh\n",
-        f"# levers9 worker bootstrap: machine {bootstrap.machine_id} of pool {bootstrap.pool}, levers9 {version}\n",
+        f"# levers9 worker bootstrap: machine {bootstrap.machine_id} of pool {bootstrap.pool} "
+        f"(runtime {bootstrap.runtime}), levers9 {version}\n",
         "# Rendered by levers9.bootstrap; every path is under $LEVERS9_BOOT_ROOT (empty on a real machine).\n",
         "set -eu\n",
         'ROOT="${LEVERS9_BOOT_ROOT:-}"\n',
@@ -207,11 +224,13 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
     parts.append(
         'load_env() { while IFS= read -r line; do if [ -n "$line" ]; then export "$line"; fi; done <"$ENV_FILE"; }\n'
     )
+    parts.append(_runtime_check(bootstrap.runtime))
     parts.append(
         # 1. the right levers9 is installed (a prepared image): run it
         'if command -v levers9 >/dev/null 2>&1 && [ "$(levers9 --version 2>/dev/null || true)" = "levers9 $VERSION" ]'
         "; then\n"
         '  say "starting the installed levers9 $VERSION worker"\n'
+        "  runtime_check\n"
         "  load_env\n"
         '  LEVERS9_TOKEN_FILE="$TOKEN_FILE" exec levers9 worker >>"$LOG" 2>&1\n'
         "fi\n"
@@ -225,7 +244,7 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
             f"  docker rm -f {CONTAINER_NAME} >/dev/null 2>&1 || true\n"
             f"  exec docker run -d --name {CONTAINER_NAME} --network host {gpus}"
             '--env-file "$ENV_FILE" -e LEVERS9_TOKEN_FILE="$TOKEN_FILE" -v "$DIR:$DIR:ro" '
-            f'{image} levers9 worker >>"$LOG" 2>&1\n'
+            f'{access}{image} levers9 worker >>"$LOG" 2>&1\n'
             "fi\n"
         )
     parts.append(
@@ -244,10 +263,46 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
         '"$PY" -m pip install --quiet "levers9==$VERSION" >>"$LOG" 2>&1 || '
         'fail "pip could not install levers9==$VERSION (see $LOG)"\n'
         'say "starting the levers9 $VERSION worker installed with pip"\n'
+        "runtime_check\n"
         "load_env\n"
         'LEVERS9_TOKEN_FILE="$TOKEN_FILE" exec "$PY" -m levers9 worker >>"$LOG" 2>&1\n'
     )
     return "".join(parts)
+
+
+def _runtime_check(runtime: str) -> str:
+    """The shell function ``runtime_check``: what a worker running on the machine itself needs of it.
+
+    A ``runc`` worker runs the machine's ``runc``: when it is missing and ``apt-get`` exists, it is installed
+    (logged; a failed install is logged and the worker started anyway, so its own refusal, naming what is
+    missing, reaches the controlplane's log). A ``gvisor`` worker needs ``runsc`` in the machine image: it is
+    not installed here (its packages differ by distribution), only named. The docker path needs neither: the
+    worker image carries both.
+    """
+    if runtime == "runc":
+        body = (
+            "  command -v runc >/dev/null 2>&1 && return 0\n"
+            "  if ! command -v apt-get >/dev/null 2>&1; then\n"
+            '    say "runc is not on PATH and there is no apt-get to install it: the worker will refuse this '
+            'runc pool (use a machine image with runc)"\n'
+            "    return 0\n"
+            "  fi\n"
+            '  say "runc is not on PATH and this pool runs runc: apt-get install -y runc"\n'
+            '  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y runc >>"$LOG" 2>&1; then\n'
+            '    apt-get update >>"$LOG" 2>&1 || true\n'
+            '    DEBIAN_FRONTEND=noninteractive apt-get install -y runc >>"$LOG" 2>&1 || '
+            'say "apt-get could not install runc (see $LOG): the worker will refuse this runc pool"\n'
+            "  fi\n"
+        )
+    elif runtime == "gvisor":
+        body = (
+            "  command -v runsc >/dev/null 2>&1 && return 0\n"
+            '  say "runsc is not on PATH and this pool runs gvisor: the worker will refuse it '
+            '(the machine image needs gVisor runsc, for example apt-get install -y runsc on Debian 12)"\n'
+        )
+    else:
+        body = "  return 0\n"
+    return "runtime_check() {\n" + body + "}\n"
 
 
 class _Dumper(yaml.SafeDumper):

@@ -35,6 +35,7 @@ from levers9.bootstrap import (
     worker_environment,
 )
 from levers9.hooks.types import WorkerBootstrap
+from levers9.worker_container import docker_run_flags
 from levers9.worker_variables import WORKER_VARIABLES
 
 TOKEN = "l9_machine_" + "S" * 43
@@ -311,3 +312,111 @@ def test_a_script_run_again_rewrites_its_files_and_starts_again(tmp_path: Path) 
     assert first.argv().count("levers9 worker") == 2
     assert sorted(os.listdir(first.root / "etc/levers9")) == ["ca.pem", "token", "worker.env"]
     assert len(_env_file(first.root)) == 8, "the environment file is written anew, not appended to"
+
+
+# --------------------------------------------------------------------------- the pool's runtime
+
+#: what a runc or gvisor worker container is given on a booted VM: the agent's list (levers9.agent.runtime_access)
+OCI_FLAGS = [
+    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_PTRACE",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--security-opt", "systempaths=unconfined",
+    "--cgroupns", "host", "--init",
+    "-v", "l9w-mach_0123-state:/var/lib/levers9:rw",
+    "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "-v", "/run/levers9/network:/run/levers9/network:rw",
+    "-e", "LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker",
+]  # fmt: skip
+
+
+def _docker_run(tmp_path: Path, runtime: str) -> list[str]:
+    (tmp_path / runtime).mkdir()
+    b = bootstrap(worker_image="ghcr.io/levers9/worker:0.1.0", runtime=runtime)
+    ran = boot(tmp_path / runtime, b, levers9=None, stubs={"docker": 0})
+    assert ran.result.returncode == 0, ran.result.stderr
+    [call] = [line for line in ran.argv().splitlines() if line.startswith("docker run")]
+    return call.split()
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+def test_an_oci_pools_worker_container_gets_what_running_containers_needs(tmp_path: Path, runtime: str) -> None:
+    args = _docker_run(tmp_path, runtime)
+    at = args.index("--cap-add")
+    assert args[at : at + len(OCI_FLAGS)] == OCI_FLAGS, args
+    assert args[args.index("--network") + 1] == "host"
+    # the state directory the volume holds wins over the environment file's (an -e after --env-file)
+    assert args.index("--env-file") < args.index("LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker")
+    assert args[-3:] == ["ghcr.io/levers9/worker:0.1.0", "levers9", "worker"]
+    assert "--privileged" not in args
+
+
+def test_a_process_pools_worker_container_is_unchanged(tmp_path: Path) -> None:
+    args = _docker_run(tmp_path, "process")
+    for flag in ("--cap-add", "--security-opt", "--cgroupns", "--init"):
+        assert flag not in args, args
+    assert not [a for a in args if "/sys/fs/cgroup" in a or "l9w-" in a or "/run/levers9" in a], args
+    assert bootstrap().runtime == "process", "a bootstrap made without a runtime is a process one"
+
+
+def test_the_docker_flags_and_the_agents_options_are_one_list() -> None:
+    from levers9.agent.runtime_access import worker_access
+
+    options = worker_access("runc", "mach_0123").options
+    flags = docker_run_flags("runc", "mach_0123")
+    caps = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--cap-add"]
+    assert caps == options["cap_add"]
+    opts = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--security-opt"]
+    assert opts == [*options["security_opt"], "systempaths=unconfined"]
+    binds = [flags[i + 1] for i, flag in enumerate(flags) if flag == "-v"]
+    assert binds == [f"{source}:{b['bind']}:{b['mode']}" for source, b in options["volumes"].items()]
+    assert docker_run_flags("process", "mach_0123") == []
+
+
+def test_a_runc_machine_without_runc_installs_it_with_apt_get(tmp_path: Path) -> None:
+    ran = boot(tmp_path, bootstrap(runtime="runc"), stubs={"apt-get": 0})
+    assert ran.result.returncode == 0, ran.result.stderr
+    assert "apt-get install -y runc" in ran.argv()
+    assert ran.worker()["argv"] == ["worker"], "the worker starts after the install"
+    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
+    assert "runc is not on PATH and this pool runs runc: apt-get install -y runc" in log
+
+    (tmp_path / "has").mkdir()
+    has = boot(tmp_path / "has", bootstrap(runtime="runc"), stubs={"apt-get": 0, "runc": 0})
+    assert has.result.returncode == 0, has.result.stderr
+    assert "apt-get" not in has.argv(), "runc is there: nothing is installed"
+
+    (tmp_path / "process").mkdir()
+    process = boot(tmp_path / "process", bootstrap(), stubs={"apt-get": 0})
+    assert "apt-get" not in process.argv(), "a process pool needs no runc"
+
+
+def test_a_failed_runc_install_retries_after_an_update_and_says_so(tmp_path: Path) -> None:
+    ran = boot(tmp_path, bootstrap(runtime="runc"), stubs={"apt-get": 100})
+    assert ran.result.returncode == 0, ran.result.stderr
+    apt = [line for line in ran.argv().splitlines() if line.startswith("apt-get")]
+    assert apt == ["apt-get install -y runc", "apt-get update", "apt-get install -y runc"]
+    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
+    assert "apt-get could not install runc" in log
+    assert ran.worker()["argv"] == ["worker"], "the worker starts anyway and reports its runtime unavailable"
+
+    (tmp_path / "bare").mkdir()
+    bare = boot(tmp_path / "bare", bootstrap(runtime="runc"))
+    log = (bare.root / "var/log/levers9-bootstrap.log").read_text()
+    assert "no apt-get to install it: the worker will refuse this runc pool" in log
+
+
+def test_a_gvisor_machine_without_runsc_is_told_what_its_image_needs(tmp_path: Path) -> None:
+    ran = boot(tmp_path, bootstrap(runtime="gvisor"), stubs={"apt-get": 0})
+    assert ran.result.returncode == 0, ran.result.stderr
+    assert "apt-get" not in ran.argv(), "runsc is not installed by the script"
+    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
+    assert "runsc is not on PATH and this pool runs gvisor" in log
+    assert "apt-get install -y runsc" in log
+
+
+def test_a_runc_bootstrap_with_a_full_ca_fits_the_user_data_limit() -> None:
+    ca = CA * 12  # about a real CA certificate's size and more
+    text = cloud_init(bootstrap(runtime="runc", worker_image="ghcr.io/levers9/worker:0.1.0", controlplane_ca=ca))
+    assert len(text.encode()) <= USER_DATA_MAX_BYTES
+    with pytest.raises(ValueError, match=r"WorkerBootstrap\.runtime"):
+        cloud_init(bootstrap(runtime="runc\nrm -rf /"))

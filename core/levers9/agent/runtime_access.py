@@ -54,7 +54,10 @@ the same to operators):
   (restarts included) and is removed with it.
 
 Invariant: :func:`worker_access` is the whole difference between the two kinds
-of worker container; no option here is given to a ``process`` worker.
+of worker container; no option here is given to a ``process`` worker. The
+constants live in :mod:`levers9.worker_container`, where a booted cloud VM's
+boot script (:mod:`levers9.bootstrap`) takes the same list as ``docker run``
+flags.
 Failures: an order asking for an OCI runtime on a network other than the
 host's is a ValueError naming the field and what is accepted.
 """
@@ -64,6 +67,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from levers9.worker_container import (  # one source for the agent's options and the boot script's flags
+    CAPABILITIES,
+    CGROUP_ROOT,
+    NETWORK_STATE,
+    OCI_RUNTIMES,
+    SECURITY_OPTIONS,
+    STATE_DIR,
+    STATE_MOUNT,
+    SYSTEM_PATHS,
+    volume_name,
+)
 
 __all__ = [
     "CAPABILITIES",
@@ -78,25 +93,6 @@ __all__ = [
     "volume_name",
     "worker_access",
 ]
-
-#: the runtimes whose workers run containers of their own
-OCI_RUNTIMES = frozenset({"runc", "gvisor"})
-CAPABILITIES = ("SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE")
-SECURITY_OPTIONS = ("seccomp=unconfined", "apparmor=unconfined")
-#: ``--security-opt systempaths=unconfined`` as the Docker CLI sends it: no path of /proc masked or read-only
-SYSTEM_PATHS: tuple[str, ...] = ("MaskedPaths", "ReadonlyPaths")
-#: the worker container's volume: its state directory and, inside it, the runtime's image cache
-STATE_MOUNT = "/var/lib/levers9"
-STATE_DIR = f"{STATE_MOUNT}/worker"
-#: the engine's host-wide network records (levers9.engine.node.NETWORK_STATE)
-NETWORK_STATE = "/run/levers9/network"
-CGROUP_ROOT = "/sys/fs/cgroup"
-_VOLUME_SUFFIX = "-state"
-
-
-def volume_name(machine_id: str) -> str:
-    """The Docker volume of machine ``machine_id``'s worker container."""
-    return f"l9w-{machine_id}{_VOLUME_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,10 @@ class WorkerBootstrap(_Frozen):
     environment: dict[str, str] = Field(default_factory=dict)
     #: labels the worker reports (the pool's labels and the provider's own)
     labels: dict[str, str] = Field(default_factory=dict)
+    #: the pool's runtime (``Pool.runtime``): a ``runc`` or ``gvisor`` worker container gets what running
+    #: containers of its own needs (:mod:`levers9.worker_container`), and the boot script makes sure ``runc``
+    #: is on the machine; the default keeps a bootstrap made without it (a third party's) a ``process`` one
+    runtime: str = "process"
 
 
 class ProvisionRequest(_Frozen):

@@ -11,7 +11,7 @@ machine in a zone or region other than the pool's first.
 The provider gets a :class:`~levers9.hooks.types.WorkerBootstrap`: where to
 dial, the CA to trust, the machine's single-use token, this controlplane's
 levers9 version and ``scheduler.worker_image``, the worker's size as its
-``LEVERS9_*`` variables, and the pool's labels.
+``LEVERS9_*`` variables, the pool's labels and its runtime.
 
 Provider answers map onto the scheduler's choices:
 
@@ -117,6 +117,7 @@ class Provisioner:
             worker_image=ctx.settings.worker_image,
             environment=worker_environment(pool),
             labels=dict(pool.pool.labels),
+            runtime=pool.pool.runtime,
         )
         request = ProvisionRequest(
             pool=pool.pool,
