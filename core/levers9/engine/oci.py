@@ -160,13 +160,16 @@ class ContainerRecords:
         return LogChunk(data=data, next_offset=nxt, eof=ended and nxt >= size)
 
     def _exited_state(self, container_id: str, ended: dict[str, Any]) -> ContainerState:
+        # the shim forks no `date`: it started the container just before writing child.pid, and wrote
+        # exit.json just after the container ended (shim.py)
+        cdir = self._dir(container_id)
         return ContainerState(
             container_id=container_id,
             status=ContainerStatus.EXITED,
             exit_code=ended.get("exit_code"),
             oom_killed=bool(ended.get("oom_killed")),
-            started_at=_time(ended.get("started_at")),
-            finished_at=_time(ended.get("finished_at")),
+            started_at=_time(ended.get("started_at")) or _mtime(cdir / shim.CHILD_FILE),
+            finished_at=_time(ended.get("finished_at")) or _mtime(cdir / shim.EXIT_FILE),
         )
 
     def _wait_for_shim(self, container_id: str, *, until_gone: bool = False) -> None:
@@ -263,7 +266,7 @@ class OciEngine(ContainerRecords):
             if cdi is not None:
                 apply_edits(config, cdi.edits_for(spec.gpus))
             bundle.mkdir(exist_ok=True)
-            (bundle / "config.json").write_text(json.dumps(config, indent=1))
+            (bundle / "config.json").write_text(json.dumps(config))  # no indent: the C encoder, 1-2 ms less
             (cdir / shim.LOG_FILE).touch()
             mapping = self.flavor.id_mapping
             self._write_meta(spec.container_id, {
@@ -365,7 +368,7 @@ class OciEngine(ContainerRecords):
             if time.monotonic() > deadline:
                 self.remove(cid)
                 raise Levers9Error(f"container {cid} did not start within {START_TIMEOUT_S:g} s")
-            time.sleep(0.002)
+            time.sleep(0.001)
         if state.status is ContainerStatus.RUNNING and container.spec.ports:
             self._forward(container.spec)
             state = self.state(cid)
@@ -534,6 +537,13 @@ class OciEngine(ContainerRecords):
 
 def _time(value: object) -> datetime | None:
     return datetime.fromtimestamp(float(value), UTC) if isinstance(value, int | float) else None
+
+
+def _mtime(path: Path) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    except OSError:
+        return None
 
 
 def _parse_created(value: object) -> datetime | None:

@@ -3,10 +3,16 @@
 Overlayfs lets every container of an image share one unpacked copy of its
 layers (see :mod:`levers9.engine.images`) while writing only to its own
 upper directory, which is thrown away with the container.
+
+The overlay is mounted with mount(2) itself rather than the ``mount`` command: it is on every
+container's start-up path, and a process costs 1-3 ms there. Unmounting stays with ``umount``
+(its lazy fallback), off that path.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import subprocess
 from collections.abc import Sequence
@@ -66,12 +72,21 @@ def mount_overlay(layers: Sequence[Path], upper: Path, work: Path, target: Path)
     options = f"lowerdir={lower},upperdir={upper},workdir={work}"
     if len(options) > 4000:
         raise RootfsError(f"{len(layers)} layers make an overlay option string too long for the kernel")
-    proc = subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", options, str(target)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise RootfsError(f"mounting the root filesystem at {target} failed: {(proc.stderr or proc.stdout).strip()}")
+    if _libc().mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()) != 0:
+        code = ctypes.get_errno()
+        raise RootfsError(f"mounting the root filesystem at {target} failed: {os.strerror(code)} (overlay, {options})")
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+        _LIBC.mount.restype = ctypes.c_int
+    return _LIBC
+
+
+_LIBC: ctypes.CDLL | None = None
 
 
 def unmount(target: Path) -> None:

@@ -6,6 +6,10 @@ a small supervisor, started in its own session so the worker can restart
 without killing its containers: it runs the runtime in the foreground with the
 container's output going to a log file, waits, notes whether the memory cgroup
 killed it, writes ``exit.json`` atomically, and deletes the container.
+``exit.json`` holds the exit code and whether the cgroup saw an OOM kill; the
+container's start and end times are the modification times of ``child.pid``
+(written as the runtime starts) and of ``exit.json`` (written once it ended),
+so the script forks nothing on that path but the runtime (and the rename).
 
 It sits on every container's start-up path, so the supervisor itself is the
 POSIX shell script ``shim.sh`` next to this module (sh starts in about a

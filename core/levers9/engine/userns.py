@@ -22,8 +22,9 @@ source it binds; the runtime's state directory is the worker's alone (mode 0700)
 in a directory of their own per container, :data:`MOUNT_ROOT`/*key*, owned by the container's root with
 mode 0700, below a parent other users may pass through but not list (0711).
 
-Invariants: the namespace that carries a mapping is made by a short-lived ``unshare`` process and is
-released when the last mount using it is unmounted; every mount this module makes is under the
+Invariants: the namespace that carries a mapping is made once per process by a short-lived ``unshare``
+process, its descriptor kept, and is released when the process has ended and the last mount using it is
+unmounted; every mount this module makes is under the
 directory the caller names, so removing a container finds them all; that directory names its owner (the
 container's directory in the runtime's state), so one whose owner was deleted while it was still mounted
 (a worker killed half way, then its state removed) is found and released by :func:`sweep`; :func:`support` asks the kernel
@@ -120,12 +121,30 @@ class IdMapping:
         return f"0 {self.host_id} {self.size}\n"
 
 
+_namespaces_lock = threading.Lock()
+#: one user namespace per mapping, for the life of the process (see :func:`mapping_namespace`)
+_namespaces: dict[IdMapping, int] = {}
+
+
 @contextlib.contextmanager
 def mapping_namespace(mapping: IdMapping) -> Iterator[int]:
-    """A file descriptor of a fresh user namespace carrying ``mapping``; closed when the block ends.
+    """A file descriptor of a user namespace carrying ``mapping``, for idmapped mounts.
 
-    The namespace lives on in every idmapped mount made with it, after the descriptor is closed.
+    The namespace is made once per mapping and its descriptor kept (close-on-exec) for the life of
+    the process: an idmapped mount takes only the namespace's mapping, so every container of a
+    mapping may share one, and making it costs a process (``unshare``), 1-3 ms on every container's
+    start-up path. Each idmapped mount holds a reference of its own, so the namespace outlives the
+    descriptor in the mounts made with it either way.
     """
+    with _namespaces_lock:
+        fd = _namespaces.get(mapping)
+        if fd is None:
+            fd = _namespaces[mapping] = _new_namespace(mapping)
+    yield fd
+
+
+def _new_namespace(mapping: IdMapping) -> int:
+    """A fresh user namespace carrying ``mapping``, as an open descriptor; made by a short-lived ``unshare``."""
     unshare = shutil.which("unshare") or next(
         (p for p in ("/usr/bin/unshare", "/bin/unshare") if os.path.exists(p)), None
     )
@@ -156,10 +175,12 @@ def mapping_namespace(mapping: IdMapping) -> Iterator[int]:
             fd = os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise UsernsError(f"mapping ids {mapping.line().strip()!r} in a new user namespace failed: {exc}") from exc
-        yield fd
-    finally:
+        return fd
+    except BaseException:
         if fd >= 0:
             os.close(fd)
+        raise
+    finally:
         if holder.stdin is not None:
             holder.stdin.close()  # cat sees end of file and exits
         try:
