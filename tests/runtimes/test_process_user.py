@@ -178,6 +178,12 @@ def test_a_home_a_killed_worker_left_is_swept_once_its_container_is_gone() -> No
     live_id = made["live"].name.removeprefix("levers9-").rpartition("-")[0]
     # a process whose argv names the container, as its shim's does
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", live_id])
+    # Popen returns once exec closed the error pipe, which the kernel does before it writes the new argv:
+    # for a moment the holder's cmdline is empty (seen in 4 of 200 tries on a loaded machine)
+    deadline = time.monotonic() + 10
+    while live_id.encode() not in Path(f"/proc/{holder.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the holder never showed its argv"
+        time.sleep(0.001)
     try:
         removed = sweep_homes(me)
         assert str(made["gone"]) in removed
