@@ -270,3 +270,17 @@ def test_the_seccomp_note_follows_the_oci_seccomp_flag(
                                                                             "network": "host"}))  # fmt: skip
     assert report.available, report.unavailable_reason
     assert any(note.startswith("seccomp: runsc") and "no -oci-seccomp flag" in note for note in report.notes)
+
+
+def test_the_network_probe_leaves_no_cgroup(require: Callable[[str], str], context: Context) -> None:
+    """The probe sandbox's cgroups (runsc names them by the probe's id) are removed with it."""
+    require("runsc")
+    info = levers9_gvisor.inspect_runsc("runsc")
+    platform = levers9_gvisor.resolve_platform(levers9_gvisor.GvisorSettings(), info)
+    assert info.path is not None
+    assert platform is not None
+    before = {*Path("/sys/fs/cgroup").glob("*/l9-probe-*"), *Path("/sys/fs/cgroup").glob("l9-probe-*")}
+    levers9_gvisor._NETWORK_CACHE.clear()
+    levers9_gvisor.sandbox_network_works(context("gvisor", {"network": "auto"}), info.path, platform)
+    assert set(Path("/sys/fs/cgroup").glob("*/l9-probe-*")) - before == set()
+    assert set(Path("/sys/fs/cgroup").glob("l9-probe-*")) - before == set()

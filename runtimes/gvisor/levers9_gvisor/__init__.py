@@ -55,6 +55,7 @@ container starts:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -466,6 +467,7 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
             subprocess.run([runsc, "--root", str(root), "delete", "-force", probe_id], capture_output=True,
                            timeout=60, check=False)  # fmt: skip
             subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
+            _remove_probe_cgroups(probe_id)
     if answer[0]:
         log.info("gvisor: runsc %s runs sandboxes with its own network stack here", runsc)
     else:
@@ -473,6 +475,14 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
                     "inside each container's own network namespace", runsc, answer[1])  # fmt: skip
     _NETWORK_CACHE[key] = answer
     return answer
+
+
+def _remove_probe_cgroups(probe_id: str) -> None:
+    """The cgroups runsc made for the probe (named by its id, the config naming none): delete leaves them."""
+    root = Path("/sys/fs/cgroup")
+    for directory in (root / probe_id, *(c / probe_id for c in root.iterdir() if c.is_dir())):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def _check(runtime: RuntimeContext, spec: ContainerSpec) -> None:
