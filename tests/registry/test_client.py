@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,3 +134,27 @@ def test_tls_is_verified_against_the_ca_bundle_given(registry_factory: Callable[
         assert unchecked.get_manifest("tests/tls", "v1")[2] == digest
     with pytest.raises(RegistryError, match=r"CA bundle .* cannot be read"):
         RegistryClient(secure.url, verify=str(tmp_path / "missing.pem"))
+
+
+def test_clients_share_one_tls_context_per_ca_bundle_and_a_renewed_bundle_is_read_again(
+    registry_factory: Callable[..., Registry], tmp_path: Path
+) -> None:
+    """A TLS context loads a whole trust store: it is made once per bundle, yet a bundle replaced on disk counts."""
+    from levers9.registry.client import _ssl_context
+
+    ca, other = TestCA("levers9 registry test CA"), TestCA("levers9 another test CA")
+    ca.issue().write(tmp_path / "server.pem", tmp_path / "server.key")
+    secure = registry_factory(tls=(tmp_path / "server.pem", tmp_path / "server.key"))
+    bundle = ca.write(tmp_path / "ca.pem")
+
+    assert _ssl_context(True) is _ssl_context(True)
+    assert _ssl_context(str(bundle)) is _ssl_context(str(bundle))
+    with RegistryClient(secure.url, verify=str(bundle)) as client:
+        client.check()
+    other.write(bundle)
+    os.utime(bundle, (1_000_000, 1_000_000))  # a new modification time, whatever the clock's tick
+    with (
+        RegistryClient(secure.url, verify=str(bundle)) as client,
+        pytest.raises(RegistryError, match="CERTIFICATE_VERIFY_FAILED"),
+    ):
+        client.check()
