@@ -132,11 +132,6 @@ class Builds:
             )
         return self.registry
 
-    def _build_pools(self, workspace: str) -> list[str]:
-        return sorted(
-            name for name, p in self.dp.services.pools.items() if p.builds and p.workspace in (None, workspace)
-        )
-
     async def images(self, principal: Principal) -> list[tuple[BlueprintImageRecord, str]]:
         """The caller's workspace's built images, the most recently used first, each with the ref that runs it."""
         registry = self._registry()
@@ -164,7 +159,7 @@ class Builds:
             yield BuildEvent("done", image=registry.ref(built), key=built.key, cached=True, steps=len(spec.steps),
                              steps_cached=len(spec.steps))  # fmt: skip
             return
-        pools = self._build_pools(workspace)
+        pools = self.dp.build_pools(workspace)
         if not pools:
             raise NoBuildPool(
                 "no pool builds images: set `builds: true` on a pool whose runtime is runc or gvisor "

@@ -250,8 +250,15 @@ class DataPlane:
                 return ids, True
             raise
 
-    def _build_pools(self) -> tuple[str, ...]:
-        return tuple(sorted(name for name, pool in self.services.pools.items() if pool.builds))
+    def build_pools(self, workspace: str) -> tuple[str, ...]:
+        """The pools that run ``workspace``'s builds: ``builds: true``, and shared or bound to that workspace."""
+        return tuple(
+            sorted(
+                name
+                for name, pool in self.services.pools.items()
+                if pool.builds and pool.workspace in (None, workspace)
+            )
+        )
 
     @staticmethod
     def new_serving_id() -> str:
@@ -298,7 +305,7 @@ class DataPlane:
             gpu=gpu,
             submitted_ms=now_ms,
             # a build goes only to the pools that build images (services.builds checks there is one)
-            pools=self._build_pools() if settings.kind == BUILD_KIND else None,
+            pools=self.build_pools(workspace) if settings.kind == BUILD_KIND else None,
         )
         # validated once; the others differ only by their generated id
         more = ids[1:] if ids else [new_id("task") for _ in args[1:]]
