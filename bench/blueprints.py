@@ -73,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import levers9.builder.build as build_module
 import levers9.builder.steps as steps_module
+import levers9.engine.cgroups as cgroups_module
 import levers9.engine.oci as oci_module
 import levers9.worker.builds as worker_builds
 from levers9.blueprints.order import BUILD_KIND, write_order
@@ -488,7 +489,7 @@ async def starts(
     times: dict[str, list[float]] = {name: [] for name in parts}
     # inside container_start (the engine's thread): the memory cgroup made, the shim spawned
     START_PARTS.clear()
-    _wrap_plain(oci_module, "_own_memory_cgroup", "cgroup")
+    _wrap_plain(cgroups_module, "own_memory_cgroup", "cgroup")
     _wrap_plain(oci_module.OciEngine, "_spawn", "spawn")
     for i in range(runs):
         bare_id = f"l9bare-{secrets.token_hex(4)}"

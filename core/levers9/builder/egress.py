@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from levers9.engine import host_guard
+from levers9.engine.network import close_server
 from levers9.hooks.errors import Levers9Error
 
 if TYPE_CHECKING:
@@ -147,14 +148,7 @@ class EgressProxy:
         """Stop listening, end every connection, and close every container's way to the proxy."""
         self._closing = True
         server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
-            await server.wait_closed()
+        await close_server(server, self._tasks)
         for ip in sorted(self._admitted):
             await self.forget(ip)
 

@@ -56,7 +56,7 @@ from levers9.engine.host_guard import HostGuardError, guard, unguard
 from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 
-__all__ = ["Attachment", "Bridge", "NetworkError", "PortForward", "forwarder_command", "main"]
+__all__ = ["Attachment", "Bridge", "NetworkError", "PortForward", "close_server", "forwarder_command", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +391,21 @@ class Bridge:
         write_atomic(self._state_path(attachment.container_id), json.dumps(asdict(attachment), indent=2) + "\n")
 
 
+async def close_server(server: asyncio.AbstractServer | None, tasks: set[asyncio.Task[None]]) -> None:
+    """Stop ``server`` listening and cancel the connections' ``tasks``, returning once all have ended.
+
+    The caller sets its own closing flag first, so that a connection accepted in the meantime is dropped.
+    """
+    if server is not None:
+        server.close()
+    running = list(tasks)
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    if server is not None:
+        await server.wait_closed()
+
+
 class PortForward:
     """A userspace TCP forwarder: host 127.0.0.1:<host_port> (or a given bind address) -> container ip:port.
 
@@ -429,14 +444,7 @@ class PortForward:
         """Stop listening and drop every open connection, waiting until their tasks have finished."""
         self._closing = True
         server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
-            await server.wait_closed()
+        await close_server(server, self._tasks)
 
     def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._closing:

@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from levers9.engine import shim
+from levers9.engine import cgroups, shim
 from levers9.engine.cdi import apply_edits, load_specs
 from levers9.engine.changes import bundle_changes
 from levers9.engine.rootfs import mount_overlay, unmount, unmount_all
@@ -354,7 +354,7 @@ class OciEngine(ContainerRecords):
         cid = container.container_id
         cdir = self._dir(cid)
         if not (cdir / shim.PID_FILE).exists():
-            _own_memory_cgroup(cgroups_path(cid), container.spec.memory_mib * 1024 * 1024)
+            cgroups.own_memory_cgroup(cgroups_path(cid), container.spec.memory_mib * 1024 * 1024)
             argv = shim.command(runtime=self._argv(cid), action=action, container_id=cid, state_dir=cdir,
                                 cgroup=cgroups_path(cid))  # fmt: skip
             self._spawn(argv)
@@ -476,7 +476,7 @@ class OciEngine(ContainerRecords):
         unmount(cdir / "bundle" / "rootfs")
         self._unmount_userns_dir(container_id)
         unmount_all(cdir)  # anything a crash left; raises if any stays, so nothing is deleted through a mount
-        _remove_cgroups(cgroups_path(container_id))
+        cgroups.remove_cgroups(cgroups_path(container_id))
         shutil.rmtree(cdir, ignore_errors=True)
 
     # ------------------------------------------------------------------ what a container changed (the builder)
@@ -576,32 +576,3 @@ def _alive(pid: int | None) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _own_memory_cgroup(path: str, limit_bytes: int, root: Path = Path("/sys/fs/cgroup")) -> None:
-    """Create the container's memory cgroup, with its limit, before the runtime does.
-
-    runsc deletes the cgroups it created the moment the sandbox ends, taking the
-    OOM counter with it before the shim can read it. A cgroup that already
-    exists is joined and left alone (its limit too, hence setting it here), and
-    :func:`_remove_cgroups` removes it at the end.
-    """
-    memory = root / "memory"
-    if not memory.is_dir():
-        return  # cgroup v2: the shim's polling reads memory.events while the cgroup lives
-    directory = memory / path.lstrip("/")
-    with contextlib.suppress(OSError):
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        if (directory / "memory.memsw.limit_in_bytes").exists():
-            (directory / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
-
-
-def _remove_cgroups(path: str, root: Path = Path("/sys/fs/cgroup")) -> None:
-    """runc removes its cgroups on delete; this catches what a crash or runsc leaves."""
-    rel = path.lstrip("/")
-    candidates = [root / rel] + [c / rel for c in root.iterdir() if c.is_dir()] if root.exists() else []
-    for directory in candidates:
-        if directory.is_dir():
-            with contextlib.suppress(OSError):
-                directory.rmdir()
