@@ -233,3 +233,33 @@ async def test_closing_it_leaves_nothing(bridge: Bridge, attach: Callable[[], At
     assert host_guard.allowances(bridge.name) == []
     with pytest.raises(ConnectionRefusedError):  # nothing listens there any more (the host guard lets the host in)
         socket.create_connection((gw, port), timeout=10).close()
+
+
+async def test_a_proxy_sweeps_the_rules_a_killed_workers_proxy_left(
+    bridge: Bridge, attach: Callable[[], Attachment]
+) -> None:
+    """A worker SIGKILLed during a build leaves its allowance; the next proxy on the bridge removes it, and
+    leaves alone the rules of a proxy that still listens (another worker's build running meanwhile)."""
+    running = EgressProxy(bridge, allowed=DEFAULT_INDEX_HOSTS)
+    await running.start()
+    live, dead = attach(), attach()
+    await running.admit(live.ip)
+    # what a killed worker's proxy leaves: a rule for a port nothing listens on any more
+    gone = socket.socket()
+    gone.bind((bridge.gateway, 0))
+    dead_port = gone.getsockname()[1]
+    gone.close()
+    host_guard.allow(bridge.name, dead.ip, bridge.gateway, dead_port)
+    assert len(host_guard.allowances(bridge.name)) == 2
+
+    proxy = EgressProxy(bridge, allowed=DEFAULT_INDEX_HOSTS)
+    await proxy.start()
+    try:
+        left = host_guard.allowances(bridge.name)
+        assert len(left) == 1
+        assert f"{live.ip}/32" in left[0]
+        assert f"--dport {running.port} " in left[0]
+    finally:
+        await proxy.close()
+        await running.close()
+    assert host_guard.allowances(bridge.name) == []

@@ -23,6 +23,9 @@ blueprint name (:mod:`levers9.builder.sources`), which may well resolve to priva
 internal mirror). Nothing else is filtered: a step may download from any public host, as a build
 step anywhere can.
 
+A worker killed during a build leaves its proxy's rules; the next proxy on the bridge removes every
+rule whose port nothing listens on before it listens itself (:func:`levers9.engine.host_guard.sweep_allowances`).
+
 Invariants: :meth:`EgressProxy.close` stops listening, ends every open connection and takes back
 every host-guard rule this proxy added; it runs on the caller's event loop and starts no thread, so
 nothing of it outlives the build. Plain-http requests go upstream with ``Connection: close`` (one
@@ -38,8 +41,10 @@ import json
 import logging
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from levers9.engine import host_guard
@@ -135,6 +140,9 @@ class EgressProxy:
             return
         try:
             await asyncio.to_thread(self.bridge.ensure)
+            swept = await asyncio.to_thread(host_guard.sweep_allowances, self.bridge.name, tcp_listening)
+            for rule in swept:
+                log.warning("removed a build proxy's host-guard rule its dead worker left: %s", rule)
             self._own = await asyncio.to_thread(_host_addresses)
             self._server = await asyncio.start_server(self._accepted, self.host, 0, limit=MAX_HEAD_BYTES)
         except (Levers9Error, OSError) as exc:
@@ -438,3 +446,22 @@ def _host_addresses() -> set[Address]:
             for info in socket.getaddrinfo(socket.gethostname(), None):
                 found.add(ipaddress.ip_address(str(info[4][0]).split("%")[0]))
     return found
+
+
+def tcp_listening(address: str, port: int) -> bool:
+    """Whether a socket of this network namespace listens on IPv4 ``address:port`` (or on every address)."""
+    wanted = {f"{_proc_address(address)}:{port:04X}", f"00000000:{port:04X}"}
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return True  # cannot tell: keep the rule
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A" and fields[1] in wanted:  # 0A: LISTEN
+            return True
+    return False
+
+
+def _proc_address(address: str) -> str:
+    """An IPv4 address as /proc/net/tcp writes it: the 32-bit value in the host's byte order, in hex."""
+    return f"{int.from_bytes(socket.inet_aton(address), sys.byteorder):08X}"

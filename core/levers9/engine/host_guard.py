@@ -17,7 +17,9 @@ refuses the rest:
   holds one rule per build container, accepting TCP from exactly that container's address to exactly the
   proxy's address and port (:func:`allow`, taken back with :func:`disallow`). Rebuilding the bridge's
   chain never touches it, so the containers of a build running meanwhile keep their way out; it is empty
-  when no build runs, and every other port of the host stays refused to every container;
+  when no build runs, and every other port of the host stays refused to every container. A worker killed
+  during a build cannot take its rules back: :func:`sweep_allowances` removes every rule whose port
+  nothing listens on any more (each proxy sweeps as it starts, before it admits anyone);
 * IPv6 is turned off on the bridge (``net.ipv6.conf.<bridge>.disable_ipv6``), so the host neither has
   a link-local address there nor accepts any IPv6 packet arriving on it, whatever ``ip6tables`` holds.
 
@@ -39,7 +41,7 @@ import ipaddress
 import shlex
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from levers9.hooks.errors import Levers9Error
@@ -55,6 +57,7 @@ __all__ = [
     "disallow",
     "guard",
     "is_guarded",
+    "sweep_allowances",
     "unguard",
 ]
 
@@ -254,3 +257,25 @@ def _ipv6_off(bridge: str) -> None:
             path.write_text("1\n")
     except OSError as exc:
         raise HostGuardError(f"turning IPv6 off on bridge {bridge} ({path}) failed: {exc}") from exc
+
+
+def sweep_allowances(bridge: str, listening: Callable[[str, int], bool]) -> list[str]:
+    """Remove the bridge's allowances whose proxy is gone (``listening(address, port)`` is False); the removed.
+
+    A proxy listens before it admits anyone and takes its rules back before it stops, so a rule whose
+    port has no listener was left by a process that died (a worker killed during a build). Should its
+    address go to another container, that container would reach whatever listens on the port next.
+    """
+    removed = []
+    for line in allowances(bridge):
+        words = line.split()
+        try:
+            source = words[words.index("-s") + 1].removesuffix("/32")
+            destination = words[words.index("-d") + 1].removesuffix("/32")
+            port = int(words[words.index("--dport") + 1])
+        except (ValueError, IndexError):
+            continue  # not a rule allow() writes: someone else's, left alone
+        if not listening(destination, port):
+            disallow(bridge, source, destination, port)
+            removed.append(line)
+    return removed
