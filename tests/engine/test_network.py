@@ -585,3 +585,25 @@ def test_forwarder_process_forwards_and_exits_on_sigterm(
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+def test_sweep_detaches_the_containers_whose_owner_is_gone(
+    bridge: Bridge, new_id: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A worker killed with its state removed leaves its containers attached; sweep takes exactly those away."""
+    alive_dir, dead_dir = tmp_path / "alive", tmp_path / "dead"
+    alive_dir.mkdir()
+    dead_dir.mkdir()
+    alive = bridge.attach(new_id("owned"), owner=alive_dir)
+    dead = bridge.attach(new_id("orphan"), owner=dead_dir)
+    unowned = bridge.attach(new_id("unowned"))  # attached by something that names no owner: never swept
+    dead_dir.rmdir()
+
+    assert bridge.sweep() == [dead.container_id]
+    assert dead.netns_name not in netns_list()
+    assert not link_exists(dead.veth_host)
+    assert {a.container_id for a in bridge.attachments()} == {alive.container_id, unowned.container_id}
+    assert alive.netns_name in netns_list()
+    assert bridge.sweep() == []
+    for attachment in (alive, unowned):
+        bridge.detach(attachment.container_id)

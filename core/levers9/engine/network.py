@@ -90,6 +90,9 @@ class Attachment:
     gateway: str
     prefix_len: int
     veth_host: str
+    #: the directory of the container's record in its runtime's state; gone while still attached, the
+    #: container's worker was killed and its state removed, and :meth:`Bridge.sweep` detaches it
+    owner: str | None = None
 
     @property
     def netns_name(self) -> str:
@@ -204,8 +207,11 @@ class Bridge:
         with self._locked():
             self._ensure_locked()
 
-    def attach(self, container_id: str) -> Attachment:
-        """Give the container a namespace on the bridge, or return the one it already has."""
+    def attach(self, container_id: str, owner: Path | None = None) -> Attachment:
+        """Give the container a namespace on the bridge, or return the one it already has.
+
+        ``owner`` (the container's record, which must exist until it is detached) lets :meth:`sweep` find it.
+        """
         with self._locked():
             self._ensure_locked()
             recorded = self._read_state(container_id)
@@ -225,6 +231,7 @@ class Bridge:
                 gateway=self.gateway,
                 prefix_len=self.network.prefixlen,
                 veth_host=veth_name(container_id),
+                owner=str(owner) if owner is not None else None,
             )
             self._write_state(attachment)
             try:
@@ -244,6 +251,14 @@ class Bridge:
                 return  # the names belong to another container whose id hashes the same way
             self._unwire(container_id)
             self._state_path(container_id).unlink(missing_ok=True)
+
+    def sweep(self) -> list[str]:
+        """Detach every container whose owner is gone (a killed worker's, its state removed); their ids."""
+        gone = [a.container_id for a in self.attachments() if a.owner is not None and not Path(a.owner).exists()]
+        for container_id in gone:
+            log.warning("detaching container %s from %s: its worker's record of it is gone", container_id, self.name)
+            self.detach(container_id)
+        return gone
 
     def attachments(self) -> list[Attachment]:
         """Every container the state directory records, whether or not its interfaces survived."""

@@ -234,7 +234,8 @@ class OciEngine(ContainerRecords):
                 if self.bridge is None:
                     raise InvalidRequest("network 'bridge' needs the worker's bridge, which this runtime was not given")
                 self.bridge.ensure()
-                att = self.bridge.attach(spec.container_id)
+                _sweep(self.bridge)
+                att = self.bridge.attach(spec.container_id, owner=cdir)
                 netns = att.netns_path
                 attachment = {"ip": att.ip, "netns": att.netns_path}
             mapped, userns_off = self._map(spec, image, netns)
@@ -533,6 +534,19 @@ class OciEngine(ContainerRecords):
                                       bundle_dir=str(cdir / "bundle"))  # fmt: skip
         self.restore(container, image)
         return image
+
+
+#: when each bridge was last swept by this process (see :func:`_sweep`)
+_swept: dict[str, float] = {}
+SWEEP_EVERY_S = 60.0
+
+
+def _sweep(bridge: Bridge) -> None:
+    """Detach what killed workers left on the bridge: at this process's first attachment, then once a minute."""
+    now = time.monotonic()
+    if now - _swept.get(bridge.name, -SWEEP_EVERY_S) >= SWEEP_EVERY_S:
+        _swept[bridge.name] = now
+        bridge.sweep()
 
 
 def _time(value: object) -> datetime | None:
