@@ -77,3 +77,31 @@ async def test_only_pinned_registry_refs_are_pulled(registry: Registry, tmp_path
         await pulls.ensure(f"{registry.address}/tests/a:v1")
     with pytest.raises(ImagePullFailed, match="pulling image"):
         await pulls.ensure(f"{registry.address}/tests/none@sha256:{'0' * 64}")
+
+
+async def test_an_evicted_layer_takes_the_blob_a_build_gzipped_of_it_along(registry: Registry, tmp_path: Path) -> None:
+    """A build machine keeps a gzipped blob of each layer it made, to push it: the blob goes with its layer."""
+    import io
+    import os
+    import tarfile
+
+    from levers9.builder.layout import gzip_layer, gzipped
+
+    a, b = (_image(registry, tmp_path, n) for n in ("a", "b"))
+    pulls = _pulls(tmp_path, registry, max_bytes=int(1.5 * MiB), in_use=[], busy=[False])
+    await pulls.ensure(a)
+    store = ImageStore(tmp_path / "cache")
+    tar = tmp_path / "step.tar"  # a step's layer as the builder captures it: unpacked into the cache, gzipped
+    with tarfile.open(tar, "w") as archive:
+        data = os.urandom(MiB)
+        info = tarfile.TarInfo("step-output")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    built = gzip_layer(tar, store.cache_dir)
+    store.add_layer(tar, built.diff_id)
+    assert built.blob_path.exists()
+
+    await pulls.ensure(b)  # 3 MiB > 1.5: a and the step's layer go (b was just pulled), the blob with its layer
+    assert store.layer_path(built.diff_id) is None
+    assert gzipped(built.diff_id, store.cache_dir) is None
+    assert not built.blob_path.exists()

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ __all__ = [
     "Written",
     "blob_dir",
     "canonical",
+    "forget_blobs",
     "gzip_layer",
     "write_layout",
 ]
@@ -129,6 +130,27 @@ def gzip_layer(tar: Path, cache_dir: Path) -> Layer:
     _write_whole(record, f"sha256:{blob_sha.hexdigest()}\n".encode())
     return Layer(diff_id=diff_id, blob_digest=f"sha256:{blob_sha.hexdigest()}", blob_path=target,
                  blob_size=target.stat().st_size)  # fmt: skip
+
+
+def forget_blobs(cache_dir: Path, diff_ids: Iterable[str]) -> int:
+    """Delete the blobs :func:`gzip_layer` made of these layers, and their records; the bytes freed.
+
+    Called when the node cache evicts the layers: a blob is kept only to push its layer, and a build
+    that needs the layer again fetches or makes it anew, gzipping it again then.
+    """
+    freed = 0
+    for diff_id in diff_ids:
+        record = cache_dir / "builder" / "gzip" / diff_id.removeprefix("sha256:")
+        try:
+            digest = record.read_text().strip()
+        except OSError:
+            continue
+        blob = cache_dir / "builder" / "blobs" / "sha256" / digest.removeprefix("sha256:")
+        with contextlib.suppress(OSError):
+            freed += blob.stat().st_size
+            blob.unlink()
+        record.unlink(missing_ok=True)
+    return freed
 
 
 def gzipped(diff_id: str, cache_dir: Path) -> Layer | None:

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from levers9.builder.layout import forget_blobs
 from levers9.engine.images import ImageStore
 from levers9.engine.node import NodeSettings, images_for
 from levers9.hooks.errors import Levers9Error
@@ -106,6 +107,7 @@ class ImagePulls:
                 with contextlib.suppress(Levers9Error):
                     keep.update(store.resolve(ref).layers)  # recorded: no network
         report = store.prune(max_bytes, keep)
+        forget_blobs(store.cache_dir, report.removed)  # a build's gzipped copies go with their layers
         if report.removed:
             log.info("image cache: %d layers evicted, %d bytes now (limit %d)", len(report.removed),
                      report.bytes_after, max_bytes)  # fmt: skip
