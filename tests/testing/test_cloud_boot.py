@@ -158,3 +158,22 @@ def test_each_boot_gets_the_environment_its_platform_gives_and_cannot_override_t
                    f"{instance_id} to boot")  # fmt: skip
             root = booter.boots[instance_id].root
             assert _read(root / "env") == f"http://127.0.0.1:1/{instance_id}|{boot_environment(root)['HOME']}"
+
+
+#: a "machine" whose service takes a while to stop once told to (a worker removing its containers)
+SLOW_STOP = """#!/bin/sh
+trap 'sleep 1; echo stopped cleanly > "$DONE_FILE"; exit 0' TERM
+echo up > "$LEVERS9_BOOT_ROOT/up"
+while :; do sleep 0.1; done
+"""
+
+
+def test_a_gone_instance_gets_the_grace_to_stop_before_it_is_killed(tmp_path: Path) -> None:
+    for grace, expected in ((0.2, ""), (15.0, "stopped cleanly\n")):
+        done = tmp_path / f"done-{grace}"
+        cloud = Cloud({"i-1": Instance("i-1", user_data=SLOW_STOP.replace("$DONE_FILE", str(done)))})
+        with CloudBooter([cloud.list], ports=[], grace=grace) as booter:
+            _until(lambda: "up" in _read(booter.boots["i-1"].root / "up") if "i-1" in booter.boots else False, "boot")
+            cloud.instances["i-1"].gone = True
+            _until(lambda: "i-1" in booter.stopped, "the stop", timeout=30)
+        assert _read(done) == expected, f"grace {grace}"

@@ -14,7 +14,8 @@ every ``interval`` seconds, and
   among ``ports``);
 * an instance reported gone (terminated, or no longer listed) has its boot
   stopped: everything it started is signalled and its root removed, as a
-  terminated VM takes its processes with it.
+  terminated VM takes its processes with it (SIGTERM, then SIGKILL after
+  ``grace`` seconds).
 
 An instance is booted at most once: a boot that ends by itself (the worker
 exited) is not started again, as a real machine's first boot runs once. An
@@ -75,12 +76,16 @@ class CloudBooter:
         platform: Callable[[BootTarget], Mapping[str, str]] = lambda _: {},
         interval: float = 0.2,
         root: Path | None = None,
+        grace: float = 5.0,
     ) -> None:
         self.sources = list(sources)
         self.ports = list(ports)
         self.hardware = hardware
         self.platform = platform
         self.interval = interval
+        #: seconds a stopped boot's processes get between SIGTERM and SIGKILL (a VM's shutdown gives its services
+        #: time to stop; a worker removes the containers it runs in it)
+        self.grace = grace
         # short: a worker's unix sockets live below its boot root
         self._root = Path(tempfile.mkdtemp(prefix="l9cb-", dir=root))
         self._lock = threading.Lock()
@@ -126,7 +131,7 @@ class CloudBooter:
                 found = seen.get(instance_id)
                 vanished = found is None and complete
                 if (vanished or (found is not None and found.gone)) and instance_id not in self.stopped:
-                    boot.stop()
+                    boot.stop(self.grace)
                     self.stopped.append(instance_id)
 
     def _boot(self, instance: BootTarget) -> None:
@@ -164,7 +169,7 @@ class CloudBooter:
         with self._lock:
             for instance_id, boot in self.boots.items():
                 if instance_id not in self.stopped:
-                    boot.stop()
+                    boot.stop(self.grace)
                     self.stopped.append(instance_id)
         shutil.rmtree(self._root, ignore_errors=True)
 
