@@ -436,6 +436,23 @@ def test_the_advertised_address_follows_advertise_then_the_environment_then_tls(
     assert both.advertised_grpc() == "grpcs://a:1993,grpcs://b:1993"
 
 
+def test_the_http_address_follows_advertise_http_then_the_first_grpc_address(pki: Pki) -> None:
+    """Built images are named by the HTTP address: behind an ingress it is not the gRPC host's with http_port."""
+    from levers9.config.model import ListenConfig
+
+    both = Listeners("0.0.0.0", 1993, 1994, 9090, tls=_config(pki), advertise=("grpcs://a:1993", "grpcs://b:1993"))
+    assert both.advertised_http() == "https://a:1994"
+    assert Listeners("127.0.0.1", 1993, 1994, 9090).advertised_http() == "http://127.0.0.1:1994"
+    listen = ListenConfig(advertise_http="https://levers9.example.com/")
+    assert listen.advertise_http == "https://levers9.example.com"
+    behind = Listeners("0.0.0.0", 1993, 1994, 9090, tls=_config(pki), advertise=("grpcs://a:1993",),
+                       advertise_http=listen.advertise_http)  # fmt: skip
+    assert behind.advertised_http() == "https://levers9.example.com"
+    for bad in ("levers9.example.com", "ftp://x", "https://x/v2", "https://x:99999", "https://"):
+        with pytest.raises(ValueError, match=r"advertise_http[\s\S]*accepted: http\(s\)://host\[:port\]"):
+            ListenConfig(advertise_http=bad)
+
+
 # end to end: a local worker and the SDK over TLS
 
 LOCAL_POOL = """\

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -114,6 +115,12 @@ class ListenConfig(_Strict):
         description="The controlplane addresses workers and agents dial, every replica's or a load balancer's "
         "(grpc://host:port, grpcs://host:port); empty means $LEVERS9_ADVERTISE_URL, else this host.",
     )
+    advertise_http: str | None = Field(
+        None,
+        description="The HTTP listener's address as workers and people reach it (http(s)://host[:port]), where "
+        "it is not the first listen.advertise host with listen.http_port (an ingress, a load balancer on 443). "
+        "Built images are named by its host: changing it renames them.",
+    )
     max_connections: int | None = Field(
         None,
         ge=1,
@@ -147,6 +154,23 @@ class ListenConfig(_Strict):
     keep_alive_s: float = Field(
         5.0, gt=0, le=3600, description="An HTTP connection idle this long between requests is closed."
     )
+
+    @field_validator("advertise_http")
+    @classmethod
+    def _http_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urllib.parse.urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+            raise ValueError(
+                f"{value!r} is not an HTTP listener's address; accepted: http(s)://host[:port], "
+                "e.g. https://levers9.example.com"
+            )
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not one
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}; accepted: http(s)://host[:port], the port 1-65535") from None
+        return f"{parts.scheme}://{parts.netloc}"
 
     @model_validator(mode="after")
     def _distinct(self) -> ListenConfig:

@@ -111,12 +111,15 @@ class Listeners:
     plaintext: bool = False
     #: ``listen.advertise``: the addresses workers dial, when this host's own is not the one
     advertise: tuple[str, ...] = field(default=())
+    #: ``listen.advertise_http``: the HTTP listener's address, when it is not derived from ``advertise``
+    advertise_http: str | None = None
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> Listeners:
         listen = loaded.config.listen
         return cls(listen.host, listen.grpc_port, listen.http_port, listen.metrics_port,
-                   tls=listen.tls, plaintext=listen.plaintext, advertise=tuple(listen.advertise))  # fmt: skip
+                   tls=listen.tls, plaintext=listen.plaintext, advertise=tuple(listen.advertise),
+                   advertise_http=listen.advertise_http)  # fmt: skip
 
     def advertised_grpc(self) -> str:
         """The address(es) workers dial: ``listen.advertise`` (comma-joined), else ``$LEVERS9_ADVERTISE_URL``,
@@ -132,8 +135,11 @@ class Listeners:
         return f"{'grpcs' if self.tls is not None else 'grpc'}://{host}:{self.grpc_port}"
 
     def advertised_http(self) -> str:
-        """The HTTP listener's URL as workers reach it (the registry host of built images' refs): the host of the
-        first advertised gRPC address with ``listen.http_port``, ``https://`` with TLS and ``http://`` without."""
+        """The HTTP listener's URL as workers reach it (the registry host of built images' refs):
+        ``listen.advertise_http``, else the host of the first advertised gRPC address with ``listen.http_port``,
+        ``https://`` with TLS and ``http://`` without."""
+        if self.advertise_http:
+            return self.advertise_http
         first = self.advertised_grpc().split(",")[0].strip()
         parts = urllib.parse.urlsplit(first if "://" in first else f"grpc://{first}")
         host = parts.hostname or self.host
