@@ -52,7 +52,18 @@ does what the cluster's components would do to the objects:
   ``mountPath``; any other volume is a ``CreateContainerConfigError``. The node's
   recorded ``nvidia-smi`` CSV (``gpus_csv``) is split among its pods: a pod asking
   ``nvidia.com/gpu: N`` gets N free GPUs of it, numbered from 0 as a container
-  sees them. The boot reaches only the loopback ports of ``reachable_ports`` and
+  sees them. ``securityContext``: a container that is not ``privileged`` runs
+  with the capability bounding set a container runtime gives by default
+  (:data:`DEFAULT_CAPABILITIES`, containerd's set, plus
+  ``capabilities.add``, minus ``capabilities.drop``; ``ALL`` means every
+  one), through ``setpriv --bounding-set`` (util-linux) before its argv, so
+  a worker that needs more (runc: ``SYS_ADMIN``) fails as on a real node;
+  a privileged one keeps every capability. An ``emptyDir`` volume is also
+  bound at its ``mountPath`` itself, in a mount namespace of the pod's own
+  (``unshare --mount``, before the bounding set is dropped; a mount point
+  missing on the host is made, and removed when the last pod using it
+  ends), as a worker that runs containers keeps its state directory there
+  (``LEVERS9_WORKER_STATE_DIR``) and must not write the host's. The boot reaches only the loopback ports of ``reachable_ports`` and
   this API server's (in its own network namespace where the host allows it;
   :meth:`FakeCluster.pod_isolation`). Phase: Pending -> Running when the process
   starts -> Succeeded or Failed by its exit status (``terminated.exitCode``,
@@ -120,6 +131,7 @@ from tests.fakes.local_server import LocalServer
 
 __all__ = [
     "CPU_NODE",
+    "DEFAULT_CAPABILITIES",
     "DEFAULT_COMMAND",
     "DEFAULT_TOKEN",
     "GPU_NODE",
@@ -135,6 +147,11 @@ DEFAULT_TOKEN = "levers9-fake-k8s-token-0123456789abcdef"
 #: the worker image's CMD (no ENTRYPOINT): what a container without ``command`` or ``args`` runs
 DEFAULT_COMMAND = ("levers9", "worker")
 GPU_RESOURCE = "nvidia.com/gpu"
+#: the capabilities containerd gives a container that is not privileged (its default spec)
+DEFAULT_CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP", "SETPCAP",
+    "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE",
+)  # fmt: skip
 NVIDIA_SMI_DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "nvidia_smi"
 JsonObject = dict[str, Any]
 
@@ -181,6 +198,10 @@ class _Start:
     files: dict[str, bytes]
     dirs: list[str]
     gpus: str | None
+    #: the capability bounding set (lowercase, no ``cap_``); None: privileged, every capability
+    capabilities: tuple[str, ...] | None = None
+    #: emptyDir mount paths, bound at their own path in the pod's mount namespace
+    binds: tuple[str, ...] = ()
 
 
 def _gpu_lines(gpus_csv: str | Path | None) -> list[tuple[str, str, str]]:
@@ -303,6 +324,7 @@ class FakeCluster:
         self._job_times: dict[str, dict[str, float]] = {}  # job uid -> {"started", "finished"}
         self._job_pods: dict[str, set[str]] = {}  # job uid -> uids of its pods seen so far
         self._isolation: dict[str, str] = {}  # pod uid -> how its container was isolated
+        self._mount_points: dict[str, set[str]] = {}  # a mount point this fake made -> uids of the pods binding it
         self._stopping = threading.Event()
         self._scheduling_paused = False
         self._thread: threading.Thread | None = None
@@ -1023,7 +1045,15 @@ class FakeCluster:
                 f"{n}, {node.gpus[i][0]}, {node.gpus[i][1]}, {node.gpus[i][2]}\n" for n, i in enumerate(free)
             )
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(node.gpus[i][0] for i in free)
-        return _Start(meta["uid"], namespace, meta["name"], node.name, argv, env, files, dirs, gpus)
+        context = container.get("securityContext") or {}
+        privileged = bool(context.get("privileged"))
+        empty = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts") or []
+                 if "emptyDir" in volumes[m["name"]]]  # fmt: skip
+        return _Start(
+            meta["uid"], namespace, meta["name"], node.name, argv, env, files, dirs, gpus,
+            None if privileged else _bounding_set(context.get("capabilities") or {}),
+            tuple(empty),
+        )  # fmt: skip
 
     def _field(self, pod: JsonObject, path: str) -> str:
         meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
@@ -1059,7 +1089,7 @@ class FakeCluster:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
                 target.chmod(0o644)
-            script = "#!/bin/sh\nexec " + shlex.join(start.argv) + "\n"
+            script = self._script(root, start)
             with self.api.lock:
                 ports = sorted(self._reachable | {self.port})
             boot = emulated_boot(
@@ -1093,6 +1123,39 @@ class FakeCluster:
             log_path = boot.log_path
             self.api.live_logs[start.uid] = lambda: _read(log_path)
             self._running(pod, run)
+
+    def _script(self, root: Path, start: _Start) -> str:
+        """The boot script of a container: its binds (a mount namespace of its own), its bounding set, its argv."""
+        argv = list(start.argv)
+        if start.capabilities is not None:
+            allowed = ",".join(f"+{c}" for c in start.capabilities)
+            argv = ["setpriv", "--bounding-set", f"-all{',' if allowed else ''}{allowed}", "--", *argv]
+        if not start.binds:
+            return "#!/bin/sh\nexec " + shlex.join(argv) + "\n"
+        lines = [
+            "#!/bin/sh",
+            "set -e",
+            '[ "${1:-}" = in-namespace ] || exec unshare --mount --propagation private -- "$0" in-namespace',
+        ]
+        for target in start.binds:
+            lines.append(shlex.join(["mount", "--bind", str(root / target.lstrip("/")), target]))
+            with self.api.lock:
+                if target not in self._mount_points and not Path(target).exists():
+                    Path(target).mkdir(parents=True)
+                    self._mount_points[target] = set()
+                if target in self._mount_points:
+                    self._mount_points[target].add(start.uid)
+        return "\n".join([*lines, "exec " + shlex.join(argv)]) + "\n"
+
+    def _unbind(self, uid: str) -> None:
+        """Remove the mount points made for pod ``uid`` that no other pod uses (made empty by this fake)."""
+        with self.api.lock:
+            done = [t for t, users in self._mount_points.items() if users.discard(uid) is None and not users]
+            for target in done:
+                del self._mount_points[target]
+        for target in done:
+            with contextlib.suppress(OSError):
+                Path(target).rmdir()
 
     def _running(self, pod: JsonObject, run: _Run) -> None:
         container = pod["spec"]["containers"][0]
@@ -1171,6 +1234,7 @@ class FakeCluster:
         self.api.refresh_quotas(pod["metadata"]["namespace"])
 
     def _release(self, uid: str) -> None:
+        self._unbind(uid)
         for node in self._nodes.values():
             for index in [i for i, holder in node.holders.items() if holder == uid]:
                 del node.holders[index]
@@ -1200,6 +1264,24 @@ class FakeCluster:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _bounding_set(capabilities: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The bounding set of a container that is not privileged: the default set, plus ``add``, minus ``drop``.
+
+    None: every capability (``add: [ALL]`` and nothing dropped).
+    """
+
+    def names(key: str) -> set[str]:
+        return {str(c).upper().removeprefix("CAP_") for c in capabilities.get(key) or []}
+
+    added, dropped = names("add"), names("drop")
+    if "ALL" in added and not dropped:
+        return None
+    kept = (set() if "ALL" in dropped else set(DEFAULT_CAPABILITIES) | added) - dropped - {"ALL"}
+    if "ALL" in dropped:
+        kept = added - {"ALL"}
+    return tuple(sorted(c.lower() for c in kept))
 
 
 def _plural(kind: str) -> str:

@@ -838,3 +838,36 @@ def test_paused_scheduling_binds_pods_in_creation_order_once_resumed(cluster: Fa
     for name in ("first", "second"):
         kube.batch.delete_namespaced_job(name, NS, propagation_policy="Background")
     wait_for(lambda: cluster.leftovers() == [], "nothing left")
+
+
+def _capability_job(name: str, context: client.V1SecurityContext, mount: str) -> client.V1Job:
+    """A Job printing its bounding set and what its emptyDir holds at ``mount`` (written from the pod's root)."""
+    made = job(name, ["sh", "-c", f'grep CapBnd /proc/self/status; touch "$LEVERS9_BOOT_ROOT{mount}/seen"; ls {mount}'])
+    spec = made.spec.template.spec
+    spec.containers[0].security_context = context
+    spec.containers[0].volume_mounts = [client.V1VolumeMount(name="state", mount_path=mount)]
+    spec.volumes = [client.V1Volume(name="state", empty_dir=client.V1EmptyDirVolumeSource())]
+    return made
+
+
+def test_the_kubelet_gives_the_default_bounding_set_unless_privileged_and_binds_empty_dirs(kube: Kube) -> None:
+    mount = "/var/lib/levers9-fake-test"
+    defaults = client.V1SecurityContext(capabilities=client.V1Capabilities(add=["SYS_PTRACE"], drop=["NET_RAW"]))
+    kube.batch.create_namespaced_job(NS, _capability_job("confined", defaults, mount))
+    kube.batch.create_namespaced_job(
+        NS, _capability_job("privileged", client.V1SecurityContext(privileged=True), mount)
+    )
+    masks = {}
+    for name in ("confined", "privileged"):
+        pod = wait_for(lambda n=name: one_pod(kube, n, "Succeeded"), f"the {name} pod done")  # type: ignore[misc]
+        log = kube.core.read_namespaced_pod_log(pod.metadata.name, NS)
+        masks[name] = int(log.split()[1], 16)
+        assert log.split()[2:] == ["seen"], log  # the emptyDir, at its mount path
+    # containerd's default set + SYS_PTRACE - NET_RAW: chown 0, dac_override 1, fowner 3, fsetid 4, kill 5,
+    # setgid 6, setuid 7, setpcap 8, net_bind_service 10, sys_chroot 18, sys_ptrace 19, mknod 27,
+    # audit_write 29, setfcap 31
+    bits = (0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 19, 27, 29, 31)
+    assert masks["confined"] == sum(1 << b for b in bits), hex(masks["confined"])
+    own = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("CapBnd"))
+    assert masks["privileged"] == int(own.split()[1], 16), hex(masks["privileged"])  # all the kubelet has
+    wait_for(lambda: not Path(mount).exists(), "the mount point made for the pods removed")
