@@ -300,3 +300,97 @@ def test_docker_and_skopeo_take_a_built_image(levers9_up: Up, debian_base: BaseL
             assert ran.stdout.split() == ["docked", "jq-1.6"]
         finally:
             docker("image", "rm", "-f", ref)
+
+
+KINDS_APP = """\
+import http.server
+
+import levers9
+
+image = levers9.Blueprint(python_version="3.11").add_commands(["echo {marker} > /kind.txt"])
+
+
+def mark() -> str:
+    return open("/kind.txt").read().strip()
+
+
+@levers9.endpoint(image=image)
+def ep() -> str:
+    return "endpoint " + mark()
+
+
+@levers9.asgi(image=image)
+def web():
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = ("asgi " + open("/kind.txt").read().strip()).encode()
+        await send({{"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]}})
+        await send({{"type": "http.response.body", "body": body}})
+
+    return app
+
+
+@levers9.queue(image=image)
+def q(x: int) -> str:
+    return f"queue {{x}} " + mark()
+
+
+@levers9.job(image=image)
+def j() -> str:
+    return "job " + mark()
+
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("box " + open("/kind.txt").read().strip()).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@levers9.box(image=image, ports=[8080])
+def bx():
+    http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
+"""
+
+
+def test_every_kind_runs_in_its_blueprint(levers9_up: Up, debian_base: BaseLayer) -> None:
+    """`image=` takes a blueprint on every kind: deployed, each serves from inside the one image it built."""
+    import time
+
+    import httpx
+
+    levers9_up.use_runtime("runc")
+    levers9_up.builds = True
+    levers9_up.start()
+    app = levers9_up.root / "kinds.py"
+    app.write_text(KINDS_APP.format(marker="kinds-image"))
+    done = levers9_up.levers9("deploy", str(app), "--json", timeout=900)
+    assert done.returncode == 0, done.stderr + levers9_up.log()[-3000:]
+    assert sorted(d["kind"] for d in json.loads(done.stdout)) == ["box", "endpoint", "endpoint", "job", "queue"]
+
+    def finished(client: httpx.Client, path: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 120
+        while (status := client.get(path).json())["status"] not in ("complete", "error"):
+            assert time.monotonic() < deadline, f"{path} did not finish: {status}\n{levers9_up.log()[-3000:]}"
+            time.sleep(0.2)
+        return status
+
+    headers = {"authorization": f"Bearer {levers9_up.token()}"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{levers9_up.http_port}", headers=headers, timeout=120) as client:
+        assert client.post("/endpoint/ep/v1", json={}).json() == "endpoint kinds-image"
+        served = client.get("/endpoint/web/v1/")
+        assert (served.status_code, served.text) == (200, "asgi kinds-image")
+        queued = client.post("/queue/q/v1", json={"x": 7})
+        assert queued.status_code == 202, queued.text
+        assert finished(client, f"/queue/q/v1/tasks/{queued.json()['task_id']}")["result"] == "queue 7 kinds-image"
+        started = client.post("/job/j", json={})
+        assert started.status_code == 202, started.text
+        run = started.json()["task_id"]
+        assert finished(client, f"/job/j/tasks/{run}")["status"] == "complete"
+        assert client.get(f"/function/j/v1/tasks/{run}").json()["result"] == "job kinds-image"
+        boxed = client.get("/box/bx/v1/8080/")
+        assert (boxed.status_code, boxed.text) == (200, "box kinds-image")
