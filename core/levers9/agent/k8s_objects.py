@@ -140,7 +140,10 @@ def _check_container(container: Mapping[str, Any], secret: str, allow_privileged
     context = as_object(container.get("securityContext"))
     if not allow_privileged:
         if context.get("privileged"):
-            problems.append(f"container {name!r} may not be privileged (this agent runs without allow_privileged)")
+            problems.append(
+                f"container {name!r} may not be privileged: this agent runs without allow_privileged, which a "
+                "pool of runtime runc or gvisor needs (run the agent with allow_privileged, or use runtime 'process')"
+            )
         if context.get("allowPrivilegeEscalation"):
             problems.append(
                 f"container {name!r} may not set allowPrivilegeEscalation (this agent runs without allow_privileged)"

@@ -85,7 +85,7 @@ from levers9.hooks.types import (
 )
 from levers9_attached_cluster.inventory import machine_of, node_rooms, reported_namespace, workers
 from levers9_attached_cluster.settings import AttachedClusterSettings
-from levers9_local_k8s.jobs import job_manifest, job_name, secret_manifest
+from levers9_local_k8s.jobs import check_privileged, job_manifest, job_name, secret_manifest
 from levers9_local_k8s.nodes import NodeRoom, describe_misses
 from levers9_local_k8s.settings import LocalK8sSettings
 
@@ -250,6 +250,10 @@ class AttachedClusterProvider:
         pool = request.pool
         settings = _settings(pool)
         where = f"pool {pool.name!r} (cluster {settings.cluster!r})"
+        try:  # a runc or gvisor pool's pod is privileged only with the operator's consent
+            check_privileged(pool.name, pool.runtime, settings.privileged)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), code="PrivilegedNeeded") from None
         known = self.agents(pool)
         agent = next((a for a in known if self.serves(pool, a)), None)
         if agent is None:
@@ -393,6 +397,12 @@ class AttachedClusterProvider:
 
     def check(self, pool: Pool) -> ProviderCheck:
         settings = _settings(pool)
+        try:
+            check_privileged(pool.name, pool.runtime, settings.privileged)
+        except ValueError as exc:
+            return ProviderCheck(
+                ok=False, message=str(exc), hint="the cluster's agent must also run with allow_privileged"
+            )
         if not self._has_hub:
             return ProviderCheck(
                 ok=True,

@@ -16,6 +16,20 @@ retry idempotent:
   a GPU type (``nvidia.com/gpu.product=NVIDIA-L4``) a required node affinity
   on it, so the pod lands on a node of that type and no other; the service
   account token is not mounted (the worker never calls the Kubernetes API).
+* **A runc or gVisor pool** (:data:`~levers9.worker_container.OCI_RUNTIMES`):
+  the worker runs containers of its own, which needs what
+  :mod:`levers9.agent.runtime_access` lists for a Docker worker container. A
+  pod gets it as ``securityContext.privileged: true`` (capabilities, no
+  seccomp or AppArmor confinement, /proc unmasked, cgroups writable) and an
+  ``emptyDir`` volume ``worker-state`` at ``/var/lib/levers9`` with
+  ``LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker``: the container's own
+  root is overlayfs, on which image layers can be neither unpacked as an
+  overlay's upper directory nor idmapped. Privileged is the operator's
+  consent, never implied: such a pool whose settings leave ``privileged``
+  false is refused (:func:`check_privileged`, a ValueError naming the pool,
+  the runtime and the setting), at provision and by the provider's check. A
+  ``process`` pool's Job is exactly what it was (privileged only when the
+  setting asks).
 * **Secret** ``levers9-<machine id>-token`` holding the join token, read by
   the container through ``secretKeyRef`` (never in the Job's spec); it is
   created owned by the Job (:func:`owner_reference`), so deleting the Job
@@ -29,13 +43,16 @@ from typing import Any
 
 from levers9.bootstrap import container_spec
 from levers9.hooks.types import ProvisionRequest
+from levers9.worker_container import OCI_RUNTIMES, STATE_DIR, STATE_MOUNT
 from levers9_local_k8s.settings import LocalK8sSettings, Toleration
 
 __all__ = [
     "CONTAINER",
     "MACHINE_LABEL",
     "POOL_LABEL",
+    "STATE_VOLUME",
     "STOP_GRACE_S",
+    "check_privileged",
     "job_manifest",
     "job_name",
     "owner_reference",
@@ -48,6 +65,8 @@ POOL_LABEL = "levers9/pool"
 CONTAINER = "worker"
 #: SIGTERM to SIGKILL for a worker pod: the worker stops its calls 3 s before (LEVERS9_STOP_GRACE_S)
 STOP_GRACE_S = 30
+#: the emptyDir volume of a runc or gvisor worker's state directory and image cache
+STATE_VOLUME = "worker-state"
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
@@ -111,11 +130,26 @@ def _toleration(toleration: Toleration) -> dict[str, Any]:
     return shown
 
 
+def check_privileged(pool: str, runtime: str, privileged: bool, *, setting: str = "settings.privileged") -> None:
+    """ValueError when pool ``pool``'s ``runtime`` needs a privileged worker pod and ``privileged`` is false."""
+    if runtime in OCI_RUNTIMES and not privileged:
+        raise ValueError(
+            f"pool {pool!r} runs runtime {runtime!r}, whose workers start containers inside their pod: that needs "
+            f"a privileged pod, which this pool's {setting} (false) does not allow; set {setting}: true to consent, "
+            "or use runtime 'process'"
+        )
+
+
 def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[str, Any]:
-    """The Job of ``request`` (see the module docstring)."""
+    """The Job of ``request`` (see the module docstring); ValueError for a runc or gvisor pool not privileged."""
+    runtime = request.pool.runtime
+    check_privileged(request.pool.name, runtime, settings.privileged)
+    nested = runtime in OCI_RUNTIMES
     bootstrap = request.bootstrap.model_copy(update={"worker_image": settings.worker_image})
     environment = dict(bootstrap.environment)
     environment.setdefault("LEVERS9_STOP_GRACE_S", str(STOP_GRACE_S))
+    if nested:
+        environment["LEVERS9_WORKER_STATE_DIR"] = STATE_DIR
     spec = container_spec(bootstrap.model_copy(update={"environment": environment}))
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env.items()]
     env += [
@@ -137,6 +171,8 @@ def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[
     }
     if settings.privileged:
         container["securityContext"] = {"privileged": True}
+    if nested:
+        container["volumeMounts"] = [{"name": STATE_VOLUME, "mountPath": STATE_MOUNT}]
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -145,6 +181,8 @@ def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[
         "terminationGracePeriodSeconds": STOP_GRACE_S,
         "containers": [container],
     }
+    if nested:
+        pod["volumes"] = [{"name": STATE_VOLUME, "emptyDir": {}}]
     if settings.service_account:
         pod["serviceAccountName"] = settings.service_account
     if settings.node_selector:

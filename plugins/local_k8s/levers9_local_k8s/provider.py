@@ -40,7 +40,7 @@ from typing import Any, NoReturn, TypeVar
 
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import PluginContext
-from levers9.hooks.errors import InsufficientCapacity, ProviderError, QuotaExceeded
+from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError, QuotaExceeded
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -55,6 +55,7 @@ from levers9_local_k8s.errors import translate
 from levers9_local_k8s.jobs import (
     MACHINE_LABEL,
     POOL_LABEL,
+    check_privileged,
     job_manifest,
     job_name,
     owner_reference,
@@ -157,6 +158,10 @@ class K8sProvider:
         settings = _settings(pool)
         namespace, name = settings.namespace, job_name(request.machine_id)
         where = f"pool {pool.name!r}: Job {name} in namespace {namespace}"
+        try:  # before anything is asked of the cluster: a runc or gvisor pool needs the operator's consent
+            check_privileged(pool.name, pool.runtime, settings.privileged)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), code="PrivilegedNeeded") from None
         cluster = self._cluster(settings, where)
         existing = self._existing(cluster, namespace, name, where)
         if existing is not None:
@@ -304,6 +309,10 @@ class K8sProvider:
         settings = _settings(pool)
         namespace = settings.namespace
         where = f"checking pool {pool.name!r} in namespace {namespace}"
+        try:
+            check_privileged(pool.name, pool.runtime, settings.privileged)
+        except ValueError as exc:
+            return ProviderCheck(ok=False, message=str(exc), hint="runc and gvisor workers run in privileged pods")
         try:
             cluster = self._cluster(settings, where)
             _typed(where, lambda: cluster.namespace(namespace))

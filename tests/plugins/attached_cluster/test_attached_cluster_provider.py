@@ -311,3 +311,20 @@ def test_a_pool_whose_namespace_is_not_the_agents_is_refused_and_check_says_so(
     assert check.hint == "set the pool's namespace to 'levers9'"
     assert agent.kinds() == []
     assert cluster.created("jobs") == []
+
+
+def test_a_runc_pool_without_privileged_is_refused_before_any_order_and_check_says_so(
+    provider: AttachedClusterProvider, join: Join, cluster: FakeCluster
+) -> None:
+    agent = join()
+    refused = make_pool().model_copy(update={"runtime": "runc"})
+    with pytest.raises(InvalidRequest, match=r"pool '.+' runs runtime 'runc'.*settings\.privileged: true"):
+        provider.provision(provision_request(refused, l4_offer(provider)))
+    check = provider.check(refused)
+    assert not check.ok
+    assert "settings.privileged" in check.message
+    assert check.hint is not None
+    assert "allow_privileged" in check.hint
+    assert provider.check(make_pool(privileged=True).model_copy(update={"runtime": "gvisor"})).ok
+    assert agent.kinds() == []
+    assert cluster.created("jobs") == []

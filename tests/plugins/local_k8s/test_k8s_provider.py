@@ -213,3 +213,40 @@ def test_check_says_what_the_credentials_may_not_do(
     check = provider.check(make_pool({**k8s_settings, "namespace": "elsewhere"}))
     assert not check.ok
     assert check.hint == "create the namespace: kubectl create namespace elsewhere"
+
+
+def test_a_runc_pool_runs_privileged_with_a_state_volume_only_with_the_operators_consent(
+    provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster
+) -> None:
+    refused = make_pool(k8s_settings, name="nested", gpu=None).model_copy(update={"runtime": "runc"})
+    check = provider.check(refused)
+    assert not check.ok
+    for said in ("pool 'nested'", "runtime 'runc'", "settings.privileged: true"):
+        assert said in check.message, check.message
+    with pytest.raises(InvalidRequest, match=r"pool 'nested' runs runtime 'runc'.*settings\.privileged: true"):
+        provider.provision(provision_request(refused, None))
+    assert cluster.created("jobs") == []
+    assert cluster.created("secrets") == []
+
+    consented = {**k8s_settings, "privileged": True}
+    for runtime in ("runc", "gvisor"):
+        pool = make_pool(consented, name="nested", gpu=None).model_copy(update={"runtime": runtime})
+        assert provider.check(pool).ok
+        job = job_manifest(provision_request(pool, None), LocalK8sSettings.model_validate(consented))
+        pod = job["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        assert container["securityContext"] == {"privileged": True}
+        assert pod["volumes"] == [{"name": "worker-state", "emptyDir": {}}]
+        assert container["volumeMounts"] == [{"name": "worker-state", "mountPath": "/var/lib/levers9"}]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["LEVERS9_WORKER_STATE_DIR"] == "/var/lib/levers9/worker"
+
+    # a process pool's Job is what it was: no volume, no state directory, not privileged unless asked
+    plain = job_manifest(provision_request(make_pool(k8s_settings, gpu=None), None),
+                         LocalK8sSettings.model_validate(k8s_settings))  # fmt: skip
+    pod = plain["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert "volumes" not in pod
+    assert "volumeMounts" not in container
+    assert "securityContext" not in container
+    assert "LEVERS9_WORKER_STATE_DIR" not in {e["name"] for e in container["env"]}

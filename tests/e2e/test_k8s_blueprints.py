@@ -1,0 +1,159 @@
+"""A blueprint function run on a Kubernetes worker: a local_k8s pool of runtime runc, its worker pod privileged.
+
+Every part is real but the cluster: `levers9 up` with a local runc build pool (``local``, ``builds: true``,
+the run's shared Debian base cache, tests/fixtures/debian_base.py) and a ``local_k8s`` pool ``k8s`` of
+runtime ``runc`` (``privileged: true``) on :class:`tests.fakes.k8s_cluster.FakeCluster`, whose kubelet
+runs the worker pod's container as a host process in a network namespace of its own reaching only the
+controlplane's gRPC and HTTP ports (the latter for the /v2/ registry relay), with the bounding set the
+pod's ``securityContext`` gives it and its ``emptyDir`` state volume at /var/lib/levers9. The function
+asks for more memory than the build pool has, so only the k8s pool can take it: the image is built on
+``local``, pushed through the relay, pulled by the pod's worker through it and run under runc.
+
+A second test: the same pool without ``privileged`` is refused by ``levers9 check`` and at provision,
+the message naming the pool, the runtime and the setting; no Job is ever made.
+
+At the end nothing of levers9 is left in the cluster (Job, pod, Secret) and no process of it runs; the
+fake's own stop checks its mount points and roots are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from levers9.builder.base import BaseLayer
+from tests.fakes.k8s_cluster import FakeCluster
+from tests.fixtures.levers9_up import Up
+from tests.fixtures.wait import wait_for
+
+pytestmark = pytest.mark.timeout(1200)
+
+NS = "levers9"
+
+APP = """\
+import json
+import subprocess
+
+import levers9
+
+image = levers9.Blueprint(python_version="3.11").apt_install(["jq"]).add_commands(["echo blueprint built > /built.txt"])
+
+
+@levers9.function(image=image, memory=5000)
+def probe() -> dict:
+    return {
+        "jq": subprocess.run(["jq", "--version"], capture_output=True, text=True).stdout.strip(),
+        "built": open("/built.txt").read().strip(),
+        "debian": open("/etc/debian_version").read().strip(),
+        "uid_map": open("/proc/self/uid_map").read().split(),
+    }
+
+
+def main() -> None:
+    print(json.dumps(probe.remote()))
+"""
+
+
+def _k8s_pool(kubeconfig: Path, *, privileged: bool) -> str:
+    """The k8s pool: runc workers of 1 CPU and 6 GiB (the build pool has 4 GiB), one at most."""
+    consent = "      privileged: true\n" if privileged else ""
+    return (
+        "  k8s:\n    provider: local_k8s\n    runtime: runc\n    workspace: default\n    cpu: 1\n    memory: 6144\n"
+        "    min_workers: 0\n    max_workers: 1\n    idle_timeout_s: 5\n    settings:\n"
+        f"      kubeconfig: {kubeconfig}\n      namespace: {NS}\n"
+        f"      worker_image: registry.example.com/levers9/worker:test\n{consent}"
+    )
+
+
+@pytest.fixture
+def cluster() -> Iterator[FakeCluster]:
+    with FakeCluster(NS, max_grace_s=10.0) as fake:
+        fake.add_node("node-a", allocatable={"cpu": "4", "memory": "16Gi", "pods": "110"})
+        yield fake
+        assert fake.errors == []
+
+
+def _up(levers9_up: Up, cluster: FakeCluster, tmp_path: Path, *, privileged: bool) -> Up:
+    levers9_up.use_runtime("runc")
+    levers9_up.builds, levers9_up.min_workers, levers9_up.max_workers = True, 0, 1
+    kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
+    levers9_up.home.mkdir(parents=True, exist_ok=True)
+    text = levers9_up.config_text() + _k8s_pool(kubeconfig, privileged=privileged)
+    (levers9_up.home / "levers9.yaml").write_text(text)
+    # the worker reaches the gRPC port (its stream) and the HTTP port (the /v2/ registry relay)
+    cluster.set_reachable_ports([levers9_up.grpc_port, levers9_up.http_port])
+    return levers9_up
+
+
+def _pod_logs(cluster: FakeCluster) -> str:
+    shown = []
+    for pod in cluster.pods(NS):
+        root = cluster.pod_root(NS, pod["metadata"]["name"])
+        log = root / "boot.log" if root is not None else None
+        text = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
+        shown.append(f"--- pod {pod['metadata']['name']} ({pod.get('status', {}).get('phase')}):\n{text}")
+    return "\n".join(shown)
+
+
+def test_a_blueprint_function_runs_on_a_privileged_runc_worker_pod(
+    levers9_up: Up, cluster: FakeCluster, debian_base: BaseLayer, tmp_path: Path
+) -> None:
+    up = _up(levers9_up, cluster, tmp_path, privileged=True)
+    up.start(wait_workers=0)
+    app = up.root / "k8s_app.py"
+    app.write_text(textwrap.dedent(APP))
+    done = up.levers9("run", f"{app.name}::main", timeout=900)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{_pod_logs(cluster)}\n{up.log()[-6000:]}"
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["jq"].startswith("jq-1.6"), answer
+    assert answer["built"] == "blueprint built"
+    assert answer["debian"].startswith("12."), answer
+    assert answer["uid_map"][:2] == ["0", "1000000000"], answer  # runc in a user namespace
+    assert " on local" in up.log(), up.log()[-3000:]  # built on the build pool
+
+    [job] = cluster.created("jobs")
+    pod = job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["securityContext"] == {"privileged": True}
+    assert container["volumeMounts"] == [{"name": "worker-state", "mountPath": "/var/lib/levers9"}]
+    assert pod["volumes"] == [{"name": "worker-state", "emptyDir": {}}]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LEVERS9_WORKER_STATE_DIR"] == "/var/lib/levers9/worker"
+
+    wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 180,
+             lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}")  # fmt: skip
+    assert cluster.running_processes() == []
+    assert not Path("/var/lib/levers9").exists()  # the fake's mount point went with the pod
+
+
+def test_a_runc_pool_without_privileged_is_refused_naming_the_setting(
+    levers9_up: Up, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    up = _up(levers9_up, cluster, tmp_path, privileged=False)
+    up.start(wait_workers=0)
+    checked = up.levers9("check", timeout=120)
+    said = checked.stdout + checked.stderr
+    assert "pool 'k8s' runs runtime 'runc'" in said, said
+    assert "settings.privileged: true" in said, said
+    app = up.root / "k8s_app.py"
+    app.write_text(textwrap.dedent(APP))
+    # a call for the pool: its provision is refused in the same words (the call itself waits on; it is ended)
+    call = subprocess.Popen(
+        [sys.executable, "-m", "levers9", "run", f"{app.name}::main"], cwd=up.root, env=up.env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: "settings.privileged: true" in up.log(), "the provision's refusal in the log", 240,
+                 lambda: up.log()[-4000:])  # fmt: skip
+    finally:
+        call.kill()
+        call.wait()
+    assert "pool 'k8s' runs runtime 'runc'" in up.log()
+    assert cluster.created("jobs") == []
+    assert cluster.created("secrets") == []
