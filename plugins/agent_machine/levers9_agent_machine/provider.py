@@ -48,13 +48,12 @@ from levers9.hooks.types import (
     ProviderCheck,
     ProvisionRequest,
 )
+from levers9.worker_container import OCI_RUNTIMES
 from levers9_agent_machine.settings import AgentMachineSettings
 
 __all__ = ["PROVIDER", "AgentMachineProvider", "AgentOffline", "container_name"]
 
 PROVIDER = "agent_machine"
-#: runtimes whose worker container runs containers of its own (levers9.agent.runtime_access.OCI_RUNTIMES)
-OCI_RUNTIMES = frozenset({"runc", "gvisor"})
 #: the longest a provision order waits for its acknowledgement (the hook's own deadline is 120 s)
 PROVISION_ORDER_S = 110.0
 #: the longest a terminate order waits (the hook's deadline is 30 s; the agent stops with 10 s grace)
