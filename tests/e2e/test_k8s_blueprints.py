@@ -60,11 +60,12 @@ def main() -> None:
 """
 
 
-def _k8s_pool(kubeconfig: Path, *, privileged: bool) -> str:
-    """The k8s pool: runc workers of 1 CPU and 6 GiB (the build pool has 4 GiB), one at most."""
+def _k8s_pool(kubeconfig: Path, *, privileged: bool, runtime: str = "runc") -> str:
+    """The k8s pool: workers of ``runtime``, 1 CPU and 6 GiB (the build pool has 4 GiB), one at most."""
     consent = "      privileged: true\n" if privileged else ""
     return (
-        "  k8s:\n    provider: local_k8s\n    runtime: runc\n    workspace: default\n    cpu: 1\n    memory: 6144\n"
+        f"  k8s:\n    provider: local_k8s\n    runtime: {runtime}\n    workspace: default\n    cpu: 1\n"
+        "    memory: 6144\n"
         "    min_workers: 0\n    max_workers: 1\n    idle_timeout_s: 5\n    settings:\n"
         f"      kubeconfig: {kubeconfig}\n      namespace: {NS}\n"
         f"      worker_image: registry.example.com/levers9/worker:test\n{consent}"
@@ -79,12 +80,12 @@ def cluster() -> Iterator[FakeCluster]:
         assert fake.errors == []
 
 
-def _up(levers9_up: Up, cluster: FakeCluster, tmp_path: Path, *, privileged: bool) -> Up:
+def _up(levers9_up: Up, cluster: FakeCluster, tmp_path: Path, *, privileged: bool, runtime: str = "runc") -> Up:
     levers9_up.use_runtime("runc")
     levers9_up.builds, levers9_up.min_workers, levers9_up.max_workers = True, 0, 1
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
     levers9_up.home.mkdir(parents=True, exist_ok=True)
-    text = levers9_up.config_text() + _k8s_pool(kubeconfig, privileged=privileged)
+    text = levers9_up.config_text() + _k8s_pool(kubeconfig, privileged=privileged, runtime=runtime)
     (levers9_up.home / "levers9.yaml").write_text(text)
     # the worker reaches the gRPC port (its stream) and the HTTP port (the /v2/ registry relay)
     cluster.set_reachable_ports([levers9_up.grpc_port, levers9_up.http_port])
@@ -101,10 +102,12 @@ def _pod_logs(cluster: FakeCluster) -> str:
     return "\n".join(shown)
 
 
-def test_a_blueprint_function_runs_on_a_privileged_runc_worker_pod(
-    levers9_up: Up, cluster: FakeCluster, debian_base: BaseLayer, tmp_path: Path
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+def test_a_blueprint_function_runs_on_a_privileged_worker_pod(
+    levers9_up: Up, cluster: FakeCluster, debian_base: BaseLayer, tmp_path: Path, runtime: str
 ) -> None:
-    up = _up(levers9_up, cluster, tmp_path, privileged=True)
+    state_mount_there = Path("/var/lib/levers9").exists()  # the fake binds the pod's emptyDir at this path
+    up = _up(levers9_up, cluster, tmp_path, privileged=True, runtime=runtime)
     up.start(wait_workers=0)
     app = up.root / "k8s_app.py"
     app.write_text(textwrap.dedent(APP))
@@ -114,7 +117,8 @@ def test_a_blueprint_function_runs_on_a_privileged_runc_worker_pod(
     assert answer["jq"].startswith("jq-1.6"), answer
     assert answer["built"] == "blueprint built"
     assert answer["debian"].startswith("12."), answer
-    assert answer["uid_map"][:2] == ["0", "1000000000"], answer  # runc in a user namespace
+    if runtime == "runc":
+        assert answer["uid_map"][:2] == ["0", "1000000000"], answer  # runc in a user namespace
     assert " on local" in up.log(), up.log()[-3000:]  # built on the build pool
 
     [job] = cluster.created("jobs")
@@ -129,7 +133,7 @@ def test_a_blueprint_function_runs_on_a_privileged_runc_worker_pod(
     wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 180,
              lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}")  # fmt: skip
     assert cluster.running_processes() == []
-    assert not Path("/var/lib/levers9").exists()  # the fake's mount point went with the pod
+    assert Path("/var/lib/levers9").exists() == state_mount_there  # a mount point the fake made went with the pod
 
 
 def test_a_runc_pool_without_privileged_is_refused_naming_the_setting(
