@@ -457,3 +457,36 @@ def test_a_second_up_on_the_same_home_or_port_refuses_and_leaves_the_first_alone
     done = levers9_up.levers9("run", str(EXAMPLES / "hello.py"))  # the first one still serves
     assert done.returncode == 0, done.stderr
     assert "7 squared on a levers9 worker: 49" in done.stdout
+
+
+def test_ctrl_c_stops_up_in_order_without_restarting_its_redis_or_registry(levers9_up: Up) -> None:
+    """A terminal's Ctrl-C signals its whole foreground process group. The embedded Redis and registry run in
+    sessions of their own, so the signal reaches the controlplane alone, which stops them after its workers;
+    before, they died first and were restarted in the middle of the shutdown."""
+    home = levers9_up.root / "ctrl-c-home"
+    ports = ["--grpc-port", str(free_port()), "--http-port", str(free_port()), "--metrics-port", str(free_port())]
+    log = levers9_up.root / "ctrl-c.log"
+    with log.open("wb") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "levers9", "up", *ports], env={**levers9_up.env, "LEVERS9_HOME": str(home)},
+            stdout=out, stderr=subprocess.STDOUT, cwd=levers9_up.root, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "levers9 is up" not in log.read_text(errors="replace"):
+            assert up.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.2)
+        children = _processes_mentioning(str(home))
+        assert any("redis-server" in cmd for _, cmd in children), children
+        assert any("registry" in cmd and "serve" in cmd for _, cmd in children), children
+        os.killpg(up.pid, signal.SIGINT)  # as the terminal does
+        up.wait(60)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait(10)
+    said = log.read_text(errors="replace")
+    assert "starting it again" not in said, said
+    assert "restarted the embedded" not in said, said
+    assert _processes_mentioning(str(home)) == []

@@ -164,6 +164,7 @@ class EmbeddedRegistry:
                 stdout=log,
                 stderr=log,
                 env=environment,
+                start_new_session=True,  # Ctrl-C reaches the controlplane, which stops the registry in its turn
             )
         self._wait_ready(timeout, may_move=may_move)
 

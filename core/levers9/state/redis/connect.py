@@ -118,6 +118,9 @@ class ManagedRedis:
                 [setpriv, "--pdeathsig", "TERM", *command] if setpriv is not None else command,
                 stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                 preexec_fn=None if setpriv is not None else _die_with_parent,
+                # a session of its own: a terminal's Ctrl-C reaches the controlplane alone, which stops Redis
+                # after its workers have drained, instead of Redis dying first and being restarted meanwhile
+                start_new_session=True,
             )  # fmt: skip
 
     @classmethod
