@@ -23,7 +23,6 @@ veth, cgroup or mount remains on the box.
 from __future__ import annotations
 
 import json
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import pytest
 
 from levers9.builder.base import BaseLayer
 from tests.fixtures.agent_box import AgentPlane, Box, agent_plane, wait_until
+from tests.fixtures.blueprint_probe import probe_app
 
 __all__ = ["agent_plane"]
 
@@ -42,30 +42,7 @@ pytestmark = pytest.mark.timeout(1500)
 RECORDS = Path("/run/levers9/network/l9br0")
 CGROUPS = Path("/sys/fs/cgroup")
 
-APP = """\
-import json
-import os
-import subprocess
-
-import levers9
-
-image = levers9.Blueprint(python_version="3.11").apt_install(["jq"]).add_commands(["echo blueprint built > /built.txt"])
-
-
-@levers9.function(image=image, memory=2560)
-def probe() -> dict:
-    return {
-        "jq": subprocess.run(["jq", "--version"], capture_output=True, text=True).stdout.strip(),
-        "built": open("/built.txt").read().strip(),
-        "debian": open("/etc/debian_version").read().strip(),
-        "in_docker": os.path.exists("/.dockerenv"),
-        "uid_map": open("/proc/self/uid_map").read().split(),
-    }
-
-
-def main() -> None:
-    print(json.dumps(probe.remote()))
-"""
+APP = probe_app("blueprint built")
 
 
 class Watcher:
@@ -175,7 +152,7 @@ def test_a_blueprint_function_runs_on_a_joined_machines_oci_worker(
     plane.start()
     _join(plane, box)
     app = plane.root / "box_app.py"
-    app.write_text(textwrap.dedent(APP))
+    app.write_text(APP)
     with Watcher(box) as watcher:
         done = plane.levers9("run", f"{app.name}::main", timeout=900)
         assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{_logs(plane, box)}"

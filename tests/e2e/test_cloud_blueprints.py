@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from levers9.builder.base import BaseLayer
 from levers9.testing.cloud_boot import CloudBooter
 from tests.fakes.ec2_cloud import FakeEc2
 from tests.fakes.imds import FakeImds
+from tests.fixtures.blueprint_probe import probe_app
 from tests.fixtures.levers9_up import Up, _processes_mentioning
 from tests.fixtures.wait import wait_for
 
@@ -92,27 +92,7 @@ pools:
       identity_certificate_file: {certificate}
 """
 
-APP = """\
-import json
-import subprocess
-
-import levers9
-
-image = levers9.Blueprint(python_version="3.11").apt_install(["jq"]).add_commands(["echo built for the cloud > /built.txt"])
-
-
-@levers9.function(image=image, memory=2560)
-def probe() -> dict:
-    return {
-        "jq": subprocess.run(["jq", "--version"], capture_output=True, text=True).stdout.strip(),
-        "built": open("/built.txt").read().strip(),
-        "uid_map": open("/proc/self/uid_map").read().split(),
-    }
-
-
-def main() -> None:
-    print(json.dumps(probe.remote()))
-"""
+APP = probe_app("built for the cloud")
 
 
 def _records() -> list[dict[str, Any]]:
@@ -226,7 +206,7 @@ def test_a_blueprint_function_runs_on_a_booted_ec2_worker_of_an_oci_pool(
         CONFIG.format(ami=AMI, ec2_url=ec2.url, certificate=imds.certificate_file, runtime=runtime)
     )
     app = up.root / "cloud_app.py"
-    app.write_text(textwrap.dedent(APP))
+    app.write_text(APP)
     sources = [ec2.instances]
     booted = str(boots)
     booter = CloudBooter(

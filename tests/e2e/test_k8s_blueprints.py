@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import pytest
 
 from levers9.builder.base import BaseLayer
 from tests.fakes.k8s_cluster import FakeCluster
+from tests.fixtures.blueprint_probe import probe_app
 from tests.fixtures.levers9_up import Up
 from tests.fixtures.wait import wait_for
 
@@ -36,28 +36,7 @@ pytestmark = pytest.mark.timeout(1200)
 
 NS = "levers9"
 
-APP = """\
-import json
-import subprocess
-
-import levers9
-
-image = levers9.Blueprint(python_version="3.11").apt_install(["jq"]).add_commands(["echo blueprint built > /built.txt"])
-
-
-@levers9.function(image=image, memory=5000)
-def probe() -> dict:
-    return {
-        "jq": subprocess.run(["jq", "--version"], capture_output=True, text=True).stdout.strip(),
-        "built": open("/built.txt").read().strip(),
-        "debian": open("/etc/debian_version").read().strip(),
-        "uid_map": open("/proc/self/uid_map").read().split(),
-    }
-
-
-def main() -> None:
-    print(json.dumps(probe.remote()))
-"""
+APP = probe_app("blueprint built", memory=5000)
 
 
 def _k8s_pool(kubeconfig: Path, *, privileged: bool, runtime: str = "runc") -> str:
@@ -110,7 +89,7 @@ def test_a_blueprint_function_runs_on_a_privileged_worker_pod(
     up = _up(levers9_up, cluster, tmp_path, privileged=True, runtime=runtime)
     up.start(wait_workers=0)
     app = up.root / "k8s_app.py"
-    app.write_text(textwrap.dedent(APP))
+    app.write_text(APP)
     done = up.levers9("run", f"{app.name}::main", timeout=900)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{_pod_logs(cluster)}\n{up.log()[-6000:]}"
     answer = json.loads(done.stdout.strip().splitlines()[-1])
@@ -146,7 +125,7 @@ def test_a_runc_pool_without_privileged_is_refused_naming_the_setting(
     assert "pool 'k8s' runs runtime 'runc'" in said, said
     assert "settings.privileged: true" in said, said
     app = up.root / "k8s_app.py"
-    app.write_text(textwrap.dedent(APP))
+    app.write_text(APP)
     # a call for the pool: its provision is refused in the same words (the call itself waits on; it is ended)
     call = subprocess.Popen(
         [sys.executable, "-m", "levers9", "run", f"{app.name}::main"], cwd=up.root, env=up.env,

@@ -1150,7 +1150,9 @@ class FakeCluster:
     def _unbind(self, uid: str) -> None:
         """Remove the mount points made for pod ``uid`` that no other pod uses (made empty by this fake)."""
         with self.api.lock:
-            done = [t for t, users in self._mount_points.items() if users.discard(uid) is None and not users]
+            for users in self._mount_points.values():
+                users.discard(uid)
+            done = [t for t, users in self._mount_points.items() if not users]
             for target in done:
                 del self._mount_points[target]
         for target in done:
