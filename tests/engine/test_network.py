@@ -605,5 +605,20 @@ def test_sweep_detaches_the_containers_whose_owner_is_gone(
     assert {a.container_id for a in bridge.attachments()} == {alive.container_id, unowned.container_id}
     assert alive.netns_name in netns_list()
     assert bridge.sweep() == []
-    for attachment in (alive, unowned):
-        bridge.detach(attachment.container_id)
+    # a record whose namespace someone deleted by hand (or a crash mid-attach left) goes too, owner or not
+    subprocess.run(["ip", "netns", "del", unowned.netns_name], check=True)
+    assert bridge.sweep() == [unowned.container_id]
+    assert not link_exists(unowned.veth_host)
+    assert [a.container_id for a in bridge.attachments()] == [alive.container_id]
+    bridge.detach(alive.container_id)
+
+
+def test_destroy_leaves_no_state_directory(tmp_path: Path, subnet: str, new_id: Callable[[str], str]) -> None:
+    """A bridge's records and lock live in a directory of its own (one per bridge name): it goes with it."""
+    br = Bridge(name=f"l9t{secrets.token_hex(5)}", subnet=subnet, state_dir=tmp_path / "net" / "br")
+    br.attach(new_id("one"))
+    assert (tmp_path / "net" / "br").is_dir()
+    br.destroy()
+    assert not (tmp_path / "net" / "br").exists()
+    br.destroy()  # again: nothing to do, nothing made
+    assert not (tmp_path / "net" / "br").exists()

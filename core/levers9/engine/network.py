@@ -208,10 +208,7 @@ class Bridge:
             self._ensure_locked()
 
     def attach(self, container_id: str, owner: Path | None = None) -> Attachment:
-        """Give the container a namespace on the bridge, or return the one it already has.
-
-        ``owner`` (the container's record, which must exist until it is detached) lets :meth:`sweep` find it.
-        """
+        """Give the container a namespace on the bridge, or return the one it has; ``owner``: see Attachment."""
         with self._locked():
             self._ensure_locked()
             recorded = self._read_state(container_id)
@@ -253,11 +250,21 @@ class Bridge:
             self._state_path(container_id).unlink(missing_ok=True)
 
     def sweep(self) -> list[str]:
-        """Detach every container whose owner is gone (a killed worker's, its state removed); their ids."""
-        gone = [a.container_id for a in self.attachments() if a.owner is not None and not Path(a.owner).exists()]
-        for container_id in gone:
-            log.warning("detaching container %s from %s: its worker's record of it is gone", container_id, self.name)
-            self.detach(container_id)
+        """Detach what dead workers left; the container ids detached.
+
+        A record is left over when its owner is gone (a killed worker's, its state removed) or its namespace
+        is: under the lock no attachment is half made, so such a record is a crash's or a hand's."""
+        gone = []
+        with self._locked():
+            for attachment in self.attachments():
+                orphaned = attachment.owner is not None and not Path(attachment.owner).exists()
+                if orphaned or not Path(attachment.netns_path).exists():
+                    log.warning(
+                        "detaching %s from %s: its owner or its namespace is gone", attachment.container_id, self.name
+                    )
+                    self._unwire(attachment.container_id)
+                    self._state_path(attachment.container_id).unlink(missing_ok=True)
+                    gone.append(attachment.container_id)
         return gone
 
     def attachments(self) -> list[Attachment]:
@@ -280,6 +287,7 @@ class Bridge:
             bridge = _link(self.name)
             if bridge is None:
                 self._unguard()
+                self._forget_state_dir()
                 return
             if self._kind(bridge) != "bridge":
                 raise NetworkError(
@@ -291,6 +299,14 @@ class Bridge:
                     _run_ip("link", "del", "dev", ifname, check=False)
             _run_ip("link", "del", "dev", self.name)
             self._unguard()
+        self._forget_state_dir()
+
+    def _forget_state_dir(self) -> None:
+        """The bridge's state directory, once it holds no record (its lock file alone): nothing is left of it."""
+        with contextlib.suppress(OSError):
+            if not any(p.name != _LOCK_NAME for p in self.state_dir.iterdir()):
+                (self.state_dir / _LOCK_NAME).unlink(missing_ok=True)
+                self.state_dir.rmdir()
 
     # -- the bridge ---------------------------------------------------------------------------
 
