@@ -622,3 +622,28 @@ def test_destroy_leaves_no_state_directory(tmp_path: Path, subnet: str, new_id: 
     assert not (tmp_path / "net" / "br").exists()
     br.destroy()  # again: nothing to do, nothing made
     assert not (tmp_path / "net" / "br").exists()
+
+
+def test_the_engine_sweep_removes_the_cgroups_of_the_containers_it_detaches(
+    bridge: Bridge, new_id: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A killed worker's container leaves its memory cgroup too (made before the runtime starts it)."""
+    from levers9.engine import cgroups, oci
+    from levers9.engine.spec import cgroups_path
+
+    owner = tmp_path / "gone"
+    owner.mkdir()
+    orphan = bridge.attach(new_id("cg"), owner=owner)
+    relative = cgroups_path(orphan.container_id).lstrip("/")
+    if Path("/sys/fs/cgroup/memory").is_dir():  # cgroup v1: the engine makes the memory cgroup itself
+        cgroups.own_memory_cgroup(cgroups_path(orphan.container_id), 64 * 1024 * 1024)
+        made = [Path("/sys/fs/cgroup/memory") / relative]
+    else:  # cgroup v2: what the runtime makes, in the unified hierarchy
+        made = [Path("/sys/fs/cgroup") / relative]
+        made[0].mkdir(parents=True)
+    assert all(p.is_dir() for p in made)
+    owner.rmdir()
+    oci._swept.pop(bridge.name, None)
+    oci._sweep(bridge)
+    assert bridge.attachments() == []
+    assert [p for p in made if p.exists()] == []

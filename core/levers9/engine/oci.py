@@ -542,11 +542,13 @@ SWEEP_EVERY_S = 60.0
 
 
 def _sweep(bridge: Bridge) -> None:
-    """Detach what killed workers left on the bridge: at this process's first attachment, then once a minute."""
+    """Detach what killed workers left on the bridge, and remove those containers' cgroups: at this process's
+    first attachment, then once a minute."""
     now = time.monotonic()
     if now - _swept.get(bridge.name, -SWEEP_EVERY_S) >= SWEEP_EVERY_S:
         _swept[bridge.name] = now
-        bridge.sweep()
+        for container_id in bridge.sweep():
+            cgroups.remove_cgroups(cgroups_path(container_id))
 
 
 def _time(value: object) -> datetime | None:
