@@ -44,7 +44,7 @@ def test_start_serves_images_and_stop_leaves_no_process(tmp_path: Path) -> None:
     try:
         assert registry.alive()
         assert registry.address == f"127.0.0.1:{registry.port}"
-        config = yaml.safe_load((tmp_path / "registry/config.yml").read_text())
+        config = yaml.safe_load((tmp_path / f"registry/config-{registry.port}.yml").read_text())
         assert config["http"]["addr"] == registry.address
         assert config["storage"]["filesystem"]["rootdirectory"] == str(tmp_path / "registry/storage")
         assert config["storage"]["delete"] == {"enabled": True}
@@ -152,3 +152,23 @@ async def test_the_supervisor_gives_up_when_no_start_succeeds(tmp_path: Path) ->
         registry.stop()
     assert not registry.alive()
     assert _gone(registry.process.pid)
+
+
+def test_two_registries_sharing_a_data_directory_each_serve_on_their_own_port(tmp_path: Path) -> None:
+    """Two replicas on one data directory both start an embedded registry, at the same moment: each must bind its
+    own port (a shared config file once sent both to one port; the full suite met it as a 30 s start timeout)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    registries = [EmbeddedRegistry(tmp_path / "registry"), EmbeddedRegistry(tmp_path / "registry")]
+    # the threads that start them live on until the end: a registry gets SIGTERM when its starting thread ends
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            for started in [pool.submit(r.start) for r in registries]:
+                started.result(120)
+            assert registries[0].port != registries[1].port
+            for registry in registries:
+                with RegistryClient(registry.url) as client:
+                    client.check()
+        finally:
+            for registry in registries:
+                registry.stop()

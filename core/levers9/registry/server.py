@@ -150,7 +150,9 @@ class EmbeddedRegistry:
                 raise _PortTaken
             raise self._failure(f"port {port} on {self.host} is taken by another process; free it or choose another")
         self.port = port
-        config = self.data_dir / "config.yml"
+        # one file per port: replicas sharing a data directory each run a registry, and one's config written
+        # while the other's process is still reading its own sent both to the same port
+        config = self.data_dir / f"config-{port}.yml"
         write_atomic(config, yaml.safe_dump(self._config(port), sort_keys=False), mode=0o600)
         environment = {key: value for key, value in os.environ.items() if not key.startswith("REGISTRY_")}
         command = [binary, "serve", str(config)]
