@@ -193,6 +193,7 @@ async def test_the_request_carries_the_offer_and_the_bootstrap_and_terminate_get
         "worker_image": "ghcr.io/levers9/worker:test",
         "environment": {"LEVERS9_CPU_MILLICORES": "4000", "LEVERS9_MEMORY_MIB": "8192", "LEVERS9_GPU_COUNT": "1"},
         "labels": {"team": "ml"},
+        "runtime": "runc",  # the pool's: the boot script gives an OCI runtime's worker what it needs
     }
     record = await MachineStore(h.db).get(machine["machine_id"])
     assert record is not None
