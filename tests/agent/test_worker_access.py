@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from levers9.agent import runtime_access
+from levers9 import worker_container
 from levers9.agent.docker_workers import LABEL_MACHINE, DockerWorkers, OrderRefused
 from levers9.engine.node import NETWORK_STATE
-from levers9_agent_machine import provider
 from tests.fixtures.dockerd import Dockerd
 
 
@@ -111,7 +110,7 @@ def test_an_oci_worker_needs_the_hosts_network(dockerd: Dockerd, tiny_image: str
     assert _volumes(dockerd) == []
 
 
-def test_the_agent_names_what_the_engine_and_the_provider_name() -> None:
-    # the agent may import neither (docs/architecture.md §4): the values are written twice, and must agree
-    assert str(NETWORK_STATE) == runtime_access.NETWORK_STATE
-    assert runtime_access.OCI_RUNTIMES == provider.OCI_RUNTIMES
+def test_the_worker_container_names_what_the_engine_names() -> None:
+    # levers9.worker_container may not import the engine (docs/architecture.md §4): the path is written twice
+    # and must agree (the runtimes' list has one definition, which the agent and the providers import)
+    assert str(NETWORK_STATE) == worker_container.NETWORK_STATE

@@ -46,8 +46,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from levers9.agent.runtime_access import check_access, volume_name, worker_access
+from levers9.agent.runtime_access import check_access, worker_access
 from levers9.hooks.types import GpuDevice
+from levers9.worker_container import volume_name
 
 if TYPE_CHECKING:
     import docker

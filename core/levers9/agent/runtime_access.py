@@ -80,19 +80,7 @@ from levers9.worker_container import (  # one source for the agent's options and
     volume_name,
 )
 
-__all__ = [
-    "CAPABILITIES",
-    "NETWORK_STATE",
-    "OCI_RUNTIMES",
-    "SECURITY_OPTIONS",
-    "STATE_DIR",
-    "STATE_MOUNT",
-    "SYSTEM_PATHS",
-    "WorkerAccess",
-    "check_access",
-    "volume_name",
-    "worker_access",
-]
+__all__ = ["WorkerAccess", "check_access", "worker_access"]
 
 
 @dataclass(frozen=True)
