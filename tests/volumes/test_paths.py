@@ -93,3 +93,16 @@ def test_removing_a_tree_removes_links_never_what_they_point_to(volume: VolumeRo
     os.symlink(str(tmp_path / "other"), Path(volume.root) / "tree" / "sub" / "out")
     assert volume.remove("tree", recursive=True) == 3
     assert (tmp_path / "other" / "secret").exists()
+
+
+def test_open_new_creates_only_where_nothing_is(volume: VolumeRoot, tmp_path: Path) -> None:
+    with volume.open_new("fresh") as out:
+        out.write(b"x")
+    assert volume.stat("fresh").size == 1
+    os.symlink(str(tmp_path / "other" / "planted"), Path(volume.root) / "dangling")
+    for taken in ("fresh", "dangling"):
+        with pytest.raises(VolumePathError, match="already exists"):
+            volume.open_new(taken)
+    assert not (tmp_path / "other" / "planted").exists()
+    with pytest.raises(NotFoundInVolume):
+        volume.open_new("missing/parent")

@@ -216,6 +216,15 @@ class VolumeRoot:
         fd = self._open(path, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         return os.fdopen(fd, "wb")
 
+    def open_new(self, path: str) -> BinaryIO:
+        """``path`` created for writing; refused when anything is there (a dangling link included: O_EXCL) or
+        its parent directory is missing. What a temporary is made with, before it is moved over its target."""
+        rel = normalise(path)
+        if not rel:
+            raise VolumePathError(f"path {path!r} is the volume's root; name a file")
+        fd = self._open(path, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        return os.fdopen(fd, "wb")
+
     def remove(self, path: str, *, recursive: bool = False) -> int:
         """Remove the file, link or (empty, or with ``recursive`` any) directory at ``path``; returns how many
         entries went. The root itself is emptied, never removed."""
