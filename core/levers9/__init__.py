@@ -20,6 +20,8 @@ if TYPE_CHECKING:
         Blueprint,
         CallCancelled,
         CallTimeout,
+        CloudBucket,
+        CloudBucketConfig,
         ControlPlaneError,
         Function,
         FunctionCall,
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
         PythonVersion,
         RemoteError,
         Unschedulable,
+        Volume,
         asgi,
         box,
         endpoint,
@@ -37,8 +40,9 @@ if TYPE_CHECKING:
     )
 
 _SDK = {
-    "Blueprint", "CallCancelled", "CallTimeout", "ControlPlaneError", "Function", "FunctionCall", "InvalidFunction",
-    "PythonVersion", "RemoteError", "Unschedulable", "asgi", "box", "endpoint", "function", "job", "queue", "ready",
+    "Blueprint", "CallCancelled", "CallTimeout", "CloudBucket", "CloudBucketConfig", "ControlPlaneError", "Function",
+    "FunctionCall", "InvalidFunction", "PythonVersion", "RemoteError", "Unschedulable", "Volume", "asgi", "box",
+    "endpoint", "function", "job", "queue", "ready",
 }  # fmt: skip
 
 
@@ -54,6 +58,8 @@ __all__ = [
     "Blueprint",
     "CallCancelled",
     "CallTimeout",
+    "CloudBucket",
+    "CloudBucketConfig",
     "ControlPlaneError",
     "Function",
     "FunctionCall",
@@ -61,6 +67,7 @@ __all__ = [
     "PythonVersion",
     "RemoteError",
     "Unschedulable",
+    "Volume",
     "__version__",
     "asgi",
     "box",

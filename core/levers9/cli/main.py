@@ -31,6 +31,7 @@ from levers9.cli import (
     run_cmd,
     secret_cmd,
     server_cmd,
+    volume_cmd,
     worker_image_cmd,
 )
 
@@ -90,6 +91,8 @@ app.command("worker")(server_cmd.worker)
 app.command("up")(server_cmd.up)
 app.add_typer(server_cmd.token_app, name="token")
 app.add_typer(secret_cmd.app, name="secret")
+app.add_typer(volume_cmd.app, name="volume")
+volume_cmd.register(app)
 app.add_typer(machine_cmd.app, name="machine")
 app.command("machines")(machine_cmd.machines)
 app.add_typer(cluster_cmd.app, name="cluster")

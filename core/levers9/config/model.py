@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from levers9.config.fields import Port
 from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
 from levers9.config.storage_url import parse_storage_url
+from levers9.config.volumes import VolumesConfig
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CAP_BYTES, MIN_CAP_BYTES
 from levers9.quantities import SIZE_PATTERN
 
@@ -537,6 +538,7 @@ class Config(_Strict):
     )
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     images: ImagesConfig = Field(default_factory=ImagesConfig)
+    volumes: VolumesConfig = Field(default_factory=VolumesConfig)
 
     @property
     def database_url(self) -> str:

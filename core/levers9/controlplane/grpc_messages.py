@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from levers9.payloads import BATCH_BYTES
-from levers9.proto.v1 import common_pb2, controlplane_pb2
+from levers9.proto.v1 import common_pb2, controlplane_pb2, volume_pb2
 from levers9.services import clusters, joined_machines
 from levers9.services.builds import BuildEvent
 from levers9.services.pools import PoolView, WorkerView
@@ -249,4 +249,17 @@ def stub_config(c: controlplane_pb2.StubConfig) -> dict[str, Any]:
         raw["interface"] = c.interface
     if c.ports:
         raw["ports"] = list(c.ports)
+    if c.volumes:
+        raw["volumes"] = [_volume_setting(v) for v in c.volumes]
     return raw
+
+
+def _volume_setting(v: volume_pb2.VolumeMount) -> dict[str, Any]:
+    setting: dict[str, Any] = {"name": v.name, "mount_path": v.mount_path}
+    if v.HasField("bucket"):
+        b = v.bucket
+        setting["bucket"] = {
+            "read_only": b.read_only, "force_path_style": b.force_path_style, "access_key": b.access_key,
+            "secret_key": b.secret_key, "endpoint": b.endpoint, "region": b.region,
+        }  # fmt: skip
+    return setting

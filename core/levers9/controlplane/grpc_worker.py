@@ -164,6 +164,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             cpu_millicores=done.cpu_millicores,
             memory_mib=done.memory_mib,
             registry_url=self.registry_url,
+            volumes_metadata_url=done.volumes_metadata_url,
+            volumes_env=done.volumes_env,
         )
 
     @unary
@@ -433,6 +435,7 @@ class _Session:
             interface=settings.interface,
             tasks_per_container=settings.tasks_per_container,
             ports=settings.ports,
+            volumes=_worker_volumes(bundle),
         )
 
     async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage]) -> None:
@@ -474,3 +477,21 @@ class _Session:
     async def _leave(self) -> None:
         """A drained worker that hung up is gone for good: take it out now instead of waiting for the reaper."""
         await fleet.leave(self.dp.services, self.worker_id)
+
+
+def _worker_volumes(bundle: fleet.StubBundle) -> list[worker_pb2.WorkerVolume]:
+    """The stub's volumes and cloud buckets as its worker mounts them, the buckets' keys decrypted."""
+    out = []
+    for v in bundle.settings.volumes:
+        if v.bucket is None:
+            out.append(worker_pb2.WorkerVolume(mount_path=v.mount_path, volume_id=v.volume_id))
+            continue
+        b = v.bucket
+        out.append(
+            worker_pb2.WorkerVolume(
+                mount_path=v.mount_path, bucket=v.name, read_only=b.read_only, force_path_style=b.force_path_style,
+                endpoint=b.endpoint, region=b.region, access_key_id=bundle.bucket_keys.get(b.access_key, ""),
+                secret_access_key=bundle.bucket_keys.get(b.secret_key, ""),
+            )
+        )  # fmt: skip
+    return out

@@ -42,6 +42,7 @@ import uvicorn
 
 from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
+from levers9.controlplane.grpc_volumes import VolumesService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
 from levers9.controlplane.http_deadlines import GuardedHttpTools
@@ -56,7 +57,7 @@ from levers9.gateway.routes import GatewayApp
 from levers9.gateway.shortpath import ShortPath
 from levers9.gateway.upstream import Upstream
 from levers9.payloads import MESSAGE_MAX_BYTES
-from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, worker_pb2_grpc
+from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, volume_pb2_grpc, worker_pb2_grpc
 from levers9.services import clusters
 from levers9.services.agents import AgentHub
 from levers9.services.builds import Builds, RegistryTarget
@@ -277,6 +278,8 @@ class Server:
             registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
             add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url), server)
             add_agent(AgentService(services, self.agents), server)
+            add_volumes: Any = volume_pb2_grpc.add_VolumesServicer_to_server
+            add_volumes(VolumesService(services), server)
             address = f"{ls.host}:{ls.grpc_port}"
             try:
                 if self.tls is not None:

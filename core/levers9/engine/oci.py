@@ -293,12 +293,13 @@ class OciEngine(ContainerRecords):
         if spec.gpus:
             return None, "it has GPUs, and the NVIDIA container hooks are not known to work in a user namespace"
         sources = [(b.source, True) for b in image.binds]
-        sources += [(m.source, m.read_only) for m in spec.mounts if os.path.exists(m.source)]
+        sources += [(m.source, m.read_only) for m in spec.mounts if m.idmap and os.path.exists(m.source)]
+        plain = [(m.source, m.read_only) for m in spec.mounts if not m.idmap]
         try:
             sweep()  # what killed workers left of other containers' mounts
             directory = mounts_dir(self._userns_key(spec.container_id), mapping, owner=self._dir(spec.container_id))
             return map_mounts(directory, mapping, list(image.layers), sources, netns=netns,
-                              host_network=spec.network == "host"), None  # fmt: skip
+                              host_network=spec.network == "host", plain=plain), None  # fmt: skip
         except (UsernsError, OSError) as exc:
             self._unmount_userns_dir(spec.container_id)
             log.warning("container %s runs without a user namespace: %s", spec.container_id, exc)

@@ -201,8 +201,11 @@ def _syscall(number: int, *args: int | bytes | ctypes.Array[ctypes.c_char], what
     return result
 
 
-def idmapped_bind(source: Path, target: Path, userns_fd: int, *, read_only: bool = True) -> None:
+def idmapped_bind(source: Path, target: Path, userns_fd: int | None, *, read_only: bool = True) -> None:
     """Mount ``source`` (with what is mounted below it) at ``target``, its ids seen through the namespace's mapping.
+
+    ``userns_fd`` None: a plain bind, its ids as they are (a volume, whose mount gives every file one owner
+    and cannot be idmapped).
 
     ``target`` is made (a directory, or an empty file for a file) when missing. Raises :class:`UsernsError`
     naming the source and the kernel's reason: ``EINVAL`` from ``mount_setattr`` means the source's file
@@ -217,9 +220,10 @@ def idmapped_bind(source: Path, target: Path, userns_fd: int, *, read_only: bool
     try:
         tree = _syscall(_SYS_OPEN_TREE, -100, os.fsencode(source), _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE,
                         what="open_tree")  # fmt: skip
-        flags = _MOUNT_ATTR_IDMAP | (_MOUNT_ATTR_RDONLY if read_only else 0)
-        attr = ctypes.create_string_buffer(struct.pack("=QQQQ", flags, 0, 0, userns_fd), 32)
-        _syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE, attr, 32, what="mount_setattr")
+        flags = (_MOUNT_ATTR_IDMAP if userns_fd is not None else 0) | (_MOUNT_ATTR_RDONLY if read_only else 0)
+        if flags:
+            attr = ctypes.create_string_buffer(struct.pack("=QQQQ", flags, 0, 0, userns_fd or 0), 32)
+            _syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE, attr, 32, what="mount_setattr")
         _syscall(_SYS_MOVE_MOUNT, tree, b"", -100, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH, what="move_mount")
     except OSError as exc:
         hint = ""
@@ -316,8 +320,12 @@ def map_mounts(
     *,
     netns: str | None,
     host_network: bool,
+    plain: Sequence[tuple[str, bool]] = (),
 ) -> MappedMounts:
     """Idmapped mounts of ``layers`` and of each (source, read_only) in ``sources``, below ``directory``.
+
+    Each (source, read_only) in ``plain`` is bound there too, not idmapped (volumes): the container's root
+    can reach it below ``directory``, where it could not reach the source's own path.
 
     ``netns`` (a namespace's path) or ``host_network`` also mounts that namespace's sysfs; a container with
     a network namespace of its own making needs none. On any failure the caller unmounts ``directory``
@@ -336,6 +344,11 @@ def map_mounts(
                 continue
             target = directory / f"bind-{i}"
             idmapped_bind(Path(source), target, fd, read_only=read_only)
+            mapped_sources[source] = str(target)
+    for i, (source, read_only) in enumerate(plain):
+        if source not in mapped_sources:
+            target = directory / f"plain-{i}"
+            idmapped_bind(Path(source), target, None, read_only=read_only)
             mapped_sources[source] = str(target)
     sysfs = None
     if netns is not None or host_network:

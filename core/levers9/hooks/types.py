@@ -291,6 +291,9 @@ class Mount(_Frozen):
     source: str
     target: str
     read_only: bool = True
+    #: in a user namespace, the source is idmapped like the image's layers (its owners seen as the container's);
+    #: False binds it as it is: a volume, whose mount gives every file one owner and cannot be idmapped
+    idmap: bool = True
 
 
 class ContainerSpec(_Frozen):

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from levers9.sdk.functions import Function, function, register
     from levers9.sdk.kinds import asgi, box, endpoint, job, queue
     from levers9.sdk.lifecycle import ready
+    from levers9.sdk.volumes import CloudBucket, CloudBucketConfig, Volume
 
 _WHERE = {
     **dict.fromkeys(
@@ -65,6 +66,7 @@ _WHERE = {
     **dict.fromkeys(["Blueprint", "PythonVersion"], "levers9.sdk.blueprint"),
     "FunctionCall": "levers9.sdk.calls",
     "ready": "levers9.sdk.lifecycle",
+    **dict.fromkeys(["CloudBucket", "CloudBucketConfig", "Volume"], "levers9.sdk.volumes"),
 }
 
 
@@ -78,6 +80,8 @@ __all__ = [
     "Blueprint",
     "CallCancelled",
     "CallTimeout",
+    "CloudBucket",
+    "CloudBucketConfig",
     "ControlPlaneError",
     "Function",
     "FunctionCall",
@@ -85,6 +89,7 @@ __all__ = [
     "PythonVersion",
     "RemoteError",
     "Unschedulable",
+    "Volume",
     "asgi",
     "box",
     "endpoint",

@@ -248,6 +248,22 @@ class Client:
             self.reached()
             return result
 
+    async def on_channel(self, op: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
+        """``op`` with the channel of a replica that answers, again on the next one while UNAVAILABLE; for
+        reads and idempotent writes of other services than ControlPlane (volumes)."""
+        while True:
+            _, generation = await self.connect()
+            assert self._channel is not None
+            try:
+                result = await op(self._channel)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in GONE:
+                    raise
+                await self.lost(exc, generation)
+                continue
+            self.reached()
+            return result
+
     async def once(self, op: Callable[[controlplane_pb2_grpc.ControlPlaneStub], Awaitable[T]], what: str) -> T:
         """``op`` sent once, on a replica known to be reachable; a break before its answer is not retried."""
         stub, generation = await self.connect()

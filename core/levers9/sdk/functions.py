@@ -43,6 +43,7 @@ from levers9.sdk.client import Client, client_for, translate
 from levers9.sdk.errors import InvalidFunction
 from levers9.sdk.mapping import DEFAULT_MAP_CONCURRENCY, input_count, map_calls
 from levers9.sdk.options import function_config, stub_config
+from levers9.sdk.volumes import Volume, create_volumes
 
 if TYPE_CHECKING:
     from levers9.sdk.kinds import asgi, box, endpoint, job, queue
@@ -113,6 +114,7 @@ class Function(Generic[P, R]):
         known = client.stub_ids.get(key)
         if known is not None:
             return known
+        await create_volumes(client, config.get("volumes", ()))
         try:
             response = await client.stub.GetOrCreateStub(
                 controlplane_pb2.GetOrCreateStubRequest(config=stub_config(config), handler=self._handler),
@@ -210,6 +212,7 @@ def function(
     checkpoint: bool = False,
     app: str | None = None,
     name: str | None = None,
+    volumes: Sequence[Volume] | None = None,
 ) -> Any:
     """Make a function runnable on levers9 workers: ``f.remote(...)``, ``f.map(...)``, ``f.spawn(...)``.
 
@@ -232,6 +235,8 @@ def function(
     code: imports, model loading) is done, where the pool's runtime can; later
     containers of the function start from that snapshot instead of running it
     again. A long-running server calls :func:`levers9.ready` itself instead.
+    ``volumes`` lists :class:`~levers9.Volume` and :class:`~levers9.CloudBucket` objects mounted in each
+    container (a volume is made on the first call or deploy that names it).
     """
     if isinstance(fallback, str):
         fallback = [fallback]
@@ -242,7 +247,7 @@ def function(
         config = function_config(
             fn, "function", cpu=cpu, memory=memory, gpu=gpu, gpu_count=gpu_count, fallback=fallback,
             fallback_after=fallback_after, retries=retries, timeout=timeout, secrets=secrets, env=env,
-            image=image, keep_warm=keep_warm, checkpoint=checkpoint, app=app, name=name,
+            image=image, keep_warm=keep_warm, checkpoint=checkpoint, app=app, name=name, volumes=volumes,
         )  # fmt: skip
         return Function(fn, config)
 

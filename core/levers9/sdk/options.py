@@ -22,9 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from levers9 import stub_bounds as bounds
-from levers9.proto.v1 import controlplane_pb2
+from levers9.proto.v1 import controlplane_pb2, volume_pb2
 from levers9.quantities import NotAQuantity, parse_cpu_millicores, parse_memory_mib
 from levers9.sdk.errors import InvalidFunction
+from levers9.sdk.volumes import volume_configs
 
 __all__ = ["check_serving", "function_config", "stub_config"]
 
@@ -83,6 +84,7 @@ def function_config(fn: Callable[..., Any], kind: str, **options: Any) -> dict[s
         "env": dict(options.pop("env") or {}),
         "keep_warm_s": keep_warm,
         "checkpoint_enabled": bool(options.pop("checkpoint", False)),
+        "volumes": volume_configs(where, options.pop("volumes", None)),
     }
 
 
@@ -170,6 +172,10 @@ def stub_config(c: dict[str, Any]) -> controlplane_pb2.StubConfig:
         config.fallback_after_s = c["fallback_after_s"]
     if c["keep_warm_s"] is not None:
         config.keep_warm_s = c["keep_warm_s"]
+    for volume in c.get("volumes", ()):
+        mount = config.volumes.add(name=volume["name"], mount_path=volume["mount_path"])
+        if "bucket" in volume:
+            mount.bucket.CopyFrom(volume_pb2.CloudBucket(**volume["bucket"]))
     serving = c.get("serving") or {}
     for field_name, value in serving.items():
         if field_name == "ports":

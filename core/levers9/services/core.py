@@ -31,6 +31,7 @@ from levers9.state.sql.database import Database, open_database
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.secrets import SecretStore
 from levers9.state.sql.tasks import TaskStore
+from levers9.state.sql.volumes import VolumeStore
 from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
     from levers9.config.model import Config
     from levers9.hooks.facade import Hooks
+    from levers9.services.volumes import VolumeFiles
 
 __all__ = ["Services", "open_services"]
 
@@ -65,6 +67,9 @@ class Services:
     agents: AgentStore
     #: the registry behind the ``/v2/`` relay (built images); started by the server or on first use
     registry: RegistryBackend
+    #: each workspace's volumes, and the controlplane's mount of the file system they live on (made at first use)
+    volumes: VolumeStore
+    volume_files: VolumeFiles
     embedded_redis: EmbeddedRedis | None = None
     managed_redis: ManagedRedis | None = None
     #: restarts :attr:`managed_redis` when it dies (see :meth:`supervise_redis`); None without one
@@ -102,6 +107,7 @@ class Services:
         return self.redis_supervisor
 
     async def close(self) -> None:
+        await self.volume_files.close()
         await self.registry.close()
         if self.redis_supervisor is not None:
             await self.redis_supervisor.close()
@@ -157,6 +163,7 @@ async def open_services(
         redis = connect(url, embedded=embedded)
         box = SecretBox.from_config(config.state.secret_key_file, config.data_dir)
         tokens = TokenStore(db)
+        volume_files = _volume_files(loaded)
         scheduler = Scheduler(
             db=db,
             redis=redis,
@@ -191,4 +198,21 @@ async def open_services(
         embedded_redis=embedded,
         managed_redis=managed,
         registry=RegistryBackend(config.registry, Path(config.data_dir)),
+        volumes=VolumeStore(db),
+        volume_files=volume_files,
     )
+
+
+def _volume_files(loaded: LoadedConfig) -> VolumeFiles:
+    """The volumes' file system as the config says; ConfigError when a variable it names is not set."""
+    from levers9.config.load import ConfigError, ConfigIssue
+    from levers9.hooks.errors import Levers9Error
+    from levers9.services.volumes import VolumeFiles
+    from levers9.volumes.juicefs import FileSystem
+
+    config = loaded.config
+    try:
+        fs = FileSystem.from_config(config.volumes, config.data_dir)
+    except Levers9Error as exc:
+        raise ConfigError([ConfigIssue(loaded.file or "config", None, "volumes", str(exc))]) from None
+    return VolumeFiles(fs, Path(config.data_dir).expanduser() / "volumes")

@@ -41,6 +41,7 @@ from levers9.services.metrics import Metrics
 from levers9.services.reports import ServingListener, WorkerReport
 from levers9.services.stubs import BUILD_KIND, CALLED_KINDS, USER_KINDS, InvalidStub, StubSettings
 from levers9.services.submissions import SUBMISSION_ID, submission_task_id
+from levers9.services.volumes import resolve_volumes
 from levers9.services.worker_reports import WorkerReports
 from levers9.state.errors import NotFound
 from levers9.state.redis.backlog import PlaceResult, RequestState
@@ -140,6 +141,7 @@ class DataPlane:
                 f"secrets: {', '.join(missing)} not found in this workspace; create them first "
                 "(POST /api/v1/secrets or `levers9 secret create`)"
             )
+        settings = await self._resolve_volumes(workspace, settings)
         app = await self.services.apps.get_or_create(workspace, settings.app)
         stub = await self.services.stubs.get_or_create(
             workspace, app.id, settings.name, settings.kind, settings.model_dump(mode="json")
@@ -148,6 +150,43 @@ class DataPlane:
         if created:
             await self.calls.set_handler(stub.id, handler)
         return stub.id, created
+
+    async def _resolve_volumes(self, workspace: str, settings: StubSettings) -> StubSettings:
+        """``settings`` with each volume's id; InvalidStub naming a volume the workspace lacks, or a cloud
+        bucket's secret it lacks."""
+        if not settings.volumes:
+            return settings
+        names = [v.name for v in settings.volumes if v.bucket is None]
+        try:
+            found = await resolve_volumes(self.services.volumes, workspace, names)
+        except ValueError as exc:
+            raise InvalidStub(f"volumes: {exc}") from None
+        secrets = set(await self.services.secrets.names(workspace))
+        for v in settings.volumes:
+            for field in ("access_key", "secret_key"):
+                name = getattr(v.bucket, field, "") if v.bucket is not None else ""
+                if name and name not in secrets:
+                    raise InvalidStub(
+                        f"volumes: cloud bucket {v.name!r}: config.{field} names secret {name!r}, which this "
+                        "workspace does not have; create it first (`levers9 secret create`)"
+                    )
+        resolved = tuple(
+            v if v.bucket is not None else v.model_copy(update={"volume_id": found[v.name].id})
+            for v in settings.volumes
+        )
+        return settings.model_copy(update={"volumes": resolved})
+
+    async def _volumes_exist(self, workspace: str, settings: StubSettings) -> None:
+        """InvalidStub, before anything is queued, when a volume the stub mounts was deleted since it was defined."""
+        ids = [v.volume_id for v in settings.volumes if v.volume_id]
+        if ids:
+            found = await self.services.volumes.by_ids(workspace, ids)
+            for v in settings.volumes:
+                if v.volume_id and v.volume_id not in found:
+                    raise InvalidStub(
+                        f"volumes: volume {v.name!r} was deleted after this function was defined; define it again "
+                        "(the SDK makes the volume anew on its next call or deploy)"
+                    )
 
     async def stub(self, stub_id: str, workspace: str | None = None) -> tuple[StubRecord, StubSettings]:
         """A stub and its settings (cached: a stub never changes); another workspace's stub is NotFound."""
@@ -291,6 +330,7 @@ class DataPlane:
         self.services.require_room()  # new work: refused while the data directory is full (health says so too)
         if not args:
             return []
+        await self._volumes_exist(workspace, settings)
         if any(len(a) > INLINE_MAX_BYTES or parse_ref(a) for a in args):
             args = await self._stored_args(workspace, args)
         gpu = self._gpu.get(stub_id)

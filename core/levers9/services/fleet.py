@@ -58,6 +58,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from levers9.__about__ import __version__
 from levers9.hooks.errors import IdentityRejected, Levers9Error
@@ -133,6 +134,9 @@ class Registration:
     #: the room the scheduler counts the worker as having (the worker starts queued calls within it)
     cpu_millicores: int = 0
     memory_mib: int = 0
+    #: the volumes' file system, for a worker that mounts it itself (see :func:`mounts_volumes_directly`)
+    volumes_metadata_url: str = ""
+    volumes_env: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class StubBundle:
     secret_env: dict[str, str]
     #: the newest checkpoint to restore from, for a stub that checkpoints
     checkpoint: CheckpointRecord | None
+    #: the values of the secrets its cloud buckets name, by secret name
+    bucket_keys: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 async def authenticate_worker(services: Services, token: str | None) -> Principal:
@@ -363,7 +369,22 @@ async def _register(
         tunnel=tunnel,
         cpu_millicores=info.cpu_millicores,
         memory_mib=info.memory_mib,
+        **_volumes_access(services, spec),
     )
+
+
+def mounts_volumes_directly(spec: PoolSpec) -> bool:
+    """Whether a pool's workers mount the volumes' file system themselves: the ``local`` provider's, which run on
+    the controlplane's own host. Every other worker reaches volumes through the controlplane, scoped to the
+    workspaces whose calls it runs, and never holds the file system's credentials."""
+    return spec.pool.provider == "local"
+
+
+def _volumes_access(services: Services, spec: PoolSpec) -> dict[str, Any]:
+    if not mounts_volumes_directly(spec):
+        return {}
+    fs = services.volume_files.fs
+    return {"volumes_metadata_url": fs.metadata_url, "volumes_env": dict(fs.env)}
 
 
 async def calling_worker(services: Services, principal: Principal, worker_id: str) -> WorkerIdentity:
@@ -480,7 +501,13 @@ async def stub_bundle(dp: DataPlane, stub_id: str) -> StubBundle:
         if value is not None:
             secret_env[name] = value
     latest = await CheckpointStore(dp.services.db).latest(stub_id) if settings.checkpoint_enabled else None
-    return StubBundle(record, settings, handler, secret_env, latest)
+    bucket_keys: dict[str, str] = {}
+    for volume in settings.volumes:
+        for name in (volume.bucket.access_key, volume.bucket.secret_key) if volume.bucket is not None else ():
+            value = await dp.services.secrets.get(record.workspace_id, name) if name else None
+            if value is not None:
+                bucket_keys[name] = value
+    return StubBundle(record, settings, handler, secret_env, latest, bucket_keys)
 
 
 async def heartbeats(services: Services, worker_ids: Sequence[str]) -> set[str]:

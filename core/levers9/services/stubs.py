@@ -14,7 +14,16 @@ from levers9 import stub_bounds as bounds
 from levers9.blueprints.order import BUILD_KIND
 from levers9.gpu.preference import GpuRequest, parse_gpu
 
-__all__ = ["BUILD_KIND", "CALLED_KINDS", "KINDS", "USER_KINDS", "InvalidStub", "StubSettings"]
+__all__ = [
+    "BUILD_KIND",
+    "CALLED_KINDS",
+    "KINDS",
+    "USER_KINDS",
+    "BucketSetting",
+    "InvalidStub",
+    "StubSettings",
+    "VolumeSetting",
+]
 
 #: the kinds users define
 USER_KINDS = ("function", "job", "endpoint", "queue", "box")
@@ -25,6 +34,45 @@ CALLED_KINDS = ("function", "job", "queue", BUILD_KIND)
 
 class InvalidStub(ValueError):
     """A stub definition that can never run; the message names the field and what is accepted."""
+
+
+#: directories a volume may not be mounted on or over: the container needs them as its image made them
+_SYSTEM_DIRS = ("proc", "sys", "dev", "opt", "etc", "usr", "bin", "sbin", "lib", "lib64", "run", "boot")
+
+
+class BucketSetting(BaseModel):
+    """A cloud bucket's settings: ``access_key`` and ``secret_key`` name workspace secrets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    read_only: bool = False
+    force_path_style: bool = False
+    access_key: str = ""
+    secret_key: str = ""
+    endpoint: str = Field("", pattern=r"^(https?://[^/\s]+.*)?$")
+    region: str = Field("", max_length=64)
+
+
+class VolumeSetting(BaseModel):
+    """A volume or cloud bucket a stub's containers mount; a volume's id is resolved when the stub is defined."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=63)
+    mount_path: str
+    volume_id: str = ""
+    bucket: BucketSetting | None = None
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, value: str) -> str:
+        parts = [p for p in value.split("/") if p not in ("", ".")]
+        if not value.startswith("/") or ".." in parts or not parts or parts[0] in _SYSTEM_DIRS:
+            raise ValueError(
+                f"{value!r} is not a path a volume can be mounted at: an absolute path below a directory of its "
+                f"own (/data/weights, /mnt/weights), not / or below /{', /'.join(_SYSTEM_DIRS)}"
+            )
+        return "/" + "/".join(parts)
 
 
 class StubSettings(BaseModel):
@@ -60,6 +108,8 @@ class StubSettings(BaseModel):
     ports: tuple[int, ...] = ()
     max_pending: int = Field(1000, ge=bounds.MAX_PENDING_MIN, le=bounds.MAX_PENDING_MAX)
     start_timeout_s: float = Field(120.0, gt=bounds.START_TIMEOUT_S_ABOVE, le=bounds.START_TIMEOUT_S_MAX)
+    #: volumes and cloud buckets the containers mount
+    volumes: tuple[VolumeSetting, ...] = ()
 
     @field_validator("ports")
     @classmethod
@@ -77,6 +127,11 @@ class StubSettings(BaseModel):
             raise ValueError(f"min_containers ({self.min_containers}) is above max_containers ({self.max_containers})")
         if self.public and self.kind != "endpoint":
             raise ValueError(f"public: only endpoints can be public, not a {self.kind}")
+        paths = [v.mount_path for v in self.volumes]
+        for i, path in enumerate(paths):
+            for other in paths[:i]:
+                if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+                    raise ValueError(f"volumes: two volumes mount at or below {min(path, other, key=len)}")
         if self.checkpoint_enabled and self.kind in ("endpoint", "box"):
             raise ValueError(
                 f"checkpoint: {'an endpoint' if self.kind == 'endpoint' else 'a box'} cannot be checkpointed yet "

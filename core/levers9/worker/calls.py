@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from levers9.worker.volumes import VolumeSpec
+
 __all__ = [
     "SERVING_KINDS",
     "Call",
@@ -55,6 +57,8 @@ class StubSpec:
     tasks_per_container: int = 1
     #: boxes: the ports that must accept connections before the box is ready
     ports: tuple[int, ...] = ()
+    #: the volumes and cloud buckets its containers mount
+    volumes: tuple[VolumeSpec, ...] = ()
 
     @property
     def serves(self) -> bool:

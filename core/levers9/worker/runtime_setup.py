@@ -30,6 +30,7 @@ from levers9.proto.v1 import worker_pb2
 from levers9.registry.auth import RegistryAuth
 from levers9.worker.builds import BuildTasks
 from levers9.worker.images import ImagePulls
+from levers9.worker.volumes import WorkerVolumes
 from levers9.worker.warm.pool import WarmPool
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ async def runtime_for(
     pool = WarmPool(
         hooks, context, capabilities, state_dir=options.state_dir / "containers", gpus=gpus,
         checkpointing=_checkpointing(options, response, record), max_result_bytes=max_payload,
+        volumes=WorkerVolumes(options.state_dir, metadata_url=response.volumes_metadata_url,
+                              env=dict(response.volumes_env)),
     )  # fmt: skip
     ca_file = _ca_file(options)
     builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials, ca_file=ca_file)

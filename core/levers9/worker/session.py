@@ -88,6 +88,7 @@ from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
 from levers9.worker.runtime_setup import runtime_for
 from levers9.worker.tunnel import ProbeListener, hold_tunnel
+from levers9.worker.volumes import volume_spec
 from levers9.worker.warm.pool import WarmPool
 
 __all__ = [
@@ -491,6 +492,7 @@ class WorkerProcess:
             interface=d.interface or "function",
             tasks_per_container=max(1, d.tasks_per_container),
             ports=tuple(d.ports),
+            volumes=tuple(volume_spec(v) for v in d.volumes),
         )
         if d.checkpoint_enabled and d.HasField("checkpoint") and self.pool is not None and self.pool.checkpointing:
             self.pool.checkpointing.latest[d.stub_id] = record_of(d.checkpoint)

@@ -13,7 +13,7 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0007"
+HEAD = "0008"
 
 EVERY_TABLE = {
     "workspaces",
@@ -35,6 +35,7 @@ EVERY_TABLE = {
     "joined_machines",
     "blueprint_steps",
     "blueprint_images",
+    "volumes",
 }
 
 

@@ -1,4 +1,5 @@
 from levers9.proto.v1 import common_pb2 as _common_pb2
+from levers9.proto.v1 import volume_pb2 as _volume_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -24,7 +25,7 @@ class WhoAmIResponse(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., workspace_name: _Optional[str] = ..., token_id: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ...) -> None: ...
 
 class StubConfig(_message.Message):
-    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version", "checkpoint_enabled", "min_containers", "max_containers", "tasks_per_container", "public", "interface", "ports", "max_pending", "start_timeout_s")
+    __slots__ = ("kind", "app", "name", "image", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "fallback_after_s", "retries", "timeout_s", "secrets", "env", "keep_warm_s", "python_version", "checkpoint_enabled", "min_containers", "max_containers", "tasks_per_container", "public", "interface", "ports", "max_pending", "start_timeout_s", "volumes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +57,7 @@ class StubConfig(_message.Message):
     PORTS_FIELD_NUMBER: _ClassVar[int]
     MAX_PENDING_FIELD_NUMBER: _ClassVar[int]
     START_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
     kind: str
     app: str
     name: str
@@ -80,7 +82,8 @@ class StubConfig(_message.Message):
     ports: _containers.RepeatedScalarFieldContainer[int]
     max_pending: int
     start_timeout_s: float
-    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ..., checkpoint_enabled: _Optional[bool] = ..., min_containers: _Optional[int] = ..., max_containers: _Optional[int] = ..., tasks_per_container: _Optional[int] = ..., public: _Optional[bool] = ..., interface: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., max_pending: _Optional[int] = ..., start_timeout_s: _Optional[float] = ...) -> None: ...
+    volumes: _containers.RepeatedCompositeFieldContainer[_volume_pb2.VolumeMount]
+    def __init__(self, kind: _Optional[str] = ..., app: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[_Iterable[str]] = ..., gpu_count: _Optional[int] = ..., fallback_after_s: _Optional[float] = ..., retries: _Optional[int] = ..., timeout_s: _Optional[float] = ..., secrets: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., python_version: _Optional[str] = ..., checkpoint_enabled: _Optional[bool] = ..., min_containers: _Optional[int] = ..., max_containers: _Optional[int] = ..., tasks_per_container: _Optional[int] = ..., public: _Optional[bool] = ..., interface: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., max_pending: _Optional[int] = ..., start_timeout_s: _Optional[float] = ..., volumes: _Optional[_Iterable[_Union[_volume_pb2.VolumeMount, _Mapping]]] = ...) -> None: ...
 
 class GetOrCreateStubRequest(_message.Message):
     __slots__ = ("config", "handler")

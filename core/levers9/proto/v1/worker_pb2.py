@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from levers9.proto.v1 import common_pb2 as levers9_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlevers9/proto/v1/worker.proto\x12\nlevers9.v1\x1a\x1dlevers9/proto/v1/common.proto\"R\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x12\n\nmemory_mib\x18\x05 \x01(\x05\"\xc2\x02\n\x0fRegisterRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\nmachine_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63pu_millicores\x18\x03 \x01(\x05\x12\x12\n\nmemory_mib\x18\x04 \x01(\x05\x12\x1d\n\x04gpus\x18\x05 \x03(\x0b\x32\x0f.levers9.v1.Gpu\x12\x0f\n\x07runtime\x18\x06 \x01(\t\x12\x10\n\x08hostname\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0f\n\x07running\x18\t \x03(\t\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x12\n\nprobe_port\x18\x0b \x01(\x05\x12\x13\n\x0bprobe_nonce\x18\x0c \x01(\t\x12-\n\x08identity\x18\r \x01(\x0b\x32\x1b.levers9.v1.MachineIdentity\x12\x12\n\nmax_queued\x18\x0e \x01(\x05\"6\n\x0fMachineIdentity\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"\xd0\x02\n\x10RegisterResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bkeepalive_s\x18\x02 \x01(\x01\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x1d\n\x15runtime_settings_json\x18\x04 \x01(\t\x12\x1e\n\x16\x63heckpoint_storage_url\x18\x05 \x01(\t\x12\"\n\x1a\x63heckpoint_cache_max_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14\x63heckpoint_cache_dir\x18\x07 \x01(\t\x12\x19\n\x11max_payload_bytes\x18\x08 \x01(\x03\x12\x15\n\rsession_token\x18\t \x01(\t\x12\x0e\n\x06tunnel\x18\n \x01(\x08\x12\x16\n\x0e\x63pu_millicores\x18\x0b \x01(\x05\x12\x12\n\nmemory_mib\x18\x0c \x01(\x05\x12\x14\n\x0cregistry_url\x18\r \x01(\t\"\x92\x01\n\rCheckpointRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x0b\n\x03gpu\x18\x06 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x07 \x01(\t\x12\x0f\n\x07stub_id\x18\x08 \x01(\t\"\xa0\x01\n\x17RecordCheckpointRequest\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x0f\n\x07stub_id\x18\x02 \x01(\t\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\t\x12\x0c\n\x04path\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x03\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"\xb8\x04\n\x0eStubDefinition\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x0f\n\x07handler\x18\x04 \x01(\x0c\x12\x16\n\x0epython_version\x18\x05 \x01(\t\x12\x30\n\x03\x65nv\x18\x06 \x03(\x0b\x32#.levers9.v1.StubDefinition.EnvEntry\x12\x13\n\x0bkeep_warm_s\x18\x07 \x01(\x01\x12\x0c\n\x04name\x18\x08 \x01(\t\x12\x0c\n\x04kind\x18\t \x01(\t\x12=\n\nsecret_env\x18\n \x03(\x0b\x32).levers9.v1.StubDefinition.SecretEnvEntry\x12\x16\n\x0e\x63pu_millicores\x18\x0b \x01(\x05\x12\x12\n\nmemory_mib\x18\x0c \x01(\x05\x12\x11\n\tgpu_count\x18\r \x01(\x05\x12\x1a\n\x12\x63heckpoint_enabled\x18\x0e \x01(\x08\x12-\n\ncheckpoint\x18\x0f \x01(\x0b\x32\x19.levers9.v1.CheckpointRef\x12\x11\n\tinterface\x18\x10 \x01(\t\x12\x1b\n\x13tasks_per_container\x18\x11 \x01(\x05\x12\r\n\x05ports\x18\x12 \x03(\x05\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbb\x01\n\x10\x43ontainerRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07stub_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x16\n\x0e\x63pu_millicores\x18\x04 \x01(\x05\x12\x12\n\nmemory_mib\x18\x05 \x01(\x05\x12\x11\n\tgpu_count\x18\x06 \x01(\x05\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x0e\n\x06queued\x18\n \x01(\x08J\x04\x08\x08\x10\t\"\x1d\n\nCancelTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"C\n\x11\x43ontainerRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.levers9.v1.ContainerRequest\"\xe6\x01\n\x11\x43ontrollerMessage\x12*\n\x04stub\x18\x01 \x01(\x0b\x32\x1a.levers9.v1.StubDefinitionH\x00\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1c.levers9.v1.ContainerRequestH\x00\x12(\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x16.levers9.v1.CancelTaskH\x00\x12\x0f\n\x05\x64rain\x18\x04 \x01(\x08H\x00\x12\x31\n\x08requests\x18\x05 \x01(\x0b\x32\x1d.levers9.v1.ContainerRequestsH\x00\x42\x06\n\x04kind\"\xa6\x01\n\x0bTaskStarted\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x31\n\x05ports\x18\x04 \x03(\x0b\x32\".levers9.v1.TaskStarted.PortsEntry\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\x07TaskLog\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xaa\x01\n\rWorkerMessage\x12(\n\x07started\x18\x01 \x03(\x0b\x32\x17.levers9.v1.TaskStarted\x12\'\n\x07results\x18\x02 \x03(\x0b\x32\x16.levers9.v1.TaskResult\x12!\n\x04logs\x18\x03 \x03(\x0b\x32\x13.levers9.v1.TaskLog\x12\x11\n\tkeepalive\x18\x04 \x01(\x08\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\"\xa3\x01\n\x0bTunnelFrame\x12\x0e\n\x06stream\x18\x01 \x01(\r\x12&\n\x04open\x18\x02 \x01(\x0b\x32\x16.levers9.v1.TunnelOpenH\x00\x12\x10\n\x06opened\x18\x03 \x01(\rH\x00\x12\x0e\n\x04\x64\x61ta\x18\x04 \x01(\x0cH\x00\x12\x10\n\x06\x63redit\x18\x05 \x01(\rH\x00\x12\x0f\n\x05\x63lose\x18\x06 \x01(\x08H\x00\x12\x0f\n\x05reset\x18\x07 \x01(\tH\x00\x42\x06\n\x04kind\"8\n\nTunnelOpen\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x0e\n\x06window\x18\x03 \x01(\r2\xa5\x03\n\x06Worker\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12G\n\x07Session\x12\x19.levers9.v1.WorkerMessage\x1a\x1d.levers9.v1.ControllerMessage(\x01\x30\x01\x12R\n\x10RecordCheckpoint\x12#.levers9.v1.RecordCheckpointRequest\x1a\x19.levers9.v1.CheckpointRef\x12\x37\n\x07PutBlob\x12\x15.levers9.v1.BlobChunk\x1a\x13.levers9.v1.BlobRef(\x01\x12>\n\x07GetBlob\x12\x1a.levers9.v1.GetBlobRequest\x1a\x15.levers9.v1.BlobChunk0\x01\x12>\n\x06Tunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlevers9/proto/v1/worker.proto\x12\nlevers9.v1\x1a\x1dlevers9/proto/v1/common.proto\"R\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x12\n\nmemory_mib\x18\x05 \x01(\x05\"\xc2\x02\n\x0fRegisterRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\nmachine_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63pu_millicores\x18\x03 \x01(\x05\x12\x12\n\nmemory_mib\x18\x04 \x01(\x05\x12\x1d\n\x04gpus\x18\x05 \x03(\x0b\x32\x0f.levers9.v1.Gpu\x12\x0f\n\x07runtime\x18\x06 \x01(\t\x12\x10\n\x08hostname\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0f\n\x07running\x18\t \x03(\t\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x12\n\nprobe_port\x18\x0b \x01(\x05\x12\x13\n\x0bprobe_nonce\x18\x0c \x01(\t\x12-\n\x08identity\x18\r \x01(\x0b\x32\x1b.levers9.v1.MachineIdentity\x12\x12\n\nmax_queued\x18\x0e \x01(\x05\"6\n\x0fMachineIdentity\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"\xe4\x03\n\x10RegisterResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bkeepalive_s\x18\x02 \x01(\x01\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x1d\n\x15runtime_settings_json\x18\x04 \x01(\t\x12\x1e\n\x16\x63heckpoint_storage_url\x18\x05 \x01(\t\x12\"\n\x1a\x63heckpoint_cache_max_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14\x63heckpoint_cache_dir\x18\x07 \x01(\t\x12\x19\n\x11max_payload_bytes\x18\x08 \x01(\x03\x12\x15\n\rsession_token\x18\t \x01(\t\x12\x0e\n\x06tunnel\x18\n \x01(\x08\x12\x16\n\x0e\x63pu_millicores\x18\x0b \x01(\x05\x12\x12\n\nmemory_mib\x18\x0c \x01(\x05\x12\x14\n\x0cregistry_url\x18\r \x01(\t\x12\x1c\n\x14volumes_metadata_url\x18\x0e \x01(\t\x12\x41\n\x0bvolumes_env\x18\x0f \x03(\x0b\x32,.levers9.v1.RegisterResponse.VolumesEnvEntry\x1a\x31\n\x0fVolumesEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\rCheckpointRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x0b\n\x03gpu\x18\x06 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x07 \x01(\t\x12\x0f\n\x07stub_id\x18\x08 \x01(\t\"\xa0\x01\n\x17RecordCheckpointRequest\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x0f\n\x07stub_id\x18\x02 \x01(\t\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x0b\n\x03gpu\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\t\x12\x0c\n\x04path\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x03\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"\xe3\x04\n\x0eStubDefinition\x12\x0f\n\x07stub_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x0f\n\x07handler\x18\x04 \x01(\x0c\x12\x16\n\x0epython_version\x18\x05 \x01(\t\x12\x30\n\x03\x65nv\x18\x06 \x03(\x0b\x32#.levers9.v1.StubDefinition.EnvEntry\x12\x13\n\x0bkeep_warm_s\x18\x07 \x01(\x01\x12\x0c\n\x04name\x18\x08 \x01(\t\x12\x0c\n\x04kind\x18\t \x01(\t\x12=\n\nsecret_env\x18\n \x03(\x0b\x32).levers9.v1.StubDefinition.SecretEnvEntry\x12\x16\n\x0e\x63pu_millicores\x18\x0b \x01(\x05\x12\x12\n\nmemory_mib\x18\x0c \x01(\x05\x12\x11\n\tgpu_count\x18\r \x01(\x05\x12\x1a\n\x12\x63heckpoint_enabled\x18\x0e \x01(\x08\x12-\n\ncheckpoint\x18\x0f \x01(\x0b\x32\x19.levers9.v1.CheckpointRef\x12\x11\n\tinterface\x18\x10 \x01(\t\x12\x1b\n\x13tasks_per_container\x18\x11 \x01(\x05\x12\r\n\x05ports\x18\x12 \x03(\x05\x12)\n\x07volumes\x18\x13 \x03(\x0b\x32\x18.levers9.v1.WorkerVolume\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf0\x01\n\x0cWorkerVolume\x12\x12\n\nmount_path\x18\x01 \x01(\t\x12\x11\n\tvolume_id\x18\x02 \x01(\t\x12\x12\n\nwebdav_url\x18\x03 \x01(\t\x12\x14\n\x0cwebdav_token\x18\x04 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x05 \x01(\t\x12\x11\n\tread_only\x18\x06 \x01(\x08\x12\x18\n\x10\x66orce_path_style\x18\x07 \x01(\x08\x12\x10\n\x08\x65ndpoint\x18\x08 \x01(\t\x12\x0e\n\x06region\x18\t \x01(\t\x12\x15\n\raccess_key_id\x18\n \x01(\t\x12\x19\n\x11secret_access_key\x18\x0b \x01(\t\"\xbb\x01\n\x10\x43ontainerRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07stub_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x16\n\x0e\x63pu_millicores\x18\x04 \x01(\x05\x12\x12\n\nmemory_mib\x18\x05 \x01(\x05\x12\x11\n\tgpu_count\x18\x06 \x01(\x05\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x0e\n\x06queued\x18\n \x01(\x08J\x04\x08\x08\x10\t\"\x1d\n\nCancelTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"C\n\x11\x43ontainerRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.levers9.v1.ContainerRequest\"\xe6\x01\n\x11\x43ontrollerMessage\x12*\n\x04stub\x18\x01 \x01(\x0b\x32\x1a.levers9.v1.StubDefinitionH\x00\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1c.levers9.v1.ContainerRequestH\x00\x12(\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x16.levers9.v1.CancelTaskH\x00\x12\x0f\n\x05\x64rain\x18\x04 \x01(\x08H\x00\x12\x31\n\x08requests\x18\x05 \x01(\x0b\x32\x1d.levers9.v1.ContainerRequestsH\x00\x42\x06\n\x04kind\"\xa6\x01\n\x0bTaskStarted\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x31\n\x05ports\x18\x04 \x03(\x0b\x32\".levers9.v1.TaskStarted.PortsEntry\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\x07TaskLog\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xaa\x01\n\rWorkerMessage\x12(\n\x07started\x18\x01 \x03(\x0b\x32\x17.levers9.v1.TaskStarted\x12\'\n\x07results\x18\x02 \x03(\x0b\x32\x16.levers9.v1.TaskResult\x12!\n\x04logs\x18\x03 \x03(\x0b\x32\x13.levers9.v1.TaskLog\x12\x11\n\tkeepalive\x18\x04 \x01(\x08\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\"\xa3\x01\n\x0bTunnelFrame\x12\x0e\n\x06stream\x18\x01 \x01(\r\x12&\n\x04open\x18\x02 \x01(\x0b\x32\x16.levers9.v1.TunnelOpenH\x00\x12\x10\n\x06opened\x18\x03 \x01(\rH\x00\x12\x0e\n\x04\x64\x61ta\x18\x04 \x01(\x0cH\x00\x12\x10\n\x06\x63redit\x18\x05 \x01(\rH\x00\x12\x0f\n\x05\x63lose\x18\x06 \x01(\x08H\x00\x12\x0f\n\x05reset\x18\x07 \x01(\tH\x00\x42\x06\n\x04kind\"8\n\nTunnelOpen\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x0e\n\x06window\x18\x03 \x01(\r2\xa5\x03\n\x06Worker\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12G\n\x07Session\x12\x19.levers9.v1.WorkerMessage\x1a\x1d.levers9.v1.ControllerMessage(\x01\x30\x01\x12R\n\x10RecordCheckpoint\x12#.levers9.v1.RecordCheckpointRequest\x1a\x19.levers9.v1.CheckpointRef\x12\x37\n\x07PutBlob\x12\x15.levers9.v1.BlobChunk\x1a\x13.levers9.v1.BlobRef(\x01\x12>\n\x07GetBlob\x12\x1a.levers9.v1.GetBlobRequest\x1a\x15.levers9.v1.BlobChunk0\x01\x12>\n\x06Tunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'levers9.proto.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_REGISTERRESPONSE_VOLUMESENVENTRY']._loaded_options = None
+  _globals['_REGISTERRESPONSE_VOLUMESENVENTRY']._serialized_options = b'8\001'
   _globals['_STUBDEFINITION_ENVENTRY']._loaded_options = None
   _globals['_STUBDEFINITION_ENVENTRY']._serialized_options = b'8\001'
   _globals['_STUBDEFINITION_SECRETENVENTRY']._loaded_options = None
@@ -45,37 +47,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MACHINEIDENTITY']._serialized_start=485
   _globals['_MACHINEIDENTITY']._serialized_end=539
   _globals['_REGISTERRESPONSE']._serialized_start=542
-  _globals['_REGISTERRESPONSE']._serialized_end=878
-  _globals['_CHECKPOINTREF']._serialized_start=881
-  _globals['_CHECKPOINTREF']._serialized_end=1027
-  _globals['_RECORDCHECKPOINTREQUEST']._serialized_start=1030
-  _globals['_RECORDCHECKPOINTREQUEST']._serialized_end=1190
-  _globals['_STUBDEFINITION']._serialized_start=1193
-  _globals['_STUBDEFINITION']._serialized_end=1761
-  _globals['_STUBDEFINITION_ENVENTRY']._serialized_start=1669
-  _globals['_STUBDEFINITION_ENVENTRY']._serialized_end=1711
-  _globals['_STUBDEFINITION_SECRETENVENTRY']._serialized_start=1713
-  _globals['_STUBDEFINITION_SECRETENVENTRY']._serialized_end=1761
-  _globals['_CONTAINERREQUEST']._serialized_start=1764
-  _globals['_CONTAINERREQUEST']._serialized_end=1951
-  _globals['_CANCELTASK']._serialized_start=1953
-  _globals['_CANCELTASK']._serialized_end=1982
-  _globals['_CONTAINERREQUESTS']._serialized_start=1984
-  _globals['_CONTAINERREQUESTS']._serialized_end=2051
-  _globals['_CONTROLLERMESSAGE']._serialized_start=2054
-  _globals['_CONTROLLERMESSAGE']._serialized_end=2284
-  _globals['_TASKSTARTED']._serialized_start=2287
-  _globals['_TASKSTARTED']._serialized_end=2453
-  _globals['_TASKSTARTED_PORTSENTRY']._serialized_start=2409
-  _globals['_TASKSTARTED_PORTSENTRY']._serialized_end=2453
-  _globals['_TASKLOG']._serialized_start=2455
-  _globals['_TASKLOG']._serialized_end=2495
-  _globals['_WORKERMESSAGE']._serialized_start=2498
-  _globals['_WORKERMESSAGE']._serialized_end=2668
-  _globals['_TUNNELFRAME']._serialized_start=2671
-  _globals['_TUNNELFRAME']._serialized_end=2834
-  _globals['_TUNNELOPEN']._serialized_start=2836
-  _globals['_TUNNELOPEN']._serialized_end=2892
-  _globals['_WORKER']._serialized_start=2895
-  _globals['_WORKER']._serialized_end=3316
+  _globals['_REGISTERRESPONSE']._serialized_end=1026
+  _globals['_REGISTERRESPONSE_VOLUMESENVENTRY']._serialized_start=977
+  _globals['_REGISTERRESPONSE_VOLUMESENVENTRY']._serialized_end=1026
+  _globals['_CHECKPOINTREF']._serialized_start=1029
+  _globals['_CHECKPOINTREF']._serialized_end=1175
+  _globals['_RECORDCHECKPOINTREQUEST']._serialized_start=1178
+  _globals['_RECORDCHECKPOINTREQUEST']._serialized_end=1338
+  _globals['_STUBDEFINITION']._serialized_start=1341
+  _globals['_STUBDEFINITION']._serialized_end=1952
+  _globals['_STUBDEFINITION_ENVENTRY']._serialized_start=1860
+  _globals['_STUBDEFINITION_ENVENTRY']._serialized_end=1902
+  _globals['_STUBDEFINITION_SECRETENVENTRY']._serialized_start=1904
+  _globals['_STUBDEFINITION_SECRETENVENTRY']._serialized_end=1952
+  _globals['_WORKERVOLUME']._serialized_start=1955
+  _globals['_WORKERVOLUME']._serialized_end=2195
+  _globals['_CONTAINERREQUEST']._serialized_start=2198
+  _globals['_CONTAINERREQUEST']._serialized_end=2385
+  _globals['_CANCELTASK']._serialized_start=2387
+  _globals['_CANCELTASK']._serialized_end=2416
+  _globals['_CONTAINERREQUESTS']._serialized_start=2418
+  _globals['_CONTAINERREQUESTS']._serialized_end=2485
+  _globals['_CONTROLLERMESSAGE']._serialized_start=2488
+  _globals['_CONTROLLERMESSAGE']._serialized_end=2718
+  _globals['_TASKSTARTED']._serialized_start=2721
+  _globals['_TASKSTARTED']._serialized_end=2887
+  _globals['_TASKSTARTED_PORTSENTRY']._serialized_start=2843
+  _globals['_TASKSTARTED_PORTSENTRY']._serialized_end=2887
+  _globals['_TASKLOG']._serialized_start=2889
+  _globals['_TASKLOG']._serialized_end=2929
+  _globals['_WORKERMESSAGE']._serialized_start=2932
+  _globals['_WORKERMESSAGE']._serialized_end=3102
+  _globals['_TUNNELFRAME']._serialized_start=3105
+  _globals['_TUNNELFRAME']._serialized_end=3268
+  _globals['_TUNNELOPEN']._serialized_start=3270
+  _globals['_TUNNELOPEN']._serialized_end=3326
+  _globals['_WORKER']._serialized_start=3329
+  _globals['_WORKER']._serialized_end=3750
 # @@protoc_insertion_point(module_scope)

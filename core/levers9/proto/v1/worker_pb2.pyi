@@ -62,7 +62,14 @@ class MachineIdentity(_message.Message):
     def __init__(self, document: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib", "registry_url")
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib", "registry_url", "volumes_metadata_url", "volumes_env")
+    class VolumesEnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +83,8 @@ class RegisterResponse(_message.Message):
     CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_URL_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_METADATA_URL_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_ENV_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     keepalive_s: float
     runtime: str
@@ -89,7 +98,9 @@ class RegisterResponse(_message.Message):
     cpu_millicores: int
     memory_mib: int
     registry_url: str
-    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., registry_url: _Optional[str] = ...) -> None: ...
+    volumes_metadata_url: str
+    volumes_env: _containers.ScalarMap[str, str]
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., registry_url: _Optional[str] = ..., volumes_metadata_url: _Optional[str] = ..., volumes_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("id", "runtime", "status", "path", "size_bytes", "gpu", "workspace_id", "stub_id")
@@ -132,7 +143,7 @@ class RecordCheckpointRequest(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ..., stub_id: _Optional[str] = ..., runtime: _Optional[str] = ..., gpu: _Optional[str] = ..., status: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StubDefinition(_message.Message):
-    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count", "checkpoint_enabled", "checkpoint", "interface", "tasks_per_container", "ports")
+    __slots__ = ("stub_id", "workspace_id", "image", "handler", "python_version", "env", "keep_warm_s", "name", "kind", "secret_env", "cpu_millicores", "memory_mib", "gpu_count", "checkpoint_enabled", "checkpoint", "interface", "tasks_per_container", "ports", "volumes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +176,7 @@ class StubDefinition(_message.Message):
     INTERFACE_FIELD_NUMBER: _ClassVar[int]
     TASKS_PER_CONTAINER_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
     stub_id: str
     workspace_id: str
     image: str
@@ -183,7 +195,34 @@ class StubDefinition(_message.Message):
     interface: str
     tasks_per_container: int
     ports: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ..., interface: _Optional[str] = ..., tasks_per_container: _Optional[int] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
+    volumes: _containers.RepeatedCompositeFieldContainer[WorkerVolume]
+    def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ..., interface: _Optional[str] = ..., tasks_per_container: _Optional[int] = ..., ports: _Optional[_Iterable[int]] = ..., volumes: _Optional[_Iterable[_Union[WorkerVolume, _Mapping]]] = ...) -> None: ...
+
+class WorkerVolume(_message.Message):
+    __slots__ = ("mount_path", "volume_id", "webdav_url", "webdav_token", "bucket", "read_only", "force_path_style", "endpoint", "region", "access_key_id", "secret_access_key")
+    MOUNT_PATH_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    WEBDAV_URL_FIELD_NUMBER: _ClassVar[int]
+    WEBDAV_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    FORCE_PATH_STYLE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    mount_path: str
+    volume_id: str
+    webdav_url: str
+    webdav_token: str
+    bucket: str
+    read_only: bool
+    force_path_style: bool
+    endpoint: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    def __init__(self, mount_path: _Optional[str] = ..., volume_id: _Optional[str] = ..., webdav_url: _Optional[str] = ..., webdav_token: _Optional[str] = ..., bucket: _Optional[str] = ..., read_only: _Optional[bool] = ..., force_path_style: _Optional[bool] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., access_key_id: _Optional[str] = ..., secret_access_key: _Optional[str] = ...) -> None: ...
 
 class ContainerRequest(_message.Message):
     __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt", "queued")

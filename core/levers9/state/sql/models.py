@@ -445,3 +445,17 @@ class BlueprintImage(Base):
     steps: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime]
     last_used_at: Mapped[datetime]
+
+
+class Volume(Base):
+    """A workspace's volume (migration 0008): its files are the directory ``/<workspace_id>/<id>`` of the volumes'
+    file system (:mod:`levers9.volumes.juicefs`). A deleted volume's row goes at once (its name is free again);
+    its files are removed after."""
+
+    __tablename__ = "volumes"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]

@@ -310,3 +310,13 @@ class BlueprintImageRecord:
     steps: int
     created_at: datetime
     last_used_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRecord:
+    """A workspace's volume: its id names its directory in the volumes' file system."""
+
+    id: str
+    workspace_id: str
+    name: str
+    created_at: datetime

@@ -51,6 +51,7 @@ from levers9.hooks.types import (
 )
 from levers9.runner import main as runner
 from levers9.worker.calls import StubSpec
+from levers9.worker.volumes import WorkerVolumes
 from levers9.worker.warm.scaling import WarmContainer, WarmStub
 
 __all__ = [
@@ -140,8 +141,10 @@ class Launcher:
         gpus_present: bool = False,
         start_timeout_s: float = 120.0,
         checkpointing: Checkpointing | None = None,
+        volumes: WorkerVolumes | None = None,
     ) -> None:
         self.hooks = hooks
+        #: the volumes the stubs' containers mount; None: this worker mounts none
         self.runtime = runtime
         self.capabilities = capabilities
         self.state_dir = state_dir
@@ -151,6 +154,7 @@ class Launcher:
         self.gpus_present = gpus_present
         self.start_timeout_s = start_timeout_s
         self.checkpointing = checkpointing
+        self.volumes = volumes
 
     # ----------------------------------------------------------------- the recipe
 
@@ -206,6 +210,8 @@ class Launcher:
         """Prepare and start the container (from a checkpoint when its stub has one); raises StartFailed."""
         spec = self.spec(group, box)
         stub = group.spec
+        if stub.volumes:
+            spec = spec.model_copy(update={"mounts": [*spec.mounts, *await self._volume_mounts(box.cid, stub)]})
         checkpointing = self.checkpointing
         if checkpointing is not None and await wants_checkpoint(
             checkpointing, self.hooks, self.runtime, self.capabilities, enabled=stub.checkpoint_enabled
@@ -228,6 +234,20 @@ class Launcher:
             box.started = True
         except Levers9Error as exc:
             raise StartFailed(f"the runtime could not start the container: {exc}") from exc
+
+    async def _volume_mounts(self, cid: str, stub: StubSpec) -> list[Mount]:
+        """The stub's volumes, mounted on the worker for this container; StartFailed saying why they cannot be."""
+        if self.capabilities.host_filesystem:
+            raise StartFailed(
+                f"{stub.name} mounts volumes, and this pool's runtime ({self.runtime.name}) runs calls on the host's "
+                "filesystem, with nothing to mount them into; run it on a pool of runc or gvisor"
+            )
+        if self.volumes is None:
+            raise StartFailed(f"{stub.name} mounts volumes, and this worker was started without volume support")
+        try:
+            return await self.volumes.acquire(cid, stub.workspace_id, stub.volumes)
+        except Levers9Error as exc:
+            raise StartFailed(f"mounting the volumes failed: {exc}") from exc
 
     # ----------------------------------------------------------------- stop and inspect
 
@@ -270,6 +290,8 @@ class Launcher:
 
     async def remove(self, cid: str) -> None:
         await self.hooks.container_remove(self.runtime, cid)
+        if self.volumes is not None:
+            await self.volumes.release(cid)
 
 
 def _package_dirs() -> dict[str, str]:

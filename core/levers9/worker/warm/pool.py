@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeCapabilities, RuntimeContext
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 from levers9.worker.calls import Call, Outcome, StubSpec, cancelled_outcome, error_outcome
+from levers9.worker.volumes import WorkerVolumes
 from levers9.worker.warm.launch import Launcher, PortPicker, StartFailed, container_id, write_handler
 from levers9.worker.warm.runner_client import RunnerClient
 from levers9.worker.warm.scaling import (
@@ -84,6 +86,7 @@ class WarmPool:
         max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         scale_after_s: float = 0.05,
         checkpointing: Checkpointing | None = None,
+        volumes: WorkerVolumes | None = None,
     ) -> None:
         self.hooks = hooks
         #: checkpoints of stubs that ask for them; None: every container starts cold
@@ -98,7 +101,7 @@ class WarmPool:
         self.max_result_bytes = max_result_bytes
         self.launcher = Launcher(hooks, runtime, capabilities, state_dir=self.state_dir, python=python,
                                  gpus_present=bool(self.gpus), start_timeout_s=start_timeout_s,
-                                 checkpointing=checkpointing)  # fmt: skip
+                                 checkpointing=checkpointing, volumes=volumes)  # fmt: skip
         self.client = RunnerClient(self.launcher, max_result_bytes=max_result_bytes, start_timeout_s=start_timeout_s)
         #: containers started since the pool was made, for tests and metrics
         self.started_total = 0
@@ -191,6 +194,8 @@ class WarmPool:
             self._drop_group(group)
         if self.checkpointing is not None:
             await self.checkpointing.close()
+        if self.launcher.volumes is not None:
+            await self.launcher.volumes.close()
         for leftover in ("handlers", "signals", "images"):
             with contextlib.suppress(OSError):
                 (self.state_dir / leftover).rmdir()
@@ -415,6 +420,7 @@ def _stub_key(stub: StubSpec) -> str:
     """Containers are shared by calls whose stub would build the very same container."""
     digest = hashlib.sha256(stub.handler)
     fields = [stub.stub_id, stub.workspace_id, stub.image, stub.python_version, stub.cpu_millicores,
-              stub.memory_mib, stub.gpu_count, sorted(stub.env.items()), sorted(stub.secret_env.items())]  # fmt: skip
+              stub.memory_mib, stub.gpu_count, sorted(stub.env.items()), sorted(stub.secret_env.items()),
+              [dataclasses.astuple(v) for v in stub.volumes]]  # fmt: skip
     digest.update(json.dumps(fields).encode())
     return digest.hexdigest()[:32]

@@ -1,0 +1,90 @@
+"""Volumes on a real `levers9 up`: calls write and read one volume's files, `levers9 cp/ls/rm` reach them too.
+
+The user's way: ``levers9.Volume(name, mount_path)`` in a function's ``volumes=``; the volume is made on
+the first call, the worker mounts the volumes' JuiceFS file system (SQLite metadata and a data directory in
+``up``'s data directory) and binds the volume's directory into the container. The CLI reaches the same
+files through the controlplane's own mount. Nothing may stay mounted once `up` has stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from levers9.volumes.juicefs import fuse_mounts_below
+from tests.fixtures.levers9_up import Up
+
+APP = """\
+import json
+import os
+import levers9
+
+weights = levers9.Volume(name="weights", mount_path="/data/weights")
+
+
+@levers9.function(volumes=[weights], memory=256)
+def write(name: str, text: str) -> int:
+    os.makedirs("/data/weights/out", exist_ok=True)
+    with open(f"/data/weights/out/{{name}}", "w") as f:
+        f.write(text)
+    return os.getuid()
+
+
+@levers9.function(volumes=[weights], memory=256)
+def read(name: str) -> dict:
+    with open(f"/data/weights/{{name}}", "rb") as f:
+        text = f.read().decode(errors="replace")
+    return {{"text": text, "listing": sorted(os.listdir("/data/weights")), "mounts": open("/proc/self/mounts").read()}}
+
+
+def main() -> None:
+    uid = write.remote("a.txt", "{marker}")
+    print(json.dumps({{"uid": uid, "read": read.remote("out/a.txt"), "uploaded": read.remote("up/in.bin")["text"][:8]}}))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["runc"])
+def test_calls_and_the_cli_share_a_volumes_files(levers9_up: Up, runtime: str, tmp_path: Path) -> None:
+    levers9_up.use_runtime(runtime)
+    levers9_up.start()
+    # the CLI first: a volume made by hand, a file copied in (read by a call below), listed and read back
+    made = levers9_up.levers9("volume", "create", "weights")
+    assert made.returncode == 0, made.stderr
+    upload = tmp_path / "in.bin"
+    upload.write_bytes(b"uploaded" + os.urandom(3 * 1024 * 1024))
+    done = levers9_up.levers9("cp", str(upload), "weights:up/")
+    assert done.returncode == 0, done.stderr
+    app = levers9_up.root / "volume_app.py"
+    app.write_text(APP.format(marker="written by a call"))
+    run = levers9_up.levers9("run", f"{app.name}::main", timeout=600)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n--- up:\n{levers9_up.log()[-4000:]}"
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    assert answer["read"]["text"] == "written by a call"
+    assert answer["read"]["listing"] == ["out", "up"]
+    assert answer["uploaded"] == "uploaded"
+    # the container sees its volume only: no path of the file system's root, nothing of other volumes
+    assert "juicefs" in answer["read"]["mounts"] or "fuse" in answer["read"]["mounts"]
+    listed = levers9_up.levers9("ls", "weights:", "-r", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(e["path"] for e in json.loads(listed.stdout)) == ["out/a.txt", "up/in.bin"]
+    back = tmp_path / "back"
+    back.mkdir()
+    done = levers9_up.levers9("cp", "weights:up/in.bin", str(back))
+    assert done.returncode == 0, done.stderr
+    assert hashlib.sha256((back / "in.bin").read_bytes()).digest() == hashlib.sha256(upload.read_bytes()).digest()
+    for escaping in ("weights:../x", "weights:/../../etc/passwd"):
+        refused = levers9_up.levers9("ls", escaping)
+        assert refused.returncode == 1, refused.stderr
+        assert "leads out of the volume" in refused.stderr
+    gone = levers9_up.levers9("rm", "-r", "weights:out")
+    assert gone.returncode == 0, gone.stderr
+    assert "removed 2 entries" in gone.stdout
+    missing = levers9_up.levers9("ls", "nope:")
+    assert missing.returncode == 1, missing.stderr
+    assert "volume 'nope' does not exist" in missing.stderr
+    levers9_up.stop()
+    assert fuse_mounts_below(levers9_up.root) == []
