@@ -37,7 +37,10 @@ class DavServer:
 
 
 @contextlib.contextmanager
-def serve_dav(volumes: dict[str, Path], token: str = "s3cr3t-volume-token") -> Iterator[DavServer]:
+def serve_dav(
+    volumes: dict[str, Path], token: str = "s3cr3t-volume-token", tls: tuple[Path, Path] | None = None
+) -> Iterator[DavServer]:
+    """The server, over TLS with ``tls`` (certificate file, key file)."""
     seen: list[tuple[str, str]] = []
 
     async def resolve(request: Request, volume: str) -> VolumeRoot:
@@ -55,7 +58,9 @@ def serve_dav(volumes: dict[str, Path], token: str = "s3cr3t-volume-token") -> I
     app.mount(PREFIX, WebDav(resolve))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    cert, key = (str(tls[0]), str(tls[1])) if tls else (None, None)
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", ssl_certfile=cert, ssl_keyfile=key)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dav-server", daemon=True)
     thread.start()
     try:
@@ -63,7 +68,7 @@ def serve_dav(volumes: dict[str, Path], token: str = "s3cr3t-volume-token") -> I
             if not thread.is_alive():
                 raise RuntimeError("uvicorn ended before it started")
             threading.Event().wait(0.01)
-        yield DavServer(f"http://127.0.0.1:{sock.getsockname()[1]}", token, seen)
+        yield DavServer(f"{'https' if tls else 'http'}://127.0.0.1:{sock.getsockname()[1]}", token, seen)
     finally:
         server.should_exit = True
         thread.join(15)
