@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from levers9.volumes.webdav import UPLOAD_PREFIX
+from tests.fixtures.tmpfs import fill, tmpfs
 from tests.volumes.dav_server import PREFIX, DavServer, serve_dav
 
 D = "{DAV:}"
@@ -337,3 +338,18 @@ def test_dot_dot_is_refused_encoded_or_not(client: httpx.Client, dav: DavServer,
     finally:
         raw.close()
     assert os.listdir(dirs["vol2"]) == ["theirs"]
+
+
+def test_a_full_volume_answers_507_and_keeps_no_temporary(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", 2 * 1024 * 1024) as small:
+        (small / "kept.txt").write_text("kept")
+        with serve_dav({"vol": small}) as dav, httpx.Client(headers=dav.auth, timeout=30) as client:
+            answer = client.put(dav.url("vol", "big.bin"), content=_body(4 * 1024 * 1024, 3, hashlib.sha256()))
+            assert answer.status_code == 507, answer.text
+            assert "storage is full" in answer.text
+            assert sorted(os.listdir(small)) == ["kept.txt"]
+            fill(small)
+            copied = client.request("COPY", dav.url("vol", "kept.txt"), headers={"Destination": dav.url("vol", "c")})
+            assert copied.status_code == 507, copied.text
+            assert "storage is full" in copied.text
+            assert sorted(os.listdir(small)) == ["filler", "kept.txt"]

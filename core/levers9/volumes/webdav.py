@@ -133,6 +133,11 @@ class WebDav:
             response = _text(refused.status, refused.message, headers)
         except VolumePathError as exc:
             response = _path_error(exc)
+        except OSError as exc:  # the disk's, not the user's: a full volume, an I/O error
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                response = _text(507, f"the volume's storage is full ({exc.strerror})")
+            else:
+                response = _text(500, f"the volume's storage failed: {exc.strerror}")
         await response(scope, receive, send)
 
     # ------------------------------------------------------------------ routing
@@ -461,7 +466,8 @@ def _finish(out: BinaryIO) -> None:
 
 
 def _discard(root: VolumeRoot, out: BinaryIO, temp: str) -> None:
-    out.close()
+    with contextlib.suppress(OSError):  # flushing what is buffered fails again on a full disk; the fd is closed
+        out.close()
     with contextlib.suppress(VolumePathError):
         root.remove(temp)
 
