@@ -285,6 +285,9 @@ class RuntimeCapabilities(_Frozen):
     #: calls run as the worker's own user, with its privileges: they can read whatever the worker can (an
     #: operator's opt-in for a single-user machine); ``levers9 check`` and ``levers9 pools`` show it in red
     calls_as_worker_user: bool = False
+    #: the host uid a container's root is (runc in a user namespace: its mapping's first id; else 0): a worker
+    #: mounting a volume gives every file there to it, so what a container's root finds there is its own
+    root_host_uid: int = Field(0, ge=0)
 
 
 class Mount(_Frozen):

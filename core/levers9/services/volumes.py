@@ -29,8 +29,8 @@ from levers9.services.auth import PermissionDenied, Principal
 from levers9.state.errors import NotFound
 from levers9.state.sql.records import VolumeRecord
 from levers9.state.sql.volumes import VolumeStore, check_volume_name
-from levers9.volumes.juicefs import FileSystem, JuiceFsMount, sweep, volume_dir
-from levers9.volumes.paths import Entry, NotFoundInVolume, PathEscapes, VolumeRoot
+from levers9.volumes.juicefs import OWNER, FileSystem, JuiceFsMount, sweep, volume_dir
+from levers9.volumes.paths import DIR_MODE, Entry, NotFoundInVolume, PathEscapes, VolumeRoot
 
 __all__ = [
     "CHUNK_BYTES",
@@ -78,7 +78,8 @@ class VolumeFiles:
                     self._mount.stop()
                 sweep(self.mountpoint)  # what a killed controlplane left
                 self.fs.format()
-                self._mount = self.fs.mount(self.mountpoint, cache_dir=self.home / "cache")
+                # as root, squashing no one: the controlplane may remove whatever any container made
+                self._mount = self.fs.mount(self.mountpoint, cache_dir=self.home / "cache", owner=0)
             return self.mountpoint
 
     async def root(self, volume: VolumeRecord) -> VolumeRoot:
@@ -86,8 +87,11 @@ class VolumeFiles:
 
         def make() -> VolumeRoot:
             directory = self._mounted() / volume_dir(volume.workspace_id, volume.id)
-            directory.mkdir(parents=True, exist_ok=True)
-            return VolumeRoot(directory)
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+                os.chown(directory, OWNER, OWNER)
+                directory.chmod(DIR_MODE)  # every runtime's containers may write in it (levers9.volumes.juicefs)
+            return VolumeRoot(directory, owner=OWNER)
 
         return await asyncio.to_thread(make)
 

@@ -6,11 +6,15 @@ mount of that one directory, so nothing in the container names the file system, 
 or the credentials that reach them. Those credentials (the metadata engine's password, the object
 store's keys) stay with the ``juicefs`` process: in its environment, never on its command line.
 
-Ownership: every mount squashes every user to :data:`OWNER` (``--all-squash``), so whoever writes (a
-container's root mapped to a host id, the process runtime's ``nobody``, the controlplane) writes as the
-same owner, and everyone can write what anyone wrote: a volume is its workspace's, with no users inside.
-:data:`OWNER` is the host id a container's root has in a user namespace
-(:data:`levers9.engine.userns.DEFAULT_HOST_ID`), so there files look owned by root.
+Ownership: a volume is its workspace's, with no users inside. A worker's mount makes the host uid its
+containers' root is the owner of everything done through it: runc in a user namespace squashes every user
+to its mapping's first id (``--all-squash``), so files look owned by root in the container and its root
+may chmod and chown them; where a container's root is host root (gVisor, whose file server acts as root
+and sets the owner of what it makes; runc without a user namespace) nothing is squashed (JuiceFS cannot
+squash to uid 0). The controlplane's mount squashes no one, so it may remove whatever a container made;
+what it makes it gives to :data:`OWNER` (runc's default mapping) with mode 0666 or 0777
+(:mod:`levers9.volumes.paths`), so every runtime's containers may change what ``levers9 cp`` wrote. Files one runtime's containers make are writable by another's only when their
+mode says so (a container's umask 000).
 
 Consistency is JuiceFS's: close-to-open (a file closed on one mount is read whole, as closed, by an open
 after it on any mount); directory entries and attributes are cached for a second. Data is written to the
@@ -147,9 +151,10 @@ class FileSystem:
                 f"storage {self.storage} {self.bucket}): {_tail(done.stderr or done.stdout)}"
             )
 
-    def mount(self, target: Path, *, cache_dir: Path, read_only: bool = False) -> JuiceFsMount:
-        """Mount the file system at ``target`` (made when missing); returns once it is mounted."""
-        mounted = JuiceFsMount(self, target, cache_dir=cache_dir, read_only=read_only)
+    def mount(self, target: Path, *, cache_dir: Path, owner: int = OWNER, read_only: bool = False) -> JuiceFsMount:
+        """Mount the file system at ``target`` (made when missing), every user squashed to ``owner``; returns
+        once it is mounted."""
+        mounted = JuiceFsMount(self, target, cache_dir=cache_dir, owner=owner, read_only=read_only)
         mounted.start()
         return mounted
 
@@ -157,8 +162,11 @@ class FileSystem:
 class JuiceFsMount:
     """A running ``juicefs mount`` of a :class:`FileSystem` at :attr:`target`."""
 
-    def __init__(self, fs: FileSystem, target: Path, *, cache_dir: Path, read_only: bool = False) -> None:
+    def __init__(
+        self, fs: FileSystem, target: Path, *, cache_dir: Path, owner: int = OWNER, read_only: bool = False
+    ) -> None:
         self.fs = fs
+        self.owner = owner
         self.target = target
         self.cache_dir = cache_dir
         self.read_only = read_only
@@ -172,9 +180,11 @@ class JuiceFsMount:
         self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         argv = [
             juicefs_binary(), "mount", self.fs.metadata_url, str(self.target),
-            "--all-squash", f"{OWNER}:{OWNER}", "--cache-dir", str(self.cache_dir),
+            "--cache-dir", str(self.cache_dir),
             "--no-usage-report", "--backup-meta", "0", "--hide-internal", "--no-syslog",
         ]  # fmt: skip
+        if self.owner:
+            argv += ["--all-squash", f"{self.owner}:{self.owner}"]
         if self.read_only:
             argv.append("--read-only")
         with open(self.log_file, "ab") as out:

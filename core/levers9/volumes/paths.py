@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 __all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
     "Entry",
     "NotADirectoryInVolume",
     "NotFoundInVolume",
@@ -40,6 +42,10 @@ __all__ = [
     "normalise",
 ]
 
+#: the modes what is created here gets: every container of the workspace may change it, whichever runtime's
+#: owner its mount squashes users to (levers9.volumes.juicefs)
+FILE_MODE = 0o666
+DIR_MODE = 0o777
 _SYS_OPENAT2 = 437  # the same number on every architecture (it postdates the per-architecture tables)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
@@ -114,8 +120,10 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int = 0) -> int:
 class VolumeRoot:
     """The files beneath ``root``: list, stat, read, write, make directories, move and remove them."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, owner: int | None = None) -> None:
         self.root = os.fspath(root)
+        #: the uid (and gid) what is made here is given, when not the process's own (see :data:`FILE_MODE`)
+        self.owner = owner
 
     # ----------------------------------------------------------------- opening
 
@@ -193,7 +201,8 @@ class VolumeRoot:
             self.mkdir(parent)
         fd = self._open(path, parent, os.O_PATH | os.O_DIRECTORY)
         try:
-            os.mkdir(name, 0o755, dir_fd=fd)
+            os.mkdir(name, DIR_MODE, dir_fd=fd)
+            _share(self._open(path, rel, os.O_RDONLY | os.O_DIRECTORY), DIR_MODE, self.owner)
         except FileExistsError:
             # there already: a directory, or a link resolved beneath the root like any other path
             try:
@@ -213,7 +222,8 @@ class VolumeRoot:
         parent = posixpath.dirname(rel)
         if parents and parent:
             self.mkdir(parent)
-        fd = self._open(path, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = self._open(path, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        _share(os.dup(fd), FILE_MODE, self.owner)
         return os.fdopen(fd, "wb")
 
     def open_new(self, path: str) -> BinaryIO:
@@ -222,7 +232,8 @@ class VolumeRoot:
         rel = normalise(path)
         if not rel:
             raise VolumePathError(f"path {path!r} is the volume's root; name a file")
-        fd = self._open(path, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = self._open(path, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        _share(os.dup(fd), FILE_MODE, self.owner)
         return os.fdopen(fd, "wb")
 
     def remove(self, path: str, *, recursive: bool = False) -> int:
@@ -254,7 +265,10 @@ class VolumeRoot:
                     raise _translate(exc, path) from None
                 return 1
             count = _count(fd, name)
-            shutil.rmtree(name, dir_fd=fd)
+            try:
+                shutil.rmtree(name, dir_fd=fd)
+            except OSError as exc:
+                raise _translate(exc, path) from None
             return count
         finally:
             os.close(fd)
@@ -275,6 +289,19 @@ class VolumeRoot:
                 os.close(dst_fd)
         finally:
             os.close(src_fd)
+
+
+def _share(fd: int, mode: int, owner: int | None) -> None:
+    """Give the open file or directory ``fd`` the mode ``mode`` whatever the process's umask, and ``owner`` when
+    not None (then close ``fd``); one the caller may not change keeps its mode and owner."""
+    try:
+        if owner is not None:
+            os.fchown(fd, owner, owner)
+        os.fchmod(fd, mode)
+    except PermissionError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _fd_path(fd: int) -> str:
@@ -317,6 +344,11 @@ def _translate(exc: OSError, path: str) -> VolumePathError:
         return VolumePathError(f"path {path!r} is a directory; name a file")
     if exc.errno == errno.EEXIST:
         return VolumePathError(f"path {path!r} already exists")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return VolumePathError(
+            f"path {path!r}: {exc.strerror}; its owner's mode does not let others change it (a container's "
+            "umask 000 makes what it writes changeable by every runtime's containers)"
+        )
     if exc.errno == errno.ENOSPC:
         return VolumePathError(f"path {path!r}: the volume's storage is full")
     return VolumePathError(f"path {path!r}: {exc.strerror}")

@@ -78,7 +78,7 @@ async def runtime_for(
         hooks, context, capabilities, state_dir=options.state_dir / "containers", gpus=gpus,
         checkpointing=_checkpointing(options, response, record), max_result_bytes=max_payload,
         volumes=WorkerVolumes(options.state_dir, metadata_url=response.volumes_metadata_url,
-                              env=dict(response.volumes_env)),
+                              env=dict(response.volumes_env), owner=capabilities.root_host_uid),
     )  # fmt: skip
     ca_file = _ca_file(options)
     builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials, ca_file=ca_file)

@@ -27,6 +27,7 @@ from levers9.hooks.errors import Levers9Error
 from levers9.hooks.types import Mount
 from levers9.proto.v1 import worker_pb2
 from levers9.volumes.juicefs import FileSystem, JuiceFsMount, sweep, volume_dir
+from levers9.volumes.paths import DIR_MODE
 
 __all__ = ["VolumeSpec", "WorkerVolumes", "volume_spec"]
 
@@ -58,8 +59,12 @@ def volume_spec(message: worker_pb2.WorkerVolume) -> VolumeSpec:
 class WorkerVolumes:
     """The mounts of one worker, held by the containers that use them."""
 
-    def __init__(self, state_dir: Path, *, metadata_url: str = "", env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, state_dir: Path, *, metadata_url: str = "", env: dict[str, str] | None = None, owner: int = 0
+    ) -> None:
         self.home = state_dir / "volumes"
+        #: the host uid every user is squashed to: the runtime's containers' root (RuntimeCapabilities.root_host_uid)
+        self.owner = owner
         self.fs = (
             FileSystem(metadata_url=metadata_url, storage="", bucket="", name="", env=dict(env or {}))
             if metadata_url
@@ -97,9 +102,13 @@ class WorkerVolumes:
                 log.warning("the volumes' mount ended (%s); mounting it again", self._mount.log_tail())
                 await asyncio.to_thread(self._mount.stop)
             fs = self.fs
-            self._mount = await asyncio.to_thread(fs.mount, self.home / "fs", cache_dir=self.home / "cache")
+            self._mount = await asyncio.to_thread(
+                fs.mount, self.home / "fs", cache_dir=self.home / "cache", owner=self.owner
+            )
         directory = self.home / "fs" / volume_dir(workspace_id, spec.volume_id)
-        await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+        if not await asyncio.to_thread(directory.is_dir):
+            await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(directory.chmod, DIR_MODE)
         return Mount(source=str(directory), target=spec.mount_path, read_only=spec.read_only, idmap=False)
 
     async def release(self, container_id: str) -> None:

@@ -169,10 +169,11 @@ def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities
     if version is None:
         first = (result.output_lines() or ["no output"])[0]
         return unavailable(f"{path} does not look like runc: '--version' printed {first!r}")
-    _, userns_note = user_namespace(runtime)
+    mapping, userns_note = user_namespace(runtime)
     return RuntimeCapabilities(
         available=True,
         isolation=Isolation.NAMESPACES,
+        root_host_uid=mapping.host_id if mapping is not None else 0,
         gpu=find_nvidia_hook() is not None,
         checkpoint=False,
         checkpoint_reason=CHECKPOINT_REASON,
