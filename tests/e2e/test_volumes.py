@@ -86,3 +86,49 @@ def test_calls_and_the_cli_share_a_volumes_files(levers9_up: Up, runtime: str, t
     assert "volume 'nope' does not exist" in missing.stderr
     levers9_up.stop()
     assert fuse_mounts_below(levers9_up.root) == []
+
+
+def test_a_pool_that_reaches_volumes_through_the_controlplane_mounts_them_over_webdav(
+    levers9_up: Up, tmp_path: Path
+) -> None:
+    """volume_access: controlplane: the worker holds no credential of the file system, only a token per volume."""
+    levers9_up.use_runtime("runc")
+    levers9_up.home.mkdir(parents=True, exist_ok=True)
+    config = levers9_up.config_text().replace("    builds:", "    volume_access: controlplane\n    builds:", 1)
+    (levers9_up.home / "levers9.yaml").write_text(config)
+    levers9_up.start()
+    upload = tmp_path / "in.bin"
+    upload.write_bytes(b"uploaded" + os.urandom(1024 * 1024))
+    assert levers9_up.levers9("volume", "create", "weights").returncode == 0
+    done = levers9_up.levers9("cp", str(upload), "weights:up/")
+    assert done.returncode == 0, done.stderr
+    app = levers9_up.root / "volume_app.py"
+    app.write_text(APP.format(marker="written over webdav"))
+    run = levers9_up.levers9("run", f"{app.name}::main", timeout=600)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n--- up:\n{levers9_up.log()[-4000:]}"
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    assert answer["read"]["text"] == "written over webdav"
+    assert answer["uploaded"] == "uploaded"
+    back = tmp_path / "a.txt"
+    done = levers9_up.levers9("cp", "weights:out/a.txt", str(back))
+    assert done.returncode == 0, done.stderr
+    assert back.read_text() == "written over webdav"
+    # the worker mounted the volume with rclone (the call's container is kept warm, so its mount is still up),
+    # the token in rclone's environment only; no juicefs runs for the worker
+    procs = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    rclones = [p for p in procs if _cmdline(p).split(" ")[0].endswith("rclone") and str(levers9_up.root) in _cmdline(p)]
+    assert rclones, "no rclone mount serves the worker"
+    for p in rclones:
+        assert "TOKEN" not in _cmdline(p).upper()
+        assert b"RCLONE_CONFIG_VOLUME_BEARER_TOKEN=" in (p / "environ").read_bytes()
+    juicefs = [_cmdline(p) for p in procs if "juicefs" in _cmdline(p) and str(levers9_up.root) in _cmdline(p)]
+    assert all("/volumes/mnt" in c for c in juicefs), juicefs  # the controlplane's own mount alone
+    levers9_up.stop()
+    assert fuse_mounts_below(levers9_up.root) == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

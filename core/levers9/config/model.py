@@ -410,6 +410,13 @@ class PoolConfig(_Strict):
         description="The pool's workers build blueprint images (in containers of its runtime: runc or gvisor). "
         "Builds go only to such pools; a pool may also take calls as usual.",
     )
+    volume_access: Literal["direct", "controlplane"] | None = Field(
+        None,
+        description="How its workers reach volumes: 'direct' (they mount the volumes' file system, holding its "
+        "credentials: machines the operator trusts that reach its metadata and object store) or 'controlplane' "
+        "(each volume over the controlplane's WebDAV, with a token for it alone). Default: direct for the local "
+        "provider, controlplane for every other; agent machines and attached clusters are never direct.",
+    )
     workspace: str | None = Field(
         None,
         min_length=1,
@@ -461,6 +468,11 @@ class PoolConfig(_Strict):
             raise ValueError(
                 f"region ({self.region!r}) and regions ({self.regions}) are both set; keep one: "
                 f"region: X is the same as regions: [X]"
+            )
+        if self.volume_access == "direct" and self.provider in ("agent_machine", "attached_cluster"):
+            raise ValueError(
+                f"volume_access: direct would give the volumes' file system's credentials (every workspace's "
+                f"volumes) to a {self.provider} machine, which another party runs; use controlplane (the default)"
             )
         if len(set(self.regions)) != len(self.regions):
             repeated = sorted({r for r in self.regions if self.regions.count(r) > 1})

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -61,6 +61,7 @@ from levers9.services.dataplane import DataPlane
 from levers9.services.reports import ServingReport, TaskOutcome, WorkerReport
 from levers9.services.revocation import TokenRevoked
 from levers9.services.stubs import CALLED_KINDS
+from levers9.services.volume_access import DAV_PREFIX, VolumeToken, mint_token
 from levers9.state.sql.records import CheckpointRecord
 from levers9.tunnel import frames
 
@@ -106,11 +107,18 @@ def _identity(request: worker_pb2.RegisterRequest) -> MachineIdentity | None:
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
     def __init__(
-        self, dataplane: DataPlane, tunnel_registry: tunnels.TunnelRegistry | None = None, *, registry_url: str = ""
+        self,
+        dataplane: DataPlane,
+        tunnel_registry: tunnels.TunnelRegistry | None = None,
+        *,
+        registry_url: str = "",
+        http_url: str = "",
     ) -> None:
         self.dp = dataplane
         #: the controlplane's image registry, as workers reach it (empty: none)
         self.registry_url = registry_url
+        #: the controlplane's HTTP listener, as workers reach it: where they mount volumes over WebDAV
+        self.http_url = http_url.rstrip("/")
         self.services = dataplane.services
         #: the tunnels workers hold to this replica (shared with the gateway's upstream)
         self.tunnels = tunnel_registry or tunnels.TunnelRegistry()
@@ -218,6 +226,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         session = _Session(
             self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel,
             peer_host=tunnels.peer_host(context.peer() or ""),
+            volumes_url="" if fleet.mounts_volumes_directly(worker.spec) else f"{self.http_url}{DAV_PREFIX}",
         )  # fmt: skip
         revoked: TokenRevoked | None = None
         with self.services.auth.streams.open(principal.token_id) as guard:
@@ -328,10 +337,13 @@ class _Session:
         gpus: int,
         tunnel: bool = False,
         peer_host: str = "",
+        volumes_url: str = "",
     ) -> None:
         self.dp = dp
         self.sessions = sessions
         self.worker_id = worker_id
+        #: where this worker mounts volumes over WebDAV; "" when it mounts the file system itself
+        self.volumes_url = volumes_url
         #: its serving containers are reached through its tunnel
         self.tunnel = tunnel
         #: the address its session comes from ("" when not an IP): where its serving containers may answer
@@ -413,6 +425,13 @@ class _Session:
             if self.draining:
                 await self._leave()
 
+    def _volume_access(self, workspace_id: str, volume_id: str) -> tuple[str, str]:
+        """A volume's WebDAV URL and this worker's token for it; ("", "") when it mounts the file system itself."""
+        if not self.volumes_url:
+            return "", ""
+        token = mint_token(self.dp.services, VolumeToken(self.worker_id, workspace_id, volume_id))
+        return f"{self.volumes_url}/{volume_id}/", token
+
     async def _stub(self, stub_id: str) -> worker_pb2.StubDefinition:
         bundle = await fleet.stub_bundle(self.dp, stub_id)
         record, settings = bundle.record, bundle.settings
@@ -435,7 +454,7 @@ class _Session:
             interface=settings.interface,
             tasks_per_container=settings.tasks_per_container,
             ports=settings.ports,
-            volumes=_worker_volumes(bundle),
+            volumes=_worker_volumes(bundle, self._volume_access),
         )
 
     async def _read(self, incoming: AsyncIterator[worker_pb2.WorkerMessage]) -> None:
@@ -479,12 +498,19 @@ class _Session:
         await fleet.leave(self.dp.services, self.worker_id)
 
 
-def _worker_volumes(bundle: fleet.StubBundle) -> list[worker_pb2.WorkerVolume]:
-    """The stub's volumes and cloud buckets as its worker mounts them, the buckets' keys decrypted."""
+def _worker_volumes(
+    bundle: fleet.StubBundle, access: Callable[[str, str], tuple[str, str]]
+) -> list[worker_pb2.WorkerVolume]:
+    """The stub's volumes and cloud buckets as its worker mounts them, the buckets' keys decrypted; ``access``
+    gives a volume's WebDAV URL and token for this worker (empty when it mounts the file system itself)."""
     out = []
     for v in bundle.settings.volumes:
         if v.bucket is None:
-            out.append(worker_pb2.WorkerVolume(mount_path=v.mount_path, volume_id=v.volume_id))
+            url, token = access(bundle.record.workspace_id, v.volume_id)
+            out.append(
+                worker_pb2.WorkerVolume(mount_path=v.mount_path, volume_id=v.volume_id, webdav_url=url,
+                                        webdav_token=token)
+            )  # fmt: skip
             continue
         b = v.bucket
         out.append(

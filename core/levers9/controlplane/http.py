@@ -48,7 +48,9 @@ from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS, error_answer
 from levers9.services.metrics import Metrics
+from levers9.services.volume_access import DAV_PREFIX, DavAccess
 from levers9.services.workspaces import MAX_TOKEN_TTL_S
+from levers9.volumes.webdav import WebDav
 
 __all__ = ["ACCEPTED", "create_http_app"]
 
@@ -183,6 +185,8 @@ def create_http_app(
         dataplane = DataPlane.standalone(services, metrics)
     app.state.dataplane = dataplane
     app.include_router(router)
+    # volumes over WebDAV, for workers that do not mount the volumes' file system themselves
+    app.mount(DAV_PREFIX, WebDav(DavAccess(services).resolve))
     for kind, _, _ in ERRORS:
         app.add_exception_handler(kind, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

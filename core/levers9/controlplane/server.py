@@ -276,7 +276,8 @@ class Server:
             add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
             add_api(ControlPlaneService(self.dataplane, builds=self.builds), server)
             registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
-            add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url), server)
+            add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,
+                                     http_url=self.listeners.advertised_http()), server)  # fmt: skip
             add_agent(AgentService(services, self.agents), server)
             add_volumes: Any = volume_pb2_grpc.add_VolumesServicer_to_server
             add_volumes(VolumesService(services), server)

@@ -35,6 +35,8 @@ class PoolSpec:
     configured: bool = False
     #: the pool's workers build blueprint images; builds go only to such pools
     builds: bool = False
+    #: how its workers reach volumes (``volume_access``): "direct", "controlplane", or None for the default
+    volume_access: str | None = None
 
     @property
     def name(self) -> str:
@@ -75,6 +77,7 @@ class PoolSpec:
             cpu_work=config.cpu_work,
             workspace=workspace,
             builds=config.builds,
+            volume_access=config.volume_access,
         )
 
 

@@ -374,9 +374,12 @@ async def _register(
 
 
 def mounts_volumes_directly(spec: PoolSpec) -> bool:
-    """Whether a pool's workers mount the volumes' file system themselves: the ``local`` provider's, which run on
-    the controlplane's own host. Every other worker reaches volumes through the controlplane, scoped to the
-    workspaces whose calls it runs, and never holds the file system's credentials."""
+    """Whether a pool's workers mount the volumes' file system themselves (``volume_access``; by default the
+    ``local`` provider's, which run on the controlplane's own host). Every other worker reaches each volume
+    through the controlplane, with a token for that volume alone, and never holds the file system's
+    credentials."""
+    if spec.volume_access is not None:
+        return spec.volume_access == "direct"
     return spec.pool.provider == "local"
 
 

@@ -74,13 +74,13 @@ async def runtime_for(
     if not capabilities.available:
         raise RuntimeError(f"runtime {response.runtime} is not available here: {capabilities.unavailable_reason}")
     max_payload = response.max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
+    ca_file = _ca_file(options)
     pool = WarmPool(
         hooks, context, capabilities, state_dir=options.state_dir / "containers", gpus=gpus,
         checkpointing=_checkpointing(options, response, record), max_result_bytes=max_payload,
         volumes=WorkerVolumes(options.state_dir, metadata_url=response.volumes_metadata_url,
-                              env=dict(response.volumes_env), owner=capabilities.root_host_uid),
+                              env=dict(response.volumes_env), owner=capabilities.root_host_uid, ca_file=ca_file),
     )  # fmt: skip
-    ca_file = _ca_file(options)
     builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials, ca_file=ca_file)
     images = ImagePulls(context, registry_url=response.registry_url, credentials=credentials,
                         ca_file=ca_file, in_use=in_use, busy=lambda: builds.running > 0)  # fmt: skip
