@@ -20,6 +20,7 @@ from tests.fixtures.redis import redis_factory, redis_server, redis_url  # noqa:
 from tests.fixtures.registry import registry, registry_factory  # noqa: F401
 from tests.fixtures.replicas import replicas  # noqa: F401
 from tests.fixtures.sshd import sshd, sshd_factory  # noqa: F401
+from tests.fixtures.volume_stores import moto_s3, postgres_password_database  # noqa: F401
 from tests.fixtures.worker_image import worker_image, worker_image_cache  # noqa: F401
 
 

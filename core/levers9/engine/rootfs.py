@@ -90,8 +90,13 @@ _LIBC: ctypes.CDLL | None = None
 
 
 def unmount(target: Path) -> None:
-    """Unmount ``target`` if mounted; lazily when still busy, so removal never hangs on a stray process."""
-    if not target.exists() or not is_mounted(target):
+    """Unmount ``target`` if mounted; lazily when still busy, so removal never hangs on a stray process.
+
+    Whether it is mounted comes from mountinfo, never from the path itself: a mount point may not answer a
+    stat (a bind of a FUSE directory deleted since: ENOENT; a FUSE mount whose server is gone: ENOTCONN)
+    and must be unmounted all the same.
+    """
+    if not is_mounted(target):
         return
     proc = subprocess.run(["umount", str(target)], capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode != 0 and is_mounted(target):
