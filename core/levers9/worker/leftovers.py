@@ -6,19 +6,29 @@ worker on the same state directory, or the provider that killed the old one,
 calls :func:`remove_leftovers` so that nothing keeps running unaccounted for.
 Each runtime says which containers it holds (``levers9_container_list``): the
 worker does not know where or how a runtime keeps them.
+
+A killed worker may also leave its volume mounts in its state directory: the
+volumes' JuiceFS file system (every workspace's volumes) or a volume over
+rclone, whose ``juicefs``/``rclone`` lives on in a session of its own. Deleting
+the state directory through one would delete those volumes' files, so they are
+unmounted first, and with anything still mounted below it the directory is
+kept (an error in the log) rather than deleted through the mount.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from levers9.engine.rootfs import mounts_under
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import RuntimeContext
+from levers9.volumes import juicefs, rclone
 
 __all__ = ["remove_leftovers"]
 
@@ -58,5 +68,25 @@ async def remove_leftovers(hooks: Hooks, state_dir: Path, *, delete: bool = Fals
     if removed:
         log.info("removed %d containers a previous worker left in %s", removed, state_dir)
     if delete:
+        await asyncio.to_thread(_sweep_volume_mounts, state_dir)
+        left = mounts_under(state_dir)
+        if left:
+            log.error(
+                "not deleting %s: still mounted below it (%s); nothing is deleted through a mount",
+                state_dir, ", ".join(map(str, left)),
+            )  # fmt: skip
+            return removed
         shutil.rmtree(state_dir, ignore_errors=True)
     return removed
+
+
+def _sweep_volume_mounts(state_dir: Path) -> None:
+    """Unmount the volume mounts a killed worker left below ``state_dir`` (rclone's, then JuiceFS's)."""
+    try:
+        swept = [str(point) for point in rclone.sweep(state_dir)]
+    except rclone.RcloneError as exc:
+        log.warning("%s", exc)
+        swept = []
+    swept += juicefs.sweep(state_dir)
+    if swept:
+        log.warning("unmounted %d volume mount(s) a killed worker left: %s", len(swept), ", ".join(swept))

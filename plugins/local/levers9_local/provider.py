@@ -43,6 +43,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from levers9.bootstrap import worker_environment
+from levers9.engine.rootfs import mounts_under
 from levers9.files import write_atomic
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProviderCheck, ProvisionRequest
@@ -489,4 +490,8 @@ def _remove_worker_leftovers(worker_dir: Path) -> None:
         return
     if done.returncode != 0:
         log.warning("removing the containers left in %s failed: %s", worker_dir, done.stderr.strip()[-2000:])
+    left = mounts_under(worker_dir)
+    if left:  # a volume mount (every workspace's files) or a container's root: never delete through one
+        log.error("keeping %s: still mounted below it: %s", worker_dir, ", ".join(map(str, left)))
+        return
     shutil.rmtree(worker_dir, ignore_errors=True)
