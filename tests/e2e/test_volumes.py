@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -109,9 +110,12 @@ def test_a_pool_that_reaches_volumes_through_the_controlplane_mounts_them_over_w
     answer = json.loads(run.stdout.strip().splitlines()[-1])
     assert answer["read"]["text"] == "written over webdav"
     assert answer["uploaded"] == "uploaded"
+    # what the call closed reaches the volume once its worker's rclone has uploaded it (write-back 5 s)
     back = tmp_path / "a.txt"
-    done = levers9_up.levers9("cp", "weights:out/a.txt", str(back))
-    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 60
+    while (done := levers9_up.levers9("cp", "weights:out/a.txt", str(back))).returncode != 0:
+        assert time.monotonic() < deadline, done.stderr
+        time.sleep(0.5)
     assert back.read_text() == "written over webdav"
     # the worker mounted the volume with rclone (the call's container is kept warm, so its mount is still up),
     # the token in rclone's environment only; no juicefs runs for the worker
@@ -132,3 +136,78 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+TWO_POOLS = """\
+version: 1
+scheduler:
+  worker_keepalive_s: 3
+  reconcile_interval_s: 5
+  register_timeout_s: 60
+pools:
+  direct:
+    provider: local
+    runtime: runc
+    cpu: 1
+    memory: 2048
+    min_workers: 1
+    max_workers: 1
+  webdav:
+    provider: local
+    runtime: runc
+    cpu: 1
+    memory: 2048
+    min_workers: 1
+    max_workers: 1
+    volume_access: controlplane
+"""
+
+MEET = """\
+import json
+import os
+import time
+import levers9
+
+shared = levers9.Volume(name="shared", mount_path="/shared")
+
+
+@levers9.function(volumes=[shared], cpu=1, memory=256)
+def meet(me: str, other: str) -> dict:
+    # each call fills a worker, so the two run at once on two workers: each writes its file, then waits
+    # for the other's (a call alone on one worker would wait forever: the test's deadline fails it)
+    with open(f"/shared/{me}.tmp", "w") as f:
+        f.write(f"from {me} " * 1000)
+    os.rename(f"/shared/{me}.tmp", f"/shared/{me}.txt")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(f"/shared/{other}.txt"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{other}.txt never appeared")
+        time.sleep(0.2)
+    text = open(f"/shared/{other}.txt").read()
+    return {"me": me, "read": text[:12], "whole": len(text)}
+
+
+def main() -> None:
+    calls = [meet.spawn("a", "b"), meet.spawn("b", "a")]
+    print(json.dumps([c.get() for c in calls]))
+"""
+
+
+def test_two_calls_on_two_workers_one_direct_and_one_over_webdav_share_a_file(levers9_up: Up) -> None:
+    levers9_up.use_runtime("runc")
+    levers9_up.home.mkdir(parents=True, exist_ok=True)
+    (levers9_up.home / "levers9.yaml").write_text(TWO_POOLS)
+    levers9_up.start(wait_workers=2)
+    app = levers9_up.root / "meet_app.py"
+    app.write_text(MEET)
+    run = levers9_up.levers9("run", f"{app.name}::main", timeout=600)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n--- up:\n{levers9_up.log()[-4000:]}"
+    answers = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [(a["me"], a["read"], a["whole"]) for a in answers] == [
+        ("a", "from b from ", len("from b ") * 1000),
+        ("b", "from a from ", len("from a ") * 1000),
+    ]
+    workers = levers9_up.workers()
+    assert sorted(str(w["pool"]) for w in workers) == ["direct", "webdav"]
+    levers9_up.stop()
+    assert fuse_mounts_below(levers9_up.root) == []

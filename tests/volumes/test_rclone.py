@@ -421,3 +421,16 @@ def test_bad_s3_settings_are_named(mounts: Mounts) -> None:
             "bucket", target, access_key="", secret_key="b", read_only=True, cache_dir=cache, owner_uid=0, owner_gid=0
         )
     assert rclone.FSTYPE == "fuse.rclone"
+
+
+def test_a_file_written_then_renamed_reaches_the_server_under_its_new_name(
+    dav: DavServer, mounts: Mounts, volume: VolumeRoot
+) -> None:
+    """Write, then rename into place: the pattern of every atomic save. Uploaded once, under the final name."""
+    mount = _mount_dav(dav, mounts, "rw")
+    with open(mount.target / "model.bin.tmp", "wb") as f:
+        f.write(b"weights" * 10_000)
+    os.rename(mount.target / "model.bin.tmp", mount.target / "model.bin")
+    _eventually(lambda: [e.path for e in volume.list("")] == ["model.bin"], "the file under its final name")
+    with volume.open_read("model.bin") as f:
+        assert f.read() == b"weights" * 10_000

@@ -52,7 +52,7 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
         self, request: volume_pb2.GetOrCreateVolumeRequest, context: Context
     ) -> volume_pb2.VolumeInfo:
         record, created = await volumes.get_or_create_volume(
-            self.services.volumes, await self._user(context), request.name
+            self.services.volumes, self.services.volume_files, await self._user(context), request.name
         )
         return _info(record, created)
 

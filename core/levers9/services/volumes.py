@@ -143,9 +143,17 @@ class VolumeFiles:
             await asyncio.to_thread(mount.stop)
 
 
-async def get_or_create_volume(store: VolumeStore, principal: Principal, name: str) -> tuple[VolumeRecord, bool]:
-    """The caller's workspace's volume ``name``, made when it has none; and whether it was made now."""
-    return await store.get_or_create(own_workspace(principal, "use volumes"), name)
+async def get_or_create_volume(
+    store: VolumeStore, files: VolumeFiles, principal: Principal, name: str
+) -> tuple[VolumeRecord, bool]:
+    """The caller's workspace's volume ``name``, made when it has none; and whether it was made now.
+
+    Its directory is made too (formatting the file system first, the first time): a worker that mounts the
+    file system itself may be asked to mount it before anything else reached it.
+    """
+    record, created = await store.get_or_create(own_workspace(principal, "use volumes"), name)
+    await files.root(record)
+    return record, created
 
 
 async def list_volumes(store: VolumeStore, principal: Principal) -> list[VolumeRecord]:

@@ -3,17 +3,19 @@
 Each mount is one ``rclone mount`` child in a session of its own, serving a FUSE mount point until
 :func:`unmount`; :func:`sweep` takes down what a killed worker left below its directory.
 
-Consistency the user gets (``--vfs-cache-mode writes --vfs-write-back 0s --dir-cache-time 1s``, and the
+Consistency the user gets (``--vfs-cache-mode writes --vfs-write-back 5s --dir-cache-time 1s``, and the
 kernel's attribute cache of 1 s):
 
 * a file open for writing is written to a local copy under ``cache_dir``; it is uploaded whole, as one
-  request, when its last descriptor is closed. rclone uploads it while handling the kernel's release of
-  the file, which ``close(2)`` does not wait for: the upload is under way when close returns and is done
-  some time after, as long as the transfer takes. A WebDAV upload becomes visible only once complete
-  (the server's atomic PUT), so nobody ever reads half of it; S3 objects are whole by nature;
+  request, :data:`WRITE_BACK_S` after its last descriptor is closed (``close(2)`` does not wait for it),
+  so a write-then-rename is uploaded under its final name. A WebDAV upload becomes visible only once
+  complete (the server's atomic PUT), so nobody ever reads half of it; S3 objects are whole by nature.
+  A rename made while the upload runs keeps the old name on the server (rclone renames only its cached
+  copy then: seen with 1.60 and 1.75), which is why the upload waits;
 * the same mount sees its own writes at once (it reads its local copy);
 * another mount of the same volume sees a new file, whole, once the upload is done and its own caches
-  (directory listing 1 s, attributes 1 s) expire: about a second or two after the upload ends. A file
+  (directory listing 1 s, attributes 1 s) expire: about :data:`WRITE_BACK_S` plus a second or two after
+  it was closed, more for a big file. A file
   *replaced* under a name that mount listed in the last second or so can read there as the new content
   cut at the old length (rclone asks for the byte range of the size it listed; measured with rclone
   1.60): a reader that must see whole files should take new names (write, then rename to a fresh name)
@@ -48,6 +50,7 @@ empty one) in which every write fails with EIO; the token the controlplane gives
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -65,6 +68,10 @@ log = logging.getLogger(__name__)
 
 #: the command that installs what this module runs
 INSTALL = "apt-get install rclone fuse3"
+#: seconds a closed file waits before its upload starts (``--vfs-write-back``): a rename within that time
+#: (write, then rename into place) is uploaded under the new name; one made while the upload runs is lost on
+#: the server (rclone 1.60 and 1.75 rename only their cached copy then), so 0 would break that common pattern
+WRITE_BACK_S = 5.0
 #: the file system type of an rclone mount in /proc/self/mountinfo
 FSTYPE = "fuse.rclone"
 #: the remote's name, the ``<REMOTE>`` of its ``RCLONE_CONFIG_<REMOTE>_*`` variables
@@ -112,6 +119,7 @@ def mount_webdav(
     owner_gid: int,
     ca_file: str | os.PathLike[str] | None = None,
     timeout_s: float = 30,
+    write_back_s: float = WRITE_BACK_S,
 ) -> RcloneMount:
     """Mount the WebDAV tree at ``url`` (a volume's, ``.../dav/<volume>/``) on ``target``, authenticated by
     ``bearer_token``; ``ca_file`` verifies the server's certificate where it has a CA of its own."""
@@ -126,7 +134,7 @@ def mount_webdav(
             raise RcloneError(f"ca_file {os.fspath(ca_file)!r}: no such file (a PEM bundle of CA certificates)")
         extra = ["--ca-cert", os.fspath(ca_file)]
     return _mount(f"{_REMOTE}:", settings, extra, target, read_only, cache_dir, owner_uid, owner_gid,
-                  timeout_s, f"webdav {url}")  # fmt: skip
+                  timeout_s, f"webdav {url}", write_back_s)  # fmt: skip
 
 
 def mount_s3(
@@ -143,6 +151,7 @@ def mount_s3(
     owner_uid: int,
     owner_gid: int,
     timeout_s: float = 30,
+    write_back_s: float = WRITE_BACK_S,
 ) -> RcloneMount:
     """Mount S3 bucket ``bucket`` on ``target``: AWS, or any S3 service at ``endpoint``."""
     if not _BUCKET.fullmatch(bucket):
@@ -165,12 +174,16 @@ def mount_s3(
     if region:
         settings["REGION"] = region
     return _mount(f"{_REMOTE}:{bucket}", settings, [], target, read_only, cache_dir, owner_uid, owner_gid,
-                  timeout_s, f"s3 bucket {bucket}")  # fmt: skip
+                  timeout_s, f"s3 bucket {bucket}", write_back_s)  # fmt: skip
 
 
 def unmount(mount: RcloneMount, timeout_s: float = 60) -> None:
-    """Detach ``mount`` and stop its rclone, which gets ``timeout_s`` to finish its uploads; idempotent."""
+    """Wait (up to ``timeout_s``) for what was closed to be uploaded, detach ``mount`` and stop its rclone;
+    idempotent. rclone leaves a closed file whose upload has not started (:data:`WRITE_BACK_S`) in its cache
+    when it ends: the upload would wait for the next mount with that cache."""
     target = os.fspath(mount.target)
+    if mount.process.poll() is None and _is_mounted(target):
+        _wait_uploaded(mount.cache_dir, timeout_s, target)
     if _is_mounted(target):
         _detach(target)
     process = mount.process
@@ -197,6 +210,10 @@ def sweep(directory: str | os.PathLike[str], timeout_s: float = 10) -> list[Path
     for point in found:
         serving = _serving(point)
         log.info("sweep: unmounting %s (rclone pids %s)", point, serving or "none")
+        for pid in serving:  # an orphan still serving: what it was given is uploaded first
+            cache = _cache_dir_of(pid)
+            if cache is not None:
+                _wait_uploaded(cache, timeout_s, point)
         _detach(point)
         for pid in serving:
             _end_foreign(pid, timeout_s)
@@ -229,6 +246,7 @@ def _mount(
     gid: int,
     timeout_s: float,
     what: str,
+    write_back_s: float,
 ) -> RcloneMount:
     rclone = _tools()
     for name, value in (("owner_uid", uid), ("owner_gid", gid)):
@@ -246,7 +264,7 @@ def _mount(
         rclone, "mount", remote, os.fspath(target),
         "--config", "",
         "--allow-other", "--uid", str(uid), "--gid", str(gid),
-        "--vfs-cache-mode", "writes", "--vfs-write-back", "0s", "--cache-dir", os.fspath(cache_dir),
+        "--vfs-cache-mode", "writes", "--vfs-write-back", f"{write_back_s:g}s", "--cache-dir", os.fspath(cache_dir),
         "--dir-cache-time", "1s", "--attr-timeout", "1s", "--poll-interval", "0",
         "--log-file", os.fspath(cache_dir / "rclone.log"), "--log-level", "NOTICE",
         *extra, *(["--read-only"] if read_only else []),
@@ -335,6 +353,40 @@ def _serving(point: str) -> list[int]:
         if os.path.basename(argv[0]) == b"rclone" and b"mount" in argv and os.fsencode(point) in argv:
             pids.append(int(entry.name))
     return pids
+
+
+def _cache_dir_of(pid: int) -> Path | None:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for flag, value in itertools.pairwise(argv):
+        if flag == b"--cache-dir":
+            return Path(os.fsdecode(value))
+    return None
+
+
+def _dirty(cache_dir: Path) -> list[str]:
+    """The files of a mount's cache not uploaded yet: rclone's metadata of each says ``"Dirty": true``."""
+    found = []
+    for meta in (cache_dir / "vfsMeta").rglob("*"):
+        try:
+            if meta.is_file() and '"Dirty": true' in meta.read_text(errors="replace"):
+                found.append(meta.name)
+        except OSError:
+            continue  # uploaded and dropped meanwhile
+    return found
+
+
+def _wait_uploaded(cache_dir: Path, timeout_s: float, target: str) -> None:
+    """Return once nothing in ``cache_dir`` waits to be uploaded, or log what still does after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while dirty := _dirty(cache_dir):
+        if time.monotonic() > deadline:
+            log.warning("unmounting %s with %d file(s) not uploaded after %.0f s: %s", target, len(dirty),
+                        timeout_s, ", ".join(dirty[:5]))  # fmt: skip
+            return
+        time.sleep(0.1)
 
 
 def _alive(pid: int) -> bool:
