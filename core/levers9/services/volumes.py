@@ -64,6 +64,8 @@ class VolumeFiles:
         self._mount: JuiceFsMount | None = None
         self._lock = threading.Lock()
         self._removals: set[asyncio.Task[None]] = set()
+        #: what deleted volumes left (a removal a stop cut short) is removed once, after the first mount
+        self._purged = False
 
     @property
     def mountpoint(self) -> Path:
@@ -93,7 +95,15 @@ class VolumeFiles:
                 directory.chmod(DIR_MODE)  # every runtime's containers may write in it (levers9.volumes.juicefs)
             return VolumeRoot(directory, owner=OWNER)
 
-        return await asyncio.to_thread(make)
+        root = await asyncio.to_thread(make)
+        if not self._purged:
+            self._purged = True
+            self._track(asyncio.create_task(self.purge_deleted()))
+        return root
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     async def remove(self, volume: VolumeRecord) -> None:
         """Move the volume's directory aside at once, then remove its files in the background."""
@@ -110,9 +120,7 @@ class VolumeFiles:
 
         aside = await asyncio.to_thread(move_aside)
         if aside is not None:
-            task = asyncio.create_task(self._remove_tree(aside))
-            self._removals.add(task)
-            task.add_done_callback(self._removals.discard)
+            self._track(asyncio.create_task(self._remove_tree(aside)))
 
     async def _remove_tree(self, aside: Path) -> None:
         try:
@@ -121,7 +129,7 @@ class VolumeFiles:
             log.warning("removing the files of deleted volume %s failed (retried at next start): %s", aside.name, exc)
 
     async def purge_deleted(self) -> None:
-        """Remove what deleted volumes left (a removal cut short by a stop); called at start."""
+        """Remove what deleted volumes left (a removal a stop cut short): after each start's first mount."""
 
         def names() -> list[str]:
             deleted = self._mounted() / DELETED_DIR
@@ -131,9 +139,9 @@ class VolumeFiles:
             await self._remove_tree(self.mountpoint / DELETED_DIR / name)
 
     async def drain(self) -> None:
-        """Wait for the background removals under way."""
-        if self._removals:
-            await asyncio.gather(*self._removals, return_exceptions=True)
+        """Wait for the background removals under way (and those they start)."""
+        while self._removals:
+            await asyncio.gather(*list(self._removals), return_exceptions=True)
 
     async def close(self) -> None:
         await self.drain()

@@ -62,7 +62,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["INSTALL", "RcloneError", "RcloneMount", "mount_s3", "mount_webdav", "sweep", "unmount"]
+__all__ = [
+    "INSTALL",
+    "WRITE_BACK_S",
+    "RcloneError",
+    "RcloneMount",
+    "mount_s3",
+    "mount_webdav",
+    "sweep",
+    "unmount",
+    "wait_uploaded",
+]
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +206,14 @@ def unmount(mount: RcloneMount, timeout_s: float = 60) -> None:
             _stop(process)
     if _is_mounted(target):
         raise RcloneError(f"{target} is still mounted after fusermount3 -u and umount -l: {mount.tail()}")
+
+
+def wait_uploaded(mount: RcloneMount, timeout_s: float = 600) -> bool:
+    """Wait until every file closed on ``mount`` is uploaded (:data:`WRITE_BACK_S` after its close, then its
+    transfer); False when some still were not after ``timeout_s`` (logged), or the mount is gone."""
+    if mount.process.poll() is not None:
+        return False
+    return _wait_uploaded(mount.cache_dir, timeout_s, os.fspath(mount.target))
 
 
 def sweep(directory: str | os.PathLike[str], timeout_s: float = 10) -> list[Path]:
@@ -378,15 +396,17 @@ def _dirty(cache_dir: Path) -> list[str]:
     return found
 
 
-def _wait_uploaded(cache_dir: Path, timeout_s: float, target: str) -> None:
-    """Return once nothing in ``cache_dir`` waits to be uploaded, or log what still does after ``timeout_s``."""
+def _wait_uploaded(cache_dir: Path, timeout_s: float, target: str) -> bool:
+    """True once nothing in ``cache_dir`` waits to be uploaded; False (logged) if something still does after
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while dirty := _dirty(cache_dir):
         if time.monotonic() > deadline:
-            log.warning("unmounting %s with %d file(s) not uploaded after %.0f s: %s", target, len(dirty),
-                        timeout_s, ", ".join(dirty[:5]))  # fmt: skip
-            return
+            log.warning("%s: %d file(s) not uploaded after %.0f s: %s", target, len(dirty), timeout_s,
+                        ", ".join(dirty[:5]))  # fmt: skip
+            return False
         time.sleep(0.1)
+    return True
 
 
 def _alive(pid: int) -> bool:

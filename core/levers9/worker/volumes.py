@@ -42,6 +42,9 @@ __all__ = ["VolumeSpec", "WorkerVolumes", "volume_spec"]
 
 log = logging.getLogger(__name__)
 
+#: the longest a call's outcome waits for its closed files to be uploaded (then it is reported anyway, logged)
+SETTLE_S = 600.0
+
 
 @dataclass(frozen=True)
 class VolumeSpec:
@@ -178,6 +181,17 @@ class WorkerVolumes:
                 "system nor a WebDAV URL for it"
             )
         return self.fs.mount(self.home / "fs", cache_dir=self.home / "cache" / "fs", owner=self.owner)
+
+    async def settle(self, container_id: str, timeout_s: float = SETTLE_S) -> None:
+        """Wait until what the container closed on its rclone mounts (volumes over WebDAV, cloud buckets) is
+        uploaded: a call's files are on the volume or in the bucket when its outcome is reported, as they are
+        on a mount of the file system itself."""
+        mounts = [
+            mount for key, mount in self._mounts.items()
+            if container_id in self._holders.get(key, ()) and isinstance(mount, rclone.RcloneMount)
+        ]  # fmt: skip
+        for mount in mounts:
+            await asyncio.to_thread(rclone.wait_uploaded, mount, timeout_s)
 
     async def release(self, container_id: str) -> None:
         """The container is gone: unmount what no other container holds."""

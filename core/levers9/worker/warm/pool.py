@@ -368,6 +368,8 @@ class WarmPool:
                 outcome, alive = await self.client.execute_serving(group, box, pending), False
             else:
                 outcome, alive = await self.client.execute(group, box, pending)
+                if group.spec.volumes and self.launcher.volumes is not None:
+                    await self.launcher.volumes.settle(box.cid)  # what the call closed is uploaded first
             self._settle(group, pending, outcome)
             box.pending = None
             if not alive:
