@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-
-import pytest
 
 from levers9.volumes.juicefs import fuse_mounts_below
 from tests.fixtures.levers9_up import Up
+from tests.fixtures.volume_stores import ACCESS_KEY, SECRET_KEY, S3Store
 
 APP = """\
 import json
@@ -51,40 +49,22 @@ def main() -> None:
 """
 
 
-@pytest.fixture
-def moto_s3() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 def test_a_function_reads_and_writes_a_cloud_bucket_and_a_read_only_one_refuses_writes(
-    levers9_up: Up, moto_s3: str
+    levers9_up: Up, moto_s3: S3Store
 ) -> None:
-    import boto3
-
-    s3 = boto3.client(
-        "s3", endpoint_url=moto_s3, region_name="us-east-1", aws_access_key_id="AKIDBUCKET",
-        aws_secret_access_key="bucket-secret",
-    )  # fmt: skip
-    s3.create_bucket(Bucket="team-data")
-    s3.put_object(Bucket="team-data", Key="inputs/hello.txt", Body=b"hello from the bucket")
+    s3 = moto_s3.client
+    bucket = moto_s3.bucket("team-data")
+    s3.put_object(Bucket=bucket, Key="inputs/hello.txt", Body=b"hello from the bucket")
     levers9_up.use_runtime("runc")
     levers9_up.start()
-    for name, value in (("BUCKET_KEY", "AKIDBUCKET"), ("BUCKET_SECRET", "bucket-secret")):
+    for name, value in (("BUCKET_KEY", ACCESS_KEY), ("BUCKET_SECRET", SECRET_KEY)):
         made = subprocess.run(
             [sys.executable, "-m", "levers9", "secret", "create", name], input=value, env=levers9_up.env,
             capture_output=True, text=True, timeout=120, cwd=levers9_up.root,
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
     app = levers9_up.root / "bucket_app.py"
-    app.write_text(APP.format(endpoint=moto_s3, bucket="team-data"))
+    app.write_text(APP.format(endpoint=moto_s3.endpoint, bucket=bucket))
     run = levers9_up.levers9("run", f"{app.name}::main", timeout=600)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n--- up:\n{levers9_up.log()[-4000:]}"
     answer = json.loads(run.stdout.strip().splitlines()[-1])
@@ -92,9 +72,8 @@ def test_a_function_reads_and_writes_a_cloud_bucket_and_a_read_only_one_refuses_
     assert answer["frozen_listing"] == ["hello.txt"]
     assert answer["refused"] == "Read-only file system"
     assert answer["env"] == []  # the keys are the worker's rclone's, never the container's
-    written = s3.get_object(Bucket="team-data", Key="outputs/result.txt")["Body"].read()
+    written = s3.get_object(Bucket=bucket, Key="outputs/result.txt")["Body"].read()
     assert written == b"written by a call"
-    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="team-data")["Contents"])
-    assert keys == ["inputs/hello.txt", "outputs/result.txt"]
+    assert sorted(moto_s3.objects(bucket)) == ["inputs/hello.txt", "outputs/result.txt"]
     levers9_up.stop()
     assert fuse_mounts_below(levers9_up.root) == []

@@ -24,6 +24,7 @@ from levers9.volumes import rclone
 from levers9.volumes.paths import VolumeRoot
 from levers9.volumes.rclone import INSTALL, RcloneError, RcloneMount, mount_s3, mount_webdav, sweep, unmount
 from tests.fixtures.tls import TestCA
+from tests.fixtures.volume_stores import ACCESS_KEY, SECRET_KEY, S3Store
 from tests.volumes.dav_server import DavServer, serve_dav
 
 
@@ -307,19 +308,6 @@ def test_sweep_unmounts_what_a_killed_worker_left(dav: DavServer, mounts: Mounts
 # --------------------------------------------------------------------------- S3 (moto)
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @dataclass
 class Bucket:
     name: str
@@ -327,27 +315,10 @@ class Bucket:
     endpoint: str
 
 
-ACCESS_KEY, SECRET_KEY = "AKIAVOLUMETESTKEY001", "volume/test/secret/key/0123456789abcdefghij"
-
-
 @pytest.fixture
-def bucket(moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
-    import uuid
-
-    import boto3
-
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-    )
-    name = f"vol-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=name)
-    return Bucket(name, client, moto_endpoint)
+def bucket(moto_s3: S3Store) -> Bucket:
+    """A new bucket of moto's S3 server (tests/fixtures/volume_stores.py), its keys the store's."""
+    return Bucket(moto_s3.bucket("vol"), moto_s3.client, moto_s3.endpoint)
 
 
 def _mount_bucket(bucket: Bucket, mounts: Mounts, name: str, *, read_only: bool = False) -> RcloneMount:

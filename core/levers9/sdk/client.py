@@ -236,17 +236,7 @@ class Client:
 
     async def retrying(self, op: Callable[[controlplane_pb2_grpc.ControlPlaneStub], Awaitable[T]]) -> T:
         """``op`` on a replica, again on the next one while UNAVAILABLE; for reads and idempotent writes only."""
-        while True:
-            stub, generation = await self.connect()
-            try:
-                result = await op(stub)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in GONE:
-                    raise
-                await self.lost(exc, generation)
-                continue
-            self.reached()
-            return result
+        return await self.on_channel(lambda _channel: op(self.current()[0]))
 
     async def on_channel(self, op: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
         """``op`` with the channel of a replica that answers, again on the next one while UNAVAILABLE; for
