@@ -30,7 +30,7 @@ from levers9.state.errors import NotFound
 from levers9.state.sql.records import VolumeRecord
 from levers9.state.sql.volumes import VolumeStore, check_volume_name
 from levers9.volumes.juicefs import OWNER, FileSystem, JuiceFsMount, sweep, volume_dir
-from levers9.volumes.paths import DIR_MODE, Entry, NotFoundInVolume, PathEscapes, VolumeRoot
+from levers9.volumes.paths import DIR_MODE, Entry, NotFoundInVolume, PathEscapes, VolumePathError, VolumeRoot, normalise
 
 __all__ = [
     "CHUNK_BYTES",
@@ -272,8 +272,6 @@ async def write_file(
 
 
 def _normalised(path: str) -> str:
-    from levers9.volumes.paths import VolumePathError, normalise
-
     clean = normalise(path)
     if not clean:
         raise VolumePathError(f"path {path!r} is the volume's root; name a file")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -273,8 +274,6 @@ def sweep(directory: Path) -> list[str]:
 
 
 def _unescape(field: str) -> str:
-    import re
-
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 

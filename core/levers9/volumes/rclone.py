@@ -62,6 +62,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from levers9.volumes.juicefs import fuse_mounts_below
+
 __all__ = [
     "INSTALL",
     "WRITE_BACK_S",
@@ -220,11 +222,7 @@ def sweep(directory: str | os.PathLike[str], timeout_s: float = 10) -> list[Path
     """Unmount every rclone mount at or below ``directory`` (what a killed worker left: a dead mount, or one
     its orphaned rclone still serves, which is then stopped); returns their mount points."""
     base = os.path.realpath(directory)
-    found = sorted(
-        (point for point, fstype in _mounts() if fstype == FSTYPE and (point == base or point.startswith(base + "/"))),
-        key=len,
-        reverse=True,
-    )
+    found = [point for point, fstype in fuse_mounts_below(Path(base)) if fstype == FSTYPE]  # deepest first
     for point in found:
         serving = _serving(point)
         log.info("sweep: unmounting %s (rclone pids %s)", point, serving or "none")
@@ -433,22 +431,8 @@ def _end_foreign(pid: int, timeout_s: float) -> None:
 # ---------------------------------------------------------------------- reading the host
 
 
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _mounts() -> list[tuple[str, str]]:
-    """(mount point, file system type) of every mount this process sees."""
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split(" ")
-        with contextlib.suppress(ValueError, IndexError):
-            found.append((_unescape(fields[4]), fields[fields.index("-") + 1]))
-    return found
-
-
 def _is_mounted(target: str) -> bool:
-    return any(point == target and fstype == FSTYPE for point, fstype in _mounts())
+    return any(point == target and fstype == FSTYPE for point, fstype in fuse_mounts_below(Path(target)))
 
 
 def _tail(*files: Path) -> str:
