@@ -68,7 +68,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.hooks.types import WorkerBootstrap
-from levers9.worker_container import docker_run_flags
+from levers9.worker_container import DEVICES, docker_run_flags
 from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, closest_variable
 
 __all__ = [
@@ -180,6 +180,22 @@ def worker_environment(bootstrap: WorkerBootstrap) -> dict[str, str]:
     return env
 
 
+def _devices_step() -> str:
+    """Set ``DEVICES`` to the ``--device`` flags of :data:`~levers9.worker_container.DEVICES` this machine has.
+
+    A missing device is said in the log and left out, not fatal: FUSE (``modprobe fuse`` is tried first) only
+    mounts volumes, and a worker without it refuses those calls with that reason.
+    """
+    lines = ['  DEVICES=""\n']
+    for device in DEVICES:
+        lines.append(
+            f"  if [ ! -e {device} ] && [ {device} = /dev/fuse ]; then modprobe fuse >/dev/null 2>&1 || true; fi\n"
+            f'  if [ -e {device} ]; then DEVICES="$DEVICES --device={device}:{device}:rwm"; '
+            f'else say "no {device} on this machine: its worker cannot mount volumes"; fi\n'
+        )
+    return "".join(lines)
+
+
 def _heredoc(target: str, text: str) -> str:
     """Shell lines writing ``text`` to ``target`` (a shell word) through cat's stdin: no argument holds it."""
     body = text if text.endswith("\n") else text + "\n"
@@ -194,7 +210,10 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
     env = {k: v for k, v in worker_environment(bootstrap).items() if k != "LEVERS9_CONTROLPLANE_CA"}
     env_lines = "".join(f"{name}={value}\n" for name, value in env.items())
     gpus = "--gpus all " if _count(bootstrap) > 0 else ""
-    access = "".join(f"{q(flag)} " for flag in docker_run_flags(bootstrap.runtime, bootstrap.machine_id))
+    access = "".join(f"{q(flag)} " for flag in docker_run_flags(bootstrap.runtime, bootstrap.machine_id, devices=False))
+    oci = bool(docker_run_flags(bootstrap.runtime, bootstrap.machine_id))
+    if oci:
+        access += "$DEVICES "  # unquoted: one --device flag for each of worker_container.DEVICES the machine has
     parts = [
         "#!/bin/sh\n",
         f"# levers9 worker bootstrap: machine {bootstrap.machine_id} of pool {bootstrap.pool} "
@@ -242,7 +261,8 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
             "if command -v docker >/dev/null 2>&1; then\n"
             f'  say "starting the worker container {bootstrap.worker_image}"\n'
             f"  docker rm -f {CONTAINER_NAME} >/dev/null 2>&1 || true\n"
-            f"  exec docker run -d --name {CONTAINER_NAME} --network host {gpus}"
+            + (_devices_step() if oci else "")
+            + f"  exec docker run -d --name {CONTAINER_NAME} --network host {gpus}"
             '--env-file "$ENV_FILE" -e LEVERS9_TOKEN_FILE="$TOKEN_FILE" -v "$DIR:$DIR:ro" '
             f'{access}{image} levers9 worker >>"$LOG" 2>&1\n'
             "fi\n"

@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "CAPABILITIES",
     "CGROUP_ROOT",
+    "DEVICES",
     "NETWORK_STATE",
     "OCI_RUNTIMES",
     "SECURITY_OPTIONS",
@@ -40,6 +41,8 @@ STATE_DIR = f"{STATE_MOUNT}/worker"
 #: the engine's host-wide network records (levers9.engine.node.NETWORK_STATE)
 NETWORK_STATE = "/run/levers9/network"
 CGROUP_ROOT = "/sys/fs/cgroup"
+#: host devices the worker container gets: FUSE, which its worker mounts volumes with (levers9.volumes)
+DEVICES = ("/dev/fuse",)
 _VOLUME_SUFFIX = "-state"
 
 
@@ -48,13 +51,14 @@ def volume_name(machine_id: str) -> str:
     return f"l9w-{machine_id}{_VOLUME_SUFFIX}"
 
 
-def docker_run_flags(runtime: str, machine_id: str) -> list[str]:
+def docker_run_flags(runtime: str, machine_id: str, *, devices: bool = True) -> list[str]:
     """``docker run`` arguments giving machine ``machine_id``'s worker container what ``runtime`` needs.
 
     The CLI's spelling of what the agent passes the SDK: ``systempaths=unconfined`` is the CLI's name for
     :data:`SYSTEM_PATHS` left empty; a named volume ``-v`` creates on first use holds :data:`STATE_MOUNT`, and
     ``LEVERS9_WORKER_STATE_DIR`` points the worker into it (an ``-e`` after ``--env-file`` wins). Empty for a
-    runtime outside :data:`OCI_RUNTIMES`.
+    runtime outside :data:`OCI_RUNTIMES`. ``devices=False`` leaves out :data:`DEVICES`, for a caller that adds
+    each only where the machine has it (the boot script: ``docker run`` fails on a device that is not there).
     """
     if runtime not in OCI_RUNTIMES:
         return []
@@ -64,6 +68,8 @@ def docker_run_flags(runtime: str, machine_id: str) -> list[str]:
     for option in (*SECURITY_OPTIONS, "systempaths=unconfined"):
         flags += ["--security-opt", option]
     flags += ["--cgroupns", "host", "--init"]
+    for device in DEVICES if devices else ():
+        flags += ["--device", f"{device}:{device}:rwm"]
     for source, target, mode in (
         (volume_name(machine_id), STATE_MOUNT, "rw"),
         (CGROUP_ROOT, CGROUP_ROOT, "rw"),

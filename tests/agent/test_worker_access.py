@@ -80,6 +80,9 @@ def test_an_oci_worker_gets_what_runc_needs_and_its_volume_goes_with_it(
         "l9w-mach_oci-state:/var/lib/levers9:rw", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
         "/run/levers9/network:/run/levers9/network:rw",
     ])  # fmt: skip
+    # FUSE, which its worker mounts volumes with
+    devices = [(d["PathOnHost"], d["PathInContainer"], d["CgroupPermissions"]) for d in host["Devices"]]
+    assert devices == [("/dev/fuse", "/dev/fuse", "rwm")], host["Devices"]
     env = inspected["Config"]["Env"]
     assert "LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker" in env  # the agent's, over the order's
     [volume] = json.loads(dockerd.cli("volume", "inspect", "l9w-mach_oci-state").stdout)
@@ -95,6 +98,20 @@ def test_an_oci_worker_gets_what_runc_needs_and_its_volume_goes_with_it(
     dockerd.cli("volume", "create", "l9w-mach_gone-state")
     workers.terminate({"machine_id": "mach_gone"})
     assert _volumes(dockerd) == []
+
+
+def test_a_device_the_machine_lacks_is_left_out_and_the_worker_starts(
+    dockerd: Dockerd, tiny_image: str, workers: DockerWorkers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker refuses a ``--device`` that is not there; FUSE only mounts volumes, so the worker starts without it."""
+    from levers9.agent import runtime_access
+
+    monkeypatch.setattr(runtime_access, "DEVICES", ("/dev/fuse", "/dev/l9-not-here"))
+    workers.provision(order("mach_nodev", tiny_image, runtime="runc"))
+    host = _inspect(dockerd, "l9w-mach_nodev")["HostConfig"]
+    assert [d["PathOnHost"] for d in host["Devices"]] == ["/dev/fuse"], host["Devices"]
+    assert _inspect(dockerd, "l9w-mach_nodev")["State"]["Running"]
+    assert [c["name"] for c in dockerd.containers()].count("l9w-mach_nodev") == 1
 
 
 def test_an_oci_worker_needs_the_hosts_network(dockerd: Dockerd, tiny_image: str, workers: DockerWorkers) -> None:

@@ -126,6 +126,35 @@ def test_the_image_carries_this_machines_runc_runsc_ip_and_iptables(
     assert {"libxt_conntrack.so", "libxt_tcp.so", "libxt_standard.so"} <= set(json.loads(listed.stdout))
 
 
+#: volumes' tools in a container of the image: JuiceFS (where levers9 looks for it) and rclone, each through FUSE
+FUSE_MOUNTS = """
+set -e
+python3 -c 'from levers9.volumes.juicefs import juicefs_binary; print(juicefs_binary())'
+for t in rclone fusermount3; do command -v $t; done
+mkdir -p /tmp/jfs /tmp/data /tmp/src /tmp/rc
+juicefs format --no-update --storage file --bucket /tmp/data/ sqlite3:///tmp/meta.db vols >&2
+juicefs mount -d --no-usage-report --no-syslog sqlite3:///tmp/meta.db /tmp/jfs >&2
+echo through juicefs >/tmp/jfs/f
+cat /tmp/jfs/f
+juicefs umount /tmp/jfs
+echo through rclone >/tmp/src/g
+rclone mount --config '' /tmp/src /tmp/rc &
+i=0; while [ ! -e /tmp/rc/g ] && [ $i -lt 300 ]; do i=$((i+1)); sleep 0.2; done
+cat /tmp/rc/g
+fusermount3 -u /tmp/rc
+wait
+"""
+
+
+def test_volumes_mount_with_fuse_inside_a_container_of_the_image(dockerd: Dockerd, worker_image: BuildResult) -> None:
+    done = dockerd.cli("run", "--rm", *RUNTIME_FLAGS, "--device", "/dev/fuse", worker_image.tag, "sh", "-c",
+                       FUSE_MOUNTS, check=False, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "/usr/local/bin/juicefs", "/usr/bin/rclone", "/usr/bin/fusermount3", "through juicefs", "through rclone",
+    ]  # fmt: skip
+
+
 def test_runc_and_runsc_run_containers_inside_a_container_of_the_image(
     dockerd: Dockerd, worker_image: BuildResult
 ) -> None:

@@ -348,12 +348,16 @@ def test_an_oci_pools_worker_container_gets_what_running_containers_needs(tmp_pa
     assert args.index("--env-file") < args.index("LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker")
     assert args[-3:] == ["ghcr.io/levers9/worker:0.1.0", "levers9", "worker"]
     assert "--privileged" not in args
+    # FUSE, which its worker mounts volumes with: given where the machine has it (this one does)
+    assert os.path.exists("/dev/fuse"), "this test needs /dev/fuse: modprobe fuse"
+    assert "--device=/dev/fuse:/dev/fuse:rwm" in args, args
 
 
 def test_a_process_pools_worker_container_is_unchanged(tmp_path: Path) -> None:
     args = _docker_run(tmp_path, "process")
     for flag in ("--cap-add", "--security-opt", "--cgroupns", "--init"):
         assert flag not in args, args
+    assert not [a for a in args if a.startswith("--device")], args
     assert not [a for a in args if "/sys/fs/cgroup" in a or "l9w-" in a or "/run/levers9" in a], args
     assert bootstrap().runtime == "process", "a bootstrap made without a runtime is a process one"
 
@@ -367,6 +371,8 @@ def test_the_docker_flags_and_the_agents_options_are_one_list() -> None:
     assert caps == options["cap_add"]
     opts = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--security-opt"]
     assert opts == [*options["security_opt"], "systempaths=unconfined"]
+    devices = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--device"]
+    assert devices == options["devices"] == ["/dev/fuse:/dev/fuse:rwm"]
     binds = [flags[i + 1] for i, flag in enumerate(flags) if flag == "-v"]
     assert binds == [f"{source}:{b['bind']}:{b['mode']}" for source, b in options["volumes"].items()]
     assert docker_run_flags("process", "mach_0123") == []

@@ -261,6 +261,16 @@ def _run(
     return client.containers.get(made["Id"])
 
 
+def _absent_device(exc: BaseException, devices: list[str]) -> str | None:
+    """The host device of ``devices`` (``/dev/fuse:/dev/fuse:rwm``) Docker refused as not there, or None."""
+    said = str(getattr(exc, "explanation", None) or exc)
+    for device in devices:
+        host = device.split(":", 1)[0]
+        if host in said and ("no such file" in said.lower() or "gathering device" in said.lower()):
+            return host
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- the manager
 
 
@@ -436,7 +446,17 @@ class DockerWorkers:
                 client.volumes.create(
                     access.volume, labels={LABEL_MACHINE: order.machine_id, LABEL_AGENT: self.agent_id}
                 )
-            container = _run(client, order.image, order.command or None, options, access.host_config)
+            try:
+                container = _run(client, order.image, order.command or None, options, access.host_config)
+            except docker.errors.APIError as exc:
+                absent = _absent_device(exc, options.get("devices") or [])
+                if absent is None:
+                    raise
+                # FUSE only mounts volumes: the worker starts without it and refuses those calls, saying why
+                log.warning("this machine has no %s (modprobe fuse): %s starts without it", absent, name)
+                self._remove_quietly(client, name)
+                options["devices"] = [d for d in options["devices"] if not d.startswith(f"{absent}:")]
+                container = _run(client, order.image, order.command or None, options, access.host_config)
         except docker.errors.APIError as exc:
             if exc.status_code == 409:  # the name is taken: by a worker created meanwhile, or by something else
                 again = {c.machine_id: c for c in self.containers("orders")}

