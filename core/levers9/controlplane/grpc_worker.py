@@ -508,8 +508,8 @@ def _worker_volumes(
         if v.bucket is None:
             url, token = access(bundle.record.workspace_id, v.volume_id)
             out.append(
-                worker_pb2.WorkerVolume(mount_path=v.mount_path, volume_id=v.volume_id, webdav_url=url,
-                                        webdav_token=token)
+                worker_pb2.WorkerVolume(mount_path=v.mount_path, volume_id=v.volume_id, volume_name=v.name,
+                                        webdav_url=url, webdav_token=token)
             )  # fmt: skip
             continue
         b = v.bucket

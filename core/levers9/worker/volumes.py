@@ -54,6 +54,8 @@ class VolumeSpec:
     mount_path: str
     #: a volume's id ("" for a cloud bucket)
     volume_id: str = ""
+    #: a volume's name in its workspace (what messages call it; "" when not known)
+    volume_name: str = ""
     #: a cloud bucket's name ("" for a volume)
     bucket: str = ""
     read_only: bool = False
@@ -82,8 +84,8 @@ class VolumeSpec:
 def volume_spec(message: worker_pb2.WorkerVolume) -> VolumeSpec:
     """A stub's volume as the controlplane sends it."""
     return VolumeSpec(
-        mount_path=message.mount_path, volume_id=message.volume_id, bucket=message.bucket,
-        read_only=message.read_only, webdav_url=message.webdav_url, webdav_token=message.webdav_token,
+        mount_path=message.mount_path, volume_id=message.volume_id, volume_name=message.volume_name,
+        bucket=message.bucket, read_only=message.read_only, webdav_url=message.webdav_url, webdav_token=message.webdav_token,
         endpoint=message.endpoint, region=message.region, force_path_style=message.force_path_style,
         access_key_id=message.access_key_id, secret_access_key=message.secret_access_key,
     )  # fmt: skip
@@ -173,7 +175,7 @@ class WorkerVolumes:
                     owner_uid=self.owner, owner_gid=self.owner, ca_file=self.ca_file,
                 )  # fmt: skip
         except rclone.RcloneError as exc:
-            what = f"cloud bucket {spec.bucket!r}" if spec.bucket else f"volume {spec.volume_id}"
+            what = f"cloud bucket {spec.bucket!r}" if spec.bucket else f"volume {spec.volume_name or spec.volume_id!r}"
             raise Levers9Error(f"mounting {what} at {spec.mount_path} failed: {exc}") from None
         if self.fs is None:
             raise Levers9Error(

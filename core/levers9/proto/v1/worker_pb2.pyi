@@ -199,7 +199,7 @@ class StubDefinition(_message.Message):
     def __init__(self, stub_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., image: _Optional[str] = ..., handler: _Optional[bytes] = ..., python_version: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., keep_warm_s: _Optional[float] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu_count: _Optional[int] = ..., checkpoint_enabled: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ..., interface: _Optional[str] = ..., tasks_per_container: _Optional[int] = ..., ports: _Optional[_Iterable[int]] = ..., volumes: _Optional[_Iterable[_Union[WorkerVolume, _Mapping]]] = ...) -> None: ...
 
 class WorkerVolume(_message.Message):
-    __slots__ = ("mount_path", "volume_id", "webdav_url", "webdav_token", "bucket", "read_only", "force_path_style", "endpoint", "region", "access_key_id", "secret_access_key")
+    __slots__ = ("mount_path", "volume_id", "webdav_url", "webdav_token", "bucket", "read_only", "force_path_style", "endpoint", "region", "access_key_id", "secret_access_key", "volume_name")
     MOUNT_PATH_FIELD_NUMBER: _ClassVar[int]
     VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
     WEBDAV_URL_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class WorkerVolume(_message.Message):
     REGION_FIELD_NUMBER: _ClassVar[int]
     ACCESS_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SECRET_ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_NAME_FIELD_NUMBER: _ClassVar[int]
     mount_path: str
     volume_id: str
     webdav_url: str
@@ -222,7 +223,8 @@ class WorkerVolume(_message.Message):
     region: str
     access_key_id: str
     secret_access_key: str
-    def __init__(self, mount_path: _Optional[str] = ..., volume_id: _Optional[str] = ..., webdav_url: _Optional[str] = ..., webdav_token: _Optional[str] = ..., bucket: _Optional[str] = ..., read_only: _Optional[bool] = ..., force_path_style: _Optional[bool] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., access_key_id: _Optional[str] = ..., secret_access_key: _Optional[str] = ...) -> None: ...
+    volume_name: str
+    def __init__(self, mount_path: _Optional[str] = ..., volume_id: _Optional[str] = ..., webdav_url: _Optional[str] = ..., webdav_token: _Optional[str] = ..., bucket: _Optional[str] = ..., read_only: _Optional[bool] = ..., force_path_style: _Optional[bool] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., access_key_id: _Optional[str] = ..., secret_access_key: _Optional[str] = ..., volume_name: _Optional[str] = ...) -> None: ...
 
 class ContainerRequest(_message.Message):
     __slots__ = ("task_id", "stub_id", "args", "cpu_millicores", "memory_mib", "gpu_count", "timeout_s", "attempt", "queued")
