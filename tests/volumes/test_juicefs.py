@@ -307,3 +307,18 @@ def test_a_container_bind_of_a_deleted_volume_or_a_dead_mount_is_still_unmounted
         for point in reversed(fuse_mounts_in(tmp_path)):
             subprocess.run(["umount", "-l", point], check=False)
         mount.stop()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgres://levers9:hunter2@db.internal:5432/volumes", "mysql://levers9:hunter2@db.internal:3306/volumes"],
+)
+def test_a_refused_metadata_url_is_echoed_without_its_password(url: str) -> None:
+    from levers9.config.load import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(f"version: 1\nvolumes:\n  metadata_url: {url}\n", "levers9.yaml")
+    said = str(refused.value)
+    assert "levers9.yaml:3: volumes.metadata_url:" in said, said
+    assert "hunter2" not in said, said
+    assert url.replace("hunter2", "***").split("@")[0] in said, said

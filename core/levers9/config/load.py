@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,9 +249,18 @@ def _issues_from(exc: ValidationError, prefix: LocPath, source: SourceMap, model
         elif kind == "missing":
             message = "required field is missing"
         elif not isinstance(err.get("input"), dict | list):
-            value = repr(err.get("input"))
-        issues.append(ConfigIssue(source.file, source.line_of(path), _dotted(path), message, value))
+            value = _redacted(repr(err.get("input")))
+        issues.append(ConfigIssue(source.file, source.line_of(path), _dotted(path), _redacted(message), value))
     return issues
+
+
+#: the password of a URL's user part (``scheme://user:password@host``)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@\s:'\"]*:)[^/@\s'\"]+(?=@)", re.IGNORECASE)
+
+
+def _redacted(text: str) -> str:
+    """``text`` with every URL's password replaced by ``***``: a refused value is echoed, its secret never."""
+    return _URL_PASSWORD.sub(lambda m: m.group("head") + "***", text)
 
 
 def _strip_validator_locs(loc: LocPath) -> LocPath:
