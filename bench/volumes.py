@@ -48,6 +48,8 @@ runc runtime. Its volumes are the default file system of `up`: JuiceFS 1.4.2, me
    :class:`~levers9.volumes.juicefs.JuiceFsMount` (the product's flags), with each extra ``juicefs mount``
    option appended by a wrapper binary; the option sets alternate rep by rep, each with its own local-disk
    figures. No product code changes; ``--writeback`` is never tried (it loses closed data on a crash).
+   ``--engines 'sqlite;redis'`` runs them on a second file system whose metadata is in a Redis this script
+   starts (append-only, fsynced every second), to tell the metadata engine's share from JuiceFS's own.
 
 Run (root; runc, fusermount3 and the juicefs binary of ``.venv``): ``.venv/bin/python bench/volumes.py``;
 ``--write-results`` appends a section to bench/RESULTS.md. Everything started is stopped and its directory
@@ -271,7 +273,7 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def rotate(items: list[str], rep: int) -> list[str]:
+def rotate(items: list[Any], rep: int) -> list[Any]:
     k = rep % len(items)
     return items[k:] + items[:k]
 
@@ -369,21 +371,57 @@ def copies(up: Up, mount: Path, volume_dir: Path, args: argparse.Namespace) -> d
     return found
 
 
+def _engine(home: Path, engine: str, stack: contextlib.ExitStack) -> str:
+    """The metadata URL of a scratch file system on ``engine``: SQLite (the product's for `up`) or Redis (a
+    ``redis-server`` started here on a Unix socket, append-only file fsynced every second, stopped at the end)."""
+    if engine == "sqlite":
+        return f"sqlite3://{home / 'meta.db'}"
+    if engine != "redis":
+        raise SystemExit(f"--engines: {engine!r} is not sqlite or redis")
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit("--engines redis needs redis-server: apt-get install -y redis-server")
+    sock = home / "redis.sock"
+    proc = subprocess.Popen([server, "--port", "0", "--unixsocket", str(sock), "--dir", str(home), "--save", "",
+                             "--appendonly", "yes", "--appendfsync", "everysec"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    stack.callback(proc.wait, 30)
+    stack.callback(proc.terminate)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("redis-server did not start")
+        time.sleep(0.05)
+    return f"unix://{sock}?db=1"
+
+
 def try_options(root: Path, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    """The workload on the host, on a scratch file system mounted by levers9's JuiceFsMount plus each option."""
+    """The workload on the host, on scratch file systems (one per metadata engine of ``--engines``) mounted by
+    levers9's JuiceFsMount plus each option set."""
     sets = [s.strip() for s in args.options.split(";")] if args.options.strip() else []
+    engines = [e.strip() for e in args.engines.split(";") if e.strip()]
+    if engines != ["sqlite"] and not sets:
+        sets = [""]  # other engines with the product's flags
     if not sets:
         return {}
-    home = root / "options"
-    fs = FileSystem(metadata_url=f"sqlite3://{home / 'meta.db'}", storage="file", bucket=f"{home / 'data'}/",
-                    name="levers9-bench")  # fmt: skip
-    fs.format()
-    real, wrapper = juicefs_binary(), home / "juicefs"
-    juicefs_module.juicefs_binary = lambda: str(wrapper)
-    found: dict[str, list[dict[str, Any]]] = {s: [] for s in sets}
-    try:
+    real = juicefs_binary()
+    found: dict[str, list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack:
+        systems: dict[str, tuple[FileSystem, Path]] = {}
+        for engine in engines:
+            home = root / f"options-{engine}"
+            home.mkdir(parents=True)
+            fs = FileSystem(metadata_url=_engine(home, engine, stack), storage="file", bucket=f"{home / 'data'}/",
+                            name="levers9-bench")  # fmt: skip
+            fs.format()
+            systems[engine] = (fs, home)
+        trials = [(engine, options) for engine in engines for options in sets]
+        wrapper = root / "juicefs-wrapper"
+        juicefs_module.juicefs_binary = lambda: str(wrapper)
+        stack.callback(lambda: setattr(juicefs_module, "juicefs_binary", juicefs_binary))
         for rep in range(args.option_reps):
-            for i, options in enumerate(rotate(sets, rep)):
+            for i, (engine, options) in enumerate(rotate(trials, rep)):
+                fs, home = systems[engine]
                 wrapper.write_text(f'#!/bin/sh\n[ "$1" = mount ] && exec {shlex.quote(real)} "$@" {options}\n'
                                    f'exec {shlex.quote(real)} "$@"\n')  # fmt: skip
                 wrapper.chmod(0o755)
@@ -393,10 +431,9 @@ def try_options(root: Path, args: argparse.Namespace) -> dict[str, list[dict[str
                                    args.size_mib, args.files, args.file_kib, 1, 0.0)  # fmt: skip
                 finally:
                     mounted.stop()
-                found[options].append(out)
-                say(f"  options rep {rep}: {options or '(the product flags)'} done")
-    finally:
-        juicefs_module.juicefs_binary = juicefs_binary
+                name = options if engine == "sqlite" else f"metadata in Redis{': ' + options if options else ''}"
+                found.setdefault(name, []).append(out)
+                say(f"  options rep {rep}: {engine}, {options or '(the product flags)'} done")
     return found
 
 
@@ -587,6 +624,11 @@ if __name__ == "__main__":
     parser.add_argument("--options", default=";".join(OPTION_SETS),
                         help="';'-separated extra juicefs mount options to try on the host ('' first: none; "
                              "--options '' skips the proposals)")  # fmt: skip
+    parser.add_argument(
+        "--engines",
+        default="sqlite",
+        help="metadata engines of the proposals' file systems, ';'-separated: sqlite (default), redis",
+    )
     parser.add_argument("--option-reps", type=int, default=3, help="runs of each option set (default 3)")
     parser.add_argument("--write-results", action="store_true", help="append the section to bench/RESULTS.md")
     main(parser.parse_args())
