@@ -186,6 +186,8 @@ def test_sqlite_and_a_directory_format_mount_write_read_and_remove(tmp_path: Pat
         digest = _write(tmp_path / "mnt" / "ws" / "vol" / "weights.bin", 5 * MIB)
         assert _digest(tmp_path / "mnt" / "ws" / "vol" / "weights.bin") == digest
         assert bytes_below(chunks) == 5 * MIB
+        # the data directory is on this disk: no second copy of its blocks in a cache (juicefs' own is 100 GiB)
+        assert bytes_below(tmp_path / "cache") == 0
         os.unlink(tmp_path / "mnt" / "ws" / "vol" / "weights.bin")
         # the trash is off: the blocks go in the background, once the file is gone
         wait_for(lambda: bytes_below(chunks) == 0, "the removed file's blocks to go", timeout=60)
@@ -225,6 +227,8 @@ def test_postgres_metadata_and_s3_data_at_the_wire(
         # a second mount with a cache of its own reads the file from the bucket
         reader = fs.mount(tmp_path / "reader", cache_dir=tmp_path / "reader-cache", read_only=True)
         assert _digest(tmp_path / "reader" / "ws" / "weights.bin") == digest
+        # an object store's blocks are cached where they are read
+        wait_for(lambda: bytes_below(tmp_path / "reader-cache") >= 6 * MIB, "the read blocks in the cache", 30)
     finally:
         if reader is not None:
             reader.stop()

@@ -184,6 +184,8 @@ class JuiceFsMount:
             "--cache-dir", str(self.cache_dir),
             "--no-usage-report", "--backup-meta", "0", "--hide-internal", "--no-syslog",
         ]  # fmt: skip
+        if self.fs.storage == "file":  # the blocks are on this machine's disk already: a cache would copy them
+            argv += ["--cache-size", "0"]
         if self.owner:
             argv += ["--all-squash", f"{self.owner}:{self.owner}"]
         if self.read_only:
