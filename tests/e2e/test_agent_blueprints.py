@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from levers9.builder.base import BaseLayer
-from tests.fixtures.agent_box import AgentPlane, Box, agent_plane, wait_until
+from tests.fixtures.agent_box import AgentPlane, Box, agent_plane, box_logs, join, wait_until
 from tests.fixtures.blueprint_probe import probe_app
 
 __all__ = ["agent_plane"]
@@ -106,14 +106,6 @@ def _left_of(container_ids: set[str], veths: set[str]) -> list[str]:
     return left
 
 
-def _logs(plane: AgentPlane, box: Box) -> str:
-    workers = [
-        f"--- {c['name']} ({c['state']}):\n" + box.dockerd.cli("logs", "--tail", "80", c["name"], check=False).stderr
-        for c in box.workers()
-    ]
-    return "\n".join([f"--- agent:\n{box.agent_log()[-3000:]}", *workers, f"--- up:\n{plane.log()[-6000:]}"])
-
-
 #: where the build runs: the controlplane machine's own runc workers (2048 MiB: the function's 2560 fit only the box)
 BUILD_POOL = """\
   builder:
@@ -130,17 +122,6 @@ BUILD_POOL = """\
 """
 
 
-def _join(plane: AgentPlane, box: Box) -> None:
-    assert plane.sshd is not None
-    done = plane.operator(
-        "machine", "create", "--pool", "box", "--ssh", f"root@127.0.0.1:{plane.sshd.port}",
-        "--agent-dir", str(box.agent_dir), timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n--- box log:\n{box.log()[-3000:]}\n{plane.log()[-3000:]}"
-    [machine] = plane.machines()
-    box.name, box.machine_id = machine["name"], machine["id"]
-
-
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
 def test_a_blueprint_function_runs_on_a_joined_machines_oci_worker(
     agent_plane: tuple[AgentPlane, Box], debian_base: BaseLayer, runtime: str
@@ -150,12 +131,12 @@ def test_a_blueprint_function_runs_on_a_joined_machines_oci_worker(
     plane.memory = 3072
     plane.more_pools = BUILD_POOL
     plane.start()
-    _join(plane, box)
+    join(plane, box)
     app = plane.root / "box_app.py"
     app.write_text(APP)
     with Watcher(box) as watcher:
         done = plane.levers9("run", f"{app.name}::main", timeout=900)
-        assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{_logs(plane, box)}"
+        assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{box_logs(plane, box)}"
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         assert answer["jq"].startswith("jq-1.6"), answer
         assert answer["built"] == "blueprint built"
@@ -185,7 +166,7 @@ def test_a_blueprint_function_runs_on_a_joined_machines_oci_worker(
 
         removed = plane.operator("machine", "remove", box.name, "--yes", timeout=300)
         assert removed.returncode == 0, removed.stderr + plane.log()[-3000:]
-        wait_until("the worker container's removal", lambda: not box.workers(), 120, why=lambda: _logs(plane, box))
+        wait_until("the worker container's removal", lambda: not box.workers(), 120, why=lambda: box_logs(plane, box))
         wait_until("the supervisor's end", lambda: box.supervisor_pid() is None, 120, why=box.log)
     assert box.volumes() == []
     assert _left_of(ran, veths) == []

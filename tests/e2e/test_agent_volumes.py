@@ -14,67 +14,19 @@ nothing of the worker container, its state volume or its mounts is left on the b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures.agent_box import AgentPlane, Box, agent_plane, wait_until
+from tests.fixtures.agent_box import AgentPlane, Box, agent_plane, box_logs, join, wait_until
+from tests.fixtures.volume_apps import round_trip_app
 
 __all__ = ["agent_plane"]
 
 pytestmark = pytest.mark.timeout(900)
-
-APP = """\
-import json
-import os
-
-import levers9
-
-shared = levers9.Volume(name="shared", mount_path="/data/shared")
-
-
-@levers9.function(volumes=[shared], memory=256)
-def on_the_box(text: str) -> dict:
-    with open("/data/shared/up.bin", "rb") as f:
-        uploaded = f.read()
-    os.makedirs("/data/shared/out", exist_ok=True)
-    with open("/data/shared/out/from-box.txt", "w") as f:
-        f.write(text)
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split(" - ")[1].split()[0] for line in f if line.split()[4] == "/data/shared"]
-    return {
-        "uploaded": uploaded[:8].decode(),
-        "size": len(uploaded),
-        "listing": sorted(os.listdir("/data/shared")),
-        "fstypes": mounts,
-        "in_docker": os.path.exists("/.dockerenv"),
-    }
-
-
-def main() -> None:
-    print(json.dumps(on_the_box.remote("written on the box")))
-"""
-
-
-def _join(plane: AgentPlane, box: Box) -> None:
-    assert plane.sshd is not None
-    done = plane.operator(
-        "machine", "create", "--pool", "box", "--ssh", f"root@127.0.0.1:{plane.sshd.port}",
-        "--agent-dir", str(box.agent_dir), timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n--- box log:\n{box.log()[-3000:]}\n{plane.log()[-3000:]}"
-    [machine] = plane.machines()
-    box.name, box.machine_id = machine["name"], machine["id"]
-
-
-def _logs(plane: AgentPlane, box: Box) -> str:
-    workers = [
-        f"--- {c['name']} ({c['state']}):\n" + box.dockerd.cli("logs", "--tail", "80", c["name"], check=False).stderr
-        for c in box.workers()
-    ]
-    return "\n".join([f"--- agent:\n{box.agent_log()[-3000:]}", *workers, f"--- up:\n{plane.log()[-6000:]}"])
 
 
 def _rclone_mounts() -> list[str]:
@@ -91,32 +43,32 @@ def test_a_call_on_a_joined_machine_reads_and_writes_a_volume_over_the_controlpl
     made = plane.levers9("volume", "create", "shared")
     assert made.returncode == 0, made.stderr
     upload = tmp_path / "up.bin"
-    upload.write_bytes(b"uploaded" + os.urandom(2 * 1024 * 1024))
-    copied = plane.levers9("cp", str(upload), "shared:up.bin")
+    upload.write_bytes(os.urandom(2 * 1024 * 1024 + 3))
+    copied = plane.levers9("cp", str(upload), "shared:in/up.bin")
     assert copied.returncode == 0, copied.stderr
-    _join(plane, box)
+    join(plane, box)
     app = plane.root / "box_volume_app.py"
-    app.write_text(APP)
+    app.write_text(round_trip_app("shared", "/data/shared", "written on the box"))
 
     done = plane.levers9("run", f"{app.name}::main", timeout=600)
-    assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{_logs(plane, box)}"
+    assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{box_logs(plane, box)}"
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (answer["uploaded"], answer["size"]) == ("uploaded", upload.stat().st_size), answer
-    assert answer["listing"] == ["out", "up.bin"], answer
+    assert answer["sha256"] == hashlib.sha256(upload.read_bytes()).hexdigest(), answer
+    assert answer["listing"] == ["in", "out"], answer
     assert answer["fstypes"] == ["fuse.rclone"], answer  # the controlplane's WebDAV, not the file system itself
     assert answer["in_docker"] is False, answer  # a container the worker started, not the worker container
 
     back = tmp_path / "back"
     back.mkdir()
-    out = plane.levers9("cp", "shared:out/from-box.txt", str(back))
-    assert out.returncode == 0, out.stderr + _logs(plane, box)
-    assert (back / "from-box.txt").read_text() == "written on the box"
+    out = plane.levers9("cp", "shared:out/written.txt", str(back))
+    assert out.returncode == 0, out.stderr + box_logs(plane, box)
+    assert (back / "written.txt").read_text() == "written on the box"
 
     [worker] = box.workers()
     host = json.loads(box.dockerd.cli("inspect", worker["name"]).stdout)[0]["HostConfig"]
     assert [d["PathOnHost"] for d in host["Devices"]] == ["/dev/fuse"], host["Devices"]
     removed = plane.operator("machine", "remove", box.name, "--yes", timeout=300)
     assert removed.returncode == 0, removed.stderr + plane.log()[-3000:]
-    wait_until("the worker container's removal", lambda: not box.workers(), 120, why=lambda: _logs(plane, box))
+    wait_until("the worker container's removal", lambda: not box.workers(), 120, why=lambda: box_logs(plane, box))
     assert box.volumes() == []
     assert _rclone_mounts() == before

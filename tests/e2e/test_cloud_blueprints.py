@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +38,14 @@ from levers9.testing.cloud_boot import CloudBooter
 from tests.fakes.ec2_cloud import FakeEc2
 from tests.fakes.imds import FakeImds
 from tests.fixtures.blueprint_probe import probe_app
+from tests.fixtures.ec2_boot import AMI, boot_logs, boots, ec2, imds
 from tests.fixtures.levers9_up import Up, _processes_mentioning
 from tests.fixtures.wait import wait_for
 
+__all__ = ["boots", "ec2", "imds"]
+
 pytestmark = pytest.mark.timeout(1200)
 
-#: an Amazon Linux AMI moto knows in every region
-AMI = "ami-999844e0"
 #: every bridge's address records (levers9.engine.node.NETWORK_STATE)
 NETWORK_STATE = Path("/run/levers9/network")
 CGROUPS = Path("/sys/fs/cgroup")
@@ -154,36 +152,6 @@ def _left_of(records: dict[str, dict[str, Any]], booted: str) -> list[str]:
     return left
 
 
-@pytest.fixture
-def ec2() -> Iterator[FakeEc2]:
-    """Moto behind the fault proxy; it must hold no live instance when the test ends."""
-    with FakeEc2() as fake:
-        yield fake
-        left = [i.id for i in fake.instances() if not i.gone]
-        fake.terminate_all()
-    assert not left, f"EC2 instances left in the fake after the test: {left}"
-
-
-@pytest.fixture
-def imds(tmp_path: Path) -> Iterator[FakeImds]:
-    fake = FakeImds(tmp_path)
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
-def boots() -> Iterator[Path]:
-    """Where the booter puts its boot roots: short, as the boots' worker sockets live below it."""
-    path = Path(tempfile.mkdtemp(prefix="l9cbp-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _logs(up: Up, booter: CloudBooter) -> str:
-    boots = [f"--- boot of {i}:\n{booter.output(i)}" for i in booter.boots]
-    return "\n".join([*boots, f"refused: {booter.refused}", f"--- up:\n{up.log()[-6000:]}"])
-
-
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
 def test_a_blueprint_function_runs_on_a_booted_ec2_worker_of_an_oci_pool(
     levers9_up: Up,
@@ -219,7 +187,7 @@ def test_a_blueprint_function_runs_on_a_booted_ec2_worker_of_an_oci_pool(
     with booter, Watcher(str(up.root), booted) as watcher:
         up.start()
         done = up.levers9("run", f"{app.name}::main", timeout=900)
-        assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{_logs(up, booter)}"
+        assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{boot_logs(up, booter)}"
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         assert answer["jq"].startswith("jq-1.6"), answer
         assert answer["built"] == "built for the cloud", answer
@@ -230,7 +198,7 @@ def test_a_blueprint_function_runs_on_a_booted_ec2_worker_of_an_oci_pool(
         assert " on builder" in up.log(), up.log()[-3000:]  # built on the build pool
 
         [instance] = ec2.instances()
-        assert list(booter.boots) == [instance.id], _logs(up, booter)
+        assert list(booter.boots) == [instance.id], boot_logs(up, booter)
         assert booter.refused == {}, booter.refused
         # the plugin booted it with the pool's runtime: a runc worker container's flags and runc's check
         assert f"(runtime {runtime})" in instance.user_data
@@ -240,7 +208,7 @@ def test_a_blueprint_function_runs_on_a_booted_ec2_worker_of_an_oci_pool(
         assert served == {instance.id}, imds.requests  # the worker proved which instance it runs on
 
         wait_for(lambda: all(i.gone for i in ec2.instances()), "the idle EC2 machine to be terminated", 180,
-                 lambda: _logs(up, booter))  # fmt: skip
+                 lambda: boot_logs(up, booter))  # fmt: skip
         wait_for(lambda: instance.id in booter.stopped, "the terminated machine's boot to be stopped", 60)
         up.stop()
     seen = dict(watcher.seen)

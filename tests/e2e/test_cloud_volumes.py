@@ -18,9 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,13 +26,15 @@ from levers9.testing.cloud_boot import CloudBooter
 from levers9.volumes.juicefs import fuse_mounts_below
 from tests.fakes.ec2_cloud import FakeEc2
 from tests.fakes.imds import FakeImds
+from tests.fixtures.ec2_boot import AMI, boot_logs, boots, ec2, imds
 from tests.fixtures.levers9_up import Up, _processes_mentioning
+from tests.fixtures.volume_apps import round_trip_app
 from tests.fixtures.wait import wait_for
+
+__all__ = ["boots", "ec2", "imds"]
 
 pytestmark = pytest.mark.timeout(900)
 
-#: an Amazon Linux AMI moto knows in every region
-AMI = "ami-999844e0"
 
 CONFIG = """\
 version: 1
@@ -64,62 +63,6 @@ pools:
       identity_certificate_file: {certificate}
 """
 
-APP = """\
-import hashlib
-import json
-import os
-
-import levers9
-
-data = levers9.Volume(name="data", mount_path="/data")
-
-
-@levers9.function(volumes=[data], memory=256)
-def in_the_cloud(text: str) -> dict:
-    with open("/data/in/up.bin", "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    os.makedirs("/data/out", exist_ok=True)
-    with open("/data/out/from-ec2.txt", "w") as f:
-        f.write(text)
-    with open("/proc/self/mountinfo") as f:
-        fstypes = [line.split(" - ")[1].split()[0] for line in f if line.split()[4] == "/data"]
-    return {"sha256": digest, "listing": sorted(os.listdir("/data")), "fstypes": fstypes}
-
-
-def main() -> None:
-    print(json.dumps(in_the_cloud.remote("written on the EC2 machine")))
-"""
-
-
-@pytest.fixture
-def ec2() -> Iterator[FakeEc2]:
-    """Moto behind the fault proxy; it must hold no live instance when the test ends."""
-    with FakeEc2() as fake:
-        yield fake
-        left = [i.id for i in fake.instances() if not i.gone]
-        fake.terminate_all()
-    assert not left, f"EC2 instances left in the fake after the test: {left}"
-
-
-@pytest.fixture
-def imds(tmp_path: Path) -> Iterator[FakeImds]:
-    fake = FakeImds(tmp_path)
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
-def boots() -> Iterator[Path]:
-    """Where the booter puts its boot roots: short, as the boots' worker sockets live below it."""
-    path = Path(tempfile.mkdtemp(prefix="l9cvol-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _logs(up: Up, booter: CloudBooter) -> str:
-    boots = [f"--- boot of {i}:\n{booter.output(i)[-6000:]}" for i in booter.boots]
-    return "\n".join([*boots, f"refused: {booter.refused}", f"--- up:\n{up.log()[-6000:]}"])
-
 
 def test_a_booted_ec2_worker_reaching_only_the_controlplane_reads_and_writes_a_volume(
     levers9_up: Up, ec2: FakeEc2, imds: FakeImds, monkeypatch: pytest.MonkeyPatch, boots: Path, tmp_path: Path
@@ -133,7 +76,7 @@ def test_a_booted_ec2_worker_reaching_only_the_controlplane_reads_and_writes_a_v
     up.home.mkdir(parents=True, exist_ok=True)
     (up.home / "levers9.yaml").write_text(CONFIG.format(ami=AMI, ec2_url=ec2.url, certificate=imds.certificate_file))
     app = up.root / "cloud_volume_app.py"
-    app.write_text(APP)
+    app.write_text(round_trip_app("data", "/data", "written on the EC2 machine"))
     booter = CloudBooter(
         [ec2.instances], ports=[up.grpc_port, up.http_port, imds.port],
         platform=lambda i: imds.platform(i),  # type: ignore[arg-type]
@@ -149,23 +92,23 @@ def test_a_booted_ec2_worker_reaching_only_the_controlplane_reads_and_writes_a_v
         assert copied.returncode == 0, copied.stderr
 
         done = up.levers9("run", f"{app.name}::main", timeout=600)
-        assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{_logs(up, booter)}"
+        assert done.returncode == 0, f"levers9 run failed:\n{done.stdout}\n{done.stderr}\n{boot_logs(up, booter)}"
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         assert answer["sha256"] == hashlib.sha256(upload.read_bytes()).hexdigest(), answer
         assert answer["listing"] == ["in", "out"], answer
         assert answer["fstypes"] == ["fuse.rclone"], answer  # the controlplane's WebDAV: the only way it has
         [instance] = ec2.instances()
-        assert list(booter.boots) == [instance.id], _logs(up, booter)
+        assert list(booter.boots) == [instance.id], boot_logs(up, booter)
         back = tmp_path / "back"
         back.mkdir()
-        out = up.levers9("cp", "data:out/from-ec2.txt", str(back))
+        out = up.levers9("cp", "data:out/written.txt", str(back))
         assert out.returncode == 0, out.stderr
-        assert (back / "from-ec2.txt").read_text() == "written on the EC2 machine"
+        assert (back / "written.txt").read_text() == "written on the EC2 machine"
 
         wait_for(lambda: all(i.gone for i in ec2.instances()), "the idle EC2 machine to be terminated", 180,
-                 lambda: _logs(up, booter))  # fmt: skip
+                 lambda: boot_logs(up, booter))  # fmt: skip
         wait_for(lambda: instance.id in booter.stopped, "the terminated machine's boot to be stopped", 90)
-        assert fuse_mounts_below(boots) == [], _logs(up, booter)
+        assert fuse_mounts_below(boots) == [], boot_logs(up, booter)
         assert _processes_mentioning(str(boots)) == []
         up.stop()
     assert fuse_mounts_below(up.root) == []

@@ -57,6 +57,7 @@ from tests.fakes.imds import FakeImds
 from tests.fakes.lambda_cloud import DEFAULT_API_KEY, DEFAULT_SSH_KEY, LambdaCloud
 from tests.fakes.oci_cloud import FakeOci
 from tests.fakes.oci_tenancy import COMPARTMENT, IMAGE, SUBNET, TENANCY, make_credentials
+from tests.fixtures.ec2_boot import imds
 from tests.fixtures.replicas import Replicas
 from tests.fixtures.wait import wait_for
 
@@ -67,6 +68,8 @@ GPU_DATA = Path(__file__).parents[1] / "data" / "gpu" / "nvidia_smi"
 AMI = "ami-999844e0"
 H100_TYPE, OCI_H100_SHAPE, LAMBDA_A100_TYPE = "p5.48xlarge", "BM.GPU.H100.8", "gpu_8x_a100_80gb_sxm4"
 LAMBDA_REGION = "us-east-1"
+
+__all__ = ["imds"]
 
 
 def _a100_80gb_8x() -> str:
@@ -158,14 +161,6 @@ def clouds(tmp_path: Path) -> Iterator[tuple[FakeEc2, FakeOci, LambdaCloud, Path
             oci.terminate_all()
             lam.terminate_all()
     assert not any(left.values()), f"instances left in the fakes after the test: {left}"
-
-
-@pytest.fixture
-def imds(tmp_path: Path) -> Iterator[FakeImds]:
-    """The EC2 instances' metadata service (IMDSv2), signing their identity documents."""
-    fake = FakeImds(tmp_path)
-    yield fake
-    fake.close()
 
 
 def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone_at_the_end(

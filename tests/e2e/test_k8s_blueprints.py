@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,34 +28,15 @@ import pytest
 from levers9.builder.base import BaseLayer
 from tests.fakes.k8s_cluster import FakeCluster
 from tests.fixtures.blueprint_probe import probe_app
+from tests.fixtures.k8s_pool import cluster, k8s_pool, pod_logs
 from tests.fixtures.levers9_up import Up
 from tests.fixtures.wait import wait_for
 
+__all__ = ["cluster"]
+
 pytestmark = pytest.mark.timeout(1200)
 
-NS = "levers9"
-
 APP = probe_app("blueprint built", memory=5000)
-
-
-def _k8s_pool(kubeconfig: Path, *, privileged: bool, runtime: str = "runc") -> str:
-    """The k8s pool: workers of ``runtime``, 1 CPU and 6 GiB (the build pool has 4 GiB), one at most."""
-    consent = "      privileged: true\n" if privileged else ""
-    return (
-        f"  k8s:\n    provider: local_k8s\n    runtime: {runtime}\n    workspace: default\n    cpu: 1\n"
-        "    memory: 6144\n"
-        "    min_workers: 0\n    max_workers: 1\n    idle_timeout_s: 5\n    settings:\n"
-        f"      kubeconfig: {kubeconfig}\n      namespace: {NS}\n"
-        f"      worker_image: registry.example.com/levers9/worker:test\n{consent}"
-    )
-
-
-@pytest.fixture
-def cluster() -> Iterator[FakeCluster]:
-    with FakeCluster(NS, max_grace_s=10.0) as fake:
-        fake.add_node("node-a", allocatable={"cpu": "4", "memory": "16Gi", "pods": "110"})
-        yield fake
-        assert fake.errors == []
 
 
 def _up(levers9_up: Up, cluster: FakeCluster, tmp_path: Path, *, privileged: bool, runtime: str = "runc") -> Up:
@@ -64,21 +44,11 @@ def _up(levers9_up: Up, cluster: FakeCluster, tmp_path: Path, *, privileged: boo
     levers9_up.builds, levers9_up.min_workers, levers9_up.max_workers = True, 0, 1
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
     levers9_up.home.mkdir(parents=True, exist_ok=True)
-    text = levers9_up.config_text() + _k8s_pool(kubeconfig, privileged=privileged, runtime=runtime)
+    text = levers9_up.config_text() + k8s_pool(kubeconfig, privileged=privileged, runtime=runtime)
     (levers9_up.home / "levers9.yaml").write_text(text)
     # the worker reaches the gRPC port (its stream) and the HTTP port (the /v2/ registry relay)
     cluster.set_reachable_ports([levers9_up.grpc_port, levers9_up.http_port])
     return levers9_up
-
-
-def _pod_logs(cluster: FakeCluster) -> str:
-    shown = []
-    for pod in cluster.pods(NS):
-        root = cluster.pod_root(NS, pod["metadata"]["name"])
-        log = root / "boot.log" if root is not None else None
-        text = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
-        shown.append(f"--- pod {pod['metadata']['name']} ({pod.get('status', {}).get('phase')}):\n{text}")
-    return "\n".join(shown)
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
@@ -91,7 +61,7 @@ def test_a_blueprint_function_runs_on_a_privileged_worker_pod(
     app = up.root / "k8s_app.py"
     app.write_text(APP)
     done = up.levers9("run", f"{app.name}::main", timeout=900)
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{_pod_logs(cluster)}\n{up.log()[-6000:]}"
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{pod_logs(cluster)}\n{up.log()[-6000:]}"
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["jq"].startswith("jq-1.6"), answer
     assert answer["built"] == "blueprint built"

@@ -17,63 +17,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from levers9.volumes.juicefs import fuse_mounts_below
 from tests.fakes.k8s_cluster import FakeCluster
+from tests.fixtures.k8s_pool import cluster, k8s_pool, pod_logs
 from tests.fixtures.levers9_up import Up
+from tests.fixtures.volume_apps import round_trip_app
 from tests.fixtures.wait import wait_for
 
+__all__ = ["cluster"]
+
 pytestmark = pytest.mark.timeout(900)
-
-NS = "levers9"
-
-APP = """\
-import hashlib
-import json
-import os
-
-import levers9
-
-models = levers9.Volume(name="models", mount_path="/models")
-
-
-@levers9.function(volumes=[models], memory=256)
-def in_a_pod(text: str) -> dict:
-    with open("/models/in/up.bin", "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    os.makedirs("/models/out", exist_ok=True)
-    with open("/models/out/from-pod.txt", "w") as f:
-        f.write(text)
-    with open("/proc/self/mountinfo") as f:
-        fstypes = [line.split(" - ")[1].split()[0] for line in f if line.split()[4] == "/models"]
-    return {"sha256": digest, "listing": sorted(os.listdir("/models")), "fstypes": fstypes}
-
-
-def main() -> None:
-    print(json.dumps(in_a_pod.remote("written in a pod")))
-"""
-
-
-@pytest.fixture
-def cluster() -> Iterator[FakeCluster]:
-    with FakeCluster(NS, max_grace_s=10.0) as fake:
-        fake.add_node("node-a", allocatable={"cpu": "4", "memory": "16Gi", "pods": "110"})
-        yield fake
-        assert fake.errors == []
-
-
-def _pod_logs(cluster: FakeCluster) -> str:
-    shown = []
-    for pod in cluster.pods(NS):
-        root = cluster.pod_root(NS, pod["metadata"]["name"])
-        log = root / "boot.log" if root is not None else None
-        text = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
-        shown.append(f"--- pod {pod['metadata']['name']} ({pod.get('status', {}).get('phase')}):\n{text}")
-    return "\n".join(shown)
 
 
 def test_a_privileged_worker_pod_reads_and_writes_a_volume_over_the_controlplane(
@@ -83,12 +40,7 @@ def test_a_privileged_worker_pod_reads_and_writes_a_volume_over_the_controlplane
     up.use_runtime("runc")
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
     up.home.mkdir(parents=True, exist_ok=True)
-    pool = (
-        "  k8s:\n    provider: local_k8s\n    runtime: runc\n    workspace: default\n    cpu: 1\n    memory: 2048\n"
-        "    min_workers: 0\n    max_workers: 1\n    idle_timeout_s: 5\n    settings:\n"
-        f"      kubeconfig: {kubeconfig}\n      namespace: {NS}\n"
-        "      worker_image: registry.example.com/levers9/worker:test\n      privileged: true\n"
-    )
+    pool = k8s_pool(kubeconfig, privileged=True, memory=2048)
     # the local pool gets no worker: every call goes to the pod
     (up.home / "levers9.yaml").write_text(up.config_text(min_workers=0, max_workers=0) + pool)
     cluster.set_reachable_ports([up.grpc_port, up.http_port])
@@ -100,10 +52,10 @@ def test_a_privileged_worker_pod_reads_and_writes_a_volume_over_the_controlplane
     copied = up.levers9("cp", str(upload), "models:in/up.bin")
     assert copied.returncode == 0, copied.stderr
     app = up.root / "k8s_volume_app.py"
-    app.write_text(APP)
+    app.write_text(round_trip_app("models", "/models", "written in a pod"))
 
     done = up.levers9("run", f"{app.name}::main", timeout=600)
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{_pod_logs(cluster)}\n{up.log()[-6000:]}"
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{pod_logs(cluster)}\n{up.log()[-6000:]}"
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["sha256"] == hashlib.sha256(upload.read_bytes()).hexdigest(), answer
     assert answer["listing"] == ["in", "out"], answer
@@ -111,9 +63,9 @@ def test_a_privileged_worker_pod_reads_and_writes_a_volume_over_the_controlplane
     assert [job["metadata"]["labels"]["levers9/pool"] for job in cluster.created("jobs")] == ["k8s"]
     back = tmp_path / "back"
     back.mkdir()
-    out = up.levers9("cp", "models:out/from-pod.txt", str(back))
+    out = up.levers9("cp", "models:out/written.txt", str(back))
     assert out.returncode == 0, out.stderr
-    assert (back / "from-pod.txt").read_text() == "written in a pod"
+    assert (back / "written.txt").read_text() == "written in a pod"
 
     wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 180,
              lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}")  # fmt: skip

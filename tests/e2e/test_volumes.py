@@ -17,6 +17,7 @@ import pytest
 
 from levers9.volumes.juicefs import fuse_mounts_below
 from tests.fixtures.levers9_up import Up
+from tests.fixtures.volume_apps import MEET
 
 APP = """\
 import json
@@ -157,36 +158,6 @@ pools:
     min_workers: 1
     max_workers: 1
     volume_access: controlplane
-"""
-
-MEET = """\
-import json
-import os
-import time
-import levers9
-
-shared = levers9.Volume(name="shared", mount_path="/shared")
-
-
-@levers9.function(volumes=[shared], cpu=1, memory=256)
-def meet(me: str, other: str) -> dict:
-    # each call fills a worker, so the two run at once on two workers: each writes its file, then waits
-    # for the other's (a call alone on one worker would wait forever: the test's deadline fails it)
-    with open(f"/shared/{me}.tmp", "w") as f:
-        f.write(f"from {me} " * 1000)
-    os.rename(f"/shared/{me}.tmp", f"/shared/{me}.txt")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(f"/shared/{other}.txt"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{other}.txt never appeared")
-        time.sleep(0.2)
-    text = open(f"/shared/{other}.txt").read()
-    return {"me": me, "read": text[:12], "whole": len(text)}
-
-
-def main() -> None:
-    calls = [meet.spawn("a", "b"), meet.spawn("b", "a")]
-    print(json.dumps([c.get() for c in calls]))
 """
 
 

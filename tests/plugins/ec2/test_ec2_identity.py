@@ -36,6 +36,7 @@ from levers9_ec2.provider import Ec2Provider
 from levers9_ec2.settings import Ec2Settings
 from tests.fakes import CloudInstance
 from tests.fakes.imds import FakeImds, make_signer
+from tests.fixtures.ec2_boot import imds
 from tests.plugins.ec2.conftest import AMI, make_pool
 from tests.plugins.provision import provision_request
 
@@ -49,12 +50,7 @@ INSTANCE = CloudInstance(
     zone="us-east-1a",
 )
 
-
-@pytest.fixture
-def imds(tmp_path: Path) -> Iterator[FakeImds]:
-    fake = FakeImds(tmp_path)
-    yield fake
-    fake.close()
+__all__ = ["imds"]
 
 
 @pytest.fixture
