@@ -201,3 +201,48 @@ def test_without_isolation_the_host_network_is_used(root: Path) -> None:
             boot.stop()
     finally:
         other.socket.close()
+
+
+#: a "worker" that starts a runc container the way the worker does (its state directory, the engine's layout)
+#: and ignores SIGTERM, so stop() must SIGKILL it: the container runs on, detached, unless stop() cleans up
+STUBBORN_WORKER = """#!{python}
+import asyncio, os, signal, time
+from levers9.hooks.facade import Hooks
+from levers9.hooks.manager import PluginPolicy, load_plugins
+from levers9.hooks.types import ContainerSpec, RuntimeContext
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+root = os.environ["LEVERS9_BOOT_ROOT"]
+state = os.path.join(root, "var/lib/levers9/worker/runtime/runc")
+hooks = Hooks(load_plugins(PluginPolicy()))
+settings = hooks.runtime_settings_model("runc")
+ctx = RuntimeContext(name="runc", settings=settings(), state_dir=state)
+spec = ContainerSpec(container_id="l9-bootleft", image="host", command=["sleep", "600"], network="none")
+
+async def start():
+    prepared = await hooks.container_prepare(ctx, spec)
+    await hooks.container_start(ctx, prepared)
+    return (await hooks.container_state(ctx, "l9-bootleft")).pid
+
+pid = asyncio.run(start())
+open(os.path.join(root, "started"), "w").write(str(pid))
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_worker_killed_with_its_boot_leaves_no_container_behind(root: Path) -> None:
+    if shutil.which("runc") is None:
+        pytest.fail("this test needs runc: apt-get install -y runc")
+    boot = emulated_boot(STUBBORN_WORKER.format(python=sys.executable), root)
+    started = root / "started"
+    wait_for(lambda: started.exists() and bool(started.read_text().strip()), "the container started", 120)
+    container = int(started.read_text())
+    assert live(container)
+    mounts_before = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "l9-bootleft" in line]
+    assert mounts_before, "the container's root is mounted below the boot's state directory"
+    boot.stop(grace=0.5)
+    assert not live(container), "the container's process outlived its boot"
+    assert [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "l9-bootleft" in line] == []
+    assert list(Path("/sys/fs/cgroup").glob("**/levers9/l9-bootleft")) == []
+    assert not root.exists()

@@ -46,8 +46,11 @@ mount namespace.
 Invariants: :meth:`EmulatedBoot.stop` leaves nothing behind: it sends SIGTERM
 to the process group and to every process started with this boot's
 ``LEVERS9_BOOT_ROOT`` (a script that ``setsid``\\ s its worker away from the
-group is still found), SIGKILL to what is left after ``grace`` seconds, closes
-the forwarders, ends the namespace and removes ``root``. A :class:`BootError`
+group is still found), SIGKILL to what is left after ``grace`` seconds; when
+something had to be killed, removes what the worker left of its containers on
+this shared kernel (``levers9 worker --cleanup`` on the boot's worker state
+directory, :data:`levers9.bootstrap.STATE_DIR`: a terminated VM takes them
+with it); closes the forwarders, ends the namespace and removes ``root``. A :class:`BootError`
 means the user data is not something a first boot could run; a process that
 runs and fails is not an error here (the kit sees it as no registration, and
 shows ``boot.log``).
@@ -58,6 +61,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import logging
 import os
 import shlex
 import shutil
@@ -73,7 +77,11 @@ from typing import Any
 
 import yaml
 
+from levers9.bootstrap import STATE_DIR
+
 __all__ = ["BootError", "EmulatedBoot", "emulated_boot"]
+
+log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
 #: the cloud-config keys the emulation runs; anything else is refused
@@ -426,17 +434,40 @@ class EmulatedBoot:
             deadline = time.monotonic() + grace
             while self.alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            killed = False
             for _ in range(50):
                 left = self.pids()
                 if not left:
                     break
+                killed = True
                 self._signal(left, signal.SIGKILL)
                 time.sleep(0.02)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=5)
+            if killed:
+                self._remove_worker_leftovers()
         finally:
             self._end_namespace()
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def _remove_worker_leftovers(self) -> None:
+        """What a worker killed with the boot left on this shared kernel (its containers' processes, mounts,
+        cgroups, network namespaces and address records), removed as a terminated VM takes them with it:
+        ``levers9 worker --cleanup`` on the boot's worker state directory."""
+        state = self.root / STATE_DIR.lstrip("/")
+        if not state.is_dir():
+            return
+        env = {**os.environ, "LEVERS9_WORKER_STATE_DIR": str(state)}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "levers9", "worker", "--cleanup"], env=env, stdin=subprocess.DEVNULL,
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            log.warning("removing what the killed worker of %s left took over 120 s", self.root)
+            return
+        if done.returncode != 0:
+            log.warning("removing what the killed worker of %s left failed: %s", self.root, done.stderr[-2000:])
 
     def _end_namespace(self) -> None:
         for forwarder in self._forwarders:
