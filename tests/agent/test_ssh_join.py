@@ -71,6 +71,7 @@ while [ $# -gt 0 ]; do
 done
 echo "$mode $$" >> "$dir/marker"
 if [ -f "$dir/refuse" ]; then exit 3; fi
+if [ -f "$dir/plain" ]; then exit 2; fi
 exit 1
 """
 
@@ -411,6 +412,21 @@ def test_the_token_file_waits_for_a_join_that_failed_and_goes_when_the_token_is_
     assert "exited with status 3" in Path(box.layout.log_file).read_text()
 
 
+def test_an_agent_that_exits_with_status_2_is_not_restarted(sshd: Sshd, dockerd: Dockerd, box: Box) -> None:
+    """Status 2: the agent's command or the controlplane's address was refused; restarting changes nothing."""
+    fake = box.root / "failing-levers9"
+    fake.write_text(FAILING_LEVERS9)
+    fake.chmod(0o755)
+    box.state.mkdir(parents=True, exist_ok=True)
+    (box.state / "plain").touch()
+    _join(sshd, box, dockerd, [], agent_argv=[str(fake)])
+    supervisor = box.supervisor_pid()
+    assert supervisor is not None
+    wait_until("the supervisor stopped after exit status 2", lambda: not alive(supervisor), 90)
+    assert [m for m, _ in box.markers()] == ["join"]
+    assert "exited with status 2" in Path(box.layout.log_file).read_text()
+
+
 # -- shipping the worker image ----------------------------------------------------------------------------------
 
 
@@ -484,11 +500,15 @@ def test_the_systemd_unit_restarts_the_agent_but_not_after_a_refused_credential(
     unit = systemd_unit(layout)
     assert "ExecStart=/bin/sh /usr/local/lib/levers9/agent-start\n" in unit
     assert "Restart=always\n" in unit
-    assert "RestartPreventExitStatus=3\n" in unit
+    assert "RestartPreventExitStatus=2 3\n" in unit
     assert "WantedBy=multi-user.target" in unit
     facts = BoxFacts(0, "/root", "x86_64", True, None, "24.0", "/var/lib/docker", "{}", 50.0)
     software = AgentSoftware(("/usr/local/bin/levers9",), "installed")
     script = start_script(layout, software, facts, controlplane="grpcs://cp:8443", ca_pem=CA_PEM)
     assert "--token-file /var/lib/levers9/agent/join-token" in script
     assert "agent run --state-dir /var/lib/levers9/agent" in script
+    assert "--insecure" not in script
+    # a plain-text controlplane (development): the agent must be told, or it refuses to join (exit status 2)
+    plain = start_script(layout, software, facts, controlplane="grpc://10.0.0.5:8443", ca_pem="")
+    assert "agent join --controlplane grpc://10.0.0.5:8443 --insecure --state-dir" in plain, plain
     assert "supervisor" in supervisor_script(layout)

@@ -102,6 +102,8 @@ def start_script(layout: AgentLayout, software: AgentSoftware, box: BoxFacts, *,
     q = shlex.quote
     state = layout.state_dir
     join = ["join", "--controlplane", controlplane]
+    if controlplane.startswith("grpc://"):  # plain text: development only, and the agent refuses it unless told
+        join.append("--insecure")
     if ca_pem:
         join += ["--ca-b64", base64.b64encode(ca_pem.encode()).decode()]
     join += ["--state-dir", state, "--token-file", layout.token_file]
@@ -149,7 +151,8 @@ def supervisor_script(layout: AgentLayout) -> str:
     return f"""#!/bin/sh
 # The levers9 agent's supervisor, written by 'levers9 machine create --ssh' (this box has no systemd):
 # runs the start script and restarts it when it exits, after 1 s doubling to 30 s (back to 1 s after a minute
-# of running); stops on SIGTERM or when the agent exits with status 3 (credential refused or missing).
+# of running); stops on SIGTERM or when the agent exits with status 3 (credential refused or missing) or 2 (its
+# command or the controlplane's address refused: starting it again would change nothing).
 pidfile={q(layout.pid_file)}
 start={q(layout.start_script)}
 stamp() {{ date -u +%Y-%m-%dT%H:%M:%SZ; }}
@@ -170,6 +173,10 @@ while [ -z "$stopping" ]; do
   if [ -n "$stopping" ]; then break; fi
   if [ "$code" -eq 3 ]; then
     echo "$(stamp) levers9-agent exited with status 3 (credential refused or missing): not restarted"
+    break
+  fi
+  if [ "$code" -eq 2 ]; then
+    echo "$(stamp) levers9-agent exited with status 2 (its command or controlplane address is refused): not restarted"
     break
   fi
   if [ $(( $(date +%s) - began )) -ge 60 ]; then delay=1; fi
@@ -195,7 +202,7 @@ Type=simple
 ExecStart=/bin/sh {shlex.quote(layout.start_script)}
 Restart=always
 RestartSec=5
-RestartPreventExitStatus=3
+RestartPreventExitStatus=2 3
 KillMode=mixed
 TimeoutStopSec=30
 
