@@ -210,6 +210,8 @@ class LambdaCloud:
         self._last_launch: dict[str, float] = {}
         self._server: LocalServer | None = None
         self.port = 0
+        #: answer instances without their ``tags`` (as answers of the API did before launch tags existed)
+        self.omit_tags = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -409,6 +411,8 @@ class LambdaCloud:
             "is_reserved": False,
             "tags": [dict(t) for t in instance.tags],
         }
+        if self.omit_tags:
+            del answer["tags"]
         return answer
 
     def _authenticate(self, header: str | None) -> str:

@@ -131,6 +131,33 @@ async def test_reconcile_terminates_unknown_machines_and_closes_vanished_ones(ma
     assert state.state == "queued"
 
 
+async def test_a_machine_listed_in_another_pool_too_is_left_to_its_own(make_harness: MakeHarness) -> None:
+    """A provider that cannot tell its pools apart (Lambda answers without tags) lists a machine in every pool:
+    a pool that holds no record of it leaves a machine recorded in another pool alone, never terminating it."""
+    h = await make_harness([("cpu",), ("spare",)])
+    s = h.scheduler()
+    req = h.request(None)
+    await s.submit(req)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    await h.register_started(s)
+    [ours] = h.machines()
+    record = await MachineStore(h.db).get(ours["machine_id"])
+    assert record is not None
+    assert record.pool != "spare"
+    seen_there = {"id": "fk-same-seen-there", "machine_id": ours["machine_id"], "pool": "spare", "gpu": None,
+                  "gpu_count": 0}  # fmt: skip
+    (h.cloud / "machines" / f"{seen_there['id']}.json").write_text(json.dumps(seen_there))
+    report = await s.reconcile_once()
+    assert report.orphans == []
+    assert sorted(m["id"] for m in h.machines()) == sorted([ours["id"], seen_there["id"]])
+    # a machine nobody has a record of is still an orphan there
+    ghost = {"id": "fk-ghost", "machine_id": "machine_unknown", "pool": "spare", "gpu": None, "gpu_count": 0}
+    (h.cloud / "machines" / f"{ghost['id']}.json").write_text(json.dumps(ghost))
+    assert (await s.reconcile_once()).orphans == ["fk-ghost"]
+
+
 async def test_the_reaper_requeues_the_work_of_a_silent_worker(make_harness: MakeHarness) -> None:
     h = await make_harness([("cpu",)], worker_keepalive_s=0.1)
     s = h.scheduler()

@@ -213,6 +213,10 @@ class PoolController:
                 if record is not None and machine.machine_id not in in_flight:
                     await self._fill_in(record, machine)
                 continue
+            if machine.machine_id is not None and machine.machine_id not in records:
+                other = await ctx.machines.get(machine.machine_id)
+                if other is not None and other.pool != pool.name:
+                    continue  # listed here too (a provider that cannot tell pools apart): its own pool's to judge
             why = "levers9 has no record of it" if machine.machine_id not in records else "its record is closed"
             log.warning("pool %s: machine %s (%s) is %s but %s; terminating it",
                         pool.name, machine.provider_id, machine.machine_id or "untagged", machine.state, why)  # fmt: skip

@@ -19,18 +19,21 @@ What each hook asks of the Cloud API (docs/architecture.md section 5, the lambda
   success. A 404 without that code is not: it means ``api_url`` names no Cloud
   API, and calling that success would leave the instance running.
 * list: ``GET /instances`` (one page: the API documents no pagination), the
-  instances tagged with the pool, ``terminated`` ones left out; booting ->
+  instances tagged with the pool, and those with no tags named ``levers9-<machine
+  id>`` (an answer may omit tags: such an instance is listed in every pool, and
+  the core leaves a machine whose record is another pool's to that pool),
+  ``terminated`` ones left out; booting ->
   pending, active -> running, unhealthy -> failed, terminating -> stopping,
   preempted -> preempted.
 * check: ``GET /instance-types`` with the pool's key.
 
 Idempotency: the launch API takes no idempotency key. So before launching,
 and again after an answer that may hide a launch (a read timeout, a reset
-connection, a 5xx), ``GET /instances`` is searched for a live instance tagged
-with the request's machine id; found, it is returned instead of launching
-again. A failure whose outcome is unknown and whose instance is not (yet)
-listed raises ``Throttled``: the core retries, and the retry looks again
-before it launches. (An instance the API accepted but does not list by the
+connection, a 5xx), ``GET /instances`` is searched for a live instance of
+the request's machine id (by its tag, or by its name when the answer has no
+tags); found, it is returned instead of launching again. A failure whose
+outcome is unknown and whose instance is not (yet) listed raises
+``Throttled``: the core retries, and the retry looks again before it launches. (An instance the API accepted but does not list by the
 time of the retry would be launched twice; the API offers nothing better.)
 
 Rate limits: launches are paced per API key (:mod:`levers9_lambda_labs.ratelimit`)
@@ -124,6 +127,18 @@ def _tags(instance: dict[str, Any]) -> dict[str, str]:
         for t in found
         if isinstance(t, dict) and isinstance(t.get("key"), str) and isinstance(t.get("value"), str)
     }
+
+
+def _identity(instance: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(machine id, pool) of a listed instance: from its tags; without a machine-id tag, the machine id from its
+    name ``levers9-<machine id>`` (the pool then unknown: None), as an answer may carry no tags."""
+    tags = _tags(instance)
+    machine_id = tags.get(MACHINE_ID_TAG)
+    if machine_id is None:
+        name = instance.get("name")
+        if isinstance(name, str) and name.startswith(NAME_PREFIX) and len(name) > len(NAME_PREFIX):
+            machine_id = name[len(NAME_PREFIX) :]
+    return machine_id, tags.get(POOL_TAG)
 
 
 def _name_of(value: Any) -> str | None:
@@ -323,8 +338,7 @@ class LambdaLabsProvider:
     ) -> Machine | None:
         """The live instance already tagged with the request's machine id, if the API lists one."""
         for instance in self._instances(settings, key, f"{doing} (looking for its instance)"):
-            tags = _tags(instance)
-            if tags.get(MACHINE_ID_TAG) == request.machine_id and instance.get("status") != "terminated":
+            if _identity(instance)[0] == request.machine_id and instance.get("status") != "terminated":
                 return self._machine(instance, request.pool.name)
         return None
 
@@ -437,7 +451,6 @@ class LambdaLabsProvider:
         return isinstance(data, dict) and data.get("status") == "terminated"
 
     def _machine(self, instance: dict[str, Any], pool: str) -> Machine:
-        tags = _tags(instance)
         status = str(instance.get("status") or "")
         state = _STATES.get(status, MachineState.UNKNOWN)
         region = _name_of(instance.get("region"))
@@ -450,7 +463,7 @@ class LambdaLabsProvider:
             reason = "Lambda preempted the instance"
         return Machine(
             provider_id=str(instance["id"]),
-            machine_id=tags.get(MACHINE_ID_TAG),
+            machine_id=_identity(instance)[0],
             pool=pool,
             state=state,
             gpu=gpu,
@@ -467,7 +480,12 @@ class LambdaLabsProvider:
         key = self._key(pool, settings)
         machines = []
         for instance in self._instances(settings, key, f"pool {pool.name!r}: listing instances"):
-            if _tags(instance).get(POOL_TAG) != pool.name or instance.get("status") == "terminated":
+            machine_id, owner = _identity(instance)
+            # an instance without tags is listed by its name in every pool: the core leaves alone a machine
+            # whose record is another pool's
+            if owner != pool.name and (owner is not None or machine_id is None):
+                continue
+            if instance.get("status") == "terminated":
                 continue
             machines.append(self._machine(instance, pool.name))
         return machines

@@ -507,6 +507,36 @@ def test_the_listing_keeps_the_pools_tagged_instances_and_maps_their_states(
         provider.shutdown()
 
 
+def test_an_answer_without_tags_still_finds_levers9s_instances_by_name(
+    make_pool: MakePool, lambda_cloud: LambdaCloud, lambda_key: str
+) -> None:
+    """Listing and the launch's idempotency match ``levers9-<machine id>`` when the answer carries no tags, so the
+    reconciler never sees a live machine as gone; an instance levers9 did not name is still nobody's."""
+    lambda_cloud.boot_delay_s = 3600.0
+    provider = LambdaLabsProvider(pacer=LaunchPacer(interval_s=0.0))
+    try:
+        pool, other = make_pool(), make_pool()
+        request = request_for(provider, pool)
+        ours = provider.provision(request)
+        httpx.post(
+            f"{lambda_cloud.url}/instance-operations/launch",
+            headers={"Authorization": f"Bearer {lambda_key}"},
+            json={"region_name": "us-east-1", "instance_type_name": "gpu_1x_a10", "ssh_key_names": [DEFAULT_SSH_KEY],
+                  "name": "someone-elses"},
+        ).raise_for_status()  # fmt: skip
+        lambda_cloud.omit_tags = True
+
+        listed = provider.list_machines(pool)
+        assert [(m.provider_id, m.machine_id) for m in listed] == [(ours.provider_id, request.machine_id)]
+        # the pool is unknown without tags: every pool lists it, and the core leaves it to the pool of its record
+        assert [m.machine_id for m in provider.list_machines(other)] == [request.machine_id]
+        again = provider.provision(request)  # a retried launch finds it by name, launches nothing
+        assert again.provider_id == ours.provider_id
+        assert lambda_cloud.calls("/instance-operations/launch") == 2
+    finally:
+        provider.shutdown()
+
+
 # --------------------------------------------------------------------------- check
 
 
