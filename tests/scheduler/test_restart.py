@@ -243,3 +243,50 @@ async def test_a_call_kept_for_a_worker_that_does_not_come_back_is_queued_again_
     # and the old worker, back too late, has nothing of it: its report would be refused (placed elsewhere)
     await second.register_worker(WorkerInfo("w-old", "cpu", 1000, 1024))
     assert await second.reclaim_worker("w-old", [request.id]) == []
+
+
+async def test_workers_a_kept_redis_still_holds_are_not_reaped_for_the_downtime(
+    make_harness: MakeHarness, redis_server: str, tmp_path: Path
+) -> None:
+    """A controlplane restarted over a Redis that kept its data (a server, not the embedded one): every
+    keepalive lapsed while it was down. Its running call is neither requeued nor its worker removed while the
+    workers get the grace to reconnect; one that never comes back is reaped after it."""
+    redis = connect(redis_server)
+    await redis.flushall()
+    h = await make_harness([("cpu",)], database_url=f"sqlite:///{tmp_path / 'levers9.db'}", redis=redis,
+                           worker_keepalive_s=0.5)  # fmt: skip
+    first = h.scheduler()
+    back, gone = WorkerInfo("w-back", "cpu", 1000, 1024), WorkerInfo("w-gone", "cpu", 1000, 1024)
+    for w in (back, gone):
+        await first.register_worker(w)
+    request = h.request(None, cpu_millicores=1000)
+    await first.submit(request)
+    [placed] = (await first.place_once()).placed
+    assert await first.take(placed.worker) == [Taken(request.id)]
+    await TaskStore(h.db).set_running(request.id, placed.worker, "c-1")
+    await first.stop()
+
+    second = h.scheduler()
+    try:
+
+        async def both_silent() -> bool:
+            return sorted(await second.ctx.workers.silent()) == ["w-back", "w-gone"]
+
+        await eventually(both_silent, "the keepalives to lapse while no controlplane listens")
+        await second.rebuild()
+        assert await second.reap_once() == [], "reaped for the controlplane's own downtime"
+        assert await second.workers.ids() == {"w-back", "w-gone"}
+        state = await second.backlog.get(request.id)
+        assert state is not None
+        assert (state.state, state.worker) == ("running", placed.worker)
+        await second.register_worker(back if placed.worker == "w-back" else gone)  # the call's worker returns
+        await redis.delete(f"{second.ctx.workers.prefix}returning")  # the grace is over
+        other = "w-gone" if placed.worker == "w-back" else "w-back"
+        assert await second.reap_once() == []  # nothing of the absent one's to requeue
+        assert await second.workers.ids() == {placed.worker}, f"{other} never came back: reaped"
+        task = await TaskStore(h.db).get(request.id)
+        assert task is not None
+        assert (task.status, task.attempts) == ("running", 0)
+    finally:
+        await second.stop()
+        await redis.aclose()

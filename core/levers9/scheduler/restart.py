@@ -14,7 +14,10 @@ tasks back:
   after :func:`return_grace_s` is it queued again, its attempt counted
   (:func:`requeue_kept`, from every replica's reaper);
 * meanwhile no machine is stopped for having a worker Redis does not know
-  (:meth:`~levers9.state.redis.workers.WorkerRegistry.returning`).
+  (:meth:`~levers9.state.redis.workers.WorkerRegistry.returning`), and no
+  worker Redis kept is judged gone for the keepalives it sent while no
+  controlplane listened: the reaper waits out the same grace after every
+  start (a replica's start delays the reaping of a dead worker by it).
 
 The wait is the longer of the keepalive a live worker is allowed anyway and
 :data:`RETURN_GRACE_MIN_S`, which covers a worker's longest pause between two
@@ -72,9 +75,9 @@ async def rebuild(ctx: Context, backlog: Backlog, queue: Queue, grace_s: float) 
     registered = await ctx.workers.ids()
     alive = set(registered) - set(await ctx.workers.silent()) if registered else set()
     grace_ms = round(grace_s * 1000)
-    if not registered:
-        # Redis knows no worker: its data is gone (or this is a first start); give them time to come back
-        await ctx.workers.expect_returning(grace_ms)
+    # Whatever Redis kept, the workers get the grace to come back: when it lost its data they are unknown, and
+    # when it kept them their keepalives lapsed while no controlplane listened; neither means they are gone
+    await ctx.workers.expect_returning(grace_ms)
     for start in range(0, len(unfinished), 500):
         chunk = unfinished[start : start + 500]
         known = await backlog.get_many([t.id for t in chunk])

@@ -390,7 +390,9 @@ class Scheduler:
         """Remove workers whose keepalive lapsed and requeue their work, and the calls kept for workers that did
         not come back after a restart (see :meth:`rebuild`); returns the requeued request ids."""
         requeued: list[str] = []
-        for worker in await self.ctx.workers.silent():
+        # after a start, keepalives that lapsed while no controlplane listened mean nothing (see rebuild)
+        silent = [] if await self.ctx.workers.returning() else await self.ctx.workers.silent()
+        for worker in silent:
             requeued += await self.remove_worker(worker, "stopped reporting")
         requeued += await requeue_kept(self.ctx, self.backlog, self.return_grace_s)
         return requeued
