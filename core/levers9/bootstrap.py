@@ -68,7 +68,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.hooks.types import WorkerBootstrap
-from levers9.worker_container import DEVICES, docker_run_flags
+from levers9.worker_container import DEVICES, OCI_RUNTIMES, docker_run_flags
 from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, closest_variable
 
 __all__ = [
@@ -188,8 +188,9 @@ def _devices_step() -> str:
     """
     lines = ['  DEVICES=""\n']
     for device in DEVICES:
+        if device == "/dev/fuse":
+            lines.append(f"  if [ ! -e {device} ]; then modprobe fuse >/dev/null 2>&1 || true; fi\n")
         lines.append(
-            f"  if [ ! -e {device} ] && [ {device} = /dev/fuse ]; then modprobe fuse >/dev/null 2>&1 || true; fi\n"
             f'  if [ -e {device} ]; then DEVICES="$DEVICES --device={device}:{device}:rwm"; '
             f'else say "no {device} on this machine: its worker cannot mount volumes"; fi\n'
         )
@@ -211,7 +212,7 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
     env_lines = "".join(f"{name}={value}\n" for name, value in env.items())
     gpus = "--gpus all " if _count(bootstrap) > 0 else ""
     access = "".join(f"{q(flag)} " for flag in docker_run_flags(bootstrap.runtime, bootstrap.machine_id, devices=False))
-    oci = bool(docker_run_flags(bootstrap.runtime, bootstrap.machine_id))
+    oci = bootstrap.runtime in OCI_RUNTIMES
     if oci:
         access += "$DEVICES "  # unquoted: one --device flag for each of worker_container.DEVICES the machine has
     parts = [

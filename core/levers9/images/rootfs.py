@@ -57,6 +57,7 @@ the requirements' markers).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -70,7 +71,9 @@ from importlib import metadata
 from pathlib import Path
 
 from levers9.__about__ import __version__
+from levers9.hooks.errors import Levers9Error
 from levers9.images.tarball import Entry, default_cache_dir, digest, write
+from levers9.volumes.juicefs import juicefs_binary
 
 __all__ = [
     "CA_BUNDLE",
@@ -380,9 +383,8 @@ def _tools(p: _Plan) -> None:
         p.file(f"{where}/{name}", os.path.realpath(found))
     if "usr/bin/fusermount3" in p.entries:  # rclone 1.60 (Debian 12's) runs it by its FUSE 2 name, as Debian links it
         p.link("usr/bin/fusermount", "fusermount3")
-    juicefs = _juicefs()
-    if juicefs is not None:
-        p.file(JUICEFS, juicefs)
+    with contextlib.suppress(Levers9Error):  # not installed here (no volumes extra): pools mount over WebDAV
+        p.file(JUICEFS, os.path.realpath(juicefs_binary()))
     if "usr/sbin/iptables" in p.entries or "usr/bin/iptables" in p.entries:
         extensions = Path("/" + XTABLES)
         if not extensions.is_dir():
@@ -393,13 +395,6 @@ def _tools(p: _Plan) -> None:
                     p.file(f"{XTABLES}/{extension.name}", str(extension.resolve()))
     if missing:
         raise ImageError(f"the worker image needs tools this machine lacks: {', '.join(missing)}")
-
-
-def _juicefs() -> str | None:
-    """The ``juicefs`` this installation mounts volumes with (beside this interpreter, else on PATH), or None."""
-    beside = Path(sys.executable).parent / "juicefs"
-    found = str(beside) if beside.is_file() else shutil.which("juicefs")
-    return os.path.realpath(found) if found else None
 
 
 def _ldd(paths: list[str]) -> Iterator[tuple[str, str | None]]:
