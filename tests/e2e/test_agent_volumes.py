@@ -71,4 +71,5 @@ def test_a_call_on_a_joined_machine_reads_and_writes_a_volume_over_the_controlpl
     assert removed.returncode == 0, removed.stderr + plane.log()[-3000:]
     wait_until("the worker container's removal", lambda: not box.workers(), 120, why=lambda: box_logs(plane, box))
     assert box.volumes() == []
-    assert _rclone_mounts() == before
+    # other tests' workers mount and unmount meanwhile: only none of this test's may stay
+    assert set(_rclone_mounts()) <= set(before)
