@@ -51,11 +51,33 @@ class InsufficientCapacity(ProviderError):
 class QuotaExceeded(ProviderError):
     """The account's limit for this kind of machine is reached.
 
-    Treated like insufficient capacity for failover, but reported to the operator
-    as something they can fix.
+    Unlike a capacity miss, a quota does not lapse on its own in another zone:
+    the limit holds for a whole region (EC2's ``VcpuLimitExceeded``, OCI's
+    ``LimitExceeded``), or for the whole account. ``scope`` says which
+    (:data:`QUOTA_SCOPES`): the scheduler skips every offer of the pool in
+    that region (``"region"``, the default) or everywhere (``"account"``) for
+    ``unavailable_ttl_s`` at once, instead of trying zone after zone, and
+    shows the quota as the pool's reason so the operator can raise it.
     """
 
     kind = "quota_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        plugin: str | None = None,
+        code: str | None = None,
+        scope: str = "region",
+    ) -> None:
+        super().__init__(message, plugin=plugin, code=code)
+        if scope not in QUOTA_SCOPES:
+            raise ValueError(f"QuotaExceeded scope {scope!r} is not one of {', '.join(QUOTA_SCOPES)}")
+        self.scope = scope
+
+
+#: what a :class:`QuotaExceeded` holds for: every offer of the pool in the offer's region, or the whole account
+QUOTA_SCOPES = ("region", "account")
 
 
 class AuthenticationFailed(ProviderError):
