@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from levers9.gpu.preference import parse_gpu
-from levers9.hooks.types import Pool
-from levers9.scheduler.candidates import NoPoolOffers, candidates, groups
+from levers9.hooks.types import Availability, GpuOffer, Pool
+from levers9.scheduler.candidates import NoPoolOffers, candidates, groups, pool_price, pool_prices
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.request import CheckpointNeed, PlacementRequest
 from levers9.state.redis.backlog import Group
@@ -120,3 +120,27 @@ def test_a_gpu_no_pool_offers_is_refused_naming_the_pools_and_their_gpus() -> No
 def test_no_pools_at_all() -> None:
     with pytest.raises(NoPoolOffers, match="no pools are configured"):
         candidates(req(None), {})
+
+
+def test_pools_of_one_group_follow_the_config_then_the_price() -> None:
+    # listed z-first: config order is the file's, not the names'
+    pools = {p.name: p for p in [spec("z-own", "H100", 1), spec("a-aws", "H100", 8), spec("m-gcp", "H100", 2)]}
+    assert groups(candidates(req("H100"), pools, order="config")) == (Group(0, ("z-own", "a-aws", "m-gcp"), 1),)
+    prices = {"a-aws": 2.0, "m-gcp": 1.5}  # per GPU-hour; z-own has none
+    assert groups(candidates(req("H100"), pools, order="price", prices=prices)) == (
+        Group(0, ("m-gcp", "a-aws", "z-own"), 1),
+    )
+    assert groups(candidates(req("H100"), pools, order="config", prices=prices))[0].pools[0] == "z-own"
+
+
+def test_a_pools_price_is_its_cheapest_usable_offer_per_gpu_hour() -> None:
+    pool = POOLS["h100-aws"]  # 8x H100
+    offer = {"gpu": "H100", "gpu_count": 8, "gpu_memory_mib": 81559, "instance_type": "p5.48xlarge"}
+    offers = [
+        GpuOffer(**offer, zone="a", price_per_hour=40.0),
+        GpuOffer(**offer, zone="b", price_per_hour=8.0, availability=Availability.UNAVAILABLE),
+        GpuOffer(**offer, zone="c"),
+    ]
+    assert pool_price(pool, offers) == 5.0
+    assert pool_price(pool, offers[1:]) is None
+    assert pool_prices(POOLS, {"h100-aws": offers, "a100": []}) == {"h100-aws": 5.0}

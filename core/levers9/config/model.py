@@ -280,6 +280,13 @@ class SchedulerConfig(_Strict):
         description="How long a pool's offers (instance types, zones, prices) are used before the provider is "
         "asked again; they are refreshed in the background, and a failed refresh keeps the last answer.",
     )
+    pool_order: Literal["price", "config"] = Field(
+        "price",
+        description="Which of several pools of equal priority that can take a call gets a new machine first: "
+        "price starts the one whose cheapest offer costs least per GPU-hour (per hour for a CPU pool; pools "
+        "without a known price last, in config order); config keeps the order of the pools in this file. "
+        "A pool's priority ranks it above price either way.",
+    )
     worker_image: str | None = Field(
         None,
         description="The worker image machines that run containers boot (ghcr.io/levers9/worker:0.1.0); empty "

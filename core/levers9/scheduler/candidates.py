@@ -6,21 +6,41 @@ worker wins (that choice is made in Redis, see ``place.lua``). A CPU fallback is
 one more group that opens ``fallback_after`` seconds after submission, or at once
 when no pool offers any of the GPU types the request lists.
 
+Within a group the pools are listed in the order the planner walks them to
+start a machine (``scheduler.pool_order``):
+
+- ``price`` (the default): the pool whose cheapest known offer costs least per
+  GPU-hour (per machine-hour for a CPU pool) first, so with the same GPU in
+  several pools the cheaper one is started; pools without a known price come
+  after every priced one, in configuration order. The operator ranks pools
+  above price with ``priority``: a higher priority is an earlier group, so
+  price only orders pools of equal priority;
+- ``config``: the order of the pools in the configuration file.
+
+Prices are what the caller passes (:func:`pool_prices` of the offers this
+replica knows); a price unknown when the request is queued (offers not asked
+yet) counts as no price, and the order is fixed for the request's life.
+
 A request no pool could ever take is refused here, before it is stored, with
 the configured pools and their GPU types in the message: waiting would not help.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from levers9.hooks.errors import Levers9Error
+from levers9.hooks.types import Availability, GpuOffer
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.request import PlacementRequest
 from levers9.state.redis.backlog import Group
 
-__all__ = ["Candidate", "NoPoolOffers", "candidates", "groups"]
+__all__ = ["Candidate", "NoPoolOffers", "PoolOrder", "candidates", "groups", "pool_price", "pool_prices"]
+
+#: how pools of one group are ordered (``scheduler.pool_order``); see the module docstring
+PoolOrder = Literal["price", "config"]
 
 
 class NoPoolOffers(Levers9Error):
@@ -73,11 +93,45 @@ def _visible(request: PlacementRequest, pool: PoolSpec) -> bool:
     return pool.workspace is None or pool.workspace == request.workspace
 
 
-def candidates(request: PlacementRequest, pools: Mapping[str, PoolSpec]) -> list[Candidate]:
-    """Every pool that can run ``request``, best first; raises :class:`NoPoolOffers` when there is none."""
+def pool_price(pool: PoolSpec, offers: Iterable[GpuOffer]) -> float | None:
+    """What the cheapest of ``offers`` costs per GPU-hour of ``pool`` (per machine-hour on CPU); None when none
+    of them has a price. Offers the provider itself reports unavailable are never started, so not counted."""
+    per = max(pool.gpu_count, 1) if pool.gpu is not None else 1
+    found = [
+        o.price_per_hour / per
+        for o in offers
+        if o.price_per_hour is not None and o.availability is not Availability.UNAVAILABLE
+    ]
+    return min(found) if found else None
+
+
+def pool_prices(pools: Mapping[str, PoolSpec], offers: Mapping[str, Iterable[GpuOffer]]) -> dict[str, float]:
+    """:func:`pool_price` of every pool in ``pools`` with a priced offer in ``offers`` (pool name -> offers)."""
+    out: dict[str, float] = {}
+    for name, pool in pools.items():
+        price = pool_price(pool, offers.get(name, ()))
+        if price is not None:
+            out[name] = price
+    return out
+
+
+def candidates(
+    request: PlacementRequest,
+    pools: Mapping[str, PoolSpec],
+    *,
+    order: PoolOrder = "price",
+    prices: Mapping[str, float] | None = None,
+) -> list[Candidate]:
+    """Every pool that can run ``request``, best first; raises :class:`NoPoolOffers` when there is none.
+
+    ``order`` and ``prices`` (pool name -> price per GPU-hour, see :func:`pool_prices`) order the pools of
+    equal rank and priority (see the module docstring); ``pools`` is in configuration order.
+    """
     wanted = request.gpu
     found: list[Candidate] = []
     refused: list[tuple[PoolSpec, str]] = []
+    position = {name: i for i, name in enumerate(pools)}
+    priced = prices if order == "price" and prices is not None else {}
     for pool in pools.values():
         if not _visible(request, pool):
             continue
@@ -101,8 +155,13 @@ def candidates(request: PlacementRequest, pools: Mapping[str, PoolSpec]) -> list
     if wanted.wants_gpu and all(c.pool.gpu is None for c in found):
         # No pool offers any GPU the request lists: waiting for one cannot help, so the fallback opens now.
         found = [Candidate(c.pool, c.rank, 0, c.gpu_count) for c in found]
-    found.sort(key=lambda c: (c.rank, -c.pool.priority, c.pool.name))
+    found.sort(key=lambda c: (c.rank, -c.pool.priority, *_price_key(priced.get(c.pool.name)), position[c.pool.name]))
     return found
+
+
+def _price_key(price: float | None) -> tuple[bool, float]:
+    """Priced pools first, the cheapest first; every unpriced pool after them (their order is the config's)."""
+    return (price is None, price or 0.0)
 
 
 def groups(found: list[Candidate]) -> tuple[Group, ...]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from levers9.config.model import SchedulerConfig
 from levers9.scheduler import events
 from levers9.scheduler.availability import Unavailable
-from levers9.scheduler.candidates import NoPoolOffers, candidates, groups
+from levers9.scheduler.candidates import Candidate, NoPoolOffers, candidates, groups, pool_prices
 from levers9.scheduler.context import Context
 from levers9.scheduler.controller import PoolController, UpkeepReport
 from levers9.scheduler.history import HistoryWriter
@@ -139,7 +139,7 @@ class Scheduler:
         wait_s = request.max_wait_s or self.settings.max_wait_s
         key = request.model_dump_json(exclude={"id"}) if same_as is not None else ""
         cached = same_as.get(key) if same_as is not None else None
-        found = cached if cached is not None else groups(candidates(request, self.ctx.pools))
+        found = cached if cached is not None else groups(self._candidates(request))
         if same_as is not None:
             same_as[key] = found
         return QueuedRequest(
@@ -153,6 +153,16 @@ class Scheduler:
             deadline_ms=request.submitted_ms + round(wait_s * 1000),
             function=function or "",
         )
+
+    def _candidates(self, request: PlacementRequest) -> list[Candidate]:
+        """The request's pools in order, priced by the offers this replica knows (``scheduler.pool_order``)."""
+        pools = self.ctx.pools
+        order = self.settings.pool_order
+        prices = None
+        if order == "price":
+            known = {name: self.offers.get(name) for name in pools}
+            prices = pool_prices(pools, {name: k.offers for name, k in known.items() if k is not None})
+        return candidates(request, pools, order=order, prices=prices)
 
     async def submit(self, request: PlacementRequest, *, stub_id: str | None = None, args: bytes | None = None) -> None:
         await self.submit_many([request], stub_id=stub_id, args=None if args is None else [args])
