@@ -60,6 +60,10 @@ class Harness:
         """What ``levers9_gpu_offers`` answers for each pool (``GpuOffer`` fields); other pools have none."""
         (self.cloud / "offers.json").write_text(json.dumps(by_pool))
 
+    def slow_offers(self, **by_pool: dict[str, Any]) -> None:
+        """How each pool's offer listing misbehaves: ``delay_s`` before it answers, ``error`` it raises then."""
+        (self.cloud / "offers_slow.json").write_text(json.dumps(by_pool))
+
     def call_log(self) -> list[dict[str, Any]]:
         """Every provision call, in order: pool, action, offer key, region, time, bootstrap (without its token)."""
         path = self.cloud / "calls.jsonl"

@@ -6,6 +6,8 @@ Its machines and its behaviour live in a directory:
   ``cpu``), to what ``levers9_provision`` does next;
 - ``offers.json`` maps a pool name to the offers ``levers9_gpu_offers`` returns
   for it (``GpuOffer`` fields); a pool not in it has no offers;
+  ``offers_slow.json`` maps a pool name to how that listing misbehaves:
+  ``delay_s`` (it answers that late) and ``error`` (it then raises ``Throttled``);
 - every provision is appended to ``calls.jsonl`` (with its time, the offer and
   the bootstrap, never the token) so a test can check the order and pace of
   attempts, and every terminate to ``terminates.jsonl`` with the machine it got;
@@ -97,6 +99,11 @@ def levers9_provider_settings():
 
 @hookimpl
 def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
+    slow = _dir(pool) / "offers_slow.json"
+    how = json.loads(slow.read_text()).get(pool.name, {}) if slow.exists() else {}
+    time.sleep(how.get("delay_s", 0.0))
+    if how.get("error"):
+        raise Throttled(how["error"], code="Slow")
     path = _dir(pool) / "offers.json"
     table = json.loads(path.read_text()) if path.exists() else {}
     return [GpuOffer(**offer) for offer in table.get(pool.name, [])]

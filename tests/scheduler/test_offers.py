@@ -270,3 +270,66 @@ async def test_giving_up_names_every_offer_tried_and_why(make_harness: MakeHarne
     assert f"h100 (1x H100, flaky) offer {_key(o1)}: quota_exceeded: [flaky] H100 quota is 0" in message
     assert f"h100 (1x H100, flaky) offer {_key(o2)}: quota_exceeded: [flaky] H100 quota is 0" in message
     assert "h100 (1x H100, flaky): every offer is unavailable (2 tried)" in message
+
+
+async def test_a_pool_whose_offers_are_still_being_listed_waits_for_them_and_never_starts_its_own_shape(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trial: describing EC2's instance types took 7.5 s, longer than the planner's first wait, and the
+    # pool was started without an offer (EC2 refused it; a cluster put an L4 pool's worker on a T4 node).
+    monkeypatch.setattr("levers9.scheduler.offers.FIRST_ASK_TIMEOUT_S", 0.2)
+    h = await make_harness([("h100", "H100")])
+    o1 = _offer("us-east-1a")
+    h.offer(h100=[o1])
+    h.slow_offers(h100={"delay_s": 1.5})
+    s = h.scheduler()
+    req = h.request("H100")
+    await s.submit(req)
+    await s.place_once()
+    await _plan(h, 1)
+    assert h.call_log() == [], "nothing is started while the pool's offers are still being listed"
+    history = [e.reason or "" for e in await TaskStore(h.db).history(req.id) if e.outcome == "unavailable"]
+    assert history == ["its offers are still being listed by flaky; it waits for them"]
+
+    async def answered() -> bool:
+        known = s.offers.get("h100")
+        return known is not None and known.answered_at is not None
+
+    await eventually(answered, "the slow listing to answer (it is not cut short at the planner's first wait)")
+    assert s.ctx.planner_wanted.is_set(), "the first answer wakes the planner"
+    for _ in range(200):
+        await _plan(h, 1)
+        if h.call_log():
+            break
+        await asyncio.sleep(0.05)
+    assert [c["offer"] for c in h.call_log()] == [_key(o1)], "the machine is started from the offer"
+
+
+async def test_a_pool_whose_listing_fails_waits_asks_again_soon_and_then_starts_an_offer(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("levers9.scheduler.offers.UNANSWERED_RETRY_S", 0.3)
+    h = await make_harness([("h100", "H100")], offers_ttl_s=600.0)
+    o1 = _offer("us-east-1a")
+    h.offer(h100=[o1])
+    h.slow_offers(h100={"error": "DescribeInstanceTypes is slow today"})
+    s = h.scheduler()
+    req = h.request("H100")
+    await s.submit(req)
+    await s.place_once()
+    await _plan(h, 1)
+    assert h.call_log() == []
+    pick = await s.offers.pick(s.ctx.pools["h100"])
+    assert not pick.free
+    assert "listing its offers failed ([flaky] DescribeInstanceTypes is slow today (Slow))" in (pick.why or "")
+    assert s.offers.stale() == [], "not asked again at once"
+    await asyncio.sleep(0.35)
+    assert [p.name for p in s.offers.stale()] == ["h100"], "a pool that never answered is asked again soon, not per TTL"
+    h.slow_offers()
+    await s.offers.refresh()
+    for _ in range(200):
+        await _plan(h, 1)
+        if h.call_log():
+            break
+        await asyncio.sleep(0.05)
+    assert [c["offer"] for c in h.call_log()] == [_key(o1)]

@@ -10,16 +10,27 @@ providers offer.
 Invariants:
 
 - the planner never waits on a provider's offers longer than
-  :data:`FIRST_ASK_TIMEOUT_S`, and only for a pool never asked before; after
-  that the lease holder refreshes answers older than the TTL in the background
-  (:meth:`OfferCache.refresh_in_background`), every pool at once, so a slow
-  provider delays only its own pools' refresh;
+  :data:`FIRST_ASK_TIMEOUT_S`, and only for a pool never asked before; the
+  ask itself goes on in the background under the hook's own deadline (a slow
+  listing, 7.5 s of EC2 instance types, is not cut short) and its answer wakes
+  the planner. After that the lease holder refreshes answers older than the
+  TTL in the background (:meth:`OfferCache.refresh_in_background`), every pool
+  at once, so a slow provider delays only its own pools' refresh;
+- a GPU pool whose provider has ``levers9_gpu_offers`` is never started
+  without an offer while its provider has not answered yet (the first ask is
+  still running, or failed): it waits, and its pick says why ("its offers are
+  still being listed"; "listing its offers failed: ..."), which the planner
+  puts in the placement history. Starting "the pool's own shape" there would
+  let the provider guess the machine (a cloud refuses without an instance
+  type; a cluster puts an L4 pool's worker on any node). A pool that never
+  answered is asked again every :data:`UNANSWERED_RETRY_S`, not once per TTL;
 - a refresh that fails (an error, a deadline) keeps the last good answer and
   records the provider's error with it (:attr:`PoolOffers.error`), logged
-  once per failure; a pool that never answered is used with its own shape;
+  once per failure;
 - a CPU pool, a pool whose provider has no ``levers9_gpu_offers`` and a pool
-  whose provider offered nothing have no offers: the planner's single
-  candidate for them is the pool's own shape (``offer=None``);
+  whose provider answered that it offers nothing have no offers: the planner's
+  single candidate for them is the pool's own shape (``offer=None``), and the
+  provider's provision decides (and names why it cannot);
 - only offers that match the pool are kept: its GPU type and count, and one of
   its regions when it names any. Others are dropped and counted
   (:attr:`PoolOffers.dropped`), since a machine of another shape would break
@@ -41,12 +52,14 @@ from levers9.hooks.types import Availability, GpuOffer
 from levers9.scheduler.context import Context
 from levers9.scheduler.pools import PoolSpec
 
-__all__ = ["FIRST_ASK_TIMEOUT_S", "OfferCache", "Pick", "PoolOffers", "matching", "ordered"]
+__all__ = ["FIRST_ASK_TIMEOUT_S", "UNANSWERED_RETRY_S", "OfferCache", "Pick", "PoolOffers", "matching", "ordered"]
 
 log = logging.getLogger(__name__)
 
 #: the most the planner waits for a pool's first answer; later answers come from the background refresh
 FIRST_ASK_TIMEOUT_S = 5.0
+#: how often a pool whose provider never answered (a failure, a deadline) is asked again
+UNANSWERED_RETRY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -117,10 +130,11 @@ class OfferCache:
         """What is known of pool ``name``'s offers; None when it was never asked."""
         return self._known.get(name)
 
-    async def candidates(self, pool: PoolSpec) -> list[GpuOffer | None]:
+    async def candidates(self, pool: PoolSpec) -> list[GpuOffer | None] | str:
         """What the planner may start for ``pool``, in order: ``[None]`` (its own shape) when it has no offers.
 
-        An empty list means the pool has offers but the provider reports every one ``unavailable``.
+        An empty list means the pool has offers but the provider reports every one ``unavailable``; a
+        string, that the provider has not answered yet, and why (the pool waits for its offers).
         """
         if not self.offers_hook(pool):
             return [None]
@@ -128,7 +142,9 @@ class OfferCache:
         if known is None:
             await self._first_ask(pool)
             known = self._known.get(pool.name)
-        if known is None or not known.offers:
+        if known is None or known.answered_at is None:
+            return _unanswered(pool, known)
+        if not known.offers:
             return [None]
         return list(ordered(pool, known.offers))
 
@@ -138,6 +154,8 @@ class OfferCache:
         ``marks`` caches the marks read from Redis per pool, for callers that pick many times in one pass.
         """
         offers = await self.candidates(pool)
+        if isinstance(offers, str):
+            return Pick(None, free=False, why=offers)
         if offers == [None]:
             return Pick(None)
         if not offers:
@@ -174,7 +192,7 @@ class OfferCache:
             if not self.offers_hook(pool) or pool.name in self._asking:
                 continue
             known = self._known.get(pool.name)
-            if known is None or now - known.asked_at >= ttl:
+            if known is None or now - known.asked_at >= (ttl if known.answered_at is not None else UNANSWERED_RETRY_S):
                 out.append(pool)
         return out
 
@@ -207,13 +225,10 @@ class OfferCache:
     # ------------------------------------------------------------------ asking
 
     async def _first_ask(self, pool: PoolSpec) -> None:
-        task = self._ask(pool, FIRST_ASK_TIMEOUT_S)
-        # a refresh already asking with a longer deadline is waited for only this long
+        # the ask runs under the hook's own deadline; the planner waits for it only this long, and the
+        # answer, when it comes, wakes the planner (see _answer)
+        task = self._ask(pool, None)
         await asyncio.wait({task}, timeout=FIRST_ASK_TIMEOUT_S)
-        if not task.done():
-            self._known.setdefault(
-                pool.name, PoolOffers(asked_at=self.ctx.clock(), error=f"no answer within {FIRST_ASK_TIMEOUT_S:g} s")
-            )
 
     def _ask(self, pool: PoolSpec, timeout: float | None) -> asyncio.Task[None]:
         """One ask of ``pool``'s provider, shared by whoever needs it while it runs."""
@@ -236,7 +251,7 @@ class OfferCache:
         except Exception as exc:
             error = str(exc) or type(exc).__name__
             if error != previous.error:
-                kept = "keeping its last answer" if previous.answered_at is not None else "using its own shape"
+                kept = "keeping its last answer" if previous.answered_at is not None else "it waits for them"
                 log.warning("pool %s: asking %s for offers failed, %s: %s", pool.name, pool.pool.provider, kept, error)
             self._known[pool.name] = PoolOffers(
                 offers=previous.offers,
@@ -260,6 +275,15 @@ class OfferCache:
         self._known[pool.name] = PoolOffers(
             offers=tuple(kept_offers), answered_at=asked_at, asked_at=asked_at, error=None, dropped=dropped
         )
+        if previous.answered_at is None:
+            ctx.planner_wanted.set()  # requests waiting for this pool's first answer may go on now
+
+
+def _unanswered(pool: PoolSpec, known: PoolOffers | None) -> str:
+    """Why ``pool`` waits: its provider has not answered for its offers yet (see the module docstring)."""
+    if known is None or known.error is None:
+        return f"its offers are still being listed by {pool.pool.provider}; it waits for them"
+    return f"listing its offers failed ({known.error}); it waits for them and asks again"
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

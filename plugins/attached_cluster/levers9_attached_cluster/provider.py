@@ -19,9 +19,11 @@ was heard from within ``heartbeat_timeout_s``; when a cluster was joined again
   (``instance_type`` ``nvidia.com/gpu.product=NVIDIA-L4``, which the Job then
   requires through node affinity), ``available`` when one such node has
   ``gpu_count`` GPUs free now, else ``unavailable`` (the scheduler skips it);
-  no price, no zone. A CPU pool, a cluster without a serving agent, and a
-  process without an agent hub (``levers9 offers`` from a config file) have
-  none, which is no failure.
+  no price, no zone. A CPU pool and a process without an agent hub
+  (``levers9 offers`` from a config file) have none, which is no failure; a
+  GPU pool whose cluster has no serving agent is :class:`InsufficientCapacity`
+  naming why, so the planner waits for the agent's offers instead of starting
+  a Job without node affinity (it could land on a node of another GPU type).
 * provision: no serving agent is :class:`InsufficientCapacity` naming the
   cluster and why (never connected, not connected, silent for N s); a pool
   whose ``namespace`` is not the one the agent works in is
@@ -219,9 +221,14 @@ class AttachedClusterProvider:
         if not pool.gpu or pool.gpu_count < 1 or not self._has_hub:
             # outside a controlplane no agent connects: nothing to offer, which is no failure of the pool's
             return []
-        agent = self.serving(pool)
+        known = self.agents(pool)
+        agent = next((a for a in known if self.serves(pool, a)), None)
         if agent is None:
-            return []
+            # no answer rather than "nothing": the planner waits for the cluster's offers instead of starting
+            # the pool's own shape, a Job without node affinity that could land on any GPU node
+            raise InsufficientCapacity(
+                f"pool {pool.name!r}: {self._why_not_served(pool, known)}", code="AgentNotServing"
+            )
         by_label: dict[str, list[NodeRoom]] = {}
         for room in node_rooms(agent, _settings(pool)):
             if room.excluded or room.gpu != pool.gpu or room.gpus_total < pool.gpu_count or room.type_label is None:

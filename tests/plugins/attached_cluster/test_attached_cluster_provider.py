@@ -62,7 +62,10 @@ def listed(provider: AttachedClusterProvider, pool: Pool, state: MachineState) -
 def test_offers_come_from_the_gfd_labels_and_room_of_the_reported_nodes(
     provider: AttachedClusterProvider, join: Join
 ) -> None:
-    assert provider.gpu_offers(make_pool()) == []  # no agent of the cluster yet: no offers, no error
+    # no agent of the cluster yet: no answer, so the planner waits for one rather than start a Job without
+    # node affinity (before: [] and the pool's own shape, which put an L4 pool's worker on a T4 node)
+    with pytest.raises(InsufficientCapacity, match=f"no agent of cluster {CLUSTER!r} has joined"):
+        provider.gpu_offers(make_pool())
     join()
     offer = l4_offer(provider)
     assert (offer.gpu, offer.gpu_count, offer.instance_type) == ("L4", 1, L4_LABEL)
@@ -76,7 +79,8 @@ def test_offers_come_from_the_gfd_labels_and_room_of_the_reported_nodes(
     assert provider.gpu_offers(make_pool(gpu=None)) == []
     assert provider.gpu_offers(make_pool(node_selector={"levers9.test/pool": "none-has-it"})) == []
     # another cluster's pool of the same workspace: its agent never joined
-    assert provider.gpu_offers(make_pool(cluster="other")) == []
+    with pytest.raises(InsufficientCapacity, match="no agent of cluster 'other' has joined"):
+        provider.gpu_offers(make_pool(cluster="other"))
     # a process without an agent hub (``levers9 offers`` from a config file) offers nothing, and fails nothing
     bare = AttachedClusterProvider()
     bare.startup(PluginContext.bare("attached_cluster"))
@@ -214,7 +218,8 @@ def test_another_workspaces_pool_of_the_same_cluster_name_sees_nothing_and_order
     machine = provider.provision(provision_request(mine, l4_offer(provider)))
     wait_for(lambda: listed(provider, mine, MachineState.RUNNING), "the worker listed running in its own pool")
 
-    assert provider.gpu_offers(theirs) == []
+    with pytest.raises(InsufficientCapacity, match=f"no agent of cluster {CLUSTER!r} has joined"):
+        provider.gpu_offers(theirs)
     with pytest.raises(InsufficientCapacity, match=f"no agent of cluster {CLUSTER!r} has joined"):
         provider.provision(provision_request(theirs, None))
     assert provider.list_machines(theirs) == []
