@@ -4,7 +4,9 @@ What ``ListShapes`` says of a shape in a domain becomes an offer when its GPUs
 normalise (:func:`levers9.gpu.normalize.from_oci_shape`) to the pool's GPU type
 and count, and it is one of ``settings.shapes`` when those are given. CPU and
 memory come from ``ocpus`` (one OCPU is two vCPUs) and ``memory_in_gbs``; GPU
-memory is the catalog's. OCI's list API publishes no price, so none is given.
+memory is the catalog's. OCI's list API publishes no price: the price is the
+shape's in the catalog the plugin ships (:mod:`levers9_oci.prices`), None for a
+shape it lacks.
 
 Availability comes from a compute capacity report when one answers:
 ``AVAILABLE`` is available, ``OUT_OF_HOST_CAPACITY`` unavailable, anything
@@ -24,6 +26,7 @@ from typing import Any
 from levers9.gpu.catalog import CATALOG
 from levers9.gpu.normalize import from_oci_shape
 from levers9.hooks.types import Availability, GpuOffer, Pool
+from levers9_oci.prices import on_demand_price
 
 __all__ = ["availability_from_report", "matching_shapes", "shape_offer"]
 
@@ -79,7 +82,7 @@ def shape_offer(
         cpu_millicores=int(ocpus * 2 * 1000) if ocpus else None,
         memory_mib=int(memory_gb * 1024) if memory_gb else None,
         availability=availability,
-        price_per_hour=None,
+        price_per_hour=on_demand_price(str(shape["shape"])),
     )
 
 

@@ -73,7 +73,7 @@ def test_offers_come_from_the_recorded_shapes_per_domain(
         assert offer.cpu_millicores == 30_000  # 15 OCPUs are 30 vCPUs
         assert offer.memory_mib == 240 * 1024
         assert offer.gpu_memory_mib == 24_576
-        assert offer.price_per_hour is None
+        assert offer.price_per_hour == 1.27  # the shipped catalog's (test_oci_prices.py)
         assert offer.availability is Availability.AVAILABLE
     assert fake_oci.calls("ListAvailabilityDomains") == 1
     assert fake_oci.calls("ListShapes") == 8
