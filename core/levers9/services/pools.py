@@ -5,6 +5,15 @@ workers are everyone's, an attached cluster's are its workspace's and the
 operators'. A worker counts while its keepalive holds: a silent one is about
 to be reaped and takes no work. Which machine a worker runs on and where it
 listens are the operators' to see; a workspace user gets None for both.
+
+A pool is ``unavailable`` (with the reason) while the scheduler would start
+nothing of it: the whole pool is marked (see
+:mod:`levers9.scheduler.availability`), or it has offers and every one is
+either reported unavailable by its provider or marked after a miss (a
+capacity or quota answer, a preemption); the reason is then the first mark's.
+The offers are those this replica's scheduler knows: a replica that has not
+asked a pool's provider (it does not hold the planner's lease) judges the
+pool by its pool mark alone.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from levers9.hooks.types import Availability
+from levers9.scheduler.pools import PoolSpec
 from levers9.services.access import is_operator, visible, worker_visible
 from levers9.services.auth import Principal
 from levers9.services.core import Services
@@ -89,7 +100,6 @@ async def list_pools(services: Services, principal: Principal) -> list[PoolView]
     specs = [s for s in services.pools.values() if visible(principal, s.workspace)]
     live = Counter(state.info.pool for state in await live_workers(services))
     starting = Counter(m.pool for m in await services.machines.list(None, list(_STARTING)))
-    unavailable = services.scheduler.ctx.unavailable
     out = []
     for spec in specs:
         pool = spec.pool
@@ -109,11 +119,30 @@ async def list_pools(services: Services, principal: Principal) -> list[PoolView]
                 workspace_id=spec.workspace,
                 workers=live[spec.name],
                 starting=starting[spec.name],
-                unavailable=await unavailable.reason(spec.name, spec.gpu, pool.region),
+                unavailable=await _why_unavailable(services, spec),
                 isolation=await pool_isolation(services, spec.name, pool.runtime),
             )
         )
     return out
+
+
+async def _why_unavailable(services: Services, spec: PoolSpec) -> str | None:
+    """Why the scheduler starts nothing of ``spec`` now (see the module docstring), or None when it would."""
+    marks = services.scheduler.ctx.unavailable
+    whole = await marks.reason(spec.name, spec.gpu, spec.pool.region)
+    if whole is not None:
+        return whole
+    known = services.scheduler.offers.get(spec.name)
+    if known is None or not known.offers:
+        return None
+    usable = [o for o in known.offers if o.availability is not Availability.UNAVAILABLE]
+    if not usable:
+        return f"the provider reports every offer unavailable ({len(known.offers)})"
+    marked = await marks.offer_reasons(spec.name, [o.key for o in usable])
+    if len(marked) < len(usable):
+        return None
+    first = usable[0]
+    return f"every offer is unavailable ({len(usable)}); {first.key}: {marked[first.key]}"
 
 
 async def list_workers(services: Services, principal: Principal, pool: str | None = None) -> list[WorkerView]:
