@@ -29,8 +29,11 @@ The proxy forwards every request as it is, except:
   the wire, as EC2 documents it. The first answered ``RunInstances`` of a
   (region, token) is remembered with its parameters; a repeat with the same
   parameters gets that very answer without reaching moto, and one with other
-  parameters gets ``IdempotentParameterMismatch``. Faults are not
-  remembered: a refused launch started nothing.
+  parameters gets ``IdempotentParameterMismatch``; once that instance is
+  terminated (moto says ``shutting-down`` or ``terminated``: a spot
+  interruption, a test's :meth:`FakeEc2.terminate_all`), a repeat gets
+  ``IdempotentInstanceTerminated`` (400), as EC2 answers a token whose
+  instance is gone. Faults are not remembered: a refused launch started nothing.
 
 :meth:`FakeEc2.calls` counts the requests the proxy received per action
 (``RunInstances``, ``DescribeInstances``...), faulted or not;
@@ -77,21 +80,39 @@ from tests.fixtures.ports import free_port
 
 __all__ = ["STATUS", "FakeEc2"]
 
-#: the HTTP status EC2 answers each injected error code with (400 when not listed)
+#: the HTTP status EC2 answers each injected error code with (400, a client error, when not listed): EC2's API
+#: reference ("Error codes for the Amazon EC2 API") lists its server errors, all 5xx, and botocore's retry data
+#: (``_retry.json``, ec2) gives ``RequestLimitExceeded`` and ``EC2ThrottledException`` as 503
 STATUS: dict[str, int] = {
+    # server errors: capacity
     "InsufficientInstanceCapacity": 500,
     "InsufficientHostCapacity": 500,
     "InsufficientCapacity": 500,
+    "InsufficientAddressCapacity": 500,
+    "InsufficientVolumeCapacity": 500,
+    "InsufficientReservedInstanceCapacity": 500,
+    # server errors: transient
     "InternalError": 500,
-    "RequestLimitExceeded": 503,
+    "InternalFailure": 500,
+    "ServiceUnavailable": 503,
     "Unavailable": 503,
+    "RequestLimitExceeded": 503,
+    "EC2ThrottledException": 503,
+    "TooManyRequestsException": 429,
+    # credentials and permissions
     "AuthFailure": 401,
-    "UnauthorizedOperation": 403,
     "OptInRequired": 401,
+    "PendingVerification": 401,
+    "InvalidClientTokenId": 403,
+    "MissingAuthenticationToken": 403,
+    "SignatureDoesNotMatch": 403,
+    "UnauthorizedOperation": 403,
+    "AccessDenied": 403,
     "Blocked": 403,
 }
 _REGION = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/")
 _ERROR_CODE = re.compile(rb"<Code>([^<]*)</Code>")
+_INSTANCE_ID = re.compile(rb"<instanceId>(i-[0-9a-f]+)</instanceId>")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 _KEYS = {"aws_access_key_id": "AKIAIOSFODNN7EXAMPLE", "aws_secret_access_key": "fake-ec2-secret"}
 
@@ -367,6 +388,15 @@ class FakeEc2:
                     return "timeout", (decision, timeout.hold_s)
             return decision
 
+    def _replay_terminated(self, region: str, answer: bytes) -> bool:
+        """Whether the instance a remembered RunInstances answer started is terminated (or terminating) in moto."""
+        found = _INSTANCE_ID.search(answer)
+        if found is None:
+            return False
+        described = self.client(region).describe_instances(InstanceIds=[found.group(1).decode()])
+        states = [i["State"]["Name"] for r in described["Reservations"] for i in r["Instances"]]
+        return any(state in ("shutting-down", "terminated") for state in states)
+
     def _remember(self, region: str, params: dict[str, str], answer: tuple[int, list[tuple[str, str]], bytes]) -> None:
         token = params.get("ClientToken")
         if token and answer[0] == 200:
@@ -426,6 +456,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._answer(
                 STATUS.get(rule.code, 400), [("Content-Type", "text/xml")], error_document(rule.code, rule.message)
             )
+            return
+        if what == "replay" and self.owner._replay_terminated(region, detail[2]):
+            message = "The client token's instance has been terminated (fake EC2)"
+            self._answer(400, [("Content-Type", "text/xml")], error_document("IdempotentInstanceTerminated", message))
             return
         if what == "replay":
             self._answer(*detail)

@@ -26,8 +26,6 @@ from levers9.hooks.errors import (
     InsufficientCapacity,
     InvalidRequest,
     PermissionDenied,
-    ProviderError,
-    QuotaExceeded,
     Throttled,
 )
 from levers9.hooks.types import (
@@ -213,58 +211,6 @@ def test_provision_spot(provider: Ec2Provider, ec2_settings: dict[str, Any], fak
     machine = provider.provision(provision_request(pool, offer))
     described = fake_ec2.client().describe_instances(InstanceIds=[machine.provider_id])
     assert described["Reservations"][0]["Instances"][0].get("InstanceLifecycle") == "spot"
-
-
-CODES = [
-    ("InsufficientInstanceCapacity", InsufficientCapacity),
-    ("InsufficientHostCapacity", InsufficientCapacity),
-    ("InsufficientCapacity", InsufficientCapacity),
-    ("UnfulfillableCapacity", InsufficientCapacity),
-    ("SpotMaxPriceTooLow", InsufficientCapacity),
-    ("Unsupported", InsufficientCapacity),
-    ("InstanceLimitExceeded", QuotaExceeded),
-    ("VcpuLimitExceeded", QuotaExceeded),
-    ("MaxSpotInstanceCountExceeded", QuotaExceeded),
-    ("VolumeLimitExceeded", QuotaExceeded),
-    ("RequestLimitExceeded", Throttled),
-    ("InternalError", Throttled),
-    ("Unavailable", Throttled),
-    ("AuthFailure", AuthenticationFailed),
-    ("OptInRequired", AuthenticationFailed),
-    ("Blocked", AuthenticationFailed),
-    ("UnrecognizedClientException", AuthenticationFailed),
-    ("InvalidClientTokenId", AuthenticationFailed),
-    ("UnauthorizedOperation", PermissionDenied),
-    ("InvalidParameterValue", InvalidRequest),
-    ("InvalidParameterCombination", InvalidRequest),
-    ("InvalidAMIID.NotFound", InvalidRequest),
-    ("InvalidAMIID.Malformed", InvalidRequest),
-    ("InvalidSubnetID.NotFound", InvalidRequest),
-    ("InvalidGroup.NotFound", InvalidRequest),
-    ("InvalidKeyPair.NotFound", InvalidRequest),
-    ("IdempotentParameterMismatch", InvalidRequest),
-]
-
-
-@pytest.mark.parametrize(("code", "expected"), CODES)
-def test_each_ec2_error_is_typed_in_one_call(
-    provider: Ec2Provider,
-    ec2_settings: dict[str, Any],
-    fake_ec2: FakeEc2,
-    code: str,
-    expected: type[ProviderError],
-) -> None:
-    pool = make_pool(ec2_settings)
-    offer = first_offer(provider, pool)
-    fake_ec2.fail_run_instances(code, message=f"the fake says {code}", zone=offer.zone)
-    with pytest.raises(expected) as caught:
-        provider.provision(provision_request(pool, offer))
-    error = caught.value
-    assert error.code == code
-    for part in ("pool 'train'", "us-east-1", "p5.48xlarge", str(offer.zone), f"the fake says {code}"):
-        assert part in str(error)
-    assert fake_ec2.calls("RunInstances") == 1  # botocore's retries are off: one call, whatever the status
-    assert not [i for i in fake_ec2.instances() if i.tags.get(POOL_TAG) == "train" and not i.gone]
 
 
 def test_throttling_says_when_to_retry(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
