@@ -127,6 +127,8 @@ def levers9_provision(request: ProvisionRequest) -> Machine:
         raise InsufficientCapacity(f"no {what} capacity in the test region", code="OutOfCapacity")
     if action == "quota":
         raise QuotaExceeded(f"{gpu} quota is 0", code="QuotaExceeded")
+    if action == "quota-account":
+        raise QuotaExceeded(f"the account's {gpu} quota is 0", code="AccountQuota", scope="account")
     if action == "throttle":
         raise Throttled("slow down", code="TooManyRequests", retry_after=0.05)
     if action == "auth":

@@ -265,7 +265,8 @@ async def test_giving_up_names_every_offer_tried_and_why(make_harness: MakeHarne
         await asyncio.sleep(0.02)
     assert task is not None
     assert task.status == "error"
-    assert [c["offer"] for c in h.call_log()] == [_key(o1), _key(o2)]
+    # a quota holds for the region: the region's second offer is not asked (before: tried zone after zone)
+    assert [c["offer"] for c in h.call_log()] == [_key(o1)]
     message = task.error or ""
     assert f"h100 (1x H100, flaky) offer {_key(o1)}: quota_exceeded: [flaky] H100 quota is 0" in message
     assert f"h100 (1x H100, flaky) offer {_key(o2)}: quota_exceeded: [flaky] H100 quota is 0" in message
@@ -333,3 +334,31 @@ async def test_a_pool_whose_listing_fails_waits_asks_again_soon_and_then_starts_
             break
         await asyncio.sleep(0.05)
     assert [c["offer"] for c in h.call_log()] == [_key(o1)]
+
+
+async def test_a_quota_skips_every_offer_of_its_region_at_once_and_an_account_quota_the_whole_pool(
+    make_harness: MakeHarness,
+) -> None:
+    # The trial: VcpuLimitExceeded (a per-region limit) was retried zone by zone, 6 calls per call.
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1", "us-west-2"]}), ("a100", "A100-80")])
+    east_a, east_b = _offer("us-east-1a"), _offer("us-east-1b")
+    west = _offer("us-west-2a", region="us-west-2")
+    h.offer(h100=[east_a, east_b, west])
+    h.behave(**{_key(east_a): "quota", _key(east_b): "ok", _key(west): "quota-account"})
+    s = h.scheduler()
+    req = h.request(["H100", "A100-80"])
+    await s.submit(req)
+    await s.place_once()
+    await _plan(h, 4)
+    assert [(c["pool"], c["offer"]) for c in h.call_log()] == [
+        ("h100", _key(east_a)),
+        ("h100", _key(west)),
+        ("a100", None),
+    ]
+    marks = await s.ctx.unavailable.offer_marks("h100", [GpuOffer(**o) for o in (east_a, east_b, west)])
+    assert set(marks) == {_key(east_a), _key(east_b)}, "the region's offers, not the other region's"
+    assert "quota_exceeded" in (await s.ctx.unavailable.reason("h100", "H100", "us-east-1") or ""), (
+        "an account's quota skips the whole pool"
+    )
+    history = [e.reason or "" for e in await TaskStore(h.db).history(req.id) if e.outcome == "unavailable"]
+    assert any(r.startswith(f"offer {_key(east_b)}: quota_exceeded:") for r in history), history

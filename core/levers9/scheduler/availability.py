@@ -12,10 +12,16 @@ Two kinds of mark, both holding the provider's reason as text:
 - an offer mark, keyed by pool and :attr:`levers9.hooks.types.GpuOffer.key`
   (instance type, region, zone, spot): a capacity or quota miss on that offer,
   or a spot preemption there; the pool's other offers stay usable;
+- a region mark, kept beside the offer marks of the pool under
+  :func:`region_key`: a quota the provider says holds for a whole region
+  (``QuotaExceeded`` with ``scope="region"``: EC2's ``VcpuLimitExceeded``,
+  OCI's ``LimitExceeded``); every offer of the pool in that region is skipped
+  with it, where trying zone after zone would only meet the same limit;
 - a pool mark, keyed by (pool, GPU type, region): a capacity miss of a pool
   that has no offers (a CPU pool, a provider without ``levers9_gpu_offers``),
-  and any refusal that no other offer of the pool would escape (rejected
-  credentials, a denied permission, a plugin bug or deadline).
+  a quota of the whole account, and any refusal that no other offer of the
+  pool would escape (rejected credentials, a denied permission, a plugin bug
+  or deadline).
 
 A mark that lapses is simply gone: the next planner pass tries the offer again.
 A Redis error propagates to the caller (the planner logs it and retries on its
@@ -30,7 +36,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["Unavailable"]
+    from levers9.hooks.types import GpuOffer
+
+__all__ = ["Unavailable", "region_key"]
+
+
+def region_key(region: str | None) -> str:
+    """The name a region mark goes under among a pool's offer marks (no offer key starts with ``@``)."""
+    return f"@region/{region or '-'}"
 
 
 class Unavailable:
@@ -56,6 +69,22 @@ class Unavailable:
     async def mark_offer(self, pool: str, offer: str, reason: str, ttl_s: float) -> None:
         """Skip offer ``offer`` (a ``GpuOffer.key``) of ``pool`` for ``ttl_s`` seconds; its other offers stay."""
         await self.redis.set(self._offer_key(pool, offer), reason, px=_px(ttl_s))
+
+    async def mark_region(self, pool: str, region: str | None, reason: str, ttl_s: float) -> None:
+        """Skip every offer of ``pool`` in ``region`` for ``ttl_s`` seconds (a quota of that region)."""
+        await self.mark_offer(pool, region_key(region), reason, ttl_s)
+
+    async def offer_marks(self, pool: str, offers: Sequence[GpuOffer]) -> dict[str, str]:
+        """The offers of ``pool`` among ``offers`` that may not be tried, by offer key, with why: each one's own
+        mark, else its region's; one round trip."""
+        keys = list(dict.fromkeys([o.key for o in offers] + [region_key(o.region) for o in offers]))
+        found = await self.offer_reasons(pool, keys)
+        out = {}
+        for offer in offers:
+            reason = found.get(offer.key) or found.get(region_key(offer.region))
+            if reason is not None:
+                out[offer.key] = reason
+        return out
 
     async def offer_reasons(self, pool: str, offers: Sequence[str]) -> dict[str, str]:
         """The offers of ``pool`` among ``offers`` that are marked, with why; one round trip."""

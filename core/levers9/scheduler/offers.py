@@ -162,8 +162,7 @@ class OfferCache:
             return Pick(None, free=False, why=await self._all_unavailable(pool))
         known = marks if marks is not None else {}
         if pool.name not in known:
-            keys = [o.key for o in offers if o is not None]
-            known[pool.name] = await self.ctx.unavailable.offer_reasons(pool.name, keys)
+            known[pool.name] = await self.ctx.unavailable.offer_marks(pool.name, [o for o in offers if o is not None])
         marked = known[pool.name]
         skipped: list[tuple[GpuOffer, str]] = []
         for offer in offers:
@@ -179,8 +178,7 @@ class OfferCache:
         remembered (a machine that never started, and why), so the call's history keeps the provider's words."""
         why = "the provider reports every offer of the pool unavailable"
         known = self._known.get(pool.name)
-        keys = [o.key for o in known.offers] if known is not None else []
-        marked = await self.ctx.unavailable.offer_reasons(pool.name, keys) if keys else {}
+        marked = await self.ctx.unavailable.offer_marks(pool.name, known.offers) if known is not None else {}
         return f"{why} (last miss: {next(iter(marked.values()))})" if marked else why
 
     def stale(self) -> list[PoolSpec]:

@@ -282,7 +282,7 @@ class Planner:
                 known = self.offers.get(name)
                 if known is None or not known.offers:
                     continue
-                marks = await ctx.unavailable.offer_reasons(name, [o.key for o in known.offers])
+                marks = await ctx.unavailable.offer_marks(name, known.offers)
                 for offer in known.offers:
                     if offer.key in marks:
                         tried.setdefault(offer_subject(name, offer), marks[offer.key])

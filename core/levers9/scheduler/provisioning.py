@@ -15,9 +15,13 @@ levers9 version and ``scheduler.worker_image``, the worker's size as its
 
 Provider answers map onto the scheduler's choices:
 
-- no capacity or no quota: that offer of the pool (or the whole pool, when it
-  has no offers) is skipped for ``unavailable_ttl_s`` and the planner is woken
-  at once to try the pool's next offer, then the next pool;
+- no capacity: that offer of the pool (or the whole pool, when it has no
+  offers) is skipped for ``unavailable_ttl_s`` and the planner is woken at
+  once to try the pool's next offer, then the next pool;
+- no quota: what the quota holds for is skipped alike, at once: every offer
+  of the pool in the offer's region (``scope="region"``), or the whole pool
+  (``scope="account"``, or a pool without offers); trying the region's other
+  zones would only meet the same limit;
 - throttled (or another error the provider calls retryable): the pool waits,
   doubling, and is asked again; the request does not fail over, because the
   provider has not said no;
@@ -140,7 +144,10 @@ class Provisioner:
         except asyncio.CancelledError:
             await self._failed(machine_id, "the controlplane stopped while the machine was being started")
             raise
-        except (InsufficientCapacity, QuotaExceeded) as exc:
+        except QuotaExceeded as exc:
+            await self._over_quota(pool, exc, offer)
+            await self._failed(machine_id, str(exc))
+        except InsufficientCapacity as exc:
             await self._unavailable(pool, f"{exc.kind}: {exc}", offer)
             await self._failed(machine_id, str(exc))
         except Throttled as exc:
@@ -208,6 +215,17 @@ class Provisioner:
             return
         log.warning("pool %s (%s, %s): %s", pool.name, pool.gpu or "CPU", pool.pool.region or "-", reason)
         await ctx.unavailable.mark(pool.name, pool.gpu, pool.pool.region, reason, ttl)
+
+    async def _over_quota(self, pool: PoolSpec, exc: QuotaExceeded, offer: GpuOffer | None) -> None:
+        """Skip what the quota holds for: every offer of the pool in the offer's region, or the whole pool."""
+        reason = f"{exc.kind}: {exc}"
+        if offer is None or exc.scope == "account":
+            await self._unavailable(pool, reason, None)
+            return
+        ctx = self.ctx
+        ctx.failover_wanted.set()
+        log.warning("pool %s region %s: %s", pool.name, offer.region or "-", reason)
+        await ctx.unavailable.mark_region(pool.name, offer.region, reason, ctx.settings.unavailable_ttl_s)
 
     def _throttle(self, pool: PoolSpec, retry_after: float | None, reason: str) -> None:
         previous = self.throttled.get(pool.name)
