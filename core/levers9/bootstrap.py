@@ -32,9 +32,13 @@ The script runs the worker three ways, first that works: the ``levers9`` on
 else ``docker run`` of ``worker_image`` (host network, never restarted: the
 join token is spent by the first registration, so a worker that exits leaves
 its machine to the reconciler, which replaces it; ``--gpus all`` when
-``LEVERS9_GPU_COUNT`` is above 0); else
-``levers9==<levers9_version>`` installed with pip (in a virtualenv at
-``/opt/levers9`` when ``python3 -m venv`` works).
+``LEVERS9_GPU_COUNT`` is above 0); else levers9's own wheel, fetched from the
+controlplane (``wheel_url``, the CA trusted, the sha256 ``wheel_sha256``
+checked before the file is kept) and installed with pip (in a virtualenv at
+``/opt/levers9`` when ``python3 -m venv`` works), its third-party requirements
+from the index by their own names. Never ``levers9`` by name from an index:
+that name is another project's there. Without a ``wheel_url`` that third path
+fails, saying so.
 
 The pool's runtime (``WorkerBootstrap.runtime``) changes two things. On the
 docker path a ``runc`` or ``gvisor`` worker container gets
@@ -61,6 +65,7 @@ break, user data over :data:`USER_DATA_MAX_BYTES`, a container spec without
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -150,6 +155,18 @@ def check_environment(bootstrap: WorkerBootstrap) -> None:
         raise ValueError("WorkerBootstrap.token must be a non-empty token without whitespace")
     if any(line.strip() == _EOF for line in bootstrap.controlplane_ca.splitlines()):
         raise ValueError(f"WorkerBootstrap.controlplane_ca holds the line {_EOF}; it must be PEM certificates only")
+    if bootstrap.wheel_url:
+        if not bootstrap.wheel_url.startswith(("https://", "http://")):
+            raise ValueError(f"WorkerBootstrap.wheel_url {bootstrap.wheel_url!r} must be an https:// or http:// URL")
+        _one_line("WorkerBootstrap.wheel_url", bootstrap.wheel_url)
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]+\.whl", bootstrap.wheel_url.rsplit("/", 1)[-1]):
+            raise ValueError(
+                f"WorkerBootstrap.wheel_url {bootstrap.wheel_url!r} must end in a wheel's file name (levers9-X-py3-none-any.whl)"
+            )
+        if not re.fullmatch(r"[0-9a-f]{64}", bootstrap.wheel_sha256):
+            raise ValueError(
+                f"WorkerBootstrap.wheel_sha256 {bootstrap.wheel_sha256!r} must be the wheel's sha256: 64 hex digits"
+            )
 
 
 def _one_line(what: str, value: str) -> None:
@@ -268,12 +285,44 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
             f'{access}{image} levers9 worker >>"$LOG" 2>&1\n'
             "fi\n"
         )
-    parts.append(
-        # 3. install levers9 with pip: into a virtualenv when python3 can make one, else beside the system's
-        'command -v python3 >/dev/null 2>&1 || fail "no levers9 $VERSION on PATH'
-        + (", no docker for the worker image" if bootstrap.worker_image else "")
-        + ', and no python3 to install it with"\n'
-        'say "installing levers9==$VERSION with pip"\n'
+    parts.append(_install_step(bootstrap))
+    return "".join(parts)
+
+
+#: the boot script's fetch of levers9's wheel: its sha256 checked before the file is written (python3, no curl needed)
+_FETCH = """import hashlib, os, ssl, sys, urllib.request
+url, want, path, ca = sys.argv[1:5]
+if os.path.exists(path):
+    os.remove(path)
+context = ssl.create_default_context(cafile=ca or None)
+with urllib.request.urlopen(url, context=context, timeout=300) as answer:
+    data = answer.read()
+got = hashlib.sha256(data).hexdigest()
+if got != want:
+    sys.exit(f"the wheel from {url} has sha256 {got}, not {want}: not installed")
+with open(path, "wb") as out:
+    out.write(data)
+"""
+
+
+def _install_step(bootstrap: WorkerBootstrap) -> str:
+    """Path 3: levers9's own wheel fetched from the controlplane, its hash checked, installed with pip (never
+    ``levers9`` by name from an index: another project owns that name there); without a wheel URL, a failure."""
+    docker = ", no docker for the worker image" if bootstrap.worker_image else ""
+    if not bootstrap.wheel_url:
+        return (
+            f'fail "no levers9 $VERSION on PATH{docker}, and the controlplane gave no wheel to install it from: '
+            'use a machine image with levers9 $VERSION or Docker"\n'
+        )
+    q = shlex.quote
+    ca = '"$CA_FILE"' if bootstrap.controlplane_ca else "''"
+    return (
+        # 3. install levers9's own wheel with pip: into a virtualenv when python3 can make one, else the system's
+        f'command -v python3 >/dev/null 2>&1 || fail "no levers9 $VERSION on PATH{docker}, and no python3 to install '
+        'it with"\n'
+        f"WHEEL_URL={q(bootstrap.wheel_url)}\nWHEEL_SHA256={q(bootstrap.wheel_sha256)}\n"
+        f'WHEEL_FILE="$DIR/{bootstrap.wheel_url.rsplit("/", 1)[-1]}"\n'
+        'say "installing levers9 $VERSION from the controlplane\'s wheel $WHEEL_URL"\n'
         'if python3 -m venv "$ROOT/opt/levers9" >>"$LOG" 2>&1; then\n'
         '  PY="$ROOT/opt/levers9/bin/python"\n'
         "else\n"
@@ -281,14 +330,16 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
         "  PIP_BREAK_SYSTEM_PACKAGES=1\n"
         "  export PIP_BREAK_SYSTEM_PACKAGES\n"
         "fi\n"
-        '"$PY" -m pip install --quiet "levers9==$VERSION" >>"$LOG" 2>&1 || '
-        'fail "pip could not install levers9==$VERSION (see $LOG)"\n'
-        'say "starting the levers9 $VERSION worker installed with pip"\n'
+        f'"$PY" - "$WHEEL_URL" "$WHEEL_SHA256" "$WHEEL_FILE" {ca} >>"$LOG" 2>&1 <<\'L9FETCH\' || '
+        'fail "could not fetch levers9\'s wheel from $WHEEL_URL with sha256 $WHEEL_SHA256 (see $LOG)"\n'
+        f"{_FETCH}L9FETCH\n"
+        '"$PY" -m pip install --quiet "levers9 @ file://$WHEEL_FILE" >>"$LOG" 2>&1 || '
+        'fail "pip could not install levers9 $VERSION from $WHEEL_FILE (see $LOG)"\n'
+        'say "starting the levers9 $VERSION worker installed from the controlplane\'s wheel"\n'
         "runtime_check\n"
         "load_env\n"
         'LEVERS9_TOKEN_FILE="$TOKEN_FILE" exec "$PY" -m levers9 worker >>"$LOG" 2>&1\n'
     )
-    return "".join(parts)
 
 
 def _runtime_check(runtime: str) -> str:

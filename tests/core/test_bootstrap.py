@@ -9,12 +9,14 @@ line and no environment file carries it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,10 +191,15 @@ def _stub(bin_dir: Path, name: str, status: int) -> None:
 
 
 def boot(
-    tmp_path: Path, b: WorkerBootstrap, *, levers9: str | None = VERSION, stubs: dict[str, int] | None = None
+    tmp_path: Path,
+    b: WorkerBootstrap,
+    *,
+    levers9: str | None = VERSION,
+    stubs: dict[str, int] | None = None,
+    existing_bin: bool = False,
 ) -> Boot:
     root, bin_dir, out = tmp_path / "root", tmp_path / "bin", tmp_path / "out"
-    for path in (root, bin_dir, out):
+    for path in (root, out) if existing_bin else (root, bin_dir, out):
         path.mkdir()
     for name in ("mkdir", "cat", "date"):
         _tool(bin_dir, name)
@@ -284,21 +291,114 @@ def test_with_another_levers9_the_worker_image_runs_in_docker_on_the_host_networ
     assert "--gpus" not in cpu_only.argv()
 
 
-def test_no_levers9_no_docker_and_no_pip_fails_with_a_message(tmp_path: Path) -> None:
+WHEEL = "levers9-0.1.0-py3-none-any.whl"
+WHEEL_SHA = "0" * 64
+
+
+def test_no_levers9_no_docker_and_no_python_fails_with_a_message(tmp_path: Path) -> None:
     (tmp_path / "bare").mkdir()
-    ran = boot(tmp_path / "bare", bootstrap(), levers9="0.0.9")
+    served = bootstrap(wheel_url=f"https://cp-a.example:8080/api/v1/wheels/{WHEEL}", wheel_sha256=WHEEL_SHA)
+    ran = boot(tmp_path / "bare", served, levers9="0.0.9")
     assert ran.result.returncode != 0
     assert f"no levers9 {VERSION} on PATH, and no python3 to install it with" in ran.result.stderr
     assert not (ran.out / "levers9-worker.json").exists()
 
-    (tmp_path / "nopip").mkdir()
-    ran = boot(tmp_path / "nopip", bootstrap(), levers9=None, stubs={"python3": 1})
+    # no wheel to install from: never levers9 by name from an index (another project's name there)
+    (tmp_path / "nowheel").mkdir()
+    ran = boot(tmp_path / "nowheel", bootstrap(), levers9=None, stubs={"python3": 0})
     assert ran.result.returncode != 0
-    assert f"pip could not install levers9=={VERSION}" in ran.result.stderr
-    assert f"python3 -m pip install --quiet levers9=={VERSION}" in ran.argv()
-    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
-    assert f"pip could not install levers9=={VERSION}" in log
+    assert "the controlplane gave no wheel to install it from" in ran.result.stderr
+    assert "pip" not in ran.argv()
     assert TOKEN not in ran.argv()
+
+
+def _python3(bin_dir: Path) -> None:
+    """A ``python3`` that cannot make a virtualenv, whose ``pip`` and ``-m levers9`` only note their arguments, and
+    that runs anything else (the script's fetch of the wheel) with this interpreter."""
+    path = bin_dir / "python3"
+    path.write_text(
+        "#!/bin/sh\n"
+        'printf \'python3 %s\\n\' "$*" >>"$BOOT_OUT/argv.log"\n'
+        'case "$1 $2" in "-m venv") exit 1;; "-m pip"|"-m levers9") exit 0;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def wheel_server(tmp_path: Path) -> Iterator[tuple[str, bytes]]:
+    """A plain HTTP server answering the wheel's bytes at /api/v1/wheels/<WHEEL> (and 404 elsewhere)."""
+    import http.server
+    import threading
+
+    data = b"PK not really a wheel, but bytes with a hash"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != f"/api/v1/wheels/{WHEEL}":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api/v1/wheels/{WHEEL}", data
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_without_levers9_or_docker_the_controlplanes_wheel_is_fetched_checked_and_installed(
+    tmp_path: Path, wheel_server: tuple[str, bytes]
+) -> None:
+    url, data = wheel_server
+    good = bootstrap(controlplane_ca="", wheel_url=url, wheel_sha256=hashlib.sha256(data).hexdigest())
+    assert "levers9==" not in shell_script(good)
+    (tmp_path / "good").mkdir()
+    bin_dir = tmp_path / "good" / "bin"
+    bin_dir.mkdir()
+    _python3(bin_dir)
+    ran = boot(tmp_path / "good", good, levers9=None, existing_bin=True)
+    assert ran.result.returncode == 0, ran.result.stderr
+    wheel = ran.root / "etc/levers9" / WHEEL
+    assert wheel.read_bytes() == data
+    argv = ran.argv()
+    assert f"python3 -m pip install --quiet levers9 @ file://{wheel}" in argv
+    assert "python3 -m levers9 worker" in argv
+    assert "levers9==" not in argv
+    assert TOKEN not in argv
+
+    # a wheel whose hash is not the one the controlplane gave is not kept, nor installed
+    bad = bootstrap(controlplane_ca="", wheel_url=url, wheel_sha256="f" * 64)
+    (tmp_path / "bad").mkdir()
+    bin_dir = tmp_path / "bad" / "bin"
+    bin_dir.mkdir()
+    _python3(bin_dir)
+    ran = boot(tmp_path / "bad", bad, levers9=None, existing_bin=True)
+    assert ran.result.returncode != 0
+    assert "could not fetch levers9's wheel" in ran.result.stderr
+    assert not (ran.root / "etc/levers9" / WHEEL).exists()
+    assert "-m pip" not in ran.argv()
+    log = (ran.root / "var/log/levers9-bootstrap.log").read_text()
+    assert f"not {'f' * 64}: not installed" in log
+
+
+def test_a_wheel_url_and_hash_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"wheel_sha256 .* 64 hex digits"):
+        check_environment(bootstrap(wheel_url=f"https://cp/api/v1/wheels/{WHEEL}", wheel_sha256="abc"))
+    with pytest.raises(ValueError, match=r"wheel_url .* https:// or http://"):
+        check_environment(bootstrap(wheel_url=f"file:///{WHEEL}", wheel_sha256=WHEEL_SHA))
+    with pytest.raises(ValueError, match="must end in a wheel's file name"):
+        check_environment(bootstrap(wheel_url="https://cp/x;rm -rf", wheel_sha256=WHEEL_SHA))
 
 
 def test_a_script_run_again_rewrites_its_files_and_starts_again(tmp_path: Path) -> None:

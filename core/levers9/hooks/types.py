@@ -83,8 +83,13 @@ class WorkerBootstrap(_Frozen):
     #: the levers9 version the worker must run (the controlplane's own)
     levers9_version: str
     #: the worker image to run where the machine runs containers (``ghcr.io/levers9/worker:0.9.0``);
-    #: None: install ``levers9==levers9_version`` with pip on the machine
+    #: None: install levers9's own wheel (``wheel_url``) with pip on the machine
     worker_image: str | None = None
+    #: levers9's own wheel on the controlplane's HTTP listener (``/api/v1/wheels/...``) and its sha256 (hex):
+    #: what a machine without levers9 or Docker installs, the hash checked; never ``levers9`` by name from a
+    #: package index (that name is another project's there). Empty: such a machine cannot start a worker
+    wheel_url: str = ""
+    wheel_sha256: str = ""
     #: the worker's settings as its ``LEVERS9_*`` variables (sizes, GPUs it may use, disconnect exit...):
     #: only names :data:`levers9.worker_variables.WORKER_VARIABLES` lists
     environment: dict[str, str] = Field(default_factory=dict)

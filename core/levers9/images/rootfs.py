@@ -86,6 +86,7 @@ __all__ = [
     "ImageError",
     "default_cache_dir",
     "digest",
+    "own_packages",
     "plan",
     "write",
 ]
@@ -278,7 +279,7 @@ def _packages(p: _Plan) -> None:
             source = Path(str(f.locate()))
             if source.is_file():
                 p.file(f"{site}/{rel}", str(source), compile_py=True)
-    for package in _own_packages(own):
+    for package in own_packages(own):
         for root, dirs, files in os.walk(package):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             rel = Path(root).relative_to(package.parent).as_posix()
@@ -301,7 +302,7 @@ def _editable(dist: metadata.Distribution) -> bool:
     return isinstance(info, dict) and bool((info.get("dir_info") or {}).get("editable"))
 
 
-def _own_packages(own: metadata.Distribution) -> list[Path]:
+def own_packages(own: metadata.Distribution) -> list[Path]:
     """The directories of ``levers9`` and of each package a ``levers9`` entry point of its distribution names."""
     names = ["levers9"]
     for ep in own.entry_points:
