@@ -321,7 +321,7 @@ def test_sudo_on_the_box_is_checked(sshd: Sshd, dockerd: Dockerd) -> None:
 def _join(server: Sshd, box: Box, dockerd: Dockerd, said: list[str], **kwargs: object) -> object:
     return join_over_ssh(
         target_for(server),
-        controlplane="grpcs://controlplane.example:8443",
+        controlplane=CONTROLPLANE,
         join_token=TOKEN,
         ca_pem=CA_PEM,
         docker_host=dockerd.host,
@@ -425,6 +425,75 @@ def test_an_agent_that_exits_with_status_2_is_not_restarted(sshd: Sshd, dockerd:
     wait_until("the supervisor stopped after exit status 2", lambda: not alive(supervisor), 90)
     assert [m for m, _ in box.markers()] == ["join"]
     assert "exited with status 2" in Path(box.layout.log_file).read_text()
+
+
+def _fake(box: Box) -> str:
+    fake = box.root / "fake-levers9"
+    fake.write_text(FAKE_LEVERS9)
+    fake.chmod(0o755)
+    return str(fake)
+
+
+CONTROLPLANE = "grpcs://controlplane.example:8443"
+
+
+def test_a_box_whose_machine_was_removed_joins_again_with_the_new_token(sshd: Sshd, dockerd: Dockerd, box: Box) -> None:
+    """Issue 35 item 14: the revoked credential of a removed machine is replaced, not reused (before, the box kept
+    it, 'already joined', and the new machine waited its 300 s pending)."""
+    fake = _fake(box)
+    first = _join(sshd, box, dockerd, [], agent_argv=[fake])
+    assert first.already_joined is False  # type: ignore[attr-defined]
+    wait_until("the agent joined", lambda: [m for m, _ in box.markers()] == ["join"])
+    before = box.supervisor_pid()
+    # what a join saves names its controlplane: the check for another controlplane reads it
+    (box.state / "agent.json").write_text(f'{{"agent_id": "agt_fake123", "controlplane": "{CONTROLPLANE}"}}')
+    (box.state / "token-seen").unlink()
+
+    said: list[str] = []
+    asked: list[str] = []
+
+    def removed(agent_id: str) -> bool:  # the controlplane no longer lists the machine
+        asked.append(agent_id)
+        return False
+
+    again = _join(sshd, box, dockerd, said, agent_argv=[fake], is_live=removed)
+    assert asked == ["agt_fake123"]
+    assert again.already_joined is False  # type: ignore[attr-defined]
+    assert again.agent_id is None  # type: ignore[attr-defined]
+    assert any("which this controlplane no longer has" in line for line in said), said
+    assert "agt_fake123" in (box.state / "agent.json.replaced").read_text()
+    wait_until("the agent joined again with the new token", lambda: [m for m, _ in box.markers()] == ["join", "join"])
+    assert (box.state / "token-seen").read_text() == TOKEN
+    assert before is not None
+    assert not alive(before), "the revoked agent's supervisor was stopped"
+    assert box.supervisor_pid() not in (None, before)
+
+    # the same again with the machine live: left as it is
+    said.clear()
+    kept = _join(sshd, box, dockerd, said, agent_argv=[fake], is_live=lambda agent_id: True)
+    assert kept.already_joined is True  # type: ignore[attr-defined]
+    assert [m for m, _ in box.markers()] == ["join", "join"]
+
+
+def test_a_box_joined_to_another_controlplane_is_not_taken_over(sshd: Sshd, dockerd: Dockerd, box: Box) -> None:
+    box.state.mkdir(mode=0o700, parents=True)
+    credential = '{"agent_id": "agt_elsewhere", "controlplane": "grpcs://other.example:50051"}'
+    (box.state / "agent.json").write_text(credential)
+    with pytest.raises(SshJoinError, match=r"joined to another controlplane .grpcs://other.example:50051") as caught:
+        _join(sshd, box, dockerd, [], agent_argv=[_fake(box)], is_live=lambda agent_id: False)
+    assert "agt_elsewhere" in str(caught.value)
+    assert (box.state / "agent.json").read_text() == credential
+    assert box.supervisor_pid() is None
+
+
+def test_without_a_join_token_a_box_that_is_not_joined_is_refused(sshd: Sshd, dockerd: Dockerd, box: Box) -> None:
+    """What ``machine create --ssh`` of an existing machine does on a box that lost (or never had) its credential."""
+    with pytest.raises(SshJoinError, match=r"the box is not joined .* and no join token was given"):
+        join_over_ssh(target_for(sshd), controlplane=CONTROLPLANE, join_token=None, ca_pem=CA_PEM,
+                      docker_host=dockerd.host, echo=[].append, layout=box.layout, agent_argv=[_fake(box)],
+                      is_live=lambda agent_id: True)  # fmt: skip
+    assert box.supervisor_pid() is None
+    assert not (box.state / "join-token").exists()
 
 
 # -- shipping the worker image ----------------------------------------------------------------------------------

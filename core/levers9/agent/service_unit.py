@@ -25,7 +25,15 @@ back-off of 1 s doubling to 30 s (reset after a minute of running).
 
 Run again: a joined box whose service runs is left as it is; a joined box whose
 service is down has it installed and started (``agent run``, no token); a box
-not joined gets the new token and its service restarted to use it.
+not joined gets the new token and its service restarted to use it. A box whose
+credential is of a machine the controlplane no longer has (``levers9 machine
+remove``: the credential is revoked for good) is not joined any more: when the
+caller says so (``is_live``), its service is stopped, the credential moved
+aside to ``agent.json.replaced`` (never reused, never read again) and the box
+joins with the new token. A credential for another controlplane is never
+replaced (:class:`SshJoinError` says whose it is and how to free the box).
+Without a join token (``machine create --ssh`` of a machine that exists
+already) a box that is not joined is refused, since nothing could join it.
 """
 
 from __future__ import annotations
@@ -65,6 +73,11 @@ class AgentLayout:
     @property
     def credential(self) -> str:
         return f"{self.state_dir}/agent.json"
+
+    @property
+    def replaced_credential(self) -> str:
+        """Where a credential the controlplane revoked is moved when the box joins again."""
+        return f"{self.state_dir}/agent.json.replaced"
 
     @property
     def start_script(self) -> str:
@@ -233,17 +246,49 @@ def _supervisor_pid(layout: AgentLayout) -> str:
     )
 
 
-def _state(remote: Remote, layout: AgentLayout, systemd: bool) -> tuple[bool, str | None, bool]:
-    """(joined, agent id, service running)."""
+@dataclass(frozen=True)
+class _BoxState:
+    joined: bool
+    agent_id: str | None
+    #: the controlplane the credential dials (None: unreadable)
+    controlplane: str | None
+    running: bool
+
+
+def _field(name: str, path: str) -> str:
+    """Shell: prints ``name=VALUE`` for the JSON text field ``name`` of the file, on a line of its own."""
+    return f'sed -n \'s/.*"{name}" *: *"\\([^"]*\\)".*/{name}=\\1/p\' {shlex.quote(path)} | head -n 1; echo; '
+
+
+def _state(remote: Remote, layout: AgentLayout, systemd: bool) -> _BoxState:
     q = shlex.quote
     running = f"systemctl is-active --quiet {q(layout.unit_name)}" if systemd else _supervisor_pid(layout)
     done = remote.run(
         f"if [ -f {q(layout.credential)} ]; then echo joined=1; "
-        f'sed -n \'s/.*"agent_id" *: *"\\([^"]*\\)".*/agent_id=\\1/p\' {q(layout.credential)} | head -n 1; fi; '
-        f"if {running} >/dev/null; then echo running=1; fi"
+        + _field("agent_id", layout.credential)
+        + _field("controlplane", layout.credential)
+        + f"fi; if {running} >/dev/null; then echo running=1; fi"
     )
     facts = dict(line.split("=", 1) for line in done.out.splitlines() if "=" in line)
-    return facts.get("joined") == "1", facts.get("agent_id") or None, facts.get("running") == "1"
+    return _BoxState(facts.get("joined") == "1", facts.get("agent_id") or None, facts.get("controlplane") or None,
+                     facts.get("running") == "1")  # fmt: skip
+
+
+def _stop_service(remote: Remote, layout: AgentLayout, systemd: bool, box: BoxFacts) -> None:
+    """Stop the agent's service and its container (when it runs in one); nothing when nothing runs."""
+    q = shlex.quote
+    if systemd:
+        remote.run(f"systemctl stop {q(layout.unit_name)} >/dev/null 2>&1; exit 0")
+    else:
+        _stop_supervisor(remote, layout)
+    remote.run(f"{box.env()}docker rm -f {q(layout.container_name)} >/dev/null 2>&1; exit 0")
+
+
+def _set_aside(remote: Remote, layout: AgentLayout) -> None:
+    q = shlex.quote
+    done = remote.run(f"mv -f {q(layout.credential)} {q(layout.replaced_credential)}")
+    if not done.ok:
+        raise SshJoinError(f"[4/{STEPS}] cannot move the revoked credential {layout.credential} aside: {done.why()}")
 
 
 def _start_systemd(remote: Remote, layout: AgentLayout) -> str:
@@ -291,24 +336,48 @@ def install(
     software: AgentSoftware,
     *,
     controlplane: str,
-    join_token: str,
+    join_token: str | None,
     ca_pem: str,
     echo: Callable[[str], None],
+    is_live: Callable[[str], bool] | None = None,
 ) -> SshJoinResult:
-    """Steps 4 and 5: the token and the start script written, the service installed and (re)started."""
+    """Steps 4 and 5: the token and the start script written, the service installed and (re)started.
+
+    ``is_live(agent_id)``: whether the controlplane still has the machine of that id; a credential of one it
+    has not is replaced (see the module docstring). ``join_token`` None: join nothing new (refused when the box
+    is not joined).
+    """
     systemd = layout.service == "systemd" or (layout.service == "auto" and box.systemd and box.uid == 0)
     kind = "systemd" if systemd else "supervisor"
-    joined, agent_id, running = _state(remote, layout, systemd)
+    state = _state(remote, layout, systemd)
+    joined, agent_id, running = state.joined, state.agent_id, state.running
     step4 = f"[4/{STEPS}] the agent's credential bootstrap ({layout.state_dir})"
     step5 = f"[5/{STEPS}] the agent's service ({kind})"
+    if joined and is_live is not None and (agent_id is None or not is_live(agent_id)):
+        if state.controlplane is not None and state.controlplane != controlplane:
+            raise SshJoinError(
+                f"[4/{STEPS}] the box is joined to another controlplane ({state.controlplane}, as agent "
+                f"{agent_id or '(unreadable)'}); levers9 does not take it over: remove the machine there, or stop "
+                f"its agent and delete {layout.credential} on the box, then run this again"
+            )
+        echo(f"{step4} ... the box's credential is of agent {agent_id or '(unreadable)'}, which this controlplane no "
+             f"longer has (removed): stopping its agent and replacing it")  # fmt: skip
+        _stop_service(remote, layout, systemd, box)
+        _set_aside(remote, layout)
+        joined, running = False, False
     if joined and running:
         echo(f"{step4} ... ok: already joined as {agent_id or '(agent id unreadable)'}, no token written")
         echo(f"{step5} ... ok: already running, left as it is")
         return SshJoinResult(already_joined=True, agent_id=agent_id, service=kind)
+    if not joined and join_token is None:
+        raise SshJoinError(
+            f"[4/{STEPS}] the box is not joined (no credential in {layout.credential}) and no join token was given"
+        )
     echo(f"{step4} ...")
     if joined:
         note = f"already joined as {agent_id or '(agent id unreadable)'}: no token written, the agent runs from it"
     else:
+        assert join_token is not None
         _put(remote, layout.token_file, join_token.encode(), "600", "the join token file")
         note = "join token written (0600, deleted once the agent has joined)"
     script = start_script(layout, software, box, controlplane=controlplane, ca_pem=ca_pem)

@@ -25,7 +25,8 @@ and it is never echoed; its file is deleted by the start script as soon as the
 agent has saved its credential. Every remote command runs under ``sudo -n``
 when ``target.sudo``. Running it again on a joined box is safe: a joined box
 whose service runs is left as it is (said so, :attr:`SshJoinResult.already_joined`);
-a joined box whose service is down gets its service back without a new join.
+a joined box whose service is down gets its service back without a new join; a box
+whose credential was revoked (its machine removed) joins again with the new token.
 
 Failures raise :class:`SshJoinError` whose message says which step failed
 and what to install or fix. paramiko is imported inside functions.
@@ -307,7 +308,7 @@ def join_over_ssh(
     target: SshTarget,
     *,
     controlplane: str,
-    join_token: str,
+    join_token: str | None,
     ca_pem: str,
     docker_host: str | None = None,
     echo: Callable[[str], None] = print,
@@ -317,12 +318,16 @@ def join_over_ssh(
     agent_argv: Sequence[str] | None = None,
     layout: AgentLayout | None = None,
     min_free_gib: float = 5.0,
+    is_live: Callable[[str], bool] | None = None,
 ) -> SshJoinResult:
     """Check ``target``, install the agent there as a service and start it with ``join_token`` (steps 1 to 5).
 
     ``agent_argv`` stands for ``levers9`` on the box (tests use a stand-in); left out, a ``levers9`` of this
     version found there, else the worker image (``image_tar``/``image_tag``/``image_changes``, by default
     from :mod:`levers9.images.worker`) run with ``docker run``. ``layout`` says where the files go.
+    ``is_live(agent_id)`` says whether the controlplane still has a machine: a box whose credential is of one it
+    has not (removed) joins again with ``join_token`` (:func:`levers9.agent.service_unit.install`);
+    ``join_token`` None: the box must be joined already.
     """
     from levers9.agent import service_unit, ssh_checks
 
@@ -347,8 +352,7 @@ def join_over_ssh(
             echo=echo,
         )
         echo(f"[3/{STEPS}] the agent software ... ok: {software.how}")
-        return service_unit.install(
-            remote, box, paths, software, controlplane=controlplane, join_token=join_token, ca_pem=ca_pem, echo=echo
-        )
+        return service_unit.install(remote, box, paths, software, controlplane=controlplane, join_token=join_token,
+                                    ca_pem=ca_pem, echo=echo, is_live=is_live)  # fmt: skip
     finally:
         remote.close()
