@@ -41,6 +41,7 @@ seconds after their delete (0: at once), and stay listed as TERMINATED.
 
 Fault injection (each fault applies to requests that match it, ``times`` times
 or for ever): :meth:`fail` / :meth:`fail_launch` (an error answer),
+:meth:`refuse_launch` (an error code at its documented status, :data:`STATUS`),
 :meth:`rate_limit` (429 ``TooManyRequests`` with ``retry-after``),
 :meth:`drop_launch_response` (the launch takes effect, then the connection is
 closed without an answer), :meth:`capacity` (the capacity report's status for a
@@ -78,7 +79,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from tests.fakes import CloudInstance
 from tests.fakes.local_server import LocalServer
 
-__all__ = ["API_VERSION", "SHAPES_FILE", "FakeOci", "Fault"]
+__all__ = ["API_VERSION", "SHAPES_FILE", "STATUS", "FakeOci", "Fault"]
 
 API_VERSION = "20160918"
 SHAPES_FILE = Path(__file__).resolve().parents[1] / "data" / "gpu" / "oci_list_shapes.json"
@@ -88,6 +89,35 @@ MAX_CLOCK_SKEW_S = 300.0
 #: OCI's short region codes: ``Instance.region`` answers these two regions by their code, others by name
 _REGION_CODES = {"us-ashburn-1": "iad", "us-phoenix-1": "phx"}
 _SIGNATURE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+#: the HTTP status OCI's API Errors reference gives each error code (a code it lists under two statuses, such as
+#: InvalidParameter, has its first); 500 ``InternalError`` is the compute service's "Out of host capacity." answer
+STATUS: dict[str, int] = {
+    "CannotParseRequest": 400,
+    "InvalidParameter": 400,
+    "LimitExceeded": 400,
+    "MissingParameter": 400,
+    "QuotaExceeded": 400,
+    "RelatedResourceNotAuthorizedOrNotFound": 400,
+    "NotAuthenticated": 401,
+    "NotAllowed": 403,
+    "NotAuthorized": 403,
+    "SignUpRequired": 403,
+    "NotAuthorizedOrNotFound": 404,
+    "NotFound": 404,
+    "NamespaceNotFound": 404,
+    "MethodNotAllowed": 405,
+    "Conflict": 409,
+    "ExternalServerIncorrectState": 409,
+    "IncorrectState": 409,
+    "InvalidatedRetryToken": 409,
+    "NotAuthorizedOrResourceAlreadyExists": 409,
+    "NoEtagMatch": 412,
+    "TooManyRequests": 429,
+    "InternalError": 500,
+    "InternalServerError": 500,
+    "MethodNotImplemented": 501,
+    "ServiceUnavailable": 503,
+}
 
 
 @dataclass
@@ -240,6 +270,20 @@ class FakeOci:
     ) -> Fault:
         """Answer LaunchInstance (of ``shape`` in ``domain``, when given) with an error, before it takes effect."""
         return self.fail("LaunchInstance", status, code, message, shape=shape, domain=domain, times=times)
+
+    def refuse_launch(
+        self,
+        code: str,
+        message: str | None = None,
+        *,
+        shape: str | None = None,
+        domain: str | None = None,
+        times: int | None = None,
+    ) -> Fault:
+        """Answer LaunchInstance with OCI's error ``code`` at the status the reference gives it (:data:`STATUS`)."""
+        return self.fail_launch(
+            STATUS[code], code, message or f"injected {code} (fake OCI)", shape=shape, domain=domain, times=times
+        )
 
     def rate_limit(
         self, op: str = "LaunchInstance", *, times: int | None = 1, retry_after: float | None = 2.0
