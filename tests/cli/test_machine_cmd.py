@@ -229,3 +229,48 @@ def test_parse_ttl_and_ssh() -> None:
     assert dataclasses.astuple(parse_ssh("ops@[fe80::1]:22")) == ("ops", "fe80::1", 22)
     with pytest.raises(ValueError, match="is not user@host"):
         parse_ssh("a@b@c")
+
+
+def test_machines_lists_those_started_from_providers_for_an_operator(plane: Plane, cli: Cli) -> None:
+    machines = plane.services.machines
+
+    async def records() -> tuple[str, str]:
+        priced = await machines.create(
+            "cpu", "local", region="us-east-1", zone="us-east-1b", instance_type="m7i.large", price_per_hour=0.1008
+        )
+        await machines.set_state(priced.id, "starting")
+        await machines.mark_registered(priced.id, "w-1")
+        ended = await machines.create("cpu", "local")
+        await machines.set_state(ended.id, "failed", "no capacity")
+        await machines.create("lab", "agent_machine")  # a worker on a joined box: listed under the box, not here
+        return priced.id, ended.id
+
+    priced, ended = plane.run(records())
+    listed = cli("machines", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [running] = json.loads(listed.stdout)
+    assert running["kind"] == "provider"
+    assert (running["id"], running["pool"], running["provider"], running["state"]) == (priced, "cpu", "local",
+                                                                                        "running")  # fmt: skip
+    assert (running["instance_type"], running["zone"], running["price_per_hour"]) == ("m7i.large", "us-east-1b", 0.1008)
+    everything = json.loads(cli("machines", "--json", "--all").stdout)
+    assert {(m["id"], m["state"], m["price_per_hour"]) for m in everything} == {
+        (priced, "running", 0.1008),
+        (ended, "failed", None),
+    }
+    assert cli("machines", "--json", "--pool", "lab").stdout.strip() == "[]"
+
+    table = cli("machines")
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.strip().splitlines()
+    assert header.split("\t")[:7] == ["machine", "pool", "provider", "state", "instance type", "zone", "price"]
+    assert row.split("\t")[:8] == [priced, "cpu", "local", "running", "m7i.large", "us-east-1b", "$0.10/h", "cpu"]
+
+    async def user_token() -> str:
+        workspace = await plane.services.workspaces.create("team-a")
+        _, token = await plane.services.tokens.issue("user", workspace_id=workspace.id, subject="someone@a")
+        return token
+
+    as_user = cli("machines", "--json", env={"LEVERS9_TOKEN": plane.run(user_token())})
+    assert as_user.returncode == 0, as_user.stderr
+    assert json.loads(as_user.stdout) == []  # the machines started from providers are the operators' to see

@@ -324,18 +324,121 @@ def remove(
         )
 
 
+def _list_all(
+    context: str | None, pool: str | None, ended: bool
+) -> tuple[list[pb.JoinedMachine], list[pb.MachineSummary] | None]:
+    """The joined machines, and the machines started from providers (None: the token is not an operator's)."""
+    import grpc
+
+    from levers9.proto.v1 import controlplane_pb2 as pb
+
+    states = ["requested", "starting", "running", "draining", "terminating", "terminated", "failed"] if ended else []
+
+    async def action(
+        stub: ControlPlaneStub, metadata: Metadata
+    ) -> tuple[list[pb.JoinedMachine], list[pb.MachineSummary] | None]:
+        joined: pb.ListJoinedMachinesResponse = await stub.ListJoinedMachines(
+            pb.ListJoinedMachinesRequest(), metadata=metadata, timeout=UNARY_TIMEOUT_S
+        )
+        try:
+            started: pb.ListMachinesResponse = await stub.ListMachines(
+                pb.ListMachinesRequest(pool=pool or "", states=states), metadata=metadata, timeout=UNARY_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
+                raise
+            return list(joined.machines), None  # a workspace user's token: its joined machines only
+        return list(joined.machines), list(started.machines)
+
+    return call(context, action)
+
+
+def _started_dict(m: pb.MachineSummary) -> dict[str, Any]:
+    return {
+        "kind": "provider",
+        "id": m.id,
+        "pool": m.pool,
+        "provider": m.provider,
+        "state": m.state,
+        "instance_type": m.instance_type or None,
+        "region": m.region or None,
+        "zone": m.zone or None,
+        "price_per_hour": m.price_per_hour if m.HasField("price_per_hour") else None,
+        "gpu": m.gpu or None,
+        "gpu_count": m.gpu_count,
+        "created_at": iso(m.created_at),
+        "worker_id": m.worker_id or None,
+        "last_error": m.last_error or None,
+    }
+
+
+def _price(m: pb.MachineSummary) -> str:
+    return f"${m.price_per_hour:.2f}/h" if m.HasField("price_per_hour") else "-"
+
+
 def machines(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per machine."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print JSON: one object per machine, its kind joined or provider."
+    ),
+    pool: str | None = typer.Option(None, "--pool", "-p", help="Only this pool's machines started from a provider."),
+    ended: bool = typer.Option(False, "--all", help="Also machines started from a provider that have ended."),
     context: str | None = context_option(),
 ) -> None:
-    """List joined machines: state, last heartbeat, GPUs (free/total), free CPU and memory, workers."""
-    found = _list(context)
+    """List machines: those joined (state, last heartbeat, GPUs free/total, free CPU and memory, workers), then,
+    for an operator, those started from the pools' providers (pool, provider, state, instance type, zone, price)."""
+    found, started = _list_all(context, pool, ended)
+    if pool:
+        found = [m for m in found if m.pool == pool]
     if as_json:
-        print_json([_as_dict(m) for m in found])
+        print_json([{"kind": "joined", **_as_dict(m)} for m in found] + [_started_dict(m) for m in started or []])
         return
-    if not found:
-        err.print("no joined machines (join one with `levers9 machine create --pool POOL`)", markup=False)
+    if not found and not started:
+        err.print(
+            "no joined machines (join one with `levers9 machine create --pool POOL`)"
+            + ("" if started is None else " and no machines started from the pools' providers"),
+            markup=False,
+        )
         return
+    if found:
+        _joined_table(found)
+    if started:
+        if found:
+            out.print("", markup=False)
+        _started_table(started)
+
+
+def _started_table(started: list[pb.MachineSummary]) -> None:
+    now = time.time()
+    print_table(
+        [
+            Col("machine"),
+            Col("pool"),
+            Col("provider"),
+            Col("state"),
+            Col("instance type"),
+            Col("zone"),
+            Col("price", justify="right"),
+            Col("GPUs"),
+            Col("started"),
+        ],
+        (
+            [
+                m.id,
+                m.pool,
+                m.provider,
+                m.state,
+                m.instance_type or "-",
+                m.zone or m.region or "-",
+                _price(m),
+                f"{m.gpu_count}x {m.gpu}" if m.gpu else "cpu",
+                when(m.created_at, now),
+            ]
+            for m in started
+        ),
+    )
+
+
+def _joined_table(found: list[pb.JoinedMachine]) -> None:
     now = time.time()
     print_table(
         [

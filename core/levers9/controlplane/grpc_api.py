@@ -5,7 +5,8 @@ the REST API: cancelling a task here is the same call as REST's cancel, and
 pools and workers are listed under the same visibility rule. Every method takes
 a user token bound to a workspace, except ListPools, ListWorkers and the
 joined-machine calls, which an operator's token (bound to none) may call too
-(an operator's joined machines serve the shared pools).
+(an operator's joined machines serve the shared pools), and ListMachines, which
+only an operator's may.
 
 A method that streams (Invoke, SubmitAndWatch, Watch, WatchMany, StreamLogs,
 GetBlob, PutBlob, BuildImage) holds its token's guard for as long as it streams
@@ -33,6 +34,7 @@ from levers9.controlplane.grpc_messages import (
     epoch,
     event_batches,
     joined_machine,
+    machine_summary,
     pool_info,
     secret_info,
     stub_config,
@@ -41,7 +43,7 @@ from levers9.controlplane.grpc_messages import (
     worker_summary,
 )
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
-from levers9.services import clusters, deployments, joined_machines, pools, secrets, tasks, workspaces
+from levers9.services import clusters, deployments, joined_machines, machines, pools, secrets, tasks, workspaces
 from levers9.services.auth import Principal, bearer
 from levers9.services.builds import Builds, NoBuildPool
 from levers9.services.dataplane import DataPlane
@@ -440,3 +442,14 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         principal = await self._caller(context)
         found = await pools.list_workers(self.services, principal, request.pool or None)
         return controlplane_pb2.ListWorkersResponse(workers=[worker_summary(w) for w in found])
+
+    @unary
+    async def ListMachines(
+        self, request: controlplane_pb2.ListMachinesRequest, context: Context
+    ) -> controlplane_pb2.ListMachinesResponse:
+        """The machines levers9 started from its providers (operators only); see :func:`machines.started_machines`."""
+        principal = await self._caller(context)
+        found = await machines.started_machines(
+            self.services, principal, pool=request.pool or None, states=list(request.states) or None
+        )
+        return controlplane_pb2.ListMachinesResponse(machines=[machine_summary(m) for m in found])

@@ -15,7 +15,14 @@ from levers9.proto.v1 import common_pb2, controlplane_pb2, volume_pb2
 from levers9.services import clusters, joined_machines
 from levers9.services.builds import BuildEvent
 from levers9.services.pools import PoolView, WorkerView
-from levers9.state.sql.records import CallResult, DeploymentVersionRecord, SecretInfo, TaskRecord, TaskStatus
+from levers9.state.sql.records import (
+    CallResult,
+    DeploymentVersionRecord,
+    MachineRecord,
+    SecretInfo,
+    TaskRecord,
+    TaskStatus,
+)
 
 __all__ = [
     "build_event",
@@ -155,6 +162,24 @@ def joined_machine(view: joined_machines.JoinedMachineView) -> controlplane_pb2.
         free_memory_mib=view.free_memory_mib,
         workers=view.workers,
         workspace_id=m.workspace_id or "",
+    )
+
+
+def machine_summary(m: MachineRecord) -> controlplane_pb2.MachineSummary:
+    return controlplane_pb2.MachineSummary(
+        id=m.id,
+        pool=m.pool,
+        provider=m.provider,
+        state=m.state,
+        instance_type=m.instance_type or "",
+        region=m.region or "",
+        zone=m.zone or "",
+        price_per_hour=m.price_per_hour,
+        gpu=m.gpu or "",
+        gpu_count=m.gpu_count,
+        created_at=epoch(m.created_at),
+        worker_id=m.worker_id or "",
+        last_error=m.last_error or "",
     )
 
 

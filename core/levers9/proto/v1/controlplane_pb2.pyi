@@ -327,6 +327,50 @@ class ListPoolsResponse(_message.Message):
     pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
     def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ...) -> None: ...
 
+class ListMachinesRequest(_message.Message):
+    __slots__ = ("pool", "states")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    states: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MachineSummary(_message.Message):
+    __slots__ = ("id", "pool", "provider", "state", "instance_type", "region", "zone", "price_per_hour", "gpu", "gpu_count", "created_at", "worker_id", "last_error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    pool: str
+    provider: str
+    state: str
+    instance_type: str
+    region: str
+    zone: str
+    price_per_hour: float
+    gpu: str
+    gpu_count: int
+    created_at: float
+    worker_id: str
+    last_error: str
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., provider: _Optional[str] = ..., state: _Optional[str] = ..., instance_type: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., gpu: _Optional[str] = ..., gpu_count: _Optional[int] = ..., created_at: _Optional[float] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class ListMachinesResponse(_message.Message):
+    __slots__ = ("machines",)
+    MACHINES_FIELD_NUMBER: _ClassVar[int]
+    machines: _containers.RepeatedCompositeFieldContainer[MachineSummary]
+    def __init__(self, machines: _Optional[_Iterable[_Union[MachineSummary, _Mapping]]] = ...) -> None: ...
+
 class ListWorkersRequest(_message.Message):
     __slots__ = ("pool",)
     POOL_FIELD_NUMBER: _ClassVar[int]

@@ -115,6 +115,11 @@ class ControlPlaneStub:
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.ListMachines = channel.unary_unary(
+                '/levers9.v1.ControlPlane/ListMachines',
+                request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListMachinesRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListMachinesResponse.FromString,
+                _registered_method=True)
         self.ListDeployments = channel.unary_unary(
                 '/levers9.v1.ControlPlane/ListDeployments',
                 request_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListDeploymentsRequest.SerializeToString,
@@ -295,6 +300,13 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMachines(self, request, context):
+        """the machines levers9 asked its providers for (operators only; joined boxes' workers are under ListJoinedMachines)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDeployments(self, request, context):
         """The workspace's deployments, each with its versions and whether each still serves.
         """
@@ -467,6 +479,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'ListMachines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMachines,
+                    request_deserializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListMachinesRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListMachinesResponse.SerializeToString,
             ),
             'ListDeployments': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDeployments,
@@ -966,6 +983,33 @@ class ControlPlane:
             '/levers9.v1.ControlPlane/ListWorkers',
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersRequest.SerializeToString,
             levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMachines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.ControlPlane/ListMachines',
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListMachinesRequest.SerializeToString,
+            levers9_dot_proto_dot_v1_dot_controlplane__pb2.ListMachinesResponse.FromString,
             options,
             channel_credentials,
             insecure,
