@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from levers9.hooks.types import GpuOffer
@@ -188,3 +189,62 @@ async def test_a_machine_still_pending_with_a_reason_at_its_deadline_is_its_offe
     assert marks == {key: f"never started within its registration deadline: {why}"}
     assert s.ctx.planner_wanted.is_set(), "the call that waited for it is planned again at once"
     assert [t["provider_id"] for t in h.terminates()] == [machine["id"]]
+
+
+async def test_a_launch_never_answered_before_a_restart_is_released_at_once_when_not_listed(
+    make_harness: MakeHarness,
+) -> None:
+    # The trial: kill -9 during a RunInstances that created nothing left the record `requested` and the call
+    # pending for 607 s (the registration deadline): the planner counted the dead launch as room coming.
+    h = await make_harness([("cpu", None, 1, {"max_workers": 2})])
+    machines = MachineStore(h.db)
+    lost = await machines.create("cpu", "flaky", register_by=datetime.now(UTC) + timedelta(seconds=600))
+    await asyncio.sleep(0.05)
+
+    s = h.scheduler()  # the restarted controlplane
+    req = h.request()
+    await s.submit(req)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    assert h.call_log() == [], "the call waits for room on the launch on record"
+
+    report = await s.reconcile_once()
+    assert report.abandoned == [lost.id]
+    record = await machines.get(lost.id)
+    assert record is not None
+    assert record.state == "failed"
+    assert "its launch was never answered" in (record.last_error or "")
+    assert "flaky lists no machine" in (record.last_error or "")
+    assert s.ctx.planner_wanted.is_set()
+    await s.plan_once()
+    await h.settle(s)
+    assert [c["pool"] for c in h.call_log()] == ["cpu"], "the call gets a machine of its own at once"
+
+
+async def test_a_launch_never_answered_before_a_restart_is_adopted_when_listed(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu", None, 1, {"max_workers": 2})])
+    machines = MachineStore(h.db)
+    made = await machines.create("cpu", "flaky", register_by=datetime.now(UTC) + timedelta(seconds=600))
+    _report(h, {"id": "fk-made", "machine_id": made.id, "pool": "cpu", "state": "pending"})
+    await asyncio.sleep(0.05)
+    s = h.scheduler()
+    report = await s.reconcile_once()
+    assert (report.abandoned, report.orphans) == ([], [])
+    adopted = await machines.get(made.id)
+    assert adopted is not None
+    assert (adopted.state, adopted.provider_id) == ("requested", "fk-made")
+
+
+async def test_a_launch_in_flight_in_this_process_is_not_released(make_harness: MakeHarness) -> None:
+    h = await make_harness([("cpu", None, 1, {"min_workers": 1})])
+    h.behave(cpu="hang:1.0")
+    s = h.scheduler()
+    await s.upkeep_once()
+    [machine_id] = s.provisioner.in_flight
+    report = await s.reconcile_once()
+    assert report.abandoned == []
+    record = await MachineStore(h.db).get(machine_id)
+    assert record is not None
+    assert record.state == "requested"
+    await h.settle(s)

@@ -25,7 +25,14 @@ listing:
 - a record whose machine the provider no longer lists is closed and its
   worker's work requeued;
 - a record still missing the provider's id or ``provider_data`` gets them from
-  the listing.
+  the listing: a launch whose answer never came (the controlplane was killed
+  during the provider's call) is adopted when the provider lists a machine
+  of its id (by tag, name or idempotency token);
+- a record still ``requested`` that nobody can be waiting on (not a call in
+  flight here, and asked before this process started or longer ago than a
+  provider call may take: :meth:`Provisioner.abandoned`) and that the
+  provider does not list is released at once (failed, token revoked, planner
+  woken), not at its registration deadline ten minutes later.
 
 Every terminate hands the provider the machine as levers9 stored it (see
 :func:`levers9.scheduler.provisioning.stored_machine`). A record that another
@@ -71,6 +78,8 @@ class UpkeepReport:
     vanished: list[str] = field(default_factory=list)
     #: levers9 ids of machines the provider reported preempted or failed, ended in this pass
     ended: list[str] = field(default_factory=list)
+    #: levers9 ids of machines whose launch was never answered and that the provider does not list, released
+    abandoned: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -224,6 +233,9 @@ class PoolController:
                 report.orphans.append(machine.provider_id)
         for mid in active - seen - in_flight:
             m = records[mid]
+            if m.state == "requested" and m.provider_id is None and self.provisioner.abandoned(m):
+                await self._abandoned(pool, m, report)
+                continue
             if m.provider_id is None or m.state not in ("running", "starting", "draining", "terminating"):
                 continue
             log.warning("pool %s: machine %s (%s) is gone from the provider", pool.name, mid, m.provider_id)
@@ -235,6 +247,25 @@ class PoolController:
                 events.REQUEUE_MACHINE_VANISHED,
             )  # fmt: skip
             report.vanished.append(mid)
+
+    async def _abandoned(self, pool: PoolSpec, machine: MachineRecord, report: UpkeepReport) -> None:
+        """A launch whose answer never came (the controlplane that asked stopped during it), and of which the
+        provider lists nothing by the machine's id: nothing was started, so the record is released now rather
+        than at its registration deadline, and the calls that waited for it are planned again at once. Had the
+        launch created a machine after all, a later listing finds it with a closed record and stops it."""
+        ctx = self.ctx
+        why = (
+            "its launch was never answered (the controlplane that asked stopped during it) and "
+            f"{pool.pool.provider} lists no machine {machine.id}"
+        )
+        try:
+            await ctx.machines.set_state(machine.id, "failed", error=why)
+        except InvalidTransition:
+            return  # it registered, or was closed, since it was read
+        await ctx.tokens.revoke_subject(machine.id)
+        log.warning("pool %s: machine %s: %s; released", pool.name, machine.id, why)
+        report.abandoned.append(machine.id)
+        ctx.planner_wanted.set()
 
     async def _missed(self, pool: PoolSpec, machine: MachineRecord) -> None:
         """A machine that never started, and whose provider said why (a pod the scheduler could not place): its

@@ -76,11 +76,25 @@ class Provisioner:
         self.ctx = ctx
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.throttled: dict[str, Throttle] = {}
+        #: when this provisioner was made (epoch seconds): a launch recorded before then was asked by another
+        #: process (this one before a restart, or another replica), whose call this one cannot be waiting on
+        self.started_at = ctx.clock()
 
     @property
     def in_flight(self) -> set[str]:
         """Machine ids whose provider call has not returned yet."""
         return set(self._tasks)
+
+    def abandoned(self, record: MachineRecord) -> bool:
+        """Whether nobody can still be waiting on the launch of ``record`` (in ``requested``): it is not one of
+        this process's calls in flight, and it was asked before this process started, or longer ago than any
+        provider call may take (``provision_timeout_s``, and the grace a replica that lost the lease gives its
+        calls: :data:`CLOSE_GRACE_S`)."""
+        if record.id in self._tasks:
+            return False
+        asked = record.created_at.timestamp()
+        longest = self.ctx.settings.provision_timeout_s + CLOSE_GRACE_S
+        return asked < self.started_at or self.ctx.clock() - asked > longest
 
     def throttled_until(self, pool: str) -> Throttle | None:
         t = self.throttled.get(pool)
