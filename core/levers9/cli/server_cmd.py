@@ -204,12 +204,20 @@ def up(
     ),
     context: str = typer.Option("local", "--context", help="Name of the context written to ~/.levers9/config."),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    keep_machines: bool = typer.Option(
+        False,
+        "--keep-machines",
+        help="At Ctrl-C leave the pools' machines running (local workers, cloud machines, Jobs), for the next "
+        "`levers9 up` to find again, instead of terminating them.",
+    ),
 ) -> None:
     """Start levers9 on this machine: the controlplane and a local pool, SQLite and embedded Redis.
 
     Writes a starter config (~/.levers9/levers9.yaml) when there is none, and a
-    context with a token to ~/.levers9/config, then runs until Ctrl-C, which
-    also stops the pool's workers.
+    context with a token to ~/.levers9/config, then runs until Ctrl-C (or SIGTERM),
+    which terminates the machines of its pools (local workers, cloud machines,
+    local_k8s Jobs) unless --keep-machines; workers on joined machines
+    (agent_machine, attached_cluster) are left running and reconnect.
     """
     from levers9.cli.starter import starter_config, warn_unisolated
     from levers9.config.load import default_config_path
@@ -226,7 +234,7 @@ def up(
     warn_unisolated(loaded)
     listeners = _listeners(loaded, host, grpc_port, http_port, metrics_port)
     try:
-        asyncio.run(_up(loaded, listeners, context))
+        asyncio.run(_up(loaded, listeners, context, keep_machines=keep_machines))
     except (Levers9Error, OSError) as exc:
         typer.echo(f"levers9 up: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -245,7 +253,7 @@ def _memory_mib() -> int:
     return 4096
 
 
-async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> None:
+async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str, *, keep_machines: bool = False) -> None:
     import signal
 
     from levers9.controlplane.server import SWITCH_INTERVAL_S, Server
@@ -282,7 +290,8 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> 
             f"metrics :{listeners.metrics_port}\n"
             f"pools: {pools or 'none'}\n"
             f"context {context_name!r} (workspace {workspace}) written to {path}\n"
-            "next: levers9 run examples/hello.py   (Ctrl-C here stops levers9 and its local workers)",
+            "next: levers9 run examples/hello.py   (Ctrl-C here stops levers9 and "
+            + ("leaves its machines running: --keep-machines)" if keep_machines else "terminates its machines)"),
             err=False,
         )
         sys.stdout.flush()
@@ -290,11 +299,19 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str) -> 
     finally:
         try:
             if server.services is not None:
-                await _stop_local_workers(server)
+                from levers9.cli.up_machines import stop_or_keep_machines
+
+                await stop_or_keep_machines(server.services, keep=keep_machines, say=_say)
         finally:
             await server.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _say(line: str) -> None:
+    """One line of `up`'s shutdown on the terminal (stdout, flushed: the process is about to end)."""
+    typer.echo(f"levers9 up: {line}")
+    sys.stdout.flush()
 
 
 async def _user_token(services: object, context_name: str) -> tuple[str, str]:
@@ -315,41 +332,6 @@ async def _user_token(services: object, context_name: str) -> tuple[str, str]:
         pass
     _, token = await services.tokens.issue("user", workspace_id=workspace.id, subject=f"levers9 up ({context_name})")
     return token, workspace.name
-
-
-async def _stop_local_workers(server: object) -> None:
-    """`up` owns its local workers: they stop with it (a `levers9 server` leaves machines to the reconciler).
-
-    What the database records is stopped first, so the records follow; then whatever the provider itself
-    still lists, so a worker whose start returned too late to be recorded, or whose record could not be
-    updated (a busy database), is stopped all the same.
-    """
-    from levers9.controlplane.server import Server
-    from levers9.hooks.types import ENDED_STATES
-
-    assert isinstance(server, Server)
-    assert server.services is not None
-    services = server.services
-    await services.scheduler.stop()
-    for spec in services.pools.values():
-        if spec.pool.provider != "local":
-            continue
-        try:
-            for machine in await services.machines.list(pool=spec.name):
-                if machine.state.value != "terminated":
-                    await services.scheduler.provisioner.terminate(spec, machine, "levers9 up is stopping")
-        except Exception as exc:
-            log.warning(
-                "pool %s: stopping its recorded machines failed (%s); stopping what the provider lists", spec.name, exc
-            )
-        try:
-            listed = await services.hooks.list_machines(spec.pool)
-        except Exception as exc:
-            log.warning("pool %s: the local provider could not list its machines: %s", spec.name, exc)
-            continue
-        for left in listed:
-            if left.state not in ENDED_STATES:  # an orphan now: stopped as listed, failures logged there
-                await services.scheduler.provisioner.terminate(spec, left, "levers9 up is stopping")
 
 
 token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")
