@@ -37,7 +37,8 @@ What it answers, as the reference says:
   off (None) for tests that are not about them.
 
 Fault injection: :meth:`fail_request` / :meth:`fail_launch` (the next ``times``
-calls answer an error; None: until :meth:`clear_faults`),
+calls answer an error; None: until :meth:`clear_faults`), :meth:`refuse_launch`
+(a documented error code at its status, :data:`STATUS`),
 :meth:`drop_launch_response` (the launch happens, the client gets a reset
 connection or no answer until its timeout), :meth:`set_status` (``unhealthy``,
 ``preempted``). :meth:`calls` counts requests per path (every request that
@@ -73,7 +74,7 @@ from typing import Any, Literal
 from tests.fakes import CloudInstance
 from tests.fakes.local_server import LocalServer
 
-__all__ = ["DEFAULT_API_KEY", "DEFAULT_SSH_KEY", "LambdaCloud"]
+__all__ = ["DEFAULT_API_KEY", "DEFAULT_SSH_KEY", "STATUS", "LambdaCloud"]
 
 RECORDED_TYPES = Path(__file__).resolve().parents[1] / "data" / "gpu" / "lambda_instance_types.json"
 DEFAULT_API_KEY = "secret_levers9-fake_0123456789abcdef"
@@ -116,6 +117,24 @@ _TAG_KEY = re.compile(r"^[a-z][a-z0-9-:]+$")
 _HOSTNAME = re.compile(r"^[a-z0-9][0-9a-z-]{0,62}$")
 _USER_DATA_MAX = 1024 * 1024
 _UNSET: Any = object()
+
+
+#: the HTTP status the Cloud API reference gives each documented error code (``global/rate-limited`` is this
+#: fake's own name for the bodiless 429)
+STATUS: dict[str, int] = {
+    "instance-operations/launch/insufficient-capacity": 400,
+    "instance-operations/launch/file-system-in-wrong-region": 400,
+    "instance-operations/launch/file-systems-not-supported": 400,
+    "global/quota-exceeded": 400,
+    "global/invalid-parameters": 400,
+    "ssh-keys/key-in-use": 400,
+    "global/invalid-api-key": 401,
+    "global/account-inactive": 403,
+    "global/invalid-address": 403,
+    "global/object-does-not-exist": 404,
+    "global/rate-limited": 429,
+    "global/unknown": 500,
+}
 
 
 class _Refused(Exception):
@@ -308,6 +327,14 @@ class LambdaCloud:
             times=times,
             retry_after=retry_after,
             suggestion=suggestion,
+        )
+
+    def refuse_launch(
+        self, code: str, message: str | None = None, *, times: int | None = None, suggestion: str | None = None
+    ) -> None:
+        """Answer the next ``times`` launches with the documented error ``code`` at its status (:data:`STATUS`)."""
+        self.fail_launch(
+            STATUS[code], code, message or f"injected {code} (fake Lambda)", times=times, suggestion=suggestion
         )
 
     def drop_launch_response(
