@@ -248,3 +248,77 @@ async def test_a_launch_in_flight_in_this_process_is_not_released(make_harness: 
     assert record is not None
     assert record.state == "requested"
     await h.settle(s)
+
+
+async def test_a_spot_machine_first_seen_terminated_marks_its_offer_like_a_preemption(
+    make_harness: MakeHarness,
+) -> None:
+    # The trial: an interruption EC2 reported only as the instance `terminated` relaunched the call into the
+    # same spot zone, to be interrupted again.
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1"]})], worker_keepalive_s=300.0)
+    other = SPOT | {"zone": "us-east-1b"}
+    h.offer(h100=[SPOT, other])
+    s = h.scheduler()
+    req = h.request("H100")
+    await s.submit(req)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [wid] = await h.register_started(s)
+    assert [p.worker for p in (await s.place_once()).placed] == [wid]
+    assert await s.take(wid) == [Taken(req.id)]
+    await TaskStore(h.db).set_running(req.id, wid, "c1")
+    [machine] = h.machines()
+
+    _report(h, machine, state="terminated")
+    report = await s.reconcile_once()
+    assert report.vanished == [machine["machine_id"]]
+    record = await MachineStore(h.db).get(machine["machine_id"])
+    assert record is not None
+    assert (record.state, record.last_error) == ("terminated", "the provider reports it terminated")
+    key = GpuOffer(**SPOT).key
+    marks = await s.ctx.unavailable.offer_reasons("h100", [key])
+    assert marks == {
+        key: f"spot machine {machine['machine_id']} was lost, taken as an interruption: the provider reports it "
+        "terminated"
+    }
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    assert [c["offer"] for c in h.call_log()] == [key, GpuOffer(**other).key], "relaunched in the other zone"
+
+
+async def test_an_on_demand_machine_gone_marks_nothing(make_harness: MakeHarness) -> None:
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1"]})], worker_keepalive_s=300.0)
+    demand = SPOT | {"spot": False}
+    h.offer(h100=[demand])
+    s = h.scheduler()
+    await s.submit(h.request("H100"))
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    await h.register_started(s)
+    [machine] = h.machines()
+    (h.cloud / "machines" / f"{machine['id']}.json").unlink()
+    report = await s.reconcile_once()
+    assert report.vanished == [machine["machine_id"]]
+    assert await s.ctx.unavailable.offer_reasons("h100", [GpuOffer(**demand).key]) == {}
+
+
+async def test_a_spot_machine_whose_worker_dropped_marks_its_offer(make_harness: MakeHarness) -> None:
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1"]})], worker_keepalive_s=300.0)
+    h.offer(h100=[SPOT])
+    s = h.scheduler()
+    await s.submit(h.request("H100"))
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [wid] = await h.register_started(s)
+    [machine] = h.machines()
+    await s.workers.remove(wid, now_ms=s.ctx.now_ms(), force=True)  # what the reaper does to a silent worker
+    report = await s.upkeep_once()
+    assert report.released == [machine["machine_id"]]
+    key = GpuOffer(**SPOT).key
+    assert (await s.ctx.unavailable.offer_reasons("h100", [key])) == {
+        key: f"spot machine {machine['machine_id']} was lost, taken as an interruption: its worker stopped reporting"
+    }

@@ -22,8 +22,12 @@ listing:
   requeued at once (not after the keepalive timeout), and it is terminated so
   nothing is left billed; a preemption also marks the machine's offer
   unavailable, since the spot capacity there is gone;
-- a record whose machine the provider no longer lists is closed and its
-  worker's work requeued;
+- a record whose machine the provider no longer lists (or lists as
+  terminated) is closed and its worker's work requeued;
+- a spot machine lost without levers9 stopping it (gone, listed terminated,
+  or its worker silent) is taken as interrupted, whatever the provider calls
+  it: its offer is marked like a preemption, so its calls are not relaunched
+  into the same spot zone;
 - a record still missing the provider's id or ``provider_data`` gets them from
   the listing: a launch whose answer never came (the controlplane was killed
   during the provider's call) is adopted when the provider lists a machine
@@ -152,6 +156,7 @@ class PoolController:
         for m in running:
             if m.worker_id not in registered:
                 changed = True
+                await self._spot_lost(pool, m, "its worker stopped reporting")
                 if await self.provisioner.terminate(
                     pool, m, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
                 ):
@@ -208,8 +213,12 @@ class PoolController:
         active = {mid for mid, m in records.items() if m.state in ACTIVE}
         in_flight = self.provisioner.in_flight
         seen: set[str] = set()
+        #: machines the provider lists as terminated: a live record of one is closed as gone
+        ended_there: set[str] = set()
         for machine in listed:
             if machine.state is MachineState.TERMINATED:
+                if machine.machine_id is not None:
+                    ended_there.add(machine.machine_id)
                 continue
             if machine.machine_id is not None:
                 seen.add(machine.machine_id)
@@ -238,15 +247,30 @@ class PoolController:
                 continue
             if m.provider_id is None or m.state not in ("running", "starting", "draining", "terminating"):
                 continue
-            log.warning("pool %s: machine %s (%s) is gone from the provider", pool.name, mid, m.provider_id)
-            if not await self._close(m, "the provider no longer lists it"):
+            how = "the provider reports it terminated" if mid in ended_there else "the provider no longer lists it"
+            log.warning("pool %s: machine %s (%s) is gone: %s", pool.name, mid, m.provider_id, how)
+            if not await self._close(m, how):
                 continue
             ctx.emit(events.MachineTerminated(pool.name, events.TERMINATED_VANISHED))
+            await self._spot_lost(pool, m, how)
             await self._requeue(
                 pool, m, f"machine {mid} disappeared from the provider", events.LOST_MACHINE_VANISHED,
                 events.REQUEUE_MACHINE_VANISHED,
             )  # fmt: skip
             report.vanished.append(mid)
+
+    async def _spot_lost(self, pool: PoolSpec, machine: MachineRecord, how: str) -> None:
+        """A spot machine lost without levers9 stopping it (gone from the listing, listed terminated, its worker
+        silent) was most likely interrupted, whatever the provider calls it: its offer is marked like a
+        preemption, so its calls are not relaunched into the same spot zone within ``unavailable_ttl_s``."""
+        if not (machine.offer_key or "").endswith("/spot"):
+            return
+        reason = f"spot machine {machine.id} was lost, taken as an interruption: {how}"
+        log.warning("pool %s offer %s: %s", pool.name, machine.offer_key, reason)
+        self.ctx.failover_wanted.set()
+        await self.ctx.unavailable.mark_offer(
+            pool.name, machine.offer_key or "", reason, self.ctx.settings.unavailable_ttl_s
+        )
 
     async def _abandoned(self, pool: PoolSpec, machine: MachineRecord, report: UpkeepReport) -> None:
         """A launch whose answer never came (the controlplane that asked stopped during it), and of which the
