@@ -371,3 +371,41 @@ def test_without_a_hub_the_hooks_say_where_they_work() -> None:
     assert bare.gpu_offers(gpu_pool(None)) == []
     with pytest.raises(ProviderError, match="running controlplane"):
         bare.list_machines(gpu_pool(None))
+
+
+async def test_a_cpu_pool_asks_the_next_box_when_one_refuses_and_tries_the_refuser_last(
+    services: Services, hub: AgentHub, provider: AgentMachineProvider, clock: Clock
+) -> None:
+    # The trial: one box refused, the pool (no offers, so no zone to mark) was refused whole and the
+    # scheduler skipped it for unavailable_ttl_s: a CPU pool stalled three minutes with another box idle.
+    root = await operator(services)
+    big = await box(services, hub, root, "cpus", "big", free_cpu=12000)
+    small = await box(services, hub, root, "cpus", "small", free_cpu=4000)
+    pool = cpu_pool(None)
+    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_n1", None)))
+    order = await big.order()
+    await big.ack(order, ok=False, error="docker: cannot start container", error_kind="provider_error")
+    order = await small.order()
+    assert order.payload["machine_id"] == "mach_n1"
+    await small.ack(order, result={"container_id": "c1", "name": "l9w-mach_n1", "machine_id": "mach_n1", "gpus": []})
+    assert (await started).zone == small.identity.agent_id, "the same call went on to the next box"
+
+    # the box that refused is tried last for a while, then first again (most free CPU)
+    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_n2", None)))
+    order = await small.order()
+    await small.ack(order, result={"container_id": "c2", "name": "l9w-mach_n2", "machine_id": "mach_n2", "gpus": []})
+    await started
+    assert big.received.empty()
+    clock.now += 61
+    await report(big, containers=[], free_cpu=12000)
+    await report(small, containers=[], free_cpu=4000)
+
+    # every box refuses: one error naming each, of their kind when they agree
+    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_n3", None)))
+    order = await big.order()
+    await big.ack(order, ok=False, error="no room left", error_kind="insufficient_capacity")
+    order = await small.order()
+    await small.ack(order, ok=False, error="no room here either", error_kind="insufficient_capacity")
+    with pytest.raises(InsufficientCapacity, match=r"every joined machine of pool 'cpus' that fits refused the "
+                       r"worker \(big \(agent .* no room left\); small \(agent .* no room here either\)\)"):  # fmt: skip
+        await started

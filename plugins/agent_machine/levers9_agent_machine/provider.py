@@ -10,7 +10,12 @@ offers and new workers) while connected and heard from within the pool's
 * offers: for a GPU pool, one :class:`GpuOffer` per serving agent with enough
   free GPUs of the pool's type and fewer than ``max_workers_per_machine`` of
   the pool's containers alive; ``zone`` is the agent id. A CPU pool gets none,
-  and provision picks the agent with the most free CPU that fits.
+  and provision picks among the agents that fit, the most free CPU first: one
+  that refuses (its Docker failed, it lost its room meanwhile) is followed by
+  the next in the same call, and is tried last for :data:`REFUSED_LAST_S`;
+  only when every one refused is the pool refused (and so marked unavailable
+  by the scheduler, which for a pool without offers means the whole pool: one
+  box's refusal stalled a CPU pool for three minutes before).
 * provision: a ``provision`` order (payload as the design of issue 17 says,
   plus the pool's ``runtime``) to the offer's agent, acknowledged within the provision deadline; the
   machine is ``l9w-<machine_id>`` on that agent. A runc or gvisor pool whose
@@ -58,6 +63,8 @@ PROVIDER = "agent_machine"
 PROVISION_ORDER_S = 110.0
 #: the longest a terminate order waits (the hook's deadline is 30 s; the agent stops with 10 s grace)
 TERMINATE_ORDER_S = 20.0
+#: how long an agent that refused a CPU pool's worker is tried after the others
+REFUSED_LAST_S = 60.0
 _STATES = {
     "running": MachineState.RUNNING,
     "created": MachineState.PENDING,
@@ -115,6 +122,8 @@ class AgentMachineProvider:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.ctx: PluginContext | None = None
         self._clock = clock
+        #: agent id -> until when it is tried last (it refused a worker of a pool without offers)
+        self._refused: dict[str, float] = {}
 
     def startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
@@ -186,7 +195,8 @@ class AgentMachineProvider:
             )
         return offers
 
-    def _pick(self, request: ProvisionRequest) -> AgentInventory:
+    def _pick(self, request: ProvisionRequest) -> list[AgentInventory]:
+        """The agents to order the worker from, in turn: the offer's, else every one that fits, best first."""
         pool, resources = request.pool, request.resources
         serving = self.serving(pool)
         if request.offer is not None and request.offer.zone:
@@ -196,7 +206,7 @@ class AgentMachineProvider:
                     f"agent {request.offer.zone} no longer serves pool {pool.name!r} (disconnected, silent past "
                     f"{_settings(pool).heartbeat_timeout_s:g} s, or removed)"
                 )
-            return chosen
+            return [chosen]
         fitting = [a for a in serving if self._fits(pool, a, resources.cpu_millicores, resources.memory_mib)]
         if not fitting:
             raise InsufficientCapacity(
@@ -204,13 +214,18 @@ class AgentMachineProvider:
                 f"millicores and {resources.memory_mib} MiB now ({len(serving)} connected; each runs at most "
                 f"{_settings(pool).max_workers_per_machine} of this pool's workers)"
             )
-        return max(fitting, key=lambda a: (_num(_free(a).get("cpu_millicores")), a.agent_id))
+        now = self._clock()
+        self._refused = {agent_id: until for agent_id, until in self._refused.items() if until > now}
+        return sorted(
+            fitting,
+            key=lambda a: (a.agent_id in self._refused, -_num(_free(a).get("cpu_millicores")), a.agent_id),
+        )
 
     def provision(self, request: ProvisionRequest) -> Machine:
         ctx = self._context()
         pool, resources = request.pool, request.resources
         settings = _settings(pool)
-        agent = self._pick(request)
+        agents = self._pick(request)
         gpu_count = resources.gpu_count if resources.gpu else 0
         if gpu_count and settings.gpu_runtime is None:
             raise InvalidRequest(
@@ -242,13 +257,24 @@ class AgentMachineProvider:
             "gpu_runtime": settings.gpu_runtime if gpu_count else None,
             "runtime": pool.runtime,
         }
-        order = AgentOrder(
-            agent_id=agent.agent_id, kind="provision", payload=payload, order_id=f"prov-{request.machine_id}"
-        )
-        try:
-            ack = ctx.send_order(order, timeout=PROVISION_ORDER_S)
-        except TimeoutError as exc:
-            raise ProviderError(f"pool {pool.name!r}: {exc}") from None
+        refusals: list[tuple[AgentInventory, ProviderError]] = []
+        for agent in agents:
+            order = AgentOrder(
+                agent_id=agent.agent_id, kind="provision", payload=payload, order_id=f"prov-{request.machine_id}"
+            )
+            try:
+                ack = ctx.send_order(order, timeout=PROVISION_ORDER_S)
+            except TimeoutError as exc:  # it may still start the worker: no other agent may be asked for it
+                raise ProviderError(f"pool {pool.name!r}: {exc}") from None
+            except ProviderError as exc:
+                if len(agents) == 1:
+                    raise
+                self._refused[agent.agent_id] = self._clock() + REFUSED_LAST_S
+                refusals.append((agent, exc))
+                continue
+            break
+        else:
+            raise _every_refusal(pool, refusals)
         container_id = ack.result.get("container_id")
         return Machine(
             provider_id=container_name(request.machine_id),
@@ -344,3 +370,12 @@ def _reported_ids(agent: AgentInventory) -> set[str]:
     found = details.get("containers") if isinstance(details, dict) else None
     ids = {str(c.get("machine_id")) for c in found if isinstance(c, dict)} if isinstance(found, list) else set()
     return ids | set(agent.machines)
+
+
+def _every_refusal(pool: Pool, refusals: list[tuple[AgentInventory, ProviderError]]) -> ProviderError:
+    """One error for a pool whose every fitting agent refused: of their kind when they agree, else capacity."""
+    said = "; ".join(f"{_name(agent)} ({exc.message})" for agent, exc in refusals)
+    message = f"every joined machine of pool {pool.name!r} that fits refused the worker ({said})"
+    kinds = {type(exc) for _, exc in refusals}
+    kind = kinds.pop() if len(kinds) == 1 else InsufficientCapacity
+    return kind(message, code=refusals[0][1].code)
