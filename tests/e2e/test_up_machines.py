@@ -13,6 +13,9 @@ instance whose worker registers.
 * A clean restart (SIGTERM) of ``up --keep-machines`` while a 60 s call runs on the booted machine: the call
   finishes once (one start, no attempt counted again), the machine is not terminated ("its worker stopped
   reporting"), no second machine is launched; the plain `up` it was restarted as then terminates it on exit.
+  Once over the embedded Redis (the restart forgets every worker) and once over a redis-server that keeps
+  them (their keepalives lapsed while `up` was down: before the scheduler's return grace after every start,
+  the first reaper pass took that for their death and queued the call again).
 """
 
 from __future__ import annotations
@@ -26,21 +29,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from levers9.testing.cloud_boot import CloudBooter
 from tests.fakes.ec2_cloud import FakeEc2
 from tests.fakes.imds import FakeImds
 from tests.fixtures.ec2_boot import AMI, boot_logs, boots, ec2, imds
 from tests.fixtures.levers9_up import Up
+from tests.fixtures.redis import redis_server, run_on_redis
 from tests.fixtures.wait import wait_for
 
-__all__ = ["boots", "ec2", "imds"]
+__all__ = ["boots", "ec2", "imds", "redis_server"]
 
 pytestmark = pytest.mark.timeout(900)
 
 CONFIG = """\
 version: 1
-scheduler:
+{state}scheduler:
   worker_keepalive_s: 3
   reconcile_interval_s: 5
   register_timeout_s: 240
@@ -106,10 +111,11 @@ def cloud_up(
         levers9_up.stop()
 
 
-def _write_config(up: Up, ec2: FakeEc2, *, min_workers: int, max_workers: int) -> None:
+def _write_config(up: Up, ec2: FakeEc2, *, min_workers: int, max_workers: int, redis_url: str = "") -> None:
     up.home.mkdir(parents=True, exist_ok=True)
     certificate = (up.home / CERTIFICATE).read_text()
-    text = CONFIG.format(min_workers=min_workers, max_workers=max_workers, ami=AMI, ec2_url=ec2.url,
+    state = f"state:\n  redis_url: {redis_url}\n" if redis_url else ""
+    text = CONFIG.format(state=state, min_workers=min_workers, max_workers=max_workers, ami=AMI, ec2_url=ec2.url,
                          certificate=certificate)  # fmt: skip
     (up.home / "levers9.yaml").write_text(text)
 
@@ -164,16 +170,28 @@ def test_keep_machines_leaves_the_rented_machine_running(cloud_up: tuple[Up, Fak
     wait_for(lambda: instance in booter.stopped, "the terminated machine's boot to be stopped", 90)
 
 
+async def _answers(client: Redis) -> None:
+    await client.ping()
+
+
 def _status(up: Up, task_id: str) -> str:
     listed = json.loads(up.levers9("tasks", "--json").stdout or "[]")
     return next((str(t["status"]) for t in listed if t["id"] == task_id), "")
 
 
+@pytest.mark.parametrize("redis", ["embedded", "redis-server"])
 def test_a_clean_restart_of_up_keeps_the_machine_and_its_running_call(
-    cloud_up: tuple[Up, FakeEc2, CloudBooter],
+    cloud_up: tuple[Up, FakeEc2, CloudBooter], redis: str, request: pytest.FixtureRequest
 ) -> None:
+    """With the embedded Redis the restart forgets every worker; with a redis-server it keeps them, and their
+    keepalives lapsed while `up` was down, which must not count as their death."""
     up, ec2, booter = cloud_up
-    _write_config(up, ec2, min_workers=0, max_workers=2)  # room for a second machine, which must not come
+    redis_url = ""
+    if redis == "redis-server":
+        redis_url = request.getfixturevalue("redis_server")
+        run_on_redis(redis_url, _answers)  # emptied first: what another test left
+    # room for a second machine, which must not come
+    _write_config(up, ec2, min_workers=0, max_workers=2, redis_url=redis_url)
     up.options = ["--keep-machines"]
     up.start(wait_workers=0)
     marker = up.exchange / "starts.log"
