@@ -71,3 +71,19 @@ async def test_an_offer_the_provider_reports_unavailable_does_not_price_its_pool
     await s.offers.refresh()
     queued = s._queued(h.request("H100"))
     assert [g.pools for g in queued.groups] == [("c-cheap", "b-dear", "a-gone")]
+
+
+async def test_a_call_queued_before_any_offer_was_listed_still_starts_the_cheaper_pool(
+    make_harness: MakeHarness,
+) -> None:
+    # the order stored with the call had no prices (nothing listed yet: a replica without the lease, or the
+    # first call after a start); the planner orders the group by the prices it knows when it starts a machine
+    h = await make_harness([("a-dear", "H100"), ("b-cheap", "H100")])
+    h.offer(**{"a-dear": [_offer("a", 4.0)], "b-cheap": [_offer("b", 2.5)]})
+    s = h.scheduler()
+    await s.submit(h.request("H100"))
+    await s.offers.refresh()
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    assert [pool for pool, _ in h.calls()] == ["b-cheap"]

@@ -88,3 +88,13 @@ async def test_offers_the_provider_reports_unavailable_are_not_ok(services: Serv
     marks = services.scheduler.ctx.unavailable
     await marks.mark("h100", "H100", "r1", "permission_denied: no RunInstances", 60)
     assert await _status(services) == "permission_denied: no RunInstances"  # the whole pool's mark first
+
+
+async def test_a_regions_quota_shows_as_the_reason(services: Services, tmp_path: Path) -> None:
+    # a QuotaExceeded of scope region marks the region, not each offer: the pool is out all the same
+    await _offers(services, tmp_path, _offer("r1a"), _offer("r1b"))
+    await services.scheduler.ctx.unavailable.mark_region("h100", "r1", "quota_exceeded: VcpuLimitExceeded in r1", 60)
+    status = await _status(services)
+    assert status is not None
+    assert status.startswith("every offer is unavailable (2)")
+    assert "VcpuLimitExceeded in r1" in status

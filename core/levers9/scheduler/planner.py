@@ -3,6 +3,11 @@
 It runs on the replica holding the lease. Each pass reads the unmet requests
 oldest first and walks each one's candidate pools in preference order:
 
+Within a group (pools of one GPU rank and priority) the pools are walked by
+the price of the offers known at this pass with ``scheduler.pool_order:
+price`` (see :mod:`levers9.scheduler.candidates`), so a call queued before
+any offer was listed still starts the cheaper pool.
+
 1. a pool marked unavailable as a whole (a provider refused it within the TTL:
    no capacity for a pool without offers, rejected credentials, a denied
    permission, a plugin error) is skipped, with the provider's reason noted;
@@ -34,6 +39,7 @@ import logging
 from dataclasses import dataclass
 
 from levers9.hooks.types import GpuOffer
+from levers9.scheduler.candidates import pool_price
 from levers9.scheduler.context import Context
 from levers9.scheduler.history import HistoryWriter
 from levers9.scheduler.offers import OfferCache
@@ -141,7 +147,7 @@ class Planner:
             for group in req.groups:
                 if group.not_before_ms > now:
                     continue
-                for name in group.pools:
+                for name in self._walk_order(group.pools):
                     pool = ctx.pools.get(name)
                     if pool is None:
                         tried[name] = "the pool is no longer configured"
@@ -215,6 +221,18 @@ class Planner:
         if events:
             await self._record(events)
         return report
+
+    def _walk_order(self, pools: tuple[str, ...]) -> list[str]:
+        """A group's pools in the order to start a machine: with ``pool_order: price``, by the price of the
+        offers known now (the order stored with the request used the prices its replica knew when it was
+        queued, none at all before the first listing); ties and unpriced pools keep the stored order."""
+        if self.ctx.settings.pool_order != "price" or len(pools) < 2:
+            return list(pools)
+        prices: dict[str, float | None] = {}
+        for name in pools:
+            spec, known = self.ctx.pools.get(name), self.offers.get(name)
+            prices[name] = pool_price(spec, known.offers) if spec is not None and known is not None else None
+        return sorted(pools, key=lambda name: (prices[name] is None, prices[name] or 0.0))
 
     async def _choose(
         self,

@@ -138,7 +138,7 @@ async def _why_unavailable(services: Services, spec: PoolSpec) -> str | None:
     usable = [o for o in known.offers if o.availability is not Availability.UNAVAILABLE]
     if not usable:
         return f"the provider reports every offer unavailable ({len(known.offers)})"
-    marked = await marks.offer_reasons(spec.name, [o.key for o in usable])
+    marked = await marks.offer_marks(spec.name, usable)  # each offer's own mark, or its region's (a quota)
     if len(marked) < len(usable):
         return None
     first = usable[0]
