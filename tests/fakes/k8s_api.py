@@ -52,7 +52,15 @@ Quota: creating a Job where a quota in the namespace has ``count/jobs.batch`` an
 ``used + 1 > hard`` is 403; a pod whose requests (``requests.cpu``/``cpu``,
 ``requests.memory``/``memory``, ``limits.*``, ``requests.<extended>``,
 ``pods``, ``count/pods``) would pass a quota's ``hard`` is refused the same way
-(the Job controller turns that into a ``FailedCreate`` event);
+(the Job controller turns that into a ``FailedCreate`` event); Pod Security
+admission, where the pod's namespace is labelled
+``pod-security.kubernetes.io/enforce`` ``baseline`` or ``restricted``: a pod
+that breaks the level's checks is 403 ``pods "p" is forbidden: violates
+PodSecurity "restricted:latest": <check> (<what the pod must do>), ...`` in
+the admission controller's words (:func:`pod_security_violations`: host
+namespaces, privileged, capabilities, hostPath volumes, host ports; and for
+``restricted`` volume types, privilege escalation, capabilities ``drop:
+[ALL]``, non-root, seccomp profile);
 ``status.hard``/``status.used`` of every quota are kept current
 (:meth:`KubeApi.refresh_quotas`).
 
@@ -961,7 +969,7 @@ class KubeApi:
         return stored
 
     def create_pod(self, pod: JsonObject) -> JsonObject:
-        """A pod from a controller: validated, defaulted, admitted (ServiceAccount, quota) and stored."""
+        """A pod from a controller: validated, defaulted, admitted (Pod Security, ServiceAccount, quota), stored."""
         res = resource("pods")
         meta = pod["metadata"]
         check = _Checker()
@@ -970,6 +978,12 @@ class KubeApi:
             raise invalid(res, meta["name"], check.causes)
         _default_pod(pod)
         namespace = meta["namespace"]
+        labels = ((self.get("namespaces", None, namespace) or {}).get("metadata") or {}).get("labels") or {}
+        level = labels.get(POD_SECURITY_ENFORCE)
+        if level in ("baseline", "restricted"):
+            violations = pod_security_violations(pod, level)
+            if violations:
+                raise forbidden(res, meta["name"], f'violates PodSecurity "{level}:latest": ' + ", ".join(violations))
         account = pod["spec"]["serviceAccountName"]
         if self.get("serviceaccounts", namespace, account) is None:
             raise forbidden(
@@ -1630,6 +1644,83 @@ def _validate_toleration(toleration: Any, path: str, check: _Checker) -> None:
         check.unsupported(f"{path}.effect", effect, ("NoSchedule", "PreferNoSchedule", "NoExecute"))
     if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
         check.bad(f"{path}.effect", effect, "effect must be 'NoExecute' when `tolerationSeconds` is set")
+
+
+#: the namespace label Pod Security admission enforces a level by
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+#: capabilities the baseline level lets a container add (the container runtime's default set)
+_BASELINE_CAPABILITIES = frozenset(
+    {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP",
+     "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+)  # fmt: skip
+_RESTRICTED_VOLUMES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+)
+
+
+def pod_security_violations(pod: JsonObject, level: str) -> list[str]:
+    """What Pod Security admission at ``level`` (``baseline`` or ``restricted``) says a pod breaks, in its words."""
+    spec = pod.get("spec") or {}
+    pod_context = spec.get("securityContext") or {}
+    containers = [c for key in ("initContainers", "containers") for c in spec.get(key) or []]
+    found: list[str] = []
+    shared = [f"{f}=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    if shared:
+        found.append(f"host namespaces ({', '.join(shared)})")
+    privileged = [c["name"] for c in containers if (c.get("securityContext") or {}).get("privileged")]
+    if privileged:
+        found.append(f"privileged ({_containers(privileged)} must not set securityContext.privileged=true)")
+    added = sorted(
+        {cap for c in containers for cap in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add")
+         or [] if cap not in _BASELINE_CAPABILITIES}
+    )  # fmt: skip
+    if added:
+        found.append(f"non-default capabilities (containers must not include {', '.join(added)} in add)")
+    host_paths = [v["name"] for v in spec.get("volumes") or [] if "hostPath" in v]
+    if host_paths:
+        found.append(f"hostPath volumes ({', '.join(host_paths)})")
+    ports = [str(p["hostPort"]) for c in containers for p in c.get("ports") or [] if p.get("hostPort")]
+    if ports:
+        found.append(f"hostPort (hostPorts {', '.join(ports)})")
+    if level != "restricted":
+        return found
+    kinds = sorted({k for v in spec.get("volumes") or [] for k in v if k != "name" and k not in _RESTRICTED_VOLUMES})
+    if kinds:
+        found.append(f"restricted volume types (volumes use {', '.join(kinds)})")
+
+    def unset(check: Callable[[JsonObject], bool]) -> list[str]:
+        return [c["name"] for c in containers if not check(c.get("securityContext") or {})]
+
+    escalating = unset(lambda ctx: ctx.get("allowPrivilegeEscalation") is False)
+    if escalating:
+        found.append(
+            f"allowPrivilegeEscalation != false ({_containers(escalating)} must set "
+            "securityContext.allowPrivilegeEscalation=false)"
+        )
+    undropped = unset(lambda ctx: "ALL" in ((ctx.get("capabilities") or {}).get("drop") or []))
+    if undropped:
+        found.append(
+            f'unrestricted capabilities ({_containers(undropped)} must set securityContext.capabilities.drop=["ALL"])'
+        )
+    pod_non_root = pod_context.get("runAsNonRoot") is True
+    rooted = unset(lambda ctx: ctx.get("runAsNonRoot", pod_non_root) is True)
+    if rooted:
+        found.append(f"runAsNonRoot != true (pod or {_containers(rooted)} must set securityContext.runAsNonRoot=true)")
+    pod_profile = (pod_context.get("seccompProfile") or {}).get("type")
+    unconfined = unset(
+        lambda ctx: ((ctx.get("seccompProfile") or {}).get("type") or pod_profile) in ("RuntimeDefault", "Localhost")
+    )
+    if unconfined:
+        found.append(
+            f"seccompProfile (pod or {_containers(unconfined)} must set securityContext.seccompProfile.type to "
+            '"RuntimeDefault" or "Localhost")'
+        )
+    return found
+
+
+def _containers(names: list[str]) -> str:
+    quoted = ", ".join(f'"{n}"' for n in names)
+    return f"container {quoted}" if len(names) == 1 else f"containers {quoted}"
 
 
 def _default_pod(pod: JsonObject) -> None:

@@ -47,7 +47,12 @@ does what the cluster's components would do to the objects:
   ``resourceFieldRef``), ``HOSTNAME`` and, for a pod given GPUs,
   ``NVIDIA_VISIBLE_DEVICES`` (as NVIDIA's device plugin sets it). A missing Secret
   or key leaves the pod Pending with its container waiting, reason
-  ``CreateContainerConfigError`` (retried every tick). ``secret`` volumes are
+  ``CreateContainerConfigError`` (retried every tick). An image marked
+  :meth:`FakeCluster.unpullable` is never pulled: the pod stays Pending, its
+  container waiting ``ErrImagePull`` with the registry's message, then
+  ``ImagePullBackOff`` (``Back-off pulling image "..."``), alternating every
+  ``event_repeat_s`` as the kubelet's back-off does, with ``Failed`` and
+  ``BackOff`` events. ``secret`` volumes are
   written and ``emptyDir`` volumes made under the boot root at their
   ``mountPath``; any other volume is a ``CreateContainerConfigError``. The node's
   recorded ``nvidia-smi`` CSV (``gpus_csv``) is split among its pods: a pod asking
@@ -325,6 +330,8 @@ class FakeCluster:
         self._job_pods: dict[str, set[str]] = {}  # job uid -> uids of its pods seen so far
         self._isolation: dict[str, str] = {}  # pod uid -> how its container was isolated
         self._mount_points: dict[str, set[str]] = {}  # a mount point this fake made -> uids of the pods binding it
+        self._unpullable: dict[str, str] = {}  # image -> the registry's answer to a pull
+        self._pull_tries: dict[str, float] = {}  # pod uid -> when its waiting reason last changed
         self._stopping = threading.Event()
         self._scheduling_paused = False
         self._thread: threading.Thread | None = None
@@ -540,6 +547,24 @@ class FakeCluster:
             self.add_node_object(item, gpus_csv=(gpus_csv or {}).get(name))
             names.append(name)
         return names
+
+    def unpullable(self, image: str, message: str | None = None) -> None:
+        """Pulls of ``image`` fail from now on with ``message`` (default: the registry's "not found", as containerd
+        words it); see the module docstring."""
+        said = message or (
+            f'failed to pull and unpack image "{image}": failed to resolve reference "{image}": {image}: not found'
+        )
+        with self.api.lock:
+            self._unpullable[image] = said
+
+    def label_namespace(self, name: str, labels: Mapping[str, str]) -> None:
+        """Add ``labels`` to namespace ``name`` (``kubectl label namespace``), e.g. a Pod Security level."""
+        with self.api.lock:
+            namespace = self.api.get("namespaces", None, name)
+            if namespace is None:
+                raise KeyError(f"no namespace {name}")
+            namespace["metadata"].setdefault("labels", {}).update(labels)
+            self.api.bump(namespace)
 
     def pause_scheduling(self) -> None:
         """Leave new pods unbound until :meth:`resume_scheduling` (pods are then bound in creation order): the
@@ -887,6 +912,8 @@ class FakeCluster:
         pods = {p["metadata"]["uid"]: p for p in self.api.items("pods")}
         for uid in set(self._isolation) - set(pods):
             del self._isolation[uid]
+        for uid in set(self._pull_tries) - set(pods):
+            del self._pull_tries[uid]
         for uid, run in list(self._runs.items()):
             if run.stopping:
                 continue
@@ -917,6 +944,8 @@ class FakeCluster:
                 continue
             if (pod.get("status") or {}).get("phase") != "Pending":
                 continue
+            if self._not_pulled(pod, node_name):
+                continue
             try:
                 start = self._prepare(pod, self._nodes[node_name])
             except _ConfigError as problem:
@@ -928,6 +957,32 @@ class FakeCluster:
             self._waiting(pod, "ContainerCreating", None)
             starts.append(start)
         return starts
+
+    def _not_pulled(self, pod: JsonObject, node_name: str) -> bool:
+        """Whether the pod's image cannot be pulled (its container then waits, alternating as the kubelet does)."""
+        image = pod["spec"]["containers"][0].get("image") or ""
+        said = self._unpullable.get(image)
+        if said is None:
+            return False
+        uid = pod["metadata"]["uid"]
+        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+        now_reason = ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason")
+        last = self._pull_tries.get(uid)
+        pulling = now_reason in ("ErrImagePull", "ImagePullBackOff")
+        if pulling and last is not None and time.monotonic() - last < self.event_repeat_s:
+            return True
+        self._pull_tries[uid] = time.monotonic()
+        if now_reason == "ErrImagePull":
+            message = f'Back-off pulling image "{image}"'
+            self._waiting(pod, "ImagePullBackOff", message)
+            self.api.record_event(pod, "Pod", "Normal", "BackOff", message, "kubelet", node_name, self.event_repeat_s)
+        else:
+            self._waiting(pod, "ErrImagePull", said)
+            self.api.record_event(
+                pod, "Pod", "Warning", "Failed", f'Failed to pull image "{image}": {said}', "kubelet", node_name,
+                self.event_repeat_s,
+            )  # fmt: skip
+        return True
 
     def _waiting(self, pod: JsonObject, reason: str, message: str | None) -> None:
         container = pod["spec"]["containers"][0]
