@@ -488,9 +488,10 @@ def test_a_box_joined_to_another_controlplane_is_not_taken_over(sshd: Sshd, dock
 
 def test_without_a_join_token_a_box_that_is_not_joined_is_refused(sshd: Sshd, dockerd: Dockerd, box: Box) -> None:
     """What ``machine create --ssh`` of an existing machine does on a box that lost (or never had) its credential."""
+    said: list[str] = []
     with pytest.raises(SshJoinError, match=r"the box is not joined .* and no join token was given"):
         join_over_ssh(target_for(sshd), controlplane=CONTROLPLANE, join_token=None, ca_pem=CA_PEM,
-                      docker_host=dockerd.host, echo=[].append, layout=box.layout, agent_argv=[_fake(box)],
+                      docker_host=dockerd.host, echo=said.append, layout=box.layout, agent_argv=[_fake(box)],
                       is_live=lambda agent_id: True)  # fmt: skip
     assert box.supervisor_pid() is None
     assert not (box.state / "join-token").exists()

@@ -20,7 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from levers9.__about__ import __version__
+from levers9.services import agent_join
+from levers9.services.agents import InventoryReport
+from tests.cli.test_machine_cmd import Plane, plane
 from tests.conftest import Installed
+from tests.services.test_agent_hub import Agent
+
+__all__ = ["plane"]
 
 #: a provider whose answers its pool settings choose: ``mode`` ok, bad (ok=False with a hint), raise, text
 FAKE_PROVIDER = """
@@ -356,3 +363,73 @@ def test_a_process_pool_of_a_worker_that_cannot_drop_privileges_fails_unless_it_
         assert rows["strict"]["usable"] is False
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- agent_machine pools: their joined machines
+
+
+def test_an_agent_machine_pool_is_checked_on_its_joined_machines_not_on_this_host(
+    plane: Plane, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Issue 35 item 17: the workers of an agent_machine pool run on the boxes joined to it, so ``check`` asks the
+    controlplane of the context about them (connected, version, Docker); before, it checked this host's runtime."""
+    config = str(tmp_path / "levers9.yaml")  # the plane's: pool lab is agent_machine, H100, gpu_runtime nvidia
+
+    def lab() -> tuple[int, dict[str, Any]]:
+        done = cli("check", "--config", config, "--pool", "lab", "--json", timeout=120)
+        [row] = json.loads(done.stdout)
+        return done.returncode, row
+
+    code, row = lab()
+    assert code == 1, row
+    assert row["usable"] is False
+    assert "none has joined pool lab (context 'test')" in row["runtime_check"]["message"], row
+    assert "levers9 machine create --pool lab --ssh" in row["runtime_check"]["hint"]
+    assert row["runtime_check"]["machines"] == []
+    assert row["checkpoint"]["ok"] is None
+
+    def joined(name: str, *, version: str, runtimes: list[str]) -> None:
+        made = cli("machine", "create", "--pool", "lab", "--name", name, "--json")
+        assert made.returncode == 0, made.stderr
+        token = json.loads(made.stdout)["join_token"]
+
+        async def join() -> Agent:
+            identity = await agent_join.join(plane.services, token, version=version, hostname=name)
+            agent = Agent(plane.hub, await agent_join.authenticate_agent(plane.services, identity.token))
+            await agent.connect(version=version)
+            assert agent.session is not None
+            details = {"docker": {"version": "27.1.1", "runtimes": runtimes, "nvidia": "nvidia" in runtimes},
+                       "arch": "x86_64"}  # fmt: skip
+            await agent.session.inventory(
+                InventoryReport(cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=16000,
+                                free_memory_mib=65536, gpus=(("H100", 2, 2),), details=details)
+            )  # fmt: skip
+            return agent
+
+        plane.agents.append(plane.run(join()))
+
+    joined("old-box", version="0.0.9", runtimes=["runc"])
+    code, row = lab()
+    assert code == 1, row
+    [old] = row["runtime_check"]["machines"]
+    assert old["problems"] == [f"its agent is levers9 0.0.9, not {__version__}",
+                               "its Docker has no nvidia runtime (the NVIDIA Container Toolkit)"]  # fmt: skip
+    assert "0 of 1 ready" in row["runtime_check"]["message"]
+
+    joined("new-box", version=__version__, runtimes=["runc", "nvidia"])
+    code, row = lab()
+    assert code == 0, row
+    assert row["usable"] is True
+    message = row["runtime_check"]["message"]
+    assert (
+        f"1 of 2 ready; new-box: levers9 {__version__}, Docker 27.1.1; old-box: its agent is levers9 0.0.9" in message
+    )
+    assert {m["name"]: m["ready"] for m in row["runtime_check"]["machines"]} == {"new-box": True, "old-box": False}
+
+    # the table says it too, and a context that reaches no controlplane is a failed row naming it
+    table = cli("check", "--config", config, "--pool", "lab", timeout=120)
+    assert "joined machines: 1 of 2 ready" in table.stdout
+    gone = cli("check", "--config", config, "--pool", "lab", "--json", env={"LEVERS9_HOME": str(tmp_path / "none")})
+    [row] = json.loads(gone.stdout)
+    assert gone.returncode == 1
+    assert "no controlplane to ask for the joined machines" in row["runtime_check"]["message"]

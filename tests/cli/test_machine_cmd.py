@@ -26,6 +26,8 @@ from levers9.cli.machine_cmd import parse_ssh, parse_ttl
 from levers9.config.load import load_config
 from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
+from levers9.controlplane.wheels import OwnWheels
+from levers9.images.wheel import build, wheel_name
 from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc
 from levers9.sdk.context import Context, save_context
 from levers9.services import agent_join
@@ -37,6 +39,9 @@ from tests.conftest import Result
 from tests.services.test_agent_hub import Agent
 
 T = TypeVar("T")
+
+#: the HTTP listener the controlplane advertises (nothing listens: the command is only printed)
+WHEELS_AT = "https://cp.example:8443"
 
 CONFIG = """\
 version: 1
@@ -98,7 +103,7 @@ def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
         server = grpc.aio.server()
         add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
         add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
-        add_api(ControlPlaneService(dataplane), server)
+        add_api(ControlPlaneService(dataplane, wheels=OwnWheels(WHEELS_AT)), server)
         add_agent(AgentService(services, hub), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -137,8 +142,12 @@ def test_create_prints_the_join_command_once_and_machines_lists_it_live(plane: P
     created, command = result.stdout.strip().splitlines()
     assert created.startswith("created machine box-1 (agt_")
     assert created.endswith("for pool lab")
-    prefix = "pip install 'levers9=="
-    assert command.startswith(prefix)
+    # levers9 comes from the controlplane's own wheel, its hash checked: never by name from an index (issue 35)
+    assert "levers9==" not in command
+    wheel = wheel_name()
+    assert command.startswith(f'd=$(mktemp -d) && curl -fsSL -o "$d"/{wheel} {WHEELS_AT}/api/v1/wheels/{wheel} && ')
+    assert f'echo "{build().sha256}  $d/{wheel}" | sha256sum -c - && ' in command
+    assert f'pip install "levers9[agent] @ file://$d/{wheel}" && LEVERS9_JOIN_TOKEN=' in command
     token = command.split("LEVERS9_JOIN_TOKEN=", 1)[1].split(" ", 1)[0]
     assert command.endswith(f"levers9 agent join --controlplane grpc://{plane.address} --insecure")
 

@@ -31,7 +31,8 @@ OTHER = "0.0.1+elsewhere"
 def expected_message(worker: str) -> str:
     return (
         f"worker levers9 {worker} does not match the controlplane's {__version__}: rebuild the worker image with "
-        f"`levers9 worker-image build` on a machine with levers9 {__version__} (or install levers9=={__version__})"
+        f"`levers9 worker-image build` on a machine with levers9 {__version__} (or install the controlplane's own "
+        "wheel, GET /api/v1/wheels, never levers9 by name from a package index)"
     )
 
 

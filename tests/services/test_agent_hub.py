@@ -97,14 +97,14 @@ class Agent:
         self._hang_up: asyncio.Future[None] | None = None
         self._pump: asyncio.Task[None] | None = None
 
-    async def connect(self, provider: str = "agent_machine") -> Welcome:
+    async def connect(self, provider: str = "agent_machine", version: str = "test") -> Welcome:
         async def recheck() -> None:
             return None
 
         self.session = self.hub.attach(self.identity, recheck)
         self._hang_up = asyncio.get_running_loop().create_future()
         self._pump = asyncio.create_task(self._read(self.session, self._hang_up))
-        await self.session.hello(version="test", provider=provider, labels={"rack": "r1"}, hostname="box")
+        await self.session.hello(version=version, provider=provider, labels={"rack": "r1"}, hostname="box")
         welcome = await self.next()
         assert isinstance(welcome, Welcome), welcome
         return welcome

@@ -24,8 +24,11 @@ import pytest
 from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.http import create_http_app
+from levers9.controlplane.wheels import OwnWheels
+from levers9.images.wheel import wheel_name
 from levers9.proto.v1 import agent_pb2, agent_pb2_grpc, controlplane_pb2, controlplane_pb2_grpc
 from levers9.services import agent_join, joined_machines
+from levers9.services.agent_join import JoinToken
 from levers9.services.agents import AgentCut, AgentHub, InventoryReport
 from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
@@ -77,6 +80,12 @@ async def services(tmp_path: Path, database_url: str) -> AsyncIterator[Services]
         yield opened
 
 
+def issued(made: joined_machines.CreatedMachine) -> JoinToken:
+    """The join token of a machine just created (not one answered as existing)."""
+    assert made.join is not None, f"machine {made.machine.name} existed: no token was issued"
+    return made.join
+
+
 def team_pool(services: Services, workspace: str, name: str = "team-gpus") -> None:
     """A pool of ``workspace`` (as an attached pool is): the shared pool's shape under another name."""
     shared = services.pools["shared-gpus"]
@@ -93,7 +102,7 @@ async def plant(services: Services) -> AsyncIterator[Plant]:
     server = grpc.aio.server()
     add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
     add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
-    add_api(ControlPlaneService(dataplane), server)
+    add_api(ControlPlaneService(dataplane, wheels=OwnWheels("https://cp.example:8443")), server)
     add_agent(AgentService(services, hub), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -147,12 +156,12 @@ async def test_a_machines_token_joins_once_for_its_pool_and_workspace(plant: Pla
     team_pool(services, team.workspace_id or "")
     made = await joined_machines.create(services, team, "team-gpus", "box-1", ttl_s=600)
     assert (made.machine.name, made.machine.pool, made.machine.state) == ("box-1", "team-gpus", "pending")
-    assert made.machine.id == made.join.agent_id
+    assert made.machine.id == issued(made).agent_id
     assert made.machine.workspace_id == team.workspace_id
     assert made.ssh["user"] == "ops"
     assert made.ssh["port"] == 2222
 
-    joined = await agent_join.join(services, made.join.token, version="t", hostname="gpu-box-1.lab")
+    joined = await agent_join.join(services, issued(made).token, version="t", hostname="gpu-box-1.lab")
     assert (joined.agent_id, joined.workspace, joined.labels) == (
         made.machine.id, team.workspace_id, {"pool": "team-gpus", "name": "box-1"}
     )  # fmt: skip
@@ -160,7 +169,7 @@ async def test_a_machines_token_joins_once_for_its_pool_and_workspace(plant: Pla
     assert (view.machine.state, view.machine.hostname) == ("joined", "gpu-box-1.lab")
     assert view.machine.joined_at is not None
     with pytest.raises(Unauthenticated, match="already used"):
-        await agent_join.join(services, made.join.token)
+        await agent_join.join(services, issued(made).token)
     # the operator's listing is the operator's machines, not the workspace's
     assert await joined_machines.list_machines(services, plant.root) == []
 
@@ -193,6 +202,32 @@ async def test_who_may_create_for_which_pool_is_refused_clearly(plant: Plant) ->
     assert unnamed.machine.name == unnamed.machine.id
 
 
+async def test_create_again_of_a_joined_name_answers_it_and_a_pending_one_is_made_anew(plant: Plant) -> None:
+    """``machine create --ssh NAME`` twice (issue 35 item 14): ``existing_ok`` answers the joined machine as it is,
+    with no token; one that never joined is removed (its token revoked) and made again; another pool's is refused."""
+    services = plant.services
+    first = await joined_machines.create(services, plant.root, "shared-gpus", "box", existing_ok=True)
+    # never joined: made again, its first token refused from now on
+    again = await joined_machines.create(services, plant.root, "shared-gpus", "box", existing_ok=True)
+    assert again.machine.id != first.machine.id
+    assert again.machine.state == "pending"
+    with pytest.raises(Unauthenticated, match="this machine was removed"):
+        await agent_join.join(services, issued(first).token)
+    assert [v.machine.id for v in await joined_machines.list_machines(services, plant.root)] == [again.machine.id]
+
+    joined = await agent_join.join(services, issued(again).token, hostname="box")
+    answered = await joined_machines.create(services, plant.root, "shared-gpus", "box", existing_ok=True)
+    assert answered.join is None
+    assert (answered.machine.id, answered.machine.state) == (joined.agent_id, "joined")
+    assert answered.ssh["user"] == "ops"
+    with pytest.raises(AlreadyExists, match="named 'box' exists already"):  # without existing_ok: refused as before
+        await joined_machines.create(services, plant.root, "shared-gpus", "box")
+    plant.services.pools["more-gpus"] = plant.services.pools["shared-gpus"]
+    with pytest.raises(AlreadyExists, match="'box' exists already in pool 'shared-gpus'"):
+        await joined_machines.create(services, plant.root, "more-gpus", "box", existing_ok=True)
+    assert len(await joined_machines.list_machines(services, plant.root)) == 1
+
+
 async def test_list_merges_the_agents_live_inventory(plant: Plant) -> None:
     services = plant.services
     team = await workspace_user(services, "team")
@@ -200,7 +235,7 @@ async def test_list_merges_the_agents_live_inventory(plant: Plant) -> None:
     made = await joined_machines.create(services, team, "team-gpus", "box-1")
     [pending] = await joined_machines.list_machines(services, team)
     assert (pending.machine.state, pending.connected, pending.last_seen) == ("pending", False, 0.0)
-    joined = await agent_join.join(services, made.join.token, hostname="box-1")
+    joined = await agent_join.join(services, issued(made).token, hostname="box-1")
     agent = await connected(plant, joined.token)
     [view] = await joined_machines.list_machines(services, team)
     assert view.connected
@@ -224,7 +259,7 @@ async def test_remove_stops_its_workers_revokes_it_and_cuts_its_stream(plant: Pl
     team = await workspace_user(services, "team")
     team_pool(services, team.workspace_id or "")
     made = await joined_machines.create(services, team, "team-gpus", "box-1")
-    joined = await agent_join.join(services, made.join.token, hostname="box-1")
+    joined = await agent_join.join(services, issued(made).token, hostname="box-1")
     agent = await connected(plant, joined.token)
     agent_id = made.machine.id
     # the scheduler's worker container on it, and another machine's that must stay
@@ -277,7 +312,7 @@ async def test_a_removed_machines_unused_token_is_refused_saying_so(plant: Plant
     removed = await joined_machines.remove(services, plant.root, "never-joined")
     assert removed.terminated == []
     with pytest.raises(Unauthenticated, match="this machine was removed"):
-        await agent_join.join(services, made.join.token)
+        await agent_join.join(services, issued(made).token)
     # a workspace cannot remove the operator's machine (nor see it)
     team = await workspace_user(services, "team")
     await joined_machines.create(services, plant.root, "shared-gpus", "ops-box")
@@ -304,7 +339,13 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert body["machine"]["name"] == "box-1"
     assert body["machine"]["state"] == "pending"
     assert body["join_token"].startswith("l9_agent_")
-    assert body["join_command"].startswith("pip install 'levers9==")
+    # levers9 from the controlplane's own wheel (here at the request's URL), its hash checked; never by name
+    assert "levers9==" not in body["join_command"]
+    assert body["wheel_url"] == f"http://levers9.test/api/v1/wheels/{wheel_name()}"
+    assert body["join_command"].startswith(
+        f'd=$(mktemp -d) && curl -fsSL -o "$d"/{wheel_name()} {body["wheel_url"]} && '
+    )
+    assert f'echo "{body["wheel_sha256"]}  $d/{wheel_name()}" | sha256sum -c -' in body["join_command"]
     assert f"LEVERS9_JOIN_TOKEN={body['join_token']} levers9 agent join --controlplane grpc://" in body["join_command"]
     assert body["join_command"].endswith("--insecure")
     assert body["ssh"]["user"] == "ops"
@@ -339,6 +380,10 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert made.machine.name == "ops-1"
     assert made.join_token
     assert "--insecure" in made.join_command
+    assert made.wheel_url == f"https://cp.example:8443/api/v1/wheels/{wheel_name()}"
+    assert made.wheel_sha256 == body["wheel_sha256"]  # the same wheel over both transports
+    assert f'curl -fsSL -o "$d"/{wheel_name()} {made.wheel_url} && ' in made.join_command
+    assert not made.existing
     assert made.expires_at > 0
     assert made.controlplane_url.startswith("grpc://")
     with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -38,6 +38,12 @@ __all__ = ["AgentSoftware", "BoxFacts", "agent_software", "check_box", "same_arc
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 _INSTALL_DOCKER = "install Docker: apt-get install -y docker.io (or Docker Engine)"
+#: how a box gets levers9 when the worker image cannot be sent: never by name from a package index, where the
+#: name levers9 is another project's
+_INSTALL_FROM_WHEEL = (
+    f"install levers9 {__version__} on the box from the controlplane's own wheel (the command 'levers9 machine "
+    "create --pool POOL' prints fetches it and checks its sha256; docs/agents.md), then run this again"
+)
 _INSTALL_TOOLKIT = (
     "install the NVIDIA Container Toolkit: apt-get install -y nvidia-container-toolkit && "
     "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker"
@@ -227,8 +233,7 @@ def _ship_image(
             from levers9.images import worker
         except ImportError as exc:
             raise SshJoinError(
-                f"[3/{STEPS}] this levers9 cannot build the worker image ({exc}): install levers9=={__version__} "
-                f"on the box (pip install levers9=={__version__}) and run again"
+                f"[3/{STEPS}] this levers9 cannot build the worker image ({exc}): {_INSTALL_FROM_WHEEL}"
             ) from exc
         tag = image_tag or str(worker.default_tag())
         write: Callable[[BinaryIO], None] = image_tar or worker.write_rootfs
@@ -245,7 +250,7 @@ def _ship_image(
     if not same_arch(box.arch, local):
         raise SshJoinError(
             f"[3/{STEPS}] the box is {box.arch} but this machine is {local}: the worker image built here cannot run "
-            f"there. Install levers9=={__version__} on the box (pip install levers9=={__version__}) and run again"
+            f"there. {_INSTALL_FROM_WHEEL}"
         )
     echo(f"      sending the worker image {tag} to the box (docker import over SSH) ...")
     flags = " ".join(f"--change {shlex.quote(change)}" for change in changes)

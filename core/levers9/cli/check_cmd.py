@@ -11,12 +11,20 @@ that knows the answer:
 * **runtime**: is the pool's runtime available on *this* host
   (``levers9_runtime_capabilities``), and why not; with what isolation and
   version, and any notes the runtime reports about how it will run containers.
+  An ``agent_machine`` pool's workers run on the boxes joined to it, not here:
+  for such a pool this question is asked of its joined machines instead,
+  through the controlplane of the CLI's context (``--context``), as ``levers9
+  machines`` lists them: is each connected, is its agent this levers9 version,
+  did it report Docker (with the ``nvidia`` runtime and the pool's GPU type for
+  a GPU pool)? It is usable when one of them is ready. A shared pool's
+  machines are listed only with an operator's token.
 * **checkpointing**: can containers of that runtime be checkpointed here
   (``levers9_checkpoint_support``), with the reason in the tool's words (CRIU's
   or runsc's own message). Informative only: a pool runs without it.
 
 It runs where the operator types it, from the config file, the way
-``levers9 config check`` does, not through a controlplane: the questions are
+``levers9 config check`` does, not through a controlplane (but for the joined
+machines of ``agent_machine`` pools, which only a controlplane knows): the questions are
 about credentials and about a host (the one where the pool's workers run, for
 a ``local`` pool this one), so the useful place to ask them is the machine in
 front of the operator, and a check must work before any server is up. The
@@ -66,6 +74,8 @@ T = TypeVar("T")
 #: what a provider without ``levers9_check`` is reported as
 NO_CHECK_HOOK = "no check hook; settings validated"
 NOT_CHECKED = "not checked: the pool's config does not load"
+#: the provider whose workers run on joined machines, which are checked instead of this host
+AGENT_PROVIDER = "agent_machine"
 
 
 # --------------------------------------------------------------------------- loading, one pool at a time
@@ -203,7 +213,94 @@ class PoolCheck:
         }
 
 
-async def check_pool(pool_set: PoolSet, name: str) -> PoolCheck:
+@dataclass(frozen=True)
+class Joined:
+    """The joined machines the controlplane of the context listed, or why they could not be listed."""
+
+    machines: list[Any] | None
+    problem: str = ""
+    context: str = ""
+
+
+def list_joined(context: str | None) -> Joined:
+    """The caller's joined machines through the context's controlplane (``ListJoinedMachines``)."""
+    from levers9.cli.machine_cmd import list_joined as listed
+    from levers9.sdk.context import ContextError, current_context
+
+    try:
+        name = current_context(context).name
+    except ContextError as exc:
+        return Joined(None, f"no controlplane to ask for the joined machines: {exc}")
+    try:
+        return Joined(listed(context), context=name)
+    except typer.Exit:  # the call printed why (unreachable, token refused)
+        return Joined(None, f"the controlplane of context {name!r} did not list the joined machines (see above)",
+                      context=name)  # fmt: skip
+
+
+def _machine_problems(pool: Pool, machine: Any) -> list[str]:
+    """Why a joined machine cannot serve ``pool`` now; empty when it can."""
+    from levers9.__about__ import __version__
+
+    if machine.state != "joined":
+        return [f"{machine.state}: its agent never joined (run the join command, or machine create --ssh, again)"]
+    problems = []
+    if not machine.connected:
+        problems.append("not connected (its agent is down or cannot reach the controlplane)")
+    if machine.version and machine.version != __version__:
+        problems.append(f"its agent is levers9 {machine.version}, not {__version__}")
+    if not machine.docker_version:
+        problems.append("no Docker reported")
+    gpu_runtime = getattr(pool.settings, "gpu_runtime", None)
+    if pool.gpu is not None:
+        if gpu_runtime == "nvidia" and "nvidia" not in machine.docker_runtimes:
+            problems.append("its Docker has no nvidia runtime (the NVIDIA Container Toolkit)")
+        if not any(g.gpu == pool.gpu and g.count >= pool.gpu_count for g in machine.gpus):
+            problems.append(f"no {pool.gpu_count} {pool.gpu} GPU(s) reported")
+    return problems
+
+
+def _joined_check(pool: Pool, joined: Joined, result: PoolCheck) -> None:
+    """The runtime question of an ``agent_machine`` pool, asked of its joined machines (see the module docstring)."""
+    who = "an operator's token (levers9 token create --operator) for a shared pool, the workspace's for its own"
+    result.checkpoint = Verdict(None, "asked of no host: the workers run on the joined machines")
+    if joined.machines is None:
+        result.runtime_check = Verdict(False, f"joined machines: {joined.problem}",
+                                       f"a context that reaches the controlplane (levers9 context), with {who}")  # fmt: skip
+        return
+    mine = [m for m in joined.machines if m.pool == pool.name]
+    machines = []
+    ready = []
+    for m in mine:
+        problems = _machine_problems(pool, m)
+        machines.append({"name": m.name, "id": m.id, "state": m.state, "connected": m.connected,
+                         "version": m.version or None, "docker_version": m.docker_version or None,
+                         "docker_runtimes": list(m.docker_runtimes), "ready": not problems,
+                         "problems": problems})  # fmt: skip
+        if problems:
+            continue
+        ready.append(m)
+    result.runtime_details = {"machines": machines}
+    if not mine:
+        result.runtime_check = Verdict(
+            False,
+            f"joined machines: none has joined pool {pool.name} (context {joined.context!r})",
+            f"levers9 machine create --pool {pool.name} --ssh USER@HOST, with {who}",
+        )
+        return
+    said = [
+        f"{m['name']}: levers9 {m['version']}, Docker {m['docker_version']}" if m["ready"]
+        else f"{m['name']}: {'; '.join(m['problems'])}"
+        for m in machines
+    ]  # fmt: skip
+    message = f"joined machines: {len(ready)} of {len(mine)} ready; " + "; ".join(said)
+    if ready:
+        result.runtime_check = Verdict(True, message)
+    else:
+        result.runtime_check = Verdict(False, message, "levers9 machines shows them; docs/agents.md says how to mend")
+
+
+async def check_pool(pool_set: PoolSet, name: str, joined: Joined | None = None) -> PoolCheck:
     provider, runtime = pool_set.written[name]
     pool = pool_set.pools.get(name)
     if pool is None:
@@ -213,6 +310,9 @@ async def check_pool(pool_set: PoolSet, name: str) -> PoolCheck:
     result = PoolCheck(
         name, provider, runtime, await _provider(pool_set.hooks, pool), Verdict(None, ""), Verdict(None, "")
     )
+    if pool.provider == AGENT_PROVIDER:  # its workers run on the boxes joined to it, not on this host
+        _joined_check(pool, joined or Joined(None, "not asked"), result)
+        return result
     await _runtime(pool_set.hooks, pool, pool_set.runtime_settings.get(name), result)
     if result.runtime_details.get("isolation") == "none" and name not in pool_set.bound:
         # the controlplane refuses to start with such a pool (services.isolation.shared_without_isolation)
@@ -291,9 +391,9 @@ def _error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, Levers9Error) else f"{type(exc).__name__}: {exc}"
 
 
-async def check_all(pool_set: PoolSet, names: list[str]) -> list[PoolCheck]:
+async def check_all(pool_set: PoolSet, names: list[str], joined: Joined | None = None) -> list[PoolCheck]:
     async def work() -> list[PoolCheck]:
-        return list(await asyncio.gather(*(check_pool(pool_set, name) for name in names)))
+        return list(await asyncio.gather(*(check_pool(pool_set, name, joined) for name in names)))
 
     return await with_plugins_started(pool_set, work)
 
@@ -310,15 +410,21 @@ def check(
     ),
     pool: list[str] = typer.Option([], "--pool", help="Check only this pool (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per pool."),
+    context: str | None = typer.Option(
+        None, "-c", "--context", help="For agent_machine pools: the context whose controlplane lists their machines."
+    ),
 ) -> None:
     """Check each pool: provider credentials and settings, its runtime on this host, and checkpointing.
 
+    An agent_machine pool's runtime is checked on its joined machines instead, through the context's controlplane.
     Exit 0 when every pool checked is usable (provider ok and runtime available here), 1 otherwise.
     """
     pool_set = load_pool_set(config)
     try:
         names = select_pools(pool_set, pool)
-        results = asyncio.run(check_all(pool_set, names))
+        agent_pools = [name for name in names if pool_set.written[name][0] == AGENT_PROVIDER]
+        joined = list_joined(context) if agent_pools else None
+        results = asyncio.run(check_all(pool_set, names, joined))
     finally:
         pool_set.close()
     if as_json:

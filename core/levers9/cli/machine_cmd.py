@@ -2,7 +2,10 @@
 
 ``machine create --pool P`` asks the controlplane (CreateJoinedMachine) for a
 machine and its single-use join token, and prints the command to run on the
-box, once: the token is in nothing else. The command dials the controlplane at
+box, once: the token is in nothing else. The command installs levers9 from
+the controlplane's own wheel (its URL and sha256 come with the answer; never
+``levers9`` by name from a package index, another project's name there),
+then joins. The agent dials the controlplane at
 this context's address (``grpcs://``, with the context's CA when it has one;
 a plain ``grpc://`` context gets ``--insecure`` and a warning, development
 only). With ``--ssh user@host[:port]`` levers9 runs it on the box itself
@@ -10,7 +13,13 @@ only). With ``--ssh user@host[:port]`` levers9 runs it on the box itself
 with the pool's ``ssh`` settings as defaults that the flags override and the
 pool's ``docker_host`` as the box's Docker (``--agent-dir`` puts the agent's
 files under one directory of the box, run by a supervisor), then waits (up to
-300 s) until the machine shows joined. ``machines`` lists the
+300 s) until the machine shows joined. ``--ssh`` is idempotent on the
+machine's name: a machine of that name that has joined is not created again
+(the box must run its agent, whose service is started if it is down; said
+why not otherwise), one that never joined is made anew; a box holding the
+credential of a machine the controlplane no longer lists (removed) has it
+replaced; a machine whose box failed to join (the SSH steps, or the 300 s)
+is removed, not left pending. ``machines`` lists the
 caller's joined machines with their agents' last report; ``machine remove``
 drains and stops its workers, revokes its agent and cuts it off.
 
@@ -37,7 +46,7 @@ if TYPE_CHECKING:
     from levers9.proto.v1.controlplane_pb2_grpc import ControlPlaneStub
     from levers9.sdk.context import Context
 
-__all__ = ["app", "join_url", "machines", "parse_ssh", "parse_ttl"]
+__all__ = ["app", "join_url", "list_joined", "machines", "parse_ssh", "parse_ttl"]
 
 app = typer.Typer(help="Join machines to levers9 and remove them.", no_args_is_help=True)
 
@@ -118,10 +127,14 @@ def _as_dict(m: pb.JoinedMachine) -> dict[str, Any]:
         "free_cpu_millicores": m.free_cpu_millicores,
         "free_memory_mib": m.free_memory_mib,
         "workers": list(m.workers),
+        "docker_version": m.docker_version or None,
+        "docker_runtimes": list(m.docker_runtimes),
+        "arch": m.arch or None,
     }
 
 
-def _list(context: str | None) -> list[pb.JoinedMachine]:
+def list_joined(context: str | None) -> list[pb.JoinedMachine]:
+    """The caller's joined machines (an operator's: those of the shared pools), as `levers9 machines` lists them."""
     from levers9.proto.v1 import controlplane_pb2 as pb
 
     async def action(stub: ControlPlaneStub, metadata: Metadata) -> list[pb.JoinedMachine]:
@@ -177,41 +190,91 @@ def create(
     ctx = resolve_context(context)
     url, tls = join_url(ctx)
     ca_pem = _ca_pem(ctx)
-
-    async def action(stub: ControlPlaneStub, metadata: Metadata) -> pb.CreateJoinedMachineResponse:
-        made: pb.CreateJoinedMachineResponse = await stub.CreateJoinedMachine(
-            pb.CreateJoinedMachineRequest(pool=pool, name=machine_name or "", ttl_s=ttl_s),
-            metadata=metadata,
-            timeout=UNARY_TIMEOUT_S,
-        )
-        return made
-
-    made = call(context, action)
-    from levers9.services.joined_machines import join_command
-
-    command = join_command(url, made.join_token, ca_pem=ca_pem)
     if not tls:
         err.print(
             f"warning: this context reaches the controlplane in plain text ({url}); the agent is told --insecure, "
             "which is for development only: use a TLS controlplane for real machines",
             markup=False,
         )
+
+    async def action(stub: ControlPlaneStub, metadata: Metadata) -> pb.CreateJoinedMachineResponse:
+        made: pb.CreateJoinedMachineResponse = await stub.CreateJoinedMachine(
+            pb.CreateJoinedMachineRequest(
+                pool=pool, name=machine_name or "", ttl_s=ttl_s, existing_ok=target is not None and bool(machine_name)
+            ),
+            metadata=metadata,
+            timeout=UNARY_TIMEOUT_S,
+        )
+        return made
+
+    made = call(context, action)
+    defaults: dict[str, Any] = json.loads(made.ssh_json or "{}")
+    if made.existing:  # the same `machine create --ssh` again: the box must run that machine's agent
+        assert target is not None
+        _rejoin(context, made.machine, target, jump, defaults, url=url, ca_pem=ca_pem, key=ssh_key,
+                known_hosts=ssh_known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
+                as_json=as_json)  # fmt: skip
+        return
+    from levers9.services.joined_machines import join_command
+
+    command = join_command(url, made.join_token, ca_pem=ca_pem, wheel_url=made.wheel_url,
+                           wheel_sha256=made.wheel_sha256)  # fmt: skip
     if target is None:
         if as_json:
             print_json(_as_dict(made.machine) | {"join_token": made.join_token, "join_command": command,
                                                  "expires_at": iso(made.expires_at)})  # fmt: skip
             return
         out.print(f"created machine {made.machine.name} ({made.machine.id}) for pool {pool}", markup=False)
+        if not made.wheel_url:
+            err.print("note: this controlplane does not say where its HTTP listener is, so the command does not "
+                      "install levers9: install it on the box first (docs/agents.md)", markup=False)  # fmt: skip
         err.print(f"run this on the box within {ttl} (the token works once and is shown only now):", markup=False)
         typer.echo(command)
         return
-    defaults: dict[str, Any] = json.loads(made.ssh_json or "{}")
-    joined_id = _join_over_ssh(made, target, jump, defaults, url=url, ca_pem=ca_pem, key=ssh_key, known_hosts=ssh_known_hosts,
-                   sudo=sudo, no_strict=no_strict, agent_dir=agent_dir)  # fmt: skip
+    try:
+        joined_id = _join_over_ssh(made.machine, made.join_token, target, jump, defaults, context=context, url=url,
+                                   ca_pem=ca_pem, key=ssh_key, known_hosts=ssh_known_hosts, sudo=sudo,
+                                   no_strict=no_strict, agent_dir=agent_dir)  # fmt: skip
+    except typer.Exit:
+        _forget(context, made.machine, "the SSH join failed, and no box joined it")
+        raise
     if joined_id != made.machine.id:  # the box runs the agent of an earlier machine: this one is not needed
         typer.echo(f"the box is already joined (agent {joined_id}); removing the machine just created")
         _remove(context, made.machine.name)
-    joined = _wait_joined(context, joined_id)
+    joined = _wait_joined(context, joined_id, forget_pending=joined_id == made.machine.id)
+    if as_json:
+        print_json(_as_dict(joined))
+    else:
+        out.print(f"machine {joined.name} ({joined.id}) joined pool {joined.pool}", markup=False)
+
+
+def _forget(context: str | None, machine: pb.JoinedMachine, why: str) -> None:
+    """Remove a machine no box joined, saying so (its join token is revoked with it): none is left pending."""
+    typer.echo(f"removing machine {machine.name} ({machine.id}): {why}")
+    _remove(context, machine.name)
+
+
+def _rejoin(
+    context: str | None, existing: pb.JoinedMachine, target: UserHost, jump: UserHost | None,
+    defaults: dict[str, Any], *, url: str, ca_pem: str, key: Path | None, known_hosts: Path | None,
+    sudo: bool | None, no_strict: bool, agent_dir: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    """``machine create --ssh`` of a machine that exists and has joined: the box must run its agent (its
+    service is started again when it is down); no new machine, no token."""
+    typer.echo(f"machine {existing.name} ({existing.id}) exists and has joined pool {existing.pool}: checking the box")
+    joined_id = _join_over_ssh(existing, None, target, jump, defaults, context=context, url=url, ca_pem=ca_pem,
+                               key=key, known_hosts=known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
+                               not_joined=f"machine {existing.name} ({existing.id}) has joined from another box, or "
+                               "this box lost its credential: remove the machine first (levers9 machine remove "
+                               f"{existing.name}) or choose another --name")  # fmt: skip
+    if joined_id != existing.id:
+        raise _fail(
+            f"the box runs the agent of another machine ({joined_id}), not the one of {existing.name} "
+            f"({existing.id}): choose another --name, or remove {existing.name} first "
+            f"(levers9 machine remove {existing.name})",
+            3,
+        )
+    joined = _wait_joined(context, existing.id)
     if as_json:
         print_json(_as_dict(joined))
     else:
@@ -219,9 +282,10 @@ def create(
 
 
 def _join_over_ssh(
-    made: pb.CreateJoinedMachineResponse, target: UserHost, jump: UserHost | None, defaults: dict[str, Any], *,
-    url: str, ca_pem: str, key: Path | None, known_hosts: Path | None, sudo: bool | None, no_strict: bool,
-    agent_dir: str | None = None,
+    machine: pb.JoinedMachine, join_token: str | None, target: UserHost, jump: UserHost | None,
+    defaults: dict[str, Any], *, context: str | None, url: str, ca_pem: str, key: Path | None,
+    known_hosts: Path | None, sudo: bool | None, no_strict: bool, agent_dir: str | None = None,
+    not_joined: str = "",
 ) -> str:  # fmt: skip
     """Run the join on the box; the id of the agent it runs (an earlier one's when it was joined already)."""
     from levers9.agent.service_unit import AgentLayout
@@ -257,22 +321,31 @@ def _join_over_ssh(
         base = agent_dir.rstrip("/") or "/"
         layout = AgentLayout(state_dir=f"{base}/agent", lib_dir=f"{base}/lib", log_file=f"{base}/agent.log",
                              pid_file=f"{base}/agent-supervise.pid", service="supervisor")  # fmt: skip
-    typer.echo(f"joining {user}@{target.host} as machine {made.machine.name} ({made.machine.id})")
+    typer.echo(f"joining {user}@{target.host} as machine {machine.name} ({machine.id})")
+
+    def is_live(agent_id: str) -> bool:  # a credential of a machine the controlplane no longer lists is revoked
+        return any(m.id == agent_id for m in list_joined(context))
+
     try:
-        result = join_over_ssh(ssh_target, controlplane=url, join_token=made.join_token, ca_pem=ca_pem,
-                               docker_host=docker_host, echo=typer.echo, layout=layout)  # fmt: skip
+        result = join_over_ssh(ssh_target, controlplane=url, join_token=join_token, ca_pem=ca_pem,
+                               docker_host=docker_host, echo=typer.echo, layout=layout, is_live=is_live)  # fmt: skip
     except SshJoinError as exc:
-        raise _fail(f"joining {target.host} over SSH failed: {exc}", 3) from None
-    if result.already_joined and result.agent_id:
+        hint = f" ({not_joined})" if not_joined and "no join token was given" in str(exc) else ""
+        raise _fail(f"joining {target.host} over SSH failed: {exc}{hint}", 3) from None
+    if result.agent_id:
         return result.agent_id
-    return made.machine.id
+    return machine.id
 
 
-def _wait_joined(context: str | None, machine_id: str, timeout_s: float = JOIN_WAIT_S) -> pb.JoinedMachine:
+def _wait_joined(
+    context: str | None, machine_id: str, timeout_s: float = JOIN_WAIT_S, *, forget_pending: bool = False
+) -> pb.JoinedMachine:
+    """Wait until the machine has joined and its agent is connected; ``forget_pending``: one that never joined
+    by then is removed (its token revoked) rather than left pending."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
-        found = next((m for m in _list(context) if m.id == machine_id), None)
+        found = next((m for m in list_joined(context) if m.id == machine_id), None)
         if found is None:
             raise _fail(f"machine {machine_id} is no longer listed (removed while joining?)", 3)
         state = f"{found.state}{', connected' if found.connected else ''}"
@@ -282,6 +355,8 @@ def _wait_joined(context: str | None, machine_id: str, timeout_s: float = JOIN_W
         if found.state == "joined" and found.connected:
             return found
         if time.monotonic() >= deadline:
+            if forget_pending and found.state == "pending":
+                _forget(context, found, "it did not join in time")
             raise _fail(
                 f"machine {found.name} did not join within {timeout_s:.0f} s (it is {state}); look at the agent's "
                 "log on the box (journalctl -u levers9-agent, or the log the SSH steps named)",

@@ -42,6 +42,7 @@ from levers9.controlplane.grpc_messages import (
     task_message,
     worker_summary,
 )
+from levers9.controlplane.wheels import OwnWheels
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
 from levers9.services import clusters, deployments, joined_machines, machines, pools, secrets, tasks, workspaces
 from levers9.services.auth import Principal, bearer
@@ -73,10 +74,12 @@ async def blob_upload(
 
 
 class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
-    def __init__(self, dataplane: DataPlane, builds: Builds | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, builds: Builds | None = None, wheels: OwnWheels | None = None) -> None:
         self.dp = dataplane
         self.services = dataplane.services
         self.builds = builds
+        #: levers9's own wheel, which join commands fetch (None: they assume levers9 on the box)
+        self.wheels = wheels
 
     async def _caller(self, context: Context) -> Principal:
         """Any user token (an operator's too)."""
@@ -322,16 +325,26 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         """The same as REST's ``POST /api/v1/joined-machines``; the join token is in this answer only."""
         principal = await self._caller(context)
         ttl = request.ttl_s or joined_machines.JOIN_TTL_S
-        made = await joined_machines.create(self.services, principal, request.pool, request.name or None, ttl_s=ttl)
-        return controlplane_pb2.CreateJoinedMachineResponse(
+        made = await joined_machines.create(self.services, principal, request.pool, request.name or None, ttl_s=ttl,
+                                            existing_ok=request.existing_ok)  # fmt: skip
+        wheel = await self.wheels.ref() if self.wheels is not None else None
+        answer = controlplane_pb2.CreateJoinedMachineResponse(
             machine=joined_machine(joined_machines.JoinedMachineView(made.machine)),
-            join_token=made.join.token,
-            expires_at=epoch(made.join.expires_at),
             controlplane_url=made.controlplane_url,
             ca_pem=made.ca_pem,
-            join_command=joined_machines.join_command(made.controlplane_url, made.join.token, ca_pem=made.ca_pem),
             ssh_json=json.dumps(made.ssh),
+            existing=made.join is None,
+            wheel_url=wheel.url if wheel else "",
+            wheel_sha256=wheel.sha256 if wheel else "",
         )
+        if made.join is not None:
+            answer.join_token = made.join.token
+            answer.expires_at = epoch(made.join.expires_at)
+            answer.join_command = joined_machines.join_command(
+                made.controlplane_url, made.join.token, ca_pem=made.ca_pem, wheel_url=answer.wheel_url,
+                wheel_sha256=answer.wheel_sha256,
+            )  # fmt: skip
+        return answer
 
     @unary
     async def ListJoinedMachines(

@@ -162,6 +162,9 @@ def joined_machine(view: joined_machines.JoinedMachineView) -> controlplane_pb2.
         free_memory_mib=view.free_memory_mib,
         workers=view.workers,
         workspace_id=m.workspace_id or "",
+        docker_version=view.docker_version,
+        docker_runtimes=view.docker_runtimes,
+        arch=view.arch,
     )
 
 

@@ -43,6 +43,7 @@ from starlette.routing import Match
 from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
+from levers9.controlplane.wheels import OwnWheels
 from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
@@ -166,7 +167,11 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def create_http_app(
-    services: Services, *, metrics: Metrics | None = None, dataplane: DataPlane | None = None
+    services: Services,
+    *,
+    metrics: Metrics | None = None,
+    dataplane: DataPlane | None = None,
+    wheels: OwnWheels | None = None,
 ) -> FastAPI:
     """The REST app over ``services``, acting on calls through ``dataplane`` (the one gRPC uses).
 
@@ -184,6 +189,8 @@ def create_http_app(
     if dataplane is None:
         dataplane = DataPlane.standalone(services, metrics)
     app.state.dataplane = dataplane
+    # levers9's own wheel under /api/v1/wheels (without an advertised HTTP URL, links use the request's)
+    app.state.wheels = wheels if wheels is not None else OwnWheels()
     app.include_router(router)
     # volumes over WebDAV, for workers that do not mount the volumes' file system themselves
     app.mount(DAV_PREFIX, WebDav(DavAccess(services).resolve))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from levers9.controlplane.rest_schemas import (
@@ -45,6 +45,8 @@ from levers9.controlplane.rest_schemas import (
     TaskOut,
     TokenCreate,
     TokenOut,
+    WheelList,
+    WheelOut,
     WorkerOut,
     WorkspaceCreate,
     WorkspaceOut,
@@ -57,6 +59,7 @@ from levers9.controlplane.rest_schemas import (
     token_out,
     worker_out,
 )
+from levers9.controlplane.wheels import OwnWheels
 from levers9.services import clusters, deployments, joined_machines, machines, pools, secrets, tasks, workspaces
 from levers9.services import health as health_service
 from levers9.services.access import authenticate_user
@@ -152,6 +155,47 @@ async def health(services: ServicesDep, response: Response) -> Health:
         response.status_code = 503
     return Health(status="degraded" if report.degraded else "ok", database=report.database, redis=report.redis,
                   disk=report.disk)  # fmt: skip
+
+
+def _wheels(request: Request) -> OwnWheels:
+    wheels: OwnWheels = request.app.state.wheels
+    return wheels
+
+
+def _wheel_base(request: Request) -> str:
+    """The advertised HTTP URL, else the URL this request came to (the app served without a listener's own)."""
+    return _wheels(request).http_url or str(request.base_url)
+
+
+@_open.get("/wheels")
+async def list_wheels(request: Request) -> WheelList:
+    """levers9's own wheels, which boxes install the agent from (no token: the code is not secret, and a box
+    fetches it before it holds a credential). Each with its sha256: check it before installing."""
+    wheels = _wheels(request)
+    base = _wheel_base(request)
+    return WheelList(wheels=[WheelOut(filename=w.filename, sha256=w.sha256, size=w.size, url=wheels.url(w, base))
+                             for w in await wheels.wheels()])  # fmt: skip
+
+
+@_open.get(
+    "/wheels/{name}",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The wheel file"},
+        404: _error("No wheel of that name is served (type `not_found`; the message lists those that are)"),
+        422: _error("A parameter is not valid (type `validation_error`)"),
+    },
+)
+async def get_wheel(request: Request, name: str) -> Response:
+    """One of the wheels ``GET /api/v1/wheels`` lists, by its file name; nothing else is ever read or relayed."""
+    wheels = _wheels(request)
+    found = await wheels.find(name)
+    if found is None:
+        served = ", ".join(w.filename for w in await wheels.wheels())
+        raise HTTPException(404, f"no wheel {name!r} is served here; the wheels served: {served}")
+    return Response(found.data, media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{found.filename}"',
+                             "X-Checksum-Sha256": found.sha256})  # fmt: skip
 
 
 #: the routes behind a user token (:data:`Caller`)
@@ -329,18 +373,26 @@ async def list_joined_machines(services: ServicesDep, principal: Caller) -> list
 
 @_user.post("/joined-machines", status_code=201, responses={409: _error("A machine of that name exists")})
 async def create_joined_machine(
-    services: ServicesDep, principal: Caller, body: JoinedMachineCreate
+    services: ServicesDep, principal: Caller, body: JoinedMachineCreate, request: Request
 ) -> JoinedMachineCreated:
     """Record a machine for a pool of provider agent_machine and issue its join token (in this answer only)."""
     made = await joined_machines.create(services, principal, body.pool, body.name, ttl_s=body.ttl_s)
+    assert made.join is not None  # not existing_ok: a name taken is a 409
+    wheel = await _wheels(request).ref(_wheel_base(request))
+    wheel_url, wheel_sha256 = (wheel.url, wheel.sha256) if wheel else ("", "")
+    command = joined_machines.join_command(
+        made.controlplane_url, made.join.token, ca_pem=made.ca_pem, wheel_url=wheel_url, wheel_sha256=wheel_sha256
+    )
     return JoinedMachineCreated(
         machine=joined_machine_out(joined_machines.JoinedMachineView(made.machine)),
         join_token=made.join.token,
         expires_at=made.join.expires_at,
         controlplane_url=made.controlplane_url,
         ca_pem=made.ca_pem,
-        join_command=joined_machines.join_command(made.controlplane_url, made.join.token, ca_pem=made.ca_pem),
+        join_command=command,
         ssh=made.ssh,
+        wheel_url=wheel_url,
+        wheel_sha256=wheel_sha256,
     )
 
 

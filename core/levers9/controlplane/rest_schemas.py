@@ -48,6 +48,8 @@ __all__ = [
     "TaskOut",
     "TokenCreate",
     "TokenOut",
+    "WheelList",
+    "WheelOut",
     "WorkerOut",
     "WorkspaceCreate",
     "WorkspaceOut",
@@ -300,6 +302,10 @@ class JoinedMachineOut(BaseModel):
     free_memory_mib: int
     #: levers9 machine ids of the worker containers running there
     workers: list[str]
+    #: the box's Docker as the agent last reported it (empty: none reported), and its architecture
+    docker_version: str = ""
+    docker_runtimes: list[str] = []
+    arch: str = ""
 
 
 class JoinedMachineCreated(BaseModel):
@@ -313,6 +319,23 @@ class JoinedMachineCreated(BaseModel):
     join_command: str
     #: the pool's ssh settings: the defaults ``levers9 machine create --ssh`` starts from
     ssh: dict[str, Any]
+    #: levers9's own wheel on this controlplane and its sha256, which the join command installs
+    wheel_url: str = ""
+    wheel_sha256: str = ""
+
+
+class WheelOut(BaseModel):
+    """One of levers9's own wheels this controlplane serves."""
+
+    filename: str
+    #: hex; check it before installing
+    sha256: str
+    size: int
+    url: str
+
+
+class WheelList(BaseModel):
+    wheels: list[WheelOut]
 
 
 class ClusterJoin(_In):
@@ -462,6 +485,9 @@ def joined_machine_out(view: JoinedMachineView) -> JoinedMachineOut:
         free_cpu_millicores=view.free_cpu_millicores,
         free_memory_mib=view.free_memory_mib,
         workers=view.workers,
+        docker_version=view.docker_version,
+        docker_runtimes=view.docker_runtimes,
+        arch=view.arch,
     )
 
 

@@ -52,6 +52,7 @@ from levers9.controlplane.listener import Listener, quiet_accept_failures
 from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMiddleware
 from levers9.controlplane.registry_proxy import RegistryProxy, WithRegistry
 from levers9.controlplane.tls import ListenerTls, check_plaintext
+from levers9.controlplane.wheels import OwnWheels
 from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
 from levers9.gateway.shortpath import ShortPath
@@ -274,7 +275,8 @@ class Server:
             add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
             add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
-            add_api(ControlPlaneService(self.dataplane, builds=self.builds), server)
+            wheels = OwnWheels(self.listeners.advertised_http())  # levers9's own wheel, for join commands
+            add_api(ControlPlaneService(self.dataplane, builds=self.builds, wheels=wheels), server)
             registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
             add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,
                                      http_url=self.listeners.advertised_http()), server)  # fmt: skip
@@ -315,7 +317,8 @@ class Server:
             await server.start()
             self._grpc = server
             gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
-                                 create_http_app(services, metrics=self.metrics, dataplane=self.dataplane),
+                                 create_http_app(services, metrics=self.metrics, dataplane=self.dataplane,
+                                                 wheels=wheels),
                                  metrics=self.metrics)  # fmt: skip
             services.deployments.on_stopped.append(gateway.stopped)
             self.short_path = ShortPath(gateway, self.serving, metrics=self.metrics)

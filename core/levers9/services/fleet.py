@@ -112,7 +112,8 @@ def check_worker_version(version: str, expected: str = __version__) -> None:
     said = version.strip() or "(a worker that names no version)"
     raise WorkerVersionMismatch(
         f"worker levers9 {said} does not match the controlplane's {expected}: rebuild the worker image with "
-        f"`levers9 worker-image build` on a machine with levers9 {expected} (or install levers9=={expected})"
+        f"`levers9 worker-image build` on a machine with levers9 {expected} (or install the controlplane's own "
+        "wheel, GET /api/v1/wheels, never levers9 by name from a package index)"
     )
 
 

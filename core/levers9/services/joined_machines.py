@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -79,7 +81,8 @@ _LIVE_MACHINE_STATES = ("requested", "starting", "running", "draining", "termina
 @dataclass(frozen=True)
 class CreatedMachine:
     machine: JoinedMachineRecord
-    join: JoinToken
+    #: None: the machine existed and has joined (``existing_ok``): no token was issued
+    join: JoinToken | None
     #: the controlplane's own advertised gRPC URL and CA, for a join command made here
     controlplane_url: str
     ca_pem: str
@@ -106,6 +109,10 @@ class JoinedMachineView:
     free_memory_mib: int = 0
     #: levers9 machine ids of the worker containers running there
     workers: list[str] = field(default_factory=list)
+    #: the box's Docker as the agent last reported it (empty: none reported), and its architecture
+    docker_version: str = ""
+    docker_runtimes: list[str] = field(default_factory=list)
+    arch: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,20 +123,47 @@ class RemovedMachine:
     not_terminated: list[str]
 
 
-def join_command(controlplane_url: str, token: str, *, ca_pem: str = "", version: str = "") -> str:
-    """The command to run on the box: install this levers9 version, then ``levers9 agent join``.
+def join_command(
+    controlplane_url: str, token: str, *, ca_pem: str = "", wheel_url: str = "", wheel_sha256: str = ""
+) -> str:
+    """The command to run on the box: install levers9 from the controlplane's own wheel, then ``levers9 agent join``.
 
+    The wheel (``wheel_url``, served by the controlplane: :mod:`levers9.controlplane.wheels`) is fetched with
+    curl, trusting the controlplane's CA when there is one, its sha256 checked against ``wheel_sha256``, and that
+    file pip-installed with the ``agent`` extra; only the distributions it requires come from the package index,
+    by their own names. Never ``levers9`` by name: on the public index that name is another project's. Without a
+    ``wheel_url`` the command assumes levers9 is on the box already (the worker image carries it).
     The token travels in ``LEVERS9_JOIN_TOKEN``, never in argv; a plain ``grpc://`` controlplane gets
     ``--insecure`` (development only); the CA, when there is one, travels base64-encoded.
     """
-    if not version:
-        from levers9.__about__ import __version__ as version
+    ca_b64 = base64.b64encode(ca_pem.encode()).decode() if ca_pem else ""
     parts = [f"LEVERS9_JOIN_TOKEN={token}", "levers9", "agent", "join", "--controlplane", controlplane_url]
-    if ca_pem:
-        parts += ["--ca-b64", base64.b64encode(ca_pem.encode()).decode()]
+    if ca_b64:
+        parts += ["--ca-b64", ca_b64]
     if controlplane_url.startswith("grpc://"):
         parts.append("--insecure")
-    return f"pip install 'levers9=={version}' && " + " ".join(parts)
+    join = " ".join(parts)
+    if not wheel_url:
+        return join
+    if not re.fullmatch(r"[0-9a-f]{64}", wheel_sha256):
+        raise ValueError(f"wheel_sha256 {wheel_sha256!r} is not a sha256 in hex (64 characters 0-9, a-f)")
+    filename = wheel_url.rsplit("/", 1)[-1]
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+\.whl", filename):
+        raise ValueError(f"wheel_url {wheel_url!r} does not end in a wheel's file name")
+    q = shlex.quote
+    wheel = f'"$d"/{filename}'
+    steps = ["d=$(mktemp -d)"]
+    curl = f"curl -fsSL -o {wheel}"
+    if ca_b64:
+        steps.append(f'printf %s {ca_b64} | base64 -d > "$d"/ca.pem')
+        curl += ' --cacert "$d"/ca.pem'
+    steps += [
+        f"{curl} {q(wheel_url)}",
+        f'echo "{wheel_sha256}  $d/{filename}" | sha256sum -c -',
+        f'pip install "levers9[agent] @ file://$d/{filename}"',
+        join,
+    ]
+    return " && ".join(steps)
 
 
 def _agent_pools(services: Services) -> dict[str, PoolSpec]:
@@ -167,9 +201,20 @@ def _check_pool(services: Services, principal: Principal, pool: str) -> PoolSpec
 
 
 async def create(
-    services: Services, principal: Principal, pool: str, name: str | None = None, *, ttl_s: float = JOIN_TTL_S
+    services: Services,
+    principal: Principal,
+    pool: str,
+    name: str | None = None,
+    *,
+    ttl_s: float = JOIN_TTL_S,
+    existing_ok: bool = False,
 ) -> CreatedMachine:
-    """Record a pending machine for ``pool`` and issue its single-use join token (see the module docstring)."""
+    """Record a pending machine for ``pool`` and issue its single-use join token (see the module docstring).
+
+    ``existing_ok`` (with a ``name``): a machine of that name in ``pool`` that has joined is answered as it is
+    (``join`` None), one that never joined (pending: its box never used the token) is removed and made again;
+    one in another pool is still refused.
+    """
     if principal.kind is not TokenKind.USER:
         raise PermissionDenied(f"only a user token may create machines, not a {principal.kind.value} token")
     spec = _check_pool(services, principal, pool)
@@ -177,14 +222,21 @@ async def create(
     if name:
         check_machine_name(name)
         try:
-            await store.by_name(principal.workspace_id, name)
+            found = await store.by_name(principal.workspace_id, name)
         except NotFound:
             pass
         else:
-            raise AlreadyExists(
-                f"a machine named {name!r} exists already: choose another --name, or remove it first "
-                f"(levers9 machine remove {name})"
-            )
+            if not existing_ok or found.pool != pool:
+                where = "" if found.pool == pool else f" in pool {found.pool!r}"
+                raise AlreadyExists(
+                    f"a machine named {name!r} exists already{where}: choose another --name, or remove it first "
+                    f"(levers9 machine remove {name})"
+                )
+            ctx = services.scheduler.ctx
+            if found.state == "joined":
+                return CreatedMachine(found, None, ctx.controlplane_url, ctx.controlplane_ca, _ssh(spec))
+            log.info("machine %s (%s) never joined: removed to be created again", found.name, found.id)
+            await remove(services, principal, name)
     labels = {"pool": pool} | ({"name": name} if name else {})
     issued = await issue_join_token(services, principal, PROVIDER, labels, ttl_s=ttl_s)
     try:
@@ -235,6 +287,12 @@ async def list_machines(services: Services, principal: Principal) -> list[Joined
         capacity = agent.capacity
         free = capacity.get("free") if isinstance(capacity.get("free"), dict) else {}
         assert isinstance(free, dict)
+        details = capacity.get("details") if isinstance(capacity.get("details"), dict) else {}
+        assert isinstance(details, dict)
+        docker = details.get("docker") if isinstance(details.get("docker"), dict) else {}
+        assert isinstance(docker, dict)
+        runtimes = docker.get("runtimes") if isinstance(docker.get("runtimes"), list) else []
+        assert isinstance(runtimes, list)
         views.append(
             JoinedMachineView(
                 record,
@@ -248,6 +306,9 @@ async def list_machines(services: Services, principal: Principal) -> list[Joined
                 free_cpu_millicores=as_int(free.get("cpu_millicores")),
                 free_memory_mib=as_int(free.get("memory_mib")),
                 workers=list(agent.machines),
+                docker_version=str(docker.get("version") or ""),
+                docker_runtimes=[str(r) for r in runtimes],
+                arch=str(details.get("arch") or ""),
             )
         )
     return views

@@ -452,14 +452,16 @@ class DeleteSecretResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class CreateJoinedMachineRequest(_message.Message):
-    __slots__ = ("pool", "name", "ttl_s")
+    __slots__ = ("pool", "name", "ttl_s", "existing_ok")
     POOL_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_OK_FIELD_NUMBER: _ClassVar[int]
     pool: str
     name: str
     ttl_s: float
-    def __init__(self, pool: _Optional[str] = ..., name: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+    existing_ok: bool
+    def __init__(self, pool: _Optional[str] = ..., name: _Optional[str] = ..., ttl_s: _Optional[float] = ..., existing_ok: _Optional[bool] = ...) -> None: ...
 
 class GpuCount(_message.Message):
     __slots__ = ("gpu", "count", "free")
@@ -472,7 +474,7 @@ class GpuCount(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., count: _Optional[int] = ..., free: _Optional[int] = ...) -> None: ...
 
 class JoinedMachine(_message.Message):
-    __slots__ = ("id", "name", "pool", "state", "hostname", "created_at", "joined_at", "connected", "last_seen", "version", "gpus", "cpu_millicores", "memory_mib", "free_cpu_millicores", "free_memory_mib", "workers", "workspace_id")
+    __slots__ = ("id", "name", "pool", "state", "hostname", "created_at", "joined_at", "connected", "last_seen", "version", "gpus", "cpu_millicores", "memory_mib", "free_cpu_millicores", "free_memory_mib", "workers", "workspace_id", "docker_version", "docker_runtimes", "arch")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -490,6 +492,9 @@ class JoinedMachine(_message.Message):
     FREE_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    DOCKER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DOCKER_RUNTIMES_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     pool: str
@@ -507,10 +512,13 @@ class JoinedMachine(_message.Message):
     free_memory_mib: int
     workers: _containers.RepeatedScalarFieldContainer[str]
     workspace_id: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., state: _Optional[str] = ..., hostname: _Optional[str] = ..., created_at: _Optional[float] = ..., joined_at: _Optional[float] = ..., connected: _Optional[bool] = ..., last_seen: _Optional[float] = ..., version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuCount, _Mapping]]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., free_cpu_millicores: _Optional[int] = ..., free_memory_mib: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., workspace_id: _Optional[str] = ...) -> None: ...
+    docker_version: str
+    docker_runtimes: _containers.RepeatedScalarFieldContainer[str]
+    arch: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., state: _Optional[str] = ..., hostname: _Optional[str] = ..., created_at: _Optional[float] = ..., joined_at: _Optional[float] = ..., connected: _Optional[bool] = ..., last_seen: _Optional[float] = ..., version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuCount, _Mapping]]] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., free_cpu_millicores: _Optional[int] = ..., free_memory_mib: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., workspace_id: _Optional[str] = ..., docker_version: _Optional[str] = ..., docker_runtimes: _Optional[_Iterable[str]] = ..., arch: _Optional[str] = ...) -> None: ...
 
 class CreateJoinedMachineResponse(_message.Message):
-    __slots__ = ("machine", "join_token", "expires_at", "controlplane_url", "ca_pem", "join_command", "ssh_json")
+    __slots__ = ("machine", "join_token", "expires_at", "controlplane_url", "ca_pem", "join_command", "ssh_json", "existing", "wheel_url", "wheel_sha256")
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
@@ -518,6 +526,9 @@ class CreateJoinedMachineResponse(_message.Message):
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     JOIN_COMMAND_FIELD_NUMBER: _ClassVar[int]
     SSH_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_FIELD_NUMBER: _ClassVar[int]
+    WHEEL_URL_FIELD_NUMBER: _ClassVar[int]
+    WHEEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     machine: JoinedMachine
     join_token: str
     expires_at: float
@@ -525,7 +536,10 @@ class CreateJoinedMachineResponse(_message.Message):
     ca_pem: str
     join_command: str
     ssh_json: str
-    def __init__(self, machine: _Optional[_Union[JoinedMachine, _Mapping]] = ..., join_token: _Optional[str] = ..., expires_at: _Optional[float] = ..., controlplane_url: _Optional[str] = ..., ca_pem: _Optional[str] = ..., join_command: _Optional[str] = ..., ssh_json: _Optional[str] = ...) -> None: ...
+    existing: bool
+    wheel_url: str
+    wheel_sha256: str
+    def __init__(self, machine: _Optional[_Union[JoinedMachine, _Mapping]] = ..., join_token: _Optional[str] = ..., expires_at: _Optional[float] = ..., controlplane_url: _Optional[str] = ..., ca_pem: _Optional[str] = ..., join_command: _Optional[str] = ..., ssh_json: _Optional[str] = ..., existing: _Optional[bool] = ..., wheel_url: _Optional[str] = ..., wheel_sha256: _Optional[str] = ...) -> None: ...
 
 class ListJoinedMachinesRequest(_message.Message):
     __slots__ = ()
