@@ -19,7 +19,11 @@ import zipfile
 from io import BytesIO
 from pathlib import Path
 
+import pytest
+
 from levers9.__about__ import __version__
+from levers9.controlplane.wheels import OwnWheels
+from levers9.images.rootfs import ImageError
 from levers9.images.wheel import build, wheel_name
 from tests.controlplane.conftest import Api
 
@@ -96,3 +100,19 @@ def test_the_served_wheel_installs_with_pip_from_the_file_alone_and_runs(tmp_pat
     first, second = ran.stdout.splitlines()[:2]
     assert first.startswith(str(target)), ran.stdout
     assert second == f"levers9 {__version__}"
+
+
+async def test_booted_machines_get_the_wheels_url_and_hash_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the scheduler's ``ctx.wheel`` answers for a booted machine's script (WorkerBootstrap.wheel_url)."""
+    wheel = build()
+    assert await OwnWheels("https://cp.example:8443/").url_and_hash() == (
+        f"https://cp.example:8443/api/v1/wheels/{wheel.filename}",
+        wheel.sha256,
+    )
+    assert await OwnWheels().url_and_hash() is None  # no HTTP URL to give
+
+    def unbuildable() -> None:
+        raise ImageError("the package levers9_x cannot be imported here")
+
+    monkeypatch.setattr("levers9.controlplane.wheels.build", unbuildable)
+    assert await OwnWheels("https://cp.example:8443").url_and_hash() is None  # logged; the server serves on

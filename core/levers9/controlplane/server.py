@@ -276,6 +276,7 @@ class Server:
             add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
             add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
             wheels = OwnWheels(self.listeners.advertised_http())  # levers9's own wheel, for join commands
+            services.scheduler.ctx.wheel = wheels.url_and_hash  # and for booted machines without levers9
             add_api(ControlPlaneService(self.dataplane, builds=self.builds, wheels=wheels), server)
             registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
             add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,

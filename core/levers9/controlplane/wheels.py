@@ -21,11 +21,14 @@ answers None and commands say that levers9 must already be on the box.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from levers9.images.wheel import Wheel, build
 
 __all__ = ["WHEELS_PATH", "OwnWheels", "WheelRef"]
+
+log = logging.getLogger(__name__)
 
 #: where the wheels are served on the HTTP listener
 WHEELS_PATH = "/api/v1/wheels"
@@ -61,6 +64,16 @@ class OwnWheels:
     def url(self, wheel: Wheel, base: str = "") -> str:
         """The wheel's URL under ``base`` (default: the advertised HTTP URL)."""
         return f"{(base or self.http_url).rstrip('/')}{WHEELS_PATH}/{wheel.filename}"
+
+    async def url_and_hash(self) -> tuple[str, str] | None:
+        """(URL, sha256) for a booted machine's script (the scheduler's ``ctx.wheel``); None when the wheel has no
+        URL or cannot be built here (logged: the machine's script then says it has nothing to install)."""
+        try:
+            ref = await self.ref()
+        except Exception as exc:  # ImageError, an unreadable file: the controlplane serves on without it
+            log.warning("levers9's wheel cannot be built for booted machines: %s", exc)
+            return None
+        return (ref.url, ref.sha256) if ref is not None else None
 
     async def ref(self, base: str = "") -> WheelRef | None:
         """The levers9 wheel's URL and hash for a command to fetch; None without an HTTP URL to give."""

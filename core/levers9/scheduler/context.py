@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,10 @@ class Context:
     controlplane_url: str
     #: PEM CA bundle the workers verify the controlplane with (``listen.tls.ca_file``); empty: system trust
     controlplane_ca: str = ""
+    #: levers9's own wheel for a booted machine that has neither levers9 nor Docker: answers (URL, sha256) on the
+    #: controlplane's HTTP listener (built on first use), None when there is none to give; set by the server.
+    #: Never levers9 by name from a package index: another project owns the name there
+    wheel: Callable[[], Awaitable[tuple[str, str] | None]] | None = None
     clock: Callable[[], float] = time.time
     #: set to make the placement loop run now rather than at its next tick
     placer_wanted: asyncio.Event = field(default_factory=asyncio.Event)
