@@ -174,6 +174,12 @@ async def test_the_request_carries_the_offer_and_the_bootstrap_and_terminate_get
     offer = _offer("us-east-1b", price_per_hour=2.5)
     h.offer(h100=[offer])
     s = h.scheduler()
+    wheel = ("http://cp.example:8080/api/v1/wheels/levers9-0-py3-none-any.whl", "ab" * 32)
+
+    async def own_wheel() -> tuple[str, str]:
+        return wheel
+
+    s.ctx.wheel = own_wheel  # what the server sets: levers9's own wheel on its HTTP listener
     req = h.request("H100")
     await s.submit(req)
     await s.place_once()
@@ -194,6 +200,8 @@ async def test_the_request_carries_the_offer_and_the_bootstrap_and_terminate_get
         "environment": {"LEVERS9_CPU_MILLICORES": "4000", "LEVERS9_MEMORY_MIB": "8192", "LEVERS9_GPU_COUNT": "1"},
         "labels": {"team": "ml"},
         "runtime": "runc",  # the pool's: the boot script gives an OCI runtime's worker what it needs
+        "wheel_url": wheel[0],  # never levers9 by name from a package index
+        "wheel_sha256": wheel[1],
     }
     record = await MachineStore(h.db).get(machine["machine_id"])
     assert record is not None

@@ -10,8 +10,10 @@ machine in a zone or region other than the pool's first.
 
 The provider gets a :class:`~levers9.hooks.types.WorkerBootstrap`: where to
 dial, the CA to trust, the machine's single-use token, this controlplane's
-levers9 version and ``scheduler.worker_image``, the worker's size as its
-``LEVERS9_*`` variables, the pool's labels and its runtime.
+levers9 version and ``scheduler.worker_image``, levers9's own wheel as the
+controlplane serves it (URL and sha256, for a machine with neither levers9
+nor Docker: never levers9 by name from a package index), the worker's size
+as its ``LEVERS9_*`` variables, the pool's labels and its runtime.
 
 Provider answers map onto the scheduler's choices:
 
@@ -154,6 +156,7 @@ class Provisioner:
         ctx = self.ctx
         offer = request.offer
         try:
+            request = await self._with_wheel(request)
             machine = await self._call_provider(pool, request)
         except asyncio.CancelledError:
             await self._failed(machine_id, "the controlplane stopped while the machine was being started")
@@ -194,6 +197,19 @@ class Provisioner:
             )
             await ctx.machines.set_state(machine_id, "starting")
             log.info("machine %s is starting as %s in pool %s", machine_id, machine.provider_id, pool.name)
+
+    async def _with_wheel(self, request: ProvisionRequest) -> ProvisionRequest:
+        """``request`` with levers9's own wheel (URL on the controlplane, sha256) in its bootstrap, for a machine
+        that has neither levers9 nor Docker; unchanged when the controlplane has none to give. Built on first
+        use, here in the background rather than in the planner's pass."""
+        if self.ctx.wheel is None:
+            return request
+        found = await self.ctx.wheel()
+        if found is None:
+            return request
+        url, sha256 = found
+        bootstrap = request.bootstrap.model_copy(update={"wheel_url": url, "wheel_sha256": sha256})
+        return request.model_copy(update={"bootstrap": bootstrap})
 
     async def _call_provider(self, pool: PoolSpec, request: ProvisionRequest) -> Machine:
         """The provider's provision hook, timed for :attr:`Context.on_provisioned`; its errors pass through."""
