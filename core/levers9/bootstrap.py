@@ -73,6 +73,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.hooks.types import WorkerBootstrap
+from levers9.wheel_fetch import FETCH_PROGRAM
 from levers9.worker_container import DEVICES, OCI_RUNTIMES, docker_run_flags
 from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES, closest_variable
 
@@ -289,22 +290,6 @@ def shell_script(bootstrap: WorkerBootstrap) -> str:
     return "".join(parts)
 
 
-#: the boot script's fetch of levers9's wheel: its sha256 checked before the file is written (python3, no curl needed)
-_FETCH = """import hashlib, os, ssl, sys, urllib.request
-url, want, path, ca = sys.argv[1:5]
-if os.path.exists(path):
-    os.remove(path)
-context = ssl.create_default_context(cafile=ca or None)
-with urllib.request.urlopen(url, context=context, timeout=300) as answer:
-    data = answer.read()
-got = hashlib.sha256(data).hexdigest()
-if got != want:
-    sys.exit(f"the wheel from {url} has sha256 {got}, not {want}: not installed")
-with open(path, "wb") as out:
-    out.write(data)
-"""
-
-
 def _install_step(bootstrap: WorkerBootstrap) -> str:
     """Path 3: levers9's own wheel fetched from the controlplane, its hash checked, installed with pip (never
     ``levers9`` by name from an index: another project owns that name there); without a wheel URL, a failure."""
@@ -332,7 +317,7 @@ def _install_step(bootstrap: WorkerBootstrap) -> str:
         "fi\n"
         f'"$PY" - "$WHEEL_URL" "$WHEEL_SHA256" "$WHEEL_FILE" {ca} >>"$LOG" 2>&1 <<\'L9FETCH\' || '
         'fail "could not fetch levers9\'s wheel from $WHEEL_URL with sha256 $WHEEL_SHA256 (see $LOG)"\n'
-        f"{_FETCH}L9FETCH\n"
+        f"{FETCH_PROGRAM}L9FETCH\n"
         '"$PY" -m pip install --quiet "levers9 @ file://$WHEEL_FILE" >>"$LOG" 2>&1 || '
         'fail "pip could not install levers9 $VERSION from $WHEEL_FILE (see $LOG)"\n'
         'say "starting the levers9 $VERSION worker installed from the controlplane\'s wheel"\n'

@@ -10,11 +10,13 @@ Every supervisor, process, container, image and file a test starts is removed.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import platform
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -24,9 +26,12 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import pytest
 
+from levers9.__about__ import __version__
 from levers9.agent.service_unit import AgentLayout, start_script, supervisor_script, systemd_unit
 from levers9.agent.ssh_checks import AgentSoftware, BoxFacts, check_box
 from levers9.agent.ssh_join import SshJoinError, SshTarget, connect, join_over_ssh
+from levers9.images.rootfs import ImageError
+from levers9.images.wheel import build
 from tests.fixtures.dockerd import Dockerd
 from tests.fixtures.ports import free_port
 
@@ -495,6 +500,102 @@ def test_without_a_join_token_a_box_that_is_not_joined_is_refused(sshd: Sshd, do
                       is_live=lambda agent_id: True)  # fmt: skip
     assert box.supervisor_pid() is None
     assert not (box.state / "join-token").exists()
+
+
+@pytest.fixture
+def wheel_server() -> Iterator[tuple[str, bytes]]:
+    """levers9's own wheel over plain HTTP at /api/v1/wheels/<name>, as the controlplane serves it."""
+    import http.server
+    import threading
+
+    wheel = build()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != f"/api/v1/wheels/{wheel.filename}":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(wheel.size))
+            self.end_headers()
+            self.wfile.write(wheel.data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api/v1/wheels/{wheel.filename}", wheel.data
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def _box_python(box: Box) -> str:
+    """Stands for the box's ``python3``: its ``-m venv`` makes a virtualenv whose python is this interpreter but for
+    ``-m pip``, which notes its arguments and installs a stand-in ``levers9`` (of this version) beside it."""
+    levers9 = box.root / "levers9-from-wheel"
+    levers9.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "levers9 {__version__}"; exit 0; fi\n'
+                       f'exec {_fake(box)} "$@"\n')  # fmt: skip
+    venv_python = box.root / "venv-python"
+    venv_python.write_text(
+        '#!/bin/sh\nbin=$(dirname "$0")\n'
+        f'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$*" >> "$bin/../pip.log"; cp {levers9} "$bin/levers9"; '
+        "exit 0; fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python = box.root / "box-python3"
+    python.write_text(
+        '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && '
+        f'cp {venv_python} "$3/bin/python"; exit $?; fi\nexec {sys.executable} "$@"\n'
+    )
+    for made in (levers9, venv_python, python):
+        made.chmod(0o755)
+    return str(python)
+
+
+def _unsendable(out: BinaryIO) -> None:
+    raise ImageError("the worker image needs runc on this machine: apt-get install -y runc")
+
+
+def test_where_the_image_cannot_be_sent_the_controlplanes_wheel_is_installed_its_hash_checked(
+    sshd: Sshd, dockerd: Dockerd, box: Box, wheel_server: tuple[str, bytes]
+) -> None:
+    """Issue 35 item 16: levers9 on the box from the controlplane's own wheel (never by name from an index); before,
+    the step failed telling to 'pip install levers9==0.1.0', another project's package on the public index."""
+    url, data = wheel_server
+    python = _box_python(box)
+    lib = Path(box.layout.lib_dir)
+    said: list[str] = []
+
+    def join(sha256: str) -> object:
+        return join_over_ssh(target_for(sshd), controlplane=CONTROLPLANE, join_token=TOKEN, ca_pem="",
+                             docker_host=dockerd.host, echo=said.append, layout=box.layout, image_tar=_unsendable,
+                             image_tag="levers9-test/unsendable:1", image_changes=[], wheel=(url, sha256),
+                             python=python)  # fmt: skip
+
+    with pytest.raises(SshJoinError, match=r"has sha256 [0-9a-f]{64}, not f{64}: not installed"):
+        join("f" * 64)
+    # what docker import made of the broken stream is not left tagged (it would be 'not sent again' next time)
+    assert dockerd.cli("image", "inspect", "levers9-test/unsendable:1", check=False).returncode != 0
+    assert not (lib / url.rsplit("/", 1)[-1]).exists()
+    assert not (lib / "venv" / "pip.log").exists()
+    assert box.supervisor_pid() is None
+
+    said.clear()
+    join(hashlib.sha256(data).hexdigest())
+    assert any("could not be built here" in line and "controlplane's wheel instead" in line for line in said), said
+    assert any(f"ok: levers9 {__version__} installed from the controlplane's wheel" in line for line in said), said
+    wheel = lib / url.rsplit("/", 1)[-1]
+    assert wheel.read_bytes() == data
+    assert (lib / "venv" / "pip.log").read_text().split() == ["-m", "pip", "install", "--quiet", "levers9[agent]", "@",
+                                                     f"file://{wheel}"]  # fmt: skip
+    assert f"{lib}/venv/bin/levers9 agent join" in Path(box.layout.start_script).read_text()
+    wait_until("the agent installed from the wheel joined", lambda: [m for m, _ in box.markers()] == ["join"])
+    assert all("levers9==" not in line for line in said)
 
 
 # -- shipping the worker image ----------------------------------------------------------------------------------

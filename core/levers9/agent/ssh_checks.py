@@ -16,12 +16,20 @@ worker image, sent over the SSH channel into ``docker import`` unless the
 box's Docker already has its tag, the agent then running in a container of it
 (host network, the Docker socket and the state directory mounted). The image
 is built on this machine, so its architecture must match the box's (checked
-only when the image is needed).
+only when the image is needed). When the image cannot be sent (it cannot be
+built here, or the box is of another architecture) and the controlplane gave
+its wheel's URL and sha256, levers9 is installed from that wheel into a
+virtualenv on the box (``<lib dir>/venv``, with the box's ``python3``): the
+wheel is fetched there by :data:`levers9.wheel_fetch.FETCH_PROGRAM` trusting
+the controlplane's CA, kept only when its sha256 matches, and that file
+pip-installed (its third-party requirements from the index by their own
+names; never ``levers9`` by name: another project owns it there).
 """
 
 from __future__ import annotations
 
 import platform
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,14 +37,17 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from levers9.__about__ import __version__
 from levers9.agent.ssh_join import STEPS, Remote, SshJoinError
+from levers9.wheel_fetch import FETCH_PROGRAM
 
 if TYPE_CHECKING:
     from levers9.agent.service_unit import AgentLayout
 
-__all__ = ["AgentSoftware", "BoxFacts", "agent_software", "check_box", "same_arch"]
+__all__ = ["AgentSoftware", "BoxFacts", "ImageUnavailable", "agent_software", "check_box", "same_arch"]
 
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
 _DEFAULT_SOCKET = "/var/run/docker.sock"
+#: making the virtualenv, fetching the wheel and pip installing it (its requirements from the index) on the box
+_PIP_TIMEOUT_S = 900.0
 _INSTALL_DOCKER = "install Docker: apt-get install -y docker.io (or Docker Engine)"
 #: how a box gets levers9 when the worker image cannot be sent: never by name from a package index, where the
 #: name levers9 is another project's
@@ -180,6 +191,15 @@ def check_box(remote: Remote, *, docker_host: str | None, min_free_gib: float) -
     )
 
 
+class ImageUnavailable(SshJoinError):
+    """The worker image cannot be sent from here (it cannot be built, or the box is of another architecture)."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        #: the reason alone, without what to do about it
+        self.why = why
+
+
 @dataclass(frozen=True)
 class AgentSoftware:
     """What runs ``levers9`` on the box: ``argv`` stands for the ``levers9`` command."""
@@ -232,9 +252,8 @@ def _ship_image(
         try:
             from levers9.images import worker
         except ImportError as exc:
-            raise SshJoinError(
-                f"[3/{STEPS}] this levers9 cannot build the worker image ({exc}): {_INSTALL_FROM_WHEEL}"
-            ) from exc
+            why = f"this levers9 cannot build the worker image ({exc})"
+            raise ImageUnavailable(f"[3/{STEPS}] {why}: {_INSTALL_FROM_WHEEL}", why) from exc
         tag = image_tag or str(worker.default_tag())
         write: Callable[[BinaryIO], None] = image_tar or worker.write_rootfs
         changes = (
@@ -248,10 +267,8 @@ def _ship_image(
         return tag
     local = platform.machine()
     if not same_arch(box.arch, local):
-        raise SshJoinError(
-            f"[3/{STEPS}] the box is {box.arch} but this machine is {local}: the worker image built here cannot run "
-            f"there. {_INSTALL_FROM_WHEEL}"
-        )
+        why = f"the box is {box.arch} but this machine is {local}: the worker image built here cannot run there"
+        raise ImageUnavailable(f"[3/{STEPS}] {why}. {_INSTALL_FROM_WHEEL}", why)
     echo(f"      sending the worker image {tag} to the box (docker import over SSH) ...")
     flags = " ".join(f"--change {shlex.quote(change)}" for change in changes)
     try:
@@ -259,10 +276,55 @@ def _ship_image(
     except SshJoinError:
         raise
     except Exception as exc:  # the image could not be written here (levers9.images.rootfs.ImageError says why)
-        raise SshJoinError(f"[3/{STEPS}] the worker image {tag} could not be built here: {exc}") from exc
+        # docker import may have tagged what it got before the stream broke: an image that would be "not sent
+        # again" next time, and could never run
+        remote.run(env + f"docker rmi -f {shlex.quote(tag)} >/dev/null 2>&1; exit 0")
+        why = f"the worker image {tag} could not be built here: {exc}"
+        raise ImageUnavailable(f"[3/{STEPS}] {why}", why) from exc
     if not done.ok:
         raise SshJoinError(f"[3/{STEPS}] 'docker import' of {tag} failed on the box: {done.why()}")
     return tag
+
+
+def _install_wheel(
+    remote: Remote, layout: AgentLayout, wheel: tuple[str, str], *, ca_pem: str, python: str
+) -> AgentSoftware:
+    """levers9 from the controlplane's wheel into ``<lib dir>/venv`` on the box (see the module docstring)."""
+    q = shlex.quote
+    url, sha256 = wheel
+    filename = url.rsplit("/", 1)[-1]
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+\.whl", filename) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise SshJoinError(f"[3/{STEPS}] the controlplane's wheel {url!r} (sha256 {sha256!r}) is not a wheel's URL")
+    lib, venv = layout.lib_dir, f"{layout.lib_dir}/venv"
+    path, ca_file = f"{lib}/{filename}", f"{lib}/controlplane-ca.pem" if ca_pem else ""
+    if ca_pem:
+        done = remote.run(f"umask 077 && mkdir -p {q(lib)} && cat > {q(ca_file)}", stdin=ca_pem.encode())
+        if not done.ok:
+            raise SshJoinError(f"[3/{STEPS}] cannot write the controlplane's CA to {ca_file} on the box: {done.why()}")
+    done = remote.run(
+        f"command -v {q(python)} >/dev/null 2>&1 || exit 127; mkdir -p {q(lib)} && "
+        f"{{ [ -x {q(venv)}/bin/python ] || {q(python)} -m venv {q(venv)}; }} && "
+        f"{q(venv)}/bin/python -c {q(FETCH_PROGRAM)} {q(url)} {q(sha256)} {q(path)} {q(ca_file)} && "
+        f"{q(venv)}/bin/python -m pip install --quiet {q(f'levers9[agent] @ file://{path}')} && "
+        f"{q(venv)}/bin/levers9 --version",
+        timeout=_PIP_TIMEOUT_S,
+    )
+    if done.rc == 127:
+        raise SshJoinError(
+            f"[3/{STEPS}] the worker image cannot be used and the box has no {python} to install levers9 with: "
+            "install python3 and python3-venv (apt-get install -y python3-venv), then run this again"
+        )
+    if not done.ok:
+        raise SshJoinError(f"[3/{STEPS}] installing levers9 from the controlplane's wheel {url} failed on the box: "
+                           f"{done.why()}")  # fmt: skip
+    said = done.out.strip().splitlines()
+    if not said or said[-1].split()[-1:] != [__version__]:
+        raise SshJoinError(f"[3/{STEPS}] {venv}/bin/levers9 is not levers9 {__version__} after installing {url}: "
+                           f"{done.why()}")  # fmt: skip
+    return AgentSoftware(
+        (f"{venv}/bin/levers9",),
+        f"levers9 {__version__} installed from the controlplane's wheel (sha256 {sha256[:12]}...) in {venv}",
+    )
 
 
 def agent_software(
@@ -275,8 +337,12 @@ def agent_software(
     image_tag: str | None,
     image_changes: Sequence[str] | None,
     echo: Callable[[str], None],
+    wheel: tuple[str, str] | None = None,
+    ca_pem: str = "",
+    python: str = "python3",
 ) -> AgentSoftware:
-    """Step 3: the command that stands for ``levers9`` on the box, the worker image shipped if needed."""
+    """Step 3: the command that stands for ``levers9`` on the box, the worker image shipped if needed, else the
+    controlplane's ``wheel`` (URL, sha256) installed with the box's ``python``."""
     if agent_argv is not None:
         return AgentSoftware(tuple(agent_argv), f"the agent command given: {shlex.join(agent_argv)}")
     found = _installed(remote)
@@ -286,7 +352,13 @@ def agent_software(
         echo(
             f"      {found[0]} is levers9 {found[1] or '(unknown version)'}, not {__version__}: using the worker image"
         )
-    tag = _ship_image(remote, box, image_tar=image_tar, image_tag=image_tag, image_changes=image_changes, echo=echo)
+    try:
+        tag = _ship_image(remote, box, image_tar=image_tar, image_tag=image_tag, image_changes=image_changes, echo=echo)
+    except ImageUnavailable as exc:
+        if wheel is None:
+            raise
+        echo(f"      {exc.why}: installing levers9 from the controlplane's wheel instead (its sha256 checked) ...")
+        return _install_wheel(remote, layout, wheel, ca_pem=ca_pem, python=python)
     return AgentSoftware(
         _docker_run(box, layout, tag), f"the agent runs in a container of {tag}", layout.container_name
     )

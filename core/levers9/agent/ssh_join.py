@@ -13,7 +13,9 @@ host is given), then runs, each step echoed as it runs:
 3. the agent software: a ``levers9`` of this version already on the box, else
    the worker image streamed over the SSH channel into ``docker import`` (once:
    a box whose Docker has the tag is not sent it again), the agent then
-   running in a container of it;
+   running in a container of it; where the image cannot be sent, the
+   controlplane's own wheel installed in a virtualenv on the box, its sha256
+   checked (never ``levers9`` by name from a package index);
 4. the join token written to a 0600 file in the agent's 0700 state directory,
    and the start script (:mod:`levers9.agent.service_unit`);
 5. the service: systemd where it runs, else a supervisor loop that survives
@@ -34,8 +36,10 @@ and what to install or fix. paramiko is imported inside functions.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +175,9 @@ class Remote:
             except OSError as exc:  # the command ended early: its stderr says why
                 err = channel.makefile_stderr("rb").read().decode(errors="replace")
                 return Completed(channel.recv_exit_status() or 1, "", f"{err.strip()} ({exc})")
+            except BaseException:  # nothing more to send: let the command end before anything else runs there
+                _finish(channel)
+                raise
             channel.shutdown_write()
             out = channel.makefile("rb").read()
             err_bytes = channel.makefile_stderr("rb").read()
@@ -180,6 +187,15 @@ class Remote:
         finally:
             channel.close()
         return Completed(rc, out.decode(errors="replace"), err_bytes.decode(errors="replace"))
+
+
+def _finish(channel: Any, wait_s: float = 60.0) -> None:
+    """End a command's input and wait (``wait_s`` at most) until it has exited; errors are the caller's to report."""
+    with contextlib.suppress(Exception):
+        channel.shutdown_write()
+        deadline = time.monotonic() + wait_s
+        while not channel.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _known_hosts(target: SshTarget) -> Path:
@@ -319,6 +335,8 @@ def join_over_ssh(
     layout: AgentLayout | None = None,
     min_free_gib: float = 5.0,
     is_live: Callable[[str], bool] | None = None,
+    wheel: tuple[str, str] | None = None,
+    python: str = "python3",
 ) -> SshJoinResult:
     """Check ``target``, install the agent there as a service and start it with ``join_token`` (steps 1 to 5).
 
@@ -327,7 +345,8 @@ def join_over_ssh(
     from :mod:`levers9.images.worker`) run with ``docker run``. ``layout`` says where the files go.
     ``is_live(agent_id)`` says whether the controlplane still has a machine: a box whose credential is of one it
     has not (removed) joins again with ``join_token`` (:func:`levers9.agent.service_unit.install`);
-    ``join_token`` None: the box must be joined already.
+    ``join_token`` None: the box must be joined already. ``wheel`` (the controlplane's wheel: URL, sha256) is
+    installed with the box's ``python`` when the worker image cannot be sent (:mod:`levers9.agent.ssh_checks`).
     """
     from levers9.agent import service_unit, ssh_checks
 
@@ -350,6 +369,9 @@ def join_over_ssh(
             image_tag=image_tag,
             image_changes=image_changes,
             echo=echo,
+            wheel=wheel,
+            ca_pem=ca_pem,
+            python=python,
         )
         echo(f"[3/{STEPS}] the agent software ... ok: {software.how}")
         return service_unit.install(remote, box, paths, software, controlplane=controlplane, join_token=join_token,

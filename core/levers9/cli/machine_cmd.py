@@ -213,7 +213,7 @@ def create(
         assert target is not None
         _rejoin(context, made.machine, target, jump, defaults, url=url, ca_pem=ca_pem, key=ssh_key,
                 known_hosts=ssh_known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
-                as_json=as_json)  # fmt: skip
+                as_json=as_json, wheel=_wheel(made))  # fmt: skip
         return
     from levers9.services.joined_machines import join_command
 
@@ -234,7 +234,7 @@ def create(
     try:
         joined_id = _join_over_ssh(made.machine, made.join_token, target, jump, defaults, context=context, url=url,
                                    ca_pem=ca_pem, key=ssh_key, known_hosts=ssh_known_hosts, sudo=sudo,
-                                   no_strict=no_strict, agent_dir=agent_dir)  # fmt: skip
+                                   no_strict=no_strict, agent_dir=agent_dir, wheel=_wheel(made))  # fmt: skip
     except typer.Exit:
         _forget(context, made.machine, "the SSH join failed, and no box joined it")
         raise
@@ -248,6 +248,11 @@ def create(
         out.print(f"machine {joined.name} ({joined.id}) joined pool {joined.pool}", markup=False)
 
 
+def _wheel(made: pb.CreateJoinedMachineResponse) -> tuple[str, str] | None:
+    """The controlplane's wheel (URL, sha256), which --ssh installs where the worker image cannot be sent."""
+    return (made.wheel_url, made.wheel_sha256) if made.wheel_url else None
+
+
 def _forget(context: str | None, machine: pb.JoinedMachine, why: str) -> None:
     """Remove a machine no box joined, saying so (its join token is revoked with it): none is left pending."""
     typer.echo(f"removing machine {machine.name} ({machine.id}): {why}")
@@ -257,14 +262,14 @@ def _forget(context: str | None, machine: pb.JoinedMachine, why: str) -> None:
 def _rejoin(
     context: str | None, existing: pb.JoinedMachine, target: UserHost, jump: UserHost | None,
     defaults: dict[str, Any], *, url: str, ca_pem: str, key: Path | None, known_hosts: Path | None,
-    sudo: bool | None, no_strict: bool, agent_dir: str | None, as_json: bool,
+    sudo: bool | None, no_strict: bool, agent_dir: str | None, as_json: bool, wheel: tuple[str, str] | None,
 ) -> None:  # fmt: skip
     """``machine create --ssh`` of a machine that exists and has joined: the box must run its agent (its
     service is started again when it is down); no new machine, no token."""
     typer.echo(f"machine {existing.name} ({existing.id}) exists and has joined pool {existing.pool}: checking the box")
     joined_id = _join_over_ssh(existing, None, target, jump, defaults, context=context, url=url, ca_pem=ca_pem,
                                key=key, known_hosts=known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
-                               not_joined=f"machine {existing.name} ({existing.id}) has joined from another box, or "
+                               wheel=wheel, not_joined=f"machine {existing.name} ({existing.id}) has joined from another box, or "
                                "this box lost its credential: remove the machine first (levers9 machine remove "
                                f"{existing.name}) or choose another --name")  # fmt: skip
     if joined_id != existing.id:
@@ -285,7 +290,7 @@ def _join_over_ssh(
     machine: pb.JoinedMachine, join_token: str | None, target: UserHost, jump: UserHost | None,
     defaults: dict[str, Any], *, context: str | None, url: str, ca_pem: str, key: Path | None,
     known_hosts: Path | None, sudo: bool | None, no_strict: bool, agent_dir: str | None = None,
-    not_joined: str = "",
+    not_joined: str = "", wheel: tuple[str, str] | None = None,
 ) -> str:  # fmt: skip
     """Run the join on the box; the id of the agent it runs (an earlier one's when it was joined already)."""
     from levers9.agent.service_unit import AgentLayout
@@ -328,7 +333,8 @@ def _join_over_ssh(
 
     try:
         result = join_over_ssh(ssh_target, controlplane=url, join_token=join_token, ca_pem=ca_pem,
-                               docker_host=docker_host, echo=typer.echo, layout=layout, is_live=is_live)  # fmt: skip
+                               docker_host=docker_host, echo=typer.echo, layout=layout, is_live=is_live,
+                               wheel=wheel)  # fmt: skip
     except SshJoinError as exc:
         hint = f" ({not_joined})" if not_joined and "no join token was given" in str(exc) else ""
         raise _fail(f"joining {target.host} over SSH failed: {exc}{hint}", 3) from None
