@@ -20,7 +20,12 @@ over on at once. Standard library only.
 * whether a pod fits a node now (:func:`misfit`): Ready, not cordoned unless
   tolerated, every ``NoSchedule``/``NoExecute`` taint tolerated, the pod's
   ``nodeSelector`` and required node affinity matched, one more pod and every
-  request within ``status.allocatable`` less the usage.
+  request within ``status.allocatable`` less the usage;
+* whether a worker's pod can never start (:func:`start_failure`,
+  :func:`create_failure`): a container waiting on an image that cannot be
+  pulled or on a configuration the kubelet refuses, or a Job whose pod the API
+  refuses (Pod Security admission), which only the Job's ``FailedCreate``
+  event says. Waiting out a deadline would change none of these.
 
 A malformed quantity counts as none of it, never as unlimited.
 """
@@ -39,6 +44,7 @@ __all__ = [
     "as_list",
     "as_object",
     "container_detail",
+    "create_failure",
     "format_quantity",
     "misfit",
     "node_usage",
@@ -46,6 +52,7 @@ __all__ = [
     "pod_asks",
     "quantity",
     "shown",
+    "start_failure",
     "status_reason",
     "trimmed_node",
     "unschedulable",
@@ -331,6 +338,52 @@ def container_detail(pod: Mapping[str, Any]) -> str | None:
             message = waiting.get("message")
             return f"{waiting['reason']}: {message}" if message else str(waiting["reason"])
     return None
+
+
+#: container waiting reasons no wait mends: the image cannot be pulled (the kubelet alternates ErrImagePull with
+#: its back-off), its name is invalid, or the container cannot be configured or created as the pod asks
+CANNOT_START = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+_MISSING_SECRET = re.compile(r'^secret "[^"]+" not found$')
+
+
+def start_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why a pending pod's container will never start (``ErrImagePull: <the kubelet's words>``); None: it may.
+
+    A ``CreateContainerConfigError`` for a Secret that is not there yet is not one: a worker's token Secret is
+    created just after its Job, and the kubelet retries until it appears."""
+    for container in as_list(as_object(pod.get("status")).get("containerStatuses")):
+        waiting = as_object(as_object(as_object(container).get("state")).get("waiting"))
+        reason, message = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+        if reason not in CANNOT_START:
+            continue
+        if reason == "CreateContainerConfigError" and _MISSING_SECRET.match(message):
+            continue
+        return f"{reason}: {message}" if message else reason
+    return None
+
+
+def create_failure(events: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why a Job's pod can never be created, from the Job's ``FailedCreate`` events (the newest); None: it may be.
+
+    A refusal for quota is not one (pods that end free it); anything else the API refuses the pod for (Pod
+    Security admission: ``violates PodSecurity "restricted:latest": ...``, a missing ServiceAccount) is."""
+    found = [e for e in events if e.get("reason") == "FailedCreate" and e.get("message")]
+    if not found:
+        return None
+    newest = max(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    message = str(newest["message"])
+    if "exceeded quota" in message or "failed quota" in message:
+        return None
+    return f"FailedCreate: {message}"
 
 
 def api_status(exc: BaseException) -> int | None:

@@ -47,21 +47,25 @@ import pytest
 from levers9.agent.backends import k8s_change_key
 from levers9.agent.connection import join
 from levers9.agent.credentials import AgentCredential
-from levers9.agent.daemon import EXIT_REFUSED, K8S_POLL_S, Agent, KubernetesMode, run_agent
+from levers9.agent.daemon import EXIT_REFUSED, EXIT_SHARED_NAMESPACE, K8S_POLL_S, Agent, KubernetesMode, run_agent
 from levers9.agent.k8s_api import kubeconfig_client
 from levers9.agent.k8s_credential import SECRET_KEY, SECRET_NAME
 from levers9.agent.k8s_objects import MACHINE_LABEL
 from levers9.hooks.errors import InsufficientCapacity
+from levers9.hooks.types import Pool
 from levers9.proto.v1 import agent_pb2
 from levers9.services import agent_join
 from levers9.services.agent_messages import publish_disconnect
 from levers9.services.auth import Principal
 from levers9.state.sql.records import TokenKind
 from levers9_local_k8s.jobs import job_name, secret_name
+from levers9_local_k8s.provider import K8sProvider
+from levers9_local_k8s.settings import LocalK8sSettings
 from tests.agent.agent_wire import AgentServer, eventually, opened_server
 from tests.agent.test_k8s_workers import make_order
 from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, FakeCluster, recorded_cluster
 from tests.fixtures.ports import free_port
+from tests.plugins.provision import provision_request
 
 NAMESPACE = "levers9"
 CLUSTER = "gpus"
@@ -141,7 +145,7 @@ def worker_objects(cluster: FakeCluster) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    credential: AgentCredential, kubeconfig: Path, *, poll_s: float | None = 0.2
+    credential: AgentCredential, kubeconfig: Path, *, poll_s: float | None = 0.2, share_namespace: bool = False
 ) -> AsyncIterator[tuple[asyncio.Task[int], list[Agent]]]:
     """``run_agent`` in Kubernetes mode on the fake's kubeconfig; stopped at the end (0) unless it ended itself."""
     stop = asyncio.Event()
@@ -150,7 +154,8 @@ async def running_agent(
     async def ready(agent: Agent) -> None:
         made.append(agent)
 
-    mode = KubernetesMode(NAMESPACE, api_client_factory=partial(kubeconfig_client, str(kubeconfig)))
+    mode = KubernetesMode(NAMESPACE, api_client_factory=partial(kubeconfig_client, str(kubeconfig)),
+                          share_namespace=share_namespace)  # fmt: skip
     task = asyncio.create_task(run_agent(credential, stop, kubernetes=mode, poll_s=poll_s, on_ready=ready))
     try:
         yield task, made
@@ -439,6 +444,49 @@ async def test_a_removed_agent_deletes_its_jobs_and_stops(
     assert "this machine was removed" in words
     assert f"this agent was removed: deleted its worker Jobs and Secrets in namespace {NAMESPACE}" in words
     assert "delete Secret levers9/levers9-agent-credential and join again with a new token" in words
+
+
+async def test_cluster_remove_leaves_a_local_k8s_pools_job_in_the_same_namespace(
+    server: AgentServer, cluster: FakeCluster, kubeconfig: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A local_k8s pool and an attached cluster's agent in one namespace (both default to levers9): the agent
+    refuses to share it unless told, and once told, its removal deletes its own Job and leaves the local_k8s
+    pool's running worker alone (before: remove_mine deleted every Job labelled levers9/machine-id)."""
+    local = K8sProvider()
+    settings = LocalK8sSettings.model_validate(
+        {"kubeconfig": str(kubeconfig), "namespace": NAMESPACE, "worker_image": "registry.example.com/w:1"}
+    )
+    pool = Pool(name="cpu-local", provider="local_k8s", runtime="process", settings=settings)
+    try:
+        theirs = local.provision(provision_request(pool, None))
+        credential = await joined(server)
+        agent_id = credential.agent_id
+        mode = KubernetesMode(NAMESPACE, api_client_factory=partial(kubeconfig_client, str(kubeconfig)))
+        assert await run_agent(credential, asyncio.Event(), kubernetes=mode) == EXIT_SHARED_NAMESPACE
+        assert (
+            f"namespace {NAMESPACE} is used by another levers9 pool already (Job {theirs.provider_id} of levers9 "
+            f"pool 'cpu-local'), and this agent's workers belong to pool '{POOL}'" in caplog.text
+        )
+        assert "start the agent with --share-namespace" in caplog.text
+
+        order = make_order(gpu=False)
+        async with running_agent(credential, kubeconfig, share_namespace=True) as (task, _):
+            capacity = await connected(server, agent_id)
+            assert capacity["details"]["workers"] == []  # the local_k8s pool's Job is not reported as its own
+            await server.send(agent_id, "provision", order)
+            services = server.services
+            await services.agents.removed(agent_id)
+            await services.tokens.revoke_subject(agent_id)
+            await publish_disconnect(services.redis, services.agents.prefix, agent_id, "this machine was removed (t)")
+            assert await asyncio.wait_for(asyncio.shield(task), 60) == EXIT_REFUSED
+        assert f"deleted its worker Jobs and Secrets in namespace {NAMESPACE}" in caplog.text
+        jobs = [j["metadata"]["name"] for j in cluster.objects("jobs", NAMESPACE)]
+        assert jobs == [theirs.provider_id]
+        assert [m.machine_id for m in local.list_machines(pool)] == [theirs.machine_id]
+        local.terminate(pool, theirs)
+        await eventually(lambda: worker_objects(cluster) == [], "the local_k8s pool's Job gone by its own hand")
+    finally:
+        local.shutdown()
 
 
 # ---------------------------------------------------------------------------------------------- the change key

@@ -37,10 +37,10 @@ import kubernetes
 import pytest
 
 from levers9.agent.docker_workers import OrderRefused
-from levers9.agent.k8s_objects import MACHINE_LABEL, check_provision
+from levers9.agent.k8s_objects import MACHINE_LABEL, OWNER_LABEL, check_provision
 from levers9.agent.k8s_workers import K8sWorkers, build_k8s_inventory
 from levers9.gpu import from_k8s_labels
-from levers9.hooks.types import Availability, GpuOffer, Pool
+from levers9.hooks.types import Availability, GpuOffer, MachineState, Pool
 from levers9.kube import format_quantity, parse_quantity
 from levers9_local_k8s.jobs import job_manifest, job_name, secret_manifest, secret_name
 from levers9_local_k8s.settings import LocalK8sSettings
@@ -343,12 +343,12 @@ def test_every_problem_is_named_in_one_refusal_and_privileged_needs_allow_privil
     pod = pod_of(order)
     pod["hostNetwork"] = True
     pod["containers"][0]["securityContext"] = {"privileged": True}
-    said = str(refused(lambda: check_provision(order, NAMESPACE, insecure=True)))
+    said = str(refused(lambda: check_provision(order, NAMESPACE, owner=AGENT, insecure=True)))
     assert "hostNetwork" in said
     assert "may not be privileged" in said
 
     del pod["hostNetwork"]
-    checked = check_provision(order, NAMESPACE, insecure=True, allow_privileged=True)
+    checked = check_provision(order, NAMESPACE, owner=AGENT, insecure=True, allow_privileged=True)
     assert checked.job["spec"]["template"]["spec"]["containers"][0]["securityContext"] == {"privileged": True}
 
 
@@ -357,17 +357,17 @@ def test_the_namespace_is_set_when_left_out_and_the_order_is_not_changed() -> No
     del order["job"]["metadata"]["namespace"]
     order["secret"]["metadata"]["namespace"] = None
     before = copy.deepcopy(order)
-    checked = check_provision(order, NAMESPACE, insecure=True)
+    checked = check_provision(order, NAMESPACE, owner=AGENT, insecure=True)
     assert (checked.job["metadata"]["namespace"], checked.secret["metadata"]["namespace"]) == (NAMESPACE, NAMESPACE)
     assert order == before
 
 
 def test_a_plain_text_controlplane_is_refused_unless_the_agent_is_insecure() -> None:
     plain = make_order(controlplane_url="grpc://10.0.0.5:1993")
-    said = str(refused(lambda: check_provision(plain, NAMESPACE)))
+    said = str(refused(lambda: check_provision(plain, NAMESPACE, owner=AGENT)))
     assert "would reach the controlplane in plain text (grpc://10.0.0.5:1993)" in said
-    assert check_provision(plain, NAMESPACE, insecure=True).machine_id == plain["machine_id"]
-    assert check_provision(make_order(controlplane_url="grpcs://cp.example.com"), NAMESPACE).job
+    assert check_provision(plain, NAMESPACE, owner=AGENT, insecure=True).machine_id == plain["machine_id"]
+    assert check_provision(make_order(controlplane_url="grpcs://cp.example.com"), NAMESPACE, owner=AGENT).job
 
 
 def test_a_full_cluster_is_refused_before_a_job_exists(workers: K8sWorkers, cluster: FakeCluster) -> None:
@@ -658,3 +658,92 @@ def test_remove_mine_leaves_nothing_of_levers9_and_touches_nothing_else(
     )
     assert workers.remove_mine() == []
     kube.delete_namespaced_secret("someone-elses", NAMESPACE)
+
+
+# ---------------------------------------------------------------------------------------------- only its own
+
+
+def test_another_owners_jobs_are_not_listed_adopted_nor_deleted(
+    make_workers: Callable[..., K8sWorkers], cluster: FakeCluster
+) -> None:
+    """Two owners in one namespace (a local_k8s pool's Jobs beside an agent's): each sees, adopts and removes its
+    own only. Before: every Job labelled levers9/machine-id was the agent's, and remove_mine deleted them all."""
+    mine, local = make_workers(owner="lab.0a1b2c3d"), make_workers(owner="cpu")
+    order, theirs = make_order(gpu=False), make_order(gpu=False)
+    mine.provision(order)
+    local.provision(theirs)
+    [job] = [j for j in cluster.objects("jobs", NAMESPACE) if j["metadata"]["name"] == job_name(order["machine_id"])]
+    labels = [job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]]
+    [secret] = [s for s in cluster.objects("secrets", NAMESPACE) if s["metadata"]["name"] == secret_name(order["machine_id"])]  # fmt: skip
+    assert {lab[OWNER_LABEL] for lab in [*labels, secret["metadata"]["labels"]]} == {"lab.0a1b2c3d"}
+    assert [w.machine_id for w in mine.workers()] == [order["machine_id"]]
+    assert mine.others() == [f"Job {job_name(theirs['machine_id'])} of levers9 pool 'cpu'"]
+    # an order naming the other owner's Job is refused, not adopted
+    error = refused(lambda: mine.provision(theirs))
+    assert error.kind == "invalid_request"
+    assert "is not this agent's: it belongs to levers9 pool 'cpu'; it is left alone" in str(error)
+    assert mine.terminate({"machine_id": theirs["machine_id"]})["deleted"] == []
+    assert mine.remove_mine() == [order["machine_id"]]
+    wait_for(lambda: [w.machine_id for w in local.workers()] == [theirs["machine_id"]] and len(
+        cluster.objects("jobs", NAMESPACE)) == 1, "only the other owner's Job left")  # fmt: skip
+    assert local.others() == []
+    assert local.remove_mine() == [theirs["machine_id"]]
+
+
+def test_without_the_right_to_list_every_pod_room_counts_the_namespaces_pods(
+    workers: K8sWorkers, cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The manifest's ClusterRole lists nodes only: the agent then reads its own namespace's pods for room (before:
+    every inventory and provision was refused, permission_denied)."""
+    cluster.fail("GET", r"^/api/v1/pods$", 403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:'
+                 'levers9:levers9-agent" cannot list resource "pods" in API group "" at the cluster scope',
+                 times=None)  # fmt: skip
+    details = workers.inventory_details()
+    assert [n["metadata"]["name"] for n in details["nodes"]] == sorted([CPU_NODE, GPU_NODE])
+    order = make_order()
+    workers.provision(order)
+    wait_for(lambda: len(bound_pods(cluster, GPU_NODE)) == 1, "the worker pod bound to the L4 node")
+    # the namespace's own pod holds the only L4: a second one has no room
+    assert refused(lambda: workers.provision(make_order())).kind == "insufficient_capacity"
+    assert workers.inventory_details()["requested"][GPU_NODE]["nvidia.com/gpu"] == "1"
+    said = [r.getMessage() for r in caplog.records if "may not list the pods of every namespace" in r.getMessage()]
+    assert len(said) == 1, said
+    workers.terminate({"machine_id": order["machine_id"]})
+
+
+# ---------------------------------------------------------------------------------------------- pods that never start
+
+
+def test_a_worker_that_can_never_start_is_listed_with_why_and_reported_failed(
+    make_workers: Callable[..., K8sWorkers], cluster: FakeCluster
+) -> None:
+    """Pod Security refusing the pod (only the Job's FailedCreate event says it) and an image that cannot be
+    pulled: ``cannot_start`` names each, and the controlplane's side reads the worker as FAILED at once."""
+    from levers9_attached_cluster.inventory import machine_of
+
+    workers = make_workers(allow_privileged=True)
+    cluster.label_namespace(NAMESPACE, {"pod-security.kubernetes.io/enforce": "baseline"})
+    privileged = make_order(gpu=False)
+    pod_of(privileged)["containers"][0]["securityContext"] = {"privileged": True}
+    workers.provision(privileged)
+    cluster.unpullable("registry.example.com/levers9/worker:gone")
+    unpullable = make_order(gpu=False)
+    pod_of(unpullable)["containers"][0]["image"] = "registry.example.com/levers9/worker:gone"
+    workers.provision(unpullable)
+
+    def reasons() -> dict[str, str | None] | None:
+        said = {w.machine_id: w.cannot_start for w in workers.workers()}
+        return said if all(said.values()) else None
+
+    said = wait_for(reasons, "both workers said to be unable to start, and why")
+    refusal = str(said[privileged["machine_id"]])
+    assert refusal.startswith(f'FailedCreate: Error creating: pods "{job_name(privileged["machine_id"])}-')
+    assert 'is forbidden: violates PodSecurity "baseline:latest": privileged (container "worker" must not' in refusal
+    assert str(said[unpullable["machine_id"]]).startswith("ErrImagePull: failed to pull and unpack image")
+    pool = Pool(name="l4", provider="attached_cluster", runtime="process")
+    for worker in workers.list_containers()["workers"]:
+        machine = machine_of(pool, worker, AGENT)
+        assert machine.state is MachineState.FAILED
+        assert machine.reason == f"the worker's pod cannot start: {worker['cannot_start']}"
+    for order in (privileged, unpullable):
+        workers.terminate({"machine_id": order["machine_id"]})

@@ -28,6 +28,8 @@ from levers9.kubernetes_manifests.agent import (
     JOIN_SECRET,
     JOIN_TOKEN_KEY,
     AgentManifest,
+    apply_lines,
+    delete_lines,
     render_agent,
 )
 from levers9.kubernetes_manifests.permissions import AGENT_CALLS, cluster_rules, namespaced_rules
@@ -73,8 +75,13 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
                  "--max-workers", "2", "--output", str(path), "--ttl", "30m")  # fmt: skip
     assert result.returncode == 0, result.stderr
     pool = clusters.pool_name("lab", workspace_id)
-    attached, apply = result.stdout.strip().splitlines()
+    attached, namespace, apply = result.stdout.strip().splitlines()
     assert attached == f"attached cluster lab as pool {pool}; its agent's manifest: {path}"
+    # the namespace is made apart (when missing), so `kubectl delete -f` of the manifest never removes it
+    assert namespace == (
+        "kubectl get namespace levers9 >/dev/null 2>&1 || { kubectl create namespace levers9 && "
+        "kubectl label namespace levers9 pod-security.kubernetes.io/enforce=baseline; }"
+    )
     assert apply == f"kubectl apply -f {path}"
     assert "within 30m" in result.stderr
     # the agent dials what the controlplane advertises to its workers, not this context's plain-text address
@@ -89,7 +96,8 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
     command = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command == ["levers9", "agent", "join", "--kubernetes", "--namespace", "levers9", "--controlplane",
                        "grpcs://cp.example:50051"]  # fmt: skip
-    assert {o["metadata"].get("namespace") for o in objects if o["kind"] not in ("Namespace", "ClusterRole",
+    assert "Namespace" not in kinds
+    assert {o["metadata"].get("namespace") for o in objects if o["kind"] not in ("ClusterRole",
                                                                                 "ClusterRoleBinding")} == {"levers9"}  # fmt: skip
 
     listed = cli("clusters", "--json")
@@ -123,7 +131,16 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
     removed = cli("cluster", "remove", "lab", "--yes")
     assert removed.returncode == 0, removed.stderr
     assert removed.stdout.strip() == f"removed cluster lab (pool {pool}): 0 workers stopped, 1 agents revoked"
-    assert "kubectl delete -f" in removed.stderr
+    # what removes the agent's objects (the manifest file was deleted once applied: it held the token), and
+    # nothing else: no namespace
+    selector = "app.kubernetes.io/instance=lab,app.kubernetes.io/component=agent"
+    assert (
+        f"kubectl -n levers9 delete deployment,rolebinding,role,serviceaccount,secret -l {selector}\n"
+        f"kubectl -n levers9 delete secret {CREDENTIAL_SECRET} --ignore-not-found\n"
+        f"kubectl delete clusterrolebinding,clusterrole -l {selector}\n"
+    ) in removed.stderr
+    assert "namespace levers9 and anything else in it stay" in removed.stderr
+    assert "delete namespace" not in removed.stderr
     plane.agents.pop()  # its stream was cut
     assert cli("clusters", "--json").stdout.strip() == "[]"
     again = cli("cluster", "remove", "lab", "--yes")
@@ -198,16 +215,20 @@ def test_the_rbac_grants_exactly_the_agents_listed_calls() -> None:
     kinds = by_kind(manifest())
     assert kinds["Role"]["rules"] == namespaced_rules(AGENT_CALLS)
     assert kinds["ClusterRole"]["rules"] == cluster_rules(AGENT_CALLS)
-    cluster_wide = {(r["resources"][0], tuple(r["verbs"])) for r in kinds["ClusterRole"]["rules"]}
-    assert cluster_wide == {("nodes", ("list",)), ("pods", ("list",))}  # reads only, cluster-wide
+    # nodes only: no pod of another namespace is read unless the customer grants it (before: every pod)
+    assert kinds["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     assert (
         kinds["RoleBinding"]["subjects"]
         == kinds["ClusterRoleBinding"]["subjects"]
         == [{"kind": "ServiceAccount", "name": AGENT, "namespace": "gpu-jobs"}]
     )
-    # the credential Secret the agent keeps is one it may create and read back
-    secrets = next(r for r in kinds["Role"]["rules"] if r["resources"] == ["secrets"])
-    assert {"create", "get"} <= set(secrets["verbs"])
+    # the credential Secret the agent keeps is one it may create and read back; it reads no other Secret and
+    # lists none (before: get and list on every Secret of the namespace)
+    secrets = [r for r in kinds["Role"]["rules"] if r["resources"] == ["secrets"]]
+    assert secrets == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [CREDENTIAL_SECRET], "verbs": ["get"]},
+    ]
     assert CREDENTIAL_SECRET == k8s_credential.SECRET_NAME  # the name the agent keeps its credential under
 
 
@@ -233,3 +254,24 @@ def test_bad_fields_are_named() -> None:
     with pytest.raises(ValueError, match=r"namespace 'Bad_NS'.*DNS label") as refused:
         manifest(namespace="Bad_NS", controlplane_url="http://x")
     assert "controlplane_url 'http://x'" in str(refused.value)
+
+
+def test_delete_of_the_manifest_keeps_the_namespace_and_sharing_it_is_the_agents_flag() -> None:
+    """``kubectl delete -f`` of the manifest deletes what it lists: no Namespace may be among it (before: the
+    Namespace came first, and deleting the manifest removed the namespace with everything in it)."""
+    objects = manifest()
+    assert [o["kind"] for o in objects if o["kind"] == "Namespace"] == []
+    assert {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]} == {"gpu-jobs"}
+    lines = apply_lines("lab.yaml", "gpu-jobs", allow_privileged=True)
+    assert lines == [
+        "kubectl get namespace gpu-jobs >/dev/null 2>&1 || { kubectl create namespace gpu-jobs && "
+        "kubectl label namespace gpu-jobs pod-security.kubernetes.io/enforce=privileged; }",
+        "kubectl apply -f lab.yaml",
+    ]
+    assert not any("namespace" in line.split(" -l ")[0].split("delete", 1)[1] for line in delete_lines("lab", "x"))
+    command = by_kind(manifest(share_namespace=True))["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert command["command"][-1] == "--share-namespace"
+    assert (
+        "--share-namespace"
+        not in by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    )

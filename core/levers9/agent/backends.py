@@ -138,14 +138,16 @@ class DockerBackend:
 
 
 def k8s_change_key(inventory: agent_pb2.Inventory) -> str:
-    """A Kubernetes inventory's change key: all of it, but each worker's container state by its reason only,
-    a back-off read as the failure it backs off from (the kubelet alternates them, with new words each time)."""
+    """A Kubernetes inventory's change key: all of it, but each worker's container state (and why it cannot
+    start) by its reason only, a back-off read as the failure it backs off from (the kubelet alternates them,
+    with new words each time)."""
     details = json.loads(inventory.details_json or "{}")
     for worker in details.get("workers") or []:
-        said = worker.get("container") if isinstance(worker, dict) else None
-        if isinstance(said, str):
-            reason = said.split(":", 1)[0].strip()
-            worker["container"] = _BACKOFF_OF.get(reason, reason)
+        for key in ("container", "cannot_start"):
+            said = worker.get(key) if isinstance(worker, dict) else None
+            if isinstance(said, str):
+                reason = said.split(":", 1)[0].strip()
+                worker[key] = _BACKOFF_OF.get(reason, reason)
     copy = agent_pb2.Inventory()
     copy.CopyFrom(inventory)
     copy.details_json = json.dumps(details, sort_keys=True)

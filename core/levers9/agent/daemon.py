@@ -26,14 +26,24 @@ Invariants:
   controlplane decides.
 * **A removed agent leaves nothing running**: when the controlplane refuses
   the credential because the agent was removed (:data:`REMOVED`), the agent
-  removes its own workers (its ``l9w-*`` containers; in Kubernetes mode every
-  worker Job and Secret of its namespace), those its terminate orders did not
+  removes its own workers (its ``l9w-*`` containers; in Kubernetes mode the
+  worker Jobs and Secrets of its namespace labelled with its owner, never
+  another levers9 pool's), those its terminate orders did not
   reach, before it exits with code 3. Any other refusal (a revoked token, say)
   leaves them: the operator decides.
+* **A namespace is not shared unless told.** In Kubernetes mode the agent,
+  before it connects, looks for worker Jobs of another owner in its
+  namespace (a ``local_k8s`` pool's, another cluster's agent's): there are
+  some, and the agent was not started with ``--share-namespace``
+  (:attr:`KubernetesMode.share_namespace`), so it logs who they belong to and
+  which flag allows sharing, and exits with :data:`EXIT_SHARED_NAMESPACE` (2:
+  its command is refused, not restarted by a supervisor). Whatever is shared,
+  each side acts on its own Jobs only (the ``levers9/owner`` label).
 
 Blocking calls run in threads. :func:`run_agent` is what the CLI runs: it
 returns the process's exit code (0 on a stop signal, 3 when the controlplane
-refused the credential).
+refused the credential, 2 when a Kubernetes agent's namespace is another
+pool's).
 """
 
 from __future__ import annotations
@@ -62,6 +72,8 @@ log = logging.getLogger(__name__)
 
 #: the exit code of an agent whose credential (or join token) the controlplane refused
 EXIT_REFUSED = 3
+#: the exit code of a Kubernetes agent whose namespace holds another levers9 pool's workers (no --share-namespace)
+EXIT_SHARED_NAMESPACE = 2
 #: the words of the controlplane's refusal of a removed machine's agent (services.agent_join.removed_message)
 REMOVED = "this machine was removed"
 #: acknowledgements remembered for orders seen again
@@ -77,11 +89,13 @@ class KubernetesMode:
     """Run the workers as Jobs in ``namespace`` of the cluster ``api_client_factory`` reaches (None: in-cluster).
 
     ``allow_privileged``: the Jobs may run privileged containers (the runc and gvisor runtimes need it).
+    ``share_namespace``: start even when the namespace holds another levers9 pool's worker Jobs.
     """
 
     namespace: str
     api_client_factory: Callable[[], Any] | None = None
     allow_privileged: bool = False
+    share_namespace: bool = False
 
 
 class Agent:
@@ -215,6 +229,26 @@ async def _remove_workers(backend: Backend) -> None:
         log.warning("%s", backend.describe_removed(removed))
 
 
+async def _namespace_taken(workers: K8sWorkers) -> str | None:
+    """Why the agent may not work in its namespace (another owner's worker Jobs are there); None: it may.
+
+    A namespace that cannot be read now is no refusal: the agent starts, and says so once the API answers."""
+    try:
+        others = await asyncio.to_thread(workers.others)
+    except OrderRefused as exc:
+        log.warning("could not look for other levers9 pools' worker Jobs in namespace %s: %s", workers.namespace, exc)
+        return None
+    if not others:
+        return None
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    return (
+        f"namespace {workers.namespace} is used by another levers9 pool already ({shown}), and this agent's "
+        f"workers belong to pool {workers.owner!r}; join the cluster into a namespace of its own (levers9 cluster join "
+        "--namespace NAME), or, to share this one (each side acts on its own Jobs only), start the agent with "
+        "--share-namespace (levers9 cluster join --share-namespace writes it into the manifest)"
+    )
+
+
 async def run_agent(
     credential: AgentCredential,
     stop: asyncio.Event,
@@ -226,7 +260,8 @@ async def run_agent(
     kubernetes: KubernetesMode | None = None,
     on_ready: Callable[[Agent], Awaitable[None]] | None = None,
 ) -> int:
-    """Run the agent of ``credential`` until ``stop`` is set: 0, or :data:`EXIT_REFUSED` (3) when refused.
+    """Run the agent of ``credential`` until ``stop`` is set: 0, or :data:`EXIT_REFUSED` (3) when refused, or
+    :data:`EXIT_SHARED_NAMESPACE` (2) before connecting when its namespace holds another pool's worker Jobs.
 
     Its workers are containers on Docker (``docker_host``; ``gpus`` is where GPUs are discovered, default the
     installed plugins' ``levers9_gpu_devices``), or, with ``kubernetes``, Jobs in that namespace. ``poll_s``:
@@ -237,11 +272,17 @@ async def run_agent(
     plugin_gpus = None
     backend: Backend
     if kubernetes is not None:
-        backend = K8sBackend(
-            K8sWorkers(kubernetes.namespace, agent_id=credential.agent_id,
-                       api_client_factory=kubernetes.api_client_factory,
-                       allow_privileged=kubernetes.allow_privileged, insecure=credential.insecure)
-        )  # fmt: skip
+        k8s_workers = K8sWorkers(kubernetes.namespace, agent_id=credential.agent_id,
+                                 api_client_factory=kubernetes.api_client_factory,
+                                 allow_privileged=kubernetes.allow_privileged, insecure=credential.insecure,
+                                 owner=credential.labels.get("pool"))  # fmt: skip
+        if not kubernetes.share_namespace:
+            refused = await _namespace_taken(k8s_workers)
+            if refused is not None:
+                k8s_workers.close()
+                log.error("%s", refused)
+                return EXIT_SHARED_NAMESPACE
+        backend = K8sBackend(k8s_workers)
         default_poll_s = K8S_POLL_S
     else:
         if gpus is None:

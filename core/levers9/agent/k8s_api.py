@@ -154,14 +154,17 @@ class K8sApi:
             self.core.list_pod_for_all_namespaces, field_selector="status.phase!=Succeeded,status.phase!=Failed"
         )
 
+    def namespace_live_pods(self, namespace: str) -> list[dict[str, Any]]:
+        """Every pod of ``namespace`` that has not ended (what :meth:`live_pods` gives without the right to it)."""
+        return self._items(
+            self.core.list_namespaced_pod, namespace, field_selector="status.phase!=Succeeded,status.phase!=Failed"
+        )
+
     def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self._items(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
 
     def jobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self._items(self.batch.list_namespaced_job, namespace, label_selector=label_selector)
-
-    def secrets(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return self._items(self.core.list_namespaced_secret, namespace, label_selector=label_selector)
 
     def quotas(self, namespace: str) -> list[dict[str, Any]]:
         return self._items(self.core.list_namespaced_resource_quota, namespace)

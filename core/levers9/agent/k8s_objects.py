@@ -9,7 +9,10 @@ the controlplane's word, something that reaches beyond its namespace:
 * a ``batch/v1`` Job and a ``v1`` Secret, each with a ``metadata.name``, both
   in the agent's namespace (left out: set to it), both labelled
   ``levers9/machine-id`` with the order's machine id (the pod template gets
-  the label when it has none; another machine's is refused);
+  the label when it has none; another machine's is refused); the Job, its pod
+  template and the Secret are labelled ``levers9/owner`` with the agent's own
+  owner (its pool), whatever the order said: the agent lists and deletes only
+  what carries it, so what it creates must;
 * the Job's pod does not use the node's network, processes or IPC
   (``hostNetwork``, ``hostPID``, ``hostIPC``), mounts no service-account token
   (``automountServiceAccountToken: false``), has only ``emptyDir`` volumes and
@@ -39,11 +42,13 @@ from typing import Any
 from levers9.agent.docker_workers import OrderRefused
 from levers9.kube import as_list, as_object, parse_quantity
 
-__all__ = ["MACHINE_LABEL", "POOL_LABEL", "ProvisionObjects", "check_provision", "machine_id_of"]
+__all__ = ["MACHINE_LABEL", "OWNER_LABEL", "POOL_LABEL", "ProvisionObjects", "check_provision", "machine_id_of"]
 
 #: the label that ties a Job, its pod and its Secret to a levers9 machine (as ``levers9_local_k8s.jobs`` sets it)
 MACHINE_LABEL = "levers9/machine-id"
 POOL_LABEL = "levers9/pool"
+#: whose worker a Job is: a pool's name (as ``levers9_local_k8s.jobs`` sets it); the agent's is its cluster's pool
+OWNER_LABEL = "levers9/owner"
 _INVALID = "invalid_request"
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
@@ -211,9 +216,15 @@ def _check_tls(pod: Mapping[str, Any], machine_id: str, insecure: bool, problems
 
 
 def check_provision(
-    payload: Mapping[str, Any], namespace: str, *, allow_privileged: bool = False, insecure: bool = False
+    payload: Mapping[str, Any],
+    namespace: str,
+    *,
+    owner: str,
+    allow_privileged: bool = False,
+    insecure: bool = False,
 ) -> ProvisionObjects:
-    """The order's Job and Secret, checked (see the module docstring), as copies with ``namespace`` set.
+    """The order's Job and Secret, checked (see the module docstring), as copies with ``namespace`` set and
+    labelled ``levers9/owner=<owner>`` (the Job, its pod template and the Secret).
 
     :raises OrderRefused: (invalid_request) naming every problem found.
     """
@@ -254,6 +265,8 @@ def check_provision(
         raise OrderRefused(f"provision order for machine {machine_id}: " + "; ".join(problems), _INVALID)
     job["metadata"]["namespace"] = namespace
     secret["metadata"]["namespace"] = namespace
+    for labels in (job["metadata"]["labels"], secret["metadata"]["labels"], metadata["labels"]):
+        labels[OWNER_LABEL] = owner
     secret["metadata"].pop("ownerReferences", None)  # set to the Job once it exists
     return ProvisionObjects(machine_id=machine_id, job=job, secret=secret)
 

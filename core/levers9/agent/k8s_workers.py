@@ -14,21 +14,37 @@ orders, with the method names of :class:`~levers9.agent.docker_workers.DockerWor
   "namespace", "uid"}``: the Job, then the Secret owned by it (its
   ``ownerReferences`` name the Job's uid, so deleting the Job deletes it);
 * ``terminate`` ``{"machine_id"}`` -> ``{"machine_id", "deleted": ["Job ns/name",
-  "Secret ns/name"...]}``: the Jobs labelled with the machine id, deleted with
-  ``propagationPolicy: Background`` (their pods go with them), and the Secrets
-  with that label;
-* ``list`` -> ``{"workers": [WorkerJob.info()...]}``: every Job labelled
-  ``levers9/machine-id`` in the namespace with its newest pod's phase, node,
+  "Secret ns/name"...]}``: the agent's Jobs labelled with the machine id,
+  deleted with ``propagationPolicy: Background`` (their pods go with them),
+  and the token Secret each one's pod reads (by name: the agent may list no
+  Secret; the Secret is owned by its Job, so the garbage collector would take
+  it anyway);
+* ``list`` -> ``{"workers": [WorkerJob.info()...]}``: every Job of the agent's
+  in the namespace with its newest pod's phase, node,
   and the scheduler's message when the pod cannot be placed (its
   ``PodScheduled=False/Unschedulable`` condition, else its ``FailedScheduling``
-  event).
+  event), and ``cannot_start`` when it never will: its container waits on an
+  image that cannot be pulled or a configuration the kubelet refuses
+  (:func:`levers9.kube.start_failure`), or, with no pod, the Job's
+  ``FailedCreate`` event says the API refused its pod (Pod Security
+  admission; :func:`levers9.kube.create_failure`). The controlplane fails
+  such a machine at once instead of waiting out its registration deadline.
 
 Invariants:
 
 * **The cluster is the state.** Nothing about the workers is kept in memory
   or on disk: every answer is read from the API, so a restarted agent knows
-  what the one before it created. The namespace is the agent's: every Job and
-  Secret labelled ``levers9/machine-id`` in it is one of its workers.
+  what the one before it created.
+* **Only its own.** The agent's workers are the Jobs and Secrets labelled
+  ``levers9/machine-id`` *and* ``levers9/owner=<its owner>`` (its cluster's
+  pool; it labels what it creates so, :func:`check_provision`); it lists,
+  adopts and deletes nothing else, so a ``local_k8s`` pool's Jobs (or another
+  cluster's agent's) in the same namespace are never taken for its own, not
+  even by ``remove_mine`` when the cluster is removed. A Job of the order's
+  name owned by someone else is refused (``invalid_request``), never adopted.
+  :meth:`K8sWorkers.others` names the workers of other owners in the
+  namespace, which the daemon refuses to share unless told
+  (``--share-namespace``).
 * **Idempotent by machine id.** A provision order for a machine whose Job
   exists answers with that Job (a 409 on create is read back the same way),
   and creates its Secret if the first try did not get that far (409 on the
@@ -50,10 +66,17 @@ Invariants:
   ``invalid_request``, ``throttled``); the controlplane turns each into its
   typed error.
 * Secret values are never logged nor put into an answer, a listing or an error.
+* **Room without reading the whole cluster.** What each node's pods hold is
+  read from every namespace when the agent may list pods cluster-wide (the
+  manifest does not grant it; a customer may), else from its own namespace's
+  pods only, said once in the log: a node's GPU held by another namespace's
+  pod then shows as free, the kube-scheduler leaves the worker's pod pending
+  and the listing says why (``FailedScheduling``).
 
 :meth:`K8sWorkers.inventory_details` is the Inventory's ``details`` (the nodes
 trimmed to what placement needs, what the live pods request on each, the
-workers) and :func:`build_k8s_inventory` the Inventory message made of it.
+workers); :func:`~levers9.agent.k8s_inventory.build_k8s_inventory` (re-exported
+here) is the Inventory message made of it.
 Calls block: the daemon runs them in threads.
 """
 
@@ -61,7 +84,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -72,32 +94,36 @@ from typing import Any
 
 from levers9.agent.docker_workers import OrderRefused
 from levers9.agent.k8s_api import K8sApi, in_cluster_client, open_api, raise_refusal, typed
-from levers9.agent.k8s_objects import MACHINE_LABEL, POOL_LABEL, ProvisionObjects, check_provision, machine_id_of
+from levers9.agent.k8s_inventory import GPU_RESOURCES, GpuType, build_k8s_inventory
+from levers9.agent.k8s_objects import (
+    MACHINE_LABEL,
+    OWNER_LABEL,
+    POOL_LABEL,
+    ProvisionObjects,
+    check_provision,
+    machine_id_of,
+)
 from levers9.kube import (
     api_status,
+    as_list,
     as_object,
     container_detail,
+    create_failure,
     format_quantity,
     misfit,
     node_usage,
     parse_quantity,
     pod_asks,
-    quantity,
     shown,
+    start_failure,
     trimmed_node,
     unschedulable,
-    unusable,
 )
-from levers9.proto.v1 import agent_pb2
 
 __all__ = ["GPU_RESOURCES", "GpuType", "K8sWorkers", "WorkerJob", "build_k8s_inventory"]
 
 log = logging.getLogger(__name__)
 
-#: the extended resources device plugins advertise whole GPUs as; the first one a node has counts
-GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
-#: a node's canonical GPU type and labelled GPU count from its labels (``levers9.gpu.from_k8s_labels``)
-GpuType = Callable[[Mapping[str, str]], tuple[str | None, int]]
 _INVALID = "invalid_request"
 _NO_ROOM = "insufficient_capacity"
 _QUOTA = "quota_exceeded"
@@ -134,6 +160,8 @@ class WorkerJob:
     unschedulable: str | None
     #: what the container's state says when it is not running: ``ErrImagePull: ...``, ``container exited 1 (Error)``
     container: str | None
+    #: why the worker's pod will never start (``ErrImagePull: ...``, ``FailedCreate: ... violates PodSecurity ...``)
+    cannot_start: str | None = None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -152,10 +180,13 @@ class WorkerJob:
             "pod_ip": self.pod_ip,
             "unschedulable": self.unschedulable,
             "container": self.container,
+            "cannot_start": self.cannot_start,
         }
 
 
-def _worker(job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: str | None) -> WorkerJob:
+def _worker(
+    job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: str | None, refused: str | None = None
+) -> WorkerJob:
     metadata, status = job.get("metadata") or {}, job.get("status") or {}
     labels = metadata.get("labels") or {}
     finished: str | None = None
@@ -170,8 +201,12 @@ def _worker(job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: s
     pod_spec, pod_status = (pod or {}).get("spec") or {}, (pod or {}).get("status") or {}
     phase = pod_status.get("phase") if pod is not None else None
     waiting_for_a_node: str | None = None
+    cannot_start: str | None = None
     if pod is not None and phase == "Pending":
         waiting_for_a_node = unschedulable(pod) or scheduling
+        cannot_start = start_failure(pod)
+    elif pod is None and finished is None:
+        cannot_start = refused
     return WorkerJob(
         machine_id=str(labels.get(MACHINE_LABEL) or ""),
         pool=str(labels.get(POOL_LABEL) or ""),
@@ -188,7 +223,34 @@ def _worker(job: Mapping[str, Any], pod: Mapping[str, Any] | None, scheduling: s
         pod_ip=pod_status.get("podIP"),
         unschedulable=waiting_for_a_node,
         container=container_detail(pod) if pod is not None and phase != "Running" else None,
+        cannot_start=cannot_start,
     )
+
+
+def _owner_of(labels: Mapping[str, Any]) -> str:
+    """Who a worker Job belongs to, in words: ``levers9 pool 'gpu'``, or a Job of a levers9 without owner labels."""
+    owner = labels.get(OWNER_LABEL)
+    if owner:
+        return f"levers9 pool {owner!r}"
+    pool = labels.get(POOL_LABEL)
+    return f"levers9 pool {pool!r} (no {OWNER_LABEL} label)" if pool else f"another levers9 (no {OWNER_LABEL} label)"
+
+
+def _secrets_of(job: Mapping[str, Any]) -> set[str]:
+    """The Secrets a worker Job's pod reads (its token's: :func:`check_provision` allows no other)."""
+    pod = as_object(as_object(as_object(job.get("spec")).get("template")).get("spec"))
+    names = {str(as_object(v.get("secret")).get("secretName")) for v in as_list(pod.get("volumes"))
+             if isinstance(v, dict) and as_object(v.get("secret")).get("secretName")}  # fmt: skip
+    for container in as_list(pod.get("containers")):
+        for item in as_list(as_object(container).get("env")):
+            ref = as_object(as_object(as_object(item).get("valueFrom")).get("secretKeyRef"))
+            if ref.get("name"):
+                names.add(str(ref["name"]))
+        for item in as_list(as_object(container).get("envFrom")):
+            ref = as_object(as_object(item).get("secretRef"))
+            if ref.get("name"):
+                names.add(str(ref["name"]))
+    return names
 
 
 def _owned_by(pod: Mapping[str, Any], uid: str) -> bool:
@@ -205,6 +267,7 @@ class K8sWorkers:
     in-cluster service account, :func:`~levers9.agent.k8s_api.in_cluster_client`); :meth:`close` closes it.
     ``allow_privileged``: Jobs may run privileged containers (the runc and gvisor runtimes need it).
     ``insecure``: workers may dial a plain-text controlplane (development only).
+    ``owner``: the ``levers9/owner`` label value of this agent's workers (default: ``agent_id``).
     """
 
     def __init__(
@@ -215,15 +278,21 @@ class K8sWorkers:
         api_client_factory: Callable[[], Any] | None = None,
         allow_privileged: bool = False,
         insecure: bool = False,
+        owner: str | None = None,
     ) -> None:
         self.namespace = namespace
         self.agent_id = agent_id
+        self.owner = owner or agent_id
+        #: the label selector of this agent's workers (Jobs, their pods, their Secrets)
+        self.mine = f"{MACHINE_LABEL},{OWNER_LABEL}={self.owner}"
         self.allow_privileged = allow_privileged
         self.insecure = insecure
         self._factory = api_client_factory or in_cluster_client
         self._orders = threading.Lock()
         self._api_lock = threading.Lock()
         self._made: K8sApi | None = None
+        #: False once listing every pod of the cluster was refused (403): its own namespace's pods are counted
+        self._all_pods = True
 
     def close(self) -> None:
         with self._api_lock:
@@ -247,10 +316,26 @@ class K8sWorkers:
         of that machine's own Job (an order retried after its first answer was lost finds its pod running)."""
         where = "reading the cluster's nodes and pods"
         nodes = typed(where, api.nodes)
-        pods = typed(where, api.live_pods)
+        pods = self._live_pods(api, where)
         if besides is not None:
             pods = [p for p in pods if not self._of_machine(p, besides)]
         return sorted((trimmed_node(n) for n in nodes), key=lambda n: n["metadata"]["name"]), node_usage(pods)
+
+    def _live_pods(self, api: K8sApi, where: str) -> list[dict[str, Any]]:
+        """The live pods of the cluster, or, without the right to list them all, of the agent's namespace."""
+        if self._all_pods:
+            try:
+                return api.live_pods()
+            except Exception as exc:
+                if api_status(exc) != 403:
+                    raise_refusal(exc, where)
+                self._all_pods = False
+                log.warning(
+                    "this agent may not list the pods of every namespace: a node's room counts the pods of "
+                    "namespace %s only (grant 'list pods' cluster-wide to its ServiceAccount for exact room)",
+                    self.namespace,
+                )
+        return typed(where, partial(api.namespace_live_pods, self.namespace))
 
     def _of_machine(self, pod: Mapping[str, Any], machine_id: str) -> bool:
         metadata = as_object(pod.get("metadata"))
@@ -261,20 +346,22 @@ class K8sWorkers:
         """Every worker Job of the namespace with its newest pod, by machine id. :raises OrderRefused:."""
         api = self._api()
         where = f"listing the worker Jobs in namespace {self.namespace}"
-        jobs = typed(where, partial(api.jobs, self.namespace, MACHINE_LABEL))
-        pods = typed(where, partial(api.pods, self.namespace, MACHINE_LABEL))
+        jobs = typed(where, partial(api.jobs, self.namespace, self.mine))
+        pods = typed(where, partial(api.pods, self.namespace, self.mine))
         found = []
         for job in jobs:
             uid = as_object(job.get("metadata")).get("uid") or ""
             owned = [p for p in pods if _owned_by(p, uid)]
             newest = max(owned, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
                                                 str(p["metadata"].get("name"))), default=None)  # fmt: skip
-            scheduling = None
+            scheduling = refused = None
             # a pod the scheduler cannot place says so in its PodScheduled condition; else in a FailedScheduling event
             pending = newest is not None and as_object(newest.get("status")).get("phase") == "Pending"
             if newest is not None and pending and not unschedulable(newest):
                 scheduling = self._failed_scheduling(api, str(newest["metadata"].get("name")), where)
-            found.append(_worker(job, newest, scheduling))
+            if newest is None:  # a pod the API refuses is only in the Job's FailedCreate events
+                refused = self._failed_create(api, str(as_object(job.get("metadata")).get("name")), where)
+            found.append(_worker(job, newest, scheduling, refused))
         return sorted(found, key=lambda w: (w.machine_id, w.job))
 
     def _failed_scheduling(self, api: K8sApi, pod_name: str, where: str) -> str | None:
@@ -284,6 +371,10 @@ class K8sWorkers:
             return None
         latest = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
         return str(latest.get("message") or "") or None
+
+    def _failed_create(self, api: K8sApi, job_name: str, where: str) -> str | None:
+        selector = f"involvedObject.kind=Job,involvedObject.name={job_name},reason=FailedCreate"
+        return create_failure(typed(where, partial(api.events, self.namespace, selector)))
 
     def list_containers(self) -> dict[str, Any]:
         """The ``list`` order's result: this namespace's workers."""
@@ -312,7 +403,7 @@ class K8sWorkers:
     def provision(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Create the order's Job and Secret, or answer with the machine's Job that exists. :raises OrderRefused:."""
         objects = check_provision(
-            payload, self.namespace, allow_privileged=self.allow_privileged, insecure=self.insecure
+            payload, self.namespace, owner=self.owner, allow_privileged=self.allow_privileged, insecure=self.insecure
         )
         with self._orders:
             return self._provision(objects)
@@ -357,10 +448,17 @@ class K8sWorkers:
             if api_status(exc) == 404:
                 return None
             raise_refusal(exc, where)
-        owner = as_object(as_object(job.get("metadata")).get("labels")).get(MACHINE_LABEL)
-        if owner != objects.machine_id:
+        labels = as_object(as_object(job.get("metadata")).get("labels"))
+        if labels.get(OWNER_LABEL) != self.owner:
             raise OrderRefused(
-                f"{where}: a Job of that name exists for machine {owner!r}; Job names must be unique per machine",
+                f"{where}: a Job of that name exists and is not this agent's: it belongs to "
+                f"{_owner_of(labels)}; it is left alone",
+                _INVALID,
+            )
+        machine = labels.get(MACHINE_LABEL)
+        if machine != objects.machine_id:
+            raise OrderRefused(
+                f"{where}: a Job of that name exists for machine {machine!r}; Job names must be unique per machine",
                 _INVALID,
             )
         return job
@@ -422,9 +520,13 @@ class K8sWorkers:
         namespace = self.namespace
         where = f"machine {machine_id}: deleting its Job and Secret in namespace {namespace}"
         deleted: list[str] = []
-        for kind, listing, delete in (("Job", api.jobs, api.delete_job), ("Secret", api.secrets, api.delete_secret)):
-            for item in typed(where, partial(listing, namespace, f"{MACHINE_LABEL}={machine_id}")):
-                name = str(as_object(item.get("metadata")).get("name"))
+        jobs = typed(where, partial(api.jobs, namespace, f"{MACHINE_LABEL}={machine_id},{OWNER_LABEL}={self.owner}"))
+        secrets = sorted({name for job in jobs for name in _secrets_of(job)})
+        for kind, names, delete in (
+            ("Job", [str(as_object(j.get("metadata")).get("name")) for j in jobs], api.delete_job),
+            ("Secret", secrets, api.delete_secret),
+        ):
+            for name in names:
                 try:
                     delete(namespace, name)
                 except Exception as exc:
@@ -435,96 +537,32 @@ class K8sWorkers:
                 log.info("deleted worker %s %s/%s of machine %s", kind, namespace, name, machine_id)
         return deleted
 
+    def others(self) -> list[str]:
+        """The worker Jobs of the namespace that are not this agent's: ``Job NAME of <owner>`` each, sorted.
+
+        :raises OrderRefused:."""
+        api = self._api()
+        where = f"listing the worker Jobs in namespace {self.namespace}"
+        found = []
+        for job in typed(where, partial(api.jobs, self.namespace, MACHINE_LABEL)):
+            metadata = as_object(job.get("metadata"))
+            labels = as_object(metadata.get("labels"))
+            if labels.get(OWNER_LABEL) != self.owner:
+                found.append(f"Job {metadata.get('name')} of {_owner_of(labels)}")
+        return sorted(found)
+
     def remove_mine(self) -> list[str]:
-        """Delete every worker Job and Secret of the namespace (the cluster was removed); their machine ids."""
+        """Delete every worker Job and Secret of this agent's (the cluster was removed); their machine ids.
+
+        Another owner's (a ``local_k8s`` pool's in the same namespace) are left alone."""
         api = self._api()
         where = f"listing the worker Jobs and Secrets in namespace {self.namespace}"
         found: set[str] = set()
-        for listing in (api.jobs, api.secrets):
-            for item in typed(where, partial(listing, self.namespace, MACHINE_LABEL)):
-                machine_id = as_object(as_object(item.get("metadata")).get("labels")).get(MACHINE_LABEL)
-                if machine_id:
-                    found.add(str(machine_id))
+        for item in typed(where, partial(api.jobs, self.namespace, self.mine)):
+            machine_id = as_object(as_object(item.get("metadata")).get("labels")).get(MACHINE_LABEL)
+            if machine_id:
+                found.add(str(machine_id))
         for machine_id in sorted(found):
             with self._orders:
                 self._terminate(machine_id)
         return sorted(found)
-
-
-# ---------------------------------------------------------------------------------------------- the inventory
-
-
-def _gpu_count(allocatable: Mapping[str, Any], labelled: int) -> tuple[str | None, Fraction]:
-    for resource in GPU_RESOURCES:
-        if resource in allocatable:
-            return resource, quantity(allocatable, resource)
-    return None, Fraction(labelled)
-
-
-def _floor(value: Fraction) -> int:
-    return max(0, value.numerator // value.denominator)
-
-
-def build_k8s_inventory(
-    agent_id: str, details: Mapping[str, Any], *, gpu_type: GpuType | None = None
-) -> agent_pb2.Inventory:
-    """The Inventory message of :meth:`K8sWorkers.inventory_details` (``agent_id``: whose, for the log).
-
-    CPU and memory are the nodes' allocatable, summed; the free figures count only Ready, uncordoned nodes, each
-    its allocatable less what its live pods request. ``gpus``: per canonical GPU type (``gpu_type`` of each
-    node's labels: pass ``levers9.gpu.from_k8s_labels``), the nodes' GPUs (the device plugin's allocatable
-    ``nvidia.com/gpu`` or ``amd.com/gpu``, else the labelled count) and how many no pod requests; a node with
-    GPUs of no known type is listed under ``details.unsupported_gpus`` instead. Without ``gpu_type`` (the agent's
-    layer may not import :mod:`levers9.gpu`) ``gpus`` is empty and the controlplane types the nodes from their
-    labels in ``details``. ``machines``: the workers whose pod runs.
-    """
-    nodes = [n for n in details.get("nodes") or [] if isinstance(n, dict)]
-    requested = details.get("requested") or {}
-    cpu = memory = Fraction(0)
-    free_cpu = free_memory = Fraction(0)
-    counts: dict[str, list[int]] = {}
-    unsupported: list[str] = []
-    for node in nodes:
-        name = str((node.get("metadata") or {}).get("name") or "")
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        used = {k: quantity(requested.get(name) or {}, k) for k in (requested.get(name) or {})}
-        usable = unusable(node) is None and not (node.get("spec") or {}).get("unschedulable")
-        node_cpu, node_memory = quantity(allocatable, "cpu"), quantity(allocatable, "memory")
-        cpu += node_cpu
-        memory += node_memory
-        if usable:
-            free_cpu += max(Fraction(0), node_cpu - used.get("cpu", Fraction(0)))
-            free_memory += max(Fraction(0), node_memory - used.get("memory", Fraction(0)))
-        if gpu_type is None:
-            continue
-        gpu, labelled = gpu_type(labels)
-        resource, total = _gpu_count(allocatable, labelled)
-        if total <= 0:
-            continue
-        if gpu is None:
-            unsupported.append(name)
-            continue
-        held = used.get(resource, Fraction(0)) if resource else Fraction(0)
-        entry = counts.setdefault(gpu, [0, 0])
-        entry[0] += _floor(total)
-        entry[1] += _floor(total - held) if usable else 0
-    reported = dict(details)
-    if unsupported:
-        reported["unsupported_gpus"] = unsupported
-    workers = [w for w in details.get("workers") or [] if isinstance(w, dict)]
-    machines = sorted(
-        str(w["machine_id"])
-        for w in workers
-        if w.get("machine_id") and w.get("phase") == "Running" and not w.get("deleting")
-    )
-    log.debug("agent %s: inventory of %d nodes, %d workers", agent_id, len(nodes), len(workers))
-    return agent_pb2.Inventory(
-        cpu_millicores=_floor(cpu * 1000),
-        memory_mib=_floor(memory / 2**20),
-        free_cpu_millicores=_floor(free_cpu * 1000),
-        free_memory_mib=_floor(free_memory / 2**20),
-        gpus=[agent_pb2.GpuCapacity(gpu=name, count=n, free=free) for name, (n, free) in sorted(counts.items())],
-        machines=machines,
-        details_json=json.dumps(reported, sort_keys=True, separators=(",", ":")),
-    )

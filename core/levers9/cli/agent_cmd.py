@@ -87,6 +87,10 @@ _ALLOW_PRIVILEGED = typer.Option(
     False, "--allow-privileged", help="Kubernetes mode: worker Jobs may run privileged containers (the runc and gvisor "
     "runtimes need it)."
 )  # fmt: skip
+_SHARE_NAMESPACE = typer.Option(
+    False, "--share-namespace", help="Kubernetes mode: start even when the namespace holds another levers9 pool's "
+    "worker Jobs (each acts on its own only)."
+)  # fmt: skip
 _POLL_S = typer.Option(
     None, "--poll-s", help="Seconds between looks for a changed inventory (default: 2 on Docker, 10 in Kubernetes "
     "mode).", show_default=False
@@ -183,13 +187,15 @@ class _Backend:
 def _backend(
     *, kubernetes: bool, namespace: str | None, kubeconfig: Path | None, context: str | None,
     allow_privileged: bool, state_dir: Path | None, docker_host: str | None, poll_s: float | None,
+    share_namespace: bool = False,
 ) -> _Backend:  # fmt: skip
     """The options checked against the mode they belong to, as the backend they choose."""
     if poll_s is not None and not (poll_s > 0 and math.isfinite(poll_s)):  # NaN fails this too
         raise _fail(f"--poll-s must be a number of seconds above 0, got {poll_s}")
     if not kubernetes:
         given = [name for name, value in (("--namespace", namespace), ("--kubeconfig", kubeconfig),
-                                          ("--context", context), ("--allow-privileged", allow_privileged or None))
+                                          ("--context", context), ("--allow-privileged", allow_privileged or None),
+                                          ("--share-namespace", share_namespace or None))
                  if value is not None]  # fmt: skip
         if given:
             raise _fail(f"Kubernetes mode's options ({', '.join(given)}) need --kubernetes: add it, or leave them out")
@@ -216,7 +222,7 @@ def _backend(
         )
     return _Backend(
         kubernetes=KubernetesMode(namespace, api_client_factory=_api_client_factory(kubeconfig, context),
-                                  allow_privileged=allow_privileged),
+                                  allow_privileged=allow_privileged, share_namespace=share_namespace),
         poll_s=poll_s,
     )  # fmt: skip
 
@@ -312,6 +318,7 @@ def join(
     kubeconfig: Path | None = _KUBECONFIG,
     context: str | None = _CONTEXT,
     allow_privileged: bool = _ALLOW_PRIVILEGED,
+    share_namespace: bool = _SHARE_NAMESPACE,
     poll_s: float | None = _POLL_S,
     log_level: str = _LOG_LEVEL,
 ) -> None:
@@ -322,7 +329,7 @@ def join(
     _logging(log_level)
     backend = _backend(kubernetes=kubernetes, namespace=namespace, kubeconfig=kubeconfig, context=context,
                        allow_privileged=allow_privileged, state_dir=state_dir, docker_host=docker_host,
-                       poll_s=poll_s)  # fmt: skip
+                       poll_s=poll_s, share_namespace=share_namespace)  # fmt: skip
     if backend.kubernetes is not None:
         secret = _k8s_secret(backend)
 
@@ -402,6 +409,7 @@ def run(
     kubeconfig: Path | None = _KUBECONFIG,
     context: str | None = _CONTEXT,
     allow_privileged: bool = _ALLOW_PRIVILEGED,
+    share_namespace: bool = _SHARE_NAMESPACE,
     poll_s: float | None = _POLL_S,
     log_level: str = _LOG_LEVEL,
 ) -> None:
@@ -411,7 +419,7 @@ def run(
     _logging(log_level)
     backend = _backend(kubernetes=kubernetes, namespace=namespace, kubeconfig=kubeconfig, context=context,
                        allow_privileged=allow_privileged, state_dir=state_dir, docker_host=docker_host,
-                       poll_s=poll_s)  # fmt: skip
+                       poll_s=poll_s, share_namespace=share_namespace)  # fmt: skip
     if backend.kubernetes is not None:
         secret = _k8s_secret(backend)
 

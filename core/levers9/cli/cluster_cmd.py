@@ -5,14 +5,18 @@ controlplane (JoinCluster) for the cluster's pool and its agent's single-use
 join token, writes the manifest that starts the agent
 (:mod:`levers9.kubernetes_manifests.agent`) to ``--output`` (default
 ``levers9-cluster-NAME.yaml``, mode 0600: it holds the token, which is in
-nothing else) and prints the ``kubectl apply`` line to run with the cluster's
-own kube context. The agent dials the addresses the controlplane advertises to
+nothing else) and prints the lines to run with the cluster's own kube context:
+the namespace when it is missing (it is not in the manifest, so ``kubectl
+delete -f`` of it never removes the namespace), then ``kubectl apply``.
+``--share-namespace`` lets the agent start in a namespace that holds another
+levers9 pool's worker Jobs (it refuses otherwise, naming them). The agent dials the addresses the controlplane advertises to
 its workers (every replica, so it fails over between them) with the
 controlplane's CA, else this context's address and CA (``grpcs://``; a plain
 ``grpc://`` one gets ``--insecure`` and a warning, development only). ``clusters`` lists the
 workspace's clusters, connected or not, with their agents' last report;
 ``cluster remove`` stops its workers, revokes its agent (which then deletes
-its worker Jobs and exits) and forgets its pool.
+its own worker Jobs, never another pool's, and exits), forgets its pool, and
+prints the lines that remove the agent's objects (the namespace stays).
 
 Exit codes: 1 for what the controlplane refused (its message says why), 2 for a
 bad argument or an output file that cannot be written.
@@ -114,13 +118,19 @@ def join(
     pool: str | None = typer.Option(
         None, "--pool", help="Operators: the configured attached_cluster pool of a shared cluster (its agent joins)."
     ),
+    share_namespace: bool = typer.Option(
+        False,
+        "--share-namespace",
+        help="The agent may work in a namespace where another levers9 pool (a local_k8s pool, another cluster's "
+        "agent) has worker Jobs; each acts on its own only.",
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write the manifest.", dir_okay=False),
     ttl: str = typer.Option("1h", "--ttl", help="How long the join token works: 90s, 30m, 1h, 7d."),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON (the token stays in the file)."),
     context: str | None = context_option(),
 ) -> None:
     """Attach a cluster: its pool, and the manifest that starts its agent (apply it with your kube context)."""
-    from levers9.kubernetes_manifests.agent import AgentManifest, apply_line, render_agent
+    from levers9.kubernetes_manifests.agent import AgentManifest, apply_lines, render_agent
     from levers9.kubernetes_manifests.render import to_yaml
     from levers9.proto.v1 import controlplane_pb2 as pb
 
@@ -152,7 +162,8 @@ def join(
         if value is not None:
             setattr(request, field, value)
     manifest = AgentManifest(cluster=name, namespace=namespace, image=image, controlplane_url=url,
-                             join_token="unset", ca_pem=ca_pem, allow_privileged=privileged)  # fmt: skip
+                             join_token="unset", ca_pem=ca_pem, allow_privileged=privileged,
+                             share_namespace=share_namespace)  # fmt: skip
     try:
         manifest.check()  # refused here, before a cluster is recorded for a manifest that cannot be written
     except ValueError as exc:
@@ -193,8 +204,13 @@ def join(
         print_json(_as_dict(made.cluster) | {"manifest": str(path), "expires_at": iso(made.expires_at)})
         return
     out.print(f"attached cluster {name} as pool {made.cluster.pool}; its agent's manifest: {path}", markup=False)
-    err.print(f"apply it within {ttl} with the cluster's own kube context (the token works once):", markup=False)
-    typer.echo(apply_line(str(path)))
+    err.print(
+        f"apply it within {ttl} with the cluster's own kube context (the token works once); the namespace is made "
+        "apart, so `kubectl delete -f` of the manifest never removes it:",
+        markup=False,
+    )
+    for line in apply_lines(str(path), manifest.namespace, allow_privileged=privileged):
+        typer.echo(line)
 
 
 @app.command("remove")
@@ -204,6 +220,7 @@ def remove(
     context: str | None = context_option(),
 ) -> None:
     """Detach a cluster: its workers stop, its agent is revoked and deletes its worker Jobs, its pool goes."""
+    from levers9.kubernetes_manifests.agent import delete_lines
     from levers9.proto.v1 import controlplane_pb2 as pb
 
     if not yes and not typer.confirm(f"remove cluster {name}? its workers stop and its agent is revoked"):
@@ -227,10 +244,14 @@ def remove(
             f"({', '.join(removed.not_terminated)}); the revoked agent deletes its worker Jobs when it hears",
             markup=False,
         )
+    namespace = removed.cluster.namespace or "levers9"
     err.print(
-        "the agent's own objects stay in the cluster until you delete them: kubectl delete -f <its manifest>",
+        "the agent's own objects stay in the cluster until you delete them, with the cluster's kube context (or "
+        f"kubectl delete -f <its manifest>); namespace {namespace} and anything else in it stay:",
         markup=False,
     )
+    for line in delete_lines(name, namespace):
+        err.print(line, markup=False)
 
 
 def clusters(

@@ -1,15 +1,24 @@
 """The manifest ``levers9 cluster join`` writes: the agent of an attached cluster, and exactly the rights it needs.
 
 The customer applies it with their own kube context; nothing in it lets the
-controlplane reach into their cluster. Its objects:
+controlplane reach into their cluster.
 
-* the **Namespace** the agent and its worker Jobs live in;
+**The namespace is not in it.** ``kubectl delete -f`` of the manifest must
+remove the agent and nothing else: the namespace may hold other things (a
+``local_k8s`` pool's workers, the controlplane itself, whose default namespace
+is also ``levers9``). So the namespace is made by a step of its own
+(:func:`apply_lines`: ``kubectl create namespace`` when it is missing, then
+``kubectl apply -f``), and removing the agent is :func:`delete_lines` (by its
+labels, since the manifest file, which holds the join token, is deleted once
+applied) or ``kubectl delete -f`` of the file; neither removes the namespace.
+Its objects:
+
 * the **ServiceAccount** ``levers9-agent`` and its rights, built from
   :data:`~levers9.kubernetes_manifests.permissions.AGENT_CALLS` and from
-  nothing else: a Role in the namespace (worker Jobs and their Secrets, pods,
-  events, quotas, the agent's credential Secret) and a ClusterRole with the two
-  cluster-wide reads placement needs (nodes, and pods in every namespace, since
-  GPUs free on a node are its allocatable less what *every* pod there holds);
+  nothing else: a Role in the namespace (worker Jobs; Secrets it may create
+  and delete by name but list none, and read only its own credential; pods,
+  events, quotas) and a ClusterRole that lists nodes only (no pod of another
+  namespace is read unless the customer grants it);
 * the **Secret** ``levers9-agent-join`` with the single-use join token (the
   only copy: it is in this file and in no log);
 * the agent's **Deployment**: one replica, ``Recreate`` (two agents of one
@@ -21,7 +30,10 @@ controlplane reach into their cluster. Its objects:
 
 Every object carries ``app.kubernetes.io/*`` labels naming the cluster. The
 worker Jobs the agent creates later are not part of it (the agent deletes
-them when the cluster is removed).
+them when the cluster is removed). Their pods need the namespace's Pod
+Security level to allow them: ``baseline`` for the ``process`` runtime,
+``privileged`` for ``runc`` and ``gvisor`` (with ``allow_privileged``);
+:func:`apply_lines` labels a namespace it creates so.
 """
 
 from __future__ import annotations
@@ -41,6 +53,8 @@ __all__ = [
     "JOIN_TOKEN_KEY",
     "AgentManifest",
     "apply_line",
+    "apply_lines",
+    "delete_lines",
     "render_agent",
 ]
 
@@ -70,6 +84,8 @@ class AgentManifest:
     #: worker pods may run privileged containers (the runc and gvisor runtimes need it)
     allow_privileged: bool = False
     image_pull_secrets: tuple[str, ...] = ()
+    #: the agent starts even when the namespace holds another levers9 pool's worker Jobs
+    share_namespace: bool = False
 
     def check(self) -> None:
         """:raises ValueError: naming each field that Kubernetes would refuse."""
@@ -116,6 +132,8 @@ def agent_command(manifest: AgentManifest) -> list[str]:
         command.append("--insecure")
     if manifest.allow_privileged:
         command.append("--allow-privileged")
+    if manifest.share_namespace:
+        command.append("--share-namespace")
     return command
 
 
@@ -167,8 +185,7 @@ def render_agent(manifest: AgentManifest) -> list[dict[str, Any]]:
     }
     if manifest.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in manifest.image_pull_secrets]
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns, namespaced=False)},
+    return [  # no Namespace: see the module docstring
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(AGENT)},
         {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta(AGENT), "rules": namespaced_rules(AGENT_CALLS)},
         {
@@ -218,5 +235,27 @@ def render_agent(manifest: AgentManifest) -> list[dict[str, Any]]:
 
 
 def apply_line(path: str) -> str:
-    """The command the customer runs, with their own kube context."""
+    """The command that applies the manifest (the namespace must exist: :func:`apply_lines`)."""
     return f"kubectl apply -f {path}"
+
+
+def apply_lines(path: str, namespace: str, *, allow_privileged: bool = False) -> list[str]:
+    """The commands the customer runs, with their own kube context: the namespace when it is missing (labelled
+    with the Pod Security level its workers need), then the manifest."""
+    level = "privileged" if allow_privileged else "baseline"
+    return [
+        f"kubectl get namespace {namespace} >/dev/null 2>&1 || {{ kubectl create namespace {namespace} && "
+        f"kubectl label namespace {namespace} pod-security.kubernetes.io/enforce={level}; }}",
+        apply_line(path),
+    ]
+
+
+def delete_lines(cluster: str, namespace: str) -> list[str]:
+    """The commands that remove cluster ``cluster``'s agent (its manifest's objects and the credential it kept)
+    and leave the namespace and everything else in it."""
+    selector = f"app.kubernetes.io/instance={cluster},app.kubernetes.io/component=agent"
+    return [
+        f"kubectl -n {namespace} delete deployment,rolebinding,role,serviceaccount,secret -l {selector}",
+        f"kubectl -n {namespace} delete secret {CREDENTIAL_SECRET} --ignore-not-found",
+        f"kubectl delete clusterrolebinding,clusterrole -l {selector}",
+    ]

@@ -14,6 +14,14 @@ listed.
 Cluster-wide reads are the least the offers need: GPUs free on a node are its
 allocatable GPUs minus those requested by the node's pods in *every* namespace,
 so pods are listed across namespaces; nodes and namespaces are cluster-scoped.
+
+An attached cluster's agent is granted less (:data:`AGENT_CALLS`): the
+customer's cluster is not the operator's. Its Role reads no Secret but its own
+credential (``resourceNames``) and lists none; its ClusterRole lists nodes
+only. Listing every pod of the cluster is an *optional* call (``optional``:
+in no rule the manifest writes): the agent tries it for exact room, and
+without it counts only its namespace's pods (the customer may grant it, see
+docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ class ApiCall:
     cluster: bool
     #: what the provider does with it
     why: str
+    #: the only objects the rule allows (RBAC ``resourceNames``); empty: any
+    names: tuple[str, ...] = ()
+    #: made when allowed, done without otherwise: no rule grants it
+    optional: bool = False
 
 
 LOCAL_K8S_CALLS: tuple[ApiCall, ...] = (
@@ -73,7 +85,8 @@ AGENT_CALLS: tuple[ApiCall, ...] = (
     ApiCall("CoreV1Api.list_node", "", "nodes", "list", True,
             "inventory and the room check: GPU labels, allocatable and taints of each node"),
     ApiCall("CoreV1Api.list_pod_for_all_namespaces", "", "pods", "list", True,
-            "inventory and the room check: what each node's pods hold, whatever their namespace"),
+            "exact room: what each node's pods hold, whatever their namespace (not granted by the manifest: "
+            "without it the agent counts its own namespace's pods)", optional=True),
     ApiCall("CoreV1Api.list_namespaced_resource_quota", "", "resourcequotas", "list", False,
             "quota checked before a Job is created, so a full namespace fails over at once"),
     ApiCall("BatchV1Api.create_namespaced_job", "batch", "jobs", "create", False, "provision: one Job per worker"),
@@ -85,9 +98,9 @@ AGENT_CALLS: tuple[ApiCall, ...] = (
     ApiCall("CoreV1Api.create_namespaced_secret", "", "secrets", "create", False,
             "the worker's token in a Secret owned by its Job; the agent's own credential once joined"),
     ApiCall("CoreV1Api.read_namespaced_secret", "", "secrets", "get", False,
-            "the agent's credential, read back when its pod restarts"),
-    ApiCall("CoreV1Api.list_namespaced_secret", "", "secrets", "list", False, "terminate: the machine's Secrets"),
-    ApiCall("CoreV1Api.delete_namespaced_secret", "", "secrets", "delete", False, "terminate: the token Secret"),
+            "the agent's credential, read back when its pod restarts", names=("levers9-agent-credential",)),
+    ApiCall("CoreV1Api.delete_namespaced_secret", "", "secrets", "delete", False,
+            "terminate: the token Secret its Job names"),
     ApiCall("CoreV1Api.list_namespaced_pod", "", "pods", "list", False, "the phase of each Job's pod"),
     ApiCall("CoreV1Api.list_namespaced_event", "", "events", "list", False,
             "FailedScheduling: why a worker's pod is still pending"),
@@ -95,14 +108,20 @@ AGENT_CALLS: tuple[ApiCall, ...] = (
 
 
 def _rules(calls: tuple[ApiCall, ...]) -> list[dict[str, Any]]:
-    """RBAC rules for ``calls``: one per (group, resource), verbs sorted, rules in a stable order."""
-    verbs: dict[tuple[str, str], set[str]] = {}
+    """RBAC rules for ``calls`` (the optional ones left out): one per (group, resource, resourceNames), verbs
+    sorted, rules in a stable order."""
+    verbs: dict[tuple[str, str, tuple[str, ...]], set[str]] = {}
     for call in calls:
-        verbs.setdefault((call.group, call.resource), set()).add(call.verb)
-    return [
-        {"apiGroups": [group], "resources": [resource], "verbs": sorted(found)}
-        for (group, resource), found in sorted(verbs.items())
-    ]
+        if not call.optional:
+            verbs.setdefault((call.group, call.resource, call.names), set()).add(call.verb)
+    rules: list[dict[str, Any]] = []
+    for (group, resource, names), found in sorted(verbs.items()):
+        rule: dict[str, Any] = {"apiGroups": [group], "resources": [resource]}
+        if names:
+            rule["resourceNames"] = list(names)
+        rule["verbs"] = sorted(found)
+        rules.append(rule)
+    return rules
 
 
 def namespaced_rules(calls: tuple[ApiCall, ...] = LOCAL_K8S_CALLS) -> list[dict[str, Any]]:

@@ -22,13 +22,16 @@ quantity string, "pods": n}}, "workers": [WorkerJob.info()...]}`` (see
   ``finished: Failed`` or pod phase Failed      failed      the Job's reason, the container's exit
   ``finished: Complete`` or phase Succeeded     terminated  "the worker exited"
   pod phase Running                             running
+  ``cannot_start`` (an image that cannot be     failed      "the worker's pod cannot start: "
+  pulled, a pod Pod Security refuses...)                    and the agent's words
   no pod yet, or the pod Pending                pending     ``FailedScheduling: <the scheduler's
                                                             message>`` when the pod cannot be placed,
                                                             else what the container waits for
   ============================================  ==========  ========================================
 
   A pending machine's reason is no end: the core waits until its registration
-  deadline, then terminates it and counts the reason as the offer's miss.
+  deadline, then terminates it and counts the reason as the offer's miss. A
+  worker that cannot start is failed at once (no wait mends it).
 """
 
 from __future__ import annotations
@@ -117,6 +120,8 @@ def _state(worker: Mapping[str, Any]) -> tuple[MachineState, str | None]:
         return MachineState.TERMINATED, "the worker exited"
     if phase == "Running":
         return MachineState.RUNNING, None
+    if worker.get("cannot_start"):
+        return MachineState.FAILED, f"the worker's pod cannot start: {worker['cannot_start']}"
     if worker.get("unschedulable"):
         return MachineState.PENDING, f"FailedScheduling: {worker['unschedulable']}"
     container = worker.get("container")

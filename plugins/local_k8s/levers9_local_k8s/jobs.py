@@ -5,7 +5,12 @@ builds the very same objects and the API's 409 on the fixed names makes the
 retry idempotent:
 
 * **Job** ``levers9-<machine id>`` (lowercased, ``_`` -> ``-``), labels
-  ``levers9/machine-id`` and ``levers9/pool`` on the Job and its pod;
+  ``levers9/machine-id``, ``levers9/pool`` and ``levers9/owner`` on the Job,
+  its pod and its Secret. The owner is the pool's name (unique on a
+  controlplane; an attached cluster's pool is its agent's): ``local_k8s`` and
+  an attached cluster's agent each list, adopt and delete only the Jobs and
+  Secrets of their own owner, so two levers9 pools may share a namespace
+  without one taking the other's workers for its own;
   ``backoffLimit: 0`` and ``restartPolicy: Never`` (a worker that dies is not
   restarted in place: levers9 replaces the machine); the container runs
   :func:`levers9.bootstrap.container_spec` of the request's bootstrap with the
@@ -27,9 +32,16 @@ retry idempotent:
   overlay's upper directory nor idmapped. Privileged is the operator's
   consent, never implied: such a pool whose settings leave ``privileged``
   false is refused (:func:`check_privileged`, a ValueError naming the pool,
-  the runtime and the setting), at provision and by the provider's check. A
-  ``process`` pool's Job is exactly what it was (privileged only when the
-  setting asks).
+  the runtime and the setting), at provision and by the provider's check.
+  Such a pod needs a namespace whose Pod Security level is ``privileged``.
+* **A pod that is not privileged** (a ``process`` pool whose ``privileged``
+  setting is false) passes Pod Security's ``baseline`` level
+  (:func:`pod_security_level`) and asks what ``restricted`` asks where the
+  worker allows it: no privilege escalation, ``NET_RAW`` dropped, the
+  runtime's default seccomp profile. It runs as root with the runtime's
+  default capabilities otherwise, since the ``process`` runtime runs each
+  call as ``nobody`` and a worker that cannot switch users refuses to run
+  calls (``restricted``'s non-root and ``drop: [ALL]`` would take that away).
 * **Secret** ``levers9-<machine id>-token`` holding the join token, read by
   the container through ``secretKeyRef`` (never in the Job's spec); it is
   created owned by the Job (:func:`owner_reference`), so deleting the Job
@@ -38,6 +50,7 @@ retry idempotent:
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -49,6 +62,7 @@ from levers9_local_k8s.settings import LocalK8sSettings, Toleration
 __all__ = [
     "CONTAINER",
     "MACHINE_LABEL",
+    "OWNER_LABEL",
     "POOL_LABEL",
     "STATE_VOLUME",
     "STOP_GRACE_S",
@@ -56,17 +70,26 @@ __all__ = [
     "job_manifest",
     "job_name",
     "owner_reference",
+    "pod_security_level",
     "secret_manifest",
     "secret_name",
 ]
 
 MACHINE_LABEL = "levers9/machine-id"
 POOL_LABEL = "levers9/pool"
+#: who acts on a worker's Job and Secret: the pool's name (see the module docstring)
+OWNER_LABEL = "levers9/owner"
 CONTAINER = "worker"
 #: SIGTERM to SIGKILL for a worker pod: the worker stops its calls 3 s before (LEVERS9_STOP_GRACE_S)
 STOP_GRACE_S = 30
 #: the emptyDir volume of a runc or gvisor worker's state directory and image cache
 STATE_VOLUME = "worker-state"
+#: what a worker pod that is not privileged runs with (Pod Security ``baseline``; see the module docstring)
+_CONFINED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["NET_RAW"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
@@ -84,6 +107,7 @@ def _labels(request: ProvisionRequest) -> dict[str, str]:
     return {
         MACHINE_LABEL: request.machine_id,
         POOL_LABEL: request.pool.name,
+        OWNER_LABEL: request.pool.name,
         "app.kubernetes.io/name": "levers9-worker",
         "app.kubernetes.io/managed-by": "levers9",
     }
@@ -140,6 +164,12 @@ def check_privileged(pool: str, runtime: str, privileged: bool, *, setting: str 
         )
 
 
+def pod_security_level(privileged: bool) -> str:
+    """The Pod Security Standard level a worker namespace must allow: ``privileged`` for a privileged pool
+    (runtimes runc and gvisor need it), else ``baseline``, which every other worker pod passes."""
+    return "privileged" if privileged else "baseline"
+
+
 def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[str, Any]:
     """The Job of ``request`` (see the module docstring); ValueError for a runc or gvisor pool not privileged."""
     runtime = request.pool.runtime
@@ -169,8 +199,7 @@ def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[
         "env": env,
         "resources": {"requests": requests, "limits": limits},
     }
-    if settings.privileged:
-        container["securityContext"] = {"privileged": True}
+    container["securityContext"] = {"privileged": True} if settings.privileged else copy.deepcopy(_CONFINED)
     if nested:
         container["volumeMounts"] = [{"name": STATE_VOLUME, "mountPath": STATE_MOUNT}]
     pod: dict[str, Any] = {

@@ -7,6 +7,12 @@ the Job is being deleted                  stopping
 the Job failed (``Failed`` condition)     failed       the condition's reason and message, and
                                                        the container's exit code and reason
 the Job completed (the worker exited 0)   terminated
+no pod, its creation refused (the Job's   failed       ``the worker's pod cannot start:
+``FailedCreate`` event: Pod Security...)               FailedCreate: <the API's words>``
+the pod Pending, its container waiting    failed       ``the worker's pod cannot start:
+on ErrImagePull, ImagePullBackOff,                     <reason>: <the kubelet's words>``
+InvalidImageName, CreateContainerConfig-
+Error... (:data:`levers9.kube.CANNOT_START`)
 no pod yet, or the pod is Pending         pending      ``FailedScheduling: <the scheduler's
                                                        message>`` when the pod cannot be placed;
                                                        the container's waiting reason (an image
@@ -18,7 +24,10 @@ the pod Succeeded / Failed                terminated / failed (as the Job)
 A pending machine's reason is not an end: the cluster may still make room (a
 node autoscaler, a pod that finishes). The core waits until the machine's
 registration deadline, then terminates it and counts the reason as the offer's
-miss.
+miss. A pod that can never start is: no deadline mends an image that cannot be
+pulled or a pod the namespace's Pod Security level refuses, so the machine is
+failed at once with the cluster's words (a quota refusal of the pod and a
+Secret not there yet are waited for: they pass).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from levers9.hooks.types import Machine, MachineState, Pool
-from levers9.kube import container_detail, unschedulable
+from levers9.kube import container_detail, start_failure, unschedulable
 from levers9_local_k8s.jobs import MACHINE_LABEL
 
 __all__ = ["machine_of"]
@@ -47,8 +56,15 @@ def _created(metadata: dict[str, Any]) -> datetime | None:
         return None
 
 
-def machine_of(pool: Pool, job: dict[str, Any], pod: dict[str, Any] | None, scheduling: str | None = None) -> Machine:
-    """The machine ``job`` (and its newest pod) stands for; ``scheduling``: a FailedScheduling event's message."""
+def machine_of(
+    pool: Pool,
+    job: dict[str, Any],
+    pod: dict[str, Any] | None,
+    scheduling: str | None = None,
+    refused: str | None = None,
+) -> Machine:
+    """The machine ``job`` (and its newest pod) stands for; ``scheduling``: a FailedScheduling event's message;
+    ``refused``: why the Job's pod cannot be created (:func:`levers9.kube.create_failure` of its events)."""
     metadata = job.get("metadata") or {}
     status = job.get("status") or {}
     conditions = _true_conditions(status)
@@ -68,6 +84,9 @@ def machine_of(pool: Pool, job: dict[str, Any], pod: dict[str, Any] | None, sche
         reason = "the worker exited"
     elif phase == "Running":
         state = MachineState.RUNNING
+    elif (blocked := start_failure(pod) if pod is not None else refused) is not None:
+        state = MachineState.FAILED
+        reason = f"the worker's pod cannot start: {blocked}"
     else:
         state = MachineState.PENDING
         message = (unschedulable(pod) if pod else None) or scheduling

@@ -20,9 +20,14 @@
 * terminate: the Job deleted with ``propagationPolicy: Background`` (the API's
   default for a Job orphans its pod), then the Secret in case it was never
   owned; 404 is success for both.
-* list: the Jobs labelled with the pool, each with its newest pod
-  (:mod:`levers9_local_k8s.machines`); a pending pod the scheduler cannot place
-  carries its ``FailedScheduling`` message as the machine's reason.
+* list: the pool's own Jobs (labelled ``levers9/pool`` and ``levers9/owner``
+  with its name: never an attached cluster agent's in the same namespace),
+  each with its newest pod (:mod:`levers9_local_k8s.machines`); a pending pod
+  the scheduler cannot place carries its ``FailedScheduling`` message as the
+  machine's reason; a pod that can never start (an image that cannot be
+  pulled; a Job whose pod the API refuses, Pod Security admission, read from
+  the Job's ``FailedCreate`` events) is FAILED at once with the cluster's
+  words, so the call does not wait out the registration deadline.
 * check: the namespace is readable, and a SelfSubjectAccessReview says these
   credentials may create Jobs and Secrets there and list nodes.
 
@@ -49,11 +54,12 @@ from levers9.hooks.types import (
     ProviderCheck,
     ProvisionRequest,
 )
-from levers9.kube import api_status, parse_quantity, unschedulable
+from levers9.kube import api_status, create_failure, parse_quantity, unschedulable
 from levers9_local_k8s.client import Clients, Cluster
 from levers9_local_k8s.errors import translate
 from levers9_local_k8s.jobs import (
     MACHINE_LABEL,
+    OWNER_LABEL,
     POOL_LABEL,
     check_privileged,
     job_manifest,
@@ -277,7 +283,7 @@ class K8sProvider:
         namespace = settings.namespace
         where = f"listing the Jobs of pool {pool.name!r} in namespace {namespace}"
         cluster = self._cluster(settings, where)
-        selector = f"{POOL_LABEL}={pool.name}"
+        selector = f"{POOL_LABEL}={pool.name},{OWNER_LABEL}={pool.name}"  # its own Jobs only, not an agent's
         jobs = _typed(where, lambda: cluster.jobs(namespace, selector))
         pods = _typed(where, lambda: cluster.pods(namespace, selector))
         newest: dict[str, dict[str, Any]] = {}
@@ -290,10 +296,18 @@ class K8sProvider:
             machine_id = ((job.get("metadata") or {}).get("labels") or {}).get(MACHINE_LABEL) or ""
             owned = newest.get(machine_id)
             scheduling: str | None = None
+            refused: str | None = None
             if owned is not None and (owned.get("status") or {}).get("phase") == "Pending" and not unschedulable(owned):
                 scheduling = self._failed_scheduling(cluster, namespace, owned, where)
-            machines.append(machine_of(pool, job, owned, scheduling))
+            if owned is None and not _finished(job):
+                refused = self._failed_create(cluster, namespace, job, where)
+            machines.append(machine_of(pool, job, owned, scheduling, refused))
         return machines
+
+    def _failed_create(self, cluster: Cluster, namespace: str, job: dict[str, Any], where: str) -> str | None:
+        name = (job.get("metadata") or {}).get("name")
+        selector = f"involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
+        return create_failure(_typed(where, lambda: cluster.events(namespace, selector)))
 
     def _failed_scheduling(self, cluster: Cluster, namespace: str, pod: dict[str, Any], where: str) -> str | None:
         name = (pod.get("metadata") or {}).get("name")
@@ -339,6 +353,11 @@ class K8sProvider:
             ok=True,
             message=f"namespace {namespace} readable; Jobs and Secrets may be created there, nodes and pods listed",
         )
+
+
+def _finished(job: dict[str, Any]) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
 
 
 def _shown(amount: Fraction) -> str:

@@ -119,6 +119,7 @@ def join(hub: ClusterHub, kubeconfig: Path) -> Iterator[Callable[..., ClusterAge
             agent_id=agent_id,
             api_client_factory=lambda: api_client(kubeconfig),
             insecure=True,
+            owner=pool,  # as the daemon gives it: its credential's pool label
         )
         made.append(workers)
         return hub.join(agent_id, workers, workspace=workspace, cluster=cluster, pool=pool)

@@ -36,7 +36,7 @@ from levers9_local_k8s.jobs import job_name, secret_name
 from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, FakeCluster
 from tests.fixtures.wait import wait_for
 from tests.plugins.attached_cluster.cluster_hub import ClusterAgent, ClusterHub
-from tests.plugins.attached_cluster.conftest import CLUSTER, L4_LABEL, NAMESPACE, make_pool
+from tests.plugins.attached_cluster.conftest import CLUSTER, IMAGE, L4_LABEL, NAMESPACE, make_pool
 from tests.plugins.provision import provision_request
 
 #: the join fixture: join(agent_id=..., workspace=..., cluster=...) -> ClusterAgent
@@ -205,6 +205,22 @@ def test_a_pod_the_scheduler_cannot_place_is_listed_pending_with_its_message(
     assert "0/2 nodes are available: 1 Insufficient nvidia.com/gpu" in (waiting.reason or "")
     for machine in machines:
         provider.terminate(pool, machine)
+
+
+def test_a_worker_whose_image_cannot_be_pulled_is_failed_at_once_with_the_kubelets_words(
+    provider: AttachedClusterProvider, join: Join, cluster: FakeCluster
+) -> None:
+    """Before: listed pending ('ErrImagePull: ...') until the registration deadline (600 s) ran out."""
+    join()
+    cluster.unpullable(IMAGE)
+    pool = make_pool()
+    machine = provider.provision(provision_request(pool, l4_offer(provider)))
+    [failed] = wait_for(lambda: listed(provider, pool, MachineState.FAILED), "the worker failed for its image")
+    assert failed.machine_id == machine.machine_id
+    assert (failed.reason or "").startswith("the worker's pod cannot start: ErrImagePull: failed to pull and unpack")
+    assert IMAGE in (failed.reason or "")
+    provider.terminate(pool, failed)
+    wait_for(lambda: cluster.leftovers() == [], "the Job, its pod and its Secret gone")
 
 
 # ---------------------------------------------------------------------------------------------- whose cluster

@@ -28,12 +28,13 @@ from levers9.hooks.errors import (
     Throttled,
 )
 from levers9.hooks.types import Availability, GpuOffer, MachineState
-from levers9_local_k8s.jobs import job_manifest, secret_name
+from levers9_local_k8s.jobs import job_manifest, pod_security_level, secret_name
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings
+from tests.fakes.k8s_api import pod_security_violations
 from tests.fakes.k8s_cluster import FakeCluster
 from tests.fixtures.wait import wait_for
-from tests.plugins.local_k8s.conftest import CPU_NODE, GPU_NODE, L4_LABEL, NAMESPACE, make_pool
+from tests.plugins.local_k8s.conftest import CPU_NODE, GPU_NODE, IMAGE, L4_LABEL, NAMESPACE, make_pool
 from tests.plugins.provision import provision_request
 
 
@@ -241,12 +242,120 @@ def test_a_runc_pool_runs_privileged_with_a_state_volume_only_with_the_operators
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["LEVERS9_WORKER_STATE_DIR"] == "/var/lib/levers9/worker"
 
-    # a process pool's Job is what it was: no volume, no state directory, not privileged unless asked
+    # a process pool's Job passes Pod Security's baseline level, confined as far as a worker that runs its calls
+    # as nobody allows: root (to switch users), no escalation, no NET_RAW, the runtime's seccomp profile; no volume
     plain = job_manifest(provision_request(make_pool(k8s_settings, gpu=None), None),
                          LocalK8sSettings.model_validate(k8s_settings))  # fmt: skip
     pod = plain["spec"]["template"]["spec"]
     [container] = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["NET_RAW"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert "volumes" not in pod
     assert "volumeMounts" not in container
-    assert "securityContext" not in container
     assert "LEVERS9_WORKER_STATE_DIR" not in {e["name"] for e in container["env"]}
+    assert pod_security_violations(plain["spec"]["template"], "baseline") == []
+    assert pod_security_level(privileged=False) == "baseline"
+    assert pod_security_level(privileged=True) == "privileged"
+    nested = job_manifest(provision_request(make_pool(consented, gpu=None).model_copy(update={"runtime": "runc"}),
+                                            None), LocalK8sSettings.model_validate(consented))  # fmt: skip
+    assert pod_security_violations(nested["spec"]["template"], "baseline") == [
+        'privileged (container "worker" must not set securityContext.privileged=true)'
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- pods that never start
+
+
+def failed(provider: K8sProvider, pool: Any) -> list[Any]:
+    return [m for m in provider.list_machines(pool) if m.state is MachineState.FAILED]
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_machine_at_once_with_the_kubelets_words(
+    provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster
+) -> None:
+    """Before: listed pending ('ErrImagePull: ...') until the registration deadline (600 s) ran out."""
+    cluster.unpullable(IMAGE)
+    pool = make_pool(k8s_settings, gpu=None)
+    machine = provider.provision(provision_request(pool, None))
+    [listed] = wait_for(lambda: failed(provider, pool), "the machine failed for its image")
+    assert listed.machine_id == machine.machine_id
+    assert listed.reason is not None
+    assert listed.reason.startswith("the worker's pod cannot start: ErrImagePull: failed to pull and unpack image")
+    assert IMAGE in listed.reason
+    provider.terminate(pool, listed)
+    wait_for(lambda: cluster.leftovers() == [], "the Job, its pod and its Secret to be gone")
+
+
+def test_a_pod_pod_security_refuses_fails_the_machine_at_once_and_a_process_pod_passes_baseline(
+    provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster
+) -> None:
+    """A runc pool's privileged pod in a namespace enforcing ``baseline``: the API refuses the pod, which only
+    the Job's FailedCreate event says. Before: listed pending with no reason until the registration deadline."""
+    cluster.label_namespace(NAMESPACE, {"pod-security.kubernetes.io/enforce": "baseline"})
+    nested = make_pool({**k8s_settings, "privileged": True}, name="nested", gpu=None)
+    nested = nested.model_copy(update={"runtime": "runc"})
+    provider.provision(provision_request(nested, None))
+    [listed] = wait_for(lambda: failed(provider, nested), "the machine failed for Pod Security")
+    assert listed.reason is not None
+    assert listed.reason.startswith("the worker's pod cannot start: FailedCreate: Error creating: pods ")
+    assert 'violates PodSecurity "baseline:latest": privileged (container "worker" must not set' in listed.reason
+    provider.terminate(nested, listed)
+    # a process pool's pod passes the same namespace's level and runs
+    plain = make_pool(k8s_settings, gpu=None)
+    provider.provision(provision_request(plain, None))
+    wait_for(lambda: [m for m in provider.list_machines(plain) if m.state is MachineState.RUNNING], "it running")
+    for machine in provider.list_machines(plain):
+        provider.terminate(plain, machine)
+    assert provider.list_machines(nested) == []
+    wait_for(lambda: cluster.leftovers() == [], "the Jobs, their pods and Secrets to be gone")
+
+
+def test_a_container_the_kubelet_cannot_configure_fails_at_once_but_a_secret_not_there_yet_is_waited_for(
+    provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster, kube: Callable[..., Any]
+) -> None:
+    """CreateContainerConfigError: the token Secret without its key fails the machine; before the Secret exists
+    (it is created just after the Job) the machine stays pending."""
+    pool = make_pool(k8s_settings, gpu=None)
+    request = provision_request(pool, None)
+    settings = LocalK8sSettings.model_validate(k8s_settings)
+    core = kube(k8s_settings)
+    kubernetes.client.BatchV1Api(core.api_client).create_namespaced_job(NAMESPACE, job_manifest(request, settings))
+    waiting = wait_for(
+        lambda: [m for m in provider.list_machines(pool) if (m.reason or "").startswith("CreateContainerConfigError")],
+        "the pod waiting for its Secret",
+    )
+    assert waiting[0].state is MachineState.PENDING
+    assert f'secret "{secret_name(request.machine_id)}" not found' in (waiting[0].reason or "")
+    core.create_namespaced_secret(
+        NAMESPACE, {"metadata": {"name": secret_name(request.machine_id)}, "stringData": {"NOT_THE_TOKEN": "x"}}
+    )
+    [listed] = wait_for(lambda: failed(provider, pool), "the machine failed for its configuration")
+    assert listed.reason == (
+        "the worker's pod cannot start: CreateContainerConfigError: couldn't find key LEVERS9_TOKEN in Secret "
+        f"{NAMESPACE}/{secret_name(request.machine_id)}"
+    )
+    provider.terminate(pool, listed)
+    wait_for(lambda: cluster.leftovers() == [], "the Job, its pod and its Secret to be gone")
+
+
+def test_the_pool_lists_only_its_own_jobs_not_an_agents_in_the_same_namespace(
+    provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster, kube: Callable[..., Any]
+) -> None:
+    """A Job labelled with the pool's name but owned by another (an attached cluster's agent) is not its own."""
+    pool = make_pool(k8s_settings, gpu=None)
+    mine = provider.provision(provision_request(pool, None))
+    theirs = job_manifest(provision_request(pool, None), LocalK8sSettings.model_validate(k8s_settings))
+    theirs["metadata"]["labels"]["levers9/owner"] = "lab.0a1b2c3d"
+    kubernetes.client.BatchV1Api(kube(k8s_settings).api_client).create_namespaced_job(NAMESPACE, theirs)
+    assert [m.machine_id for m in provider.list_machines(pool)] == [mine.machine_id]
+    [job] = [j for j in cluster.objects("jobs", NAMESPACE) if j["metadata"]["name"] == mine.provider_id]
+    assert job["metadata"]["labels"]["levers9/owner"] == pool.name
+    assert job["spec"]["template"]["metadata"]["labels"]["levers9/owner"] == pool.name
+    provider.terminate(pool, mine)
+    kubernetes.client.BatchV1Api(kube(k8s_settings).api_client).delete_namespaced_job(
+        theirs["metadata"]["name"], NAMESPACE, propagation_policy="Background"
+    )
+    wait_for(lambda: cluster.leftovers() == [], "both Jobs and their pods gone")
