@@ -66,18 +66,19 @@ class OwnWheels:
         return f"{(base or self.http_url).rstrip('/')}{WHEELS_PATH}/{wheel.filename}"
 
     async def url_and_hash(self) -> tuple[str, str] | None:
-        """(URL, sha256) for a booted machine's script (the scheduler's ``ctx.wheel``); None when the wheel has no
-        URL or cannot be built here (logged: the machine's script then says it has nothing to install)."""
-        try:
-            ref = await self.ref()
-        except Exception as exc:  # ImageError, an unreadable file: the controlplane serves on without it
-            log.warning("levers9's wheel cannot be built for booted machines: %s", exc)
-            return None
+        """(URL, sha256) for a booted machine's script (the scheduler's ``ctx.wheel``); None as :meth:`ref`."""
+        ref = await self.ref()
         return (ref.url, ref.sha256) if ref is not None else None
 
     async def ref(self, base: str = "") -> WheelRef | None:
-        """The levers9 wheel's URL and hash for a command to fetch; None without an HTTP URL to give."""
+        """The levers9 wheel's URL and hash for a command to fetch; None without an HTTP URL to give, or when the
+        wheel cannot be built here (logged: the command then says levers9 must be on the box already, and the
+        controlplane serves on)."""
         if not (base or self.http_url):
             return None
-        wheel = (await self.wheels())[0]
+        try:
+            wheel = (await self.wheels())[0]
+        except Exception as exc:  # ImageError, an unreadable file
+            log.warning("levers9's wheel cannot be built, so join commands and booted machines get none: %s", exc)
+            return None
         return WheelRef(self.url(wheel, base), wheel.sha256, wheel.filename)
