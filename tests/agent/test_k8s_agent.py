@@ -501,6 +501,12 @@ def test_the_change_key_ignores_the_kubelets_back_off_words_and_nothing_else() -
     pulling = {"machine_id": "m1", "phase": "Pending", "container": "ErrImagePull: rpc error: pull access denied"}
     backing_off = dict(pulling, container='ImagePullBackOff: Back-off pulling image "registry.example.com/x"')
     assert k8s_change_key(_inventory([pulling])) == k8s_change_key(_inventory([backing_off]))
+    # why the worker cannot start alternates the same way (it carries the kubelet's words too)
+    blocked = dict(pulling, cannot_start=pulling["container"])
+    assert k8s_change_key(_inventory([blocked])) == k8s_change_key(
+        _inventory([dict(backing_off, cannot_start=backing_off["container"])])
+    )
+    assert k8s_change_key(_inventory([blocked])) != k8s_change_key(_inventory([pulling]))
     keys = {
         k8s_change_key(_inventory([pulling])),
         k8s_change_key(_inventory([dict(pulling, container="CreateContainerConfigError: secret not found")])),
