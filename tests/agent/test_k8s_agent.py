@@ -299,6 +299,7 @@ async def test_options_of_the_other_mode_and_a_missing_namespace_are_refused_by_
         (("run", "--kubernetes", "--kubeconfig", str(kubeconfig)), "--namespace is needed: this process does not "
          "run in a pod"),
         (("run", "--namespace", NAMESPACE), "Kubernetes mode's options (--namespace) need --kubernetes"),
+        (("run", "--share-namespace"), "Kubernetes mode's options (--share-namespace) need --kubernetes"),
         (("run", "--allow-privileged", "--context", "fake"), "Kubernetes mode's options (--context, --allow-privileged) need"),
         (("run", "--kubernetes", "--namespace", NAMESPACE, "--state-dir", "/tmp/x"), "a machine's agent's "
          "options (--state-dir) do not apply in Kubernetes mode"),
