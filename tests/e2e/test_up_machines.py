@@ -36,10 +36,10 @@ from tests.fakes.ec2_cloud import FakeEc2
 from tests.fakes.imds import FakeImds
 from tests.fixtures.ec2_boot import AMI, boot_logs, boots, ec2, imds
 from tests.fixtures.levers9_up import Up
-from tests.fixtures.redis import redis_server, run_on_redis
+from tests.fixtures.redis import run_on_redis
 from tests.fixtures.wait import wait_for
 
-__all__ = ["boots", "ec2", "imds", "redis_server"]
+__all__ = ["boots", "ec2", "imds"]
 
 pytestmark = pytest.mark.timeout(900)
 
