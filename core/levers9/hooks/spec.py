@@ -80,8 +80,9 @@ def levers9_startup(ctx: PluginContext) -> None:
 def levers9_shutdown(ctx: PluginContext) -> None:
     """Called once when the replica stops; release what ``levers9_startup`` took (threads, sessions).
 
-    Machines are not terminated on shutdown: another replica (or this one
-    restarted) reconciles them.
+    Machines are not terminated in this hook: another replica (or this one
+    restarted) reconciles them. `levers9 up` terminates its own pools' machines
+    before (``levers9_terminate``), except with ``--keep-machines``.
     """
     raise NotImplementedError
 
