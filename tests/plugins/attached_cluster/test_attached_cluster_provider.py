@@ -245,7 +245,8 @@ def test_another_workspaces_pool_of_the_same_cluster_name_sees_nothing_and_order
     assert agent.kinds() == ["provision"]
     assert len(cluster.objects("jobs", NAMESPACE)) == 1
     # nor is the operator's pool of that name (no workspace) served by the workspace's agent
-    assert provider.gpu_offers(make_pool(workspace=None)) == []
+    with pytest.raises(InsufficientCapacity, match=f"no agent of cluster {CLUSTER!r} has joined"):
+        provider.gpu_offers(make_pool(workspace=None))
     provider.terminate(mine, machine)
 
 
@@ -264,7 +265,8 @@ def test_a_silent_agent_has_every_machine_failed_serves_nothing_and_terminate_wa
     [failed] = provider.list_machines(pool)
     assert failed.state is MachineState.FAILED
     assert failed.reason == f"agent {agent.agent_id} of cluster {CLUSTER!r} silent for 200 s"
-    assert provider.gpu_offers(pool) == []
+    with pytest.raises(InsufficientCapacity, match="is not connected"):  # no answer: the planner waits
+        provider.gpu_offers(pool)
     with pytest.raises(InsufficientCapacity) as info:
         provider.provision(provision_request(pool, None))
     assert f"the agent {agent.agent_id} of cluster {CLUSTER!r} is not connected (last heard from 200 s ago)" in str(
@@ -280,7 +282,8 @@ def test_a_silent_agent_has_every_machine_failed_serves_nothing_and_terminate_wa
 
     # still connected but silent past the pool's heartbeat_timeout_s: no longer serving either
     agent.fall_silent(120, connected=True)
-    assert provider.gpu_offers(pool) == []
+    with pytest.raises(InsufficientCapacity, match="is silent for 120 s"):
+        provider.gpu_offers(pool)
     with pytest.raises(InsufficientCapacity, match="is silent for 120 s"):
         provider.provision(provision_request(pool, None))
 
