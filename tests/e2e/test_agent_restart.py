@@ -58,7 +58,7 @@ def _task(plane: AgentPlane, task_id: str) -> dict[str, object]:
 
 
 # "embedded" fails today: see the module docstring
-@pytest.mark.parametrize("redis", ["redis-server"])
+@pytest.mark.parametrize("redis", ["embedded", "redis-server"])
 def test_a_joined_boxs_worker_and_its_call_survive_a_clean_restart_of_up(
     agent_plane: tuple[AgentPlane, Box], redis: str, request: pytest.FixtureRequest
 ) -> None:

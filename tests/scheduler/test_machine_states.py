@@ -97,7 +97,40 @@ async def test_a_failed_machine_that_never_registered_is_closed_and_terminated(m
     assert record is not None
     assert (record.state, record.last_error) == ("terminated", "failed: the host failed its health check")
     assert [t["provider_id"] for t in h.terminates()] == [machine["id"]]
-    assert await s.ctx.unavailable.reason("cpu", None, None) is None, "a failed machine marks nothing unavailable"
+    # it never ran a worker: the next machine would most likely fail alike (an image that cannot be pulled, a pod
+    # Pod Security refuses), so the pool (it has no offers) is a miss with the provider's words
+    assert await s.ctx.unavailable.reason("cpu", None, None) == (
+        "its machine never started: the host failed its health check"
+    )
+    assert s.ctx.failover_wanted.is_set()
+
+
+async def test_a_failed_machine_that_never_registered_marks_its_offer_and_the_calls_history_says_why(
+    make_harness: MakeHarness,
+) -> None:
+    # issue 35 item 11: a Job whose image cannot be pulled was retried machine after machine, the calls' history
+    # silent about why
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1"]})])
+    demand = SPOT | {"spot": False}
+    other = demand | {"zone": "us-east-1b"}
+    h.offer(h100=[demand, other])
+    s = h.scheduler()
+    req = h.request("H100")
+    await s.submit(req)
+    await s.place_once()
+    await s.plan_once()
+    await h.settle(s)
+    [machine] = h.machines()
+    said = "the worker's pod cannot start: ErrImagePull: pull access denied for levers9/worker"
+    _report(h, machine, state="failed", reason=said)
+    await s.reconcile_once()
+    key = GpuOffer(**demand).key
+    assert await s.ctx.unavailable.offer_reasons("h100", [key]) == {key: f"its machine never started: {said}"}
+    await s.plan_once()
+    await h.settle(s)
+    assert [c["offer"] for c in h.call_log()] == [key, GpuOffer(**other).key]
+    history = [e.reason or "" for e in await TaskStore(h.db).history(req.id) if e.outcome == "unavailable"]
+    assert f"offer {key}: its machine never started: {said}" in history
 
 
 async def test_reconcile_fills_in_provider_data_a_record_lacks(make_harness: MakeHarness) -> None:

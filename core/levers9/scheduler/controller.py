@@ -21,7 +21,9 @@ listing:
   reason, its token revoked, its worker removed and the worker's calls
   requeued at once (not after the keepalive timeout), and it is terminated so
   nothing is left billed; a preemption also marks the machine's offer
-  unavailable, since the spot capacity there is gone;
+  unavailable, since the spot capacity there is gone, and so does a failure
+  of a machine that never ran a worker (an image that cannot be pulled, a pod
+  Pod Security refuses): the next machine of that offer would fail alike;
 - a record whose machine the provider no longer lists (or lists as
   terminated) is closed and its worker's work requeued;
 - a spot machine lost without levers9 stopping it (gone, listed terminated,
@@ -35,8 +37,14 @@ listing:
 - a record still ``requested`` that nobody can be waiting on (not a call in
   flight here, and asked before this process started or longer ago than a
   provider call may take: :meth:`Provisioner.abandoned`) and that the
-  provider does not list is released at once (failed, token revoked, planner
-  woken), not at its registration deadline ten minutes later.
+  provider does not list is released (failed, token revoked, planner woken)
+  once the return grace after a start is over, not at its registration
+  deadline ten minutes later;
+- during the return grace after a start
+  (:meth:`~levers9.state.redis.workers.WorkerRegistry.returning`), a machine
+  the provider does not list is not judged gone: a provider that lists from
+  its agents' reports (joined machines, attached clusters) has not heard from
+  them yet. One it lists as terminated is closed all the same.
 
 Every terminate hands the provider the machine as levers9 stored it (see
 :func:`levers9.scheduler.provisioning.stored_machine`). A record that another
@@ -240,8 +248,14 @@ class PoolController:
                         pool.name, machine.provider_id, machine.machine_id or "untagged", machine.state, why)  # fmt: skip
             if await self.provisioner.terminate(pool, machine, why, kind=events.TERMINATED_ORPHAN):
                 report.orphans.append(machine.provider_id)
+        # After a start, a provider that lists machines from its agents' reports (agent_machine, attached_cluster)
+        # has not heard from them yet: a machine it does not list is not judged gone (nor a launch abandoned)
+        # until the workers' return grace is over; one it lists as terminated is gone all the same.
+        returning = await ctx.workers.returning()
         for mid in active - seen - in_flight:
             m = records[mid]
+            if returning and mid not in ended_there:
+                continue
             if m.state == "requested" and m.provider_id is None and self.provisioner.abandoned(m):
                 await self._abandoned(pool, m, report)
                 continue
@@ -291,12 +305,13 @@ class PoolController:
         report.abandoned.append(machine.id)
         ctx.planner_wanted.set()
 
-    async def _missed(self, pool: PoolSpec, machine: MachineRecord) -> None:
-        """A machine that never started, and whose provider said why (a pod the scheduler could not place): its
-        offer (or the pool, without one) is a capacity miss for ``unavailable_ttl_s``, with the provider's words,
-        so the planner moves the waiting calls to the next candidate and their history says why."""
+    async def _missed(self, pool: PoolSpec, machine: MachineRecord, reason: str | None = None) -> None:
+        """A machine that never started, and whose provider said why (a pod the scheduler could not place, an
+        image that cannot be pulled): its offer (or the pool, without one) is a capacity miss for
+        ``unavailable_ttl_s``, with the provider's words, so the planner moves the waiting calls to the next
+        candidate and their history says why."""
         ctx = self.ctx
-        reason = f"never started within its registration deadline: {machine.last_error}"
+        reason = reason or f"never started within its registration deadline: {machine.last_error}"
         log.warning("pool %s: machine %s %s", pool.name, machine.id, reason)
         ttl = ctx.settings.unavailable_ttl_s
         ctx.failover_wanted.set()
@@ -340,6 +355,10 @@ class PoolController:
         )
         if preempted and record.offer_key:
             await ctx.unavailable.mark_offer(pool.name, record.offer_key, error, ctx.settings.unavailable_ttl_s)
+        elif not preempted and record.worker_id is None:
+            # it never ran a worker (an image that cannot be pulled, a pod Pod Security refuses): the next machine
+            # of that offer would fail alike, so it is a miss, and the waiting calls' history says why
+            await self._missed(pool, record, f"its machine never started: {said}")
         await self._requeue(
             pool,
             record,
