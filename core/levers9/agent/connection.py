@@ -54,7 +54,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_S = 0.5
-BACKOFF_CAP_S = 30.0
+#: the longest wait between two tries to reconnect (jittered below it): as a worker's, so a restarted controlplane
+#: hears from every agent within its return grace (levers9.scheduler.restart.RETURN_GRACE_MIN_S, 20 s) and judges
+#: none of their machines gone
+BACKOFF_CAP_S = 15.0
 #: how long Welcome may take after Hello
 WELCOME_TIMEOUT_S = 30.0
 #: gRPC keepalive pings, sent only after this long without receiving anything. They are not what finds a dead

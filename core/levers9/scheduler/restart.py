@@ -44,7 +44,8 @@ __all__ = ["RETURN_GRACE_MIN_S", "RebuildReport", "rebuild", "requeue_kept", "re
 log = logging.getLogger(__name__)
 
 #: the least a restarted controlplane waits for a worker Redis forgot before judging it gone: longer than a
-#: worker's longest wait between two tries to reconnect (15 s, levers9.worker.session)
+#: worker's or an agent's longest wait between two tries to reconnect (15 s, levers9.worker.session and
+#: levers9.agent.connection)
 RETURN_GRACE_MIN_S = 20.0
 
 #: turns a task's stored request into what the backlog holds (the scheduler's ``_queued``); NoPoolOffers when no
