@@ -130,7 +130,8 @@ def test_usable_pools_exit_0_with_a_row_each(cli: Callable[..., Any], tmp_path: 
     rows = table(result.stdout)
     assert list(rows) == ["cpu", "toy"]
     assert list(rows["cpu"]) == [
-        "pool", "provider", "credentials and settings", "runtime", "runtime on this host", "checkpointing", "usable",
+        "pool", "provider", "credentials and settings", "runtime", "runtime on this host", "checkpointing",
+        "scheduler now", "usable",
     ]  # fmt: skip
     for name, provider in (("cpu", "local"), ("toy", "toycloud")):
         row = rows[name]
@@ -176,7 +177,10 @@ def test_json_has_one_object_per_pool(cli: Callable[..., Any], tmp_path: Path, i
             "warning": False,
             "mechanism": "none",
         },
+        # no context here (the test's own LEVERS9_HOME): no controlplane is asked, and nothing fails for it
+        "scheduler": {"ok": None, "message": good["scheduler"]["message"], "hint": None, "warning": False},
     }
+    assert good["scheduler"]["message"].startswith("no controlplane asked")
     assert bad["usable"] is False
     assert bad["provider_check"] == {
         "ok": False, "message": "key rejected in eu-2", "hint": "export FAKE_KEY", "warning": False
@@ -433,3 +437,31 @@ def test_an_agent_machine_pool_is_checked_on_its_joined_machines_not_on_this_hos
     [row] = json.loads(gone.stdout)
     assert gone.returncode == 1
     assert "no controlplane to ask for the joined machines" in row["runtime_check"]["message"]
+
+
+def test_the_scheduler_column_says_why_the_controlplane_starts_nothing_of_a_pool(
+    plane: Plane, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Issue 35 item 3: a quota the provider reported is shown by ``check`` as well as ``levers9 pools``."""
+    config = str(tmp_path / "levers9.yaml")
+
+    def lab() -> dict[str, Any]:
+        done = cli("check", "--config", config, "--pool", "lab", "--json", timeout=120)
+        [row] = json.loads(done.stdout)
+        assert isinstance(row, dict)
+        return row
+
+    assert lab()["scheduler"] == {"ok": True, "message": "context 'test'", "hint": None, "warning": False}
+    spec = plane.services.pools["lab"]
+    reason = "quota_exceeded: [agent_machine] the account's H100 quota is 0 (VcpuLimitExceeded)"
+    plane.run(plane.services.scheduler.ctx.unavailable.mark("lab", spec.gpu, spec.pool.region, reason, 60))
+    row = lab()
+    assert row["scheduler"]["ok"] is False
+    assert row["scheduler"]["message"] == f"unavailable: {reason} (context 'test')"
+    table = cli("check", "--config", config, "--pool", "lab", timeout=120)
+    assert "VcpuLimitExceeded" in table.stdout
+    # without a context nothing is asked, and nothing fails for it
+    alone = cli("check", "--config", config, "--pool", "lab", "--json", env={"LEVERS9_HOME": str(tmp_path / "none")})
+    [row] = json.loads(alone.stdout)
+    assert row["scheduler"]["ok"] is None
+    assert row["scheduler"]["message"].startswith("no controlplane asked")

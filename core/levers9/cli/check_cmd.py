@@ -21,6 +21,11 @@ that knows the answer:
 * **checkpointing**: can containers of that runtime be checkpointed here
   (``levers9_checkpoint_support``), with the reason in the tool's words (CRIU's
   or runsc's own message). Informative only: a pool runs without it.
+* **scheduler**: what the controlplane of the context (when one is set) says
+  of the pool now, as ``levers9 pools`` does: ``ok``, or why it starts
+  nothing (a quota the provider reported, every offer out of capacity, the
+  provider's refusal). Informative only: such a mark lapses on its own, and
+  a controlplane that cannot be asked fails no pool.
 
 It runs where the operator types it, from the config file, the way
 ``levers9 config check`` does, not through a controlplane (but for the joined
@@ -196,6 +201,8 @@ class PoolCheck:
     #: what the runtime reported beside availability (isolation, version, notes)
     runtime_details: dict[str, Any] = field(default_factory=dict)
     checkpoint_mechanism: str | None = None
+    #: what the controlplane of the context says of the pool now (informative: see the module docstring)
+    scheduler: Verdict = field(default_factory=lambda: Verdict(None, "not asked"))
 
     @property
     def usable(self) -> bool:
@@ -210,6 +217,7 @@ class PoolCheck:
             "provider_check": asdict(self.provider_check),
             "runtime_check": {**asdict(self.runtime_check), **self.runtime_details},
             "checkpoint": {**asdict(self.checkpoint), "mechanism": self.checkpoint_mechanism},
+            "scheduler": asdict(self.scheduler),
         }
 
 
@@ -236,6 +244,50 @@ def list_joined(context: str | None) -> Joined:
     except typer.Exit:  # the call printed why (unreachable, token refused)
         return Joined(None, f"the controlplane of context {name!r} did not list the joined machines (see above)",
                       context=name)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Statuses:
+    """What the controlplane of the context says of each of its pools (``ListPools``), or why it was not asked."""
+
+    #: pool name -> why it starts nothing ("" when ok); None when the controlplane was not asked
+    unavailable: dict[str, str] | None
+    problem: str = ""
+    context: str = ""
+
+    def verdict(self, pool: str) -> Verdict:
+        if self.unavailable is None:
+            return Verdict(None, self.problem)
+        if pool not in self.unavailable:
+            return Verdict(None, f"not a pool of the controlplane of context {self.context!r}")
+        why = self.unavailable[pool]
+        if why:
+            return Verdict(False, f"unavailable: {why} (context {self.context!r})")
+        return Verdict(True, f"context {self.context!r}")
+
+
+def pool_statuses(context: str | None) -> Statuses:
+    """Each pool's status through the context's controlplane, as ``levers9 pools`` shows it."""
+    from levers9.cli.client_cmds import UNARY_TIMEOUT_S, call
+    from levers9.proto.v1 import controlplane_pb2 as pb
+    from levers9.sdk.context import ContextError, current_context
+
+    try:
+        name = current_context(context).name
+    except ContextError as exc:
+        return Statuses(None, f"no controlplane asked: {exc}")
+
+    async def action(stub: Any, metadata: Any) -> list[pb.PoolInfo]:
+        response: pb.ListPoolsResponse = await stub.ListPools(
+            pb.ListPoolsRequest(), metadata=metadata, timeout=UNARY_TIMEOUT_S
+        )
+        return list(response.pools)
+
+    try:
+        found = call(context, action)
+    except typer.Exit:  # the call printed why (unreachable, token refused)
+        return Statuses(None, f"the controlplane of context {name!r} did not answer (see above)", name)
+    return Statuses({p.name: p.unavailable for p in found}, context=name)
 
 
 def _machine_problems(pool: Pool, machine: Any) -> list[str]:
@@ -391,11 +443,17 @@ def _error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, Levers9Error) else f"{type(exc).__name__}: {exc}"
 
 
-async def check_all(pool_set: PoolSet, names: list[str], joined: Joined | None = None) -> list[PoolCheck]:
+async def check_all(
+    pool_set: PoolSet, names: list[str], joined: Joined | None = None, statuses: Statuses | None = None
+) -> list[PoolCheck]:
     async def work() -> list[PoolCheck]:
         return list(await asyncio.gather(*(check_pool(pool_set, name, joined) for name in names)))
 
-    return await with_plugins_started(pool_set, work)
+    results = await with_plugins_started(pool_set, work)
+    if statuses is not None:
+        for result in results:
+            result.scheduler = statuses.verdict(result.pool)
+    return results
 
 
 # --------------------------------------------------------------------------- the command
@@ -411,7 +469,11 @@ def check(
     pool: list[str] = typer.Option([], "--pool", help="Check only this pool (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per pool."),
     context: str | None = typer.Option(
-        None, "-c", "--context", help="For agent_machine pools: the context whose controlplane lists their machines."
+        None,
+        "-c",
+        "--context",
+        help="The context whose controlplane says why a pool starts nothing now, and lists agent_machine pools' "
+        "machines (default: the current context, when there is one).",
     ),
 ) -> None:
     """Check each pool: provider credentials and settings, its runtime on this host, and checkpointing.
@@ -424,7 +486,8 @@ def check(
         names = select_pools(pool_set, pool)
         agent_pools = [name for name in names if pool_set.written[name][0] == AGENT_PROVIDER]
         joined = list_joined(context) if agent_pools else None
-        results = asyncio.run(check_all(pool_set, names, joined))
+        statuses = pool_statuses(context) if names else None
+        results = asyncio.run(check_all(pool_set, names, joined, statuses))
     finally:
         pool_set.close()
     if as_json:
@@ -463,6 +526,7 @@ def _print(results: list[PoolCheck]) -> None:
                 r.runtime,
                 cell(r.runtime_check),
                 cell(checkpoint, "no"),
+                cell(r.scheduler, "no"),
                 verdict,
             ]
         )
@@ -473,6 +537,7 @@ def _print(results: list[PoolCheck]) -> None:
         Col("runtime"),
         Col("runtime on this host", wrap=True),
         Col("checkpointing", wrap=True),
+        Col("scheduler now", wrap=True),
         Col("usable"),
     ]
     print_table(columns, rows)
