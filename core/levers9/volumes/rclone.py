@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -383,14 +384,25 @@ def _cache_dir_of(pid: int) -> Path | None:
 
 
 def _dirty(cache_dir: Path) -> list[str]:
-    """The files of a mount's cache not uploaded yet: rclone's metadata of each says ``"Dirty": true``."""
+    """The files of a mount's cache not uploaded yet: rclone's metadata of each says ``"Dirty": true``, or is
+    being written this moment. rclone rewrites a file's metadata in place (truncated, then encoded), so a read
+    can find it empty or cut short; such a file counts as not uploaded, and the next look reads it whole.
+    Taking it for uploaded let an unmount end rclone before a file closed just before it was sent."""
     found = []
     for meta in (cache_dir / "vfsMeta").rglob("*"):
         try:
-            if meta.is_file() and '"Dirty": true' in meta.read_text(errors="replace"):
-                found.append(meta.name)
+            if not meta.is_file():
+                continue
+            text = meta.read_text(errors="replace")
         except OSError:
             continue  # uploaded and dropped meanwhile
+        try:
+            info = json.loads(text)
+        except ValueError:
+            found.append(meta.name)  # being written
+            continue
+        if not isinstance(info, dict) or info.get("Dirty") is True:
+            found.append(meta.name)
     return found
 
 
