@@ -130,6 +130,8 @@ class Planner:
                 slots.setdefault(m.pool, []).append(_Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count))
         marks: dict[tuple[str, str | None, str | None], str | None] = {}
         offer_marks: dict[str, dict[str, str]] = {}
+        #: each pool's price from the offers known, worked out once per pass (see _walk_order)
+        prices: dict[str, float | None] = {}
         #: the region each offer note is about, for its placement event
         regions: dict[str, str | None] = {}
         events: list[tuple[str, str, PoolSpec | None, str, str | None]] = []
@@ -147,7 +149,7 @@ class Planner:
             for group in req.groups:
                 if group.not_before_ms > now:
                     continue
-                for name in self._walk_order(group.pools):
+                for name in self._walk_order(group.pools, prices):
                     pool = ctx.pools.get(name)
                     if pool is None:
                         tried[name] = "the pool is no longer configured"
@@ -222,16 +224,17 @@ class Planner:
             await self._record(events)
         return report
 
-    def _walk_order(self, pools: tuple[str, ...]) -> list[str]:
+    def _walk_order(self, pools: tuple[str, ...], prices: dict[str, float | None]) -> list[str]:
         """A group's pools in the order to start a machine: with ``pool_order: price``, by the price of the
         offers known now (the order stored with the request used the prices its replica knew when it was
-        queued, none at all before the first listing); ties and unpriced pools keep the stored order."""
+        queued, none at all before the first listing); ties and unpriced pools keep the stored order.
+        ``prices`` is this pass's memo of each pool's price."""
         if self.ctx.settings.pool_order != "price" or len(pools) < 2:
             return list(pools)
-        prices: dict[str, float | None] = {}
         for name in pools:
-            spec, known = self.ctx.pools.get(name), self.offers.get(name)
-            prices[name] = pool_price(spec, known.offers) if spec is not None and known is not None else None
+            if name not in prices:
+                spec, known = self.ctx.pools.get(name), self.offers.get(name)
+                prices[name] = pool_price(spec, known.offers) if spec is not None and known is not None else None
         return sorted(pools, key=lambda name: (prices[name] is None, prices[name] or 0.0))
 
     async def _choose(
