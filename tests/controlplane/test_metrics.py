@@ -20,6 +20,7 @@ from levers9.hooks.errors import (
 )
 from levers9.hooks.facade import Hooks
 from levers9.hooks.types import Machine, ProvisionRequest
+from levers9.scheduler import events
 from levers9.scheduler.service import Scheduler
 from levers9.services.core import Services
 from levers9.services.metrics import Metrics
@@ -85,6 +86,40 @@ async def test_counters_and_histograms_show_with_their_labels() -> None:
     assert value(samples, "levers9_task_duration_seconds_bucket", replica="local", status="error", le="300.0") == 0
     assert value(samples, "levers9_task_duration_seconds_bucket", replica="local", status="error", le="900.0") == 1
     assert value(samples, "levers9_task_duration_seconds_bucket", replica="local", status="complete", le="+Inf") == 1
+
+
+async def test_counters_with_known_labels_are_exported_at_0_from_the_start(services: Services) -> None:
+    """Issue 36: a counter born at its first increment makes increase() miss the first burst after a start."""
+    metrics = Metrics()
+    metrics.replica = "r1"
+    metrics.seed(services.pools.values())
+    metrics.connection_counter("http", ("per_client", "evicted"))
+    samples = await scrape(metrics)
+    for reason in ("worker_lost", "machine_vanished", "preempted", "machine_failed", "attempt_failed", "restart",
+                   "never_delivered"):  # fmt: skip
+        assert value(samples, "levers9_requeues_total", replica="r1", reason=reason) == 0, reason
+    for pool, gpu in (("cpu", "cpu"), ("gpu-l4", "L4")):
+        for reason in ("keepalive_lapsed", "removed", "machine_vanished", "preempted", "machine_failed"):
+            assert value(samples, "levers9_workers_lost_total", replica="r1", pool=pool, reason=reason) == 0
+        for reason in ("never_registered", "worker_gone", "idle", "orphan", "vanished", "preempted", "failed"):
+            assert value(samples, "levers9_machines_terminated_total", replica="r1", pool=pool, reason=reason) == 0
+        assert value(samples, "levers9_placements_total", replica="r1", pool=pool, gpu=gpu) == 0
+        assert value(samples, "levers9_placements_queued_total", replica="r1", pool=pool) == 0
+        for hook in ("provision", "terminate", "list_machines"):
+            assert value(samples, "levers9_provider_calls_total", replica="r1", provider="local", hook=hook) == 0
+    for status in ("complete", "error", "cancelled", "timeout"):
+        assert value(samples, "levers9_tasks_finished_total", replica="r1", status=status) == 0
+    assert value(samples, "levers9_embedded_redis_restarts_total", replica="r1") == 0
+    assert value(samples, "levers9_connections_refused_total", replica="r1", listener="http", reason="per_client") == 0
+    assert value(samples, "levers9_connections_closed_total", replica="r1", listener="http", reason="evicted") == 0
+    # nothing under the name the replica had before it was known
+    assert not [k for k in samples if ("replica", "local") in k[1]]
+    # and the seeded series count on from 0
+    metrics.scheduler_event(events.Requeued(events.REQUEUE_WORKER_LOST, 92))
+    metrics.scheduler_event(events.WorkerLost("cpu", events.LOST_KEEPALIVE))
+    samples = await scrape(metrics)
+    assert value(samples, "levers9_requeues_total", replica="r1", reason="worker_lost") == 92
+    assert value(samples, "levers9_workers_lost_total", replica="r1", pool="cpu", reason="keepalive_lapsed") == 1
 
 
 async def test_each_metrics_object_has_its_own_registry() -> None:

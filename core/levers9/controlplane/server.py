@@ -48,7 +48,7 @@ from levers9.controlplane.http import create_http_app
 from levers9.controlplane.http_deadlines import GuardedHttpTools
 from levers9.controlplane.http_front import FrontProtocol
 from levers9.controlplane.limits import Budget, plan, raise_descriptor_limit
-from levers9.controlplane.listener import Listener, quiet_accept_failures
+from levers9.controlplane.listener import EVENTS, Listener, quiet_accept_failures
 from levers9.controlplane.observe import GrpcMetricsInterceptor, HttpMetricsMiddleware
 from levers9.controlplane.registry_proxy import RegistryProxy, WithRegistry
 from levers9.controlplane.tls import ListenerTls, check_plaintext
@@ -245,6 +245,7 @@ class Server:
         )
         try:
             self.metrics.replica = services.scheduler.name  # the name its planner lease uses
+            self.metrics.seed(services.pools.values())  # counters at 0, so increase() sees a first burst
             services.scheduler.ctx.on_provisioned = self.metrics.provisioned
             services.scheduler.ctx.on_event = self.metrics.scheduler_event
             self.hub = Hub(services.redis, name=services.scheduler.name)
@@ -303,7 +304,7 @@ class Server:
             metrics_socket = _listen(ls.host, ls.metrics_port, cap=budget.metrics, name="metrics", answer=plain)
             self._sockets.append(metrics_socket)
             for name, sock in (("http", http_socket), ("metrics", metrics_socket)):
-                sock.on_event = self.metrics.connection_counter(name)
+                sock.on_event = self.metrics.connection_counter(name, EVENTS)  # at 0 from the start
                 self.metrics.watch_connections(name, sock.open_now)
             self._restore_exception_handler = quiet_accept_failures(asyncio.get_running_loop())
             await self.hub.start()

@@ -19,6 +19,21 @@ Two kinds of series, so that ``sum()`` over every replica is always right:
   values), so exactly one copy exists. :meth:`Metrics.refresh` reads them and
   ``levers9_planner_lease_held{replica}`` (1 or 0 on every replica).
 
+Counters exist at 0 from the start for every label set known in advance
+(:meth:`Metrics.seed`, called once the replica's name and pools are known), so
+``increase()`` sees the first burst after a replica starts: a series born at
+its first increment has no earlier sample, and Prometheus reads its first
+value as the start, not as an increase. Labels that are known: the
+``REQUEUE_*``, ``LOST_*`` and ``TERMINATED_*`` reasons of
+:mod:`levers9.scheduler.events`, the pools of the config (with their GPU type
+and provider), the provider hooks, the final task statuses, an HTTP
+listener's refusal and close reasons. Those that are not, left to their first
+increment: ``levers9_provider_errors_total`` (an exception's class name), the
+gRPC, HTTP and gateway request counters (the status codes a route will answer),
+``levers9_worker_refusals_total`` (what a worker tried: a few fixed words but
+named at each call site, and a refusal alert would be on its rate), and the
+pools an attached cluster brings later.
+
 Process metrics (``process_*``, ``python_*``) and ``levers9_build_info`` come
 from prometheus_client's collectors; the Prometheus ``instance`` label tells
 replicas apart there. The full list is in docs/architecture.md ("Metrics").
@@ -53,6 +68,7 @@ from levers9.scheduler.planner import ACTIVE
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from levers9.scheduler.pools import PoolSpec
     from levers9.services.core import Services
 
 __all__ = ["CPU_LABEL", "ClusterSnapshot", "Metrics"]
@@ -73,10 +89,18 @@ _REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 #: worker statuses every configured pool reports, at 0 when it has none, so a
 #: dashboard sees an empty pool as 0 instead of a gap
 _SEEDED_STATUSES = ("running", "draining")
+#: the final statuses of a task (``levers9_tasks_finished_total``'s ``status``)
+_FINAL_STATUSES = ("complete", "error", "cancelled", "timeout")
+#: the provider hooks whose calls are counted (``levers9_provider_calls_total``'s ``hook``)
+_PROVIDER_HOOKS = ("provision", "terminate", "list_machines")
 #: backlog entries read per Redis round trip while counting pending tasks
 _CHUNK = 1000
 #: the HTTP listeners' events that close a connection (the others refuse one)
 _CLOSED = frozenset({"evicted", "header_timeout", "body_timeout"})
+#: every reason the scheduler gives (levers9.scheduler.events), by the counter it feeds
+_REQUEUE_REASONS = tuple(getattr(events, n) for n in events.__all__ if n.startswith("REQUEUE_"))
+_LOST_REASONS = tuple(getattr(events, n) for n in events.__all__ if n.startswith("LOST_"))
+_TERMINATED_REASONS = tuple(getattr(events, n) for n in events.__all__ if n.startswith("TERMINATED_"))
 
 
 def _gpu(gpu: str | None) -> str:
@@ -353,6 +377,28 @@ class Metrics:
         self._grpc_timers.clear()
         self._http_series.clear()
 
+    def seed(self, pools: Iterable[PoolSpec]) -> None:
+        """Export at 0 every counter series whose labels are known now (see the module's docstring).
+
+        Called once, after :attr:`replica` is set; ``pools`` are the pools the replica starts with.
+        """
+        r = self._replica
+        for reason in _REQUEUE_REASONS:
+            self.requeues.labels(replica=r, reason=reason)
+        for status in _FINAL_STATUSES:
+            self.tasks_finished.labels(replica=r, status=status)
+        self.redis_restarts.labels(replica=r)
+        for spec in pools:
+            pool = spec.name
+            self.placements.labels(replica=r, pool=pool, gpu=_gpu(spec.gpu))
+            self.placements_queued.labels(replica=r, pool=pool)
+            for reason in _LOST_REASONS:
+                self.workers_lost.labels(replica=r, pool=pool, reason=reason)
+            for reason in _TERMINATED_REASONS:
+                self.machines_terminated.labels(replica=r, pool=pool, reason=reason)
+            for hook in _PROVIDER_HOOKS:
+                self.provider_calls.labels(replica=r, provider=spec.pool.provider, hook=hook)
+
     # ------------------------------------------------------------------ fed by code paths
 
     def placed(self, pool: str, gpu: str | None, n: int = 1, *, queued: int = 0) -> None:
@@ -443,9 +489,15 @@ class Metrics:
         series[0].inc()
         series[1].observe(max(0.0, seconds))
 
-    def connection_counter(self, listener: str) -> Callable[[str], None]:
-        """What counts an HTTP listener's events (refusals, evictions, timeouts: levers9.controlplane.listener)."""
+    def connection_counter(self, listener: str, known: Iterable[str] = ()) -> Callable[[str], None]:
+        """What counts an HTTP listener's events (refusals, evictions, timeouts: levers9.controlplane.listener).
+
+        The ``known`` events (the listener's full list) are exported at 0 from now on.
+        """
         children: dict[str, Counter] = {}
+        for what in known:
+            family = self.connections_closed if what in _CLOSED else self.connections_refused
+            children[what] = family.labels(replica=self._replica, listener=listener, reason=what)
 
         def count(what: str) -> None:
             child = children.get(what)
