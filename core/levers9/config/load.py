@@ -19,6 +19,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from levers9.config.external import Resolved, resolve_external
 from levers9.config.model import Config, PoolConfig, default_home
 from levers9.config.yaml_source import Path as LocPath
 from levers9.config.yaml_source import SourceMap, YamlSyntaxError, as_mapping, load_yaml
@@ -73,19 +74,43 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
 # --------------------------------------------------------------------------- pass one: structure
 
 
-def parse_config(text: str, file: str) -> tuple[Config, SourceMap]:
+def parse_config(text: str, file: str, *, environ: Mapping[str, str] | None = None) -> tuple[Config, SourceMap]:
+    """Parse and validate the file's text; ``${NAME}`` and ``_file`` twins are resolved first
+    (:mod:`levers9.config.external`), from ``environ`` (default: this process's environment)."""
     try:
         data, source = load_yaml(text, file)
         mapping = as_mapping(data, file)
     except YamlSyntaxError as exc:
         raise ConfigError([ConfigIssue(file, exc.line, "", exc.message)]) from None
+    resolved = resolve_external(mapping, os.environ if environ is None else environ)
+    if resolved.problems:
+        raise ConfigError(
+            [ConfigIssue(file, source.line_of(loc), _dotted(loc), message) for loc, message in resolved.problems]
+        )
     try:
-        return Config.model_validate(mapping), source
+        return Config.model_validate(resolved.mapping), source
     except ValidationError as exc:
-        raise ConfigError(_issues_from(exc, (), source, Config)) from None
+        raise ConfigError(_from_outside(_issues_from(exc, (), source, Config), resolved, source)) from None
 
 
-def read_config(path: str | Path) -> tuple[Config, SourceMap]:
+def _from_outside(issues: list[ConfigIssue], resolved: Resolved, source: SourceMap) -> list[ConfigIssue]:
+    """Issues about a value taken from the environment or a file: at the line written in the file, saying where
+    the value came from, and never showing it (it is a secret)."""
+    out = []
+    for issue in issues:
+        for loc, (written, origin, value) in resolved.origins.items():
+            dotted = _dotted(loc)
+            if issue.path == dotted or issue.path.startswith(dotted + "."):
+                message = issue.message
+                for quoted in (_redacted(repr(value)), repr(value), _redacted(value), value):
+                    message = message.replace(quoted, "the value") if quoted else message
+                issue = ConfigIssue(issue.file, source.line_of(written), _dotted(written), f"{message} ({origin})")
+                break
+        out.append(issue)
+    return out
+
+
+def read_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> tuple[Config, SourceMap]:
     file = str(path)
     try:
         text = Path(path).expanduser().read_text(encoding="utf-8")
@@ -93,7 +118,7 @@ def read_config(path: str | Path) -> tuple[Config, SourceMap]:
         raise ConfigError([ConfigIssue(file, None, "", "no such file")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue(file, None, "", f"cannot read: {exc}")]) from None
-    return parse_config(text, file)
+    return parse_config(text, file, environ=environ)
 
 
 # --------------------------------------------------------------------------- pass two: against the plugins
@@ -113,7 +138,7 @@ def load_config(
     explicit = path is not None or ENV_CONFIG in (os.environ if environ is None else environ)
     file = Path(path) if path is not None else default_config_path(environ)
     if explicit or file.exists():
-        config, source = read_config(file)
+        config, source = read_config(file, environ=environ)
         file_name: str | None = str(file)
     else:
         config, source = Config(), SourceMap("<defaults>")

@@ -69,6 +69,20 @@ class StateConfig(_Strict):
         "encrypts, the rest still decrypt, for rotation). Empty means secret.key in the data directory, "
         "created on first start. LEVERS9_SECRET_KEY (comma-separated keys) overrides both.",
     )
+    # the _file twins are read when the file is loaded (levers9.config.external): what validation sees has none
+    database_url_file: str | None = Field(
+        None, description="File holding database_url (trailing newline stripped), instead of database_url."
+    )
+    redis_url_file: str | None = Field(
+        None, description="File holding redis_url (trailing newline stripped), instead of redis_url."
+    )
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> StateConfig:
+        for name in ("database_url", "redis_url"):
+            if getattr(self, name) is not None and getattr(self, f"{name}_file") is not None:
+                raise ValueError(f"set either {name} or {name}_file, not both")
+        return self
 
     @field_validator("database_url")
     @classmethod
