@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from levers9.config.fields import Port
 from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
+from levers9.config.redis_url import parse as parse_redis_url
 from levers9.config.storage_url import parse_storage_url
 from levers9.config.volumes import VolumesConfig
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CAP_BYTES, MIN_CAP_BYTES
@@ -59,8 +60,11 @@ class StateConfig(_Strict):
     )
     redis_url: str | None = Field(
         None,
-        description="Redis URL (redis://host:6379/0 or unix:///path); empty means an embedded one, only for a "
-        "single controlplane: a private redis-server child in data_dir when the binary is installed, else an "
+        description="Redis URL: redis://[USER:PASSWORD@]HOST:6379/DB, rediss://... (TLS, ?ca_file=...), "
+        "unix:///path, or redis+sentinel://[USER:PASSWORD@]HOST:26379,HOST2:26379/SERVICE[/DB] (the primary "
+        "found and followed through Sentinel; rediss+sentinel:// for TLS); see docs/config.md. "
+        "Empty means an embedded one, only for a single controlplane: a private redis-server child in data_dir "
+        "when the binary is installed, else an "
         "in-process one (LEVERS9_EMBEDDED_REDIS=memory forces that).",
     )
     secret_key_file: str | None = Field(
@@ -94,8 +98,8 @@ class StateConfig(_Strict):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^(redis|rediss|unix)://", value):
-            raise ValueError(f"{value!r} is not a Redis URL; expected redis://HOST:PORT/DB, rediss:// or unix://")
+        if value is not None:
+            parse_redis_url(value)  # a RedisUrlError (a ValueError) names the URL, its passwords hidden, and FORMS
         return value
 
 

@@ -24,7 +24,7 @@ from levers9.services.auth import Authenticator
 from levers9.services.registry_backend import RegistryBackend
 from levers9.state.crypto import SecretBox
 from levers9.state.disk import require_room
-from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect
+from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect, verify
 from levers9.state.redis.supervisor import RedisSupervisor
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
 from levers9.state.sql.database import Database, open_database
@@ -161,6 +161,8 @@ async def open_services(
             if pool.workspace
         }
         redis = connect(url, embedded=embedded)
+        if config.state.redis_url:
+            await verify(redis, config.state.redis_url)  # a clear StateError (no password) when it cannot be used
         box = SecretBox.from_config(config.state.secret_key_file, config.data_dir)
         tokens = TokenStore(db)
         volume_files = _volume_files(loaded)

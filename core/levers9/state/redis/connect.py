@@ -16,15 +16,17 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from levers9.config.redis_url import parse, redact
 from levers9.state.errors import StateError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["EmbeddedRedis", "ManagedRedis", "connect"]
+__all__ = ["EmbeddedRedis", "ManagedRedis", "connect", "verify"]
 
 
 class EmbeddedRedis:
@@ -46,6 +48,8 @@ class EmbeddedRedis:
 MAX_CONNECTIONS = 100
 #: how long such a command waits before it fails (``redis.exceptions.ConnectionError``)
 POOL_WAIT_S = 20.0
+#: how long a question to one Sentinel (connecting, or where the primary is) may take before the next is asked
+SENTINEL_TIMEOUT_S = 2.0
 #: how long an embedded ``redis-server`` has to listen on its socket once started
 START_TIMEOUT_S = 20.0
 
@@ -61,10 +65,76 @@ def connect(url: str | None, *, embedded: EmbeddedRedis | None = None, max_conne
         return (embedded or EmbeddedRedis()).client()
     from redis.asyncio import BlockingConnectionPool, Redis
 
-    pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=POOL_WAIT_S, decode_responses=True, health_check_interval=30
-    )
-    return Redis.from_pool(pool)
+    target = parse(url)
+    common: dict[str, Any] = {"max_connections": max_connections, "timeout": POOL_WAIT_S, "decode_responses": True,
+                              "health_check_interval": 30, **target.tls_kwargs()}  # fmt: skip
+    if not target.sentinel:
+        return Redis.from_pool(BlockingConnectionPool.from_url(target.server_url(), **common))
+    from redis.asyncio.sentinel import Sentinel
+
+    sentinel_options: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
+                                        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+                                        "username": target.username if target.sentinel_auth else None,
+                                        "password": target.password if target.sentinel_auth else None}  # fmt: skip
+    if target.tls:
+        sentinel_options.update(ssl=True, **target.tls_kwargs())
+    sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    pool_class, client_class = _sentinel_classes()
+    pool = pool_class(
+        target.service, sentinels, db=target.db, username=target.username, password=target.password,
+        ssl=target.tls, check_connection=True, **common,
+    )  # fmt: skip
+    client: Redis = client_class.from_pool(pool)
+    return client
+
+
+async def verify(redis: Redis, url: str) -> None:
+    """Check that ``redis`` (a client of the configured ``url``) answers and accepts its credentials.
+
+    Raises :class:`StateError` naming ``url`` without its password and saying what failed: a wrong
+    user or password, a server (or, with Sentinel, every Sentinel) not reachable, a TLS handshake refused.
+    The client is closed first, so a failed start leaves no connection behind.
+    """
+    from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError, RedisError
+
+    try:
+        await redis.ping()
+    except (AuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
+        await redis.aclose()
+        raise StateError(
+            f"Redis at {redact(url)} refused the credentials in state.redis_url ({exc}): check the user and "
+            "password (redis://USER:PASSWORD@HOST, or redis://:PASSWORD@HOST for requirepass)"
+        ) from None
+    except (RedisError, OSError) as exc:
+        await redis.aclose()
+        raise StateError(f"Redis at {redact(url)} (state.redis_url) does not answer: {exc}") from None
+
+
+@cache
+def _sentinel_classes() -> tuple[type, type[Redis]]:
+    """The Sentinel-managed pool and the client that owns it, made on first use (redis-py is imported late).
+
+    The pool waits for a free connection like :func:`connect`'s plain one. Its connections ask the
+    Sentinels for the primary each time they connect, and one to a server that has become a replica
+    (``READONLY``) is dropped, so the next command finds the new primary. Closing the client closes its
+    connections to the Sentinels too.
+    """
+    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+        pass
+
+    class SentinelRedis(Redis):
+        async def aclose(self, close_connection_pool: bool | None = None) -> None:
+            try:
+                await super().aclose(close_connection_pool)
+            finally:
+                manager: Any = getattr(self.connection_pool, "sentinel_manager", None)
+                if manager is not None:
+                    await manager.aclose()
+
+    return BlockingSentinelPool, SentinelRedis
 
 
 class ManagedRedis:

@@ -1,0 +1,68 @@
+"""A client of ``redis+sentinel://`` follows a failover: commands, Lua scripts and subscriptions carry on.
+
+A real primary, replica and three Sentinels (tests/fixtures/redis_sentinel.py); the primary is SIGKILLed.
+What was replicated before (``WAIT``) is on the new primary; a script registered before the failover runs
+there (redis-py loads it again on ``NOSCRIPT``); a subscription of :func:`levers9.state.redis.channel.listen`
+hears what is published on the new primary. Commands sent while no primary is elected fail with a
+``ConnectionError`` (callers retry), and none of them needs a new client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.exceptions import RedisError
+
+from levers9.state.redis.channel import listen
+from levers9.state.redis.connect import connect
+from levers9.state.redis.scripts import Scripts
+from tests.fixtures.redis_sentinel import SentinelRedis, redis_sentinel  # noqa: F401
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _until_it_works(what: object, deadline_s: float = 30) -> object:
+    """Run the coroutine function ``what`` until it does not raise a Redis error (a primary is elected)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return await what()  # type: ignore[operator]
+        except (RedisError, OSError):
+            assert time.monotonic() < deadline, "no primary answered after the failover"
+            await asyncio.sleep(0.1)
+
+
+async def test_a_sentinel_client_follows_a_failover(redis_sentinel: SentinelRedis) -> None:  # noqa: F811
+    redis = connect(redis_sentinel.url)
+    heard: list[str] = []
+    subscribed = asyncio.Event()
+    listener = asyncio.create_task(listen(redis, "l9:test", heard.append, what="test", subscribed=subscribed))
+    try:
+        await asyncio.wait_for(subscribed.wait(), 10)
+        scripts = Scripts(redis, "t:")
+        assert await scripts("census") == []  # loaded on the first primary
+        sha = scripts._scripts["census"].sha
+        await redis.set("kept", "yes")
+        assert await redis.wait(1, 5000) == 1  # on the replica too
+        assert redis_sentinel.primary_address()[1] == redis_sentinel.primary_port
+
+        redis_sentinel.kill_primary()
+        redis_sentinel.wait_failover()
+
+        assert await _until_it_works(lambda: redis.get("kept")) == "yes"
+        assert await redis.script_exists(sha) == [False]  # a replica's script cache starts empty
+        assert await scripts("census") == []  # NOSCRIPT: redis-py loaded it again
+        info = await redis.info("server")
+        assert int(info["tcp_port"]) == redis_sentinel.replica_port  # the client is on the new primary
+        deadline = time.monotonic() + 15  # the subscription opens again within about a second
+        while not heard:
+            await redis.publish("l9:test", "after")
+            assert time.monotonic() < deadline, "the subscription did not come back on the new primary"
+            await asyncio.sleep(0.2)
+        assert heard[-1] == "after"
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+        await redis.aclose()
