@@ -67,6 +67,12 @@ _GRPC = typer.Option(None, "--grpc-port", help="gRPC port (default: listen.grpc_
 _HTTP = typer.Option(None, "--http-port", help="HTTP port (default: listen.http_port, 1994).")
 _METRICS = typer.Option(None, "--metrics-port", help="Metrics port (default: listen.metrics_port, 9090).")
 _LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
+_REPLICA_NAME = typer.Option(
+    None,
+    "--replica-name",
+    help="This replica's name, the same across restarts: its metrics' replica label and its name in the logs "
+    "(default: listen.replica_name, else the host name). Replicas on one host need different names.",
+)
 
 
 def server(
@@ -75,14 +81,21 @@ def server(
     http_port: int | None = _HTTP,
     metrics_port: int | None = _METRICS,
     log_level: str = _LEVEL,
+    replica_name: str | None = _REPLICA_NAME,
 ) -> None:
     """Run the controlplane: gRPC, REST under /api/v1 and metrics, with the scheduler and pool controllers."""
+    from levers9.config.replica_name import replica_name_problem
     from levers9.controlplane.server import serve
 
+    problem = None if replica_name is None else replica_name_problem(replica_name)
+    if problem is not None:
+        typer.echo(f"levers9 server: --replica-name: {problem}", err=True)
+        raise typer.Exit(2)
     _logging(log_level)
     loaded = _load(None)
     try:
-        asyncio.run(serve(loaded, _listeners(loaded, host, grpc_port, http_port, metrics_port)))
+        listeners = _listeners(loaded, host, grpc_port, http_port, metrics_port)
+        asyncio.run(serve(loaded, listeners, replica_name=replica_name))
     except (Levers9Error, OSError) as exc:
         typer.echo(f"levers9 server: {exc}", err=True)
         raise typer.Exit(1) from None

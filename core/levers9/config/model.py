@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from levers9.config.fields import Port
 from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
 from levers9.config.redis_url import parse as parse_redis_url
-from levers9.config.replica_address import ReplicaAddress
+from levers9.config.replica_name import ReplicaName
 from levers9.config.storage_url import parse_storage_url
 from levers9.config.volumes import VolumesConfig
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CAP_BYTES, MIN_CAP_BYTES
@@ -74,20 +74,9 @@ class StateConfig(_Strict):
         "encrypts, the rest still decrypt, for rotation). Empty means secret.key in the data directory, "
         "created on first start. LEVERS9_SECRET_KEY (comma-separated keys) overrides both.",
     )
-    # the _file twins are read when the file is loaded (levers9.config.external): what validation sees has none
-    database_url_file: str | None = Field(
-        None, description="File holding database_url (trailing newline stripped), instead of database_url."
-    )
-    redis_url_file: str | None = Field(
-        None, description="File holding redis_url (trailing newline stripped), instead of redis_url."
-    )
-
-    @model_validator(mode="after")
-    def _one_of_each(self) -> StateConfig:
-        for name in ("database_url", "redis_url"):
-            if getattr(self, name) is not None and getattr(self, f"{name}_file") is not None:
-                raise ValueError(f"set either {name} or {name}_file, not both")
-        return self
+    # read when the file is loaded, into database_url / redis_url (levers9.config.external): None once loaded
+    database_url_file: str | None = Field(None, description="File holding database_url, instead of it.")
+    redis_url_file: str | None = Field(None, description="File holding redis_url, instead of it.")
 
     @field_validator("database_url")
     @classmethod
@@ -121,6 +110,9 @@ class TlsConfig(_Strict):
 
 class ListenConfig(_Strict):
     host: str = Field("127.0.0.1", description="Address the controlplane binds; 0.0.0.0 for every interface.")
+    replica_name: ReplicaName | None = Field(
+        None, description="This replica's name, the same across restarts (metrics, logs); empty: the host name."
+    )
     grpc_port: Port = Field(1993, description="gRPC: SDK, CLI, workers and agents.")
     http_port: Port = Field(1994, description="HTTP: REST under /api/v1 and the gateway.")
     metrics_port: Port = Field(9090, description="Prometheus metrics.")
@@ -140,12 +132,6 @@ class ListenConfig(_Strict):
         description="The HTTP listener's address as workers and people reach it (http(s)://host[:port]), where "
         "it is not the first listen.advertise host with listen.http_port (an ingress, a load balancer on 443). "
         "Built images are named by its host: changing it renames them.",
-    )
-    replica_address: ReplicaAddress | None = Field(
-        None,
-        description="HOST:PORT the other replicas reach this one's gRPC listener at (to relay gateway requests "
-        "through the tunnels it holds); per replica, so usually $LEVERS9_REPLICA_ADDRESS. Empty: listen.host "
-        "(the host's name for 0.0.0.0 or ::) with listen.grpc_port.",
     )
     max_connections: int | None = Field(
         None,

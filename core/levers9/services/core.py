@@ -120,12 +120,19 @@ class Services:
 
 
 async def open_services(
-    loaded: LoadedConfig, *, controlplane_url: str, controlplane_ca: str = "", prefix: str = "l9:"
+    loaded: LoadedConfig,
+    *,
+    controlplane_url: str,
+    controlplane_ca: str = "",
+    prefix: str = "l9:",
+    identity: str | None = None,
 ) -> Services:
     """Open the database (migrating it), connect Redis (embedded when no URL is configured) and build the stores.
 
     ``controlplane_url`` and ``controlplane_ca`` (PEM; empty: the system trust store) go to every machine
     the scheduler starts: where its worker dials and what verifies the controlplane's certificate.
+    ``identity`` is what this process is known by in Redis (the planner lease's holder, the hubs' sender:
+    levers9.services.replica_name.process_identity); None: the host name, the pid and a random suffix.
     """
     config = loaded.config
     from levers9.config.data_dir import secure_data_dir
@@ -175,6 +182,7 @@ async def open_services(
             controlplane_url=controlplane_url,
             controlplane_ca=controlplane_ca,
             prefix=prefix,
+            name=identity,
         )
     except BaseException:
         await db.close()

@@ -6,8 +6,8 @@ refuses a second metric with the same name.
 
 Two kinds of series, so that ``sum()`` over every replica is always right:
 
-- **per-replica** series carry a ``replica`` label (the replica's name, the
-  one its planner lease uses: :attr:`Metrics.replica`). They count what this
+- **per-replica** series carry a ``replica`` label (:attr:`Metrics.replica`:
+  its stable name, levers9.services.replica_name). They count what this
   replica did (requests it answered, tasks it placed, machines it terminated,
   tasks its reaper requeued) or what it holds (its gateway's containers).
   Counters and histograms are fed by the code paths where things happen,
@@ -19,20 +19,11 @@ Two kinds of series, so that ``sum()`` over every replica is always right:
   values), so exactly one copy exists. :meth:`Metrics.refresh` reads them and
   ``levers9_planner_lease_held{replica}`` (1 or 0 on every replica).
 
-Counters exist at 0 from the start for every label set known in advance
-(:meth:`Metrics.seed`, called once the replica's name and pools are known), so
-``increase()`` sees the first burst after a replica starts: a series born at
-its first increment has no earlier sample, and Prometheus reads its first
-value as the start, not as an increase. Labels that are known: the
-``REQUEUE_*``, ``LOST_*`` and ``TERMINATED_*`` reasons of
-:mod:`levers9.scheduler.events`, the pools of the config (with their GPU type
-and provider), the provider hooks, the final task statuses, an HTTP
-listener's refusal and close reasons. Those that are not, left to their first
-increment: ``levers9_provider_errors_total`` (an exception's class name), the
-gRPC, HTTP and gateway request counters (the status codes a route will answer),
-``levers9_worker_refusals_total`` (what a worker tried: a few fixed words but
-named at each call site, and a refusal alert would be on its rate), and the
-pools an attached cluster brings later.
+Counters are exported at 0 from the start for the label sets known then
+(:meth:`Metrics.seed`: the scheduler's reasons, the config's pools, hooks,
+final statuses, listener events), or ``increase()`` would miss the first burst
+after a start. Provider errors, request counters by status, worker refusals
+and later-attached pools appear at their first increment (labels not known).
 
 Process metrics (``process_*``, ``python_*``) and ``levers9_build_info`` come
 from prometheus_client's collectors; the Prometheus ``instance`` label tells
