@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -93,7 +94,12 @@ def test_killing_the_replica_a_client_uses_mid_map_loses_nothing(replicas: Repli
 
 
 def test_reconnect_s_bounds_how_long_a_call_tries_when_no_replica_answers(tmp_path: Path) -> None:
-    dead = [f"grpc://127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    # one address refuses, the other accepts TCP and never answers (a listening socket nobody accepts on): not
+    # "no controlplane at all", which fails sooner (tests/cli/test_client_dial.py), so reconnect_s decides
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    dead = [f"grpc://127.0.0.1:{free_port()}", f"127.0.0.1:{silent.getsockname()[1]}"]
     program = tmp_path / "app.py"
     program.write_text(
         textwrap.dedent(
@@ -115,7 +121,10 @@ def test_reconnect_s_bounds_how_long_a_call_tries_when_no_replica_answers(tmp_pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
     env.update(LEVERS9_HOME=str(tmp_path / "home"), LEVERS9_GRPC=",".join(dead), LEVERS9_RECONNECT_S="3",
                LEVERS9_TOKEN="t")  # fmt: skip
-    done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        silent.close()
     assert done.returncode == 0, done.stderr
     assert "ControlPlaneError: cannot reach the controlplane at any of" in done.stdout, done.stdout + done.stderr
     for address in dead:

@@ -30,7 +30,7 @@ class _SlowWatch(controlplane_pb2_grpc.ControlPlaneServicer):
         self.release = asyncio.Event()
 
     async def WhoAmI(self, request: controlplane_pb2.WhoAmIRequest, context: Any) -> controlplane_pb2.WhoAmIResponse:
-        return controlplane_pb2.WhoAmIResponse(workspace="w")
+        return controlplane_pb2.WhoAmIResponse(workspace_name="w")
 
     async def WatchMany(
         self, request: controlplane_pb2.WatchRequest, context: Any
@@ -81,4 +81,4 @@ async def test_a_watch_open_when_the_client_moves_on_still_gets_its_result(serve
 
 async def _move_on(client: Client) -> None:
     client.current()
-    client._move_on()
+    client._retire(failed=True)

@@ -29,8 +29,6 @@ Metadata = tuple[tuple[str, str], ...]
 
 #: list calls answer from the database; a controlplane silent this long is stuck, not busy
 UNARY_TIMEOUT_S = 30.0
-#: how long a command waits for one replica to accept a connection before it tries the next
-_CONNECT_S = 5.0
 TASK_STATUSES = ("pending", "running", "complete", "error", "cancelled", "expired")
 _STATUS_STYLE = {
     "pending": "yellow",
@@ -61,29 +59,31 @@ def resolve_context(name: str | None) -> Context:
 
 
 def call(context: str | None, action: Callable[[ControlPlaneStub, Metadata], Awaitable[T]]) -> T:
-    """Run ``action`` against the context's controlplane on a fresh event loop; gRPC errors exit 1, explained."""
+    """Run ``action`` against the context's controlplane on a fresh event loop; gRPC errors exit 1, explained.
+
+    Every replica of the context is dialled at once (:func:`levers9.sdk.dial.dial`); the first to answer
+    runs the action, so a replica that is down costs no wait.
+    """
     import asyncio
 
     import grpc.aio
 
-    from levers9.proto.target import parse_target
-    from levers9.sdk.channel import call_metadata, control_plane, explain, open_channel
+    from levers9.sdk.channel import call_metadata, control_plane, explain
+    from levers9.sdk.dial import Reached, dial, unreached_message
 
     ctx = resolve_context(context)
     tried: list[str] = []
 
     async def run() -> T:
-        # the first replica that accepts a connection runs the action; one that is down is passed over
-        for i, address in enumerate(ctx.addresses):
-            async with open_channel(ctx, address) as channel:
-                try:
-                    await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
-                except TimeoutError:
-                    tried.append(parse_target(address)[0])
-                    if i + 1 < len(ctx.addresses):
-                        continue
-                return await action(control_plane(channel), call_metadata(ctx))
-        raise AssertionError("a context has at least one address")
+        outcome = await dial(ctx, metadata=call_metadata(ctx))
+        if not isinstance(outcome, Reached):
+            tried.extend(f.target for f in sorted(outcome, key=lambda f: f.index))
+            if any(f.fatal for f in outcome):
+                err.print(f"error: {unreached_message(ctx, outcome)}", markup=False)
+                raise typer.Exit(1)
+            raise outcome[-1].error
+        async with outcome.channel as channel:
+            return await action(control_plane(channel), call_metadata(ctx))
 
     try:
         return asyncio.run(run())

@@ -4,12 +4,32 @@ Start-up time is a feature: ``levers9 --help`` must answer instantly even with
 every plugin installed, so this module imports only typer and the light parts
 of the core, and each command imports what it needs when it runs. A test
 checks that no cloud or cluster SDK is imported by ``--help`` or ``plugins``.
+
+**Global options anywhere.** ``-c/--context NAME`` and ``--config FILE`` may
+stand before or after the subcommand (``levers9 -c prod tasks`` and
+``levers9 tasks -c prod``; ``levers9 --config F server`` and ``levers9
+server --config F``): :func:`global_options_first` moves either to the front
+when the subcommand has no option of that name itself (``check --config``,
+``up --context`` keep their own meaning), and never past ``--`` nor out of
+the arguments of a command that hands unknown options on (``levers9 run
+app.py --config x`` leaves ``--config x`` to the app). Before the
+subcommand, ``-c`` sets ``$LEVERS9_CONTEXT``, which every client command reads.
+
+**gRPC's own log lines.** gRPC's C core prints INFO lines on stderr for every
+failed TLS handshake it retries, a dozen before the one clear line a command
+prints; the command therefore sets ``GRPC_VERBOSITY=ERROR`` before gRPC is
+imported, unless it is set already (``GRPC_VERBOSITY=INFO levers9 ...`` shows
+them again). Errors are still printed, and every failure a command reports
+comes from the call's own status.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -61,8 +81,16 @@ def _main(
         help="Config file for every command (default: $LEVERS9_CONFIG, else ~/.levers9/levers9.yaml).",
         dir_okay=False,
     ),
+    context: str | None = typer.Option(
+        None,
+        "-c",
+        "--context",
+        help="Context of the client commands (default: $LEVERS9_CONTEXT, else the current one).",
+    ),
 ) -> None:
     """levers9: run containers on any compute, through provider and runtime plugins."""
+    if context is not None:
+        os.environ["LEVERS9_CONTEXT"] = context
     if config is not None:
         # Commands find the config through the environment, so workers and agents
         # started from this process inherit the same choice.
@@ -102,8 +130,53 @@ app.add_typer(worker_image_cmd.app, name="worker-image")
 app.add_typer(kubernetes_cmd.app, name="kubernetes")
 
 
+#: the global options that may also stand after the subcommand, and whether each takes a value
+_GLOBAL_OPTIONS = {"--config": True, "-c": True, "--context": True}
+
+
+def global_options_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the global options found after the subcommand moved before it (see the module's doc)."""
+    args = list(argv)
+    command: Any = typer.main.get_command(app)  # typer's own click; a group has .commands
+    position = 0
+    while position < len(args) and hasattr(command, "commands"):  # walk down to the subcommand
+        token = args[position]
+        if token == "--":
+            return args
+        if token.startswith("-"):
+            position += 2 if _GLOBAL_OPTIONS.get(token) else 1
+            continue
+        sub = command.commands.get(token)
+        if sub is None:
+            return args  # click will say it is unknown
+        command, position = sub, position + 1
+    if hasattr(command, "commands") or command.context_settings.get("ignore_unknown_options"):
+        return args
+    own = {name for param in command.params for name in param.opts}
+    moved: list[str] = []
+    kept = args[:position]
+    rest = args[position:]
+    index = 0
+    while index < len(rest):
+        token = rest[index]
+        if token == "--":
+            kept.extend(rest[index:])
+            break
+        name = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+        if name in _GLOBAL_OPTIONS and name not in own:
+            joined = token != name  # --config=FILE, -cNAME
+            moved.extend(rest[index : index + (1 if joined else 2)])
+            index += 1 if joined else 2
+            continue
+        kept.append(token)
+        index += 1
+    return moved + kept
+
+
 def main() -> None:
-    app()
+    # before anything imports grpc (see the module's doc)
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    app(args=global_options_first(sys.argv[1:]))
 
 
 if __name__ == "__main__":

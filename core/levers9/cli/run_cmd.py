@@ -9,6 +9,12 @@ as strings, which saves writing an argument parser for a quick entry point.
 
 Arguments after FILE belong to the app, options included, except ``-c`` and
 ``--context``; put ``--`` before the app's arguments when they use those too.
+
+The SDK's client is told to announce itself (:data:`levers9.sdk.client.ANNOUNCE`):
+when the app's first call is not connected within half a second, stderr says
+which addresses it is connecting to, and a controlplane that is not there at
+all (every address refusing) fails the app in seconds with a message saying
+so, rather than after the context's ``reconnect_s``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ def run(
         fail(f"{path} is not a file: FILE::FUNCTION imports a Python file")
     if context is not None:
         os.environ[ENV_CONTEXT] = resolve_context(context).name
+    from levers9.sdk import client as sdk_client
+
+    sdk_client.ANNOUNCE = True
 
     # As `python FILE` does: the app's own modules import, and argv is the app's.
     app_dir = path.resolve() if path.is_dir() else path.resolve().parent

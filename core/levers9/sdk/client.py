@@ -8,15 +8,21 @@ await the same coroutines through :meth:`Client.run_async` without blocking
 their own loop.
 
 **Replicas.** A context may list several controlplane replicas. The client
-talks to one at a time; when it cannot reach it (UNAVAILABLE: refused, reset,
-the replica gone mid-stream) it moves to the next one, round-robin, trying
-each address once before backing off (0.2 s doubling to 5 s, with jitter), and
-keeps going until the context's ``reconnect_s`` has passed without reaching
-any replica; then the call fails with :class:`ControlPlaneError` naming every
-address tried. That one deadline governs every call of the SDK: it counts from
-the first failure after the last successful contact with any replica (an
-answer, a message on a stream, or a probe that connected), so a client idle
-for an hour does not fail on its first hiccup.
+talks to one at a time; when it has none that answers (at the start, or once
+its replica failed a call with UNAVAILABLE: refused, reset, gone mid-stream)
+it dials every replica at once and keeps the first that answers
+(:mod:`levers9.sdk.dial`; the one it had is preferred by a head start of a
+quarter second). A round in which none answered is followed by a wait (0.2 s
+doubling to 5 s, with jitter), and the client keeps going until the context's
+``reconnect_s`` has passed without reaching any replica; then the call fails
+with :class:`ControlPlaneError` naming every address tried. That one deadline
+governs every call of the SDK: it counts from the first failure after the last
+successful contact with any replica (an answer, a message on a stream, or a
+probe that connected), so a client idle for an hour does not fail on its first
+hiccup. Two cases fail sooner, because waiting cannot help: a client that has
+never reached any replica and finds every address refusing connections for
+:data:`START_REFUSED_S` (there is no controlplane: the message says to start
+one), and a TLS handshake that cannot succeed (below).
 
 **Exactly once.** Reads and idempotent writes (registering a function,
 cancelling, blobs, watches) are simply retried on the next replica. Calls
@@ -29,7 +35,14 @@ before the answer, the deploy may or may not have happened, so it is not sent
 again and the caller gets a :class:`ControlPlaneError` that says so.
 
 A TLS certificate that does not verify is not a reason to move on: the call
-fails at once with a message naming ``ca_file`` and ``$LEVERS9_CA_FILE``.
+fails at once with a message naming ``ca_file`` and ``$LEVERS9_CA_FILE``; so
+does a plain-text context dialling a TLS port, or the reverse (the message
+says which scheme to use).
+
+With :data:`ANNOUNCE` set (``levers9 run`` sets it), a client whose first
+dial has not reached a replica within :data:`ANNOUNCE_AFTER_S` (or failed
+sooner) says on stderr which addresses it is connecting to, so a person is not left looking
+at a silent terminal.
 """
 
 from __future__ import annotations
@@ -50,14 +63,21 @@ from levers9.proto.tls import certificate_untrusted
 from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc
 from levers9.sdk.channel import call_metadata, control_plane, explain, open_channel, untrusted_message
 from levers9.sdk.context import Context, current_context
+from levers9.sdk.dial import Failure, Reached, dial, unreached_message
 from levers9.sdk.errors import ControlPlaneError, InvalidFunction, Unschedulable
 
-__all__ = ["CONNECT_S", "GONE", "Client", "client_for", "translate"]
+__all__ = ["ANNOUNCE_AFTER_S", "CONNECT_S", "GONE", "START_REFUSED_S", "Client", "client_for", "translate"]
 
 T = TypeVar("T")
 
-#: how long one connection attempt to one replica may take (a black-holed address) before the next is tried
+#: how long one replica may take to answer a probe (a black-holed address) before it counts as failed
 CONNECT_S = 10.0
+#: a client that never reached a replica gives up after every address refused connections this long
+START_REFUSED_S = 3.0
+#: whether a client says on stderr what it is connecting to when that takes a while (``levers9 run``)
+ANNOUNCE = False
+#: how long the first connection may take before ANNOUNCE says so
+ANNOUNCE_AFTER_S = 0.5
 #: the codes of a call whose replica went away, or is stopping (it cancels what is still open when its grace
 #: ends): the call may go to another replica
 GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
@@ -96,16 +116,27 @@ class Client:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"levers9 {ctx.name}", daemon=True)
         self._thread.start()
         self._channel: grpc.aio.Channel | None = None
-        #: channels of replicas the client moved away from, closed RETIRE_AFTER_S later (see _move_on)
+        #: channels of replicas the client moved away from, closed RETIRE_AFTER_S later (see _retire)
         self._retired: list[grpc.aio.Channel] = []
         self._raw: controlplane_pb2_grpc.ControlPlaneStub | None = None
         self._index = 0
         #: bumped each time the client moves to another replica, so one failure moves it once
         self._generation = 0
         self._down_since: float | None = None
-        self._failed_in_round = 0
         self._retry_at = 0.0
         self._backoff = Backoff(initial_s=_ROUND_INITIAL_S, cap_s=_ROUND_CAP_S, jitter=True)
+        #: the replica index each recent generation talked to, for the failures of calls still on old channels
+        self._index_of: dict[int, int] = {0: 0}
+        #: the dial in progress, shared by every call that needs a replica meanwhile
+        self._dialing: asyncio.Task[Reached | list[Failure]] | None = None
+        #: the last dial whose outcome was acted on, and the error it left for every call that shared it
+        self._judged: asyncio.Task[Reached | list[Failure]] | None = None
+        self._verdict: ControlPlaneError | None = None
+        #: whether any replica ever answered this client (refusals at the start end sooner, see the module's doc)
+        self._ever_reached = False
+        self._announced = False
+        #: when every address started refusing connections, while none was ever reached
+        self._refused_since: float | None = None
         #: the replicas tried since the last contact, in order, for the error a person reads
         self.tried: list[str] = []
         #: stub ids by (function identity, config digest), so a function is registered once per client
@@ -139,43 +170,103 @@ class Client:
         return self._raw, self._generation
 
     async def connect(self) -> tuple[controlplane_pb2_grpc.ControlPlaneStub, int]:
-        """A stub on a replica that answers, moving on until one does; ControlPlaneError past ``reconnect_s``."""
+        """A stub on a replica that answers, dialling every replica until one does; ControlPlaneError past
+        ``reconnect_s``, or at once for a handshake that cannot succeed."""
         loop = asyncio.get_running_loop()
         while True:
             wait = self._retry_at - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            stub, generation = self.current()
-            assert self._channel is not None
-            if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
-                return stub, generation
-            try:
-                # fails at once when the connection is refused; anything answered means it is there
-                await stub.WhoAmI(controlplane_pb2.WhoAmIRequest(), metadata=self.metadata, timeout=CONNECT_S)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    await self.lost(exc, generation)
-                    continue
-            self.reached()
-            return stub, generation
+            channel, raw = self._channel, self._raw
+            if channel is not None and raw is not None and channel.get_state(True) == grpc.ChannelConnectivity.READY:
+                return raw, self._generation
+            task = self._dial()
+            outcome = await asyncio.shield(task)
+            # every call waiting meanwhile shares one dial; the first of them to wake acts on its outcome
+            if self._judged is not task:
+                self._judged = task
+                self._verdict = None
+                if isinstance(outcome, Reached):
+                    self._adopt(outcome)
+                    self.reached()
+                else:
+                    self._verdict = self._failed(outcome, loop.time())
+            if self._verdict is not None:
+                raise ControlPlaneError(str(self._verdict))
+
+    def _dial(self) -> asyncio.Task[Reached | list[Failure]]:
+        """The dial in progress, or a new one preferring the current replica."""
+        if self._dialing is None or self._dialing.done():
+            self._dialing = asyncio.get_running_loop().create_task(self._dial_all())
+        return self._dialing
+
+    async def _dial_all(self) -> Reached | list[Failure]:
+        dialing = asyncio.ensure_future(
+            dial(
+                self.ctx,
+                self.addresses,
+                prefer=self._index,
+                probe_s=min(CONNECT_S, self.reconnect_s),
+                metadata=self.metadata,
+            )
+        )
+        if ANNOUNCE and not self._announced and not self._ever_reached:
+            done, _ = await asyncio.wait({dialing}, timeout=ANNOUNCE_AFTER_S)
+            if not done or dialing.exception() is not None or not isinstance(dialing.result(), Reached):
+                self._announced = True
+                import sys
+
+                print(f"levers9: connecting to {', '.join(self.targets)}...", file=sys.stderr, flush=True)
+        return await dialing
+
+    def _adopt(self, reached: Reached) -> None:
+        """Talk to the replica that answered from now on, through the channel the dial opened."""
+        self._retire()
+        self._channel, self._index = reached.channel, reached.index
+        self._raw = control_plane(reached.channel)
+        self._index_of[self._generation] = self._index
+
+    def _failed(self, failures: list[Failure], now: float) -> ControlPlaneError | None:
+        """No replica answered a dial: wait before the next, or the error to raise when waiting cannot help."""
+        for failure in failures:
+            if failure.fatal:
+                return ControlPlaneError(failure.message)
+            if failure.target not in self.tried:
+                self.tried.append(failure.target)
+        if self._down_since is None:
+            self._down_since = now
+        if not self._ever_reached and all(f.kind == "refused" for f in failures):
+            if self._refused_since is None:
+                self._refused_since = now
+            if now - self._refused_since >= START_REFUSED_S:
+                return ControlPlaneError(unreached_message(self.ctx, failures))
+        else:
+            self._refused_since = None
+        if now - self._down_since >= self.reconnect_s:
+            return self.unreachable(failures[-1].error)
+        self._retry_at = now + self._backoff.next_s()
+        if self._refused_since is not None:  # the last try comes when START_REFUSED_S is up, not a backoff later
+            self._retry_at = min(self._retry_at, self._refused_since + START_REFUSED_S)
+        return None
 
     def reached(self) -> None:
         """A replica answered: the time without contact starts again from zero."""
+        self._ever_reached = True
+        self._refused_since = None
         self._down_since = None
-        self._failed_in_round = 0
         self._retry_at = 0.0
         self._backoff.reset()
         self.tried.clear()
 
     async def lost(self, exc: grpc.aio.AioRpcError, generation: int) -> None:
-        """The replica of ``generation`` failed with ``exc``: move to the next one (once per failure).
+        """The replica of ``generation`` failed with ``exc``: drop it, so the next call dials (once per failure).
 
         Raises ControlPlaneError when no replica was reached for ``reconnect_s``, or at once when the
         server's certificate was not trusted (another try cannot help).
         """
         loop = asyncio.get_running_loop()
         now = loop.time()
-        target = self.targets[generation % len(self.targets)]  # index and generation move together
+        target = self.targets[self._index_of.get(generation, self._index)]
         if certificate_untrusted(exc.details() or ""):
             raise ControlPlaneError(untrusted_message(self.ctx, target)) from None
         if target not in self.tried:
@@ -183,11 +274,7 @@ class Client:
         if self._down_since is None:
             self._down_since = now
         if generation == self._generation:
-            self._move_on()
-            self._failed_in_round += 1
-            if self._failed_in_round >= len(self.targets):  # every replica failed once: wait a little
-                self._failed_in_round = 0
-                self._retry_at = now + self._backoff.next_s()
+            self._retire(failed=True)
         if now - self._down_since >= self.reconnect_s:
             raise self.unreachable(exc) from None
 
@@ -206,15 +293,17 @@ class Client:
         """The error of a submission whose connection broke before it was acknowledged; never sent again."""
         target = self.target
         if generation == self._generation:
-            self._move_on()
+            self._retire(failed=True)
         return ControlPlaneError(
             f"the connection to the controlplane at {target} broke while {what} was being submitted "
             f"({exc.code().name}: {exc.details() or 'no details'}); it may or may not have been stored, "
             "so it was not sent again"
         )
 
-    def _move_on(self) -> None:
-        """Talk to the next replica from now on; the old channel is closed only later.
+    def _retire(self, *, failed: bool = False) -> None:
+        """Stop using the current channel (the next call dials every replica); it is closed only later.
+
+        After a failure (``failed``) the next dial prefers the replica after this one.
 
         Other calls may still be on the old channel. Closing it now would cancel them, and a cancelled
         gRPC call raises ``asyncio.CancelledError`` in its caller, which cannot be told from the caller's
@@ -222,8 +311,11 @@ class Client:
         fails (or finishes) on its own and follows the client to the next replica.
         """
         channel, self._channel, self._raw = self._channel, None, None
-        self._index = (self._index + 1) % len(self.targets)
+        if failed:
+            self._index = (self._index + 1) % len(self.targets)
         self._generation += 1
+        self._index_of[self._generation] = self._index
+        self._index_of.pop(self._generation - 256, None)
         if channel is not None:
             self._retired.append(channel)
             asyncio.get_running_loop().call_later(RETIRE_AFTER_S, self._close_retired, channel)
@@ -316,9 +408,9 @@ class _FailoverStub:
 
     def __getattr__(self, name: str) -> Any:
         client = self._client
-        raw = getattr(client.current()[0], name)
-        if not isinstance(raw, grpc.aio.UnaryUnaryMultiCallable):
-            return raw
+        method_of = controlplane_pb2.DESCRIPTOR.services_by_name["ControlPlane"].methods_by_name.get(name)
+        if method_of is None or method_of.client_streaming or method_of.server_streaming:
+            return getattr(client.current()[0], name)  # asking the descriptor opens no channel for a unary call
 
         def call(request: Any, **kwargs: Any) -> Awaitable[Any]:
             def op(stub: controlplane_pb2_grpc.ControlPlaneStub) -> Awaitable[Any]:
