@@ -6,7 +6,13 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
+import grpc
+import pytest
+
+from levers9.proto.v1 import common_pb2, worker_pb2_grpc
 from levers9.services.tunnels import decide_tunnel, peer_host, probe
 from levers9.worker.tunnel import ProbeListener
 from tests.fixtures.ports import free_port
@@ -96,7 +102,54 @@ async def test_a_worker_behind_a_firewall_is_not_reachable() -> None:
                     worker.wait(10)
 
 
-def test_peer_addresses() -> None:
-    assert peer_host("ipv4:10.1.2.3:5555") == "10.1.2.3"
-    assert peer_host("ipv6:[::1]:5555") == "::1"
-    assert peer_host("unix:/tmp/sock") == ""
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [
+        ("ipv4:10.1.2.3:5555", "10.1.2.3"),
+        ("ipv6:[::1]:5555", "::1"),
+        ("ipv6:%5B::1%5D:5555", "::1"),  # what gRPC reports for a worker that dialed localhost
+        ("ipv6:[fe80::1%25eth0]:5555", "fe80::1%eth0"),  # a zone, its % encoded
+        ("ipv6:%5Bfe80::1%25eth0%5D:5555", "fe80::1%eth0"),
+        ("ipv6:[2001:db8::7]:1", "2001:db8::7"),
+        ("ipv6:%5B::ffff:10.1.2.3%5D:5555", "10.1.2.3"),  # an IPv4 peer of a dual-stack listener
+        ("unix:/tmp/sock", ""),
+        ("unix-abstract:levers9", ""),
+        ("", ""),
+    ],
+)
+def test_peer_addresses(peer: str, host: str) -> None:
+    assert peer_host(peer) == host
+
+
+async def test_a_worker_that_dialed_localhost_over_ipv6_is_probed_and_reached() -> None:
+    """The peer string gRPC itself reports for a connection over ::1 decodes to a host the probe reaches."""
+    seen: list[str] = []
+
+    class Peer(worker_pb2_grpc.WorkerServicer):
+        async def GetBlob(self, request: Any, context: Any) -> AsyncIterator[Any]:
+            seen.append(context.peer())
+            return
+            yield
+
+    server = grpc.aio.server()
+    add: Any = worker_pb2_grpc.add_WorkerServicer_to_server
+    add(Peer(), server)
+    port = server.add_insecure_port("[::1]:0")  # only ::1: a client dialing localhost comes over IPv6
+    await server.start()
+    listener = ProbeListener()
+    await listener.start()
+    try:
+        async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:
+            factory: Any = worker_pb2_grpc.WorkerStub
+            async for _ in factory(channel).GetBlob(common_pb2.GetBlobRequest(), timeout=10):
+                pass
+        assert len(seen) == 1, seen
+        assert seen[0].startswith("ipv6:"), seen
+        assert peer_host(seen[0]) == "::1", seen
+        assert not await decide_tunnel(
+            declared_reachable=None, peer_host=peer_host(seen[0]), probe_port=listener.port,
+            probe_nonce=listener.nonce, worker="w",
+        )  # fmt: skip
+    finally:
+        await listener.close()
+        await server.stop(0)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from levers9.config.fields import Port
 from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
 from levers9.config.redis_url import parse as parse_redis_url
+from levers9.config.replica_address import ReplicaAddress
 from levers9.config.replica_name import ReplicaName
 from levers9.config.storage_url import parse_storage_url
 from levers9.config.volumes import VolumesConfig
@@ -132,6 +133,12 @@ class ListenConfig(_Strict):
         description="The HTTP listener's address as workers and people reach it (http(s)://host[:port]), where "
         "it is not the first listen.advertise host with listen.http_port (an ingress, a load balancer on 443). "
         "Built images are named by its host: changing it renames them.",
+    )
+    replica_address: ReplicaAddress | None = Field(
+        None,
+        description="HOST:PORT the other replicas reach this one's gRPC listener at (to relay gateway requests "
+        "through the tunnels it holds); per replica, so usually $LEVERS9_REPLICA_ADDRESS. Empty: listen.host "
+        "(the host's name for 0.0.0.0 or ::) with listen.grpc_port.",
     )
     max_connections: int | None = Field(
         None,

@@ -40,8 +40,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import uvicorn
 
+from levers9.config.replica_address import replica_address
 from levers9.controlplane.grpc_agent import AgentService
 from levers9.controlplane.grpc_api import ControlPlaneService
+from levers9.controlplane.grpc_replica import RelayDialer, ReplicaService
 from levers9.controlplane.grpc_volumes import VolumesService
 from levers9.controlplane.grpc_worker import WorkerService
 from levers9.controlplane.http import create_http_app
@@ -58,7 +60,7 @@ from levers9.gateway.routes import GatewayApp
 from levers9.gateway.shortpath import ShortPath
 from levers9.gateway.upstream import Upstream
 from levers9.payloads import MESSAGE_MAX_BYTES
-from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, volume_pb2_grpc, worker_pb2_grpc
+from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, replica_pb2_grpc, volume_pb2_grpc, worker_pb2_grpc
 from levers9.services import clusters
 from levers9.services.agents import AgentHub
 from levers9.services.builds import Builds, RegistryTarget
@@ -68,6 +70,7 @@ from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
 from levers9.services.plugin_metrics import PluginSeries
 from levers9.services.replica_name import ReplicaNameClaim, process_identity, replica_name
+from levers9.services.tunnel_holders import TunnelHolders, configured_credentials
 from levers9.services.tunnels import TunnelRegistry
 
 if TYPE_CHECKING:
@@ -116,13 +119,26 @@ class Listeners:
     advertise: tuple[str, ...] = field(default=())
     #: ``listen.advertise_http``: the HTTP listener's address, when it is not derived from ``advertise``
     advertise_http: str | None = None
+    #: ``listen.replica_address``: where the other replicas reach this one, when not derived
+    replica_address: str | None = None
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> Listeners:
         listen = loaded.config.listen
         return cls(listen.host, listen.grpc_port, listen.http_port, listen.metrics_port,
                    tls=listen.tls, plaintext=listen.plaintext, advertise=tuple(listen.advertise),
-                   advertise_http=listen.advertise_http)  # fmt: skip
+                   advertise_http=listen.advertise_http, replica_address=listen.replica_address)  # fmt: skip
+
+    def relay_address(self) -> str:
+        """HOST:PORT the other replicas dial this one's gRPC listener at (relays through the tunnels held here):
+        ``listen.replica_address``, else ``$LEVERS9_REPLICA_ADDRESS``, else this host and the gRPC port."""
+        if self.replica_address:
+            return self.replica_address
+        explicit = os.environ.get("LEVERS9_REPLICA_ADDRESS", "").strip()
+        if explicit:
+            return replica_address(explicit, "$LEVERS9_REPLICA_ADDRESS")
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        return f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
 
     def advertised_grpc(self) -> str:
         """The address(es) workers dial: ``listen.advertise`` (comma-joined), else ``$LEVERS9_ADVERTISE_URL``,
@@ -229,6 +245,9 @@ class Server:
         self.upstream: Upstream | None = None
         self.short_path: ShortPath | None = None
         self.tunnels: TunnelRegistry | None = None
+        #: this replica's tunnels and relay address in Redis, and its relays through the other replicas' tunnels
+        self.tunnel_holders: TunnelHolders | None = None
+        self.relays: RelayDialer | None = None
         #: blueprint builds, into the registry this controlplane serves under /v2/; None without a registry
         self.builds: Builds | None = None
         #: the listeners' certificate, with ``listen.tls``
@@ -264,7 +283,13 @@ class Server:
             self.agents = AgentHub(services.redis, name=services.scheduler.name)
             self.dataplane = DataPlane(services, self.hub, self.metrics)
             self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
-            self.tunnels = TunnelRegistry()  # workers' tunnels to this replica: the gateway reaches them through it
+            # workers' tunnels to this replica, and relays to those other replicas hold: the gateway's way to them
+            state = self.loaded.config.state
+            credentials = configured_credentials(state.secret_key_file, self.loaded.config.data_dir)
+            self.tunnel_holders = TunnelHolders(services.redis, replica=services.scheduler.name,
+                                                address=ls.relay_address())  # fmt: skip
+            self.relays = RelayDialer(credentials[0], tls=self.tls is not None, ca_pem=ca)
+            self.tunnels = TunnelRegistry(self.tunnel_holders, self.relays)
             self.upstream = Upstream(tunnel=self.tunnels.connect_address)
             # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
             # stub may name only its own workspace's images there, whether or not the registry is up
@@ -295,6 +320,8 @@ class Server:
             add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,
                                      http_url=self.listeners.advertised_http()), server)  # fmt: skip
             add_agent(AgentService(services, self.agents), server)
+            add_replica: Any = replica_pb2_grpc.add_ReplicaServicer_to_server
+            add_replica(ReplicaService(self.tunnels, credentials), server)
             add_volumes: Any = volume_pb2_grpc.add_VolumesServicer_to_server
             add_volumes(VolumesService(services), server)
             address = f"{ls.host}:{ls.grpc_port}"
@@ -330,6 +357,7 @@ class Server:
             await self.serving.start()
             await server.start()
             self._grpc = server
+            self.tunnel_holders.start(self.tunnels.held)  # other replicas may relay through this one from now
             gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
                                  create_http_app(services, metrics=self.metrics, dataplane=self.dataplane,
                                                  wheels=wheels),
@@ -445,6 +473,12 @@ class Server:
         if self.short_path is not None:
             self.short_path.close()
             self.short_path = None
+        if self.relays is not None:
+            await _step("relays", self.relays.close(), 5)
+            self.relays = None
+        if self.tunnel_holders is not None:
+            await _step("tunnel holders", self.tunnel_holders.close(self.tunnels.held() if self.tunnels else ()), 5)
+            self.tunnel_holders = None
         if self.tunnels is not None:
             self.tunnels.close()
             self.tunnels = None

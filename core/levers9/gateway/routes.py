@@ -393,8 +393,8 @@ class GatewayApp:
             except UpstreamTimeout as exc:
                 raise _Answer(errors.TIMEOUT, f"{exc} (the {settings.kind}'s timeout)") from None
             except UpstreamError as exc:
-                # it gets no more requests, and the scaler replaces it; but a container behind another
-                # replica's tunnel is fine, only not reachable from here
+                # it gets no more requests, and the scaler replaces it; but a container behind a tunnel no
+                # replica holds this moment (its worker is dialling again) is fine, only not reachable now
                 broken = not exc.elsewhere
                 if exc.refused:  # nothing of the request reached it: another container may have it
                     self.upstream.forget(address)

@@ -26,9 +26,11 @@ cannot connect to: those are opened with the ``tunnel`` connector the
 Upstream was given (:meth:`levers9.services.tunnels.TunnelRegistry.connect_address`),
 a stream through the worker's own connection that reads and writes as a TCP
 connection does. A tunnel stream the worker could not connect, or a tunnel
-that ended before the stream opened, is refused (``refused`` true); a worker
-without a tunnel to this replica raises :class:`UpstreamError` with
-``elsewhere`` true, naming why (the gateway answers 502 with that message).
+that ended before the stream opened, is refused (``refused`` true). A tunnel
+another replica holds is reached through a relay to it, which reads and
+writes the same way. A worker whose tunnel no replica holds within the connect
+timeout (it is dialling again) raises :class:`UpstreamError` with
+``elsewhere`` true, naming the worker (the gateway answers 502 with that message).
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ class UpstreamError(Exception):
 
     ``sent``: the caller saw part of the response. ``refused``: no connection could be made, so nothing of
     the request reached the container (it may be sent to another). ``elsewhere``: the container is
-    reached through its worker's tunnel, which goes to another controlplane replica: nothing is known to
-    be wrong with the container itself.
+    reached through its worker's tunnel, which no controlplane replica holds now (the worker is dialling
+    again): nothing is known to be wrong with the container itself.
     """
 
     def __init__(self, message: str, *, sent: bool, refused: bool = False, elsewhere: bool = False) -> None:
