@@ -4,7 +4,8 @@ Replica "a" holds the worker's tunnel; replica "b" is asked for the worker's
 container and relays through "a" (``Replica.Relay``). Checked: bytes both ways
 (megabytes, an echo), a half-close passed on, a container the worker cannot
 connect to is refused as such, a relay without the replicas' credential (none,
-a wrong one, a user's bearer token) is UNAUTHENTICATED, a holder that is gone
+a wrong one, a user's bearer token) is UNAUTHENTICATED, over TLS the relay verifies the
+holder with the listeners' CA (another CA's certificate is refused), a holder that is gone
 is waited past until the worker opens its tunnel elsewhere, and nobody holding
 the tunnel is a NoTunnel naming the worker.
 """
@@ -29,6 +30,7 @@ from levers9.state.redis.connect import connect
 from levers9.tunnel import frames
 from levers9.worker.tunnel import hold_tunnel
 from tests.fixtures.ports import free_port
+from tests.fixtures.tls import Issued, TestCA
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,17 +70,23 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
 
-async def _replica(redis: Redis, name: str, prefix: str, *, credential: str = CREDENTIALS[0]) -> Replica:
+async def _replica(
+    redis: Redis, name: str, prefix: str, *, credential: str = CREDENTIALS[0], tls: Issued | None = None,
+    ca_pem: str = "",
+) -> Replica:  # fmt: skip
     port = free_port()
     holders = TunnelHolders(redis, replica=name, address=f"127.0.0.1:{port}", prefix=prefix)
-    relays = RelayDialer(credential)
+    relays = RelayDialer(credential, tls=tls is not None, ca_pem=ca_pem)
     tunnels = TunnelRegistry(holders, relays)
     server = grpc.aio.server()
     add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
     add_worker(TunnelOnly(tunnels), server)
     add_replica: Any = replica_pb2_grpc.add_ReplicaServicer_to_server
     add_replica(ReplicaService(tunnels, CREDENTIALS), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    if tls is not None:
+        server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)]))
+    else:
+        server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     holders.start(tunnels.held)
     return Replica(name, port, server, tunnels, holders, relays)
@@ -92,9 +100,13 @@ async def _stop(replica: Replica) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _worker_tunnel(replica: Replica) -> AsyncIterator[None]:
-    """The worker's tunnel to ``replica``, held until the block ends."""
-    async with grpc.aio.insecure_channel(replica.address) as channel:
+async def _worker_tunnel(replica: Replica, ca_pem: bytes | None = None) -> AsyncIterator[None]:
+    """The worker's tunnel to ``replica``, held until the block ends (over TLS with ``ca_pem``)."""
+    if ca_pem is None:
+        opened = grpc.aio.insecure_channel(replica.address)
+    else:
+        opened = grpc.aio.secure_channel(replica.address, grpc.ssl_channel_credentials(root_certificates=ca_pem))
+    async with opened as channel:
         factory: Any = worker_pb2_grpc.WorkerStub
         holding = asyncio.create_task(hold_tunnel(factory(channel), lambda: []))
         try:
@@ -232,3 +244,30 @@ async def test_a_gone_holder_is_waited_past_and_nobody_holding_is_a_no_tunnel(re
         echo.close()
         await _stop(c)
         await _stop(b)
+
+
+async def test_over_tls_a_relay_verifies_the_holder_with_the_listeners_ca(redis: Redis) -> None:
+    prefix = f"t{free_port()}:"
+    ca, stranger = TestCA(), TestCA("another CA")
+    ca_pem = ca.pem.decode()
+    a = await _replica(redis, "a", prefix, tls=ca.issue(), ca_pem=ca_pem)
+    b = await _replica(redis, "b", prefix, tls=ca.issue(), ca_pem=ca_pem)
+    echo = await _echo()
+    echo_port = echo.sockets[0].getsockname()[1]
+    try:
+        async with _worker_tunnel(a, ca.pem):
+            reader, writer = await b.tunnels.connect(WORKER, "127.0.0.1", echo_port, timeout_s=5)
+            writer.write(b"over tls")
+            assert await reader.readexactly(8) == b"over tls"
+            writer.close()
+            # a replica trusting another CA does not take this holder for a replica
+            doubting = RelayDialer(CREDENTIALS[0], tls=True, ca_pem=stranger.pem.decode())
+            try:
+                with pytest.raises(RelayFailed, match="UNAVAILABLE"):
+                    await doubting(a.address, WORKER, "127.0.0.1", echo_port, 5)
+            finally:
+                await doubting.close()
+    finally:
+        echo.close()
+        await _stop(b)
+        await _stop(a)
