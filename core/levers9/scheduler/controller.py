@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from levers9.hooks.types import Machine, MachineState
 from levers9.scheduler import events
 from levers9.scheduler.context import Context
+from levers9.scheduler.lease import LeaseLost
 from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.planner import ACTIVE, STARTING
 from levers9.scheduler.pools import PoolSpec
@@ -115,6 +116,8 @@ class PoolController:
                 if time.monotonic() - read_at > _FRESH_S:  # earlier pools' provider calls took a while
                     machines = await self.ctx.machines.list(pool=pool.name, states=list(ACTIVE))
                 await self._tick_pool(pool, report, machines)
+            except LeaseLost:
+                raise  # no pool's upkeep is this replica's any more
             except Exception as exc:
                 log.exception("upkeep of pool %s failed", pool.name)
                 report.errors.append(f"{pool.name}: {type(exc).__name__}: {exc}")
@@ -126,6 +129,8 @@ class PoolController:
         for pool in list(self.ctx.pools.values()):
             try:
                 await self._reconcile_pool(pool, report)
+            except LeaseLost:
+                raise
             except Exception as exc:
                 log.warning("reconciling pool %s failed: %s", pool.name, exc)
                 report.errors.append(f"{pool.name}: {type(exc).__name__}: {exc}")
@@ -163,6 +168,10 @@ class PoolController:
         registered = await ctx.workers.ids(pool.name) if running else set()
         for m in running:
             if m.worker_id not in registered:
+                # read again right before acting: a worker reaped while its replica was frozen may have just
+                # registered with another replica; its machine is healthy and is not stopped
+                if m.worker_id and await ctx.workers.get(m.worker_id) is not None:
+                    continue
                 changed = True
                 await self._spot_lost(pool, m, "its worker stopped reporting")
                 if await self.provisioner.terminate(

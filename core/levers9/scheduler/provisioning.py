@@ -31,6 +31,13 @@ Provider answers map onto the scheduler's choices:
   bug or deadline): the whole pool is skipped like no capacity, with the error
   as the reason, since its other offers would fail alike, and one broken pool
   never holds up work another pool could take.
+
+Starts and terminates are the planner lease's holder's acts, and are fenced
+(:mod:`levers9.scheduler.lease`): with :attr:`Provisioner.fence` set (the
+scheduler's loops run), each asks right before it acts whether this replica's
+lease token is still current, and raises :class:`LeaseLost` instead of acting
+when it is not (a replica that resumed from a freeze after another took the
+lease); the pass it was part of ends there.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -54,6 +62,7 @@ from levers9.hooks.errors import (
 from levers9.hooks.types import GpuOffer, Machine, MachineState, ProvisionRequest, WorkerBootstrap
 from levers9.scheduler import events
 from levers9.scheduler.context import Context
+from levers9.scheduler.lease import LeaseLost
 from levers9.scheduler.pools import PoolSpec
 from levers9.state.sql.records import MachineRecord
 
@@ -76,6 +85,9 @@ CLOSE_GRACE_S = 15.0
 class Provisioner:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        #: asked before each start and terminate: whether this replica still holds the lease under its token
+        #: (None: no fence, as for a scheduler driven by hand whose loops do not run)
+        self.fence: Callable[[], Awaitable[bool]] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.throttled: dict[str, Throttle] = {}
         #: when this provisioner was made (epoch seconds): a launch recorded before then was asked by another
@@ -102,9 +114,16 @@ class Provisioner:
         t = self.throttled.get(pool)
         return t if t is not None and t.until_ms > self.ctx.now_ms() else None
 
+    async def check_fence(self, act: str) -> None:
+        """Raise :class:`LeaseLost` when this replica's lease token is no longer current (see the module doc)."""
+        if self.fence is not None and not await self.fence():
+            log.warning("not %s: this replica no longer holds the planner lease", act)
+            raise LeaseLost(f"not {act}: this replica no longer holds the planner lease")
+
     async def start(self, pool: PoolSpec, why: str, offer: GpuOffer | None = None) -> str:
         """Record a machine for ``pool`` (of ``offer``, when the pool has offers) and ask its provider for it in
         the background; returns its id."""
+        await self.check_fence(f"starting a machine in pool {pool.name}")
         ctx = self.ctx
         register_by = ctx.clock() + ctx.settings.register_timeout_s
         region = (offer.region if offer is not None else None) or pool.pool.region
@@ -297,6 +316,7 @@ class Provisioner:
             machine_id = target.id
             machine = stored_machine(target) if target.provider_id is not None else None
         provider_id = machine.provider_id if machine is not None else None
+        await self.check_fence(f"terminating machine {machine_id or provider_id} in pool {pool.name}")
         log.info("terminating machine %s (%s) in pool %s: %s", machine_id or "-", provider_id or "-", pool.name, why)
         if machine_id is not None:
             await ctx.machines.set_state(machine_id, "terminating")

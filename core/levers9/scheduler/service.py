@@ -29,7 +29,7 @@ from levers9.scheduler.candidates import Candidate, NoPoolOffers, candidates, gr
 from levers9.scheduler.context import Context
 from levers9.scheduler.controller import PoolController, UpkeepReport
 from levers9.scheduler.history import HistoryWriter
-from levers9.scheduler.lease import Lease
+from levers9.scheduler.lease import Lease, LeaseLost
 from levers9.scheduler.offers import OfferCache
 from levers9.scheduler.planner import PassReport, Planner
 from levers9.scheduler.pools import PoolSpec
@@ -535,6 +535,15 @@ class Scheduler:
     async def _leader_step(self) -> float:
         if not await self.lease.acquire():
             return 5.0
+        # from now on every start and terminate checks that this acquisition is still current (fencing)
+        self.provisioner.fence = self.lease.current
+        try:
+            return await self._lead()
+        except LeaseLost:
+            log.warning("the planner lease was lost during this replica's pass; it stopped there")
+            return 1.0
+
+    async def _lead(self) -> float:
         self.offers.refresh_in_background()
         started = time.monotonic()
         self.ctx.failover_wanted.clear()  # a refusal before this pass is seen by it (its mark is in Redis)
