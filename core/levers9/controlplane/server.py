@@ -388,6 +388,7 @@ class Server:
             self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
             # last: a restart of the embedded Redis runs what the steps above did to fill it
             services.supervise_redis(self._redis_restarted, on_restart=self.metrics.embedded_redis_restarted)
+            services.watch_redis(self._redis_restarted)  # a configured one: after a failover, restart or flush
         except BaseException:
             await self.stop()
             raise
@@ -403,7 +404,9 @@ class Server:
                  budget.grpc, budget.metrics, budget.reserve)  # fmt: skip
 
     async def _redis_restarted(self) -> None:
-        """The embedded Redis died and a new, empty one runs: start-up's steps that filled it, again.
+        """The embedded Redis died and a new, empty one runs, or a configured one may have lost writes (a
+        Sentinel failover, a restart, a flush): start-up's steps that filled it, again (each leaves alone
+        what Redis still knows).
 
         The backlog is rebuilt from SQL as at start; the agents dial again and say Hello anew; the
         workers' sessions end at their next keepalive (Redis no longer knows them) and the workers

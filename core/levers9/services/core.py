@@ -2,7 +2,9 @@
 
 With the embedded ``redis-server`` (no ``state.redis_url``), :meth:`Services.supervise_redis` keeps it
 alive (:mod:`levers9.state.redis.supervisor`); :meth:`Services.close` stops the supervisor before the
-server, so a stop is never taken for a death.
+server, so a stop is never taken for a death. A configured Redis is watched instead
+(:meth:`Services.watch_redis`): a failover, restart or flush that may have lost writes has the same
+state rebuilt from SQL.
 
 The image registry the ``/v2/`` relay speaks to is :attr:`Services.registry`
 (:mod:`levers9.services.registry_backend`): made here, started by the server at start-up (or by the
@@ -12,6 +14,7 @@ and stopped, supervisor first, by :meth:`Services.close`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from levers9.state.crypto import SecretBox
 from levers9.state.disk import require_room
 from levers9.state.redis.connect import EmbeddedRedis, ManagedRedis, connect, verify
 from levers9.state.redis.supervisor import RedisSupervisor
+from levers9.state.redis.watch import watch
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
 from levers9.state.sql.database import Database, open_database
 from levers9.state.sql.machines import MachineStore
@@ -74,6 +78,8 @@ class Services:
     managed_redis: ManagedRedis | None = None
     #: restarts :attr:`managed_redis` when it dies (see :meth:`supervise_redis`); None without one
     redis_supervisor: RedisSupervisor | None = None
+    #: notices a configured Redis that may have lost writes (see :meth:`watch_redis`); None without one
+    redis_watch: asyncio.Task[None] | None = None
 
     @property
     def config(self) -> Config:
@@ -106,7 +112,18 @@ class Services:
             self.redis_supervisor.start()
         return self.redis_supervisor
 
+    def watch_redis(self, rebuild: Callable[[], Awaitable[None]]) -> None:
+        """With a configured Redis: run ``rebuild`` whenever it may have lost writes (a Sentinel failover, a
+        restart, a flush; :mod:`levers9.state.redis.watch`). The embedded one has its supervisor instead."""
+        if self.managed_redis is None and self.embedded_redis is None and self.redis_watch is None:
+            self.redis_watch = asyncio.create_task(watch(self.redis, self.agents.prefix, rebuild), name="redis watch")
+
     async def close(self) -> None:
+        if self.redis_watch is not None:
+            self.redis_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.redis_watch
+            self.redis_watch = None
         await self.volume_files.close()
         await self.registry.close()
         if self.redis_supervisor is not None:

@@ -8,16 +8,10 @@ never its password.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis as sync_redis
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -25,47 +19,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from levers9.state.errors import StateError
 from levers9.state.redis.connect import connect, verify
 from tests.fixtures.ports import free_port
+from tests.fixtures.redis import redis_server_process
 from tests.fixtures.tls import Issued, TestCA, _key_pem, _name
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@contextlib.contextmanager
-def _redis_server(workdir: Path, config: str, ping: dict[str, object]) -> Iterator[None]:
-    """``redis-server`` with ``config`` in ``workdir``, answering a PING with ``ping`` (redis-py kwargs); stopped."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed; run scripts/setup (apt-get install redis-server)")
-    conf = workdir / "redis.conf"
-    log = workdir / "redis.log"
-    conf.write_text(f'bind 127.0.0.1\nsave ""\nappendonly no\ndir {workdir}\nlogfile {log}\n{config}')
-    proc = subprocess.Popen([binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with sync_redis.Redis(socket_timeout=2, **ping) as client:  # type: ignore[arg-type]
-                    client.ping()
-                break
-            except sync_redis.RedisError:
-                text = log.read_text() if log.exists() else ""
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start (exit {proc.poll()}): {text[-2000:]}")
-                time.sleep(0.05)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def test_an_acl_user_connects_and_a_wrong_password_is_one_clear_error(tmp_path: Path) -> None:
     port = free_port()
     config = f"port {port}\nuser default off\nuser alice on >s3cret-pw ~* &* +@all\n"
-    with _redis_server(tmp_path, config, {"port": port, "username": "alice", "password": "s3cret-pw"}):
+    with redis_server_process(tmp_path, config, {"port": port, "username": "alice", "password": "s3cret-pw"}):
         good = connect(f"redis://alice:s3cret-pw@127.0.0.1:{port}/0")
         try:
             await verify(good, f"redis://alice:s3cret-pw@127.0.0.1:{port}/0")
@@ -117,7 +80,7 @@ async def test_redis_over_tls_with_a_client_certificate(tmp_path: Path) -> None:
     )
     ping = {"port": port, "ssl": True, "ssl_ca_certs": str(ca_file), "ssl_certfile": str(tmp_path / "client.pem"),
             "ssl_keyfile": str(tmp_path / "client.key")}  # fmt: skip
-    with _redis_server(tmp_path, config, ping):
+    with redis_server_process(tmp_path, config, ping):
         url = (
             f"rediss://127.0.0.1:{port}/0?ca_file={ca_file}&cert_file={tmp_path / 'client.pem'}"
             f"&key_file={tmp_path / 'client.key'}"

@@ -3,7 +3,8 @@
 A real primary, replica and three Sentinels (tests/fixtures/redis_sentinel.py); the primary is SIGKILLed.
 What was replicated before (``WAIT``) is on the new primary; a script registered before the failover runs
 there (redis-py loads it again on ``NOSCRIPT``); a subscription of :func:`levers9.state.redis.channel.listen`
-hears what is published on the new primary. Commands sent while no primary is elected fail with a
+hears what is published on the new primary; :func:`levers9.state.redis.watch.watch` sees the new server
+(its marker was replicated: the new ``run_id`` tells) and has the state rebuilt once. Commands sent while no primary is elected fail with a
 ``ConnectionError`` (callers retry), and none of them needs a new client.
 """
 
@@ -18,6 +19,7 @@ from redis.exceptions import RedisError
 from levers9.state.redis.channel import listen
 from levers9.state.redis.connect import connect
 from levers9.state.redis.scripts import Scripts
+from levers9.state.redis.watch import watch
 from tests.fixtures.redis_sentinel import SentinelRedis, redis_sentinel  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,12 +41,20 @@ async def test_a_sentinel_client_follows_a_failover(redis_sentinel: SentinelRedi
     heard: list[str] = []
     subscribed = asyncio.Event()
     listener = asyncio.create_task(listen(redis, "l9:test", heard.append, what="test", subscribed=subscribed))
+    rebuilt: list[int] = []
+
+    async def rebuild() -> None:
+        rebuilt.append(1)
+
+    watching = asyncio.create_task(watch(redis, "t:", rebuild, interval_s=0.1))
     try:
         await asyncio.wait_for(subscribed.wait(), 10)
         scripts = Scripts(redis, "t:")
         assert await scripts("census") == []  # loaded on the first primary
         sha = scripts._scripts["census"].sha
         await redis.set("kept", "yes")
+        while not await redis.keys("t:watch:*"):  # the watch's first look
+            await asyncio.sleep(0.05)
         assert await redis.wait(1, 5000) == 1  # on the replica too
         assert redis_sentinel.primary_address()[1] == redis_sentinel.primary_port
 
@@ -62,7 +72,14 @@ async def test_a_sentinel_client_follows_a_failover(redis_sentinel: SentinelRedi
             assert time.monotonic() < deadline, "the subscription did not come back on the new primary"
             await asyncio.sleep(0.2)
         assert heard[-1] == "after"
+        deadline = time.monotonic() + 10
+        while not rebuilt:
+            assert time.monotonic() < deadline, "the watch did not notice the new primary"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert rebuilt == [1]  # once
     finally:
         listener.cancel()
-        await asyncio.gather(listener, return_exceptions=True)
+        watching.cancel()
+        await asyncio.gather(listener, watching, return_exceptions=True)
         await redis.aclose()

@@ -1,0 +1,74 @@
+"""Two replicas on a Redis behind Sentinel: the Redis primary dies mid-map, Sentinel fails over, nothing is lost.
+
+A real primary, replica and three Sentinels (tests/fixtures/redis_sentinel.py, ``down-after-milliseconds``
+1000), two ``levers9 server`` replicas on PostgreSQL with ``state.redis_url: redis+sentinel://...``
+(tests/fixtures/replicas.py), and a ``.map`` of 400 calls. SIGKILL of the Redis primary after the first
+100 results: while no primary is elected, Redis commands fail and are retried by their callers; then every
+connection finds the new primary through the Sentinels, the scripts are loaded there again, the
+subscriptions open again, each replica notices the new server (levers9.state.redis.watch) and puts back
+from SQL whatever the new primary lacks, and the map ends with every result right and in order, no task left unfinished.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.test_failover import Output, _unfinished
+from tests.fixtures.redis_sentinel import SentinelRedis, redis_sentinel  # noqa: F401
+from tests.fixtures.replicas import Replicas
+
+pytestmark = pytest.mark.timeout(300)
+
+#: calls that take a while, so many are running or queued when Redis fails (2 workers, 8 calls each at once)
+SLOW_MAP = """
+import time
+import levers9
+
+@levers9.function(cpu=0.25)
+def square(x: int) -> int:
+    time.sleep(0.3)
+    return x * x
+
+print("warm", square.remote(3), flush=True)
+for value in square.map(range({count})):
+    print(value, flush=True)
+print("done", flush=True)
+"""
+
+
+def test_killing_the_redis_primary_mid_map_loses_nothing(
+    redis_sentinel: SentinelRedis,  # noqa: F811 - first, so it stops after the replicas (they stop against a Redis)
+    replicas: Replicas,
+) -> None:
+    replicas.redis_url = redis_sentinel.url
+    replicas.min_workers = replicas.max_workers = 2
+    started = time.monotonic()
+    replicas.start_all()
+    print(f"replicas up in {time.monotonic() - started:.1f} s")
+    count = 300
+    program = replicas.popen(SLOW_MAP.format(count=count), addresses=[replicas.addresses[1]])
+    with Output(program) as output:
+        output.wait_lines(61)  # "warm" and the first 60 results: about 4 s of work left
+        at_kill = len(output.lines)
+        killed_at = time.monotonic()
+        redis_sentinel.kill_primary()
+        redis_sentinel.wait_failover()
+        failed_over = time.monotonic() - killed_at
+        at_failover = len(output.lines)
+        output.wait_exit(200)
+        took = time.monotonic() - killed_at
+    lines, err = output.lines, output.err
+    assert program.returncode == 0, "\n".join(lines[-20:]) + err + replicas.logs()
+    wanted = ["warm 9", *(str(i * i) for i in range(count)), "done"]
+    first = next(
+        (i for i, (a, b) in enumerate(zip(lines, wanted, strict=False)) if a != b), min(len(lines), len(wanted))
+    )
+    assert lines == wanted, f"from line {first}: {lines[first : first + 5]}\n{err[-3000:]}"
+    for replica in replicas.replicas:
+        assert _unfinished(replicas, replica.http_port) == []
+    for replica in replicas.replicas:  # each saw the new primary and put back what SQL has and Redis lost
+        assert "rebuilt the Redis state from SQL after the change" in replica.log(), replica.log()[-3000:]
+    print(f"{at_kill} lines at the kill, {at_failover} at the failover ({failed_over:.1f} s later); "
+          f"the map ended {took:.1f} s after the kill")  # fmt: skip
