@@ -1,4 +1,12 @@
-"""Shared test fixtures: fake installed plugin distributions and CLI runs in subprocesses."""
+"""Shared test fixtures: fake installed plugin distributions and CLI runs in subprocesses; the run's order.
+
+Order: the end-to-end tests (tests/e2e) run first, the rest after them in
+collection order. Under xdist each worker takes the next test as it finishes
+one, so a run ends when its last long test ends: with the long tests first,
+the short ones fill the gaps at the end instead of one worker running a
+minutes-long test alone while the other idles (the longest-first rule).
+Nothing may depend on this order; it only changes how long a run takes.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +30,12 @@ from tests.fixtures.replicas import replicas  # noqa: F401
 from tests.fixtures.sshd import sshd, sshd_factory  # noqa: F401
 from tests.fixtures.volume_stores import moto_s3, postgres_password_database  # noqa: F401
 from tests.fixtures.worker_image import worker_image, worker_image_cache  # noqa: F401
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end tests first (see the module's docstring); a stable sort keeps every other order."""
+    e2e = Path(__file__).parent / "e2e"
+    items.sort(key=lambda item: 0 if item.path.is_relative_to(e2e) else 1)
 
 
 @dataclass
