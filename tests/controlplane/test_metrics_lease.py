@@ -6,10 +6,12 @@ import dataclasses
 import time
 
 from levers9.gpu.preference import parse_gpu
+from levers9.scheduler.lease import Lease
 from levers9.scheduler.request import PlacementRequest
 from levers9.scheduler.service import Scheduler
 from levers9.services.metrics import Metrics
 from tests.controlplane.conftest import Api
+from tests.controlplane.test_metrics import scrape, value
 
 CLUSTER = ("levers9_backlog_depth", "levers9_workers", "levers9_pending_tasks", "levers9_oldest_pending_seconds",
            "levers9_machines")  # fmt: skip
@@ -64,3 +66,33 @@ async def test_only_the_lease_holder_exports_cluster_wide_series_and_the_old_hol
     assert set(CLUSTER) <= _names(b)
     assert sample_b("levers9_pending_tasks", {"pool": "cpu"}) == 2
     await other.lease.release()
+
+
+async def test_a_holder_that_lost_the_lease_while_frozen_reads_0_at_its_next_scrape(api: Api) -> None:
+    """A replica frozen (SIGSTOP) while it held the lease resumes with its gauge at 1 and its last snapshot in
+    memory; another replica took the lease meanwhile. Its first scrape reads 0 and exports no cluster-wide
+    series, so two replicas never both read 1."""
+    services = api.services
+    lease = services.scheduler.lease
+    metrics = Metrics(lease.holder)
+    assert await lease.acquire()
+    await metrics.refresh(services)
+    samples = await scrape(metrics)
+    assert value(samples, "levers9_planner_lease_held", replica=lease.holder) == 1
+    assert value(samples, "levers9_backlog_depth") == 0
+
+    # frozen past the TTL: the key expires and another replica takes the lease (a new fencing token)
+    await services.redis.delete(lease.key)
+    other = Lease(services.redis, lease.key, "the-other-replica", ttl_s=15)
+    assert await other.acquire()
+
+    samples = await scrape(metrics)  # no refresh in between: what it believed before the freeze is not trusted
+    assert value(samples, "levers9_planner_lease_held", replica=lease.holder) == 0
+    assert not {name for name, _ in samples} & set(CLUSTER)
+
+    # its own name in the lease under another acquisition's token (a restarted replica of a stable name): not it
+    await services.redis.delete(lease.key)
+    again = Lease(services.redis, lease.key, lease.holder, ttl_s=15)
+    assert await again.acquire()
+    samples = await scrape(metrics)
+    assert value(samples, "levers9_planner_lease_held", replica=lease.holder) == 0

@@ -17,7 +17,13 @@ Two kinds of series, so that ``sum()`` over every replica is always right:
   replica shares. Only the replica holding the planner lease exports them,
   without a ``replica`` label; every other replica exports none (not stale
   values), so exactly one copy exists. :meth:`Metrics.refresh` reads them and
-  ``levers9_planner_lease_held{replica}`` (1 or 0 on every replica).
+  ``levers9_planner_lease_held{replica}`` (1 or 0 on every replica). Both
+  are checked again at each scrape against the lease's fencing token in
+  Redis (:meth:`levers9.scheduler.lease.Lease.current`), never taken from
+  what the replica last believed: a replica that resumes from a freeze
+  (SIGSTOP) after another took the lease reads 0 and exports none of them at
+  its first scrape, so exactly one replica reads 1 at any scrape. A scrape
+  whose check fails (Redis unreachable) reads 0 too.
 
 Counters are exported at 0 from the start for the label sets known then
 (:meth:`Metrics.seed`: the scheduler's reasons, the config's pools, hooks,
@@ -57,7 +63,7 @@ from levers9.scheduler import events
 from levers9.scheduler.planner import ACTIVE
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from levers9.scheduler.pools import PoolSpec
     from levers9.services.core import Services
@@ -348,6 +354,8 @@ class Metrics:
         GCCollector(registry=self.registry)
         self._cluster = _Cluster()
         self.registry.register(self._cluster)
+        #: whether this replica's lease is current, asked at each scrape (None until the first refresh)
+        self._lease_current: Callable[[], Awaitable[bool]] | None = None
         self._gateway_series: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self._grpc_series: dict[tuple[str, str], Counter] = {}
         self._grpc_timers: dict[str, Histogram] = {}
@@ -520,8 +528,9 @@ class Metrics:
         caller logs it): a replica that cannot read the state cannot vouch for it.
         """
         held = self.lease_held.labels(replica=self._replica)
+        self._lease_current = services.scheduler.lease.current
         try:
-            if not await services.scheduler.lease.held():
+            if not await services.scheduler.lease.current():
                 held.set(0)
                 self._cluster.snapshot = None
                 return
@@ -532,6 +541,20 @@ class Metrics:
             raise
         held.set(1)
         self._cluster.snapshot = snapshot
+
+    async def _check_lease(self) -> None:
+        """At a scrape: the lease gauge as Redis says now; the cluster-wide series dropped if it is not held."""
+        current = self._lease_current
+        held = self.lease_held.labels(replica=self._replica)
+        try:
+            holds = current is not None and await current()
+        except Exception:
+            holds = False
+        if not holds:
+            held.set(0)
+            self._cluster.snapshot = None
+        else:
+            held.set(1)
 
     async def _read_cluster(self, services: Services) -> ClusterSnapshot:
         scheduler = services.scheduler
@@ -578,6 +601,8 @@ class Metrics:
                         await send({"type": "lifespan.shutdown.complete"})
                         return
             else:
+                if scope["type"] == "http":
+                    await self._check_lease()
                 await scrape(scope, receive, send)
 
         return app
