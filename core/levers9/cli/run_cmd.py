@@ -14,7 +14,9 @@ The SDK's client is told to announce itself (:data:`levers9.sdk.client.ANNOUNCE`
 when the app's first call is not connected within half a second, stderr says
 which addresses it is connecting to, and a controlplane that is not there at
 all (every address refusing) fails the app in seconds with a message saying
-so, rather than after the context's ``reconnect_s``.
+so, rather than after the context's ``reconnect_s``. Such a
+``ControlPlaneError`` that the app does not catch is printed as its one line,
+without a traceback through the SDK.
 """
 
 from __future__ import annotations
@@ -169,8 +171,17 @@ async def _wait(awaitable: Any) -> Any:
 
 
 def _app_failed(exc: BaseException) -> NoReturn:
-    """Print the app's traceback without this command's frames above it, and exit 1."""
+    """Print the app's traceback without this command's frames above it, and exit 1.
+
+    A controlplane that cannot be reached (or refuses the context's token) is the context's trouble, not the
+    app's: its one message is printed alone, without the SDK's frames.
+    """
     import traceback
+
+    from levers9.sdk.errors import ControlPlaneError
+
+    if type(exc) is ControlPlaneError:
+        fail(str(exc))
 
     traceback.print_exception(type(exc), exc, _app_frames(exc.__traceback__), file=sys.stderr)
     raise typer.Exit(1) from None

@@ -212,7 +212,7 @@ class Client:
         )
         if ANNOUNCE and not self._announced and not self._ever_reached:
             done, _ = await asyncio.wait({dialing}, timeout=ANNOUNCE_AFTER_S)
-            if not done or dialing.exception() is not None or not isinstance(dialing.result(), Reached):
+            if not done or _waits_on(dialing.result() if dialing.exception() is None else None):
                 self._announced = True
                 import sys
 
@@ -398,6 +398,11 @@ class Client:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
         self._loop.close()
+
+
+def _waits_on(outcome: Reached | list[Failure] | None) -> bool:
+    """Whether a dial that ended with ``outcome`` leaves the client waiting for a replica (no answer, none fatal)."""
+    return isinstance(outcome, list) and not any(f.fatal for f in outcome)
 
 
 class _FailoverStub:
