@@ -9,7 +9,10 @@ the kernel's backlog, gRPC never answers). The commands run as subprocesses, as 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +200,17 @@ def _global_options_before_or_after_the_subcommand(cli: Cli, tmp_path: Path) -> 
     result = cli("run", str(echo), "--config", "mine.yaml")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['--config', 'mine.yaml']"
+
+
+@pytest.mark.parametrize(("argv", "quiet"), [(["tasks", "--help"], True), (["server", "--help"], False),
+                                             (["--config", "x.yaml", "up", "--help"], False)])  # fmt: skip
+def test_grpc_lines_are_hidden_for_client_commands_only(argv: list[str], quiet: bool) -> None:
+    """A daemon keeps gRPC's own lines (its log of failed client handshakes), and so do the workers it starts."""
+    program = (
+        "import os, sys\nfrom levers9.cli.main import main\nsys.argv = ['levers9', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('GRPC_VERBOSITY', os.environ.get('GRPC_VERBOSITY'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    done = subprocess.run([sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == ("GRPC_VERBOSITY ERROR" if quiet else "GRPC_VERBOSITY None")

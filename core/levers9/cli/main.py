@@ -17,9 +17,10 @@ subcommand, ``-c`` sets ``$LEVERS9_CONTEXT``, which every client command reads.
 
 **gRPC's own log lines.** gRPC's C core prints INFO lines on stderr for every
 failed TLS handshake it retries, a dozen before the one clear line a command
-prints; the command therefore sets ``GRPC_VERBOSITY=ERROR`` before gRPC is
-imported, unless it is set already (``GRPC_VERBOSITY=INFO levers9 ...`` shows
-them again). Errors are still printed, and every failure a command reports
+prints; a client command therefore sets ``GRPC_VERBOSITY=ERROR`` before gRPC
+is imported, unless it is set already (``GRPC_VERBOSITY=INFO levers9 ...`` shows
+them again). The daemons (``server``, ``up``, ``worker``, ``agent``) keep them,
+and so do the processes they start. Errors are still printed, and every failure a command reports
 comes from the call's own status.
 """
 
@@ -173,10 +174,27 @@ def global_options_first(argv: Sequence[str]) -> list[str]:
     return moved + kept
 
 
+#: the commands that run a daemon: they keep gRPC's own lines (a server's log of failed client handshakes is how
+#: an operator finds a client with the wrong CA), and so do the workers and agents they start
+_DAEMONS = frozenset({"server", "up", "worker", "agent"})
+
+
+def _subcommand(args: Sequence[str]) -> str:
+    """The first word of ``args`` that is not an option or an option's value."""
+    position = 0
+    while position < len(args):
+        token = args[position]
+        if not token.startswith("-"):
+            return token
+        position += 2 if _GLOBAL_OPTIONS.get(token) else 1
+    return ""
+
+
 def main() -> None:
-    # before anything imports grpc (see the module's doc)
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    app(args=global_options_first(sys.argv[1:]))
+    args = global_options_first(sys.argv[1:])
+    if _subcommand(args) not in _DAEMONS:  # before anything imports grpc (see the module's doc)
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    app(args=args)
 
 
 if __name__ == "__main__":
