@@ -16,8 +16,9 @@ import time
 import pytest
 from redis.exceptions import RedisError
 
+from levers9.state.errors import StateError
 from levers9.state.redis.channel import listen
-from levers9.state.redis.connect import connect
+from levers9.state.redis.connect import connect, verify
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.watch import watch
 from tests.fixtures.redis_sentinel import SentinelRedis, redis_sentinel  # noqa: F401
@@ -37,7 +38,18 @@ async def _until_it_works(what: object, deadline_s: float = 30) -> object:
 
 
 async def test_a_sentinel_client_follows_a_failover(redis_sentinel: SentinelRedis) -> None:  # noqa: F811
+    # a service the Sentinels do not monitor, and a Sentinel that is not there: one short reason each
+    wrong = redis_sentinel.url.replace("/l9", "/nope").replace("redis+sentinel://", "redis+sentinel://:pw@127.0.0.1:1,")
+    with pytest.raises(StateError) as info:
+        await verify(connect(wrong), wrong)
+    said = str(info.value)
+    assert said.startswith(f"Redis at {wrong.replace(':pw@', ':***@')} (state.redis_url) does not answer: "), said
+    assert "no Sentinel named a primary for 'nope' (127.0.0.1:1: Error 111 connecting" in said, said
+    assert f"127.0.0.1:{redis_sentinel.sentinel_ports[0]}: monitors no 'nope'" in said, said
+    assert len(said) < 1000, said
+
     redis = connect(redis_sentinel.url)
+    await verify(redis, redis_sentinel.url)
     heard: list[str] = []
     subscribed = asyncio.Event()
     listener = asyncio.create_task(listen(redis, "l9:test", heard.append, what="test", subscribed=subscribed))

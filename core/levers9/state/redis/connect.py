@@ -70,12 +70,16 @@ def connect(url: str | None, *, embedded: EmbeddedRedis | None = None, max_conne
                               "health_check_interval": 30, **target.tls_kwargs()}  # fmt: skip
     if not target.sentinel:
         return Redis.from_pool(BlockingConnectionPool.from_url(target.server_url(), **common))
+    from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
 
     sentinel_options: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
                                         "socket_connect_timeout": SENTINEL_TIMEOUT_S,
                                         "username": target.username if target.sentinel_auth else None,
                                         "password": target.password if target.sentinel_auth else None}  # fmt: skip
+    # one try per Sentinel: the client asks the next one at once (redis-py's default retries a dead one for seconds)
+    sentinel_options["retry"] = Retry(NoBackoff(), 0)
     if target.tls:
         sentinel_options.update(ssl=True, **target.tls_kwargs())
     sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
@@ -95,6 +99,7 @@ async def verify(redis: Redis, url: str) -> None:
     user or password, a server (or, with Sentinel, every Sentinel) not reachable, a TLS handshake refused.
     The client is closed first, so a failed start leaves no connection behind.
     """
+    from redis.asyncio.sentinel import MasterNotFoundError
     from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError, RedisError
 
     try:
@@ -106,8 +111,30 @@ async def verify(redis: Redis, url: str) -> None:
             "password (redis://USER:PASSWORD@HOST, or redis://:PASSWORD@HOST for requirepass)"
         ) from None
     except (RedisError, OSError) as exc:
+        why = await _no_primary(redis) if isinstance(exc, MasterNotFoundError) else str(exc)
         await redis.aclose()
-        raise StateError(f"Redis at {redact(url)} (state.redis_url) does not answer: {exc}") from None
+        raise StateError(f"Redis at {redact(url)} (state.redis_url) does not answer: {why}") from None
+
+
+async def _no_primary(redis: Redis) -> str:
+    """Why no Sentinel named a primary, one short reason per Sentinel (redis-py's message is the clients' reprs)."""
+    pool: Any = redis.connection_pool
+    service = pool.service_name
+    reasons = []
+    for sentinel in pool.sentinel_manager.sentinels:
+        kwargs = sentinel.connection_pool.connection_kwargs
+        where = f"{kwargs.get('host')}:{kwargs.get('port')}"
+        try:
+            state = (await sentinel.sentinel_masters()).get(service)
+        except Exception as exc:
+            reasons.append(f"{where}: {str(exc)[:200]}")
+            continue
+        if not state:
+            reasons.append(f"{where}: monitors no {service!r}")
+        else:
+            down = "down" if state.get("is_sdown") or state.get("is_odown") else "not a primary"
+            reasons.append(f"{where}: says {service!r} at {state.get('ip')}:{state.get('port')} is {down}")
+    return f"no Sentinel named a primary for {service!r} ({'; '.join(reasons)})"
 
 
 @cache
