@@ -39,8 +39,6 @@ replicas apart there. The full list is in docs/architecture.md ("Metrics").
 from __future__ import annotations
 
 import platform
-import time
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import TYPE_CHECKING
@@ -55,12 +53,11 @@ from prometheus_client import (
     ProcessCollector,
     make_asgi_app,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from levers9.scheduler import events
 from levers9.scheduler.planner import ACTIVE
+from levers9.services.cluster_series import ClusterSeries, ClusterSnapshot
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -109,68 +106,6 @@ def _version() -> str:
         return package_version("levers9")
     except PackageNotFoundError:
         return "unknown"
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """The cluster-wide state one refresh read; ages are computed when scraped, so they never lag."""
-
-    backlog_depth: int = 0
-    #: (pool, gpu, status) -> workers
-    workers: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    #: pool -> (queued tasks that prefer it, the oldest one's enqueue time in epoch ms; 0 when none)
-    pending: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: (pool, state) -> machines in an active state
-    machines: dict[tuple[str, str], int] = field(default_factory=dict)
-
-
-class _Cluster(Collector):
-    """Exports the last :class:`ClusterSnapshot`, or nothing at all when this replica does not hold the lease."""
-
-    def __init__(self) -> None:
-        self.snapshot: ClusterSnapshot | None = None
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # the series come and go with the lease; nothing to check for name clashes up front
-
-    def collect(self) -> Iterable[Metric]:
-        snap = self.snapshot
-        if snap is None:
-            return
-        depth = GaugeMetricFamily(
-            "levers9_backlog_depth",
-            "Requests waiting in the backlog for a worker (queued, not yet placed), across all replicas.",
-        )
-        depth.add_metric([], snap.backlog_depth)
-        workers = GaugeMetricFamily(
-            "levers9_workers",
-            "Registered workers by pool, GPU type and status (running, draining; silent: keepalive lapsed).",
-            labels=["pool", "gpu", "status"],
-        )
-        for (pool, gpu, status), n in sorted(snap.workers.items()):
-            workers.add_metric([pool, gpu, status], n)
-        pending = GaugeMetricFamily(
-            "levers9_pending_tasks",
-            "Tasks queued for a worker, by the pool they prefer (the first of their candidates).",
-            labels=["pool"],
-        )
-        oldest = GaugeMetricFamily(
-            "levers9_oldest_pending_seconds",
-            "Age of the oldest task queued for a worker, by the pool it prefers (0 when none waits).",
-            labels=["pool"],
-        )
-        now_ms = time.time() * 1000
-        for pool, (count, first_ms) in sorted(snap.pending.items()):
-            pending.add_metric([pool], count)
-            oldest.add_metric([pool], max(0.0, (now_ms - first_ms) / 1000) if count and first_ms else 0.0)
-        machines = GaugeMetricFamily(
-            "levers9_machines",
-            "Machines levers9 started that are not yet terminated, by pool and state.",
-            labels=["pool", "state"],
-        )
-        for (pool, state), n in sorted(snap.machines.items()):
-            machines.add_metric([pool, state], n)
-        yield from (depth, workers, pending, oldest, machines)
 
 
 class Metrics:
@@ -352,7 +287,7 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self._cluster = _Cluster()
+        self._cluster = ClusterSeries()
         self.registry.register(self._cluster)
         #: whether this replica's lease is current, asked at each scrape (None until the first refresh)
         self._lease_current: Callable[[], Awaitable[bool]] | None = None
