@@ -18,11 +18,19 @@ no task unfinished and no worker registered twice.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 from typing import IO
 
 import httpx
@@ -57,6 +65,8 @@ class Output:
     def __init__(self, program: subprocess.Popen[str]) -> None:
         self.program = program
         self.lines: list[str] = []
+        #: when each line of ``lines`` arrived (monotonic)
+        self.times: list[float] = []
         self._err: list[str] = []
         self._new = threading.Condition()
         self._readers = [
@@ -72,6 +82,8 @@ class Output:
         assert pipe is not None
         for line in pipe:
             with self._new:
+                if into is self.lines:
+                    self.times.append(time.monotonic())
                 into.append(line.rstrip("\n") if into is self.lines else line)
                 self._new.notify_all()
         with self._new:
@@ -273,12 +285,189 @@ def test_a_rolling_restart_fails_no_call_and_leaves_nothing_behind(replicas: Rep
     assert leftovers == []
 
 
-def _metrics(port: int) -> list[tuple[str, float]]:
+def _metrics(port: int, timeout: float = 10) -> list[tuple[str, float]]:
     """A replica's samples as (name{labels}, value), comments left out."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=timeout).text
     samples = []
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples.append((name, float(value)))
     return samples
+
+
+#: how long the replica holding the workers stays stopped: past the default worker_keepalive_s (30 s) and the
+#: reaper's period after it, when the trial's workers were judged gone and killed
+FREEZE_S = 40
+FROZEN_PROGRAM = """
+import time
+import levers9
+
+@levers9.function(cpu=0.25)
+def slow_square(x: int) -> int:
+    with open({runs!r}, "a") as runs:
+        runs.write(f"{{x}}\\n")
+    time.sleep(1)
+    return x * x
+
+print("warm", slow_square.remote(-1), flush=True)
+for value in slow_square.map(range({count})):
+    print(value, flush=True)
+print("done", flush=True)
+"""
+
+
+class Scrapes:
+    """Both replicas' ``levers9_planner_lease_held`` scraped every half second, in a thread, until closed.
+
+    A frozen replica answers no scrape (its metrics request times out): it is counted as not holding.
+    """
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.ports = [r.metrics_port for r in replicas.replicas]
+        self.seen: list[tuple[float, list[float | None]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _held(self, port: int) -> float | None:
+        try:
+            samples = _metrics(port, timeout=2)
+        except httpx.HTTPError:
+            return None
+        return sum(v for name, v in samples if name.startswith("levers9_planner_lease_held{"))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.seen.append((time.monotonic(), [self._held(port) for port in self.ports]))
+
+    def __enter__(self) -> Scrapes:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def _pool_workers(replicas: Replicas) -> dict[str, int]:
+    """The ``local`` pool's worker processes alive now, as its records list them: machine id -> pid."""
+    found: dict[str, int] = {}
+    for path in (replicas.root / "state" / "levers9" / "local" / "local").glob("*.json"):
+        record = json.loads(path.read_text())
+        try:
+            os.kill(record["pid"], 0)
+        except ProcessLookupError:
+            continue
+        found[record["machine_id"]] = record["pid"]
+    return found
+
+
+def _ran(runs: Path) -> int:
+    """How many calls began (each writes a line first)."""
+    return len(runs.read_text().split()) if runs.exists() else 0
+
+
+def _holders(replicas: Replicas) -> list[float]:
+    """Each replica's ``levers9_planner_lease_held`` (0 for one that does not answer)."""
+    held = []
+    for replica in replicas.replicas:
+        try:
+            samples = _metrics(replica.metrics_port, timeout=5)
+        except httpx.HTTPError:
+            samples = []
+        held.append(sum(v for name, v in samples if name.startswith("levers9_planner_lease_held{")))
+    return held
+
+
+def _lease_to(replicas: Replicas, i: int) -> None:
+    """Have replica ``i`` hold the planner lease: the other one (that holds it) is restarted, releasing it."""
+    deadline = time.monotonic() + 60
+    while (held := _holders(replicas)).count(1) != 1:
+        assert time.monotonic() < deadline, held
+        time.sleep(0.5)
+    holder = held.index(1)
+    if holder == i:
+        return
+    replicas.stop(holder)  # SIGTERM releases the lease; the other replica takes it at its next leader step
+    while _holders(replicas)[i] != 1:
+        assert time.monotonic() < deadline, replicas.logs()
+        time.sleep(0.5)
+    replicas.start(holder)
+
+
+def _pool_logs(replicas: Replicas) -> str:
+    """The tail of each pool worker's log, for assertion messages."""
+    logs = sorted((replicas.root / "state" / "levers9" / "local" / "local").glob("*.log"))
+    return "\n".join(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}" for path in logs)
+
+
+def test_a_frozen_replica_costs_seconds_and_kills_no_worker(replicas: Replicas) -> None:
+    """SIGSTOP of the replica holding the pool workers' sessions, mid-map, for longer than the keepalive TTL.
+
+    Replica 0 holds the workers' sessions and the planner lease; the client talks to replica 1.
+    ``worker_keepalive_s`` is the default (30 s) and the freeze lasts :data:`FREEZE_S` (40 s): what the
+    trial found (the workers staying on the frozen replica, the other one judging them silent, requeueing
+    their calls and killing them) happens after that TTL, so a shorter freeze or TTL would hide it. The
+    workers' pings move them to replica 1 (in about 16 s) and the map goes on there during the freeze; no
+    worker process is killed, every result arrives in order, calls run twice are at most those in flight
+    on the workers at the stop, and no scrape of either replica ever shows two lease holders, before or
+    after SIGCONT (replica 0 reads 0 from its first answer on). About 100 s.
+    """
+    replicas.min_workers = replicas.max_workers = 2
+    replicas.worker_keepalive_s = 30
+    replicas.start_all()
+    _lease_to(replicas, 0)  # the frozen replica holds the lease too: it resumes believing it still does
+    frozen = replicas.replicas[0].process
+    assert frozen is not None
+    before = _pool_workers(replicas)
+    assert len(before) == 2, before
+    # calls run as nobody, who cannot enter the test's directory: each run is written in one it may write to
+    runs_dir = Path(tempfile.mkdtemp(prefix="levers9-runs-"))
+    runs_dir.chmod(0o777)
+    runs = runs_dir / "runs.txt"
+    count = 300
+    program = replicas.popen(FROZEN_PROGRAM.format(runs=str(runs), count=count), addresses=[replicas.addresses[1]])
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, runs_dir, ignore_errors=True)
+        scrapes = cleanup.enter_context(Scrapes(replicas))
+        output = cleanup.enter_context(Output(program))
+        deadline = time.monotonic() + 120
+        while _ran(runs) < 80:  # a quarter of the calls started: the map is in full flow on both workers
+            assert program.poll() is None, output.err[-3000:]
+            assert time.monotonic() < deadline, (_ran(runs), output.lines[-5:], replicas.logs())
+            time.sleep(0.05)
+        stopped_at = time.monotonic()
+        frozen.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(FREEZE_S)
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+        continued_at = time.monotonic()
+        output.wait_exit(300)
+        # replica 0 is back: it must neither act on what it believed (kill a worker) nor claim the lease
+        time.sleep(max(0.0, continued_at + 10 - time.monotonic()))
+        after = _pool_workers(replicas)
+        ran = Counter(runs.read_text().split())
+        worker_logs = _pool_logs(replicas)
+    lines, err = output.lines, output.err
+    assert program.returncode == 0, "\n".join(lines[-20:]) + err[-3000:] + replicas.logs()
+    assert lines == ["warm 1", *(str(i * i) for i in range(count)), "done"], err[-3000:]
+    # the pause: the longest wait for a result after the stop (results already on their way arrive at once)
+    after_stop = [stopped_at, *(t for t in output.times if t > stopped_at)]
+    resumed_at = max(itertools.pairwise(after_stop), key=lambda pair: pair[1] - pair[0])[1]
+    during = sum(1 for t in output.times if stopped_at < t < continued_at)
+    twice = [x for x, n in ran.items() if n > 1 and x != "-1"]
+    two_holders = [(round(t - stopped_at, 1), held) for t, held in scrapes.seen if held.count(1) > 1]
+    print(
+        f"frozen replica: results went on {resumed_at - stopped_at:.1f} s after SIGSTOP (the longest wait); "
+        f"{during} results during the freeze; {len(twice)} calls ran twice; {len(scrapes.seen)} scrapes"
+    )
+    assert during >= 150, (during, worker_logs, replicas.logs())  # the other replica carried the map
+    assert two_holders == [], two_holders
+    # after SIGCONT replica 0 reads 0 from its first answer on, and replica 1 goes on holding the lease
+    resumed = [held for t, held in scrapes.seen if t > continued_at]
+    assert resumed, scrapes.seen
+    assert all(held[0] in (0, None) for held in resumed), resumed
+    assert resumed[-1] == [0, 1], resumed
+    assert after == before, (before, after, worker_logs, replicas.logs())
+    assert len(twice) <= 16, (twice, worker_logs, replicas.logs())  # 2 workers x 8 calls of 0.25 cpu in 2 cpus

@@ -31,6 +31,12 @@ replica holds share one timer (:class:`_Sessions`), which every :data:`TICK_S`
   from another replica can be lost), and this bounds what a lost one costs to
   one tick.
 
+A replica that was frozen (SIGSTOP, a host that stalled) does not trust the sessions it held: their
+workers' pings found it gone and they registered elsewhere, and a session that resumed would take
+their calls off the queue into a dead stream. The shared timer notices the gap (its tick came more
+than :data:`STALE_S` late) and ends every session it holds, and a session checks the same before each
+take; a worker that was still there registers again (saying what it runs, so nothing is run twice).
+
 A session and a tunnel hold their token's guard (:mod:`levers9.services.revocation`)
 for as long as they are open: when the worker's credential is revoked (by an
 operator, or with its machine, which terminating revokes), they end with
@@ -42,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
@@ -73,6 +80,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 _TAKE = 256
 #: the period of the timer a replica's sessions share (see the module docstring)
 TICK_S = 1.0
+#: a tick this late means the replica was stopped (or stalled) meanwhile: its sessions are not trusted
+STALE_S = 5.0
 
 
 def checkpoint_ref(record: CheckpointRecord) -> worker_pb2.CheckpointRef:
@@ -274,6 +283,9 @@ class _Sessions:
         #: sessions whose worker sent a keepalive since the last tick
         self._beats: set[_Session] = set()
         self._timer: asyncio.Task[None] | None = None
+        #: when the timer began its current sleep (monotonic, which counts on while the process is stopped);
+        #: None while it ticks (a slow Redis is not a stopped replica)
+        self._asleep_at: float | None = None
 
     def tick_s(self) -> float:
         """The timer's period: :data:`TICK_S`, shorter where a short keepalive TTL needs it (tests)."""
@@ -282,7 +294,13 @@ class _Sessions:
     def attach(self, session: _Session) -> None:
         self._attached.add(session)
         if self._timer is None or self._timer.done():
+            self._asleep_at = None
             self._timer = asyncio.create_task(self._run(), name="worker sessions")
+
+    def stale(self) -> bool:
+        """Whether the timer's sleep overran by more than :data:`STALE_S`: this replica was stopped meanwhile."""
+        asleep_at = self._asleep_at
+        return asleep_at is not None and time.monotonic() - asleep_at > STALE_S + self.tick_s()
 
     def detach(self, session: _Session) -> None:
         self._attached.discard(session)
@@ -298,7 +316,15 @@ class _Sessions:
     async def _run(self) -> None:
         period = self.tick_s()
         while True:
+            self._asleep_at = time.monotonic()
             await asyncio.sleep(period)
+            if self.stale():
+                late = time.monotonic() - self._asleep_at - period
+                log.warning("worker sessions: this replica was stopped for %.0f s; ending its %d sessions (their "
+                            "workers may have registered elsewhere)", late, len(self._attached))  # fmt: skip
+                for session in list(self._attached):
+                    session.outdated()
+            self._asleep_at = None
             try:
                 await self._tick()
             except asyncio.CancelledError:
@@ -366,6 +392,11 @@ class _Session:
             self.lost = True
             self._event.set()
 
+    def outdated(self) -> None:
+        """This replica was stopped while it held the session: end it without taking anything more."""
+        self.lost = True
+        self._event.set()
+
     async def run(
         self, incoming: AsyncIterator[worker_pb2.WorkerMessage]
     ) -> AsyncGenerator[worker_pb2.ControllerMessage, None]:
@@ -378,7 +409,7 @@ class _Session:
                 event.clear()
                 while not cancels.empty():
                     yield worker_pb2.ControllerMessage(cancel=worker_pb2.CancelTask(task_id=cancels.get_nowait()))
-                if self.lost:
+                if self.lost or self.sessions.stale():
                     return
                 took = await self.dp.take(self.worker_id, _TAKE)
                 batch: list[worker_pb2.ContainerRequest] = []

@@ -22,7 +22,13 @@ The controlplane may be several replicas (``LEVERS9_CONTROLPLANE_URL`` /
 when one fails the worker moves straight to the next and registers there
 (with ``running=`` what it runs, so those calls are claimed, not run again),
 backing off only after every replica failed once in a row; the limit above
-counts from the last contact with any of them. Over TLS the worker verifies
+counts from the last contact with any of them. The replica it just left is
+tried last. A replica that stops answering without closing anything (frozen
+by SIGSTOP, a host that stalled: its kernel still accepts connections) counts
+as failed too: a registration unanswered within :data:`~levers9.worker.dialing.REGISTER_TIMEOUT_S`,
+or a session whose ping goes unanswered (:mod:`levers9.worker.dialing`, 16 s), which is well within the
+``scheduler.worker_keepalive_s`` (30 s by default) after which another
+replica would judge the worker gone and requeue its calls. Over TLS the worker verifies
 the controlplane's certificate with ``LEVERS9_CONTROLPLANE_CA`` (PEM text) or
 ``LEVERS9_CONTROLPLANE_CA_FILE`` (a path), else the system trust store
 (:mod:`levers9.proto.tls`). The CA is public, so unlike the token these
@@ -67,7 +73,6 @@ from levers9.hooks.types import GpuDevice
 from levers9.payloads import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     INLINE_MAX_BYTES,
-    MESSAGE_MAX_BYTES,
     PayloadTooLarge,
     parse_ref,
 )
@@ -81,6 +86,7 @@ from levers9.worker.admission import MAX_QUEUED, Admission
 from levers9.worker.builds import BuildTasks
 from levers9.worker.calls import Call, Outcome, RemoteErrorInfo, StubSpec
 from levers9.worker.credentials import save_session_credential
+from levers9.worker.dialing import REGISTER_TIMEOUT_S, SESSION_PING_S, SESSION_PING_TIMEOUT_S, session_channel_options
 from levers9.worker.environment import default_state_dir, options_from_env
 from levers9.worker.identity import machine_identity
 from levers9.worker.images import ImagePullFailed, ImagePulls
@@ -93,7 +99,9 @@ from levers9.worker.warm.pool import WarmPool
 
 __all__ = [
     "EXIT_REFUSED",
+    "REGISTER_TIMEOUT_S",
     "SESSION_PING_S",
+    "SESSION_PING_TIMEOUT_S",
     "WorkerOptions",
     "WorkerProcess",
     "WorkerRefused",
@@ -101,10 +109,6 @@ __all__ = [
     "options_from_env",
 ]
 
-#: how often the worker pings the replica its session is on; above the server's
-#: grpc.http2.min_ping_interval_without_data_ms (10 s), or the server would end the connection for pinging
-#: too often
-SESSION_PING_S = 15.0
 
 log = logging.getLogger(__name__)
 
@@ -241,16 +245,7 @@ class WorkerProcess:
                 return 0
             target = targets[index]
             creds = grpc.ssl_channel_credentials(root_certificates=roots) if tls else None
-            options = [
-                ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
-                ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
-                # a replica whose host vanished resets nothing: pings find it gone within SESSION_PING_S + 5 s
-                # instead of TCP's retransmission timeout (minutes); the server allows pings this often
-                ("grpc.keepalive_time_ms", int(SESSION_PING_S * 1000)),
-                ("grpc.keepalive_timeout_ms", 5_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.max_pings_without_data", 0),
-            ]
+            options = session_channel_options()
             channel = (
                 grpc.aio.secure_channel(target, creds, options) if creds else grpc.aio.insecure_channel(target, options)
             )
@@ -321,7 +316,9 @@ class WorkerProcess:
             max_queued=MAX_QUEUED,
         )
         try:
-            response: worker_pb2.RegisterResponse = await stub.Register(request, metadata=self._metadata(), timeout=30)
+            response: worker_pb2.RegisterResponse = await stub.Register(
+                request, metadata=self._metadata(), timeout=REGISTER_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
                 raise WorkerRefused(exc.details() or "Register failed its precondition") from None

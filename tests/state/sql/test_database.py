@@ -13,7 +13,13 @@ from sqlalchemy import Connection, Table, insert, select
 from sqlalchemy.exc import StatementError
 
 from levers9.state.errors import DatabaseUrlError, StateError
-from levers9.state.sql.database import Database, normalize_url, open_database, safe_url
+from levers9.state.sql.database import (
+    IDLE_IN_TRANSACTION_MS,
+    Database,
+    normalize_url,
+    open_database,
+    safe_url,
+)
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.models import Workspace, new_id, utcnow
 from levers9.state.sql.workspaces import WorkspaceStore
@@ -153,3 +159,18 @@ async def test_only_sqlite_has_the_direct_path(db: Database) -> None:
     assert not db.direct
     with pytest.raises(StateError, match="SQLite only"):
         await db.run_direct(lambda connection: None)
+
+
+async def test_a_postgres_session_idle_in_a_transaction_is_ended_by_the_server(postgres_url: str) -> None:
+    """A replica frozen mid-transaction must not hold its row locks for as long as it stays frozen."""
+    from sqlalchemy import text
+
+    db = await open_database(postgres_url + "?options=-c%20statement_timeout%3D60000")
+    try:
+        async with db.transaction() as session:
+            shown = (await session.execute(text("SHOW idle_in_transaction_session_timeout"))).scalar_one()
+            kept = (await session.execute(text("SHOW statement_timeout"))).scalar_one()
+        assert shown == f"{IDLE_IN_TRANSACTION_MS // 1000}s"
+        assert kept == "1min", "options given in the URL are kept"
+    finally:
+        await db.close()

@@ -16,6 +16,13 @@ directory and what is free there (:mod:`levers9.state.disk`), from every way
 in (:meth:`Database.transaction`, :meth:`Database.run`,
 :meth:`Database.run_direct`): callers answer it as a refusal, never as an
 internal error, and the next transaction after space returns goes through.
+
+A PostgreSQL session left idle inside a transaction for
+:data:`IDLE_IN_TRANSACTION_MS` is ended by the server: a replica frozen
+mid-transaction (SIGSTOP) would otherwise hold its row locks, and stop every
+other replica's writes to those rows, for as long as it stays frozen. When it
+resumes, that transaction fails (its connection is gone) and is not retried
+on what it had read.
 """
 
 from __future__ import annotations
@@ -380,6 +387,10 @@ def _sqlite_foreign_key_check(connection: Connection) -> None:
         raise StateError(f"the migration left rows whose foreign keys point nowhere, in: {', '.join(tables)}")
 
 
+#: how long a PostgreSQL session may sit idle inside a transaction before the server ends it (see open_database)
+IDLE_IN_TRANSACTION_MS = 10_000
+
+
 async def open_database(url: str, *, migrate: bool = True) -> Database:
     """Open the database at ``url`` (see :func:`normalize_url`) and, by default, migrate it to the newest schema.
 
@@ -397,6 +408,12 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
             )
         # A database restarted under a running controlplane leaves dead pooled connections.
         options["pool_pre_ping"] = True
+        # A replica frozen (SIGSTOP, a stalled host) inside a transaction keeps its row locks, and every other
+        # replica's writes to those rows (a worker's results) wait for it: PostgreSQL ends such a session after
+        # IDLE_IN_TRANSACTION_MS, far beyond the pauses of a levers9 transaction, whose statements run back to back
+        setting = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+        given = parsed.query.get("options")
+        options["connect_args"] = {"options": f"{given} {setting}" if isinstance(given, str) else setting}
     engine = create_async_engine(parsed, **options)
     sqlite_sync = None
     if parsed.drivername == "sqlite+aiosqlite":
