@@ -1,6 +1,7 @@
 """A client of ``redis+sentinel://`` follows a failover: commands, Lua scripts and subscriptions carry on.
 
 A real primary, replica and three Sentinels (tests/fixtures/redis_sentinel.py); the primary is SIGKILLed.
+The same over TLS with an ACL user (``rediss+sentinel://USER:PASSWORD@...?ca_file=...&sentinel_auth=yes``).
 What was replicated before (``WAIT``) is on the new primary; a script registered before the failover runs
 there (redis-py loads it again on ``NOSCRIPT``); a subscription of :func:`levers9.state.redis.channel.listen`
 hears what is published on the new primary; :func:`levers9.state.redis.watch.watch` sees the new server
@@ -21,7 +22,7 @@ from levers9.state.redis.channel import listen
 from levers9.state.redis.connect import connect, verify
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.watch import watch
-from tests.fixtures.redis_sentinel import SentinelRedis, redis_sentinel  # noqa: F401
+from tests.fixtures.redis_sentinel import PASSWORD, SentinelRedis, redis_sentinel, redis_sentinel_secure  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,9 +41,9 @@ async def _until_it_works(what: object, deadline_s: float = 30) -> object:
 async def test_a_sentinel_client_follows_a_failover(redis_sentinel: SentinelRedis) -> None:  # noqa: F811
     # a service the Sentinels do not monitor, and a Sentinel that is not there: one short reason each
     wrong = redis_sentinel.url.replace("/l9", "/nope").replace("redis+sentinel://", "redis+sentinel://:pw@127.0.0.1:1,")
-    with pytest.raises(StateError) as info:
+    with pytest.raises(StateError) as refused:
         await verify(connect(wrong), wrong)
-    said = str(info.value)
+    said = str(refused.value)
     assert said.startswith(f"Redis at {wrong.replace(':pw@', ':***@')} (state.redis_url) does not answer: "), said
     assert "no Sentinel named a primary for 'nope' (127.0.0.1:1: Error 111 connecting" in said, said
     assert f"127.0.0.1:{redis_sentinel.sentinel_ports[0]}: monitors no 'nope'" in said, said
@@ -94,4 +95,25 @@ async def test_a_sentinel_client_follows_a_failover(redis_sentinel: SentinelRedi
         listener.cancel()
         watching.cancel()
         await asyncio.gather(listener, watching, return_exceptions=True)
+        await redis.aclose()
+
+
+async def test_over_tls_with_an_acl_user_too(redis_sentinel_secure: SentinelRedis) -> None:  # noqa: F811
+    group = redis_sentinel_secure
+    wrong = group.url.replace(f":{PASSWORD}@", ":wrong-pw@")
+    with pytest.raises(StateError) as info:
+        await verify(connect(wrong), wrong)
+    assert "wrong-pw" not in str(info.value)
+    assert "invalid username-password pair" in str(info.value)
+    redis = connect(group.url)
+    try:
+        await verify(redis, group.url)
+        await redis.set("kept", "yes")
+        assert await redis.wait(1, 5000) == 1
+        group.kill_primary()
+        group.wait_failover()
+        assert await _until_it_works(lambda: redis.get("kept")) == "yes"
+        assert (await redis.info("replication"))["role"] == "master"
+        assert (await redis.config_get("tls-port"))["tls-port"] == str(group.replica_port)
+    finally:
         await redis.aclose()
