@@ -102,6 +102,8 @@ async def test_a_replica_that_lost_the_lease_starts_and_terminates_no_machine(ma
     [record] = await frozen.ctx.machines.list()
     with pytest.raises(LeaseLost):  # what it read before the freeze says the machine's worker is gone
         await frozen.provisioner.terminate(h.pools["cpu"], record, "its worker stopped reporting")
+    with pytest.raises(LeaseLost):  # a provider listing that came back after the freeze is not acted on
+        await frozen.reconcile_once()
     assert h.terminates() == []
     assert len(h.machines()) == 1
     assert len(h.call_log()) == 1, "no second machine asked for"

@@ -324,6 +324,7 @@ class _Sessions:
                             "workers may have registered elsewhere)", late, len(self._attached))  # fmt: skip
                 for session in list(self._attached):
                     session.outdated()
+                self._beats.clear()  # heard before the stop: their workers have moved on, or will say so again
             self._asleep_at = None
             try:
                 await self._tick()

@@ -226,6 +226,8 @@ class PoolController:
             ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines", type(exc).__name__))
             raise
         ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines"))
+        # a listing may take long, and this replica may have been frozen meanwhile: act on it only if still the holder
+        await self.provisioner.check_fence(f"reconciling pool {pool.name}")
         records = {m.id: m for m in await ctx.machines.list(pool=pool.name)}
         active = {mid for mid, m in records.items() if m.state in ACTIVE}
         in_flight = self.provisioner.in_flight
@@ -352,6 +354,7 @@ class PoolController:
 
     async def _end(self, pool: PoolSpec, record: MachineRecord, machine: Machine, report: UpkeepReport) -> None:
         """The provider took ``machine`` back (preempted) or says it will never run (failed): end it now."""
+        await self.provisioner.check_fence(f"ending machine {record.id}")  # its record is closed, its calls requeued
         ctx = self.ctx
         preempted = machine.state is MachineState.PREEMPTED
         said = machine.reason or "no reason given"
