@@ -9,6 +9,12 @@ fixture ``tests/fixtures/replicas.py``) with a ``local`` pool of two process-run
   usual gap between calls before it.
 - **worker failover**: the workers' sessions are on replica 0 (the first address they are given); the client
   talks to replica 1 only. Replica 0 is SIGKILLed; the figure is again the client's longest pause.
+- **frozen replica**: as for worker failover, but replica 0 is stopped with SIGSTOP (its sockets stay open and
+  its kernel still accepts connections, like a host that stalled) and ``scheduler.worker_keepalive_s`` is the
+  default 30 s. The figure is the time from the SIGSTOP to the end of the client's longest pause after it:
+  the workers' pings find replica 0 gone and they register with replica 1. Replica 0 gets SIGCONT afterwards.
+  A worker pings every 12 s and waits 4 s for the answer (``levers9.worker.dialing``), so the figure lies
+  between about 4 and 16 s depending on where in the ping period the stop falls; ``--repeat`` shows the spread.
 - **rolling restart**: a client runs maps of 100 no-op calls through both replicas. Steady state is measured
   over a window; then each replica is stopped (SIGTERM) and started again in turn, and the tasks/s over that
   whole window are compared with the steady state. Any failed call fails the benchmark.
@@ -137,19 +143,32 @@ class Stamps:
         steady = statistics.median(b - a for a, b in itertools.pairwise(before[-50:]))
         return longest, steady
 
+    def resumed_after(self, moment: float, timeout: float = 300) -> float:
+        """Seconds from ``moment`` to the end of the longest gap between completed calls after it (20 calls)."""
+        deadline = time.monotonic() + timeout
+        while sum(1 for s in self.stamps if s > moment) < 20:
+            self.alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than 20 calls completed within {timeout} s of the stop")
+            time.sleep(0.05)
+        window = [moment, *[s for s in self.stamps if s > moment][:20]]
+        _, end = max(itertools.pairwise(window), key=lambda pair: pair[1] - pair[0])
+        return end - moment
+
     def count_between(self, start: float, end: float) -> int:
         return sum(1 for s in self.stamps if start < s <= end)
 
 
 @contextlib.contextmanager
-def cluster(pg: str, redis_url: str, workers: int) -> Iterator[Replicas]:
+def cluster(pg: str, redis_url: str, workers: int, keepalive_s: float = 3) -> Iterator[Replicas]:
     root = Path(tempfile.mkdtemp(prefix="l9-bench-failover-"))
     import psycopg
 
     name = f"bench_{time.monotonic_ns()}"
     with psycopg.connect(pg.replace("postgresql+psycopg", "postgresql") + "postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
-    group = Replicas(root, pg + name, redis_url, count=2, min_workers=workers, max_workers=workers, cpu=1)
+    group = Replicas(root, pg + name, redis_url, count=2, min_workers=workers, max_workers=workers, cpu=1,
+                     worker_keepalive_s=keepalive_s)  # fmt: skip
     try:
         group.start_all()
         yield group
@@ -181,6 +200,23 @@ def worker_failover(pg: str, redis_url: str) -> tuple[float, float]:
         return client.pause_around(killed)
 
 
+def frozen_replica(pg: str, redis_url: str) -> float:
+    """Seconds from SIGSTOP of the workers' replica to the end of the client's longest pause after it."""
+    with (
+        cluster(pg, redis_url, 2, keepalive_s=30) as group,
+        Stamps(group.popen(CALLS, addresses=[group.addresses[1]])) as client,
+    ):
+        time.sleep(3)
+        process = group.replicas[0].process
+        assert process is not None
+        stopped = time.time()
+        process.send_signal(signal.SIGSTOP)
+        try:
+            return client.resumed_after(stopped)
+        finally:
+            process.send_signal(signal.SIGCONT)
+
+
 def rolling(pg: str, redis_url: str, window_s: float) -> tuple[float, float, float]:
     """Maps/s in steady state, maps/s over the whole rolling restart, and how long that restart took."""
     with cluster(pg, redis_url, 2) as group, Stamps(group.popen(MAPS)) as client:
@@ -201,15 +237,23 @@ def rolling(pg: str, redis_url: str, window_s: float) -> tuple[float, float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs of each failover measurement")
+    parser.add_argument("--only", choices=["frozen"], help="run only this measurement")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of steady state measured")
     args = parser.parse_args()
     for key, value in machine().items():
         print(f"- {key}: {value}")
     with redis_server() as redis_url, running_postgres() as pg:
+        if args.only == "frozen":
+            frozen = [frozen_replica(pg, redis_url) for _ in range(args.repeat)]
+            print(f"\nfrozen replica: calls go on {statistics.median(frozen):.1f} s after SIGSTOP (median; "
+                  f"{', '.join(f'{f:.1f}' for f in frozen)} s)")  # fmt: skip
+            return
         clients = [client_failover(pg, redis_url) for _ in range(args.repeat)]
         print(f"  client failover (pause, steady gap): {clients}", file=sys.stderr)
         workers = [worker_failover(pg, redis_url) for _ in range(args.repeat)]
         print(f"  worker failover (pause, steady gap): {workers}", file=sys.stderr)
+        frozen = [frozen_replica(pg, redis_url) for _ in range(args.repeat)]
+        print(f"  frozen replica (SIGSTOP to calls going on): {frozen}", file=sys.stderr)
         steady, during, took = rolling(pg, redis_url, args.window)
     print("\n| measurement | longest pause between two calls, median | runs | one call, steady |")
     print("|--|--:|--|--:|")
@@ -220,6 +264,9 @@ def main() -> None:
         pauses = [p for p, _ in runs]
         print(f"| {name} | {statistics.median(pauses):.2f} s | {', '.join(f'{p:.2f}' for p in pauses)} "
               f"| {statistics.median(g for _, g in runs) * 1000:.0f} ms |")  # fmt: skip
+    print(f"\nReplica holding the workers frozen (SIGSTOP, worker_keepalive_s 30 s), the client on the other: "
+          f"calls go on {statistics.median(frozen):.1f} s after the stop (median; "
+          f"{', '.join(f'{f:.1f}' for f in frozen)} s).")  # fmt: skip
     print(f"\nRolling restart of both replicas ({took:.0f} s): {during:,.0f} tasks/s against {steady:,.0f} tasks/s "
           f"steady ({during / steady:.2f}x); no call failed.")  # fmt: skip
 
