@@ -76,6 +76,9 @@ async def stop_or_keep_machines(services: Services, *, keep: bool, say: Callable
     ``say`` prints one line on the terminal. Never raises for a machine: a failure is said and logged.
     """
     await services.scheduler.stop()
+    # `up` is its pools' only controlplane: these terminations are its own shutdown's, made after its scheduler
+    # stopped and gave the planner lease up, so the lease's fence (which refuses a former holder's acts) is off
+    services.scheduler.provisioner.fence = None
     joined = [spec for spec in services.pools.values() if spec.pool.provider in JOINED_PROVIDERS]
     owned = [spec for spec in services.pools.values() if spec.pool.provider not in JOINED_PROVIDERS]
     if keep:
