@@ -78,3 +78,27 @@ async def test_a_flush_or_a_new_server_process_has_the_state_rebuilt_once(tmp_pa
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await redis.aclose()
+
+
+async def test_a_user_that_may_not_ask_is_told_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    config = f"port {port}\nuser default off\nuser bob on >pw ~* &* +@all -info\n"
+    calls: list[str] = []
+
+    async def rebuild() -> None:
+        calls.append("done")
+
+    with redis_server_process(tmp_path, config, {"port": port, "username": "bob", "password": "pw"}):
+        redis = connect(f"redis://bob:pw@127.0.0.1:{port}/0")
+        task = asyncio.create_task(watch(redis, "t:", rebuild, interval_s=LOOK_S))
+        try:
+            await _until(lambda: "Redis refuses what the watch for lost state asks" in caplog.text)
+            await asyncio.sleep(LOOK_S * 6)
+            assert caplog.text.count("Redis refuses what the watch") == 1
+            assert "no permissions to run the 'info' command" in caplog.text
+            assert calls == []
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await redis.aclose()

@@ -18,6 +18,8 @@ and Redis lost is queued again instead of waiting for ever. Invariants:
   taken as handled once it succeeded); never while the server does not answer (a failover in progress:
   commands fail, callers retry, and the look after the new primary answers sees the change).
 * The first look only records what it sees: a controlplane that starts rebuilds anyway.
+* A server that refuses a look (an ACL user without ``INFO``) is reported once as a warning; the
+  watch keeps asking, and works once it is allowed.
 * A look costs two commands (``INFO server``, ``GET``) and one ``SET``; the marker expires a day after
   the last look, so a controlplane that died leaves nothing behind for long.
 """
@@ -49,6 +51,9 @@ async def watch(
     """Run ``rebuild`` whenever the server behind ``redis`` may have lost writes (see the module docstring)."""
     marker_key = f"{prefix}watch:{secrets.token_hex(8)}"  # one per controlplane: replicas never share it
     seen: str | None = None  # the run_id of the server the marker was last written to
+    refused = False  # whether the server refused a look (said once)
+    from redis.exceptions import ResponseError
+
     while True:
         try:
             run_id = str((await redis.info("server"))["run_id"])
@@ -71,5 +76,11 @@ async def watch(
             raise
         except Exception as exc:
             raise_if_cancelling(exc)
-            log.debug("looking at the Redis server failed (it is away): %s", exc)
+            if isinstance(exc, ResponseError) and not refused:  # answered, but no: an ACL user without INFO, say
+                refused = True
+                log.warning("Redis refuses what the watch for lost state asks (INFO server, GET/SET %s): %s; "
+                            "a failover or restart that loses writes goes unnoticed until a replica restarts",
+                            marker_key, exc)  # fmt: skip
+            else:
+                log.debug("looking at the Redis server failed (it is away): %s", exc)
         await asyncio.sleep(interval_s)
