@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,57 @@ def test_killing_the_replica_a_client_uses_mid_map_loses_nothing(replicas: Repli
     assert program.returncode == 0, "\n".join(lines) + err + replicas.logs()
     assert lines == ["remote 2", *(f"result {2 * i}" for i in range(count)), "after 10"], err
     assert replicas.replicas[1].running
+
+
+def test_a_client_leaves_the_replica_it_uses_when_that_replica_freezes_mid_map(replicas: Replicas) -> None:
+    """SIGSTOP of the client's replica (0): its sockets stay open and the kernel still acknowledges, so only the
+    client's pings on its calls find it gone. The map finishes through replica 1 while replica 0 is still stopped.
+
+    The workers (on replica 0 too) leave it by their own pings; ``worker_keepalive_s`` is the default 30 s so
+    that they move before replica 1 could judge them gone. The only limit on time is the wait for the program
+    while replica 0 is stopped: long enough for pings (12 s and 4 s) and the rest of the map several times
+    over, shorter than gRPC's own ping timeout (60 s), which a client that does not set it waits out.
+    """
+    replicas.worker_keepalive_s = 30
+    replicas.start_all()
+    count = 24
+    program = replicas.popen(PROGRAM.format(cpu=0.25, sleep=0.2, count=count))
+    process = replicas.replicas[0].process
+    assert process is not None
+    stopped = False
+    try:
+        assert program.stdout is not None
+        seen: list[str] = []
+        while len([line for line in seen if line.startswith("result")]) < 3:
+            line = program.stdout.readline()
+            assert line, (
+                f"the program ended early: {program.wait(30)}\n{program.stderr.read() if program.stderr else ''}"
+            )
+            seen.append(line.strip())
+        process.send_signal(signal.SIGSTOP)
+        stopped = True
+        # read on through the same buffered pipe (communicate() would skip what readline() buffered)
+        rest: list[str] = []
+        reader = threading.Thread(
+            target=lambda: rest.extend(program.stdout.read().splitlines()) if program.stdout else None
+        )
+        reader.start()
+        reader.join(55)
+        if reader.is_alive():
+            program.kill()
+            reader.join(10)
+            pytest.fail(f"the client stayed on the frozen replica: {seen + rest}\n{replicas.logs()}")
+        err = program.stderr.read() if program.stderr is not None else ""
+        program.wait(30)
+    finally:
+        if stopped:
+            process.send_signal(signal.SIGCONT)
+        if program.poll() is None:
+            program.kill()
+            program.wait(10)
+    lines = seen + rest
+    assert program.returncode == 0, "\n".join(lines) + err + replicas.logs()
+    assert lines == ["remote 2", *(f"result {2 * i}" for i in range(count)), "after 10"], err
 
 
 def test_reconnect_s_bounds_how_long_a_call_tries_when_no_replica_answers(tmp_path: Path) -> None:

@@ -43,11 +43,14 @@ __all__ = [
 
 #: batches of inline payloads travel in one message, so the default 4 MiB is too small (see levers9.payloads)
 MAX_MESSAGE_BYTES = MESSAGE_MAX_BYTES
-#: an Invoke waiting for a GPU or a followed log can be silent for minutes; pinging keeps NATs
-#: and load balancers (AWS NLB drops idle flows after 350 s) from cutting it. The server must
-#: accept pings this often (its grpc.http2.min_ping_interval_without_data_ms at most this).
-KEEPALIVE_TIME_MS = 60_000
-KEEPALIVE_TIMEOUT_MS = 20_000
+#: an Invoke waiting for a GPU or a followed log can be silent for minutes: pings on a channel with calls in
+#: flight keep NATs and load balancers from cutting it, and find a replica that stopped answering with its
+#: sockets open (SIGSTOP, a stalled host: the kernel still acknowledges) within KEEPALIVE_TIME_MS +
+#: KEEPALIVE_TIMEOUT_MS (16 s), so the client moves to another replica as a worker does
+#: (levers9.worker.dialing). The server must accept pings this often (its
+#: grpc.http2.min_ping_interval_without_data_ms, 10 s, at most this).
+KEEPALIVE_TIME_MS = 12_000
+KEEPALIVE_TIMEOUT_MS = 4_000
 
 
 def credentials(ctx: Context) -> grpc.ChannelCredentials:
@@ -71,6 +74,8 @@ def open_channel(ctx: Context, address: str | None = None) -> grpc.aio.Channel:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # grpcio waits for a ping's answer this long whatever keepalive_timeout_ms says (60 s by default)
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         # Only calls in flight need keeping alive; an idle channel pinging would be refused.
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
