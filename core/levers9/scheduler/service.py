@@ -38,6 +38,7 @@ from levers9.scheduler.request import PlacementRequest
 from levers9.scheduler.restart import RebuildReport, rebuild, requeue_kept, return_grace_s
 from levers9.state.errors import InvalidTransition, NotFound
 from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Released, Taken
+from levers9.state.redis.outage import Outage
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
 from levers9.state.sql.machines import MachineStore
@@ -491,17 +492,24 @@ class Scheduler:
     async def _loop(self, name: str, step: Callable[[], Awaitable[float]]) -> None:
         """Run ``step`` until stopped; it returns how long to sleep. A failing step is logged, never fatal.
 
-        The loop also ends when :meth:`stop` has begun: a cancellation swallowed on its way (by a
-        client library, or by ``asyncio.wait_for`` on Python 3.11) must not keep ``stop`` waiting.
+        Redis not answering (a restart, a Sentinel failover) is one warning per outage, and one line when
+        it answers again (:class:`~levers9.state.redis.outage.Outage`); any other failure is logged with
+        its traceback every time. The loop also ends when :meth:`stop` has begun: a cancellation
+        swallowed on its way (by a client library, or by ``asyncio.wait_for`` on Python 3.11) must not
+        keep ``stop`` waiting.
         """
+        outage = Outage(log, f"scheduler {name} loop")
         while not self._stopping:
             try:
                 wait = await step()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("scheduler %s loop failed; retrying", name)
+            except Exception as exc:
+                if not outage.failed(exc):
+                    log.exception("scheduler %s loop failed; retrying", name)
                 wait = 1.0
+            else:
+                outage.answered()
             await asyncio.sleep(wait)
 
     async def _wait(self, event: asyncio.Event, timeout: float) -> None:

@@ -22,8 +22,8 @@ The flusher therefore waits for Redis's verdict on an outcome before storing it.
 
 Failures: storing a batch is tried five times, then given up (the tasks stay
 unfinished in SQL and run again after a restart: calls are at least once);
-freeing is retried every half second while Redis is away, and nothing is
-stored meanwhile.
+freeing is retried every half second while Redis is away (one warning per
+outage, and a line when Redis answers again), and nothing is stored meanwhile.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from levers9.services.reports import TaskOutcome, WorkerReport
 from levers9.services.stubs import CALLED_KINDS
+from levers9.state.redis.outage import Outage
 from levers9.state.sql.calls import Finish
 from levers9.state.sql.records import CallResult
 
@@ -91,6 +92,8 @@ class WorkerReports:
         self._refused: set[tuple[str, str]] = set()
         #: per worker: when its refused reports were last logged, and how many were refused since
         self._refused_log: dict[str, tuple[float, int]] = {}
+        #: Redis not answering the releaser: one warning per outage, not a traceback every half second
+        self._outage = Outage(log, "freeing the places of reported calls")
 
     @property
     def idle(self) -> bool:
@@ -242,13 +245,15 @@ class WorkerReports:
             for worker_id, task_ids in batch.items():
                 try:
                     refused = await self.dp.services.scheduler.release_reported(worker_id, task_ids)
-                except Exception:
+                except Exception as exc:
                     # Redis is away: try again shortly (freeing is idempotent), or the places stay taken
-                    log.exception("freeing the places of %d calls on worker %s failed", len(task_ids), worker_id)
+                    if not self._outage.failed(exc):
+                        log.exception("freeing the places of %d calls on worker %s failed", len(task_ids), worker_id)
                     self._to_release.setdefault(worker_id, []).extend(task_ids)
                     settled = False
                     await asyncio.sleep(0.5)
                     continue
+                self._outage.answered()
                 if refused:
                     self._refused.update((t, worker_id) for t in refused)
                     self.refuse(worker_id, "outcome", refused)
