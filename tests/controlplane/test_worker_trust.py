@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from levers9.__about__ import __version__
 from levers9.proto import WORKER_ID_METADATA
@@ -180,3 +183,53 @@ async def test_the_gateway_is_told_only_of_addresses_a_container_of_that_worker_
         await _until("the allowed address to reach the gateway", lambda: bool(listener.ready))
     assert _refused(cp, "address") == 4
     assert [(w, r.address) for w, r in listener.ready] == [(forged.worker_id, f"127.0.0.1:{free}")]
+
+
+async def test_a_worker_resending_a_finished_calls_outcome_is_not_a_security_event(
+    cp: Cp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a failover a worker registers with another replica and re-sends what it reported in the last minute:
+    outcomes of calls it ran that are finished already. Dropped quietly, not refused as a forged report; a report on
+    a call never placed on it is still refused and logged as one."""
+    services, dp = cp.services, cp.dataplane
+    mine = await services.workspaces.get_or_create("team-a")
+    us = Principal(token_id="t", kind=TokenKind.USER, workspace_id=mine.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(us, {"name": "f", "cpu_millicores": 100}, b"pickled handler")
+    victim = await services.workspaces.get_or_create("team-b")
+    them = Principal(token_id="t2", kind=TokenKind.USER, workspace_id=victim.id, subject="someone else")
+    other_stub, _ = await dp.get_or_create_stub(them, {"name": "g", "gpu": ["L4"]}, b"pickled handler")
+    [not_ours] = await dp.submit(them, other_stub, [b"args"])
+    async with forged_worker(cp) as forged:
+        [task_id] = await dp.submit(us, stub_id, [b"args"])
+        assert await asyncio.wait_for(forged.placed(), DEADLINE_S) == [task_id]
+        started = worker_pb2.TaskStarted(task_id=task_id, container_id="c1")
+        result = common_pb2.TaskResult(task_id=task_id, status="complete", result=b"first")
+        forged.send(started=[started], results=[result], logs=[worker_pb2.TaskLog(task_id=task_id, data=b"ran\n")])
+
+        async def finished() -> bool:
+            task = await services.tasks.get(task_id)
+            return task is not None and task.status.value == "complete"
+
+        await _until("the outcome to be stored", finished)
+        caplog.set_level(logging.DEBUG, logger="levers9.services.worker_reports")
+        caplog.clear()
+        # re-sent as after a failover: the same start, outcome and output again
+        forged.send(started=[started], results=[result], logs=[worker_pb2.TaskLog(task_id=task_id, data=b"ran\n")])
+        # then a report on a call that was never placed on it
+        forged.send(results=[common_pb2.TaskResult(task_id=not_ours, status="complete", result=EVIL)])
+        # output trailing its own finished call is accepted: once stored, everything before it has been read
+        forged.send(logs=[worker_pb2.TaskLog(task_id=task_id, data=b"trailing\n")])
+
+        async def trailing_stored() -> bool:
+            return [d for _, d in await dp.calls.logs(task_id)] == [b"ran\n", b"trailing\n"]
+
+        await _until("the trailing output to be stored", trailing_stored)
+    assert _refused(cp, "report") == 1, "the re-sent outcome was counted as a refusal"
+    security = [r.getMessage() for r in caplog.records if r.getMessage().startswith("security:")]
+    assert len(security) == 1, security
+    assert not_ours in security[0]
+    assert task_id not in security[0]
+    assert any(r.levelno == logging.DEBUG and task_id in r.getMessage() for r in caplog.records)
+    assert await dp.calls.results([not_ours]) == []
+    [stored] = await dp.calls.results([task_id])
+    assert (stored.status, stored.result) == ("complete", b"first")

@@ -13,7 +13,11 @@ pickled result of its choosing, which the caller's SDK unpickles, or write its
 output. A start, output, an outcome, a serving container's address or a big
 result for a task not placed on the reporting worker is refused, logged as a
 security event (once a minute per worker, with how many since) and counted in
-``levers9_worker_refusals_total``. An outcome is stored only once Redis has
+``levers9_worker_refusals_total``, unless SQL says the task is finished and
+was that worker's: a worker that registers again with another replica re-sends
+what it reported lately, so such a report is a repeat, dropped with a debug
+line and counted nowhere (:meth:`WorkerReports._resent`, one SQL read for the
+refused ones only). An outcome is stored only once Redis has
 released its request from that very worker (``finish_many.lua`` leaves a
 request placed on another worker, or on none, alone and names it): a late
 report from a worker presumed dead, whose call was queued or placed again
@@ -40,7 +44,7 @@ from levers9.services.reports import TaskOutcome, WorkerReport
 from levers9.services.stubs import CALLED_KINDS
 from levers9.state.redis.outage import Outage
 from levers9.state.sql.calls import Finish
-from levers9.state.sql.records import CallResult
+from levers9.state.sql.records import CallResult, TaskStatus
 
 if TYPE_CHECKING:
     from levers9.services.dataplane import DataPlane
@@ -147,13 +151,35 @@ class WorkerReports:
         refused = (named | logged) - mine
         if not refused:
             return report
-        self.refuse(worker_id, "report", refused)
+        self.refuse(worker_id, "report", refused - await self._resent(worker_id, refused, "reports"))
         return WorkerReport(
             started=[(t, c) for t, c in report.started if t in mine],
             serving=[r for r in report.serving if r.task_id in mine],
             outcomes=[o for o in report.outcomes if o.task_id in mine],
             logs=[(t, d) for t, d in report.logs if t in mine],
         )
+
+    async def _resent(self, worker_id: str, task_ids: Iterable[str], what: str) -> set[str]:
+        """Which of ``task_ids`` (refused: not placed on ``worker_id`` now) are finished calls that worker ran.
+
+        A worker re-sends what it reported lately when it registers again with another replica (storing an
+        outcome is idempotent), so after a failover it reports on calls already finished, often by the
+        replica it left. Those are dropped too, but quietly: not a security event. One SQL read for all.
+        Should that read fail, nothing is excused and the refusal is logged as before.
+        """
+        ids = sorted(task_ids)
+        try:
+            owners = await self.dp.calls.owners(ids)
+        except Exception:
+            log.exception("reading which of %d refused task(s) worker %s ran failed", len(ids), worker_id)
+            return set()
+        resent = {t for t, (status, owner) in owners.items() if owner == worker_id and TaskStatus(status).terminal}
+        if resent:
+            log.debug(
+                "worker %s re-sent %s on %d finished call(s) it ran (%s%s): dropped",
+                worker_id, what, len(resent), ", ".join(sorted(resent)[:5]), ", ..." if len(resent) > 5 else "",
+            )  # fmt: skip
+        return resent
 
     def refuse(self, worker_id: str, what: str, task_ids: Iterable[str], reason: str = "") -> None:
         """Log and count a worker's attempt to act on tasks not placed on it: a security event.
@@ -256,7 +282,7 @@ class WorkerReports:
                 self._outage.answered()
                 if refused:
                     self._refused.update((t, worker_id) for t in refused)
-                    self.refuse(worker_id, "outcome", refused)
+                    self.refuse(worker_id, "outcome", set(refused) - await self._resent(worker_id, refused, "outcomes"))
             if settled:
                 self._released_seq = max(self._released_seq, upto)
                 self._settled.set()
