@@ -13,7 +13,33 @@ Invariants:
 * **Reconnecting**: any other end of the stream (the controlplane restarted,
   the network broke, the stream was cut for silence) is logged once with its
   reason and dialled again after an exponential back-off with full jitter
-  (first about 0.5 s, never more than 30 s), reset once a Welcome arrives.
+  (first about 0.5 s, never more than :data:`BACKOFF_CAP_S`), reset once a
+  Welcome arrives. Each try dials the next of the controlplane's addresses
+  after the one the last try used, so a replica that is lost is tried again
+  only after every other one.
+* **A frozen replica is left within** :data:`KEEPALIVE_S` + :data:`KEEPALIVE_TIMEOUT_S`
+  **(16 s)**. A replica stopped by SIGSTOP, or on a host that stalled, closes
+  nothing and its kernel still acknowledges every segment, so neither the
+  heartbeats nor TCP_USER_TIMEOUT notice; only an answer that the replica's
+  own process must give does. The agent sends a gRPC keepalive ping every
+  :data:`KEEPALIVE_S` and gives the stream up when its answer is late by
+  :data:`KEEPALIVE_TIMEOUT_S`, well inside the three heartbeat periods after
+  which the other replicas would judge the agent's machines gone. A replica
+  that accepts the connection but never sends its Welcome is left after
+  :data:`WELCOME_TIMEOUT_S`.
+
+  Why pings and not an answer to each heartbeat: a gRPC ping is a 17-byte
+  HTTP/2 frame that the controlplane's C core acknowledges on its own, without
+  the Python event loop, which is where the controlplane's cost per agent lies
+  (bench/RESULTS.md, "Agent machines": about 270 µs of the controlplane per
+  message, half of it on the event loop; gRPC pings every 15 s instead of
+  300 s from 1,000 workers changed nothing measurable). An answered heartbeat
+  would add one message each way per heartbeat, and would still find a frozen
+  replica only a heartbeat period (30 s) later: 20 s would need heartbeats
+  every 10-15 s, several times the messages. The pings cost 1,000 agents about
+  83 frames a second in the C core's threads. They stay above the
+  controlplane's ``grpc.http2.min_ping_interval_without_data_ms`` (10 s),
+  below which it would close the connection for pinging too often.
 * **A refused credential ends the agent**: UNAUTHENTICATED or
   PERMISSION_DENIED from the controlplane (a revoked or removed machine, a
   join token already spent) raises :class:`CredentialRefused` with the
@@ -43,6 +69,9 @@ __all__ = [
     "BACKOFF_CAP_S",
     "BACKOFF_INITIAL_S",
     "CHANNEL_OPTIONS",
+    "KEEPALIVE_S",
+    "KEEPALIVE_TIMEOUT_S",
+    "WELCOME_TIMEOUT_S",
     "CredentialRefused",
     "InsecureRefused",
     "SessionHandler",
@@ -58,18 +87,24 @@ BACKOFF_INITIAL_S = 0.5
 #: hears from every agent within its return grace (levers9.scheduler.restart.RETURN_GRACE_MIN_S, 20 s) and judges
 #: none of their machines gone
 BACKOFF_CAP_S = 15.0
-#: how long Welcome may take after Hello
-WELCOME_TIMEOUT_S = 30.0
-#: gRPC keepalive pings, sent only after this long without receiving anything. They are not what finds a dead
-#: controlplane: with keepalive on, gRPC sets TCP_USER_TIMEOUT to the keepalive timeout (10 s) on the socket,
-#: so the heartbeat the agent writes every ``Welcome.heartbeat_s`` (30 s) is itself the probe, and a host that
-#: vanished, or a NAT that forgot the connection, is found within a heartbeat period and 10 s. With a thousand
-#: agents every ping costs the controlplane too (bench/RESULTS.md, "Agent machines"), so they are rare.
-KEEPALIVE_S = 300.0
+#: how long Welcome may take after Hello: a frozen replica (SIGSTOP, a stalled host) accepts the connection (its
+#: kernel answers) and then says nothing; long enough for a controlplane that a whole fleet dials at once (1,000
+#: streams took 18.6 s at 50 in flight on two cores, bench/RESULTS.md), whose late ones go to the next address
+WELCOME_TIMEOUT_S = 15.0
+#: how often the agent pings the replica its stream is on (gRPC keepalive, answered by the replica's gRPC transport,
+#: not its Python). Above the controlplane's grpc.http2.min_ping_interval_without_data_ms (10 s), below which the
+#: controlplane would close the connection for pinging too often
+KEEPALIVE_S = 12.0
+#: how long a ping may go unanswered before the stream is given up and the next address dialled. gRPC also sets
+#: TCP_USER_TIMEOUT to this, so a host that vanished (no RST, no FIN) is found by the next heartbeat or ping. Both
+#: grpc.keepalive_timeout_ms and grpc.http2.ping_timeout_ms are set: with the first alone, grpcio 1.85 waits for
+#: the second (60 s by default) before it takes an unanswered ping for a dead connection
+KEEPALIVE_TIMEOUT_S = 4.0
 #: the channel options of every agent (the benchmark's simulated agents use them too)
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
@@ -116,6 +151,15 @@ def open_channel(controlplane: str, *, ca_pem: str | None, insecure: bool, attem
             "--insecure on a development machine"
         )
     return grpc.aio.insecure_channel(target, options)
+
+
+def _address(controlplane: str, attempt: int) -> str:
+    """The address :func:`open_channel` dials for ``attempt`` (for the log), as the list names it."""
+    try:
+        targets, tls = parse_targets(controlplane)
+    except TargetError:
+        return controlplane
+    return f"{'grpcs' if tls else 'grpc'}://{targets[attempt % len(targets)]}"
 
 
 def _details(exc: grpc.aio.AioRpcError) -> str:
@@ -173,10 +217,11 @@ async def connect_forever(
     :raises InsecureRefused: see :func:`open_channel`.
     """
     failures = 0
+    attempt = 0  # which address: one further along the list at every try, whatever became of the last one
     while not stop.is_set():
         welcomed = asyncio.Event()
         try:
-            await _one_stream(credential, handler, stop, welcomed, hostname or socket.gethostname(), failures)
+            await _one_stream(credential, handler, stop, welcomed, hostname or socket.gethostname(), attempt)
             reason = "the controlplane ended the stream"
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _REFUSED:
@@ -188,8 +233,10 @@ async def connect_forever(
             return
         failures = 1 if welcomed.is_set() else failures + 1
         wait = random.uniform(0, delay_s(failures, initial_s=BACKOFF_INITIAL_S, cap_s=BACKOFF_CAP_S))
-        log.warning("stream to %s lost or not opened (%s); dialling again in %.1f s", credential.controlplane,
-                    reason, wait)  # fmt: skip
+        log.warning("stream to %s lost or not opened (%s); dialling %s in %.1f s",
+                    _address(credential.controlplane, attempt), reason,
+                    _address(credential.controlplane, attempt + 1), wait)  # fmt: skip
+        attempt += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
 
@@ -213,15 +260,19 @@ async def _one_stream(
         try:
             send(agent_pb2.AgentMessage(hello=agent_pb2.Hello(version=__version__, provider=credential.provider,
                                                               hostname=hostname)))  # fmt: skip
-            first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+            try:
+                first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+            except TimeoutError:
+                raise _ProtocolError(f"no Welcome within {WELCOME_TIMEOUT_S:g} s of Hello") from None
             if first is grpc.aio.EOF:
                 raise _ProtocolError("the controlplane ended the stream before its Welcome")
             if first.WhichOneof("body") != "welcome":
                 raise _ProtocolError(f"the controlplane answered Hello with {first.WhichOneof('body')}, not Welcome")
             welcomed.set()
             heartbeat_s = first.welcome.heartbeat_s if first.welcome.heartbeat_s > 0 else 10.0
-            log.info("connected to %s as agent %s (heartbeat every %g s)", credential.controlplane,
-                     first.welcome.agent_id or credential.agent_id, heartbeat_s)  # fmt: skip
+            log.info("connected to %s as agent %s (heartbeat every %g s)",
+                     _address(credential.controlplane, attempt), first.welcome.agent_id or credential.agent_id,
+                     heartbeat_s)  # fmt: skip
             reader = asyncio.create_task(_read(call, handler, send), name="agent stream reader")
             session = asyncio.create_task(handler.session(send, heartbeat_s), name="agent session")
             stopping = asyncio.create_task(stop.wait(), name="agent stop")

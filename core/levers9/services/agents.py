@@ -118,7 +118,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: how often an agent heartbeats; also its probe of the connection (levers9.agent.connection.KEEPALIVE_S)
+#: how often an agent heartbeats (its gRPC pings, levers9.agent.connection.KEEPALIVE_S, find a frozen replica)
 HEARTBEAT_S = 30.0
 #: heartbeats are written to Redis together, this often (presence lasts three heartbeat periods)
 PRESENCE_FLUSH_S = 1.0
