@@ -29,6 +29,8 @@ def backend(tmp_path: Path) -> tuple[str, str | None]:
 def _lines(caplog: pytest.LogCaptureFixture, text: str) -> dict[str, int]:
     counts = dict.fromkeys(LOOPS, 0)
     for record in caplog.records:
+        if record.levelno < logging.WARNING:
+            continue
         for name in LOOPS:
             if record.getMessage().startswith(f"scheduler {name} loop: {text}"):
                 counts[name] += 1
@@ -93,6 +95,20 @@ def test_only_redis_not_answering_is_an_outage(caplog: pytest.LogCaptureFixture)
     assert not unreachable(ExceptionGroup("tasks", [RedisConnectionError("x"), KeyError("y")]))
     assert not unreachable(ResponseError("NOSCRIPT No matching script"))
     assert not unreachable(KeyError("task_1"))
+    caplog.set_level(logging.DEBUG, logger="levers9.test")
     outage = Outage(logging.getLogger("levers9.test"), "test loop")
     assert not outage.failed(ValueError("a bug"))
     assert not outage.down
+    # a second outage right after the first (a restarting server flaps) is the same incident: debug lines only
+    for _ in range(2):
+        assert outage.failed(RedisConnectionError("Connection closed by server"))
+        assert outage.failed(RedisConnectionError("Connection refused"))
+        assert outage.down
+        outage.answered()
+        assert not outage.down
+    assert [(r.levelname, r.getMessage().split(": ")[1].split(" after")[0]) for r in caplog.records] == [
+        ("WARNING", "Redis does not answer"),
+        ("WARNING", "Redis answers again"),
+        ("DEBUG", "Redis does not answer"),
+        ("DEBUG", "Redis answers again"),
+    ]

@@ -6,8 +6,12 @@ every second. A loop keeps one :class:`Outage`: the first failure that means
 "Redis does not answer" (:func:`unreachable`: a connection error, a timeout,
 no primary from Sentinel) is one warning naming the loop and the error, the
 failures after it are silent, and the first success after them is one line
-saying Redis answers again and for how long it did not. Any other exception
-is not an outage: the caller logs it with its traceback as before.
+saying Redis answers again and for how long it did not. A server going down
+and coming back flaps (a stopping server still accepts a connection, a pooled
+connection to the old process fails once after the new one answers), so an
+outage that begins within :data:`QUIET_S` of the last warning belongs to the
+same incident: it is logged at debug level only, its end too. Any other
+exception is not an outage: the caller logs it with its traceback as before.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import time
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Outage", "unreachable"]
+__all__ = ["QUIET_S", "Outage", "unreachable"]
+
+#: an outage that begins this soon after a loop's last warning is the same incident: not warned of again
+QUIET_S = 60.0
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -39,6 +46,9 @@ class Outage:
         self._what = what
         #: when the current outage began (monotonic), None while Redis answers
         self._since: float | None = None
+        #: when this loop last warned, and whether the current outage was warned of
+        self._warned_at = -QUIET_S
+        self._warned = False
 
     @property
     def down(self) -> bool:
@@ -52,15 +62,22 @@ class Outage:
             return False
         if self._since is None:
             self._since = time.monotonic()
-            self._log.warning("%s: Redis does not answer: %s; retrying", self._what, _first_line(exc))
+            self._warned = self._since - self._warned_at >= QUIET_S
+            if self._warned:
+                self._warned_at = self._since
+            self._log.log(
+                logging.WARNING if self._warned else logging.DEBUG,
+                "%s: Redis does not answer: %s; retrying", self._what, _first_line(exc),
+            )  # fmt: skip
         return True
 
     def answered(self) -> None:
-        """Note a successful attempt: ends an outage, with one line saying so."""
+        """Note a successful attempt: ends an outage, with one line saying so (at the level it began with)."""
         if self._since is not None:
-            self._log.warning(
-                "%s: Redis answers again after %.1f s without it", self._what, time.monotonic() - self._since
-            )
+            self._log.log(
+                logging.WARNING if self._warned else logging.DEBUG,
+                "%s: Redis answers again after %.1f s without it", self._what, time.monotonic() - self._since,
+            )  # fmt: skip
             self._since = None
 
 
@@ -68,4 +85,4 @@ def _first_line(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text[0][:300].rstrip('.')}" if text else type(exc).__name__
