@@ -91,9 +91,10 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         principal.require_workspace()
         return principal
 
-    def _guard(self, principal: Principal) -> contextlib.AbstractContextManager[StreamGuard]:
-        """Hold ``principal``'s token for a stream: it ends with "token revoked" once the token is revoked."""
-        return self.services.auth.streams.open(principal.token_id)
+    def _guard(self, principal: Principal, *, lasting: bool = True) -> contextlib.AbstractContextManager[StreamGuard]:
+        """Hold ``principal``'s token for a stream: it ends with "token revoked" once the token is revoked, and
+        (``lasting``: a watch, a followed log, not a transfer) with UNAVAILABLE once this replica stops."""
+        return self.services.auth.streams.open(principal.token_id, lasting=lasting)
 
     @unary
     async def WhoAmI(
@@ -118,7 +119,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     ) -> AsyncIterator[controlplane_pb2.BuildImageEvent]:
         principal = await self._user(context)
         events = self._builds().build(principal, request.spec, dict(request.contents))
-        with self._guard(principal) as guard:
+        with self._guard(principal, lasting=False) as guard:
             async for event in guard.iterate(events):  # closes ``events`` however it ends
                 yield build_event(event)
 
@@ -410,7 +411,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
     ) -> common_pb2.BlobRef:
         principal = await self._user(context)
-        with self._guard(principal) as guard:
+        with self._guard(principal, lasting=False) as guard:
             first, pieces = await guard.wait(blob_upload(request_iterator))
             size = first.total_bytes
             workspace = principal.require_workspace()
@@ -422,7 +423,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: common_pb2.GetBlobRequest, context: Context
     ) -> AsyncIterator[common_pb2.BlobChunk]:
         principal = await self._user(context)
-        with self._guard(principal) as guard:
+        with self._guard(principal, lasting=False) as guard:
             async for piece in guard.iterate(self.dp.read_blob(principal.require_workspace(), request.blob_id)):
                 yield common_pb2.BlobChunk(data=piece)
 
@@ -431,7 +432,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.StreamLogsRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.LogChunk]:
         principal = await self._user(context)
-        with self._guard(principal) as guard:
+        with self._guard(principal, lasting=request.follow) as guard:
             async for data in guard.iterate(
                 tasks.task_logs(self.dp, principal, request.task_id, follow=request.follow)
             ):

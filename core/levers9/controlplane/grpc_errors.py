@@ -19,6 +19,7 @@ from levers9.gpu.catalog import UnknownGpuType
 from levers9.hooks.errors import Levers9Error
 from levers9.services.auth import PermissionDenied, Unauthenticated
 from levers9.services.errors import NoPoolOffers
+from levers9.services.revocation import ReplicaStopping
 from levers9.services.stubs import InvalidStub
 from levers9.state.errors import AlreadyExists, Conflict, DataDirectoryFull, InvalidTransition, NotFound
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 #: most specific first: the first matching class decides
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    # the replica is stopping: the caller opens its stream again on another one
+    (ReplicaStopping, grpc.StatusCode.UNAVAILABLE),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),

@@ -40,7 +40,9 @@ take; a worker that was still there registers again (saying what it runs, so not
 A session and a tunnel hold their token's guard (:mod:`levers9.services.revocation`)
 for as long as they are open: when the worker's credential is revoked (by an
 operator, or with its machine, which terminating revokes), they end with
-UNAUTHENTICATED, "token revoked", and the worker stops rather than register again.
+UNAUTHENTICATED, "token revoked", and the worker stops rather than register again. When the replica
+stops they end at once with UNAVAILABLE (:meth:`~levers9.services.revocation.OpenStreams.stop`), and the
+worker registers with another replica, saying what it runs.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from levers9.services import fleet, tunnels
 from levers9.services.auth import Principal, bearer
 from levers9.services.dataplane import DataPlane
 from levers9.services.reports import ServingReport, TaskOutcome, WorkerReport
-from levers9.services.revocation import TokenRevoked
+from levers9.services.revocation import ReplicaStopping, TokenRevoked
 from levers9.services.stubs import CALLED_KINDS
 from levers9.services.volume_access import DAV_PREFIX, VolumeToken, mint_token
 from levers9.state.sql.records import CheckpointRecord
@@ -237,17 +239,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             peer_host=tunnels.peer_host(context.peer() or ""),
             volumes_url="" if fleet.mounts_volumes_directly(worker.spec) else f"{self.http_url}{DAV_PREFIX}",
         )  # fmt: skip
-        revoked: TokenRevoked | None = None
+        ended: TokenRevoked | ReplicaStopping | None = None
         with self.services.auth.streams.open(principal.token_id) as guard:
             try:
                 # closed with this stream (the guard closes the session's generator however it ends)
                 async with contextlib.aclosing(guard.iterate(session.run(request_iterator))) as messages:
                     async for message in messages:
                         yield message
-            except TokenRevoked as exc:
-                revoked = exc
-        if revoked is not None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(revoked))
+            except (TokenRevoked, ReplicaStopping) as exc:
+                ended = exc
+        if ended is not None:
+            await context.abort(status_of(ended) or grpc.StatusCode.UNAVAILABLE, str(ended))
 
     async def Tunnel(self, request_iterator: AsyncIterator[worker_pb2.TunnelFrame], context: Context) -> None:
         """A worker's tunnel: frames in both directions until either side ends it."""
@@ -264,14 +266,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         async def send(frame: frames.Frame) -> None:
             await context.write(frames.to_message(frame))
 
-        revoked: TokenRevoked | None = None
+        ended: TokenRevoked | ReplicaStopping | None = None
         with self.services.auth.streams.open(principal.token_id) as guard:
             try:
                 await guard.wait(self.tunnels.serve(worker.worker_id, incoming(), send))
-            except TokenRevoked as exc:
-                revoked = exc
-        if revoked is not None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(revoked))
+            except (TokenRevoked, ReplicaStopping) as exc:
+                ended = exc
+        if ended is not None:
+            await context.abort(status_of(ended) or grpc.StatusCode.UNAVAILABLE, str(ended))
 
 
 class _Sessions:

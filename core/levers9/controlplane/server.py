@@ -3,8 +3,10 @@
 Start-up order matters: the database is migrated and the backlog rebuilt from
 SQL before any listener opens, so the first worker that reconnects after a
 restart finds its tasks already queued. Shutdown runs the other way: the
-listeners stop taking calls (in-flight ones get ``grace_s`` to finish), then
-the scheduler and the stores close.
+long-lived streams end at once with UNAVAILABLE (workers' sessions and tunnels,
+agents' streams, watches, followed logs: their other side dials another
+replica), the listeners stop taking calls (in-flight ones get ``grace_s`` to
+finish), then the scheduler and the stores close.
 
 With ``listen.tls`` every listener (gRPC, HTTP, metrics) serves TLS with one
 certificate, re-read when its files change (:mod:`levers9.controlplane.tls`).
@@ -59,6 +61,7 @@ from levers9.gateway.autoscaler import ServingAutoscaler
 from levers9.gateway.routes import GatewayApp
 from levers9.gateway.shortpath import ShortPath
 from levers9.gateway.upstream import Upstream
+from levers9.hooks.errors import Levers9Error
 from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, replica_pb2_grpc, volume_pb2_grpc, worker_pb2_grpc
 from levers9.services import clusters
@@ -77,12 +80,15 @@ if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
     from levers9.config.model import TlsConfig
 
-__all__ = ["GRPC_OPTIONS", "Listeners", "Server", "serve"]
+__all__ = ["GRPC_OPTIONS", "STOP_GRACE_S", "Listeners", "Server", "serve", "stop_grace_s"]
 
 log = logging.getLogger(__name__)
 
 #: the interpreter's switch interval in the controlplane process (see serve)
 SWITCH_INTERVAL_S = 0.0005
+
+#: how long the calls in flight at a stop get to finish, unless ``$LEVERS9_STOP_GRACE_S`` says otherwise
+STOP_GRACE_S = 10.0
 
 GRPC_OPTIONS = [
     # gRPC shares a port with any other process by default (SO_REUSEPORT): a second controlplane would
@@ -450,7 +456,7 @@ class Server:
                 await self.metrics.refresh(self.services)
             await asyncio.sleep(5.0)
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop listening (calls in flight get ``grace_s``), then the scheduler, then the stores.
 
         Every step has a deadline: a stuck step is logged and skipped, so a stop always ends.
@@ -458,6 +464,14 @@ class Server:
         if self.services is not None and self.services.redis_supervisor is not None:
             # first: an embedded Redis dying while the rest stops is not restarted (nor its state rebuilt)
             await _step("embedded Redis supervisor", self.services.redis_supervisor.close(), 5)
+        if self._grpc is not None and self.services is not None:
+            # before the grace: the streams that never end by themselves (worker sessions and tunnels, watches,
+            # followed logs) end now with UNAVAILABLE, on which their other side dials another replica; so do
+            # the agents' (they dial again). Calls and transfers in flight get the grace.
+            ended = self.services.auth.streams.stop()
+            if self.agents is not None:
+                await _step("agent streams", self.agents.close(), 5)
+            log.info("stopping: ended %d open stream(s); calls in flight get %g s", ended, grace_s)
         if self._grpc is not None:
             await _step("gRPC listener", self._grpc.stop(grace_s), grace_s + 5)
             self._grpc = None
@@ -542,6 +556,20 @@ async def _step(what: str, awaitable: Any, timeout: float) -> None:
         log.warning("stopping %s failed: %s", what, exc)
 
 
+def stop_grace_s() -> float:
+    """``$LEVERS9_STOP_GRACE_S`` (seconds, 0 or more), else :data:`STOP_GRACE_S`; Levers9Error naming it."""
+    text = os.environ.get("LEVERS9_STOP_GRACE_S", "").strip()
+    if not text:
+        return STOP_GRACE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < float("inf")):
+        raise Levers9Error(f"$LEVERS9_STOP_GRACE_S must be a number of seconds, 0 or more; got {text!r}")
+    return value
+
+
 async def serve(
     loaded: LoadedConfig,
     listeners: Listeners | None = None,
@@ -549,7 +577,8 @@ async def serve(
     ready: asyncio.Event | None = None,
     replica_name: str | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully (the process is the controlplane's own)."""
+    """Run until SIGTERM or SIGINT, then stop (calls in flight get :func:`stop_grace_s`; the process is ours)."""
+    grace_s = stop_grace_s()  # a bad value is refused before anything starts
     # The event loop shares the interpreter with SQLite's thread (Database.run): a thread waiting for the
     # interpreter lock gets it after the switch interval at worst, and Python's 5 ms default put that wait
     # on a call's path whenever a transaction ran beside it. Set here, for the process, not in Server.
@@ -566,6 +595,6 @@ async def serve(
         await server.until_stopped(stop)
         log.info("stopping the controlplane")
     finally:
-        await server.stop()
+        await server.stop(grace_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

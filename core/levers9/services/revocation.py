@@ -28,6 +28,13 @@ stream's own code, where it becomes :class:`TokenRevoked`, and never in the
 transport's code that sends a message); a stream that was sending at that
 moment ends at its next :meth:`~StreamGuard.wait`. A cancellation of the task
 from elsewhere (the caller went away) is left as it is.
+
+The same way, every open lasting stream (not a transfer: see :meth:`OpenStreams.open`) of a
+replica that is stopping ends at once
+(:meth:`OpenStreams.stop`), with :class:`ReplicaStopping` (gRPC ``UNAVAILABLE``,
+on which workers, agents and the SDK dial another replica) instead of waiting
+for the gRPC listener's grace; a stream opened after that ends at its first
+wait. A revoked token still ends its streams with :class:`TokenRevoked`.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from typing import TypeVar
 from levers9.cancelling import raise_if_cancelling
 from levers9.services.auth import Unauthenticated
 
-__all__ = ["RECHECK_S", "OpenStreams", "StreamGuard", "TokenRevoked"]
+__all__ = ["RECHECK_S", "OpenStreams", "ReplicaStopping", "StreamGuard", "TokenRevoked"]
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +69,35 @@ class TokenRevoked(Unauthenticated):
         self.token_id = token_id
 
 
+class ReplicaStopping(Exception):
+    """The replica holding the stream is stopping: the other side opens it again on another replica."""
+
+    def __init__(self) -> None:
+        super().__init__("controlplane replica stopping; dial another replica")
+
+
 class StreamGuard:
     """One open stream's hold on its token (see the module docstring); made by :meth:`OpenStreams.open`."""
 
     def __init__(self, token_id: str) -> None:
         self.token_id = token_id
         self.revoked = False
+        #: the replica is stopping (:meth:`OpenStreams.stop`)
+        self.stopping = False
+        #: whether a stopping replica ends this stream (see :meth:`OpenStreams.open`)
+        self.lasting = True
         #: the task awaiting inside :meth:`wait`, while it does
         self._waiting: asyncio.Task[object] | None = None
         #: whether this guard cancelled that task (and so owes it an uncancel)
         self._cut = False
 
     async def wait(self, awaitable: Awaitable[T]) -> T:
-        """``awaitable``'s result; raises :class:`TokenRevoked` once the token is revoked, before or meanwhile."""
-        if self.revoked:
+        """``awaitable``'s result; raises :class:`TokenRevoked` once the token is revoked, before or meanwhile,
+        :class:`ReplicaStopping` once the replica stops."""
+        if self.revoked or self.stopping:
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()  # never awaited: no "was never awaited" warning
-            raise TokenRevoked(self.token_id)
+            raise self._ended()
         task = self._waiting = asyncio.current_task()
         try:
             result = await awaitable
@@ -86,13 +105,17 @@ class StreamGuard:
             if not self._cut:
                 raise
             self._settle(task)
-            raise TokenRevoked(self.token_id) from None
+            raise self._ended() from None
         finally:
             self._waiting = None
         if self._cut:  # the awaitable swallowed this guard's cancellation: still the end of the stream
             self._settle(task)
-            raise TokenRevoked(self.token_id)
+            raise self._ended()
         return result
+
+    def _ended(self) -> Exception:
+        """Why the stream ends: a revoked token before a stopping replica (its holder must not dial again)."""
+        return TokenRevoked(self.token_id) if self.revoked else ReplicaStopping()
 
     def _settle(self, task: asyncio.Task[object] | None) -> None:
         """This guard's cancellation, and only it, became the revocation: the task is no longer being cancelled."""
@@ -118,6 +141,14 @@ class StreamGuard:
     def cut(self) -> None:
         """The token is revoked: end the stream now if it is waiting, else at its next :meth:`wait`."""
         self.revoked = True
+        self._cancel()
+
+    def stop(self) -> None:
+        """The replica is stopping: end the stream now if it is waiting, else at its next :meth:`wait`."""
+        self.stopping = True
+        self._cancel()
+
+    def _cancel(self) -> None:
         if self._waiting is not None and not self._cut:
             self._cut = True
             self._waiting.cancel()
@@ -139,14 +170,23 @@ class OpenStreams:
         self._due: asyncio.TimerHandle | None = None
         #: the re-check under way, while one is
         self._checking: asyncio.Task[None] | None = None
+        #: set by :meth:`stop`: streams opened from then on end at their first wait
+        self.stopping = False
 
     def __len__(self) -> int:
         return sum(len(guards) for guards in self._by_token.values())
 
     @contextlib.contextmanager
-    def open(self, token_id: str) -> Iterator[StreamGuard]:
-        """A guard for a stream opened with ``token_id``, held until the block ends."""
+    def open(self, token_id: str, *, lasting: bool = True) -> Iterator[StreamGuard]:
+        """A guard for a stream opened with ``token_id``, held until the block ends.
+
+        ``lasting``: the stream lasts until something ends it (a session, a tunnel, a watch), so a stopping
+        replica ends it (:meth:`stop`); False for a transfer that ends by itself (an upload, a download, a
+        build), which gets the gRPC listener's grace like any call in flight.
+        """
         guard = StreamGuard(token_id)
+        guard.lasting = lasting
+        guard.stopping = self.stopping and lasting
         self._by_token.setdefault(token_id, set()).add(guard)
         self._schedule()
         try:
@@ -167,6 +207,15 @@ class OpenStreams:
                 guard.cut()
                 ended += 1
         return ended
+
+    def stop(self) -> int:
+        """The replica is stopping: end every open lasting stream (:class:`ReplicaStopping`), and those opened
+        later at their first wait; how many were open."""
+        self.stopping = True
+        guards = [guard for guards in self._by_token.values() for guard in guards if guard.lasting]
+        for guard in guards:
+            guard.stop()
+        return len(guards)
 
     async def check(self) -> int:
         """Ask the token store about every open stream's token once, and end those of invalid ones; how many."""
