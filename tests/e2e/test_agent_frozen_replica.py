@@ -2,21 +2,21 @@
 
 Two real ``levers9 server`` replicas (tests/fixtures/replicas.py: one
 PostgreSQL, one redis-server, one config) serve an ``agent_machine`` pool. A
-machine is created through replica 0's REST API (an operator's token), and the real agent
-connection code (:func:`levers9.agent.connection.join` and
-:func:`~levers9.agent.connection.connect_forever`, in this process) joins
-with its token and holds its stream on the first address, replica 0, sending
+machine is created through replica 0's REST API (an operator's token), and the
+real agent connection code (:func:`levers9.agent.connection.join` and
+:func:`~levers9.agent.connection.connect_forever`, in this process) joins with
+its token and holds its stream on the first address, replica 0, sending
 heartbeats as the agent does. Replica 0 then gets SIGSTOP: its sockets stay
-open and its kernel acknowledges everything, so only an answer its process
-must give (a gRPC ping's) shows it gone. While it is still stopped, the agent
-must be connected to replica 1 and replica 1 must list the machine as
-connected. Replica 0 is then resumed and replica 1 frozen in turn: the agent
-must go back to replica 0, the next address, and not dial the replica it just
-lost again. The deadlines are hang bounds: well over the ~16 s the agent's
-pings take (12 s apart, 4 s to answer); the first well under the minutes the
-old options took (a ping every 5 min, and grpcio waits 60 s for its answer),
-the second under the ~46 s that dialling the frozen replica again and
-awaiting its Welcome (30 s) took. A frozen replica gets SIGCONT in a
+open and its kernel acknowledges everything, so only an answer its process must
+give (a gRPC ping's) shows it gone. While it is still stopped, the agent must
+be connected to replica 1 and replica 1 must list the machine as connected,
+last heard from after the stop. Replica 0 is then resumed and replica 1 frozen
+in turn: the agent must go back to replica 0, the next address, and not dial
+the replica it just lost again. The deadlines are hang bounds: well over the
+~16 s the agent's pings take (12 s apart, 4 s to answer); the first well under
+the minutes the old options took (a ping every 5 min, and grpcio waits 60 s for
+its answer), the second under the ~46 s that dialling the frozen replica again
+and awaiting its Welcome (30 s) took. A frozen replica gets SIGCONT in a
 ``finally``, whatever happened.
 """
 
@@ -114,16 +114,17 @@ async def test_an_agent_leaves_a_frozen_replica_for_the_next(
     frozen: Replica | None = None
     moved_after: list[float] = []
 
-    def listed_connected(replica: Replica) -> bool:
+    def heard_since(replica: Replica, since: float) -> bool:
+        """``replica`` lists the machine connected, last heard from after ``since`` (epoch seconds)."""
         [machine] = _rest(replicas, replica, "GET", "/joined-machines")
-        return bool(machine["connected"])
+        return bool(machine["connected"]) and float(machine["last_seen"]) > since
 
     async def freeze_and_move(stopped: Replica, to: Replica, within: float) -> None:
         nonlocal frozen
         assert stopped.process is not None
         before, lost_before = _connects(caplog, to), _losses(caplog)
         stopped.process.send_signal(signal.SIGSTOP)
-        frozen, stopped_at = stopped, time.monotonic()
+        frozen, stopped_at, stopped_wall = stopped, time.monotonic(), time.time()
         await _until(lambda: _connects(caplog, to) > before, f"the agent's stream on replica {to.index}", within,
                      replicas)  # fmt: skip
         moved_after.append(time.monotonic() - stopped_at)
@@ -133,7 +134,7 @@ async def test_an_agent_leaves_a_frozen_replica_for_the_next(
         # awaited in vain)
         since = _losses(caplog)[len(lost_before) :]
         assert len(since) == 1, f"replica {stopped.index} was dialled again before replica {to.index}: {since}"
-        await _until(lambda: listed_connected(to), f"replica {to.index} listing the machine connected", 10, replicas)
+        await _until(lambda: heard_since(to, stopped_wall), f"replica {to.index} hearing from the agent", 10, replicas)
         assert stopped.running  # still there, still stopped: nothing but the agent's own pings found it
         stopped.process.send_signal(signal.SIGCONT)
         frozen = None
