@@ -1,11 +1,15 @@
 """Shared test fixtures: fake installed plugin distributions and CLI runs in subprocesses; the run's order.
 
 Order: the end-to-end tests (tests/e2e) run first, the rest after them in
-collection order. Under xdist each worker takes the next test as it finishes
-one, so a run ends when its last long test ends: with the long tests first,
-the short ones fill the gaps at the end instead of one worker running a
-minutes-long test alone while the other idles (the longest-first rule).
-Nothing may depend on this order; it only changes how long a run takes.
+collection order. scripts/test runs xdist with ``--dist worksteal``: the tests
+are split between the workers up front, and a worker that runs out takes half
+of another's queue, so with the long tests first the short ones fill the gaps
+at the end instead of one worker running minutes-long tests alone while the
+other idles. (With xdist's default ``load`` this order is worse: it hands the
+first quarter of the tests out at once and never moves them, so one worker
+kept its share of the end-to-end tests for the last 15 minutes of a 50-minute
+run while the other sat idle.) Nothing may depend on this order; it only
+changes how long a run takes.
 """
 
 from __future__ import annotations
