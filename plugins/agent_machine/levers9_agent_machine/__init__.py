@@ -39,6 +39,7 @@ __all__ = [
     "levers9_provision",
     "levers9_startup",
     "levers9_terminate",
+    "plugin",
 ]
 
 #: the hooks' state: the context (with its agent hub) from levers9_startup; the agents' records are the rest
@@ -79,3 +80,7 @@ def levers9_check(pool: Pool) -> ProviderCheck:
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
     return _provider.list_machines(pool)
+
+
+#: the plugin as one object (the entry point names it): its methods are the hooks
+plugin = _provider
