@@ -22,6 +22,8 @@ make a client, never when this package is imported.
 
 from __future__ import annotations
 
+import sys
+
 from pydantic import BaseModel
 
 from levers9.hooks.context import PluginContext
@@ -100,3 +102,7 @@ def levers9_verify_identity(pool: Pool, machine: Machine, identity: MachineIdent
 def levers9_machine_identity() -> MachineIdentity:
     """On a worker of an EC2 instance: the instance's signed identity document, from IMDSv2."""
     return fetch_identity()
+
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

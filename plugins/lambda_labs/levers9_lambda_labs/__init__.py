@@ -23,6 +23,8 @@ launches per API key.
 
 from __future__ import annotations
 
+import sys
+
 from pydantic import BaseModel
 
 from levers9.hooks.context import PluginContext
@@ -88,3 +90,7 @@ def levers9_terminate(pool: Pool, machine: Machine) -> None:
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
     return provider_state.list_machines(pool)
+
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

@@ -26,6 +26,7 @@ silenced here rather than printed under every ``levers9 check``.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 from pydantic import BaseModel
@@ -95,3 +96,7 @@ def levers9_terminate(pool: Pool, machine: Machine) -> None:
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
     return _provider.list_machines(pool)
+
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

@@ -19,6 +19,7 @@ CRIU's reason, and the container is left running untouched.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from levers9 import probe
@@ -133,3 +134,7 @@ def levers9_restore(
     import levers9_runc
 
     return levers9_runc.engine(runtime).restore(container, image)
+
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

@@ -62,6 +62,7 @@ import os
 import re
 import secrets
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -521,3 +522,7 @@ def levers9_restore(
     if runtime.name != NAME:
         return None
     return engine(runtime).restore(container, image)
+
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

@@ -195,3 +195,6 @@ levers9_container_kill = _hooks.kill
 levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
 levers9_container_list = _hooks.list
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

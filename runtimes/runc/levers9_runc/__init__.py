@@ -35,6 +35,7 @@ Decisions worth knowing when reading the capability report:
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from pydantic import ConfigDict, Field
@@ -213,3 +214,6 @@ levers9_container_logs = _hooks.logs
 levers9_container_remove = _hooks.remove
 levers9_container_list = _hooks.list
 levers9_container_changes = changes_hook(engine)
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]
