@@ -71,7 +71,7 @@ async def provider(hub: AgentHub, clock: Clock) -> AgentMachineProvider:
     made = AgentMachineProvider(clock=clock)
     ctx = PluginContext(name="agent_machine", log=logging.getLogger("test.agent_machine"), agents=hub)
     ctx.loop = asyncio.get_running_loop()
-    made.startup(ctx)
+    made.levers9_startup(ctx)
     return made
 
 
@@ -159,7 +159,7 @@ async def test_offers_come_from_the_pools_own_live_agents_with_room(
     await box(services, hub, other, "gpus", "other-team")
     await box(services, hub, team, "gpus", "busy", containers=[container("mach_1", "gpus")])  # 1 per machine
 
-    offers = await asyncio.to_thread(provider.gpu_offers, gpu_pool(team.workspace_id))
+    offers = await asyncio.to_thread(provider.levers9_gpu_offers, gpu_pool(team.workspace_id))
     assert [(o.zone, o.instance_type, o.gpu, o.gpu_count) for o in offers] == [
         (fitting.identity.agent_id, "box-1", "H100", 1)
     ]
@@ -167,12 +167,12 @@ async def test_offers_come_from_the_pools_own_live_agents_with_room(
     assert offers[0].gpu_memory_mib > 1
     assert silent.identity.agent_id not in {o.zone for o in offers}
     # the other workspace's pool of the same name sees only its own agent
-    theirs = await asyncio.to_thread(provider.gpu_offers, gpu_pool(other.workspace_id))
+    theirs = await asyncio.to_thread(provider.levers9_gpu_offers, gpu_pool(other.workspace_id))
     assert [o.instance_type for o in theirs] == ["other-team"]
     # the operator's shared pool of that name sees none of the workspaces' agents
-    assert await asyncio.to_thread(provider.gpu_offers, gpu_pool(None)) == []
+    assert await asyncio.to_thread(provider.levers9_gpu_offers, gpu_pool(None)) == []
     # a CPU pool gets no offers: provision picks the agent
-    assert await asyncio.to_thread(provider.gpu_offers, cpu_pool(team.workspace_id)) == []
+    assert await asyncio.to_thread(provider.levers9_gpu_offers, cpu_pool(team.workspace_id)) == []
 
 
 # ---------------------------------------------------------------------------------------------- provision
@@ -184,8 +184,8 @@ async def test_provision_sends_the_order_the_design_names_and_returns_the_contai
     team = await workspace_user(services, "team")
     agent = await box(services, hub, team, "gpus", "box-1")
     pool = gpu_pool(team.workspace_id, docker_network_mode="host")
-    [offer] = await asyncio.to_thread(provider.gpu_offers, pool)
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_a1", offer)))
+    [offer] = await asyncio.to_thread(provider.levers9_gpu_offers, pool)
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_a1", offer)))
     order = await agent.order()
     assert order.kind == "provision"
     payload = order.payload
@@ -222,7 +222,7 @@ async def test_a_cpu_pool_provisions_on_the_agent_with_the_most_free_cpu(
     big = await box(services, hub, root, "cpus", "big", free_cpu=12000)
     await box(services, hub, root, "cpus", "tiny", free_cpu=1000)  # cannot fit 2000 millicores
     pool = cpu_pool(None)
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_c1", None)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_c1", None)))
     order = await big.order()
     assert (order.payload["gpu"], order.payload["gpu_count"], order.payload["gpu_runtime"]) == (None, 0, None)
     await big.ack(order, result={"container_id": "c1", "name": "l9w-mach_c1", "machine_id": "mach_c1", "gpus": []})
@@ -236,13 +236,13 @@ async def test_the_order_names_the_runtime_and_a_runc_pool_needs_the_hosts_netwo
     agent = await box(services, hub, root, "cpus", "box-1")
     # the agent gives a runc (or gvisor) worker's container what runc needs, and a process worker's nothing more
     pool = cpu_pool(None)
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_r1", None)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_r1", None)))
     order = await agent.order()
     assert (order.payload["runtime"], order.payload["network_mode"]) == ("runc", "host")
     await agent.ack(order, result={"container_id": "c1", "name": "l9w-mach_r1", "machine_id": "mach_r1", "gpus": []})
     await started
     pool = cpu_pool(None, runtime="process", docker_network_mode="bridge")
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_r2", None)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_r2", None)))
     order = await agent.order()
     assert (order.payload["runtime"], order.payload["network_mode"]) == ("process", "bridge")
     await agent.ack(order, result={"container_id": "c2", "name": "l9w-mach_r2", "machine_id": "mach_r2", "gpus": []})
@@ -251,7 +251,7 @@ async def test_the_order_names_the_runtime_and_a_runc_pool_needs_the_hosts_netwo
     for runtime in ("runc", "gvisor"):
         pool = cpu_pool(None, runtime=runtime, docker_network_mode="bridge")
         with pytest.raises(InvalidRequest, match="needs docker_network_mode: host"):
-            await asyncio.to_thread(provider.provision, request(pool, "mach_r3", None))
+            await asyncio.to_thread(provider.levers9_provision, request(pool, "mach_r3", None))
     assert agent.received.empty()
 
 
@@ -261,13 +261,13 @@ async def test_a_capacity_refusal_is_insufficient_capacity_and_a_bad_image_inval
     team = await workspace_user(services, "team")
     agent = await box(services, hub, team, "gpus", "box-1")
     pool = gpu_pool(team.workspace_id)
-    [offer] = await asyncio.to_thread(provider.gpu_offers, pool)
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_b1", offer)))
+    [offer] = await asyncio.to_thread(provider.levers9_gpu_offers, pool)
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_b1", offer)))
     order = await agent.order()
     await agent.ack(order, ok=False, error="only 0 of 1 H100 free", error_kind="insufficient_capacity")
     with pytest.raises(InsufficientCapacity, match="only 0 of 1 H100 free"):
         await started
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_b2", offer)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_b2", offer)))
     order = await agent.order()
     await agent.ack(order, ok=False, error=f"image {IMAGE} is missing", error_kind="invalid_request")
     with pytest.raises(InvalidRequest, match="is missing"):
@@ -282,7 +282,7 @@ async def test_another_workspaces_agent_is_never_ordered_even_when_an_offer_name
     theirs = await box(services, hub, other, "gpus", "their-box")
     forged = GpuOffer(gpu="H100", gpu_count=1, gpu_memory_mib=81920, zone=theirs.identity.agent_id)
     with pytest.raises(InsufficientCapacity, match="no longer serves pool 'gpus'"):
-        await asyncio.to_thread(provider.provision, request(gpu_pool(team.workspace_id), "mach_x", forged))
+        await asyncio.to_thread(provider.levers9_provision, request(gpu_pool(team.workspace_id), "mach_x", forged))
     assert theirs.received.empty()
 
 
@@ -297,7 +297,7 @@ async def test_terminate_orders_the_agent_and_an_offline_agent_is_retryable(
     pool = gpu_pool(team.workspace_id)
     machine = Machine(provider_id="l9w-mach_t1", machine_id="mach_t1", pool="gpus",
                       provider_data={"agent_id": agent.identity.agent_id})  # fmt: skip
-    stopping = asyncio.create_task(asyncio.to_thread(provider.terminate, pool, machine))
+    stopping = asyncio.create_task(asyncio.to_thread(provider.levers9_terminate, pool, machine))
     order = await agent.order()
     assert (order.kind, order.payload) == ("terminate", {"machine_id": "mach_t1"})
     await agent.ack(order)
@@ -305,14 +305,14 @@ async def test_terminate_orders_the_agent_and_an_offline_agent_is_retryable(
 
     await agent.hang_up()
     with pytest.raises(AgentOffline, match="not connected") as caught:
-        await asyncio.to_thread(provider.terminate, pool, machine)
+        await asyncio.to_thread(provider.levers9_terminate, pool, machine)
     assert isinstance(caught.value, ProviderError)
     assert caught.value.retryable
 
 
 async def test_terminate_on_an_agent_no_longer_known_has_nothing_to_do(provider: AgentMachineProvider) -> None:
     machine = Machine(provider_id="l9w-m", machine_id="m", pool="gpus", provider_data={"agent_id": "agt_gone"})
-    await asyncio.to_thread(provider.terminate, gpu_pool(None), machine)
+    await asyncio.to_thread(provider.levers9_terminate, gpu_pool(None), machine)
 
 
 # ---------------------------------------------------------------------------------------------- list
@@ -330,7 +330,7 @@ async def test_list_maps_container_states_and_fails_a_silent_agents_machines(
     ]
     agent = await box(services, hub, team, "gpus", "box-1", containers=containers)
     pool = gpu_pool(team.workspace_id)
-    listed = {m.machine_id: m for m in await asyncio.to_thread(provider.list_machines, pool)}
+    listed = {m.machine_id: m for m in await asyncio.to_thread(provider.levers9_list_machines, pool)}
     assert {k: (m.state, m.reason) for k, m in listed.items()} == {
         "mach_r": (MachineState.RUNNING, None),
         "mach_p": (MachineState.PENDING, None),
@@ -340,14 +340,14 @@ async def test_list_maps_container_states_and_fails_a_silent_agents_machines(
     assert listed["mach_r"].provider_data == {"agent_id": agent.identity.agent_id, "container_id": "c-mach_r"}
 
     clock.now += 12  # silent past heartbeat_timeout_s (5 s)
-    listed = {m.machine_id: m for m in await asyncio.to_thread(provider.list_machines, pool)}
+    listed = {m.machine_id: m for m in await asyncio.to_thread(provider.levers9_list_machines, pool)}
     assert {m.state for m in listed.values()} == {MachineState.FAILED}
     assert listed["mach_r"].reason == "agent box-1 silent for 12 s"
     # and it no longer gets offers
-    assert await asyncio.to_thread(provider.gpu_offers, pool) == []
+    assert await asyncio.to_thread(provider.levers9_gpu_offers, pool) == []
     # another workspace's pool of that name lists nothing of it
     other = await workspace_user(services, "other")
-    assert await asyncio.to_thread(provider.list_machines, gpu_pool(other.workspace_id)) == []
+    assert await asyncio.to_thread(provider.levers9_list_machines, gpu_pool(other.workspace_id)) == []
 
 
 async def test_check_says_how_many_agents_serve(
@@ -355,22 +355,22 @@ async def test_check_says_how_many_agents_serve(
 ) -> None:
     team = await workspace_user(services, "team")
     pool = gpu_pool(team.workspace_id)
-    empty = await asyncio.to_thread(provider.check, pool)
+    empty = await asyncio.to_thread(provider.levers9_check, pool)
     assert not empty.ok
     assert "levers9 machine create --pool gpus" in (empty.hint or "")
     await box(services, hub, team, "gpus", "box-1")
-    found = await asyncio.to_thread(provider.check, pool)
+    found = await asyncio.to_thread(provider.levers9_check, pool)
     assert found.ok
     assert found.message == "1 of 1 joined machines connected, 2 free H100"
 
 
 def test_without_a_hub_the_hooks_say_where_they_work() -> None:
     bare = AgentMachineProvider()
-    bare.startup(PluginContext.bare("agent_machine"))
+    bare.levers9_startup(PluginContext.bare("agent_machine"))
     # ``levers9 offers`` from a config file: no agent connects there, so nothing to offer and no failure
-    assert bare.gpu_offers(gpu_pool(None)) == []
+    assert bare.levers9_gpu_offers(gpu_pool(None)) == []
     with pytest.raises(ProviderError, match="running controlplane"):
-        bare.list_machines(gpu_pool(None))
+        bare.levers9_list_machines(gpu_pool(None))
 
 
 async def test_a_cpu_pool_asks_the_next_box_when_one_refuses_and_tries_the_refuser_last(
@@ -382,7 +382,7 @@ async def test_a_cpu_pool_asks_the_next_box_when_one_refuses_and_tries_the_refus
     big = await box(services, hub, root, "cpus", "big", free_cpu=12000)
     small = await box(services, hub, root, "cpus", "small", free_cpu=4000)
     pool = cpu_pool(None)
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_n1", None)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_n1", None)))
     order = await big.order()
     await big.ack(order, ok=False, error="docker: cannot start container", error_kind="provider_error")
     order = await small.order()
@@ -391,7 +391,7 @@ async def test_a_cpu_pool_asks_the_next_box_when_one_refuses_and_tries_the_refus
     assert (await started).zone == small.identity.agent_id, "the same call went on to the next box"
 
     # the box that refused is tried last for a while, then first again (most free CPU)
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_n2", None)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_n2", None)))
     order = await small.order()
     await small.ack(order, result={"container_id": "c2", "name": "l9w-mach_n2", "machine_id": "mach_n2", "gpus": []})
     await started
@@ -401,7 +401,7 @@ async def test_a_cpu_pool_asks_the_next_box_when_one_refuses_and_tries_the_refus
     await report(small, containers=[], free_cpu=4000)
 
     # every box refuses: one error naming each, of their kind when they agree
-    started = asyncio.create_task(asyncio.to_thread(provider.provision, request(pool, "mach_n3", None)))
+    started = asyncio.create_task(asyncio.to_thread(provider.levers9_provision, request(pool, "mach_n3", None)))
     order = await big.order()
     await big.ack(order, ok=False, error="no room left", error_kind="insufficient_capacity")
     order = await small.order()

@@ -40,10 +40,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from levers9.bootstrap import container_spec
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import AgentInventory, AgentOrder, PluginContext
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError
+from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -117,7 +120,10 @@ def _name(agent: AgentInventory) -> str:
 
 
 class AgentMachineProvider:
-    """The hooks' state: the plugin context (its agent hub) and a clock."""
+    """The plugin: its ``levers9_*`` methods are the hooks; its state is the plugin context (its agent hub) and a clock."""
+
+    #: the edition of the hook spec these methods are written to
+    LEVERS9_SPEC_VERSION = 2
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.ctx: PluginContext | None = None
@@ -125,7 +131,13 @@ class AgentMachineProvider:
         #: agent id -> until when it is tried last (it refused a worker of a pool without offers)
         self._refused: dict[str, float] = {}
 
-    def startup(self, ctx: PluginContext) -> None:
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``agent_machine`` a provider whose pools are validated with :class:`AgentMachineSettings`."""
+        return AgentMachineSettings
+
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
 
     def _context(self) -> PluginContext:
@@ -167,7 +179,8 @@ class AgentMachineProvider:
 
     # -------------------------------------------------------------------------- hooks
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if not pool.gpu or pool.gpu_count <= 0:
             return []
         if self.ctx is None or self.ctx.agents is None:
@@ -221,7 +234,8 @@ class AgentMachineProvider:
             key=lambda a: (a.agent_id in self._refused, -_num(_free(a).get("cpu_millicores")), a.agent_id),
         )
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         ctx = self._context()
         pool, resources = request.pool, request.resources
         settings = _settings(pool)
@@ -289,7 +303,8 @@ class AgentMachineProvider:
             provider_data={"agent_id": agent.agent_id, "container_id": str(container_id or "")},
         )
 
-    def terminate(self, pool: Pool, machine: Machine) -> None:
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
         ctx = self._context()
         agent_id = str(machine.provider_data.get("agent_id") or machine.zone or "")
         machine_id = machine.machine_id or machine.provider_id.removeprefix("l9w-")
@@ -311,7 +326,8 @@ class AgentMachineProvider:
         except TimeoutError as exc:
             raise AgentOffline(str(exc)) from None
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
         timeout = _settings(pool).heartbeat_timeout_s
         machines = []
         for agent in self.agents(pool):
@@ -344,7 +360,8 @@ class AgentMachineProvider:
                 )  # fmt: skip
         return machines
 
-    def check(self, pool: Pool) -> ProviderCheck:
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
         if self.ctx is None or self.ctx.agents is None:
             return ProviderCheck(
                 ok=True,
