@@ -142,32 +142,44 @@ def _check_pod(pod: Mapping[str, Any], secret: str, allow_privileged: bool, prob
 
 def _check_container(container: Mapping[str, Any], secret: str, allow_privileged: bool, problems: list[str]) -> None:
     name = container.get("name")
-    context = as_object(container.get("securityContext"))
     if not allow_privileged:
-        if context.get("privileged"):
-            problems.append(
-                f"container {name!r} may not be privileged: this agent runs without allow_privileged, which a "
-                "pool of runtime runc or gvisor needs (run the agent with allow_privileged, or use runtime 'process')"
-            )
-        if context.get("allowPrivilegeEscalation"):
-            problems.append(
-                f"container {name!r} may not set allowPrivilegeEscalation (this agent runs without allow_privileged)"
-            )
-        added = as_object(context.get("capabilities")).get("add")
-        if added:
-            problems.append(
-                f"container {name!r} may not add capabilities {added} (this agent runs without allow_privileged)"
-            )
+        _check_unprivileged(name, as_object(container.get("securityContext")), problems)
     for port in as_list(container.get("ports")):
         if as_object(port).get("hostPort"):
             problems.append(f"container {name!r} may not use hostPort {port['hostPort']} (a port of the node)")
-    resources = as_object(container.get("resources"))
+    _check_resources(name, as_object(container.get("resources")), problems)
+    _check_env(name, container, secret, problems)
+
+
+def _check_unprivileged(name: object, context: Mapping[str, Any], problems: list[str]) -> None:
+    """What a container of an agent without allow_privileged may not ask for."""
+    if context.get("privileged"):
+        problems.append(
+            f"container {name!r} may not be privileged: this agent runs without allow_privileged, which a "
+            "pool of runtime runc or gvisor needs (run the agent with allow_privileged, or use runtime 'process')"
+        )
+    if context.get("allowPrivilegeEscalation"):
+        problems.append(
+            f"container {name!r} may not set allowPrivilegeEscalation (this agent runs without allow_privileged)"
+        )
+    added = as_object(context.get("capabilities")).get("add")
+    if added:
+        problems.append(
+            f"container {name!r} may not add capabilities {added} (this agent runs without allow_privileged)"
+        )
+
+
+def _check_resources(name: object, resources: Mapping[str, Any], problems: list[str]) -> None:
     for which in ("requests", "limits"):
         for resource, amount in as_object(resources.get(which)).items():
             try:
                 parse_quantity(amount)
             except ValueError as exc:
                 problems.append(f"container {name!r}: resources.{which}.{resource}: {exc}")
+
+
+def _check_env(name: object, container: Mapping[str, Any], secret: str, problems: list[str]) -> None:
+    """A container's env and envFrom may read the order's Secret and nothing else (no other Secret, no ConfigMap)."""
     for item in as_list(container.get("env")):
         source = as_object(as_object(item).get("valueFrom"))
         if "secretKeyRef" in source and as_object(source["secretKeyRef"]).get("name") != secret:
