@@ -322,66 +322,82 @@ class Step:
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise BlueprintError("op", f"{_show(self.op)} is not a step: one of {', '.join(OPS)}")
+        self._check_fields_of_op()
+        args = _strings("args", self.args)
+        _names("secrets", self.secrets, MAX_SECRETS)
+        self._check_env()
+        if self.op == "apt":
+            self._check_apt(args)
+        elif self.op == "pip":
+            self._check_pip(args)
+        elif self.op == "run":
+            self._check_run(args)
+        elif self.op in ("workdir", "copy"):
+            self._check_path_step(args)
+        elif self.op == "env" and not self.env:
+            raise BlueprintError("env", "an env step sets at least one variable")
+
+    def _check_fields_of_op(self) -> None:
+        """A field this step's op does not take is at its default."""
         allowed = _ALLOWED[self.op]
         for name, default in (("args", ()), ("env", ()), ("secrets", ()), ("content", None), ("index_url", None)):
             if name not in allowed and getattr(self, name) != default:
                 where = ", ".join(op for op, fields in _ALLOWED.items() if name in fields)
                 raise BlueprintError(name, f"{self.op} steps have none (only {where} steps do)")
-        args = _strings("args", self.args)
-        _names("secrets", self.secrets, MAX_SECRETS)
-        self._check_env()
-        if self.op == "apt":
-            self._check_packages(args, "Debian package names")
-            for i, name in enumerate(args):
-                if not _APT.fullmatch(name):
-                    raise BlueprintError(
-                        f"args[{i}]",
-                        f"{_show(name)} is not a Debian package: [a-z0-9][a-z0-9+.-]+, optionally =version "
-                        "(e.g. 'jq' or 'jq=1.6-2.1')",
-                    )
-        elif self.op == "pip":
-            self._check_packages(args, "requirements")
-            for i, req in enumerate(args):
-                if "\0" in req or "\n" in req or "\r" in req:
-                    raise BlueprintError(f"args[{i}]", f"{_show(req)} holds a NUL or newline: one requirement each")
-                if req != req.strip():
-                    raise BlueprintError(f"args[{i}]", f"{_show(req)} has leading or trailing whitespace")
-                if req.startswith("-"):
-                    raise BlueprintError(
-                        f"args[{i}]",
-                        f"{_show(req)} is a pip option, not a requirement: name an index with index_url",
-                    )
-            if self.index_url is not None:
-                url = _text("index_url", self.index_url)
-                if len(url) > MAX_URL_CHARS or not _URL.fullmatch(url):
-                    raise BlueprintError(
-                        "index_url",
-                        f"{_show(url)} is not an http(s):// URL of at most {MAX_URL_CHARS} characters "
-                        "without whitespace",
-                    )
-        elif self.op == "run":
-            if len(args) != 1:
-                raise BlueprintError("args", f"a run step takes exactly one shell command, not {len(args)}")
-            command = args[0]
-            if not command.strip():
-                raise BlueprintError("args[0]", "the command is blank")
-            if "\0" in command:
-                raise BlueprintError("args[0]", "the command holds a NUL character, which no shell can run")
-            size = len(command.encode("utf-8"))
-            if size > MAX_COMMAND_BYTES:
-                raise BlueprintError("args[0]", f"{size} bytes; a command is at most {MAX_COMMAND_BYTES} (UTF-8)")
-        elif self.op in ("workdir", "copy"):
-            if len(args) != 1:
-                raise BlueprintError("args", f"a {self.op} step takes exactly one path, not {len(args)}")
-            check_path("args[0]", args[0])
-            if self.op == "copy":
-                if self.content is None:
-                    raise BlueprintError("content", "a copy step needs the sha256:<64 hex> digest of its files")
-                digest = _text("content", self.content)
-                if not _DIGEST.fullmatch(digest):
-                    raise BlueprintError("content", f"{_show(digest)} is not a digest: sha256:<64 lowercase hex>")
-        elif self.op == "env" and not self.env:
-            raise BlueprintError("env", "an env step sets at least one variable")
+
+    def _check_apt(self, args: tuple[str, ...]) -> None:
+        self._check_packages(args, "Debian package names")
+        for i, name in enumerate(args):
+            if not _APT.fullmatch(name):
+                raise BlueprintError(
+                    f"args[{i}]",
+                    f"{_show(name)} is not a Debian package: [a-z0-9][a-z0-9+.-]+, optionally =version "
+                    "(e.g. 'jq' or 'jq=1.6-2.1')",
+                )
+
+    def _check_pip(self, args: tuple[str, ...]) -> None:
+        self._check_packages(args, "requirements")
+        for i, req in enumerate(args):
+            if "\0" in req or "\n" in req or "\r" in req:
+                raise BlueprintError(f"args[{i}]", f"{_show(req)} holds a NUL or newline: one requirement each")
+            if req != req.strip():
+                raise BlueprintError(f"args[{i}]", f"{_show(req)} has leading or trailing whitespace")
+            if req.startswith("-"):
+                raise BlueprintError(
+                    f"args[{i}]",
+                    f"{_show(req)} is a pip option, not a requirement: name an index with index_url",
+                )
+        if self.index_url is not None:
+            url = _text("index_url", self.index_url)
+            if len(url) > MAX_URL_CHARS or not _URL.fullmatch(url):
+                raise BlueprintError(
+                    "index_url",
+                    f"{_show(url)} is not an http(s):// URL of at most {MAX_URL_CHARS} characters without whitespace",
+                )
+
+    def _check_run(self, args: tuple[str, ...]) -> None:
+        if len(args) != 1:
+            raise BlueprintError("args", f"a run step takes exactly one shell command, not {len(args)}")
+        command = args[0]
+        if not command.strip():
+            raise BlueprintError("args[0]", "the command is blank")
+        if "\0" in command:
+            raise BlueprintError("args[0]", "the command holds a NUL character, which no shell can run")
+        size = len(command.encode("utf-8"))
+        if size > MAX_COMMAND_BYTES:
+            raise BlueprintError("args[0]", f"{size} bytes; a command is at most {MAX_COMMAND_BYTES} (UTF-8)")
+
+    def _check_path_step(self, args: tuple[str, ...]) -> None:
+        """A workdir or copy step: one path; a copy step also its content digest."""
+        if len(args) != 1:
+            raise BlueprintError("args", f"a {self.op} step takes exactly one path, not {len(args)}")
+        check_path("args[0]", args[0])
+        if self.op == "copy":
+            if self.content is None:
+                raise BlueprintError("content", "a copy step needs the sha256:<64 hex> digest of its files")
+            digest = _text("content", self.content)
+            if not _DIGEST.fullmatch(digest):
+                raise BlueprintError("content", f"{_show(digest)} is not a digest: sha256:<64 lowercase hex>")
 
     def _check_packages(self, args: tuple[str, ...], what: str) -> None:
         if not args:
