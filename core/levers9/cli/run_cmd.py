@@ -63,17 +63,26 @@ def run(
     sys.path.insert(0, str(app_dir))
     sys.argv = [str(path), *app_args]
 
-    if not function:
-        import runpy
+    if function:
+        _call_function(path, function, app_args)
+    else:
+        _run_file(path)
 
-        try:
-            runpy.run_path(str(path), run_name="__main__")
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-        except Exception as exc:
-            _app_failed(exc)
-        return
 
+def _run_file(path: Path) -> None:
+    """Run the file as ``python FILE`` would, as ``__main__``."""
+    import runpy
+
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        _app_failed(exc)
+
+
+def _call_function(path: Path, function: str, app_args: list[str]) -> None:
+    """Import the file, call its ``function`` with the arguments as strings, print what it returns."""
     try:
         module = import_file(path)
     except typer.Exit:
