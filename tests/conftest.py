@@ -1,7 +1,7 @@
 """Shared test fixtures: fake installed plugin distributions and CLI runs in subprocesses; the run's order.
 
-Order: the end-to-end tests (tests/e2e) run first, the rest after them in
-collection order. scripts/test runs xdist with ``--dist worksteal``: the tests
+Order: the end-to-end tests (tests/e2e) run first, then the other slow ones
+(the tiers, below), the rest after them in collection order. scripts/test runs xdist with ``--dist worksteal``: the tests
 are split between the workers up front, and a worker that runs out takes half
 of another's queue, so with the long tests first the short ones fill the gaps
 at the end instead of one worker running minutes-long tests alone while the
@@ -10,6 +10,14 @@ first quarter of the tests out at once and never moves them, so one worker
 kept its share of the end-to-end tests for the last 15 minutes of a 50-minute
 run while the other sat idle.) Nothing may depend on this order; it only
 changes how long a run takes.
+
+Tiers: every test under tests/e2e is marked ``e2e`` (by its path), and every
+test that tests/slow_tests.txt names (a file, or one test in it) is marked
+``slow``; ``scripts/test --fast`` deselects both. The list comes from a
+recorded run's durations: a test that takes more than about 5 s on 2 cores
+belongs there. After a run the terminal summary lists the tests that took
+longer than that without either mark, so the list can be kept up to date
+(tests/test_tiers.py fails on an entry that names no test).
 """
 
 from __future__ import annotations
@@ -32,14 +40,42 @@ from tests.fixtures.redis import redis_factory, redis_server, redis_url  # noqa:
 from tests.fixtures.registry import registry, registry_factory  # noqa: F401
 from tests.fixtures.replicas import replicas  # noqa: F401
 from tests.fixtures.sshd import sshd, sshd_factory  # noqa: F401
+from tests.fixtures.tiers import SLOW_S, TESTS, is_slow, slow_entries
 from tests.fixtures.volume_stores import moto_s3, postgres_password_database  # noqa: F401
 from tests.fixtures.worker_image import worker_image, worker_image_cache  # noqa: F401
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end tests first (see the module's docstring); a stable sort keeps every other order."""
-    e2e = Path(__file__).parent / "e2e"
-    items.sort(key=lambda item: 0 if item.path.is_relative_to(e2e) else 1)
+    """Marks the tiers (``e2e`` by path, ``slow`` from the list), then the end-to-end tests first (see above)."""
+    e2e = TESTS / "e2e"
+    entries = slow_entries()
+    for item in items:
+        if item.path.is_relative_to(e2e):
+            item.add_marker(pytest.mark.e2e)
+        elif is_slow(item.nodeid, entries):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2)
+
+
+_unmarked_slow: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds up each test's setup, call and teardown, for the tests with neither tier mark (see the summary)."""
+    if "slow" in report.keywords or "e2e" in report.keywords:
+        return
+    _unmarked_slow[report.nodeid] = _unmarked_slow.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Names the unmarked tests that took longer than :data:`SLOW_S`, to be added to tests/slow_tests.txt."""
+    over = sorted(((s, n) for n, s in _unmarked_slow.items() if s > SLOW_S), reverse=True)
+    if over:
+        terminalreporter.section(
+            f"tests over {SLOW_S:g} s marked neither slow nor e2e (add them to tests/slow_tests.txt)"
+        )
+        for seconds, nodeid in over:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")
 
 
 @dataclass
