@@ -121,21 +121,9 @@ def parse(url: str) -> RedisTarget:
     if not sep or scheme not in _SCHEMES:
         raise _error(url, f"the scheme {scheme + ':' if sep else '(none)'} is not one of " + ", ".join(_SCHEMES))
     before_query, _, query = rest.partition("?")
-    options: dict[str, str] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
-        if key not in OPTIONS:
-            raise _error(url, f"unknown option {key!r} (known: {', '.join(OPTIONS)})")
-        options[key] = value
     tls = scheme.startswith("rediss")
     sentinel = scheme.endswith("+sentinel")
-    if not tls and any(k in options for k in ("ca_file", "cert_file", "key_file")):
-        raise _error(url, "ca_file, cert_file and key_file need TLS: use rediss:// or rediss+sentinel://")
-    if not sentinel and any(k.startswith("sentinel_") for k in options):
-        raise _error(url, "sentinel_auth belongs to redis+sentinel:// URLs")
-    if options.get("sentinel_auth", "no") not in ("yes", "no"):
-        raise _error(url, "sentinel_auth is yes or no")
-    if ("cert_file" in options) != ("key_file" in options):
-        raise _error(url, "cert_file and key_file go together")
+    options = _options(url, query, tls=tls, sentinel=sentinel)
     if scheme == "unix":
         path = before_query
         if not path.startswith("/"):
@@ -145,13 +133,7 @@ def parse(url: str) -> RedisTarget:
         raise _error(url, "the database number goes in the path (/DB), not in ?db=")
     netloc, _, path = before_query.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-        if not colon:  # redis-py reads a lone word as the password; say which it is instead of guessing
-            raise _error(url, "the user part must be USER:PASSWORD or :PASSWORD")
+    username, password = _credentials(url, userinfo) if at else (None, None)
     if not hosts:
         raise _error(url, "no host")
     addresses = tuple(_address(url, host, SENTINEL_PORT if sentinel else 6379) for host in hosts.split(","))
@@ -169,6 +151,32 @@ def parse(url: str) -> RedisTarget:
         raise _error(url, "the path must be /DB")
     db = _db(url, segments[0]) if segments and segments[0] else 0
     return RedisTarget(url, scheme, tls, db=db, username=username, password=password, options=options)
+
+
+def _options(url: str, query: str, *, tls: bool, sentinel: bool) -> dict[str, str]:
+    """The query's OPTIONS, each known and fitting the scheme (TLS files need TLS, sentinel_auth Sentinel)."""
+    options: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key not in OPTIONS:
+            raise _error(url, f"unknown option {key!r} (known: {', '.join(OPTIONS)})")
+        options[key] = value
+    if not tls and any(k in options for k in ("ca_file", "cert_file", "key_file")):
+        raise _error(url, "ca_file, cert_file and key_file need TLS: use rediss:// or rediss+sentinel://")
+    if not sentinel and any(k.startswith("sentinel_") for k in options):
+        raise _error(url, "sentinel_auth belongs to redis+sentinel:// URLs")
+    if options.get("sentinel_auth", "no") not in ("yes", "no"):
+        raise _error(url, "sentinel_auth is yes or no")
+    if ("cert_file" in options) != ("key_file" in options):
+        raise _error(url, "cert_file and key_file go together")
+    return options
+
+
+def _credentials(url: str, userinfo: str) -> tuple[str | None, str | None]:
+    """(username, password) of the user part before ``@``: USER:PASSWORD or :PASSWORD."""
+    user, colon, secret = userinfo.partition(":")
+    if not colon:  # redis-py reads a lone word as the password; say which it is instead of guessing
+        raise _error(url, "the user part must be USER:PASSWORD or :PASSWORD")
+    return unquote(user) or None, unquote(secret)
 
 
 def _address(url: str, text: str, default_port: int) -> tuple[str, int]:
