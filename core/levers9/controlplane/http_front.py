@@ -492,31 +492,43 @@ class _Response:
         more = message.get("more_body", False)
         head, self.head = self.head, b""
         if self.request.method == "HEAD" or self.status in _NO_BODY:
-            if self.status not in _NO_BODY and self.remaining is None and not self.chunked and not more:
-                head = head[:-2] + b"content-length: %d\r\n\r\n" % len(body)  # what a GET would have had
-                self.remaining = 0
-            body = b""  # never sent
+            data = self._head_only(head, body, more)
         else:
-            if self.remaining is None and not self.chunked:
-                if more:  # no length, and more to come: chunked
-                    self.chunked = True
-                    head = head[:-2] + b"transfer-encoding: chunked\r\n\r\n"
-                else:  # the whole body in one message: its length is known
-                    head = head[:-2] + b"content-length: %d\r\n\r\n" % len(body)
-                    self.remaining = len(body)
-            if self.chunked:
-                body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
-            elif self.remaining is not None:
-                self.remaining -= len(body)
-                if self.remaining < 0:
-                    raise RuntimeError("response content longer than its content-length")
-                if not more and self.remaining:
-                    raise RuntimeError("response content shorter than its content-length")
+            data = self._framed(head, body, more)
         assert front.transport is not None
-        if head or body:
-            front.transport.write(head + body)
+        if data:
+            front.transport.write(data)
         if not more:
             self.complete = True
+
+    def _head_only(self, head: bytes, body: bytes, more: bool) -> bytes:
+        """A HEAD answer or a status without a body: the head alone, with the length a GET would have had."""
+        if self.status not in _NO_BODY and self.remaining is None and not self.chunked and not more:
+            head = head[:-2] + b"content-length: %d\r\n\r\n" % len(body)  # what a GET would have had
+            self.remaining = 0
+        return head  # the body is never sent
+
+    def _framed(self, head: bytes, body: bytes, more: bool) -> bytes:
+        """The head still unsent and this piece of the body, framed by content-length or chunked encoding.
+
+        :raises RuntimeError: the app sent more or less than the content-length it declared.
+        """
+        if self.remaining is None and not self.chunked:
+            if more:  # no length, and more to come: chunked
+                self.chunked = True
+                head = head[:-2] + b"transfer-encoding: chunked\r\n\r\n"
+            else:  # the whole body in one message: its length is known
+                head = head[:-2] + b"content-length: %d\r\n\r\n" % len(body)
+                self.remaining = len(body)
+        if self.chunked:
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
+        elif self.remaining is not None:
+            self.remaining -= len(body)
+            if self.remaining < 0:
+                raise RuntimeError("response content longer than its content-length")
+            if not more and self.remaining:
+                raise RuntimeError("response content shorter than its content-length")
+        return head + body
 
     def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
