@@ -7,6 +7,19 @@ error and left out, and every other plugin keeps working. Strict mode (config
 ``plugins.strict`` or ``LEVERS9_PLUGINS_STRICT=1``) turns any such failure into
 an error, for CI and for operators who prefer to fail fast.
 
+A plugin is a module of ``levers9_*`` functions or an object whose methods are
+named ``levers9_*`` (the built-in plugins are objects: a class whose instance
+the entry point names); both register the same way here. Either may declare
+the spec edition it was written to as ``LEVERS9_SPEC_VERSION``, read before
+the plugin registers: none declared is a second-edition plugin written before
+the attribute existed, and loads; :data:`~levers9.hooks.spec.SPEC_VERSION`
+loads; a newer edition, a retired one
+(:data:`~levers9.hooks.spec.RETIRED_EDITIONS`, refused with what changed
+since), any other number or a value that is not an integer fails that plugin
+alone, with the plugin named. A hookspec marked ``warn_on_impl`` (a hook on
+its way out) makes pluggy warn when a plugin implements it; the warning is
+re-issued naming the plugin, logged, and kept on the plugin's record.
+
 Hooks declared ``firstresult`` (the checkpoint hooks) are called through
 pluggy's own hook caller, which asks each implementation in turn (the plugin
 registered last first; ``tryfirst``/``trylast`` move one) and stops at the
@@ -28,6 +41,7 @@ import functools
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,6 +82,10 @@ class PluginRecord:
     status: Status = "loaded"
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
+    #: the spec edition the plugin declares (``LEVERS9_SPEC_VERSION``), None when it declares none
+    spec_version: int | None = None
+    #: deprecation warnings its hook implementations raised at registration, each naming the plugin
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def builtin(self) -> bool:
@@ -97,6 +115,8 @@ class PluginRecord:
             "error": self.error,
             "roles": self.roles,
             "hooks": self.hooks,
+            "spec_version": self.spec_version,
+            "warnings": self.warnings,
         }
 
 
@@ -187,18 +207,50 @@ class _Levers9PluginManager(pluggy.PluginManager):
         return opts
 
 
-def unknown_hooks(plugin: object) -> list[str]:
+def unknown_hooks(plugin: object, known: tuple[str, ...] = HOOK_NAMES) -> list[str]:
     """Names a plugin defines with the hook prefix that the spec does not know, with a suggestion each."""
     problems = []
     for name in dir(plugin):
-        if not name.startswith(HOOK_PREFIX) or name in HOOK_NAMES:
+        if not name.startswith(HOOK_PREFIX) or name in known:
             continue
         if not callable(getattr(plugin, name, None)):
             continue
-        close = difflib.get_close_matches(name, HOOK_NAMES, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else f"; known hooks: {', '.join(HOOK_NAMES)}"
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; known hooks: {', '.join(known)}"
         problems.append(f"implements unknown hook {name}{hint}")
     return problems
+
+
+SPEC_VERSION_ATTRIBUTE = "LEVERS9_SPEC_VERSION"
+#: where docs/plugins.md explains the editions, for messages that refuse a plugin's edition
+SPEC_VERSION_DOCS = "docs/plugins.md, section 'The spec version'"
+
+
+def spec_version_problem(plugin: object) -> str | None:
+    """Why the edition a plugin declares keeps it from loading, or None when it may load (see the module docstring)."""
+    declared = getattr(plugin, SPEC_VERSION_ATTRIBUTE, None)
+    if declared is None:
+        return None
+    current = spec_module.SPEC_VERSION
+    if isinstance(declared, bool) or not isinstance(declared, int):
+        return (
+            f"{SPEC_VERSION_ATTRIBUTE} must be an integer (this levers9 accepts {current}), "
+            f"got {type(declared).__name__} {declared!r}"
+        )
+    if declared == current:
+        return None
+    if declared > current:
+        return (
+            f"written to hook spec version {declared}, newer than this levers9 knows: it accepts version {current} "
+            f"(and plugins that declare none); upgrade levers9 or install a release of the plugin for version {current}"
+        )
+    changes = spec_module.RETIRED_EDITIONS.get(declared)
+    if changes is not None:
+        return (
+            f"written to hook spec version {declared}, which this levers9 no longer loads (it accepts {current}): "
+            f"{changes}; see {SPEC_VERSION_DOCS}"
+        )
+    return f"declares hook spec version {declared}, which never existed: this levers9 accepts {current}"
 
 
 class PluginSet:
@@ -208,10 +260,17 @@ class PluginSet:
     is what the rest of the core calls.
     """
 
-    def __init__(self, policy: PluginPolicy | None = None) -> None:
+    def __init__(self, policy: PluginPolicy | None = None, *, extra_specs: Iterable[ModuleType | type] = ()) -> None:
+        """``extra_specs``: more hookspec modules or classes beside the spec (tests of the manager's mechanisms)."""
         self.policy = policy or PluginPolicy()
         self.pm = _Levers9PluginManager(PROJECT)
         self.pm.add_hookspecs(spec_module)
+        extra_names: list[str] = []
+        for extra in extra_specs:
+            self.pm.add_hookspecs(extra)
+            extra_names += [n for n in dir(extra) if n.startswith(HOOK_PREFIX) and n not in HOOK_NAMES]
+        #: every hook a plugin may implement here: the spec's, then the extra specs'
+        self.hook_names: tuple[str, ...] = HOOK_NAMES + tuple(extra_names)
         self.records: dict[str, PluginRecord] = {}
 
     # ----------------------------------------------------------------- loading
@@ -261,18 +320,28 @@ class PluginSet:
         return record
 
     def _register(self, record: PluginRecord, plugin: object) -> None:
-        problems = unknown_hooks(plugin)
+        declared = getattr(plugin, SPEC_VERSION_ATTRIBUTE, None)
+        record.spec_version = declared if isinstance(declared, int) and not isinstance(declared, bool) else None
+        problem = spec_version_problem(plugin)
+        if problem is not None:
+            self._fail(record, problem)
+            return
+        problems = unknown_hooks(plugin, self.hook_names)
         if problems:
             self._fail(record, "; ".join(problems))
             return
         try:
-            self.pm.register(plugin, name=record.name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.pm.register(plugin, name=record.name)
         except (pluggy.PluginValidationError, ValueError) as exc:
             self._fail(record, f"invalid hook implementation: {exc}")
             return
+        for caught_warning in caught:
+            self._warn(record, caught_warning)
         record.hooks = [
             impl_name
-            for impl_name in HOOK_NAMES
+            for impl_name in self.hook_names
             if any(impl.plugin_name == record.name for impl in getattr(self.pm.hook, impl_name).get_hookimpls())
         ]
         for hook_name in record.hooks:
@@ -282,6 +351,15 @@ class PluginSet:
             for impl in caller.get_hookimpls():
                 if impl.plugin_name == record.name and not (impl.hookwrapper or impl.wrapper):
                     impl.function = _attributed(impl.function, record.name)
+
+    def _warn(self, record: PluginRecord, caught: warnings.WarningMessage) -> None:
+        """Re-issue a warning raised while ``record``'s plugin registered, naming the plugin."""
+        message = f"plugin {record.name!r} ({record.module}): {caught.message}"
+        record.warnings.append(message)
+        log.warning("%s", message)
+        warnings.warn_explicit(
+            message, caught.category, caught.filename, caught.lineno, module=record.module, registry={}
+        )
 
     def _fail(self, record: PluginRecord, error: str) -> None:
         record.status = "failed"
@@ -333,10 +411,12 @@ def load_plugins(policy: PluginPolicy | None = None) -> PluginSet:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "HOOK_NAMES",
+    "SPEC_VERSION_ATTRIBUTE",
     "Attribution",
     "PluginPolicy",
     "PluginRecord",
     "PluginSet",
     "load_plugins",
+    "spec_version_problem",
     "unknown_hooks",
 ]

@@ -28,6 +28,14 @@ errors of :mod:`levers9.hooks.errors`; anything else is reported as a
 
 Each hook below says when it is called, what it must return, and which errors
 it may raise. ``docs/plugins.md`` explains how to write a plugin from this alone.
+
+The spec has an edition, :data:`SPEC_VERSION`. A plugin declares the edition it
+was written to as ``LEVERS9_SPEC_VERSION`` (a class attribute of a plugin
+object, or a module attribute of a module plugin); the manager checks it at
+load (:mod:`levers9.hooks.manager`). A change that would break plugins of the
+current edition raises it; a hook on its way out stays in the spec, marked with
+pluggy's ``warn_on_impl``, so plugins that implement it load with a warning
+naming them until the next edition removes it.
 """
 
 from __future__ import annotations
@@ -58,6 +66,20 @@ if TYPE_CHECKING:
         RuntimeCapabilities,
         RuntimeContext,
     )
+
+#: the edition of this spec; the first edition (``levers9_terminate(pool, provider_id)``, the machine's
+#: token and controlplane address loose in ``ProvisionRequest``) is no longer accepted
+SPEC_VERSION = 2
+
+#: what changed since each edition the manager no longer loads, for the message that refuses such a plugin
+RETIRED_EDITIONS: dict[int, str] = {
+    1: (
+        "since the first edition, levers9_terminate takes the Machine (not its provider_id); ProvisionRequest "
+        "carries a WorkerBootstrap (token, controlplane URL and CA moved into it), an offer and the region; "
+        "Machine gained provider_data, zone, reason and the preempted and failed states; and "
+        "levers9_check, levers9_startup and levers9_shutdown were added"
+    ),
+}
 
 # --------------------------------------------------------------------------- lifecycle
 

@@ -8,11 +8,14 @@ that wants to change one builds a new one with ``model_copy(update=...)``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from levers9.hooks.errors import InvalidRequest
 
 
 class _Frozen(BaseModel):
@@ -47,6 +50,37 @@ class Pool(_Frozen):
     workspace: str | None = None
     #: the provider's settings, an instance of the model its ``levers9_provider_settings`` returned
     settings: Any = None
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+def settings_of(pool: Pool, model: type[SettingsT]) -> SettingsT:
+    """``pool.settings`` as the provider's settings model, so a provider never casts ``Any`` by hand.
+
+    The core hands a provider the instance its ``levers9_provider_settings``
+    returned: that instance is returned as it is. A pool built by hand (tests,
+    tools) may carry the raw mapping or nothing; that is validated through
+    ``model`` here. Anything else (another provider's model, a string) is a
+    pool routed to the wrong provider or a broken tool: :class:`InvalidRequest`
+    naming the pool, its provider and the model it should have held, not an
+    ``AttributeError`` deep in the provider.
+    """
+    settings = pool.settings
+    if isinstance(settings, model):
+        return settings
+    if settings is None or isinstance(settings, Mapping):
+        try:
+            return model.model_validate(settings or {})
+        except ValidationError as exc:
+            raise InvalidRequest(
+                f"pool {pool.name!r}: its settings are not valid {model.__name__}: {exc}", plugin=pool.provider
+            ) from exc
+    raise InvalidRequest(
+        f"pool {pool.name!r}: its settings are a {type(settings).__name__}, "
+        f"but provider {pool.provider!r} takes {model.__name__} (or a mapping of its fields)",
+        plugin=pool.provider,
+    )
 
 
 class Resources(_Frozen):
