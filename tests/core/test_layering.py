@@ -167,13 +167,7 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
     assert all(_allowed(i.removeprefix("levers9."), rules["gateway"]) for _, i in _imports(good) if "levers9" in i)
 
 
-def test_every_module_is_at_most_600_lines_and_every_package_says_what_it_owns() -> None:
-    long = [
-        f"{p.relative_to(ROOT)}: {n} lines"
-        for p in _core_sources()
-        if "migrations/versions" not in str(p) and (n := len(p.read_text().splitlines())) > 600
-    ]
-    assert not long, "modules over 600 lines (split them along what they hold):\n" + "\n".join(long)
+def test_every_package_says_what_it_owns() -> None:
     silent = []
     for init in sorted(CORE.rglob("__init__.py")):
         if GENERATED.search(init.name) or "migrations/versions" in str(init) or init.parent.name == "v1":
