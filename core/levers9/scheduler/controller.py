@@ -139,51 +139,69 @@ class PoolController:
     # ------------------------------------------------------------------ upkeep
 
     async def _tick_pool(self, pool: PoolSpec, report: UpkeepReport, machines: list[MachineRecord]) -> None:
-        """One pool's upkeep, from its ``machines`` in an active state as the tick read them."""
+        """One pool's upkeep, from its ``machines`` in an active state as the tick read them.
+
+        In order: machines past their registration deadline go, machines whose worker is gone go, then the
+        warm minimum is started and idle workers above it are released.
+        """
+        changed = await self._stop_unregistered(pool, report, machines)
+        changed = await self._stop_workerless(pool, report, machines) or changed
+        if changed:
+            machines = await self.ctx.machines.list(pool=pool.name, states=list(ACTIVE))
+        live = [m for m in machines if m.state not in ("terminating",)]
+        await self._keep_warm_minimum(pool, report, live)
+        await self._release_idle(pool, report, live)
+
+    async def _stop_unregistered(self, pool: PoolSpec, report: UpkeepReport, machines: list[MachineRecord]) -> bool:
+        """Registration deadline: a machine that never dialled in is stopped and forgotten. Whether any was."""
         ctx = self.ctx
         now_s = ctx.clock()
         changed = False
-
-        # Registration deadline: a machine that never dialled in is stopped and forgotten.
         in_flight = self.provisioner.in_flight
         for m in machines:
             overdue = m.register_by is not None and m.register_by.timestamp() <= now_s
-            if m.state in STARTING and m.id not in in_flight and overdue:
-                changed = True
-                if await self.provisioner.terminate(
-                    pool, m, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
-                ):
-                    await ctx.machines.delete(m.id)
-                    if m.last_error:
-                        await self._missed(pool, m)
-                    ctx.planner_wanted.set()  # calls that waited for it are planned again now, not at a tick
-                report.timed_out.append(m.id)
+            if m.state not in STARTING or m.id in in_flight or not overdue:
+                continue
+            changed = True
+            if await self.provisioner.terminate(
+                pool, m, "its worker never registered", kind=events.TERMINATED_NEVER_REGISTERED
+            ):
+                await ctx.machines.delete(m.id)
+                if m.last_error:
+                    await self._missed(pool, m)
+                ctx.planner_wanted.set()  # calls that waited for it are planned again now, not at a tick
+            report.timed_out.append(m.id)
+        return changed
 
-        # A running machine whose worker is gone (crashed, reaped) is no use to anyone. The pool's worker
-        # list is read only when it has such machines: a pool of workers started by hand has none. After a
-        # restart that lost Redis's data, workers it forgot are given time to register again first.
+    async def _stop_workerless(self, pool: PoolSpec, report: UpkeepReport, machines: list[MachineRecord]) -> bool:
+        """A running machine whose worker is gone (crashed, reaped) is no use to anyone: stopped. Whether any was.
+
+        The pool's worker list is read only when it has such machines: a pool of workers started by hand has
+        none. After a restart that lost Redis's data, workers it forgot are given time to register again first.
+        """
+        ctx = self.ctx
         running = [m for m in machines if m.state == "running" and m.worker_id]
-        if running and await ctx.workers.returning():
-            running = []
-        registered = await ctx.workers.ids(pool.name) if running else set()
+        if not running or await ctx.workers.returning():
+            return False
+        registered = await ctx.workers.ids(pool.name)
+        changed = False
         for m in running:
-            if m.worker_id not in registered:
-                # read again right before acting: a worker reaped while its replica was frozen may have just
-                # registered with another replica; its machine is healthy and is not stopped
-                if m.worker_id and await ctx.workers.get(m.worker_id) is not None:
-                    continue
-                changed = True
-                await self._spot_lost(pool, m, "its worker stopped reporting")
-                if await self.provisioner.terminate(
-                    pool, m, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
-                ):
-                    report.released.append(m.id)
+            if m.worker_id in registered:
+                continue
+            # read again right before acting: a worker reaped while its replica was frozen may have just
+            # registered with another replica; its machine is healthy and is not stopped
+            if m.worker_id and await ctx.workers.get(m.worker_id) is not None:
+                continue
+            changed = True
+            await self._spot_lost(pool, m, "its worker stopped reporting")
+            if await self.provisioner.terminate(
+                pool, m, "its worker stopped reporting", kind=events.TERMINATED_WORKER_GONE
+            ):
+                report.released.append(m.id)
+        return changed
 
-        if changed:
-            machines = await ctx.machines.list(pool=pool.name, states=list(ACTIVE))
-        live = [m for m in machines if m.state not in ("terminating",)]
-
-        # The warm minimum, from the pool's first free offer (the next tick tries again after a miss).
+    async def _keep_warm_minimum(self, pool: PoolSpec, report: UpkeepReport, live: list[MachineRecord]) -> None:
+        """The warm minimum, from the pool's first free offer (the next tick tries again after a miss)."""
         marks: dict[str, dict[str, str]] = {}
         for _ in range(pool.min_workers - len(live)):
             pick = await self.offers.pick(pool, marks)
@@ -193,7 +211,9 @@ class PoolController:
             why = f"min_workers is {pool.min_workers}"
             report.started.append(await self.provisioner.start(pool, why, pick.offer))
 
-        # Idle release above the minimum, longest idle first.
+    async def _release_idle(self, pool: PoolSpec, report: UpkeepReport, live: list[MachineRecord]) -> None:
+        """Idle release above the minimum, longest idle first."""
+        ctx = self.ctx
         spare = len(live) - pool.min_workers
         if spare <= 0:
             return
@@ -219,18 +239,10 @@ class PoolController:
     # ------------------------------------------------------------------ reconciliation
 
     async def _reconcile_pool(self, pool: PoolSpec, report: UpkeepReport) -> None:
-        ctx = self.ctx
-        try:
-            listed = await ctx.hooks.list_machines(pool.pool)
-        except Exception as exc:
-            ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines", type(exc).__name__))
-            raise
-        ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines"))
-        # a listing may take long, and this replica may have been frozen meanwhile: act on it only if still the holder
-        await self.provisioner.check_fence(f"reconciling pool {pool.name}")
-        records = {m.id: m for m in await ctx.machines.list(pool=pool.name)}
+        """One pool against its provider's listing: the machines listed, then the records the listing lacks."""
+        listed = await self._listing(pool)
+        records = {m.id: m for m in await self.ctx.machines.list(pool=pool.name)}
         active = {mid for mid, m in records.items() if m.state in ACTIVE}
-        in_flight = self.provisioner.in_flight
         seen: set[str] = set()
         #: machines the provider lists as terminated: a live record of one is closed as gone
         ended_there: set[str] = set()
@@ -241,29 +253,72 @@ class PoolController:
                 continue
             if machine.machine_id is not None:
                 seen.add(machine.machine_id)
-            ended = machine.state in (MachineState.PREEMPTED, MachineState.FAILED)
-            if ended and machine.machine_id in active and machine.machine_id not in in_flight:
-                await self._end(pool, records[machine.machine_id or ""], machine, report)
-                continue
-            if machine.machine_id in active or machine.machine_id in in_flight:
-                record = records.get(machine.machine_id or "")
-                if record is not None and machine.machine_id not in in_flight:
-                    await self._fill_in(record, machine)
-                continue
-            if machine.machine_id is not None and machine.machine_id not in records:
-                other = await ctx.machines.get(machine.machine_id)
-                if other is not None and other.pool != pool.name:
-                    continue  # listed here too (a provider that cannot tell pools apart): its own pool's to judge
-            why = "levers9 has no record of it" if machine.machine_id not in records else "its record is closed"
-            log.warning("pool %s: machine %s (%s) is %s but %s; terminating it",
-                        pool.name, machine.provider_id, machine.machine_id or "untagged", machine.state, why)  # fmt: skip
-            if await self.provisioner.terminate(pool, machine, why, kind=events.TERMINATED_ORPHAN):
-                report.orphans.append(machine.provider_id)
-        # After a start, a provider that lists machines from its agents' reports (agent_machine, attached_cluster)
-        # has not heard from them yet: a machine it does not list is not judged gone (nor a launch abandoned)
-        # until the workers' return grace is over; one it lists as terminated is gone all the same.
+            await self._judge_listed(pool, machine, records, active, report)
+        await self._judge_unlisted(pool, records, active - seen, ended_there, report)
+
+    async def _listing(self, pool: PoolSpec) -> list[Machine]:
+        """The provider's listing of ``pool``, once this replica is known to still hold the lease."""
+        ctx = self.ctx
+        try:
+            listed = await ctx.hooks.list_machines(pool.pool)
+        except Exception as exc:
+            ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines", type(exc).__name__))
+            raise
+        ctx.emit(events.ProviderCalled(pool.pool.provider, "list_machines"))
+        # a listing may take long, and this replica may have been frozen meanwhile: act on it only if still the holder
+        await self.provisioner.check_fence(f"reconciling pool {pool.name}")
+        return list(listed)
+
+    async def _judge_listed(
+        self,
+        pool: PoolSpec,
+        machine: Machine,
+        records: dict[str, MachineRecord],
+        active: set[str],
+        report: UpkeepReport,
+    ) -> None:
+        """A machine the provider lists (not terminated): end it, fill in its record, keep it, or stop it."""
+        in_flight = self.provisioner.in_flight
+        mid = machine.machine_id
+        ended = machine.state in (MachineState.PREEMPTED, MachineState.FAILED)
+        if ended and mid in active and mid not in in_flight:
+            await self._end(pool, records[mid or ""], machine, report)
+            return
+        if mid in active or mid in in_flight:
+            record = records.get(mid or "")
+            if record is not None and mid not in in_flight:
+                await self._fill_in(record, machine)
+            return
+        if mid is not None and mid not in records:
+            other = await self.ctx.machines.get(mid)
+            if other is not None and other.pool != pool.name:
+                return  # listed here too (a provider that cannot tell pools apart): its own pool's to judge
+        why = "levers9 has no record of it" if mid not in records else "its record is closed"
+        log.warning(
+            "pool %s: machine %s (%s) is %s but %s; terminating it",
+            pool.name, machine.provider_id, mid or "untagged", machine.state, why,
+        )  # fmt: skip
+        if await self.provisioner.terminate(pool, machine, why, kind=events.TERMINATED_ORPHAN):
+            report.orphans.append(machine.provider_id)
+
+    async def _judge_unlisted(
+        self,
+        pool: PoolSpec,
+        records: dict[str, MachineRecord],
+        unlisted: set[str],
+        ended_there: set[str],
+        report: UpkeepReport,
+    ) -> None:
+        """Live records the listing lacks (or lists terminated): an abandoned launch is released, a machine gone
+        is closed and its calls requeued.
+
+        After a start, a provider that lists machines from its agents' reports (agent_machine, attached_cluster)
+        has not heard from them yet: a machine it does not list is not judged gone (nor a launch abandoned)
+        until the workers' return grace is over; one it lists as terminated is gone all the same.
+        """
+        ctx = self.ctx
         returning = await ctx.workers.returning()
-        for mid in active - seen - in_flight:
+        for mid in unlisted - self.provisioner.in_flight:
             m = records[mid]
             if returning and mid not in ended_there:
                 continue

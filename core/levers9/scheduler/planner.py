@@ -36,7 +36,7 @@ pool and offer tried and why each failed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from levers9.hooks.types import GpuOffer
 from levers9.scheduler.candidates import pool_price
@@ -79,6 +79,34 @@ class PassReport:
     gave_up: int = 0
 
 
+#: a line of placement history the planner writes: request, outcome, pool, reason, region
+_Event = tuple[str, str, PoolSpec | None, str, str | None]
+
+
+@dataclass
+class _Pass:
+    """What one planning pass knows and gathers as it walks the requests (see :meth:`Planner.plan_once`)."""
+
+    now: int
+    report: PassReport
+    #: machines per pool in an active state, those this pass started included
+    count: dict[str, int] = field(default_factory=dict)
+    #: the room left on each pool's starting machines, in this pass's accounting
+    slots: dict[str, list[_Slot]] = field(default_factory=dict)
+    #: each (pool, GPU, region)'s unavailability mark, read from Redis once per pass
+    marks: dict[tuple[str, str | None, str | None], str | None] = field(default_factory=dict)
+    #: each pool's offer marks, read once per pass
+    offer_marks: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: each pool's price from the offers known, worked out once per pass (see Planner._walk_order)
+    prices: dict[str, float | None] = field(default_factory=dict)
+    #: the region each offer note is about, for its placement event
+    regions: dict[str, str | None] = field(default_factory=dict)
+    #: history lines to store at the end of the pass
+    events: list[_Event] = field(default_factory=list)
+    #: (request, next plan, reasons) to note in Redis at the end of the pass
+    notes: list[tuple[str, int, list[str]]] = field(default_factory=list)
+
+
 #: what :meth:`Planner._choose` returns when a pool has offers and none is free
 _NONE_FREE = "none free"
 
@@ -106,11 +134,16 @@ class Planner:
         self._next_plan: dict[str, int] = {}
 
     async def plan_once(self) -> PassReport:
-        ctx = self.ctx
-        now = ctx.now_ms()
+        """One pass over the unmet requests, oldest first: reserve room, start machines, note why not, give up.
+
+        The steps, each a method named for what it decides: :meth:`_unmet` (which requests are planned),
+        :meth:`_capacity` (what the pools hold and are starting now), :meth:`_plan_request` per request
+        (give up at the deadline, else :meth:`_find_capacity` over its pools, each :meth:`_try_pool`), then
+        :meth:`_pace` (its backoff) and :meth:`_note_changes` (its new reasons), stored at the end in one
+        write each (:meth:`_store_notes`).
+        """
         report = PassReport()
-        ids = await ctx.backlog.unmet(self.window)
-        states = [s for s in await ctx.backlog.get_many(ids) if s is not None and s.state == "queued"]
+        states = await self._unmet()
         report.considered = len(states)
         if not states:
             self._rounds.clear()
@@ -119,110 +152,143 @@ class Planner:
         if len(self._next_plan) > 4 * self.window:
             live = {st.request.id for st in states}
             self._next_plan = {k: v for k, v in self._next_plan.items() if k in live}
+        state = await self._capacity(self.ctx.now_ms(), report)
+        for st in states:
+            await self._plan_request(state, st)
+        await self._store_notes(state)
+        return report
 
-        machines = await ctx.machines.list(states=list(ACTIVE))
-        count: dict[str, int] = {}
-        slots: dict[str, list[_Slot]] = {}
-        for m in machines:
-            count[m.pool] = count.get(m.pool, 0) + 1
+    async def _unmet(self) -> list[RequestState]:
+        """The requests no worker had room for, oldest first (up to :attr:`window`), still queued."""
+        ctx = self.ctx
+        ids = await ctx.backlog.unmet(self.window)
+        return [s for s in await ctx.backlog.get_many(ids) if s is not None and s.state == "queued"]
+
+    async def _capacity(self, now: int, report: PassReport) -> _Pass:
+        """What the pools hold now: machines counted against ``max_workers``, and the room of those starting."""
+        ctx = self.ctx
+        state = _Pass(now=now, report=report)
+        for m in await ctx.machines.list(states=list(ACTIVE)):
+            state.count[m.pool] = state.count.get(m.pool, 0) + 1
             pool = ctx.pools.get(m.pool)
             if m.state in STARTING and pool is not None:
-                slots.setdefault(m.pool, []).append(_Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count))
-        marks: dict[tuple[str, str | None, str | None], str | None] = {}
-        offer_marks: dict[str, dict[str, str]] = {}
-        #: each pool's price from the offers known, worked out once per pass (see _walk_order)
-        prices: dict[str, float | None] = {}
-        #: the region each offer note is about, for its placement event
-        regions: dict[str, str | None] = {}
-        events: list[tuple[str, str, PoolSpec | None, str, str | None]] = []
-        notes: list[tuple[str, int, list[str]]] = []
+                state.slots.setdefault(m.pool, []).append(_Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count))
+        return state
 
-        for st in states:
-            req = st.request
-            if req.deadline_ms and now >= req.deadline_ms:
-                await self._give_up(st, now)
-                report.gave_up += 1
+    async def _plan_request(self, state: _Pass, st: RequestState) -> None:
+        """Plan one request: give it up past its deadline, else find it capacity and note what was tried."""
+        req, report = st.request, state.report
+        if req.deadline_ms and state.now >= req.deadline_ms:
+            await self._give_up(st, state.now)
+            report.gave_up += 1
+            return
+        tried = dict(_parse_tried(st.tried))
+        before = dict(tried)
+        outcome = await self._find_capacity(state, st, tried)
+        if outcome == "reserved":
+            report.reserved += 1
+        elif outcome == "started":
+            report.started += 1
+            self._rounds.pop(req.id, None)
+            self._next_plan.pop(req.id, None)
+        else:
+            report.waiting += 1
+        next_plan = self._pace(state.now, st, outcome)
+        if tried != before:
+            self._note_changes(state, req.id, next_plan, tried, before)
+
+    async def _find_capacity(self, state: _Pass, st: RequestState, tried: dict[str, str]) -> str:
+        """Walk the request's open groups and their pools in order until one decides; the outcome.
+
+        ``reserved`` (room on a starting machine), ``started`` (a machine asked for), ``waiting`` (a pool
+        that would take it is throttled, or the request's backoff has not passed), or ``none`` (every
+        pool noted in ``tried`` why not).
+        """
+        for group in st.request.groups:
+            if group.not_before_ms > state.now:
                 continue
-            tried = dict(_parse_tried(st.tried))
-            before = dict(tried)
-            outcome = "none"
-            for group in req.groups:
-                if group.not_before_ms > now:
-                    continue
-                for name in self._walk_order(group.pools, prices):
-                    pool = ctx.pools.get(name)
-                    if pool is None:
-                        tried[name] = "the pool is no longer configured"
-                        continue
-                    key = (name, pool.gpu, pool.pool.region)
-                    if key not in marks:
-                        marks[key] = await ctx.unavailable.reason(*key)
-                    if marks[key] is not None:
-                        tried[name] = f"unavailable: {marks[key]}"
-                        continue
-                    if any(s.take(req.cpu_millicores, req.memory_mib, group.gpu_count) for s in slots.get(name, [])):
-                        outcome = "reserved"
-                        break
-                    throttle = self.provisioner.throttled_until(name)
-                    if throttle is not None:
-                        tried[name] = f"{throttle.reason}; asking again in {(throttle.until_ms - now) / 1000:.0f} s"
-                        outcome = "waiting"
-                        break
-                    if count.get(name, 0) < pool.max_workers:
-                        if now < max(st.next_plan_ms, self._next_plan.get(req.id, 0)):
-                            outcome = "waiting"
-                            break
-                        offer = await self._choose(pool, tried, offer_marks, regions)
-                        if isinstance(offer, str):  # _NONE_FREE: every offer is out, noted; the next pool
-                            continue
-                        await self.provisioner.start(pool, f"request {req.id} fits on no worker", offer)
-                        count[name] = count.get(name, 0) + 1
-                        slot = _Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count)
-                        slot.take(req.cpu_millicores, req.memory_mib, group.gpu_count)
-                        slots.setdefault(name, []).append(slot)
-                        tried.pop(name, None)
-                        if offer is not None:
-                            tried.pop(offer_subject(name, offer), None)
-                        outcome = "started"
-                        report.started += 1
-                        break
-                    tried[name] = f"at max_workers ({pool.max_workers}) with no room free"
-                if outcome != "none":
-                    break
+            for name in self._walk_order(group.pools, state.prices):
+                outcome = await self._try_pool(state, st, group.gpu_count, name, tried)
+                if outcome is not None:
+                    return outcome
+        return "none"
 
-            if outcome == "reserved":
-                report.reserved += 1
-            elif outcome == "started":
-                self._rounds.pop(req.id, None)
-                self._next_plan.pop(req.id, None)
+    async def _try_pool(
+        self, state: _Pass, st: RequestState, gpu_count: int, name: str, tried: dict[str, str]
+    ) -> str | None:
+        """Whether pool ``name`` decides the request (the outcome), or None with the reason in ``tried``."""
+        ctx, req, now = self.ctx, st.request, state.now
+        pool = ctx.pools.get(name)
+        if pool is None:
+            tried[name] = "the pool is no longer configured"
+            return None
+        key = (name, pool.gpu, pool.pool.region)
+        if key not in state.marks:
+            state.marks[key] = await ctx.unavailable.reason(*key)
+        if state.marks[key] is not None:
+            tried[name] = f"unavailable: {state.marks[key]}"
+            return None
+        if any(s.take(req.cpu_millicores, req.memory_mib, gpu_count) for s in state.slots.get(name, [])):
+            return "reserved"
+        throttle = self.provisioner.throttled_until(name)
+        if throttle is not None:
+            tried[name] = f"{throttle.reason}; asking again in {(throttle.until_ms - now) / 1000:.0f} s"
+            return "waiting"
+        if state.count.get(name, 0) >= pool.max_workers:
+            tried[name] = f"at max_workers ({pool.max_workers}) with no room free"
+            return None
+        if now < max(st.next_plan_ms, self._next_plan.get(req.id, 0)):
+            return "waiting"
+        offer = await self._choose(pool, tried, state.offer_marks, state.regions)
+        if isinstance(offer, str):  # _NONE_FREE: every offer is out, noted; the next pool
+            return None
+        await self.provisioner.start(pool, f"request {req.id} fits on no worker", offer)
+        state.count[name] = state.count.get(name, 0) + 1
+        slot = _Slot(pool.cpu_millicores, pool.memory_mib, pool.gpu_count)
+        slot.take(req.cpu_millicores, req.memory_mib, gpu_count)
+        state.slots.setdefault(name, []).append(slot)
+        tried.pop(name, None)
+        if offer is not None:
+            tried.pop(offer_subject(name, offer), None)
+        return "started"
+
+    def _pace(self, now: int, st: RequestState, outcome: str) -> int:
+        """When the request may next ask for a machine: backed off (exponentially) after a pass that found none."""
+        req = st.request
+        next_plan = max(st.next_plan_ms, self._next_plan.get(req.id, 0))
+        if outcome == "none" and now >= next_plan:
+            rounds = self._rounds.get(req.id, 0)
+            self._rounds[req.id] = rounds + 1
+            next_plan = now + round(self.ctx.backoff_s(rounds) * 1000)
+            self._next_plan[req.id] = next_plan
+        return next_plan
+
+    def _note_changes(
+        self, state: _Pass, request_id: str, next_plan: int, tried: dict[str, str], before: dict[str, str]
+    ) -> None:
+        """Queue the request's reasons for Redis and a history line for each reason that is new this pass."""
+        pools = self.ctx.pools
+        # Redis gets the reasons (the give-up message and `levers9 tasks` show them); the
+        # backoff alone changes every pass and stays here
+        state.notes.append((request_id, next_plan, _format_tried(tried)))
+        for subject, reason in tried.items():
+            name, _, offer_key = subject.partition(" offer ")
+            if before.get(subject) == reason or name not in pools:
+                continue
+            pool = pools[name]
+            if offer_key:
+                state.events.append(
+                    (request_id, "unavailable", pool, f"offer {offer_key}: {reason}", state.regions.get(subject))
+                )
             else:
-                report.waiting += 1
-            next_plan = max(st.next_plan_ms, self._next_plan.get(req.id, 0))
-            if outcome == "none" and now >= next_plan:
-                rounds = self._rounds.get(req.id, 0)
-                self._rounds[req.id] = rounds + 1
-                next_plan = now + round(ctx.backoff_s(rounds) * 1000)
-                self._next_plan[req.id] = next_plan
-            if tried != before:
-                # Redis gets the reasons (the give-up message and `levers9 tasks` show them); the
-                # backoff alone changes every pass and stays here
-                notes.append((req.id, next_plan, _format_tried(tried)))
-                for subject, reason in tried.items():
-                    name, _, offer_key = subject.partition(" offer ")
-                    if before.get(subject) == reason or name not in ctx.pools:
-                        continue
-                    pool = ctx.pools[name]
-                    if offer_key:
-                        events.append(
-                            (req.id, "unavailable", pool, f"offer {offer_key}: {reason}", regions.get(subject))
-                        )
-                    else:
-                        events.append((req.id, "unavailable", pool, reason, pool.pool.region))
-        if notes:
-            await ctx.backlog.note_plans(notes)
-        if events:
-            await self._record(events)
-        return report
+                state.events.append((request_id, "unavailable", pool, reason, pool.pool.region))
+
+    async def _store_notes(self, state: _Pass) -> None:
+        """The pass's reasons to Redis and its history lines to SQL, one write each."""
+        if state.notes:
+            await self.ctx.backlog.note_plans(state.notes)
+        if state.events:
+            await self._record(state.events)
 
     def _walk_order(self, pools: tuple[str, ...], prices: dict[str, float | None]) -> list[str]:
         """A group's pools in the order to start a machine: with ``pool_order: price``, by the price of the
@@ -308,7 +374,7 @@ class Planner:
                     if offer.key in marks:
                         tried.setdefault(offer_subject(name, offer), marks[offer.key])
 
-    async def _record(self, events: list[tuple[str, str, PoolSpec | None, str, str | None]]) -> None:
+    async def _record(self, events: list[_Event]) -> None:
         """Store the lines; returns once they are stored (through the history writer, after every line before)."""
         lines = [
             PlacementEvent(
