@@ -1,58 +1,63 @@
-"""The runner's packages a container is given: from where they are, or from copies when they are on overlayfs.
+"""The runner's Python tree a container is given: a copy of what runs there, in the worker's state directory.
 
-A worker in a container of the worker image has its packages on the container's overlayfs, which cannot
-be idmapped; a runc container in a user namespace could then not be given them, and ran without one
-(tests/e2e/test_agent_blueprints.py shows it on a joined machine). Here a real overlay mount (root) stands
-for that file system.
+A copy, never the installed package: a package cannot be mounted in part, and a worker in a container of
+the worker image has its packages on overlayfs, which cannot be idmapped (a runc container in a user
+namespace could then not be given them; tests/e2e/test_agent_blueprints.py shows it on a joined machine).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
+import stat
 from pathlib import Path
 
-import pytest
+import cloudpickle
 
-from levers9.worker.warm.launch import _fs_type, _idmappable
+import levers9
+from levers9.worker.warm.launch import CONTAINER_FILES, container_tree
 
-
-@pytest.fixture
-def overlay(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.fail("this test mounts an overlay, which needs root: run it as root")
-    for part in ("lower", "upper", "work", "merged"):
-        (tmp_path / part).mkdir()
-    package = tmp_path / "lower" / "pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("VALUE = 1\n")
-    (package / "alias.py").symlink_to("__init__.py")
-    options = f"lowerdir={tmp_path / 'lower'},upperdir={tmp_path / 'upper'},workdir={tmp_path / 'work'}"
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(tmp_path / "merged")], check=True)
-    try:
-        yield tmp_path / "merged"
-    finally:
-        subprocess.run(["umount", str(tmp_path / "merged")], check=True)
+PACKAGE = Path(levers9.__file__).parent
+CLOUDPICKLE = Path(cloudpickle.__file__).parent
 
 
-def test_packages_on_overlayfs_are_mounted_from_copies(overlay: Path, tmp_path: Path) -> None:
-    assert _fs_type(str(overlay / "pkg")) == "overlay"
-    copies = tmp_path / "state" / "runner"
-    found = _idmappable({"pkg": str(overlay / "pkg")}, copies)
-    assert found == {"pkg": str(copies / "pkg")}
-    assert (copies / "pkg" / "__init__.py").read_text() == "VALUE = 1\n"
-    assert os.readlink(copies / "pkg" / "alias.py") == "__init__.py"  # links stay links
-    assert _fs_type(found["pkg"]) != "overlay"
-    # a second worker start reuses the copy
-    assert _idmappable({"pkg": str(overlay / "pkg")}, copies) == found
-    assert [p.name for p in copies.iterdir()] == ["pkg"]  # no scratch left behind
+def _tree_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
 
 
-def test_packages_elsewhere_are_mounted_where_they_are(tmp_path: Path) -> None:
-    package = tmp_path / "pkg"
-    package.mkdir()
-    assert _fs_type(str(package)) != "overlay"
-    assert _idmappable({"pkg": str(package)}, tmp_path / "copies") == {"pkg": str(package)}
-    assert not (tmp_path / "copies").exists()
-    assert _fs_type("/proc/self") == "proc"
+def test_the_tree_holds_the_runner_what_it_imports_and_cloudpickle_and_nothing_else(tmp_path: Path) -> None:
+    tree = container_tree(tmp_path / "runner")
+    runner = {f"levers9/runner/{p.name}" for p in (PACKAGE / "runner").glob("*.py")}
+    sources = {f"cloudpickle/{p.relative_to(CLOUDPICKLE)}" for p in CLOUDPICKLE.rglob("*.py")}
+    expected = runner | {f"levers9/{rel}" for rel in CONTAINER_FILES if rel != "runner"} | sources
+    assert _tree_files(tree) == expected
+    assert "levers9/runner/main.py" in expected
+    assert "cloudpickle/__init__.py" in expected
+    assert not (tree / "levers9" / "controlplane").exists()
+    for rel in expected:
+        copy = tree / rel
+        assert not copy.is_symlink(), rel  # a copy: nothing in the container points back into the installation
+        assert stat.S_IMODE(copy.stat().st_mode) == 0o644, rel
+        source = (PACKAGE / rel.removeprefix("levers9/")) if rel.startswith("levers9/") else CLOUDPICKLE.parent / rel
+        assert copy.read_bytes() == source.read_bytes(), rel
+    assert all(stat.S_IMODE(d.stat().st_mode) == 0o755 for d in [tree, *tree.rglob("*")] if d.is_dir())
+
+
+def test_a_second_start_reuses_the_tree_and_leaves_no_scratch(tmp_path: Path) -> None:
+    first = container_tree(tmp_path / "runner")
+    made = first.stat().st_mtime_ns
+    again = container_tree(tmp_path / "runner")
+    assert again == first
+    assert again.stat().st_mtime_ns == made
+    assert [p.name for p in (tmp_path / "runner").iterdir()] == [first.name]  # no scratch left behind
+
+
+def test_a_tree_left_by_another_version_is_not_reused(tmp_path: Path) -> None:
+    """Named by the digest of what it holds: a tree left by another version is never taken for this one."""
+    copies = tmp_path / "runner"
+    first = container_tree(copies)
+    stale = copies / "0123456789abcdef"
+    os.rename(first, stale)
+    (stale / "levers9" / "runner" / "main.py").write_text("raise SystemExit('an older runner')\n")
+    again = container_tree(copies)
+    assert again == first
+    assert (again / "levers9" / "runner" / "main.py").read_bytes() == (PACKAGE / "runner" / "main.py").read_bytes()

@@ -1,10 +1,11 @@
 """The runner (``levers9.runner``) imports the standard library, itself, ``levers9.payloads`` and cloudpickle only.
 
 It runs inside the user's container, where the image has none of levers9's
-dependencies: the worker mounts only :data:`~levers9.worker.warm.launch.RUNNER_PACKAGES`
-there. The source is checked import by import, and the runner is really
-imported by a Python that sees nothing but those packages, so an import
-through another module (``levers9/__init__.py``, say) fails too.
+dependencies: the worker mounts only the tree :func:`~levers9.worker.warm.launch.container_tree`
+makes there (:data:`~levers9.worker.warm.launch.CONTAINER_FILES` of levers9, and cloudpickle).
+The source is checked import by import, and the runner is really imported by a
+Python that sees nothing but that tree, so an import through another module
+(``levers9/__init__.py``, say) fails too.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import levers9.payloads
 import levers9.runner
-from levers9.worker.warm.launch import RUNNER_PACKAGES, _package_dirs
+from levers9.worker.warm.launch import CONTAINER_FILES, RUNNER_PACKAGES, container_tree
 
 RUNNER_DIR = Path(levers9.runner.__file__).parent
 PAYLOADS = Path(levers9.payloads.__file__)
+PACKAGE = Path(levers9.__file__).parent
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -74,17 +76,54 @@ def test_levers9_payloads_imports_only_the_stdlib() -> None:
     )
 
 
-def test_the_runner_imports_with_only_the_packages_the_worker_mounts(tmp_path: Path) -> None:
-    """Laid out as the worker mounts them (one directory, a link per package), under ``python -I -S``."""
-    mounted = tmp_path / "python"
-    mounted.mkdir()
-    for name, location in _package_dirs().items():
-        (mounted / name).symlink_to(location, target_is_directory=True)
+def _run_time_imports(path: Path) -> list[tuple[int, str]]:
+    """:func:`_imports` less those under ``if TYPE_CHECKING:``, which never run."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    return [
+        (line, module)
+        for line, module in _imports(path)
+        if not any(id(n) in typing_only and getattr(n, "lineno", None) == line for n in ast.walk(tree))
+    ]
+
+
+def test_every_other_file_containers_get_imports_only_the_stdlib_and_what_containers_get() -> None:
+    """``levers9/__init__.py``, ``__about__``, ``sdk/__init__`` and ``sdk/lifecycle`` (for ``levers9.ready()``).
+
+    The two ``__init__`` files name the rest of levers9 lazily, by ``importlib.import_module`` on first use
+    (``levers9.hookimpl``, ``levers9.function``): in a container those names fail, which is the point.
+    """
+    files = [PACKAGE / rel for rel in CONTAINER_FILES if (PACKAGE / rel).is_file()]
+    assert {str(f.relative_to(PACKAGE)) for f in files} >= {"__init__.py", "__about__.py", "sdk/lifecycle.py"}
+    given = ("levers9.__about__", "levers9.payloads", "levers9.runner", "levers9.sdk.lifecycle", "cloudpickle")
+    lazy = {"levers9.hooks.markers", "levers9.sdk"}
+    bad = [
+        f"{f.relative_to(PACKAGE)}:{line} imports {module}"
+        for f in files
+        for line, module in _run_time_imports(f)
+        if module.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
+        and module not in lazy
+        and not any(module == g or module.startswith(f"{g}.") for g in given)
+    ]
+    assert not bad, "a file containers get imports what they do not get:\n" + "\n".join(bad)
+
+
+def test_the_runner_imports_with_only_the_tree_the_worker_mounts(tmp_path: Path) -> None:
+    """The tree containers get at PYTHON_DIR, under ``python -I -S``: the runner and ``levers9.ready()`` load."""
+    mounted = container_tree(tmp_path / "runner")
     assert sorted(p.name for p in mounted.iterdir()) == sorted(RUNNER_PACKAGES)
     code = (
         "import sys\n"
         f"sys.path.insert(0, {str(mounted)!r})\n"
         "import levers9.runner.main, levers9.runner.serving, levers9.runner.frames, levers9.runner.http_errors\n"
+        "import levers9\n"
+        "assert levers9.ready() is False and levers9.__version__\n"
         f"allowed = set(sys.stdlib_module_names) | {set(RUNNER_PACKAGES)!r} | {{'__main__'}}\n"
         "extra = sorted(m for m in sys.modules if m.split('.')[0] not in allowed)\n"
         "assert not extra, f'modules beyond the standard library and the mounted packages: {extra}'\n"

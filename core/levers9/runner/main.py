@@ -211,10 +211,22 @@ def load_handler(path: str, expected_python: str) -> tuple[Callable[..., Any] | 
         with open(path, "rb") as f:
             handler = cloudpickle.load(f)
     except Exception as exc:
-        return None, _failure(exc, prefix="loading the function failed: ")
+        return None, _failure(exc, prefix="loading the function failed: " + _not_in_containers(exc))
     if not callable(handler):
         return None, Failure("TypeError", f"the stub's handler is a {type(handler).__name__}, not a callable")
     return handler, None
+
+
+def _not_in_containers(exc: Exception) -> str:
+    """Why a levers9 module the function's pickle names is missing here; empty for any other failure."""
+    name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if not name or not name.startswith("levers9."):
+        return ""
+    return (
+        f"its code refers to {name}, and a container has only levers9.runner, levers9.payloads and "
+        "levers9.ready() of levers9 (docs/security.md): a function cannot call another one (or itself) "
+        "through its decorated name there; "
+    )
 
 
 def _json_arguments(data: bytes) -> tuple[list[Any], dict[str, Any]]:

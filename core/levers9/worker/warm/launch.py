@@ -5,18 +5,45 @@ The recipe is the same for every runtime except where the runtime's
 runtime's name:
 
 - a runtime that gives containers their own filesystem gets the runner's
-  packages (:data:`RUNNER_PACKAGES`, standard library plus cloudpickle) and the
-  stub's handler as read-only mounts at fixed paths. Packages on overlayfs (a
-  worker in a container of the worker image) are mounted from a copy in the
-  worker's state directory, made once: an overlayfs directory cannot be
-  idmapped, and without that a runc container gets no user namespace; one whose containers see
-  the host's filesystem (``host_filesystem``) is told their host paths, and its
-  GPUs are picked by ``CUDA_VISIBLE_DEVICES`` since nothing else hides the rest;
+  Python tree and the stub's handler as read-only mounts at fixed paths; one
+  whose containers see the host's filesystem (``host_filesystem``) is told
+  their host paths, and its GPUs are picked by ``CUDA_VISIBLE_DEVICES`` since
+  nothing else hides the rest;
 - a runtime whose containers share the host's network (``host_network``) has the
   runner listen on 127.0.0.1 only; otherwise the container has a bridge network
   and only the runner's port is forwarded to the worker's loopback.
 
-A container of a checkpointed stub boots through :mod:`levers9.checkpoint.boot`.
+The trust boundary. A container runs the user's code, so it is given only what
+runs there: :data:`CONTAINER_FILES` of levers9 (its ``__init__`` and
+``__about__``, :mod:`levers9.payloads`, :mod:`levers9.runner`, and
+``levers9.sdk``'s ``__init__`` and ``lifecycle``, for ``levers9.ready()``, the
+one SDK call made inside a container), plus cloudpickle: nothing of the
+controlplane, state, services, scheduler, hooks, worker, agent or CLI, which
+are neither readable nor importable there (tests/worker/test_container_boundary.py).
+The worker copies them once into a tree of its state directory, named by the
+digest of its content (a new version gets a new tree, never a half-updated
+one), and mounts that tree at :data:`PYTHON_DIR`. A copy, not the installed
+package: a package directory cannot be mounted in part, and a copy on the
+state directory can be idmapped where the installation may not (a worker in a
+container of the worker image has its packages on overlayfs, and a runc
+container is then given no user namespace).
+
+What user code can still import from levers9, and why. A function pickled by
+value whose code names the module ``levers9`` (a script that did ``import
+levers9`` for the decorator and reads ``levers9.__version__`` or calls
+``levers9.ready()``) makes cloudpickle import ``levers9`` in the container: the
+real ``levers9/__init__.py`` is mounted, unchanged, because it imports nothing
+but ``__about__`` until a name is asked for. A function whose code names a
+decorated function (``other.remote()``, or itself through its decorated name)
+pickles a ``levers9.sdk.functions.Function``; its module is not mounted, so
+loading it fails, and the runner says so by name. That fails on purpose: the
+SDK client is the controlplane's, it needs gRPC and a token the container does
+not have, and mounting it would put the worker's code back in reach. An image
+that installs levers9 itself does not change this: the mounted package comes
+first on ``PYTHONPATH`` and, as a regular package, hides the image's copy.
+
+A container of a checkpointed stub boots through :mod:`levers9.checkpoint.boot`
+with this same spec, mounts included; gVisor takes the same mounts as runc.
 Connecting to the runner once it is up is :mod:`levers9.worker.warm.runner_client`'s.
 """
 
@@ -24,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.util
 import logging
 import os
@@ -55,6 +83,7 @@ from levers9.worker.volumes import WorkerVolumes
 from levers9.worker.warm.scaling import WarmContainer, WarmStub
 
 __all__ = [
+    "CONTAINER_FILES",
     "EXIT_WAIT_S",
     "HANDLER_DIR",
     "HANDLER_FILE",
@@ -77,14 +106,15 @@ EXIT_WAIT_S = 10.0
 #: how much of a container's output an error quotes
 LOG_TAIL_BYTES = 4000
 
-#: where, inside a container, the runner's own packages and the stub's handler are mounted
+#: where, inside a container, the runner's Python tree and the stub's handler are mounted
 PYTHON_DIR = "/opt/levers9/python"
 HANDLER_DIR = "/opt/levers9/handler"
 HANDLER_FILE = "handler.pkl"
 #: what ``python -m levers9.runner`` imports beyond the standard library (tests/worker/test_runner_stdlib.py)
 RUNNER_PACKAGES = ("levers9", "cloudpickle")
-#: file systems whose directories cannot be idmapped into a container's user namespace
-NO_IDMAP = frozenset({"overlay"})
+#: the files and directories of the levers9 package a container gets, relative to it: the runner, what it
+#: imports, and what ``levers9.ready()`` needs; nothing else of levers9 (tests/worker/test_container_boundary.py)
+CONTAINER_FILES = ("__init__.py", "__about__.py", "payloads.py", "runner", "sdk/__init__.py", "sdk/lifecycle.py")
 
 
 class StartFailed(Exception):
@@ -148,8 +178,8 @@ class Launcher:
         self.runtime = runtime
         self.capabilities = capabilities
         self.state_dir = state_dir
-        #: where the runner's packages are mounted from (copies when they are on overlayfs); known at the first mount
-        self._runner_dirs: dict[str, str] | None = None
+        #: the runner's Python tree in the state directory (:func:`container_tree`); made at the first mount
+        self._tree: Path | None = None
         self.python = python
         self.gpus_present = gpus_present
         self.start_timeout_s = start_timeout_s
@@ -198,11 +228,13 @@ class Launcher:
         return env
 
     def mounts(self, group: WarmStub) -> list[Mount]:
-        """The runner's packages, at a path of their own so any image can import them, and the handler."""
-        if self._runner_dirs is None:
-            self._runner_dirs = _idmappable(_package_dirs(), self.state_dir / "runner")
-        mounts = [Mount(source=d, target=f"{PYTHON_DIR}/{name}") for name, d in self._runner_dirs.items()]
-        return [*mounts, Mount(source=str(group.handler_dir), target=HANDLER_DIR)]
+        """The runner's Python tree, at a path of its own so any image can import it, and the handler."""
+        if self._tree is None:
+            self._tree = container_tree(self.state_dir / "runner")
+        return [
+            Mount(source=str(self._tree), target=PYTHON_DIR),
+            Mount(source=str(group.handler_dir), target=HANDLER_DIR),
+        ]
 
     # ----------------------------------------------------------------- start
 
@@ -306,33 +338,58 @@ def _package_dirs() -> dict[str, str]:
     return found
 
 
-def _idmappable(found: dict[str, str], copies: Path) -> dict[str, str]:
-    """``found``, or copies of its packages under ``copies`` when one is on a file system that cannot be idmapped."""
-    if not any(_fs_type(path) in NO_IDMAP for path in found.values()):
-        return found
-    copied = {}
-    for name, path in found.items():
-        target = copies / name
-        if not target.exists():
-            scratch = copies / f".{name}.{os.getpid()}"
-            shutil.rmtree(scratch, ignore_errors=True)
-            shutil.copytree(path, scratch, symlinks=True)
-            os.replace(scratch, target)
-        copied[name] = str(target)
-    log.info("the runner's packages are on overlayfs: containers get copies from %s", copies)
-    return copied
+def container_tree(copies: Path) -> Path:
+    """The directory a container gets at :data:`PYTHON_DIR`: :data:`CONTAINER_FILES` of levers9, and cloudpickle.
+
+    Copied under ``copies`` into a directory named by the digest of what it holds, made in a scratch
+    directory renamed into place, so a worker that starts again reuses it and no container sees half of one.
+    """
+    found = _package_dirs()
+    files = {f"levers9/{rel}": src for rel, src in _container_files(Path(found["levers9"])).items()}
+    files |= {f"cloudpickle/{rel}": src for rel, src in _package_files(Path(found["cloudpickle"])).items()}
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(rel.encode() + b"\0" + files[rel].read_bytes() + b"\0")
+    target = copies / digest.hexdigest()[:16]
+    if target.is_dir():
+        return target
+    scratch = copies / f".{target.name}.{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    for rel, src in files.items():
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        shutil.copyfile(src, scratch / rel)
+        (scratch / rel).chmod(0o644)
+    for path in [scratch, *scratch.rglob("*")]:
+        if path.is_dir():
+            path.chmod(0o755)
+    try:
+        os.replace(scratch, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        shutil.rmtree(scratch, ignore_errors=True)  # another start of this worker made the same tree first
+        return target
+    log.info("the runner's Python tree for containers is %s", target)
+    return target
 
 
-def _fs_type(path: str) -> str:
-    """The type of the file system ``path`` is on: that of the deepest mount point above it in mountinfo."""
-    target, deepest, kind = os.path.realpath(path), "", ""
-    with open("/proc/self/mountinfo") as info:
-        for line in info:
-            fields, _, rest = line.partition(" - ")
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
-            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(deepest):
-                deepest, kind = point, rest.split()[0]
-    return kind
+def _container_files(package: Path) -> dict[str, Path]:
+    """:data:`CONTAINER_FILES` of the levers9 package at ``package``, file by file, relative to it."""
+    files: dict[str, Path] = {}
+    for rel in CONTAINER_FILES:
+        path = package / rel
+        if path.is_dir():
+            files |= {f"{rel}/{sub}": src for sub, src in _package_files(path).items()}
+        elif path.is_file():
+            files[rel] = path
+        else:
+            raise Levers9Error(f"{path}, which containers get, is missing from the levers9 installation")
+    return files
+
+
+def _package_files(package: Path) -> dict[str, Path]:
+    """The Python source files of a package directory, relative to it; no bytecode, nothing else."""
+    return {str(p.relative_to(package)): p for p in sorted(package.rglob("*.py")) if "__pycache__" not in p.parts}
 
 
 def _ephemeral_low() -> int:
