@@ -27,9 +27,9 @@ SUBNET = "ocid1.subnet.oc1.iad.aaaaaaaa5kmqyjvdp3ypzmxtmkm5yjq6hkx2y7kkrezvj2cxs
 IMAGE = "ocid1.image.oc1.iad.aaaaaaaat2x3bcmz3lxcw3xehbyqqrx2yyyhyk3dr5ggmjcb5r4h4sbhqx4q"
 
 MODELS: dict[str, type[BaseModel]] = {
-    "ec2": levers9_ec2.levers9_provider_settings(),
-    "oci": levers9_oci.levers9_provider_settings(),
-    "lambda_labs": levers9_lambda_labs.levers9_provider_settings(),
+    "ec2": levers9_ec2.plugin.levers9_provider_settings(),
+    "oci": levers9_oci.plugin.levers9_provider_settings(),
+    "lambda_labs": levers9_lambda_labs.plugin.levers9_provider_settings(),
 }
 MINIMAL: dict[str, dict[str, Any]] = {
     "ec2": {"ami": "ami-0123456789abcdef0"},

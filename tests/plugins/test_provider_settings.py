@@ -12,7 +12,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
-from types import ModuleType
 from typing import Any
 
 import pluggy
@@ -29,7 +28,17 @@ import levers9_oci
 from levers9.hooks import spec
 from levers9.hooks.markers import PROJECT
 
-PLUGINS: dict[str, ModuleType] = {
+#: each provider's plugin object, as its entry point names it (``levers9_<name>:plugin``)
+PLUGINS: dict[str, Any] = {
+    "local": levers9_local.plugin,
+    "local_k8s": levers9_local_k8s.plugin,
+    "attached_cluster": levers9_attached_cluster.plugin,
+    "ec2": levers9_ec2.plugin,
+    "oci": levers9_oci.plugin,
+    "lambda_labs": levers9_lambda_labs.plugin,
+    "agent_machine": levers9_agent_machine.plugin,
+}
+PACKAGES = {
     "local": levers9_local,
     "local_k8s": levers9_local_k8s,
     "attached_cluster": levers9_attached_cluster,
@@ -337,8 +346,8 @@ def test_hook_levers9_provider_settings() -> None:
         "lambda_labs",
         "agent_machine",
     }
-    for name, module in PLUGINS.items():
-        hook: Callable[[], type[BaseModel]] = module.levers9_provider_settings
+    for name, plugin in PLUGINS.items():
+        hook: Callable[[], type[BaseModel]] = plugin.levers9_provider_settings
         assert hasattr(hook, f"{PROJECT}_impl"), f"{name}: levers9_provider_settings is not marked @hookimpl"
         model = hook()
         assert isinstance(model, type), name
@@ -349,12 +358,12 @@ def test_hook_levers9_provider_settings() -> None:
 
 def test_hooks_register_against_the_spec() -> None:
     """pluggy accepts each plugin against the hook spec, and the hook answers through the manager."""
-    for name, module in PLUGINS.items():
+    for name, plugin in PLUGINS.items():
         pm = pluggy.PluginManager(PROJECT)
         pm.add_hookspecs(spec)
-        pm.register(module, name=name)
+        pm.register(plugin, name=name)
         pm.check_pending()
-        assert pm.hook.levers9_provider_settings() == [module.levers9_provider_settings()]
+        assert pm.hook.levers9_provider_settings() == [plugin.levers9_provider_settings()]
 
 
 #: providers whose provisioning hooks have landed; the others declare settings only
@@ -371,8 +380,8 @@ OPTIONAL_PROVIDER_HOOKS = {
 
 def test_providers_implement_all_provider_hooks_or_only_settings() -> None:
     """Provisioning hooks arrive one provider at a time; until then they must be absent, not stubbed."""
-    for name, module in PLUGINS.items():
-        implemented = {attr for attr in dir(module) if hasattr(getattr(module, attr), f"{PROJECT}_impl")}
+    for name, plugin in PLUGINS.items():
+        implemented = {attr for attr in dir(plugin) if hasattr(getattr(plugin, attr), f"{PROJECT}_impl")}
         if name in PROVISIONING:
             assert PROVIDER_HOOKS <= implemented <= PROVIDER_HOOKS | OPTIONAL_PROVIDER_HOOKS, name
         else:
@@ -380,14 +389,15 @@ def test_providers_implement_all_provider_hooks_or_only_settings() -> None:
 
 
 def test_entry_points_name_the_plugins() -> None:
-    """The entry-point name is the name a pool writes as its provider."""
-    found = {ep.name: ep.value for ep in entry_points(group=PROJECT)}
-    for name, module in PLUGINS.items():
-        assert found.get(name) == module.__name__
+    """The entry-point name is the name a pool writes as its provider; it names the package's plugin object."""
+    found = {ep.name: ep for ep in entry_points(group=PROJECT)}
+    for name, package in PACKAGES.items():
+        assert found[name].value == f"{package.__name__}:plugin"
+        assert found[name].load() is PLUGINS[name]
 
 
 def test_importing_plugins_imports_no_sdk() -> None:
-    modules = " ".join(module.__name__ for module in PLUGINS.values())
+    modules = " ".join(package.__name__ for package in PACKAGES.values())
     code = (
         f"import sys, {modules.replace(' ', ', ')}\n"
         "heavy = ['boto3', 'botocore', 'oci', 'kubernetes', 'docker', 'paramiko']\n"

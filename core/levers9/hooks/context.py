@@ -12,7 +12,11 @@ plugins to that):
 * ``agents``: the agent hub, for providers whose machines are agents (joined
   machines, attached clusters): send an order down an agent's stream and await
   its acknowledgement, read the agents' inventories. ``None`` where the process
-  has no hub (the contract kit's bare facade, ``levers9 check`` without a server).
+  has no hub (the contract kit's bare facade, ``levers9 check`` without a server);
+* ``gpu_devices()``: this host's GPUs as every discovery plugin reports them,
+  asked through the facade (each discovery plugin on its own threads, with its
+  deadline and its answer checked), for a provider whose machines are this
+  host's (``local``); a plugin never calls another plugin's hook itself.
 
 The agent hub is a protocol here so hooks stay below services: the
 controlplane's hub (``levers9.services.agents``) implements it, and so may a
@@ -23,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from levers9.hooks.types import _Frozen
+from levers9.hooks.types import GpuDevice, _Frozen
 
 __all__ = ["AgentAck", "AgentHub", "AgentInventory", "AgentOrder", "PluginContext", "PluginMetrics"]
 
@@ -121,6 +126,19 @@ class PluginContext:
     state: dict[str, Any] = field(default_factory=dict)
     #: the controlplane's event loop, where the agent hub lives; set by ``Hooks.startup``
     loop: asyncio.AbstractEventLoop | None = None
+    #: the facade's GPU discovery for a hook's thread (deadline in seconds -> devices); set by the facade
+    discover_gpus: Callable[[float], list[GpuDevice]] | None = None
+
+    def gpu_devices(self, *, timeout: float = 20.0) -> list[GpuDevice]:
+        """This host's GPUs, from every loaded ``levers9_gpu_devices`` implementation, merged by uuid.
+
+        Call it from a hook (a plugin's own thread), never from the event loop.
+        Raises ``RuntimeError`` where no facade made this context, and when
+        discovery failed and found nothing (the failures' words in its message).
+        """
+        if self.discover_gpus is None:
+            raise RuntimeError(f"plugin {self.name!r}: no plugin manager to ask for this host's GPUs")
+        return self.discover_gpus(timeout)
 
     def send_order(self, order: AgentOrder, *, timeout: float) -> AgentAck:
         """:meth:`AgentHub.send` for a hook: hooks run on the plugin's own threads, the hub on the event loop.

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from levers9.hooks.calls import DEFAULT_TIMEOUT, PluginCalls
+from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import CheckpointUnavailable, PluginError, RestoreFailed
 from levers9.hooks.types import (
     PROVIDER_DATA_MAX_BYTES,
@@ -256,6 +257,36 @@ class Hooks(PluginCalls):
             for device in result:
                 devices.setdefault(device.uuid, device)
         return GpuDiscovery(sorted(devices.values(), key=lambda d: d.index), failures)
+
+    def _new_context(self, name: str) -> PluginContext:
+        context = super()._new_context(name)
+        context.discover_gpus = self._gpu_devices_for_hook
+        return context
+
+    def _gpu_devices_for_hook(self, timeout: float) -> list[GpuDevice]:
+        """:meth:`gpu_devices` for a hook on a plugin's thread (``PluginContext.gpu_devices``).
+
+        Runs on the loop :meth:`startup` ran on while it runs (the controlplane),
+        else on a loop of its own in this thread (a tool that started the hooks
+        with ``asyncio.run`` and calls them later). Discovery that failed and
+        found nothing raises ``RuntimeError`` with the failures; partial
+        failures are logged by :meth:`gpu_devices` and the devices found kept.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("GPU discovery for a hook must be asked from the hook's thread, not an event loop")
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self.gpu_devices(timeout=timeout), loop)
+            found = future.result(timeout + 5.0)  # the deadline ends the call; the margin covers the hop back
+        else:
+            found = asyncio.run(self.gpu_devices(timeout=timeout))
+        if found.failures and not found.devices:
+            raise RuntimeError("; ".join(failure.error for failure in found.failures))
+        return found.devices
 
     async def machine_identity(self, plugin: str, *, timeout: float | None = None) -> MachineIdentity:
         """This machine's identity as ``plugin`` proves it (``LEVERS9_MACHINE_IDENTITY`` names the plugin)."""

@@ -45,6 +45,8 @@ import stat
 import sys
 from pathlib import Path
 
+from levers9.token_file import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
+
 __all__ = [
     "SESSION_FILE",
     "TOKEN_ENV",
@@ -60,22 +62,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "LEVERS9_TOKEN"
-TOKEN_FILE_ENV = "LEVERS9_TOKEN_FILE"
 #: the session credential's file name in the worker's state directory
 SESSION_FILE = "session-credential"
 
 #: prctl option: whether the process may be dumped, read through /proc/<pid>/mem or ptraced by its own uid
 _PR_SET_DUMPABLE = 4
-
-
-def write_token_file(path: Path, token: str) -> Path:
-    """Write ``token`` to a new ``0600`` file at ``path`` (a leftover from an earlier start is replaced)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(token)
-    return path
 
 
 def _read_private(path: str, where: str, what: str) -> str:

@@ -19,6 +19,8 @@ read the cluster agent's inventory and send it orders.
 
 from __future__ import annotations
 
+import sys
+
 from pydantic import BaseModel
 
 from levers9.hooks.context import PluginContext
@@ -77,3 +79,6 @@ def levers9_check(pool: Pool) -> ProviderCheck:
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
     return _provider.list_machines(pool)
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

@@ -52,64 +52,25 @@ What the hooks do:
   belongs to another process is never signalled.
 * ``levers9_gpu_offers`` offers, for a GPU pool, this host's GPUs of the pool's
   type (``visible_gpus`` restricts them) when it has at least ``gpu_count``;
-  a CPU pool, or a type the host lacks, gets no offer.
+  a CPU pool, or a type the host lacks, gets no offer. This host's GPUs are
+  what the GPU discovery plugins report, asked through the plugin manager
+  (the context ``levers9_startup`` gives it), never by calling a discovery
+  plugin directly.
 * ``levers9_check`` says whether the state directory is writable, the worker
   command runs, and (for a GPU pool) discovery finds enough GPUs of the type.
 
-:mod:`levers9_local.provider` has the record layout, :mod:`levers9_local.processes`
-how workers are started, recognised and stopped.
+:mod:`levers9_local.provider` has the record layout and the plugin object,
+:class:`LocalProvider`, whose methods are the hooks; :mod:`levers9_local.processes`
+how workers are started, recognised and stopped. The entry point names
+:data:`plugin`, the one instance.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
-from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import GpuOffer, Machine, Pool, ProviderCheck, ProvisionRequest
 from levers9_local.provider import LocalProvider
 from levers9_local.settings import LocalSettings
 
-__all__ = [
-    "LocalProvider",
-    "LocalSettings",
-    "levers9_check",
-    "levers9_gpu_offers",
-    "levers9_list_machines",
-    "levers9_provider_settings",
-    "levers9_provision",
-    "levers9_terminate",
-]
+__all__ = ["LocalProvider", "LocalSettings", "plugin"]
 
 # Stateless apart from its GPU discovery cache: records on disk are the provider's whole memory.
-_provider = LocalProvider()
-
-
-@hookimpl
-def levers9_provider_settings() -> type[BaseModel]:
-    """Declare ``local`` a provider whose pools are validated with :class:`LocalSettings`."""
-    return LocalSettings
-
-
-@hookimpl
-def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
-    return _provider.gpu_offers(pool)
-
-
-@hookimpl
-def levers9_provision(request: ProvisionRequest) -> Machine:
-    return _provider.provision(request)
-
-
-@hookimpl
-def levers9_terminate(pool: Pool, machine: Machine) -> None:
-    _provider.terminate(pool, machine.provider_id)
-
-
-@hookimpl
-def levers9_check(pool: Pool) -> ProviderCheck:
-    return _provider.check(pool)
-
-
-@hookimpl
-def levers9_list_machines(pool: Pool) -> list[Machine]:
-    return _provider.list_machines(pool)
+plugin = LocalProvider()

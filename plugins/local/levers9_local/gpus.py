@@ -1,11 +1,13 @@
 """This host's GPUs, as the local provider hands them out.
 
 The local provider owns no cloud catalogue: what it can offer is what the
-driver reports on this machine, read with the core's own ``nvidia-smi``
-discovery, so the controlplane and the workers it starts agree on what a GPU
-index means. ``nvidia-smi`` can take seconds while the driver wakes the GPUs,
-and the scheduler asks for offers often, so answers are kept for a minute;
-GPUs do not come and go faster than that on a running host.
+driver reports on this machine, asked of the GPU discovery plugins (the core's
+``nvidia_smi``) through the plugin manager's facade, with its deadline and its
+answer checked, so the controlplane and the workers it starts agree on what a
+GPU index means. ``nvidia-smi`` can take seconds while the driver wakes the
+GPUs, and the scheduler asks for offers often, so answers are kept for a
+minute; GPUs do not come and go faster than that on a running host. Each start
+of the plugin (each facade) begins with an empty memory.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Iterable
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.types import Availability, GpuDevice, GpuOffer
 
-__all__ = ["CACHE_S", "Discover", "NvidiaSmiDiscovery", "eligible", "offer"]
+__all__ = ["CACHE_S", "CachedDiscovery", "Discover", "eligible", "not_started", "offer"]
 
 #: a function returning this host's GPUs; raises when the host's GPU tool is present but fails
 Discover = Callable[[], list[GpuDevice]]
@@ -27,33 +29,32 @@ Discover = Callable[[], list[GpuDevice]]
 CACHE_S = 60.0
 
 
-class NvidiaSmiDiscovery:
-    """``nvidia-smi`` discovery with a short memory, one answer per binary.
+def not_started() -> list[GpuDevice]:
+    """Discovery of a provider that was neither started nor given ``discover``: there is no facade to ask."""
+    raise RuntimeError("the local provider was not started: GPU discovery goes through the plugin manager")
 
-    Keyed by the binary so that pointing ``LEVERS9_NVIDIA_SMI`` elsewhere takes
-    effect at once. Failures are not remembered: a driver that was loading a
-    moment ago may answer now.
+
+class CachedDiscovery:
+    """A discovery function (the facade's, ``PluginContext.gpu_devices``) with a short memory.
+
+    Failures are not remembered: a driver that was loading a moment ago may
+    answer now.
     """
 
-    def __init__(self, cache_s: float = CACHE_S) -> None:
+    def __init__(self, ask: Discover, cache_s: float = CACHE_S) -> None:
+        self._ask = ask
         self._cache_s = cache_s
         self._lock = threading.Lock()
-        self._answers: dict[str | None, tuple[float, list[GpuDevice]]] = {}
+        self._answer: tuple[float, list[GpuDevice]] | None = None
 
     def __call__(self) -> list[GpuDevice]:
-        # Imported here: plugin modules are imported by `levers9 --help`, which should not pay for discovery.
-        from levers9.discovery.nvidia_smi import find_nvidia_smi, levers9_gpu_devices
-
-        binary = find_nvidia_smi()
-        if binary is None:
-            return []
         with self._lock:
-            cached = self._answers.get(binary)
+            cached = self._answer
             if cached is not None and time.monotonic() - cached[0] < self._cache_s:
                 return list(cached[1])
-        devices = levers9_gpu_devices()
+        devices = self._ask()
         with self._lock:
-            self._answers[binary] = (time.monotonic(), devices)
+            self._answer = (time.monotonic(), list(devices))
         return list(devices)
 
 

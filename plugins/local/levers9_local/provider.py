@@ -45,11 +45,23 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from levers9.bootstrap import worker_environment
 from levers9.engine.rootfs import mounts_under
 from levers9.files import write_atomic
+from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
-from levers9.hooks.types import GpuDevice, GpuOffer, Machine, MachineState, Pool, ProviderCheck, ProvisionRequest
-from levers9.worker.credentials import TOKEN_FILE_ENV, write_token_file
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.spec import SPEC_VERSION
+from levers9.hooks.types import (
+    GpuDevice,
+    GpuOffer,
+    Machine,
+    MachineState,
+    Pool,
+    ProviderCheck,
+    ProvisionRequest,
+    settings_of,
+)
+from levers9.token_file import TOKEN_FILE_ENV, write_token_file
 from levers9.worker_variables import BOOTSTRAP_FIELD_VARIABLES, WORKER_VARIABLES
-from levers9_local.gpus import Discover, NvidiaSmiDiscovery, eligible, offer
+from levers9_local.gpus import CachedDiscovery, Discover, eligible, not_started, offer
 from levers9_local.processes import (
     LaunchError,
     WorkerProcess,
@@ -108,13 +120,6 @@ class Record(BaseModel):
         return WorkerProcess(pid=self.pid, start_time=self.start_time, boot_id=self.boot_id)
 
 
-def _settings(pool: Pool) -> LocalSettings:
-    if isinstance(pool.settings, LocalSettings):
-        return pool.settings
-    # A Pool built by hand (tests, tools) may carry the raw mapping, or nothing.
-    return LocalSettings.model_validate(pool.settings or {})
-
-
 def _check_name(what: str, value: str) -> str:
     if not _NAME.fullmatch(value):
         raise InvalidRequest(f"{what} {value!r} cannot name a file: use letters, digits, '_', '.' and '-'")
@@ -122,32 +127,51 @@ def _check_name(what: str, value: str) -> str:
 
 
 class LocalProvider:
-    """The ``local`` provider; the plugin's hooks call one instance of it.
+    """The ``local`` provider: the plugin object, its methods the hooks (the package's ``plugin`` is one).
 
     It holds no state of its own besides the GPU discovery cache: every answer
     is read from the record files, so any number of instances, in any number
-    of processes, agree. ``discover`` replaces ``nvidia-smi`` discovery (tests,
-    or a host whose GPUs another tool knows).
+    of processes, agree. GPUs are found through the plugin manager
+    (``PluginContext.gpu_devices``, from ``levers9_startup``); ``discover``
+    replaces that (tests, or a host whose GPUs another tool knows). Until it
+    is started, a provider without ``discover`` has no way to list GPUs, and
+    says so where a GPU pool needs them.
     """
 
+    LEVERS9_SPEC_VERSION = SPEC_VERSION
+
     def __init__(self, discover: Discover | None = None) -> None:
-        self._discover: Discover = discover or NvidiaSmiDiscovery()
+        self._given = discover
+        self._discover: Discover = discover or not_started
 
     # ------------------------------------------------------------------ hooks
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
+        """Take GPU discovery from the facade, with a fresh memory, unless ``discover`` was given."""
+        if self._given is None:
+            self._discover = CachedDiscovery(ctx.gpu_devices)
+
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``local`` a provider whose pools are validated with :class:`LocalSettings`."""
+        return LocalSettings
+
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if pool.gpu is None:
             return []
-        settings = _settings(pool)
+        settings = settings_of(pool, LocalSettings)
         devices = eligible(self._discover(), settings.visible_gpus, pool.gpu)
         held = self._held_gpus(self._root(settings))
         free = sum(1 for device in devices if device.index not in held)
         found = offer(pool.gpu, max(pool.gpu_count, 1), devices, free, pool.region)
         return [] if found is None else [found]
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         pool = request.pool
-        settings = _settings(pool)
+        settings = settings_of(pool, LocalSettings)
         machine_id = _check_name("machine id", request.machine_id)
         root = self._root(settings)
         pool_dir = self._pool_dir(root, pool.name, create=True)
@@ -209,8 +233,10 @@ class LocalProvider:
         log.info("local worker %s of pool %r started as pid %d", machine_id, pool.name, process.pid)
         return self._machine(record, MachineState.RUNNING)
 
-    def terminate(self, pool: Pool, provider_id: str) -> None:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
+        settings = settings_of(pool, LocalSettings)
+        provider_id = machine.provider_id
         if not _NAME.fullmatch(provider_id):
             return  # no record can have that name: nothing of ours to stop
         path = self._pool_dir(self._root(settings), pool.name) / f"{provider_id}.json"
@@ -232,8 +258,9 @@ class LocalProvider:
             path.unlink(missing_ok=True)
         log.info("local worker %s of pool %r (pid %d) stopped", record.machine_id, pool.name, record.pid)
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
-        root = self._root(_settings(pool))
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
+        root = self._root(settings_of(pool, LocalSettings))
         pool_dir = self._pool_dir(root, pool.name)
         if not pool_dir.is_dir():
             return []
@@ -256,9 +283,10 @@ class LocalProvider:
             _token_file(pool_dir, machine_id).unlink(missing_ok=True)
         return machines
 
-    def check(self, pool: Pool) -> ProviderCheck:
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
         """Whether this host can start the pool's workers: state directory, worker command, GPUs."""
-        settings = _settings(pool)
+        settings = settings_of(pool, LocalSettings)
         root = self._root(settings)
         # Pools sharing a state_dir are checked at once, in threads of one process: each probe has its own
         # name (pid, pool, random suffix) and is created with O_EXCL, so no check removes another's file.

@@ -21,6 +21,8 @@ functions that make a client, never when this package is imported.
 
 from __future__ import annotations
 
+import sys
+
 from pydantic import BaseModel
 
 from levers9.hooks.context import PluginContext
@@ -86,3 +88,6 @@ def levers9_terminate(pool: Pool, machine: Machine) -> None:
 @hookimpl
 def levers9_list_machines(pool: Pool) -> list[Machine]:
     return _provider.list_machines(pool)
+
+#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
+plugin = sys.modules[__name__]

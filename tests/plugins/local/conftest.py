@@ -22,7 +22,15 @@ from typing import Any
 import pytest
 
 from levers9.__about__ import __version__
-from levers9.hooks.types import GpuDevice, Machine, Pool, ProvisionRequest, Resources, WorkerBootstrap
+from levers9.hooks.types import (
+    GpuDevice,
+    Machine,
+    MachineState,
+    Pool,
+    ProvisionRequest,
+    Resources,
+    WorkerBootstrap,
+)
 from levers9_local.provider import LocalProvider
 from levers9_local.settings import LocalSettings
 
@@ -107,7 +115,7 @@ class Workers:
         )
 
     def provision(self, pool: Pool, *, ready: bool = True, **request: Any) -> Machine:
-        machine = self.provider.provision(self.request(pool, **request))
+        machine = self.provider.levers9_provision(self.request(pool, **request))
         self.started.append((pool, machine.provider_id))
         if ready:
             wait_for(f"worker {machine.machine_id} ready", lambda: self.ready(machine).exists())
@@ -122,12 +130,17 @@ class Workers:
 
     def cleanup(self) -> list[int]:
         for pool, provider_id in self.started:
-            self.provider.terminate(pool, provider_id)
+            self.provider.levers9_terminate(pool, known(pool, provider_id))
         leaked = processes_mentioning(str(self.tmp))
         for pid in leaked:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return leaked
+
+
+def known(pool: Pool, provider_id: str) -> Machine:
+    """A machine of ``pool`` as levers9 stored it, for ``levers9_terminate``: the provider reads its id."""
+    return Machine(provider_id=provider_id, machine_id=provider_id, pool=pool.name, state=MachineState.RUNNING)
 
 
 def t4s(count: int) -> list[GpuDevice]:
