@@ -277,120 +277,17 @@ class Server:
             self.loaded, controlplane_url=ls.advertised_grpc(), controlplane_ca=ca, identity=process_identity(name)
         )
         try:
-            # before anything acts: a second live replica under one name is refused, not run
-            self.name_claim = ReplicaNameClaim(services.redis, name, services.scheduler.name)
-            await self.name_claim.claim()
-            log.info("replica %s (this process: %s)", name, services.scheduler.name)
-            self.metrics.replica = name  # the label of its series, the same after a restart
-            self.metrics.seed(services.pools.values())  # counters at 0, so increase() sees a first burst
-            services.scheduler.ctx.on_provisioned = self.metrics.provisioned
-            services.scheduler.ctx.on_event = self.metrics.scheduler_event
-            self.hub = Hub(services.redis, name=services.scheduler.name)
-            self.agents = AgentHub(services.redis, name=services.scheduler.name)
-            self.dataplane = DataPlane(services, self.hub, self.metrics)
-            self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
-            # workers' tunnels to this replica, and relays to those other replicas hold: the gateway's way to them
-            state = self.loaded.config.state
-            credentials = configured_credentials(state.secret_key_file, self.loaded.config.data_dir)
-            self.tunnel_holders = TunnelHolders(services.redis, replica=services.scheduler.name,
-                                                address=ls.relay_address())  # fmt: skip
-            self.relays = RelayDialer(credentials[0], tls=self.tls is not None, ca_pem=ca)
-            self.tunnels = TunnelRegistry(self.tunnel_holders, self.relays)
-            self.upstream = Upstream(tunnel=self.tunnels.connect_address)
-            # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
-            # stub may name only its own workspace's images there, whether or not the registry is up
-            target = RegistryTarget(
-                url=ls.advertised_http(), repository_prefix=self.loaded.config.registry.repository_prefix
-            )
-            self.dataplane.registry_host = target.host
-            await services.registry.start()
-            if services.registry.problem is None:
-                self.builds = Builds(self.dataplane, target)
-            # The port is taken before anything starts: a controlplane that cannot listen must not
-            # have begun provisioning machines for its pools.
-            options = [
-                *GRPC_OPTIONS,
-                # gRPC's own cap: connections beyond it are closed as they come, before any handshake
-                ("grpc.max_allowed_incoming_connections", budget.grpc),
-                # a connection that has not finished TLS and sent its HTTP/2 settings by then is closed
-                ("grpc.server_handshake_timeout_ms", int(listen.header_timeout_s * 1000)),
-            ]
-            server = grpc.aio.server(options=options, interceptors=[GrpcMetricsInterceptor(self.metrics)])
-            add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
-            add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
-            add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
+            await self._claim_name(services, name)
+            credentials = await self._assemble(services, ca)
             wheels = OwnWheels(self.listeners.advertised_http())  # levers9's own wheel, for join commands
             services.scheduler.ctx.wheel = wheels.url_and_hash  # and for booted machines without levers9
-            add_api(ControlPlaneService(self.dataplane, builds=self.builds, wheels=wheels), server)
-            registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
-            add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,
-                                     http_url=self.listeners.advertised_http()), server)  # fmt: skip
-            add_agent(AgentService(services, self.agents), server)
-            add_replica: Any = replica_pb2_grpc.add_ReplicaServicer_to_server
-            add_replica(ReplicaService(self.tunnels, credentials), server)
-            add_volumes: Any = volume_pb2_grpc.add_VolumesServicer_to_server
-            add_volumes(VolumesService(services), server)
-            address = f"{ls.host}:{ls.grpc_port}"
-            try:
-                if self.tls is not None:
-                    bound = server.add_secure_port(address, self.tls.grpc_credentials())
-                else:
-                    bound = server.add_insecure_port(address)
-            except RuntimeError:  # grpc raises this for a port another process holds
-                bound = 0
-            if bound == 0:
-                raise OSError(f"cannot listen for gRPC on {address}: the port is taken or the address is not ours")
-            # bound now and handed to uvicorn, so no other process can take a port between a check and
-            # uvicorn's own bind (which would end in uvicorn's sys.exit inside a running controlplane)
-            plain = self.tls is None  # the refusals' 503 is plain HTTP
-            http_socket = _listen(ls.host, ls.http_port, cap=budget.http, per_client=budget.http_per_client,
-                                  name="HTTP", answer=plain)  # fmt: skip
-            self._sockets.append(http_socket)
-            metrics_socket = _listen(ls.host, ls.metrics_port, cap=budget.metrics, name="metrics", answer=plain)
-            self._sockets.append(metrics_socket)
-            for name, sock in (("http", http_socket), ("metrics", metrics_socket)):
-                sock.on_event = self.metrics.connection_counter(name, EVENTS)  # at 0 from the start
-                self.metrics.watch_connections(name, sock.open_now)
+            # The ports are taken before anything starts: a controlplane that cannot listen must not
+            # have begun provisioning machines for its pools.
+            server = self._grpc_server(services, credentials, wheels)
+            http_socket, metrics_socket = self._bind_http()
             self._restore_exception_handler = quiet_accept_failures(asyncio.get_running_loop())
-            await self.hub.start()
-            await self.agents.start()
-            # the plugins start before the scheduler, which calls them, and get the agent hub
-            await self._start_plugins(services)
-            # the attached clusters' pools join the config's before the scheduler first plans
-            await clusters.sync_pools(services)
-            self._tasks.append(asyncio.create_task(clusters.keep_pools(services), name="cluster pools"))
-            await services.scheduler.start()
-            await self.serving.start()
-            await server.start()
-            self._grpc = server
-            self.tunnel_holders.start(self.tunnels.held)  # other replicas may relay through this one from now
-            gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
-                                 create_http_app(services, metrics=self.metrics, dataplane=self.dataplane,
-                                                 wheels=wheels),
-                                 metrics=self.metrics)  # fmt: skip
-            services.deployments.on_stopped.append(gateway.stopped)
-            self.short_path = ShortPath(gateway, self.serving, metrics=self.metrics)
-            # the HTTP listener's simple requests take the front (every gateway request crosses it), and an
-            # endpoint's in the steady state the gateway's short path
-            for app, port, sock, protocol, short in (
-                (HttpMetricsMiddleware(WithRegistry(gateway, RegistryProxy(self.dataplane)), self.metrics), ls.http_port,
-                 http_socket, FrontProtocol, self.short_path),
-                (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, GuardedHttpTools, None),
-            ):  # fmt: skip
-                context = self.tls.ssl_context() if self.tls is not None else None
-                config = _UvicornConfig(app, ssl_context=context, short_path=short, listener=sock,
-                                        header_timeout_s=listen.header_timeout_s, body_timeout_s=listen.body_timeout_s,
-                                        host=ls.host, port=port, log_level="warning", lifespan="off", http=protocol,
-                                        timeout_keep_alive=listen.keep_alive_s)  # fmt: skip
-                http = _Uvicorn(config)
-                self._http.append(http)
-                self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))
-            while not all(h.started for h in self._http):
-                failed = [t for t in self._tasks if t.done()]
-                if failed:
-                    failed[0].result()
-                    raise OSError("an HTTP listener stopped while starting (is its port taken?)")
-                await asyncio.sleep(0.02)
+            await self._start_parts(services, server)
+            await self._serve_http(services, wheels, http_socket, metrics_socket)
             self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
             # last: a restart of the embedded Redis runs what the steps above did to fill it
             services.supervise_redis(self._redis_restarted, on_restart=self.metrics.embedded_redis_restarted)
@@ -408,6 +305,154 @@ class Server:
         log.info("connection caps, of %d file descriptors: HTTP %d (%s per client address), gRPC %d, metrics %d; "
                  "%d left to the rest", budget.descriptors, budget.http, budget.http_per_client or "no cap",
                  budget.grpc, budget.metrics, budget.reserve)  # fmt: skip
+
+    async def _claim_name(self, services: Services, name: str) -> None:
+        """Before anything acts: a second live replica under one name is refused, not run."""
+        self.name_claim = ReplicaNameClaim(services.redis, name, services.scheduler.name)
+        await self.name_claim.claim()
+        log.info("replica %s (this process: %s)", name, services.scheduler.name)
+        self.metrics.replica = name  # the label of its series, the same after a restart
+        self.metrics.seed(services.pools.values())  # counters at 0, so increase() sees a first burst
+        services.scheduler.ctx.on_provisioned = self.metrics.provisioned
+        services.scheduler.ctx.on_event = self.metrics.scheduler_event
+
+    async def _assemble(self, services: Services, ca: str) -> list[str]:
+        """The replica's parts (hubs, dataplane, autoscaler, tunnels, gateway upstream, builds), none started
+        yet but the registry; returns the replicas' shared credentials."""
+        ls = self.listeners
+        self.hub = Hub(services.redis, name=services.scheduler.name)
+        self.agents = AgentHub(services.redis, name=services.scheduler.name)
+        self.dataplane = DataPlane(services, self.hub, self.metrics)
+        self.serving = ServingAutoscaler(self.dataplane, metrics=self.metrics)
+        # workers' tunnels to this replica, and relays to those other replicas hold: the gateway's way to them
+        state = self.loaded.config.state
+        credentials = configured_credentials(state.secret_key_file, self.loaded.config.data_dir)
+        self.tunnel_holders = TunnelHolders(services.redis, replica=services.scheduler.name,
+                                            address=ls.relay_address())  # fmt: skip
+        self.relays = RelayDialer(credentials[0], tls=self.tls is not None, ca_pem=ca)
+        self.tunnels = TunnelRegistry(self.tunnel_holders, self.relays)
+        self.upstream = Upstream(tunnel=self.tunnels.connect_address)
+        # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
+        # stub may name only its own workspace's images there, whether or not the registry is up
+        target = RegistryTarget(
+            url=ls.advertised_http(), repository_prefix=self.loaded.config.registry.repository_prefix
+        )
+        self.dataplane.registry_host = target.host
+        await services.registry.start()
+        if services.registry.problem is None:
+            self.builds = Builds(self.dataplane, target)
+        return credentials
+
+    def _grpc_server(self, services: Services, credentials: list[str], wheels: OwnWheels) -> grpc.aio.Server:
+        """The gRPC server with every service added, its port bound (OSError naming the address if it cannot be)."""
+        assert self.dataplane is not None
+        assert self.tunnels is not None
+        assert self.agents is not None
+        assert self.budget is not None
+        ls = self.listeners
+        options = [
+            *GRPC_OPTIONS,
+            # gRPC's own cap: connections beyond it are closed as they come, before any handshake
+            ("grpc.max_allowed_incoming_connections", self.budget.grpc),
+            # a connection that has not finished TLS and sent its HTTP/2 settings by then is closed
+            ("grpc.server_handshake_timeout_ms", int(self.loaded.config.listen.header_timeout_s * 1000)),
+        ]
+        server = grpc.aio.server(options=options, interceptors=[GrpcMetricsInterceptor(self.metrics)])
+        add_api: Any = controlplane_pb2_grpc.add_ControlPlaneServicer_to_server  # generated, unannotated
+        add_worker: Any = worker_pb2_grpc.add_WorkerServicer_to_server
+        add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
+        add_api(ControlPlaneService(self.dataplane, builds=self.builds, wheels=wheels), server)
+        registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
+        add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,
+                                 http_url=ls.advertised_http()), server)  # fmt: skip
+        add_agent(AgentService(services, self.agents), server)
+        add_replica: Any = replica_pb2_grpc.add_ReplicaServicer_to_server
+        add_replica(ReplicaService(self.tunnels, credentials), server)
+        add_volumes: Any = volume_pb2_grpc.add_VolumesServicer_to_server
+        add_volumes(VolumesService(services), server)
+        address = f"{ls.host}:{ls.grpc_port}"
+        try:
+            if self.tls is not None:
+                bound = server.add_secure_port(address, self.tls.grpc_credentials())
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError:  # grpc raises this for a port another process holds
+            bound = 0
+        if bound == 0:
+            raise OSError(f"cannot listen for gRPC on {address}: the port is taken or the address is not ours")
+        return server
+
+    def _bind_http(self) -> tuple[Listener, Listener]:
+        """The HTTP and metrics sockets, bound now and handed to uvicorn later, so no other process can take a
+        port between a check and uvicorn's own bind (which would end in uvicorn's sys.exit inside a running
+        controlplane)."""
+        ls, budget = self.listeners, self.budget
+        assert budget is not None
+        plain = self.tls is None  # the refusals' 503 is plain HTTP
+        http_socket = _listen(ls.host, ls.http_port, cap=budget.http, per_client=budget.http_per_client,
+                              name="HTTP", answer=plain)  # fmt: skip
+        self._sockets.append(http_socket)
+        metrics_socket = _listen(ls.host, ls.metrics_port, cap=budget.metrics, name="metrics", answer=plain)
+        self._sockets.append(metrics_socket)
+        for name, sock in (("http", http_socket), ("metrics", metrics_socket)):
+            sock.on_event = self.metrics.connection_counter(name, EVENTS)  # at 0 from the start
+            self.metrics.watch_connections(name, sock.open_now)
+        return http_socket, metrics_socket
+
+    async def _start_parts(self, services: Services, server: grpc.aio.Server) -> None:
+        """Start the hubs, the plugins, the scheduler, the autoscaler and the gRPC server, in that order."""
+        assert self.hub is not None
+        assert self.agents is not None
+        assert self.serving is not None
+        assert self.tunnel_holders is not None
+        assert self.tunnels is not None
+        await self.hub.start()
+        await self.agents.start()
+        # the plugins start before the scheduler, which calls them, and get the agent hub
+        await self._start_plugins(services)
+        # the attached clusters' pools join the config's before the scheduler first plans
+        await clusters.sync_pools(services)
+        self._tasks.append(asyncio.create_task(clusters.keep_pools(services), name="cluster pools"))
+        await services.scheduler.start()
+        await self.serving.start()
+        await server.start()
+        self._grpc = server
+        self.tunnel_holders.start(self.tunnels.held)  # other replicas may relay through this one from now
+
+    async def _serve_http(self, services: Services, wheels: OwnWheels, http_socket: Listener,
+                          metrics_socket: Listener) -> None:  # fmt: skip
+        """Serve the gateway on the HTTP socket and the metrics on theirs; returns once both listen."""
+        assert self.dataplane is not None
+        assert self.serving is not None
+        assert self.upstream is not None
+        ls, listen = self.listeners, self.loaded.config.listen
+        gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
+                             create_http_app(services, metrics=self.metrics, dataplane=self.dataplane,
+                                             wheels=wheels),
+                             metrics=self.metrics)  # fmt: skip
+        services.deployments.on_stopped.append(gateway.stopped)
+        self.short_path = ShortPath(gateway, self.serving, metrics=self.metrics)
+        # the HTTP listener's simple requests take the front (every gateway request crosses it), and an
+        # endpoint's in the steady state the gateway's short path
+        for app, port, sock, protocol, short in (
+            (HttpMetricsMiddleware(WithRegistry(gateway, RegistryProxy(self.dataplane)), self.metrics), ls.http_port,
+             http_socket, FrontProtocol, self.short_path),
+            (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, GuardedHttpTools, None),
+        ):  # fmt: skip
+            context = self.tls.ssl_context() if self.tls is not None else None
+            config = _UvicornConfig(app, ssl_context=context, short_path=short, listener=sock,
+                                    header_timeout_s=listen.header_timeout_s, body_timeout_s=listen.body_timeout_s,
+                                    host=ls.host, port=port, log_level="warning", lifespan="off", http=protocol,
+                                    timeout_keep_alive=listen.keep_alive_s)  # fmt: skip
+            http = _Uvicorn(config)
+            self._http.append(http)
+            self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))
+        while not all(h.started for h in self._http):
+            failed = [t for t in self._tasks if t.done()]
+            if failed:
+                failed[0].result()
+                raise OSError("an HTTP listener stopped while starting (is its port taken?)")
+            await asyncio.sleep(0.02)
 
     async def _redis_restarted(self) -> None:
         """The embedded Redis died and a new, empty one runs, or a configured one may have lost writes (a
@@ -461,6 +506,21 @@ class Server:
 
         Every step has a deadline: a stuck step is logged and skipped, so a stop always ends.
         """
+        await self._stop_listening(grace_s)
+        await self._stop_gateway()
+        self._tasks.clear()
+        self._http.clear()
+        for sock in self._sockets:
+            sock.close()
+        self._sockets.clear()
+        if self._restore_exception_handler is not None:
+            self._restore_exception_handler()
+            self._restore_exception_handler = None
+        await self._stop_state()
+        log.info("the controlplane stopped")
+
+    async def _stop_listening(self, grace_s: float) -> None:
+        """End the open streams, stop the gRPC listener (calls in flight get ``grace_s``) and the HTTP ones."""
         if self.services is not None and self.services.redis_supervisor is not None:
             # first: an embedded Redis dying while the rest stops is not restarted (nor its state rebuilt)
             await _step("embedded Redis supervisor", self.services.redis_supervisor.close(), 5)
@@ -481,6 +541,9 @@ class Server:
             if task.get_name() in ("metrics", "cluster pools"):
                 task.cancel()
         await _step("HTTP listeners", asyncio.gather(*self._tasks, return_exceptions=True), grace_s)
+
+    async def _stop_gateway(self) -> None:
+        """Close what the gateway and the workers reach through: serving, upstream, tunnels, worker reports."""
         if self.serving is not None:
             await _step("serving containers", self.serving.close(), 15)
             self.serving = None
@@ -501,14 +564,9 @@ class Server:
             self.tunnels = None
         if self.dataplane is not None:
             await _step("worker reports", self.dataplane.close(), 10)
-        self._tasks.clear()
-        self._http.clear()
-        for sock in self._sockets:
-            sock.close()
-        self._sockets.clear()
-        if self._restore_exception_handler is not None:
-            self._restore_exception_handler()
-            self._restore_exception_handler = None
+
+    async def _stop_state(self) -> None:
+        """Stop the scheduler, the plugins and the hubs, release the replica's name, close the stores."""
         if self.services is not None:
             await _step("scheduler", self.services.scheduler.stop(), 30)
             if self._plugins_started:
@@ -525,7 +583,6 @@ class Server:
                 self.name_claim = None
             await _step("state", self.services.close(), 10)
             self.services = None
-        log.info("the controlplane stopped")
 
 
 def _listen(host: str, port: int, *, cap: int | None = None, per_client: int = 0, name: str = "HTTP",
