@@ -241,60 +241,19 @@ class Upstream:
             parts = status_line.split(b" ", 2)
             status = int(parts[1])
             raw_head = await reader.readuntil(b"\r\n\r\n")
-            headers: list[tuple[bytes, bytes]] = []
-            length: int | None = None
-            chunked = False
-            keep = parts[0] == b"HTTP/1.1"
-            for line in raw_head[:-4].split(b"\r\n"):
-                if not line:
-                    continue
-                name, _, value = line.partition(b":")
-                name = name.strip().lower()
-                value = value.strip()
-                if name == b"content-length":
-                    length = int(value)
-                elif name == b"transfer-encoding":
-                    chunked = b"chunked" in value.lower()
-                elif name == b"connection":
-                    keep = value.lower() != b"close"
-                if name in DROP_FROM_RESPONSE:
-                    continue
-                headers.append((name, value))
-            if length is not None and not chunked:
-                headers.append((b"content-length", str(length).encode()))
+            headers, length, chunked, keep = _response_head(raw_head, keep=parts[0] == b"HTTP/1.1")
             await send({"type": "http.response.start", "status": status, "headers": headers})
             sent = True
             if head_only or status in (204, 304) or 100 <= status < 200:
                 await send({"type": "http.response.body", "body": b""})
                 return keep, status
             if chunked:
-                while True:
-                    size_line = await reader.readuntil(b"\r\n")
-                    size = int(size_line.split(b";", 1)[0].strip(), 16)
-                    if size == 0:
-                        while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                            pass
-                        break
-                    data = await reader.readexactly(size)
-                    await reader.readexactly(2)
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
+                await _relay_chunked(reader, send)
                 return keep, status
             if length is not None:
-                remaining = length
-                while remaining > 65536:
-                    data = await reader.readexactly(65536)
-                    remaining -= len(data)
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-                data = await reader.readexactly(remaining) if remaining else b""
-                await send({"type": "http.response.body", "body": data})
+                await _relay_length(reader, send, length)
                 return keep, status
-            while True:  # neither: the body ends when the container closes the connection
-                data = await reader.read(65536)
-                if not data:
-                    break
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            await _relay_until_closed(reader, send)
             return False, status
         except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             raise _BrokenResponse(str(exc) or type(exc).__name__, sent) from None
@@ -392,3 +351,68 @@ class _BrokenResponse(Exception):
     def __init__(self, message: str, sent: bool) -> None:
         super().__init__(message)
         self.sent = sent
+
+
+def _response_head(raw_head: bytes, *, keep: bool) -> tuple[list[tuple[bytes, bytes]], int | None, bool, bool]:
+    """The headers to pass on (hop-by-hop ones dropped, the content-length restated), the content-length, whether
+    the body is chunked, and whether the connection stays open (``keep``: what the HTTP version implies).
+
+    :raises ValueError: a content-length that is not a number.
+    """
+    headers: list[tuple[bytes, bytes]] = []
+    length: int | None = None
+    chunked = False
+    for line in raw_head[:-4].split(b"\r\n"):
+        if not line:
+            continue
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        value = value.strip()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            keep = value.lower() != b"close"
+        if name in DROP_FROM_RESPONSE:
+            continue
+        headers.append((name, value))
+    if length is not None and not chunked:
+        headers.append((b"content-length", str(length).encode()))
+    return headers, length, chunked, keep
+
+
+async def _relay_chunked(reader: Reader, send: Send) -> None:
+    """A chunked body, chunk by chunk, up to its last chunk and trailers."""
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                pass
+            break
+        data = await reader.readexactly(size)
+        await reader.readexactly(2)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _relay_length(reader: Reader, send: Send, length: int) -> None:
+    """A body of ``length`` bytes, in pieces of 64 KiB."""
+    remaining = length
+    while remaining > 65536:
+        data = await reader.readexactly(65536)
+        remaining -= len(data)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    data = await reader.readexactly(remaining) if remaining else b""
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _relay_until_closed(reader: Reader, send: Send) -> None:
+    """A body of neither length nor chunks: it ends when the container closes the connection."""
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            break
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
