@@ -189,21 +189,7 @@ def parse_gpu(
         ``AmbiguousGpuType`` for a bare ``A100``.
     :raises ValueError: anything else that cannot be honoured, saying what can.
     """
-    entries: list[str]
-    if gpu is None:
-        entries = []
-    elif isinstance(gpu, str):
-        entries = [gpu]
-    elif isinstance(gpu, Sequence):
-        entries = list(gpu)
-        if not entries:
-            raise ValueError("gpu=[] names no GPU; use gpu=None for a CPU job")
-    else:
-        raise TypeError(f"gpu must be a GPU type, a list of them, 'any' or None, not {type(gpu).__name__}")
-    for entry in entries:
-        if not isinstance(entry, str):
-            raise TypeError(f"gpu entries must be strings, not {type(entry).__name__} ({entry!r})")
-
+    entries = _entries(gpu)
     words = [entry.strip().lower() for entry in entries]
     fallback_cpu = False
     if _CPU in words:
@@ -234,31 +220,58 @@ def parse_gpu(
         fallback_cpu = fallback_cpu or wants_gpu
 
     if fallback_after is not None:
-        if isinstance(fallback_after, bool) or not isinstance(fallback_after, int | float):
-            raise TypeError(f"fallback_after must be a number of seconds, not {fallback_after!r}")
-        if not math.isfinite(fallback_after) or fallback_after < 0:
-            raise ValueError(f"fallback_after must be zero or more seconds, not {fallback_after!r}")
-        if not wants_gpu:
-            raise ValueError("fallback_after was given without a gpu; a CPU job has nothing to wait for")
-        if not fallback_cpu:
-            raise ValueError('fallback_after has no effect without a CPU fallback (fallback=["cpu"])')
-
-    if gpu_count is None:
-        count = 1 if wants_gpu else 0
-    else:
-        if isinstance(gpu_count, bool) or not isinstance(gpu_count, int):
-            raise TypeError(f"gpu_count must be an integer, not {gpu_count!r}")
-        if not wants_gpu:
-            if gpu_count != 0:
-                raise ValueError(f"gpu_count={gpu_count} was given without a gpu; name a GPU type or 'any'")
-        elif gpu_count not in ALLOWED_GPU_COUNTS:
-            raise ValueError(_count_message(gpu_count))
-        count = gpu_count
-
+        _check_fallback_after(fallback_after, wants_gpu=wants_gpu, fallback_cpu=fallback_cpu)
     return GpuRequest(
         types=types,
         any_gpu=any_gpu,
-        count=count,
+        count=_count(gpu_count, wants_gpu=wants_gpu),
         fallback_cpu=fallback_cpu,
         fallback_after_s=DEFAULT_FALLBACK_AFTER_S if fallback_after is None else float(fallback_after),
     )
+
+
+def _entries(gpu: object) -> list[str]:
+    """``gpu=`` as a list of strings: none for None, one for a string, the list's own otherwise."""
+    entries: list[object]
+    if gpu is None:
+        entries = []
+    elif isinstance(gpu, str):
+        entries = [gpu]
+    elif isinstance(gpu, Sequence):
+        entries = list(gpu)
+        if not entries:
+            raise ValueError("gpu=[] names no GPU; use gpu=None for a CPU job")
+    else:
+        raise TypeError(f"gpu must be a GPU type, a list of them, 'any' or None, not {type(gpu).__name__}")
+    strings: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise TypeError(f"gpu entries must be strings, not {type(entry).__name__} ({entry!r})")
+        strings.append(entry)
+    return strings
+
+
+def _check_fallback_after(fallback_after: object, *, wants_gpu: bool, fallback_cpu: bool) -> None:
+    """``fallback_after=`` is a number of seconds, for a GPU job with a CPU fallback."""
+    if isinstance(fallback_after, bool) or not isinstance(fallback_after, int | float):
+        raise TypeError(f"fallback_after must be a number of seconds, not {fallback_after!r}")
+    if not math.isfinite(fallback_after) or fallback_after < 0:
+        raise ValueError(f"fallback_after must be zero or more seconds, not {fallback_after!r}")
+    if not wants_gpu:
+        raise ValueError("fallback_after was given without a gpu; a CPU job has nothing to wait for")
+    if not fallback_cpu:
+        raise ValueError('fallback_after has no effect without a CPU fallback (fallback=["cpu"])')
+
+
+def _count(gpu_count: object, *, wants_gpu: bool) -> int:
+    """``gpu_count=``, checked; left out: 1 for a GPU job, 0 for a CPU one."""
+    if gpu_count is None:
+        return 1 if wants_gpu else 0
+    if isinstance(gpu_count, bool) or not isinstance(gpu_count, int):
+        raise TypeError(f"gpu_count must be an integer, not {gpu_count!r}")
+    if not wants_gpu:
+        if gpu_count != 0:
+            raise ValueError(f"gpu_count={gpu_count} was given without a gpu; name a GPU type or 'any'")
+    elif gpu_count not in ALLOWED_GPU_COUNTS:
+        raise ValueError(_count_message(gpu_count))
+    return gpu_count
