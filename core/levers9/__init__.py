@@ -5,6 +5,12 @@ it, and so does the runner inside every container, which has the standard
 library only: nothing beyond it is imported until a name below is asked for.
 Plugins use ``from levers9 import hookimpl``; programs use ``@levers9.function``,
 whose SDK is imported the first time it is named.
+
+Inside a user's container this file is mounted as it is, beside the runner and
+little else (:data:`levers9.worker.warm.launch.CONTAINER_FILES`): there only
+``__version__`` and ``ready`` resolve, and every other name fails with
+``ModuleNotFoundError`` (the SDK client and ``hookimpl`` are not there), so this
+file must import nothing but ``__about__`` at import time.
 """
 
 from __future__ import annotations
