@@ -30,27 +30,24 @@ whose file cannot be read fails the refresh and leaves the catalog as it was.
 The real offer files are large (gigabytes for the big regions) and are read
 whole into memory.
 
-Invariants: the catalog is read once per process (thread-safe, lazily, on
-the first price asked), and a malformed file is an error at that moment, not
-silently no prices.
+The file's form, and the invariants (read once per process; a malformed file
+an error when first asked; a refresh that fails leaves the file as it was),
+are :mod:`levers9.clouds.price_files`'.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import threading
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from levers9.clouds.price_files import ShippedCatalog, read_source, write_catalog
 
 __all__ = ["DEFAULT_SOURCE", "Catalog", "catalog", "main", "on_demand_price", "prices_from_offer_file", "refresh"]
 
 DEFAULT_SOURCE = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
-CATALOG_FILE = "prices.json"
 _WANTED = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}
 
 
@@ -71,18 +68,12 @@ class Catalog:
         return self.prices.get(region, {}).get(instance_type)
 
 
-_lock = threading.Lock()
-_loaded: Catalog | None = None
+_shipped = ShippedCatalog("levers9_ec2", Catalog)
 
 
 def catalog() -> Catalog:
     """The shipped catalog, read once."""
-    global _loaded
-    with _lock:
-        if _loaded is None:
-            text = resources.files("levers9_ec2").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
-            _loaded = Catalog(json.loads(text))
-        return _loaded
+    return _shipped.get()
 
 
 def on_demand_price(region: str, instance_type: str) -> float | None:
@@ -127,40 +118,26 @@ def prices_from_offer_file(offer: Mapping[str, Any], region: str | None = None) 
     return found
 
 
-def _read_json(source: str) -> Any:
-    if source.startswith(("http://", "https://")):
-        import urllib.request  # only a refresh downloads; loading the plugin never does
-
-        with urllib.request.urlopen(source, timeout=600) as response:
-            return json.load(response)
-    with open(source, encoding="utf-8") as file:
-        return json.load(file)
-
-
 def refresh(source: str, regions: Iterable[str], out: Path) -> Catalog:
     """Rebuild the catalog at ``out`` from the offer files ``source`` names (see the module docstring)."""
     wanted = sorted(set(regions))
     prices: dict[str, dict[str, float]] = {}
     if "{region}" in source:
         for region in wanted:
-            for where, types in prices_from_offer_file(_read_json(source.format(region=region)), region).items():
+            for where, types in prices_from_offer_file(
+                read_source(source.format(region=region), timeout=600), region
+            ).items():
                 if where == region:
                     prices.setdefault(where, {}).update(types)
     else:
-        found = prices_from_offer_file(_read_json(source))
+        found = prices_from_offer_file(read_source(source, timeout=600))
         prices = {r: t for r, t in found.items() if not wanted or r in wanted}
-    data = {
-        "source": f"AWS Price List bulk offer files ({source}): on-demand, Linux, shared tenancy, capacity used",
-        "retrieved": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "currency": "USD",
-        "unit": "instance-hour",
-        "prices": {r: dict(sorted(t.items())) for r, t in sorted(prices.items())},
-    }
-    result = Catalog(data)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    return result
+    return write_catalog(
+        out,
+        source=f"AWS Price List bulk offer files ({source}): on-demand, Linux, shared tenancy, capacity used",
+        prices={r: dict(sorted(t.items())) for r, t in sorted(prices.items())},
+        parse=Catalog,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     again.add_argument("--region", action="append", dest="regions", help="a region to price (repeat)")
     again.add_argument("--out", type=Path, help="where to write (default: the catalog shipped with the plugin)")
     args = parser.parse_args(argv)
-    out = args.out or Path(str(resources.files("levers9_ec2").joinpath(CATALOG_FILE)))
+    out = args.out or _shipped.path
     regions = args.regions or sorted(catalog().prices)
     try:
         result = refresh(args.source, regions, out)

@@ -23,11 +23,19 @@ and endpoint); describe answers from :class:`levers9_ec2.offers.DescribeCache`.
   with; what an operator can fix (credentials, permissions, an unset
   variable, a missing certificate) is ``ok=False`` with a hint, never a secret;
 * verify identity: :func:`levers9_ec2.identity.verify_identity` against the
-  machine's region (no API call).
+  machine's region (no API call);
+* machine identity (on the worker, not the controlplane): the instance's
+  signed identity document from IMDSv2 (:func:`levers9_ec2.identity.fetch_identity`).
+
+:class:`Ec2Provider` is the plugin itself: the entry point names its one
+instance (``levers9_ec2.plugin``), whose ``levers9_*`` methods are the hooks.
+A pool's settings reach them as :class:`Ec2Settings` (``settings_of``; a pool
+holding another provider's settings is ``InvalidRequest`` naming it).
 
 Every EC2 failure is translated by :mod:`levers9_ec2.errors` with a message
-naming the pool, region, instance type and zone; one it does not know
-propagates unchanged.
+naming the pool, region, instance type and zone
+(:func:`levers9.clouds.calls.typed_call`); one it does not know propagates
+unchanged.
 """
 
 from __future__ import annotations
@@ -35,8 +43,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from levers9.clouds.calls import raise_typed, typed_call
 from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import (
     AuthenticationFailed,
@@ -44,9 +55,18 @@ from levers9.hooks.errors import (
     PermissionDenied,
     ProviderError,
 )
-from levers9.hooks.types import GpuOffer, Machine, MachineIdentity, Pool, ProviderCheck, ProvisionRequest
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import (
+    GpuOffer,
+    Machine,
+    MachineIdentity,
+    Pool,
+    ProviderCheck,
+    ProvisionRequest,
+    settings_of,
+)
 from levers9_ec2.errors import error_code, translate
-from levers9_ec2.identity import load_certificates, verify_identity
+from levers9_ec2.identity import fetch_identity, load_certificates, verify_identity
 from levers9_ec2.launch import DEFAULT_ROOT_DEVICE, POOL_TAG, choose_subnet, launch, run_instances_params
 from levers9_ec2.machines import machine_from_instance
 from levers9_ec2.offers import (
@@ -75,13 +95,6 @@ _GONE = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 T = TypeVar("T")
 
 
-def _settings(pool: Pool) -> Ec2Settings:
-    settings = pool.settings
-    if isinstance(settings, Ec2Settings):
-        return settings
-    return Ec2Settings.model_validate(settings or {})
-
-
 def _regions(pool: Pool) -> list[str]:
     regions = list(pool.regions) or ([pool.region] if pool.region else [])
     if not regions:
@@ -89,24 +102,15 @@ def _regions(pool: Pool) -> list[str]:
     return regions
 
 
-def _fail(exc: Exception, where: str) -> NoReturn:
-    typed = translate(exc, where)
-    if typed is None:
-        raise exc
-    raise typed from exc
-
-
 def _typed(where: str, call: Callable[[], T]) -> T:
-    try:
-        return call()
-    except ProviderError:
-        raise
-    except Exception as exc:
-        _fail(exc, where)
+    return typed_call(call, partial(translate, where=where))
 
 
 class Ec2Provider:
-    """The hooks' state: the plugin context, the clients and the describe cache."""
+    """The ``ec2`` plugin: its hooks, and their state (the plugin context, the clients and the describe cache)."""
+
+    #: the edition of the hook spec these hooks follow
+    LEVERS9_SPEC_VERSION = 2
 
     def __init__(self, describe: DescribeCache | None = None) -> None:
         self.ctx: PluginContext | None = None
@@ -116,10 +120,17 @@ class Ec2Provider:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def startup(self, ctx: PluginContext) -> None:
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``ec2`` a provider whose pools are validated with :class:`Ec2Settings`."""
+        return Ec2Settings
+
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
 
-    def shutdown(self) -> None:
+    @hookimpl
+    def levers9_shutdown(self, ctx: PluginContext) -> None:
         self.clients.close()
         self.describe.clear()
 
@@ -152,10 +163,11 @@ class Ec2Provider:
 
     # ------------------------------------------------------------------ offers
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if pool.gpu is None:
             return []
-        settings = _settings(pool)
+        settings = settings_of(pool, Ec2Settings)
         spot = uses_spot(pool, settings)
         offers: list[GpuOffer] = []
         for region in _regions(pool):
@@ -179,10 +191,11 @@ class Ec2Provider:
 
     # ------------------------------------------------------------------ provision
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         started = time.monotonic()
         pool = request.pool
-        settings = _settings(pool)
+        settings = settings_of(pool, Ec2Settings)
         offer = request.offer
         region = request.region or (offer.region if offer else None) or _regions(pool)[0]
         instance_type = (offer.instance_type if offer else None) or (
@@ -232,8 +245,9 @@ class Ec2Provider:
 
     # ------------------------------------------------------------------ terminate, list
 
-    def terminate(self, pool: Pool, machine: Machine) -> None:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
+        settings = settings_of(pool, Ec2Settings)
         region = str(machine.provider_data.get("region") or machine.region or _regions(pool)[0])
         where = f"terminating {machine.provider_id} of pool {pool.name!r} in {region}"
         client = _typed(where, lambda: self.clients.ec2(settings, pool.name, region))
@@ -242,10 +256,11 @@ class Ec2Provider:
         except Exception as exc:
             if error_code(exc) in _GONE:
                 return
-            _fail(exc, where)
+            raise_typed(exc, partial(translate, where=where))
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
+        settings = settings_of(pool, Ec2Settings)
         machines: list[Machine] = []
         filters = [
             {"Name": f"tag:{POOL_TAG}", "Values": [pool.name]},
@@ -268,18 +283,25 @@ class Ec2Provider:
 
     # ------------------------------------------------------------------ identity
 
-    def verify_identity(self, pool: Pool, machine: Machine, identity: MachineIdentity | None) -> None:
+    @hookimpl
+    def levers9_verify_identity(self, pool: Pool, machine: Machine, identity: MachineIdentity | None) -> None:
         """Accept a joining worker only with the signed identity document of ``machine`` (unless the pool opts out)."""
-        settings = _settings(pool)
+        settings = settings_of(pool, Ec2Settings)
         if settings.instance_identity == "off":
             return
         region = str(machine.provider_data.get("region") or machine.region or _regions(pool)[0])
         verify_identity(machine, identity, region, settings.identity_certificate_file)
 
+    @hookimpl
+    def levers9_machine_identity(self) -> MachineIdentity:
+        """On a worker of an EC2 instance: the instance's signed identity document, from IMDSv2."""
+        return fetch_identity()
+
     # ------------------------------------------------------------------ check
 
-    def check(self, pool: Pool) -> ProviderCheck:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
+        settings = settings_of(pool, Ec2Settings)
         region = _regions(pool)[0]
         where = f"checking pool {pool.name!r} in {region}"
         try:

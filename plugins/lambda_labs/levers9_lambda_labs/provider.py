@@ -42,6 +42,11 @@ left>)`` at once, never sleeping; a 429 from the API is ``Throttled`` too.
 
 Errors are mapped by :mod:`levers9_lambda_labs.errors`; an unset key variable
 is ``AuthenticationFailed`` naming the variable.
+
+:class:`LambdaLabsProvider` is the plugin: the entry point names its one
+instance (``levers9_lambda_labs.plugin``), whose ``levers9_*`` methods are the
+hooks. A pool's settings reach them as :class:`LambdaLabsSettings`
+(``settings_of``; a pool holding another provider's is ``InvalidRequest``).
 """
 
 from __future__ import annotations
@@ -50,11 +55,14 @@ import hashlib
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import BaseModel
+
 from levers9.bootstrap import cloud_init
 from levers9.gpu.catalog import CATALOG
 from levers9.gpu.normalize import from_lambda_instance_type
 from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InvalidRequest, ProviderError, Throttled
+from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -63,6 +71,7 @@ from levers9.hooks.types import (
     Pool,
     ProviderCheck,
     ProvisionRequest,
+    settings_of,
 )
 from levers9_lambda_labs.api import CloudApi, Unreachable, api_key
 from levers9_lambda_labs.errors import (
@@ -110,12 +119,6 @@ _KEY_HINT = "create a Cloud API key at https://cloud.lambda.ai/api-keys and put 
 def instance_name(machine_id: str) -> str:
     """The instance's name: ``levers9-<machine_id>``, cut to the API's 64 characters."""
     return f"{NAME_PREFIX}{machine_id}"[:NAME_MAX]
-
-
-def _settings(pool: Pool) -> LambdaLabsSettings:
-    if isinstance(pool.settings, LambdaLabsSettings):
-        return pool.settings
-    return LambdaLabsSettings.model_validate(pool.settings or {})
 
 
 def _tags(instance: dict[str, Any]) -> dict[str, str]:
@@ -171,7 +174,10 @@ def _int(value: Any) -> int | None:
 
 
 class LambdaLabsProvider:
-    """The hooks' state: the HTTP clients, the launch pacer and the plugin context."""
+    """The ``lambda_labs`` plugin: its hooks, and their state (the HTTP clients, the launch pacer, the context)."""
+
+    #: the edition of the hook spec these hooks follow
+    LEVERS9_SPEC_VERSION = 2
 
     def __init__(self, pacer: LaunchPacer | None = None) -> None:
         self.ctx: PluginContext | None = None
@@ -180,10 +186,17 @@ class LambdaLabsProvider:
 
     # -------------------------------------------------------------------------- lifecycle
 
-    def startup(self, ctx: PluginContext) -> None:
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``lambda_labs`` a provider whose pools are validated with :class:`LambdaLabsSettings`."""
+        return LambdaLabsSettings
+
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
 
-    def shutdown(self) -> None:
+    @hookimpl
+    def levers9_shutdown(self, ctx: PluginContext) -> None:
         self.api.close()
 
     def _launch_wait(self) -> float:
@@ -233,10 +246,11 @@ class LambdaLabsProvider:
 
     # -------------------------------------------------------------------------- offers
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if not pool.gpu or pool.gpu_count <= 0:
             return []
-        settings = _settings(pool)
+        settings = settings_of(pool, LambdaLabsSettings)
         key = self._key(pool, settings)
         types = self._instance_types(settings, key, f"pool {pool.name!r}: listing instance types")
         known_regions = {name for item in types.values() for name in _capacity(item)}
@@ -342,9 +356,10 @@ class LambdaLabsProvider:
                 return self._machine(instance, request.pool.name)
         return None
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         pool = request.pool
-        settings = _settings(pool)
+        settings = settings_of(pool, LambdaLabsSettings)
         instance_type, region = self._target(request, settings)
         doing = f"pool {pool.name!r}: launching {instance_type} in {region} for machine {request.machine_id}"
         body = self._launch_body(request, settings, instance_type, region, doing)
@@ -422,8 +437,9 @@ class LambdaLabsProvider:
 
     # -------------------------------------------------------------------------- terminate and list
 
-    def terminate(self, pool: Pool, machine: Machine) -> None:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
+        settings = settings_of(pool, LambdaLabsSettings)
         key = self._key(pool, settings)
         doing = f"pool {pool.name!r}: terminating instance {machine.provider_id}"
         try:
@@ -475,8 +491,9 @@ class LambdaLabsProvider:
             reason=reason,
         )
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
+        settings = settings_of(pool, LambdaLabsSettings)
         key = self._key(pool, settings)
         machines = []
         for instance in self._instances(settings, key, f"pool {pool.name!r}: listing instances"):
@@ -492,8 +509,9 @@ class LambdaLabsProvider:
 
     # -------------------------------------------------------------------------- check
 
-    def check(self, pool: Pool) -> ProviderCheck:
-        settings = _settings(pool)
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
+        settings = settings_of(pool, LambdaLabsSettings)
         var = settings.api_key_env
         key = api_key(settings)
         if key is None:

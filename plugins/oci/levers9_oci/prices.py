@@ -22,22 +22,20 @@ mentions GPUs) times the shape's GPU count. A shape no product names is left
 out; a list that prices no shape at all fails the refresh and leaves the
 catalog as it was.
 
-Invariants: the catalog is read once per process (thread-safe, lazily, on the
-first price asked), and a malformed file is an error at that moment, not
-silently no prices.
+The file's form, and the invariants (read once per process; a malformed file
+an error when first asked; a refresh that fails leaves the file as it was),
+are :mod:`levers9.clouds.price_files`'.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import threading
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from levers9.clouds.price_files import ShippedCatalog, read_source, write_catalog
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -51,7 +49,6 @@ __all__ = [
 ]
 
 DEFAULT_SOURCE = "https://apexapps.oracle.com/pls/apex/cetools/api/v1/products/?currencyCode=USD"
-CATALOG_FILE = "prices.json"
 
 #: shape -> (the words the price list's product for its GPU has in its name, GPUs in the shape)
 SHAPE_GPUS: dict[str, tuple[tuple[str, ...], int]] = {
@@ -83,18 +80,12 @@ class Catalog:
         return self.prices.get(shape)
 
 
-_lock = threading.Lock()
-_loaded: Catalog | None = None
+_shipped = ShippedCatalog("levers9_oci", Catalog)
 
 
 def catalog() -> Catalog:
     """The shipped catalog, read once."""
-    global _loaded
-    with _lock:
-        if _loaded is None:
-            text = resources.files("levers9_oci").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
-            _loaded = Catalog(json.loads(text))
-        return _loaded
+    return _shipped.get()
 
 
 def on_demand_price(shape: str) -> float | None:
@@ -137,33 +128,17 @@ def prices_from_list(price_list: Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
-def _read_json(source: str) -> Any:
-    if source.startswith(("http://", "https://")):
-        import urllib.request  # only a refresh downloads; loading the plugin never does
-
-        with urllib.request.urlopen(source, timeout=120) as response:
-            return json.load(response)
-    with open(source, encoding="utf-8") as file:
-        return json.load(file)
-
-
 def refresh(source: str, out: Path) -> Catalog:
     """Rebuild the catalog at ``out`` from the price list at ``source`` (see the module docstring)."""
-    prices = prices_from_list(_read_json(source))
+    prices = prices_from_list(read_source(source, timeout=120))
     if not prices:
         raise ValueError(f"the price list at {source} prices none of the shapes {', '.join(SHAPE_GPUS)}")
-    data = {
-        "source": f"Oracle's price list ({source}): pay as you go, per GPU-hour times the shape's GPUs",
-        "retrieved": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "currency": "USD",
-        "unit": "instance-hour",
-        "prices": dict(sorted(prices.items())),
-    }
-    result = Catalog(data)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    return result
+    return write_catalog(
+        out,
+        source=f"Oracle's price list ({source}): pay as you go, per GPU-hour times the shape's GPUs",
+        prices=dict(sorted(prices.items())),
+        parse=Catalog,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     again.add_argument("--source", default=DEFAULT_SOURCE, help="price list URL or path")
     again.add_argument("--out", type=Path, help="where to write (default: the catalog shipped with the plugin)")
     args = parser.parse_args(argv)
-    out = args.out or Path(str(resources.files("levers9_oci").joinpath(CATALOG_FILE)))
+    out = args.out or _shipped.path
     try:
         result = refresh(args.source, out)
     except (OSError, ValueError) as exc:

@@ -1,15 +1,18 @@
 """The ``oci`` provider's hooks: offers from ListShapes, LaunchInstance, TerminateInstance, ListInstances.
 
-:class:`OciProvider` holds the plugin's state: a :class:`~levers9_oci.clients.ClientCache`
-(clients per thread, settings and region) and the context ``levers9_startup``
-gave. Each region of ``pool.regions`` gets its own clients; with no region,
-the SDK profile's (or principal's) own.
+:class:`OciProvider` is the plugin: the entry point names its one instance
+(``levers9_oci.plugin``), whose ``levers9_*`` methods are the hooks, and it
+holds their state: a :class:`~levers9_oci.clients.ClientCache` (clients per
+thread, settings and region) and the context ``levers9_startup`` gave. Each
+region of ``pool.regions`` gets its own clients; with no region, the SDK
+profile's (or principal's) own. A pool's settings reach the hooks as
+:class:`~levers9_oci.settings.OciSettings` (``settings_of``).
 
 Invariants:
 
 * **Tags.** Every instance carries the freeform tags ``levers9-machine-id``
   and ``levers9-pool`` (and the pool's own ``freeform_tags``); ListInstances
-  has no tag filter, so :meth:`OciProvider.list_machines` matches
+  has no tag filter, so :meth:`OciProvider.levers9_list_machines` matches
   ``levers9-pool`` itself and leaves out ``TERMINATED`` instances.
 * **Lists follow every page** (:func:`levers9_oci.paging.all_pages`, not the
   SDK's pagination helper, which retries each page for minutes).
@@ -32,7 +35,8 @@ Invariants:
   is success; an id that is not an instance OCID cannot be OCI's and is
   success without a call.
 
-What each failure means is :mod:`levers9_oci.errors`' table; the capacity
+What each failure means is :mod:`levers9_oci.errors`' table (applied to each
+call through :func:`levers9.clouds.calls.typed_call`); the capacity
 report behind offer availability is the one call whose failure is swallowed
 (availability is then unknown).
 """
@@ -47,14 +51,28 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from levers9.bootstrap import cloud_init
+from levers9.clouds.calls import raise_typed, typed_call
 from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, ProviderError, Throttled
-from levers9.hooks.types import Availability, GpuOffer, Machine, MachineState, Pool, ProviderCheck, ProvisionRequest
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.types import (
+    Availability,
+    GpuOffer,
+    Machine,
+    MachineState,
+    Pool,
+    ProviderCheck,
+    ProvisionRequest,
+    settings_of,
+)
 from levers9_oci.clients import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ClientCache, Clients
 from levers9_oci.errors import is_service_error, translate
 from levers9_oci.offers import availability_from_report, matching_shapes, shape_offer
 from levers9_oci.paging import all_pages
+from levers9_oci.settings import OciSettings
 
 __all__ = ["LAUNCH_ATTEMPTS", "LAUNCH_BUDGET_S", "MACHINE_TAG", "POOL_TAG", "OciProvider"]
 
@@ -92,7 +110,10 @@ def retry_token(machine_id: str) -> str:
 
 
 class OciProvider:
-    """The ``oci`` plugin's hooks and the clients they share (see the module docstring)."""
+    """The ``oci`` plugin: its hooks, and the clients they share (see the module docstring)."""
+
+    #: the edition of the hook spec these hooks follow
+    LEVERS9_SPEC_VERSION = 2
 
     def __init__(self, *, sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx: PluginContext | None = None
@@ -101,33 +122,34 @@ class OciProvider:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def startup(self, ctx: PluginContext) -> None:
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``oci`` a provider whose pools are validated with :class:`OciSettings`."""
+        return OciSettings
+
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
 
-    def shutdown(self) -> None:
+    @hookimpl
+    def levers9_shutdown(self, ctx: PluginContext) -> None:
         self.clients.close()
 
     # ------------------------------------------------------------------ helpers
 
     def _call(self, fn: Callable[[], T], *, doing: str, where: str) -> T:
         """Run one SDK call; raise the typed error its failure means (unknown failures propagate as they are)."""
-        try:
-            return fn()
-        except Exception as exc:
-            typed = translate(exc, doing=doing, where=where)
-            if typed is None:
-                raise
-            raise typed from exc
+        return typed_call(fn, partial(translate, doing=doing, where=where))
 
     def _regions(self, pool: Pool) -> list[str]:
         if pool.regions:
             return list(pool.regions)
         if pool.region:
             return [pool.region]
-        return [self.clients.get(pool.settings, None).region]
+        return [self.clients.get(settings_of(pool, OciSettings), None).region]
 
     def _domains(self, clients: Clients, pool: Pool) -> list[str]:
-        settings = pool.settings
+        settings = settings_of(pool, OciSettings)
         if settings.availability_domains:
             return list(settings.availability_domains)
         answer = self._call(
@@ -139,12 +161,13 @@ class OciProvider:
 
     # ------------------------------------------------------------------ offers
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if pool.gpu is None:
             return []
         import oci
 
-        settings = pool.settings
+        settings = settings_of(pool, OciSettings)
         offers: list[GpuOffer] = []
         for region in self._regions(pool):
             clients = self.clients.get(settings, region)
@@ -182,7 +205,7 @@ class OciProvider:
         """Availability per shape from a capacity report; empty (all unknown) when the report fails."""
         import oci
 
-        settings = pool.settings
+        settings = settings_of(pool, OciSettings)
         details = oci.core.models.CreateComputeCapacityReportDetails(
             compartment_id=settings.compartment_id,
             availability_domain=domain,
@@ -207,11 +230,12 @@ class OciProvider:
 
     # ------------------------------------------------------------------ provision
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         import oci
 
         pool = request.pool
-        settings = pool.settings
+        settings = settings_of(pool, OciSettings)
         offer = request.offer
         region = (offer.region if offer else None) or request.region or self._regions(pool)[0]
         clients = self.clients.get(settings, region)
@@ -251,10 +275,7 @@ class OciProvider:
                 self._sleep(pause)
                 pause *= 2
             except Exception as exc:
-                typed = translate(exc, doing="LaunchInstance", where=where)
-                if typed is None:
-                    raise
-                raise typed from exc
+                raise_typed(exc, partial(translate, doing="LaunchInstance", where=where))
         return Machine(
             provider_id=instance.id,
             machine_id=request.machine_id,
@@ -279,7 +300,7 @@ class OciProvider:
 
         models = oci.core.models
         pool = request.pool
-        settings = pool.settings
+        settings = settings_of(pool, OciSettings)
         try:
             user_data = base64.b64encode(cloud_init(request.bootstrap).encode()).decode()
         except ValueError as exc:
@@ -325,12 +346,13 @@ class OciProvider:
 
     # ------------------------------------------------------------------ terminate
 
-    def terminate(self, pool: Pool, machine: Machine) -> None:
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
         instance_id = machine.provider_id
         if not instance_id.startswith("ocid1.instance."):
             return  # no OCI instance has this id: nothing to terminate
         region = machine.provider_data.get("region") or machine.region or self._regions(pool)[0]
-        clients = self.clients.get(pool.settings, region)
+        clients = self.clients.get(settings_of(pool, OciSettings), region)
         where = f"pool {pool.name!r}, instance {instance_id} in {region}"
         try:
             clients.compute.terminate_instance(
@@ -341,10 +363,7 @@ class OciProvider:
                 return  # unknown, or gone long enough that OCI forgot it
             if is_service_error(exc, 409) and self._terminated(clients, instance_id, where):
                 return
-            typed = translate(exc, doing="TerminateInstance", where=where)
-            if typed is None:
-                raise
-            raise typed from exc
+            raise_typed(exc, partial(translate, doing="TerminateInstance", where=where))
 
     def _terminated(self, clients: Clients, instance_id: str, where: str) -> bool:
         """True when the instance is already on its way out (a 409 to a terminate is then success)."""
@@ -360,9 +379,9 @@ class OciProvider:
 
     # ------------------------------------------------------------------ list
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
-
-        settings = pool.settings
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
+        settings = settings_of(pool, OciSettings)
         machines: list[Machine] = []
         for region in self._regions(pool):
             clients = self.clients.get(settings, region)
@@ -404,8 +423,9 @@ class OciProvider:
 
     # ------------------------------------------------------------------ check
 
-    def check(self, pool: Pool) -> ProviderCheck:
-        settings = pool.settings
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
+        settings = settings_of(pool, OciSettings)
         who = (
             f"profile {settings.profile!r} ({settings.auth})"
             if settings.auth in ("api_key", "security_token")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from levers9.hooks.context import PluginContext
 from levers9.hooks.types import Pool
 from levers9_ec2.offers import DescribeCache
 from levers9_ec2.provider import Ec2Provider
@@ -79,7 +80,7 @@ def fresh_provider() -> Iterator[Ec2Provider]:
     """A provider with a describe cache of its own, for tests that count or fault describe calls."""
     made = Ec2Provider()
     yield made
-    made.shutdown()
+    made.levers9_shutdown(PluginContext.bare("ec2"))
 
 
 def make_pool(

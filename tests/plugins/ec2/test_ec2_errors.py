@@ -206,7 +206,7 @@ def test_quotas_hold_for_the_region_and_say_which_limit_to_raise() -> None:
 
 
 def first_offer(provider: Ec2Provider, pool: Pool) -> GpuOffer:
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     assert offers, "no offers"
     return offers[0]
 
@@ -223,7 +223,7 @@ def test_each_ec2_error_is_typed_in_one_call(
     offer = first_offer(provider, pool)
     fake_ec2.fail_run_instances(code, message=f"the fake says {code}", zone=offer.zone)
     with pytest.raises(ProviderError) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     error = caught.value
     assert type(error) is expected
     assert error.code == code
@@ -238,14 +238,14 @@ def test_a_volume_capacity_500_fails_over_instead_of_retrying(
 ) -> None:
     """The trial's bug: a 500 InsufficientVolumeCapacity was Throttled, and the same zone was asked 16 times."""
     pool = make_pool(ec2_settings)
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     fake_ec2.fail_run_instances("InsufficientVolumeCapacity", zone=offers[0].zone)
     with pytest.raises(InsufficientCapacity) as caught:
-        provider.provision(provision_request(pool, offers[0]))
+        provider.levers9_provision(provision_request(pool, offers[0]))
     assert caught.value.code == "InsufficientVolumeCapacity"
     assert fake_ec2.call_log()[-1][2] == "response 500 InsufficientVolumeCapacity"  # sent as EC2 sends it
     assert fake_ec2.calls("RunInstances") == 1  # neither botocore nor the plugin asked again
-    machine = provider.provision(provision_request(pool, offers[1]))  # the next offer, as the scheduler does
+    machine = provider.levers9_provision(provision_request(pool, offers[1]))  # the next offer, as the scheduler does
     assert machine.zone == offers[1].zone
 
 
@@ -259,7 +259,7 @@ def test_a_vcpu_quota_holds_for_the_region(
         message="You have requested more vCPU capacity than your current vCPU limit of 0 allows",
     )
     with pytest.raises(QuotaExceeded) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert caught.value.scope == "region"
     assert "Running On-Demand" in str(caught.value)
     assert "us-east-1" in str(caught.value)
@@ -273,10 +273,10 @@ def test_a_retried_launch_whose_instance_was_terminated_skips_the_offer(
     pool = make_pool({**ec2_settings, "market": "spot"})
     offer = first_offer(provider, pool)
     request = provision_request(pool, offer)
-    machine = provider.provision(request)
+    machine = provider.levers9_provision(request)
     fake_ec2.client().terminate_instances(InstanceIds=[machine.provider_id])  # the interruption
     with pytest.raises(InsufficientCapacity) as caught:
-        provider.provision(request)  # the same machine id: the same ClientToken
+        provider.levers9_provision(request)  # the same machine id: the same ClientToken
     assert caught.value.code == "IdempotentInstanceTerminated"
     assert "terminated" in str(caught.value)
     assert fake_ec2.calls("RunInstances") == 2

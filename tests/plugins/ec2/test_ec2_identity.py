@@ -23,7 +23,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import ValidationError
 
-import levers9_ec2
 from levers9.bootstrap import cloud_init
 from levers9.hooks.errors import IdentityRejected, ProviderError
 from levers9.hooks.facade import Hooks
@@ -56,7 +55,7 @@ __all__ = ["imds"]
 @pytest.fixture
 def hooks() -> Iterator[Hooks]:
     plugins = PluginSet()
-    plugins.add("ec2", levers9_ec2)
+    plugins.add("ec2", Ec2Provider())
     made = Hooks(plugins)
     yield made
     made.close()
@@ -195,14 +194,14 @@ def test_check_says_when_a_region_has_no_certificate_to_verify_identities_with(
     provider: Ec2Provider, ec2_settings: dict[str, Any], imds: FakeImds
 ) -> None:
     regions = ["us-east-1", "us-isob-east-1"]  # the plugin ships no certificate of the ISO partition
-    found = provider.check(make_pool(ec2_settings, regions=regions))
+    found = provider.levers9_check(make_pool(ec2_settings, regions=regions))
     assert not found.ok
     assert "no AWS identity certificate for us-isob-east-1" in found.message
     assert found.hint is not None
     assert "identity_certificate_file" in found.hint
     with_file = {**ec2_settings, "identity_certificate_file": str(imds.certificate_file)}
-    assert provider.check(make_pool(with_file, regions=regions)).ok
-    assert provider.check(make_pool({**ec2_settings, "instance_identity": "off"}, regions=regions)).ok
+    assert provider.levers9_check(make_pool(with_file, regions=regions)).ok
+    assert provider.levers9_check(make_pool({**ec2_settings, "instance_identity": "off"}, regions=regions)).ok
 
 
 def test_a_real_document_signed_by_aws_verifies_with_the_shipped_certificate_of_its_region(tmp_path: Path) -> None:

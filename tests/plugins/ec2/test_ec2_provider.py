@@ -49,7 +49,7 @@ P5_ZONES = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e"
 
 
 def first_offer(provider: Ec2Provider, pool: Pool) -> GpuOffer:
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     assert offers, "no offers"
     return offers[0]
 
@@ -62,7 +62,7 @@ def of_machine(fake: FakeEc2, machine_id: str) -> list[Any]:
 
 
 def test_offers_come_from_the_real_catalog(provider: Ec2Provider, ec2_settings: dict[str, Any]) -> None:
-    offers = provider.gpu_offers(make_pool(ec2_settings))
+    offers = provider.levers9_gpu_offers(make_pool(ec2_settings))
     assert [o.zone for o in offers] == P5_ZONES
     expected_price = catalog().price("us-east-1", "p5.48xlarge")
     assert expected_price is not None
@@ -79,13 +79,13 @@ def test_offers_come_from_the_real_catalog(provider: Ec2Provider, ec2_settings: 
 
 def test_offers_map_gpu_types_and_counts(provider: Ec2Provider, ec2_settings: dict[str, Any]) -> None:
     """One A10G is g5.xlarge..g5.16xlarge (and no 4-GPU g5); cheapest-priced first, then fewer vCPUs."""
-    offers = provider.gpu_offers(make_pool(ec2_settings, gpu="A10G", gpu_count=1))
+    offers = provider.levers9_gpu_offers(make_pool(ec2_settings, gpu="A10G", gpu_count=1))
     types = sorted({o.instance_type for o in offers if o.instance_type})
     assert types == ["g5.16xlarge", "g5.2xlarge", "g5.4xlarge", "g5.8xlarge", "g5.xlarge"]
     assert offers[0].instance_type == "g5.xlarge"
     assert all(o.gpu == "A10G" and o.gpu_count == 1 for o in offers)
     assert all(o.price_per_hour is None for o in offers)  # not in the shipped catalog: unpriced, still offered
-    four = provider.gpu_offers(make_pool(ec2_settings, gpu="A10G", gpu_count=4))
+    four = provider.levers9_gpu_offers(make_pool(ec2_settings, gpu="A10G", gpu_count=4))
     assert {o.instance_type for o in four} == {"g5.12xlarge", "g5.24xlarge"}
     g5_12 = [o for o in four if o.instance_type == "g5.12xlarge"]
     assert {o.price_per_hour for o in g5_12} == {catalog().price("us-east-1", "g5.12xlarge")}
@@ -93,7 +93,7 @@ def test_offers_map_gpu_types_and_counts(provider: Ec2Provider, ec2_settings: di
 
 
 def test_offers_cover_every_region_of_the_pool(provider: Ec2Provider, ec2_settings: dict[str, Any]) -> None:
-    offers = provider.gpu_offers(make_pool(ec2_settings, regions=["us-west-2", "us-east-1"]))
+    offers = provider.levers9_gpu_offers(make_pool(ec2_settings, regions=["us-west-2", "us-east-1"]))
     regions = [o.region or "" for o in offers]
     assert set(regions) == {"us-west-2", "us-east-1"}
     assert regions == sorted(regions, key=lambda r: ["us-west-2", "us-east-1"].index(r))  # the pool's order
@@ -101,32 +101,32 @@ def test_offers_cover_every_region_of_the_pool(provider: Ec2Provider, ec2_settin
 
 
 def test_a_cpu_pool_gets_no_offers(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
-    assert provider.gpu_offers(make_pool(ec2_settings, gpu=None, gpu_count=0)) == []
+    assert provider.levers9_gpu_offers(make_pool(ec2_settings, gpu=None, gpu_count=0)) == []
     assert fake_ec2.calls("DescribeInstanceTypes") == 0
 
 
 def test_zones_are_narrowed_by_settings(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
-    zones = provider.gpu_offers(make_pool({**ec2_settings, "availability_zones": ["us-east-1c", "us-east-1e"]}))
+    zones = provider.levers9_gpu_offers(make_pool({**ec2_settings, "availability_zones": ["us-east-1c", "us-east-1e"]}))
     assert [o.zone for o in zones] == ["us-east-1c", "us-east-1e"]
     subnets = fake_ec2.client().describe_subnets(Filters=[{"Name": "availability-zone", "Values": ["us-east-1d"]}])
     subnet = subnets["Subnets"][0]["SubnetId"]
-    by_subnet = provider.gpu_offers(make_pool({**ec2_settings, "subnet_ids": [subnet]}))
+    by_subnet = provider.levers9_gpu_offers(make_pool({**ec2_settings, "subnet_ids": [subnet]}))
     assert [o.zone for o in by_subnet] == ["us-east-1d"]
-    only = provider.gpu_offers(make_pool({**ec2_settings, "instance_types": ["p4d.24xlarge"]}))
+    only = provider.levers9_gpu_offers(make_pool({**ec2_settings, "instance_types": ["p4d.24xlarge"]}))
     assert only == []  # 8 A100 40GB, not H100
 
 
 def test_spot_offers_are_priced_from_the_spot_history(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
-    spot = provider.gpu_offers(make_pool({**ec2_settings, "market": "spot"}))
+    spot = provider.levers9_gpu_offers(make_pool({**ec2_settings, "market": "spot"}))
     assert [o.zone for o in spot] == P5_ZONES
     assert all(o.spot for o in spot)
     assert {o.price_per_hour for o in spot} == {0.00001}  # what moto's spot price history says
     assert fake_ec2.calls("DescribeSpotPriceHistory") == 1
-    preemptible = provider.gpu_offers(make_pool(ec2_settings, preemptible=True))
+    preemptible = provider.levers9_gpu_offers(make_pool(ec2_settings, preemptible=True))
     assert all(o.spot for o in preemptible)
-    on_demand = provider.gpu_offers(make_pool({**ec2_settings, "market": "on-demand"}, preemptible=True))
+    on_demand = provider.levers9_gpu_offers(make_pool({**ec2_settings, "market": "on-demand"}, preemptible=True))
     assert not any(o.spot for o in on_demand)
 
 
@@ -135,13 +135,13 @@ def test_describe_answers_are_cached(
 ) -> None:
     pool = make_pool(ec2_settings)
     with ThreadPoolExecutor(4) as pool_of_threads:
-        answers = list(pool_of_threads.map(lambda _: fresh_provider.gpu_offers(pool), range(8)))
+        answers = list(pool_of_threads.map(lambda _: fresh_provider.levers9_gpu_offers(pool), range(8)))
     assert all(a == answers[0] for a in answers)
     # the type listing is paginated (moto: a few pages); it was walked once, as were the offerings
     pages = fake_ec2.calls("DescribeInstanceTypes")
     assert pages >= 1
     assert fake_ec2.calls("DescribeInstanceTypeOfferings") == 1
-    fresh_provider.gpu_offers(pool)
+    fresh_provider.levers9_gpu_offers(pool)
     assert fake_ec2.calls("DescribeInstanceTypes") == pages
 
 
@@ -150,7 +150,7 @@ def test_offers_fail_with_typed_errors(
 ) -> None:
     fake_ec2.fail("DescribeInstanceTypes", "AuthFailure", message="AWS was not able to validate the credentials")
     with pytest.raises(AuthenticationFailed) as caught:
-        fresh_provider.gpu_offers(make_pool(ec2_settings))
+        fresh_provider.levers9_gpu_offers(make_pool(ec2_settings))
     assert caught.value.code == "AuthFailure"
     assert "pool 'train'" in str(caught.value)
     assert "us-east-1" in str(caught.value)
@@ -161,9 +161,9 @@ def test_offers_fail_with_typed_errors(
 
 def test_provision_launches_the_offer(provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2) -> None:
     pool = make_pool({**ec2_settings, "tags": {"team": "ml"}, "root_volume_gib": 300})
-    offer = provider.gpu_offers(pool)[2]
+    offer = provider.levers9_gpu_offers(pool)[2]
     request = provision_request(pool, offer)
-    machine = provider.provision(request)
+    machine = provider.levers9_provision(request)
     assert machine.machine_id == request.machine_id
     assert (machine.region, machine.zone, machine.instance_type) == ("us-east-1", offer.zone, "p5.48xlarge")
     assert machine.provider_data == {"region": "us-east-1", "zone": offer.zone}
@@ -196,9 +196,9 @@ def test_provision_picks_a_subnet_of_the_offers_zone(
     subnets = fake_ec2.client().describe_subnets()["Subnets"]
     chosen = {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
     pool = make_pool({**ec2_settings, "subnet_ids": [chosen["us-east-1b"], chosen["us-east-1c"]]})
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     assert [o.zone for o in offers] == ["us-east-1b", "us-east-1c"]
-    machine = provider.provision(provision_request(pool, offers[1]))
+    machine = provider.levers9_provision(provision_request(pool, offers[1]))
     assert machine.zone == "us-east-1c"
     described = fake_ec2.client().describe_instances(InstanceIds=[machine.provider_id])
     assert described["Reservations"][0]["Instances"][0]["SubnetId"] == chosen["us-east-1c"]
@@ -208,7 +208,7 @@ def test_provision_spot(provider: Ec2Provider, ec2_settings: dict[str, Any], fak
     pool = make_pool({**ec2_settings, "market": "spot", "max_spot_price": 40.0})
     offer = first_offer(provider, pool)
     assert offer.spot
-    machine = provider.provision(provision_request(pool, offer))
+    machine = provider.levers9_provision(provision_request(pool, offer))
     described = fake_ec2.client().describe_instances(InstanceIds=[machine.provider_id])
     assert described["Reservations"][0]["Instances"][0].get("InstanceLifecycle") == "spot"
 
@@ -218,10 +218,10 @@ def test_throttling_says_when_to_retry(provider: Ec2Provider, ec2_settings: dict
     fake_ec2.fail_run_instances("RequestLimitExceeded", times=1)
     request = provision_request(pool, first_offer(provider, pool))
     with pytest.raises(Throttled) as caught:
-        provider.provision(request)
+        provider.levers9_provision(request)
     assert caught.value.retry_after is not None
     assert caught.value.retry_after > 0
-    machine = provider.provision(request)  # the core's retry, later: the fault was for one call only
+    machine = provider.levers9_provision(request)  # the core's retry, later: the fault was for one call only
     assert [i.id for i in of_machine(fake_ec2, request.machine_id)] == [machine.provider_id]
 
 
@@ -229,11 +229,11 @@ def test_a_sold_out_zone_fails_only_its_offers(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     pool = make_pool(ec2_settings)
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     fake_ec2.fail_run_instances("InsufficientInstanceCapacity", zone=offers[0].zone, instance_type="p5.48xlarge")
     with pytest.raises(InsufficientCapacity):
-        provider.provision(provision_request(pool, offers[0]))
-    machine = provider.provision(provision_request(pool, offers[1]))
+        provider.levers9_provision(provision_request(pool, offers[0]))
+    machine = provider.levers9_provision(provision_request(pool, offers[1]))
     assert machine.zone == offers[1].zone
 
 
@@ -243,7 +243,7 @@ def test_a_lost_answer_is_asked_again_with_the_same_token(
     pool = make_pool(ec2_settings)
     request = provision_request(pool, first_offer(provider, pool))
     fake_ec2.timeout_after_create(times=1)
-    machine = provider.provision(request)
+    machine = provider.levers9_provision(request)
     assert fake_ec2.calls("RunInstances") == 2
     assert [i.id for i in of_machine(fake_ec2, request.machine_id)] == [machine.provider_id]
 
@@ -253,8 +253,8 @@ def test_provision_is_idempotent_per_machine_id(
 ) -> None:
     pool = make_pool(ec2_settings)
     request = provision_request(pool, first_offer(provider, pool))
-    first = provider.provision(request)
-    again = provider.provision(request)
+    first = provider.levers9_provision(request)
+    again = provider.levers9_provision(request)
     assert again.provider_id == first.provider_id
     assert len(of_machine(fake_ec2, request.machine_id)) == 1
 
@@ -264,7 +264,7 @@ def test_no_answer_at_all_is_throttled(provider: Ec2Provider, ec2_settings: dict
     request = provision_request(pool, first_offer(provider, pool))
     fake_ec2.timeout_after_create(times=10)
     with pytest.raises(Throttled) as caught:
-        provider.provision(request)
+        provider.levers9_provision(request)
     assert caught.value.code == "ConnectionClosedError"
     assert fake_ec2.calls("RunInstances") == 3  # LAUNCH_ATTEMPTS, all with the same token
     assert len(of_machine(fake_ec2, request.machine_id)) == 1  # still one instance: the core's retry finds it
@@ -273,7 +273,7 @@ def test_no_answer_at_all_is_throttled(provider: Ec2Provider, ec2_settings: dict
 def test_an_unknown_ami_is_an_invalid_request(provider: Ec2Provider, ec2_settings: dict[str, Any]) -> None:
     pool = make_pool({**ec2_settings, "ami": "ami-0badbadbadbadbad0"})
     with pytest.raises(InvalidRequest) as caught:
-        provider.provision(provision_request(pool, first_offer(provider, pool)))
+        provider.levers9_provision(provision_request(pool, first_offer(provider, pool)))
     assert caught.value.code == "InvalidAMIID.NotFound"
     assert "ami-0badbadbadbadbad0" in str(caught.value)
 
@@ -284,7 +284,7 @@ def test_unset_key_variable_names_it_not_its_value(
     pool = make_pool(ec2_settings)
     monkeypatch.delenv(KEY_ID_ENV)
     with pytest.raises(AuthenticationFailed) as caught:
-        provider.gpu_offers(pool)
+        provider.levers9_gpu_offers(pool)
     assert KEY_ID_ENV in str(caught.value)
     assert SECRET not in str(caught.value)
 
@@ -378,23 +378,25 @@ def test_terminate_twice_and_unknown_ids_succeed(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     pool = make_pool(ec2_settings)
-    machine = provider.provision(provision_request(pool, first_offer(provider, pool)))
-    provider.terminate(pool, machine)
-    provider.terminate(pool, machine)
+    machine = provider.levers9_provision(provision_request(pool, first_offer(provider, pool)))
+    provider.levers9_terminate(pool, machine)
+    provider.levers9_terminate(pool, machine)
     (found,) = [i for i in fake_ec2.instances() if i.id == machine.provider_id]
     assert found.gone
     for unknown in ("i-0123456789abcdef0", "not-an-instance-id"):
-        provider.terminate(pool, Machine(provider_id=unknown, pool=pool.name, provider_data={"region": "us-east-1"}))
+        provider.levers9_terminate(
+            pool, Machine(provider_id=unknown, pool=pool.name, provider_data={"region": "us-east-1"})
+        )
 
 
 def test_terminate_goes_to_the_machines_own_region(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     pool = make_pool(ec2_settings, regions=["us-east-1", "us-west-2"])
-    west = next(o for o in provider.gpu_offers(pool) if o.region == "us-west-2")
-    machine = provider.provision(provision_request(pool, west))
+    west = next(o for o in provider.levers9_gpu_offers(pool) if o.region == "us-west-2")
+    machine = provider.levers9_provision(provision_request(pool, west))
     assert machine.provider_data["region"] == "us-west-2"
-    provider.terminate(pool, machine)
+    provider.levers9_terminate(pool, machine)
     (found,) = [i for i in fake_ec2.instances() if i.id == machine.provider_id]
     assert found.region == "us-west-2"
     assert found.gone
@@ -404,7 +406,7 @@ def test_terminate_errors_are_typed(provider: Ec2Provider, ec2_settings: dict[st
     pool = make_pool(ec2_settings)
     fake_ec2.fail("TerminateInstances", "UnauthorizedOperation", message="You are not authorized (encoded: xyz)")
     with pytest.raises(PermissionDenied) as caught:
-        provider.terminate(pool, Machine(provider_id="i-0123456789abcdef0", pool=pool.name, region="us-east-1"))
+        provider.levers9_terminate(pool, Machine(provider_id="i-0123456789abcdef0", pool=pool.name, region="us-east-1"))
     assert "encoded: xyz" in str(caught.value)
 
 
@@ -413,20 +415,20 @@ def test_listing_filters_by_pool_and_maps_states(
 ) -> None:
     ours = make_pool(ec2_settings, name="ours")
     theirs = make_pool(ec2_settings, name="theirs")
-    running = provider.provision(provision_request(ours, first_offer(provider, ours)))
-    stopped = provider.provision(provision_request(ours, first_offer(provider, ours)))
-    gone = provider.provision(provision_request(ours, first_offer(provider, ours)))
-    other = provider.provision(provision_request(theirs, first_offer(provider, theirs)))
+    running = provider.levers9_provision(provision_request(ours, first_offer(provider, ours)))
+    stopped = provider.levers9_provision(provision_request(ours, first_offer(provider, ours)))
+    gone = provider.levers9_provision(provision_request(ours, first_offer(provider, ours)))
+    other = provider.levers9_provision(provision_request(theirs, first_offer(provider, theirs)))
     fake_ec2.stop_instance(stopped.provider_id)
-    provider.terminate(ours, gone)
-    listed = {m.provider_id: m for m in provider.list_machines(ours)}
+    provider.levers9_terminate(ours, gone)
+    listed = {m.provider_id: m for m in provider.levers9_list_machines(ours)}
     assert set(listed) == {running.provider_id, stopped.provider_id}
     assert listed[running.provider_id].state in (MachineState.PENDING, MachineState.RUNNING)
     assert listed[running.provider_id].machine_id == running.machine_id
     assert listed[running.provider_id].provider_data == running.provider_data
     assert listed[stopped.provider_id].state is MachineState.FAILED
     assert "stopped" in (listed[stopped.provider_id].reason or "")
-    assert [m.provider_id for m in provider.list_machines(theirs)] == [other.provider_id]
+    assert [m.provider_id for m in provider.levers9_list_machines(theirs)] == [other.provider_id]
 
 
 def test_spot_interruption_is_preempted() -> None:
@@ -448,7 +450,7 @@ def test_spot_interruption_is_preempted() -> None:
 
 
 def test_check_accepts_working_keys(provider: Ec2Provider, ec2_settings: dict[str, Any]) -> None:
-    check = provider.check(make_pool(ec2_settings))
+    check = provider.levers9_check(make_pool(ec2_settings))
     assert check.ok, check
     assert f"keys from ${KEY_ID_ENV}" in check.message
     assert "arn:aws:" in check.message
@@ -460,7 +462,7 @@ def test_check_explains_an_unset_variable(
     provider: Ec2Provider, ec2_settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fake_ec2: FakeEc2
 ) -> None:
     monkeypatch.delenv(KEY_ID_ENV)
-    check = provider.check(make_pool(ec2_settings))
+    check = provider.levers9_check(make_pool(ec2_settings))
     assert not check.ok
     assert KEY_ID_ENV in check.message
     assert check.hint
@@ -472,7 +474,7 @@ def test_check_reports_rejected_keys_without_secrets(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     fake_ec2.fail("GetCallerIdentity", "InvalidClientTokenId", message="The security token included is invalid.")
-    check = provider.check(make_pool(ec2_settings))
+    check = provider.levers9_check(make_pool(ec2_settings))
     assert not check.ok
     assert "InvalidClientTokenId" in check.message
     assert check.hint
@@ -484,7 +486,7 @@ def test_check_reports_a_missing_permission(
     provider: Ec2Provider, ec2_settings: dict[str, Any], fake_ec2: FakeEc2
 ) -> None:
     fake_ec2.fail("DescribeInstanceTypeOfferings", "UnauthorizedOperation")
-    check = provider.check(make_pool(ec2_settings))
+    check = provider.levers9_check(make_pool(ec2_settings))
     assert not check.ok
     assert check.hint
     assert "ec2:DescribeInstanceTypeOfferings" in check.hint
@@ -531,15 +533,15 @@ def test_check_with_a_profile_and_without_any_credentials(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     base = {"ami": AMI, "endpoint_url": fake_ec2.url}
-    good = provider.check(make_pool({**base, "profile": "levers9-test"}))
+    good = provider.levers9_check(make_pool({**base, "profile": "levers9-test"}))
     assert good.ok, good
     assert "profile 'levers9-test'" in good.message
-    unknown = provider.check(make_pool({**base, "profile": "nope"}))
+    unknown = provider.levers9_check(make_pool({**base, "profile": "nope"}))
     assert not unknown.ok
     assert unknown.hint
     assert "'nope'" in unknown.hint
     credentials.write_text("")
-    bare = provider.check(make_pool(base))
+    bare = provider.levers9_check(make_pool(base))
     assert not bare.ok
     assert "NoCredentialsError" in bare.message
     assert bare.hint

@@ -81,15 +81,15 @@ def make_pool(lambda_cloud: LambdaCloud, lambda_key: str) -> Callable[..., Pool]
 def lambda_provider() -> Iterator[LambdaLabsProvider]:
     """A provider object of its own (the plugin's hooks delegate to one like it), launches unpaced."""
     provider = LambdaLabsProvider(pacer=LaunchPacer(interval_s=0.0))
-    provider.startup(PluginContext.bare("lambda_labs"))
+    provider.levers9_startup(PluginContext.bare("lambda_labs"))
     yield provider
-    provider.shutdown()
+    provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
 
 
 def request_for(
     provider: LambdaLabsProvider, pool: Pool, machine_id: str | None = None, **bootstrap: Any
 ) -> ProvisionRequest:
     """The request the planner would make: the pool's first available offer."""
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     offer = next((o for o in offers if o.availability.value == "available"), offers[0] if offers else None)
     return provision_request(pool, offer, machine_id, **bootstrap)

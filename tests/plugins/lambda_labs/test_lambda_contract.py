@@ -41,7 +41,7 @@ class TestLambdaContract(ProviderContract):
     @pytest.fixture(autouse=True)
     def _cloud(self, lambda_cloud: LambdaCloud, lambda_key: str, monkeypatch: pytest.MonkeyPatch) -> None:
         self.cloud = lambda_cloud
-        monkeypatch.setattr(levers9_lambda_labs.provider_state.pacer, "interval_s", 0.0)
+        monkeypatch.setattr(levers9_lambda_labs.plugin.pacer, "interval_s", 0.0)
 
     @pytest.fixture
     def pool_settings(self, lambda_cloud: LambdaCloud) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def test_each_code_at_its_status_is_typed(
     request = request_for(lambda_provider, pool)
     lambda_cloud.refuse_launch(code, "refused by the test", times=1)
     with pytest.raises(ProviderError) as caught:
-        lambda_provider.provision(request)
+        lambda_provider.levers9_provision(request)
     assert type(caught.value) is expected
     assert caught.value.code == code
     for part in (pool.name, "us-east-1", "gpu_1x_a10", "refused by the test"):
@@ -91,7 +91,7 @@ def test_a_quota_holds_for_the_whole_account(
     request = request_for(lambda_provider, pool)
     lambda_cloud.refuse_launch("global/quota-exceeded", "You have reached your instance quota.", times=1)
     with pytest.raises(QuotaExceeded) as caught:
-        lambda_provider.provision(request)
+        lambda_provider.levers9_provision(request)
     assert caught.value.scope == "account"
     assert "ask Lambda support to raise it" in str(caught.value)
     assert "every region" in str(caught.value)

@@ -47,7 +47,7 @@ def test_offers_one_per_region_available_where_listed_and_priced(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool
 ) -> None:
     pool = make_pool(gpu="A10", regions=["us-east-1", "us-west-1"])
-    offers = lambda_provider.gpu_offers(pool)
+    offers = lambda_provider.levers9_gpu_offers(pool)
     by_region = {o.region: o for o in offers}
     assert set(by_region) == {"us-east-1", "us-west-1"}
     assert by_region["us-east-1"].availability is Availability.AVAILABLE
@@ -66,7 +66,7 @@ def test_offers_follow_the_capacity_the_api_reports_now(
 ) -> None:
     pool = make_pool(gpu="A10", regions=["us-east-1", "us-west-1"])
     lambda_cloud.set_capacity("gpu_1x_a10", ["us-west-1"])
-    by_region = {o.region: o.availability for o in lambda_provider.gpu_offers(pool)}
+    by_region = {o.region: o.availability for o in lambda_provider.levers9_gpu_offers(pool)}
     assert by_region == {"us-east-1": Availability.UNAVAILABLE, "us-west-1": Availability.AVAILABLE}
 
 
@@ -74,7 +74,7 @@ def test_a_pool_without_regions_gets_every_region_the_api_names(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool
 ) -> None:
     pool = make_pool(gpu="H100", gpu_count=8, regions=[])
-    offers = lambda_provider.gpu_offers(pool)
+    offers = lambda_provider.levers9_gpu_offers(pool)
     assert {o.instance_type for o in offers} == {"gpu_8x_h100_sxm5"}
     # every region any type lists with capacity in the recorded answer
     assert sorted(o.region for o in offers if o.region) == ["us-east-1", "us-south-1", "us-west-2", "us-west-3"]
@@ -86,16 +86,16 @@ def test_offers_keep_the_pools_gpu_count_and_the_settings_instance_types(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool
 ) -> None:
     both = make_pool(gpu="A100-40", regions=["us-east-1"])
-    assert {o.instance_type for o in lambda_provider.gpu_offers(both)} == {"gpu_1x_a100", "gpu_1x_a100_sxm4"}
+    assert {o.instance_type for o in lambda_provider.levers9_gpu_offers(both)} == {"gpu_1x_a100", "gpu_1x_a100_sxm4"}
     one = make_pool(gpu="A100-40", regions=["us-east-1"], instance_types=["gpu_1x_a100_sxm4"])
-    assert [o.instance_type for o in lambda_provider.gpu_offers(one)] == ["gpu_1x_a100_sxm4"]
-    assert lambda_provider.gpu_offers(make_pool(gpu="H100", gpu_count=2)) == []
+    assert [o.instance_type for o in lambda_provider.levers9_gpu_offers(one)] == ["gpu_1x_a100_sxm4"]
+    assert lambda_provider.levers9_gpu_offers(make_pool(gpu="H100", gpu_count=2)) == []
 
 
 def test_a_cpu_pool_gets_no_offers_and_asks_nothing(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
-    assert lambda_provider.gpu_offers(make_pool(gpu=None)) == []
+    assert lambda_provider.levers9_gpu_offers(make_pool(gpu=None)) == []
     assert lambda_cloud.calls("/instance-types") == 0
 
 
@@ -108,7 +108,7 @@ def test_launch_sends_the_documented_request(
     lambda_cloud.add_file_system("datasets", "us-east-1")
     pool = make_pool(file_system_names=["datasets"], image_family="lambda-stack-22-04")
     request = request_for(lambda_provider, pool)
-    machine = lambda_provider.provision(request)
+    machine = lambda_provider.levers9_provision(request)
 
     (body,) = lambda_cloud.launch_bodies()
     assert body == {
@@ -133,7 +133,7 @@ def test_the_instance_name_is_cut_to_64_characters(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
     long_id = "m-" + "x" * 80
-    lambda_provider.provision(request_for(lambda_provider, make_pool(), machine_id=long_id))
+    lambda_provider.levers9_provision(request_for(lambda_provider, make_pool(), machine_id=long_id))
     (body,) = lambda_cloud.launch_bodies()
     assert body["name"] == f"levers9-{long_id}"[:64]
     assert {"key": MACHINE_ID_TAG, "value": long_id} in body["tags"]
@@ -144,7 +144,7 @@ def test_user_data_that_cannot_be_rendered_is_refused_before_any_call(
 ) -> None:
     request = request_for(lambda_provider, make_pool(), controlplane_ca="x" * 20_000)
     with pytest.raises(InvalidRequest) as caught:
-        lambda_provider.provision(request)
+        lambda_provider.levers9_provision(request)
     assert caught.value.code == "user-data"
     assert lambda_cloud.calls("/instance-operations/launch") == 0
 
@@ -181,7 +181,7 @@ def test_launch_errors_map_to_typed_errors_with_the_lambda_code(
     request = request_for(lambda_provider, pool)
     lambda_cloud.fail_launch(status, code, "refused by the test", suggestion="do something else", times=1)
     with pytest.raises(ProviderError) as caught:
-        lambda_provider.provision(request)
+        lambda_provider.levers9_provision(request)
     assert type(caught.value) is expected
     assert caught.value.code == code
     message = str(caught.value)
@@ -199,7 +199,7 @@ def test_a_429_is_throttled_after_retry_after(
     request = request_for(lambda_provider, make_pool())
     lambda_cloud.fail_launch(429, "global/rate-limited", "slow down", retry_after=7, times=1)
     with pytest.raises(Throttled) as caught:
-        lambda_provider.provision(request)
+        lambda_provider.levers9_provision(request)
     assert caught.value.retry_after == 7
 
 
@@ -209,9 +209,9 @@ def test_the_fakes_documented_launch_limit_is_throttled(
     """With the plugin's pacing off, the API's own 429 for a second launch within 12 s is Throttled."""
     pool = make_pool()
     lambda_cloud.set_rate_limits(launch_interval_s=LAUNCH_INTERVAL_S)
-    lambda_provider.provision(request_for(lambda_provider, pool))
+    lambda_provider.levers9_provision(request_for(lambda_provider, pool))
     with pytest.raises(Throttled) as caught:
-        lambda_provider.provision(request_for(lambda_provider, pool))
+        lambda_provider.levers9_provision(request_for(lambda_provider, pool))
     assert caught.value.code == "global/rate-limited"
     assert caught.value.retry_after is not None
     assert 0 < caught.value.retry_after <= LAUNCH_INTERVAL_S
@@ -223,9 +223,9 @@ def test_too_many_requests_per_second_is_throttled(
 ) -> None:
     pool = make_pool()
     lambda_cloud.set_rate_limits(requests_per_s=0.01, request_burst=1)
-    assert lambda_provider.list_machines(pool) == []
+    assert lambda_provider.levers9_list_machines(pool) == []
     with pytest.raises(Throttled) as caught:
-        lambda_provider.list_machines(pool)
+        lambda_provider.levers9_list_machines(pool)
     assert caught.value.retry_after is not None
     assert caught.value.retry_after >= 1
 
@@ -238,25 +238,25 @@ def test_the_real_answers_for_a_bad_ssh_key_no_capacity_and_a_bad_key(
 ) -> None:
     """The fake's own validation, not injected faults: what the API answers for each mistake."""
     with pytest.raises(InvalidRequest) as bad_ssh:
-        lambda_provider.provision(request_for(lambda_provider, make_pool(ssh_key_names=["nobody"])))
+        lambda_provider.levers9_provision(request_for(lambda_provider, make_pool(ssh_key_names=["nobody"])))
     assert bad_ssh.value.code == "global/object-does-not-exist"
     assert "nobody" in str(bad_ssh.value)
 
     lambda_cloud.set_capacity("gpu_1x_a10", [])
     with pytest.raises(InsufficientCapacity) as full:
-        lambda_provider.provision(request_for(lambda_provider, make_pool()))
+        lambda_provider.levers9_provision(request_for(lambda_provider, make_pool()))
     assert full.value.code == "instance-operations/launch/insufficient-capacity"
 
     lambda_cloud.add_file_system("datasets", "us-west-2")
     lambda_cloud.set_capacity("gpu_1x_a10", ["us-east-1"])
     with pytest.raises(InvalidRequest) as elsewhere:
-        lambda_provider.provision(request_for(lambda_provider, make_pool(file_system_names=["datasets"])))
+        lambda_provider.levers9_provision(request_for(lambda_provider, make_pool(file_system_names=["datasets"])))
     assert elsewhere.value.code == "instance-operations/launch/file-system-in-wrong-region"
 
     pool = make_pool()
     monkeypatch.setenv(KEY_ENV, "secret_not-the-accounts-key")
     with pytest.raises(AuthenticationFailed) as refused:
-        lambda_provider.list_machines(pool)
+        lambda_provider.levers9_list_machines(pool)
     assert refused.value.code == "global/invalid-api-key"
     assert "secret_not-the-accounts-key" not in str(refused.value)
     assert lambda_cloud.instances() == []
@@ -267,7 +267,7 @@ def test_an_unset_key_variable_is_named_never_read_out(
 ) -> None:
     pool = make_pool()
     monkeypatch.delenv(KEY_ENV)
-    for call in (lambda_provider.gpu_offers, lambda_provider.list_machines):
+    for call in (lambda_provider.levers9_gpu_offers, lambda_provider.levers9_list_machines):
         with pytest.raises(AuthenticationFailed) as caught:
             call(pool)
         assert KEY_ENV in str(caught.value)
@@ -284,13 +284,13 @@ def test_a_lost_launch_answer_is_found_by_its_tag_and_never_launched_twice(
     pool = make_pool(request_timeout_s=1)
     request = request_for(lambda_provider, pool)
     lambda_cloud.drop_launch_response(how=how)  # type: ignore[arg-type]
-    machine = lambda_provider.provision(request)
+    machine = lambda_provider.levers9_provision(request)
     (instance,) = lambda_cloud.instances()
     assert machine.provider_id == instance.id
     assert machine.machine_id == request.machine_id
     assert machine.provider_data == {"region": "us-east-1"}
 
-    again = lambda_provider.provision(request)
+    again = lambda_provider.levers9_provision(request)
     assert again.provider_id == instance.id
     assert len(lambda_cloud.instances()) == 1
     assert lambda_cloud.calls("/instance-operations/launch") == 1
@@ -302,14 +302,14 @@ def test_a_5xx_without_an_instance_is_throttled_and_the_retry_launches_once(
     request = request_for(lambda_provider, make_pool())
     lambda_cloud.fail_launch(502, "global/internal-error", "bad gateway", times=1)
     with pytest.raises(Throttled) as caught:
-        lambda_provider.provision(request)
+        lambda_provider.levers9_provision(request)
     assert caught.value.code == "global/internal-error"
     assert "no instance tagged with the machine id is listed" in str(caught.value)
     assert lambda_cloud.instances() == []
     # looked before launching and again after the unclear answer
     assert lambda_cloud.calls("/instances") == 2
 
-    machine = lambda_provider.provision(request)
+    machine = lambda_provider.levers9_provision(request)
     assert [i.id for i in lambda_cloud.instances()] == [machine.provider_id]
 
 
@@ -318,9 +318,9 @@ def test_a_terminated_instance_of_the_machine_id_does_not_count(
 ) -> None:
     pool = make_pool()
     request = request_for(lambda_provider, pool)
-    first = lambda_provider.provision(request)
-    lambda_provider.terminate(pool, first)
-    second = lambda_provider.provision(request)
+    first = lambda_provider.levers9_provision(request)
+    lambda_provider.levers9_terminate(pool, first)
+    second = lambda_provider.levers9_provision(request)
     assert second.provider_id != first.provider_id
 
 
@@ -331,38 +331,38 @@ def test_a_launch_too_soon_is_throttled_at_once_while_other_calls_go_on(
     make_pool: MakePool, lambda_cloud: LambdaCloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider = LambdaLabsProvider(pacer=LaunchPacer(interval_s=LAUNCH_INTERVAL_S))
-    provider.startup(PluginContext.bare("lambda_labs"))
+    provider.levers9_startup(PluginContext.bare("lambda_labs"))
     try:
         first_pool, second_pool = make_pool(), make_pool()
-        provider.provision(request_for(provider, first_pool))
+        provider.levers9_provision(request_for(provider, first_pool))
 
         # the same key, another pool: told how long to wait, without the request reaching the API
         with pytest.raises(Throttled) as caught:
-            provider.provision(request_for(provider, second_pool))
+            provider.levers9_provision(request_for(provider, second_pool))
         assert caught.value.code == "launch-paced"
         assert caught.value.retry_after is not None
         assert 0 < caught.value.retry_after <= LAUNCH_INTERVAL_S
         assert lambda_cloud.calls("/instance-operations/launch") == 1
 
         # the other pool's listing and offers still answer
-        assert provider.list_machines(second_pool) == []
-        assert provider.gpu_offers(second_pool)
+        assert provider.levers9_list_machines(second_pool) == []
+        assert provider.levers9_gpu_offers(second_pool)
 
         # another API key has a clock of its own
         lambda_cloud.add_api_key("secret_second-account")
         monkeypatch.setenv("LEVERS9_TEST_LAMBDA_KEY_2", "secret_second-account")
         other_key = make_pool(api_key_env="LEVERS9_TEST_LAMBDA_KEY_2")
-        provider.provision(request_for(provider, other_key))
+        provider.levers9_provision(request_for(provider, other_key))
         assert lambda_cloud.calls("/instance-operations/launch") == 2
     finally:
-        provider.shutdown()
+        provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
 
 
 def test_launches_from_many_threads_at_once_let_exactly_one_through(
     make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
     provider = LambdaLabsProvider(pacer=LaunchPacer(interval_s=LAUNCH_INTERVAL_S))
-    provider.startup(PluginContext.bare("lambda_labs"))
+    provider.levers9_startup(PluginContext.bare("lambda_labs"))
     try:
         pools = [make_pool() for _ in range(6)]
         requests = [request_for(provider, pool) for pool in pools]
@@ -371,7 +371,7 @@ def test_launches_from_many_threads_at_once_let_exactly_one_through(
         def launch(request: ProvisionRequest) -> Machine | Throttled:
             start.wait()
             try:
-                return provider.provision(request)
+                return provider.levers9_provision(request)
             except Throttled as exc:
                 return exc
 
@@ -382,7 +382,7 @@ def test_launches_from_many_threads_at_once_let_exactly_one_through(
         assert all(o.code == "launch-paced" for o in outcomes if isinstance(o, Throttled))
         assert [i.id for i in lambda_cloud.instances()] == [launched[0].provider_id]
     finally:
-        provider.shutdown()
+        provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
 
 
 def test_the_pacer_frees_the_slot_after_the_interval() -> None:
@@ -403,14 +403,14 @@ def test_terminating_twice_and_an_unknown_id_succeed(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
     pool = make_pool()
-    machine = lambda_provider.provision(request_for(lambda_provider, pool))
-    lambda_provider.terminate(pool, machine)
-    lambda_provider.terminate(pool, machine)
+    machine = lambda_provider.levers9_provision(request_for(lambda_provider, pool))
+    lambda_provider.levers9_terminate(pool, machine)
+    lambda_provider.levers9_terminate(pool, machine)
     (instance,) = lambda_cloud.instances()
     assert instance.gone
     assert instance.state == "terminated"
     unknown = Machine(provider_id=uuid.uuid4().hex, pool=pool.name)
-    lambda_provider.terminate(pool, unknown)
+    lambda_provider.levers9_terminate(pool, unknown)
     assert lambda_cloud.calls("/instance-operations/terminate") == 3
 
 
@@ -418,16 +418,16 @@ def test_a_refused_terminate_of_an_instance_already_terminated_succeeds(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
     pool = make_pool()
-    machine = lambda_provider.provision(request_for(lambda_provider, pool))
+    machine = lambda_provider.levers9_provision(request_for(lambda_provider, pool))
     lambda_cloud.terminate_all()
     lambda_cloud.fail_request(
         "POST", "/instance-operations/terminate", 400, "global/invalid-parameters", "already terminated", times=2
     )
-    lambda_provider.terminate(pool, machine)
+    lambda_provider.levers9_terminate(pool, machine)
 
-    alive = lambda_provider.provision(request_for(lambda_provider, pool))
+    alive = lambda_provider.levers9_provision(request_for(lambda_provider, pool))
     with pytest.raises(InvalidRequest) as caught:
-        lambda_provider.terminate(pool, alive)
+        lambda_provider.levers9_terminate(pool, alive)
     assert caught.value.code == "global/invalid-parameters"
 
 
@@ -437,20 +437,20 @@ def test_a_404_that_is_not_the_apis_is_no_success(
     """A wrong ``api_url`` answers 404 without the API's code: terminate must not report the instance gone."""
     pool = make_pool(api_url=lambda_cloud.url.removesuffix("/api/v1") + "/wrong/v1")
     with pytest.raises(InvalidRequest):
-        lambda_provider.terminate(pool, Machine(provider_id="abc", pool=pool.name))
+        lambda_provider.levers9_terminate(pool, Machine(provider_id="abc", pool=pool.name))
 
 
 def test_terminate_errors_are_typed(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
     pool = make_pool()
-    machine = lambda_provider.provision(request_for(lambda_provider, pool))
+    machine = lambda_provider.levers9_provision(request_for(lambda_provider, pool))
     lambda_cloud.fail_request("POST", "/instance-operations/terminate", 500, "global/internal-error", "oops", times=1)
     with pytest.raises(Throttled):
-        lambda_provider.terminate(pool, machine)
+        lambda_provider.levers9_terminate(pool, machine)
     lambda_cloud.fail_request("POST", "/instance-operations/terminate", 403, "global/account-inactive", "no", times=1)
     with pytest.raises(AuthenticationFailed):
-        lambda_provider.terminate(pool, machine)
+        lambda_provider.levers9_terminate(pool, machine)
 
 
 # --------------------------------------------------------------------------- list
@@ -465,13 +465,13 @@ def test_the_listing_keeps_the_pools_tagged_instances_and_maps_their_states(
     try:
         pool, other = make_pool(), make_pool()
         launched = {
-            status: provider.provision(request_for(provider, pool))
+            status: provider.levers9_provision(request_for(provider, pool))
             for status in ("booting", "active", "unhealthy", "preempted", "terminating", "terminated")
         }
         for status in ("active", "unhealthy", "preempted", "terminated"):
             lambda_cloud.set_status(launched[status].provider_id, status)
-        provider.terminate(pool, launched["terminating"])
-        theirs = provider.provision(request_for(provider, other))
+        provider.levers9_terminate(pool, launched["terminating"])
+        theirs = provider.levers9_provision(request_for(provider, other))
         # an instance levers9 did not launch: no tags at all
         httpx.post(
             f"{lambda_cloud.url}/instance-operations/launch",
@@ -479,7 +479,7 @@ def test_the_listing_keeps_the_pools_tagged_instances_and_maps_their_states(
             json={"region_name": "us-east-1", "instance_type_name": "gpu_1x_a10", "ssh_key_names": [DEFAULT_SSH_KEY]},
         ).raise_for_status()
 
-        listed = {m.provider_id: m for m in provider.list_machines(pool)}
+        listed = {m.provider_id: m for m in provider.levers9_list_machines(pool)}
         expected = {
             "booting": MachineState.PENDING,
             "active": MachineState.RUNNING,
@@ -502,9 +502,9 @@ def test_the_listing_keeps_the_pools_tagged_instances_and_maps_their_states(
                 )
         assert listed[launched["unhealthy"].provider_id].reason
         assert listed[launched["preempted"].provider_id].reason
-        assert [m.provider_id for m in provider.list_machines(other)] == [theirs.provider_id]
+        assert [m.provider_id for m in provider.levers9_list_machines(other)] == [theirs.provider_id]
     finally:
-        provider.shutdown()
+        provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
 
 
 def test_an_answer_without_tags_still_finds_levers9s_instances_by_name(
@@ -517,7 +517,7 @@ def test_an_answer_without_tags_still_finds_levers9s_instances_by_name(
     try:
         pool, other = make_pool(), make_pool()
         request = request_for(provider, pool)
-        ours = provider.provision(request)
+        ours = provider.levers9_provision(request)
         httpx.post(
             f"{lambda_cloud.url}/instance-operations/launch",
             headers={"Authorization": f"Bearer {lambda_key}"},
@@ -526,15 +526,15 @@ def test_an_answer_without_tags_still_finds_levers9s_instances_by_name(
         ).raise_for_status()  # fmt: skip
         lambda_cloud.omit_tags = True
 
-        listed = provider.list_machines(pool)
+        listed = provider.levers9_list_machines(pool)
         assert [(m.provider_id, m.machine_id) for m in listed] == [(ours.provider_id, request.machine_id)]
         # the pool is unknown without tags: every pool lists it, and the core leaves it to the pool of its record
-        assert [m.machine_id for m in provider.list_machines(other)] == [request.machine_id]
-        again = provider.provision(request)  # a retried launch finds it by name, launches nothing
+        assert [m.machine_id for m in provider.levers9_list_machines(other)] == [request.machine_id]
+        again = provider.levers9_provision(request)  # a retried launch finds it by name, launches nothing
         assert again.provider_id == ours.provider_id
         assert lambda_cloud.calls("/instance-operations/launch") == 2
     finally:
-        provider.shutdown()
+        provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
 
 
 # --------------------------------------------------------------------------- check
@@ -543,7 +543,7 @@ def test_an_answer_without_tags_still_finds_levers9s_instances_by_name(
 def test_check_says_ok_with_the_variable_and_the_type_count(
     lambda_provider: LambdaLabsProvider, make_pool: MakePool, lambda_key: str
 ) -> None:
-    check = lambda_provider.check(make_pool())
+    check = lambda_provider.levers9_check(make_pool())
     assert check.ok
     assert KEY_ENV in check.message
     assert "11 instance types" in check.message
@@ -556,7 +556,7 @@ def test_check_not_ok_for_a_refused_or_unset_key_never_shows_the_key(
     pool = make_pool()
     wrong = "secret_wrong-key-0123456789"
     monkeypatch.setenv(KEY_ENV, wrong)
-    refused = lambda_provider.check(pool)
+    refused = lambda_provider.levers9_check(pool)
     assert not refused.ok
     assert "global/invalid-api-key" in refused.message
     assert KEY_ENV in refused.message
@@ -565,7 +565,7 @@ def test_check_not_ok_for_a_refused_or_unset_key_never_shows_the_key(
     assert wrong not in refused.message + refused.hint
 
     monkeypatch.delenv(KEY_ENV)
-    unset = lambda_provider.check(pool)
+    unset = lambda_provider.levers9_check(pool)
     assert not unset.ok
     assert KEY_ENV in unset.message
     assert unset.hint
@@ -594,10 +594,10 @@ def test_shutdown_closes_the_clients_and_a_later_call_opens_a_new_one(
     make_pool: MakePool, lambda_cloud: LambdaCloud
 ) -> None:
     provider = LambdaLabsProvider(pacer=LaunchPacer(interval_s=0.0))
-    provider.startup(PluginContext.bare("lambda_labs"))
+    provider.levers9_startup(PluginContext.bare("lambda_labs"))
     pool = make_pool()
-    assert provider.list_machines(pool) == []
-    provider.shutdown()
-    assert provider.list_machines(pool) == []
-    provider.shutdown()
+    assert provider.levers9_list_machines(pool) == []
+    provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
+    assert provider.levers9_list_machines(pool) == []
+    provider.levers9_shutdown(PluginContext.bare("lambda_labs"))
     assert lambda_cloud.calls("/instances") == 2

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from levers9.hooks.context import PluginContext
 from levers9.hooks.types import Pool
 from levers9_oci.provider import OciProvider
 from levers9_oci.settings import OciSettings
@@ -85,7 +86,7 @@ def provider() -> Iterator[OciProvider]:
     """A fresh provider (its own client cache), shut down at the end; it never sleeps between launches."""
     made = OciProvider(sleep=lambda seconds: None)
     yield made
-    made.shutdown()
+    made.levers9_shutdown(PluginContext.bare("oci"))
 
 
 @pytest.fixture

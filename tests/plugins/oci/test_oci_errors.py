@@ -89,10 +89,10 @@ def test_each_code_at_its_status_is_typed_in_one_call(
 ) -> None:
     status, code = key
     pool = make_pool("gpu-a10")
-    offer = provider.gpu_offers(pool)[1]
+    offer = provider.levers9_gpu_offers(pool)[1]
     fake_oci.fail_launch(status, code, f"the fake says {code}", shape="VM.GPU.A10.1", domain=AD2)
     with pytest.raises(ProviderError) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert type(caught.value) is expected
     assert caught.value.code == code
     for part in ("gpu-a10", REGION, "VM.GPU.A10.1", AD2, f"the fake says {code}", f"HTTP {status}"):
@@ -109,10 +109,10 @@ def test_a_quota_holds_for_the_region_and_says_which_limit_to_raise(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci, code: str, limit: str
 ) -> None:
     pool = make_pool("gpu-a10")
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     fake_oci.refuse_launch(code, "gpu-a10-count has been exceeded")
     with pytest.raises(QuotaExceeded) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert caught.value.scope == "region"
     assert f"raise the {limit}" in str(caught.value) or f"raise the tenancy's {limit}" in str(caught.value)
     assert "HTTP 400" in str(caught.value)
@@ -123,9 +123,9 @@ def test_out_of_host_capacity_sent_by_the_fake_is_capacity(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool("gpu-a10")
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     fake_oci.refuse_launch("InternalError", "Out of host capacity.")
     with pytest.raises(InsufficientCapacity) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert "HTTP 500" in str(caught.value)
     assert fake_oci.calls("LaunchInstance") == 1

@@ -86,7 +86,7 @@ def test_the_shipped_catalog_says_where_it_came_from() -> None:
 
 def test_offers_carry_the_catalogs_price(provider: OciProvider, make_pool: MakePool) -> None:
     pool: Pool = make_pool(gpu="A10", gpu_count=1)
-    offers = provider.gpu_offers(pool)
+    offers = provider.levers9_gpu_offers(pool)
     assert offers
     assert {(o.instance_type, o.price_per_hour) for o in offers} == {("VM.GPU.A10.1", 1.27)}
 

@@ -55,8 +55,8 @@ MakePool = Callable[..., Pool]
 
 
 def provision(provider: OciProvider, pool: Pool, machine_id: str | None = None) -> Machine:
-    offers = provider.gpu_offers(pool) if pool.gpu else []
-    return provider.provision(provision_request(pool, offers[0] if offers else None, machine_id))
+    offers = provider.levers9_gpu_offers(pool) if pool.gpu else []
+    return provider.levers9_provision(provision_request(pool, offers[0] if offers else None, machine_id))
 
 
 # ---------------------------------------------------------------------- offers
@@ -66,7 +66,7 @@ def test_offers_come_from_the_recorded_shapes_per_domain(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     fake_oci.page_size = 3  # 11 recorded shapes: four pages per domain
-    offers = provider.gpu_offers(make_pool(gpu="A10", gpu_count=1))
+    offers = provider.levers9_gpu_offers(make_pool(gpu="A10", gpu_count=1))
     assert [(o.instance_type, o.zone) for o in offers] == [("VM.GPU.A10.1", AD1), ("VM.GPU.A10.1", AD2)]
     for offer in offers:
         assert (offer.gpu, offer.gpu_count, offer.region) == ("A10", 1, REGION)
@@ -82,22 +82,22 @@ def test_offers_come_from_the_recorded_shapes_per_domain(
 def test_offers_keep_the_pools_gpu_count_and_shapes(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
-    two = provider.gpu_offers(make_pool(gpu="A10", gpu_count=2))
+    two = provider.levers9_gpu_offers(make_pool(gpu="A10", gpu_count=2))
     assert {o.instance_type for o in two} == {"VM.GPU.A10.2"}
-    h100 = provider.gpu_offers(make_pool(gpu="H100", gpu_count=8, shapes=["BM.GPU.H200.8"]))
+    h100 = provider.levers9_gpu_offers(make_pool(gpu="H100", gpu_count=8, shapes=["BM.GPU.H200.8"]))
     assert h100 == []
-    pinned = provider.gpu_offers(make_pool(gpu="A10", gpu_count=1, availability_domains=[AD2]))
+    pinned = provider.levers9_gpu_offers(make_pool(gpu="A10", gpu_count=1, availability_domains=[AD2]))
     assert [o.zone for o in pinned] == [AD2]
     assert fake_oci.calls("ListAvailabilityDomains") == 2  # not asked for the pinned pool
 
 
 def test_a_cpu_pool_has_no_offers(provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci) -> None:
-    assert provider.gpu_offers(make_pool(gpu=None)) == []
+    assert provider.levers9_gpu_offers(make_pool(gpu=None)) == []
     assert fake_oci.calls("ListShapes") == 0
 
 
 def test_each_region_of_the_pool_gets_its_own_offers(provider: OciProvider, make_pool: MakePool) -> None:
-    offers = provider.gpu_offers(make_pool(regions=[REGION, "us-phoenix-1"]))
+    offers = provider.levers9_gpu_offers(make_pool(regions=[REGION, "us-phoenix-1"]))
     assert [o.region for o in offers] == [REGION, REGION, "us-phoenix-1", "us-phoenix-1"]
 
 
@@ -105,7 +105,7 @@ def test_the_capacity_report_marks_a_sold_out_domain(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     fake_oci.capacity("VM.GPU.A10.1", AD2, "OUT_OF_HOST_CAPACITY")
-    offers = {o.zone: o.availability for o in provider.gpu_offers(make_pool())}
+    offers = {o.zone: o.availability for o in provider.levers9_gpu_offers(make_pool())}
     assert offers == {AD1: Availability.AVAILABLE, AD2: Availability.UNAVAILABLE}
     assert fake_oci.calls("CreateComputeCapacityReport") == 2
 
@@ -114,7 +114,7 @@ def test_a_failed_capacity_report_leaves_availability_unknown(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     fake_oci.fail("CreateComputeCapacityReport", 500, "InternalServerError", "Internal error")
-    offers = provider.gpu_offers(make_pool())
+    offers = provider.levers9_gpu_offers(make_pool())
     assert len(offers) == 2
     assert {o.availability for o in offers} == {Availability.UNKNOWN}
 
@@ -122,7 +122,7 @@ def test_a_failed_capacity_report_leaves_availability_unknown(
 def test_listing_shapes_throttled_is_throttled(provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci) -> None:
     fake_oci.rate_limit("ListShapes", times=1, retry_after=7)
     with pytest.raises(Throttled) as caught:
-        provider.gpu_offers(make_pool())
+        provider.levers9_gpu_offers(make_pool())
     assert caught.value.code == "TooManyRequests"
     assert caught.value.retry_after == 7
     assert fake_oci.calls("ListShapes") == 1  # no SDK retry
@@ -139,9 +139,9 @@ def test_launch_sends_what_the_pool_says(
     pool = make_pool(
         "gpu-a10", freeform_tags={"team": "ml"}, ssh_authorized_keys_file=str(keys), assign_public_ip=False
     )
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     request = provision_request(pool, offer)
-    machine = provider.provision(request)
+    machine = provider.levers9_provision(request)
 
     assert machine.provider_id.startswith("ocid1.instance.")
     assert machine.machine_id == request.machine_id
@@ -177,7 +177,7 @@ def test_a_flex_shape_gets_the_pools_shape_config(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool("cpu", gpu=None, shapes=["VM.Standard.E4.Flex"], shape_config={"ocpus": 4, "memory_in_gbs": 32})
-    machine = provider.provision(provision_request(pool, None))
+    machine = provider.levers9_provision(provision_request(pool, None))
     assert machine.instance_type == "VM.Standard.E4.Flex"
     assert machine.zone == AD1  # the region's first domain
     assert fake_oci.launch_body(machine.provider_id)["shapeConfig"] == {"ocpus": 4.0, "memoryInGBs": 32.0}
@@ -185,7 +185,7 @@ def test_a_flex_shape_gets_the_pools_shape_config(
 
 def test_a_pool_without_offer_or_shape_is_an_invalid_request(provider: OciProvider, make_pool: MakePool) -> None:
     with pytest.raises(InvalidRequest, match=r"settings\.shapes"):
-        provider.provision(provision_request(make_pool("cpu", gpu=None), None))
+        provider.levers9_provision(provision_request(make_pool("cpu", gpu=None), None))
 
 
 LAUNCH_ERRORS = [
@@ -223,10 +223,10 @@ def test_launch_errors_become_typed_errors_in_one_call(
     error: type[ProviderError],
 ) -> None:
     pool = make_pool("gpu-a10")
-    offer = provider.gpu_offers(pool)[1]
+    offer = provider.levers9_gpu_offers(pool)[1]
     fake_oci.fail_launch(status, code, message, shape="VM.GPU.A10.1", domain=AD2)
     with pytest.raises(ProviderError) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert type(caught.value) is error
     assert caught.value.code == code
     text = str(caught.value)
@@ -238,12 +238,12 @@ def test_launch_errors_become_typed_errors_in_one_call(
 
 def test_throttling_carries_retry_after(provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci) -> None:
     pool = make_pool()
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     fake_oci.rate_limit("LaunchInstance", times=1, retry_after=3)
     with pytest.raises(Throttled) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert caught.value.retry_after == 3
-    assert provider.provision(provision_request(pool, offer)).provider_id  # the next call goes through
+    assert provider.levers9_provision(provision_request(pool, offer)).provider_id  # the next call goes through
 
 
 def test_out_of_host_capacity_fails_in_exactly_one_launch_call(
@@ -251,10 +251,10 @@ def test_out_of_host_capacity_fails_in_exactly_one_launch_call(
 ) -> None:
     pool = make_pool(availability_domains=[AD2])
     fake_oci.capacity(None, AD2, "OUT_OF_HOST_CAPACITY")
-    (offer,) = provider.gpu_offers(pool)
+    (offer,) = provider.levers9_gpu_offers(pool)
     assert offer.availability is Availability.UNAVAILABLE
     with pytest.raises(InsufficientCapacity) as caught:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     assert caught.value.code == "InternalError"
     assert fake_oci.calls("LaunchInstance") == 1
 
@@ -263,10 +263,10 @@ def test_a_lost_launch_answer_is_resent_with_the_same_token(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool()
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     fake_oci.drop_launch_response(times=1)
     request = provision_request(pool, offer)
-    machine = provider.provision(request)
+    machine = provider.levers9_provision(request)
     assert fake_oci.calls("LaunchInstance") == 2
     (held,) = fake_oci.instances()
     assert held.id == machine.provider_id
@@ -277,13 +277,13 @@ def test_a_launch_never_answered_is_throttled_and_the_cores_retry_finds_the_same
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool()
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     fake_oci.drop_launch_response(times=LAUNCH_ATTEMPTS)
     request = provision_request(pool, offer)
     with pytest.raises(Throttled):
-        provider.provision(request)
+        provider.levers9_provision(request)
     assert fake_oci.calls("LaunchInstance") == LAUNCH_ATTEMPTS
-    machine = provider.provision(request)  # the core's retry, same machine id
+    machine = provider.levers9_provision(request)  # the core's retry, same machine id
     (held,) = fake_oci.instances()
     assert held.id == machine.provider_id
 
@@ -292,10 +292,10 @@ def test_provisioning_the_same_machine_twice_starts_one_instance(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool()
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     request = provision_request(pool, offer)
-    first = provider.provision(request)
-    second = provider.provision(request)
+    first = provider.levers9_provision(request)
+    second = provider.levers9_provision(request)
     assert first.provider_id == second.provider_id
     assert len(fake_oci.instances()) == 1
 
@@ -304,15 +304,15 @@ def test_a_retry_token_reused_for_other_parameters_or_a_terminated_instance_is_i
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool()
-    first, second = provider.gpu_offers(pool)
+    first, second = provider.levers9_gpu_offers(pool)
     request = provision_request(pool, first)
-    machine = provider.provision(request)
+    machine = provider.levers9_provision(request)
     with pytest.raises(InvalidRequest) as caught:
-        provider.provision(request.model_copy(update={"offer": second}))  # same machine id, another domain
+        provider.levers9_provision(request.model_copy(update={"offer": second}))  # same machine id, another domain
     assert caught.value.code == "Conflict"
-    provider.terminate(pool, machine)
+    provider.levers9_terminate(pool, machine)
     with pytest.raises(InvalidRequest) as caught:
-        provider.provision(request)
+        provider.levers9_provision(request)
     assert caught.value.code == "InvalidatedRetryToken"
     assert len(fake_oci.instances()) == 1
 
@@ -321,14 +321,14 @@ def test_provisions_from_many_threads_at_once_each_start_one_instance(
     provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci
 ) -> None:
     pool = make_pool()
-    offer = provider.gpu_offers(pool)[0]
+    offer = provider.levers9_gpu_offers(pool)[0]
     requests = [provision_request(pool, offer) for _ in range(6)]
     machines: list[Machine] = []
     errors: list[BaseException] = []
 
     def start(request: Any) -> None:
         try:
-            machines.append(provider.provision(request))
+            machines.append(provider.levers9_provision(request))
         except BaseException as exc:  # reported below, with the others
             errors.append(exc)
 
@@ -340,16 +340,16 @@ def test_provisions_from_many_threads_at_once_each_start_one_instance(
     assert errors == []
     assert {m.machine_id for m in machines} == {r.machine_id for r in requests}
     assert {i.tags[MACHINE_TAG] for i in fake_oci.instances()} == {r.machine_id for r in requests}
-    assert {m.machine_id for m in provider.list_machines(pool)} == {r.machine_id for r in requests}
+    assert {m.machine_id for m in provider.levers9_list_machines(pool)} == {r.machine_id for r in requests}
 
 
 def test_an_unreachable_api_is_throttled(provider: OciProvider, make_pool: MakePool) -> None:
     pool = make_pool(service_endpoint=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(Throttled) as caught:
-        provider.list_machines(pool)
+        provider.levers9_list_machines(pool)
     assert caught.value.code in ("RequestException", "ConnectTimeout")
     with pytest.raises(Throttled):
-        provider.provision(
+        provider.levers9_provision(
             provision_request(
                 make_pool(
                     service_endpoint=pool.settings.service_endpoint, shapes=["VM.GPU.A10.1"], availability_domains=[AD1]
@@ -367,24 +367,24 @@ def test_terminating_twice_and_unknown_ids_succeed(
 ) -> None:
     pool = make_pool()
     machine = provision(provider, pool)
-    provider.terminate(pool, machine)
+    provider.levers9_terminate(pool, machine)
     (held,) = fake_oci.instances()
     assert held.gone
     assert fake_oci.terminations(machine.provider_id) == [
         {"preserveBootVolume": "false", "preserveDataVolumesCreatedAtLaunch": "false"}
     ]
-    provider.terminate(pool, machine)  # TERMINATED: 409 IncorrectState, which is success here
+    provider.levers9_terminate(pool, machine)  # TERMINATED: 409 IncorrectState, which is success here
     unknown = machine.model_copy(update={"provider_id": "ocid1.instance.oc1.iad.aaaaaaaanotthere"})
-    provider.terminate(pool, unknown)  # 404 NotAuthorizedOrNotFound
+    provider.levers9_terminate(pool, unknown)  # 404 NotAuthorizedOrNotFound
     assert fake_oci.calls("TerminateInstance") == 3
-    provider.terminate(pool, machine.model_copy(update={"provider_id": "not-an-ocid"}))
+    provider.levers9_terminate(pool, machine.model_copy(update={"provider_id": "not-an-ocid"}))
     assert fake_oci.calls("TerminateInstance") == 3
 
 
 def test_terminate_uses_the_machines_own_region(provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci) -> None:
     machine = provision(provider, make_pool())
     elsewhere = make_pool(regions=["us-phoenix-1"])  # the pool moved on; the machine stays where it was started
-    provider.terminate(elsewhere, machine)
+    provider.levers9_terminate(elsewhere, machine)
     assert fake_oci.instances()[0].gone
     assert {c.region for c in provider.clients.made()} == {REGION}
 
@@ -394,7 +394,7 @@ def test_terminate_denied_is_permission_denied(provider: OciProvider, make_pool:
     machine = provision(provider, pool)
     fake_oci.fail("TerminateInstance", 403, "NotAuthorized", "Not authorized to terminate", times=1)
     with pytest.raises(PermissionDenied) as caught:
-        provider.terminate(pool, machine)
+        provider.levers9_terminate(pool, machine)
     assert caught.value.code == "NotAuthorized"
     assert machine.provider_id in str(caught.value)
 
@@ -409,10 +409,10 @@ def test_listing_filters_by_pool_tag_over_pages_and_drops_terminated(
     kept = [provision(provider, mine) for _ in range(3)]
     for _ in range(2):
         provision(provider, other)
-    provider.terminate(mine, kept[0])
+    provider.levers9_terminate(mine, kept[0])
     fake_oci.page_size = 2
     before = fake_oci.calls("ListInstances")
-    listed = {m.provider_id: m for m in provider.list_machines(mine)}
+    listed = {m.provider_id: m for m in provider.levers9_list_machines(mine)}
     assert fake_oci.calls("ListInstances") - before == 3  # five instances, two a page
     assert set(listed) == {m.provider_id for m in kept[1:]}
     for machine in kept[1:]:
@@ -440,7 +440,7 @@ def test_listing_maps_lifecycle_states(
     pool = make_pool()
     machine = provision(provider, pool)
     fake_oci.set_state(machine.provider_id, state)
-    (found,) = provider.list_machines(pool)
+    (found,) = provider.levers9_list_machines(pool)
     assert found.state is expected
     assert (found.reason is not None) == (expected is MachineState.FAILED)
 
@@ -449,13 +449,13 @@ def test_a_preempted_instance_leaves_the_listing(provider: OciProvider, make_poo
     pool = make_pool(preemptible=True)
     machine = provision(provider, pool)
     fake_oci.set_state(machine.provider_id, "TERMINATED")
-    assert provider.list_machines(pool) == []
+    assert provider.levers9_list_machines(pool) == []
 
 
 def test_listing_in_an_unknown_compartment_is_an_invalid_request(provider: OciProvider, make_pool: MakePool) -> None:
     pool = make_pool(compartment_id="ocid1.compartment.oc1..aaaaaaaanosuchcompartment")
     with pytest.raises(InvalidRequest) as caught:
-        provider.list_machines(pool)
+        provider.levers9_list_machines(pool)
     assert caught.value.code == "NotAuthorizedOrNotFound"
 
 
@@ -475,7 +475,7 @@ def other_key_config(tmp_path: Path, name: str, *, same_fingerprint: str | None 
 def test_an_unknown_key_is_authentication_failed(provider: OciProvider, make_pool: MakePool, tmp_path: Path) -> None:
     pool = make_pool(config_file=str(other_key_config(tmp_path, "stranger")))
     with pytest.raises(AuthenticationFailed) as caught:
-        provider.gpu_offers(pool)
+        provider.levers9_gpu_offers(pool)
     assert caught.value.code == "NotAuthenticated"
 
 
@@ -487,7 +487,7 @@ def test_a_bad_signature_is_authentication_failed(
         config_file=str(other_key_config(tmp_path, "forger", same_fingerprint=oci_credentials.fingerprint))
     )
     with pytest.raises(AuthenticationFailed) as caught:
-        provider.list_machines(pool)
+        provider.levers9_list_machines(pool)
     assert caught.value.code == "NotAuthenticated"
     assert fake_oci.calls("ListInstances") == 1
 
@@ -506,18 +506,18 @@ def test_unreadable_credentials_are_authentication_failed_naming_the_file(
 ) -> None:
     missing = tmp_path / "no-such-config"
     with pytest.raises(AuthenticationFailed, match=re.escape(str(missing))):
-        provider.gpu_offers(make_pool(config_file=str(missing)))
+        provider.levers9_gpu_offers(make_pool(config_file=str(missing)))
     with pytest.raises(AuthenticationFailed, match="no profile 'PROD'"):
-        provider.gpu_offers(make_pool(profile="PROD"))
+        provider.levers9_gpu_offers(make_pool(profile="PROD"))
     gone_key = tmp_path / "gone.pem"
     with pytest.raises(AuthenticationFailed, match=re.escape(str(gone_key))):
-        provider.gpu_offers(make_pool(key_file=str(gone_key)))
+        provider.levers9_gpu_offers(make_pool(key_file=str(gone_key)))
     with pytest.raises(AuthenticationFailed, match=r"\$OCI_TEST_PASS_PHRASE_UNSET"):
-        provider.gpu_offers(make_pool(pass_phrase_env="OCI_TEST_PASS_PHRASE_UNSET"))
+        provider.levers9_gpu_offers(make_pool(pass_phrase_env="OCI_TEST_PASS_PHRASE_UNSET"))
     not_a_key = tmp_path / "not-a-key.pem"
     not_a_key.write_text("hello\n")
     with pytest.raises(AuthenticationFailed, match=re.escape(str(not_a_key))):
-        provider.gpu_offers(make_pool(key_file=str(not_a_key)))
+        provider.levers9_gpu_offers(make_pool(key_file=str(not_a_key)))
 
 
 def test_an_encrypted_key_reads_its_pass_phrase_from_the_named_variable(
@@ -537,7 +537,7 @@ def test_an_encrypted_key_reads_its_pass_phrase_from_the_named_variable(
     )
     monkeypatch.setenv("OCI_TEST_PASS_PHRASE", "open sesame")
     pool = make_pool(key_file=str(locked), pass_phrase_env="OCI_TEST_PASS_PHRASE")
-    assert len(provider.gpu_offers(pool)) == 2
+    assert len(provider.levers9_gpu_offers(pool)) == 2
 
 
 def test_security_token_auth_signs_with_the_session_token(
@@ -554,16 +554,16 @@ def test_security_token_auth_signs_with_the_session_token(
     )
     pool = make_pool(auth="security_token", config_file=str(config), profile="SESSION")
     with pytest.raises(AuthenticationFailed):
-        provider.gpu_offers(pool)  # the fake does not know the session yet
+        provider.levers9_gpu_offers(pool)  # the fake does not know the session yet
     fake_oci.add_key("ST$session-token-for-tests", oci_credentials.private_key.public_key())
-    assert len(provider.gpu_offers(pool)) == 2
+    assert len(provider.levers9_gpu_offers(pool)) == 2
 
 
 # ---------------------------------------------------------------------- check
 
 
 def test_check_names_profile_region_and_domains(provider: OciProvider, make_pool: MakePool) -> None:
-    check = provider.check(make_pool())
+    check = provider.levers9_check(make_pool())
     assert check.ok
     assert "'DEFAULT'" in check.message
     assert REGION in check.message
@@ -575,7 +575,7 @@ def test_check_of_rejected_credentials_is_not_ok_with_a_hint(
 ) -> None:
     config = other_key_config(tmp_path, "stranger")
     key_text = (tmp_path / "stranger.pem").read_text()
-    check = provider.check(make_pool(config_file=str(config)))
+    check = provider.levers9_check(make_pool(config_file=str(config)))
     assert not check.ok
     assert check.hint is not None
     assert str(config) in check.hint
@@ -586,14 +586,14 @@ def test_check_of_rejected_credentials_is_not_ok_with_a_hint(
 
 
 def test_check_of_an_unreadable_config_is_not_ok(provider: OciProvider, make_pool: MakePool, tmp_path: Path) -> None:
-    check = provider.check(make_pool(config_file=str(tmp_path / "missing")))
+    check = provider.levers9_check(make_pool(config_file=str(tmp_path / "missing")))
     assert not check.ok
     assert str(tmp_path / "missing") in check.message
 
 
 def test_check_denied_by_policy_is_not_ok(provider: OciProvider, make_pool: MakePool, fake_oci: FakeOci) -> None:
     fake_oci.fail("ListAvailabilityDomains", 403, "NotAuthorized", "Not authorized", times=1)
-    check = provider.check(make_pool())
+    check = provider.levers9_check(make_pool())
     assert not check.ok
     assert check.hint is not None
     assert "policy" in check.hint
