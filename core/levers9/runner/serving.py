@@ -170,31 +170,7 @@ class HttpServer:
         writer: asyncio.StreamWriter,
         client: tuple[str, int] | None,
     ) -> bool:
-        lines = head[:-4].split(b"\r\n")
-        try:
-            method, target, version = lines[0].decode("latin-1").split(" ", 2)
-        except ValueError:
-            raise _BadRequest("malformed request line") from None
-        headers: list[tuple[bytes, bytes]] = []
-        length: int | None = None
-        chunked = False
-        close = version == "HTTP/1.0"
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise _BadRequest("malformed header line")
-            name = name.strip().lower()
-            value = value.strip()
-            headers.append((name, value))
-            if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise _BadRequest("Content-Length is not a number") from None
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = value.lower() == b"close" or (close and value.lower() != b"keep-alive")
+        method, target, version, headers, length, chunked, close = _read_head(head)
         path, _, query = target.partition("?")
         scope: Scope = {
             "type": "http",
@@ -385,6 +361,40 @@ class _Response:
             raise
 
 
+def _read_head(head: bytes) -> tuple[str, str, str, list[tuple[bytes, bytes]], int | None, bool, bool]:
+    """The request line's method, target and version, the headers (names lowered), the Content-Length, whether
+    the body is chunked, and whether the connection closes after this request.
+
+    :raises _BadRequest: a malformed request line or header line, or a Content-Length that is not a number.
+    """
+    lines = head[:-4].split(b"\r\n")
+    try:
+        method, target, version = lines[0].decode("latin-1").split(" ", 2)
+    except ValueError:
+        raise _BadRequest("malformed request line") from None
+    headers: list[tuple[bytes, bytes]] = []
+    length: int | None = None
+    chunked = False
+    close = version == "HTTP/1.0"
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise _BadRequest("malformed header line")
+        name = name.strip().lower()
+        value = value.strip()
+        headers.append((name, value))
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                raise _BadRequest("Content-Length is not a number") from None
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            close = value.lower() == b"close" or (close and value.lower() != b"keep-alive")
+    return method, target, version, headers, length, chunked, close
+
+
 async def _refuse(writer: asyncio.StreamWriter, message: str) -> None:
     """Answer a malformed request 400 ``invalid_request`` and close the connection (where would the next start?)."""
     body = errors.error_body(errors.INVALID_REQUEST, message)
@@ -410,37 +420,13 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > MAX_BODY_BYTES:
-                await _error(send, errors.TOO_LARGE, f"the request body is over {MAX_BODY_BYTES} bytes")
-                return
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
-        args: list[Any] = []
-        kwargs: dict[str, Any] = {}
-        if raw.strip():
-            try:
-                value = json.loads(raw)
-            except RecursionError:
-                await _error(send, errors.INVALID_JSON, errors.TOO_DEEP_MESSAGE)
-                return
-            except ValueError as exc:
-                await _error(send, errors.INVALID_JSON, f"the body is not JSON: {exc}")
-                return
-            if isinstance(value, dict):
-                kwargs = value
-            elif isinstance(value, list):
-                args = value
-            else:
-                args = [value]
-        elif scope["query_string"]:
-            kwargs = dict(parse_qsl(scope["query_string"].decode("latin-1")))
+        raw = await _read_body(receive, send)
+        if raw is None:
+            return
+        arguments = await _arguments(raw, scope["query_string"], send)
+        if arguments is None:
+            return
+        args, kwargs = arguments
         loop = asyncio.get_running_loop()
         try:
             if is_async:
@@ -457,18 +443,64 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
         if inspect.isgenerator(result) or inspect.isasyncgen(result):
             await _stream(send, result, loop, pool)
             return
-        try:
-            body = json.dumps(result).encode()
-        except (TypeError, ValueError, RecursionError) as exc:
-            why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
-            problem = f"the return value ({type(result).__name__}) is not JSON: {why}"
-            print(problem, file=sys.stderr)
-            await _error(send, errors.RESULT_NOT_JSON, problem)
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+        await _answer_json(send, result)
 
     return app
+
+
+async def _read_body(receive: Receive, send: Send) -> bytes | None:
+    """The whole request body; None when it is over :data:`MAX_BODY_BYTES` (answered 413 then)."""
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_BODY_BYTES:
+            await _error(send, errors.TOO_LARGE, f"the request body is over {MAX_BODY_BYTES} bytes")
+            return None
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _arguments(raw: bytes, query_string: bytes, send: Send) -> tuple[list[Any], dict[str, Any]] | None:
+    """The handler's positional and keyword arguments: from a JSON body (an object: keywords, an array:
+    positional, anything else: the one positional), else from the query string; None when the body is not JSON
+    (answered ``invalid_json`` then)."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    if raw.strip():
+        try:
+            value = json.loads(raw)
+        except RecursionError:
+            await _error(send, errors.INVALID_JSON, errors.TOO_DEEP_MESSAGE)
+            return None
+        except ValueError as exc:
+            await _error(send, errors.INVALID_JSON, f"the body is not JSON: {exc}")
+            return None
+        if isinstance(value, dict):
+            kwargs = value
+        elif isinstance(value, list):
+            args = value
+        else:
+            args = [value]
+    elif query_string:
+        kwargs = dict(parse_qsl(query_string.decode("latin-1")))
+    return args, kwargs
+
+
+async def _answer_json(send: Send, result: Any) -> None:
+    """The handler's return value as JSON, or ``result_not_json`` when it is not."""
+    try:
+        body = json.dumps(result).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+        problem = f"the return value ({type(result).__name__}) is not JSON: {why}"
+        print(problem, file=sys.stderr)
+        await _error(send, errors.RESULT_NOT_JSON, problem)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _stream(send: Send, result: Any, loop: asyncio.AbstractEventLoop, pool: concurrent.futures.Executor) -> None:
