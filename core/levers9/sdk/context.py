@@ -282,37 +282,42 @@ def _parse(path: Path, document: Any) -> ContextFile:
     for name, entry in raw.items():
         if not isinstance(name, str) or not name:
             raise ContextError(f"{path}: contexts.{name}: a context name must be a non-empty string")
-        where = f"contexts.{name}"
-        if not isinstance(entry, dict):
-            raise ContextError(f"{path}: {where}: expected a mapping with grpc, token, http, workspace")
-        values: dict[str, Any] = {}
-        for key, value in entry.items():
-            if key not in _FIELDS:
-                raise ContextError(f"{path}: {where}.{key}: unknown key (expected one of {', '.join(_FIELDS)})")
-            if value is None:
-                continue
-            if key == "reconnect_s":
-                values[key] = check_reconnect_s(value, f"{path}: {where}.reconnect_s")
-                continue
-            if key == "grpc" and isinstance(value, list):
-                if not value or not all(isinstance(v, str) for v in value):
-                    raise ContextError(f"{path}: {where}.grpc: expected addresses (strings), got {value!r}")
-                values.update(grpc=", ".join(v.strip() for v in value), grpc_is_list=True)
-                continue
-            if not isinstance(value, str):
-                # A token of digits would otherwise arrive as a number, or worse as an octal one.
-                raise ContextError(f"{path}: {where}.{key}: expected a string, got {_kind(value)} (quote it)")
-            values[key] = value
-        if not values.get("grpc"):
-            raise ContextError(f"{path}: {where}.grpc: missing (the controlplane's host:port)")
-        try:
-            parse_targets(values["grpc"])
-        except TargetError as exc:
-            raise ContextError(f"{path}: {where}.grpc: {exc}") from None
-        contexts[name] = Context(name=name, **values)
+        contexts[name] = _parse_context(path, name, entry)
     # A ``current`` naming no context is left for current_context to report, so that
     # `levers9 context use` and `add` can still repair the file.
     return ContextFile(path=path, current=current, contexts=contexts)
+
+
+def _parse_context(path: Path, name: str, entry: Any) -> Context:
+    """One entry of ``contexts``, checked; every message names the file and ``contexts.NAME.KEY``."""
+    where = f"contexts.{name}"
+    if not isinstance(entry, dict):
+        raise ContextError(f"{path}: {where}: expected a mapping with grpc, token, http, workspace")
+    values: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key not in _FIELDS:
+            raise ContextError(f"{path}: {where}.{key}: unknown key (expected one of {', '.join(_FIELDS)})")
+        if value is None:
+            continue
+        if key == "reconnect_s":
+            values[key] = check_reconnect_s(value, f"{path}: {where}.reconnect_s")
+            continue
+        if key == "grpc" and isinstance(value, list):
+            if not value or not all(isinstance(v, str) for v in value):
+                raise ContextError(f"{path}: {where}.grpc: expected addresses (strings), got {value!r}")
+            values.update(grpc=", ".join(v.strip() for v in value), grpc_is_list=True)
+            continue
+        if not isinstance(value, str):
+            # A token of digits would otherwise arrive as a number, or worse as an octal one.
+            raise ContextError(f"{path}: {where}.{key}: expected a string, got {_kind(value)} (quote it)")
+        values[key] = value
+    if not values.get("grpc"):
+        raise ContextError(f"{path}: {where}.grpc: missing (the controlplane's host:port)")
+    try:
+        parse_targets(values["grpc"])
+    except TargetError as exc:
+        raise ContextError(f"{path}: {where}.grpc: {exc}") from None
+    return Context(name=name, **values)
 
 
 def _kind(value: Any) -> str:
