@@ -74,9 +74,37 @@ class Plane:
     address: str
     loop: asyncio.AbstractEventLoop = field(repr=False)
     agents: list[Agent] = field(default_factory=list)
+    #: the agents' heartbeats (:meth:`keep_beating`), on the plane's loop
+    beats: list[asyncio.Task[None]] = field(default_factory=list)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=60)
+
+    def keep_beating(self, agent: Agent) -> None:
+        """From the plane's loop: ``agent`` heartbeats until its stream ends, as a real agent does (here three times
+        a heartbeat period, so that a loaded loop never lets one lapse).
+
+        The loop runs on its own thread, so the heartbeats go on while the test's body waits for a CLI subprocess;
+        without them, four CLI runs on a loaded machine once took longer than the hub's three heartbeat periods
+        (15 s), and the hub cut the silent agent ("sent nothing for 15.4 s") before the test looked at it.
+        """
+        session = agent.session
+        assert session is not None
+
+        async def beat() -> None:
+            while session.live:
+                await session.heartbeat()
+                await asyncio.sleep(self.hub.heartbeat_s / 3)
+
+        self.beats.append(asyncio.create_task(beat(), name=f"heartbeats of {agent.identity.agent_id}"))
+
+    async def stop_beating(self) -> None:
+        """Ends the heartbeats; one that failed fails the test."""
+        for task in self.beats:
+            task.cancel()
+        for outcome in await asyncio.gather(*self.beats, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                raise outcome
 
 
 @pytest.fixture
@@ -120,6 +148,7 @@ def plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plane]:
         save_context(Context(name="test", grpc=address, token=token))
         plane = Plane(services, hub, address, loop)
         yield plane
+        plane.run(plane.stop_beating())
         for agent in plane.agents:
             plane.run(agent.hang_up())
     finally:
@@ -167,6 +196,7 @@ def test_create_prints_the_join_command_once_and_machines_lists_it_live(plane: P
             InventoryReport(cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=12000, free_memory_mib=60000,
                             gpus=(("H100", 2, 1),), machines=("mach_1",))
         )  # fmt: skip
+        plane.keep_beating(agent)
         return agent
 
     plane.agents.append(plane.run(join_and_report()))
