@@ -90,88 +90,106 @@ def map_calls(
             bar.close()
 
 
-async def _stream(
+def _stream(
     client: Client, stub_id: Callable[[], Awaitable[str]], payloads: Iterator[bytes], concurrency: int
 ) -> AsyncIterator[tuple[int, controlplane_pb2.TaskEvent]]:
     """Submit in batches, keep at most ``concurrency`` unfinished, yield (input index, outcome) as they finish."""
-    results: asyncio.Queue[tuple[int, controlplane_pb2.TaskEvent] | BaseException] = asyncio.Queue()
-    slots = asyncio.Semaphore(concurrency)
-    watchers: list[asyncio.Task[None]] = []
-    submitted = 0
-    finished = 0
+    return _Window(client, stub_id, payloads, concurrency).events()
 
-    async def watch(batch: list[bytes], first: int, accepted: asyncio.Future[list[str]]) -> None:
+
+class _Window:
+    """One map's calls in flight: a submitter that sends batches while there is room, a watcher per batch that
+    frees a slot and queues the outcome as each call finishes, and :meth:`events`, which hands them on."""
+
+    def __init__(
+        self, client: Client, stub_id: Callable[[], Awaitable[str]], payloads: Iterator[bytes], concurrency: int
+    ) -> None:
+        self.client = client
+        self.stub_id = stub_id
+        self.payloads = payloads
+        self.concurrency = concurrency
+        self.results: asyncio.Queue[tuple[int, controlplane_pb2.TaskEvent] | BaseException] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(concurrency)
+        self.watchers: list[asyncio.Task[None]] = []
+        #: calls stored so far (their input indexes are 0 .. submitted - 1)
+        self.submitted = 0
+        # Once the first window is out, calls go in chunks of a quarter window as results free room:
+        # one Submit and one Watch per chunk, not per call, while the window stays mostly full.
+        self.chunk = max(1, min(_BATCH, concurrency // 4))
+
+    async def events(self) -> AsyncIterator[tuple[int, controlplane_pb2.TaskEvent]]:
+        """(input index, outcome) as calls finish; raises what submitting or watching raised; leaving it early
+        cancels the submitter and every watch."""
+        submitter = asyncio.create_task(self._submit_all())
+        finished = 0
+        try:
+            while True:
+                if submitter.done() and finished == self.submitted:
+                    submitter.result()
+                    return
+                if submitter.done():
+                    submitter.result()  # raises what submitting raised
+                    item = await self.results.get()
+                else:
+                    getter = asyncio.create_task(self.results.get())
+                    await asyncio.wait({getter, submitter}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        continue
+                    item = getter.result()
+                if isinstance(item, BaseException):
+                    raise item
+                finished += 1
+                yield item
+        finally:
+            submitter.cancel()
+            for w in self.watchers:
+                w.cancel()
+
+    async def _watch(self, batch: list[bytes], first: int, accepted: asyncio.Future[list[str]]) -> None:
+        """Submit ``batch`` (its calls are inputs ``first`` on) and queue each call's outcome as it finishes."""
         index: dict[str, int] = {}
         try:
-            async for event in submit_and_watch(client, await stub_id(), batch, accepted):
+            async for event in submit_and_watch(self.client, await self.stub_id(), batch, accepted):
                 if not index:
                     index = {task_id: first + i for i, task_id in enumerate(accepted.result())}
                 if event.task_id in index:
-                    slots.release()
-                    await results.put((index.pop(event.task_id), await incoming(client, event)))
+                    self.slots.release()
+                    await self.results.put((index.pop(event.task_id), await incoming(self.client, event)))
         except asyncio.CancelledError:
             accepted.cancel()
             raise
         except BaseException as exc:
             if accepted.done():
-                await results.put(exc)
+                await self.results.put(exc)
             else:  # the submit itself failed: the submitter raises it
                 accepted.set_exception(exc)
 
-    # Once the first window is out, calls go in chunks of a quarter window as results free room:
-    # one Submit and one Watch per chunk, not per call, while the window stays mostly full.
-    chunk = max(1, min(_BATCH, concurrency // 4))
-
-    async def submit_all() -> None:
-        nonlocal submitted
+    async def _submit_all(self) -> None:
+        """Take a slot per input and send the inputs in batches, each once the one before it is stored."""
         batch: list[bytes] = []
         batch_bytes = 0
         exhausted = False
         while not exhausted:
-            await slots.acquire()
-            payload = next(payloads, None)
+            await self.slots.acquire()
+            payload = next(self.payloads, None)
             if payload is None:
-                slots.release()
+                self.slots.release()
                 exhausted = True
             else:
-                payload = await outgoing(client, payload)  # a big one goes ahead of its call, as a blob
+                payload = await outgoing(self.client, payload)  # a big one goes ahead of its call, as a blob
                 batch.append(payload)
                 batch_bytes += len(payload)
-            first_window = submitted + len(batch) <= concurrency
+            first_window = self.submitted + len(batch) <= self.concurrency
             # a batch is one message: cut it by size too, well under what a channel accepts
-            full = len(batch) >= (_BATCH if first_window else chunk) or batch_bytes >= BATCH_BYTES
-            if batch and (exhausted or full or (first_window and slots.locked())):
+            full = len(batch) >= (_BATCH if first_window else self.chunk) or batch_bytes >= BATCH_BYTES
+            if batch and (exhausted or full or (first_window and self.slots.locked())):
                 accepted: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-                watchers.append(asyncio.create_task(watch(batch, submitted, accepted)))
+                self.watchers.append(asyncio.create_task(self._watch(batch, self.submitted, accepted)))
                 # the next batch goes once this one is stored: calls are queued in input order, and a
                 # refused submit (no pool can run it) stops the map before more is sent
-                submitted += len(await accepted)
+                self.submitted += len(await accepted)
                 batch, batch_bytes = [], 0
-
-    submitter = asyncio.create_task(submit_all())
-    try:
-        while True:
-            if submitter.done() and finished == submitted:
-                submitter.result()
-                return
-            if submitter.done():
-                submitter.result()  # raises what submitting raised
-                item = await results.get()
-            else:
-                getter = asyncio.create_task(results.get())
-                await asyncio.wait({getter, submitter}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    continue
-                item = getter.result()
-            if isinstance(item, BaseException):
-                raise item
-            finished += 1
-            yield item
-    finally:
-        submitter.cancel()
-        for w in watchers:
-            w.cancel()
 
 
 def input_count(iterables: Sequence[Iterable[Any]]) -> int | None:
