@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,33 +58,15 @@ def options_from_env(environ: dict[str, str] | None = None, *, state_dir: Path |
     file or the CA file cannot be used.
     """
     env = os.environ if environ is None else environ
-    for name in sorted(k for k in env if k.startswith("LEVERS9_") and k not in WORKER_VARIABLES):
-        near = closest_variable(name)
-        if near is not None:
-            log.warning("%s is not a variable the worker reads (ignored); did you mean %s?", name, near)
-    out: dict[str, Any] = {}
-    for variable, (name, kind) in _OPTIONS.items():
-        if env.get(variable):
-            try:
-                out[name] = kind(env[variable])
-            except ValueError:
-                what = "a whole number" if kind is int else "a number"
-                raise ValueError(f"{variable}={env[variable]!r} is not {what} ({WORKER_VARIABLES[variable]})") from None
+    _warn_near_misses(env)
+    out = _options(env)
     token_file, token = env.get(TOKEN_FILE_ENV), env.get(TOKEN_ENV)
     if environ is None:
         scrub_environ()
     where = state_dir or out.get("state_dir")
     if where is None and out.get("machine_id"):
         where = default_state_dir(out["machine_id"])
-    saved = read_session_credential(Path(where)) if where is not None else None
-    if saved:
-        out["token"], out["worker_id"] = saved
-        if token_file:
-            discard_token_file(token_file)  # a join token: spent when the session credential was given
-    elif token_file:
-        out["token"] = take_token_file(token_file)
-    elif token:
-        out["token"] = token
+    out.update(_credential(Path(where) if where is not None else None, token_file, token))
     if env.get("LEVERS9_CONTROLPLANE_CA"):
         out["controlplane_ca"] = env["LEVERS9_CONTROLPLANE_CA"]
     elif env.get("LEVERS9_CONTROLPLANE_CA_FILE"):
@@ -97,6 +80,41 @@ def options_from_env(environ: dict[str, str] | None = None, *, state_dir: Path |
     if cuda is not None and all(p.strip().isdigit() for p in cuda.split(",") if p.strip()):
         out["visible_gpus"] = [int(p) for p in cuda.split(",") if p.strip()]
     return out
+
+
+def _warn_near_misses(env: Mapping[str, str]) -> None:
+    for name in sorted(k for k in env if k.startswith("LEVERS9_") and k not in WORKER_VARIABLES):
+        near = closest_variable(name)
+        if near is not None:
+            log.warning("%s is not a variable the worker reads (ignored); did you mean %s?", name, near)
+
+
+def _options(env: Mapping[str, str]) -> dict[str, Any]:
+    """The options of :data:`_OPTIONS` that are set, each of its type; ValueError naming the variable."""
+    out: dict[str, Any] = {}
+    for variable, (name, kind) in _OPTIONS.items():
+        if env.get(variable):
+            try:
+                out[name] = kind(env[variable])
+            except ValueError:
+                what = "a whole number" if kind is int else "a number"
+                raise ValueError(f"{variable}={env[variable]!r} is not {what} ({WORKER_VARIABLES[variable]})") from None
+    return out
+
+
+def _credential(state_dir: Path | None, token_file: str | None, token: str | None) -> dict[str, Any]:
+    """``token`` (and ``worker_id``): the session credential saved in ``state_dir`` (a join token file is then
+    spent and deleted), else the token file's (read, then deleted), else ``token``; none of them: nothing."""
+    saved = read_session_credential(state_dir) if state_dir is not None else None
+    if saved:
+        if token_file:
+            discard_token_file(token_file)  # a join token: spent when the session credential was given
+        return {"token": saved[0], "worker_id": saved[1]}
+    if token_file:
+        return {"token": take_token_file(token_file)}
+    if token:
+        return {"token": token}
+    return {}
 
 
 def default_state_dir(machine_id: str) -> Path:
