@@ -2,7 +2,7 @@
 PATH CA_FILE`` (or on standard input, ``python3 - URL ...``).
 
 A booted cloud machine's script (:mod:`levers9.bootstrap`) and ``machine create
---ssh`` (:mod:`levers9.agent.ssh_checks`) run it where levers9 is not installed
+--ssh`` (:mod:`levers9.cli.machine_install.checks`) run it where levers9 is not installed
 yet, so it is standard library only and works on any Python 3. It downloads
 ``URL`` (``https://`` verified against ``CA_FILE``, or the system's store when
 that is empty), computes the sha256 of what came and writes it to ``PATH`` only

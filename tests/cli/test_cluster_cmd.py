@@ -34,7 +34,8 @@ from levers9.kubernetes_manifests.agent import (
 )
 from levers9.kubernetes_manifests.permissions import AGENT_CALLS, cluster_rules, namespaced_rules
 from levers9.sdk.context import Context, save_context
-from levers9.services import agent_join, clusters
+from levers9.services import agent_join
+from levers9.services.agent_pools import clusters
 from levers9.services.agents import InventoryReport
 from tests.cli import test_machine_cmd
 from tests.cli.test_machine_cmd import Plane

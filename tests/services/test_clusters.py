@@ -16,7 +16,8 @@ import grpc
 import pytest
 
 from levers9.proto.v1 import agent_pb2, controlplane_pb2
-from levers9.services import agent_join, clusters
+from levers9.services import agent_join
+from levers9.services.agent_pools import clusters
 from levers9.services.agents import AgentCut, InventoryReport
 from levers9.services.auth import PermissionDenied, Unauthenticated
 from levers9.state.errors import AlreadyExists, NotFound

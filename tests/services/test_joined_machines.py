@@ -27,8 +27,10 @@ from levers9.controlplane.http import create_http_app
 from levers9.controlplane.wheels import OwnWheels
 from levers9.images.wheel import wheel_name
 from levers9.proto.v1 import agent_pb2, agent_pb2_grpc, controlplane_pb2, controlplane_pb2_grpc
-from levers9.services import agent_join, joined_machines
+from levers9.services import agent_join
 from levers9.services.agent_join import JoinToken
+from levers9.services.agent_pools import joined_machines
+from levers9.services.agent_pools.registry import AgentPools
 from levers9.services.agents import AgentCut, AgentHub, InventoryReport
 from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
@@ -172,6 +174,36 @@ async def test_a_machines_token_joins_once_for_its_pool_and_workspace(plant: Pla
         await agent_join.join(services, issued(made).token)
     # the operator's listing is the operator's machines, not the workspace's
     assert await joined_machines.list_machines(services, plant.root) == []
+
+
+async def test_a_machine_redis_forgot_is_registered_again_from_its_row_and_only_once(plant: Plant) -> None:
+    services = plant.services
+    team = await workspace_user(services, "team")
+    team_pool(services, team.workspace_id or "")
+    made = await joined_machines.create(services, team, "team-gpus", "box-1")
+    joined = await agent_join.join(services, issued(made).token, hostname="box-1.lab")
+    await services.redis.delete(services.agents._key(joined.agent_id))  # Redis lost it (an embedded one, killed)
+    # the registry asks each kind in turn: the cluster kind does not know it, the machine kind does
+    assert [kind.provider for kind in services.agent_pools.kinds] == ["agent_machine", "attached_cluster"]
+    identity = await agent_join.authenticate_agent(services, joined.token)
+    assert identity.agent_id == joined.agent_id
+    record = await services.agents.get(joined.agent_id)
+    assert record is not None
+    assert (record.provider, record.workspace) == ("agent_machine", team.workspace_id)
+    assert record.labels == {"pool": "team-gpus", "name": "box-1"}
+    # a registration that exists is never written over
+    assert await services.agent_pools.restore(services, joined.agent_id) is False
+    # a machine that never joined has nothing to restore
+    pending = await joined_machines.create(services, team, "team-gpus", "box-2")
+    await services.redis.delete(services.agents._key(pending.machine.id))
+    assert await services.agent_pools.restore(services, pending.machine.id) is False
+    assert await services.agents.get(pending.machine.id) is None
+
+
+def test_agent_pool_kinds_must_serve_distinct_providers() -> None:
+    kind = joined_machines.JOINED_MACHINES
+    with pytest.raises(ValueError, match="distinct providers, got \\['agent_machine', 'agent_machine'\\]"):
+        AgentPools([kind, kind])
 
 
 async def test_who_may_create_for_which_pool_is_refused_clearly(plant: Plant) -> None:

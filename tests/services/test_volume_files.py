@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from levers9.services.volumes import DELETED_DIR, VolumeFiles
+from levers9.services.volume_files import DELETED_DIR, VolumeFiles
 from levers9.state.sql.models import utcnow
 from levers9.state.sql.records import VolumeRecord
 from levers9.volumes.juicefs import FileSystem, fuse_mounts_below

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from levers9.cli.output import Cell, Col, err, print_json, print_table
+from levers9.hooks.agent_providers import AGENT_MACHINE
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -80,7 +81,7 @@ T = TypeVar("T")
 NO_CHECK_HOOK = "no check hook; settings validated"
 NOT_CHECKED = "not checked: the pool's config does not load"
 #: the provider whose workers run on joined machines, which are checked instead of this host
-AGENT_PROVIDER = "agent_machine"
+AGENT_PROVIDER = AGENT_MACHINE
 
 
 # --------------------------------------------------------------------------- loading, one pool at a time

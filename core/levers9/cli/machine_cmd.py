@@ -9,7 +9,7 @@ then joins. The agent dials the controlplane at
 this context's address (``grpcs://``, with the context's CA when it has one;
 a plain ``grpc://`` context gets ``--insecure`` and a warning, development
 only). With ``--ssh user@host[:port]`` levers9 runs it on the box itself
-(:func:`levers9.agent.ssh_join.join_over_ssh`, paramiko imported only then),
+(:func:`levers9.cli.machine_install.join.join_over_ssh`, paramiko imported only then),
 with the pool's ``ssh`` settings as defaults that the flags override and the
 pool's ``docker_host`` as the box's Docker (``--agent-dir`` puts the agent's
 files under one directory of the box, run by a supervisor), then waits (up to
@@ -215,7 +215,7 @@ def create(
                 known_hosts=ssh_known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
                 as_json=as_json, wheel=_wheel(made))  # fmt: skip
         return
-    from levers9.services.joined_machines import join_command
+    from levers9.services.agent_pools.joined_machines import join_command
 
     command = join_command(url, made.join_token, ca_pem=ca_pem, wheel_url=made.wheel_url,
                            wheel_sha256=made.wheel_sha256)  # fmt: skip
@@ -293,8 +293,9 @@ def _join_over_ssh(
     not_joined: str = "", wheel: tuple[str, str] | None = None,
 ) -> str:  # fmt: skip
     """Run the join on the box; the id of the agent it runs (an earlier one's when it was joined already)."""
-    from levers9.agent.service_unit import AgentLayout
-    from levers9.agent.ssh_join import SshJoinError, SshTarget, join_over_ssh
+    from levers9.cli.machine_install.box import AgentLayout
+    from levers9.cli.machine_install.join import join_over_ssh
+    from levers9.cli.machine_install.remote import SshJoinError, SshTarget
 
     default_jump = defaults.get("jump") or None
     jump_tuple: tuple[str, str, int] | None = None

@@ -9,7 +9,7 @@ with ``--keep-machines``, which leaves every machine running so that the next
 `levers9 up` finds them again (their workers register anew, their calls go on).
 
 Which pools, by one rule: every pool except those whose machines their owners
-joined, the providers of :data:`JOINED_PROVIDERS` (``agent_machine``: boxes
+joined, the providers of :data:`~levers9.hooks.agent_providers.AGENT_PROVIDERS` (``agent_machine``: boxes
 joined with ``levers9 machine create``; ``attached_cluster``: a team's cluster
 joined with ``levers9 cluster join``). levers9 started nothing there: the
 owner's agent keeps running and reconnects when `up` starts again, with its
@@ -33,18 +33,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from levers9.hooks.agent_providers import AGENT_PROVIDERS
 from levers9.hooks.types import ENDED_STATES, Machine, MachineState
 from levers9.scheduler.pools import PoolSpec
-from levers9.services import clusters, joined_machines
 from levers9.services.core import Services
 from levers9.state.sql.records import MachineRecord
 
-__all__ = ["JOINED_PROVIDERS", "Stopping", "stop_or_keep_machines"]
+__all__ = ["Stopping", "stop_or_keep_machines"]
 
 log = logging.getLogger(__name__)
-
-#: providers whose machines their owners joined: `up` leaves their workers running when it stops
-JOINED_PROVIDERS = frozenset({joined_machines.PROVIDER, clusters.PROVIDER})
 
 #: what every terminate gets, at most, before it is reported as not confirmed
 TERMINATE_TIMEOUT_S = 120.0
@@ -79,8 +76,8 @@ async def stop_or_keep_machines(services: Services, *, keep: bool, say: Callable
     # `up` is its pools' only controlplane: these terminations are its own shutdown's, made after its scheduler
     # stopped and gave the planner lease up, so the lease's fence (which refuses a former holder's acts) is off
     services.scheduler.provisioner.fence = None
-    joined = [spec for spec in services.pools.values() if spec.pool.provider in JOINED_PROVIDERS]
-    owned = [spec for spec in services.pools.values() if spec.pool.provider not in JOINED_PROVIDERS]
+    joined = [spec for spec in services.pools.values() if spec.pool.provider in AGENT_PROVIDERS]
+    owned = [spec for spec in services.pools.values() if spec.pool.provider not in AGENT_PROVIDERS]
     if keep:
         kept = [m for spec in owned for m in await _recorded(services, spec)]
         if kept:

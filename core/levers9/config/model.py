@@ -24,6 +24,7 @@ from levers9.config.replica_address import ReplicaAddress
 from levers9.config.replica_name import ReplicaName
 from levers9.config.storage_url import parse_storage_url
 from levers9.config.volumes import VolumesConfig
+from levers9.hooks.agent_providers import AGENT_PROVIDERS
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CAP_BYTES, MIN_CAP_BYTES
 from levers9.quantities import SIZE_PATTERN
 
@@ -494,7 +495,7 @@ class PoolConfig(_Strict):
                 f"region ({self.region!r}) and regions ({self.regions}) are both set; keep one: "
                 f"region: X is the same as regions: [X]"
             )
-        if self.volume_access == "direct" and self.provider in ("agent_machine", "attached_cluster"):
+        if self.volume_access == "direct" and self.provider in AGENT_PROVIDERS:
             raise ValueError(
                 f"volume_access: direct would give the volumes' file system's credentials (every workspace's "
                 f"volumes) to a {self.provider} machine, which another party runs; use controlplane (the default)"

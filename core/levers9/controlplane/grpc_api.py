@@ -44,7 +44,8 @@ from levers9.controlplane.grpc_messages import (
 )
 from levers9.controlplane.wheels import OwnWheels
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
-from levers9.services import clusters, deployments, joined_machines, machines, pools, secrets, tasks, workspaces
+from levers9.services import deployments, machines, pools, secrets, tasks, workspaces
+from levers9.services.agent_pools import clusters, joined_machines
 from levers9.services.auth import Principal, bearer
 from levers9.services.builds import Builds, NoBuildPool
 from levers9.services.dataplane import DataPlane

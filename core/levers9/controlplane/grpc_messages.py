@@ -12,7 +12,7 @@ from typing import Any
 
 from levers9.payloads import BATCH_BYTES
 from levers9.proto.v1 import common_pb2, controlplane_pb2, volume_pb2
-from levers9.services import clusters, joined_machines
+from levers9.services.agent_pools import clusters, joined_machines
 from levers9.services.builds import BuildEvent
 from levers9.services.pools import PoolView, WorkerView
 from levers9.state.sql.records import (

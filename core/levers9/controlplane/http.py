@@ -44,7 +44,7 @@ from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
 from levers9.controlplane.wheels import OwnWheels
-from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
+from levers9.services.agent_pools.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS, error_answer

@@ -60,9 +60,10 @@ from levers9.controlplane.rest_schemas import (
     worker_out,
 )
 from levers9.controlplane.wheels import OwnWheels
-from levers9.services import clusters, deployments, joined_machines, machines, pools, secrets, tasks, workspaces
+from levers9.services import deployments, machines, pools, secrets, tasks, workspaces
 from levers9.services import health as health_service
 from levers9.services.access import authenticate_user
+from levers9.services.agent_pools import clusters, joined_machines
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane

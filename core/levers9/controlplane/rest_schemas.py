@@ -17,9 +17,16 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from levers9.services.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS, ClusterView
+from levers9.services.agent_pools.clusters import (
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_IDLE_S,
+    MAX_MEMORY_MIB,
+    MAX_WORKERS,
+    ClusterView,
+)
+from levers9.services.agent_pools.joined_machines import JoinedMachineView
 from levers9.services.deployments import MAX_VERSION, DeploymentView
-from levers9.services.joined_machines import JoinedMachineView
 from levers9.services.pools import PoolView, WorkerView
 from levers9.services.secrets import MAX_NAME, check_secret_name, check_secret_value
 from levers9.services.workspaces import MAX_TOKEN_TTL_S

@@ -64,7 +64,7 @@ from levers9.gateway.upstream import Upstream
 from levers9.hooks.errors import Levers9Error
 from levers9.payloads import MESSAGE_MAX_BYTES
 from levers9.proto.v1 import agent_pb2_grpc, controlplane_pb2_grpc, replica_pb2_grpc, volume_pb2_grpc, worker_pb2_grpc
-from levers9.services import clusters
+from levers9.services.agent_pools import clusters
 from levers9.services.agents import AgentHub
 from levers9.services.builds import Builds, RegistryTarget
 from levers9.services.core import Services, open_services

@@ -13,24 +13,25 @@ machinery is split by what it does:
 - :mod:`levers9.sdk.options`: checking the decorators' options and serialising them into a ``StubConfig``;
 - :mod:`levers9.sdk.calls`: calling, watching and outcomes (:class:`FunctionCall`, reconnecting watches);
 - :mod:`levers9.sdk.mapping`: ``map``'s batched, windowed submission and in-order results;
-- :mod:`levers9.sdk.kinds`: the deployable kinds (``endpoint``, ``asgi``, ``queue``, ``job``, ``box``).
+- :mod:`levers9.sdk.kinds`: the deployable kinds (``endpoint``, ``asgi``, ``queue``, ``job``, ``box``), built
+  on :func:`function`; it imports this module and never the other way round (import them from
+  :mod:`levers9.sdk.kinds` or from ``levers9``).
 
 Invariants: a :class:`Function` registers its stub at most once per client and
 config (keyed by the config and the pickled handler), lazily, on its first
 remote use; every remote method sends the same pickled handler.
-``FunctionCall`` and the kinds stay importable from here.
+``FunctionCall`` stays importable from here.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import grpc
 
@@ -45,25 +46,13 @@ from levers9.sdk.mapping import DEFAULT_MAP_CONCURRENCY, input_count, map_calls
 from levers9.sdk.options import function_config, stub_config
 from levers9.sdk.volumes import Volume, create_volumes
 
-if TYPE_CHECKING:
-    from levers9.sdk.kinds import asgi, box, endpoint, job, queue
-
-__all__ = ["Function", "FunctionCall", "asgi", "box", "endpoint", "function", "job", "queue", "register"]
+__all__ = ["Function", "FunctionCall", "function", "register"]
 
 #: the stub config's ``image`` until the blueprint's image is built and its ref known
 BLUEPRINT_IMAGE = "blueprint"
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-#: names of the deployable kinds, kept importable from here (they live in levers9.sdk.kinds, which imports this)
-_KINDS = ("asgi", "box", "endpoint", "job", "queue")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _KINDS:
-        return getattr(importlib.import_module("levers9.sdk.kinds"), name)
-    raise AttributeError(f"module 'levers9.sdk.functions' has no attribute {name!r}")
 
 
 class Function(Generic[P, R]):

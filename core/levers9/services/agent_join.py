@@ -21,7 +21,12 @@ them tells a holder of no token anything it did not know.
 refused there with what to do instead, and the workspace always comes from the
 credential in SQL, so no agent can speak for another or for another workspace.
 
-Joined machines (:mod:`levers9.services.joined_machines`). A join flips the
+Agent-backed pools (:mod:`levers9.services.agent_pools`) are above this module
+and never imported here: an agent that authenticates while Redis has no
+registration for it is registered again through the registry handed in as
+``services.agent_pools`` (:mod:`levers9.services.agent_pools.registry`).
+
+Joined machines (:mod:`levers9.services.agent_pools.joined_machines`). A join flips the
 machine's SQL row (if it has one) to ``joined`` with its host name. A machine
 removed with ``levers9 machine remove`` has every token revoked and is marked
 removed in SQL and in Redis; its Join and its Connect are then refused with
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from levers9.hooks.agent_providers import AGENT_MACHINE, ATTACHED_CLUSTER
 from levers9.services.auth import PermissionDenied as AccessDenied
 from levers9.services.auth import Principal, Unauthenticated
 from levers9.state.sql.joined_machines import JoinedMachineStore
@@ -139,10 +145,10 @@ async def issue_join_token(
     return JoinToken(agent_id, token, provider, workspace, record.expires_at)
 
 
-def removed_message(agent_id: str, provider: str = "agent_machine") -> str:
+def removed_message(agent_id: str, provider: str = AGENT_MACHINE) -> str:
     """Why a removed agent is refused, and what its owner does instead; it starts with the words the agent acts on
     (``levers9.agent.daemon.REMOVED``: it deletes its workers before it exits)."""
-    if provider == "attached_cluster":
+    if provider == ATTACHED_CLUSTER:
         return (
             f"this machine was removed: its attached cluster was removed (levers9 cluster remove); agent {agent_id} "
             "may not join or connect again. To attach the cluster again, run 'levers9 cluster join NAME' and apply "
@@ -223,9 +229,6 @@ async def authenticate_agent(services: Services, token: str | None) -> AgentIden
     known = await services.agents.get(subject)
     if known is not None and known.removed:  # revoked in SQL too; the auth cache may not know yet
         raise Unauthenticated(removed_message(subject, known.provider))
-    if known is None:  # Redis lost its contents: a joined machine's row or a cluster's record says what it serves
-        from levers9.services import clusters, joined_machines
-
-        if not await joined_machines.restore_registration(services, subject):
-            await clusters.restore_registration(services, subject)
+    if known is None:  # Redis lost its contents: the agent's pool kind says from SQL what it serves
+        await services.agent_pools.restore(services, subject)
     return AgentIdentity(subject, principal.workspace_id, principal.token_id)

@@ -500,7 +500,7 @@ class AgentSession:
         agent_id = self.identity.agent_id
         known = await self.hub.store.get(agent_id)
         if known is not None and known.removed:
-            raise Unauthenticated(removed_message(agent_id))
+            raise Unauthenticated(removed_message(agent_id, known.provider))
         joined_for = known.provider if known is not None else ""
         if joined_for and provider and provider != joined_for:
             raise AccessDenied(f"agent {agent_id} joined for provider {joined_for!r}; its Hello says {provider!r}")

@@ -22,26 +22,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
+from levers9.services.auth_errors import PermissionDenied, Unauthenticated
+from levers9.services.revocation import RECHECK_S, OpenStreams
 from levers9.state.crypto import hash_token
 from levers9.state.sql.records import TokenKind
 from levers9.state.sql.workspaces import TokenStore
 
-if TYPE_CHECKING:
-    from levers9.services.revocation import OpenStreams
-
 __all__ = ["CACHE_S", "Authenticator", "PermissionDenied", "Principal", "Unauthenticated", "bearer"]
 
 CACHE_S = 10.0
-
-
-class Unauthenticated(Exception):
-    """No token, an unknown, revoked or expired token, or a token of the wrong kind for the call."""
-
-
-class PermissionDenied(Exception):
-    """A valid token asking for something outside its scope (another workspace's task, a user API with a worker token)."""
 
 
 @dataclass(frozen=True)
@@ -146,9 +136,6 @@ class Authenticator:
     @functools.cached_property
     def streams(self) -> OpenStreams:
         """The streams open on this replica, by token: ended when their token is revoked."""
-        # imported here: revocation's TokenRevoked is an Unauthenticated of this module
-        from levers9.services.revocation import RECHECK_S, OpenStreams
-
         return OpenStreams(self._tokens.invalid, recheck_s=self._recheck_s or RECHECK_S)
 
     def revoked(self, token_ids: Iterable[str]) -> int:

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING
 
 from levers9.scheduler.pools import PoolSpec, pool_specs
 from levers9.scheduler.service import Scheduler
+from levers9.services.agent_pools.clusters import ATTACHED_CLUSTERS
+from levers9.services.agent_pools.joined_machines import JOINED_MACHINES
+from levers9.services.agent_pools.registry import AgentPools
 from levers9.services.agent_store import AgentStore
 from levers9.services.auth import Authenticator
 from levers9.services.registry_backend import RegistryBackend
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
     from levers9.config.load import LoadedConfig
     from levers9.config.model import Config
     from levers9.hooks.facade import Hooks
-    from levers9.services.volumes import VolumeFiles
+    from levers9.services.volume_files import VolumeFiles
 
 __all__ = ["Services", "open_services"]
 
@@ -74,6 +77,8 @@ class Services:
     #: each workspace's volumes, and the controlplane's mount of the file system they live on (made at first use)
     volumes: VolumeStore
     volume_files: VolumeFiles
+    #: the kinds of agent-backed pools, through which token checking restores an agent's lost registration
+    agent_pools: AgentPools
     embedded_redis: EmbeddedRedis | None = None
     managed_redis: ManagedRedis | None = None
     #: restarts :attr:`managed_redis` when it dies (see :meth:`supervise_redis`); None without one
@@ -227,6 +232,7 @@ async def open_services(
         registry=RegistryBackend(config.registry, Path(config.data_dir)),
         volumes=VolumeStore(db),
         volume_files=volume_files,
+        agent_pools=AgentPools([JOINED_MACHINES, ATTACHED_CLUSTERS]),
     )
 
 
@@ -234,7 +240,7 @@ def _volume_files(loaded: LoadedConfig) -> VolumeFiles:
     """The volumes' file system as the config says; ConfigError when a variable it names is not set."""
     from levers9.config.load import ConfigError, ConfigIssue
     from levers9.hooks.errors import Levers9Error
-    from levers9.services.volumes import VolumeFiles
+    from levers9.services.volume_files import VolumeFiles
     from levers9.volumes.juicefs import FileSystem
 
     config = loaded.config

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from levers9.services import clusters, joined_machines
+from levers9.hooks.agent_providers import AGENT_PROVIDERS
 from levers9.services.access import require_operator
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.state.sql.records import MachineRecord, MachineState
 
-__all__ = ["JOINED_PROVIDERS", "LIVE_STATES", "list_machines", "started_machines"]
+__all__ = ["LIVE_STATES", "list_machines", "started_machines"]
 
-#: providers whose machines are the worker containers on what owners joined (boxes, clusters)
-JOINED_PROVIDERS = frozenset({joined_machines.PROVIDER, clusters.PROVIDER})
 #: states of a machine that has not ended: what `levers9 machines` shows unless told otherwise
 LIVE_STATES = tuple(s.value for s in MachineState if s not in (MachineState.TERMINATED, MachineState.FAILED))
 
@@ -45,4 +43,4 @@ async def started_machines(
     if bad:
         raise ValueError(f"states: {', '.join(bad)} is not a machine state (one of {', '.join(sorted(known))})")
     found = await list_machines(services, principal, pool=pool, states=wanted)
-    return [m for m in found if m.provider not in JOINED_PROVIDERS]
+    return [m for m in found if m.provider not in AGENT_PROVIDERS]

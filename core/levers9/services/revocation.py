@@ -46,7 +46,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import TypeVar
 
 from levers9.cancelling import raise_if_cancelling
-from levers9.services.auth import Unauthenticated
+from levers9.services.auth_errors import Unauthenticated
 
 __all__ = ["RECHECK_S", "OpenStreams", "ReplicaStopping", "StreamGuard", "TokenRevoked"]
 

@@ -44,6 +44,7 @@ from pydantic import BaseModel
 
 from levers9.bootstrap import container_spec
 from levers9.gpu.catalog import CATALOG
+from levers9.hooks.agent_providers import AGENT_MACHINE
 from levers9.hooks.context import AgentInventory, AgentOrder, PluginContext
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError
 from levers9.hooks.markers import hookimpl
@@ -55,13 +56,15 @@ from levers9.hooks.types import (
     Pool,
     ProviderCheck,
     ProvisionRequest,
+    settings_of,
 )
 from levers9.worker_container import OCI_RUNTIMES
 from levers9_agent_machine.settings import AgentMachineSettings
 
 __all__ = ["PROVIDER", "AgentMachineProvider", "AgentOffline", "container_name"]
 
-PROVIDER = "agent_machine"
+#: the provider these hooks serve (its name is shared with the controlplane's services: levers9.hooks.agent_providers)
+PROVIDER = AGENT_MACHINE
 #: the longest a provision order waits for its acknowledgement (the hook's own deadline is 120 s)
 PROVISION_ORDER_S = 110.0
 #: the longest a terminate order waits (the hook's deadline is 30 s; the agent stops with 10 s grace)
@@ -93,9 +96,7 @@ def container_name(machine_id: str) -> str:
 
 
 def _settings(pool: Pool) -> AgentMachineSettings:
-    if isinstance(pool.settings, AgentMachineSettings):
-        return pool.settings
-    return AgentMachineSettings.model_validate(pool.settings or {})
+    return settings_of(pool, AgentMachineSettings)
 
 
 def _containers(agent: AgentInventory, pool: str) -> list[dict[str, Any]]:

@@ -1,5 +1,8 @@
 """Attached clusters: joining one (its pool and its agent's join token), listing them live, their pools on every replica.
 
+The ``attached_cluster`` kind of agent-backed pool (:mod:`levers9.services.agent_pools`):
+what it shares with joined machines is in :mod:`~levers9.services.agent_pools.common`.
+
 A workspace W attaches its own Kubernetes cluster with ``levers9 cluster join
 NAME --gpu TYPE``. Nothing here reaches that cluster: the agent the printed
 manifest starts there dials out (provider ``attached_cluster``), and the
@@ -29,14 +32,16 @@ manifest starts there dials out (provider ``attached_cluster``), and the
   ``ValueError`` naming the option and what is accepted, and nothing is
   written.
 * **Removing a cluster** (:func:`remove`) stops its pool's workers through
-  the provider (terminate orders while the agent is connected), revokes every
-  agent of the cluster and cuts their streams with the removal words the
-  agent acts on (it deletes its remaining worker Jobs and Secrets and exits),
-  and deletes the record, so every replica drops the pool at its next sync.
-  Unknown names are ``NotFound``.
+  the provider (terminate orders while the agent is connected,
+  :func:`~levers9.services.agent_pools.common.stop_workers`), retires every
+  agent of the cluster (:func:`~levers9.services.agent_pools.common.retire_agent`)
+  with the removal words the agent acts on (it deletes its remaining worker
+  Jobs and Secrets and exits), and deletes the record, so every replica drops
+  the pool at its next sync. Unknown names are ``NotFound``.
 * **Redis losing its contents** loses no cluster: an agent that
   authenticates with no registration in Redis is registered again from its
-  cluster's record (:func:`restore_registration`).
+  cluster's record (:data:`ATTACHED_CLUSTERS`, through the registry of
+  :mod:`levers9.services.agent_pools.registry`).
 * **The join token** is single-use and expires (:data:`JOIN_TTL_S` unless
   asked otherwise), labelled ``cluster``, ``pool`` and ``name``; it is in the
   answer of :func:`join` only. The cluster's record keeps the id of the agent
@@ -57,11 +62,12 @@ from pydantic import ValidationError
 from levers9.cancelling import raise_if_cancelling
 from levers9.config.load import hook_pool
 from levers9.config.model import PoolConfig
+from levers9.hooks.agent_providers import ATTACHED_CLUSTER
 from levers9.scheduler.pools import PoolSpec
-from levers9.services.agent_join import JOIN_PREFIX, JOIN_TTL_S, JoinToken, issue_join_token
-from levers9.services.agents import publish_disconnect
+from levers9.services.agent_join import JOIN_TTL_S, JoinToken, issue_join_token
+from levers9.services.agent_pools.common import inventory, issue_for_record, retire_agent, stop_workers
+from levers9.services.agent_pools.registry import Registration
 from levers9.services.auth import PermissionDenied, Principal
-from levers9.services.joined_machines import as_int, int_map
 from levers9.state.errors import AlreadyExists, NotFound
 from levers9.state.sql.clusters import ClusterStore
 from levers9.state.sql.models import utcnow
@@ -71,10 +77,12 @@ if TYPE_CHECKING:
     from levers9.services.core import Services
 
 __all__ = [
+    "ATTACHED_CLUSTERS",
     "JOIN_TTL_S",
     "KIND",
     "PROVIDER",
     "SYNC_S",
+    "AttachedClusterKind",
     "ClusterOptions",
     "ClusterView",
     "JoinedCluster",
@@ -84,13 +92,12 @@ __all__ = [
     "list_clusters",
     "pool_name",
     "remove",
-    "restore_registration",
     "sync_pools",
 ]
 
 log = logging.getLogger(__name__)
 
-PROVIDER = "attached_cluster"
+PROVIDER = ATTACHED_CLUSTER
 KIND = "attached"
 #: the kind a configured (operator's shared) cluster is listed with; it has no record of its own
 CONFIGURED = "configured"
@@ -178,8 +185,6 @@ class RemovedCluster:
 
 #: what a removed cluster's agent is told (it holds the words the agent deletes its workers on)
 REMOVED = "this machine was removed: attached cluster {name} was removed (levers9 cluster remove)"
-#: machine records of the scheduler that may still have a Job in the cluster
-_LIVE_MACHINE_STATES = ("requested", "starting", "running", "draining", "terminating")
 
 
 def pool_name(name: str, workspace_id: str) -> str:
@@ -268,16 +273,12 @@ async def join(services: Services, principal: Principal, options: ClusterOptions
         raise AlreadyExists(f"pool {name!r} exists on this controlplane already; choose another cluster name")
     config = _pool_config(options)
     spec = build_pool(services, name, workspace, config)  # every bad option refused before anything is written
-    record = await store.create(workspace, options.name, KIND, name, {"pool": config})
-    try:
-        token = await issue_join_token(
-            services, principal, PROVIDER, {"cluster": options.name, "pool": name, "name": options.name},
-            ttl_s=options.ttl_s,
-        )  # fmt: skip
-    except BaseException:
-        await store.delete(record.id)
-        raise
-    await store.set_settings(record.id, {"pool": config, "agent_id": token.agent_id})
+
+    async def write(issued: JoinToken) -> ClusterRecord:
+        return await store.create(workspace, options.name, KIND, name, {"pool": config, "agent_id": issued.agent_id})
+
+    labels = {"cluster": options.name, "pool": name, "name": options.name}
+    token, record = await issue_for_record(services, principal, PROVIDER, labels, write, ttl_s=options.ttl_s)
     await sync_pools(services)
     return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
                          services.scheduler.ctx.controlplane_ca)  # fmt: skip
@@ -356,24 +357,11 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
     failed: list[str] = []
     spec = services.pools.get(record.pool)
     if spec is not None and spec.pool.provider == PROVIDER:
-        scheduler = services.scheduler
-        for machine in await services.machines.list(pool=record.pool, states=_LIVE_MACHINE_STATES):
-            if machine.worker_id:
-                await scheduler.ctx.workers.cordon(machine.worker_id)
-            if await scheduler.provisioner.terminate(spec, machine, why):
-                terminated.append(machine.id)
-            else:
-                failed.append(machine.id)
-            if machine.worker_id:
-                await scheduler.remove_worker(machine.worker_id, "left: its attached cluster was removed", force=True)
+        terminated, failed = await stop_workers(
+            services, spec, lambda _: True, why, "left: its attached cluster was removed"
+        )
     for agent_id in sorted(agents):
-        await services.tokens.revoke_subject(agent_id)
-        await services.tokens.revoke_subject(f"{JOIN_PREFIX}{agent_id}")
-        await services.agents.removed(agent_id)
-        try:
-            await publish_disconnect(services.redis, services.agents.prefix, agent_id, REMOVED.format(name=name))
-        except Exception as exc:  # revoked already: the stream is refused at its next credential check
-            log.warning("could not ask the replicas to cut agent %s's stream: %s", agent_id, exc)
+        await retire_agent(services, agent_id, REMOVED.format(name=name))
     if record.kind == KIND:
         await store.delete(record.id)
         await sync_pools(services)
@@ -382,25 +370,27 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
     return RemovedCluster(record, sorted(agents), terminated, failed)
 
 
-async def restore_registration(services: Services, agent_id: str) -> bool:
-    """Register a cluster's agent again from its cluster's record when Redis has none; whether it did.
+class AttachedClusterKind:
+    """Attached clusters as a kind of agent-backed pool (:mod:`levers9.services.agent_pools.registry`)."""
 
-    The cluster and pool an agent serves are labels of its registration in Redis, which the
-    ``attached_cluster`` provider selects agents by; Redis may lose them (an embedded one does whenever
-    ``levers9 up`` is killed). The record keeps the id of the agent its token was issued for.
-    """
-    if await services.agents.get(agent_id) is not None:
-        return False
-    for record, settings in await ClusterStore(services.db, services.box).list_kind(KIND):
-        if (settings or {}).get("agent_id") != agent_id:
-            continue
-        labels = {"cluster": record.name, "pool": record.pool, "name": record.name}
-        await services.agents.register(agent_id, provider=PROVIDER, workspace=record.workspace_id, labels=labels,
-                                       ttl_s=JOIN_TTL_S)  # fmt: skip
-        log.warning("agent %s (cluster %s, pool %s) registered again from the database", agent_id, record.name,
-                    record.pool)  # fmt: skip
-        return True
-    return False
+    provider = PROVIDER
+
+    async def registration(self, services: Services, agent_id: str) -> Registration | None:
+        """A cluster agent's registration from its cluster's record; None when no cluster's token was issued to it.
+
+        The cluster and pool an agent serves are labels of its registration in Redis, which the
+        ``attached_cluster`` provider selects agents by; Redis may lose them (an embedded one does whenever
+        ``levers9 up`` is killed). The record keeps the id of the agent its token was issued for.
+        """
+        for record, settings in await ClusterStore(services.db, services.box).list_kind(KIND):
+            if (settings or {}).get("agent_id") == agent_id:
+                labels = {"cluster": record.name, "pool": record.pool, "name": record.name}
+                return Registration(PROVIDER, record.workspace_id, labels, f"cluster {record.name}, pool {record.pool}")
+        return None
+
+
+#: the attached clusters' strategy, for the registry :func:`levers9.services.core.open_services` builds
+ATTACHED_CLUSTERS = AttachedClusterKind()
 
 
 async def list_clusters(services: Services, principal: Principal) -> list[ClusterView]:
@@ -429,11 +419,8 @@ async def list_clusters(services: Services, principal: Principal) -> list[Cluste
             views.append(base)
             continue
         agent = mine[-1]
-        capacity = agent.capacity
-        free = capacity.get("free")
-        free = free if isinstance(free, dict) else {}
-        details = capacity.get("details")
-        nodes = details.get("nodes") if isinstance(details, dict) else None
+        found = await inventory(services, agent)
+        nodes = found.details.get("nodes")
         views.append(
             ClusterView(
                 record,
@@ -442,15 +429,15 @@ async def list_clusters(services: Services, principal: Principal) -> list[Cluste
                 gpu_count=base.gpu_count,
                 namespace=base.namespace,
                 agent_id=agent.id,
-                connected=await services.agents.owner(agent.id) is not None,
-                last_seen=agent.last_seen,
-                version=agent.version,
+                connected=found.connected,
+                last_seen=found.last_seen,
+                version=found.version,
                 nodes=len(nodes) if isinstance(nodes, list) else 0,
-                gpus=int_map(capacity.get("gpus")),
-                free_gpus=int_map(free.get("gpus")),
-                cpu_millicores=as_int(capacity.get("cpu_millicores")),
-                memory_mib=as_int(capacity.get("memory_mib")),
-                workers=list(agent.machines),
+                gpus=found.gpus,
+                free_gpus=found.free_gpus,
+                cpu_millicores=found.cpu_millicores,
+                memory_mib=found.memory_mib,
+                workers=found.workers,
             )
         )
     return views

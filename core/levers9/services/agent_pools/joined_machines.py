@@ -1,5 +1,8 @@
 """Joined machines: creating one (its join token and join command), listing them live, removing one.
 
+The ``agent_machine`` kind of agent-backed pool (:mod:`levers9.services.agent_pools`):
+what it shares with attached clusters is in :mod:`~levers9.services.agent_pools.common`.
+
 A joined machine is a box whose ``levers9 agent`` joined a pool of the
 ``agent_machine`` provider; its id is its agent's id. Its row is in SQL
 (:mod:`levers9.state.sql.joined_machines`), what it reports (inventory,
@@ -21,18 +24,18 @@ the labels ``pool`` and ``name``; it is shown once, in the join command
 live machines (``AlreadyExists``); unknown names are ``NotFound``.
 
 Removing (:func:`remove`): the scheduler's machines on the box (their
-``provider_data["agent_id"]``) are cordoned and terminated through the
-provisioner (which sends the agent its ``terminate`` orders while it is still
-joined; a terminate that fails is left to the reconciler, which retries it),
-their workers' calls requeued; then every token of the agent is revoked (its
-credential and an unused join token), it is marked removed in SQL and Redis,
-and its stream is cut at once on whichever replica holds it. A removed
+``provider_data["agent_id"]``) are stopped
+(:func:`~levers9.services.agent_pools.common.stop_workers`); then the machine
+is marked removed in SQL and its agent retired: its tokens revoked, marked
+removed in Redis, its stream cut at once
+(:func:`~levers9.services.agent_pools.common.retire_agent`). A removed
 machine is refused at Join and Connect with a message saying it was removed.
 
 Redis losing its contents (an embedded Redis whose ``levers9 up`` was killed)
 loses no machine: when a joined machine's agent authenticates and Redis has no
-registration for it, :func:`restore_registration` writes it again from the
-SQL row (its pool and name labels, which the provider selects agents by).
+registration for it, :data:`JOINED_MACHINES` reads it back from the SQL row
+(its pool and name labels, which the provider selects agents by) for the
+registry (:mod:`levers9.services.agent_pools.registry`) to write again.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from levers9.services.agent_join import JOIN_PREFIX, JOIN_TTL_S, JoinToken, issue_join_token
-from levers9.services.agents import publish_disconnect
+from levers9.hooks.agent_providers import AGENT_MACHINE
+from levers9.services.agent_join import JOIN_TTL_S, JoinToken
+from levers9.services.agent_pools.common import Inventory, inventory, issue_for_record, retire_agent, stop_workers
+from levers9.services.agent_pools.registry import Registration
 from levers9.services.auth import PermissionDenied, Principal
 from levers9.state.errors import AlreadyExists, NotFound
 from levers9.state.sql.joined_machines import JoinedMachineStore, check_machine_name
@@ -55,27 +60,25 @@ from levers9.state.sql.records import JoinedMachineRecord, TokenKind
 if TYPE_CHECKING:
     from levers9.scheduler.pools import PoolSpec
     from levers9.services.core import Services
+    from levers9.state.sql.records import MachineRecord
 
 __all__ = [
+    "JOINED_MACHINES",
     "JOIN_TTL_S",
     "PROVIDER",
     "CreatedMachine",
+    "JoinedMachineKind",
     "JoinedMachineView",
     "RemovedMachine",
-    "as_int",
     "create",
-    "int_map",
     "join_command",
     "list_machines",
     "remove",
-    "restore_registration",
 ]
 
 log = logging.getLogger(__name__)
 
-PROVIDER = "agent_machine"
-#: machine records of the scheduler that may still have a container on the box
-_LIVE_MACHINE_STATES = ("requested", "starting", "running", "draining", "terminating")
+PROVIDER = AGENT_MACHINE
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,29 @@ class JoinedMachineView:
     docker_version: str = ""
     docker_runtimes: list[str] = field(default_factory=list)
     arch: str = ""
+
+    @classmethod
+    def of(cls, record: JoinedMachineRecord, found: Inventory) -> JoinedMachineView:
+        """The view of ``record`` with its agent's report ``found``."""
+        docker = found.details.get("docker")
+        docker = docker if isinstance(docker, dict) else {}
+        runtimes = docker.get("runtimes")
+        return cls(
+            record,
+            connected=found.connected,
+            last_seen=found.last_seen,
+            version=found.version,
+            gpus=found.gpus,
+            free_gpus=found.free_gpus,
+            cpu_millicores=found.cpu_millicores,
+            memory_mib=found.memory_mib,
+            free_cpu_millicores=found.free_cpu_millicores,
+            free_memory_mib=found.free_memory_mib,
+            workers=found.workers,
+            docker_version=str(docker.get("version") or ""),
+            docker_runtimes=[str(r) for r in runtimes] if isinstance(runtimes, list) else [],
+            arch=str(found.details.get("arch") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -238,15 +264,14 @@ async def create(
             log.info("machine %s (%s) never joined: removed to be created again", found.name, found.id)
             await remove(services, principal, name)
     labels = {"pool": pool} | ({"name": name} if name else {})
-    issued = await issue_join_token(services, principal, PROVIDER, labels, ttl_s=ttl_s)
-    try:
-        record = await store.create(
+
+    async def write(issued: JoinToken) -> JoinedMachineRecord:
+        return await store.create(
             issued.agent_id, name=name or issued.agent_id, workspace_id=principal.workspace_id, pool=pool,
             provider=PROVIDER, created_by=principal.token_id,
         )  # fmt: skip
-    except BaseException:
-        await services.tokens.revoke_subject(f"{JOIN_PREFIX}{issued.agent_id}")  # a token for no machine
-        raise
+
+    issued, record = await issue_for_record(services, principal, PROVIDER, labels, write, ttl_s=ttl_s)
     log.info("machine %s (%s) created for pool %s", record.name, record.id, pool)
     ctx = services.scheduler.ctx
     return CreatedMachine(record, issued, ctx.controlplane_url, ctx.controlplane_ca, _ssh(spec))
@@ -263,53 +288,14 @@ def _ssh(spec: PoolSpec) -> dict[str, Any]:
     return found
 
 
-def int_map(value: Any) -> dict[str, int]:
-    """An inventory's ``{name: count}`` with whole numbers only (an agent's report is not trusted)."""
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)}
-
-
-def as_int(value: Any) -> int:
-    """An inventory's number, or 0 when it is not one."""
-    return int(value) if isinstance(value, int | float) else 0
-
-
 async def list_machines(services: Services, principal: Principal) -> list[JoinedMachineView]:
     """The caller's workspace's live machines (an operator's: the operator's own), with their live inventory."""
     records = await JoinedMachineStore(services.db).list(principal.workspace_id)
     views = []
     for record in records:
         agent = await services.agents.get(record.id)
-        if agent is None:
-            views.append(JoinedMachineView(record))
-            continue
-        capacity = agent.capacity
-        free = capacity.get("free") if isinstance(capacity.get("free"), dict) else {}
-        assert isinstance(free, dict)
-        details = capacity.get("details") if isinstance(capacity.get("details"), dict) else {}
-        assert isinstance(details, dict)
-        docker = details.get("docker") if isinstance(details.get("docker"), dict) else {}
-        assert isinstance(docker, dict)
-        runtimes = docker.get("runtimes") if isinstance(docker.get("runtimes"), list) else []
-        assert isinstance(runtimes, list)
         views.append(
-            JoinedMachineView(
-                record,
-                connected=await services.agents.owner(record.id) is not None,
-                last_seen=agent.last_seen,
-                version=agent.version,
-                gpus=int_map(capacity.get("gpus")),
-                free_gpus=int_map(free.get("gpus")),
-                cpu_millicores=as_int(capacity.get("cpu_millicores")),
-                memory_mib=as_int(capacity.get("memory_mib")),
-                free_cpu_millicores=as_int(free.get("cpu_millicores")),
-                free_memory_mib=as_int(free.get("memory_mib")),
-                workers=list(agent.machines),
-                docker_version=str(docker.get("version") or ""),
-                docker_runtimes=[str(r) for r in runtimes],
-                arch=str(details.get("arch") or ""),
-            )
+            JoinedMachineView.of(record, await inventory(services, agent)) if agent else JoinedMachineView(record)
         )
     return views
 
@@ -326,49 +312,44 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
     failed: list[str] = []
     spec = services.pools.get(record.pool)
     if spec is not None:
-        scheduler = services.scheduler
-        for machine in await services.machines.list(pool=record.pool, states=_LIVE_MACHINE_STATES):
-            if (machine.provider_data or {}).get("agent_id") != agent_id and machine.zone != agent_id:
-                continue
-            if machine.worker_id:
-                await scheduler.ctx.workers.cordon(machine.worker_id)
-            if await scheduler.provisioner.terminate(spec, machine, why):
-                terminated.append(machine.id)
-            else:
-                failed.append(machine.id)
-            if machine.worker_id:
-                await scheduler.remove_worker(machine.worker_id, "left: its joined machine was removed", force=True)
-    await services.tokens.revoke_subject(agent_id)
-    await services.tokens.revoke_subject(f"{JOIN_PREFIX}{agent_id}")
+
+        def on_box(machine: MachineRecord) -> bool:
+            return (machine.provider_data or {}).get("agent_id") == agent_id or machine.zone == agent_id
+
+        terminated, failed = await stop_workers(services, spec, on_box, why, "left: its joined machine was removed")
     removed = await store.mark_removed(agent_id)
-    await services.agents.removed(agent_id)
-    try:
-        await publish_disconnect(services.redis, services.agents.prefix, agent_id, f"this machine was removed ({why})")
-    except Exception as exc:  # revoked already: the stream is refused at its next credential check (5 min)
-        log.warning("could not ask the replicas to cut agent %s's stream: %s", agent_id, exc)
-    log.info("machine %s (%s) removed: %d workers stopped, %d left to the reconciler", record.name, agent_id,
-             len(terminated), len(failed))  # fmt: skip
+    await retire_agent(services, agent_id, f"this machine was removed ({why})")
+    log.info(
+        "machine %s (%s) removed: %d workers stopped, %d left to the reconciler",
+        record.name,
+        agent_id,
+        len(terminated),
+        len(failed),
+    )
     return RemovedMachine(removed, terminated, failed)
 
 
-async def restore_registration(services: Services, agent_id: str) -> bool:
-    """Write a joined machine's agent registration again from its SQL row when Redis has none; whether it did.
+class JoinedMachineKind:
+    """Joined machines as a kind of agent-backed pool (:mod:`levers9.services.agent_pools.registry`)."""
 
-    Redis may lose its contents (an embedded one does whenever ``levers9 up`` is killed). The pool a machine
-    joined for is a label of its registration there, which the ``agent_machine`` provider selects agents by;
-    without it the machine would never serve again. Its row here says which pool and name it joined with.
-    """
-    if await services.agents.get(agent_id) is not None:
-        return False
-    row = await JoinedMachineStore(services.db).get(agent_id)
-    if row is None or row.state != "joined":
-        return False
-    # pending until the agent's Hello, which follows at once, marks it joined for good
-    labels = {"pool": row.pool, "name": row.name}
-    await services.agents.register(agent_id, provider=row.provider, workspace=row.workspace_id, labels=labels,
-                                   ttl_s=JOIN_TTL_S)  # fmt: skip
-    log.warning("agent %s (machine %s, pool %s) registered again from the database", agent_id, row.name, row.pool)
-    return True
+    provider = PROVIDER
+
+    async def registration(self, services: Services, agent_id: str) -> Registration | None:
+        """A joined machine's registration from its SQL row (its pool and name); None unless it has joined.
+
+        Redis may lose its contents (an embedded one does whenever ``levers9 up`` is killed). The pool a machine
+        joined for is a label of its registration there, which the ``agent_machine`` provider selects agents by;
+        without it the machine would never serve again.
+        """
+        row = await JoinedMachineStore(services.db).get(agent_id)
+        if row is None or row.state != "joined":
+            return None
+        labels = {"pool": row.pool, "name": row.name}
+        return Registration(row.provider, row.workspace_id, labels, f"machine {row.name}, pool {row.pool}")
+
+
+#: the joined machines' strategy, for the registry :func:`levers9.services.core.open_services` builds
+JOINED_MACHINES = JoinedMachineKind()
 
 
 def epoch(value: datetime | None) -> float:

@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, BinaryIO
 import pytest
 
 from levers9.__about__ import __version__
-from levers9.agent.service_unit import AgentLayout, start_script, supervisor_script, systemd_unit
-from levers9.agent.ssh_checks import AgentSoftware, BoxFacts, check_box
-from levers9.agent.ssh_join import SshJoinError, SshTarget, connect, join_over_ssh
+from levers9.cli.machine_install.box import AgentLayout, AgentSoftware, BoxFacts
+from levers9.cli.machine_install.checks import check_box
+from levers9.cli.machine_install.join import join_over_ssh
+from levers9.cli.machine_install.remote import SshJoinError, SshTarget, connect
+from levers9.cli.machine_install.service import start_script, supervisor_script, systemd_unit
 from levers9.images.rootfs import ImageError
 from levers9.images.wheel import build
 from tests.fixtures.dockerd import Dockerd

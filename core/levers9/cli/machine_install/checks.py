@@ -1,7 +1,7 @@
 """Steps 2 and 3 of joining a box over SSH: checking the box, and the agent software it will run.
 
-:func:`check_box` answers :class:`BoxFacts` or raises
-:class:`~levers9.agent.ssh_join.SshJoinError` naming what to install or fix:
+:func:`check_box` answers :class:`~levers9.cli.machine_install.box.BoxFacts` or raises
+:class:`~levers9.cli.machine_install.remote.SshJoinError` naming what to install or fix:
 
 * ``target.sudo`` and ``sudo -n true`` fails: passwordless sudo is needed;
 * no ``docker`` command, or its daemon unreachable (at ``docker_host`` when
@@ -32,19 +32,15 @@ import platform
 import re
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from levers9.__about__ import __version__
-from levers9.agent.ssh_join import STEPS, Remote, SshJoinError
+from levers9.cli.machine_install.box import AgentLayout, AgentSoftware, BoxFacts, same_arch
+from levers9.cli.machine_install.remote import STEPS, Remote, SshJoinError
 from levers9.wheel_fetch import FETCH_PROGRAM
 
-if TYPE_CHECKING:
-    from levers9.agent.service_unit import AgentLayout
+__all__ = ["ImageUnavailable", "agent_software", "check_box"]
 
-__all__ = ["AgentSoftware", "BoxFacts", "ImageUnavailable", "agent_software", "check_box", "same_arch"]
-
-_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 #: making the virtualenv, fetching the wheel and pip installing it (its requirements from the index) on the box
 _PIP_TIMEOUT_S = 900.0
@@ -59,39 +55,6 @@ _INSTALL_TOOLKIT = (
     "install the NVIDIA Container Toolkit: apt-get install -y nvidia-container-toolkit && "
     "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker"
 )
-
-
-def same_arch(a: str, b: str) -> bool:
-    """Whether two ``uname -m`` style names are one architecture (``arm64`` is ``aarch64``)."""
-    return _ARCH_ALIASES.get(a, a) == _ARCH_ALIASES.get(b, b)
-
-
-@dataclass(frozen=True)
-class BoxFacts:
-    """What step 2 found on the box."""
-
-    uid: int
-    home: str
-    arch: str
-    systemd: bool
-    docker_host: str | None
-    docker_version: str
-    docker_root: str
-    runtimes: str
-    free_gib: float
-    gpus: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())
-
-    def env(self) -> str:
-        """Shell lines that point ``docker`` at the box's daemon."""
-        if self.docker_host is None:
-            return ""
-        return f"DOCKER_HOST={shlex.quote(self.docker_host)}; export DOCKER_HOST; "
-
-    def summary(self) -> str:
-        gpus = f"{len(self.gpus)} GPU(s), nvidia runtime" if self.gpus else "no GPU"
-        text = f"{self.arch}, Docker {self.docker_version}, {gpus}, {self.free_gib:.1f} GiB free in {self.docker_root}"
-        return "; ".join([text, *self.notes])
 
 
 def _facts(remote: Remote) -> dict[str, str]:
@@ -198,16 +161,6 @@ class ImageUnavailable(SshJoinError):
         super().__init__(message)
         #: the reason alone, without what to do about it
         self.why = why
-
-
-@dataclass(frozen=True)
-class AgentSoftware:
-    """What runs ``levers9`` on the box: ``argv`` stands for the ``levers9`` command."""
-
-    argv: tuple[str, ...]
-    how: str
-    #: the agent's container name when it runs in the worker image
-    container: str | None = None
 
 
 def _installed(remote: Remote) -> tuple[str, str] | None:

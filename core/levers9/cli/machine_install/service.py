@@ -1,6 +1,6 @@
 """Steps 4 and 5 of joining a box over SSH: the join token, the start script, and the service that runs it.
 
-Where the files go is an :class:`AgentLayout`: as root (or with sudo) the
+Where the files go is an :class:`~levers9.cli.machine_install.box.AgentLayout`: as root (or with sudo) the
 state directory ``/var/lib/levers9/agent``, the scripts in
 ``/usr/local/lib/levers9``; as another user, all under ``~/.levers9``.
 
@@ -42,68 +42,14 @@ import base64
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
-from levers9.agent.ssh_checks import AgentSoftware, BoxFacts
-from levers9.agent.ssh_join import STEPS, Remote, SshJoinError, SshJoinResult
+from levers9.cli.machine_install.box import AgentLayout, AgentSoftware, BoxFacts
+from levers9.cli.machine_install.remote import STEPS, Remote, SshJoinError, SshJoinResult
 
-__all__ = ["AgentLayout", "default_layout", "install", "start_script", "supervisor_script", "systemd_unit"]
+__all__ = ["install", "start_script", "supervisor_script", "systemd_unit"]
 
 _START_WAIT_S = 15
 _STOP_WAIT_S = 20
-
-
-@dataclass(frozen=True)
-class AgentLayout:
-    """Where the agent's files are on the box, and how it is supervised."""
-
-    state_dir: str = "/var/lib/levers9/agent"
-    lib_dir: str = "/usr/local/lib/levers9"
-    log_file: str = "/var/log/levers9-agent.log"
-    pid_file: str = "/run/levers9-agent.pid"
-    unit_name: str = "levers9-agent"
-    container_name: str = "levers9-agent"
-    #: ``auto``: systemd where it runs and we are root, else the supervisor
-    service: Literal["auto", "systemd", "supervisor"] = "auto"
-
-    @property
-    def token_file(self) -> str:
-        return f"{self.state_dir}/join-token"
-
-    @property
-    def credential(self) -> str:
-        return f"{self.state_dir}/agent.json"
-
-    @property
-    def replaced_credential(self) -> str:
-        """Where a credential the controlplane revoked is moved when the box joins again."""
-        return f"{self.state_dir}/agent.json.replaced"
-
-    @property
-    def start_script(self) -> str:
-        return f"{self.lib_dir}/agent-start"
-
-    @property
-    def supervisor_script(self) -> str:
-        return f"{self.lib_dir}/agent-supervise"
-
-    @property
-    def unit_file(self) -> str:
-        return f"/etc/systemd/system/{self.unit_name}.service"
-
-
-def default_layout(box: BoxFacts) -> AgentLayout:
-    """System paths as root, else everything under the login user's ``~/.levers9``."""
-    if box.uid == 0:
-        return AgentLayout()
-    base = f"{box.home.rstrip('/')}/.levers9"
-    return AgentLayout(
-        state_dir=f"{base}/agent",
-        lib_dir=f"{base}/lib",
-        log_file=f"{base}/agent.log",
-        pid_file=f"{base}/agent-supervise.pid",
-        service="supervisor",
-    )
 
 
 def _agent_args(argv: tuple[str, ...], *args: str) -> str:
