@@ -100,6 +100,7 @@ class Row:
 
     def __init__(self, line: str) -> None:
         row = ROW_DIR.match(line)
+        self.roots: list[Path] = []
         self.dirs: list[Path] = []
         self.every = False
         if row is None:
@@ -107,15 +108,20 @@ class Row:
         first = row.group(1) if row.group(1).endswith("/") else str(Path(row.group(1)).parent) + "/"
         pattern = re.sub(r"<[^>]*>", "*", first)
         self.every = "*" in pattern
-        self.dirs = sorted(ROOT.glob(pattern)) if self.every else [ROOT / first]
+        self.roots = sorted(ROOT.glob(pattern)) if self.every else [ROOT / first]
         inner = [t for t in BACKTICKED.findall(line)[1:] if t.endswith("/") and not t.startswith("/")]
-        self.dirs += [d / t for d in list(self.dirs) for t in inner if (d / t).is_dir()]
+        self.dirs = self.roots + [d / t for d in self.roots for t in inner if (d / t).is_dir()]
 
     def problem(self, token: str) -> str | None:
         """Why ``token`` is not a file of the repository; None when it is."""
         if "/" not in token and self.dirs:
-            where = [d for d in self.dirs if not (d / token).exists()]
-            if (self.every and not where) or (not self.every and len(where) < len(self.dirs)):
+            if self.every:  # in each directory the pattern matches (or in a subdirectory of it the row names)
+                where = [
+                    r for r in self.roots if not any((d / token).exists() for d in self.dirs if d.is_relative_to(r))
+                ]
+            else:
+                where = [] if any((d / token).exists() for d in self.dirs) else self.dirs
+            if not where:
                 return None
             return f"{token}: no such file in {', '.join(str(d.relative_to(ROOT)) + '/' for d in where)}"
         if any((base / token).exists() for base in [*self.dirs, *BASES]):
