@@ -1,4 +1,4 @@
-"""Every module, package, file and attribute that docs/*.md names exists in the code.
+"""Every module, package, file and attribute that docs/*.md (and the READMEs) name exists in the code.
 
 Names are found three ways: dotted names (``levers9.worker.warm.launch``,
 ``levers9_ec2.prices``, ``levers9.gpu.from_k8s_labels``: the longest prefix
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]
 #: where a path in the docs may be relative to, besides the directory of its table row
 BASES = [
     ROOT,
@@ -98,7 +98,9 @@ class Row:
     ``| `plugins/<name>/levers9_<name>/` | ... `settings.py` |``: in every directory that matches.
     """
 
-    def __init__(self, line: str) -> None:
+    def __init__(self, line: str, doc_dir: Path = ROOT) -> None:
+        #: a document's own directory: a path may be relative to it (``tests/test_contract.py`` in an example's README)
+        self.doc_dir = doc_dir
         row = ROW_DIR.match(line)
         self.roots: list[Path] = []
         self.dirs: list[Path] = []
@@ -124,7 +126,7 @@ class Row:
             if not where:
                 return None
             return f"{token}: no such file in {', '.join(str(d.relative_to(ROOT)) + '/' for d in where)}"
-        if any((base / token).exists() for base in [*self.dirs, *BASES]):
+        if any((base / token).exists() for base in [*self.dirs, self.doc_dir, *BASES]):
             return None
         return f"{token}: no such file or directory"
 
@@ -167,7 +169,7 @@ def _problems(doc: Path) -> list[str]:
     where = doc.relative_to(ROOT)
     problems = []
     for number, line in enumerate(text.splitlines(), 1):
-        row = Row(line)
+        row = Row(line, doc.parent)
         for name in _dotted_names(line):
             problem = _dotted_problem(name)
             if problem is not None:
