@@ -203,13 +203,13 @@ async def test_a_success_reaches_its_callers_watch_before_it_is_stored_and_a_fai
     await services.scheduler.place_once()
     assert sorted(d.task_id for d in await dp.take("w1")) == sorted([ok, failing])
     held = asyncio.Event()
-    store = dp.calls.finish_many
+    store = services.tasks.finish_many
 
     async def held_up(*args: object, **kwargs: object) -> list[str]:  # levers9's own store, gated
         await held.wait()
         return await store(*args, **kwargs)  # type: ignore[arg-type]
 
-    dp.calls.finish_many = held_up  # type: ignore[method-assign]
+    services.tasks.finish_many = held_up  # type: ignore[method-assign]
     try:
         watch = dp.watch(me, [ok, failing], just_submitted=True)
         waiting = asyncio.ensure_future(anext(watch))  # the watch in place, as Invoke has it
@@ -238,6 +238,7 @@ async def test_a_success_reaches_its_callers_watch_before_it_is_stored_and_a_fai
     finally:
         held.set()
         await dp.close()
+        del services.tasks.finish_many  # the store's own method again
 
 
 async def test_a_worker_cannot_start_log_or_finish_a_call_never_placed_on_it(api: Api) -> None:
@@ -314,6 +315,8 @@ async def test_a_late_report_of_a_call_placed_again_is_not_stored_even_by_the_re
         assert task.status.value == "pending"
 
         # placed again, on a worker of its own: that worker's outcome is the one stored
+        await api.worker("w2", "cpu")
+        await services.scheduler.place_once()
         await api.worker("w2", "cpu")
         await services.scheduler.place_once()
         assert [d.task_id for d in await dp.take("w2")] == [task_id]
@@ -411,5 +414,52 @@ async def test_a_worker_records_checkpoints_only_of_stubs_it_ran_a_call_of(api: 
         done = await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id=made.id,
                                              stub_id="", **changed)  # fmt: skip
         assert done.status.value == "available"
+    finally:
+        await dp.close()
+
+
+async def test_a_late_start_from_a_worker_presumed_dead_is_refused_on_the_placement_in_redis(api: Api) -> None:
+    """The worker the call was sent to from here was presumed dead and the call queued again. Its late report that
+    the call started is refused on Redis's word, though this replica remembers sending it there and SQL has it
+    pending on no worker: stored, the call would show running on a dead worker, and its next worker's start
+    would not be stored (nor, while the history of its new placement is not written, its outcome)."""
+    services = api.services
+    dp = DataPlane(services, Hub(services.redis, name="test"), api.metrics)
+    workspace, _ = await api.user("team-a")
+    me = Principal(token_id="t", kind=TokenKind.USER, workspace_id=workspace.id, subject="someone")
+    stub_id, _ = await dp.get_or_create_stub(me, {"name": "f", "cpu_millicores": 2000}, b"pickled handler")
+    await api.worker("w1", "cpu")
+    [task_id] = await dp.submit(me, stub_id, [b"a"])
+    await services.scheduler.place_once()
+    try:
+        assert [d.task_id for d in await dp.take("w1")] == [task_id]
+        assert await services.scheduler.remove_worker("w1", "was silent", force=True) == [task_id]
+        state = await services.scheduler.backlog.get(task_id)
+        assert state is not None
+        assert (state.state, state.worker) == ("queued", None)
+
+        # this replica still remembers sending it to w1, so the report gets past that check; SQL has the task
+        # pending on no worker, as a start that is only late has it
+        await dp.report("w1", WorkerReport(started=[(task_id, "ctr-late")]))
+
+        def refused() -> bool:
+            return api.metrics.worker_refusals.labels(replica="local", what="start")._value.get() > 0
+
+        await _until(refused)
+        await _until(lambda: dp.reports.idle)
+        task = await services.tasks.get(task_id)
+        assert task is not None
+        assert (task.status.value, task.container_id) == ("pending", None)
+
+        await api.worker("w2", "cpu")
+        await services.scheduler.place_once()
+        assert [d.task_id for d in await dp.take("w2")] == [task_id]
+        await dp.report("w2", WorkerReport(started=[(task_id, "ctr-2")]))
+        await dp.report("w2", WorkerReport(outcomes=[TaskOutcome(task_id, "complete", b"right")]))
+        result = await _stored(dp, task_id)
+        assert (result.status, result.result) == ("complete", b"right")
+        task = await services.tasks.get(task_id)
+        assert task is not None
+        assert (task.worker_id, task.container_id) == ("w2", "ctr-2")
     finally:
         await dp.close()

@@ -533,7 +533,8 @@ _CANCELLED = {"replica": "local", "status": "cancelled"}
 async def test_a_finished_task_stays_finished_when_cancelled(api: Api) -> None:
     a, token = await api.user("team-a")
     await api.submit(a, "task-1")
-    await api.services.scheduler.finished("task-1", "complete")
+    await api.services.scheduler.release_many(["task-1"])  # out of the backlog, then finished in SQL
+    await api.services.tasks.finish("task-1", "complete")
     response = await api.client.post("/api/v1/tasks/task-1/cancel", headers=bearer(token))
     assert response.status_code == 200
     assert (response.json()["cancelled"], response.json()["task"]["status"]) == (False, "complete")

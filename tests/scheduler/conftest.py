@@ -25,6 +25,7 @@ from levers9.scheduler.service import Scheduler
 from levers9.state.redis.connect import connect
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.database import Database, open_database
+from levers9.state.sql.tasks import Finish
 from levers9.state.sql.workspaces import WorkspaceStore
 from tests.scheduler.flaky_provider import SOURCE
 
@@ -214,6 +215,13 @@ async def make_harness(
     for client in clients:
         await client.aclose()
     hooks.close()
+
+
+async def worker_finished(scheduler: Scheduler, request_id: str, worker: str, status: str = "complete") -> None:
+    """Play a worker's report of an outcome the way the data plane handles it: Redis frees the request from that
+    very worker (refusing it otherwise), then the outcome is stored in SQL for that worker."""
+    assert await scheduler.release_reported(worker, [request_id]) == [], f"{request_id} is not placed on {worker}"
+    assert await scheduler.ctx.tasks.finish_many([Finish(request_id, status)], worker_id=worker) == [request_id]
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20.0) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from levers9.scheduler.candidates import NoPoolOffers
 from levers9.state.sql.tasks import TaskStore
-from tests.scheduler.conftest import MakeHarness, eventually
+from tests.scheduler.conftest import MakeHarness, eventually, worker_finished
 
 
 async def test_no_capacity_fails_over_to_the_next_gpu_type_at_once(make_harness: MakeHarness) -> None:
@@ -145,8 +145,8 @@ async def test_cpu_fallback_is_taken_only_after_fallback_after(make_harness: Mak
     await s.plan_once()
     await h.settle(s)
     await h.register_started(s)
-    await s.place_once()
-    await s.finished("warm", "complete")
+    [warm] = (await s.place_once()).placed
+    await worker_finished(s, "warm", warm.worker)
 
     req = h.request(["H100", "cpu"], fallback_after=0.3)
     await s.submit(req)

@@ -14,7 +14,7 @@ from levers9.scheduler.offers import ordered
 from levers9.scheduler.pools import PoolSpec
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.tasks import TaskStore
-from tests.scheduler.conftest import Harness, MakeHarness, eventually
+from tests.scheduler.conftest import Harness, MakeHarness, eventually, worker_finished
 
 
 def _offer(zone: str, **kw: Any) -> dict[str, Any]:
@@ -214,7 +214,7 @@ async def test_the_request_carries_the_offer_and_the_bootstrap_and_terminate_get
 
     await h.register_started(s)
     [placed] = (await s.place_once()).placed
-    await s.finished(placed.request, "complete")
+    await worker_finished(s, placed.request, placed.worker)
     report = await s.upkeep_once()
     assert report.released == [machine["machine_id"]]
     assert h.terminates() == [

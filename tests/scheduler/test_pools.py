@@ -8,7 +8,7 @@ import json
 from levers9.state.redis.backlog import Taken
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.tasks import TaskStore
-from tests.scheduler.conftest import MakeHarness, eventually
+from tests.scheduler.conftest import MakeHarness, eventually, worker_finished
 
 
 async def test_min_workers_are_kept_warm(make_harness: MakeHarness) -> None:
@@ -70,7 +70,7 @@ async def test_idle_workers_above_the_minimum_are_released(make_harness: MakeHar
     report = await s.upkeep_once()
     assert report.released == [], "busy workers are never released"
     for p in placed:
-        await s.finished(p.request, "complete")
+        await worker_finished(s, p.request, p.worker)
     report = await s.upkeep_once()
     assert len(report.released) == 1
     assert len(h.machines()) == 1

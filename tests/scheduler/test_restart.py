@@ -19,7 +19,7 @@ from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.database import open_database
 from levers9.state.sql.tasks import TaskStore
 from tests.fixtures.redis import RedisFactory
-from tests.scheduler.conftest import MakeHarness, eventually
+from tests.scheduler.conftest import MakeHarness, eventually, worker_finished
 
 
 @pytest.fixture
@@ -80,13 +80,14 @@ async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
         done: set[str] = set()
         for _ in range(200):
             for p in (await second.place_once()).placed:
-                await second.finished(p.request, "complete")
+                await worker_finished(second, p.request, p.worker)
                 done.add(p.request)
             # on a surviving Redis the first run's placements are still there: finish those too
             for tid in ids:
                 state = await second.backlog.get(tid)
                 if state is not None and state.state in ("placed", "running") and tid not in done:
-                    await second.finished(tid, "complete")
+                    assert state.worker is not None
+                    await worker_finished(second, tid, state.worker)
                     done.add(tid)
             if len(done) == len(ids):
                 break

@@ -11,7 +11,7 @@ from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.scheduler.pools import pool_specs
 from levers9.state.redis.backlog import Taken
 from levers9.state.sql.tasks import TaskStore
-from tests.scheduler.conftest import MakeHarness
+from tests.scheduler.conftest import MakeHarness, worker_finished
 
 
 def test_pool_specs_from_a_config_file(tmp_path: Path) -> None:
@@ -96,11 +96,11 @@ async def test_a_worker_takes_runs_and_finishes_a_request(make_harness: MakeHarn
     await s.place_once()
     assert await s.heartbeat(wid)
     assert await s.take(wid, 10) == [Taken(req.id)]
-    await s.started(req.id, wid, "ctr-1")
+    assert await s.ctx.tasks.start_many(wid, [(req.id, "ctr-1")]) == [req.id]
     task = await TaskStore(h.db).get(req.id)
     assert task is not None
     assert (task.status, task.worker_id, task.container_id) == ("running", wid, "ctr-1")
-    await s.finished(req.id, "complete")
+    await worker_finished(s, req.id, wid)
     task = await TaskStore(h.db).get(req.id)
     assert task is not None
     assert task.status == "complete"

@@ -333,18 +333,6 @@ class Scheduler:
     async def take(self, worker: str, max_count: int = 1) -> list[Taken]:
         return await self.backlog.take(worker, max_count)
 
-    async def started(self, request_id: str, worker: str, container_id: str) -> None:
-        await self.ctx.tasks.set_running(request_id, worker, container_id)
-
-    async def finished(self, request_id: str, status: str, error: str | None = None) -> None:
-        """A worker reports a task done; its resources go back and the pool's waiting work is woken."""
-        ctx = self.ctx
-        done = await ctx.backlog.finish(request_id, ctx.now_ms())
-        await ctx.tasks.finish(request_id, status, error=error)
-        if done is not None and done.pool:
-            await ctx.backlog.wake(done.pool, ctx.now_ms())
-            ctx.placer_wanted.set()
-
     async def release_many(self, request_ids: Sequence[str], *, worker: str | None = None) -> int:
         """Return the resources of finished requests (their SQL rows are written by the caller) and wake pools.
 

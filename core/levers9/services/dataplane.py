@@ -10,6 +10,21 @@ also loads its arguments; the worker reports with :meth:`DataPlane.report`,
 which stores outcomes in one transaction per batch, retries failed attempts
 the stub allows to retry, frees the worker's resources and wakes watchers.
 
+**Who owns a call's life.** The data plane submits and watches; the
+scheduler (:class:`~levers9.scheduler.service.Scheduler`) places. They meet
+at five points per call, each one method: submit
+(:meth:`Scheduler.submit_many`: the task row and the backlog entry), placement
+(the scheduler's ``on_placed``, :meth:`DataPlane._on_placed`: the only way it
+tells of a placement; the hub wakes the worker), take (:meth:`Scheduler.take`),
+the worker's outcome (:meth:`Scheduler.release_reported`, whose verdict says
+whether it may be stored, or :meth:`Scheduler.retry` for a failed attempt
+retried) and cancel (:meth:`Scheduler.cancel`). Redis holds the placement:
+what this replica remembers sending is a shortcut, never the authority over
+what a worker may report. The ``tasks`` table has one writer,
+:class:`~levers9.state.sql.tasks.TaskStore`, whose docstring lists the states
+and which side moves a task between them; :class:`~levers9.state.sql.calls.CallStore`
+here only reads tasks (and writes their output).
+
 A worker reports only on what was placed on it; what it reports goes through
 :class:`~levers9.services.worker_reports.WorkerReports`, whose docstring says
 how that is checked and what a refusal does.

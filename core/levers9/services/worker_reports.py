@@ -23,6 +23,10 @@ request placed on another worker, or on none, alone and names it): a late
 report from a worker presumed dead, whose call was queued or placed again
 elsewhere, is dropped however far behind SQL's record of the new placement is.
 The flusher therefore waits for Redis's verdict on an outcome before storing it.
+A start is checked against Redis's placement too, by the flusher before it is
+stored (:meth:`WorkerReports._still_placed`): a late start from a worker
+presumed dead would otherwise mark the call running there, and its new
+worker's outcome would then be refused by SQL's check of the owner.
 
 Failures: storing a batch is tried five times, then given up (the tasks stay
 unfinished in SQL and run again after a restart: calls are at least once);
@@ -43,8 +47,8 @@ from typing import TYPE_CHECKING
 from levers9.services.reports import TaskOutcome, WorkerReport
 from levers9.services.stubs import CALLED_KINDS
 from levers9.state.redis.outage import Outage
-from levers9.state.sql.calls import Finish
 from levers9.state.sql.records import CallResult, TaskStatus
+from levers9.state.sql.tasks import Finish
 
 if TYPE_CHECKING:
     from levers9.services.dataplane import DataPlane
@@ -63,6 +67,7 @@ _REFUSED_LOG_S = 60.0
 _REFUSALS = {
     "report": "reports on {n} task(s) not placed on it",
     "outcome": "outcomes of {n} task(s) Redis has placed on another worker, or on none",
+    "start": "starts of {n} task(s) Redis has placed on another worker, or on none",
     "result": "a result upload for a task not placed on it",
     "arguments": "a read of the arguments of a task not placed on it",
     "address": "a serving address the gateway may not connect to",
@@ -347,12 +352,37 @@ class WorkerReports:
                 for o in r.outcomes
             ]  # fmt: skip
             if only_started:
-                await self.dp.calls.start_many(worker_id, only_started)
+                only_started = await self._still_placed(worker_id, only_started)
+            if only_started:
+                await self.dp.services.tasks.start_many(worker_id, only_started)
         if logs:
             await self.dp.calls.append_logs(logs)
         for worker_id, r in by_worker.items():
             if r.outcomes:
                 await self._finish(worker_id, r.outcomes)
+
+    async def _still_placed(self, worker_id: str, started: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The starts of ``started`` whose request Redis still has on ``worker_id``; the others are refused.
+
+        What this replica remembers sending to a worker does not change when the worker is presumed dead and its
+        calls are placed again, so :meth:`admit` lets its late report through; SQL's record of the new placement
+        may lag (the history writer stores it). Redis holds the placement itself: a start from a worker it no
+        longer has the request on is not stored, or the call's new worker could not store its outcome. A request
+        Redis no longer holds (it finished, or Redis lost it) is left to SQL's own check (a pending task, no
+        other worker). One Redis read per batch.
+        """
+        ids = [task_id for task_id, _ in started]
+        states = await self.dp.services.scheduler.backlog.get_many(ids)
+        kept: list[tuple[str, str]] = []
+        refused: list[str] = []
+        for pair, state in zip(started, states, strict=True):
+            if state is None or state.worker == worker_id:
+                kept.append(pair)
+            else:
+                refused.append(pair[0])
+        if refused:
+            self.refuse(worker_id, "start", set(refused) - await self._resent(worker_id, refused, "starts"))
+        return kept
 
     async def _finish(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> None:
         final: list[Finish] = []
@@ -380,7 +410,7 @@ class WorkerReports:
                     container_id=o.container_id,
                 )
             )
-        stored = await self.dp.calls.finish_many(final, worker_id=worker_id)
+        stored = await self.dp.services.tasks.finish_many(final, worker_id=worker_id)
         if stored:
             # watchers on this replica get the outcome itself: no read back from SQL
             outcome = {f.task_id: f for f in final}

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import Connection, Table
 
 from levers9.state.sql import direct
-from levers9.state.sql.calls import CallStore, Finish
+from levers9.state.sql.calls import CallStore
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Task, new_id
 from levers9.state.sql.records import PlacementEvent, WorkspaceRecord
-from levers9.state.sql.tasks import TaskStore
+from levers9.state.sql.tasks import Finish, TaskStore
 
 _TASKS: Table = Task.__table__  # type: ignore[assignment]
 
@@ -63,7 +63,7 @@ async def test_what_the_direct_path_writes_reads_back_through_sqlalchemy(
     before = datetime.now(UTC)
     [created] = await tasks.create_many(workspace.id, [("task_direct1", REQUEST)], args=[b"arguments"])
     await tasks.record([PlacementEvent("task_direct1", "placed", pool="cpu", worker_id="w1", gpu="L4")])
-    assert await calls.finish_many([Finish("task_direct1", "complete", b"value")], worker_id="w1") == ["task_direct1"]
+    assert await tasks.finish_many([Finish("task_direct1", "complete", b"value")], worker_id="w1") == ["task_direct1"]
 
     task = await tasks.get("task_direct1")
     assert task is not None
@@ -112,11 +112,11 @@ async def test_run_direct_rolls_back_what_its_work_wrote_before_raising(
 
 @sqlite_only
 async def test_batches_larger_than_one_in_list_are_read_whole(db: Database, workspace: WorkspaceRecord) -> None:
-    tasks, calls = TaskStore(db), CallStore(db)
+    tasks = TaskStore(db)
     ids = [new_id("task") for _ in range(1_234)]  # more than two of direct's IN lists
     await tasks.create_many(workspace.id, [(t, REQUEST) for t in ids], args=[b"a"] * len(ids))
     await tasks.record([PlacementEvent(t, "placed", pool="cpu", worker_id="w1") for t in ids])
-    stored = await calls.finish_many([Finish(t, "complete", b"r") for t in ids], worker_id="w1")
+    stored = await tasks.finish_many([Finish(t, "complete", b"r") for t in ids], worker_id="w1")
     assert sorted(stored) == sorted(ids)
     assert {t.worker_id for t in await tasks.get_many(ids)} == {"w1"}
 

@@ -4,29 +4,29 @@ A map of ten thousand calls must not become forty thousand transactions, so
 every method here takes many tasks at once; the worker session batches what
 its worker reports, and these turn each batch into one transaction.
 
-Results are accepted only from the worker a task is assigned to: a worker that
-was presumed dead (and whose task was requeued and placed elsewhere) and then
-reports late does not overwrite the attempt that replaced it.
+This store only reads the ``tasks`` table (and ``task_io``'s arguments and
+results); it writes calls' output (``task_logs``) and stubs' handlers. The one
+writer of ``tasks`` is :class:`~levers9.state.sql.tasks.TaskStore`, which
+also stores what workers report (:meth:`~levers9.state.sql.tasks.TaskStore.start_many`,
+:meth:`~levers9.state.sql.tasks.TaskStore.finish_many`).
 """
 
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from sqlalchemy import Connection, Select, Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Table, func, insert, select, update
 
 from levers9.quantities import MIB, format_bytes
-from levers9.state.sql import direct
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Stub, Task, TaskIO, TaskLog, utcnow
 from levers9.state.sql.records import CallResult, TaskStatus
 
-__all__ = ["CallResult", "CallStore", "Dispatch", "Finish"]
+__all__ = ["CallResult", "CallStore", "Dispatch"]
 
 #: output kept per task when the operator sets no limits.max_task_log_bytes (the config's default)
 DEFAULT_MAX_TASK_LOG_BYTES = 8 * MIB
@@ -37,35 +37,6 @@ _UNFINISHED = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
 _TASKS = cast(Table, Task.__table__)
 _TASK_IO = cast(Table, TaskIO.__table__)
 _TASK_LOGS = cast(Table, TaskLog.__table__)
-# compiled once per process, not per batch
-_FINISH = (
-    update(_TASKS)
-    .where(_TASKS.c.id == bindparam("tid"))
-    .values(
-        status=bindparam("st"),
-        error=bindparam("err"),
-        finished_at=bindparam("now"),
-        updated_at=bindparam("now"),
-        started_at=func.coalesce(_TASKS.c.started_at, bindparam("now")),
-        container_id=func.coalesce(bindparam("cid"), _TASKS.c.container_id),
-        worker_id=func.coalesce(_TASKS.c.worker_id, bindparam("wid")),
-    )
-)
-_FINISH_IO = (
-    update(_TASK_IO)
-    .where(_TASK_IO.c.task_id == bindparam("tid"))
-    .values(result=bindparam("res"), error_type=bindparam("et"), traceback=bindparam("tb"))
-)
-
-
-def _locked_states(ids: Sequence[str]) -> Select[str, str, str | None]:
-    """Status and worker of ``ids``, locked in id order (PostgreSQL) so two batches cannot deadlock."""
-    return (
-        select(_TASKS.c.id, _TASKS.c.status, _TASKS.c.worker_id)
-        .where(_TASKS.c.id.in_(ids))
-        .order_by(_TASKS.c.id)
-        .with_for_update()
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +51,6 @@ class Dispatch:
     status: str
     #: it waits in the worker's own queue, to start when the worker's room frees (the scheduler says)
     queued: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    task_id: str
-    #: complete, error, cancelled or timeout
-    status: str
-    result: bytes | None = None
-    error: str | None = None
-    error_type: str | None = None
-    traceback: str | None = None
-    #: where it ran, when the start was not stored separately (a call that started and ended in one report)
-    container_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -193,89 +151,6 @@ class CallStore:
             return {}
         query = select(_TASKS.c.id, _TASKS.c.status, _TASKS.c.worker_id).where(_TASKS.c.id.in_(list(task_ids)))
         return await self._db.run(lambda connection: {row[0]: (row[1], row[2]) for row in connection.execute(query)})
-
-    async def start_many(self, worker_id: str, started: Sequence[tuple[str, str]]) -> list[str]:
-        """Mark ``(task_id, container_id)`` pairs running on ``worker_id``; returns the ids that changed."""
-        if not started:
-            return []
-        ids = sorted({task_id for task_id, _ in started})
-        now = utcnow()
-
-        def work(connection: Connection) -> list[dict[str, Any]]:
-            current = {row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))}
-            changes = [
-                {"tid": task_id, "cid": container_id, "wid": worker_id, "now": now}
-                for task_id, container_id in started
-                if current.get(task_id, ("", None))[0] == TaskStatus.PENDING.value
-                and current[task_id][1] in (None, worker_id)
-            ]
-            if changes:
-                connection.execute(
-                    update(_TASKS)
-                    .where(_TASKS.c.id == bindparam("tid"))
-                    .values(
-                        status=TaskStatus.RUNNING.value,
-                        container_id=bindparam("cid"),
-                        worker_id=bindparam("wid"),
-                        started_at=bindparam("now"),
-                        updated_at=bindparam("now"),
-                    ),
-                    changes,
-                )
-            return changes
-
-        return [str(c["tid"]) for c in await self._db.run(work)]
-
-    async def finish_many(self, finishes: Sequence[Finish], *, worker_id: str | None = None) -> list[str]:
-        """Store outcomes of unfinished tasks (assigned to ``worker_id`` when given); returns the ids stored.
-
-        A task that already finished, or that now belongs to another worker, is
-        skipped: finishing is idempotent and a late report cannot overwrite.
-        """
-        if not finishes:
-            return []
-        for f in finishes:
-            if not TaskStatus(f.status).terminal:
-                raise ValueError(f"task {f.task_id}: finish needs a terminal status, got {f.status!r}")
-        ids = sorted({f.task_id for f in finishes})
-        now = utcnow()
-
-        def accept(current: dict[str, tuple[str, str | None]]) -> list[Finish]:
-            accepted: list[Finish] = []
-            seen: set[str] = set()
-            for f in finishes:
-                status, owner = current.get(f.task_id, ("", None))
-                if f.task_id in seen or status not in _UNFINISHED:
-                    continue
-                if worker_id is not None and owner not in (None, worker_id):
-                    continue
-                seen.add(f.task_id)
-                accepted.append(f)
-            return accepted
-
-        def rows(accepted: list[Finish]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            return (
-                [{"tid": f.task_id, "st": f.status, "err": f.error, "now": now, "cid": f.container_id,
-                  "wid": worker_id} for f in accepted],
-                [{"tid": f.task_id, "res": f.result, "et": f.error_type, "tb": f.traceback} for f in accepted],
-            )  # fmt: skip
-
-        def work(connection: Connection) -> list[Finish]:
-            accepted = accept({row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))})
-            if accepted:
-                task_rows, io_rows = rows(accepted)
-                connection.execute(_FINISH, task_rows)
-                connection.execute(_FINISH_IO, io_rows)
-            return accepted
-
-        def direct_work(connection: sqlite3.Connection) -> list[Finish]:
-            accepted = accept(direct.status_and_worker(connection, ids))
-            if accepted:
-                direct.finish(connection, *rows(accepted))
-            return accepted
-
-        done = await (self._db.run_direct(direct_work) if self._db.direct else self._db.run(work))
-        return [f.task_id for f in done]
 
     async def results(self, task_ids: Sequence[str], *, workspace_id: str | None = None) -> list[CallResult]:
         """Outcomes of the finished tasks among ``task_ids`` (of ``workspace_id`` when given)."""

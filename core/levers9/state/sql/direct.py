@@ -129,7 +129,7 @@ def set_placed(connection: sqlite3.Connection, placed: Sequence[dict[str, Any]],
 
 
 def finish(connection: sqlite3.Connection, rows: Sequence[dict[str, Any]], io_rows: Sequence[dict[str, Any]]) -> None:
-    """Store outcomes: the rows :meth:`CallStore.finish_many` builds for the calls it accepted."""
+    """Store outcomes: the rows :meth:`TaskStore.finish_many` builds for the calls it accepted."""
     connection.executemany(
         _FINISH,
         [(r["st"], r["err"], stamp(r["now"]), stamp(r["now"]), stamp(r["now"]), r["cid"], r["wid"], r["tid"])

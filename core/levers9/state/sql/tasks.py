@@ -1,14 +1,36 @@
-"""Tasks and their placement history: the source of truth the scheduler rebuilds from after a restart.
+"""Tasks and their placement history: the one writer of the ``tasks`` table, and what the scheduler rebuilds from.
 
 Redis holds the scheduler's working queues; this table holds what must
 survive the controlplane: every task that is not finished is read back by
-:meth:`TaskStore.unfinished` at start. Status changes follow one rule set:
+:meth:`TaskStore.unfinished` at start.
 
-* ``pending`` -> ``running`` (a container started) -> a terminal status;
-* ``pending`` or ``running`` -> ``pending`` again through :meth:`TaskStore.requeue`,
-  which counts an attempt;
-* terminal statuses (complete, error, cancelled, timeout) never change again;
-  finishing twice with the same status is accepted, so a retried RPC is harmless.
+**One writer.** Every write to ``tasks`` (and to ``task_io``'s arguments and
+results) goes through :class:`TaskStore`; :class:`~levers9.state.sql.calls.CallStore`
+only reads them. Who moves a task, and by which method:
+
+* created ``pending`` (with its arguments): :meth:`TaskStore.create_many`, by
+  :meth:`Scheduler.submit_many <levers9.scheduler.service.Scheduler.submit_many>`
+  (the data plane's submit), before the request is put on the Redis backlog;
+* where it was placed (worker, pool, GPU; no change of status):
+  :meth:`TaskStore.record`, by the scheduler's history writer
+  (:mod:`levers9.scheduler.history`), behind the placement Redis made;
+* ``pending`` -> ``running``: :meth:`TaskStore.start_many`, by the data plane's
+  report path (:mod:`levers9.services.worker_reports`), for the starts Redis
+  says are placed on the reporting worker;
+* ``pending``/``running`` -> a terminal status: :meth:`TaskStore.finish_many`
+  (a worker's outcomes, once Redis freed them from that worker),
+  :meth:`TaskStore.cancel` (a user, through the scheduler's ``cancel``),
+  :meth:`TaskStore.finish` (the scheduler alone: a request that gave up, one
+  no pool fits any more, a stored request that cannot be read after a restart);
+* ``pending``/``running`` -> ``pending`` again: :meth:`TaskStore.requeue`, by the
+  scheduler alone (a failed attempt retried, a worker or machine lost, a
+  worker a restart lost track of), which counts an attempt.
+
+Status changes follow one rule set: terminal statuses (complete, error,
+cancelled, timeout) never change again; finishing twice with the same status
+is accepted, so a retried RPC is harmless; a worker's start or outcome is
+stored only for a task that is unfinished and on that worker or on none (a
+late report cannot overwrite the attempt that replaced it).
 """
 
 from __future__ import annotations
@@ -16,10 +38,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import JSON, Connection, Table, Text, bindparam, column, func, insert, select, update
+from sqlalchemy import JSON, Connection, Select, Table, Text, bindparam, column, func, insert, select, update
 from sqlalchemy import cast as cast_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.selectable import TableValuedAlias
@@ -91,6 +114,50 @@ _PG_PLACED = (
     .where(_TASKS.c.id == _pg_placed.c.id)
     .values(worker_id=_pg_placed.c.worker_id, pool=_pg_placed.c.pool, gpu=_pg_placed.c.gpu, updated_at=bindparam("now"))
 )
+
+
+# compiled once per process, not per batch
+_FINISH = (
+    update(_TASKS)
+    .where(_TASKS.c.id == bindparam("tid"))
+    .values(
+        status=bindparam("st"),
+        error=bindparam("err"),
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        started_at=func.coalesce(_TASKS.c.started_at, bindparam("now")),
+        container_id=func.coalesce(bindparam("cid"), _TASKS.c.container_id),
+        worker_id=func.coalesce(_TASKS.c.worker_id, bindparam("wid")),
+    )
+)
+_FINISH_IO = (
+    update(_TASK_IO)
+    .where(_TASK_IO.c.task_id == bindparam("tid"))
+    .values(result=bindparam("res"), error_type=bindparam("et"), traceback=bindparam("tb"))
+)
+
+
+def _locked_states(ids: Sequence[str]) -> Select[str, str, str | None]:
+    """Status and worker of ``ids``, locked in id order (PostgreSQL) so two batches cannot deadlock."""
+    return (
+        select(_TASKS.c.id, _TASKS.c.status, _TASKS.c.worker_id)
+        .where(_TASKS.c.id.in_(ids))
+        .order_by(_TASKS.c.id)
+        .with_for_update()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    task_id: str
+    #: complete, error, cancelled or timeout
+    status: str
+    result: bytes | None = None
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    #: where it ran, when the start was not stored separately (a call that started and ended in one report)
+    container_id: str | None = None
 
 
 def _task(row: Task) -> TaskRecord:
@@ -387,6 +454,89 @@ class TaskStore:
             row.updated_at = now
             return _task(row)
 
+    async def start_many(self, worker_id: str, started: Sequence[tuple[str, str]]) -> list[str]:
+        """Mark ``(task_id, container_id)`` pairs running on ``worker_id``; returns the ids that changed."""
+        if not started:
+            return []
+        ids = sorted({task_id for task_id, _ in started})
+        now = utcnow()
+
+        def work(connection: Connection) -> list[dict[str, Any]]:
+            current = {row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))}
+            changes = [
+                {"tid": task_id, "cid": container_id, "wid": worker_id, "now": now}
+                for task_id, container_id in started
+                if current.get(task_id, ("", None))[0] == TaskStatus.PENDING.value
+                and current[task_id][1] in (None, worker_id)
+            ]
+            if changes:
+                connection.execute(
+                    update(_TASKS)
+                    .where(_TASKS.c.id == bindparam("tid"))
+                    .values(
+                        status=TaskStatus.RUNNING.value,
+                        container_id=bindparam("cid"),
+                        worker_id=bindparam("wid"),
+                        started_at=bindparam("now"),
+                        updated_at=bindparam("now"),
+                    ),
+                    changes,
+                )
+            return changes
+
+        return [str(c["tid"]) for c in await self._db.run(work)]
+
+    async def finish_many(self, finishes: Sequence[Finish], *, worker_id: str | None = None) -> list[str]:
+        """Store outcomes of unfinished tasks (assigned to ``worker_id`` when given); returns the ids stored.
+
+        A task that already finished, or that now belongs to another worker, is
+        skipped: finishing is idempotent and a late report cannot overwrite.
+        """
+        if not finishes:
+            return []
+        for f in finishes:
+            if not TaskStatus(f.status).terminal:
+                raise ValueError(f"task {f.task_id}: finish needs a terminal status, got {f.status!r}")
+        ids = sorted({f.task_id for f in finishes})
+        now = utcnow()
+
+        def accept(current: dict[str, tuple[str, str | None]]) -> list[Finish]:
+            accepted: list[Finish] = []
+            seen: set[str] = set()
+            for f in finishes:
+                status, owner = current.get(f.task_id, ("", None))
+                if f.task_id in seen or status not in _UNFINISHED:
+                    continue
+                if worker_id is not None and owner not in (None, worker_id):
+                    continue
+                seen.add(f.task_id)
+                accepted.append(f)
+            return accepted
+
+        def rows(accepted: list[Finish]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            return (
+                [{"tid": f.task_id, "st": f.status, "err": f.error, "now": now, "cid": f.container_id,
+                  "wid": worker_id} for f in accepted],
+                [{"tid": f.task_id, "res": f.result, "et": f.error_type, "tb": f.traceback} for f in accepted],
+            )  # fmt: skip
+
+        def work(connection: Connection) -> list[Finish]:
+            accepted = accept({row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))})
+            if accepted:
+                task_rows, io_rows = rows(accepted)
+                connection.execute(_FINISH, task_rows)
+                connection.execute(_FINISH_IO, io_rows)
+            return accepted
+
+        def direct_work(connection: sqlite3.Connection) -> list[Finish]:
+            accepted = accept(direct.status_and_worker(connection, ids))
+            if accepted:
+                direct.finish(connection, *rows(accepted))
+            return accepted
+
+        done = await (self._db.run_direct(direct_work) if self._db.direct else self._db.run(work))
+        return [f.task_id for f in done]
+
     async def finish(self, task_id: str, status: str, error: str | None = None) -> TaskRecord:
         """End the task with a terminal ``status``. Finishing again with the same status changes nothing."""
         final = parse_enum(TaskStatus, status, "task status")
@@ -469,4 +619,4 @@ class TaskStore:
             return [_event(row) for row in rows]
 
 
-__all__ = ["TaskStore"]
+__all__ = ["Finish", "TaskStore"]
