@@ -7,7 +7,7 @@ of ``tests/data/k8s`` (an EKS g6.xlarge with one L4 labelled by GPU Feature
 Discovery, and an m6i.xlarge), reached by the real ``kubernetes`` client
 through a kubeconfig. Join tokens are issued for ``attached_cluster`` with the
 labels ``levers9 cluster join`` gives them. Orders carry the Job and Secret
-``levers9_local_k8s.jobs`` makes (:func:`tests.agent.test_k8s_workers.make_order`:
+``levers9.kube.jobs`` makes (:func:`tests.agent.test_k8s_workers.make_order`:
 the worker's command replaced by ``sleep``).
 
 What is checked: ``levers9 agent join --kubernetes`` (a real process) keeps
@@ -51,14 +51,15 @@ from levers9.agent.daemon import EXIT_REFUSED, EXIT_SHARED_NAMESPACE, K8S_POLL_S
 from levers9.agent.k8s_api import kubeconfig_client
 from levers9.agent.k8s_credential import SECRET_KEY, SECRET_NAME
 from levers9.agent.k8s_objects import MACHINE_LABEL
+from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InsufficientCapacity
 from levers9.hooks.types import Pool
+from levers9.kube.jobs import job_name, secret_name
 from levers9.proto.v1 import agent_pb2
 from levers9.services import agent_join
 from levers9.services.agent_messages import publish_disconnect
 from levers9.services.auth import Principal
 from levers9.state.sql.records import TokenKind
-from levers9_local_k8s.jobs import job_name, secret_name
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings
 from tests.agent.agent_wire import AgentServer, eventually, opened_server
@@ -459,7 +460,7 @@ async def test_cluster_remove_leaves_a_local_k8s_pools_job_in_the_same_namespace
     )
     pool = Pool(name="cpu-local", provider="local_k8s", runtime="process", settings=settings)
     try:
-        theirs = local.provision(provision_request(pool, None))
+        theirs = local.levers9_provision(provision_request(pool, None))
         credential = await joined(server)
         agent_id = credential.agent_id
         mode = KubernetesMode(NAMESPACE, api_client_factory=partial(kubeconfig_client, str(kubeconfig)))
@@ -483,11 +484,11 @@ async def test_cluster_remove_leaves_a_local_k8s_pools_job_in_the_same_namespace
         assert f"deleted its worker Jobs and Secrets in namespace {NAMESPACE}" in caplog.text
         jobs = [j["metadata"]["name"] for j in cluster.objects("jobs", NAMESPACE)]
         assert jobs == [theirs.provider_id]
-        assert [m.machine_id for m in local.list_machines(pool)] == [theirs.machine_id]
-        local.terminate(pool, theirs)
+        assert [m.machine_id for m in local.levers9_list_machines(pool)] == [theirs.machine_id]
+        local.levers9_terminate(pool, theirs)
         await eventually(lambda: worker_objects(cluster) == [], "the local_k8s pool's Job gone by its own hand")
     finally:
-        local.shutdown()
+        local.levers9_shutdown(PluginContext.bare("local_k8s"))
 
 
 # ---------------------------------------------------------------------------------------------- the change key

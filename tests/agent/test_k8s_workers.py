@@ -6,7 +6,7 @@ process) loaded with the recorded nodes of ``tests/data/k8s``: an EKS
 g6.xlarge with one L4, labelled by GPU Feature Discovery and tainted
 ``nvidia.com/gpu=present:NoSchedule``, and an m6i.xlarge without GPUs. The
 orders carry the very Job and Secret the controlplane will build, made here
-with ``levers9_local_k8s.jobs`` from a provision request; the worker's command
+with ``levers9.kube.jobs`` from a provision request; the worker's command
 is replaced by ``sleep`` so a pod stays Running for as long as a test needs it
 (the agent does not care what the container runs). Faults are injected at the
 wire (``fail``, ``deny``), never by patching the client.
@@ -42,7 +42,7 @@ from levers9.agent.k8s_workers import K8sWorkers, build_k8s_inventory
 from levers9.gpu import from_k8s_labels
 from levers9.hooks.types import Availability, GpuOffer, MachineState, Pool
 from levers9.kube import format_quantity, parse_quantity
-from levers9_local_k8s.jobs import job_manifest, job_name, secret_manifest, secret_name
+from levers9.kube.jobs import job_manifest, job_name, secret_manifest, secret_name
 from levers9_local_k8s.settings import LocalK8sSettings
 from tests.fakes.k8s_cluster import CPU_NODE, GPU_NODE, RECORDED, FakeCluster, recorded_cluster
 from tests.fixtures.wait import wait_for

@@ -1,7 +1,7 @@
 """A ``provision`` order's Job and Secret, checked before the agent creates anything in its cluster.
 
 The controlplane builds each worker's Job and token Secret (the objects
-``levers9_local_k8s.jobs`` makes) and sends them in the order's payload
+``levers9.kube.jobs`` makes) and sends them in the order's payload
 ``{"machine_id", "job", "secret"}``. :func:`check_provision` makes sure they are
 what a levers9 worker needs and nothing more, so an agent never creates, on
 the controlplane's word, something that reaches beyond its namespace:
@@ -44,10 +44,10 @@ from levers9.kube import as_list, as_object, parse_quantity
 
 __all__ = ["MACHINE_LABEL", "OWNER_LABEL", "POOL_LABEL", "ProvisionObjects", "check_provision", "machine_id_of"]
 
-#: the label that ties a Job, its pod and its Secret to a levers9 machine (as ``levers9_local_k8s.jobs`` sets it)
+#: the label that ties a Job, its pod and its Secret to a levers9 machine (as ``levers9.kube.jobs`` sets it)
 MACHINE_LABEL = "levers9/machine-id"
 POOL_LABEL = "levers9/pool"
-#: whose worker a Job is: a pool's name (as ``levers9_local_k8s.jobs`` sets it); the agent's is its cluster's pool
+#: whose worker a Job is: a pool's name (as ``levers9.kube.jobs`` sets it); the agent's is its cluster's pool
 OWNER_LABEL = "levers9/owner"
 _INVALID = "invalid_request"
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")

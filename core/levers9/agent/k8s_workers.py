@@ -3,7 +3,7 @@
 An agent that runs inside a customer's cluster (``attached_cluster``) carries
 out the controlplane's orders through that cluster's API instead of Docker.
 The controlplane builds each worker's Job and token Secret (the very objects
-``local_k8s`` creates, ``levers9_local_k8s.jobs``) and sends them in the
+``local_k8s`` creates, ``levers9.kube.jobs``) and sends them in the
 ``provision`` order; :class:`K8sWorkers` checks them
 (:mod:`levers9.agent.k8s_objects`), checks that they fit
 (:mod:`levers9.kube`), creates them, and reads back what runs,

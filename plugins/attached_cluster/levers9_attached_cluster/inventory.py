@@ -7,13 +7,13 @@ quantity string, "pods": n}}, "workers": [WorkerJob.info()...]}`` (see
 
 * :func:`node_rooms`: what each node can still take for a pool, by the very
   rules ``local_k8s`` applies to its own cluster
-  (:func:`levers9_local_k8s.nodes.rooms_from_usage`: GPU type from the node's
+  (:func:`levers9.kube.rooms.rooms_from_usage`: GPU type from the node's
   labels, the pool's node selector and tolerations, Ready and uncordoned,
   allocatable less what live pods request). A quantity the agent sent that does
   not parse counts as nothing held (the agent checks room again, exactly,
   before it creates anything); a report that is not of that shape is no nodes.
 * :func:`machine_of`: one reported worker as the :class:`Machine` levers9
-  tracks, in the states ``levers9_local_k8s.machines`` gives a Job and its pod:
+  tracks, in the states ``local_k8s`` gives a Job and its pod (``levers9_local_k8s.machines``):
 
   ============================================  ==========  ========================================
   the worker as reported                        state       reason
@@ -44,8 +44,8 @@ from typing import Any
 from levers9.hooks.context import AgentInventory
 from levers9.hooks.types import Machine, MachineState, Pool
 from levers9.kube import parse_quantity
+from levers9.kube.rooms import NodeRoom, rooms_from_usage
 from levers9_attached_cluster.settings import AttachedClusterSettings
-from levers9_local_k8s.nodes import NodeRoom, rooms_from_usage
 
 __all__ = ["details", "machine_of", "node_rooms", "reported_namespace", "usage", "workers"]
 

@@ -14,7 +14,7 @@ was heard from within ``heartbeat_timeout_s``; when a cluster was joined again
 (several agents), the one heard from most recently is the cluster's.
 
 * offers: for a GPU pool, the serving agent's nodes as ``local_k8s`` reads its
-  own (:func:`levers9_local_k8s.nodes.rooms_from_usage` with the pool's node
+  own (:func:`levers9.kube.rooms.rooms_from_usage` with the pool's node
   selector, tolerations and GPU resource): one offer per GPU-type label
   (``instance_type`` ``nvidia.com/gpu.product=NVIDIA-L4``, which the Job then
   requires through node affinity), ``available`` when one such node has
@@ -31,9 +31,9 @@ was heard from within ``heartbeat_timeout_s``; when a cluster was joined again
   for the machine (a retry), a node of the reported inventory must have room
   for the worker now, else :class:`InsufficientCapacity` naming each node's
   shortfall (code ``NoNodeFits``) before any order is sent, so the scheduler
-  fails over at once. The Job and its token Secret are ``local_k8s``'s
-  (:mod:`levers9_local_k8s.jobs`, from the pool's settings as
-  :func:`pod_settings` translates them); they go in a ``provision`` order with
+  fails over at once. The Job and its token Secret are the ones ``local_k8s``
+  makes (:mod:`levers9.kube.jobs`, from the pool's settings as
+  :func:`pod_settings` gives them); they go in a ``provision`` order with
   the idempotency key ``prov-<machine id>``. The agent checks them, room and
   the namespace's ResourceQuotas again, exactly, and a refusal is the typed
   error its ``error_kind`` names (``quota_exceeded`` -> :class:`QuotaExceeded`,
@@ -67,6 +67,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from pydantic import BaseModel
+
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import AgentAck, AgentInventory, AgentOrder, PluginContext
 from levers9.hooks.errors import (
@@ -76,6 +78,8 @@ from levers9.hooks.errors import (
     ProviderError,
     Throttled,
 )
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.spec import SPEC_VERSION
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -84,12 +88,12 @@ from levers9.hooks.types import (
     Pool,
     ProviderCheck,
     ProvisionRequest,
+    settings_of,
 )
+from levers9.kube.jobs import WorkerPod, check_privileged, job_manifest, job_name, secret_manifest
+from levers9.kube.rooms import NodeRoom, describe_misses
 from levers9_attached_cluster.inventory import machine_of, node_rooms, reported_namespace, workers
 from levers9_attached_cluster.settings import AttachedClusterSettings
-from levers9_local_k8s.jobs import check_privileged, job_manifest, job_name, secret_manifest
-from levers9_local_k8s.nodes import NodeRoom, describe_misses
-from levers9_local_k8s.settings import LocalK8sSettings
 
 __all__ = ["PROVIDER", "AgentOffline", "AttachedClusterProvider", "pod_settings"]
 
@@ -108,18 +112,16 @@ class AgentOffline(ProviderError):
 
 
 def _settings(pool: Pool) -> AttachedClusterSettings:
-    if isinstance(pool.settings, AttachedClusterSettings):
-        return pool.settings
-    return AttachedClusterSettings.model_validate(pool.settings or {})
+    return settings_of(pool, AttachedClusterSettings)
 
 
-def pod_settings(settings: AttachedClusterSettings) -> LocalK8sSettings:
-    """The ``local_k8s`` settings that make ``levers9_local_k8s.jobs`` build this pool's Job and Secret.
+def pod_settings(settings: AttachedClusterSettings) -> WorkerPod:
+    """What makes :mod:`levers9.kube.jobs` build this pool's Job and Secret, as it builds ``local_k8s``'s.
 
-    Every field the two share is carried over; what ``local_k8s`` has and an attached cluster does not (a
-    kubeconfig, a priority class, a deadline) is left at its default: no kubeconfig is ever read from here.
+    Every field the two providers share is carried over; what ``local_k8s`` has and an attached cluster does
+    not (a kubeconfig, a priority class, a deadline) is left at its default: no kubeconfig is ever read here.
     """
-    return LocalK8sSettings(
+    return WorkerPod(
         namespace=settings.namespace,
         worker_image=settings.worker_image,
         service_account=settings.service_account,
@@ -149,14 +151,23 @@ def _refusal(ack: AgentAck, order: AgentOrder, where: str) -> ProviderError:
 
 
 class AttachedClusterProvider:
-    """The hooks' state: the plugin context (its agent hub) and a clock."""
+    """The ``attached_cluster`` plugin object, its methods the hooks; its state: the plugin context (its agent
+    hub, from ``levers9_startup``) and a clock."""
+
+    LEVERS9_SPEC_VERSION = SPEC_VERSION
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.ctx: PluginContext | None = None
         self._clock = clock
 
-    def startup(self, ctx: PluginContext) -> None:
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
+
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``attached_cluster`` a provider; its pools validate with :class:`AttachedClusterSettings`."""
+        return AttachedClusterSettings
 
     def _context(self) -> PluginContext:
         if self.ctx is None or self.ctx.agents is None:
@@ -217,7 +228,8 @@ class AttachedClusterProvider:
 
     # -------------------------------------------------------------------------- offers
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if not pool.gpu or pool.gpu_count < 1 or not self._has_hub:
             # outside a controlplane no agent connects: nothing to offer, which is no failure of the pool's
             return []
@@ -252,7 +264,8 @@ class AttachedClusterProvider:
 
     # -------------------------------------------------------------------------- provision
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         ctx = self._context()
         pool = request.pool
         settings = _settings(pool)
@@ -350,7 +363,8 @@ class AttachedClusterProvider:
 
     # -------------------------------------------------------------------------- terminate, list
 
-    def terminate(self, pool: Pool, machine: Machine) -> None:
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
         ctx = self._context()
         settings = _settings(pool)
         where = f"pool {pool.name!r} (cluster {settings.cluster!r}): stopping {machine.provider_id}"
@@ -380,7 +394,8 @@ class AttachedClusterProvider:
         except TimeoutError as exc:  # the same order (same id) may be acknowledged on a later try
             raise AgentOffline(f"{where}: {exc}") from None
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
         settings = _settings(pool)
         reported = [a for a in self.agents(pool) if isinstance(a.capacity.get("details"), dict)]
         if not reported:
@@ -402,7 +417,8 @@ class AttachedClusterProvider:
 
     # -------------------------------------------------------------------------- check
 
-    def check(self, pool: Pool) -> ProviderCheck:
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
         settings = _settings(pool)
         try:
             check_privileged(pool.name, pool.runtime, settings.privileged)

@@ -1,9 +1,9 @@
 """Pool settings of the ``attached_cluster`` provider.
 
-The Kubernetes shapes (tolerations, label and name syntax) are the ones
-``local_k8s`` defines, imported from there so the two providers validate pod
-placement identically; that module imports nothing but pydantic and
-:mod:`levers9.config.fields`, which also supplies the image syntax.
+The Kubernetes shapes (tolerations, label and name syntax) are those of
+:mod:`levers9.kube.shapes`, which ``local_k8s`` uses too, so the two providers
+validate pod placement identically; :mod:`levers9.config.fields` supplies the
+image syntax.
 """
 
 from __future__ import annotations
@@ -11,14 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.config.fields import ImageRef, UniqueList
-from levers9_local_k8s.settings import (
-    DnsLabel,
-    DnsSubdomain,
-    NodeSelector,
-    ResourceName,
-    SecretName,
-    Toleration,
-)
+from levers9.kube.shapes import DnsLabel, DnsSubdomain, NodeSelector, ResourceName, SecretName, Toleration
 
 
 class AttachedClusterSettings(BaseModel):

@@ -12,82 +12,22 @@ The settings mirror what a pod spec needs for GPU nodes (namespace, image,
 service account, node selector, tolerations, pull secrets) and are validated
 with the API server's own syntax rules, so mistakes surface when config loads.
 
-The hooks below are thin: :mod:`levers9_local_k8s.provider` says what each
-does, and holds the one provider object they share (its API clients, made by
+The hooks are the methods of :class:`K8sProvider`
+(:mod:`levers9_local_k8s.provider` says what each does); the entry point names
+:data:`plugin`, its one instance, whose API clients, made by
 :mod:`levers9_local_k8s.client`, live from ``levers9_startup`` to
-``levers9_shutdown``). The ``kubernetes`` client is imported only inside the
+``levers9_shutdown``. The Job and Secret a worker is made of, and what each
+node can still take, are :mod:`levers9.kube.jobs` and :mod:`levers9.kube.rooms`,
+which ``attached_cluster`` uses too. The ``kubernetes`` client is imported only inside the
 functions that make a client, never when this package is imported.
 """
 
 from __future__ import annotations
 
-import sys
-
-from pydantic import BaseModel
-
-from levers9.hooks.context import PluginContext
-from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import GpuOffer, Machine, Pool, ProviderCheck, ProvisionRequest
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings, Toleration
 
-__all__ = [
-    "K8sProvider",
-    "LocalK8sSettings",
-    "Toleration",
-    "levers9_check",
-    "levers9_gpu_offers",
-    "levers9_list_machines",
-    "levers9_provider_settings",
-    "levers9_provision",
-    "levers9_shutdown",
-    "levers9_startup",
-    "levers9_terminate",
-]
+__all__ = ["K8sProvider", "LocalK8sSettings", "Toleration", "plugin"]
 
-#: the hooks' shared state: the API clients of the pools' clusters
-_provider = K8sProvider()
-
-
-@hookimpl
-def levers9_provider_settings() -> type[BaseModel]:
-    """Declare ``local_k8s`` a provider whose pools are validated with :class:`LocalK8sSettings`."""
-    return LocalK8sSettings
-
-
-@hookimpl
-def levers9_startup(ctx: PluginContext) -> None:
-    _provider.startup(ctx)
-
-
-@hookimpl
-def levers9_shutdown(ctx: PluginContext) -> None:
-    _provider.shutdown()
-
-
-@hookimpl
-def levers9_check(pool: Pool) -> ProviderCheck:
-    return _provider.check(pool)
-
-
-@hookimpl
-def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
-    return _provider.gpu_offers(pool)
-
-
-@hookimpl
-def levers9_provision(request: ProvisionRequest) -> Machine:
-    return _provider.provision(request)
-
-
-@hookimpl
-def levers9_terminate(pool: Pool, machine: Machine) -> None:
-    _provider.terminate(pool, machine)
-
-
-@hookimpl
-def levers9_list_machines(pool: Pool) -> list[Machine]:
-    return _provider.list_machines(pool)
-
-#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
-plugin = sys.modules[__name__]
+#: the plugin object the entry point names; its state: the API clients of the pools' clusters
+plugin = K8sProvider()

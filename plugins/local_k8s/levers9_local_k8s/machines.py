@@ -37,7 +37,7 @@ from typing import Any
 
 from levers9.hooks.types import Machine, MachineState, Pool
 from levers9.kube import container_detail, start_failure, unschedulable
-from levers9_local_k8s.jobs import MACHINE_LABEL
+from levers9.kube.jobs import MACHINE_LABEL
 
 __all__ = ["machine_of"]
 

@@ -1,8 +1,8 @@
 """The ``local_k8s`` provider's hooks: nodes as offers, one Job per worker, labels to find them again.
 
-* offers (:meth:`K8sProvider.gpu_offers`): the nodes (``list_node``) and the
+* offers (:meth:`K8sProvider.levers9_gpu_offers`): the nodes (``list_node``) and the
   pods bound to them (``list_pod_for_all_namespaces``) give each node's GPU
-  type and free GPUs (:mod:`levers9_local_k8s.nodes`); one offer per GPU-type
+  type and free GPUs (:mod:`levers9.kube.rooms`); one offer per GPU-type
   label among the nodes the pool may use (``instance_type`` is that label,
   ``nvidia.com/gpu.product=NVIDIA-L4``), ``available`` when one of them has
   ``gpu_count`` GPUs free now, else ``unavailable``; no price, no zone. A CPU
@@ -14,7 +14,7 @@
   over at once rather than leaving a pod pending), and the namespace's
   ResourceQuotas must have room for one more Job, pod, its CPU, memory and
   GPUs (else ``QuotaExceeded`` naming the quota). Then the Job
-  (:mod:`levers9_local_k8s.jobs`), and the Secret with the token, owned by the
+  (:mod:`levers9.kube.jobs`), and the Secret with the token, owned by the
   Job from its creation (the pod waits for it, as a kubelet retries a missing
   Secret). A Secret that cannot be created takes its Job with it.
 * terminate: the Job deleted with ``propagationPolicy: Background`` (the API's
@@ -43,9 +43,13 @@ from fractions import Fraction
 from functools import partial
 from typing import Any, NoReturn, TypeVar
 
+from pydantic import BaseModel
+
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError, QuotaExceeded
+from levers9.hooks.markers import hookimpl
+from levers9.hooks.spec import SPEC_VERSION
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -53,11 +57,10 @@ from levers9.hooks.types import (
     Pool,
     ProviderCheck,
     ProvisionRequest,
+    settings_of,
 )
 from levers9.kube import api_status, create_failure, parse_quantity, unschedulable
-from levers9_local_k8s.client import Clients, Cluster
-from levers9_local_k8s.errors import translate
-from levers9_local_k8s.jobs import (
+from levers9.kube.jobs import (
     MACHINE_LABEL,
     OWNER_LABEL,
     POOL_LABEL,
@@ -68,8 +71,10 @@ from levers9_local_k8s.jobs import (
     secret_manifest,
     secret_name,
 )
+from levers9.kube.rooms import NodeRoom, describe_misses, rooms
+from levers9_local_k8s.client import Clients, Cluster
+from levers9_local_k8s.errors import translate
 from levers9_local_k8s.machines import machine_of
-from levers9_local_k8s.nodes import NodeRoom, describe_misses, rooms
 from levers9_local_k8s.settings import LocalK8sSettings
 
 __all__ = ["K8sProvider"]
@@ -78,10 +83,7 @@ T = TypeVar("T")
 
 
 def _settings(pool: Pool) -> LocalK8sSettings:
-    settings = pool.settings
-    if isinstance(settings, LocalK8sSettings):
-        return settings
-    return LocalK8sSettings.model_validate(settings or {})
+    return settings_of(pool, LocalK8sSettings)
 
 
 def _typed(where: str, call: Callable[[], T]) -> T:
@@ -104,15 +106,24 @@ def _fail(exc: Exception, where: str) -> NoReturn:
 
 
 class K8sProvider:
-    """The hooks' shared state: the API clients of the pools' clusters."""
+    """The ``local_k8s`` plugin object, its methods the hooks; its state: the API clients of the pools' clusters."""
+
+    LEVERS9_SPEC_VERSION = SPEC_VERSION
 
     def __init__(self) -> None:
         self.clients = Clients()
 
-    def startup(self, ctx: PluginContext) -> None:
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        """Declare ``local_k8s`` a provider whose pools are validated with :class:`LocalK8sSettings`."""
+        return LocalK8sSettings
+
+    @hookimpl
+    def levers9_startup(self, ctx: PluginContext) -> None:
         self.ctx = ctx
 
-    def shutdown(self) -> None:
+    @hookimpl
+    def levers9_shutdown(self, ctx: PluginContext) -> None:
         self.clients.close()
 
     def _cluster(self, settings: LocalK8sSettings, where: str) -> Cluster:
@@ -131,7 +142,8 @@ class K8sProvider:
 
     # ------------------------------------------------------------------ offers
 
-    def gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
         if not pool.gpu or pool.gpu_count < 1:
             return []
         settings = _settings(pool)
@@ -159,7 +171,8 @@ class K8sProvider:
 
     # ------------------------------------------------------------------ provision
 
-    def provision(self, request: ProvisionRequest) -> Machine:
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
         pool = request.pool
         settings = _settings(pool)
         namespace, name = settings.namespace, job_name(request.machine_id)
@@ -261,7 +274,8 @@ class K8sProvider:
 
     # ------------------------------------------------------------------ terminate, list
 
-    def terminate(self, pool: Pool, machine: Machine) -> None:
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
         settings = _settings(pool)
         namespace = str(machine.provider_data.get("namespace") or settings.namespace)
         where = f"pool {pool.name!r}: deleting Job {machine.provider_id} in namespace {namespace}"
@@ -278,7 +292,8 @@ class K8sProvider:
                 if api_status(exc) != 404:
                     _fail(exc, f"{where}: its Secret")
 
-    def list_machines(self, pool: Pool) -> list[Machine]:
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
         settings = _settings(pool)
         namespace = settings.namespace
         where = f"listing the Jobs of pool {pool.name!r} in namespace {namespace}"
@@ -319,7 +334,8 @@ class K8sProvider:
 
     # ------------------------------------------------------------------ check
 
-    def check(self, pool: Pool) -> ProviderCheck:
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
         settings = _settings(pool)
         namespace = settings.namespace
         where = f"checking pool {pool.name!r} in namespace {namespace}"

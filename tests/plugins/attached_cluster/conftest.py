@@ -134,7 +134,7 @@ def provider(hub: ClusterHub, hub_loop: HubLoop) -> AttachedClusterProvider:
     made = AttachedClusterProvider()
     ctx = PluginContext(name="attached_cluster", log=logging.getLogger("test.attached_cluster"), agents=hub)
     ctx.loop = hub_loop.loop
-    made.startup(ctx)
+    made.levers9_startup(ctx)
     return made
 
 

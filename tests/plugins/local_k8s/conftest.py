@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from levers9.hooks.context import PluginContext
 from levers9.hooks.types import Pool
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings
@@ -52,7 +53,7 @@ def k8s_settings(cluster: FakeCluster, tmp_path: Path) -> dict[str, Any]:
 def provider() -> Iterator[K8sProvider]:
     made = K8sProvider()
     yield made
-    made.shutdown()
+    made.levers9_shutdown(PluginContext.bare("local_k8s"))
 
 
 def make_pool(settings: dict[str, Any], *, name: str = "l4", gpu: str | None = "L4", gpu_count: int = 1) -> Pool:

@@ -28,7 +28,7 @@ from levers9.hooks.errors import (
     Throttled,
 )
 from levers9.hooks.types import Availability, GpuOffer, MachineState
-from levers9_local_k8s.jobs import job_manifest, pod_security_level, secret_name
+from levers9.kube.jobs import job_manifest, pod_security_level, secret_name
 from levers9_local_k8s.provider import K8sProvider
 from levers9_local_k8s.settings import LocalK8sSettings
 from tests.fakes.k8s_api import pod_security_violations
@@ -54,7 +54,7 @@ def kube() -> Iterator[Callable[[dict[str, Any]], Any]]:
 
 
 def l4_offer(provider: K8sProvider, settings: dict[str, Any]) -> GpuOffer:
-    [offer] = provider.gpu_offers(make_pool(settings))
+    [offer] = provider.levers9_gpu_offers(make_pool(settings))
     return offer
 
 
@@ -66,15 +66,15 @@ def test_offers_follow_the_gpu_labels_the_tolerations_and_what_pods_hold(
     assert offer.availability is Availability.AVAILABLE
     assert offer.price_per_hour is None
     # without the toleration the tainted GPU node is not the pool's, and nothing else has an L4
-    assert provider.gpu_offers(make_pool({**k8s_settings, "tolerations": []})) == []
-    assert provider.gpu_offers(make_pool(k8s_settings, gpu="H100")) == []  # no H100 node
-    assert provider.gpu_offers(make_pool(k8s_settings, gpu_count=2)) == []  # the node has one L4
-    assert provider.gpu_offers(make_pool(k8s_settings, gpu=None)) == []  # a CPU pool has no offers
+    assert provider.levers9_gpu_offers(make_pool({**k8s_settings, "tolerations": []})) == []
+    assert provider.levers9_gpu_offers(make_pool(k8s_settings, gpu="H100")) == []  # no H100 node
+    assert provider.levers9_gpu_offers(make_pool(k8s_settings, gpu_count=2)) == []  # the node has one L4
+    assert provider.levers9_gpu_offers(make_pool(k8s_settings, gpu=None)) == []  # a CPU pool has no offers
 
-    machine = provider.provision(provision_request(make_pool(k8s_settings), offer))
+    machine = provider.levers9_provision(provision_request(make_pool(k8s_settings), offer))
     wait_for(lambda: [p for p in cluster.pods() if p["spec"].get("nodeName") == GPU_NODE], "the worker pod bound")
     assert l4_offer(provider, k8s_settings).availability is Availability.UNAVAILABLE  # its GPU is held
-    provider.terminate(make_pool(k8s_settings), machine)
+    provider.levers9_terminate(make_pool(k8s_settings), machine)
     wait_for(lambda: l4_offer(provider, k8s_settings).availability is Availability.AVAILABLE, "the GPU freed")
 
 
@@ -83,17 +83,17 @@ def test_a_full_pool_is_refused_before_any_job_exists(
 ) -> None:
     pool = make_pool(k8s_settings)
     offer = l4_offer(provider, k8s_settings)
-    first = provider.provision(provision_request(pool, offer))
+    first = provider.levers9_provision(provision_request(pool, offer))
     wait_for(lambda: [p for p in cluster.pods() if p["spec"].get("nodeName") == GPU_NODE], "the first pod bound")
     with pytest.raises(InsufficientCapacity) as info:
-        provider.provision(provision_request(pool, offer))
+        provider.levers9_provision(provision_request(pool, offer))
     said = str(info.value)
     assert f"{GPU_NODE}: 0 of 1 GPUs free, 1 needed" in said
     assert f"{CPU_NODE}: not a {L4_LABEL} node" in said
     assert info.value.code == "NoNodeFits"
     assert [j["metadata"]["name"] for j in cluster.created("jobs")] == [first.provider_id]
     assert len(cluster.created("secrets")) == 1
-    provider.terminate(pool, first)
+    provider.levers9_terminate(pool, first)
 
 
 def test_a_quota_limited_namespace_is_refused_before_any_job_exists(
@@ -105,7 +105,7 @@ def test_a_quota_limited_namespace_is_refused_before_any_job_exists(
     }
     kube(k8s_settings).create_namespaced_resource_quota(NAMESPACE, quota)
     with pytest.raises(QuotaExceeded) as info:
-        provider.provision(provision_request(make_pool(k8s_settings), l4_offer(provider, k8s_settings)))
+        provider.levers9_provision(provision_request(make_pool(k8s_settings), l4_offer(provider, k8s_settings)))
     assert "ResourceQuota gpu-budget allows requests.nvidia.com/gpu=0" in str(info.value)
     assert cluster.created("jobs") == []
     assert cluster.created("secrets") == []
@@ -116,8 +116,8 @@ def test_a_retried_provision_makes_one_job_and_terminate_leaves_nothing(
 ) -> None:
     pool = make_pool(k8s_settings)
     request = provision_request(pool, l4_offer(provider, k8s_settings))
-    first = provider.provision(request)
-    again = provider.provision(request)  # as after a lost answer: the same machine id
+    first = provider.levers9_provision(request)
+    again = provider.levers9_provision(request)  # as after a lost answer: the same machine id
     assert again.provider_id == first.provider_id
     assert again.machine_id == request.machine_id
     assert len(cluster.objects("jobs", NAMESPACE)) == 1
@@ -125,11 +125,12 @@ def test_a_retried_provision_makes_one_job_and_terminate_leaves_nothing(
     assert secret["metadata"]["name"] == secret_name(request.machine_id)
     assert [o["kind"] for o in secret["metadata"]["ownerReferences"]] == ["Job"]
     running = wait_for(
-        lambda: [m for m in provider.list_machines(pool) if m.state is MachineState.RUNNING], "the worker pod running"
+        lambda: [m for m in provider.levers9_list_machines(pool) if m.state is MachineState.RUNNING],
+        "the worker pod running",
     )
     assert running[0].provider_data == {"namespace": NAMESPACE, "node": GPU_NODE}
-    provider.terminate(pool, first)
-    provider.terminate(pool, first)  # idempotent
+    provider.levers9_terminate(pool, first)
+    provider.levers9_terminate(pool, first)  # idempotent
     wait_for(lambda: cluster.leftovers() == [], "the Job, its pod and its Secret to be gone")
     assert cluster.running_processes() == []
 
@@ -148,14 +149,16 @@ def test_a_pod_the_scheduler_cannot_place_is_listed_pending_with_its_message(
         NAMESPACE, job_manifest(two, settings)
     )
     pending = wait_for(
-        lambda: [m for m in provider.list_machines(pool) if m.reason and m.reason.startswith("FailedScheduling")],
+        lambda: [
+            m for m in provider.levers9_list_machines(pool) if m.reason and m.reason.startswith("FailedScheduling")
+        ],
         "the unschedulable pod's reason",
     )
     assert pending[0].state is MachineState.PENDING
     assert pending[0].machine_id == request.machine_id
     assert "0/2 nodes are available" in (pending[0].reason or "")
     assert "Insufficient nvidia.com/gpu" in (pending[0].reason or "")
-    provider.terminate(pool, pending[0])
+    provider.levers9_terminate(pool, pending[0])
     wait_for(lambda: cluster.leftovers() == [], "the Job to be gone")
 
 
@@ -181,7 +184,7 @@ def test_the_apis_answers_are_typed_errors_and_leave_nothing(
 ) -> None:
     cluster.fail("POST", r"/apis/batch/v1/namespaces/[^/]+/jobs$", status, reason, message)
     with pytest.raises(error) as info:
-        provider.provision(provision_request(make_pool(k8s_settings), l4_offer(provider, k8s_settings)))
+        provider.levers9_provision(provision_request(make_pool(k8s_settings), l4_offer(provider, k8s_settings)))
     assert message in str(info.value)
     assert cluster.leftovers() == []
 
@@ -191,11 +194,11 @@ def test_rejected_credentials_and_a_missing_kubeconfig_are_said_plainly(
 ) -> None:
     wrong = {**k8s_settings, "kubeconfig": str(cluster.kubeconfig(tmp_path / "wrong", token="wrong"))}
     with pytest.raises(AuthenticationFailed):
-        provider.gpu_offers(make_pool(wrong))
-    check = provider.check(make_pool(wrong))
+        provider.levers9_gpu_offers(make_pool(wrong))
+    check = provider.levers9_check(make_pool(wrong))
     assert not check.ok
     missing = {**k8s_settings, "kubeconfig": str(tmp_path / "absent")}
-    check = provider.check(make_pool(missing))
+    check = provider.levers9_check(make_pool(missing))
     assert not check.ok
     assert "absent" in check.message
     assert check.hint is not None
@@ -204,14 +207,14 @@ def test_rejected_credentials_and_a_missing_kubeconfig_are_said_plainly(
 def test_check_says_what_the_credentials_may_not_do(
     provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster
 ) -> None:
-    check = provider.check(make_pool(k8s_settings))
+    check = provider.levers9_check(make_pool(k8s_settings))
     assert check.ok, check
     cluster.deny("create", "jobs", namespace=NAMESPACE, group="batch")
-    check = provider.check(make_pool(k8s_settings))
+    check = provider.levers9_check(make_pool(k8s_settings))
     assert not check.ok
     assert "may not create jobs in levers9" in check.message
     assert check.hint is not None
-    check = provider.check(make_pool({**k8s_settings, "namespace": "elsewhere"}))
+    check = provider.levers9_check(make_pool({**k8s_settings, "namespace": "elsewhere"}))
     assert not check.ok
     assert check.hint == "create the namespace: kubectl create namespace elsewhere"
 
@@ -220,19 +223,19 @@ def test_a_runc_pool_runs_privileged_with_a_state_volume_only_with_the_operators
     provider: K8sProvider, k8s_settings: dict[str, Any], cluster: FakeCluster
 ) -> None:
     refused = make_pool(k8s_settings, name="nested", gpu=None).model_copy(update={"runtime": "runc"})
-    check = provider.check(refused)
+    check = provider.levers9_check(refused)
     assert not check.ok
     for said in ("pool 'nested'", "runtime 'runc'", "settings.privileged: true"):
         assert said in check.message, check.message
     with pytest.raises(InvalidRequest, match=r"pool 'nested' runs runtime 'runc'.*settings\.privileged: true"):
-        provider.provision(provision_request(refused, None))
+        provider.levers9_provision(provision_request(refused, None))
     assert cluster.created("jobs") == []
     assert cluster.created("secrets") == []
 
     consented = {**k8s_settings, "privileged": True}
     for runtime in ("runc", "gvisor"):
         pool = make_pool(consented, name="nested", gpu=None).model_copy(update={"runtime": runtime})
-        assert provider.check(pool).ok
+        assert provider.levers9_check(pool).ok
         job = job_manifest(provision_request(pool, None), LocalK8sSettings.model_validate(consented))
         pod = job["spec"]["template"]["spec"]
         [container] = pod["containers"]
@@ -270,7 +273,7 @@ def test_a_runc_pool_runs_privileged_with_a_state_volume_only_with_the_operators
 
 
 def failed(provider: K8sProvider, pool: Any) -> list[Any]:
-    return [m for m in provider.list_machines(pool) if m.state is MachineState.FAILED]
+    return [m for m in provider.levers9_list_machines(pool) if m.state is MachineState.FAILED]
 
 
 def test_an_image_that_cannot_be_pulled_fails_the_machine_at_once_with_the_kubelets_words(
@@ -279,13 +282,13 @@ def test_an_image_that_cannot_be_pulled_fails_the_machine_at_once_with_the_kubel
     """Before: listed pending ('ErrImagePull: ...') until the registration deadline (600 s) ran out."""
     cluster.unpullable(IMAGE)
     pool = make_pool(k8s_settings, gpu=None)
-    machine = provider.provision(provision_request(pool, None))
+    machine = provider.levers9_provision(provision_request(pool, None))
     [listed] = wait_for(lambda: failed(provider, pool), "the machine failed for its image")
     assert listed.machine_id == machine.machine_id
     assert listed.reason is not None
     assert listed.reason.startswith("the worker's pod cannot start: ErrImagePull: failed to pull and unpack image")
     assert IMAGE in listed.reason
-    provider.terminate(pool, listed)
+    provider.levers9_terminate(pool, listed)
     wait_for(lambda: cluster.leftovers() == [], "the Job, its pod and its Secret to be gone")
 
 
@@ -297,19 +300,21 @@ def test_a_pod_pod_security_refuses_fails_the_machine_at_once_and_a_process_pod_
     cluster.label_namespace(NAMESPACE, {"pod-security.kubernetes.io/enforce": "baseline"})
     nested = make_pool({**k8s_settings, "privileged": True}, name="nested", gpu=None)
     nested = nested.model_copy(update={"runtime": "runc"})
-    provider.provision(provision_request(nested, None))
+    provider.levers9_provision(provision_request(nested, None))
     [listed] = wait_for(lambda: failed(provider, nested), "the machine failed for Pod Security")
     assert listed.reason is not None
     assert listed.reason.startswith("the worker's pod cannot start: FailedCreate: Error creating: pods ")
     assert 'violates PodSecurity "baseline:latest": privileged (container "worker" must not set' in listed.reason
-    provider.terminate(nested, listed)
+    provider.levers9_terminate(nested, listed)
     # a process pool's pod passes the same namespace's level and runs
     plain = make_pool(k8s_settings, gpu=None)
-    provider.provision(provision_request(plain, None))
-    wait_for(lambda: [m for m in provider.list_machines(plain) if m.state is MachineState.RUNNING], "it running")
-    for machine in provider.list_machines(plain):
-        provider.terminate(plain, machine)
-    assert provider.list_machines(nested) == []
+    provider.levers9_provision(provision_request(plain, None))
+    wait_for(
+        lambda: [m for m in provider.levers9_list_machines(plain) if m.state is MachineState.RUNNING], "it running"
+    )
+    for machine in provider.levers9_list_machines(plain):
+        provider.levers9_terminate(plain, machine)
+    assert provider.levers9_list_machines(nested) == []
     wait_for(lambda: cluster.leftovers() == [], "the Jobs, their pods and Secrets to be gone")
 
 
@@ -324,7 +329,9 @@ def test_a_container_the_kubelet_cannot_configure_fails_at_once_but_a_secret_not
     core = kube(k8s_settings)
     kubernetes.client.BatchV1Api(core.api_client).create_namespaced_job(NAMESPACE, job_manifest(request, settings))
     waiting = wait_for(
-        lambda: [m for m in provider.list_machines(pool) if (m.reason or "").startswith("CreateContainerConfigError")],
+        lambda: [
+            m for m in provider.levers9_list_machines(pool) if (m.reason or "").startswith("CreateContainerConfigError")
+        ],
         "the pod waiting for its Secret",
     )
     assert waiting[0].state is MachineState.PENDING
@@ -337,7 +344,7 @@ def test_a_container_the_kubelet_cannot_configure_fails_at_once_but_a_secret_not
         "the worker's pod cannot start: CreateContainerConfigError: couldn't find key LEVERS9_TOKEN in Secret "
         f"{NAMESPACE}/{secret_name(request.machine_id)}"
     )
-    provider.terminate(pool, listed)
+    provider.levers9_terminate(pool, listed)
     wait_for(lambda: cluster.leftovers() == [], "the Job, its pod and its Secret to be gone")
 
 
@@ -346,15 +353,15 @@ def test_the_pool_lists_only_its_own_jobs_not_an_agents_in_the_same_namespace(
 ) -> None:
     """A Job labelled with the pool's name but owned by another (an attached cluster's agent) is not its own."""
     pool = make_pool(k8s_settings, gpu=None)
-    mine = provider.provision(provision_request(pool, None))
+    mine = provider.levers9_provision(provision_request(pool, None))
     theirs = job_manifest(provision_request(pool, None), LocalK8sSettings.model_validate(k8s_settings))
     theirs["metadata"]["labels"]["levers9/owner"] = "lab.0a1b2c3d"
     kubernetes.client.BatchV1Api(kube(k8s_settings).api_client).create_namespaced_job(NAMESPACE, theirs)
-    assert [m.machine_id for m in provider.list_machines(pool)] == [mine.machine_id]
+    assert [m.machine_id for m in provider.levers9_list_machines(pool)] == [mine.machine_id]
     [job] = [j for j in cluster.objects("jobs", NAMESPACE) if j["metadata"]["name"] == mine.provider_id]
     assert job["metadata"]["labels"]["levers9/owner"] == pool.name
     assert job["spec"]["template"]["metadata"]["labels"]["levers9/owner"] == pool.name
-    provider.terminate(pool, mine)
+    provider.levers9_terminate(pool, mine)
     kubernetes.client.BatchV1Api(kube(k8s_settings).api_client).delete_namespaced_job(
         theirs["metadata"]["name"], NAMESPACE, propagation_policy="Background"
     )

@@ -16,7 +16,7 @@ import pytest
 
 from levers9.hooks.types import GpuOffer, Pool
 from levers9.kube import parse_quantity, pod_asks
-from levers9_local_k8s.jobs import (
+from levers9.kube.jobs import (
     MACHINE_LABEL,
     POOL_LABEL,
     job_manifest,
@@ -25,8 +25,9 @@ from levers9_local_k8s.jobs import (
     secret_manifest,
     secret_name,
 )
-from levers9_local_k8s.nodes import describe_misses, gpu_label, rooms, tolerates
-from levers9_local_k8s.settings import LocalK8sSettings, Toleration
+from levers9.kube.rooms import describe_misses, gpu_label, rooms, tolerates
+from levers9.kube.shapes import Toleration
+from levers9_local_k8s.settings import LocalK8sSettings
 from tests.plugins.provision import provision_request
 
 IMAGE = "registry.example.com/levers9/worker:1.0"

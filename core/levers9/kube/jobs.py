@@ -46,26 +46,37 @@ retry idempotent:
   the container through ``secretKeyRef`` (never in the Job's spec); it is
   created owned by the Job (:func:`owner_reference`), so deleting the Job
   (background propagation) deletes it too.
+
+Shared by ``local_k8s`` (which creates these objects through the API) and
+``attached_cluster`` (whose agent creates them in the customer's cluster), so
+both build the same worker pod; what either's settings say about the pod is
+read through :class:`PodSettings`, which ``local_k8s``'s settings satisfy as
+they are and an attached cluster's give as a :class:`WorkerPod`.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from levers9.bootstrap import container_spec
 from levers9.hooks.types import ProvisionRequest
+from levers9.kube.shapes import Toleration
 from levers9.worker_container import OCI_RUNTIMES, STATE_DIR, STATE_MOUNT
-from levers9_local_k8s.settings import LocalK8sSettings, Toleration
 
 __all__ = [
     "CONTAINER",
+    "FINISHED_JOB_TTL_S",
     "MACHINE_LABEL",
     "OWNER_LABEL",
     "POOL_LABEL",
     "STATE_VOLUME",
     "STOP_GRACE_S",
+    "PodSettings",
+    "WorkerPod",
     "check_privileged",
     "job_manifest",
     "job_name",
@@ -90,7 +101,53 @@ _CONFINED = {
     "capabilities": {"drop": ["NET_RAW"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+#: seconds a finished worker Job is kept for inspection before Kubernetes deletes it, unless settings say otherwise
+FINISHED_JOB_TTL_S = 3600
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+class PodSettings(Protocol):
+    """What a pool's settings say about its worker pods (``LocalK8sSettings`` has these fields as they are)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def worker_image(self) -> str: ...
+    @property
+    def service_account(self) -> str | None: ...
+    @property
+    def node_selector(self) -> Mapping[str, str]: ...
+    @property
+    def tolerations(self) -> Sequence[Toleration]: ...
+    @property
+    def gpu_resource_name(self) -> str: ...
+    @property
+    def image_pull_secrets(self) -> Sequence[str]: ...
+    @property
+    def privileged(self) -> bool: ...
+    @property
+    def priority_class_name(self) -> str | None: ...
+    @property
+    def ttl_seconds_after_finished(self) -> int | None: ...
+    @property
+    def active_deadline_seconds(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """:class:`PodSettings` built field by field, for settings that name only some of them (an attached cluster)."""
+
+    namespace: str
+    worker_image: str
+    service_account: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Toleration] = ()
+    gpu_resource_name: str = "nvidia.com/gpu"
+    image_pull_secrets: Sequence[str] = ()
+    privileged: bool = False
+    priority_class_name: str | None = None
+    ttl_seconds_after_finished: int | None = FINISHED_JOB_TTL_S
+    active_deadline_seconds: int | None = None
 
 
 def job_name(machine_id: str) -> str:
@@ -113,7 +170,7 @@ def _labels(request: ProvisionRequest) -> dict[str, str]:
     }
 
 
-def secret_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[str, Any]:
+def secret_manifest(request: ProvisionRequest, settings: PodSettings) -> dict[str, Any]:
     spec = container_spec(request.bootstrap.model_copy(update={"worker_image": settings.worker_image}))
     return {
         "apiVersion": "v1",
@@ -170,7 +227,7 @@ def pod_security_level(privileged: bool) -> str:
     return "privileged" if privileged else "baseline"
 
 
-def job_manifest(request: ProvisionRequest, settings: LocalK8sSettings) -> dict[str, Any]:
+def job_manifest(request: ProvisionRequest, settings: PodSettings) -> dict[str, Any]:
     """The Job of ``request`` (see the module docstring); ValueError for a runc or gvisor pool not privileged."""
     runtime = request.pool.runtime
     check_privileged(request.pool.name, runtime, settings.privileged)

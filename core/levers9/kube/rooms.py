@@ -23,7 +23,9 @@ the test data files hold. Quantities are parsed exactly
 (:mod:`levers9.kube`, shared with the agent of an attached cluster); a node or
 pod with a malformed quantity counts as having none of it, never as unlimited.
 :func:`rooms_from_usage` does the same from a usage already summed per node
-(what an attached cluster's agent reports).
+(what an attached cluster's agent reports). Both Kubernetes providers use this
+module: ``local_k8s`` with the API's nodes and pods, ``attached_cluster`` with
+its agent's usage.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 from levers9.gpu import from_k8s_labels
 from levers9.kube import node_usage, quantity
-from levers9_local_k8s.settings import Toleration
+from levers9.kube.shapes import Toleration
 
 __all__ = [
     "TYPE_LABELS",
