@@ -1,5 +1,10 @@
 """The Docker side of the agent: worker containers started, stopped and listed, one per levers9 machine.
 
+It lives in the agent because only the agent uses it (:mod:`levers9.agent.daemon`
+and its backends, on the joined machine); the controlplane's side of the same pools
+is the ``agent_machine`` plugin and :mod:`levers9.services.agent_pools`, which
+never import it (the orders between them are the wire's).
+
 Each ``provision`` order runs one container named ``l9w-<machine_id>`` with the
 labels ``levers9.machine-id``, ``levers9.pool``, ``levers9.agent-id``,
 ``levers9.workspace`` (empty for an operator's pool) and ``levers9.gpus`` (the

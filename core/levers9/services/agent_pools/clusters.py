@@ -51,6 +51,7 @@ manifest starts there dials out (provider ``attached_cluster``), and the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -65,7 +66,14 @@ from levers9.config.model import PoolConfig
 from levers9.hooks.agent_providers import ATTACHED_CLUSTER
 from levers9.scheduler.pools import PoolSpec
 from levers9.services.agent_join import JOIN_TTL_S, JoinToken, issue_join_token
-from levers9.services.agent_pools.common import inventory, issue_for_record, retire_agent, stop_workers
+from levers9.services.agent_pools.common import (
+    Inventory,
+    inventory,
+    issue_for_record,
+    reported,
+    retire_agent,
+    stop_workers,
+)
 from levers9.services.agent_pools.registry import Registration
 from levers9.services.auth import PermissionDenied, Principal
 from levers9.state.errors import AlreadyExists, NotFound
@@ -151,7 +159,7 @@ class JoinedCluster:
 
 
 @dataclass(frozen=True)
-class ClusterView:
+class ClusterView(Inventory):
     """A cluster with what its agent last reported (zeros when it never did)."""
 
     cluster: ClusterRecord
@@ -160,17 +168,8 @@ class ClusterView:
     gpu_count: int = 0
     namespace: str = ""
     agent_id: str = ""
-    connected: bool = False
-    #: epoch seconds of the agent's last message; 0: never connected
-    last_seen: float = 0.0
-    version: str = ""
+    #: the nodes the agent last reported
     nodes: int = 0
-    gpus: dict[str, int] = field(default_factory=dict)
-    free_gpus: dict[str, int] = field(default_factory=dict)
-    cpu_millicores: int = 0
-    memory_mib: int = 0
-    #: levers9 machine ids of the worker Jobs running there
-    workers: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -422,22 +421,8 @@ async def list_clusters(services: Services, principal: Principal) -> list[Cluste
         found = await inventory(services, agent)
         nodes = found.details.get("nodes")
         views.append(
-            ClusterView(
-                record,
-                record.pool,
-                gpu=base.gpu,
-                gpu_count=base.gpu_count,
-                namespace=base.namespace,
-                agent_id=agent.id,
-                connected=found.connected,
-                last_seen=found.last_seen,
-                version=found.version,
-                nodes=len(nodes) if isinstance(nodes, list) else 0,
-                gpus=found.gpus,
-                free_gpus=found.free_gpus,
-                cpu_millicores=found.cpu_millicores,
-                memory_mib=found.memory_mib,
-                workers=found.workers,
+            dataclasses.replace(
+                base, agent_id=agent.id, nodes=len(nodes) if isinstance(nodes, list) else 0, **reported(found)
             )
         )
     return views

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from levers9.services.agent_join import JOIN_PREFIX, JOIN_TTL_S, JoinToken, issue_join_token
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from levers9.services.core import Services
     from levers9.state.sql.records import MachineRecord
 
-__all__ = ["LIVE_MACHINE_STATES", "Inventory", "as_int", "int_map", "inventory", "issue_for_record", "retire_agent",
+__all__ = ["LIVE_MACHINE_STATES", "Inventory", "as_int", "int_map", "inventory", "issue_for_record", "reported", "retire_agent",
            "stop_workers"]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,12 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Inventory:
-    """An agent's last report, as both kinds list it (zeros when it never reported)."""
+    """An agent's last report, as both kinds list it (zeros when it never reported).
+
+    Each kind's view extends it with its record (its fields are keyword-only, so a view's own come first).
+    """
 
     connected: bool = False
     #: epoch seconds of its last message; 0: never connected
@@ -80,6 +83,11 @@ class Inventory:
     workers: list[str] = field(default_factory=list)
     #: the report's ``details`` (Docker's version, a cluster's nodes...), as sent
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def reported(found: Inventory) -> dict[str, Any]:
+    """``found``'s fields by name, to build a view of it (``View(record, **reported(found))``)."""
+    return {f.name: getattr(found, f.name) for f in fields(Inventory)}
 
 
 async def inventory(services: Services, agent: AgentRecord) -> Inventory:

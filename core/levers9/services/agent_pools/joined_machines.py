@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 from levers9.hooks.agent_providers import AGENT_MACHINE
 from levers9.services.agent_join import JOIN_TTL_S, JoinToken
-from levers9.services.agent_pools.common import Inventory, inventory, issue_for_record, retire_agent, stop_workers
+from levers9.services.agent_pools.common import (
+    Inventory,
+    inventory,
+    issue_for_record,
+    reported,
+    retire_agent,
+    stop_workers,
+)
 from levers9.services.agent_pools.registry import Registration
 from levers9.services.auth import PermissionDenied, Principal
 from levers9.state.errors import AlreadyExists, NotFound
@@ -95,23 +102,10 @@ class CreatedMachine:
 
 
 @dataclass(frozen=True)
-class JoinedMachineView:
+class JoinedMachineView(Inventory):
     """A joined machine with what its agent last reported (zeros when it never did)."""
 
     machine: JoinedMachineRecord
-    connected: bool = False
-    #: epoch seconds of its last message; 0: never connected
-    last_seen: float = 0.0
-    version: str = ""
-    #: GPUs by canonical type: total and free
-    gpus: dict[str, int] = field(default_factory=dict)
-    free_gpus: dict[str, int] = field(default_factory=dict)
-    cpu_millicores: int = 0
-    memory_mib: int = 0
-    free_cpu_millicores: int = 0
-    free_memory_mib: int = 0
-    #: levers9 machine ids of the worker containers running there
-    workers: list[str] = field(default_factory=list)
     #: the box's Docker as the agent last reported it (empty: none reported), and its architecture
     docker_version: str = ""
     docker_runtimes: list[str] = field(default_factory=list)
@@ -125,19 +119,10 @@ class JoinedMachineView:
         runtimes = docker.get("runtimes")
         return cls(
             record,
-            connected=found.connected,
-            last_seen=found.last_seen,
-            version=found.version,
-            gpus=found.gpus,
-            free_gpus=found.free_gpus,
-            cpu_millicores=found.cpu_millicores,
-            memory_mib=found.memory_mib,
-            free_cpu_millicores=found.free_cpu_millicores,
-            free_memory_mib=found.free_memory_mib,
-            workers=found.workers,
             docker_version=str(docker.get("version") or ""),
             docker_runtimes=[str(r) for r in runtimes] if isinstance(runtimes, list) else [],
             arch=str(found.details.get("arch") or ""),
+            **reported(found),
         )
 
 
