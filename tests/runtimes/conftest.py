@@ -90,7 +90,7 @@ def plugin_manager() -> pluggy.PluginManager:
     plugins = [levers9_runc, levers9_gvisor, levers9_criu, levers9_process]
     for module in plugins:
         name = module.__name__.removeprefix("levers9_")
-        manager.register(module, name=name)
+        manager.register(module.plugin, name=name)
     manager.check_pending()
     return manager
 

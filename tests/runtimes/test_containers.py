@@ -302,7 +302,7 @@ async def test_the_seccomp_profile_refuses_what_it_lists(box: Box) -> None:
 @pytest.mark.parametrize("box", ["runc"], indirect=True)
 async def test_runc_root_is_an_unprivileged_host_user(box: Box, tmp_path: Path) -> None:
     """Container uid 0 is host uid 1000000000; root-only host files it is given still read as its own."""
-    report = levers9_runc.levers9_runtime_capabilities(box.ctx)
+    report = levers9_runc.plugin.levers9_runtime_capabilities(box.ctx)
     assert any(note.startswith("user namespace: on") for note in report.notes), report.notes
     handler = tmp_path / "handler"  # like the worker's handler directory: root's alone
     handler.mkdir(mode=0o700)

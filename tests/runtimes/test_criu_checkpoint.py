@@ -38,7 +38,7 @@ def test_matches_a_direct_criu_check(
     require: Callable[[str], str],
 ) -> None:
     criu_path = require("criu")
-    support = levers9_criu.levers9_checkpoint_support(context("runc"))
+    support = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert isinstance(support, CheckpointSupport)
     assert support.mechanism == "criu"
     direct = run_tool(criu_path, "check")
@@ -68,19 +68,19 @@ def test_answer_is_cached_until_cleared(
         return real_run(argv, timeout)
 
     monkeypatch.setattr(probe, "run", counting_run)
-    first = levers9_criu.levers9_checkpoint_support(context("runc"))
+    first = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert len(checks) == 1
-    assert levers9_criu.levers9_checkpoint_support(context("runc")) is first
+    assert levers9_criu.plugin.levers9_checkpoint_support(context("runc")) is first
     assert len(checks) == 1
 
     levers9_criu.clear_cache()
-    assert levers9_criu.levers9_checkpoint_support(context("runc")) == first
+    assert levers9_criu.plugin.levers9_checkpoint_support(context("runc")) == first
     assert len(checks) == 2
 
 
 def test_not_root(context: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(levers9_criu.os, "geteuid", lambda: 1000)
-    support = levers9_criu.levers9_checkpoint_support(context("runc"))
+    support = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert support is not None
     assert not support.available
     assert support.reason
@@ -89,7 +89,7 @@ def test_not_root(context: Context, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_criu_missing(context: Context, fake_path: Path) -> None:
-    support = levers9_criu.levers9_checkpoint_support(context("runc"))
+    support = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert support is not None
     assert not support.available
     assert support.mechanism == "criu"
@@ -100,7 +100,7 @@ def test_criu_missing(context: Context, fake_path: Path) -> None:
 def test_criu_that_passes(context: Context, fake_path: Path, write_tool: WriteTool) -> None:
     body = 'case "$1" in check) echo "Looks good." ;; --version) echo "Version: 3.19" ;; *) exit 1 ;; esac\n'
     write_tool(fake_path, "criu", body)
-    support = levers9_criu.levers9_checkpoint_support(context("runc"))
+    support = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert support is not None
     assert support.available
     assert support.reason
@@ -109,7 +109,7 @@ def test_criu_that_passes(context: Context, fake_path: Path, write_tool: WriteTo
 
 def test_criu_that_fails_silently(context: Context, fake_path: Path, write_tool: WriteTool) -> None:
     write_tool(fake_path, "criu", "exit 4\n")
-    support = levers9_criu.levers9_checkpoint_support(context("runc"))
+    support = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert support is not None
     assert not support.available
     assert support.reason
@@ -122,7 +122,7 @@ def test_criu_that_hangs(
 ) -> None:
     monkeypatch.setattr(levers9_criu, "CHECK_TIMEOUT", 0.3)
     write_tool(fake_path, "criu", f"exec {SLEEP} 30\n")
-    support = levers9_criu.levers9_checkpoint_support(context("runc"))
+    support = levers9_criu.plugin.levers9_checkpoint_support(context("runc"))
     assert support is not None
     assert not support.available
     assert support.reason
@@ -131,4 +131,4 @@ def test_criu_that_hangs(
 
 @pytest.mark.parametrize("name", ["gvisor", "process", "runsc", "RUNC"])
 def test_other_runtimes_are_not_served(name: str, context: Context) -> None:
-    assert levers9_criu.levers9_checkpoint_support(context(name)) is None
+    assert levers9_criu.plugin.levers9_checkpoint_support(context(name)) is None

@@ -94,7 +94,7 @@ def test_real_runsc_is_available_with_a_platform_it_has(
     run_tool: RunTool, context: Context, require: Callable[[str], str]
 ) -> None:
     runsc_path = require("runsc")
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
     assert report.available, report.unavailable_reason
     assert report.isolation is Isolation.SANDBOX
     assert report.checkpoint is True
@@ -106,18 +106,18 @@ def test_default_platform_works_with_the_real_runsc(require: Callable[[str], str
     real_platforms = platforms_of(require("runsc"))
     # Debian 12's runsc predates systrap; 'auto' must still give a working sandbox, on ptrace.
     ctx = context("gvisor")
-    report = levers9_gvisor.levers9_runtime_capabilities(ctx)
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(ctx)
     assert report.available, report.unavailable_reason
     info = levers9_gvisor.inspect_runsc("runsc")
     expected = "systrap" if "systrap" in real_platforms else "ptrace"
     assert levers9_gvisor.resolve_platform(levers9_gvisor.GvisorSettings(), info) == expected
-    assert levers9_gvisor.levers9_checkpoint_support(ctx).available  # type: ignore[union-attr]
+    assert levers9_gvisor.plugin.levers9_checkpoint_support(ctx).available  # type: ignore[union-attr]
 
 
 def test_explicit_systrap_against_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
     real_platforms = platforms_of(require("runsc"))
     ctx = context("gvisor", {"platform": "systrap"})
-    report = levers9_gvisor.levers9_runtime_capabilities(ctx)
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(ctx)
     assert report.version is not None
     if "systrap" in real_platforms:
         assert report.available, report.unavailable_reason
@@ -128,7 +128,7 @@ def test_explicit_systrap_against_the_real_runsc(require: Callable[[str], str], 
         assert "'systrap'" in reason
         assert all(name in reason for name in real_platforms), reason
         assert report.checkpoint is False
-        support = levers9_gvisor.levers9_checkpoint_support(ctx)
+        support = levers9_gvisor.plugin.levers9_checkpoint_support(ctx)
         assert support is not None
         assert not support.available
         assert support.reason == reason
@@ -136,7 +136,7 @@ def test_explicit_systrap_against_the_real_runsc(require: Callable[[str], str], 
 
 def test_kvm_platform_against_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
     real_platforms = platforms_of(require("runsc"))
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"platform": "kvm"}))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"platform": "kvm"}))
     usable = "kvm" in real_platforms and os.access("/dev/kvm", os.R_OK | os.W_OK)
     assert report.available is usable, report.unavailable_reason
 
@@ -144,7 +144,7 @@ def test_kvm_platform_against_the_real_runsc(require: Callable[[str], str], cont
 def test_nvproxy_against_the_real_runsc(require: Callable[[str], str], context: Context) -> None:
     real_has_nvproxy = has_nvproxy(require("runsc"))
     settings = {"platform": "ptrace", "nvproxy": True}
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", settings))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", settings))
     assert report.available is real_has_nvproxy
     assert report.gpu is real_has_nvproxy
     if not real_has_nvproxy:
@@ -154,7 +154,9 @@ def test_nvproxy_against_the_real_runsc(require: Callable[[str], str], context: 
 
 def test_newer_build_with_systrap_and_nvproxy(fake_runsc: Callable[..., Path], context: Context) -> None:
     runsc = fake_runsc(platforms="systrap\\nptrace\\nkvm\\n", flags=NEW_FLAGS)
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc), "nvproxy": True}))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(
+        context("gvisor", {"binary": str(runsc), "nvproxy": True})
+    )
     assert report.available, report.unavailable_reason
     assert report.version == "release-20240101.0"
     assert report.gpu is True
@@ -165,8 +167,8 @@ def test_platforms_fall_back_to_the_flag_description(fake_runsc: Callable[..., P
     info = levers9_gvisor.inspect_runsc(str(runsc))
     assert info.platforms == ("ptrace", "kvm")
     assert info.nvproxy is False
-    assert levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)})).available
-    report = levers9_gvisor.levers9_runtime_capabilities(
+    assert levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)})).available
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(
         context("gvisor", {"binary": str(runsc), "platform": "systrap"})
     )
     assert not report.available
@@ -177,7 +179,7 @@ def test_platforms_fall_back_to_the_flag_description(fake_runsc: Callable[..., P
 def test_unknown_platforms_are_reported(fake_runsc: Callable[..., Path], context: Context) -> None:
     runsc = fake_runsc(platforms=None, flags="  -debug\n")
     settings = {"binary": str(runsc), "platform": "ptrace"}
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", settings))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", settings))
     assert not report.available
     assert report.unavailable_reason
     assert "could not tell which platforms" in report.unavailable_reason
@@ -185,13 +187,13 @@ def test_unknown_platforms_are_reported(fake_runsc: Callable[..., Path], context
 
 def test_missing_binary_names_the_path(context: Context) -> None:
     settings = {"binary": "/opt/nowhere/runsc", "platform": "ptrace"}
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", settings))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", settings))
     assert not report.available
     assert report.unavailable_reason
     assert "/opt/nowhere/runsc" in report.unavailable_reason
     assert report.checkpoint is False
 
-    support = levers9_gvisor.levers9_checkpoint_support(context("gvisor", settings))
+    support = levers9_gvisor.plugin.levers9_checkpoint_support(context("gvisor", settings))
     assert support is not None
     assert not support.available
     assert support.mechanism == "runsc"
@@ -201,7 +203,7 @@ def test_missing_binary_names_the_path(context: Context) -> None:
 
 def test_checkpoint_support(context: Context, require: Callable[[str], str]) -> None:
     require("runsc")
-    support = levers9_gvisor.levers9_checkpoint_support(context("gvisor"))
+    support = levers9_gvisor.plugin.levers9_checkpoint_support(context("gvisor"))
     assert isinstance(support, CheckpointSupport)
     assert support.available
     assert support.mechanism == "runsc"
@@ -209,12 +211,12 @@ def test_checkpoint_support(context: Context, require: Callable[[str], str]) -> 
 
 @pytest.mark.parametrize("name", ["runc", "process", "gVisor", "runsc"])
 def test_checkpoint_support_ignores_other_runtimes(name: str, context: Context) -> None:
-    assert levers9_gvisor.levers9_checkpoint_support(context(name)) is None
+    assert levers9_gvisor.plugin.levers9_checkpoint_support(context(name)) is None
 
 
 def test_auto_with_no_platform_it_can_choose(fake_runsc: Callable[..., Path], context: Context) -> None:
     runsc = fake_runsc(platforms="kvm\\n", flags=OLD_FLAGS)
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)}))
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"binary": str(runsc)}))
     assert not report.available
     assert report.unavailable_reason
     assert "offers none of the platforms 'auto' chooses from (systrap, ptrace; it offers: kvm)" in (
@@ -235,9 +237,9 @@ def test_network_auto_says_which_stack_and_an_explicit_sandbox_refuses_rather_th
     assert platform is not None
     works, words = levers9_gvisor.sandbox_network_works(auto_ctx, info.path, platform)
 
-    auto = levers9_gvisor.levers9_runtime_capabilities(auto_ctx)
+    auto = levers9_gvisor.plugin.levers9_runtime_capabilities(auto_ctx)
     assert auto.available, auto.unavailable_reason
-    sandbox = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "sandbox"}))
+    sandbox = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"network": "sandbox"}))
     network_notes = [note for note in auto.notes if note.startswith("network")]
     if works:
         assert network_notes == ["network 'auto': gVisor's own network stack ('sandbox')"]
@@ -250,7 +252,7 @@ def test_network_auto_says_which_stack_and_an_explicit_sandbox_refuses_rather_th
         assert sandbox.unavailable_reason is not None
         assert sandbox.unavailable_reason.startswith("network 'sandbox' is set, but runsc")
         assert "set runtime_settings.network to 'auto' or 'host'" in sandbox.unavailable_reason
-    host = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
+    host = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
     assert host.available
     assert [note for note in host.notes if note.startswith("network")] == []
 
@@ -261,12 +263,12 @@ def test_the_seccomp_note_follows_the_oci_seccomp_flag(
     """The real runsc here has -oci-seccomp, so the profile is applied in the sandbox; a build without it says so."""
     require("runsc")
     info = levers9_gvisor.inspect_runsc("runsc")
-    real = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
+    real = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"network": "host"}))
     if info.oci_seccomp:
         assert "seccomp: levers9's profile, applied inside the sandbox (-oci-seccomp)" in real.notes
         assert "--oci-seccomp" in levers9_gvisor.engine(context("gvisor", {"network": "host"})).flavor.argv
     old_build = fake_runsc(platforms="ptrace\n", flags=OLD_FLAGS)
-    report = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"binary": str(old_build),
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"binary": str(old_build),
                                                                             "network": "host"}))  # fmt: skip
     assert report.available, report.unavailable_reason
     assert any(note.startswith("seccomp: runsc") and "no -oci-seccomp flag" in note for note in report.notes)

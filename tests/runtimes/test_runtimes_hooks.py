@@ -27,14 +27,14 @@ def test_entry_points_load_the_runtime_plugins() -> None:
     found = {ep.name: ep for ep in entry_points(group="levers9")}
     for name, module in PLUGINS.items():
         assert name in found, f"no levers9 entry point named {name!r}"
-        assert found[name].load() is module
+        assert found[name].load() is module.plugin
 
 
 def test_hook_levers9_runtime_settings(plugin_manager: pluggy.PluginManager) -> None:
     models = plugin_manager.hook.levers9_runtime_settings()
     expected = {levers9_runc.RuncSettings, levers9_gvisor.GvisorSettings, levers9_process.ProcessSettings}
     assert set(models) == expected, "runc, gvisor and process declare settings; criu is not a runtime"
-    assert not hasattr(levers9_criu, "levers9_runtime_settings")
+    assert not hasattr(levers9_criu.plugin, "levers9_runtime_settings")
     for model in models:
         assert issubclass(model, BaseModel)
         with pytest.raises(ValidationError, match="typo_field"):
@@ -58,7 +58,7 @@ def test_hook_levers9_runtime_settings(plugin_manager: pluggy.PluginManager) -> 
 def test_hook_levers9_runtime_capabilities(run_tool: RunTool, context: Context, require: Callable[[str], str]) -> None:
     runsc_path = require("runsc")
     runc_path = require("runc")
-    runc = levers9_runc.levers9_runtime_capabilities(context("runc"))
+    runc = levers9_runc.plugin.levers9_runtime_capabilities(context("runc"))
     assert isinstance(runc, RuntimeCapabilities)
     assert runc.available, runc.unavailable_reason
     assert runc.isolation is Isolation.NAMESPACES
@@ -66,7 +66,7 @@ def test_hook_levers9_runtime_capabilities(run_tool: RunTool, context: Context, 
     assert re.match(r"\d+\.\d+", runc.version)
     assert f"runc version {runc.version}" in run_tool(runc_path, "--version").stdout
 
-    gvisor = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
+    gvisor = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
     assert gvisor.available, gvisor.unavailable_reason
     assert gvisor.isolation is Isolation.SANDBOX
     assert gvisor.checkpoint is True
@@ -74,7 +74,7 @@ def test_hook_levers9_runtime_capabilities(run_tool: RunTool, context: Context, 
     assert gvisor.version
     assert f"runsc version {gvisor.version}" in run_tool(runsc_path, "--version").stdout
 
-    process = levers9_process.levers9_runtime_capabilities(context("process"))
+    process = levers9_process.plugin.levers9_runtime_capabilities(context("process"))
     assert process.available
     assert process.isolation is Isolation.NONE
     assert process.gpu is True
@@ -82,7 +82,7 @@ def test_hook_levers9_runtime_capabilities(run_tool: RunTool, context: Context, 
 
     for name in ("runc", "gvisor"):
         missing = "/nonexistent/levers9-test/bin-" + name
-        report = PLUGINS[name].levers9_runtime_capabilities(context(name, {"binary": missing}))
+        report = PLUGINS[name].plugin.levers9_runtime_capabilities(context(name, {"binary": missing}))
         assert not report.available
         assert report.unavailable_reason
         assert missing in report.unavailable_reason
@@ -94,14 +94,14 @@ def test_runtimes_report_how_the_worker_reaches_their_containers(
     """The worker decides from these, never from a runtime's name (see levers9.worker.warm.launch)."""
     require("runc")
     require("runsc")
-    runc = levers9_runc.levers9_runtime_capabilities(context("runc"))
-    gvisor = levers9_gvisor.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
+    runc = levers9_runc.plugin.levers9_runtime_capabilities(context("runc"))
+    gvisor = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"platform": "ptrace"}))
     for isolated in (runc, gvisor):
         assert (isolated.host_filesystem, isolated.host_network) == (False, False)
         assert isolated.cgroup_parent == "/levers9"
-    under_systemd = levers9_runc.levers9_runtime_capabilities(context("runc", {"systemd_cgroup": True}))
+    under_systemd = levers9_runc.plugin.levers9_runtime_capabilities(context("runc", {"systemd_cgroup": True}))
     assert under_systemd.cgroup_parent is None, "systemd names the cgroup, not levers9"
-    process = levers9_process.levers9_runtime_capabilities(context("process"))
+    process = levers9_process.plugin.levers9_runtime_capabilities(context("process"))
     assert (process.host_filesystem, process.host_network, process.cgroup_parent) == (True, True, None)
 
 
@@ -142,7 +142,7 @@ def test_hook_levers9_checkpoint_support(
         assert plugin_manager.hook.levers9_checkpoint_support(runtime=context(name)) is None
 
     # and each plugin stays silent about runtimes it does not serve
-    assert levers9_criu.levers9_checkpoint_support(context("gvisor")) is None
-    assert levers9_criu.levers9_checkpoint_support(context("process")) is None
-    assert levers9_gvisor.levers9_checkpoint_support(context("runc")) is None
-    assert levers9_gvisor.levers9_checkpoint_support(context("process")) is None
+    assert levers9_criu.plugin.levers9_checkpoint_support(context("gvisor")) is None
+    assert levers9_criu.plugin.levers9_checkpoint_support(context("process")) is None
+    assert levers9_gvisor.plugin.levers9_checkpoint_support(context("runc")) is None
+    assert levers9_gvisor.plugin.levers9_checkpoint_support(context("process")) is None

@@ -545,13 +545,13 @@ async def test_a_runtime_with_the_process_runtimes_capabilities_is_treated_alike
     tmp_path: Path,
 ) -> None:
     """No name check: a runtime called anything that reports host filesystem and network gets host paths."""
-    import levers9_process
+    from levers9_process import plugin as process
 
     plugins = load_plugins(PluginPolicy())
-    hooks_of_process = [name for name in dir(levers9_process) if name.startswith("levers9_container_")]
+    hooks_of_process = [name for name in dir(process) if name.startswith("levers9_container_")]
     plain = types.SimpleNamespace(
-        levers9_runtime_capabilities=levers9_process.levers9_runtime_capabilities,
-        **{name: getattr(levers9_process, name) for name in hooks_of_process},
+        levers9_runtime_capabilities=process.levers9_runtime_capabilities,
+        **{name: getattr(process, name) for name in hooks_of_process},
     )
     record = plugins.add("plain-processes", plain)
     assert record.status == "loaded", record.error

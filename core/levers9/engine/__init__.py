@@ -5,8 +5,9 @@ filesystem) with an OCI runtime, supervised by a small shim, on a network
 namespace of its own. This package owns every step of that, and nothing above
 the runtime hooks:
 
-- :mod:`~levers9.engine.hooks`: the seven container hooks, for a runtime plugin whose work an engine does;
+- :mod:`~levers9.engine.hooks`: the container hooks, as base classes of a runtime plugin whose work an engine does;
 - :mod:`~levers9.engine.oci`: running containers with runc or runsc; their state directories;
+- :mod:`~levers9.engine.runc`: a pool's runc settings and the engine built from them (runc and criu plugins);
 - :mod:`~levers9.engine.process`: the process runtime's engine (a plain host process, same records);
 - :mod:`~levers9.engine.spec`: the OCI runtime configuration (``config.json``) of one container;
 - :mod:`~levers9.engine.seccomp`: the seccomp profile of every runc and gVisor container;

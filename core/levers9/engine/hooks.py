@@ -1,22 +1,30 @@
 """The container hooks, for a runtime plugin whose work an engine does.
 
 runc, gVisor and the process runtime differ in how they drive a container,
-not in how the hooks hand calls to them; a plugin builds its engine from the
-runtime context and gets its hook implementations from :func:`container_hooks`
-(assigning them to module names is still what registers them, as for any
-plugin).
+not in how the hooks hand calls to them. Such a plugin is one object whose
+class derives from :class:`EngineRuntime` (or :class:`CapturingRuntime`,
+when its engine can also say what a container changed): it builds its engine
+from the runtime context in :meth:`EngineRuntime.engine`, may refuse a spec
+in :meth:`EngineRuntime.check`, and inherits the container hooks, which the
+plugin manager collects from the object like its own ``levers9_*`` methods.
+
+Invariants: the hooks keep no state of their own (each call builds the engine
+again from the runtime context; a container's state lives in its directory),
+and :meth:`EngineRuntime.check` runs before anything is prepared, so a spec it
+refuses leaves nothing behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from typing import ClassVar, Protocol
+
+from pydantic import BaseModel
 
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import ContainerSpec, ContainerState, LayerDiff, LogChunk, PreparedContainer, RuntimeContext
 
-__all__ = ["CapturingEngine", "ContainerHooks", "Engine", "changes_hook", "container_hooks"]
+__all__ = ["CapturingEngine", "CapturingRuntime", "Engine", "EngineRuntime"]
 
 
 class Engine(Protocol):
@@ -29,78 +37,69 @@ class Engine(Protocol):
     def container_ids(self) -> list[str]: ...
 
 
-class CapturingEngine(Protocol):
+class CapturingEngine(Engine, Protocol):
     def changes(self, container_id: str, dest: str) -> LayerDiff: ...
 
 
-@dataclass(frozen=True)
-class ContainerHooks:
-    prepare: Callable[..., Any]
-    start: Callable[..., Any]
-    state: Callable[..., Any]
-    kill: Callable[..., Any]
-    logs: Callable[..., Any]
-    remove: Callable[..., Any]
-    list: Callable[..., Any]
+class EngineRuntime(ABC):
+    """A runtime plugin's settings hook and container hooks, each container hook handing its call to ``self.engine``."""
 
+    #: the pydantic model of the runtime's ``runtime_settings`` (what ``levers9_runtime_settings`` declares)
+    settings_model: ClassVar[type[BaseModel]]
 
-def container_hooks(
-    engine: Callable[[RuntimeContext], Engine],
-    *,
-    check: Callable[[RuntimeContext, ContainerSpec], None] | None = None,
-) -> ContainerHooks:
-    """Hook implementations that hand each call to ``engine(runtime)``; ``check`` vets a spec before preparing."""
+    @abstractmethod
+    def engine(self, runtime: RuntimeContext) -> Engine:
+        """The engine that runs this runtime's containers with the pool's settings."""
+
+    def check(self, runtime: RuntimeContext, spec: ContainerSpec) -> None:
+        """Refuse a spec this runtime cannot run (raise ``InvalidRequest``) before anything is prepared."""
+        return None  # every spec, unless the runtime says otherwise
 
     @hookimpl
-    def levers9_container_prepare(runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
-        if check is not None:
-            check(runtime, spec)
-        return engine(runtime).prepare(spec)
+    def levers9_runtime_settings(self) -> type[BaseModel]:
+        return self.settings_model
 
     @hookimpl
-    def levers9_container_start(runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
-        return engine(runtime).start(container)
+    def levers9_container_prepare(self, runtime: RuntimeContext, spec: ContainerSpec) -> PreparedContainer:
+        self.check(runtime, spec)
+        return self.engine(runtime).prepare(spec)
 
     @hookimpl
-    def levers9_container_state(runtime: RuntimeContext, container_id: str) -> ContainerState:
-        return engine(runtime).state(container_id)
+    def levers9_container_start(self, runtime: RuntimeContext, container: PreparedContainer) -> ContainerState:
+        return self.engine(runtime).start(container)
 
     @hookimpl
-    def levers9_container_kill(runtime: RuntimeContext, container_id: str, signal: int) -> None:
-        engine(runtime).kill(container_id, signal)
+    def levers9_container_state(self, runtime: RuntimeContext, container_id: str) -> ContainerState:
+        return self.engine(runtime).state(container_id)
 
     @hookimpl
-    def levers9_container_logs(runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
-        return engine(runtime).logs(container_id, offset)
+    def levers9_container_kill(self, runtime: RuntimeContext, container_id: str, signal: int) -> None:
+        self.engine(runtime).kill(container_id, signal)
 
     @hookimpl
-    def levers9_container_remove(runtime: RuntimeContext, container_id: str) -> None:
-        engine(runtime).remove(container_id)
+    def levers9_container_logs(self, runtime: RuntimeContext, container_id: str, offset: int) -> LogChunk:
+        return self.engine(runtime).logs(container_id, offset)
 
     @hookimpl
-    def levers9_container_list(runtime: RuntimeContext) -> list[str]:
-        return engine(runtime).container_ids()
+    def levers9_container_remove(self, runtime: RuntimeContext, container_id: str) -> None:
+        self.engine(runtime).remove(container_id)
 
-    return ContainerHooks(
-        levers9_container_prepare,
-        levers9_container_start,
-        levers9_container_state,
-        levers9_container_kill,
-        levers9_container_logs,
-        levers9_container_remove,
-        levers9_container_list,
-    )
+    @hookimpl
+    def levers9_container_list(self, runtime: RuntimeContext) -> list[str]:
+        return self.engine(runtime).container_ids()
 
 
-def changes_hook(engine: Callable[[RuntimeContext], CapturingEngine]) -> Callable[..., Any]:
-    """The ``levers9_container_changes`` implementation for an engine that can read a container's changes.
+class CapturingRuntime(EngineRuntime):
+    """An :class:`EngineRuntime` whose engine can also write what a container changed (``levers9_container_changes``).
 
-    Separate from :func:`container_hooks`: a runtime whose engine cannot (the process runtime) leaves it
-    out, and the builder refuses to build on it.
+    A separate class: a runtime whose engine cannot (the process runtime) derives from :class:`EngineRuntime`
+    alone, leaves the hook out, and the builder refuses to build on it.
     """
 
-    @hookimpl
-    def levers9_container_changes(runtime: RuntimeContext, container_id: str, dest: str) -> LayerDiff:
-        return engine(runtime).changes(container_id, dest)
+    @abstractmethod
+    def engine(self, runtime: RuntimeContext) -> CapturingEngine:
+        """The engine that runs this runtime's containers, and reads what they changed."""
 
-    return levers9_container_changes
+    @hookimpl
+    def levers9_container_changes(self, runtime: RuntimeContext, container_id: str, dest: str) -> LayerDiff:
+        return self.engine(runtime).changes(container_id, dest)

@@ -14,15 +14,21 @@ after the host changed). Checkpoint and restore go through runc (``runc
 checkpoint --leave-running``, ``runc restore``), which drives CRIU; on a host
 where ``criu check`` fails they raise :class:`CheckpointUnavailable` with
 CRIU's reason, and the container is left running untouched.
+
+The plugin is one object, :data:`plugin`, a :class:`CriuCheckpointer` whose
+``levers9_*`` methods are the hooks. It drives runc through the engine
+:mod:`levers9.engine.runc` builds from the pool's runc settings, the same
+engine the ``runc`` plugin runs the container with; it does not import the
+``runc`` plugin.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 from levers9 import probe
+from levers9.engine import runc as runc_engine
 from levers9.hooks.errors import CheckpointUnavailable, RestoreFailed
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -37,11 +43,10 @@ __all__ = [
     "CHECK_TIMEOUT",
     "MECHANISM",
     "SERVED_RUNTIMES",
+    "CriuCheckpointer",
     "check_host",
     "clear_cache",
-    "levers9_checkpoint",
-    "levers9_checkpoint_support",
-    "levers9_restore",
+    "plugin",
 ]
 
 #: the runtimes whose containers CRIU checkpoints here
@@ -103,38 +108,38 @@ def check_host() -> CheckpointSupport:
         return cached
 
 
-@hookimpl
-def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | None:
-    if runtime.name not in SERVED_RUNTIMES:
-        return None
-    return check_host()
+class CriuCheckpointer:
+    """The ``criu`` plugin: the checkpoint hooks for the runtimes in :data:`SERVED_RUNTIMES` (runc)."""
+
+    #: the edition of the hook spec these hooks follow
+    LEVERS9_SPEC_VERSION = 2
+
+    @hookimpl
+    def levers9_checkpoint_support(self, runtime: RuntimeContext) -> CheckpointSupport | None:
+        if runtime.name not in SERVED_RUNTIMES:
+            return None
+        return check_host()
+
+    @hookimpl
+    def levers9_checkpoint(self, runtime: RuntimeContext, container_id: str, image_dir: str) -> CheckpointImage | None:
+        if runtime.name not in SERVED_RUNTIMES:
+            return None
+        support = check_host()
+        if not support.available:
+            raise CheckpointUnavailable(support.reason or "criu cannot checkpoint on this host")
+        return runc_engine.engine(runtime).checkpoint(container_id, image_dir)
+
+    @hookimpl
+    def levers9_restore(
+        self, runtime: RuntimeContext, container: PreparedContainer, image: CheckpointImage
+    ) -> ContainerState | None:
+        if runtime.name not in SERVED_RUNTIMES:
+            return None
+        support = check_host()
+        if not support.available:
+            raise RestoreFailed(f"cannot restore {image.checkpoint_id}: {support.reason}")
+        return runc_engine.engine(runtime).restore(container, image)
 
 
-@hookimpl
-def levers9_checkpoint(runtime: RuntimeContext, container_id: str, image_dir: str) -> CheckpointImage | None:
-    if runtime.name not in SERVED_RUNTIMES:
-        return None
-    support = check_host()
-    if not support.available:
-        raise CheckpointUnavailable(support.reason or "criu cannot checkpoint on this host")
-    import levers9_runc
-
-    return levers9_runc.engine(runtime).checkpoint(container_id, image_dir)
-
-
-@hookimpl
-def levers9_restore(
-    runtime: RuntimeContext, container: PreparedContainer, image: CheckpointImage
-) -> ContainerState | None:
-    if runtime.name not in SERVED_RUNTIMES:
-        return None
-    support = check_host()
-    if not support.available:
-        raise RestoreFailed(f"cannot restore {image.checkpoint_id}: {support.reason}")
-    import levers9_runc
-
-    return levers9_runc.engine(runtime).restore(container, image)
-
-
-#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
-plugin = sys.modules[__name__]
+#: the plugin the entry point names
+plugin = CriuCheckpointer()

@@ -3,9 +3,11 @@
 A pool names ``runtime: gvisor`` when it runs code it does not trust: the
 container's system calls are served by gVisor's own kernel, so a kernel bug
 reachable from the container is much less of a risk than under runc. gVisor can
-also checkpoint a running sandbox by itself, without CRIU. This module declares
-the settings, reports what this host's runsc can do, and answers the checkpoint
-question for gVisor containers; running containers comes with the container hooks.
+also checkpoint a running sandbox by itself, without CRIU. The plugin is one
+object, :data:`plugin`, a :class:`GvisorRuntime`: it declares the settings,
+reports what this host's runsc can do, answers the checkpoint hooks for gVisor
+containers, and runs containers through the container hooks of
+:class:`levers9.engine.hooks.CapturingRuntime` on the engine :func:`engine` builds.
 
 runsc changes quickly and distributions ship old builds (Debian 12 has a
 2022-12 snapshot), so settings this build cannot honour are reported as the
@@ -62,7 +64,6 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from levers9 import probe
-from levers9.engine.hooks import changes_hook, container_hooks
+from levers9.engine.hooks import CapturingRuntime
 from levers9.engine.node import NodeSettings, bridge_for, images_for
 from levers9.engine.oci import OciEngine, OciFlavor
 from levers9.engine.seccomp import profile
@@ -93,28 +94,17 @@ __all__ = [
     "MECHANISM",
     "NAME",
     "PROBE_TIMEOUT",
+    "GvisorRuntime",
     "GvisorSettings",
     "RunscInfo",
     "engine",
     "inspect_runsc",
-    "levers9_checkpoint",
-    "levers9_checkpoint_support",
-    "levers9_container_changes",
-    "levers9_container_kill",
-    "levers9_container_list",
-    "levers9_container_logs",
-    "levers9_container_prepare",
-    "levers9_container_remove",
-    "levers9_container_start",
-    "levers9_container_state",
-    "levers9_restore",
-    "levers9_runtime_capabilities",
-    "levers9_runtime_settings",
     "parse_flag_platforms",
     "parse_help_platforms",
     "parse_version",
+    "plugin",
     "resolve_platform",
-    "settings_of",
+    "sandbox_network_works",
 ]
 
 #: the runtime name (the entry point name) this plugin serves
@@ -174,11 +164,6 @@ class RunscInfo:
     oci_seccomp: bool | None = None
     #: whether this build has the ``-overlay2`` flag (newer builds default to a root overlay in memory)
     overlay2: bool | None = None
-
-
-def settings_of(runtime: RuntimeContext) -> GvisorSettings:
-    """The runtime's settings, or the defaults when the pool gave none."""
-    return GvisorSettings.of(runtime)
 
 
 def parse_version(output: str) -> str | None:
@@ -277,48 +262,6 @@ def _settings_problem(settings: GvisorSettings, info: RunscInfo) -> str | None:
     return None
 
 
-@hookimpl
-def levers9_runtime_settings() -> type[GvisorSettings]:
-    return GvisorSettings
-
-
-@hookimpl
-def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities:
-    settings = settings_of(runtime)
-    info = inspect_runsc(settings.binary)
-    problem = info.problem or _settings_problem(settings, info)
-    notes: list[str] = []
-    if problem is None:
-        problem, _, notes = _network_choice(runtime, settings, info)
-    if problem is not None:
-        return RuntimeCapabilities(
-            available=False,
-            unavailable_reason=problem,
-            isolation=Isolation.SANDBOX,
-            checkpoint=False,
-            checkpoint_reason=problem,
-            version=info.version,
-        )
-    if info.oci_seccomp:
-        notes.append("seccomp: levers9's profile, applied inside the sandbox (-oci-seccomp)")
-    else:
-        notes.append(
-            f"seccomp: runsc {info.version} has no -oci-seccomp flag, so levers9's profile is not applied inside "
-            "the sandbox; gVisor's own kernel serves every call, behind gVisor's host-side filter"
-        )
-    return RuntimeCapabilities(
-        available=True,
-        isolation=Isolation.SANDBOX,
-        gpu=settings.nvproxy,
-        checkpoint=True,
-        version=info.version,
-        host_filesystem=False,
-        host_network=False,
-        cgroup_parent=CGROUP_PARENT,
-        notes=notes,
-    )
-
-
 def _network_choice(
     runtime: RuntimeContext, settings: GvisorSettings, info: RunscInfo
 ) -> tuple[str | None, str, list[str]]:
@@ -352,28 +295,6 @@ def _network_choice(
     )
 
 
-@hookimpl
-def levers9_checkpoint_support(runtime: RuntimeContext) -> CheckpointSupport | None:
-    if runtime.name != NAME:
-        return None
-    settings = settings_of(runtime)
-    info = inspect_runsc(settings.binary)
-    # a sandbox that cannot start cannot be checkpointed either: same answer as the capabilities
-    problem = info.problem or _settings_problem(settings, info)
-    network: str = settings.network
-    if problem is None:
-        problem, network, _ = _network_choice(runtime, settings, info)
-    if problem is not None:
-        return CheckpointSupport(available=False, reason=problem, mechanism=MECHANISM)
-    # runsc cannot checkpoint a sandbox on the host's stack; a container asking for no network gets none
-    caveat = "; on the host's network stack here, only containers without a network" if network == "host" else ""
-    return CheckpointSupport(
-        available=True,
-        reason=f"runsc {info.version} checkpoints and restores whole sandboxes itself{caveat}",
-        mechanism=MECHANISM,
-    )
-
-
 log = logging.getLogger(__name__)
 
 _INFO_CACHE: dict[tuple[str, float], RunscInfo] = {}
@@ -394,7 +315,7 @@ def _info(binary: str) -> RunscInfo:
 
 def engine(runtime: RuntimeContext) -> OciEngine:
     """The OCI engine driving this host's runsc with the pool's settings."""
-    settings = settings_of(runtime)
+    settings = GvisorSettings.of(runtime)
     info = _info(settings.binary)
     problem = info.problem or _settings_problem(settings, info)
     if problem is not None or info.path is None:
@@ -441,7 +362,7 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
         return _NETWORK_CACHE[key]
     from levers9.engine.spec import oci_config
 
-    image = images_for(runtime, settings_of(runtime)).resolve("host")
+    image = images_for(runtime, GvisorSettings.of(runtime)).resolve("host")
     netns = f"l9p-{secrets.token_hex(5)}"
     probe_id = f"l9-probe-{secrets.token_hex(5)}"
     with tempfile.TemporaryDirectory(prefix="l9-runsc-probe-") as tmp:
@@ -486,43 +407,97 @@ def _remove_probe_cgroups(probe_id: str) -> None:
             directory.rmdir()
 
 
-def _check(runtime: RuntimeContext, spec: ContainerSpec) -> None:
-    settings = settings_of(runtime)
-    if spec.network == "host" and settings.network not in ("host", "auto"):
-        raise InvalidRequest(
-            f"container {spec.container_id} asks for the host network, but this pool's gVisor runs with "
-            f"network {settings.network!r}; set runtime_settings.network: host for such pools"
+class GvisorRuntime(CapturingRuntime):
+    """The ``gvisor`` plugin: settings, capabilities, container hooks on runsc's engine, and runsc's checkpoints."""
+
+    #: the edition of the hook spec these hooks follow
+    LEVERS9_SPEC_VERSION = 2
+    settings_model = GvisorSettings
+
+    def engine(self, runtime: RuntimeContext) -> OciEngine:
+        return engine(runtime)
+
+    def check(self, runtime: RuntimeContext, spec: ContainerSpec) -> None:
+        settings = GvisorSettings.of(runtime)
+        if spec.network == "host" and settings.network not in ("host", "auto"):
+            raise InvalidRequest(
+                f"container {spec.container_id} asks for the host network, but this pool's gVisor runs with "
+                f"network {settings.network!r}; set runtime_settings.network: host for such pools"
+            )
+        if spec.gpus and not settings.nvproxy:
+            raise InvalidRequest("GPUs under gVisor need runtime_settings.nvproxy: true (and a runsc with -nvproxy)")
+
+    @hookimpl
+    def levers9_runtime_capabilities(self, runtime: RuntimeContext) -> RuntimeCapabilities:
+        settings = GvisorSettings.of(runtime)
+        info = inspect_runsc(settings.binary)
+        problem = info.problem or _settings_problem(settings, info)
+        notes: list[str] = []
+        if problem is None:
+            problem, _, notes = _network_choice(runtime, settings, info)
+        if problem is not None:
+            return RuntimeCapabilities(
+                available=False,
+                unavailable_reason=problem,
+                isolation=Isolation.SANDBOX,
+                checkpoint=False,
+                checkpoint_reason=problem,
+                version=info.version,
+            )
+        if info.oci_seccomp:
+            notes.append("seccomp: levers9's profile, applied inside the sandbox (-oci-seccomp)")
+        else:
+            notes.append(
+                f"seccomp: runsc {info.version} has no -oci-seccomp flag, so levers9's profile is not applied inside "
+                "the sandbox; gVisor's own kernel serves every call, behind gVisor's host-side filter"
+            )
+        return RuntimeCapabilities(
+            available=True,
+            isolation=Isolation.SANDBOX,
+            gpu=settings.nvproxy,
+            checkpoint=True,
+            version=info.version,
+            host_filesystem=False,
+            host_network=False,
+            cgroup_parent=CGROUP_PARENT,
+            notes=notes,
         )
-    if spec.gpus and not settings.nvproxy:
-        raise InvalidRequest("GPUs under gVisor need runtime_settings.nvproxy: true (and a runsc with -nvproxy)")
+
+    @hookimpl
+    def levers9_checkpoint_support(self, runtime: RuntimeContext) -> CheckpointSupport | None:
+        if runtime.name != NAME:
+            return None
+        settings = GvisorSettings.of(runtime)
+        info = inspect_runsc(settings.binary)
+        # a sandbox that cannot start cannot be checkpointed either: same answer as the capabilities
+        problem = info.problem or _settings_problem(settings, info)
+        network: str = settings.network
+        if problem is None:
+            problem, network, _ = _network_choice(runtime, settings, info)
+        if problem is not None:
+            return CheckpointSupport(available=False, reason=problem, mechanism=MECHANISM)
+        # runsc cannot checkpoint a sandbox on the host's stack; a container asking for no network gets none
+        caveat = "; on the host's network stack here, only containers without a network" if network == "host" else ""
+        return CheckpointSupport(
+            available=True,
+            reason=f"runsc {info.version} checkpoints and restores whole sandboxes itself{caveat}",
+            mechanism=MECHANISM,
+        )
+
+    @hookimpl
+    def levers9_checkpoint(self, runtime: RuntimeContext, container_id: str, image_dir: str) -> CheckpointImage | None:
+        if runtime.name != NAME:
+            return None
+        return self.engine(runtime).checkpoint(container_id, image_dir)
+
+    @hookimpl
+    def levers9_restore(
+        self, runtime: RuntimeContext, container: PreparedContainer, image: CheckpointImage
+    ) -> ContainerState | None:
+        if runtime.name != NAME:
+            return None
+        return self.engine(runtime).restore(container, image)
 
 
-_hooks = container_hooks(engine, check=_check)
-levers9_container_prepare = _hooks.prepare
-levers9_container_start = _hooks.start
-levers9_container_state = _hooks.state
-levers9_container_kill = _hooks.kill
-levers9_container_logs = _hooks.logs
-levers9_container_remove = _hooks.remove
-levers9_container_list = _hooks.list
-levers9_container_changes = changes_hook(engine)
-
-
-@hookimpl
-def levers9_checkpoint(runtime: RuntimeContext, container_id: str, image_dir: str) -> CheckpointImage | None:
-    if runtime.name != NAME:
-        return None
-    return engine(runtime).checkpoint(container_id, image_dir)
-
-
-@hookimpl
-def levers9_restore(
-    runtime: RuntimeContext, container: PreparedContainer, image: CheckpointImage
-) -> ContainerState | None:
-    if runtime.name != NAME:
-        return None
-    return engine(runtime).restore(container, image)
-
-
-#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
-plugin = sys.modules[__name__]
+#: the plugin the entry point names
+plugin = GvisorRuntime()

@@ -5,8 +5,10 @@ and isolation does not matter: the command sees the host's filesystem,
 network, users and GPUs, and nothing limits what it may do. Because that is
 easy to forget once a pool is configured, the first capability report in a
 process logs a warning (logger ``levers9.runtime.process``). A process cannot
-be checkpointed: there is no container boundary to freeze. The container hooks
-run the command through :mod:`levers9.engine.process`.
+be checkpointed: there is no container boundary to freeze. The plugin is one
+object, :data:`plugin`, a :class:`ProcessRuntime`; its container hooks
+(:class:`levers9.engine.hooks.EngineRuntime`) run the command through
+:mod:`levers9.engine.process`.
 
 The one line it draws: a worker running as root runs commands as ``nobody``
 (uid and gid from the host's passwd, 65534 where it has none), so a call
@@ -36,7 +38,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9 import __version__
-from levers9.engine.hooks import container_hooks
+from levers9.engine.hooks import EngineRuntime
 from levers9.engine.process import ProcessEngine, RunAs, unreachable
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -51,18 +53,11 @@ __all__ = [
     "FIX",
     "ISOLATION_WARNING",
     "WORKER_USER_NOTE",
+    "ProcessRuntime",
     "ProcessSettings",
     "call_user",
     "cannot_drop",
-    "levers9_container_kill",
-    "levers9_container_list",
-    "levers9_container_logs",
-    "levers9_container_prepare",
-    "levers9_container_remove",
-    "levers9_container_start",
-    "levers9_container_state",
-    "levers9_runtime_capabilities",
-    "levers9_runtime_settings",
+    "plugin",
 ]
 
 logger = logging.getLogger("levers9.runtime.process")
@@ -115,14 +110,12 @@ def _warn_once() -> None:
     logger.warning(ISOLATION_WARNING)
 
 
-@hookimpl
-def levers9_runtime_settings() -> type[ProcessSettings]:
-    return ProcessSettings
-
-
 def _settings(runtime: RuntimeContext) -> ProcessSettings:
+    """The pool's settings, or the defaults when it gave none."""
     settings = runtime.settings
-    return settings if isinstance(settings, ProcessSettings) else ProcessSettings()
+    if isinstance(settings, ProcessSettings):
+        return settings
+    return ProcessSettings.model_validate(settings or {})
 
 
 def cannot_drop(run_as: RunAs | None) -> str | None:
@@ -142,30 +135,6 @@ def cannot_drop(run_as: RunAs | None) -> str | None:
     return None
 
 
-@hookimpl
-def levers9_runtime_capabilities(runtime: RuntimeContext) -> RuntimeCapabilities:
-    _warn_once()
-    opted_in = _settings(runtime).allow_calls_as_worker_user
-    why = cannot_drop(call_user())
-    return RuntimeCapabilities(
-        available=why is None or opted_in,
-        unavailable_reason=None
-        if why is None or opted_in
-        else f"calls cannot run as an unprivileged user: {why}; {FIX}",
-        notes=[WORKER_USER_NOTE] if opted_in and why is not None else [],
-        calls_as_worker_user=opted_in and why is not None,
-        isolation=Isolation.NONE,
-        gpu=True,
-        checkpoint=False,
-        checkpoint_reason=CHECKPOINT_REASON,
-        version=__version__,
-        # a plain process: the worker's files, the worker's network, no cgroup of its own
-        host_filesystem=True,
-        host_network=True,
-        cgroup_parent=None,
-    )
-
-
 def call_user() -> RunAs | None:
     """The unprivileged user a root worker runs commands as; None when the worker is not root."""
     if os.geteuid() != 0:
@@ -177,24 +146,47 @@ def call_user() -> RunAs | None:
     return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name="nobody")
 
 
-def _engine(runtime: RuntimeContext) -> ProcessEngine:
-    return ProcessEngine(
-        Path(runtime.state_dir), run_as=call_user(), as_worker=_settings(runtime).allow_calls_as_worker_user, fix=FIX
-    )
+class ProcessRuntime(EngineRuntime):
+    """The ``process`` plugin: its settings, its capability report, and the container hooks on plain processes."""
+
+    #: the edition of the hook spec these hooks follow
+    LEVERS9_SPEC_VERSION = 2
+    settings_model = ProcessSettings
+
+    def engine(self, runtime: RuntimeContext) -> ProcessEngine:
+        return ProcessEngine(
+            Path(runtime.state_dir),
+            run_as=call_user(),
+            as_worker=_settings(runtime).allow_calls_as_worker_user,
+            fix=FIX,
+        )
+
+    def check(self, runtime: RuntimeContext, spec: ContainerSpec) -> None:
+        _warn_once()
+
+    @hookimpl
+    def levers9_runtime_capabilities(self, runtime: RuntimeContext) -> RuntimeCapabilities:
+        _warn_once()
+        opted_in = _settings(runtime).allow_calls_as_worker_user
+        why = cannot_drop(call_user())
+        return RuntimeCapabilities(
+            available=why is None or opted_in,
+            unavailable_reason=None
+            if why is None or opted_in
+            else f"calls cannot run as an unprivileged user: {why}; {FIX}",
+            notes=[WORKER_USER_NOTE] if opted_in and why is not None else [],
+            calls_as_worker_user=opted_in and why is not None,
+            isolation=Isolation.NONE,
+            gpu=True,
+            checkpoint=False,
+            checkpoint_reason=CHECKPOINT_REASON,
+            version=__version__,
+            # a plain process: the worker's files, the worker's network, no cgroup of its own
+            host_filesystem=True,
+            host_network=True,
+            cgroup_parent=None,
+        )
 
 
-def _warn(runtime: RuntimeContext, spec: ContainerSpec) -> None:
-    _warn_once()
-
-
-_hooks = container_hooks(_engine, check=_warn)
-levers9_container_prepare = _hooks.prepare
-levers9_container_start = _hooks.start
-levers9_container_state = _hooks.state
-levers9_container_kill = _hooks.kill
-levers9_container_logs = _hooks.logs
-levers9_container_remove = _hooks.remove
-levers9_container_list = _hooks.list
-
-#: the plugin object the entry point names; for now this module itself (its functions are the hooks)
-plugin = sys.modules[__name__]
+#: the plugin the entry point names
+plugin = ProcessRuntime()
