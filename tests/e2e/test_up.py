@@ -19,44 +19,42 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.levers9_up import Up, _processes_mentioning, free_port
+from tests.fixtures.wait import wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_hello_example_runs_through_levers9_run(levers9_up: Up) -> None:
-    levers9_up.start()
-    done = levers9_up.levers9("run", str(EXAMPLES / "hello.py"))
+def test_hello_example_runs_through_levers9_run(shared_up: Up) -> None:
+    done = shared_up.levers9("run", str(EXAMPLES / "hello.py"))
     assert done.returncode == 0, done.stderr
     assert "7 squared on a levers9 worker: 49" in done.stdout
     assert "squares of 0..9: [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]" in done.stdout
     assert done.stderr == "", done.stderr  # nothing else: no warnings from the SDK's shutdown either
 
 
-def test_gpu_preference_falls_back_to_cpu_on_a_machine_without_gpus(levers9_up: Up) -> None:
-    levers9_up.start()
-    done = levers9_up.python(
+def test_gpu_preference_falls_back_to_cpu_on_a_machine_without_gpus(shared_up: Up) -> None:
+    done = shared_up.python(
         """
         import os, levers9
 
         @levers9.function(gpu=["H100", "cpu"])
-        def where():
+        def where_preferred():
             return os.getpid()
 
-        print("RESULT", where.remote() != os.getpid())
+        print("RESULT", where_preferred.remote() != os.getpid())
         """
     )
     assert done.returncode == 0, done.stderr
     assert "RESULT True" in done.stdout  # it ran, in another process
-    tasks = json.loads(levers9_up.levers9("tasks", "--json").stdout)
-    [task] = [t for t in tasks if t.get("function") == "where"]
+    tasks = json.loads(shared_up.levers9("tasks", "--json").stdout)
+    [task] = [t for t in tasks if t.get("function") == "where_preferred"]
     assert (task["status"], task["pool"], task["gpu"]) == ("complete", "local", "")
 
 
-def test_map_over_1000_inputs_returns_1000_results_in_order(levers9_up: Up) -> None:
-    levers9_up.start()
-    done = levers9_up.python(
+def test_map_over_1000_inputs_returns_1000_results_in_order(shared_up: Up) -> None:
+    done = shared_up.python(
         """
         import levers9
 
@@ -100,9 +98,8 @@ def test_calls_beyond_a_workers_room_wait_in_its_own_queue_and_all_return(levers
     assert len(levers9_up.workers()) == 1
 
 
-def test_a_remote_exception_is_raised_with_its_remote_traceback(levers9_up: Up) -> None:
-    levers9_up.start()
-    done = levers9_up.python(
+def test_a_remote_exception_is_raised_with_its_remote_traceback(shared_up: Up) -> None:
+    done = shared_up.python(
         """
         import levers9
 
@@ -132,10 +129,9 @@ def test_a_remote_exception_is_raised_with_its_remote_traceback(levers9_up: Up) 
     assert 'raise Bad(f"no good: {n}")' in done.stderr
 
 
-def test_a_gpu_no_pool_offers_fails_fast_naming_the_pools(levers9_up: Up) -> None:
-    levers9_up.start()
+def test_a_gpu_no_pool_offers_fails_fast_naming_the_pools(shared_up: Up) -> None:
     started = time.monotonic()
-    done = levers9_up.python(
+    done = shared_up.python(
         """
         import levers9
 
@@ -161,6 +157,7 @@ def test_a_worker_killed_mid_task_has_its_task_completed_elsewhere(levers9_up: U
     levers9_up.min_workers = 2
     levers9_up.start()
     marker = levers9_up.exchange / "attempts"
+    release = levers9_up.exchange / "release"
     program = levers9_up.root / "slow_app.py"
     program.write_text(
         f"""
@@ -170,7 +167,8 @@ import os, time, levers9
 def slow():
     with open({str(marker)!r}, "a") as f:
         f.write(str(os.getpid()) + "\\n")
-    time.sleep(6)
+    while not os.path.exists({str(release)!r}):  # runs until its first worker is dead
+        time.sleep(0.05)
     return "finished"
 
 print("RESULT", slow.remote(), flush=True)
@@ -185,6 +183,7 @@ print("RESULT", slow.remote(), flush=True)
             time.sleep(0.1)
         assert marker.exists(), "the call never started"
         os.kill(_worker_running_a_call(levers9_up), signal.SIGKILL)
+        release.touch()
         out, err = app.communicate(timeout=240)
     finally:
         if app.poll() is None:
@@ -248,6 +247,18 @@ print("RESULT", list(nap.map(range(60))) == list(range(60)), flush=True)
     assert "RESULT True" in out
 
 
+def _tasks_in(up: Up, status: str) -> list[dict[str, object]]:
+    """The tasks `levers9 tasks` lists in ``status``."""
+    listed = up.levers9("tasks", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return [task for task in json.loads(listed.stdout) if task.get("status") == status]
+
+
+def _worker_logs_say(up: Up, text: str) -> bool:
+    """Whether the log of one of the local pool's workers (in the state directory) says ``text``."""
+    return any(text in log.read_text(errors="replace") for log in (up.root / "state").rglob("*.log"))
+
+
 def _worker_running_a_call(up: Up) -> int:
     """The pid of the `levers9 worker` whose state directory holds a container right now."""
     for pid, cmd in _processes_mentioning(str(up.root)):
@@ -288,9 +299,8 @@ print("RESULTS", json.dumps([results, mapped]), flush=True)
     try:
         assert app.stdout is not None
         assert app.stdout.readline().strip() == "SPAWNED"
-        time.sleep(1.0)  # some calls are running now, the rest wait
+        wait_for(lambda: _tasks_in(levers9_up, "running"), "a call running", 120, levers9_up.log)  # the rest wait
         levers9_up.kill()  # SIGKILL: no shutdown of any kind; the workers keep running
-        time.sleep(1.0)
         levers9_up.start(wait_workers=0)  # same home: same SQLite file, same ports
         out, err = app.communicate(timeout=300)
     finally:
@@ -307,13 +317,12 @@ print("RESULTS", json.dumps([results, mapped]), flush=True)
     assert all(t["status"] == "complete" for t in mine)
 
 
-def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(levers9_up: Up) -> None:
+def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(shared_up: Up) -> None:
     import grpc
 
     from levers9.proto.v1 import controlplane_pb2, controlplane_pb2_grpc
 
-    levers9_up.start()
-    done = levers9_up.python(
+    done = shared_up.python(
         """
         import levers9
 
@@ -328,12 +337,12 @@ def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(levers9_u
     )
     assert done.returncode == 0, done.stderr
     task_id = done.stdout.split("TASK", 1)[1].strip()
-    other = levers9_up.levers9("token", "create", "--workspace", "team-b")
+    other = shared_up.levers9("token", "create", "--workspace", "team-b")
     assert other.returncode == 0, other.stderr
     intruder = other.stdout.strip()
-    owner = levers9_up.token()
+    owner = shared_up.token()
 
-    channel = grpc.insecure_channel(f"127.0.0.1:{levers9_up.grpc_port}")
+    channel = grpc.insecure_channel(f"127.0.0.1:{shared_up.grpc_port}")
     try:
         api = controlplane_pb2_grpc.ControlPlaneStub(channel)  # type: ignore[no-untyped-call]
         as_b = (("authorization", f"Bearer {intruder}"),)
@@ -359,14 +368,13 @@ def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(levers9_u
     # and over REST
     import httpx
 
-    r = httpx.get(f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}",
+    r = httpx.get(f"http://127.0.0.1:{shared_up.http_port}/api/v1/tasks/{task_id}",
                   headers={"authorization": f"Bearer {intruder}"}, timeout=10)  # fmt: skip
     assert r.status_code == 404
 
 
-def test_output_of_a_call_reaches_levers9_logs(levers9_up: Up) -> None:
-    levers9_up.start()
-    done = levers9_up.python(
+def test_output_of_a_call_reaches_levers9_logs(shared_up: Up) -> None:
+    done = shared_up.python(
         """
         import sys, levers9
 
@@ -384,7 +392,7 @@ def test_output_of_a_call_reaches_levers9_logs(levers9_up: Up) -> None:
     )
     assert done.returncode == 0, done.stderr
     task_id = done.stdout.split("TASK", 1)[1].strip()
-    logs = levers9_up.levers9("logs", task_id)
+    logs = shared_up.levers9("logs", task_id)
     assert logs.returncode == 0, logs.stderr
     assert "line 0 of 3\nline 1 of 3\nline 2 of 3\n" in logs.stdout
     assert "to stderr" in logs.stdout
@@ -393,15 +401,17 @@ def test_output_of_a_call_reaches_levers9_logs(levers9_up: Up) -> None:
 def test_a_worker_told_to_stop_finishes_its_call_first(levers9_up: Up) -> None:
     levers9_up.start()
     marker = levers9_up.exchange / "started"
+    release = levers9_up.exchange / "release"
     program = levers9_up.root / "long_app.py"
     program.write_text(
         f"""
-import time, levers9
+import os, time, levers9
 
 @levers9.function()
 def long():
     open({str(marker)!r}, "w").close()
-    time.sleep(2)
+    while not os.path.exists({str(release)!r}):  # runs until its worker is draining
+        time.sleep(0.05)
     return "done"
 
 print("RESULT", long.remote(), flush=True)
@@ -416,6 +426,9 @@ print("RESULT", long.remote(), flush=True)
         assert marker.exists(), "the call never started"
         worker = _worker_running_a_call(levers9_up)
         os.kill(worker, signal.SIGTERM)  # drain: take nothing new, finish what runs, leave
+        wait_for(lambda: _worker_logs_say(levers9_up, "draining: finishing 1 running calls"), "the worker draining",
+                 60, levers9_up.log)  # fmt: skip
+        release.touch()
         out, err = app.communicate(timeout=120)
     finally:
         if app.poll() is None:
