@@ -37,7 +37,7 @@ from levers9.scheduler.provisioning import Provisioner
 from levers9.scheduler.request import PlacementRequest
 from levers9.scheduler.restart import RebuildReport, rebuild, requeue_kept, return_grace_s
 from levers9.state.errors import InvalidTransition, NotFound
-from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Released, Taken
+from levers9.state.redis.backlog import Backlog, Group, PlaceResult, QueuedRequest, Released, RequestState, Taken
 from levers9.state.redis.outage import Outage
 from levers9.state.redis.scripts import Scripts
 from levers9.state.redis.workers import WorkerInfo, WorkerRegistry
@@ -332,6 +332,19 @@ class Scheduler:
 
     async def take(self, worker: str, max_count: int = 1) -> list[Taken]:
         return await self.backlog.take(worker, max_count)
+
+    async def placements(self, request_ids: Sequence[str]) -> list[RequestState | None]:
+        """Where Redis has each of ``request_ids`` now, in order (None: it holds no such request, finished or lost).
+
+        The placement itself, every replica's: what a worker may report on is judged by it, not by SQL's record
+        of the placement, which the history writer stores behind.
+        """
+        return await self.backlog.get_many(request_ids) if request_ids else []
+
+    async def held_by(self, worker: str) -> list[RequestState]:
+        """The requests Redis has placed on ``worker`` now (placed, running, or waiting in its queue)."""
+        held = await self.workers.requests_of(worker)
+        return [state for state in await self.placements(held) if state is not None]
 
     async def release_many(self, request_ids: Sequence[str], *, worker: str | None = None) -> int:
         """Return the resources of finished requests (their SQL rows are written by the caller) and wake pools.

@@ -18,9 +18,10 @@ at five points per call, each one method: submit
 tells of a placement; the hub wakes the worker), take (:meth:`Scheduler.take`),
 the worker's outcome (:meth:`Scheduler.release_reported`, whose verdict says
 whether it may be stored, or :meth:`Scheduler.retry` for a failed attempt
-retried) and cancel (:meth:`Scheduler.cancel`). Redis holds the placement:
-what this replica remembers sending is a shortcut, never the authority over
-what a worker may report. The ``tasks`` table has one writer,
+retried) and cancel (:meth:`Scheduler.cancel`). Redis holds the placement,
+read through :meth:`Scheduler.placements` and :meth:`Scheduler.held_by`: what
+this replica remembers sending is a shortcut, never the authority over what a
+worker may report. The ``tasks`` table has one writer,
 :class:`~levers9.state.sql.tasks.TaskStore`, whose docstring lists the states
 and which side moves a task between them; :class:`~levers9.state.sql.calls.CallStore`
 here only reads tasks (and writes their output).
@@ -492,9 +493,7 @@ class DataPlane:
         """
         if (worker_id, stub_id) in self._served:
             return True
-        held = await self.services.scheduler.workers.requests_of(worker_id)
-        states = await self.services.scheduler.backlog.get_many(held) if held else []
-        return any(state is not None and state.request.function == stub_id for state in states)
+        return any(state.request.function == stub_id for state in await self.services.scheduler.held_by(worker_id))
 
     async def placed_workspaces(self, worker_id: str) -> set[str]:
         """The workspaces of the calls placed on ``worker_id``: now (Redis, every replica's) or lately from here.
@@ -527,9 +526,7 @@ class DataPlane:
 
     async def _held(self, worker_id: str) -> list[RequestState]:
         """The requests Redis has placed on ``worker_id`` now."""
-        held = await self.services.scheduler.workers.requests_of(worker_id)
-        states = await self.services.scheduler.backlog.get_many(held) if held else []
-        return [state for state in states if state is not None]
+        return await self.services.scheduler.held_by(worker_id)
 
     async def placed_on(self, worker_id: str, task_ids: Iterable[str], *, ended: bool = False) -> set[str]:
         """Which of ``task_ids`` were placed on ``worker_id`` (see :meth:`WorkerReports.placed_on`)."""

@@ -128,7 +128,7 @@ class WorkerReports:
         if not rest:
             return mine
         in_sql: list[str] = []
-        for task_id, state in zip(rest, await self.dp.services.scheduler.backlog.get_many(rest), strict=True):
+        for task_id, state in zip(rest, await self.dp.services.scheduler.placements(rest), strict=True):
             if state is None:
                 in_sql.append(task_id)
             elif state.worker == worker_id and state.state in ("placed", "running", "waiting"):
@@ -372,7 +372,7 @@ class WorkerReports:
         other worker). One Redis read per batch.
         """
         ids = [task_id for task_id, _ in started]
-        states = await self.dp.services.scheduler.backlog.get_many(ids)
+        states = await self.dp.services.scheduler.placements(ids)
         kept: list[tuple[str, str]] = []
         refused: list[str] = []
         for pair, state in zip(started, states, strict=True):
