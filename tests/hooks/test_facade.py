@@ -33,6 +33,7 @@ from levers9.hooks.errors import (
 )
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, PluginSet, load_plugins
+from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
     CheckpointImage,
     CheckpointSupport,
@@ -222,6 +223,26 @@ def test_hook_levers9_gpu_offers(hooks: Hooks, tmp_path: Path) -> None:
     pool = toy_pool(hooks, tmp_path, capacity={"T4": 1, "H100": 0}, price_per_hour={"T4": 0.5})
     offers = hooks_run(hooks.gpu_offers(pool))
     assert [(o.gpu, o.instance_type, o.price_per_hour) for o in offers] == [("T4", "toy.t4", 0.5)]
+
+
+def test_makes_offers_says_which_providers_implement_gpu_offers() -> None:
+    class SettingsOnly:
+        @hookimpl
+        def levers9_provider_settings(self) -> type[BaseModel]:
+            return BaseModel
+
+    class Offering(SettingsOnly):
+        @hookimpl
+        def levers9_gpu_offers(self, pool: Pool) -> list[object]:
+            return []
+
+    plugins = PluginSet()
+    plugins.add("settings_only", SettingsOnly())
+    plugins.add("offering", Offering())
+    hooks = Hooks(plugins)
+    assert hooks.makes_offers("offering")
+    assert not hooks.makes_offers("settings_only")
+    assert not hooks.makes_offers("not_installed")
 
 
 def test_hook_levers9_runtime_settings(runtime_hooks: Any) -> None:

@@ -121,6 +121,10 @@ class Hooks(PluginCalls):
 
     # ----------------------------------------------------------------- provider hooks
 
+    def makes_offers(self, provider: str) -> bool:
+        """Whether ``provider`` implements ``levers9_gpu_offers`` (a pool of a provider without it has none)."""
+        return self.plugins.impl(provider, "levers9_gpu_offers") is not None
+
     async def gpu_offers(self, pool: Pool, *, timeout: float | None = None) -> list[GpuOffer]:
         _expect(pool, Pool, "pool")
         offers: list[GpuOffer] = await self._one(

@@ -122,9 +122,7 @@ class OfferCache:
 
     def offers_hook(self, pool: PoolSpec) -> bool:
         """Whether ``pool`` can have offers at all: a GPU pool whose provider implements ``levers9_gpu_offers``."""
-        return (
-            pool.gpu is not None and self.ctx.hooks.plugins.impl(pool.pool.provider, "levers9_gpu_offers") is not None
-        )
+        return pool.gpu is not None and self.ctx.hooks.makes_offers(pool.pool.provider)
 
     def get(self, name: str) -> PoolOffers | None:
         """What is known of pool ``name``'s offers; None when it was never asked."""
