@@ -66,6 +66,17 @@ def test_module_and_object_plugins_load_through_the_same_entry_point_path(instal
     assert {device.uuid for answer in answers for device in answer} == {"GPU-module", "GPU-object"}
 
 
+def test_builtin_providers_and_runtimes_declare_the_current_edition() -> None:
+    plugins = load_plugins(PluginPolicy())
+    builtin = {r.name: r for r in plugins.records.values() if r.builtin}
+    objects = {name for name, r in builtin.items() if r.module.endswith(":plugin")}
+    # every provider and runtime is one object; GPU discovery (nvidia_smi) stays a module of functions
+    assert objects == set(builtin) - {"nvidia_smi"}
+    assert {(name, builtin[name].status, builtin[name].spec_version) for name in objects} == {
+        (name, "loaded", SPEC_VERSION) for name in objects
+    }
+
+
 @pytest.mark.parametrize("shape", [_install_module, _install_object])
 def test_newer_edition_is_refused_naming_plugin_and_versions(installed: Installed, shape: object) -> None:
     assert callable(shape)
