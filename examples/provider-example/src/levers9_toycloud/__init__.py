@@ -19,6 +19,11 @@ to give the contract suite something real to run against. The "cloud":
 
 A file lock makes concurrent provisioning from several processes safe, like a
 real cloud API would be.
+
+The plugin is one object, :data:`plugin`, an instance of
+:class:`ToyCloudProvider` whose methods named after the hooks carry
+``@hookimpl``; it declares the spec edition it is written to
+(``LEVERS9_SPEC_VERSION``), and reads its pools' settings with ``settings_of``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from levers9.hooks.types import (
     Pool,
     ProviderCheck,
     ProvisionRequest,
+    settings_of,
 )
 
 #: GPU memory per type this toy cloud sells, in MiB
@@ -78,8 +84,7 @@ class ToyCloudSettings(BaseModel):
 
 
 def _settings(pool: Pool) -> ToyCloudSettings:
-    assert isinstance(pool.settings, ToyCloudSettings)
-    return pool.settings
+    return settings_of(pool, ToyCloudSettings)  # the model levers9_provider_settings declared, typed
 
 
 def _zones(pool: Pool, region: str) -> list[str]:
@@ -136,115 +141,126 @@ def user_data_of(state_dir: str | Path, machine: Machine) -> str:
     )
 
 
-@hookimpl
-def levers9_provider_settings() -> type[BaseModel]:
-    return ToyCloudSettings
+class ToyCloudProvider:
+    """The plugin: one object whose ``levers9_*`` methods are the hooks (the entry point names :data:`plugin`).
 
+    It keeps no state of its own: the "cloud" is the state directory, so any
+    number of instances, in any number of processes, agree.
+    """
 
-@hookimpl
-def levers9_check(pool: Pool) -> ProviderCheck:
-    settings = _settings(pool)
-    try:
-        with _locked(settings.state_dir) as machines, tempfile.NamedTemporaryFile(dir=machines):
-            pass
-    except OSError as exc:
-        return ProviderCheck(
-            ok=False, message=f"state_dir {settings.state_dir} is not writable: {exc}", hint="fix state_dir"
-        )
-    try:
-        _authenticate(settings)
-    except AuthenticationFailed as exc:
-        return ProviderCheck(ok=False, message=exc.message, hint=f"export {settings.api_key_env}=valid")
-    return ProviderCheck(ok=True, message=f"state_dir {settings.state_dir} is writable; API key accepted")
+    #: the edition of the hook spec this plugin is written to (docs/plugins.md, "The spec version")
+    LEVERS9_SPEC_VERSION = 2
 
+    @hookimpl
+    def levers9_provider_settings(self) -> type[BaseModel]:
+        return ToyCloudSettings
 
-@hookimpl
-def levers9_gpu_offers(pool: Pool) -> list[GpuOffer]:
-    settings = _settings(pool)
-    offers: list[GpuOffer] = []
-    with _locked(settings.state_dir) as machines:
-        for region in pool.regions or [DEFAULT_REGION]:
-            for zone in _zones(pool, region):
-                for gpu, count in settings.capacity.items():
-                    if gpu not in GPU_MEMORY or pool.gpu not in (None, gpu):
-                        continue
-                    free = count - _in_use(machines, zone, gpu)
-                    offers.append(
-                        GpuOffer(
-                            gpu=gpu,
-                            gpu_count=max(pool.gpu_count, 1),
-                            gpu_memory_mib=GPU_MEMORY[gpu],
-                            region=region,
-                            zone=zone,
-                            instance_type=f"toy.{gpu.lower()}",
-                            availability=Availability.AVAILABLE if free > 0 else Availability.UNAVAILABLE,
-                            price_per_hour=settings.price_per_hour.get(gpu),
+    @hookimpl
+    def levers9_check(self, pool: Pool) -> ProviderCheck:
+        settings = _settings(pool)
+        try:
+            with _locked(settings.state_dir) as machines, tempfile.NamedTemporaryFile(dir=machines):
+                pass
+        except OSError as exc:
+            return ProviderCheck(
+                ok=False, message=f"state_dir {settings.state_dir} is not writable: {exc}", hint="fix state_dir"
+            )
+        try:
+            _authenticate(settings)
+        except AuthenticationFailed as exc:
+            return ProviderCheck(ok=False, message=exc.message, hint=f"export {settings.api_key_env}=valid")
+        return ProviderCheck(ok=True, message=f"state_dir {settings.state_dir} is writable; API key accepted")
+
+    @hookimpl
+    def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
+        settings = _settings(pool)
+        offers: list[GpuOffer] = []
+        with _locked(settings.state_dir) as machines:
+            for region in pool.regions or [DEFAULT_REGION]:
+                for zone in _zones(pool, region):
+                    for gpu, count in settings.capacity.items():
+                        if gpu not in GPU_MEMORY or pool.gpu not in (None, gpu):
+                            continue
+                        free = count - _in_use(machines, zone, gpu)
+                        offers.append(
+                            GpuOffer(
+                                gpu=gpu,
+                                gpu_count=max(pool.gpu_count, 1),
+                                gpu_memory_mib=GPU_MEMORY[gpu],
+                                region=region,
+                                zone=zone,
+                                instance_type=f"toy.{gpu.lower()}",
+                                availability=Availability.AVAILABLE if free > 0 else Availability.UNAVAILABLE,
+                                price_per_hour=settings.price_per_hour.get(gpu),
+                            )
                         )
-                    )
-    return offers
+        return offers
+
+    @hookimpl
+    def levers9_provision(self, request: ProvisionRequest) -> Machine:
+        pool, offer, settings = request.pool, request.offer, _settings(request.pool)
+        _authenticate(settings)
+        kind = request.resources.gpu or "cpu"
+        if kind != "cpu" and kind not in GPU_MEMORY:
+            raise InvalidRequest(f"toycloud sells no {kind}; it sells {', '.join(GPU_MEMORY)}")
+        region = (offer.region if offer else None) or request.region or (pool.regions or [DEFAULT_REGION])[0]
+        zones = _zones(pool, region)
+        if offer is not None and offer.zone is not None and offer.zone not in zones:
+            raise InvalidRequest(f"offer names zone {offer.zone!r}; region {region} has {', '.join(zones)}")
+        user_data = cloud_init(request.bootstrap)  # what a VM would be given, rendered by levers9 for every provider
+        with _locked(settings.state_dir) as machines:
+            for _, record in _records(machines):  # idempotent per machine id: a retry gets the same machine
+                if record["tags"].get("levers9:machine-id") == request.machine_id and record["state"] != "terminated":
+                    return _machine(record)
+            capacity = settings.capacity.get(kind, 0)
+            if offer is not None and offer.zone is not None:
+                zone = offer.zone
+            else:  # no offer (a CPU pool): the first zone with room
+                zone = next((z for z in zones if _in_use(machines, z, kind) < capacity), zones[0])
+            in_use = _in_use(machines, zone, kind)
+            if in_use >= capacity:
+                raise InsufficientCapacity(
+                    f"zone {zone} has no {kind} machine free ({in_use} in use)", code="zone-full"
+                )
+            record = {
+                "id": f"toy-{uuid.uuid4().hex[:10]}",
+                "kind": kind,
+                "gpu": request.resources.gpu,
+                "gpu_count": request.resources.gpu_count,
+                "state": "running",
+                "created": time.time(),
+                "region": region,
+                "zone": zone,
+                "instance_type": f"toy.{kind.lower()}",
+                "tags": {"levers9:pool": pool.name, "levers9:machine-id": request.machine_id},
+                "user_data": user_data,
+            }
+            (machines / zone).mkdir(exist_ok=True)
+            (machines / zone / f"{record['id']}.json").write_text(json.dumps(record))
+        return _machine(record)
+
+    @hookimpl
+    def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
+        # A zonal API: the zone comes from provider_data; a machine levers9 has no zone for is looked for everywhere.
+        zone = machine.provider_data.get("zone") or machine.zone or "*"
+        with _locked(_settings(pool).state_dir) as machines:
+            for path in machines.glob(f"{zone}/{machine.provider_id}.json"):
+                record = json.loads(path.read_text())
+                if record["state"] != "terminated":
+                    record.update(state="terminated", ended=time.time())
+                    path.write_text(json.dumps(record))
+
+    @hookimpl
+    def levers9_list_machines(self, pool: Pool) -> list[Machine]:
+        listed: list[Machine] = []
+        with _locked(_settings(pool).state_dir) as machines:
+            for path, record in _records(machines):
+                if record["state"] == "terminated" and time.time() - record["ended"] > TERMINATED_VISIBLE_S:
+                    path.unlink()  # the cloud forgets it at last
+                elif record["tags"].get("levers9:pool") == pool.name:
+                    listed.append(_machine(record))
+        return listed
 
 
-@hookimpl
-def levers9_provision(request: ProvisionRequest) -> Machine:
-    pool, offer, settings = request.pool, request.offer, _settings(request.pool)
-    _authenticate(settings)
-    kind = request.resources.gpu or "cpu"
-    if kind != "cpu" and kind not in GPU_MEMORY:
-        raise InvalidRequest(f"toycloud sells no {kind}; it sells {', '.join(GPU_MEMORY)}")
-    region = (offer.region if offer else None) or request.region or (pool.regions or [DEFAULT_REGION])[0]
-    zones = _zones(pool, region)
-    if offer is not None and offer.zone is not None and offer.zone not in zones:
-        raise InvalidRequest(f"offer names zone {offer.zone!r}; region {region} has {', '.join(zones)}")
-    user_data = cloud_init(request.bootstrap)  # what a VM would be given, rendered by levers9 for every provider
-    with _locked(settings.state_dir) as machines:
-        for _, record in _records(machines):  # idempotent per machine id: a retry gets the same machine
-            if record["tags"].get("levers9:machine-id") == request.machine_id and record["state"] != "terminated":
-                return _machine(record)
-        capacity = settings.capacity.get(kind, 0)
-        if offer is not None and offer.zone is not None:
-            zone = offer.zone
-        else:  # no offer (a CPU pool): the first zone with room
-            zone = next((z for z in zones if _in_use(machines, z, kind) < capacity), zones[0])
-        in_use = _in_use(machines, zone, kind)
-        if in_use >= capacity:
-            raise InsufficientCapacity(f"zone {zone} has no {kind} machine free ({in_use} in use)", code="zone-full")
-        record = {
-            "id": f"toy-{uuid.uuid4().hex[:10]}",
-            "kind": kind,
-            "gpu": request.resources.gpu,
-            "gpu_count": request.resources.gpu_count,
-            "state": "running",
-            "created": time.time(),
-            "region": region,
-            "zone": zone,
-            "instance_type": f"toy.{kind.lower()}",
-            "tags": {"levers9:pool": pool.name, "levers9:machine-id": request.machine_id},
-            "user_data": user_data,
-        }
-        (machines / zone).mkdir(exist_ok=True)
-        (machines / zone / f"{record['id']}.json").write_text(json.dumps(record))
-    return _machine(record)
-
-
-@hookimpl
-def levers9_terminate(pool: Pool, machine: Machine) -> None:
-    # A zonal API: the zone comes from provider_data; a machine levers9 has no zone for is looked for everywhere.
-    zone = machine.provider_data.get("zone") or machine.zone or "*"
-    with _locked(_settings(pool).state_dir) as machines:
-        for path in machines.glob(f"{zone}/{machine.provider_id}.json"):
-            record = json.loads(path.read_text())
-            if record["state"] != "terminated":
-                record.update(state="terminated", ended=time.time())
-                path.write_text(json.dumps(record))
-
-
-@hookimpl
-def levers9_list_machines(pool: Pool) -> list[Machine]:
-    listed: list[Machine] = []
-    with _locked(_settings(pool).state_dir) as machines:
-        for path, record in _records(machines):
-            if record["state"] == "terminated" and time.time() - record["ended"] > TERMINATED_VISIBLE_S:
-                path.unlink()  # the cloud forgets it at last
-            elif record["tags"].get("levers9:pool") == pool.name:
-                listed.append(_machine(record))
-    return listed
+#: what the entry point ``toycloud = "levers9_toycloud:plugin"`` names
+plugin = ToyCloudProvider()
