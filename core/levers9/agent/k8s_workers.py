@@ -1,5 +1,10 @@
 """The Kubernetes side of the agent: worker Jobs created, deleted and listed in the agent's own namespace.
 
+It lives in the agent because only the agent uses it (:mod:`levers9.agent.daemon`
+and its Kubernetes backend, in the customer's cluster); the controlplane's side of
+the same pools is the ``attached_cluster`` plugin and
+:mod:`levers9.services.agent_pools`, which never import it.
+
 An agent that runs inside a customer's cluster (``attached_cluster``) carries
 out the controlplane's orders through that cluster's API instead of Docker.
 The controlplane builds each worker's Job and token Secret (the very objects
