@@ -134,5 +134,18 @@ async def test_a_function_that_names_a_decorated_function_fails_saying_why(
     assert outcome.status == "error"
     assert outcome.error is not None
     assert outcome.error.type == "ModuleNotFoundError"
-    assert outcome.error.message.startswith("loading the function failed: its code refers to levers9.sdk")
-    assert "a container has only levers9.runner, levers9.payloads and levers9.ready()" in outcome.error.message
+    assert outcome.error.message.startswith("loading the function failed: levers9.sdk.")
+    assert "is not in containers: a container has only levers9.runner, levers9.payloads and levers9.ready()" in (
+        outcome.error.message
+    )
+
+
+async def test_a_call_that_imports_the_sdk_client_fails_saying_why(isolated: World) -> None:
+    def client() -> None:
+        importlib.import_module("levers9.sdk.client")
+
+    outcome = await isolated.call(isolated.stub(client))
+    assert outcome.status == "error"
+    assert outcome.error is not None
+    assert outcome.error.type == "ModuleNotFoundError"
+    assert outcome.error.message.startswith("levers9.sdk.client is not in containers: a container has only")

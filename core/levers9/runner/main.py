@@ -217,14 +217,17 @@ def load_handler(path: str, expected_python: str) -> tuple[Callable[..., Any] | 
     return handler, None
 
 
-def _not_in_containers(exc: Exception) -> str:
-    """Why a levers9 module the function's pickle names is missing here; empty for any other failure."""
+def _not_in_containers(exc: BaseException) -> str:
+    """Why a levers9 module the function (its pickle, its code, its arguments) asks for is missing here.
+
+    Empty for any other failure. Only the runner's tree is mounted (:mod:`levers9.worker.warm.launch`).
+    """
     name = exc.name if isinstance(exc, ModuleNotFoundError) else None
     if not name or not name.startswith("levers9."):
         return ""
     return (
-        f"its code refers to {name}, and a container has only levers9.runner, levers9.payloads and "
-        "levers9.ready() of levers9 (docs/security.md): a function cannot call another one (or itself) "
+        f"{name} is not in containers: a container has only levers9.runner, levers9.payloads and "
+        "levers9.ready() of levers9 (docs/security.md), so a function cannot call another one (or itself) "
         "through its decorated name there; "
     )
 
@@ -298,7 +301,7 @@ class Executor:
         except _Terminated:
             raise
         except BaseException as exc:  # SystemExit from user code is the call's error, not the container's end
-            return _failure(exc)
+            return _failure(exc, prefix=_not_in_containers(exc))
         if as_json:
             try:
                 return JSON_CALL + json.dumps(result).encode()
