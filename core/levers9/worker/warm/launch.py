@@ -19,9 +19,11 @@ runs there: :data:`CONTAINER_FILES` of levers9 (its ``__init__`` and
 ``levers9.sdk``'s ``__init__`` and ``lifecycle``, for ``levers9.ready()``, the
 one SDK call made inside a container), plus cloudpickle: nothing of the
 controlplane, state, services, scheduler, hooks, worker, agent or CLI, which
-are not importable there (tests/worker/test_container_boundary.py) and, but in
-the ``host`` image (the host's Python prefixes, bound read-only, may hold an
-installed levers9), not readable either.
+are not importable there (tests/worker/test_container_boundary.py) and, except
+in the ``host`` image (the host's Python prefixes, bound read-only, may hold an
+installed levers9), not in its filesystem either. A runtime whose containers
+see the host's filesystem (``process``) is outside this boundary: its calls are
+given the installed packages' host paths, and read what the host lets them.
 The worker copies them once into a tree of its state directory, named by the
 digest of its content (a new version gets a new tree, never a half-updated
 one), and mounts that tree at :data:`PYTHON_DIR`. A copy, not the installed
