@@ -3,9 +3,10 @@
 A plugin is an object whose ``levers9_*`` methods are its hooks (every
 built-in provider and runtime), or a module of ``levers9_*`` functions (what
 plugins written before objects were recommended are), registered under the
-``levers9`` entry-point group. Its entry-point name is the name operators write in config: a pool with
-``provider: ec2`` is served by the plugin named ``ec2``, a pool with
-``runtime: gvisor`` runs its containers through the plugin named ``gvisor``.
+``levers9`` entry-point group. Its entry-point name is the name operators
+write in config: a pool with ``provider: ec2`` is served by the plugin named
+``ec2``, a pool with ``runtime: gvisor`` runs its containers through the
+plugin named ``gvisor``.
 
 Hooks come in five families:
 
