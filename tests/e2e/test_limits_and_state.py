@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.levers9_up import Up, _processes_mentioning
+from tests.fixtures.wait import wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -122,12 +123,18 @@ def test_a_worker_going_away_leaves_no_pending_task_destroyed(levers9_up: Up, mo
     """
     site = levers9_up.root / "site"
     site.mkdir()
+    collections = levers9_up.root / "collections"  # a file a process: how many collections it has made
+    collections.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import gc, threading, time\n"
+        "import gc, os, threading, time\n"
         "def _collect():\n"
+        "    done = 0\n"
         "    while True:\n"
         "        time.sleep(0.2)\n"
         "        gc.collect()\n"
+        "        done += 1\n"
+        f"        with open(os.path.join({str(collections)!r}, str(os.getpid())), 'w') as f:\n"
+        "            f.write(str(done))\n"
         "threading.Thread(target=_collect, daemon=True).start()\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(site))  # read by Up.env, so by the controlplane it starts
@@ -155,6 +162,13 @@ def test_a_worker_going_away_leaves_no_pending_task_destroyed(levers9_up: Up, mo
     while not any(n in levers9_up.log() for n in noticed) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert any(n in levers9_up.log() for n in noticed), levers9_up.log()[-3000:]
-    time.sleep(2)  # a few collections after the sessions ended
+    assert levers9_up.process is not None
+    counted = collections / str(levers9_up.process.pid)
+
+    def made() -> int:
+        return int(counted.read_text() or 0) if counted.exists() else 0
+
+    ended = made()
+    wait_for(lambda: made() >= ended + 3, "the controlplane's three collections after the sessions ended", 60)
     levers9_up.stop()
     assert "Task was destroyed but it is pending" not in levers9_up.log(), levers9_up.log()[-5000:]
