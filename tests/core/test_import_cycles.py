@@ -28,6 +28,7 @@ more than one module), with one path round it and the line of each import.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ class Source:
 
 def _sources() -> dict[str, Source]:
     """Every module of levers9 and of the bundled plugins and runtimes, by dotted name."""
-    roots = [ROOT / "core"] + sorted(p for d in ("plugins", "runtimes") for p in (ROOT / d).iterdir() if p.is_dir())
+    roots = [ROOT / "core", *sorted(p for d in ("plugins", "runtimes") for p in (ROOT / d).iterdir() if p.is_dir())]
     found: dict[str, Source] = {}
     for root in roots:
         for path in sorted(root.rglob("*.py")):
@@ -189,7 +190,7 @@ def _path_round(component: list[str], graph: dict[str, dict[str, int]]) -> list[
     while steps[-1] != start or len(steps) == 1:
         steps.append(previous[steps[-1]])
     steps.reverse()
-    return [f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(steps, steps[1:], strict=False)]
+    return [f"{a} (line {graph[a][b]}) -> {b}" for a, b in itertools.pairwise(steps)]
 
 
 def test_circles_are_found_with_the_lines_that_close_them() -> None:
