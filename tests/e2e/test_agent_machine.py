@@ -9,6 +9,7 @@ containers it starts. The box is this machine (tests/fixtures/agent_box.py).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -70,6 +71,13 @@ def _call(plane: AgentPlane, box: Box, sleep: float = 0, timeout: float = 300) -
         pytest.fail(f"the call did not return within {timeout:.0f} s\n{_logs(plane, box)}")
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{_logs(plane, box)}"
     return done.stdout
+
+
+def _running(plane: AgentPlane, function: str) -> bool:
+    """Whether a call of ``function`` runs now (`levers9 tasks`)."""
+    listed = plane.levers9("tasks", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return any(t.get("function") == function and t.get("status") == "running" for t in json.loads(listed.stdout))
 
 
 def _inventory_machines(plane: AgentPlane, box: Box) -> list[str]:
@@ -134,7 +142,7 @@ def test_killing_the_agent_mid_call_loses_nothing(agent_plane: tuple[AgentPlane,
     call = threading.Thread(target=lambda: result.update(out=_call(plane, box, sleep=12)))
     call.start()
     try:
-        time.sleep(4)  # the call runs
+        wait_until("the call to run on the box", lambda: _running(plane, "where"), 300, why=lambda: _logs(plane, box))
         # the controlplane notices the stream end; the supervisor starts the agent again within seconds, so the
         # box may show connected again before a listing could show it gone: the controlplane's log is what says
         disconnected = f"agent {box.machine_id} disconnected"
@@ -187,7 +195,7 @@ def test_killing_the_controlplane_starts_nothing_twice(agent_plane: tuple[AgentP
     watcher.start()
     try:
         plane.kill()
-        time.sleep(3)
+        time.sleep(3)  # the point: a window in which a worker that followed its controlplane down would go
         assert [w["id"] for w in box.workers()] == [worker["id"]]  # the worker outlives its controlplane
         restarted = time.monotonic()
         plane.start()
@@ -197,7 +205,7 @@ def test_killing_the_controlplane_starts_nothing_twice(agent_plane: tuple[AgentP
         assert "result {'x': 42, 'in_docker': True}" in _call(plane, box)
         print(f"\nafter the restart: agent reconnected in {reconnected:.1f} s, "
               f"a call returned in {time.monotonic() - restarted:.1f} s")  # fmt: skip
-        time.sleep(12)  # two reconcile passes with the agent connected
+        time.sleep(12)  # the point: two reconcile passes (5 s) with the agent connected, watched for a second worker
     finally:
         watching.clear()
         watcher.join(10)
@@ -256,7 +264,7 @@ def test_refusals_reach_the_agent_and_the_cli(agent_plane: tuple[AgentPlane, Box
     assert not (second / "agent.json").exists()
 
     expired = _created(plane, "--name", "two", "--ttl", "1s")
-    time.sleep(2)
+    time.sleep(2)  # the point: the token's 1 s lifetime passes
     code, out = _ended(_agent(plane, box, "join", *ca, "--state-dir", str(second), token=expired))
     assert code == 3, out
     assert "expired" in out

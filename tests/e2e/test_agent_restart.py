@@ -103,7 +103,7 @@ def test_a_joined_boxs_worker_and_its_call_survive_a_clean_restart_of_up(
     assert task["status"] == "complete", task
     assert task["attempts"] == 0, f"the call was queued again: {task}\n{box_logs(plane, box)}"
     assert "RESULT done" in out, out
-    time.sleep(12)  # two reconcile passes with the agent connected
+    time.sleep(12)  # the point: two reconcile passes (5 s) with the agent connected, watched for a replacement
     assert [w["id"] for w in box.workers()] == [worker["id"]], f"the worker was replaced:\n{box_logs(plane, box)}"
     logs = first_log + plane.log()
     assert "stopped reporting" not in logs, logs[-6000:]
