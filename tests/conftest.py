@@ -14,8 +14,8 @@ changes how long a run takes.
 Tiers: every test under tests/e2e is marked ``e2e`` (by its path), and every
 test that tests/slow_tests.txt names (a file, or one test in it) is marked
 ``slow``; ``scripts/test --fast`` deselects both. The list comes from a
-recorded run's durations: a test that takes more than about 5 s on 2 cores
-belongs there. After a run the terminal summary lists the tests that took
+recorded run's durations: a test that takes more than about 5 s on 2 cores,
+or a file whose tests take seconds each, belongs there. After a run the terminal summary lists the tests that took
 longer than that without either mark, so the list can be kept up to date
 (tests/test_tiers.py fails on an entry that names no test).
 """
