@@ -142,6 +142,7 @@ class Planner:
         :meth:`_pace` (its backoff) and :meth:`_note_changes` (its new reasons), stored at the end in one
         write each (:meth:`_store_notes`).
         """
+        now = self.ctx.now_ms()  # the pass's time, read before the backlog as deadlines and backoffs are judged by it
         report = PassReport()
         states = await self._unmet()
         report.considered = len(states)
@@ -152,7 +153,7 @@ class Planner:
         if len(self._next_plan) > 4 * self.window:
             live = {st.request.id for st in states}
             self._next_plan = {k: v for k, v in self._next_plan.items() if k in live}
-        state = await self._capacity(self.ctx.now_ms(), report)
+        state = await self._capacity(now, report)
         for st in states:
             await self._plan_request(state, st)
         await self._store_notes(state)
