@@ -1,5 +1,8 @@
 """What the cloud provider plugins (``ec2``, ``oci``, ``lambda_labs``) share, so each writes it once.
 
+* :mod:`levers9.clouds.provider`: the base class of a cloud plugin object
+  (its settings hook, the context ``levers9_startup`` gave, its clients
+  closed at ``levers9_shutdown``);
 * :mod:`levers9.clouds.calls`: running one SDK call so that a failure whose
   meaning the plugin knows is raised as levers9's typed error, and any other
   failure propagates unchanged;

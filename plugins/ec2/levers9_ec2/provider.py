@@ -45,10 +45,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
-
 from levers9.clouds.calls import raise_typed, typed_call
-from levers9.hooks.context import PluginContext
+from levers9.clouds.provider import CloudProvider
 from levers9.hooks.errors import (
     AuthenticationFailed,
     InvalidRequest,
@@ -106,31 +104,22 @@ def _typed(where: str, call: Callable[[], T]) -> T:
     return typed_call(call, partial(translate, where=where))
 
 
-class Ec2Provider:
+class Ec2Provider(CloudProvider):
     """The ``ec2`` plugin: its hooks, and their state (the plugin context, the clients and the describe cache)."""
 
     #: the edition of the hook spec these hooks follow
     LEVERS9_SPEC_VERSION = 2
+    settings_model = Ec2Settings
 
     def __init__(self, describe: DescribeCache | None = None) -> None:
-        self.ctx: PluginContext | None = None
+        super().__init__()
         self.clients = Clients()
         #: describe answers; a cache may be shared by providers (keys carry credentials, endpoint and region)
         self.describe = describe or DescribeCache()
 
     # ------------------------------------------------------------------ lifecycle
 
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``ec2`` a provider whose pools are validated with :class:`Ec2Settings`."""
-        return Ec2Settings
-
-    @hookimpl
-    def levers9_startup(self, ctx: PluginContext) -> None:
-        self.ctx = ctx
-
-    @hookimpl
-    def levers9_shutdown(self, ctx: PluginContext) -> None:
+    def close(self) -> None:
         self.clients.close()
         self.describe.clear()
 

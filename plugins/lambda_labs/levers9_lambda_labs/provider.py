@@ -55,12 +55,10 @@ import hashlib
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import BaseModel
-
 from levers9.bootstrap import cloud_init
+from levers9.clouds.provider import CloudProvider
 from levers9.gpu.catalog import CATALOG
 from levers9.gpu.normalize import from_lambda_instance_type
-from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InvalidRequest, ProviderError, Throttled
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -173,39 +171,26 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class LambdaLabsProvider:
+class LambdaLabsProvider(CloudProvider):
     """The ``lambda_labs`` plugin: its hooks, and their state (the HTTP clients, the launch pacer, the context)."""
 
     #: the edition of the hook spec these hooks follow
     LEVERS9_SPEC_VERSION = 2
+    settings_model = LambdaLabsSettings
 
     def __init__(self, pacer: LaunchPacer | None = None) -> None:
-        self.ctx: PluginContext | None = None
+        super().__init__()
         self.api = CloudApi()
         self.pacer = pacer or LaunchPacer(LAUNCH_INTERVAL_S)
 
     # -------------------------------------------------------------------------- lifecycle
 
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``lambda_labs`` a provider whose pools are validated with :class:`LambdaLabsSettings`."""
-        return LambdaLabsSettings
-
-    @hookimpl
-    def levers9_startup(self, ctx: PluginContext) -> None:
-        self.ctx = ctx
-
-    @hookimpl
-    def levers9_shutdown(self, ctx: PluginContext) -> None:
+    def close(self) -> None:
         self.api.close()
 
     def _launch_wait(self) -> float:
         """How long to wait before retrying a launch the API did not take: the launch interval, 1 s at least."""
         return max(self.pacer.interval_s, REQUEST_INTERVAL_S)
-
-    def _log(self, message: str, *args: object) -> None:
-        if self.ctx is not None:
-            self.ctx.log.info(message, *args)
 
     # -------------------------------------------------------------------------- calls
 
@@ -366,7 +351,9 @@ class LambdaLabsProvider:
         key = self._key(pool, settings)
         found = self._find_launched(request, settings, key, doing)
         if found is not None:
-            self._log("machine %s of pool %s is already instance %s", request.machine_id, pool.name, found.provider_id)
+            self.log_info(
+                "machine %s of pool %s is already instance %s", request.machine_id, pool.name, found.provider_id
+            )
             return found
         wait = self.pacer.reserve((str(settings.api_url), hashlib.sha256(key.encode()).hexdigest()))
         if wait > 0:
@@ -392,7 +379,9 @@ class LambdaLabsProvider:
             # accepted, but which instance? the tag says, as after a lost answer
             detail = "the launch answer names no instance id"
             return self._after_ambiguous(request, settings, key, doing, detail, "no-instance-id", None)
-        self._log("launched instance %s for machine %s of pool %s in %s", ids[0], request.machine_id, pool.name, region)
+        self.log_info(
+            "launched instance %s for machine %s of pool %s in %s", ids[0], request.machine_id, pool.name, region
+        )
         return Machine(
             provider_id=ids[0],
             machine_id=request.machine_id,
@@ -421,7 +410,7 @@ class LambdaLabsProvider:
         except ProviderError:
             found = None
         if found is not None:
-            self._log(
+            self.log_info(
                 "launch for machine %s got no clear answer (%s) but started %s",
                 request.machine_id,
                 detail,
@@ -454,7 +443,9 @@ class LambdaLabsProvider:
             raise typed_error(failure, doing, default_retry_after=REQUEST_INTERVAL_S) from None
         except Unreachable as exc:
             raise unreachable(doing, exc.detail, retry_after=REQUEST_INTERVAL_S) from None
-        self._log("terminated instance %s (machine %s) of pool %s", machine.provider_id, machine.machine_id, pool.name)
+        self.log_info(
+            "terminated instance %s (machine %s) of pool %s", machine.provider_id, machine.machine_id, pool.name
+        )
 
     def _terminated(self, settings: LambdaLabsSettings, key: str, instance_id: str) -> bool:
         """Whether the refused terminate was of an instance that is gone already."""

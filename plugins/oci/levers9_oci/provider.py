@@ -51,11 +51,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
-
 from levers9.bootstrap import cloud_init
 from levers9.clouds.calls import raise_typed, typed_call
-from levers9.hooks.context import PluginContext
+from levers9.clouds.provider import CloudProvider
 from levers9.hooks.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, ProviderError, Throttled
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -109,30 +107,21 @@ def retry_token(machine_id: str) -> str:
     return hashlib.sha256(machine_id.encode()).hexdigest()[:RETRY_TOKEN_MAX]
 
 
-class OciProvider:
+class OciProvider(CloudProvider):
     """The ``oci`` plugin: its hooks, and the clients they share (see the module docstring)."""
 
     #: the edition of the hook spec these hooks follow
     LEVERS9_SPEC_VERSION = 2
+    settings_model = OciSettings
 
     def __init__(self, *, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.ctx: PluginContext | None = None
+        super().__init__()
         self.clients = ClientCache()
         self._sleep = sleep
 
     # ------------------------------------------------------------------ lifecycle
 
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``oci`` a provider whose pools are validated with :class:`OciSettings`."""
-        return OciSettings
-
-    @hookimpl
-    def levers9_startup(self, ctx: PluginContext) -> None:
-        self.ctx = ctx
-
-    @hookimpl
-    def levers9_shutdown(self, ctx: PluginContext) -> None:
+    def close(self) -> None:
         self.clients.close()
 
     # ------------------------------------------------------------------ helpers
@@ -270,8 +259,7 @@ class OciProvider:
                 ):
                     typed = translate(exc, doing=f"LaunchInstance ({attempt} attempts)", where=where)
                     raise (typed or Throttled(f"LaunchInstance for {where} got no answer")) from exc
-                if self.ctx is not None:
-                    self.ctx.log.info("LaunchInstance for %s got no answer (%s); resending", where, type(exc).__name__)
+                self.log_info("LaunchInstance for %s got no answer (%s); resending", where, type(exc).__name__)
                 self._sleep(pause)
                 pause *= 2
             except Exception as exc:
