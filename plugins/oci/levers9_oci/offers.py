@@ -25,8 +25,9 @@ from typing import Any
 
 from levers9.gpu.catalog import CATALOG
 from levers9.gpu.normalize import from_oci_shape
-from levers9.hooks.types import Availability, GpuOffer, Pool
+from levers9.hooks.types import Availability, GpuOffer, Pool, settings_of
 from levers9_oci.prices import on_demand_price
+from levers9_oci.settings import OciSettings
 
 __all__ = ["availability_from_report", "matching_shapes", "shape_offer"]
 
@@ -35,7 +36,7 @@ _STATUS = {"AVAILABLE": Availability.AVAILABLE, "OUT_OF_HOST_CAPACITY": Availabi
 
 def matching_shapes(pool: Pool, shapes: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str, int]]:
     """The shapes that can serve ``pool``, each with its canonical GPU type and count, in the API's order."""
-    wanted = set(pool.settings.shapes) if pool.settings is not None else set()
+    wanted = set(settings_of(pool, OciSettings).shapes)
     found = []
     seen: set[str] = set()
     for shape in shapes:
