@@ -3,6 +3,8 @@
 * :mod:`levers9.clouds.provider`: the base class of a cloud plugin object
   (its settings hook, the context ``levers9_startup`` gave, its clients
   closed at ``levers9_shutdown``);
+* :mod:`levers9.clouds.settings`: the base of a cloud pool's settings model
+  (the region is the pool's, never a setting, and must look like the cloud's);
 * :mod:`levers9.clouds.calls`: running one SDK call so that a failure whose
   meaning the plugin knows is raised as levers9's typed error, and any other
   failure propagates unchanged;

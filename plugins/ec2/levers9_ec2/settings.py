@@ -2,8 +2,10 @@
 
 Credentials are never values here: the pool names an AWS profile, or the
 environment variables that hold an access key, or nothing at all (the default
-credential chain: instance role, SSO, environment). Only pydantic and
-:mod:`levers9.config.fields` are imported.
+credential chain: instance role, SSO, environment). Only pydantic,
+:mod:`levers9.config.fields` and :mod:`levers9.clouds.settings` (whose
+``CloudSettings`` holds the region rule below, the same for every cloud) are
+imported.
 
 The region is not a setting: a pool's ``region`` (or ``regions``) is the single
 source, and ``settings.region`` is refused with a message that says so. What
@@ -18,11 +20,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     HttpUrl,
@@ -31,14 +32,13 @@ from pydantic import (
     model_validator,
 )
 
+from levers9.clouds.settings import CloudSettings
 from levers9.config.fields import (
     UniqueList,
-    check_pool_regions,
     context_regions,
     env_var_name,
     pattern,
     pool_field,
-    refuse_region_settings,
 )
 
 #: what an AWS access key id looks like (long-term AKIA..., temporary ASIA...)
@@ -85,10 +85,11 @@ SubnetId = Annotated[str, pattern(_SUBNET_ID, "a subnet id", "subnet-0123456789a
 SecurityGroupId = Annotated[str, pattern(_SG_ID, "a security group id", "sg-0123456789abcdef0")]
 
 
-class Ec2Settings(BaseModel):
+class Ec2Settings(CloudSettings):
     """Settings of a pool whose workers are EC2 instances started with RunInstances."""
 
     model_config = ConfigDict(extra="forbid")
+    region_form = (_REGION, "an AWS region", "us-east-1")
 
     availability_zones: UniqueList[str] = Field(
         default_factory=list,
@@ -199,11 +200,6 @@ class Ec2Settings(BaseModel):
         None, description="Name of the environment variable holding a session token, for temporary keys."
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
-        return refuse_region_settings(data, info)
-
     @field_validator("availability_zones")
     @classmethod
     def _zones_in_region(cls, value: list[str], info: ValidationInfo) -> list[str]:
@@ -242,11 +238,6 @@ class Ec2Settings(BaseModel):
         if value is not None and info.data.get("market") == "on-demand":
             raise ValueError("max_spot_price is only meaningful with spot instances")
         return value
-
-    @model_validator(mode="after")
-    def _pool_regions(self, info: ValidationInfo) -> Self:
-        check_pool_regions(info, _REGION, "an AWS region", "us-east-1")
-        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

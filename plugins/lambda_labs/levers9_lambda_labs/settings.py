@@ -1,8 +1,10 @@
 """Pool settings of the ``lambda_labs`` provider (Lambda Cloud API v1).
 
 The API key never appears in config: the pool names the environment variable
-that holds it. Only pydantic and :mod:`levers9.config.fields` are imported; the
-hooks talk to the API with httpx.
+that holds it. Only pydantic, :mod:`levers9.config.fields` and
+:mod:`levers9.clouds.settings` (whose ``CloudSettings`` holds the region rule
+below, the same for every cloud) are imported; the hooks talk to the API with
+httpx.
 
 The regions are not a setting: a pool's ``region`` (or ``regions``) is the
 single source (none: any region that reports capacity), and ``settings.regions``
@@ -16,27 +18,24 @@ test, the JSON schema) those checks are skipped.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Self
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     HttpUrl,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 
+from levers9.clouds.settings import CloudSettings
 from levers9.config.fields import (
     UniqueList,
-    check_pool_regions,
     context_regions,
     env_var_name,
     pattern,
     pool_field,
-    refuse_region_settings,
 )
 
 #: Cloud API keys start with 'secret_'
@@ -64,10 +63,11 @@ Name = Annotated[str, pattern(_RESOURCE_NAME, "a Lambda resource name", "my-key"
 InstanceType = Annotated[str, pattern(_INSTANCE_TYPE, "a Lambda instance type", "gpu_8x_h100_sxm5")]
 
 
-class LambdaLabsSettings(BaseModel):
+class LambdaLabsSettings(CloudSettings):
     """Settings of a pool whose workers are Lambda Cloud on-demand instances."""
 
     model_config = ConfigDict(extra="forbid")
+    region_form = (_REGION, "a Lambda region", "us-east-1")
 
     api_key_env: Annotated[str, env_var_name(_API_KEY, "a Lambda API key")] = Field(
         "LAMBDA_API_KEY",
@@ -102,11 +102,6 @@ class LambdaLabsSettings(BaseModel):
     )
     request_timeout_s: float = Field(30.0, gt=0, le=300, description="Timeout of each API request, in seconds.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
-        return refuse_region_settings(data, info)
-
     @field_validator("file_system_names")
     @classmethod
     def _one_region(cls, value: list[str], info: ValidationInfo) -> list[str]:
@@ -117,8 +112,3 @@ class LambdaLabsSettings(BaseModel):
                 f"to exactly that region (the pool names {len(regions)})"
             )
         return value
-
-    @model_validator(mode="after")
-    def _pool_regions(self, info: ValidationInfo) -> Self:
-        check_pool_regions(info, _REGION, "a Lambda region", "us-east-1")
-        return self

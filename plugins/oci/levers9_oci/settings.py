@@ -1,9 +1,10 @@
 """Pool settings of the ``oci`` provider (Oracle Cloud Infrastructure).
 
 Credentials stay where the OCI SDK keeps them: an SDK config file and profile
-(which point at the API signing key), or instance / resource principals. Only
-pydantic and :mod:`levers9.config.fields` are imported; the ``oci`` SDK is
-imported by the hooks that call it.
+(which point at the API signing key), or instance / resource principals.
+Only pydantic, :mod:`levers9.config.fields` and :mod:`levers9.clouds.settings`
+(whose ``CloudSettings`` holds the region rule below, the same for every
+cloud) are imported; the ``oci`` SDK is imported by the hooks that call it.
 
 The region is not a setting: a pool's ``region`` (or ``regions``) is the single
 source (left out, the SDK profile's region), and ``settings.region`` is refused
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,15 +28,13 @@ from pydantic import (
     HttpUrl,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 
+from levers9.clouds.settings import CloudSettings
 from levers9.config.fields import (
     EnvVarName,
     UniqueList,
-    check_pool_regions,
     pattern,
-    refuse_region_settings,
 )
 
 #: OCI region identifiers: us-ashburn-1, eu-frankfurt-1, us-gov-ashburn-1, ap-tokyo-1
@@ -90,10 +89,11 @@ class ShapeConfig(BaseModel):
     )
 
 
-class OciSettings(BaseModel):
+class OciSettings(CloudSettings):
     """Settings of a pool whose workers are OCI compute instances started with LaunchInstance."""
 
     model_config = ConfigDict(extra="forbid")
+    region_form = (_REGION, "an OCI region identifier", "us-ashburn-1")
 
     auth: Literal["api_key", "security_token", "instance_principal", "resource_principal"] = Field(
         "api_key",
@@ -151,16 +151,6 @@ class OciSettings(BaseModel):
     service_endpoint: HttpUrl | None = Field(
         None, description="Compute API endpoint override, for tests and private endpoints."
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _region_moved(cls, data: Any, info: ValidationInfo) -> Any:
-        return refuse_region_settings(data, info)
-
-    @model_validator(mode="after")
-    def _pool_regions(self, info: ValidationInfo) -> Self:
-        check_pool_regions(info, _REGION, "an OCI region identifier", "us-ashburn-1")
-        return self
 
     @field_validator("key_file", "pass_phrase_env")
     @classmethod
