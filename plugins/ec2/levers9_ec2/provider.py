@@ -47,22 +47,9 @@ from typing import Any, TypeVar
 
 from levers9.clouds.calls import raise_typed, typed_call
 from levers9.clouds.provider import CloudProvider
-from levers9.hooks.errors import (
-    AuthenticationFailed,
-    InvalidRequest,
-    PermissionDenied,
-    ProviderError,
-)
+from levers9.hooks.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, ProviderError
 from levers9.hooks.markers import hookimpl
-from levers9.hooks.types import (
-    GpuOffer,
-    Machine,
-    MachineIdentity,
-    Pool,
-    ProviderCheck,
-    ProvisionRequest,
-    settings_of,
-)
+from levers9.hooks.types import GpuOffer, Machine, MachineIdentity, Pool, ProviderCheck, ProvisionRequest, settings_of
 from levers9_ec2.errors import error_code, translate
 from levers9_ec2.identity import fetch_identity, load_certificates, verify_identity
 from levers9_ec2.launch import DEFAULT_ROOT_DEVICE, POOL_TAG, choose_subnet, launch, run_instances_params

@@ -22,24 +22,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import (
-    AfterValidator,
-    ConfigDict,
-    Field,
-    HttpUrl,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
 
 from levers9.clouds.settings import CloudSettings
-from levers9.config.fields import (
-    UniqueList,
-    context_regions,
-    env_var_name,
-    pattern,
-    pool_field,
-)
+from levers9.config.fields import UniqueList, context_regions, env_var_name, pattern, pool_field
 
 #: what an AWS access key id looks like (long-term AKIA..., temporary ASIA...)
 _ACCESS_KEY_ID = re.compile(r"^(AKIA|ASIA|AIDA|AROA)[A-Z0-9]{12,}$")

@@ -20,23 +20,10 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    ConfigDict,
-    Field,
-    HttpUrl,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import AfterValidator, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
 
 from levers9.clouds.settings import CloudSettings
-from levers9.config.fields import (
-    UniqueList,
-    context_regions,
-    env_var_name,
-    pattern,
-    pool_field,
-)
+from levers9.config.fields import UniqueList, context_regions, env_var_name, pattern, pool_field
 
 #: Cloud API keys start with 'secret_'
 _API_KEY = re.compile(r"^secret_")

@@ -20,22 +20,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    HttpUrl,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
 
 from levers9.clouds.settings import CloudSettings
-from levers9.config.fields import (
-    EnvVarName,
-    UniqueList,
-    pattern,
-)
+from levers9.config.fields import EnvVarName, UniqueList, pattern
 
 #: OCI region identifiers: us-ashburn-1, eu-frankfurt-1, us-gov-ashburn-1, ap-tokyo-1
 _REGION = re.compile(r"^[a-z]+(-[a-z]+)+-[0-9]+$")
