@@ -402,7 +402,6 @@ def test_after_a_killed_controlplane_restarts_the_endpoint_answers_and_its_old_c
         assert client.post("/endpoint/greet").status_code == 200
         [old] = _running_serving_tasks(levers9_up)
         levers9_up.kill()  # SIGKILL: the worker and its serving container keep running
-        time.sleep(1.0)
         levers9_up.start(wait_workers=0)
         again = client.post("/endpoint/greet", json={"name": "after"})
         assert again.status_code == 200, again.text + levers9_up.log()[-3000:]

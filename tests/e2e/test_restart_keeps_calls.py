@@ -67,7 +67,6 @@ def test_a_call_running_across_a_restart_is_neither_killed_nor_run_again(levers9
         workers = _workers(levers9_up)
         assert workers, "the local pool's worker"
         levers9_up.kill()  # SIGKILL: no shutdown of any kind; the worker keeps running its call
-        time.sleep(1.0)
         levers9_up.start(wait_workers=0)
         levers9_up.wait_workers(1, timeout=60)
         out, err = app.communicate(timeout=240)
