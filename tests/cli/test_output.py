@@ -165,7 +165,22 @@ LISTINGS: list[tuple[list[str], set[str]]] = [
     (["workers"], WORKER_KEYS),
     (["secret", "list"], {"name", "created_at", "updated_at"}),
     (["deployments"], {"id", "name", "kind", "active_version", "versions"}),
-    (["plugins"], {"name", "module", "distribution", "version", "builtin", "status", "error", "roles", "hooks", "spec_version", "warnings"}),
+    (
+        ["plugins"],
+        {
+            "name",
+            "module",
+            "distribution",
+            "version",
+            "builtin",
+            "status",
+            "error",
+            "roles",
+            "hooks",
+            "spec_version",
+            "warnings",
+        },
+    ),
     (["gpu", "list"], {"name", "vendor", "memory_mib"}),
     (["context", "list"], {"name", "current", "grpc", "http", "workspace", "token", "ca_file", "reconnect_s"}),
 ]
