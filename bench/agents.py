@@ -80,8 +80,12 @@ def _agent(cp: Controlplane, daemon: Dockerd, state: Path, *args: str, env: dict
     log = (state.parent / "agent.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "levers9", "agent", *args, "--state-dir", str(state), "--docker-host", daemon.host],
-        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cp.root,
-    )  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=cp.root,
+    )
 
 
 def _connected(cp: Controlplane, name: str) -> bool:
@@ -128,11 +132,31 @@ def idle_agent(window: float) -> list[IdleFigures]:
             figures.append(_measure_idle(running, daemon, 0, window))
             agent_id = json.loads((state / "agent.json").read_text())["agent_id"]
             for i in range(2):
-                daemon.cli("run", "-d", "--name", f"l9w-mach_bench{i}", "--network", "none", "--cpus", "0.1",
-                           "--memory", "64m", "--label", f"levers9.machine-id=mach_bench{i}",
-                           "--label", "levers9.pool=bench-idle", "--label", f"levers9.agent-id={agent_id}",
-                           "--label", "levers9.workspace=", "--label", "levers9.gpus=",
-                           TINY, "/bin/sleep", "1000000")  # fmt: skip
+                daemon.cli(
+                    "run",
+                    "-d",
+                    "--name",
+                    f"l9w-mach_bench{i}",
+                    "--network",
+                    "none",
+                    "--cpus",
+                    "0.1",
+                    "--memory",
+                    "64m",
+                    "--label",
+                    f"levers9.machine-id=mach_bench{i}",
+                    "--label",
+                    "levers9.pool=bench-idle",
+                    "--label",
+                    f"levers9.agent-id={agent_id}",
+                    "--label",
+                    "levers9.workspace=",
+                    "--label",
+                    "levers9.gpus=",
+                    TINY,
+                    "/bin/sleep",
+                    "1000000",
+                )
             figures.append(_measure_idle(running, daemon, 2, window))
             left = [c for c in daemon.containers() if c["state"] == "running"]
             if len(left) != 2:
@@ -154,9 +178,13 @@ class LoadGenerator:
         script = Path(__file__).resolve().parent / "agents_load.py"
         self.stderr = (cp.root / "load.log").open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, str(script), "--count", str(count), "--pool", "box"], env=cp.env, cwd=cp.root,
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-        )  # fmt: skip
+            [sys.executable, str(script), "--count", str(count), "--pool", "box"],
+            env=cp.env,
+            cwd=cp.root,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
         self.log_path = cp.root / "load.log"
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -173,8 +201,10 @@ class LoadGenerator:
                 got = self.lines.get(timeout=1)
             except queue.Empty:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"the load generator exited ({self.process.returncode}):\n"
-                                       f"{self.log_path.read_text(errors='replace')[-3000:]}") from None  # fmt: skip
+                    raise RuntimeError(
+                        f"the load generator exited ({self.process.returncode}):\n"
+                        f"{self.log_path.read_text(errors='replace')[-3000:]}"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the load generator did not reach {phase!r} in {timeout:.0f} s") from None
                 continue
@@ -259,9 +289,24 @@ def fleet(count: int, window: float, baseline_s: float) -> FleetFigures:
             load.stop()
         counts = load.expect("done", 60)
     threads = {"idle": idle.threads, "heartbeats": beats.threads, "heartbeats + inventories": both.threads}
-    return FleetFigures(count, idle.shares, idle.memory, created, joined, connected, ramp_cpu, beats.shares,
-                        beats.memory, both.shares, both.memory, redis_memory, connected_now, counts,
-                        beats.wall_s, threads)  # fmt: skip
+    return FleetFigures(
+        count,
+        idle.shares,
+        idle.memory,
+        created,
+        joined,
+        connected,
+        ramp_cpu,
+        beats.shares,
+        beats.memory,
+        both.shares,
+        both.memory,
+        redis_memory,
+        connected_now,
+        counts,
+        beats.wall_s,
+        threads,
+    )
 
 
 # ---------------------------------------------------------------- output
@@ -276,15 +321,19 @@ def print_idle(figures: list[IdleFigures]) -> None:
     print("| worker containers | agent CPU (% of one core) | agent RSS | agent PSS | dockerd CPU | window |")
     print("|--:|--:|--:|--:|--:|--:|")
     for f in figures:
-        print(f"| {f.containers} | {pct(f.agent_cpu)} | {f.agent_memory.rss_mib:.1f} MiB | "
-              f"{f.agent_memory.pss_mib:.1f} MiB | {pct(f.dockerd_cpu)} | {f.wall_s:.0f} s |")  # fmt: skip
+        print(
+            f"| {f.containers} | {pct(f.agent_cpu)} | {f.agent_memory.rss_mib:.1f} MiB | "
+            f"{f.agent_memory.pss_mib:.1f} MiB | {pct(f.dockerd_cpu)} | {f.wall_s:.0f} s |"
+        )
 
 
 def print_fleet(f: FleetFigures) -> None:
     print(f"\n### The controlplane with {f.agents:,} agents\n")
-    print(f"- created {f.agents:,} joined machines in {f.created_s:.1f} s, joined them in {f.joined_s:.1f} s, "
-          f"connected {f.agents:,} streams in {f.connected_s:.1f} s; controlplane + redis CPU over the connect "
-          f"ramp: {f.ramp_cpu_s:.1f} s")  # fmt: skip
+    print(
+        f"- created {f.agents:,} joined machines in {f.created_s:.1f} s, joined them in {f.joined_s:.1f} s, "
+        f"connected {f.agents:,} streams in {f.connected_s:.1f} s; controlplane + redis CPU over the connect "
+        f"ramp: {f.ramp_cpu_s:.1f} s"
+    )
     print(f"- connected at the end (ListJoinedMachines): {f.connected_at_end:,}; load generator: {f.counts}\n")
     print("| state | controlplane CPU | redis-server CPU | together | controlplane RSS / PSS |")
     print("|--|--:|--:|--:|--:|")
@@ -293,10 +342,14 @@ def print_fleet(f: FleetFigures) -> None:
         (f"{f.agents:,} agents, heartbeats", f.heartbeats, f.heartbeats_memory),
         (f"{f.agents:,} agents, heartbeats + inventory every 5 min", f.inventories, f.inventories_memory),
     ):
-        print(f"| {name} | {pct(shares['controlplane'])} | {pct(shares['redis'])} | "
-              f"{pct(shares['controlplane'] + shares['redis'])} | {mem.rss_mib:.0f} / {mem.pss_mib:.0f} MiB |")  # fmt: skip
-    print(f"\nredis-server RSS / PSS at the end: {f.redis_memory.rss_mib:.1f} / {f.redis_memory.pss_mib:.1f} MiB; "
-          f"windows of {f.wall_s:.0f} s")  # fmt: skip
+        print(
+            f"| {name} | {pct(shares['controlplane'])} | {pct(shares['redis'])} | "
+            f"{pct(shares['controlplane'] + shares['redis'])} | {mem.rss_mib:.0f} / {mem.pss_mib:.0f} MiB |"
+        )
+    print(
+        f"\nredis-server RSS / PSS at the end: {f.redis_memory.rss_mib:.1f} / {f.redis_memory.pss_mib:.1f} MiB; "
+        f"windows of {f.wall_s:.0f} s"
+    )
     groups = sorted({g for split in f.threads.values() for g in split})
     print("\nThe controlplane's CPU by thread (% of one core):\n")
     print(f"| state | {' | '.join(groups)} |")

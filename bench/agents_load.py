@@ -58,14 +58,23 @@ T = TypeVar("T")
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [*AGENT_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 DETAILS = json.dumps(
-    {"docker": {"version": "20.10.24", "runtimes": ["runc"], "nvidia": False}, "arch": "x86_64",
-     "disk_free_gib": 100.0, "containers": []}
-)  # fmt: skip
+    {
+        "docker": {"version": "20.10.24", "runtimes": ["runc"], "nvidia": False},
+        "arch": "x86_64",
+        "disk_free_gib": 100.0,
+        "containers": [],
+    }
+)
 
 
 def inventory() -> agent_pb2.Inventory:
-    return agent_pb2.Inventory(cpu_millicores=16_000, memory_mib=65_536, free_cpu_millicores=16_000,
-                               free_memory_mib=65_536, details_json=DETAILS)  # fmt: skip
+    return agent_pb2.Inventory(
+        cpu_millicores=16_000,
+        memory_mib=65_536,
+        free_cpu_millicores=16_000,
+        free_memory_mib=65_536,
+        details_json=DETAILS,
+    )
 
 
 @dataclass
@@ -146,9 +155,13 @@ async def one_stream(fleet: Fleet, index: int, token: str, first: asyncio.Event)
             writer = asyncio.create_task(write(call, outbox))
             beats: asyncio.Task[None] | None = None
             try:
-                outbox.put_nowait(agent_pb2.AgentMessage(
-                    hello=agent_pb2.Hello(version=__version__, provider="agent_machine", hostname=f"sim-{index:04d}")
-                ))  # fmt: skip
+                outbox.put_nowait(
+                    agent_pb2.AgentMessage(
+                        hello=agent_pb2.Hello(
+                            version=__version__, provider="agent_machine", hostname=f"sim-{index:04d}"
+                        )
+                    )
+                )
                 welcome = await call.read()
                 if welcome is grpc.aio.EOF or welcome.WhichOneof("body") != "welcome":
                     raise RuntimeError(f"agent {index}: no Welcome after Hello: {welcome}")
@@ -254,8 +267,15 @@ async def main(args: argparse.Namespace) -> None:
     await fleet.stop.wait()
     await asyncio.wait(streams, timeout=30)
     c = fleet.counts
-    report("done", heartbeats=c.heartbeats, inventories=c.inventories, pings=c.pings, orders=c.orders,
-           stream_ends=dict(c.stream_ends), cpu_s=sum(os.times()[:2]))  # fmt: skip
+    report(
+        "done",
+        heartbeats=c.heartbeats,
+        inventories=c.inventories,
+        pings=c.pings,
+        orders=c.orders,
+        stream_ends=dict(c.stream_ends),
+        cpu_s=sum(os.times()[:2]),
+    )
 
 
 if __name__ == "__main__":

@@ -77,11 +77,22 @@ class Controlplane:
         ca = TestCA("levers9 bench CA")
         self.ca_file = ca.write(self.root / "ca.pem")
         ca.issue().write(self.root / "cert.pem", self.root / "key.pem")
-        config = CONFIG.format(cert=self.root / "cert.pem", key=self.root / "key.pem", ca=self.ca_file,
-                               max_workers=max_workers, version=__version__) + extra_pools  # fmt: skip
+        config = (
+            CONFIG.format(
+                cert=self.root / "cert.pem",
+                key=self.root / "key.pem",
+                ca=self.ca_file,
+                max_workers=max_workers,
+                version=__version__,
+            )
+            + extra_pools
+        )
         (self.home / "levers9.yaml").write_text(config)
-        self.env = python_env() | {"LEVERS9_HOME": str(self.home), "XDG_STATE_HOME": str(self.root / "state"),
-                                   "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.env = python_env() | {
+            "LEVERS9_HOME": str(self.home),
+            "XDG_STATE_HOME": str(self.root / "state"),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.log_file = self.root / "up.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -109,11 +120,22 @@ class Controlplane:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
 
     def start(self) -> None:
-        args = [sys.executable, "-m", "levers9", "up", "--grpc-port", str(self.grpc_port),
-                "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "levers9",
+            "up",
+            "--grpc-port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
         with self.log_file.open("wb") as log:
-            self.process = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            cwd=self.root, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True
+            )
         deadline = time.monotonic() + 120
         while "levers9 is up" not in self.log():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -123,8 +145,14 @@ class Controlplane:
         self.env["LEVERS9_TOKEN"] = token
 
     def levers9(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "levers9", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, cwd=self.root)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "levers9", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.root,
+        )
         if check and done.returncode != 0:
             raise RuntimeError(f"levers9 {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
         return done

@@ -64,9 +64,22 @@ class SshFigures:
 def _build_image(host: str, cache: Path, figures: SshFigures) -> str:
     began = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "levers9", "worker-image", "build", "--docker-host", host, "--cache-dir", str(cache),
-         "--json"], capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "worker-image",
+            "build",
+            "--docker-host",
+            host,
+            "--cache-dir",
+            str(cache),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     figures.image_build_s = time.monotonic() - began
     if done.returncode != 0:
         raise RuntimeError(f"levers9 worker-image build failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -78,11 +91,23 @@ def _build_image(host: str, cache: Path, figures: SshFigures) -> str:
 def _create(plane: AgentPlane, box: Box, figures: SshFigures) -> float:
     assert plane.sshd is not None
     began = time.monotonic()
-    args = [sys.executable, "-m", "levers9", "machine", "create", "--pool", "box",
-            "--ssh", f"root@127.0.0.1:{plane.sshd.port}", "--agent-dir", str(box.agent_dir)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "levers9",
+        "machine",
+        "create",
+        "--pool",
+        "box",
+        "--ssh",
+        f"root@127.0.0.1:{plane.sshd.port}",
+        "--agent-dir",
+        str(box.agent_dir),
+    ]
     env = {**plane.env, "LEVERS9_TOKEN": plane.operator_token}
-    with subprocess.Popen(args, env=env, cwd=plane.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as create:  # fmt: skip
+    with subprocess.Popen(
+        args, env=env, cwd=plane.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as create:
         assert create.stdout is not None
         for line in create.stdout:
             figures.steps.append((time.monotonic() - began, line.rstrip()))

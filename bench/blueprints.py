@@ -268,16 +268,18 @@ class Workload:
             f"printf '%s' \"$PIP_CA\" > {DOCKER_CA} && {pip_env} {step_script(pip, proxy_url=None)}; "
             f"rc=$?; rm -f {DOCKER_CA}; exit $rc"
         )
-        return "\n".join([
-            f"FROM {BASE_TAG}",
-            f"RUN {apt_script}",
-            "ARG PIP_CA",
-            f"RUN {pip_script}",
-            f"RUN {first_run.args[0]}",
-            "COPY mypkg /opt/lib/mypkg",
-            f"RUN {last}",
-            "",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"FROM {BASE_TAG}",
+                f"RUN {apt_script}",
+                "ARG PIP_CA",
+                f"RUN {pip_script}",
+                f"RUN {first_run.args[0]}",
+                "COPY mypkg /opt/lib/mypkg",
+                f"RUN {last}",
+                "",
+            ]
+        )
 
 
 def no_login() -> Any:
@@ -330,8 +332,17 @@ class Levers9Side:
         ``Run.seconds`` is the task less its push, ``Run.push_s`` the push; ``Run.phases`` the build's phases.
         """
         self.built += 1
-        stub = StubSpec(stub_id="bench-build", workspace_id="bench", name="build", image="host", handler=b"",
-                        python_version=PYTHON, cpu_millicores=2000, memory_mib=4096, kind=BUILD_KIND)  # fmt: skip
+        stub = StubSpec(
+            stub_id="bench-build",
+            workspace_id="bench",
+            name="build",
+            image="host",
+            handler=b"",
+            python_version=PYTHON,
+            cpu_millicores=2000,
+            memory_mib=4096,
+            kind=BUILD_KIND,
+        )
         call = Call(task_id=f"build-{self.built}", args=self.order(spec, contents, cached))
         output: list[bytes] = []
         t0 = PHASES.begin()
@@ -353,8 +364,15 @@ class Levers9Side:
         lines = b"".join(output).decode(errors="replace").splitlines()
         ran = sum(1 for line in lines if re.match(r"step [1-9][0-9]*/[0-9]+ done", line))
         from_cache = sum(1 for line in lines if re.fullmatch(r"step [1-9][0-9]*/[0-9]+ cached", line))
-        return Run(total - push_s, push_s, phases, {**cached, **made}, ran=ran, cached=from_cache,
-                   digest=report["manifest_digest"])  # fmt: skip
+        return Run(
+            total - push_s,
+            push_s,
+            phases,
+            {**cached, **made},
+            ran=ran,
+            cached=from_cache,
+            digest=report["manifest_digest"],
+        )
 
 
 @dataclass
@@ -380,8 +398,9 @@ def docker_build(daemon: Dockerd, workload: Workload, last: str, *, no_cache: bo
     env = {**daemon.env, "DOCKER_BUILDKIT": "0"}
     t0 = time.perf_counter()
     try:
-        done = subprocess.run([*argv, str(workload.context)], env=env, capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT_S - 10)  # fmt: skip
+        done = subprocess.run(
+            [*argv, str(workload.context)], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S - 10
+        )
     except subprocess.TimeoutExpired as exc:
         raise DockerBuildFailed(f"docker build timed out after {exc.timeout:.0f} s") from None
     seconds = time.perf_counter() - t0
@@ -494,8 +513,9 @@ async def starts(
     for i in range(runs):
         bare_id = f"l9bare-{secrets.token_hex(4)}"
         t0 = time.perf_counter()
-        subprocess.run(["runc", "--root", str(runc_root), "run", "--bundle", str(bundle), bare_id], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["runc", "--root", str(runc_root), "run", "--bundle", str(bundle), bare_id], check=True, capture_output=True
+        )
         times["bare"].append(time.perf_counter() - t0)
         subprocess.run(
             ["runc", "--root", str(runc_root), "delete", "--force", bare_id], capture_output=True, check=False
@@ -530,14 +550,18 @@ async def starts(
         prepared = await hooks.container_prepare(ctx, spec.model_copy(update={"container_id": own}))
         argv = runc_engine(ctx)._argv(own)
         t0 = time.perf_counter()
-        subprocess.run([*argv, "run", "--bundle", str(prepared.bundle_dir), f"{own}-bare"], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*argv, "run", "--bundle", str(prepared.bundle_dir), f"{own}-bare"], check=True, capture_output=True
+        )
         times["own_bundle"].append(time.perf_counter() - t0)
         subprocess.run([*argv, "delete", "--force", f"{own}-bare"], capture_output=True, check=False)
         await hooks.container_remove(ctx, own)
-        print(f"  start {i + 1}: bare runc {times['bare'][-1] * 1000:.0f} ms, levers9 {times['levers9'][-1] * 1000:.0f} ms "
-              f"(prepare {times['prepare'][-1] * 1000:.0f} + start {times['start'][-1] * 1000:.0f}); bare runc of "
-              f"levers9's bundle {times['own_bundle'][-1] * 1000:.0f} ms", file=sys.stderr)  # fmt: skip
+        print(
+            f"  start {i + 1}: bare runc {times['bare'][-1] * 1000:.0f} ms, levers9 {times['levers9'][-1] * 1000:.0f} ms "
+            f"(prepare {times['prepare'][-1] * 1000:.0f} + start {times['start'][-1] * 1000:.0f}); bare runc of "
+            f"levers9's bundle {times['own_bundle'][-1] * 1000:.0f} ms",
+            file=sys.stderr,
+        )
     return times
 
 
@@ -548,8 +572,9 @@ CHECK = "jq --version && PYTHONPATH=/opt/lib python3 -c 'import six, mypkg.util;
 async def check_images(side: Levers9Side, daemon: Dockerd, image: str, workdir: str) -> tuple[str, str]:
     """The output of :data:`CHECK` in a container of each side's last image: they must be the same."""
     cid = f"l9c-{secrets.token_hex(4)}"
-    spec = ContainerSpec(container_id=cid, image=image, command=["/bin/sh", "-c", CHECK], network="none",
-                         workdir=workdir)  # fmt: skip
+    spec = ContainerSpec(
+        container_id=cid, image=image, command=["/bin/sh", "-c", CHECK], network="none", workdir=workdir
+    )
     await side.hooks.container_start(side.runtime, await side.hooks.container_prepare(side.runtime, spec))
     while (state := await side.hooks.container_state(side.runtime, cid)).status is not ContainerStatus.EXITED:
         await asyncio.sleep(0.01)
@@ -565,16 +590,24 @@ async def check_images(side: Levers9Side, daemon: Dockerd, image: str, workdir: 
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if "model name" in line), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
     mem_gib = int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024
     versions = []
     for argv in (["runc", "--version"], ["dockerd", "--version"], ["docker", "--version"]):
         out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.splitlines()
         versions.append(out[0] if out else f"{argv[0]}: missing")
     os_name = platform.freedesktop_os_release().get("PRETTY_NAME", platform.system())
-    return (f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {os_name}, kernel {platform.release()}; "
-            f"{'; '.join(versions)}; Python {platform.python_version()}")  # fmt: skip
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {os_name}, kernel {platform.release()}; "
+        f"{'; '.join(versions)}; Python {platform.python_version()}"
+    )
 
 
 def spread(values: list[float], unit: float = 1.0, fmt: str = "{:.2f}") -> str:
@@ -598,9 +631,11 @@ async def main(builds: int, rebuilds: int, runs: int) -> None:
     hooks = Hooks(load_plugins(PluginPolicy()))
     settings = hooks.runtime_settings_model("runc")
     assert settings is not None
-    runtime = RuntimeContext(name="runc", settings=settings(bridge="l9bpbench", subnet="10.246.0.0/24",
-                                                            image_cache=str(root / "images")),
-                             state_dir=str(root / "runc"))  # fmt: skip
+    runtime = RuntimeContext(
+        name="runc",
+        settings=settings(bridge="l9bpbench", subnet="10.246.0.0/24", image_cache=str(root / "images")),
+        state_dir=str(root / "runc"),
+    )
     store = ImageStore(root / "images")
     registry = EmbeddedRegistry(root / "registry")
     daemon: Dockerd | None = None
@@ -627,14 +662,21 @@ async def main(builds: int, rebuilds: int, runs: int) -> None:
         for i in range(builds + 1):
             spec, contents = workload.blueprint("echo 0 > /last")
             ours = await tried(f"levers9 cold {i}", partial(side.build, spec, contents, {}), failures["levers9"])
-            theirs = await tried(f"docker cold {i}", partial(asyncio.to_thread, docker_build, dockerd, workload,
-                                                             "echo 0 > /last", no_cache=True), failures["docker"])  # fmt: skip
+            theirs = await tried(
+                f"docker cold {i}",
+                partial(asyncio.to_thread, docker_build, dockerd, workload, "echo 0 > /last", no_cache=True),
+                failures["docker"],
+            )
             if (ours.ran, ours.cached, theirs.ran, theirs.cached) != (5, 0, 5, 0):
-                raise RuntimeError(f"a cold build did not run its 5 steps: levers9 ran {ours.ran} with {ours.cached} "
-                                   f"cached, docker ran {theirs.ran} with {theirs.cached} cached")  # fmt: skip
+                raise RuntimeError(
+                    f"a cold build did not run its 5 steps: levers9 ran {ours.ran} with {ours.cached} "
+                    f"cached, docker ran {theirs.ran} with {theirs.cached} cached"
+                )
             side.records = ours.records
-            say(f"  cold {i}{' (warm-up)' if i == 0 else ''}: levers9 {ours.seconds:.2f} s "
-                f"(+ push {ours.push_s:.2f} s), docker {theirs.seconds:.2f} s")  # fmt: skip
+            say(
+                f"  cold {i}{' (warm-up)' if i == 0 else ''}: levers9 {ours.seconds:.2f} s "
+                f"(+ push {ours.push_s:.2f} s), docker {theirs.seconds:.2f} s"
+            )
             if i:
                 cold["levers9"].append(ours)
                 cold["docker"].append(theirs)
@@ -644,15 +686,23 @@ async def main(builds: int, rebuilds: int, runs: int) -> None:
         for i in range(rebuilds + 1):
             line = f"echo {i + 1}-{secrets.token_hex(3)} > /last"
             spec, contents = workload.blueprint(line)
-            ours = await tried(f"levers9 rebuild {i}", partial(side.build, spec, contents, side.records),
-                               failures["levers9"])  # fmt: skip
-            theirs = await tried(f"docker rebuild {i}", partial(asyncio.to_thread, docker_build, dockerd, workload,
-                                                                line, no_cache=False), failures["docker"])  # fmt: skip
+            ours = await tried(
+                f"levers9 rebuild {i}", partial(side.build, spec, contents, side.records), failures["levers9"]
+            )
+            theirs = await tried(
+                f"docker rebuild {i}",
+                partial(asyncio.to_thread, docker_build, dockerd, workload, line, no_cache=False),
+                failures["docker"],
+            )
             if (ours.ran, ours.cached, theirs.ran, theirs.cached) != (1, 4, 1, 4):
-                raise RuntimeError(f"a rebuild ran other than its last step: levers9 ran {ours.ran} with "
-                                   f"{ours.cached} cached, docker ran {theirs.ran} with {theirs.cached} cached")  # fmt: skip
-            say(f"  rebuild {i}{' (warm-up)' if i == 0 else ''}: levers9 {ours.seconds * 1000:.0f} ms "
-                f"(+ push {ours.push_s * 1000:.0f} ms), docker {theirs.seconds * 1000:.0f} ms")  # fmt: skip
+                raise RuntimeError(
+                    f"a rebuild ran other than its last step: levers9 ran {ours.ran} with "
+                    f"{ours.cached} cached, docker ran {theirs.ran} with {theirs.cached} cached"
+                )
+            say(
+                f"  rebuild {i}{' (warm-up)' if i == 0 else ''}: levers9 {ours.seconds * 1000:.0f} ms "
+                f"(+ push {ours.push_s * 1000:.0f} ms), docker {theirs.seconds * 1000:.0f} ms"
+            )
             if i:
                 warm["levers9"].append(ours)
                 warm["docker"].append(theirs)
@@ -697,12 +747,15 @@ def report(
     """The results as Markdown on stdout, for bench/RESULTS.md."""
     ms = functools.partial(spread, unit=1e-3, fmt="{:.0f}")
     print(f"- Machine: {machine()}")
-    print(f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC. Command: `.venv/bin/python "
-          f"bench/blueprints.py --builds {builds} --rebuilds {rebuilds} --runs {runs}`; 1-minute load average "
-          f"{loads[0]:.1f} at the first build, {loads[1]:.1f} after the last start")  # fmt: skip
+    print(
+        f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC. Command: `.venv/bin/python "
+        f"bench/blueprints.py --builds {builds} --rebuilds {rebuilds} --runs {runs}`; 1-minute load average "
+        f"{loads[0]:.1f} at the first build, {loads[1]:.1f} after the last start"
+    )
     for name, failed in failures.items():
-        print(f"- {name} builds that failed and were tried again: {len(failed)}"
-              + "".join(f"\n  - {f}" for f in failed))  # fmt: skip
+        print(
+            f"- {name} builds that failed and were tried again: {len(failed)}" + "".join(f"\n  - {f}" for f in failed)
+        )
     print(
         "\n| measurement (median, min-max) | levers9 (runc) | docker build (legacy builder) | levers9 / docker | target |"
     )
@@ -712,8 +765,10 @@ def report(
     c_ratio = statistics.median(c_ours) / statistics.median(c_theirs)
     w_ratio = statistics.median(w_ours) / statistics.median(w_theirs)
     print(f"| cold build, 5 steps, s ({builds} runs) | {spread(c_ours)} | {spread(c_theirs)} | {c_ratio:.2f}x | none |")
-    print(f"| rebuild, last line changed, ms ({rebuilds} runs) | {ms(w_ours)} | {ms(w_theirs)} | {w_ratio:.2f}x | "
-          f"≤ 1x: {'met' if w_ratio <= 1 else '**not met**'} |")  # fmt: skip
+    print(
+        f"| rebuild, last line changed, ms ({rebuilds} runs) | {ms(w_ours)} | {ms(w_theirs)} | {w_ratio:.2f}x | "
+        f"≤ 1x: {'met' if w_ratio <= 1 else '**not met**'} |"
+    )
     print(f"| the worker's push after a cold build, ms | {ms([r.push_s for r in cold['levers9']])} | (none) | | |")
     print(f"| the worker's push after a rebuild, ms | {ms([r.push_s for r in warm['levers9']])} | (none) | | |")
 
@@ -724,18 +779,28 @@ def report(
     print(f"| levers9: `container_prepare` + `container_start` until seen exited | {ms(start['levers9'])} | |")
     print(f"| &nbsp;&nbsp;of which prepare | {ms(start['prepare'])} | |")
     print(f"| &nbsp;&nbsp;of which start until exited | {ms(start['start'])} | |")
-    print(f"| &nbsp;&nbsp;&nbsp;&nbsp;`container_start` (returns once the pid file names a live process) | "
-          f"{ms(start['start_hook'])} | |")  # fmt: skip
+    print(
+        f"| &nbsp;&nbsp;&nbsp;&nbsp;`container_start` (returns once the pid file names a live process) | "
+        f"{ms(start['start_hook'])} | |"
+    )
     print(f"| &nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;its memory cgroup made (cgroup v1) | {ms(start['cgroup'])} | |")
     print(f"| &nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;the shim spawned (`setsid --fork`) | {ms(start['spawn'])} | |")
-    print(f"| &nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;in the shim, from `runc run` started to its exit read (the "
-          f"times of child.pid and exit.json, the kernel's coarse clock) | {ms(start['in_shim'])} | |")  # fmt: skip
-    print(f"| &nbsp;&nbsp;&nbsp;&nbsp;then until `container_state` says exited (polled every 2 ms) | "
-          f"{ms(start['exit_seen'])} | |")  # fmt: skip
-    print(f"| bare `runc run`, a copy of the same layers, `runc spec`'s config (target: ≤ 1.2x, "
-          f"{'met' if s_ratio <= 1.2 else '**not met**'}) | {ms(start['bare'])} | {s_ratio:.2f}x |")  # fmt: skip
-    print(f"| bare `runc run` of the bundle levers9 prepared (its config and global flags) | {ms(start['own_bundle'])} | "
-          f"{own_ratio:.2f}x |")  # fmt: skip
+    print(
+        f"| &nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;in the shim, from `runc run` started to its exit read (the "
+        f"times of child.pid and exit.json, the kernel's coarse clock) | {ms(start['in_shim'])} | |"
+    )
+    print(
+        f"| &nbsp;&nbsp;&nbsp;&nbsp;then until `container_state` says exited (polled every 2 ms) | "
+        f"{ms(start['exit_seen'])} | |"
+    )
+    print(
+        f"| bare `runc run`, a copy of the same layers, `runc spec`'s config (target: ≤ 1.2x, "
+        f"{'met' if s_ratio <= 1.2 else '**not met**'}) | {ms(start['bare'])} | {s_ratio:.2f}x |"
+    )
+    print(
+        f"| bare `runc run` of the bundle levers9 prepared (its config and global flags) | {ms(start['own_bundle'])} | "
+        f"{own_ratio:.2f}x |"
+    )
 
     for label, runs_of in (("rebuild", warm["levers9"]), ("cold build", cold["levers9"])):
         profile(label, runs_of)

@@ -179,10 +179,20 @@ def _descends(pid: int, root: int) -> bool:
 
 
 #: what a process of each run is, by a part of its command line (the first that matches)
-LEVERS9_PARTS = (("levers9 up", "controlplane (levers9 up)"), ("levers9 worker", "worker"),
-                 ("levers9.runner", "runners"), ("redis-server", "redis-server"), ("client.py", "client (SDK)"))  # fmt: skip
-RAY_PARTS = (("raylet", "raylet"), ("gcs_server", "gcs_server"), ("ray::", "workers"), ("default_worker", "workers"),
-             ("-c", "driver (client)"))  # fmt: skip
+LEVERS9_PARTS = (
+    ("levers9 up", "controlplane (levers9 up)"),
+    ("levers9 worker", "worker"),
+    ("levers9.runner", "runners"),
+    ("redis-server", "redis-server"),
+    ("client.py", "client (SDK)"),
+)
+RAY_PARTS = (
+    ("raylet", "raylet"),
+    ("gcs_server", "gcs_server"),
+    ("ray::", "workers"),
+    ("default_worker", "workers"),
+    ("-c", "driver (client)"),
+)
 
 
 def _part(parts: tuple[tuple[str, str], ...]) -> Callable[[str], str]:
@@ -215,10 +225,22 @@ def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, 
     ports = [str(_free_port()) for _ in range(3)]
     log = (root / "up.log").open("wb")
     up = subprocess.Popen(
-        [sys.executable, "-m", "levers9", "up", "--grpc-port", ports[0], "--http-port", ports[1],
-         "--metrics-port", ports[2]],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "up",
+            "--grpc-port",
+            ports[0],
+            "--http-port",
+            ports[1],
+            "--metrics-port",
+            ports[2],
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 60
         while b"levers9 is up" not in (root / "up.log").read_bytes():
@@ -227,13 +249,15 @@ def run_levers9(n: int, latency_calls: int, cpu: float, memory: int, cpus: int, 
             time.sleep(0.1)
         client = root / "client.py"
         marks = root / "latency"
-        client.write_text(LEVERS9_CLIENT.format(n=n, latency_calls=latency_calls, cpu=cpu, memory=memory,
-                                                marks=str(marks)))  # fmt: skip
+        client.write_text(
+            LEVERS9_CLIENT.format(n=n, latency_calls=latency_calls, cpu=cpu, memory=memory, marks=str(marks))
+        )
         # every process of this run has its directory in its environment (the controlplane, its worker and
         # the worker's runners, the client) or its command line (redis-server)
         mine = str(root).encode()
-        cpu_use = CpuPerCall(marks, lambda pid: _environ_has(pid, mine) or _cmdline_has(pid, mine) or pid == up.pid,
-                             _part(LEVERS9_PARTS))  # fmt: skip
+        cpu_use = CpuPerCall(
+            marks, lambda pid: _environ_has(pid, mine) or _cmdline_has(pid, mine) or pid == up.pid, _part(LEVERS9_PARTS)
+        )
         done = subprocess.run([sys.executable, str(client)], env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"the levers9 client failed:\n{done.stderr[-3000:]}")
@@ -259,8 +283,10 @@ def run_ray(n: int, latency_calls: int, cpus: int) -> dict[str, Any] | str:
         marks = Path(tmp) / "latency"
         driver = subprocess.Popen(
             [sys.executable, "-c", RAY_CLIENT.format(n=n, latency_calls=latency_calls, cpus=cpus, marks=str(marks))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         # Ray's processes descend from the driver (raylet, GCS, workers)
         cpu_use = CpuPerCall(marks, lambda pid: _descends(pid, driver.pid), _part(RAY_PARTS))
         try:
@@ -331,10 +357,16 @@ def main() -> None:
         lines.append(f"| Ray | {theirs['throughput']:,.0f} | {theirs['p50_ms']:.1f} | {theirs['p99_ms']:.1f} |")
         ray = theirs["throughput"]
         lines.append("")
-        lines += [f"levers9 / Ray throughput, calls of {c:g} CPU, worker queue {q}: {r['throughput'] / ray:.2f}x"
-                  for (c, _, q), r in ours.items()]  # fmt: skip
-    lines += ["", f"CPU per sequential `.remote()` call, by process (ms; {args.latency_calls} calls; the machine's "
-              "CPUs are shared, so a call's latency is at least the largest of these):", ""]  # fmt: skip
+        lines += [
+            f"levers9 / Ray throughput, calls of {c:g} CPU, worker queue {q}: {r['throughput'] / ray:.2f}x"
+            for (c, _, q), r in ours.items()
+        ]
+    lines += [
+        "",
+        f"CPU per sequential `.remote()` call, by process (ms; {args.latency_calls} calls; the machine's "
+        "CPUs are shared, so a call's latency is at least the largest of these):",
+        "",
+    ]
     for (c, _, q), r in ours.items():
         lines.append(f"- levers9, {c:g} CPU, worker queue {q}: " + _cpu_line(r["cpu_ms"]))
     if not isinstance(theirs, str):

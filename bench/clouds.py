@@ -247,9 +247,17 @@ def one_run(pg: str, redis_url: str, peer: bool) -> tuple[Run, list[dict[str, An
             oci.fail_launch(500, "InternalError", "Out of host capacity.", shape=OCI_H100_SHAPE)
             lam.set_capacity(LAMBDA_A100_TYPE, [LAMBDA_REGION])
             group.pools = POOLS.format(
-                ami=AMI, ec2_url=ec2.url, oci_config=credentials.config_file, compartment=COMPARTMENT, subnet=SUBNET, image=IMAGE,
-                oci_url=oci.url, lambda_region=LAMBDA_REGION, lambda_url=lam.url, ssh_key=DEFAULT_SSH_KEY,
-            ).replace("idle_timeout_s: 5", "idle_timeout_s: 600")  # fmt: skip
+                ami=AMI,
+                ec2_url=ec2.url,
+                oci_config=credentials.config_file,
+                compartment=COMPARTMENT,
+                subnet=SUBNET,
+                image=IMAGE,
+                oci_url=oci.url,
+                lambda_region=LAMBDA_REGION,
+                lambda_url=lam.url,
+                ssh_key=DEFAULT_SSH_KEY,
+            ).replace("idle_timeout_s: 5", "idle_timeout_s: 600")
             group.scheduler = "  unavailable_ttl_s: 600\n"
             group.extra_env = {
                 "L9_E2E_AWS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
@@ -453,13 +461,21 @@ def report(runs: list[Run], peer: bool) -> str:
     ]
     peer_hops = [h for r in runs for h in r.peer_hops]
     rows = (
-        ("EC2 zone -> next EC2 zone", [h for r in runs for h in r.ec2_hops], [h for r in runs for h in r.own_ec2_hops],
-         peer_hops if peer else []),
+        (
+            "EC2 zone -> next EC2 zone",
+            [h for r in runs for h in r.ec2_hops],
+            [h for r in runs for h in r.own_ec2_hops],
+            peer_hops if peer else [],
+        ),
         ("last EC2 zone -> OCI", [r.ec2_to_oci for r in runs], [r.own_ec2_to_oci for r in runs], []),
-        ("OCI domain -> next OCI domain", [h for r in runs for h in r.oci_hops],
-         [h for r in runs for h in r.own_oci_hops], []),
+        (
+            "OCI domain -> next OCI domain",
+            [h for r in runs for h in r.oci_hops],
+            [h for r in runs for h in r.own_oci_hops],
+            [],
+        ),
         ("last OCI domain -> Lambda", [r.oci_to_lambda for r in runs], [], []),
-    )  # fmt: skip
+    )
     for name, wire, own, other in rows:
         lines.append(f"| {name} | {_ms(wire)} | {_ms(own) if own else '- | -'} | {_ms(other) if other else '- | -'} |")
     lines += [
@@ -488,10 +504,12 @@ def report(runs: list[Run], peer: bool) -> str:
         if done:
             for name, values in (
                 ("RunInstances made (one per zone)", [float(r.peer_zones) for r in done]),
-                ("provision() called -> first RunInstances (templating, optimizer check, bootstrap)",
-                 [r.peer_first_call for r in done]),
+                (
+                    "provision() called -> first RunInstances (templating, optimizer check, bootstrap)",
+                    [r.peer_first_call for r in done],
+                ),
                 ("last refusal sent -> ResourcesUnavailableError raised", [r.peer_surface for r in done]),
-            ):  # fmt: skip
+            ):
                 shown = (
                     _ms(values)
                     if "RunInstances made" not in name

@@ -90,8 +90,11 @@ async def start_latency(hooks: Hooks, ctx: RuntimeContext, runs: int) -> dict[st
         await wait_exit(hooks, ctx, cid)
         times["levers9"].append(time.perf_counter() - t0)
         await hooks.container_remove(ctx, cid)
-        print(f"  {ctx.name} run {i + 1}: bare {times['bare'][-1] * 1000:.0f} ms, levers9 "
-              f"{times['levers9'][-1] * 1000:.0f} ms", file=sys.stderr)  # fmt: skip
+        print(
+            f"  {ctx.name} run {i + 1}: bare {times['bare'][-1] * 1000:.0f} ms, levers9 "
+            f"{times['levers9'][-1] * 1000:.0f} ms",
+            file=sys.stderr,
+        )
     return times
 
 
@@ -114,14 +117,23 @@ async def restore_vs_cold(hooks: Hooks, ctx: RuntimeContext, root: Path, runs: i
         await wait_log(hooks, ctx, warm, "alive")
         times["restore"].append(time.perf_counter() - t0)
         await hooks.container_remove(ctx, warm)
-        print(f"  restore run {i + 1}: cold {times['cold'][-1]:.2f} s, restore {times['restore'][-1]:.3f} s, "
-              f"image {image.size_bytes / 1e6:.1f} MB", file=sys.stderr)  # fmt: skip
+        print(
+            f"  restore run {i + 1}: cold {times['cold'][-1]:.2f} s, restore {times['restore'][-1]:.3f} s, "
+            f"image {image.size_bytes / 1e6:.1f} MB",
+            file=sys.stderr,
+        )
     return times
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if "model name" in line), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
     versions = []
     for tool in ("runc", "runsc"):
         out = subprocess.run([tool, "--version"], capture_output=True, text=True, check=False).stdout.splitlines()

@@ -167,8 +167,16 @@ def cluster(pg: str, redis_url: str, workers: int, keepalive_s: float = 3) -> It
     name = f"bench_{time.monotonic_ns()}"
     with psycopg.connect(pg.replace("postgresql+psycopg", "postgresql") + "postgres", autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
-    group = Replicas(root, pg + name, redis_url, count=2, min_workers=workers, max_workers=workers, cpu=1,
-                     worker_keepalive_s=keepalive_s)  # fmt: skip
+    group = Replicas(
+        root,
+        pg + name,
+        redis_url,
+        count=2,
+        min_workers=workers,
+        max_workers=workers,
+        cpu=1,
+        worker_keepalive_s=keepalive_s,
+    )
     try:
         group.start_all()
         yield group
@@ -245,8 +253,10 @@ def main() -> None:
     with redis_server() as redis_url, running_postgres() as pg:
         if args.only == "frozen":
             frozen = [frozen_replica(pg, redis_url) for _ in range(args.repeat)]
-            print(f"\nfrozen replica: calls go on {statistics.median(frozen):.1f} s after SIGSTOP (median; "
-                  f"{', '.join(f'{f:.1f}' for f in frozen)} s)")  # fmt: skip
+            print(
+                f"\nfrozen replica: calls go on {statistics.median(frozen):.1f} s after SIGSTOP (median; "
+                f"{', '.join(f'{f:.1f}' for f in frozen)} s)"
+            )
             return
         clients = [client_failover(pg, redis_url) for _ in range(args.repeat)]
         print(f"  client failover (pause, steady gap): {clients}", file=sys.stderr)
@@ -262,13 +272,19 @@ def main() -> None:
         ("replica holding the workers killed, the client on the other", workers),
     ):
         pauses = [p for p, _ in runs]
-        print(f"| {name} | {statistics.median(pauses):.2f} s | {', '.join(f'{p:.2f}' for p in pauses)} "
-              f"| {statistics.median(g for _, g in runs) * 1000:.0f} ms |")  # fmt: skip
-    print(f"\nReplica holding the workers frozen (SIGSTOP, worker_keepalive_s 30 s), the client on the other: "
-          f"calls go on {statistics.median(frozen):.1f} s after the stop (median; "
-          f"{', '.join(f'{f:.1f}' for f in frozen)} s).")  # fmt: skip
-    print(f"\nRolling restart of both replicas ({took:.0f} s): {during:,.0f} tasks/s against {steady:,.0f} tasks/s "
-          f"steady ({during / steady:.2f}x); no call failed.")  # fmt: skip
+        print(
+            f"| {name} | {statistics.median(pauses):.2f} s | {', '.join(f'{p:.2f}' for p in pauses)} "
+            f"| {statistics.median(g for _, g in runs) * 1000:.0f} ms |"
+        )
+    print(
+        f"\nReplica holding the workers frozen (SIGSTOP, worker_keepalive_s 30 s), the client on the other: "
+        f"calls go on {statistics.median(frozen):.1f} s after the stop (median; "
+        f"{', '.join(f'{f:.1f}' for f in frozen)} s)."
+    )
+    print(
+        f"\nRolling restart of both replicas ({took:.0f} s): {during:,.0f} tasks/s against {steady:,.0f} tasks/s "
+        f"steady ({during / steady:.2f}x); no call failed."
+    )
 
 
 if __name__ == "__main__":

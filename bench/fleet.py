@@ -91,12 +91,24 @@ class WorkerLoad(LoadGenerator):
         script = Path(__file__).resolve().parent / "fleet_load.py"
         self.log_path = cp.root / "fleet_load.log"
         self.stderr = self.log_path.open("wb")
-        args = ["--count", str(count), "--pool", "fleet", "--ping-s", str(what_if.ping_s),
-                "--keepalive-s", str(what_if.keepalive_s)]  # fmt: skip
+        args = [
+            "--count",
+            str(count),
+            "--pool",
+            "fleet",
+            "--ping-s",
+            str(what_if.ping_s),
+            "--keepalive-s",
+            str(what_if.keepalive_s),
+        ]
         self.process = subprocess.Popen(
             [sys.executable, str(script), *args],
-            env=cp.env | {TOKEN_ENV: token}, cwd=cp.root, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-        )  # fmt: skip
+            env=cp.env | {TOKEN_ENV: token},
+            cwd=cp.root,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -139,8 +151,21 @@ def _listed_workers(cp: Controlplane) -> int:
 def py_spy(pid: int, out: str, seconds: float) -> subprocess.Popen[bytes]:
     """A sampling profile of ``pid`` (py-spy, raw folded stacks, idle samples left out) for ``seconds``."""
     binary = Path(sys.executable).parent / "py-spy"
-    args = [str(binary), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100", "--nonblocking",
-            "-f", "raw", "-o", out]  # fmt: skip
+    args = [
+        str(binary),
+        "record",
+        "-p",
+        str(pid),
+        "-d",
+        str(int(seconds)),
+        "-r",
+        "100",
+        "--nonblocking",
+        "-f",
+        "raw",
+        "-o",
+        out,
+    ]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -181,11 +206,26 @@ def loaded(workers: int, agents: int, seconds: float, *, what_if: WhatIf, profil
         agent_counts = agent_load.expect("done", 60) if agent_load is not None else {}
         trouble = ""
         if listed != workers or connected != agents or worker_counts.get("session_ends"):
-            trouble = (f"{listed:,} workers listed of {workers:,}, {connected:,} agents connected of {agents:,}, "
-                       f"sessions ended: {worker_counts.get('session_ends')}; the controlplane's log ends:\n"
-                       f"{cp.log()[-3000:]}")  # fmt: skip
-    return Loaded(workers, agents, window, workers_up, agents_up, listed, connected, redis_rss, worker_counts,
-                  agent_counts, (before, after), what_if, trouble)  # fmt: skip
+            trouble = (
+                f"{listed:,} workers listed of {workers:,}, {connected:,} agents connected of {agents:,}, "
+                f"sessions ended: {worker_counts.get('session_ends')}; the controlplane's log ends:\n"
+                f"{cp.log()[-3000:]}"
+            )
+    return Loaded(
+        workers,
+        agents,
+        window,
+        workers_up,
+        agents_up,
+        listed,
+        connected,
+        redis_rss,
+        worker_counts,
+        agent_counts,
+        (before, after),
+        what_if,
+        trouble,
+    )
 
 
 # ---------------------------------------------------------------- output
@@ -202,8 +242,10 @@ def print_windows(idle: tuple[Window, tuple[str, str]] | None, load: Loaded | No
     print("|--|--:|--:|--:|--:|--:|--|")
     for name, w, avg in rows:
         cp, redis = w.shares["controlplane"], w.shares["redis"]
-        print(f"| {name} | {pct(cp)} | {pct(redis)} | {pct(cp + redis)} | "
-              f"{w.memory.rss_mib:.0f} / {w.memory.pss_mib:.0f} MiB | {w.wall_s:.0f} s | {avg[0]} -> {avg[1]} |")  # fmt: skip
+        print(
+            f"| {name} | {pct(cp)} | {pct(redis)} | {pct(cp + redis)} | "
+            f"{w.memory.rss_mib:.0f} / {w.memory.pss_mib:.0f} MiB | {w.wall_s:.0f} s | {avg[0]} -> {avg[1]} |"
+        )
     groups = sorted({g for _, w, _ in rows for g in w.threads})
     print("\nThe controlplane's CPU by thread (% of one core):\n")
     print(f"| state | {' | '.join(groups)} |")
@@ -212,14 +254,18 @@ def print_windows(idle: tuple[Window, tuple[str, str]] | None, load: Loaded | No
         print(f"| {name} | {' | '.join(pct(w.threads.get(g, 0.0)) for g in groups)} |")
     if load is not None:
         shares = load.window.shares
-        print(f"\n- workers registered {load.workers_up_s:.1f} s after the load started; agents connected "
-              f"{load.agents_up_s:.1f} s after; then {SETTLE_S:.0f} s of settling before the window")  # fmt: skip
+        print(
+            f"\n- workers registered {load.workers_up_s:.1f} s after the load started; agents connected "
+            f"{load.agents_up_s:.1f} s after; then {SETTLE_S:.0f} s of settling before the window"
+        )
         print(
             f"- after the window: `levers9 workers --pool fleet` listed {load.listed_workers:,}; "
             f"{load.connected_agents:,} machines of `box` connected; redis-server RSS {load.redis_rss_mib:.1f} MiB"
         )
-        print(f"- load generators (not counted): workers {pct(shares['worker load'])}, "
-              f"agents {pct(shares.get('agent load', 0.0))} of one core over the window")  # fmt: skip
+        print(
+            f"- load generators (not counted): workers {pct(shares['worker load'])}, "
+            f"agents {pct(shares.get('agent load', 0.0))} of one core over the window"
+        )
         print(f"- worker load: {load.worker_counts}")
         print(f"- agent load: {load.agent_counts}")
         if load.trouble:
@@ -239,12 +285,20 @@ def main() -> None:
         help="py-spy's raw profile of the loaded controlplane to this file "
         "(90 s at most, from the window's start; a run with it is not one to report)",
     )
-    parser.add_argument("--worker-ping-s", type=float, default=SESSION_PING_S,
-                        help="seconds between the simulated workers' gRPC pings (default: the worker's, "
-                        f"{SESSION_PING_S:g} s; another value is a what-if, not the product)")  # fmt: skip
-    parser.add_argument("--worker-keepalive-s", type=float, default=0.0,
-                        help="seconds between the simulated workers' keepalives (default 0: what Register answers; "
-                        "another value is a what-if, not the product)")  # fmt: skip
+    parser.add_argument(
+        "--worker-ping-s",
+        type=float,
+        default=SESSION_PING_S,
+        help="seconds between the simulated workers' gRPC pings (default: the worker's, "
+        f"{SESSION_PING_S:g} s; another value is a what-if, not the product)",
+    )
+    parser.add_argument(
+        "--worker-keepalive-s",
+        type=float,
+        default=0.0,
+        help="seconds between the simulated workers' keepalives (default 0: what Register answers; "
+        "another value is a what-if, not the product)",
+    )
     args = parser.parse_args()
     parts = set(args.only.split(","))
     for key, value in machine().items():

@@ -127,10 +127,15 @@ class Workers:
 
 async def register(workers: Workers, stub: Any, index: int, worker_id: str) -> worker_pb2.RegisterResponse:
     request = worker_pb2.RegisterRequest(
-        pool=workers.pool, cpu_millicores=workers.cpu_millicores, memory_mib=workers.memory_mib,
-        hostname=f"sim-worker-{index:04d}", version=__version__, worker_id=worker_id,
-        probe_port=workers.probe.port, probe_nonce=workers.probe.nonce,
-    )  # fmt: skip
+        pool=workers.pool,
+        cpu_millicores=workers.cpu_millicores,
+        memory_mib=workers.memory_mib,
+        hostname=f"sim-worker-{index:04d}",
+        version=__version__,
+        worker_id=worker_id,
+        probe_port=workers.probe.port,
+        probe_nonce=workers.probe.nonce,
+    )
     response: worker_pb2.RegisterResponse = await stub.Register(
         request, metadata=workers.metadata(worker_id), timeout=60
     )
@@ -260,8 +265,17 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await probe.close()
     c = workers.counts
-    report("done", keepalives=c.keepalives, registrations=c.registrations, requests=c.requests, stubs=c.stubs,
-           cancels=c.cancels, drains=c.drains, session_ends=dict(c.session_ends), cpu_s=sum(os.times()[:2]))  # fmt: skip
+    report(
+        "done",
+        keepalives=c.keepalives,
+        registrations=c.registrations,
+        requests=c.requests,
+        stubs=c.stubs,
+        cancels=c.cancels,
+        drains=c.drains,
+        session_ends=dict(c.session_ends),
+        cpu_s=sum(os.times()[:2]),
+    )
 
 
 if __name__ == "__main__":
@@ -271,10 +285,18 @@ if __name__ == "__main__":
     parser.add_argument("--cpu", type=int, default=2000, help="millicores each worker offers")
     parser.add_argument("--memory", type=int, default=4096, help="MiB each worker offers")
     parser.add_argument("--concurrency", type=int, default=32, help="registrations in flight")
-    parser.add_argument("--ping-s", type=float, default=SESSION_PING_S,
-                        help="seconds between gRPC pings (default: the worker's; another value is a what-if)")  # fmt: skip
-    parser.add_argument("--keepalive-s", type=float, default=0.0,
-                        help="seconds between keepalives (default 0: what Register answers; another is a what-if)")  # fmt: skip
+    parser.add_argument(
+        "--ping-s",
+        type=float,
+        default=SESSION_PING_S,
+        help="seconds between gRPC pings (default: the worker's; another value is a what-if)",
+    )
+    parser.add_argument(
+        "--keepalive-s",
+        type=float,
+        default=0.0,
+        help="seconds between keepalives (default 0: what Register answers; another is a what-if)",
+    )
     try:
         asyncio.run(main(parser.parse_args()))
     except grpc.aio.AioRpcError as exc:

@@ -141,16 +141,35 @@ def main() -> None:
     up_log = root / "up.log"
     with up_log.open("wb") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "levers9", "up", "--log-level", "info", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "levers9",
+                "up",
+                "--log-level",
+                "info",
+                "--grpc-port",
+                str(grpc_port),
+                "--http-port",
+                str(http_port),
+                "--metrics-port",
+                str(metrics_port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     nginx: subprocess.Popen[bytes] | None = None
     try:
         _wait_for(lambda: b"levers9 is up" in up_log.read_bytes(), "levers9 up", 60, up_log)
         (root / "app.py").write_text(textwrap.dedent(APP))
-        deploy = subprocess.run([sys.executable, "-m", "levers9", "deploy", str(root / "app.py")], env=env,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        deploy = subprocess.run(
+            [sys.executable, "-m", "levers9", "deploy", str(root / "app.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if deploy.returncode != 0:
             raise RuntimeError(f"levers9 deploy failed: {deploy.stderr}")
         token = re.search(r"l9_user_[A-Za-z0-9_-]+", (home / "config").read_text()).group(0)  # type: ignore[union-attr]
@@ -160,8 +179,11 @@ def main() -> None:
         address = ready.search(up_log.read_bytes()).group(1).decode()  # type: ignore[union-attr]
         (root / "nginx-tmp").mkdir()
         (root / "nginx.conf").write_text(NGINX.format(root=root, address=address, port=nginx_port))
-        nginx = subprocess.Popen([nginx_bin, "-p", str(root), "-c", str(root / "nginx.conf")],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        nginx = subprocess.Popen(
+            [nginx_bin, "-p", str(root), "-c", str(root / "nginx.conf")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(0.5)
         paths = {
             "direct": (f"http://{address}/", {}),
@@ -176,8 +198,10 @@ def main() -> None:
             for c in connections:
                 for name, (url, headers) in paths.items():
                     figures = wrk(url, c, args.seconds, headers)
-                    print(f"  c={c} {name}: {figures.rps:,.0f}/s p50 {figures.p50_ms:.3f} ms p99 {figures.p99_ms:.3f} ms",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"  c={c} {name}: {figures.rps:,.0f}/s p50 {figures.p50_ms:.3f} ms p99 {figures.p99_ms:.3f} ms",
+                        file=sys.stderr,
+                    )
                     runs.setdefault((c, name), []).append(figures)
     finally:
         if nginx is not None:

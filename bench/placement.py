@@ -102,10 +102,26 @@ def redis_server() -> Iterator[str]:
     proc = None
     try:
         proc = subprocess.Popen(
-            [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir), "--logfile", str(workdir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                "--port",
+                "0",
+                "--unixsocket",
+                str(sock),
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(workdir),
+                "--logfile",
+                str(workdir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while not sock.exists():
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -219,8 +219,10 @@ async def main(
                     profiler.dump_stats(f"{profile}.{key}.{mode}")
                 print(f"  {name}, {mode}: {[round(r.seconds, 3) for r in runs]} s", file=sys.stderr)
                 rows.append((name, mode, runs))
-    print("| database | mode | placements/s | µs per placement | runs (s) | last placed at (s) "
-          "| history transactions | CPUs busy: machine | bench process | redis-server |")  # fmt: skip
+    print(
+        "| database | mode | placements/s | µs per placement | runs (s) | last placed at (s) "
+        "| history transactions | CPUs busy: machine | bench process | redis-server |"
+    )
     print("|--|--|--:|--:|--|--:|--:|--:|--:|--:|")
     for name, mode, runs in rows:
         mid = sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]

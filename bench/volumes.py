@@ -89,13 +89,22 @@ ROOT = Path(__file__).resolve().parents[1]
 VOLUME, MOUNT_PATH, LOCAL_PATH = "bench", "/data/bench", "/scratch"
 CALL_CPU, CALL_MEMORY_MIB = 2, 3072
 SAMPLE_S, PAUSE_S = 0.2, 0.5
-OPTION_SETS = ("", "--max-fuse-io 1M", "--buffer-size 1024", "--max-uploads 50",
-               "--attr-cache 10 --entry-cache 10 --dir-entry-cache 10", "--open-cache 1",
-               "-o writeback_cache", "--cache-partial-only", "--cache-size 0")  # fmt: skip
+OPTION_SETS = (
+    "",
+    "--max-fuse-io 1M",
+    "--buffer-size 1024",
+    "--max-uploads 50",
+    "--attr-cache 10 --entry-cache 10 --dir-entry-cache 10",
+    "--open-cache 1",
+    "-o writeback_cache",
+    "--cache-partial-only",
+    "--cache-size 0",
+)
 
 
-def workload(volume: str, local: str, size_mib: int, files: int, file_kib: int, reps: int,
-             pause_s: float) -> dict[str, Any]:  # fmt: skip
+def workload(
+    volume: str, local: str, size_mib: int, files: int, file_kib: int, reps: int, pause_s: float
+) -> dict[str, Any]:
     """The measured work (its source is shipped into the call as it is: it imports what it uses)."""
     import os
     import time
@@ -109,8 +118,9 @@ def workload(volume: str, local: str, size_mib: int, files: int, file_kib: int, 
     out: dict[str, Any] = {"phases": [], "mounts": {}}
 
     def phase(side: str, what: str, rep: int, t0: float, seconds: float, **more: float) -> None:
-        out["phases"].append({"side": side, "what": what, "rep": rep, "t0": t0, "t1": time.time(), "s": seconds,
-                              **more})  # fmt: skip
+        out["phases"].append(
+            {"side": side, "what": what, "rep": rep, "t0": t0, "t1": time.time(), "s": seconds, **more}
+        )
         if side == "volume":
             time.sleep(pause_s)  # the host's .stats samples bracket each volume phase alone
 
@@ -257,11 +267,17 @@ def op_rows(deltas: list[dict[str, float]]) -> list[tuple[str, float, float]]:
         if mean(base + "_total") >= 1:
             rows.append((f"object store {method}", mean(base + "_total"), mean(base + "_sum")))
     if mean("juicefs_blockcache_writes") >= 1:
-        rows.append(("cache-dir block writes", mean("juicefs_blockcache_writes"),
-                     mean("juicefs_blockcache_write_hist_seconds_sum")))  # fmt: skip
+        rows.append(
+            (
+                "cache-dir block writes",
+                mean("juicefs_blockcache_writes"),
+                mean("juicefs_blockcache_write_hist_seconds_sum"),
+            )
+        )
     if mean("juicefs_blockcache_hits") >= 1:
-        rows.append(("cache-dir block hits", mean("juicefs_blockcache_hits"),
-                     mean("juicefs_blockcache_read_hist_seconds_sum")))  # fmt: skip
+        rows.append(
+            ("cache-dir block hits", mean("juicefs_blockcache_hits"), mean("juicefs_blockcache_read_hist_seconds_sum"))
+        )
     rows.append(("juicefs's CPU (seconds, all threads)", 0.0, mean("juicefs_cpu_usage")))
     return rows
 
@@ -279,11 +295,26 @@ def rotate(items: list[Any], rep: int) -> list[Any]:
 
 
 def in_container(up: Up, args: argparse.Namespace) -> tuple[dict[str, Any], Sampler]:
-    call_args = {"volume": MOUNT_PATH, "local": LOCAL_PATH, "size_mib": args.size_mib, "files": args.files,
-                 "file_kib": args.file_kib, "reps": args.reps, "pause_s": PAUSE_S}  # fmt: skip
+    call_args = {
+        "volume": MOUNT_PATH,
+        "local": LOCAL_PATH,
+        "size_mib": args.size_mib,
+        "files": args.files,
+        "file_kib": args.file_kib,
+        "reps": args.reps,
+        "pause_s": PAUSE_S,
+    }
     app = up.root / "volume_bench_app.py"
-    app.write_text(APP.format(volume=VOLUME, mount=MOUNT_PATH, workload=inspect.getsource(workload),
-                              cpu=CALL_CPU, memory=CALL_MEMORY_MIB, args=call_args))  # fmt: skip
+    app.write_text(
+        APP.format(
+            volume=VOLUME,
+            mount=MOUNT_PATH,
+            workload=inspect.getsource(workload),
+            cpu=CALL_CPU,
+            memory=CALL_MEMORY_MIB,
+            args=call_args,
+        )
+    )
     sampler = Sampler(up.root)
     try:
         run = up.levers9("run", f"{app.name}::main", timeout=7200)
@@ -291,8 +322,10 @@ def in_container(up: Up, args: argparse.Namespace) -> tuple[dict[str, Any], Samp
         sampler.stop()
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     if run.returncode != 0 or not lines:
-        raise RuntimeError(f"the call failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}\n"
-                           f"--- up:\n{up.log()[-4000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"the call failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}\n"
+            f"--- up:\n{up.log()[-4000:]}"
+        )
     result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
     return result, sampler
 
@@ -327,12 +360,22 @@ def copies(up: Up, mount: Path, volume_dir: Path, args: argparse.Namespace) -> d
     jpids, cpid = juicefs_pids(mount), up.process.pid if up.process else 0
     l9 = [sys.executable, "-m", "levers9"]
     sides: dict[str, tuple[list[str], Path, list[str]]] = {
-        "levers9 cp": ([*l9, "cp", str(src), f"{VOLUME}:cp-l9/"], volume_dir / "cp-l9" / src.name,
-                       [*l9, "cp", f"{VOLUME}:cp-l9/{src.name}", str(back)]),
-        "cp through the controlplane's mount": (["cp", str(src), str(direct)], direct / src.name,
-                                                ["cp", str(direct / src.name), str(back)]),
-        "cp on the local disk": (["cp", str(src), str(local)], local / src.name, ["cp", str(local / src.name), str(back)]),
-    }  # fmt: skip
+        "levers9 cp": (
+            [*l9, "cp", str(src), f"{VOLUME}:cp-l9/"],
+            volume_dir / "cp-l9" / src.name,
+            [*l9, "cp", f"{VOLUME}:cp-l9/{src.name}", str(back)],
+        ),
+        "cp through the controlplane's mount": (
+            ["cp", str(src), str(direct)],
+            direct / src.name,
+            ["cp", str(direct / src.name), str(back)],
+        ),
+        "cp on the local disk": (
+            ["cp", str(src), str(local)],
+            local / src.name,
+            ["cp", str(local / src.name), str(back)],
+        ),
+    }
     found: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
 
     def timed(name: str, direction: str, argv: list[str]) -> None:
@@ -343,9 +386,12 @@ def copies(up: Up, mount: Path, volume_dir: Path, args: argparse.Namespace) -> d
         child = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode != 0:
             raise RuntimeError(f"{shlex.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
-        figures = {"": seconds, " cpu: the copier": child.ru_utime + child.ru_stime - cpu0[0].ru_utime - cpu0[0].ru_stime,
-                   " cpu: the controlplane": cpu_seconds(cpid, children=False) - cpu0[1],
-                   " cpu: its juicefs": juicefs_cpu(jpids) - cpu0[2]}  # fmt: skip
+        figures = {
+            "": seconds,
+            " cpu: the copier": child.ru_utime + child.ru_stime - cpu0[0].ru_utime - cpu0[0].ru_stime,
+            " cpu: the controlplane": cpu_seconds(cpid, children=False) - cpu0[1],
+            " cpu: its juicefs": juicefs_cpu(jpids) - cpu0[2],
+        }
         for key, value in figures.items():
             found.setdefault(name, {}).setdefault(direction + key, []).append(value)
 
@@ -382,9 +428,25 @@ def _engine(home: Path, engine: str, stack: contextlib.ExitStack) -> str:
     if server is None:
         raise SystemExit("--engines redis needs redis-server: apt-get install -y redis-server")
     sock = home / "redis.sock"
-    proc = subprocess.Popen([server, "--port", "0", "--unixsocket", str(sock), "--dir", str(home), "--save", "",
-                             "--appendonly", "yes", "--appendfsync", "everysec"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--dir",
+            str(home),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     stack.callback(proc.wait, 30)
     stack.callback(proc.terminate)
     deadline = time.monotonic() + 30
@@ -411,8 +473,12 @@ def try_options(root: Path, args: argparse.Namespace) -> dict[str, list[dict[str
         for engine in engines:
             home = root / f"options-{engine}"
             home.mkdir(parents=True)
-            fs = FileSystem(metadata_url=_engine(home, engine, stack), storage="file", bucket=f"{home / 'data'}/",
-                            name="levers9-bench")  # fmt: skip
+            fs = FileSystem(
+                metadata_url=_engine(home, engine, stack),
+                storage="file",
+                bucket=f"{home / 'data'}/",
+                name="levers9-bench",
+            )
             fs.format()
             systems[engine] = (fs, home)
         trials = [(engine, options) for engine in engines for options in sets]
@@ -422,13 +488,22 @@ def try_options(root: Path, args: argparse.Namespace) -> dict[str, list[dict[str
         for rep in range(args.option_reps):
             for i, (engine, options) in enumerate(rotate(trials, rep)):
                 fs, home = systems[engine]
-                wrapper.write_text(f'#!/bin/sh\n[ "$1" = mount ] && exec {shlex.quote(real)} "$@" {options}\n'
-                                   f'exec {shlex.quote(real)} "$@"\n')  # fmt: skip
+                wrapper.write_text(
+                    f'#!/bin/sh\n[ "$1" = mount ] && exec {shlex.quote(real)} "$@" {options}\n'
+                    f'exec {shlex.quote(real)} "$@"\n'
+                )
                 wrapper.chmod(0o755)
                 mounted = fs.mount(home / "mnt", cache_dir=home / "cache")
                 try:
-                    out = workload(str(home / "mnt" / f"run-{rep}-{i}"), str(home / f"local-{rep}-{i}"),
-                                   args.size_mib, args.files, args.file_kib, 1, 0.0)  # fmt: skip
+                    out = workload(
+                        str(home / "mnt" / f"run-{rep}-{i}"),
+                        str(home / f"local-{rep}-{i}"),
+                        args.size_mib,
+                        args.files,
+                        args.file_kib,
+                        1,
+                        0.0,
+                    )
                 finally:
                     mounted.stop()
                 name = options if engine == "sqlite" else f"metadata in Redis{': ' + options if options else ''}"
@@ -445,11 +520,18 @@ def spread(values: list[float], fmt: str = "{:.2f}") -> str:
 
 
 def machine(root: Path) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if "model name" in line), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
     mem_gib = int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024
-    disk = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--target", str(root)], capture_output=True,
-                          text=True, check=False).stdout.split()  # fmt: skip
+    disk = subprocess.run(
+        ["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--target", str(root)], capture_output=True, text=True, check=False
+    ).stdout.split()
     name = Path(disk[0]).name if disk else "?"
     rotational = Path(f"/sys/block/{name}/queue/rotational")
     kind = (
@@ -460,56 +542,88 @@ def machine(root: Path) -> str:
     runc = subprocess.run(["runc", "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
     jfs = subprocess.run([juicefs_binary(), "version"], capture_output=True, text=True, check=False).stdout.strip()
     os_name = platform.freedesktop_os_release().get("PRETTY_NAME", platform.system())
-    return (f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {os_name}, kernel {platform.release()}; disk "
-            f"{' '.join(disk)} ({kind or 'kind unknown'}, virtio); {runc}; {jfs}; Python {platform.python_version()}")  # fmt: skip
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {os_name}, kernel {platform.release()}; disk "
+        f"{' '.join(disk)} ({kind or 'kind unknown'}, virtio); {runc}; {jfs}; Python {platform.python_version()}"
+    )
 
 
 def figures(phases: list[dict[str, Any]], side: str, what: str, key: str = "s") -> list[float]:
     return [p[key] for p in phases if p["side"] == side and p["what"] == what]
 
 
-def report(args: argparse.Namespace, where: str, loads: list[float], result: dict[str, Any], sampler: Sampler,
-           cps: dict[str, dict[str, list[float]]], options: dict[str, list[dict[str, Any]]]) -> list[str]:  # fmt: skip
+def report(
+    args: argparse.Namespace,
+    where: str,
+    loads: list[float],
+    result: dict[str, Any],
+    sampler: Sampler,
+    cps: dict[str, dict[str, list[float]]],
+    options: dict[str, list[dict[str, Any]]],
+) -> list[str]:
     phases, mib = result["phases"], args.size_mib
-    lines = [f"- Machine: {where}",
-             f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; 1-minute load average "
-             f"{loads[0]:.1f} at the start, {loads[1]:.1f} after the copies, {loads[-1]:.1f} at the end.",
-             f"- Command: `.venv/bin/python bench/volumes.py {shlex.join(sys.argv[1:])}` (root).",
-             f"- In the call: volume `{result['mounts']['volume']}`; local disk `{result['mounts']['local']}`.",
-             "", f"In one call, in a runc container ({args.reps} reps each, sides alternating; median, min-max):", "",
-             "| measurement | volume | local disk | volume / local | target |", "|--|--:|--:|--:|--|"]  # fmt: skip
+    lines = [
+        f"- Machine: {where}",
+        f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; 1-minute load average "
+        f"{loads[0]:.1f} at the start, {loads[1]:.1f} after the copies, {loads[-1]:.1f} at the end.",
+        f"- Command: `.venv/bin/python bench/volumes.py {shlex.join(sys.argv[1:])}` (root).",
+        f"- In the call: volume `{result['mounts']['volume']}`; local disk `{result['mounts']['local']}`.",
+        "",
+        f"In one call, in a runc container ({args.reps} reps each, sides alternating; median, min-max):",
+        "",
+        "| measurement | volume | local disk | volume / local | target |",
+        "|--|--:|--:|--:|--|",
+    ]
     for what in ("write", "read 1", "read 2", "read 3"):
         vol = [mib / s for s in figures(phases, "volume", what)]
         loc = [mib / s for s in figures(phases, "local", what)]
         ratio = statistics.median(vol) / statistics.median(loc)
-        label = {"write": f"write {mib} MiB + fsync + close", "read 1": "first read, right after the write",
-                 "read 2": "second read (cached)",
-                 "read 3": "third read, after sync(2) and 1 s"}[what]  # fmt: skip
+        label = {
+            "write": f"write {mib} MiB + fsync + close",
+            "read 1": "first read, right after the write",
+            "read 2": "second read (cached)",
+            "read 3": "third read, after sync(2) and 1 s",
+        }[what]
         target = f"≥ 0.8x: {'met' if ratio >= 0.8 else '**not met**'}" if what == "read 2" else ""
         lines.append(
             f"| {label}, MiB/s | {spread(vol, '{:.0f}')} | {spread(loc, '{:.0f}')} | {ratio:.2f}x | {target} |"
         )
     vol, loc = figures(phases, "volume", "create files"), figures(phases, "local", "create files")
     ratio = statistics.median(vol) / statistics.median(loc)
-    lines.append(f"| create {args.files:,} files of {args.file_kib} KiB, s | {spread(vol, '{:.2f}')} | "
-                 f"{spread(loc, '{:.3f}')} | {ratio:.1f}x | ≤ 5x: {'met' if ratio <= 5 else '**not met**'} |")  # fmt: skip
+    lines.append(
+        f"| create {args.files:,} files of {args.file_kib} KiB, s | {spread(vol, '{:.2f}')} | "
+        f"{spread(loc, '{:.3f}')} | {ratio:.1f}x | ≤ 5x: {'met' if ratio <= 5 else '**not met**'} |"
+    )
     for key, label in (("create", "open(O_CREAT)"), ("writes", "write 4 KiB"), ("close", "close")):
         v = [s / args.files * 1e6 for s in figures(phases, "volume", "create files", key)]
         loc_us = [s / args.files * 1e6 for s in figures(phases, "local", "create files", key)]
-        lines.append(f"| &nbsp;&nbsp;per file: {label}, µs | {spread(v, '{:.0f}')} | {spread(loc_us, '{:.1f}')} | "
-                     f"{statistics.median(v) / statistics.median(loc_us):.0f}x | |")  # fmt: skip
+        lines.append(
+            f"| &nbsp;&nbsp;per file: {label}, µs | {spread(v, '{:.0f}')} | {spread(loc_us, '{:.1f}')} | "
+            f"{statistics.median(v) / statistics.median(loc_us):.0f}x | |"
+        )
     for key, label in (("writes", "the 1 MiB writes"), ("fsync", "fsync"), ("close", "close")):
         v, loc = [s * 1e3 for s in figures(phases, "volume", "write", key)], figures(phases, "local", "write", key)
-        lines.append(f"| &nbsp;&nbsp;of the big write: {label}, ms | {spread(v, '{:.0f}')} | "
-                     f"{spread([s * 1e3 for s in loc], '{:.0f}')} | | |")  # fmt: skip
+        lines.append(
+            f"| &nbsp;&nbsp;of the big write: {label}, ms | {spread(v, '{:.0f}')} | "
+            f"{spread([s * 1e3 for s in loc], '{:.0f}')} | | |"
+        )
 
-    lines += ["", "What the worker's juicefs did per volume phase (its `.stats`, bracketed by samples 0.2 s apart; "
-              "mean per run; FUSE rows include the metadata and object rows under them; open, read, flush and release rows of "
-              "a few are this script's own reads of `.stats`):", "",
-              "| phase | operation | count | seconds | µs each |", "|--|--|--:|--:|--:|"]  # fmt: skip
+    lines += [
+        "",
+        "What the worker's juicefs did per volume phase (its `.stats`, bracketed by samples 0.2 s apart; "
+        "mean per run; FUSE rows include the metadata and object rows under them; open, read, flush and release rows of "
+        "a few are this script's own reads of `.stats`):",
+        "",
+        "| phase | operation | count | seconds | µs each |",
+        "|--|--|--:|--:|--:|",
+    ]
     for what in ("write", "read 1", "read 2", "read 3", "create files"):
-        deltas = [d for p in phases if p["side"] == "volume" and p["what"] == what
-                  if (d := sampler.bracket(p["t0"], p["t1"])) is not None]  # fmt: skip
+        deltas = [
+            d
+            for p in phases
+            if p["side"] == "volume" and p["what"] == what
+            if (d := sampler.bracket(p["t0"], p["t1"])) is not None
+        ]
         if not deltas:
             lines.append(f"| {what} | (no bracketing samples) | | | |")
             continue
@@ -517,13 +631,22 @@ def report(args: argparse.Namespace, where: str, loads: list[float], result: dic
             each, n = (f"{seconds / count * 1e6:.0f}", f"{count:.0f}") if count else ("", "")
             lines.append(f"| {what} ({len(deltas)}) | {op} | {n} | {seconds:.3f} | {each} |")
 
-    lines += ["", f"`levers9 cp` against `cp`, {args.cp_mib} MiB, on this machine ({args.cp_reps} reps after a warm-up "
-              "of each, sides alternating; median, min-max; CPU seconds per copy):", "",
-              "| copy | into, MiB/s | out of, MiB/s | CPU in: copier / controlplane / juicefs | CPU out: same |",
-              "|--|--:|--:|--|--|"]  # fmt: skip
+    lines += [
+        "",
+        f"`levers9 cp` against `cp`, {args.cp_mib} MiB, on this machine ({args.cp_reps} reps after a warm-up "
+        "of each, sides alternating; median, min-max; CPU seconds per copy):",
+        "",
+        "| copy | into, MiB/s | out of, MiB/s | CPU in: copier / controlplane / juicefs | CPU out: same |",
+        "|--|--:|--:|--|--|",
+    ]
     for name, got in cps.items():
-        cpu = {d: " / ".join(f"{statistics.median(got[f'{d} cpu: {w}']):.2f}"
-                             for w in ("the copier", "the controlplane", "its juicefs")) for d in ("in", "out")}  # fmt: skip
+        cpu = {
+            d: " / ".join(
+                f"{statistics.median(got[f'{d} cpu: {w}']):.2f}"
+                for w in ("the copier", "the controlplane", "its juicefs")
+            )
+            for d in ("in", "out")
+        }
         if "1 byte" in name:
             cells = [f"{spread(got[d])} s" for d in ("in", "out")]
         else:
@@ -531,18 +654,23 @@ def report(args: argparse.Namespace, where: str, loads: list[float], result: dic
         lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cpu['in']} | {cpu['out']} |")
 
     if options:
-        lines += ["", f"Proposals: the same workload on the host (no container), on a scratch file system mounted by "
-                  f"`JuiceFsMount` with one extra option each ({args.option_reps} reps, sets alternating; medians, "
-                  "volume / local of the same runs):", "",
-                  f"| extra `juicefs mount` option | write MiB/s | first read | cached read | after sync | {args.files:,} files, s |",
-                  "|--|--:|--:|--:|--:|--:|"]  # fmt: skip
+        lines += [
+            "",
+            f"Proposals: the same workload on the host (no container), on a scratch file system mounted by "
+            f"`JuiceFsMount` with one extra option each ({args.option_reps} reps, sets alternating; medians, "
+            "volume / local of the same runs):",
+            "",
+            f"| extra `juicefs mount` option | write MiB/s | first read | cached read | after sync | {args.files:,} files, s |",
+            "|--|--:|--:|--:|--:|--:|",
+        ]
         for name, outs in options.items():
             ph = [p for out in outs for p in out["phases"]]
             row = []
             for what in ("write", "read 1", "read 2", "read 3", "create files"):
                 vm, lm = statistics.median(figures(ph, "volume", what)), statistics.median(figures(ph, "local", what))
-                row.append(f"{vm:.2f} ({vm / lm:.0f}x)" if what == "create files" else
-                           f"{mib / vm:.0f} ({lm / vm:.2f}x)")  # fmt: skip
+                row.append(
+                    f"{vm:.2f} ({vm / lm:.0f}x)" if what == "create files" else f"{mib / vm:.0f} ({lm / vm:.2f}x)"
+                )
             lines.append(f"| {f'`{name}`' if name else '(none: the product flags)'} | {' | '.join(row)} |")
     return lines
 
@@ -621,9 +749,12 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=5, help="reps of each side in the call (default 5)")
     parser.add_argument("--cp-mib", type=int, default=1024, help="the file copied, MiB (default 1024)")
     parser.add_argument("--cp-reps", type=int, default=5, help="copies each way of each side (default 5)")
-    parser.add_argument("--options", default=";".join(OPTION_SETS),
-                        help="';'-separated extra juicefs mount options to try on the host ('' first: none; "
-                             "--options '' skips the proposals)")  # fmt: skip
+    parser.add_argument(
+        "--options",
+        default=";".join(OPTION_SETS),
+        help="';'-separated extra juicefs mount options to try on the host ('' first: none; "
+        "--options '' skips the proposals)",
+    )
     parser.add_argument(
         "--engines",
         default="sqlite",

@@ -155,8 +155,9 @@ class AgentServer:
         """A joined agent's credential, joined through the real Join RPC (by the agent's own code)."""
         from levers9.agent.connection import join
 
-        joined = await join(self.url, await self.join_token(), ca_pem=self.ca_pem, insecure=self.ca is None,
-                            stop=asyncio.Event())  # fmt: skip
+        joined = await join(
+            self.url, await self.join_token(), ca_pem=self.ca_pem, insecure=self.ca is None, stop=asyncio.Event()
+        )
         assert joined is not None
         return joined
 
@@ -175,11 +176,13 @@ class AgentServer:
         assert self.hub is not None
         return next((i for i in self.hub.inventories() if i.agent_id == agent_id), None)
 
-    async def send(self, agent_id: str, kind: str, payload: dict[str, Any], *, order_id: str | None = None,
-                   timeout: float = 20) -> AgentAck:  # fmt: skip
+    async def send(
+        self, agent_id: str, kind: str, payload: dict[str, Any], *, order_id: str | None = None, timeout: float = 20
+    ) -> AgentAck:
         assert self.hub is not None
-        return await self.hub.send(AgentOrder(agent_id=agent_id, kind=kind, payload=payload, order_id=order_id),
-                                   timeout=timeout)  # fmt: skip
+        return await self.hub.send(
+            AgentOrder(agent_id=agent_id, kind=kind, payload=payload, order_id=order_id), timeout=timeout
+        )
 
 
 async def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:

@@ -89,9 +89,12 @@ async def _connected(server: AgentServer, agent_id: str) -> None:
 
 
 async def test_provision_list_terminate_over_tls(
-    tls_server: AgentServer, dockerd: Dockerd, tiny_image: str, no_containers_left: None,
+    tls_server: AgentServer,
+    dockerd: Dockerd,
+    tiny_image: str,
+    no_containers_left: None,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     credential = await tls_server.credential()
     assert credential.ca_pem == tls_server.ca_pem
     assert not credential.insecure
@@ -108,9 +111,12 @@ async def test_provision_list_terminate_over_tls(
             assert container.name == f"l9w-{machine_id}"
             assert container.status == "running"
             assert container.labels == {
-                "levers9.machine-id": machine_id, "levers9.pool": "box", "levers9.agent-id": agent_id,
-                "levers9.workspace": "", "levers9.gpus": "",
-            }  # fmt: skip
+                "levers9.machine-id": machine_id,
+                "levers9.pool": "box",
+                "levers9.agent-id": agent_id,
+                "levers9.workspace": "",
+                "levers9.gpus": "",
+            }
             host = container.attrs["HostConfig"]
             assert (host["NanoCpus"], host["Memory"]) == (250_000_000, 64 * 2**20)
             assert host["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 3}
@@ -130,8 +136,14 @@ async def test_provision_list_terminate_over_tls(
         assert [c["name"] for c in dockerd.containers()] == [f"l9w-{machine_id}"]
 
         listed = await tls_server.send(agent_id, "list", {})
-        info = {"machine_id": machine_id, "pool": "box", "container_id": result["container_id"], "state": "running",
-                "exit_code": None, "gpus": []}  # fmt: skip
+        info = {
+            "machine_id": machine_id,
+            "pool": "box",
+            "container_id": result["container_id"],
+            "state": "running",
+            "exit_code": None,
+            "gpus": [],
+        }
         assert listed.result == {"containers": [info]}
 
         def reports_it() -> bool:
@@ -210,8 +222,10 @@ async def test_the_agent_dials_again_after_the_controlplane_restarts(
         before = len(said.events)
         await plain_server.start()
         await eventually(lambda: said.hellos(agent_id) == 2, "a second Hello after the restart")
-        await eventually(lambda: any(kind == "inventory" for kind, _, _ in said.events[before:]),
-                         "an inventory after the second Hello")  # fmt: skip
+        await eventually(
+            lambda: any(kind == "inventory" for kind, _, _ in said.events[before:]),
+            "an inventory after the second Hello",
+        )
         assert (await plain_server.send(agent_id, "list", {})).result == {"containers": []}
 
 
@@ -223,8 +237,14 @@ async def test_plain_text_needs_insecure(plain_server: AgentServer) -> None:
 
 
 def test_the_credential_file_is_the_owners_only(tmp_path: Path) -> None:
-    saved = AgentCredential(agent_id="agt_1", token="l9_agent_x", controlplane="grpcs://cp:1993",
-                            provider="agent_machine", ca_pem="PEM", labels={"pool": "box"})  # fmt: skip
+    saved = AgentCredential(
+        agent_id="agt_1",
+        token="l9_agent_x",
+        controlplane="grpcs://cp:1993",
+        provider="agent_machine",
+        ca_pem="PEM",
+        labels={"pool": "box"},
+    )
     path = credentials.save(tmp_path / "state", saved)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700

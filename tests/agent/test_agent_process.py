@@ -40,9 +40,18 @@ class Agents:
         log = self.tmp_path / f"agent-{len(self.started)}.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "levers9", "agent", *args, "--docker-host", self.dockerd.host,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "levers9",
+                "agent",
+                *args,
+                "--docker-host",
+                self.dockerd.host,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=env,
+            )
         self.started.append((process, log))
         return process
 
@@ -95,8 +104,9 @@ async def test_join_keeps_the_credential_and_a_join_token_works_once(
     ca_file = tmp_path / "ca.pem"
     ca_file.write_text(server.ca_pem or "")
     token = await server.join_token()
-    first = await agents.start("join", "--controlplane", server.url, "--ca", str(ca_file),
-                               "--state-dir", str(tmp_path / "one"), token=token)  # fmt: skip
+    first = await agents.start(
+        "join", "--controlplane", server.url, "--ca", str(ca_file), "--state-dir", str(tmp_path / "one"), token=token
+    )
     path = tmp_path / "one" / "agent.json"
     await eventually(path.exists, "agent.json written")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -106,14 +116,21 @@ async def test_join_keeps_the_credential_and_a_join_token_works_once(
     assert (saved["provider"], saved["labels"], saved["ca_pem"]) == ("agent_machine", {"pool": "box"}, server.ca_pem)
     await _connected(server, saved["agent_id"])
 
-    again = await agents.start("join", "--controlplane", server.url, "--ca", str(ca_file),
-                               "--state-dir", str(tmp_path / "two"), token=token)  # fmt: skip
+    again = await agents.start(
+        "join", "--controlplane", server.url, "--ca", str(ca_file), "--state-dir", str(tmp_path / "two"), token=token
+    )
     assert await agents.exit_code(again) == 3
     assert "the controlplane refused the join token: this join token was already used" in agents.log(again)
     assert not (tmp_path / "two" / "agent.json").exists()
 
-    plain = await agents.start("join", "--controlplane", f"grpc://127.0.0.1:{server.port}",
-                               "--state-dir", str(tmp_path / "three"), token=await server.join_token())  # fmt: skip
+    plain = await agents.start(
+        "join",
+        "--controlplane",
+        f"grpc://127.0.0.1:{server.port}",
+        "--state-dir",
+        str(tmp_path / "three"),
+        token=await server.join_token(),
+    )
     assert await agents.exit_code(plain) == 2
     assert "TLS only" in agents.log(plain)
     assert "--insecure" in agents.log(plain)

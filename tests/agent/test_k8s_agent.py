@@ -113,8 +113,9 @@ async def cluster_join_token(server: AgentServer) -> str:
 
 
 async def joined(server: AgentServer) -> AgentCredential:
-    credential = await join(server.url, await cluster_join_token(server), ca_pem=None, insecure=True,
-                            stop=asyncio.Event())  # fmt: skip
+    credential = await join(
+        server.url, await cluster_join_token(server), ca_pem=None, insecure=True, stop=asyncio.Event()
+    )
     assert credential is not None
     return credential
 
@@ -155,8 +156,9 @@ async def running_agent(
     async def ready(agent: Agent) -> None:
         made.append(agent)
 
-    mode = KubernetesMode(NAMESPACE, api_client_factory=partial(kubeconfig_client, str(kubeconfig)),
-                          share_namespace=share_namespace)  # fmt: skip
+    mode = KubernetesMode(
+        NAMESPACE, api_client_factory=partial(kubeconfig_client, str(kubeconfig)), share_namespace=share_namespace
+    )
     task = asyncio.create_task(run_agent(credential, stop, kubernetes=mode, poll_s=poll_s, on_ready=ready))
     try:
         yield task, made
@@ -183,9 +185,16 @@ class Agents:
         log = self.tmp_path / f"agent-{len(self.started)}.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "levers9", "agent", *args,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "levers9",
+                "agent",
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=env,
+            )
         self.started.append((process, log))
         return process
 
@@ -234,8 +243,11 @@ async def test_join_keeps_the_credential_in_a_secret_and_a_restarted_agent_spend
     assert agent_id.startswith("agt_")
     assert saved["token"].startswith("l9_agent_")
     assert (saved["provider"], saved["labels"], saved["controlplane"], saved["insecure"]) == (
-        "attached_cluster", LABELS, server.url, True
-    )  # fmt: skip
+        "attached_cluster",
+        LABELS,
+        server.url,
+        True,
+    )
     assert secret["immutable"] is True
     assert MACHINE_LABEL not in secret["metadata"]["labels"]  # never taken for a worker's Secret
     capacity = await connected(server, agent_id)
@@ -297,20 +309,29 @@ async def test_options_of_the_other_mode_and_a_missing_namespace_are_refused_by_
     agents: Agents, kubeconfig: Path
 ) -> None:
     cases = [
-        (("run", "--kubernetes", "--kubeconfig", str(kubeconfig)), "--namespace is needed: this process does not "
-         "run in a pod"),
+        (
+            ("run", "--kubernetes", "--kubeconfig", str(kubeconfig)),
+            "--namespace is needed: this process does not run in a pod",
+        ),
         (("run", "--namespace", NAMESPACE), "Kubernetes mode's options (--namespace) need --kubernetes"),
         (("run", "--share-namespace"), "Kubernetes mode's options (--share-namespace) need --kubernetes"),
-        (("run", "--allow-privileged", "--context", "fake"), "Kubernetes mode's options (--context, --allow-privileged) need"),
-        (("run", "--kubernetes", "--namespace", NAMESPACE, "--state-dir", "/tmp/x"), "a machine's agent's "
-         "options (--state-dir) do not apply in Kubernetes mode"),
+        (
+            ("run", "--allow-privileged", "--context", "fake"),
+            "Kubernetes mode's options (--context, --allow-privileged) need",
+        ),
+        (
+            ("run", "--kubernetes", "--namespace", NAMESPACE, "--state-dir", "/tmp/x"),
+            "a machine's agent's options (--state-dir) do not apply in Kubernetes mode",
+        ),
         (("run", "--kubernetes", "--namespace", "Not_A_Namespace"), "is not a namespace name"),
         (("run", "--kubernetes", "--namespace", NAMESPACE, "--context", "fake"), "give --kubeconfig FILE"),
-        (("run", "--kubernetes", "--namespace", NAMESPACE, "--kubeconfig", "/nonexistent/kubeconfig"),
-         "--kubeconfig /nonexistent/kubeconfig: no such file"),
+        (
+            ("run", "--kubernetes", "--namespace", NAMESPACE, "--kubeconfig", "/nonexistent/kubeconfig"),
+            "--kubeconfig /nonexistent/kubeconfig: no such file",
+        ),
         (("run", "--poll-s", "0"), "--poll-s must be a number of seconds above 0"),
         (("run", "--poll-s", "inf"), "--poll-s must be a number of seconds above 0"),
-    ]  # fmt: skip
+    ]
     for args, said in cases:
         process = await agents.start(*args)
         assert await agents.exit_code(process) == 2, args
@@ -340,8 +361,12 @@ async def test_orders_create_and_delete_jobs_and_each_is_reported_at_once(
 
         ack = await server.send(agent_id, "provision", order)
         [job] = cluster.objects("jobs", NAMESPACE)
-        assert ack.result == {"machine_id": machine_id, "job": job_name(machine_id), "namespace": NAMESPACE,
-                              "uid": job["metadata"]["uid"]}  # fmt: skip
+        assert ack.result == {
+            "machine_id": machine_id,
+            "job": job_name(machine_id),
+            "namespace": NAMESPACE,
+            "uid": job["metadata"]["uid"],
+        }
         assert worker_objects(cluster) == [f"jobs {job_name(machine_id)}", f"secrets {secret_name(machine_id)}"]
 
         def reported(machine_ids: list[str]) -> bool:
@@ -353,8 +378,10 @@ async def test_orders_create_and_delete_jobs_and_each_is_reported_at_once(
         assert len(server.said.inventories(agent_id)) > first
 
         # the GPU node's only L4 is the worker's: a second GPU worker has no room
-        await eventually(lambda: any(p.get("status", {}).get("phase") == "Running" for p in cluster.pods(NAMESPACE)),
-                         "the worker's pod running")  # fmt: skip
+        await eventually(
+            lambda: any(p.get("status", {}).get("phase") == "Running" for p in cluster.pods(NAMESPACE)),
+            "the worker's pod running",
+        )
         with pytest.raises(InsufficientCapacity, match="no node has room for the worker's pod"):
             await server.send(agent_id, "provision", make_order())
         assert len(cluster.objects("jobs", NAMESPACE)) == 1

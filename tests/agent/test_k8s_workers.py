@@ -126,10 +126,12 @@ def make_order(*, gpu: bool = True, machine_id: str | None = None, **bootstrap: 
         settings=settings,
     )
     offer = (
-        GpuOffer(gpu="L4", gpu_count=1, gpu_memory_mib=23034, instance_type=L4_LABEL,
-                 availability=Availability.AVAILABLE)
-        if gpu else None
-    )  # fmt: skip
+        GpuOffer(
+            gpu="L4", gpu_count=1, gpu_memory_mib=23034, instance_type=L4_LABEL, availability=Availability.AVAILABLE
+        )
+        if gpu
+        else None
+    )
     request = provision_request(pool, offer, machine_id, **bootstrap)
     job = job_manifest(request, settings)
     job["spec"]["template"]["spec"]["containers"][0]["command"] = ["sleep", "300"]
@@ -428,16 +430,26 @@ def test_a_secret_that_cannot_be_created_takes_its_job_with_it(
 @pytest.mark.parametrize(
     ("status", "reason", "message", "kind"),
     [
-        (403, "Forbidden", 'jobs.batch "x" is forbidden: exceeded quota: q, requested: count/jobs.batch=1', "quota_exceeded"),
+        (
+            403,
+            "Forbidden",
+            'jobs.batch "x" is forbidden: exceeded quota: q, requested: count/jobs.batch=1',
+            "quota_exceeded",
+        ),
         (403, "Forbidden", 'User "u" cannot create resource "jobs" in API group "batch"', "permission_denied"),
-        (422, "Invalid", 'Job.batch "x" is invalid: spec.template.spec.containers[0].image: Required value', "invalid_request"),
+        (
+            422,
+            "Invalid",
+            'Job.batch "x" is invalid: spec.template.spec.containers[0].image: Required value',
+            "invalid_request",
+        ),
         (400, "BadRequest", "the body of the request was in an unknown format", "invalid_request"),
         (404, "NotFound", 'namespaces "levers9" not found', "invalid_request"),
         (429, "TooManyRequests", "the server has received too many requests", "throttled"),
         (503, "ServiceUnavailable", "the server is currently unable to handle the request", "throttled"),
     ],
     ids=["quota", "rbac", "invalid", "bad-request", "no-namespace", "too-many", "unavailable"],
-)  # fmt: skip
+)
 def test_api_errors_on_create_become_the_kinds_the_controlplane_maps(
     workers: K8sWorkers, cluster: FakeCluster, status: int, reason: str, message: str, kind: str
 ) -> None:
@@ -616,8 +628,11 @@ def test_a_cordoned_node_and_a_gpu_of_no_known_type_count_no_free_room(
     workers: K8sWorkers, cluster: FakeCluster
 ) -> None:
     cluster.add_node("cordoned", allocatable={"cpu": "2", "memory": "4Gi"}, unschedulable=True)
-    cluster.add_node("mystery", labels={"nvidia.com/gpu.product": "Some-Future-GPU"},
-                     allocatable={"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "2"})  # fmt: skip
+    cluster.add_node(
+        "mystery",
+        labels={"nvidia.com/gpu.product": "Some-Future-GPU"},
+        allocatable={"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "2"},
+    )
     details = workers.inventory_details()
     inventory = build_k8s_inventory(AGENT, details, gpu_type=from_k8s_labels)
     assert inventory.cpu_millicores == 7840 + 4000
@@ -674,7 +689,9 @@ def test_another_owners_jobs_are_not_listed_adopted_nor_deleted(
     local.provision(theirs)
     [job] = [j for j in cluster.objects("jobs", NAMESPACE) if j["metadata"]["name"] == job_name(order["machine_id"])]
     labels = [job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]]
-    [secret] = [s for s in cluster.objects("secrets", NAMESPACE) if s["metadata"]["name"] == secret_name(order["machine_id"])]  # fmt: skip
+    [secret] = [
+        s for s in cluster.objects("secrets", NAMESPACE) if s["metadata"]["name"] == secret_name(order["machine_id"])
+    ]
     assert {lab[OWNER_LABEL] for lab in [*labels, secret["metadata"]["labels"]]} == {"lab.0a1b2c3d"}
     assert [w.machine_id for w in mine.workers()] == [order["machine_id"]]
     assert mine.others() == [f"Job {job_name(theirs['machine_id'])} of levers9 pool 'cpu'"]
@@ -684,8 +701,13 @@ def test_another_owners_jobs_are_not_listed_adopted_nor_deleted(
     assert "is not this agent's: it belongs to levers9 pool 'cpu'; it is left alone" in str(error)
     assert mine.terminate({"machine_id": theirs["machine_id"]})["deleted"] == []
     assert mine.remove_mine() == [order["machine_id"]]
-    wait_for(lambda: [w.machine_id for w in local.workers()] == [theirs["machine_id"]] and len(
-        cluster.objects("jobs", NAMESPACE)) == 1, "only the other owner's Job left")  # fmt: skip
+    wait_for(
+        lambda: (
+            [w.machine_id for w in local.workers()] == [theirs["machine_id"]]
+            and len(cluster.objects("jobs", NAMESPACE)) == 1
+        ),
+        "only the other owner's Job left",
+    )
     assert local.others() == []
     assert local.remove_mine() == [theirs["machine_id"]]
 
@@ -695,9 +717,15 @@ def test_without_the_right_to_list_every_pod_room_counts_the_namespaces_pods(
 ) -> None:
     """The manifest's ClusterRole lists nodes only: the agent then reads its own namespace's pods for room (before:
     every inventory and provision was refused, permission_denied)."""
-    cluster.fail("GET", r"^/api/v1/pods$", 403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:'
-                 'levers9:levers9-agent" cannot list resource "pods" in API group "" at the cluster scope',
-                 times=None)  # fmt: skip
+    cluster.fail(
+        "GET",
+        r"^/api/v1/pods$",
+        403,
+        "Forbidden",
+        'pods is forbidden: User "system:serviceaccount:'
+        'levers9:levers9-agent" cannot list resource "pods" in API group "" at the cluster scope',
+        times=None,
+    )
     details = workers.inventory_details()
     assert [n["metadata"]["name"] for n in details["nodes"]] == sorted([CPU_NODE, GPU_NODE])
     order = make_order()

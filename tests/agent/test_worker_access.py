@@ -21,10 +21,20 @@ from tests.fixtures.dockerd import Dockerd
 
 def order(machine_id: str, image: str, **fields: Any) -> dict[str, Any]:
     return {
-        "machine_id": machine_id, "pool": "box", "workspace": None, "image": image, "command": ["sleep", "600"],
-        "env": {"LEVERS9_WORKER_STATE_DIR": "/elsewhere"}, "secret_env": {}, "cpu_millicores": 0, "memory_mib": 0,
-        "gpu": None, "gpu_count": 0, "network_mode": "host", "gpu_runtime": None,
-    } | fields  # fmt: skip
+        "machine_id": machine_id,
+        "pool": "box",
+        "workspace": None,
+        "image": image,
+        "command": ["sleep", "600"],
+        "env": {"LEVERS9_WORKER_STATE_DIR": "/elsewhere"},
+        "secret_env": {},
+        "cpu_millicores": 0,
+        "memory_mib": 0,
+        "gpu": None,
+        "gpu_count": 0,
+        "network_mode": "host",
+        "gpu_runtime": None,
+    } | fields
 
 
 @pytest.fixture
@@ -76,10 +86,13 @@ def test_an_oci_worker_gets_what_runc_needs_and_its_volume_goes_with_it(
         True,
         False,
     )
-    assert sorted(host["Binds"]) == sorted([
-        "l9w-mach_oci-state:/var/lib/levers9:rw", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "/run/levers9/network:/run/levers9/network:rw",
-    ])  # fmt: skip
+    assert sorted(host["Binds"]) == sorted(
+        [
+            "l9w-mach_oci-state:/var/lib/levers9:rw",
+            "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+            "/run/levers9/network:/run/levers9/network:rw",
+        ]
+    )
     # FUSE, which its worker mounts volumes with
     devices = [(d["PathOnHost"], d["PathInContainer"], d["CgroupPermissions"]) for d in host["Devices"]]
     assert devices == [("/dev/fuse", "/dev/fuse", "rwm")], host["Devices"]

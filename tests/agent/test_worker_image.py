@@ -41,9 +41,17 @@ MIB = 2**20
 #: what a container of the image needs to run runc and runsc containers, found enough here (no --privileged:
 #: this machine's own bounding set lacks CAP_SYS_RESOURCE, which --privileged asks for)
 RUNTIME_FLAGS = (
-    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_PTRACE",
-    "--security-opt", "seccomp=unconfined", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-)  # fmt: skip
+    "--cap-add",
+    "SYS_ADMIN",
+    "--cap-add",
+    "NET_ADMIN",
+    "--cap-add",
+    "SYS_PTRACE",
+    "--security-opt",
+    "seccomp=unconfined",
+    "-v",
+    "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+)
 #: a bundle whose root is the image's own /usr, run under runc, then under runsc (gVisor's ptrace platform)
 NESTED = """
 set -e
@@ -114,15 +122,25 @@ def test_the_image_carries_this_machines_runc_runsc_ip_and_iptables(
     dockerd: Dockerd, worker_image: BuildResult
 ) -> None:
     shown = dockerd.cli(
-        "run", "--rm", worker_image.tag, "sh", "-c",
+        "run",
+        "--rm",
+        worker_image.tag,
+        "sh",
+        "-c",
         "for t in runc runsc iptables ip; do command -v $t; done; runc --version; runsc --version; iptables --version",
-    )  # fmt: skip
+    )
     lines = shown.stdout.splitlines()
     assert lines[:4] == ["/usr/sbin/runc", "/usr/bin/runsc", "/usr/sbin/iptables", "/usr/sbin/ip"]
     for tool in ("runc", "runsc", "iptables"):
         assert _first_line([tool, "--version"]) in lines, f"the image's {tool} is not this machine's"
-    listed = dockerd.cli("run", "--rm", worker_image.tag, "python3", "-c",
-                         "import json, os; print(json.dumps(os.listdir('/usr/lib/x86_64-linux-gnu/xtables')))")  # fmt: skip
+    listed = dockerd.cli(
+        "run",
+        "--rm",
+        worker_image.tag,
+        "python3",
+        "-c",
+        "import json, os; print(json.dumps(os.listdir('/usr/lib/x86_64-linux-gnu/xtables')))",
+    )
     assert {"libxt_conntrack.so", "libxt_tcp.so", "libxt_standard.so"} <= set(json.loads(listed.stdout))
 
 
@@ -147,19 +165,45 @@ wait
 
 
 def test_volumes_mount_with_fuse_inside_a_container_of_the_image(dockerd: Dockerd, worker_image: BuildResult) -> None:
-    done = dockerd.cli("run", "--rm", *RUNTIME_FLAGS, "--device", "/dev/fuse", worker_image.tag, "sh", "-c",
-                       FUSE_MOUNTS, check=False, timeout=300)  # fmt: skip
+    done = dockerd.cli(
+        "run",
+        "--rm",
+        *RUNTIME_FLAGS,
+        "--device",
+        "/dev/fuse",
+        worker_image.tag,
+        "sh",
+        "-c",
+        FUSE_MOUNTS,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.splitlines() == [
-        "/usr/local/bin/juicefs", "/usr/bin/rclone", "/usr/bin/fusermount3", "through juicefs", "through rclone",
-    ]  # fmt: skip
+        "/usr/local/bin/juicefs",
+        "/usr/bin/rclone",
+        "/usr/bin/fusermount3",
+        "through juicefs",
+        "through rclone",
+    ]
 
 
 def test_runc_and_runsc_run_containers_inside_a_container_of_the_image(
     dockerd: Dockerd, worker_image: BuildResult
 ) -> None:
-    done = dockerd.cli("run", "--rm", *RUNTIME_FLAGS, "--network", "host", worker_image.tag, "sh", "-c", NESTED,
-                       check=False, timeout=300)  # fmt: skip
+    done = dockerd.cli(
+        "run",
+        "--rm",
+        *RUNTIME_FLAGS,
+        "--network",
+        "host",
+        worker_image.tag,
+        "sh",
+        "-c",
+        NESTED,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.splitlines() == ["nested", "ran under runc", "nested", "ran under runsc"]
 
@@ -170,8 +214,21 @@ def test_the_host_guard_rules_load_inside_a_container_of_the_image(dockerd: Dock
         "ip link add l9test0 type bridge && python3 -c 'from levers9.engine import host_guard as g; "
         'g.guard("l9test0"); print(g.is_guarded("l9test0"))\' && iptables -w -S'
     )
-    done = dockerd.cli("run", "--rm", "--network", "none", "--cap-add", "NET_ADMIN", "--security-opt",
-                       "systempaths=unconfined", worker_image.tag, "sh", "-c", guard, check=False)  # fmt: skip
+    done = dockerd.cli(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--cap-add",
+        "NET_ADMIN",
+        "--security-opt",
+        "systempaths=unconfined",
+        worker_image.tag,
+        "sh",
+        "-c",
+        guard,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == "True"
     assert "-A L9IN-l9test0 -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN" in done.stdout
@@ -187,10 +244,23 @@ def test_building_again_with_nothing_changed_reuses_the_image(
     first = build_image(dockerd.host, None, worker_image_cache)
     images_before = dockerd.cli("images", "-aq", "--no-trunc").stdout.split()
     done = subprocess.run(
-        [sys.executable, "-m", "levers9", "worker-image", "build", "--docker-host", dockerd.host, "--json",
-         "--cache-dir", str(worker_image_cache)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "worker-image",
+            "build",
+            "--docker-host",
+            dockerd.host,
+            "--json",
+            "--cache-dir",
+            str(worker_image_cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     again = json.loads(done.stdout)
     print(f"rebuild with nothing changed: {again['seconds']} s (reused: {again['reused']})")
@@ -202,8 +272,11 @@ def test_building_again_with_nothing_changed_reuses_the_image(
 def test_an_unreachable_docker_is_named() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "levers9", "worker-image", "build", "--docker-host", "unix:///nonexistent/docker.sock"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 1
     assert "cannot reach Docker at unix:///nonexistent/docker.sock" in done.stderr
     assert done.stdout == ""
@@ -217,9 +290,23 @@ def test_the_tarball_on_standard_output_loads_with_docker_import(
     tarball = tmp_path / "rootfs.tar"
     with tarball.open("wb") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "levers9", "worker-image", "build", "--output", "-", "--cache-dir", str(worker_image_cache)],
-            stdout=out, stderr=subprocess.PIPE, text=False, timeout=600, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "levers9",
+                "worker-image",
+                "build",
+                "--output",
+                "-",
+                "--cache-dir",
+                str(worker_image_cache),
+            ],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=False,
+            timeout=600,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert "docker import" in done.stderr.decode()
     tag = f"levers9-test/shipped:{uuid.uuid4().hex[:8]}"

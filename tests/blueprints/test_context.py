@@ -36,8 +36,14 @@ def test_the_tar_is_sorted_owned_by_nobody_in_particular_and_dated_zero(tmp_path
     files = LocalFiles("test", (("pkg", pkg),))
     members = _members(files.tar())
     assert [m.name for m in members] == [
-        "pkg", "pkg/a.py", "pkg/away", "pkg/b.py", "pkg/link", "pkg/sub", "pkg/sub/run.sh",
-    ]  # fmt: skip
+        "pkg",
+        "pkg/a.py",
+        "pkg/away",
+        "pkg/b.py",
+        "pkg/link",
+        "pkg/sub",
+        "pkg/sub/run.sh",
+    ]
     for m in members:
         assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
     by_name = {m.name: m for m in members}
@@ -78,9 +84,11 @@ def test_names_place_files_and_imply_their_parents(tmp_path: Path) -> None:
     files = LocalFiles("test", (("deep/er/renamed", tmp_path / "one"), ("top", tmp_path / "two")))
     members = _members(files.tar())
     assert [(m.name, m.type) for m in members] == [
-        ("deep", tarfile.DIRTYPE), ("deep/er", tarfile.DIRTYPE), ("deep/er/renamed", tarfile.REGTYPE),
+        ("deep", tarfile.DIRTYPE),
+        ("deep/er", tarfile.DIRTYPE),
+        ("deep/er/renamed", tarfile.REGTYPE),
         ("top", tarfile.REGTYPE),
-    ]  # fmt: skip
+    ]
     assert members[0].mode == 0o755
 
 

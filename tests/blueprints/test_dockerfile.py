@@ -82,8 +82,11 @@ def test_workdir_relative_to_the_one_before() -> None:
     text = FROM + "WORKDIR /srv\nWORKDIR app\nWORKDIR ../other/./x\nENV D=/opt\nWORKDIR $D/y\n"
     steps = _parse(text)
     assert [s.args for s in steps if isinstance(s, Step) and s.op == "workdir"] == [
-        ("/srv",), ("/srv/app",), ("/srv/other/x",), ("/opt/y",),
-    ]  # fmt: skip
+        ("/srv",),
+        ("/srv/app",),
+        ("/srv/other/x",),
+        ("/opt/y",),
+    ]
 
 
 def test_copy_a_directory_a_file_renamed_a_glob_and_relative_to_the_workdir(tmp_path: Path) -> None:
@@ -103,8 +106,10 @@ def test_copy_a_directory_a_file_renamed_a_glob_and_relative_to_the_workdir(tmp_
     assert _copy_names(steps[1]) == ("/app", ["main.py", "pkg", "pkg/m.py"], {"main.py": b"main", "pkg/m.py": b"m"})
     assert _copy_names(steps[2]) == ("/etc", ["renamed.conf"], {"renamed.conf": b"a"})
     assert _copy_names(steps[3]) == (
-        "/app/data", [".hidden.txt", "a.txt"], {".hidden.txt": b"h", "a.txt": b"a"},
-    )  # fmt: skip
+        "/app/data",
+        [".hidden.txt", "a.txt"],
+        {".hidden.txt": b"h", "a.txt": b"a"},
+    )
     assert _copy_names(steps[4]) == ("/multi", ["a.txt", "main.py"], {"a.txt": b"a", "main.py": b"main"})
     for step in steps[1:]:
         assert isinstance(step, LocalCopy)
@@ -112,10 +117,20 @@ def test_copy_a_directory_a_file_renamed_a_glob_and_relative_to_the_workdir(tmp_
 
 
 REFUSED = [
-    "ADD a.tar /", "ARG VERSION=1", "CMD [\"python\"]", "ENTRYPOINT [\"python\"]", "USER nobody", "EXPOSE 80",
-    "VOLUME /data", "LABEL a=b", "HEALTHCHECK NONE", "ONBUILD RUN true", "SHELL [\"/bin/bash\", \"-c\"]",
-    "STOPSIGNAL SIGTERM", "MAINTAINER me",
-]  # fmt: skip
+    "ADD a.tar /",
+    "ARG VERSION=1",
+    'CMD ["python"]',
+    'ENTRYPOINT ["python"]',
+    "USER nobody",
+    "EXPOSE 80",
+    "VOLUME /data",
+    "LABEL a=b",
+    "HEALTHCHECK NONE",
+    "ONBUILD RUN true",
+    'SHELL ["/bin/bash", "-c"]',
+    "STOPSIGNAL SIGTERM",
+    "MAINTAINER me",
+]
 
 
 @pytest.mark.parametrize("line", REFUSED)

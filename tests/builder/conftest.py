@@ -102,8 +102,11 @@ async def box(request: pytest.FixtureRequest, tmp_path: Path, image_cache: Path)
     subnet = f"10.{210 + secrets.randbelow(40)}.{secrets.randbelow(250)}.0/24"
     settings = hooks.runtime_settings_model(name)
     assert settings is not None
-    runtime = RuntimeContext(name=name, settings=settings(bridge=bridge, subnet=subnet, image_cache=str(image_cache)),
-                             state_dir=str(tmp_path / name))  # fmt: skip
+    runtime = RuntimeContext(
+        name=name,
+        settings=settings(bridge=bridge, subnet=subnet, image_cache=str(image_cache)),
+        state_dir=str(tmp_path / name),
+    )
     made = Box(hooks, runtime, ImageStore(image_cache), bridge, tmp_path / name)
     try:
         yield made

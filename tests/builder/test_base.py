@@ -212,14 +212,25 @@ def test_the_base_unpacks_as_a_layer_and_runs_its_python(debian_base: BaseLayer,
             "import json, ssl, sys, venv; print(json.dumps({'v': list(sys.version_info[:2]), "
             "'cas': ssl.create_default_context().cert_store_stats()['x509_ca']}))"
         )
-        ran = subprocess.run([CHROOT, str(root), "/usr/bin/python3", "-c", probe],
-                             capture_output=True, text=True, timeout=60, check=False, env={"LANG": "C.UTF-8"})  # fmt: skip
+        ran = subprocess.run(
+            [CHROOT, str(root), "/usr/bin/python3", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={"LANG": "C.UTF-8"},
+        )
         assert ran.returncode == 0, ran.stderr
         seen = json.loads(ran.stdout)
         assert seen["v"] == [3, 11]
         assert seen["cas"] > 0
-        pip = subprocess.run([CHROOT, str(root), "/usr/bin/python3", "-m", "pip", "--version"],
-                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        pip = subprocess.run(
+            [CHROOT, str(root), "/usr/bin/python3", "-m", "pip", "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert pip.returncode == 0, pip.stderr
         assert "python 3.11" in pip.stdout
     finally:

@@ -62,9 +62,19 @@ async def build(
     secrets: dict[str, str] | None = None,
     pip: PipSettings | None = None,
 ) -> BuildResult:
-    return await run_build(spec, hooks=box.hooks, runtime=box.runtime, store=box.store, base=base, cached=cached or {},
-                           secrets=secrets or {}, content=content or (lambda d: Path("/nonexistent")),
-                           on_event=events.append, out_dir=out, pip=pip)  # fmt: skip
+    return await run_build(
+        spec,
+        hooks=box.hooks,
+        runtime=box.runtime,
+        store=box.store,
+        base=base,
+        cached=cached or {},
+        secrets=secrets or {},
+        content=content or (lambda d: Path("/nonexistent")),
+        on_event=events.append,
+        out_dir=out,
+        pip=pip,
+    )
 
 
 async def run_image(box: Box, layout: Path, script: str) -> tuple[int | None, str]:
@@ -73,8 +83,9 @@ async def run_image(box: Box, layout: Path, script: str) -> tuple[int | None, st
     box.extra.append(cid)
     # the engine starts a container in the spec's working directory: a worker passes the image's
     workdir = box.store.resolve(str(layout)).config.workdir or "/"
-    spec = ContainerSpec(container_id=cid, image=str(layout), command=["/bin/sh", "-c", script], network="none",
-                         workdir=workdir)  # fmt: skip
+    spec = ContainerSpec(
+        container_id=cid, image=str(layout), command=["/bin/sh", "-c", script], network="none", workdir=workdir
+    )
     prepared = await box.hooks.container_prepare(box.runtime, spec)
     await box.hooks.container_start(box.runtime, prepared)
     deadline = time.monotonic() + 120
@@ -121,8 +132,15 @@ async def test_a_blueprint_builds_runs_and_rebuilds_only_what_changed(
         Step("run", ("echo one > /last",)),
     )
     events: list[BuildEvent] = []
-    first = await build(box, base, BuildSpec(BASE, steps), tmp_path / "one", events=events, content=contents,
-                        secrets={"API_TOKEN": token})  # fmt: skip
+    first = await build(
+        box,
+        base,
+        BuildSpec(BASE, steps),
+        tmp_path / "one",
+        events=events,
+        content=contents,
+        secrets={"API_TOKEN": token},
+    )
     assert first.ran == (1, 2, 3, 4, 5, 6, 7)
     assert first.cached == ()
     assert kinds(events, "start") == [1, 2, 3, 4, 5, 6, 7]
@@ -132,8 +150,11 @@ async def test_a_blueprint_builds_runs_and_rebuilds_only_what_changed(
     assert first.missing_blobs == ()
 
     # the layout is an OCI image skopeo and the image store both read
-    inspected = json.loads(subprocess.run(["skopeo", "inspect", f"oci:{first.layout}"], capture_output=True, text=True,
-                                          check=True, timeout=60).stdout)  # fmt: skip
+    inspected = json.loads(
+        subprocess.run(
+            ["skopeo", "inspect", f"oci:{first.layout}"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+    )
     assert inspected["Digest"] == first.manifest_digest
     assert "GREETING=hello" in inspected["Env"]
     resolved = box.store.resolve(str(first.layout))
@@ -141,10 +162,14 @@ async def test_a_blueprint_builds_runs_and_rebuilds_only_what_changed(
     assert len(resolved.layers) == len(base.layers) + 5
 
     # a container of the image has it all, and not the deleted base file
-    code, output = await run_image(box, first.layout, (
-        "jq --version && python3 -c 'import six, mypkg; print(mypkg.VALUE)' && cat /built /last "
-        '&& test ! -e /etc/debian_version && echo "$GREETING from $(pwd)" && echo "[$API_TOKEN]"'
-    ))  # fmt: skip
+    code, output = await run_image(
+        box,
+        first.layout,
+        (
+            "jq --version && python3 -c 'import six, mypkg; print(mypkg.VALUE)' && cat /built /last "
+            '&& test ! -e /etc/debian_version && echo "$GREETING from $(pwd)" && echo "[$API_TOKEN]"'
+        ),
+    )
     assert code == 0, output
     assert output.split("\n")[:6] == ["jq-1.6", "from the local package", "built", "one", "hello from /work", "[]"]
 
@@ -158,8 +183,16 @@ async def test_a_blueprint_builds_runs_and_rebuilds_only_what_changed(
     # the last step changed: only it runs again
     changed = (*steps[:-1], Step("run", ("echo two > /last",)))
     again: list[BuildEvent] = []
-    second = await build(box, base, BuildSpec(BASE, changed), tmp_path / "two", events=again, content=contents,
-                         secrets={"API_TOKEN": token}, cached={r.key: r for r in first.steps})  # fmt: skip
+    second = await build(
+        box,
+        base,
+        BuildSpec(BASE, changed),
+        tmp_path / "two",
+        events=again,
+        content=contents,
+        secrets={"API_TOKEN": token},
+        cached={r.key: r for r in first.steps},
+    )
     assert (second.ran, second.cached) == ((7,), (1, 2, 3, 4, 5, 6))
     assert kinds(again, "cached") == [1, 2, 3, 4, 5, 6]
     assert kinds(again, "start") == [7]
@@ -174,8 +207,10 @@ async def test_a_failing_step_is_named_with_its_exit_code_and_last_lines(
 ) -> None:
     token = f"tok-{secrets.token_hex(16)}"
     failing = 'for i in $(seq 1 30); do echo "line $i"; done; echo "the token is $TOKEN"; exit 3'
-    spec = BuildSpec(BASE, (Step("env", env=(("A", "1"),)), Step("run", (failing,), secrets=("TOKEN",)),
-                            Step("run", ("echo never",))))  # fmt: skip
+    spec = BuildSpec(
+        BASE,
+        (Step("env", env=(("A", "1"),)), Step("run", (failing,), secrets=("TOKEN",)), Step("run", ("echo never",))),
+    )
     events: list[BuildEvent] = []
     with pytest.raises(BuildFailed) as info:
         await build(box, base, spec, tmp_path / "out", events=events, secrets={"TOKEN": token})
@@ -216,8 +251,14 @@ print("index:", urllib.request.urlopen("https://pypi.org/simple/six/", timeout=6
 """
     events: list[BuildEvent] = []
     try:
-        result = await build(box, base, BuildSpec(BASE, (Step("run", (f"python3 - <<'EOF'\n{probe}\nEOF",)),)),
-                             tmp_path / "out", events=events, pip=pip_settings())  # fmt: skip
+        result = await build(
+            box,
+            base,
+            BuildSpec(BASE, (Step("run", (f"python3 - <<'EOF'\n{probe}\nEOF",)),)),
+            tmp_path / "out",
+            events=events,
+            pip=pip_settings(),
+        )
     finally:
         listener.close()
     said = [e.text for e in events if e.kind == "output"]
@@ -235,9 +276,20 @@ async def test_a_cancelled_build_leaves_nothing(box: Box, base: BaseImage, tmp_p
             started.set()
 
     spec = BuildSpec(BASE, (Step("run", ("echo started; sleep 600",)),))
-    task = asyncio.ensure_future(run_build(spec, hooks=box.hooks, runtime=box.runtime, store=box.store, base=base,
-                                           cached={}, secrets={}, content=lambda d: Path("/nonexistent"),
-                                           on_event=on_event, out_dir=tmp_path / "out"))  # fmt: skip
+    task = asyncio.ensure_future(
+        run_build(
+            spec,
+            hooks=box.hooks,
+            runtime=box.runtime,
+            store=box.store,
+            base=base,
+            cached={},
+            secrets={},
+            content=lambda d: Path("/nonexistent"),
+            on_event=on_event,
+            out_dir=tmp_path / "out",
+        )
+    )
     await asyncio.wait_for(started.wait(), 120)
     assert await box.hooks.container_list(box.runtime), "the step's container runs"
     task.cancel()
@@ -250,6 +302,15 @@ async def test_builds_need_a_runtime_that_can_capture(plain_box: Box, base: Base
     from levers9.builder.steps import BuildError
 
     with pytest.raises(BuildError, match="runtime 'process' cannot build images; builds need runc or gvisor"):
-        await run_build(BuildSpec(BASE, (Step("run", ("true",)),)), hooks=plain_box.hooks, runtime=plain_box.runtime,
-                        store=plain_box.store, base=base, cached={}, secrets={}, content=lambda d: Path("/x"),
-                        on_event=lambda e: None, out_dir=tmp_path / "out")  # fmt: skip
+        await run_build(
+            BuildSpec(BASE, (Step("run", ("true",)),)),
+            hooks=plain_box.hooks,
+            runtime=plain_box.runtime,
+            store=plain_box.store,
+            base=base,
+            cached={},
+            secrets={},
+            content=lambda d: Path("/x"),
+            on_event=lambda e: None,
+            out_dir=tmp_path / "out",
+        )

@@ -56,14 +56,23 @@ async def run_to_exit(box: Box, spec: ContainerSpec) -> None:
 
 async def test_hook_changes_of_real_containers(box: Box, base: BaseImage, tmp_path: Path) -> None:
     image = tmp_path / "image"
-    write_layout(image, base.layers, {"architecture": "amd64", "os": "linux", "config": {"Env": list(base.env)}},
-                 with_blobs=False)  # fmt: skip
+    write_layout(
+        image,
+        base.layers,
+        {"architecture": "amd64", "os": "linux", "config": {"Env": list(base.env)}},
+        with_blobs=False,
+    )
     mounted = tmp_path / "mounted"
     mounted.mkdir()
     (mounted / "value").write_text("from the host\n")
     cid = f"t-{secrets.token_hex(6)}"
-    spec = ContainerSpec(container_id=cid, image=str(image), command=["/bin/sh", "-c", SCRIPT], network="none",
-                         mounts=[Mount(source=str(mounted), target="/run/mounted", read_only=True)])  # fmt: skip
+    spec = ContainerSpec(
+        container_id=cid,
+        image=str(image),
+        command=["/bin/sh", "-c", SCRIPT],
+        network="none",
+        mounts=[Mount(source=str(mounted), target="/run/mounted", read_only=True)],
+    )
     box.extra.append(cid)
     with pytest.raises(InvalidRequest, match="unknown"):
         await box.hooks.container_changes(box.runtime, cid, str(tmp_path / "early.tar"))
@@ -101,8 +110,12 @@ async def test_hook_changes_of_real_containers(box: Box, base: BaseImage, tmp_pa
     top = tmp_path / "top"
     from levers9.builder.layout import Layer
 
-    write_layout(top, [*base.layers, Layer(diff_id=diff.diff_id)], {"architecture": "amd64", "os": "linux",
-                 "config": {"Env": list(base.env)}}, with_blobs=False)  # fmt: skip
+    write_layout(
+        top,
+        [*base.layers, Layer(diff_id=diff.diff_id)],
+        {"architecture": "amd64", "os": "linux", "config": {"Env": list(base.env)}},
+        with_blobs=False,
+    )
     # (python rather than ls: the runsc Debian ships answers coreutils' statx with EINVAL)
     check = (
         "import os; assert not os.path.exists('/etc/debian_version'); "
@@ -110,16 +123,21 @@ async def test_hook_changes_of_real_containers(box: Box, base: BaseImage, tmp_pa
     )
     again = f"t-{secrets.token_hex(6)}"
     box.extra.append(again)
-    await run_to_exit(box, ContainerSpec(container_id=again, image=str(top), network="none",
-                                         command=["python3", "-c", check]))  # fmt: skip
+    await run_to_exit(
+        box, ContainerSpec(container_id=again, image=str(top), network="none", command=["python3", "-c", check])
+    )
     listing = (await box.hooks.container_logs(box.runtime, again, 0)).data.decode()
     assert listing.strip() == "1000 1000 ['10quiet']", listing
 
 
 async def test_changes_of_a_running_container_are_refused(box: Box, base: BaseImage, tmp_path: Path) -> None:
     image = tmp_path / "image"
-    write_layout(image, base.layers, {"architecture": "amd64", "os": "linux", "config": {"Env": list(base.env)}},
-                 with_blobs=False)  # fmt: skip
+    write_layout(
+        image,
+        base.layers,
+        {"architecture": "amd64", "os": "linux", "config": {"Env": list(base.env)}},
+        with_blobs=False,
+    )
     cid = f"t-{secrets.token_hex(6)}"
     box.extra.append(cid)
     spec = ContainerSpec(container_id=cid, image=str(image), command=["sleep", "60"], network="none")

@@ -50,8 +50,11 @@ print(urllib.request.urlopen(sys.argv[1], timeout=60).status)
 
 @pytest.fixture
 async def bridge(tmp_path: Path) -> AsyncIterator[Bridge]:
-    br = Bridge(name=f"l9e{secrets.token_hex(5)}", subnet=f"10.{210 + secrets.randbelow(40)}.{secrets.randbelow(250)}.0/24",
-                state_dir=tmp_path / "net")  # fmt: skip
+    br = Bridge(
+        name=f"l9e{secrets.token_hex(5)}",
+        subnet=f"10.{210 + secrets.randbelow(40)}.{secrets.randbelow(250)}.0/24",
+        state_dir=tmp_path / "net",
+    )
     try:
         yield br
     finally:
@@ -71,9 +74,19 @@ def attach(bridge: Bridge) -> Callable[[], Attachment]:
 async def ask(att: Attachment, host: str, port: int, request: str) -> str:
     """Send ``request`` from inside ``att``'s namespace to ``host:port``; the first line answered."""
     proc = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", att.netns_name, sys.executable, "-c", CLIENT, host, str(port), request,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        "ip",
+        "netns",
+        "exec",
+        att.netns_name,
+        sys.executable,
+        "-c",
+        CLIENT,
+        host,
+        str(port),
+        request,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     return out.decode().strip()
 
@@ -81,9 +94,18 @@ async def ask(att: Attachment, host: str, port: int, request: str) -> str:
 async def fetch(att: Attachment, proxy: EgressProxy, url: str) -> str:
     env = {"PATH": "/usr/bin:/bin", "http_proxy": proxy.url, "https_proxy": proxy.url}
     proc = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", att.netns_name, sys.executable, "-c", FETCH, url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
-    )  # fmt: skip
+        "ip",
+        "netns",
+        "exec",
+        att.netns_name,
+        sys.executable,
+        "-c",
+        FETCH,
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     return out.decode().strip().splitlines()[-1]
 
@@ -184,9 +206,17 @@ async def test_a_plain_http_answer_arrives_whole_and_closes_its_connection(
     payload = secrets.token_bytes(8 << 20)
     (tmp_path / "big").write_bytes(payload)
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(tmp_path), "0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "http.server",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(tmp_path),
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         assert server.stdout is not None
         line = (await asyncio.wait_for(server.stdout.readline(), 30)).decode()
@@ -196,9 +226,18 @@ async def test_a_plain_http_answer_arrives_whole_and_closes_its_connection(
             await proxy.admit(container.ip)
             for _ in range(3):
                 proc = await asyncio.create_subprocess_exec(
-                    "ip", "netns", "exec", container.netns_name, sys.executable, "-c", WHOLE, bridge.gateway,
-                    str(proxy.port), f"http://localhost:{port}/big", stdout=asyncio.subprocess.PIPE,
-                )  # fmt: skip
+                    "ip",
+                    "netns",
+                    "exec",
+                    container.netns_name,
+                    sys.executable,
+                    "-c",
+                    WHOLE,
+                    bridge.gateway,
+                    str(proxy.port),
+                    f"http://localhost:{port}/big",
+                    stdout=asyncio.subprocess.PIPE,
+                )
                 out, _ = await asyncio.wait_for(proc.communicate(), 120)
                 expected = f"200 {len(payload)} {hashlib.sha256(payload).hexdigest()} close"
                 assert out.decode().strip() == expected
@@ -218,11 +257,19 @@ async def test_closing_it_leaves_nothing(bridge: Bridge, attach: Callable[[], At
     assert await reader.read() == b""
     writer.close()
     hold = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", container.netns_name, sys.executable, "-c",
+        "ip",
+        "netns",
+        "exec",
+        container.netns_name,
+        sys.executable,
+        "-c",
         "import socket, sys, time; s = socket.create_connection(sys.argv[1:3] and (sys.argv[1], int(sys.argv[2])));"
         "s.sendall(b'CONNECT pypi.org:443 HTTP/1.1\\r\\n\\r\\n'); print(s.recv(100).split(b'\\r\\n')[0].decode(), flush=True);"
-        "print(repr(s.recv(100)), flush=True)", gw, str(port), stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        "print(repr(s.recv(100)), flush=True)",
+        gw,
+        str(port),
+        stdout=asyncio.subprocess.PIPE,
+    )
     assert hold.stdout is not None
     assert (await asyncio.wait_for(hold.stdout.readline(), 60)).strip() == b"HTTP/1.1 200 Connection established"
     assert proxy.connections == 1

@@ -31,9 +31,13 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarf
 
 def test_a_copy_layer_is_its_files_under_the_destination(tmp_path: Path) -> None:
     source = tmp_path / "files.tar"
-    digest = tar_of(source, (member("pkg", tarfile.DIRTYPE), None), (member("pkg/a.py"), b"A = 1\n"),
-                    (member("pkg/b.py", tarfile.LNKTYPE, "pkg/a.py"), None),
-                    (member("pkg/up", tarfile.SYMTYPE, "../elsewhere"), None))  # fmt: skip
+    digest = tar_of(
+        source,
+        (member("pkg", tarfile.DIRTYPE), None),
+        (member("pkg/a.py"), b"A = 1\n"),
+        (member("pkg/b.py", tarfile.LNKTYPE, "pkg/a.py"), None),
+        (member("pkg/up", tarfile.SYMTYPE, "../elsewhere"), None),
+    )
     copy_layer(source, digest, "/opt/lib", tmp_path / "layer.tar")
     with tarfile.open(tmp_path / "layer.tar") as layer:
         members = {m.name: m for m in layer.getmembers()}

@@ -130,9 +130,15 @@ def test_usable_pools_exit_0_with_a_row_each(cli: Callable[..., Any], tmp_path: 
     rows = table(result.stdout)
     assert list(rows) == ["cpu", "toy"]
     assert list(rows["cpu"]) == [
-        "pool", "provider", "credentials and settings", "runtime", "runtime on this host", "checkpointing",
-        "scheduler now", "usable",
-    ]  # fmt: skip
+        "pool",
+        "provider",
+        "credentials and settings",
+        "runtime",
+        "runtime on this host",
+        "checkpointing",
+        "scheduler now",
+        "usable",
+    ]
     for name, provider in (("cpu", "local"), ("toy", "toycloud")):
         row = rows[name]
         assert (row["provider"], row["runtime"], row["usable"]) == (provider, "process", "yes")
@@ -183,8 +189,11 @@ def test_json_has_one_object_per_pool(cli: Callable[..., Any], tmp_path: Path, i
     assert good["scheduler"]["message"].startswith("no controlplane asked")
     assert bad["usable"] is False
     assert bad["provider_check"] == {
-        "ok": False, "message": "key rejected in eu-2", "hint": "export FAKE_KEY", "warning": False
-    }  # fmt: skip
+        "ok": False,
+        "message": "key rejected in eu-2",
+        "hint": "export FAKE_KEY",
+        "warning": False,
+    }
     assert bad["runtime_check"]["ok"] is True  # the runtime was still asked
 
 
@@ -319,9 +328,11 @@ def test_local_pools_sharing_a_state_dir_are_all_writable_every_run(cli: Callabl
     state = tmp_path / "local-state"
     config = write_config(
         tmp_path,
-        "".join(f"  p{n}:\n    provider: local\n    runtime: process\n    workspace: team\n    settings: {{state_dir: {state}}}\n"
-                for n in range(4)),
-    )  # fmt: skip
+        "".join(
+            f"  p{n}:\n    provider: local\n    runtime: process\n    workspace: team\n    settings: {{state_dir: {state}}}\n"
+            for n in range(4)
+        ),
+    )
     for run in range(4):
         result = cli("check", "--config", str(config), "--json")
         rows = json.loads(result.stdout)
@@ -350,10 +361,26 @@ def test_a_process_pool_of_a_worker_that_cannot_drop_privileges_fails_unless_it_
         config.chmod(0o644)
         env = {"PATH": os.environ["PATH"], "LEVERS9_HOME": str(shared / "home"), "COLUMNS": "300", "NO_COLOR": "1"}
         done = subprocess.run(
-            ["runuser", "-u", "nobody", "--", sys.executable, "-m", "levers9.cli.main", "check", "--config",
-             str(config), "--json"],
-            capture_output=True, text=True, env=env, timeout=120, check=False, cwd=shared,
-        )  # fmt: skip
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                sys.executable,
+                "-m",
+                "levers9.cli.main",
+                "check",
+                "--config",
+                str(config),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+            cwd=shared,
+        )
         assert done.returncode == 1, done.stderr
         rows = {row["pool"]: row for row in json.loads(done.stdout)}
         strict, single = rows["strict"]["runtime_check"], rows["single-user"]["runtime_check"]
@@ -402,12 +429,20 @@ def test_an_agent_machine_pool_is_checked_on_its_joined_machines_not_on_this_hos
             agent = Agent(plane.hub, await agent_join.authenticate_agent(plane.services, identity.token))
             await agent.connect(version=version)
             assert agent.session is not None
-            details = {"docker": {"version": "27.1.1", "runtimes": runtimes, "nvidia": "nvidia" in runtimes},
-                       "arch": "x86_64"}  # fmt: skip
+            details = {
+                "docker": {"version": "27.1.1", "runtimes": runtimes, "nvidia": "nvidia" in runtimes},
+                "arch": "x86_64",
+            }
             await agent.session.inventory(
-                InventoryReport(cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=16000,
-                                free_memory_mib=65536, gpus=(("H100", 2, 2),), details=details)
-            )  # fmt: skip
+                InventoryReport(
+                    cpu_millicores=16000,
+                    memory_mib=65536,
+                    free_cpu_millicores=16000,
+                    free_memory_mib=65536,
+                    gpus=(("H100", 2, 2),),
+                    details=details,
+                )
+            )
             return agent
 
         plane.agents.append(plane.run(join()))
@@ -416,8 +451,10 @@ def test_an_agent_machine_pool_is_checked_on_its_joined_machines_not_on_this_hos
     code, row = lab()
     assert code == 1, row
     [old] = row["runtime_check"]["machines"]
-    assert old["problems"] == [f"its agent is levers9 0.0.9, not {__version__}",
-                               "its Docker has no nvidia runtime (the NVIDIA Container Toolkit)"]  # fmt: skip
+    assert old["problems"] == [
+        f"its agent is levers9 0.0.9, not {__version__}",
+        "its Docker has no nvidia runtime (the NVIDIA Container Toolkit)",
+    ]
     assert "0 of 1 ready" in row["runtime_check"]["message"]
 
     joined("new-box", version=__version__, runtimes=["runc", "nvidia"])

@@ -113,7 +113,12 @@ def test_handshakes_that_cannot_work_are_one_clear_line(
     ca_file = ca.write(tmp_path / "ca.pem")
     wrong_ca = TestCA("another CA").write(tmp_path / "wrong-ca.pem")
     base = {"LEVERS9_TOKEN": TOKEN}
-    assert cli("tasks", env={**base, "LEVERS9_GRPC": f"grpcs://127.0.0.1:{tls_port}", "LEVERS9_CA_FILE": str(ca_file)}).returncode == 0  # fmt: skip
+    assert (
+        cli(
+            "tasks", env={**base, "LEVERS9_GRPC": f"grpcs://127.0.0.1:{tls_port}", "LEVERS9_CA_FILE": str(ca_file)}
+        ).returncode
+        == 0
+    )
 
     wrong = cli(
         "tasks", env={**base, "LEVERS9_GRPC": f"grpcs://127.0.0.1:{tls_port}", "LEVERS9_CA_FILE": str(wrong_ca)}
@@ -124,7 +129,12 @@ def test_handshakes_that_cannot_work_are_one_clear_line(
     assert str(wrong_ca) in line
     assert "$LEVERS9_CA_FILE" in line
     # GRPC_VERBOSITY set by the person wins: the quiet default hides nothing they ask to see
-    env = {**base, "LEVERS9_GRPC": f"grpcs://127.0.0.1:{tls_port}", "LEVERS9_CA_FILE": str(wrong_ca), "GRPC_VERBOSITY": "INFO"}  # fmt: skip
+    env = {
+        **base,
+        "LEVERS9_GRPC": f"grpcs://127.0.0.1:{tls_port}",
+        "LEVERS9_CA_FILE": str(wrong_ca),
+        "GRPC_VERBOSITY": "INFO",
+    }
     assert "Handshake failed" in cli("tasks", env=env).stderr
 
     plain_to_tls = cli("tasks", env={**base, "LEVERS9_GRPC": f"127.0.0.1:{tls_port}"})
@@ -134,7 +144,9 @@ def test_handshakes_that_cannot_work_are_one_clear_line(
         line
     )
 
-    tls_to_plain = cli("tasks", env={**base, "LEVERS9_GRPC": f"grpcs://127.0.0.1:{plain_port}", "LEVERS9_CA_FILE": str(ca_file)})  # fmt: skip
+    tls_to_plain = cli(
+        "tasks", env={**base, "LEVERS9_GRPC": f"grpcs://127.0.0.1:{plain_port}", "LEVERS9_CA_FILE": str(ca_file)}
+    )
     assert tls_to_plain.returncode == 1
     [line] = tls_to_plain.stderr.splitlines()
     assert line.startswith(f"error: 127.0.0.1:{plain_port} speaks plain text, not TLS: use grpc://"), line
@@ -184,7 +196,12 @@ def test_global_options_before_or_after_the_subcommand(
 
 def _global_options_before_or_after_the_subcommand(cli: Cli, tmp_path: Path) -> None:
     save_context(Context(name="down", grpc=f"127.0.0.1:{free_port()}", token=TOKEN))  # the current one
-    for argv in (["-c", "test", "tasks"], ["tasks", "-c", "test"], ["--context=test", "pools"], ["pools", "--context", "test"]):  # fmt: skip
+    for argv in (
+        ["-c", "test", "tasks"],
+        ["tasks", "-c", "test"],
+        ["--context=test", "pools"],
+        ["pools", "--context", "test"],
+    ):
         result = cli(*argv)
         assert result.returncode == 0, (argv, result.stderr)
     bad = tmp_path / "bad.yaml"
@@ -202,8 +219,10 @@ def _global_options_before_or_after_the_subcommand(cli: Cli, tmp_path: Path) -> 
     assert result.stdout.strip() == "['--config', 'mine.yaml']"
 
 
-@pytest.mark.parametrize(("argv", "quiet"), [(["tasks", "--help"], True), (["server", "--help"], False),
-                                             (["--config", "x.yaml", "up", "--help"], False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "quiet"),
+    [(["tasks", "--help"], True), (["server", "--help"], False), (["--config", "x.yaml", "up", "--help"], False)],
+)
 def test_grpc_lines_are_hidden_for_client_commands_only(argv: list[str], quiet: bool) -> None:
     """A daemon keeps gRPC's own lines (its log of failed client handshakes), and so do the workers it starts."""
     program = (

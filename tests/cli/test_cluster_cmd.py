@@ -72,8 +72,23 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
 ) -> None:
     workspace_id = as_team(plane)
     path = tmp_path / "lab.yaml"
-    result = cli("cluster", "join", "lab", "--gpu", "l4", "--image", IMAGE, "--worker-image", WORKER_IMAGE,
-                 "--max-workers", "2", "--output", str(path), "--ttl", "30m")  # fmt: skip
+    result = cli(
+        "cluster",
+        "join",
+        "lab",
+        "--gpu",
+        "l4",
+        "--image",
+        IMAGE,
+        "--worker-image",
+        WORKER_IMAGE,
+        "--max-workers",
+        "2",
+        "--output",
+        str(path),
+        "--ttl",
+        "30m",
+    )
     assert result.returncode == 0, result.stderr
     pool = clusters.pool_name("lab", workspace_id)
     attached, namespace, apply = result.stdout.strip().splitlines()
@@ -95,18 +110,31 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
     assert token not in result.stdout + result.stderr
     assert token not in json.dumps(kinds["Deployment"])  # the pod reads it through a secretKeyRef only
     command = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command == ["levers9", "agent", "join", "--kubernetes", "--namespace", "levers9", "--controlplane",
-                       "grpcs://cp.example:50051"]  # fmt: skip
+    assert command == [
+        "levers9",
+        "agent",
+        "join",
+        "--kubernetes",
+        "--namespace",
+        "levers9",
+        "--controlplane",
+        "grpcs://cp.example:50051",
+    ]
     assert "Namespace" not in kinds
-    assert {o["metadata"].get("namespace") for o in objects if o["kind"] not in ("ClusterRole",
-                                                                                "ClusterRoleBinding")} == {"levers9"}  # fmt: skip
+    assert {
+        o["metadata"].get("namespace") for o in objects if o["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+    } == {"levers9"}
 
     listed = cli("clusters", "--json")
     assert listed.returncode == 0, listed.stderr
     [pending] = json.loads(listed.stdout)
     assert (pending["name"], pending["pool"], pending["gpu"], pending["connected"], pending["nodes"]) == (
-        "lab", pool, "L4", False, 0
-    )  # fmt: skip
+        "lab",
+        pool,
+        "L4",
+        False,
+        0,
+    )
 
     async def join_and_report() -> Agent:
         joined = await agent_join.join(plane.services, token, version="test", hostname="agent-pod")
@@ -114,17 +142,31 @@ def test_join_writes_the_agents_manifest_once_and_clusters_lists_it_live(
         await agent.connect(provider="attached_cluster")
         assert agent.session is not None
         await agent.session.inventory(
-            InventoryReport(cpu_millicores=8000, memory_mib=32768, free_cpu_millicores=6000, free_memory_mib=30000,
-                            gpus=(("L4", 1, 1),), machines=(), details={"nodes": [{"metadata": {"name": "n1"}}]})
-        )  # fmt: skip
+            InventoryReport(
+                cpu_millicores=8000,
+                memory_mib=32768,
+                free_cpu_millicores=6000,
+                free_memory_mib=30000,
+                gpus=(("L4", 1, 1),),
+                machines=(),
+                details={"nodes": [{"metadata": {"name": "n1"}}]},
+            )
+        )
         return agent
 
     plane.agents.append(plane.run(join_and_report()))
     table = cli("clusters")
     assert table.returncode == 0, table.stderr
     header, row = table.stdout.strip().splitlines()
-    assert header.split("\t") == ["name", "pool", "connected", "last heartbeat", "nodes", "GPUs (free/total)",
-                                  "workers"]  # fmt: skip
+    assert header.split("\t") == [
+        "name",
+        "pool",
+        "connected",
+        "last heartbeat",
+        "nodes",
+        "GPUs (free/total)",
+        "workers",
+    ]
     cells = row.split("\t")
     assert cells[:3] == ["lab", pool, "yes"]
     assert cells[4:] == ["1", "1/1 L4", "0"]
@@ -240,9 +282,13 @@ def test_every_kubernetes_call_the_agent_makes_is_granted() -> None:
     named: set[str] = set()
     for path in (REPO / "core/levers9/agent").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                    and node.value.attr in classes and isinstance(node.value.value, ast.Name)
-                    and node.value.value.id == "self"):  # fmt: skip
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr in classes
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "self"
+            ):
                 named.add(f"{classes[node.value.attr]}.{node.attr}")
     assert named, "the agent's Kubernetes calls were not found: has k8s_api.py moved?"
     assert named <= granted, f"called but not granted: {sorted(named - granted)}"

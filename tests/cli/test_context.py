@@ -242,8 +242,12 @@ def test_context_module_imports_only_the_standard_library_and_yaml() -> None:
     }
     # levers9.files (the one atomic write) and levers9.proto.target (address lists) import only the standard library
     allowed = set(sys.stdlib_module_names) | {
-        "__future__", "yaml", "levers9.hooks.errors", "levers9.files", "levers9.proto.target"
-    }  # fmt: skip
+        "__future__",
+        "yaml",
+        "levers9.hooks.errors",
+        "levers9.files",
+        "levers9.proto.target",
+    }
     assert {name for name in imported if name.split(".")[0] not in allowed and name not in allowed} == set()
 
 

@@ -11,8 +11,14 @@ from pathlib import Path
 def _deploy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
     env["LEVERS9_HOME"] = str(tmp_path / "home")
-    return subprocess.run([sys.executable, "-m", "levers9", "deploy", *args], env=env, capture_output=True,
-                          text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "levers9", "deploy", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
 
 
 def test_an_app_without_functions_is_refused(tmp_path: Path) -> None:

@@ -183,8 +183,12 @@ def test_create_prints_the_join_command_once_and_machines_lists_it_live(plane: P
     listed = cli("machines", "--json")
     assert listed.returncode == 0, listed.stderr
     [pending] = json.loads(listed.stdout)
-    assert (pending["name"], pending["pool"], pending["state"], pending["connected"]) == ("box-1", "lab", "pending",
-                                                                                          False)  # fmt: skip
+    assert (pending["name"], pending["pool"], pending["state"], pending["connected"]) == (
+        "box-1",
+        "lab",
+        "pending",
+        False,
+    )
     assert token not in listed.stdout  # the token was shown once
 
     async def join_and_report() -> Agent:
@@ -193,9 +197,15 @@ def test_create_prints_the_join_command_once_and_machines_lists_it_live(plane: P
         await agent.connect()
         assert agent.session is not None
         await agent.session.inventory(
-            InventoryReport(cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=12000, free_memory_mib=60000,
-                            gpus=(("H100", 2, 1),), machines=("mach_1",))
-        )  # fmt: skip
+            InventoryReport(
+                cpu_millicores=16000,
+                memory_mib=65536,
+                free_cpu_millicores=12000,
+                free_memory_mib=60000,
+                gpus=(("H100", 2, 1),),
+                machines=("mach_1",),
+            )
+        )
         plane.keep_beating(agent)
         return agent
 
@@ -289,8 +299,12 @@ def test_machines_lists_those_started_from_providers_for_an_operator(plane: Plan
     assert listed.returncode == 0, listed.stderr
     [running] = json.loads(listed.stdout)
     assert running["kind"] == "provider"
-    assert (running["id"], running["pool"], running["provider"], running["state"]) == (priced, "cpu", "local",
-                                                                                        "running")  # fmt: skip
+    assert (running["id"], running["pool"], running["provider"], running["state"]) == (
+        priced,
+        "cpu",
+        "local",
+        "running",
+    )
     assert (running["instance_type"], running["zone"], running["price_per_hour"]) == ("m7i.large", "us-east-1b", 0.1008)
     everything = json.loads(cli("machines", "--json", "--all").stdout)
     assert {(m["id"], m["state"], m["price_per_hour"]) for m in everything} == {

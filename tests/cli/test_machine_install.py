@@ -348,8 +348,12 @@ def test_the_supervised_agent_joins_outlives_the_session_restarts_and_is_not_dou
     first = _join(sshd, box, dockerd, said, agent_argv=[str(fake)])
     assert first.already_joined is False  # type: ignore[attr-defined]
     assert [line[:5] for line in said if line.endswith("... ok") or "... ok:" in line] == [
-        "[1/6]", "[2/6]", "[3/6]", "[4/6]", "[5/6]",
-    ]  # fmt: skip
+        "[1/6]",
+        "[2/6]",
+        "[3/6]",
+        "[4/6]",
+        "[5/6]",
+    ]
     assert all(TOKEN not in line for line in said)
 
     # the SSH session is closed: the supervisor runs on, and the agent joined with the token from the file
@@ -499,9 +503,17 @@ def test_without_a_join_token_a_box_that_is_not_joined_is_refused(sshd: Sshd, do
     """What ``machine create --ssh`` of an existing machine does on a box that lost (or never had) its credential."""
     said: list[str] = []
     with pytest.raises(SshJoinError, match=r"the box is not joined .* and no join token was given"):
-        join_over_ssh(target_for(sshd), controlplane=CONTROLPLANE, join_token=None, ca_pem=CA_PEM,
-                      docker_host=dockerd.host, echo=said.append, layout=box.layout, agent_argv=[_fake(box)],
-                      is_live=lambda agent_id: True)  # fmt: skip
+        join_over_ssh(
+            target_for(sshd),
+            controlplane=CONTROLPLANE,
+            join_token=None,
+            ca_pem=CA_PEM,
+            docker_host=dockerd.host,
+            echo=said.append,
+            layout=box.layout,
+            agent_argv=[_fake(box)],
+            is_live=lambda agent_id: True,
+        )
     assert box.supervisor_pid() is None
     assert not (box.state / "join-token").exists()
 
@@ -542,8 +554,9 @@ def _box_python(box: Box) -> str:
     """Stands for the box's ``python3``: its ``-m venv`` makes a virtualenv whose python is this interpreter but for
     ``-m pip``, which notes its arguments and installs a stand-in ``levers9`` (of this version) beside it."""
     levers9 = box.root / "levers9-from-wheel"
-    levers9.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "levers9 {__version__}"; exit 0; fi\n'
-                       f'exec {_fake(box)} "$@"\n')  # fmt: skip
+    levers9.write_text(
+        f'#!/bin/sh\nif [ "$1" = --version ]; then echo "levers9 {__version__}"; exit 0; fi\nexec {_fake(box)} "$@"\n'
+    )
     venv_python = box.root / "venv-python"
     venv_python.write_text(
         '#!/bin/sh\nbin=$(dirname "$0")\n'
@@ -576,10 +589,20 @@ def test_where_the_image_cannot_be_sent_the_controlplanes_wheel_is_installed_its
     said: list[str] = []
 
     def join(sha256: str) -> object:
-        return join_over_ssh(target_for(sshd), controlplane=CONTROLPLANE, join_token=TOKEN, ca_pem="",
-                             docker_host=dockerd.host, echo=said.append, layout=box.layout, image_tar=_unsendable,
-                             image_tag="levers9-test/unsendable:1", image_changes=[], wheel=(url, sha256),
-                             python=python)  # fmt: skip
+        return join_over_ssh(
+            target_for(sshd),
+            controlplane=CONTROLPLANE,
+            join_token=TOKEN,
+            ca_pem="",
+            docker_host=dockerd.host,
+            echo=said.append,
+            layout=box.layout,
+            image_tar=_unsendable,
+            image_tag="levers9-test/unsendable:1",
+            image_changes=[],
+            wheel=(url, sha256),
+            python=python,
+        )
 
     with pytest.raises(SshJoinError, match=r"has sha256 [0-9a-f]{64}, not f{64}: not installed"):
         join("f" * 64)
@@ -595,8 +618,15 @@ def test_where_the_image_cannot_be_sent_the_controlplanes_wheel_is_installed_its
     assert any(f"ok: levers9 {__version__} installed from the controlplane's wheel" in line for line in said), said
     wheel = lib / url.rsplit("/", 1)[-1]
     assert wheel.read_bytes() == data
-    assert (lib / "venv" / "pip.log").read_text().split() == ["-m", "pip", "install", "--quiet", "levers9[agent]", "@",
-                                                     f"file://{wheel}"]  # fmt: skip
+    assert (lib / "venv" / "pip.log").read_text().split() == [
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "levers9[agent]",
+        "@",
+        f"file://{wheel}",
+    ]
     assert f"{lib}/venv/bin/levers9 agent join" in Path(box.layout.start_script).read_text()
     wait_until("the agent installed from the wheel joined", lambda: [m for m, _ in box.markers()] == ["join"])
     assert all("levers9==" not in line for line in said)

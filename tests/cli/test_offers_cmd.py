@@ -59,9 +59,17 @@ def test_offers_sorted_by_gpu_then_price(cli: Callable[..., Any], tmp_path: Path
     assert [rows[i]["zone"] for i in (1, 2, 4)] == ["eu-1a", "eu-2a", "eu-9a"]
     fake = rows[1]
     assert fake == {
-        "pool": "fake", "provider": "fakecloud", "gpu": "H100", "count": "1", "instance type": "fake.h100",
-        "region": "eu-1", "zone": "eu-1a", "spot": "yes", "price/h": "2.50", "availability": "limited",
-    }  # fmt: skip
+        "pool": "fake",
+        "provider": "fakecloud",
+        "gpu": "H100",
+        "count": "1",
+        "instance type": "fake.h100",
+        "region": "eu-1",
+        "zone": "eu-1a",
+        "spot": "yes",
+        "price/h": "2.50",
+        "availability": "limited",
+    }
     toy_sold_out = rows[0]
     assert (toy_sold_out["provider"], toy_sold_out["availability"], toy_sold_out["spot"]) == (
         "toycloud",
@@ -80,9 +88,23 @@ def test_gpu_filter_takes_any_spelling(cli: Callable[..., Any], tmp_path: Path) 
         ("toy-h100", "H100", 3.5),
     ]
     assert set(offers[0]) == {
-        "pool", "provider", "gpu", "gpu_count", "gpu_memory_mib", "instance_type", "region", "zone", "spot",
-        "price_per_hour", "availability", "cpu_millicores", "memory_mib", "key", "error", "note",
-    }  # fmt: skip
+        "pool",
+        "provider",
+        "gpu",
+        "gpu_count",
+        "gpu_memory_mib",
+        "instance_type",
+        "region",
+        "zone",
+        "spot",
+        "price_per_hour",
+        "availability",
+        "cpu_millicores",
+        "memory_mib",
+        "key",
+        "error",
+        "note",
+    }
     assert offers[0]["error"] is None
     assert offers[0]["key"].startswith(offers[0]["instance_type"] + "/")
 
@@ -136,8 +158,11 @@ def test_failing_pools_come_last_with_their_error(
     entries = json.loads(result.stdout)
     tail = [(e["pool"], e["error"] is not None, e["note"] is not None, e["gpu"]) for e in entries[-4:]]
     assert sorted(tail) == [
-        ("aws", True, False, None), ("down", True, False, None), ("gone", True, False, None), ("k8s", True, False, None),
-    ]  # fmt: skip
+        ("aws", True, False, None),
+        ("down", True, False, None),
+        ("gone", True, False, None),
+        ("k8s", True, False, None),
+    ]
     assert all(e["error"] is None and e["gpu"] is not None for e in entries[:-4])
     assert "lab" not in {e["pool"] for e in entries}
 

@@ -41,39 +41,70 @@ class LongNames(FakeControlPlane):
         await self._enter("ListTasks", request, context)
         return pb.ListTasksResponse(
             tasks=[
-                pb.Task(id=TASK_IDS[0], function="pipelines.training.fit_transformer_with_lora", status="running",
-                        attempts=1, pool="h100-spot", gpu="H100", worker_id=WORKER_ID, created_at=NOW - 90,
-                        started_at=NOW - 60),
-                pb.Task(id=TASK_IDS[1], function="pipelines.prep.tokenize_the_whole_corpus", status="error",
-                        attempts=3, pool="cpu", worker_id=WORKER_ID, created_at=NOW - 30, started_at=NOW - 20,
-                        finished_at=NOW - 10,
-                        error="RuntimeError: the corpus shard 17 of 64 is missing\n\tat line 3\nTraceback ..."),
+                pb.Task(
+                    id=TASK_IDS[0],
+                    function="pipelines.training.fit_transformer_with_lora",
+                    status="running",
+                    attempts=1,
+                    pool="h100-spot",
+                    gpu="H100",
+                    worker_id=WORKER_ID,
+                    created_at=NOW - 90,
+                    started_at=NOW - 60,
+                ),
+                pb.Task(
+                    id=TASK_IDS[1],
+                    function="pipelines.prep.tokenize_the_whole_corpus",
+                    status="error",
+                    attempts=3,
+                    pool="cpu",
+                    worker_id=WORKER_ID,
+                    created_at=NOW - 30,
+                    started_at=NOW - 20,
+                    finished_at=NOW - 10,
+                    error="RuntimeError: the corpus shard 17 of 64 is missing\n\tat line 3\nTraceback ...",
+                ),
             ]
-        )  # fmt: skip
+        )
 
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Any) -> pb.ListWorkersResponse:
         await self._enter("ListWorkers", request, context)
         return pb.ListWorkersResponse(
             workers=[
-                pb.WorkerSummary(id=WORKER_ID, pool="h100-spot", status="ready", gpu="H100", gpu_total=8,
-                                 gpu_free=6, cpu_millicores=96000, cpu_free=64500, memory_mib=1048576,
-                                 memory_free=524288, running=2, machine_id=MACHINE_ID)
+                pb.WorkerSummary(
+                    id=WORKER_ID,
+                    pool="h100-spot",
+                    status="ready",
+                    gpu="H100",
+                    gpu_total=8,
+                    gpu_free=6,
+                    cpu_millicores=96000,
+                    cpu_free=64500,
+                    memory_mib=1048576,
+                    memory_free=524288,
+                    running=2,
+                    machine_id=MACHINE_ID,
+                )
             ]
-        )  # fmt: skip
+        )
 
     async def ListSecrets(self, request: pb.ListSecretsRequest, context: Any) -> pb.ListSecretsResponse:
         await self._enter("ListSecrets", request, context)
-        return pb.ListSecretsResponse(secrets=[pb.SecretInfo(name="OPENAI_API_KEY", created_at=NOW - 100,
-                                                             updated_at=NOW - 50)])  # fmt: skip
+        return pb.ListSecretsResponse(
+            secrets=[pb.SecretInfo(name="OPENAI_API_KEY", created_at=NOW - 100, updated_at=NOW - 50)]
+        )
 
     async def ListDeployments(self, request: pb.ListDeploymentsRequest, context: Any) -> pb.ListDeploymentsResponse:
         await self._enter("ListDeployments", request, context)
-        versions = [pb.DeploymentVersion(version=1, stub_id="stub-1", created_at=NOW - 200, stopped_at=NOW - 100),
-                    pb.DeploymentVersion(version=2, stub_id="stub-2", created_at=NOW - 100)]  # fmt: skip
+        versions = [
+            pb.DeploymentVersion(version=1, stub_id="stub-1", created_at=NOW - 200, stopped_at=NOW - 100),
+            pb.DeploymentVersion(version=2, stub_id="stub-2", created_at=NOW - 100),
+        ]
         return pb.ListDeploymentsResponse(
-            deployments=[pb.DeploymentInfo(id="dep-1", name="chat", kind="endpoint", active_version=2,
-                                           versions=versions)]
-        )  # fmt: skip
+            deployments=[
+                pb.DeploymentInfo(id="dep-1", name="chat", kind="endpoint", active_version=2, versions=versions)
+            ]
+        )
 
 
 @pytest.fixture
@@ -153,12 +184,47 @@ def test_plugins_at_80_columns_never_splits_a_hook_name(cli: Cli) -> None:
         assert row[4] == (", ".join(h.removeprefix("levers9_") for h in hooks) or "-"), "whole, comma-separated"
 
 
-TASK_KEYS = {"id", "stub_id", "function", "status", "attempts", "worker_id", "pool", "gpu", "error",
-             "created_at", "started_at", "finished_at"}  # fmt: skip
-POOL_KEYS = {"name", "provider", "runtime", "gpu", "gpu_count", "min_workers", "max_workers", "workers", "starting",
-             "unavailable", "isolation"}  # fmt: skip
-WORKER_KEYS = {"id", "pool", "status", "gpu", "gpu_total", "gpu_free", "cpu_millicores", "cpu_free", "memory_mib",
-               "memory_free", "running", "machine_id"}  # fmt: skip
+TASK_KEYS = {
+    "id",
+    "stub_id",
+    "function",
+    "status",
+    "attempts",
+    "worker_id",
+    "pool",
+    "gpu",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+}
+POOL_KEYS = {
+    "name",
+    "provider",
+    "runtime",
+    "gpu",
+    "gpu_count",
+    "min_workers",
+    "max_workers",
+    "workers",
+    "starting",
+    "unavailable",
+    "isolation",
+}
+WORKER_KEYS = {
+    "id",
+    "pool",
+    "status",
+    "gpu",
+    "gpu_total",
+    "gpu_free",
+    "cpu_millicores",
+    "cpu_free",
+    "memory_mib",
+    "memory_free",
+    "running",
+    "machine_id",
+}
 LISTINGS: list[tuple[list[str], set[str]]] = [
     (["tasks"], TASK_KEYS),
     (["pools"], POOL_KEYS),
@@ -233,8 +299,16 @@ def test_token_list_on_the_database(cli: Cli) -> None:
     token_id = created.stderr.split()[2]
     listed = json.loads(cli("token", "list", "--workspace", "team-a", "--json").stdout)
     assert [(t["id"], t["kind"], t["state"]) for t in listed] == [(token_id, "user", "active")]
-    assert set(listed[0]) == {"id", "kind", "subject", "state", "created_at", "expires_at", "revoked_at",
-                              "last_used_at"}  # fmt: skip
+    assert set(listed[0]) == {
+        "id",
+        "kind",
+        "subject",
+        "state",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    }
     _iso(listed[0]["created_at"])
     header, row = piped(cli, "token", "list", "--workspace", "team-a")
     assert header == ["id", "kind", "state", "subject", "created", "expires", "last used"]
@@ -250,16 +324,37 @@ def test_config_check_json_lists_the_pools(cli: Cli, tmp_path: Path) -> None:
     result = cli("config", "check", str(path), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
-        {"name": "cpu", "provider": "local", "runtime": "process", "gpu": None, "gpu_count": 0, "cpu": 2.0,
-         "memory_mib": 4096, "min_workers": 0, "max_workers": 10}
-    ]  # fmt: skip
+        {
+            "name": "cpu",
+            "provider": "local",
+            "runtime": "process",
+            "gpu": None,
+            "gpu_count": 0,
+            "cpu": 2.0,
+            "memory_mib": 4096,
+            "min_workers": 0,
+            "max_workers": 10,
+        }
+    ]
     assert "ok, 1 pool(s)" in result.stderr
 
 
 # A command is a listing when its own name is one of LISTING_NAMES, or when its help starts with
 # "List" (what every listing's docstring says first). Every listing must take --json.
-LISTING_NAMES = {"list", "ls", "tasks", "workers", "pools", "machines", "plugins", "secrets", "deployments",
-                 "history", "contexts", "tokens"}  # fmt: skip
+LISTING_NAMES = {
+    "list",
+    "ls",
+    "tasks",
+    "workers",
+    "pools",
+    "machines",
+    "plugins",
+    "secrets",
+    "deployments",
+    "history",
+    "contexts",
+    "tokens",
+}
 
 
 def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -279,8 +374,17 @@ def test_every_listing_command_takes_json() -> None:
         if path[-1] in LISTING_NAMES or (command.help or "").lstrip().startswith("List")
     }
     found = {" ".join(path) for path in listings}
-    expected = {"tasks", "pools", "workers", "deployments", "plugins", "gpu list", "context list", "secret list",
-                "token list"}  # fmt: skip
+    expected = {
+        "tasks",
+        "pools",
+        "workers",
+        "deployments",
+        "plugins",
+        "gpu list",
+        "context list",
+        "secret list",
+        "token list",
+    }
     assert expected <= found, f"the rule no longer finds {sorted(expected - found)}"
     missing = sorted(
         " ".join(path)

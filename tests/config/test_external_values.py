@@ -138,14 +138,18 @@ def test_unreadable_and_empty_files_and_both_forms_are_errors_with_their_lines(t
     ]
     if os.geteuid() != 0:  # root reads a file whatever its mode
         found = problems(f"state:\n  database_url_file: {locked}\n")
-        assert found == [f"levers9.yaml:2: state.database_url_file: cannot read {locked}: permission denied "
-                         "(the server's user must be able to)"]  # fmt: skip
+        assert found == [
+            f"levers9.yaml:2: state.database_url_file: cannot read {locked}: permission denied "
+            "(the server's user must be able to)"
+        ]
 
 
 def test_a_bad_value_from_outside_is_reported_at_its_line_without_the_value(tmp_path: Path) -> None:
     wrong = secret_file(tmp_path, "db", "hunter2-not-a-url\n")
-    found = problems(f"version: 1\nstate:\n  database_url_file: {wrong}\n  redis_url: ${{REDIS_URL}}\n",
-                     {"REDIS_URL": "http://user:t0p-secret@redis/0"})  # fmt: skip
+    found = problems(
+        f"version: 1\nstate:\n  database_url_file: {wrong}\n  redis_url: ${{REDIS_URL}}\n",
+        {"REDIS_URL": "http://user:t0p-secret@redis/0"},
+    )
     assert len(found) == 2, found
     assert found[0].startswith("levers9.yaml:3: state.database_url_file: the value is not a database URL")
     assert found[0].endswith(f"(read from {wrong})")

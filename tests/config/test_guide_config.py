@@ -25,9 +25,12 @@ def _guide_config() -> str:
 def _check(path: Path, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_") and k != "CREDENTIALS_DIRECTORY"}
     return subprocess.run(
-        [sys.executable, "-m", "levers9", "config", "check", str(path)], env={**env, **environ},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "levers9", "config", "check", str(path)],
+        env={**env, **environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_guides_config_file_is_accepted_with_its_environment(tmp_path: Path) -> None:

@@ -76,10 +76,12 @@ def test_no_password_is_ever_shown() -> None:
 
 def test_a_bad_url_in_the_config_names_the_field_and_the_forms_without_the_password(tmp_path: Path) -> None:
     path = tmp_path / "levers9.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         state:
           redis_url: redis+sentinel://:hunter2@s1:26379,s2:26379
-        """))  # fmt: skip
+        """)
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path, plugins=load_plugins(PluginPolicy()))
     [issue] = info.value.issues

@@ -135,10 +135,14 @@ async def test_an_agent_answers_orders_on_its_stream(wire: Wire) -> None:
     assert (welcome.agent_id, welcome.heartbeat_s) == (agent_id, HEARTBEAT_S)
     await stream.send(
         inventory=agent_pb2.Inventory(
-            cpu_millicores=8000, memory_mib=32768, free_cpu_millicores=8000, free_memory_mib=32768,
-            gpus=[agent_pb2.GpuCapacity(gpu="L4", count=2, free=2)], machines=["m-0"],
+            cpu_millicores=8000,
+            memory_mib=32768,
+            free_cpu_millicores=8000,
+            free_memory_mib=32768,
+            gpus=[agent_pb2.GpuCapacity(gpu="L4", count=2, free=2)],
+            machines=["m-0"],
         )
-    )  # fmt: skip
+    )
 
     sending = asyncio.create_task(
         wire.hub.send(AgentOrder(agent_id=agent_id, kind="provision", payload={"machine_id": "m-1"}), timeout=10)
@@ -152,9 +156,10 @@ async def test_an_agent_answers_orders_on_its_stream(wire: Wire) -> None:
     sending = asyncio.create_task(wire.hub.send(AgentOrder(agent_id=agent_id, kind="provision"), timeout=10))
     command = await stream.read()
     await stream.send(
-        ack=agent_pb2.Ack(order_id=command.order.order_id, ok=False, error="both GPUs are taken",
-                          error_kind="insufficient_capacity")
-    )  # fmt: skip
+        ack=agent_pb2.Ack(
+            order_id=command.order.order_id, ok=False, error="both GPUs are taken", error_kind="insufficient_capacity"
+        )
+    )
     with pytest.raises(InsufficientCapacity, match="both GPUs are taken"):
         await sending
 

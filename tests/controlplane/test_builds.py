@@ -81,8 +81,15 @@ def _report(order: dict[str, Any]) -> bytes:
             continue
         op = "base" if step is None else step.op
         layer = op != "env"
-        steps.append({"key": key, "op": op, "diff_id": "d" * 64 if layer else None,
-                      "blob_digest": "b" * 64 if layer else None, "size": 10 if layer else None})  # fmt: skip
+        steps.append(
+            {
+                "key": key,
+                "op": op,
+                "diff_id": "d" * 64 if layer else None,
+                "blob_digest": "b" * 64 if layer else None,
+                "size": 10 if layer else None,
+            }
+        )
     return json.dumps({"manifest_digest": "sha256:" + "e" * 64, "size": 1234, "steps": steps}).encode()
 
 
@@ -106,14 +113,21 @@ async def _serve_one_build(worker: Forged, *, fail: bool = False) -> tuple[dict[
         stub = _STUBS[request.stub_id]
         parsed = read_order(request.args)
         assert parsed.contents == {SPEC.steps[1].content: CONTENT}
-        order = {"keys": list(parsed.keys), "cached": dict(parsed.cached), "registry": dict(parsed.registry),
-                 "spec": parsed.spec.to_json()}  # fmt: skip
+        order = {
+            "keys": list(parsed.keys),
+            "cached": dict(parsed.cached),
+            "registry": dict(parsed.registry),
+            "spec": parsed.spec.to_json(),
+        }
         result = (
-            common_pb2.TaskResult(task_id=request.task_id, status="error",
-                                  error=common_pb2.RemoteError(type="BuildFailed", message="step 2/5 (apt) exited 100"))
+            common_pb2.TaskResult(
+                task_id=request.task_id,
+                status="error",
+                error=common_pb2.RemoteError(type="BuildFailed", message="step 2/5 (apt) exited 100"),
+            )
             if fail
             else common_pb2.TaskResult(task_id=request.task_id, status="complete", result=_report(order))
-        )  # fmt: skip
+        )
         worker.send(
             started=[worker_pb2.TaskStarted(task_id=request.task_id, container_id="build")],
             logs=[worker_pb2.TaskLog(task_id=request.task_id, data=b"step 2/5 apt jq\n")],

@@ -48,8 +48,11 @@ def test_a_cap_set_in_the_config_is_kept_and_the_other_takes_what_it_leaves() ->
 
 
 def test_caps_that_leave_too_few_descriptors_are_refused_naming_the_keys() -> None:
-    with pytest.raises(LimitsError, match=r"listen.max_connections \(15000\) and listen.grpc_max_connections "
-                                          r"\(5000\).*LimitNOFILE"):  # fmt: skip
+    with pytest.raises(
+        LimitsError,
+        match=r"listen.max_connections \(15000\) and listen.grpc_max_connections "
+        r"\(5000\).*LimitNOFILE",
+    ):
         plan(20_000, http=15_000, grpc=5_000)
     with pytest.raises(LimitsError, match=r"only 300 file descriptors.*at least \d+"):
         plan(300)
@@ -63,10 +66,18 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
 
     done = subprocess.run(
-        [sys.executable, "-c", "import resource; from levers9.controlplane.limits import raise_descriptor_limit; "
-         "print(raise_descriptor_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"],
-        preexec_fn=lower, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import resource; from levers9.controlplane.limits import raise_descriptor_limit; "
+            "print(raise_descriptor_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])",
+        ],
+        preexec_fn=lower,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert done.stdout.split() == [str(hard), str(hard)]
 
 
@@ -128,8 +139,9 @@ async def _until_closed(loop: asyncio.AbstractEventLoop, sock: socket.socket) ->
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_a_server_whose_caps_do_not_fit_its_descriptors_does_not_start(tmp_path: Path, database_url: str) -> None:
     path = tmp_path / "server.yaml"
-    path.write_text((BASE + "listen:\n  max_connections: 100000000\n").format(
-        data_dir=tmp_path / "data", database_url=database_url))  # fmt: skip
+    path.write_text(
+        (BASE + "listen:\n  max_connections: 100000000\n").format(data_dir=tmp_path / "data", database_url=database_url)
+    )
     loaded = load_config(path)
     server = Server(loaded, Listeners("127.0.0.1", free_port(), free_port(), free_port()))
     try:

@@ -98,8 +98,17 @@ async def test_a_worker_that_comes_back_through_another_replica_has_its_calls_cl
         [dispatched] = await replica_a.take("w1")
         assert dispatched.task_id == task_id
         worker = Principal(token_id="w", kind=TokenKind.WORKER, workspace_id=None, subject="cpu")
-        done = await fleet.register(replica_b, worker, pool="cpu", worker_id="w1", gpus=[], cpu_millicores=0,
-                                    memory_mib=0, hostname="box", running=[task_id])  # fmt: skip
+        done = await fleet.register(
+            replica_b,
+            worker,
+            pool="cpu",
+            worker_id="w1",
+            gpus=[],
+            cpu_millicores=0,
+            memory_mib=0,
+            hostname="box",
+            running=[task_id],
+        )
         assert done.worker_id == "w1"  # its registration held: the same worker, still holding the call
         await replica_b.report("w1", WorkerReport(outcomes=[TaskOutcome(task_id, "error", error="boom")]))
 
@@ -137,8 +146,17 @@ async def test_a_call_sent_into_a_breaking_session_goes_back_on_the_backlog_when
         worker = Principal(token_id="w", kind=TokenKind.WORKER, workspace_id=None, subject="cpu")
         seen: list[object] = []
         services.scheduler.ctx.on_event = seen.append
-        await fleet.register(replica_b, worker, pool="cpu", worker_id="w1", gpus=[], cpu_millicores=0,
-                             memory_mib=0, hostname="box", running=[got])  # fmt: skip
+        await fleet.register(
+            replica_b,
+            worker,
+            pool="cpu",
+            worker_id="w1",
+            gpus=[],
+            cpu_millicores=0,
+            memory_mib=0,
+            hostname="box",
+            running=[got],
+        )
         assert seen == [Requeued(REQUEUE_NEVER_DELIVERED, 1)]  # counted as levers9_requeues_total
         after = await services.scheduler.workers.get("w1")
         assert after is not None
@@ -396,23 +414,27 @@ async def test_a_worker_records_checkpoints_only_of_stubs_it_ran_a_call_of(api: 
     record = dict(runtime="gvisor", gpu="", status="", path="", size_bytes=0, error="")
     try:
         with pytest.raises(PermissionDenied, match="ran no call"):
-            await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, other, 0), checkpoint_id="", stub_id=stub_id,
-                                          **record)  # fmt: skip
+            await fleet.record_checkpoint(
+                dp, fleet.WorkerIdentity(spec, other, 0), checkpoint_id="", stub_id=stub_id, **record
+            )
         # the worker the call is placed on may (Redis says so, before any replica sent it the call)
-        made = await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id="",
-                                             stub_id=stub_id, **record)  # fmt: skip
+        made = await fleet.record_checkpoint(
+            dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id="", stub_id=stub_id, **record
+        )
         assert made.stub_id == stub_id
         changed = {**record, "status": "available", "path": f"{victim.id}/{stub_id}/{made.id}"}
         with pytest.raises(PermissionDenied, match="ran no call"):
-            await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, other, 0), checkpoint_id=made.id,
-                                          stub_id="", **changed)  # fmt: skip
+            await fleet.record_checkpoint(
+                dp, fleet.WorkerIdentity(spec, other, 0), checkpoint_id=made.id, stub_id="", **changed
+            )
         assert api.metrics.worker_refusals.labels(replica="local", what="checkpoint")._value.get() == 2
         # once the call is sent to it and has ended, it still may (its snapshot is published after)
         assert [d.task_id for d in await dp.take(owner)] == [task_id]
         await dp.report(owner, WorkerReport(outcomes=[TaskOutcome(task_id, "complete", b"r")]))
         await _until(lambda: dp.reports.idle)
-        done = await fleet.record_checkpoint(dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id=made.id,
-                                             stub_id="", **changed)  # fmt: skip
+        done = await fleet.record_checkpoint(
+            dp, fleet.WorkerIdentity(spec, owner, 0), checkpoint_id=made.id, stub_id="", **changed
+        )
         assert done.status.value == "available"
     finally:
         await dp.close()

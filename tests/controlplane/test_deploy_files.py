@@ -83,8 +83,17 @@ async def test_the_dashboard_and_the_rules_use_only_exported_metrics(api: Api) -
     used = {name for expr in _expressions() for name in _NAME.findall(expr)}
     assert used - exported == set(), f"queried but never exported: {sorted(used - exported)}"
     # and the dashboard covers what an operator needs (the brief of deploy/grafana)
-    for needed in ("levers9_grpc_requests_total", "levers9_pending_tasks", "levers9_oldest_pending_seconds",
-                   "levers9_workers", "levers9_requeues_total", "levers9_workers_lost_total",
-                   "levers9_provider_errors_total", "levers9_planner_lease_held", "levers9_serving_containers",
-                   "process_cpu_seconds_total", "process_resident_memory_bytes"):  # fmt: skip
+    for needed in (
+        "levers9_grpc_requests_total",
+        "levers9_pending_tasks",
+        "levers9_oldest_pending_seconds",
+        "levers9_workers",
+        "levers9_requeues_total",
+        "levers9_workers_lost_total",
+        "levers9_provider_errors_total",
+        "levers9_planner_lease_held",
+        "levers9_serving_containers",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+    ):
         assert needed in used, f"the dashboard and rules never query {needed}"

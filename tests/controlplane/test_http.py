@@ -204,8 +204,16 @@ async def test_tokens_are_listed_for_the_callers_workspace_without_secrets(api: 
     assert {t["workspace_id"] for t in listed} == {a.id}
     for item in listed:
         assert set(item) == {
-            "id", "kind", "workspace_id", "subject", "created_at", "expires_at", "revoked_at", "last_used_at", "active",
-        }  # fmt: skip
+            "id",
+            "kind",
+            "workspace_id",
+            "subject",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            "active",
+        }
         assert item["active"] is True
     assert not any(token_a in str(value) for item in listed for value in item.values())
 
@@ -330,16 +338,39 @@ async def test_pools_show_sizes_live_workers_and_unavailability(api: Api) -> Non
     assert response.status_code == 200
     pools = {p["name"]: p for p in response.json()}
     assert pools["cpu"] == {
-        "name": "cpu", "provider": "local", "runtime": "runc", "gpu": None, "gpu_count": 0, "region": None,
-        "cpu_millicores": 2000, "memory_mib": 4096, "min_workers": 0, "max_workers": 3, "priority": 0,
-        "workspace_id": None, "workers": 2, "unavailable": None, "isolation": "namespaces",
-    }  # fmt: skip
-    assert pools["gpu-l4"] == {
-        "name": "gpu-l4", "provider": "local", "runtime": "runc", "gpu": "L4", "gpu_count": 1, "region": None,
-        "cpu_millicores": 8000, "memory_mib": 32768, "min_workers": 0, "max_workers": 2, "priority": 5,
-        "workspace_id": None, "workers": 0, "unavailable": "insufficient_capacity: none left",
+        "name": "cpu",
+        "provider": "local",
+        "runtime": "runc",
+        "gpu": None,
+        "gpu_count": 0,
+        "region": None,
+        "cpu_millicores": 2000,
+        "memory_mib": 4096,
+        "min_workers": 0,
+        "max_workers": 3,
+        "priority": 0,
+        "workspace_id": None,
+        "workers": 2,
+        "unavailable": None,
         "isolation": "namespaces",
-    }  # fmt: skip
+    }
+    assert pools["gpu-l4"] == {
+        "name": "gpu-l4",
+        "provider": "local",
+        "runtime": "runc",
+        "gpu": "L4",
+        "gpu_count": 1,
+        "region": None,
+        "cpu_millicores": 8000,
+        "memory_mib": 32768,
+        "min_workers": 0,
+        "max_workers": 2,
+        "priority": 5,
+        "workspace_id": None,
+        "workers": 0,
+        "unavailable": "insufficient_capacity: none left",
+        "isolation": "namespaces",
+    }
 
 
 async def test_another_workspaces_attached_cluster_is_hidden(api: Api) -> None:
@@ -381,10 +412,22 @@ async def test_workers_show_capacity_and_what_is_free(api: Api) -> None:
     assert response.status_code == 200
     [worker] = response.json()
     assert {k: worker[k] for k in worker if k not in ("registered_at", "idle_since")} == {
-        "id": "w-cpu", "pool": "cpu", "status": "running", "runtime": "runc", "gpu": None, "gpu_count": 0,
-        "gpu_free": 0, "cpu_millicores": 2000, "cpu_free": 1500, "memory_mib": 4096, "memory_free": 3072,
-        "running": 1, "workspace_id": None, "machine_id": None, "address": None,
-    }  # fmt: skip
+        "id": "w-cpu",
+        "pool": "cpu",
+        "status": "running",
+        "runtime": "runc",
+        "gpu": None,
+        "gpu_count": 0,
+        "gpu_free": 0,
+        "cpu_millicores": 2000,
+        "cpu_free": 1500,
+        "memory_mib": 4096,
+        "memory_free": 3072,
+        "running": 1,
+        "workspace_id": None,
+        "machine_id": None,
+        "address": None,
+    }
     assert worker["registered_at"]
     assert worker["idle_since"] is None  # busy
 
@@ -608,8 +651,16 @@ async def test_unknown_routes_and_methods_answer_in_the_same_shape(api: Api) -> 
 async def test_the_openapi_document_lists_the_api(api: Api) -> None:
     schema = (await api.client.get("/api/v1/openapi.json")).json()
     assert {
-        "/api/v1/health", "/api/v1/workspaces", "/api/v1/tokens", "/api/v1/tokens/{token_id}", "/api/v1/pools",
-        "/api/v1/workers", "/api/v1/machines", "/api/v1/tasks", "/api/v1/tasks/{task_id}",
-        "/api/v1/tasks/{task_id}/history", "/api/v1/tasks/{task_id}/cancel",
-    } <= set(schema["paths"])  # fmt: skip
+        "/api/v1/health",
+        "/api/v1/workspaces",
+        "/api/v1/tokens",
+        "/api/v1/tokens/{token_id}",
+        "/api/v1/pools",
+        "/api/v1/workers",
+        "/api/v1/machines",
+        "/api/v1/tasks",
+        "/api/v1/tasks/{task_id}",
+        "/api/v1/tasks/{task_id}/history",
+        "/api/v1/tasks/{task_id}/cancel",
+    } <= set(schema["paths"])
     assert "HTTPBearer" in schema["components"]["securitySchemes"]

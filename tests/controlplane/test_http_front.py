@@ -96,8 +96,11 @@ async def test_kept_alive_requests_are_answered_in_order_on_the_front(served: Se
 
 async def test_pipelined_requests_are_answered_in_order(served: Served) -> None:
     async with connect(served.port) as (reader, writer):
-        writer.write(b"".join(b"POST /p%d HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (i, i, b"x" * i)
-                              for i in range(1, 6)))  # fmt: skip
+        writer.write(
+            b"".join(
+                b"POST /p%d HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (i, i, b"x" * i) for i in range(1, 6)
+            )
+        )
         answers = [json.loads((await read_response(reader))[2]) for _ in range(5)]
     assert [(a["path"], a["length"]) for a in answers] == [(f"/p{i}", i) for i in range(1, 6)]
 
@@ -121,8 +124,10 @@ async def test_a_request_that_is_not_simple_goes_to_uvicorn_with_the_rest_of_the
         assert (await read_response(reader))[0] == 200
         assert served.protocols() == {FrontProtocol}
         # chunked: the front does not read those; uvicorn does, and keeps the connection
-        writer.write(b"POST /chunked HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
-                     b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n")  # fmt: skip
+        writer.write(
+            b"POST /chunked HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+            b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n"
+        )
         assert json.loads((await read_response(reader))[2]) == {"method": "POST", "path": "/chunked", "length": 5}
         assert json.loads((await read_response(reader))[2])["path"] == "/after"
         assert served.protocols() == {GuardedHttpTools}

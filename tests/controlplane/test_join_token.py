@@ -169,9 +169,16 @@ async def test_a_restarted_worker_registers_again_with_its_saved_session_credent
 
     def start(log: Path) -> None:
         with log.open("ab") as out:
-            started.append(subprocess.Popen([sys.executable, "-m", "levers9", "worker"], env=env,
-                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True))  # fmt: skip
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "levers9", "worker"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     try:
@@ -213,5 +220,10 @@ async def test_a_restarted_worker_registers_again_with_its_saved_session_credent
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
-        subprocess.run([sys.executable, "-m", "levers9", "worker", "--cleanup", "--state-dir", str(state)],
-                       env=env, capture_output=True, timeout=120, check=False)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "levers9", "worker", "--cleanup", "--state-dir", str(state)],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )

@@ -53,9 +53,14 @@ pools:
 
 def instance(instance_id: str) -> CloudInstance:
     return CloudInstance(
-        id=instance_id, state="running", running=True, gone=False, instance_type="p5.48xlarge",
-        region="us-east-1", zone="us-east-1a",
-    )  # fmt: skip
+        id=instance_id,
+        state="running",
+        running=True,
+        gone=False,
+        instance_type="p5.48xlarge",
+        region="us-east-1",
+        zone="us-east-1a",
+    )
 
 
 @dataclass
@@ -86,9 +91,13 @@ class Ec2Cp:
             else None
         )
         request = worker_pb2.RegisterRequest(
-            pool="h100", machine_id=machine_id, hostname="ip-10-0-0-10", version=__version__, worker_id=worker_id,
+            pool="h100",
+            machine_id=machine_id,
+            hostname="ip-10-0-0-10",
+            version=__version__,
+            worker_id=worker_id,
             identity=shown,
-        )  # fmt: skip
+        )
         response: worker_pb2.RegisterResponse = await self.stub.Register(
             request, metadata=(("authorization", f"Bearer {token}"),), timeout=30
         )
@@ -157,9 +166,11 @@ async def test_a_machine_whose_instance_id_is_not_recorded_yet_is_asked_to_regis
 async def test_a_malformed_identity_is_refused_naming_the_field(ec2_cp: Ec2Cp) -> None:
     machine_id, join = await ec2_cp.machine("i-0abc1234def567890")
     huge = worker_pb2.RegisterRequest(
-        pool="h100", machine_id=machine_id, version=__version__,
+        pool="h100",
+        machine_id=machine_id,
+        version=__version__,
         identity=worker_pb2.MachineIdentity(document="x" * 20000, signature="c2ln"),
-    )  # fmt: skip
+    )
     said = await refused(
         ec2_cp.stub.Register(huge, metadata=(("authorization", f"Bearer {join}"),), timeout=30),
         grpc.StatusCode.INVALID_ARGUMENT,

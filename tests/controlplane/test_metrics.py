@@ -95,8 +95,15 @@ async def test_counters_with_known_labels_are_exported_at_0_from_the_start(servi
     metrics.seed(services.pools.values())
     metrics.connection_counter("http", ("per_client", "evicted"))
     samples = await scrape(metrics)
-    for reason in ("worker_lost", "machine_vanished", "preempted", "machine_failed", "attempt_failed", "restart",
-                   "never_delivered"):  # fmt: skip
+    for reason in (
+        "worker_lost",
+        "machine_vanished",
+        "preempted",
+        "machine_failed",
+        "attempt_failed",
+        "restart",
+        "never_delivered",
+    ):
         assert value(samples, "levers9_requeues_total", replica="r1", reason=reason) == 0, reason
     for pool, gpu in (("cpu", "cpu"), ("gpu-l4", "L4")):
         for reason in ("keepalive_lapsed", "removed", "machine_vanished", "preempted", "machine_failed"):

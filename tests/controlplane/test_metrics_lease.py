@@ -13,8 +13,13 @@ from levers9.services.metrics import Metrics
 from tests.controlplane.conftest import Api
 from tests.controlplane.test_metrics import scrape, value
 
-CLUSTER = ("levers9_backlog_depth", "levers9_workers", "levers9_pending_tasks", "levers9_oldest_pending_seconds",
-           "levers9_machines")  # fmt: skip
+CLUSTER = (
+    "levers9_backlog_depth",
+    "levers9_workers",
+    "levers9_pending_tasks",
+    "levers9_oldest_pending_seconds",
+    "levers9_machines",
+)
 
 
 def _request(workspace: str, task_id: str, submitted_ms: int) -> PlacementRequest:
@@ -28,8 +33,9 @@ def _names(metrics: Metrics) -> set[str]:
 async def test_only_the_lease_holder_exports_cluster_wide_series_and_the_old_holder_drops_them(api: Api) -> None:
     services = api.services
     # a second replica: its own scheduler (own name, own lease handle) on the same SQL and Redis
-    other = Scheduler(db=services.db, redis=services.redis, hooks=services.loaded.hooks, pools=services.pools,
-                      name="replica-b")  # fmt: skip
+    other = Scheduler(
+        db=services.db, redis=services.redis, hooks=services.loaded.hooks, pools=services.pools, name="replica-b"
+    )
     replica_b = dataclasses.replace(services, scheduler=other)
     a, b = Metrics(replica=services.scheduler.name), Metrics(replica="replica-b")
     ws, _ = await api.user("team-a")

@@ -84,11 +84,18 @@ async def _worker(services: Services, worker_id: str, pool: str, *, workspace: s
     await services.machines.create(pool, spec.pool.provider, machine_id=f"m-{worker_id}")
     await services.scheduler.register_worker(
         WorkerInfo(
-            id=worker_id, pool=pool, cpu_millicores=spec.cpu_millicores, memory_mib=spec.memory_mib, gpu=spec.gpu,
-            gpu_count=spec.gpu_count, runtime=spec.pool.runtime, machine_id=f"m-{worker_id}",
-            address="10.0.0.7:7000", workspace=workspace,
+            id=worker_id,
+            pool=pool,
+            cpu_millicores=spec.cpu_millicores,
+            memory_mib=spec.memory_mib,
+            gpu=spec.gpu,
+            gpu_count=spec.gpu_count,
+            runtime=spec.pool.runtime,
+            machine_id=f"m-{worker_id}",
+            address="10.0.0.7:7000",
+            workspace=workspace,
         )
-    )  # fmt: skip
+    )
 
 
 async def test_rest_and_grpc_list_the_same_pools_and_workers_for_an_operator_and_for_users(both: Both) -> None:
@@ -108,19 +115,40 @@ async def test_rest_and_grpc_list_the_same_pools_and_workers_for_an_operator_and
     await services.redis.delete("l9:alive:w-silent")  # its keepalive lapsed: about to be reaped, not listed
     await services.scheduler.ctx.unavailable.mark("gpu-l4", "L4", None, "insufficient_capacity: none left", 60)
 
-    expected_pools = {operator: {"b-cluster", "cpu", "gpu-l4"}, token_a: {"cpu", "gpu-l4"},
-                      token_b: {"b-cluster", "cpu", "gpu-l4"}}  # fmt: skip
+    expected_pools = {
+        operator: {"b-cluster", "cpu", "gpu-l4"},
+        token_a: {"cpu", "gpu-l4"},
+        token_b: {"b-cluster", "cpu", "gpu-l4"},
+    }
     expected_workers = {operator: {"w-b", "w-shared"}, token_a: {"w-shared"}, token_b: {"w-b", "w-shared"}}
     for token in (operator, token_a, token_b):
         rest = {p["name"]: p for p in await both.rest_pools(token)}
         over_grpc = {p.name: p for p in await both.grpc_pools(token)}
         assert set(rest) == set(over_grpc) == expected_pools[token]
         for name, p in over_grpc.items():
-            fields = (p.provider, p.runtime, p.gpu or None, p.gpu_count, p.min_workers, p.max_workers, p.workers,
-                      p.unavailable or None, p.isolation)  # fmt: skip
+            fields = (
+                p.provider,
+                p.runtime,
+                p.gpu or None,
+                p.gpu_count,
+                p.min_workers,
+                p.max_workers,
+                p.workers,
+                p.unavailable or None,
+                p.isolation,
+            )
             r = rest[name]
-            assert fields == (r["provider"], r["runtime"], r["gpu"], r["gpu_count"], r["min_workers"],
-                              r["max_workers"], r["workers"], r["unavailable"], r["isolation"])  # fmt: skip
+            assert fields == (
+                r["provider"],
+                r["runtime"],
+                r["gpu"],
+                r["gpu_count"],
+                r["min_workers"],
+                r["max_workers"],
+                r["workers"],
+                r["unavailable"],
+                r["isolation"],
+            )
         assert rest["cpu"]["workers"] == 1  # w-silent is not counted, on either
 
         rest_workers = {w["id"]: w for w in await both.rest_workers(token)}
@@ -130,8 +158,9 @@ async def test_rest_and_grpc_list_the_same_pools_and_workers_for_an_operator_and
             # which machine a worker runs on is the operators' to see, on both
             assert (w.machine_id or None) == rest_workers[worker_id]["machine_id"]
             assert (w.machine_id == f"m-{worker_id}") is (token == operator)
-            assert (w.pool, w.cpu_free, w.running) == tuple(rest_workers[worker_id][k] for k in ("pool", "cpu_free",
-                                                                                                "running"))  # fmt: skip
+            assert (w.pool, w.cpu_free, w.running) == tuple(
+                rest_workers[worker_id][k] for k in ("pool", "cpu_free", "running")
+            )
 
     own = [w.id for w in await both.grpc_workers(token_b, "b-cluster")]
     assert own == [w["id"] for w in await both.rest_workers(token_b, "b-cluster")] == ["w-b"]

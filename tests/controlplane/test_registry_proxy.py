@@ -104,9 +104,15 @@ class Cp:
         spec = self.services.pools[pool]
         worker_id = f"w-{pool}-{uuid.uuid4().hex[:8]}"
         await self.services.scheduler.register_worker(
-            WorkerInfo(id=worker_id, pool=pool, cpu_millicores=spec.cpu_millicores, memory_mib=spec.memory_mib,
-                       runtime="runc", address="10.0.0.7:7000")
-        )  # fmt: skip
+            WorkerInfo(
+                id=worker_id,
+                pool=pool,
+                cpu_millicores=spec.cpu_millicores,
+                memory_mib=spec.memory_mib,
+                runtime="runc",
+                address="10.0.0.7:7000",
+            )
+        )
         _, token = await self.services.tokens.issue("worker", subject=pool)
         return worker_id, token
 
@@ -121,10 +127,17 @@ class Cp:
     async def build_of(self, user: Principal, worker_id: str) -> str:
         """A task of the workspace's build stub, placed on ``worker_id`` (the build pool's one worker)."""
         stub_id, _ = await self.dp.get_or_create_stub(
-            user, {"kind": BUILD_KIND, "app": "levers9-builds", "name": "build-test",
-                   "cpu_millicores": BUILD_CPU_MILLICORES, "memory_mib": BUILD_MEMORY_MIB},
-            BUILDER_HANDLER, internal=True,
-        )  # fmt: skip
+            user,
+            {
+                "kind": BUILD_KIND,
+                "app": "levers9-builds",
+                "name": "build-test",
+                "cpu_millicores": BUILD_CPU_MILLICORES,
+                "memory_mib": BUILD_MEMORY_MIB,
+            },
+            BUILDER_HANDLER,
+            internal=True,
+        )
         (task_id,) = await self.dp.submit(user, stub_id, [b"an order"])
         await self.placed(worker_id, task_id)
         return task_id
@@ -375,16 +388,20 @@ async def test_skopeo_and_docker_pull_through_the_controlplane(cp: Cp, tmp_path:
     inspected = await asyncio.to_thread(
         subprocess.run,
         ["skopeo", "inspect", "--creds", f"x:{alice_token}", "--tls-verify=false", f"docker://{ref}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert inspected.returncode == 0, inspected.stderr
     assert digest in inspected.stdout
     _, bob_token = await cp.user("team-b")
     refused = await asyncio.to_thread(
         subprocess.run,
         ["skopeo", "inspect", "--creds", f"x:{bob_token}", "--tls-verify=false", f"docker://{ref}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode != 0
     assert "denied" in refused.stderr.lower()
 
@@ -392,11 +409,11 @@ async def test_skopeo_and_docker_pull_through_the_controlplane(cp: Cp, tmp_path:
         env = {**dockerd.env, "DOCKER_CONFIG": docker_config}
 
         def docker(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(["docker", *args], env=env, input=stdin, capture_output=True, text=True,
-                                  timeout=180)  # fmt: skip
+            return subprocess.run(["docker", *args], env=env, input=stdin, capture_output=True, text=True, timeout=180)
 
-        login = await asyncio.to_thread(docker, "login", "-u", "levers9", "--password-stdin", cp.host,
-                                        stdin=alice_token)  # fmt: skip
+        login = await asyncio.to_thread(
+            docker, "login", "-u", "levers9", "--password-stdin", cp.host, stdin=alice_token
+        )
         assert login.returncode == 0, login.stderr
         pulled = await asyncio.to_thread(docker, "pull", ref)
         assert pulled.returncode == 0, pulled.stderr

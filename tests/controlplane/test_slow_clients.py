@@ -51,9 +51,15 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(*, cap: int | None = None, per_client: int = 0, protocol: type[asyncio.Protocol] = FrontProtocol,
-                  header_timeout_s: float = 1.0, body_timeout_s: float = 1.0,
-                  keep_alive_s: float = 30.0) -> AsyncIterator[Served]:  # fmt: skip
+async def serving(
+    *,
+    cap: int | None = None,
+    per_client: int = 0,
+    protocol: type[asyncio.Protocol] = FrontProtocol,
+    header_timeout_s: float = 1.0,
+    body_timeout_s: float = 1.0,
+    keep_alive_s: float = 30.0,
+) -> AsyncIterator[Served]:
     """A uvicorn on a listener with these caps and timeouts (set on its config as the server sets them)."""
     sock = _listen("127.0.0.1", 0, cap=cap, per_client=per_client)
     config = uvicorn.Config(_app, http=protocol, lifespan="off", log_level="warning", timeout_keep_alive=keep_alive_s)  # type: ignore[arg-type]
@@ -256,8 +262,9 @@ async def test_at_the_total_cap_with_every_connection_serving_a_new_one_is_refus
     assert served.listener.waiting == {}
 
 
-async def test_refusals_are_logged_as_one_line_per_burst(caplog: pytest.LogCaptureFixture,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+async def test_refusals_are_logged_as_one_line_per_burst(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(listener_module, "REPORT_EVERY_S", 0.5)
     caplog.set_level(logging.WARNING, logger="levers9.controlplane.listener")
     async with serving(per_client=1, header_timeout_s=30) as served, connect(served.port):
@@ -319,8 +326,9 @@ def test_running_out_of_descriptors_logs_a_line_per_burst_not_per_connection(tmp
     once: with 500 queued that was 500 tracebacks a pass, every second. The listener keeps it to its line."""
     script = tmp_path / "starved.py"
     script.write_text(_STARVED.format(core=str(REPO / "core")))
-    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     clients: list[Any] = []
     try:
         assert server.stdout is not None

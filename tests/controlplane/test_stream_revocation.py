@@ -134,9 +134,14 @@ async def test_revoking_a_token_ends_every_stream_it_opened_and_no_other(service
         _, operator = await services.tokens.issue("user", subject="root")
         task_id = await rep.task(token)
         streams = _open_streams(rep, token, task_id)
-        stub = (await rep.grpc.GetOrCreateStub(
-            controlplane_pb2.GetOrCreateStubRequest(config=controlplane_pb2.StubConfig(name="never-runs"),
-                                                    handler=b"not run"), metadata=rep.metadata(token))).stub_id  # fmt: skip
+        stub = (
+            await rep.grpc.GetOrCreateStub(
+                controlplane_pb2.GetOrCreateStubRequest(
+                    config=controlplane_pb2.StubConfig(name="never-runs"), handler=b"not run"
+                ),
+                metadata=rep.metadata(token),
+            )
+        ).stub_id
         submit_and_watch = rep.grpc.SubmitAndWatch(
             controlplane_pb2.SubmitRequest(stub_id=stub, calls=[controlplane_pb2.Call(args=b"y")]),
             metadata=rep.metadata(token),

@@ -89,8 +89,12 @@ class ServerProcess:
     def token(self) -> str:
         done = subprocess.run(
             [sys.executable, "-m", "levers9", "token", "create"],
-            env=self.env, capture_output=True, text=True, timeout=120, cwd=self.root,
-        )  # fmt: skip
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=self.root,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -100,8 +104,11 @@ class ServerProcess:
         with self.log_file.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "levers9", self.command, "--log-level", "info", *args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-            )  # fmt: skip
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+            )
 
     def log(self) -> str:
         return self.log_file.read_text(errors="replace") if self.log_file else ""
@@ -263,8 +270,11 @@ async def test_http_gateway_and_metrics_serve_tls_only(server: ServerProcess, pk
 def test_a_renewed_certificate_is_served_to_new_connections_without_a_restart(server: ServerProcess, pki: Pki) -> None:
     server.listen = pki.listen()
     server.start()
-    ports = {"gRPC": (server.grpc_port, "h2"), "HTTP": (server.http_port, "http/1.1"),
-             "metrics": (server.metrics_port, "http/1.1")}  # fmt: skip
+    ports = {
+        "gRPC": (server.grpc_port, "h2"),
+        "HTTP": (server.http_port, "http/1.1"),
+        "metrics": (server.metrics_port, "http/1.1"),
+    }
     for port, alpn in ports.values():
         assert served_serial(port, pki.ca_file, alpn) == pki.serial
 
@@ -445,8 +455,15 @@ def test_the_http_address_follows_advertise_http_then_the_first_grpc_address(pki
     assert Listeners("127.0.0.1", 1993, 1994, 9090).advertised_http() == "http://127.0.0.1:1994"
     listen = ListenConfig(advertise_http="https://levers9.example.com/")
     assert listen.advertise_http == "https://levers9.example.com"
-    behind = Listeners("0.0.0.0", 1993, 1994, 9090, tls=_config(pki), advertise=("grpcs://a:1993",),
-                       advertise_http=listen.advertise_http)  # fmt: skip
+    behind = Listeners(
+        "0.0.0.0",
+        1993,
+        1994,
+        9090,
+        tls=_config(pki),
+        advertise=("grpcs://a:1993",),
+        advertise_http=listen.advertise_http,
+    )
     assert behind.advertised_http() == "https://levers9.example.com"
     for bad in ("levers9.example.com", "ftp://x", "https://x/v2", "https://x:99999", "https://"):
         with pytest.raises(ValueError, match=r"advertise_http[\s\S]*accepted: http\(s\)://host\[:port\]"):
@@ -495,8 +512,9 @@ def test_a_local_worker_and_the_sdk_verify_the_controlplane_with_the_configured_
     headers = {"authorization": f"Bearer {token}"}
     deadline = time.monotonic() + 120
     while True:  # the worker registers over gRPC with TLS, trusting only the CA it was handed
-        workers = httpx.get(f"https://127.0.0.1:{server.http_port}/api/v1/workers", headers=headers,
-                            verify=pki.trust(), timeout=20).json()  # fmt: skip
+        workers = httpx.get(
+            f"https://127.0.0.1:{server.http_port}/api/v1/workers", headers=headers, verify=pki.trust(), timeout=20
+        ).json()
         items = workers["workers"] if isinstance(workers, dict) else workers
         if items:
             break
@@ -519,9 +537,14 @@ def test_a_local_worker_and_the_sdk_verify_the_controlplane_with_the_configured_
         "value, pid = square.remote(7)\n"
         "print('RESULT', value, pid != os.getpid())\n"
     )
-    env = dict(server.env, LEVERS9_GRPC=f"grpcs://127.0.0.1:{server.grpc_port}", LEVERS9_TOKEN=token,
-               LEVERS9_CA_FILE=str(pki.ca_file))  # fmt: skip
-    done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=server.root)  # fmt: skip
+    env = dict(
+        server.env,
+        LEVERS9_GRPC=f"grpcs://127.0.0.1:{server.grpc_port}",
+        LEVERS9_TOKEN=token,
+        LEVERS9_CA_FILE=str(pki.ca_file),
+    )
+    done = subprocess.run(
+        [sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=300, cwd=server.root
+    )
     assert done.returncode == 0, done.stderr + server.log()[-3000:]
     assert "RESULT 49 True" in done.stdout

@@ -46,8 +46,14 @@ async def test_the_wheel_is_listed_and_served_without_a_token_with_its_sha256(ap
         info = f"levers9-{__version__}.dist-info"
         metadata = archive.read(f"{info}/METADATA").decode()
         record = archive.read(f"{info}/RECORD").decode()
-    assert {"levers9/__init__.py", "levers9/cli/main.py", "levers9_agent_machine/__init__.py",
-            "levers9_runc/__init__.py", f"{info}/entry_points.txt", f"{info}/WHEEL"} <= names  # fmt: skip
+    assert {
+        "levers9/__init__.py",
+        "levers9/cli/main.py",
+        "levers9_agent_machine/__init__.py",
+        "levers9_runc/__init__.py",
+        f"{info}/entry_points.txt",
+        f"{info}/WHEEL",
+    } <= names
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
     assert f"Version: {__version__}" in metadata.splitlines()
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
@@ -84,18 +90,37 @@ def test_the_served_wheel_installs_with_pip_from_the_file_alone_and_runs(tmp_pat
     assert made.returncode == 0, f"python -m venv (apt-get install -y python3-venv): {made.stderr}"
     target = tmp_path / "site"
     installed = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps", "--target", str(target),
-         f"levers9[agent] @ file://{path}"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(target),
+            f"levers9[agent] @ file://{path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
     # the installed copy comes first on the path; its requirements are this interpreter's
     env = {**os.environ, "PYTHONPATH": str(target)}
     ran = subprocess.run(
-        [sys.executable, "-c", "import levers9, levers9_agent_machine, sys; print(levers9.__file__); "
-         "from levers9.cli.main import main; sys.argv = ['levers9', '--version']; main()"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import levers9, levers9_agent_machine, sys; print(levers9.__file__); "
+            "from levers9.cli.main import main; sys.argv = ['levers9', '--version']; main()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert ran.returncode == 0, ran.stderr
     first, second = ran.stdout.splitlines()[:2]
     assert first.startswith(str(target)), ran.stdout

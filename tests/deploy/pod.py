@@ -115,24 +115,33 @@ class Pod:
         return path
 
     def _env(self, container: Mapping[str, Any]) -> dict[str, str]:
-        env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-               "HOME": "/nonexistent" if self.uid else "/root"}  # fmt: skip
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/nonexistent" if self.uid else "/root",
+        }
         for item in container.get("env", []):
             if "value" in item:
                 env[item["name"]] = item["value"]
                 continue
             ref = item["valueFrom"]["secretKeyRef"]
             if ref["key"] not in self.secrets.get(ref["name"], {}):
-                raise PodError(f"container {container['name']!r}: env {item['name']}: no key {ref['key']!r} in "
-                               f"Secret {ref['name']!r}")  # fmt: skip
+                raise PodError(
+                    f"container {container['name']!r}: env {item['name']}: no key {ref['key']!r} in "
+                    f"Secret {ref['name']!r}"
+                )
             env[item["name"]] = self.secrets[ref["name"]][ref["key"]]
         return env
 
     def _script(self, container: Mapping[str, Any]) -> str:
         """The shell lines that set up the container's mounts in its namespace, then exec its command."""
         # the pod's directories, reachable at _STAGE whatever the mounts hide (a volume may be mounted at /tmp)
-        lines = ["set -e", "mount --make-rprivate /", f"mount -t tmpfs -o mode=755 tmpfs {_STAGE}",
-                 f"mkdir {_STAGE}/pod", f"mount --rbind {self.root} {_STAGE}/pod"]  # fmt: skip
+        lines = [
+            "set -e",
+            "mount --make-rprivate /",
+            f"mount -t tmpfs -o mode=755 tmpfs {_STAGE}",
+            f"mkdir {_STAGE}/pod",
+            f"mount --rbind {self.root} {_STAGE}/pod",
+        ]
         keep_before, keep_after = self._keep_checkout(container.get("volumeMounts", []))
         lines += keep_before
         shadowed: list[str] = []
@@ -205,8 +214,12 @@ class Pod:
         child = chain[chain.index(top) + 1].name
         keep = f"{_STAGE}/pod/host/open{str(top).replace('/', '-')}"
         (self.root / "host" / keep.rsplit("/", 1)[1]).mkdir(parents=True, exist_ok=True)
-        return [f"mount --bind {top} {keep}", f"mount -t tmpfs -o mode=755 tmpfs {top}", f"mkdir {top}/{child}",
-                f"mount --bind {keep}/{child} {top}/{child}"]  # fmt: skip
+        return [
+            f"mount --bind {top} {keep}",
+            f"mount -t tmpfs -o mode=755 tmpfs {top}",
+            f"mkdir {top}/{child}",
+            f"mount --bind {keep}/{child} {top}/{child}",
+        ]
 
     def _start(self, container: Mapping[str, Any]) -> subprocess.Popen[bytes]:
         command = [*container.get("command", []), *container.get("args", [])]
@@ -214,9 +227,13 @@ class Pod:
         with log.open("wb") as out:
             return subprocess.Popen(
                 ["unshare", "--mount", "--fork", "--", "/bin/sh", "-c", self._script(container), "sh", *command],
-                env=self._env(container), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd="/",
-            )  # fmt: skip
+                env=self._env(container),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd="/",
+            )
 
     def log(self, name: str) -> str:
         path = self.logs.get(name)

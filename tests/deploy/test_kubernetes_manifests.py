@@ -54,14 +54,28 @@ VERSIONS = ("1.30", kubernetes_validate.latest_version())
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "everything": {
-        "namespace": "team-cp", "replicas": 3, "tls_secret": "cp-tls", "service_type": "LoadBalancer",
-        "worker_namespaces": ("team-cp", "gpu-workers"), "image_pull_secrets": ("registry-a",),
-        "cpu_request": "2", "cpu_limit": "4", "memory_request": "4Gi", "memory_limit": "6144",
-        "database_secret": "pg", "redis_secret": "cache", "secret_key_secret": "fernet",
+        "namespace": "team-cp",
+        "replicas": 3,
+        "tls_secret": "cp-tls",
+        "service_type": "LoadBalancer",
+        "worker_namespaces": ("team-cp", "gpu-workers"),
+        "image_pull_secrets": ("registry-a",),
+        "cpu_request": "2",
+        "cpu_limit": "4",
+        "memory_request": "4Gi",
+        "memory_limit": "6144",
+        "database_secret": "pg",
+        "redis_secret": "cache",
+        "secret_key_secret": "fernet",
     },
-    "one-replica-no-rbac": {"replicas": 1, "worker_namespaces": (), "tls_secret": "t", "tls_ca": False,
-                            "memory_limit": None},
-}  # fmt: skip
+    "one-replica-no-rbac": {
+        "replicas": 1,
+        "worker_namespaces": (),
+        "tls_secret": "t",
+        "tls_ca": False,
+        "memory_limit": None,
+    },
+}
 #: a config with no local_k8s pool, for the option set without worker namespaces
 NO_K8S_POOL = {"version": 1, "pools": {"cpu": {"provider": "local", "runtime": "process", "max_workers": 1}}}
 
@@ -279,8 +293,11 @@ def test_each_listed_call_sends_the_request_its_rule_allows(
         # the client checks bodies against its models: an access review needs its spec
         body = {"spec": {"resourceAttributes": {"verb": "create"}}} if "access_review" in method_name else {}
         values = {"namespace": "workers", "name": "levers9-m1", "body": body}
-        required = [p.name for p in inspect.signature(method).parameters.values()
-                    if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]  # fmt: skip
+        required = [
+            p.name
+            for p in inspect.signature(method).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
         method(*[values[name] for name in required], _preload_content=False)
     assert len(seen) == 1
     assert _attributes(*seen[0]) == (call.group, call.resource, call.verb, call.cluster), seen[0]
@@ -309,9 +326,11 @@ def test_every_kubernetes_call_in_the_local_k8s_provider_is_granted() -> None:
 
 
 def test_rules_are_built_from_the_list_alone() -> None:
-    one = (ApiCall("BatchV1Api.list_namespaced_job", "batch", "jobs", "list", False, "x"),
-           ApiCall("BatchV1Api.create_namespaced_job", "batch", "jobs", "create", False, "x"),
-           ApiCall("CoreV1Api.list_node", "", "nodes", "list", True, "x"))  # fmt: skip
+    one = (
+        ApiCall("BatchV1Api.list_namespaced_job", "batch", "jobs", "list", False, "x"),
+        ApiCall("BatchV1Api.create_namespaced_job", "batch", "jobs", "create", False, "x"),
+        ApiCall("CoreV1Api.list_node", "", "nodes", "list", True, "x"),
+    )
     assert namespaced_rules(one) == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "list"]}]
     assert cluster_rules(one) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
 
@@ -339,8 +358,11 @@ def test_the_urls_and_the_key_reach_the_pods_only_through_secret_key_refs() -> N
 
 @pytest.mark.parametrize("field", ["database_url", "redis_url", "secret_key_file"])
 def test_a_config_holding_a_url_or_key_file_is_refused_without_repeating_it(field: str) -> None:
-    value = {"database_url": "postgresql+psycopg://levers9:made-up-pw-7@db/levers9",
-             "redis_url": "redis://:made-up-pw-7@redis:6379/0", "secret_key_file": "/made-up-pw-7"}[field]  # fmt: skip
+    value = {
+        "database_url": "postgresql+psycopg://levers9:made-up-pw-7@db/levers9",
+        "redis_url": "redis://:made-up-pw-7@redis:6379/0",
+        "secret_key_file": "/made-up-pw-7",
+    }[field]
     config = {**NO_K8S_POOL, "state": {field: value}}
     with pytest.raises(ManifestError) as caught:
         render(ManifestOptions(image=IMAGE, worker_namespaces=()), config)
@@ -356,9 +378,11 @@ def test_write_config_names_a_missing_or_wrong_url_without_repeating_it(tmp_path
     }
     filled = yaml.safe_load(fill_state(template, good))
     assert filled["state"] == {"database_url": good["LEVERS9_DATABASE_URL"], "redis_url": "redis://r:6379/0"}
-    for broken, variable in (({**good, "LEVERS9_REDIS_URL": "http://:made-up-pw-8@r"}, "$LEVERS9_REDIS_URL"),
-                             ({**good, "LEVERS9_DATABASE_URL": "sqlite:///made-up-pw-8"}, "$LEVERS9_DATABASE_URL"),
-                             ({"LEVERS9_REDIS_URL": good["LEVERS9_REDIS_URL"]}, "$LEVERS9_DATABASE_URL")):  # fmt: skip
+    for broken, variable in (
+        ({**good, "LEVERS9_REDIS_URL": "http://:made-up-pw-8@r"}, "$LEVERS9_REDIS_URL"),
+        ({**good, "LEVERS9_DATABASE_URL": "sqlite:///made-up-pw-8"}, "$LEVERS9_DATABASE_URL"),
+        ({"LEVERS9_REDIS_URL": good["LEVERS9_REDIS_URL"]}, "$LEVERS9_DATABASE_URL"),
+    ):
         with pytest.raises(ManifestError) as caught:
             fill_state(template, broken)
         assert variable in str(caught.value)
@@ -394,16 +418,45 @@ async def test_the_probes_ask_routes_the_rest_api_answers_and_metrics_answer_at_
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
     full = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
     full.pop("LEVERS9_CONFIG", None)
-    proc = subprocess.run([sys.executable, "-m", "levers9.cli.main", *args], capture_output=True, text=True,
-                          env=full, cwd=cwd, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "levers9.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 def test_the_command_writes_yaml_that_reads_back_to_the_rendered_objects(tmp_path: Path) -> None:
-    flags = ["--image", IMAGE, "--namespace", "team-cp", "--replicas", "3", "--tls-secret", "cp-tls",
-             "--worker-namespace", "team-cp", "--worker-namespace", "gpu-workers", "--database-secret", "pg"]  # fmt: skip
-    expected = render(ManifestOptions(image=IMAGE, namespace="team-cp", replicas=3, tls_secret="cp-tls",
-                                      worker_namespaces=("team-cp", "gpu-workers"), database_secret="pg"))  # fmt: skip
+    flags = [
+        "--image",
+        IMAGE,
+        "--namespace",
+        "team-cp",
+        "--replicas",
+        "3",
+        "--tls-secret",
+        "cp-tls",
+        "--worker-namespace",
+        "team-cp",
+        "--worker-namespace",
+        "gpu-workers",
+        "--database-secret",
+        "pg",
+    ]
+    expected = render(
+        ManifestOptions(
+            image=IMAGE,
+            namespace="team-cp",
+            replicas=3,
+            tls_secret="cp-tls",
+            worker_namespaces=("team-cp", "gpu-workers"),
+            database_secret="pg",
+        )
+    )
     written = _cli("kubernetes", "manifests", *flags, "-o", "cp.yaml", cwd=tmp_path)
     assert written.returncode == 0, written.stderr
     assert written.stdout == ""
@@ -430,8 +483,17 @@ def test_the_command_takes_a_config_file_and_gives_its_local_k8s_pools_namespace
     assert [o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"] == ["gpu-jobs"]
     config = yaml.safe_load(_one(objects, "ConfigMap")["data"]["levers9.yaml"])
     assert config["pools"]["gpu"]["settings"]["namespace"] == "gpu-jobs"
-    refused = _cli("kubernetes", "manifests", "--image", IMAGE, "--config", "team.yaml",
-                   "--worker-namespace", "levers9", cwd=tmp_path)  # fmt: skip
+    refused = _cli(
+        "kubernetes",
+        "manifests",
+        "--image",
+        IMAGE,
+        "--config",
+        "team.yaml",
+        "--worker-namespace",
+        "levers9",
+        cwd=tmp_path,
+    )
     assert refused.returncode == 2
     assert "pools.gpu.settings.namespace" in refused.stderr
     assert "--worker-namespace gpu-jobs" in refused.stderr
@@ -468,8 +530,9 @@ def test_the_options_model_names_the_field(field: str, value: Any) -> None:
 
 def test_the_command_line_starts_without_loading_the_manifests_or_yaml_dumping(tmp_path: Path) -> None:
     probe = "import sys, levers9.cli.main; print(sorted(m for m in sys.modules if 'kubernetes' in m))"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True
+    )
     assert proc.stdout.strip() == "['levers9.cli.kubernetes_cmd']"
 
 
@@ -484,13 +547,38 @@ def redis_with_password(tmp_path: Path) -> Iterator[str]:
         pytest.fail("redis-server is not installed; run scripts/setup (apt-get install redis-server)")
     workdir = Path(tempfile.mkdtemp(prefix="l9-k8s-redis-"))
     port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", "made-up-redis-pw",
-                             "--save", "", "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--requirepass",
+            "made-up-redis-pw",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
-        while subprocess.run(["redis-cli", "-p", str(port), "-a", "made-up-redis-pw", "--no-auth-warning", "ping"],
-                             capture_output=True, text=True, check=False).stdout.strip() != "PONG":  # fmt: skip
+        while (
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "-a", "made-up-redis-pw", "--no-auth-warning", "ping"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            != "PONG"
+        ):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"redis-server did not start on port {port} (exit {proc.poll()})")
             time.sleep(0.05)
@@ -531,26 +619,46 @@ def test_a_pod_of_the_deployment_serves_with_the_secrets_as_its_only_source_of_c
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
         pytest.fail("running a pod needs root, unshare and setpriv (util-linux), as on the CI machines")
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
-    config = {"version": 1, "listen": {"grpc_port": grpc_port, "http_port": http_port, "metrics_port": metrics_port},
-              "pools": {"k8s-cpu": {"provider": "local_k8s", "runtime": "process", "workspace": "default",
-                                    "max_workers": 1, "settings": {"worker_image": "registry.example.com/levers9/worker:0.1.0"}}}}  # fmt: skip
+    config = {
+        "version": 1,
+        "listen": {"grpc_port": grpc_port, "http_port": http_port, "metrics_port": metrics_port},
+        "pools": {
+            "k8s-cpu": {
+                "provider": "local_k8s",
+                "runtime": "process",
+                "workspace": "default",
+                "max_workers": 1,
+                "settings": {"worker_image": "registry.example.com/levers9/worker:0.1.0"},
+            }
+        },
+    }
     options = ManifestOptions(image=IMAGE, tls_secret="levers9-tls" if tls else None)
     objects = render(options, config)
     database_url = postgres_url.replace("postgres@", "postgres:made-up-pg-pw@", 1)  # trust auth: unused, but carried
     key = Fernet.generate_key().decode()
-    secrets = {"levers9-database": {"url": database_url + "\n"}, "levers9-redis": {"url": redis_with_password},
-               "levers9-secret-key": {"key": key}}  # fmt: skip
+    secrets = {
+        "levers9-database": {"url": database_url + "\n"},
+        "levers9-redis": {"url": redis_with_password},
+        "levers9-secret-key": {"key": key},
+    }
     ca = TestCA()
     if tls:
         issued = ca.issue()
-        secrets["levers9-tls"] = {"tls.crt": issued.cert_pem.decode(), "tls.key": issued.key_pem.decode(),
-                                  "ca.crt": ca.pem.decode()}  # fmt: skip
+        secrets["levers9-tls"] = {
+            "tls.crt": issued.cert_pem.decode(),
+            "tls.key": issued.key_pem.decode(),
+            "ca.crt": ca.pem.decode(),
+        }
     manifests = to_yaml(objects)
     for value in ("made-up-pg-pw", "made-up-redis-pw", key):
         assert value not in manifests
     config_map = _one(objects, "ConfigMap")
-    pod = Pod(_one(objects, "Deployment"), config_maps={config_map["metadata"]["name"]: config_map["data"]},
-              secrets=secrets, root=tmp_path / "pod")  # fmt: skip
+    pod = Pod(
+        _one(objects, "Deployment"),
+        config_maps={config_map["metadata"]["name"]: config_map["data"]},
+        secrets=secrets,
+        root=tmp_path / "pod",
+    )
     try:
         pod.run_init_containers()
         written = pod.volumes["config"] / "levers9.yaml"
@@ -583,8 +691,16 @@ def test_the_starter_config_completed_by_the_init_container_passes_the_config_ch
     (tmp_path / "levers9.yaml").write_text(template)
     env = {"LEVERS9_DATABASE_URL": "postgresql+psycopg://u:pw@db/levers9", "LEVERS9_REDIS_URL": "redis://r:6379/0"}
     (tmp_path / "run").mkdir()
-    done = _cli("kubernetes", "write-config", "--template", "levers9.yaml", "--output", "run/levers9.yaml",
-                cwd=tmp_path, env=env)  # fmt: skip
+    done = _cli(
+        "kubernetes",
+        "write-config",
+        "--template",
+        "levers9.yaml",
+        "--output",
+        "run/levers9.yaml",
+        cwd=tmp_path,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     checked = _cli("config", "check", "run/levers9.yaml", cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr

@@ -70,9 +70,12 @@ class _Heartbeats:
 
 def _rest(replicas: Replicas, replica: Replica, method: str, path: str, **kwargs: Any) -> Any:
     response = httpx.request(
-        method, f"http://127.0.0.1:{replica.http_port}/api/v1{path}",
-        headers={"authorization": f"Bearer {replicas.token}"}, timeout=10, **kwargs,
-    )  # fmt: skip
+        method,
+        f"http://127.0.0.1:{replica.http_port}/api/v1{path}",
+        headers={"authorization": f"Bearer {replicas.token}"},
+        timeout=10,
+        **kwargs,
+    )
     assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
     return response.json()
 
@@ -125,8 +128,9 @@ async def test_an_agent_leaves_a_frozen_replica_for_the_next(
         before, lost_before = _connects(caplog, to), _losses(caplog)
         stopped.process.send_signal(signal.SIGSTOP)
         frozen, stopped_at, stopped_wall = stopped, time.monotonic(), time.time()
-        await _until(lambda: _connects(caplog, to) > before, f"the agent's stream on replica {to.index}", within,
-                     replicas)  # fmt: skip
+        await _until(
+            lambda: _connects(caplog, to) > before, f"the agent's stream on replica {to.index}", within, replicas
+        )
         moved_after.append(time.monotonic() - stopped_at)
         assert agent is not None
         assert not agent.done()

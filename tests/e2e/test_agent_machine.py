@@ -45,9 +45,17 @@ print("result", where.remote(21))
 def _join(plane: AgentPlane, box: Box, *extra: str) -> subprocess.CompletedProcess[str]:
     assert plane.sshd is not None
     done = plane.operator(
-        "machine", "create", "--pool", "box", "--ssh", f"root@127.0.0.1:{plane.sshd.port}",
-        "--agent-dir", str(box.agent_dir), *extra, timeout=600,
-    )  # fmt: skip
+        "machine",
+        "create",
+        "--pool",
+        "box",
+        "--ssh",
+        f"root@127.0.0.1:{plane.sshd.port}",
+        "--agent-dir",
+        str(box.agent_dir),
+        *extra,
+        timeout=600,
+    )
     box.create_output = done.stdout + done.stderr
     assert done.returncode == 0, f"{box.create_output}\n--- box log:\n{box.log()[-3000:]}\n{plane.log()[-3000:]}"
     machines = plane.machines()
@@ -124,10 +132,22 @@ def test_machine_create_over_ssh_joins_a_box_and_serves_a_function(agent_plane: 
     assert "status 3" in box.log(), box.log()
     assert plane.machines() == []
     again = subprocess.run(
-        [sys.executable, "-m", "levers9", "agent", "run", "--state-dir", str(box.state_dir),
-         "--docker-host", box.dockerd.host],
-        capture_output=True, text=True, timeout=120, env=plane.env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "agent",
+            "run",
+            "--state-dir",
+            str(box.state_dir),
+            "--docker-host",
+            box.dockerd.host,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=plane.env,
+    )
     assert again.returncode == 3, again.stderr
     assert "this machine was removed" in again.stderr
 
@@ -148,8 +168,12 @@ def test_killing_the_agent_mid_call_loses_nothing(agent_plane: tuple[AgentPlane,
         disconnected = f"agent {box.machine_id} disconnected"
         before = plane.log().count(disconnected)
         killed = box.kill_agent()
-        wait_until("the controlplane noticing the agent's death", lambda: plane.log().count(disconnected) > before,
-                   120, why=lambda: plane.log()[-3000:])  # fmt: skip
+        wait_until(
+            "the controlplane noticing the agent's death",
+            lambda: plane.log().count(disconnected) > before,
+            120,
+            why=lambda: plane.log()[-3000:],
+        )
         assert [w["id"] for w in box.workers()] == [worker["id"]], f"killed {killed}"
         assert box.workers()[0]["state"] == "running"
     finally:
@@ -157,8 +181,13 @@ def test_killing_the_agent_mid_call_loses_nothing(agent_plane: tuple[AgentPlane,
     assert "result {'x': 42, 'in_docker': True}" in result.get("out", ""), result
     # the supervisor started the agent again (`levers9 agent run --state-dir ...`): it reports the same container
     machine_id = worker["labels"][LABEL_MACHINE]
-    wait_until("the agent's return", lambda: _inventory_machines(plane, box) == [machine_id], 180, every=1,
-               why=lambda: box.log()[-3000:] + box.agent_log()[-3000:])  # fmt: skip
+    wait_until(
+        "the agent's return",
+        lambda: _inventory_machines(plane, box) == [machine_id],
+        180,
+        every=1,
+        why=lambda: box.log()[-3000:] + box.agent_log()[-3000:],
+    )
     assert [w["id"] for w in box.workers()] == [worker["id"]]
     assert "result {'x': 42, 'in_docker': True}" in _call(plane, box)
     assert [w["id"] for w in box.workers()] == [worker["id"]]
@@ -199,12 +228,19 @@ def test_killing_the_controlplane_starts_nothing_twice(agent_plane: tuple[AgentP
         assert [w["id"] for w in box.workers()] == [worker["id"]]  # the worker outlives its controlplane
         restarted = time.monotonic()
         plane.start()
-        wait_until("the agent's reconnection", lambda: any(m["connected"] for m in plane.machines()), 180,
-                   every=1, why=lambda: _logs(plane, box))  # fmt: skip
+        wait_until(
+            "the agent's reconnection",
+            lambda: any(m["connected"] for m in plane.machines()),
+            180,
+            every=1,
+            why=lambda: _logs(plane, box),
+        )
         reconnected = time.monotonic() - restarted
         assert "result {'x': 42, 'in_docker': True}" in _call(plane, box)
-        print(f"\nafter the restart: agent reconnected in {reconnected:.1f} s, "
-              f"a call returned in {time.monotonic() - restarted:.1f} s")  # fmt: skip
+        print(
+            f"\nafter the restart: agent reconnected in {reconnected:.1f} s, "
+            f"a call returned in {time.monotonic() - restarted:.1f} s"
+        )
         time.sleep(12)  # the point: two reconcile passes (5 s) with the agent connected, watched for a second worker
     finally:
         watching.clear()
@@ -225,8 +261,12 @@ def _agent(plane: AgentPlane, box: Box, *args: str, token: str | None = None) ->
     env = {**plane.env, **({"LEVERS9_JOIN_TOKEN": token} if token else {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "levers9", "agent", *args, "--docker-host", box.dockerd.host],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     box.started.append(process)
     return process
 
@@ -293,20 +333,42 @@ def test_refusals_reach_the_agent_and_the_cli(agent_plane: tuple[AgentPlane, Box
 def _labelled_container(dockerd: Dockerd, image: str, machine_id: str, agent_id: str) -> str:
     name = f"l9w-{machine_id}"
     dockerd.cli(
-        "run", "-d", "--name", name, "--network", "none", "--label", f"{LABEL_MACHINE}={machine_id}",
-        "--label", f"{LABEL_POOL}=box", "--label", f"{LABEL_AGENT}={agent_id}", image, "sleep", "600",
-    )  # fmt: skip
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "none",
+        "--label",
+        f"{LABEL_MACHINE}={machine_id}",
+        "--label",
+        f"{LABEL_POOL}=box",
+        "--label",
+        f"{LABEL_AGENT}={agent_id}",
+        image,
+        "sleep",
+        "600",
+    )
     return name
 
 
 def test_the_agent_starts_no_worker_that_would_dial_in_plain_text(dockerd: Dockerd, tiny_image: str) -> None:
     def order(machine_id: str, url: str) -> dict[str, Any]:
         return {
-            "machine_id": machine_id, "pool": "box", "workspace": None, "image": tiny_image,
-            "command": ["sleep", "600"], "env": {"LEVERS9_CONTROLPLANE_URL": url}, "secret_env": {},
-            "cpu_millicores": 0, "memory_mib": 0, "gpu": None, "gpu_count": 0, "network_mode": "none",
+            "machine_id": machine_id,
+            "pool": "box",
+            "workspace": None,
+            "image": tiny_image,
+            "command": ["sleep", "600"],
+            "env": {"LEVERS9_CONTROLPLANE_URL": url},
+            "secret_env": {},
+            "cpu_millicores": 0,
+            "memory_mib": 0,
+            "gpu": None,
+            "gpu_count": 0,
+            "network_mode": "none",
             "gpu_runtime": None,
-        }  # fmt: skip
+        }
 
     strict = DockerWorkers("agt_tls_only", docker_host=dockerd.host, stop_grace_s=0)
     loose = DockerWorkers("agt_insecure", docker_host=dockerd.host, stop_grace_s=0, insecure=True)

@@ -35,9 +35,16 @@ pytestmark = pytest.mark.timeout(900)
 def _create_ssh(plane: AgentPlane, box: Box) -> subprocess.CompletedProcess[str]:
     assert plane.sshd is not None
     return plane.operator(
-        "machine", "create", "--pool", "box", "--ssh", f"root@127.0.0.1:{plane.sshd.port}",
-        "--agent-dir", str(box.agent_dir), timeout=600,
-    )  # fmt: skip
+        "machine",
+        "create",
+        "--pool",
+        "box",
+        "--ssh",
+        f"root@127.0.0.1:{plane.sshd.port}",
+        "--agent-dir",
+        str(box.agent_dir),
+        timeout=600,
+    )
 
 
 def _why(plane: AgentPlane, box: Box, done: subprocess.CompletedProcess[str]) -> str:
@@ -117,12 +124,21 @@ def test_the_printed_join_command_installs_the_agent_from_the_controlplanes_whee
     site = root / "site"
     root.mkdir(parents=True)
     bin_dir = _tools(root, site, box.dockerd.host)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(root), "LEVERS9_AGENT_DIR": str(root / "agent"),
-           "TMPDIR": str(root)}  # fmt: skip
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(root),
+        "LEVERS9_AGENT_DIR": str(root / "agent"),
+        "TMPDIR": str(root),
+    }
     process = subprocess.Popen(
-        ["/bin/sh", "-c", command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, cwd=root,
-    )  # fmt: skip
+        ["/bin/sh", "-c", command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=root,
+    )
     try:
         wait_until(
             "the agent installed from the wheel joined",

@@ -73,15 +73,25 @@ def test_a_joined_boxs_worker_and_its_call_survive_a_clean_restart_of_up(
     join(plane, box)
     program = plane.root / "long_call.py"
     program.write_text(LONG_CALL.format(seconds=40))
-    app = subprocess.Popen([sys.executable, str(program)], env=plane.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=plane.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=plane.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=plane.root,
+    )
     try:
         assert app.stdout is not None
         spawned = app.stdout.readline().split()
         assert spawned[:1] == ["SPAWNED"], app.stderr.read() if app.stderr else ""
         task_id = spawned[1]
-        wait_until("the call to run on the box", lambda: _task(plane, task_id).get("status") == "running", 300,
-                   why=lambda: box_logs(plane, box))  # fmt: skip
+        wait_until(
+            "the call to run on the box",
+            lambda: _task(plane, task_id).get("status") == "running",
+            300,
+            why=lambda: box_logs(plane, box),
+        )
         [worker] = box.workers()
 
         plane.stop()  # SIGTERM: a clean stop, without --keep-machines

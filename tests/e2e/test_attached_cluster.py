@@ -69,8 +69,14 @@ def _as(replicas: Replicas, token: str) -> dict[str, str]:
 
 
 def _cli(replicas: Replicas, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "levers9", *args], env=_as(replicas, token), capture_output=True,
-                          text=True, timeout=120, cwd=replicas.root)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "levers9", *args],
+        env=_as(replicas, token),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=replicas.root,
+    )
 
 
 def _clusters(replicas: Replicas, token: str) -> list[dict[str, Any]]:
@@ -81,8 +87,14 @@ def _clusters(replicas: Replicas, token: str) -> list[dict[str, Any]]:
 
 
 def _call(replicas: Replicas, token: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(replicas.program(PROGRAM))], env=_as(replicas, token),
-                          capture_output=True, text=True, timeout=300, cwd=replicas.root)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(replicas.program(PROGRAM))],
+        env=_as(replicas, token),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=replicas.root,
+    )
 
 
 def _user(replicas: Replicas, workspace: str) -> str:
@@ -115,10 +127,31 @@ def test_an_attached_cluster_runs_its_workspaces_calls_through_its_agent_across_
 
         # the customer attaches the cluster; the manifest is what they would apply
         manifest = tmp_path / "lab.yaml"
-        joined = _cli(replicas, team, "cluster", "join", "lab", "--gpu", "L4", "--runtime", "process",
-                      "--image", "registry.example.com/levers9:test", "--worker-image",
-                      "registry.example.com/levers9/worker:test", "--cpu", "1", "--memory", "2048",
-                      "--max-workers", "1", "--idle-timeout", "2", "--output", str(manifest))  # fmt: skip
+        joined = _cli(
+            replicas,
+            team,
+            "cluster",
+            "join",
+            "lab",
+            "--gpu",
+            "L4",
+            "--runtime",
+            "process",
+            "--image",
+            "registry.example.com/levers9:test",
+            "--worker-image",
+            "registry.example.com/levers9/worker:test",
+            "--cpu",
+            "1",
+            "--memory",
+            "2048",
+            "--max-workers",
+            "1",
+            "--idle-timeout",
+            "2",
+            "--output",
+            str(manifest),
+        )
         assert joined.returncode == 0, f"{joined.stderr}\n{replicas.logs()}"
         assert joined.stdout.strip().endswith(f"kubectl apply -f {manifest}")
         objects = {o["kind"]: o for o in yaml.safe_load_all(manifest.read_text())}
@@ -134,16 +167,27 @@ def test_an_attached_cluster_runs_its_workspaces_calls_through_its_agent_across_
         env.update(LEVERS9_JOIN_TOKEN=token, HOME=str(tmp_path), PYTHONUNBUFFERED="1")
         with agent_log.open("wb") as log:
             agent = subprocess.Popen(
-                [sys.executable, "-m", "levers9", *container["command"][1:], "--kubeconfig", str(kubeconfig),
-                 "--log-level", "info"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "levers9",
+                    *container["command"][1:],
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--log-level",
+                    "info",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+                start_new_session=True,
+            )
 
         def report() -> str:
             return f"agent:\n{agent_log.read_text()[-4000:]}\n{replicas.logs()}"
 
-        wait_for(lambda: (_clusters(replicas, team) or [{}])[0].get("nodes") == 2, "the agent's inventory", 90,
-                 report)  # fmt: skip
+        wait_for(lambda: (_clusters(replicas, team) or [{}])[0].get("nodes") == 2, "the agent's inventory", 90, report)
         [lab] = _clusters(replicas, team)
         assert lab["connected"] is True
         assert lab["gpus"] == [{"gpu": "L4", "count": 1, "free": 1}]
@@ -172,8 +216,7 @@ def test_an_attached_cluster_runs_its_workspaces_calls_through_its_agent_across_
 
         # 4. the replica holding the agent's stream dies: the agent dials the other one, which orders the next Job
         replicas.kill(0)
-        wait_for(lambda: agent_log.read_text().count("connected to") > connects, "the agent to dial again", 120,
-                 report)  # fmt: skip
+        wait_for(lambda: agent_log.read_text().count("connected to") > connects, "the agent to dial again", 120, report)
         replicas.token = team
         run = _call(replicas, team)
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{report()}"
@@ -189,8 +232,12 @@ def test_an_attached_cluster_runs_its_workspaces_calls_through_its_agent_across_
         assert _clusters(replicas, team) == []
         # only the agent's own credential stays (the customer's `kubectl delete -f` of the manifest removes it)
         kept = [f"Secret {NS}/levers9-agent-credential"]
-        wait_for(lambda: cluster.leftovers() == kept, "no worker Job, pod or Secret left", 120,
-                 lambda: f"{cluster.leftovers()}\n{report()}")  # fmt: skip
+        wait_for(
+            lambda: cluster.leftovers() == kept,
+            "no worker Job, pod or Secret left",
+            120,
+            lambda: f"{cluster.leftovers()}\n{report()}",
+        )
         assert cluster.running_processes() == []
     finally:
         if agent is not None and agent.poll() is None:

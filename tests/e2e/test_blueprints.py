@@ -145,9 +145,14 @@ def test_a_step_secret_reaches_the_step_only(levers9_up: Up, debian_base: BaseLa
     levers9_up.start()
     secret = "s3cr3t-value-never-in-a-layer"
     made = subprocess.run(
-        [sys.executable, "-m", "levers9", "secret", "create", "TOKEN"], input=secret, env=levers9_up.env,
-        capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
-    )  # fmt: skip
+        [sys.executable, "-m", "levers9", "secret", "create", "TOKEN"],
+        input=secret,
+        env=levers9_up.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=levers9_up.root,
+    )
     assert made.returncode == 0, made.stderr
     app = levers9_up.root / "secretive.py"
     app.write_text(
@@ -166,10 +171,19 @@ def test_a_step_secret_reaches_the_step_only(levers9_up: Up, debian_base: BaseLa
     # every blob of the image as the controlplane's registry serves it to the workspace's user
     copied = tmp_path / "copied"
     pulled = subprocess.run(
-        ["skopeo", "copy", "--src-tls-verify=false", "--src-creds", f"user:{levers9_up.token()}",
-         f"docker://{ref}", f"dir:{copied}"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            "skopeo",
+            "copy",
+            "--src-tls-verify=false",
+            "--src-creds",
+            f"user:{levers9_up.token()}",
+            f"docker://{ref}",
+            f"dir:{copied}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert pulled.returncode == 0, f"skopeo copy failed (apt-get install -y skopeo):\n{pulled.stderr}"
     seen = False
     blobs = [p for p in copied.iterdir() if p.name not in ("version",)]
@@ -213,18 +227,34 @@ def test_a_blueprint_on_a_registry_base(
         private = registry_factory({"htpasswd": {"realm": "levers9-tests", "path": str(users)}})
         digest = base_ref.split("@")[1]
         copied = subprocess.run(
-            ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false",
-             "--src-creds", f"user:{levers9_up.token()}", "--dest-creds", "puller:pa55word",
-             f"docker://{base_ref}", f"docker://{private.address}/team/base:v1"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                "skopeo",
+                "copy",
+                "--src-tls-verify=false",
+                "--dest-tls-verify=false",
+                "--src-creds",
+                f"user:{levers9_up.token()}",
+                "--dest-creds",
+                "puller:pa55word",
+                f"docker://{base_ref}",
+                f"docker://{private.address}/team/base:v1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert copied.returncode == 0, copied.stderr
         base_ref = f"{private.address}/team/base@{digest}"
         for name, value in (("REG_USER", "puller"), ("REG_PASSWORD", "pa55word")):
             made = subprocess.run(
-                [sys.executable, "-m", "levers9", "secret", "create", name], input=value, env=levers9_up.env,
-                capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
-            )  # fmt: skip
+                [sys.executable, "-m", "levers9", "secret", "create", name],
+                input=value,
+                env=levers9_up.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=levers9_up.root,
+            )
             assert made.returncode == 0, made.stderr
         credentials = ', credentials=["REG_USER", "REG_PASSWORD"]'
     app = levers9_up.root / "layered.py"
@@ -275,8 +305,10 @@ def test_docker_and_skopeo_take_a_built_image(levers9_up: Up, debian_base: BaseL
     host, digest = ref.split("/")[0], ref.split("@")[1]
     inspected = subprocess.run(
         ["skopeo", "inspect", "--tls-verify=false", "--creds", f"user:{token}", f"docker://{ref}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert inspected.returncode == 0, f"(apt-get install -y skopeo) {inspected.stderr}"
     shown = json.loads(inspected.stdout)
     assert shown["Digest"] == digest
@@ -287,8 +319,7 @@ def test_docker_and_skopeo_take_a_built_image(levers9_up: Up, debian_base: BaseL
         env = {**dockerd.env, "DOCKER_CONFIG": config}
 
         def docker(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(["docker", *args], env=env, input=stdin, capture_output=True, text=True,
-                                  timeout=300)  # fmt: skip
+            return subprocess.run(["docker", *args], env=env, input=stdin, capture_output=True, text=True, timeout=300)
 
         login = docker("login", "-u", "user", "--password-stdin", host, stdin=token)
         assert login.returncode == 0, login.stderr

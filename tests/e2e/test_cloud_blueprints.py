@@ -207,8 +207,12 @@ def test_a_blueprint_function_runs_on_a_booted_ec2_worker_of_an_oci_pool(
         served = {path.split("/")[1] for method, path, status in imds.requests if status == 200}
         assert served == {instance.id}, imds.requests  # the worker proved which instance it runs on
 
-        wait_for(lambda: all(i.gone for i in ec2.instances()), "the idle EC2 machine to be terminated", 180,
-                 lambda: boot_logs(up, booter))  # fmt: skip
+        wait_for(
+            lambda: all(i.gone for i in ec2.instances()),
+            "the idle EC2 machine to be terminated",
+            180,
+            lambda: boot_logs(up, booter),
+        )
         wait_for(lambda: instance.id in booter.stopped, "the terminated machine's boot to be stopped", 60)
         up.stop()
     seen = dict(watcher.seen)

@@ -59,9 +59,14 @@ def test_a_function_reads_and_writes_a_cloud_bucket_and_a_read_only_one_refuses_
     levers9_up.start()
     for name, value in (("BUCKET_KEY", ACCESS_KEY), ("BUCKET_SECRET", SECRET_KEY)):
         made = subprocess.run(
-            [sys.executable, "-m", "levers9", "secret", "create", name], input=value, env=levers9_up.env,
-            capture_output=True, text=True, timeout=120, cwd=levers9_up.root,
-        )  # fmt: skip
+            [sys.executable, "-m", "levers9", "secret", "create", name],
+            input=value,
+            env=levers9_up.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=levers9_up.root,
+        )
         assert made.returncode == 0, made.stderr
     app = levers9_up.root / "bucket_app.py"
     app.write_text(APP.format(endpoint=moto_s3.endpoint, bucket=bucket))

@@ -78,10 +78,12 @@ def test_a_booted_ec2_worker_reaching_only_the_controlplane_reads_and_writes_a_v
     app = up.root / "cloud_volume_app.py"
     app.write_text(round_trip_app("data", "/data", "written on the EC2 machine"))
     booter = CloudBooter(
-        [ec2.instances], ports=[up.grpc_port, up.http_port, imds.port],
+        [ec2.instances],
+        ports=[up.grpc_port, up.http_port, imds.port],
         platform=lambda i: imds.platform(i),  # type: ignore[arg-type]
-        root=boots, grace=60,
-    )  # fmt: skip
+        root=boots,
+        grace=60,
+    )
     with booter:
         up.start(wait_workers=0)
         upload = tmp_path / "up.bin"
@@ -105,8 +107,12 @@ def test_a_booted_ec2_worker_reaching_only_the_controlplane_reads_and_writes_a_v
         assert out.returncode == 0, out.stderr
         assert (back / "written.txt").read_text() == "written on the EC2 machine"
 
-        wait_for(lambda: all(i.gone for i in ec2.instances()), "the idle EC2 machine to be terminated", 180,
-                 lambda: boot_logs(up, booter))  # fmt: skip
+        wait_for(
+            lambda: all(i.gone for i in ec2.instances()),
+            "the idle EC2 machine to be terminated",
+            180,
+            lambda: boot_logs(up, booter),
+        )
         wait_for(lambda: instance.id in booter.stopped, "the terminated machine's boot to be stopped", 90)
         assert fuse_mounts_below(boots) == [], boot_logs(up, booter)
         assert _processes_mentioning(str(boots)) == []

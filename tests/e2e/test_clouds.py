@@ -176,9 +176,17 @@ def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone
     replicas.count = 1
     replicas.min_workers = 0
     replicas.pools = POOLS.format(
-        ami=AMI, ec2_url=ec2.url, oci_config=oci_config, compartment=COMPARTMENT, subnet=SUBNET, image=IMAGE,
-        oci_url=oci.url, lambda_region=LAMBDA_REGION, lambda_url=lam.url, ssh_key=DEFAULT_SSH_KEY,
-    )  # fmt: skip
+        ami=AMI,
+        ec2_url=ec2.url,
+        oci_config=oci_config,
+        compartment=COMPARTMENT,
+        subnet=SUBNET,
+        image=IMAGE,
+        oci_url=oci.url,
+        lambda_region=LAMBDA_REGION,
+        lambda_url=lam.url,
+        ssh_key=DEFAULT_SSH_KEY,
+    )
     replicas.scheduler = "  unavailable_ttl_s: 600\n"
     replicas.extra_env = {
         "L9_E2E_AWS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
@@ -235,11 +243,20 @@ def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone
 
         # an instance tagged for a pool, which levers9 has no record of, is terminated by the reconciler
         stray = ec2.client().run_instances(
-            ImageId=AMI, InstanceType="t3.micro", MinCount=1, MaxCount=1,
-            TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                {"Key": "levers9:pool", "Value": "ec2-h100"}, {"Key": "levers9:machine-id", "Value": "mach_stray"},
-            ]}],
-        )["Instances"][0]["InstanceId"]  # fmt: skip
+            ImageId=AMI,
+            InstanceType="t3.micro",
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": "levers9:pool", "Value": "ec2-h100"},
+                        {"Key": "levers9:machine-id", "Value": "mach_stray"},
+                    ],
+                }
+            ],
+        )["Instances"][0]["InstanceId"]
         wait_for(
             lambda: all(i.gone for i in ec2.instances() if i.id == stray),
             "the reconciler to terminate the stray EC2 instance",
@@ -339,8 +356,15 @@ def test_a_launch_whose_answer_was_lost_after_the_create_starts_one_machine_not_
         running = pool.submit(replicas.python, T4_PROGRAM, timeout=600)
         [launched] = wait_for(lambda: [i for i in ec2.instances() if i.user_data], "the T4 instance", 300)
         token, machine_id = _join_token(launched.user_data), launched.tags["levers9:machine-id"]
-        thief = CloudInstance(id="i-0bad0bad0bad0bad0", state="running", running=True, gone=False,
-                              instance_type="t3.micro", region="us-east-1", zone="us-east-1a")  # fmt: skip
+        thief = CloudInstance(
+            id="i-0bad0bad0bad0bad0",
+            state="running",
+            running=True,
+            gone=False,
+            instance_type="t3.micro",
+            region="us-east-1",
+            zone="us-east-1a",
+        )
         said = _worker_elsewhere(replicas, token, machine_id, imds.endpoint(thief), tmp_path / "thief")
         assert "did not prove it runs on that machine" in said, said
         assert "names EC2 instance 'i-0bad0bad0bad0bad0'" in said, said

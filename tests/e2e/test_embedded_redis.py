@@ -84,8 +84,14 @@ def square(i):
 print("RESULTS", json.dumps(list(square.map(range(200), progress=False))), flush=True)
 """
     )
-    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=levers9_up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=levers9_up.root,
+    )
     try:
         _wait_for("no call started", lambda: any(gate.glob("started-*")), levers9_up, timeout=120)
         os.kill(old, signal.SIGKILL)
@@ -103,8 +109,12 @@ print("RESULTS", json.dumps(list(square.map(range(200), progress=False))), flush
     assert new is not None, "no redis-server runs after the kill"
     assert new != old
     # reaped: no zombie is left of the old one (the pid is not reused this soon)
-    _wait_for(f"/proc/{old} (the killed redis-server) is still there", lambda: not Path(f"/proc/{old}").exists(),
-              levers9_up, timeout=10)  # fmt: skip
+    _wait_for(
+        f"/proc/{old} (the killed redis-server) is still there",
+        lambda: not Path(f"/proc/{old}").exists(),
+        levers9_up,
+        timeout=10,
+    )
     _wait_for("health is not ok again", lambda: _health(levers9_up).status_code == 200, levers9_up)
     assert _health(levers9_up).json()["redis"] == "ok"
     assert _restarts(levers9_up) == 1

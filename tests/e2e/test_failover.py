@@ -205,11 +205,23 @@ def test_a_worker_leaves_a_replica_that_froze_without_closing_its_connections(re
     log_path = replicas.root / "worker.log"
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "levers9", "worker", "--controlplane", ",".join(replicas.addresses),
-             "--pool", "local", "--state-dir", str(replicas.root / "worker-state")],
-            env={**replicas.env, "LEVERS9_TOKEN": issued.stdout.strip()}, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "levers9",
+                "worker",
+                "--controlplane",
+                ",".join(replicas.addresses),
+                "--pool",
+                "local",
+                "--state-dir",
+                str(replicas.root / "worker-state"),
+            ],
+            env={**replicas.env, "LEVERS9_TOKEN": issued.stdout.strip()},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     process = replicas.replicas[0].process
     assert process is not None
     try:
@@ -279,9 +291,10 @@ def test_a_rolling_restart_fails_no_call_and_leaves_nothing_behind(replicas: Rep
         time.sleep(1)
     assert (holders, workers_running) == (1, 2), merged
     leftovers = [
-        (name, v) for name, v in merged
+        (name, v)
+        for name, v in merged
         if v and name.startswith(("levers9_serving_containers{", "levers9_gateway_waiting_requests{"))
-    ]  # fmt: skip
+    ]
     assert leftovers == []
 
 

@@ -41,8 +41,10 @@ DEADLINE_S = 60.0
 def test_health_and_a_call_answer_while_20000_slow_connections_are_held(levers9_up: Up) -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard < FLOOD:
-        pytest.fail(f"this test runs levers9 up under {FLOOD} file descriptors, above this process's hard limit "
-                    f"({hard}): run it after `ulimit -Hn {FLOOD}` (as root)")  # fmt: skip
+        pytest.fail(
+            f"this test runs levers9 up under {FLOOD} file descriptors, above this process's hard limit "
+            f"({hard}): run it after `ulimit -Hn {FLOOD}` (as root)"
+        )
     levers9_up.nofile = FLOOD
     levers9_up.write_config()
     with (levers9_up.home / "levers9.yaml").open("a") as config:
@@ -51,8 +53,12 @@ def test_health_and_a_call_answer_while_20000_slow_connections_are_held(levers9_
     began = time.monotonic()
     # each helper holds what its descriptor limit (raised to this process's hard one) allows, and no more than 10,000
     helpers = max(2, math.ceil(FLOOD / max(1, min(10_000, hard - 1_000))))
-    with slow_clients(levers9_up.http_port, addresses=ADDRESSES, per_address=FLOOD // len(ADDRESSES),
-                      helpers=min(helpers, len(ADDRESSES))) as clients:  # fmt: skip
+    with slow_clients(
+        levers9_up.http_port,
+        addresses=ADDRESSES,
+        per_address=FLOOD // len(ADDRESSES),
+        helpers=min(helpers, len(ADDRESSES)),
+    ) as clients:
         status = clients.wait_settled(FLOOD, timeout=180)
         assert status["connected"] == FLOOD, status
 

@@ -78,8 +78,11 @@ def test_a_full_data_directory_fails_health_refuses_new_work_keeps_reads_and_rec
 
         filler.unlink()  # no restart, nothing else: the next requests just work
         assert httpx.get(f"{api}/health", timeout=10).json() == {
-            "status": "ok", "database": "ok", "redis": "ok", "disk": "ok"
-        }  # fmt: skip
+            "status": "ok",
+            "database": "ok",
+            "redis": "ok",
+            "disk": "ok",
+        }
         accepted = levers9_up.python(NEW_CALL)
         assert accepted.returncode == 0, accepted.stderr + levers9_up.log()[-3000:]
         assert "RESULT 42" in accepted.stdout

@@ -97,8 +97,12 @@ def _alive(pid: int) -> bool:
 
 def _client(up: Up) -> httpx.Client:
     limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
-    return httpx.Client(base_url=f"http://127.0.0.1:{up.http_port}", limits=limits, timeout=120,
-                        headers={"authorization": f"Bearer {up.token()}"})  # fmt: skip
+    return httpx.Client(
+        base_url=f"http://127.0.0.1:{up.http_port}",
+        limits=limits,
+        timeout=120,
+        headers={"authorization": f"Bearer {up.token()}"},
+    )
 
 
 def test_a_killed_container_fails_only_the_requests_it_had(levers9_up: Up) -> None:

@@ -73,11 +73,26 @@ def _start_worker(replicas: Replicas, ns: Namespace) -> subprocess.Popen[bytes]:
     log = (replicas.root / "worker.log").open("wb")
     try:
         return subprocess.Popen(
-            [*ns.exec_prefix(), sys.executable, "-m", "levers9", "worker", "--log-level", "info",
-             "--controlplane", f"grpc://{ns.host_ip}:{replicas.replicas[0].grpc_port}", "--pool", "local",
-             "--state-dir", str(replicas.root / "worker-state")],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                *ns.exec_prefix(),
+                sys.executable,
+                "-m",
+                "levers9",
+                "worker",
+                "--log-level",
+                "info",
+                "--controlplane",
+                f"grpc://{ns.host_ip}:{replicas.replicas[0].grpc_port}",
+                "--pool",
+                "local",
+                "--state-dir",
+                str(replicas.root / "worker-state"),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
 
@@ -106,15 +121,20 @@ def test_gateway_requests_to_either_replica_reach_a_worker_behind_nat(replicas: 
             app = replicas.root / "relayapp.py"
             app.write_text(textwrap.dedent(APP))
             deployed = subprocess.run(
-                [sys.executable, "-m", "levers9", "deploy", str(app)], env=replicas.sdk_env(None, None),
-                capture_output=True, text=True, timeout=120, cwd=replicas.root,
-            )  # fmt: skip
+                [sys.executable, "-m", "levers9", "deploy", str(app)],
+                env=replicas.sdk_env(None, None),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=replicas.root,
+            )
             assert deployed.returncode == 0, deployed.stderr + logs()
 
             headers = {"authorization": f"Bearer {replicas.token}"}
             for replica in (holder, other):
-                with httpx.Client(base_url=f"http://127.0.0.1:{replica.http_port}", headers=headers,
-                                  timeout=60) as client:  # fmt: skip
+                with httpx.Client(
+                    base_url=f"http://127.0.0.1:{replica.http_port}", headers=headers, timeout=60
+                ) as client:
                     codes: list[int] = []
                     for i in range(REQUESTS):
                         answer = client.post("/endpoint/greet", json={"name": f"r{replica.index}-{i}"})

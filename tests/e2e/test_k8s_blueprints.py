@@ -79,8 +79,12 @@ def test_a_blueprint_function_runs_on_a_privileged_worker_pod(
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["LEVERS9_WORKER_STATE_DIR"] == "/var/lib/levers9/worker"
 
-    wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 180,
-             lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}")  # fmt: skip
+    wait_for(
+        lambda: cluster.leftovers() == [],
+        "no Job, pod or Secret left",
+        180,
+        lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}",
+    )
     assert cluster.running_processes() == []
     assert Path("/var/lib/levers9").exists() == state_mount_there  # a mount point the fake made went with the pod
 
@@ -98,12 +102,20 @@ def test_a_runc_pool_without_privileged_is_refused_naming_the_setting(
     app.write_text(APP)
     # a call for the pool: its provision is refused in the same words (the call itself waits on; it is ended)
     call = subprocess.Popen(
-        [sys.executable, "-m", "levers9", "run", f"{app.name}::main"], cwd=up.root, env=up.env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "levers9", "run", f"{app.name}::main"],
+        cwd=up.root,
+        env=up.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        wait_for(lambda: "settings.privileged: true" in up.log(), "the provision's refusal in the log", 240,
-                 lambda: up.log()[-4000:])  # fmt: skip
+        wait_for(
+            lambda: "settings.privileged: true" in up.log(),
+            "the provision's refusal in the log",
+            240,
+            lambda: up.log()[-4000:],
+        )
     finally:
         call.kill()
         call.wait()

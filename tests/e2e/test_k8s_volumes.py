@@ -67,8 +67,12 @@ def test_a_privileged_worker_pod_reads_and_writes_a_volume_over_the_controlplane
     assert out.returncode == 0, out.stderr
     assert (back / "written.txt").read_text() == "written in a pod"
 
-    wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 180,
-             lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}")  # fmt: skip
+    wait_for(
+        lambda: cluster.leftovers() == [],
+        "no Job, pod or Secret left",
+        180,
+        lambda: f"{cluster.leftovers()}\n{up.log()[-3000:]}",
+    )
     assert cluster.running_processes() == []
     up.stop()
     assert fuse_mounts_below(tmp_path) == []

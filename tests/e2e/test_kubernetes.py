@@ -110,13 +110,16 @@ def _call(replicas: Replicas, expect_pool: str) -> list[dict[str, Any]]:
 def _holder(batch: Any, name: str) -> None:
     """Another tenant's Job holding the L4 (a pod that sleeps)."""
     container = {
-        "name": "main", "image": "busybox", "command": ["sleep", "600"],
+        "name": "main",
+        "image": "busybox",
+        "command": ["sleep", "600"],
         "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "100m", "memory": "64Mi"}},
-    }  # fmt: skip
+    }
     pod = {
-        "restartPolicy": "Never", "containers": [container],
+        "restartPolicy": "Never",
+        "containers": [container],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    }  # fmt: skip
+    }
     body = {"metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {"spec": pod}}}
     batch.create_namespaced_job("default", body)
 
@@ -159,8 +162,11 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
 
         # 2. another tenant holds the L4: the call goes to the CPU pool at once, saying why
         _holder(batch, "tenant-a")
-        wait_for(lambda: any(p["spec"].get("nodeName") == GPU_NODE for p in cluster.pods("default")),
-               "the tenant's pod on the GPU node", 30)  # fmt: skip
+        wait_for(
+            lambda: any(p["spec"].get("nodeName") == GPU_NODE for p in cluster.pods("default")),
+            "the tenant's pod on the GPU node",
+            30,
+        )
         events = _call(replicas, "k8s-cpu")
         shown = json.dumps(events, indent=1)
         l4 = [e for e in events if e["pool"] == "k8s-l4" and e["outcome"] == "unavailable"]
@@ -191,13 +197,20 @@ def test_calls_run_in_jobs_fail_over_at_once_or_at_the_deadline_and_leave_nothin
         assert [e["pool"] for e in events if e["outcome"] == "placed"] == ["k8s-cpu"], shown
         missed = [e["reason"] or "" for e in events if e["pool"] == "k8s-l4" and e["outcome"] == "unavailable"]
         # the miss in the scheduler's words (beside the provider's offers, which by then say the L4 is taken)
-        assert any("never started within its registration deadline: FailedScheduling: 0/2 nodes are available"
-                   in r and "Insufficient nvidia.com/gpu" in r for r in missed), shown  # fmt: skip
+        assert any(
+            "never started within its registration deadline: FailedScheduling: 0/2 nodes are available" in r
+            and "Insufficient nvidia.com/gpu" in r
+            for r in missed
+        ), shown
         batch.delete_namespaced_job("tenant-b", "default", propagation_policy="Background")
 
         # 4. idle workers released, the tenants gone: nothing of levers9's is left in the cluster
-        wait_for(lambda: cluster.leftovers() == [], "no Job, pod or Secret left", 120,
-               lambda: f"{cluster.leftovers()}\n{replicas.logs()}")  # fmt: skip
+        wait_for(
+            lambda: cluster.leftovers() == [],
+            "no Job, pod or Secret left",
+            120,
+            lambda: f"{cluster.leftovers()}\n{replicas.logs()}",
+        )
         assert cluster.running_processes() == []
     finally:
         replicas.stop_all()

@@ -21,16 +21,23 @@ def test_generated_requests_never_get_a_server_error(levers9_up: Up) -> None:
         pytest.fail("schemathesis is not installed: run scripts/setup (it is in the dev extra)")
     url = f"http://127.0.0.1:{levers9_up.http_port}/api/v1/openapi.json"
     command = [
-        str(schemathesis), "run", url,
-        "--checks", "not_a_server_error",
-        "--header", f"Authorization: Bearer {levers9_up.token()}",
-        "--max-examples", "25",
+        str(schemathesis),
+        "run",
+        url,
+        "--checks",
+        "not_a_server_error",
+        "--header",
+        f"Authorization: Bearer {levers9_up.token()}",
+        "--max-examples",
+        "25",
         "--generation-deterministic",
-        "--request-timeout", "30",
+        "--request-timeout",
+        "30",
         "--no-color",
         # revoking the very token the run uses would leave the rest of it answered 401
-        "--exclude-path-regex", "^/api/v1/tokens/",
-    ]  # fmt: skip
+        "--exclude-path-regex",
+        "^/api/v1/tokens/",
+    ]
     done = subprocess.run(
         command,
         capture_output=True,

@@ -77,5 +77,7 @@ def test_killing_the_redis_primary_mid_map_loses_nothing(
             time.sleep(0.1)
         at = datetime.strptime(done[0][:23], "%Y-%m-%d %H:%M:%S,%f")  # the log's local time, as datetime.now()
         noticed.append((at - killed_wall).total_seconds())
-    print(f"{at_kill} lines at the kill, {at_failover} at the failover ({failed_over:.1f} s later); "
-          f"the map ended {took:.1f} s after the kill; the replicas rebuilt {noticed[0]:.1f} and {noticed[1]:.1f} s after it")  # fmt: skip
+    print(
+        f"{at_kill} lines at the kill, {at_failover} at the failover ({failed_over:.1f} s later); "
+        f"the map ended {took:.1f} s after the kill; the replicas rebuilt {noticed[0]:.1f} and {noticed[1]:.1f} s after it"
+    )

@@ -34,10 +34,26 @@ def test_a_replica_exports_under_its_name_and_a_second_one_with_that_name_is_ref
     clash = replicas.root / "clash.yaml"
     clash.write_text(config)
     refused = subprocess.run(
-        [sys.executable, "-m", "levers9", "--config", str(clash), "server", "--grpc-port", str(free_port()),
-         "--http-port", str(free_port()), "--metrics-port", str(free_port())],
-        env=replicas.env, capture_output=True, text=True, timeout=90, cwd=replicas.root,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "--config",
+            str(clash),
+            "server",
+            "--grpc-port",
+            str(free_port()),
+            "--http-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+        ],
+        env=replicas.env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=replicas.root,
+    )
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert "the replica name 'replica0' is in use by another live replica (process replica0-" in refused.stderr
     assert "listen.replica_name or levers9 server --replica-name" in refused.stderr

@@ -147,8 +147,12 @@ def test_a_stopped_replica_ends_its_streams_at_once_and_its_worker_goes_on_elsew
             assert "controlplane replica stopping" in (error.details() or ""), error.details()
         stopped_log = replicas.replicas[held].log()
         assert "going on without it" not in stopped_log, stopped_log[-3000:]  # no step of the stop hit its deadline
-        _wait(f"the worker's registration with replica {other}",
-              lambda: replicas.replicas[other].log().count(REGISTERED) > before, replicas, timeout=60)  # fmt: skip
+        _wait(
+            f"the worker's registration with replica {other}",
+            lambda: replicas.replicas[other].log().count(REGISTERED) > before,
+            replicas,
+            timeout=60,
+        )
         assert program.poll() is None, program.communicate()[1][-3000:]  # the call still runs: nothing failed it
 
         gate.touch()

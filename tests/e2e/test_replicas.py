@@ -55,9 +55,13 @@ def test_a_dead_address_in_the_list_is_passed_over(replicas: Replicas) -> None:
     assert lines == ["remote 2", *(f"result {2 * i}" for i in range(5)), "after 10"]
     # the CLI passes over the dead address too
     listed = subprocess.run(
-        [sys.executable, "-m", "levers9", "tasks", "--json"], env=replicas.sdk_env([dead, replicas.addresses[0]], None),
-        capture_output=True, text=True, timeout=120, cwd=replicas.root,
-    )  # fmt: skip
+        [sys.executable, "-m", "levers9", "tasks", "--json"],
+        env=replicas.sdk_env([dead, replicas.addresses[0]], None),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=replicas.root,
+    )
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 7
 
@@ -172,8 +176,9 @@ def test_reconnect_s_bounds_how_long_a_call_tries_when_no_replica_answers(tmp_pa
         )
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
-    env.update(LEVERS9_HOME=str(tmp_path / "home"), LEVERS9_GRPC=",".join(dead), LEVERS9_RECONNECT_S="3",
-               LEVERS9_TOKEN="t")  # fmt: skip
+    env.update(
+        LEVERS9_HOME=str(tmp_path / "home"), LEVERS9_GRPC=",".join(dead), LEVERS9_RECONNECT_S="3", LEVERS9_TOKEN="t"
+    )
     try:
         done = subprocess.run([sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=60)
     finally:
@@ -195,11 +200,23 @@ def test_a_worker_given_two_addresses_registers_through_the_live_one(replicas: R
     log_path = replicas.root / "worker.log"
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "levers9", "worker", "--controlplane", f"{dead}, {replicas.addresses[0]}",
-             "--pool", "local", "--state-dir", str(replicas.root / "worker-state")],
-            env={**replicas.env, "LEVERS9_TOKEN": issued.stdout.strip()}, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "levers9",
+                "worker",
+                "--controlplane",
+                f"{dead}, {replicas.addresses[0]}",
+                "--pool",
+                "local",
+                "--state-dir",
+                str(replicas.root / "worker-state"),
+            ],
+            env={**replicas.env, "LEVERS9_TOKEN": issued.stdout.strip()},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         replicas.wait_workers(1, timeout=60)
         assert worker.poll() is None, log_path.read_text()

@@ -51,8 +51,14 @@ def test_a_call_running_across_a_restart_is_neither_killed_nor_run_again(levers9
     marker = levers9_up.exchange / "starts.log"
     program = levers9_up.root / "long_call.py"
     program.write_text(PROGRAM.format(seconds=25, marker=str(marker)))
-    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=levers9_up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=levers9_up.root,
+    )
     try:
         assert app.stdout is not None
         spawned = app.stdout.readline().split()

@@ -52,17 +52,24 @@ def _run(*command: str) -> None:
 def _client(replicas: Replicas, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """A client command as a user runs it: the replicas' addresses and the user's token, no config file."""
     return subprocess.run(
-        [sys.executable, "-m", "levers9", *args], env=replicas.sdk_env(None, None), input=stdin,
-        capture_output=True, text=True, timeout=120, cwd=replicas.root,
-    )  # fmt: skip
+        [sys.executable, "-m", "levers9", *args],
+        env=replicas.sdk_env(None, None),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=replicas.root,
+    )
 
 
 def _greet(replicas: Replicas, token: str) -> httpx.Response:
     port = replicas.replicas[0].http_port
     return httpx.post(
-        f"http://127.0.0.1:{port}/endpoint/greet", json={"name": "ada"},
-        headers={"authorization": f"Bearer {token}"}, timeout=120,
-    )  # fmt: skip
+        f"http://127.0.0.1:{port}/endpoint/greet",
+        json={"name": "ada"},
+        headers={"authorization": f"Bearer {token}"},
+        timeout=120,
+    )
 
 
 def test_a_dump_restored_as_the_guide_says_brings_back_tokens_secrets_and_deployments(replicas: Replicas) -> None:
@@ -108,8 +115,9 @@ def test_a_dump_restored_as_the_guide_says_brings_back_tokens_secrets_and_deploy
     assert [s["name"] for s in json.loads(secrets.stdout)] == ["GREETING"]
     refused = httpx.get(
         f"http://127.0.0.1:{replicas.replicas[0].http_port}/api/v1/tasks",
-        headers={"authorization": f"Bearer {later.stdout.strip()}"}, timeout=10,
-    )  # fmt: skip
+        headers={"authorization": f"Bearer {later.stdout.strip()}"},
+        timeout=10,
+    )
     assert refused.status_code == 401, refused.text
     # the deployment serves again, its secret decrypted with the same key file
     answer = _greet(replicas, replicas.token)
@@ -118,6 +126,7 @@ def test_a_dump_restored_as_the_guide_says_brings_back_tokens_secrets_and_deploy
     # the operator's token made before the dump still works
     workers = httpx.get(
         f"http://127.0.0.1:{replicas.replicas[0].http_port}/api/v1/workers",
-        headers={"authorization": f"Bearer {operator.stdout.strip()}"}, timeout=10,
-    )  # fmt: skip
+        headers={"authorization": f"Bearer {operator.stdout.strip()}"},
+        timeout=10,
+    )
     assert workers.status_code == 200, workers.text

@@ -28,16 +28,24 @@ def _cli(
     up: Up, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "levers9", *args], env={**up.env, **(env or {})}, input=stdin,
-        capture_output=True, text=True, timeout=120, cwd=up.root,
-    )  # fmt: skip
+        [sys.executable, "-m", "levers9", *args],
+        env={**up.env, **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=up.root,
+    )
 
 
 def _rest(up: Up, method: str, path: str, token: str, body: object = None) -> httpx.Response:
     return httpx.request(
-        method, f"http://127.0.0.1:{up.http_port}/api/v1{path}", json=body,
-        headers={"authorization": f"Bearer {token}"}, timeout=10,
-    )  # fmt: skip
+        method,
+        f"http://127.0.0.1:{up.http_port}/api/v1{path}",
+        json=body,
+        headers={"authorization": f"Bearer {token}"},
+        timeout=10,
+    )
 
 
 def test_secrets_through_the_cli_rest_and_a_function(levers9_up: Up) -> None:

@@ -175,8 +175,14 @@ print("RESULT", slow.remote(), flush=True)
 """
     )
     # the kill has to land between the call starting and finishing, so the program runs in the background
-    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=levers9_up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=levers9_up.root,
+    )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and time.monotonic() < deadline:
@@ -229,8 +235,14 @@ assert list(nap.map(range(4))) == list(range(4))  # measured: 0.3 s a call
 print("RESULT", list(nap.map(range(60))) == list(range(60)), flush=True)
 """
     )
-    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=levers9_up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=levers9_up.root,
+    )
 
     try:
         deadline = time.monotonic() + 120
@@ -294,8 +306,14 @@ mapper.join(300)
 print("RESULTS", json.dumps([results, mapped]), flush=True)
 """
     )
-    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=levers9_up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=levers9_up.root,
+    )
     try:
         assert app.stdout is not None
         assert app.stdout.readline().strip() == "SPAWNED"
@@ -368,8 +386,11 @@ def test_a_token_of_one_workspace_cannot_read_another_workspaces_tasks(shared_up
     # and over REST
     import httpx
 
-    r = httpx.get(f"http://127.0.0.1:{shared_up.http_port}/api/v1/tasks/{task_id}",
-                  headers={"authorization": f"Bearer {intruder}"}, timeout=10)  # fmt: skip
+    r = httpx.get(
+        f"http://127.0.0.1:{shared_up.http_port}/api/v1/tasks/{task_id}",
+        headers={"authorization": f"Bearer {intruder}"},
+        timeout=10,
+    )
     assert r.status_code == 404
 
 
@@ -417,8 +438,14 @@ def long():
 print("RESULT", long.remote(), flush=True)
 """
     )
-    app = subprocess.Popen([sys.executable, str(program)], env=levers9_up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=levers9_up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=levers9_up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=levers9_up.root,
+    )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and time.monotonic() < deadline:
@@ -426,8 +453,12 @@ print("RESULT", long.remote(), flush=True)
         assert marker.exists(), "the call never started"
         worker = _worker_running_a_call(levers9_up)
         os.kill(worker, signal.SIGTERM)  # drain: take nothing new, finish what runs, leave
-        wait_for(lambda: _worker_logs_say(levers9_up, "draining: finishing 1 running calls"), "the worker draining",
-                 60, levers9_up.log)  # fmt: skip
+        wait_for(
+            lambda: _worker_logs_say(levers9_up, "draining: finishing 1 running calls"),
+            "the worker draining",
+            60,
+            levers9_up.log,
+        )
         release.touch()
         out, err = app.communicate(timeout=120)
     finally:
@@ -447,24 +478,46 @@ print("RESULT", long.remote(), flush=True)
 
 def test_a_second_up_on_the_same_home_or_port_refuses_and_leaves_the_first_alone(levers9_up: Up) -> None:
     levers9_up.start()
-    ports = ["--grpc-port", str(levers9_up.grpc_port), "--http-port", str(free_port()),
-             "--metrics-port", str(free_port())]  # fmt: skip
+    ports = [
+        "--grpc-port",
+        str(levers9_up.grpc_port),
+        "--http-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+    ]
     same_home = levers9_up.levers9("up", *ports, timeout=60)
     assert same_home.returncode == 1
     assert "another levers9 controlplane is running on" in same_home.stderr
     other_home = subprocess.run(
         [sys.executable, "-m", "levers9", "up", *ports],
         env={**levers9_up.env, "LEVERS9_HOME": str(levers9_up.root / "other-home")},
-        capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=levers9_up.root,
+    )
     assert other_home.returncode == 1
     assert f"cannot listen for gRPC on 127.0.0.1:{levers9_up.grpc_port}" in other_home.stderr
     http_taken = subprocess.run(
-        [sys.executable, "-m", "levers9", "up", "--grpc-port", str(free_port()),
-         "--http-port", str(levers9_up.http_port), "--metrics-port", str(free_port())],
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "up",
+            "--grpc-port",
+            str(free_port()),
+            "--http-port",
+            str(levers9_up.http_port),
+            "--metrics-port",
+            str(free_port()),
+        ],
         env={**levers9_up.env, "LEVERS9_HOME": str(levers9_up.root / "third-home")},
-        capture_output=True, text=True, timeout=60, cwd=levers9_up.root,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=levers9_up.root,
+    )
     assert http_taken.returncode == 1, http_taken.stderr
     assert f"cannot listen for HTTP on 127.0.0.1:{levers9_up.http_port}" in http_taken.stderr
     done = levers9_up.levers9("run", str(EXAMPLES / "hello.py"))  # the first one still serves
@@ -481,9 +534,13 @@ def test_ctrl_c_stops_up_in_order_without_restarting_its_redis_or_registry(lever
     log = levers9_up.root / "ctrl-c.log"
     with log.open("wb") as out:
         up = subprocess.Popen(
-            [sys.executable, "-m", "levers9", "up", *ports], env={**levers9_up.env, "LEVERS9_HOME": str(home)},
-            stdout=out, stderr=subprocess.STDOUT, cwd=levers9_up.root, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "levers9", "up", *ports],
+            env={**levers9_up.env, "LEVERS9_HOME": str(home)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=levers9_up.root,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while "levers9 is up" not in log.read_text(errors="replace"):

@@ -102,10 +102,12 @@ def cloud_up(
     levers9_up.home.mkdir(parents=True, exist_ok=True)
     (levers9_up.home / CERTIFICATE).write_text(str(imds.certificate_file))  # named in the config's pool
     booter = CloudBooter(
-        [ec2.instances], ports=[levers9_up.grpc_port, imds.port],
+        [ec2.instances],
+        ports=[levers9_up.grpc_port, imds.port],
         platform=lambda i: imds.platform(i),  # type: ignore[arg-type]
-        root=boots, grace=30,
-    )  # fmt: skip
+        root=boots,
+        grace=30,
+    )
     with booter:
         yield levers9_up, ec2, booter
         levers9_up.stop()
@@ -115,8 +117,9 @@ def _write_config(up: Up, ec2: FakeEc2, *, min_workers: int, max_workers: int, r
     up.home.mkdir(parents=True, exist_ok=True)
     certificate = (up.home / CERTIFICATE).read_text()
     state = f"state:\n  redis_url: {redis_url}\n" if redis_url else ""
-    text = CONFIG.format(state=state, min_workers=min_workers, max_workers=max_workers, ami=AMI, ec2_url=ec2.url,
-                         certificate=certificate)  # fmt: skip
+    text = CONFIG.format(
+        state=state, min_workers=min_workers, max_workers=max_workers, ami=AMI, ec2_url=ec2.url, certificate=certificate
+    )
     (up.home / "levers9.yaml").write_text(text)
 
 
@@ -197,15 +200,26 @@ def test_a_clean_restart_of_up_keeps_the_machine_and_its_running_call(
     marker = up.exchange / "starts.log"
     program = up.root / "long_call.py"
     program.write_text(LONG_CALL.format(seconds=60, marker=str(marker)))
-    app = subprocess.Popen([sys.executable, str(program)], env=up.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd=up.root)  # fmt: skip
+    app = subprocess.Popen(
+        [sys.executable, str(program)],
+        env=up.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=up.root,
+    )
     try:
         assert app.stdout is not None
         spawned = app.stdout.readline().split()
         assert spawned[:1] == ["SPAWNED"], app.stderr.read() if app.stderr else ""
         task_id = spawned[1]
-        wait_for(lambda: marker.exists() and marker.read_text().strip() and _status(up, task_id) == "running",
-                 "the call to run on the booted machine", 300, lambda: boot_logs(up, booter), interval=0.5)  # fmt: skip
+        wait_for(
+            lambda: marker.exists() and marker.read_text().strip() and _status(up, task_id) == "running",
+            "the call to run on the booted machine",
+            300,
+            lambda: boot_logs(up, booter),
+            interval=0.5,
+        )
         [instance] = _live(ec2)
 
         up.stop()  # SIGTERM: a clean stop, machines kept

@@ -154,8 +154,12 @@ def test_a_worker_killed_mid_write_keeps_what_was_closed_and_leaves_no_mount(lev
         mounted = [point for point, _ in fuse_mounts_below(levers9_up.root)]
         return old_points[0] not in mounted and not any(_alive(pid) for pid in old_juicefs)
 
-    _wait(f"the killed worker's mount {old_points[0]} (juicefs {old_juicefs}) was still there", old_mount_gone,
-          levers9_up, 120)  # fmt: skip
+    _wait(
+        f"the killed worker's mount {old_points[0]} (juicefs {old_juicefs}) was still there",
+        old_mount_gone,
+        levers9_up,
+        120,
+    )
 
     levers9_up.stop()
     assert fuse_mounts_below(levers9_up.root) == []

@@ -80,11 +80,26 @@ def _start_worker(up: Up, ns: Namespace) -> subprocess.Popen[bytes]:
     log = (up.root / "worker.log").open("wb")
     try:
         return subprocess.Popen(
-            [*_join_network(ns), sys.executable, "-m", "levers9", "worker", "--log-level", "info",
-             "--controlplane", f"grpc://{ns.host_ip}:{up.grpc_port}", "--pool", "nat",
-             "--state-dir", str(up.root / "worker-state")],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                *_join_network(ns),
+                sys.executable,
+                "-m",
+                "levers9",
+                "worker",
+                "--log-level",
+                "info",
+                "--controlplane",
+                f"grpc://{ns.host_ip}:{up.grpc_port}",
+                "--pool",
+                "nat",
+                "--state-dir",
+                str(up.root / "worker-state"),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
 

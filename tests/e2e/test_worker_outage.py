@@ -36,10 +36,23 @@ def test_a_worker_older_than_its_limit_keeps_serving_across_a_controlplane_resta
     }
     log = (levers9_up.root / "worker.log").open("wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "levers9", "worker", "--controlplane", f"grpc://127.0.0.1:{levers9_up.grpc_port}",
-         "--pool", "local", "--state-dir", str(levers9_up.root / "worker-state")],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "levers9",
+            "worker",
+            "--controlplane",
+            f"grpc://127.0.0.1:{levers9_up.grpc_port}",
+            "--pool",
+            "local",
+            "--state-dir",
+            str(levers9_up.root / "worker-state"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         levers9_up.wait_workers(1)
         time.sleep(LIMIT_S + 2)  # older than its limit

@@ -1650,9 +1650,22 @@ def _validate_toleration(toleration: Any, path: str, check: _Checker) -> None:
 POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
 #: capabilities the baseline level lets a container add (the container runtime's default set)
 _BASELINE_CAPABILITIES = frozenset(
-    {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP",
-     "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-)  # fmt: skip
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
 _RESTRICTED_VOLUMES = frozenset(
     {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
 )
@@ -1671,9 +1684,13 @@ def pod_security_violations(pod: JsonObject, level: str) -> list[str]:
     if privileged:
         found.append(f"privileged ({_containers(privileged)} must not set securityContext.privileged=true)")
     added = sorted(
-        {cap for c in containers for cap in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add")
-         or [] if cap not in _BASELINE_CAPABILITIES}
-    )  # fmt: skip
+        {
+            cap
+            for c in containers
+            for cap in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+            if cap not in _BASELINE_CAPABILITIES
+        }
+    )
     if added:
         found.append(f"non-default capabilities (containers must not include {', '.join(added)} in add)")
     host_paths = [v["name"] for v in spec.get("volumes") or [] if "hostPath" in v]

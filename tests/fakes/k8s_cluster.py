@@ -154,9 +154,21 @@ DEFAULT_COMMAND = ("levers9", "worker")
 GPU_RESOURCE = "nvidia.com/gpu"
 #: the capabilities containerd gives a container that is not privileged (its default spec)
 DEFAULT_CAPABILITIES = (
-    "CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP", "SETPCAP",
-    "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE",
-)  # fmt: skip
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FSETID",
+    "FOWNER",
+    "MKNOD",
+    "NET_RAW",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "KILL",
+    "AUDIT_WRITE",
+)
 NVIDIA_SMI_DATA = Path(__file__).resolve().parents[1] / "data" / "gpu" / "nvidia_smi"
 JsonObject = dict[str, Any]
 
@@ -979,9 +991,15 @@ class FakeCluster:
         else:
             self._waiting(pod, "ErrImagePull", said)
             self.api.record_event(
-                pod, "Pod", "Warning", "Failed", f'Failed to pull image "{image}": {said}', "kubelet", node_name,
+                pod,
+                "Pod",
+                "Warning",
+                "Failed",
+                f'Failed to pull image "{image}": {said}',
+                "kubelet",
+                node_name,
                 self.event_repeat_s,
-            )  # fmt: skip
+            )
         return True
 
     def _waiting(self, pod: JsonObject, reason: str, message: str | None) -> None:
@@ -1102,13 +1120,22 @@ class FakeCluster:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(node.gpus[i][0] for i in free)
         context = container.get("securityContext") or {}
         privileged = bool(context.get("privileged"))
-        empty = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts") or []
-                 if "emptyDir" in volumes[m["name"]]]  # fmt: skip
+        empty = [
+            m["mountPath"].rstrip("/") for m in container.get("volumeMounts") or [] if "emptyDir" in volumes[m["name"]]
+        ]
         return _Start(
-            meta["uid"], namespace, meta["name"], node.name, argv, env, files, dirs, gpus,
+            meta["uid"],
+            namespace,
+            meta["name"],
+            node.name,
+            argv,
+            env,
+            files,
+            dirs,
+            gpus,
             None if privileged else _bounding_set(context.get("capabilities") or {}),
             tuple(empty),
-        )  # fmt: skip
+        )
 
     def _field(self, pod: JsonObject, path: str) -> str:
         meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}

@@ -18,9 +18,20 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 __all__ = [
-    "AD1", "AD2", "COMPARTMENT", "IMAGE", "REGION", "SUBNET", "TENANCY", "UNKNOWN_IMAGE", "USER",
-    "OciCredentials", "fingerprint", "make_credentials", "write_config",
-]  # fmt: skip
+    "AD1",
+    "AD2",
+    "COMPARTMENT",
+    "IMAGE",
+    "REGION",
+    "SUBNET",
+    "TENANCY",
+    "UNKNOWN_IMAGE",
+    "USER",
+    "OciCredentials",
+    "fingerprint",
+    "make_credentials",
+    "write_config",
+]
 
 TENANCY = "ocid1.tenancy.oc1..aaaaaaaatenancy0test"
 USER = "ocid1.user.oc1..aaaaaaaauser0test"

@@ -135,13 +135,17 @@ async def test_requests_are_relayed_on_one_kept_alive_connection_without_the_tok
                 return
             seen.append(head + body)
             out = json.dumps({"n": len(seen), "body": body.decode()}).encode()
-            writer.write(b"HTTP/1.1 201 Created\r\nx-from: container\r\nconnection: keep-alive\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(out), out))  # fmt: skip
+            writer.write(
+                b"HTTP/1.1 201 Created\r\nx-from: container\r\nconnection: keep-alive\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(out), out)
+            )
 
     async with _container(answer) as port, _gateway(port) as gw, connect(gw.port) as (reader, writer):
         for n in (1, 2):
-            writer.write(b"POST /endpoint/hello?q=1 HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer secret\r\n"
-                         b"content-length: 5\r\n\r\nhello")  # fmt: skip
+            writer.write(
+                b"POST /endpoint/hello?q=1 HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer secret\r\n"
+                b"content-length: 5\r\n\r\nhello"
+            )
             status, headers, body = await read_response(reader)
             assert status == 201
             assert headers[b"x-from"] == b"container"

@@ -308,8 +308,9 @@ def test_hook_levers9_container_changes(runtime_hooks: Any, tmp_path: Path) -> N
     hooks, ctx, _ = runtime_hooks
     hooks_run(hooks.container_start(ctx, hooks_run(hooks.container_prepare(ctx, spec()))))
     diff = hooks_run(hooks.container_changes(ctx, "c1", str(tmp_path / "layer.tar")))
-    assert diff == LayerDiff(path=str(tmp_path / "layer.tar"), size_bytes=7,
-                             diff_id=f"sha256:{hashlib.sha256(b'echo hi').hexdigest()}")  # fmt: skip
+    assert diff == LayerDiff(
+        path=str(tmp_path / "layer.tar"), size_bytes=7, diff_id=f"sha256:{hashlib.sha256(b'echo hi').hexdigest()}"
+    )
     assert hooks.captures_changes(ctx)
     # a runtime whose plugin lacks the hook cannot say what a container changed: None, not an error
     plugins = PluginSet()

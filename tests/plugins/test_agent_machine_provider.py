@@ -90,8 +90,9 @@ def gpu_pool(workspace: str | None, name: str = "gpus", **settings: Any) -> Pool
 
 
 def cpu_pool(workspace: str | None, name: str = "cpus", runtime: str = "runc", **settings: Any) -> Pool:
-    made = AgentMachineSettings.model_validate({"worker_image": IMAGE, "heartbeat_timeout_s": 5, "gpu_runtime": None,
-                                                "docker_network_mode": "host"} | settings)  # fmt: skip
+    made = AgentMachineSettings.model_validate(
+        {"worker_image": IMAGE, "heartbeat_timeout_s": 5, "gpu_runtime": None, "docker_network_mode": "host"} | settings
+    )
     return Pool(name=name, provider="agent_machine", runtime=runtime, workspace=workspace, settings=made)
 
 
@@ -113,9 +114,16 @@ def request(pool: Pool, machine_id: str, offer: GpuOffer | None) -> ProvisionReq
 
 
 async def box(
-    services: Services, hub: AgentHub, principal: Principal, pool: str, name: str, *, free_gpus: int = 2,
-    containers: list[dict[str, Any]] | None = None, free_cpu: int = 16000,
-) -> Agent:  # fmt: skip
+    services: Services,
+    hub: AgentHub,
+    principal: Principal,
+    pool: str,
+    name: str,
+    *,
+    free_gpus: int = 2,
+    containers: list[dict[str, Any]] | None = None,
+    free_cpu: int = 16000,
+) -> Agent:
     """A joined, connected agent for ``pool`` that reported its inventory."""
     issued = await agent_join.issue_join_token(services, principal, "agent_machine", {"pool": pool, "name": name})
     joined = await agent_join.join(services, issued.token, version="test", hostname=name)
@@ -129,18 +137,31 @@ async def report(agent: Agent, *, free_gpus: int = 2, containers: list[dict[str,
     assert agent.session is not None
     await agent.session.inventory(
         InventoryReport(
-            cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=free_cpu, free_memory_mib=60000,
+            cpu_millicores=16000,
+            memory_mib=65536,
+            free_cpu_millicores=free_cpu,
+            free_memory_mib=60000,
             gpus=(("H100", 2, free_gpus),),
             machines=tuple(c["machine_id"] for c in containers if c["state"] == "running"),
-            details={"docker": {"version": "27", "runtimes": ["runc", "nvidia"], "nvidia": True}, "arch": "x86_64",
-                     "disk_free_gib": 100.0, "containers": containers},
+            details={
+                "docker": {"version": "27", "runtimes": ["runc", "nvidia"], "nvidia": True},
+                "arch": "x86_64",
+                "disk_free_gib": 100.0,
+                "containers": containers,
+            },
         )
-    )  # fmt: skip
+    )
 
 
 def container(machine_id: str, pool: str, state: str = "running", exit_code: int | None = None) -> dict[str, Any]:
-    return {"machine_id": machine_id, "pool": pool, "container_id": f"c-{machine_id}", "state": state,
-            "exit_code": exit_code, "gpus": ["GPU-1"]}  # fmt: skip
+    return {
+        "machine_id": machine_id,
+        "pool": pool,
+        "container_id": f"c-{machine_id}",
+        "state": state,
+        "exit_code": exit_code,
+        "gpus": ["GPU-1"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------- offers
@@ -189,29 +210,70 @@ async def test_provision_sends_the_order_the_design_names_and_returns_the_contai
     order = await agent.order()
     assert order.kind == "provision"
     payload = order.payload
-    assert {k: payload[k] for k in ("machine_id", "pool", "workspace", "image", "cpu_millicores", "memory_mib",
-                                    "gpu", "gpu_count", "network_mode", "gpu_runtime")} == {
-        "machine_id": "mach_a1", "pool": "gpus", "workspace": team.workspace_id, "image": IMAGE,
-        "cpu_millicores": 2000, "memory_mib": 4096, "gpu": "H100", "gpu_count": 1, "network_mode": "host",
+    assert {
+        k: payload[k]
+        for k in (
+            "machine_id",
+            "pool",
+            "workspace",
+            "image",
+            "cpu_millicores",
+            "memory_mib",
+            "gpu",
+            "gpu_count",
+            "network_mode",
+            "gpu_runtime",
+        )
+    } == {
+        "machine_id": "mach_a1",
+        "pool": "gpus",
+        "workspace": team.workspace_id,
+        "image": IMAGE,
+        "cpu_millicores": 2000,
+        "memory_mib": 4096,
+        "gpu": "H100",
+        "gpu_count": 1,
+        "network_mode": "host",
         "gpu_runtime": "nvidia",
-    }  # fmt: skip
+    }
     assert payload["secret_env"] == {"LEVERS9_TOKEN": "l9_machine_secret"}
     assert "l9_machine_secret" not in str(payload["env"])  # the token only in secret_env
     assert payload["env"]["LEVERS9_MACHINE_ID"] == "mach_a1"
     assert payload["command"]
     assert all(isinstance(part, str) for part in payload["command"])
     assert payload["runtime"] == "runc"
-    assert set(payload) == {"machine_id", "pool", "workspace", "image", "command", "env", "secret_env",
-                            "cpu_millicores", "memory_mib", "gpu", "gpu_count", "network_mode", "gpu_runtime",
-                            "runtime"}  # fmt: skip
-    await agent.ack(order, result={"container_id": "c0ffee", "name": "l9w-mach_a1", "machine_id": "mach_a1",
-                                   "gpus": ["GPU-1"]})  # fmt: skip
+    assert set(payload) == {
+        "machine_id",
+        "pool",
+        "workspace",
+        "image",
+        "command",
+        "env",
+        "secret_env",
+        "cpu_millicores",
+        "memory_mib",
+        "gpu",
+        "gpu_count",
+        "network_mode",
+        "gpu_runtime",
+        "runtime",
+    }
+    await agent.ack(
+        order, result={"container_id": "c0ffee", "name": "l9w-mach_a1", "machine_id": "mach_a1", "gpus": ["GPU-1"]}
+    )
     machine = await started
     assert machine == Machine(
-        provider_id="l9w-mach_a1", machine_id="mach_a1", pool="gpus", state=MachineState.PENDING, gpu="H100",
-        gpu_count=1, zone=agent.identity.agent_id, instance_type="box-1", labels={"agent": agent.identity.agent_id},
+        provider_id="l9w-mach_a1",
+        machine_id="mach_a1",
+        pool="gpus",
+        state=MachineState.PENDING,
+        gpu="H100",
+        gpu_count=1,
+        zone=agent.identity.agent_id,
+        instance_type="box-1",
+        labels={"agent": agent.identity.agent_id},
         provider_data={"agent_id": agent.identity.agent_id, "container_id": "c0ffee"},
-    )  # fmt: skip
+    )
 
 
 async def test_a_cpu_pool_provisions_on_the_agent_with_the_most_free_cpu(
@@ -295,8 +357,12 @@ async def test_terminate_orders_the_agent_and_an_offline_agent_is_retryable(
     team = await workspace_user(services, "team")
     agent = await box(services, hub, team, "gpus", "box-1", containers=[container("mach_t1", "gpus")])
     pool = gpu_pool(team.workspace_id)
-    machine = Machine(provider_id="l9w-mach_t1", machine_id="mach_t1", pool="gpus",
-                      provider_data={"agent_id": agent.identity.agent_id})  # fmt: skip
+    machine = Machine(
+        provider_id="l9w-mach_t1",
+        machine_id="mach_t1",
+        pool="gpus",
+        provider_data={"agent_id": agent.identity.agent_id},
+    )
     stopping = asyncio.create_task(asyncio.to_thread(provider.levers9_terminate, pool, machine))
     order = await agent.order()
     assert (order.kind, order.payload) == ("terminate", {"machine_id": "mach_t1"})
@@ -406,6 +472,9 @@ async def test_a_cpu_pool_asks_the_next_box_when_one_refuses_and_tries_the_refus
     await big.ack(order, ok=False, error="no room left", error_kind="insufficient_capacity")
     order = await small.order()
     await small.ack(order, ok=False, error="no room here either", error_kind="insufficient_capacity")
-    with pytest.raises(InsufficientCapacity, match=r"every joined machine of pool 'cpus' that fits refused the "
-                       r"worker \(big \(agent .* no room left\); small \(agent .* no room here either\)\)"):  # fmt: skip
+    with pytest.raises(
+        InsufficientCapacity,
+        match=r"every joined machine of pool 'cpus' that fits refused the "
+        r"worker \(big \(agent .* no room left\); small \(agent .* no room here either\)\)",
+    ):
         await started

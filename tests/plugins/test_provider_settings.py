@@ -369,13 +369,20 @@ def test_hooks_register_against_the_spec() -> None:
 #: providers whose provisioning hooks have landed; the others declare settings only
 PROVISIONING = {"local", "agent_machine", "ec2", "oci", "lambda_labs", "local_k8s", "attached_cluster"}
 PROVIDER_HOOKS = {
-    "levers9_provider_settings", "levers9_gpu_offers", "levers9_provision", "levers9_terminate",
+    "levers9_provider_settings",
+    "levers9_gpu_offers",
+    "levers9_provision",
+    "levers9_terminate",
     "levers9_list_machines",
-}  # fmt: skip
+}
 #: hooks a provisioning provider may add to those: the spec marks them optional
 OPTIONAL_PROVIDER_HOOKS = {
-    "levers9_check", "levers9_startup", "levers9_shutdown", "levers9_verify_identity", "levers9_machine_identity",
-}  # fmt: skip
+    "levers9_check",
+    "levers9_startup",
+    "levers9_shutdown",
+    "levers9_verify_identity",
+    "levers9_machine_identity",
+}
 
 
 def test_providers_implement_all_provider_hooks_or_only_settings() -> None:

@@ -92,16 +92,26 @@ def test_an_index_is_followed_to_this_machines_platform(registry: Registry, tmp_
     with RegistryClient(registry.url) as client:
         manifest, media_type, _ = client.get_manifest("tests/multi", digest)
         arch = json.loads(client.read_blob("tests/multi", json.loads(manifest)["config"]["digest"]))["architecture"]
-        index = json.dumps({
-            "schemaVersion": 2,
-            "mediaType": DOCKER_MANIFEST_LIST,
-            "manifests": [
-                {"mediaType": media_type, "digest": other, "size": len(client.get_manifest("tests/multi", other)[0]),
-                 "platform": {"os": "linux", "architecture": "s390x" if arch != "s390x" else "ppc64le"}},
-                {"mediaType": media_type, "digest": digest, "size": len(manifest),
-                 "platform": {"os": "linux", "architecture": arch}},
-            ],
-        }).encode()  # fmt: skip
+        index = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": DOCKER_MANIFEST_LIST,
+                "manifests": [
+                    {
+                        "mediaType": media_type,
+                        "digest": other,
+                        "size": len(client.get_manifest("tests/multi", other)[0]),
+                        "platform": {"os": "linux", "architecture": "s390x" if arch != "s390x" else "ppc64le"},
+                    },
+                    {
+                        "mediaType": media_type,
+                        "digest": digest,
+                        "size": len(manifest),
+                        "platform": {"os": "linux", "architecture": arch},
+                    },
+                ],
+            }
+        ).encode()
         index_digest = client.push_manifest("tests/multi", "multi", index, DOCKER_MANIFEST_LIST)
     with RegistryPuller() as puller:
         store = ImageStore(tmp_path / "cache", puller=puller)

@@ -80,9 +80,16 @@ def token_service(tmp_path: Path) -> Iterator[TokenService]:
             if scope:
                 kind, repo, actions = scope.split(":")
                 access.append({"type": kind, "name": repo, "actions": actions.split(",")})
-            claims = {"iss": ISSUER, "sub": USER, "aud": query.get("service", [""])[0], "iat": int(time.time()),
-                      "nbf": int(time.time()) - 10, "exp": int(time.time()) + 300, "jti": uuid.uuid4().hex,
-                      "access": access}  # fmt: skip
+            claims = {
+                "iss": ISSUER,
+                "sub": USER,
+                "aud": query.get("service", [""])[0],
+                "iat": int(time.time()),
+                "nbf": int(time.time()) - 10,
+                "exp": int(time.time()) + 300,
+                "jti": uuid.uuid4().hex,
+                "access": access,
+            }
             token = jwt.encode(claims, key, algorithm="ES256", headers={"x5c": chain})
             body = json.dumps({"token": token, "expires_in": 300}).encode()
             self.send_response(200)

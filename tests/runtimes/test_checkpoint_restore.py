@@ -141,8 +141,9 @@ async def test_a_corrupted_checkpoint_starts_cold_and_is_marked_failed(
         ws = await WorkspaceStore(db).create("ws")
         store = CheckpointStore(db)
         storage, cache = LocalStorage(tmp_path / "storage"), NodeCache(tmp_path / "cache", max_bytes=10**10)
-        record = await publish(image, workspace_id=ws.id, stub_id=None, task_id=None, gpu=None, store=store,
-                               storage=storage, cache=cache)  # fmt: skip
+        record = await publish(
+            image, workspace_id=ws.id, stub_id=None, task_id=None, gpu=None, store=store, storage=storage, cache=cache
+        )
         assert record.status == "available"
         for f in cache.path_for(record.id).glob("*"):  # the node's copy goes bad
             f.write_bytes(b"\0garbage" * 1000)
@@ -173,8 +174,16 @@ async def test_a_published_checkpoint_is_restored_from_storage_on_another_node(
     try:
         ws = await WorkspaceStore(db).create("ws")
         store, storage = CheckpointStore(db), LocalStorage(tmp_path / "storage")
-        record = await publish(image, workspace_id=ws.id, stub_id=None, task_id=None, gpu=None, store=store,
-                               storage=storage, cache=NodeCache(tmp_path / "cache-a", max_bytes=10**10))  # fmt: skip
+        record = await publish(
+            image,
+            workspace_id=ws.id,
+            stub_id=None,
+            task_id=None,
+            gpu=None,
+            store=store,
+            storage=storage,
+            cache=NodeCache(tmp_path / "cache-a", max_bytes=10**10),
+        )
         other_node = NodeCache(tmp_path / "cache-b", max_bytes=10**10)  # empty: the image must be downloaded
         started = await start_container(
             hooks, ctx, spec("elsewhere"), checkpoint=record, checkpoints=store, storage=storage, cache=other_node
@@ -208,8 +217,15 @@ async def test_criu_on_this_kernel_is_reported_unavailable_and_the_container_kee
     hooks = Hooks(load_plugins(PluginPolicy()))
     settings = hooks.runtime_settings_model("runc")
     assert settings is not None
-    ctx = RuntimeContext(name="runc", settings=settings(bridge=f"l9t{secrets.token_hex(5)}", subnet="10.248.0.0/24",
-                         image_cache=str(tmp_path.parent / "image-cache")), state_dir=str(tmp_path / "runc"))  # fmt: skip
+    ctx = RuntimeContext(
+        name="runc",
+        settings=settings(
+            bridge=f"l9t{secrets.token_hex(5)}",
+            subnet="10.248.0.0/24",
+            image_cache=str(tmp_path.parent / "image-cache"),
+        ),
+        state_dir=str(tmp_path / "runc"),
+    )
     try:
         support = await hooks.checkpoint_support(ctx)
         assert support.mechanism == "criu"
@@ -260,8 +276,9 @@ async def test_the_worker_checkpoints_once_the_container_says_it_is_ready(
     assert (await hooks.container_state(ctx, "app")).status is ContainerStatus.RUNNING
     token = (await until(hooks, ctx, "app", "alive")).split("alive ", 1)[1].split()[0]
 
-    prepared = await hooks.container_prepare(ctx, with_ready_signal(base.model_copy(update={"container_id": "app2"}),
-                                                                    tmp_path / "signals" / "app2"))  # fmt: skip
+    prepared = await hooks.container_prepare(
+        ctx, with_ready_signal(base.model_copy(update={"container_id": "app2"}), tmp_path / "signals" / "app2")
+    )
     await hooks.restore(ctx, prepared, image, timeout=300)
     out = await until(hooks, ctx, "app2", "alive")
     assert "starting up" not in out

@@ -198,19 +198,47 @@ async def test_network_none_has_only_loopback(box: Box) -> None:
 
 #: capability numbers (linux/capability.h) of those a container keeps and those the tests look for
 CAP_NUMBERS = {
-    "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3, "CAP_FSETID": 4,
-    "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_NET_BIND_SERVICE": 10,
-    "CAP_NET_ADMIN": 12, "CAP_NET_RAW": 13, "CAP_SYS_CHROOT": 18, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21,
-    "CAP_MKNOD": 27, "CAP_AUDIT_WRITE": 29, "CAP_SETFCAP": 31,
-}  # fmt: skip
+    "CAP_CHOWN": 0,
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_DAC_READ_SEARCH": 2,
+    "CAP_FOWNER": 3,
+    "CAP_FSETID": 4,
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+    "CAP_SETPCAP": 8,
+    "CAP_NET_BIND_SERVICE": 10,
+    "CAP_NET_ADMIN": 12,
+    "CAP_NET_RAW": 13,
+    "CAP_SYS_CHROOT": 18,
+    "CAP_SYS_PTRACE": 19,
+    "CAP_SYS_ADMIN": 21,
+    "CAP_MKNOD": 27,
+    "CAP_AUDIT_WRITE": 29,
+    "CAP_SETFCAP": 31,
+}
 
 #: system call numbers the probe makes directly, by machine
 SYSCALLS = {
-    "x86_64": {"unshare": 272, "keyctl": 250, "process_vm_readv": 310, "io_uring_setup": 425, "bpf": 321,
-               "clone3": 435, "userfaultfd": 323},
-    "aarch64": {"unshare": 97, "keyctl": 219, "process_vm_readv": 270, "io_uring_setup": 425, "bpf": 280,
-                "clone3": 435, "userfaultfd": 282},
-}  # fmt: skip
+    "x86_64": {
+        "unshare": 272,
+        "keyctl": 250,
+        "process_vm_readv": 310,
+        "io_uring_setup": 425,
+        "bpf": 321,
+        "clone3": 435,
+        "userfaultfd": 323,
+    },
+    "aarch64": {
+        "unshare": 97,
+        "keyctl": 219,
+        "process_vm_readv": 270,
+        "io_uring_setup": 425,
+        "bpf": 280,
+        "clone3": 435,
+        "userfaultfd": 282,
+    },
+}
 
 # Inside the container: its capability sets, device nodes, raw sockets, and calls the seccomp profile refuses,
 # each made in a child of its own (a successful unshare would change the rest), as errno names or "ok".
@@ -292,8 +320,16 @@ async def test_the_seccomp_profile_refuses_what_it_lists(box: Box) -> None:
     cid = await box.run(["python3", "-c", CONFINEMENT_PROBE, json.dumps(numbers)])
     assert (await box.wait(cid)).exit_code == 0, await box.output(cid)
     found = json.loads((await box.output(cid)).strip().splitlines()[-1])
-    refused = ("unshare_user", "unshare_net", "keyctl", "process_vm_readv", "io_uring_setup", "bpf", "userfaultfd",
-               "mount_tmpfs")  # fmt: skip
+    refused = (
+        "unshare_user",
+        "unshare_net",
+        "keyctl",
+        "process_vm_readv",
+        "io_uring_setup",
+        "bpf",
+        "userfaultfd",
+        "mount_tmpfs",
+    )
     assert {name: found[name] for name in refused} == dict.fromkeys(refused, "EPERM")
     # so that the C library falls back to clone, whose flags are checked (gVisor's kernel has no clone3 at all)
     assert found["clone3"] == "ENOSYS"
@@ -316,8 +352,10 @@ async def test_runc_root_is_an_unprivileged_host_user(box: Box, tmp_path: Path) 
         'python3 -c \'import socket; socket.create_server(("0.0.0.0", 80)); print("bound-80")\'; '
         "echo READY; exec sleep 600"
     )
-    mounts = [Mount(source=str(handler), target="/opt/handler"), Mount(source=str(out), target="/opt/out",
-                                                                     read_only=False)]  # fmt: skip
+    mounts = [
+        Mount(source=str(handler), target="/opt/handler"),
+        Mount(source=str(out), target="/opt/out", read_only=False),
+    ]
     cid = await box.run(["sh", "-c", script], mounts=mounts)
     deadline = time.monotonic() + 60
     while "READY" not in (text := (await box.hooks.container_logs(box.ctx, cid, 0)).data.decode()):
@@ -379,8 +417,13 @@ async def test_runc_runs_without_a_user_namespace_where_the_host_does_not_allow_
     hooks = Hooks(load_plugins(PluginPolicy()))
     settings = hooks.runtime_settings_model("runc")
     assert settings is not None
-    ctx = RuntimeContext(name="runc", state_dir=str(tmp_path / "runc"), settings=settings(
-        bridge=f"l9t{secrets.token_hex(5)}", subnet="10.247.0.0/24", image_cache=str(tmp_path / "cache")))  # fmt: skip
+    ctx = RuntimeContext(
+        name="runc",
+        state_dir=str(tmp_path / "runc"),
+        settings=settings(
+            bridge=f"l9t{secrets.token_hex(5)}", subnet="10.247.0.0/24", image_cache=str(tmp_path / "cache")
+        ),
+    )
     box = Box(hooks, ctx, [])
     try:
         report = await hooks.runtime_capabilities(ctx)
@@ -425,8 +468,9 @@ threading.Event().wait()
 
 
 def host_ipv4_addresses() -> list[str]:
-    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True,
-                                      check=True).stdout)  # fmt: skip
+    links = json.loads(
+        subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    )
     return [a["local"] for link in links if link.get("ifname") != "lo" for a in link.get("addr_info", [])]
 
 

@@ -89,8 +89,15 @@ def test_a_cdi_spec_is_applied_exactly(tmp_path: Path) -> None:
 
     root = tmp_path / "host"
     (root / "dev" / "dri").mkdir(parents=True)
-    nodes = {"nvidia0": (195, 0), "nvidiactl": (195, 255), "nvidia-uvm": (510, 0), "nvidia-uvm-tools": (510, 1),
-             "nvidia-modeset": (195, 254), "dri/card1": (226, 1), "dri/renderD128": (226, 128)}  # fmt: skip
+    nodes = {
+        "nvidia0": (195, 0),
+        "nvidiactl": (195, 255),
+        "nvidia-uvm": (510, 0),
+        "nvidia-uvm-tools": (510, 1),
+        "nvidia-modeset": (195, 254),
+        "dri/card1": (226, 1),
+        "dri/renderD128": (226, 128),
+    }
     for name, (major, minor) in nodes.items():
         os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
     specs = load_specs([CDI])

@@ -268,8 +268,9 @@ def test_the_seccomp_note_follows_the_oci_seccomp_flag(
         assert "seccomp: levers9's profile, applied inside the sandbox (-oci-seccomp)" in real.notes
         assert "--oci-seccomp" in levers9_gvisor.engine(context("gvisor", {"network": "host"})).flavor.argv
     old_build = fake_runsc(platforms="ptrace\n", flags=OLD_FLAGS)
-    report = levers9_gvisor.plugin.levers9_runtime_capabilities(context("gvisor", {"binary": str(old_build),
-                                                                            "network": "host"}))  # fmt: skip
+    report = levers9_gvisor.plugin.levers9_runtime_capabilities(
+        context("gvisor", {"binary": str(old_build), "network": "host"})
+    )
     assert report.available, report.unavailable_reason
     assert any(note.startswith("seccomp: runsc") and "no -oci-seccomp flag" in note for note in report.notes)
 

@@ -80,8 +80,12 @@ def test_unavailable_to_a_worker_that_is_not_root(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o755)
     done = subprocess.run(
         ["runuser", "-u", "nobody", "--", sys.executable, "-c", script],
-        capture_output=True, text=True, timeout=60, check=False, cwd="/",
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     available, reason = json.loads(done.stdout.strip().splitlines()[-1])
     assert available is False

@@ -131,9 +131,15 @@ class Harness:
             await eventually(starting, f"the scheduler to record machine {m['machine_id']} as started")
             pool = self.pools[m["pool"]]
             info = WorkerInfo(
-                id=wid, pool=pool.name, cpu_millicores=pool.cpu_millicores, memory_mib=pool.memory_mib,
-                gpu=pool.gpu, gpu_count=pool.gpu_count, runtime=pool.pool.runtime, machine_id=m["machine_id"],
-            )  # fmt: skip
+                id=wid,
+                pool=pool.name,
+                cpu_millicores=pool.cpu_millicores,
+                memory_mib=pool.memory_mib,
+                gpu=pool.gpu,
+                gpu_count=pool.gpu_count,
+                runtime=pool.pool.runtime,
+                machine_id=m["machine_id"],
+            )
             await scheduler.register_worker(info)
             out.append(wid)
         return out

@@ -67,8 +67,10 @@ async def test_a_preempted_machine_is_ended_and_its_calls_requeued_in_the_same_p
     # terminated so nothing stays billed, with the machine as stored
     [terminated] = h.terminates()
     assert (terminated["provider_id"], terminated["zone"], terminated["provider_data"]) == (
-        machine["id"], "us-east-1a", {"zone": "us-east-1a"},
-    )  # fmt: skip
+        machine["id"],
+        "us-east-1a",
+        {"zone": "us-east-1a"},
+    )
     assert h.machines() == []
     # the spot capacity there is gone: its offer is skipped for the TTL
     key = GpuOffer(**SPOT).key

@@ -60,8 +60,13 @@ async def test_a_silent_worker_and_a_vanished_machine_are_counted(make_harness: 
     assert sample("levers9_requeues_total", {"replica": "r1", "reason": "machine_vanished"}) == 1
     assert sample("levers9_workers_lost_total", {"replica": "r1", "pool": "cpu", "reason": "machine_vanished"}) == 1
     assert sample("levers9_provider_calls_total", {"replica": "r1", "provider": "flaky", "hook": "list_machines"}) == 1
-    assert sample("levers9_provider_errors_total", {"replica": "r1", "provider": "flaky", "hook": "provision",
-                                                     "error": "AuthenticationFailed"}) is None  # fmt: skip
+    assert (
+        sample(
+            "levers9_provider_errors_total",
+            {"replica": "r1", "provider": "flaky", "hook": "provision", "error": "AuthenticationFailed"},
+        )
+        is None
+    )
 
 
 async def test_provider_errors_are_counted_by_hook_and_error_class(make_harness: MakeHarness) -> None:

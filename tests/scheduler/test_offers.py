@@ -206,11 +206,16 @@ async def test_the_request_carries_the_offer_and_the_bootstrap_and_terminate_get
     record = await MachineStore(h.db).get(machine["machine_id"])
     assert record is not None
     assert (record.provider_id, record.region, record.zone, record.instance_type) == (
-        machine["id"], "us-east-1", "us-east-1b", "p5.48xlarge",
-    )  # fmt: skip
+        machine["id"],
+        "us-east-1",
+        "us-east-1b",
+        "p5.48xlarge",
+    )
     assert (record.provider_data, record.offer_key, record.price_per_hour) == (
-        {"zone": "us-east-1b"}, _key(offer), 2.5,
-    )  # fmt: skip
+        {"zone": "us-east-1b"},
+        _key(offer),
+        2.5,
+    )
 
     await h.register_started(s)
     [placed] = (await s.place_once()).placed

@@ -16,9 +16,14 @@ from tests.scheduler.conftest import Harness, MakeHarness
 
 def _offer(zone: str, price: float | None, count: int = 1) -> dict[str, Any]:
     return {
-        "gpu": "H100", "gpu_count": count, "gpu_memory_mib": 81559, "instance_type": f"h100x{count}",
-        "region": "r1", "zone": zone, "price_per_hour": price,
-    }  # fmt: skip
+        "gpu": "H100",
+        "gpu_count": count,
+        "gpu_memory_mib": 81559,
+        "instance_type": f"h100x{count}",
+        "region": "r1",
+        "zone": zone,
+        "price_per_hour": price,
+    }
 
 
 async def _first_start(h: Harness) -> str:

@@ -146,8 +146,13 @@ async def test_a_machine_listed_in_another_pool_too_is_left_to_its_own(make_harn
     record = await MachineStore(h.db).get(ours["machine_id"])
     assert record is not None
     assert record.pool != "spare"
-    seen_there = {"id": "fk-same-seen-there", "machine_id": ours["machine_id"], "pool": "spare", "gpu": None,
-                  "gpu_count": 0}  # fmt: skip
+    seen_there = {
+        "id": "fk-same-seen-there",
+        "machine_id": ours["machine_id"],
+        "pool": "spare",
+        "gpu": None,
+        "gpu_count": 0,
+    }
     (h.cloud / "machines" / f"{seen_there['id']}.json").write_text(json.dumps(seen_there))
     report = await s.reconcile_once()
     assert report.orphans == []

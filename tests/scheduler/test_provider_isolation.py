@@ -105,9 +105,15 @@ async def register_started(h: Harness, s: Scheduler) -> None:
     for m in await s.ctx.machines.list(states=["starting"]):
         pool = h.pools[m.pool]
         info = WorkerInfo(
-            id=f"worker-{m.id}", pool=pool.name, cpu_millicores=pool.cpu_millicores, memory_mib=pool.memory_mib,
-            gpu=pool.gpu, gpu_count=pool.gpu_count, runtime=pool.pool.runtime, machine_id=m.id,
-        )  # fmt: skip
+            id=f"worker-{m.id}",
+            pool=pool.name,
+            cpu_millicores=pool.cpu_millicores,
+            memory_mib=pool.memory_mib,
+            gpu=pool.gpu,
+            gpu_count=pool.gpu_count,
+            runtime=pool.pool.runtime,
+            machine_id=m.id,
+        )
         await s.register_worker(info)
 
 

@@ -110,8 +110,9 @@ async def test_two_schedulers_sharing_one_redis_place_every_request_exactly_once
 ) -> None:
     a_redis, b_redis = connect(redis_server), connect(redis_server)
     await a_redis.flushall()
-    h = await make_harness([("cpu", None, 1, {"cpu_millicores": 64000})], database_url=database_url, redis=a_redis,
-                           batch_size=17)  # fmt: skip
+    h = await make_harness(
+        [("cpu", None, 1, {"cpu_millicores": 64000})], database_url=database_url, redis=a_redis, batch_size=17
+    )
     db_b = await open_database(database_url)
     try:
         a, b = h.scheduler(), h.scheduler(redis=b_redis, db=db_b)
@@ -207,8 +208,12 @@ async def test_a_call_kept_for_a_worker_that_does_not_come_back_is_queued_again_
 ) -> None:
     """Redis lost its data (an embedded Redis died with its controlplane): the running call waits for its worker,
     holding no room and placed nowhere, for the grace; then it is queued again with its attempt counted."""
-    h = await make_harness([("cpu",)], database_url=f"sqlite:///{tmp_path / 'levers9.db'}",
-                           redis=connect(None, embedded=EmbeddedRedis()), worker_keepalive_s=3)  # fmt: skip
+    h = await make_harness(
+        [("cpu",)],
+        database_url=f"sqlite:///{tmp_path / 'levers9.db'}",
+        redis=connect(None, embedded=EmbeddedRedis()),
+        worker_keepalive_s=3,
+    )
     first = h.scheduler()
     await first.register_worker(WorkerInfo("w-old", "cpu", 1000, 1024))
     request = h.request(None, cpu_millicores=1000)
@@ -254,8 +259,9 @@ async def test_workers_a_kept_redis_still_holds_are_not_reaped_for_the_downtime(
     workers get the grace to reconnect; one that never comes back is reaped after it."""
     redis = connect(redis_server)
     await redis.flushall()
-    h = await make_harness([("cpu",)], database_url=f"sqlite:///{tmp_path / 'levers9.db'}", redis=redis,
-                           worker_keepalive_s=0.5)  # fmt: skip
+    h = await make_harness(
+        [("cpu",)], database_url=f"sqlite:///{tmp_path / 'levers9.db'}", redis=redis, worker_keepalive_s=0.5
+    )
     first = h.scheduler()
     back, gone = WorkerInfo("w-back", "cpu", 1000, 1024), WorkerInfo("w-gone", "cpu", 1000, 1024)
     for w in (back, gone):

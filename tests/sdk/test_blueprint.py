@@ -112,8 +112,10 @@ def test_with_envs_forms_and_clear() -> None:
     image = Blueprint(env_vars="A=1").with_envs(["B=2", "C=x=y", "EMPTY="]).with_envs({"D": "4"})
     image.add_commands(["true"])
     assert [s.env for s in image.spec().steps if s.op == "env"] == [
-        (("A", "1"),), (("B", "2"), ("C", "x=y"), ("EMPTY", "")), (("D", "4"),),
-    ]  # fmt: skip
+        (("A", "1"),),
+        (("B", "2"), ("C", "x=y"), ("EMPTY", "")),
+        (("D", "4"),),
+    ]
     image.with_envs({"E": "5"}, clear=True)
     assert image.spec().steps == (Step("run", ("true",)), Step("env", env=(("E", "5"),)))
 
@@ -151,9 +153,13 @@ def test_secrets_reach_the_later_run_pip_and_apt_steps_and_per_command_ones_thos
         .add_commands("after")
     )
     assert [(s.op, s.secrets) for s in image.spec().steps] == [
-        ("run", ()), ("run", ("EXTRA", "TOKEN")), ("pip", ("TOKEN",)), ("apt", ("TOKEN",)), ("env", ()),
+        ("run", ()),
+        ("run", ("EXTRA", "TOKEN")),
+        ("pip", ("TOKEN",)),
+        ("apt", ("TOKEN",)),
+        ("env", ()),
         ("run", ("TOKEN",)),
-    ]  # fmt: skip
+    ]
     with pytest.raises(BlueprintError, match=r"^secrets\[0\]: 'no-dash' is not a secret name"):
         Blueprint().with_secrets(["no-dash"])
     with pytest.raises(BlueprintError, match=r"^secrets\[1\]: '1X'"):

@@ -45,7 +45,10 @@ def test_cpu_takes_cores_or_millicores(cpu: object, millicores: int) -> None:
             {"memory": "1Gb"},
             "_work: memory: '1Gb' is not a quantity; use MiB as a number (512) or a string like '256Mi', '1Gi', '16GiB'",
         ),
-        ({"memory": 10**12}, "_work: memory: 1000000000000 is out of range; it must be at least 1 MiB and at most 16 TiB"),
+        (
+            {"memory": 10**12},
+            "_work: memory: 1000000000000 is out of range; it must be at least 1 MiB and at most 16 TiB",
+        ),
         ({"memory": True}, "_work: memory: True is not a quantity"),
         ({"memory": [512]}, "_work: memory: [512] is not a quantity"),
         ({"cpu": "1 core"}, "_work: cpu: '1 core' is not a CPU amount; use cores as a number (0.5, 2) or a string"),
@@ -54,14 +57,20 @@ def test_cpu_takes_cores_or_millicores(cpu: object, millicores: int) -> None:
         ({"retries": -1}, "_work: retries: -1 is out of range; use an int from 0 to 100"),
         ({"retries": 101}, "_work: retries: 101 is out of range; use an int from 0 to 100"),
         ({"retries": "3"}, "_work: retries: '3' is not a whole number; use an int from 0 to 100"),
-        ({"timeout": 0}, "_work: timeout: 0 is out of range; use seconds as a number (above 0), or None for no timeout"),
+        (
+            {"timeout": 0},
+            "_work: timeout: 0 is out of range; use seconds as a number (above 0), or None for no timeout",
+        ),
         ({"timeout": "60"}, "_work: timeout: '60' is not a number of seconds"),
-        ({"keep_warm": 90_000}, "_work: keep_warm: 90000 is out of range; use seconds as a number (at least 0 and at most 86400)"),
+        (
+            {"keep_warm": 90_000},
+            "_work: keep_warm: 90000 is out of range; use seconds as a number (at least 0 and at most 86400)",
+        ),
         ({"keep_warm": -1}, "_work: keep_warm: -1 is out of range"),
         ({"gpu": "H100", "gpu_count": 3}, "_work: gpu: gpu_count must be 1, 2, 4 or 8, not 3"),
         ({"name": "x" * 129}, "_work: name: 'xxxx"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_option_fails_at_decoration_naming_it_and_what_is_accepted(options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidFunction) as info:
         _decorate(**options)
@@ -72,15 +81,27 @@ def test_a_bad_option_fails_at_decoration_naming_it_and_what_is_accepted(options
 @pytest.mark.parametrize(
     ("decorator", "options", "message"),
     [
-        (levers9.endpoint, {"max_containers": 0}, "_work: max_containers: 0 is out of range; use an int from 1 to 1000"),
-        (levers9.endpoint, {"min_containers": 5, "max_containers": 2}, "_work: min_containers (5) is above max_containers (2)"),
+        (
+            levers9.endpoint,
+            {"max_containers": 0},
+            "_work: max_containers: 0 is out of range; use an int from 1 to 1000",
+        ),
+        (
+            levers9.endpoint,
+            {"min_containers": 5, "max_containers": 2},
+            "_work: min_containers (5) is above max_containers (2)",
+        ),
         (levers9.endpoint, {"tasks_per_container": "2"}, "_work: tasks_per_container: '2' is not a whole number"),
         (levers9.endpoint, {"max_pending": -1}, "_work: max_pending: -1 is out of range; use an int from 0 to 1000000"),
-        (levers9.endpoint, {"start_timeout": 7200}, "_work: start_timeout: 7200 is out of range; use seconds as a number (above 0 and at most 3600)"),
+        (
+            levers9.endpoint,
+            {"start_timeout": 7200},
+            "_work: start_timeout: 7200 is out of range; use seconds as a number (above 0 and at most 3600)",
+        ),
         (levers9.endpoint, {"memory": "1Gb"}, "_work: memory: '1Gb' is not a quantity"),
         (levers9.box, {"ports": [70000]}, "_work: ports: 70000 is out of range; use an int from 1 to 65535"),
     ],
-)  # fmt: skip
+)
 def test_serving_options_are_checked_at_decoration(decorator: Any, options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidFunction) as info:
         decorator(**options)(_work)

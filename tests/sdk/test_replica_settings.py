@@ -134,9 +134,20 @@ def test_context_add_takes_replicas_a_ca_file_and_reconnect_s(tmp_path: Path) ->
     ca = tmp_path / "ca.pem"
     done = runner.invoke(
         app,
-        ["context", "add", "ha", "--grpc", "grpcs://a:1,grpcs://b:2", "--token", "t", "--ca-file", str(ca),
-         "--reconnect-s", "15"],
-    )  # fmt: skip
+        [
+            "context",
+            "add",
+            "ha",
+            "--grpc",
+            "grpcs://a:1,grpcs://b:2",
+            "--token",
+            "t",
+            "--ca-file",
+            str(ca),
+            "--reconnect-s",
+            "15",
+        ],
+    )
     assert done.exit_code == 0, done.output
     ctx = current_context()
     assert (ctx.addresses, ctx.ca_file, ctx.reconnect_s) == (["grpcs://a:1", "grpcs://b:2"], str(ca), 15)

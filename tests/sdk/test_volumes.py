@@ -25,11 +25,18 @@ def test_volumes_and_cloud_buckets_go_into_the_stub_config() -> None:
     assert train.config["volumes"] == [
         {"name": "weights", "mount_path": "/weights"},
         {
-            "name": "team-data", "mount_path": "/mnt/data",
-            "bucket": {"read_only": True, "force_path_style": False, "access_key": "KEY", "secret_key": "SECRET",
-                       "endpoint": "", "region": "eu-west-1"},
+            "name": "team-data",
+            "mount_path": "/mnt/data",
+            "bucket": {
+                "read_only": True,
+                "force_path_style": False,
+                "access_key": "KEY",
+                "secret_key": "SECRET",
+                "endpoint": "",
+                "region": "eu-west-1",
+            },
         },
-    ]  # fmt: skip
+    ]
     message = stub_config(train.config)
     assert [(v.name, v.mount_path, v.HasField("bucket")) for v in message.volumes] == [
         ("weights", "/weights", False),

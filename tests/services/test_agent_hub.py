@@ -149,8 +149,11 @@ async def test_a_join_token_is_spent_once_for_the_agents_own_credential(services
     issued = await agent_join.issue_join_token(services, user, "agent_machine", {"pool": "gpu-box"}, ttl_s=600)
     joined = await agent_join.join(services, issued.token, version="0.1", hostname="box-1")
     assert joined.agent_id == issued.agent_id
-    assert (joined.provider, joined.workspace, joined.labels) == ("agent_machine", user.workspace_id,
-                                                                  {"pool": "gpu-box"})  # fmt: skip
+    assert (joined.provider, joined.workspace, joined.labels) == (
+        "agent_machine",
+        user.workspace_id,
+        {"pool": "gpu-box"},
+    )
     assert joined.token != issued.token
     identity = await agent_join.authenticate_agent(services, joined.token)
     assert (identity.agent_id, identity.workspace) == (issued.agent_id, user.workspace_id)
@@ -166,8 +169,9 @@ async def test_a_join_token_is_spent_once_for_the_agents_own_credential(services
 
 async def test_two_joins_racing_with_one_token_one_wins(services: Services) -> None:
     issued = await agent_join.issue_join_token(services, await operator(services), "agent_machine")
-    outcomes = await asyncio.gather(*(agent_join.join(services, issued.token) for _ in range(4)),
-                                    return_exceptions=True)  # fmt: skip
+    outcomes = await asyncio.gather(
+        *(agent_join.join(services, issued.token) for _ in range(4)), return_exceptions=True
+    )
     won = [o for o in outcomes if isinstance(o, agent_join.JoinedAgent)]
     lost = [o for o in outcomes if isinstance(o, Unauthenticated)]
     assert (len(won), len(lost)) == (1, 3), outcomes
@@ -328,11 +332,15 @@ async def test_the_inventory_reported_is_listed_until_heartbeats_lapse(
     assert agent.session is not None
     await agent.session.inventory(
         InventoryReport(
-            cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=12000, free_memory_mib=60000,
-            gpus=(("NVIDIA H100 80GB HBM3", 2, 1), ("L4", 1, 1)), machines=("m-1",),
+            cpu_millicores=16000,
+            memory_mib=65536,
+            free_cpu_millicores=12000,
+            free_memory_mib=60000,
+            gpus=(("NVIDIA H100 80GB HBM3", 2, 1), ("L4", 1, 1)),
+            machines=("m-1",),
             details={"runtimes": ["runc", "nvidia"]},
         )
-    )  # fmt: skip
+    )
     (listed,) = hub.inventories("agent_machine")
     assert listed.agent_id == agent.identity.agent_id
     assert listed.connected

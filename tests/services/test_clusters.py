@@ -55,8 +55,9 @@ async def test_a_workspace_joins_a_cluster_as_its_own_pool_with_a_single_use_tok
     assert pool.pool.settings.worker_image == IMAGE
     # GPU nodes' usual taints are tolerated unless the settings name tolerations
     assert [(t.key, t.operator, t.effect) for t in pool.pool.settings.tolerations] == [
-        ("nvidia.com/gpu", "Exists", "NoSchedule"), ("amd.com/gpu", "Exists", "NoSchedule")
-    ]  # fmt: skip
+        ("nvidia.com/gpu", "Exists", "NoSchedule"),
+        ("amd.com/gpu", "Exists", "NoSchedule"),
+    ]
     cpu = await clusters.join(services, team, options("cpu-lab", gpu=None, idle_timeout_s=5))
     assert (cpu.pool.gpu, cpu.pool.pool.settings.tolerations, cpu.pool.idle_timeout_s) == (None, [], 5)
     assert services.pools[pool.name] == pool
@@ -136,23 +137,37 @@ async def test_list_shows_the_workspaces_clusters_connected_or_not_with_the_agen
     made = await clusters.join(services, team, options())
     [pending] = await clusters.list_clusters(services, team)
     assert (pending.cluster.name, pending.pool, pending.connected, pending.last_seen, pending.gpu) == (
-        "lab", made.pool.name, False, 0.0, "L4"
-    )  # fmt: skip
+        "lab",
+        made.pool.name,
+        False,
+        0.0,
+        "L4",
+    )
     assert pending.agent_id == made.join.agent_id  # issued, not joined yet
     joined = await agent_join.join(services, made.join.token, hostname="agent-pod")
     agent = Agent(plant.hub, await agent_join.authenticate_agent(services, joined.token))
     await agent.connect(provider="attached_cluster")
     assert agent.session is not None
     await agent.session.inventory(
-        InventoryReport(cpu_millicores=8000, memory_mib=32768, free_cpu_millicores=6000, free_memory_mib=30000,
-                        gpus=(("L4", 2, 1),), machines=("mach_1",),
-                        details={"namespace": "levers9", "nodes": [{"metadata": {"name": "n1"}},
-                                                                   {"metadata": {"name": "n2"}}]})
-    )  # fmt: skip
+        InventoryReport(
+            cpu_millicores=8000,
+            memory_mib=32768,
+            free_cpu_millicores=6000,
+            free_memory_mib=30000,
+            gpus=(("L4", 2, 1),),
+            machines=("mach_1",),
+            details={"namespace": "levers9", "nodes": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "n2"}}]},
+        )
+    )
     [view] = await clusters.list_clusters(services, team)
     assert (view.connected, view.agent_id, view.nodes, view.gpus, view.free_gpus, view.workers) == (
-        True, joined.agent_id, 2, {"L4": 2}, {"L4": 1}, ["mach_1"]
-    )  # fmt: skip
+        True,
+        joined.agent_id,
+        2,
+        {"L4": 2},
+        {"L4": 1},
+        ["mach_1"],
+    )
     assert view.namespace == "levers9"
     # another workspace sees none of it; an operator has no attached clusters
     other = await workspace_user(services, "other")
@@ -169,9 +184,10 @@ async def test_rest_and_grpc_join_and_list(plant: Plant) -> None:
     _, token = await services.tokens.issue("user", workspace_id=team.id, subject="someone@team")
     headers = dict(auth(token))
     response = await plant.rest.post(
-        "/api/v1/clusters", json={"name": "lab", "gpu": "l4", "worker_image": IMAGE, "max_workers": 2},
+        "/api/v1/clusters",
+        json={"name": "lab", "gpu": "l4", "worker_image": IMAGE, "max_workers": 2},
         headers=headers,
-    )  # fmt: skip
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["cluster"]["pool"] == clusters.pool_name("lab", team.id)
@@ -180,8 +196,9 @@ async def test_rest_and_grpc_join_and_list(plant: Plant) -> None:
     assert body["controlplane_url"].startswith("grpc://")
     again = await plant.rest.post("/api/v1/clusters", json={"name": "lab", "worker_image": IMAGE}, headers=headers)
     assert again.status_code == 409, again.text
-    bad = await plant.rest.post("/api/v1/clusters", json={"name": "x", "gpu": "Z9000", "worker_image": IMAGE},
-                                headers=headers)  # fmt: skip
+    bad = await plant.rest.post(
+        "/api/v1/clusters", json={"name": "x", "gpu": "Z9000", "worker_image": IMAGE}, headers=headers
+    )
     assert bad.status_code in (400, 422), bad.text
     assert "Z9000" in bad.text
     listed = (await plant.rest.get("/api/v1/clusters", headers=headers)).json()
@@ -194,13 +211,15 @@ async def test_rest_and_grpc_join_and_list(plant: Plant) -> None:
     pool = services.pools[made.cluster.pool]
     assert (pool.gpu, pool.max_workers, pool.cpu_millicores) == (None, 0, 500)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await plant.api.JoinCluster(controlplane_pb2.JoinClusterRequest(name="x", worker_image=IMAGE,
-                                                                        settings_json="[1]"), metadata=auth(token))  # fmt: skip
+        await plant.api.JoinCluster(
+            controlplane_pb2.JoinClusterRequest(name="x", worker_image=IMAGE, settings_json="[1]"), metadata=auth(token)
+        )
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "settings_json" in (refused.value.details() or "")
     with pytest.raises(grpc.aio.AioRpcError) as operator:
-        await plant.api.JoinCluster(controlplane_pb2.JoinClusterRequest(name="y", worker_image=IMAGE),
-                                    metadata=auth(plant.root_token))  # fmt: skip
+        await plant.api.JoinCluster(
+            controlplane_pb2.JoinClusterRequest(name="y", worker_image=IMAGE), metadata=auth(plant.root_token)
+        )
     assert operator.value.code() is grpc.StatusCode.PERMISSION_DENIED
     over_grpc = await plant.api.ListClusters(controlplane_pb2.ListClustersRequest(), metadata=auth(token))
     assert sorted(c.name for c in over_grpc.clusters) == ["cpu-lab", "lab"]
@@ -266,8 +285,9 @@ async def test_an_agent_redis_forgot_is_registered_again_from_its_clusters_recor
 def shared_pool(services: Any, name: str = "shared-lab", cluster: str = "research") -> str:
     """An operator's shared cluster, as the config file declares one (provider attached_cluster, no workspace)."""
     spec = clusters.build_pool(services, name, "", clusters._pool_config(options(cluster)))
-    services.pools[name] = dataclasses.replace(spec, pool=spec.pool.model_copy(update={"workspace": None}),
-                                               workspace=None, configured=True)  # fmt: skip
+    services.pools[name] = dataclasses.replace(
+        spec, pool=spec.pool.model_copy(update={"workspace": None}), workspace=None, configured=True
+    )
     return name
 
 

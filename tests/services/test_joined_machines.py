@@ -118,11 +118,14 @@ async def plant(services: Services) -> AsyncIterator[Plant]:
             ) as client,
         ):
             yield Plant(
-                services, hub, client,
+                services,
+                hub,
+                client,
                 controlplane_pb2_grpc.ControlPlaneStub(channel),  # type: ignore[no-untyped-call]
                 agent_pb2_grpc.AgentStub(channel),  # type: ignore[no-untyped-call]
-                await operator(services), token,
-            )  # fmt: skip
+                await operator(services),
+                token,
+            )
     finally:
         await server.stop(None)
         await dataplane.close()
@@ -140,12 +143,26 @@ async def connected(plant: Plant, token: str) -> Agent:
     assert agent.session is not None
     await agent.session.inventory(
         InventoryReport(
-            cpu_millicores=16000, memory_mib=65536, free_cpu_millicores=12000, free_memory_mib=60000,
-            gpus=(("H100", 2, 1),), machines=("mach_w1",),
-            details={"containers": [{"machine_id": "mach_w1", "pool": "team-gpus", "container_id": "c1",
-                                     "state": "running", "exit_code": None, "gpus": ["GPU-1"]}]},
+            cpu_millicores=16000,
+            memory_mib=65536,
+            free_cpu_millicores=12000,
+            free_memory_mib=60000,
+            gpus=(("H100", 2, 1),),
+            machines=("mach_w1",),
+            details={
+                "containers": [
+                    {
+                        "machine_id": "mach_w1",
+                        "pool": "team-gpus",
+                        "container_id": "c1",
+                        "state": "running",
+                        "exit_code": None,
+                        "gpus": ["GPU-1"],
+                    }
+                ]
+            },
         )
-    )  # fmt: skip
+    )
     return agent
 
 
@@ -165,8 +182,10 @@ async def test_a_machines_token_joins_once_for_its_pool_and_workspace(plant: Pla
 
     joined = await agent_join.join(services, issued(made).token, version="t", hostname="gpu-box-1.lab")
     assert (joined.agent_id, joined.workspace, joined.labels) == (
-        made.machine.id, team.workspace_id, {"pool": "team-gpus", "name": "box-1"}
-    )  # fmt: skip
+        made.machine.id,
+        team.workspace_id,
+        {"pool": "team-gpus", "name": "box-1"},
+    )
     [view] = await joined_machines.list_machines(services, team)
     assert (view.machine.state, view.machine.hostname) == ("joined", "gpu-box-1.lab")
     assert view.machine.joined_at is not None
@@ -211,8 +230,11 @@ async def test_who_may_create_for_which_pool_is_refused_clearly(plant: Plant) ->
     team = await workspace_user(services, "team")
     other = await workspace_user(services, "other")
     team_pool(services, team.workspace_id or "")
-    with pytest.raises(PermissionDenied, match=r"pool 'shared-gpus' is the operator's.*pools you may join machines to: "
-                                               r"team-gpus"):  # fmt: skip
+    with pytest.raises(
+        PermissionDenied,
+        match=r"pool 'shared-gpus' is the operator's.*pools you may join machines to: "
+        r"team-gpus",
+    ):
         await joined_machines.create(services, team, "shared-gpus")
     with pytest.raises(PermissionDenied, match=r"pool 'team-gpus' is another workspace's.*shared-gpus"):
         await joined_machines.create(services, plant.root, "team-gpus")
@@ -275,8 +297,11 @@ async def test_list_merges_the_agents_live_inventory(plant: Plant) -> None:
     assert view.version == "test"
     assert (view.gpus, view.free_gpus) == ({"H100": 2}, {"H100": 1})
     assert (view.cpu_millicores, view.free_cpu_millicores, view.memory_mib, view.free_memory_mib) == (
-        16000, 12000, 65536, 60000
-    )  # fmt: skip
+        16000,
+        12000,
+        65536,
+        60000,
+    )
     assert view.workers == ["mach_w1"]
     await agent.hang_up()
     [view] = await joined_machines.list_machines(services, team)
@@ -364,8 +389,9 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     team_pool(services, team.id)
 
     # REST: create (the token once, with the join command), list, errors
-    response = await plant.rest.post("/api/v1/joined-machines", json={"pool": "team-gpus", "name": "box-1"},
-                                     headers=dict(auth(team_token)))  # fmt: skip
+    response = await plant.rest.post(
+        "/api/v1/joined-machines", json={"pool": "team-gpus", "name": "box-1"}, headers=dict(auth(team_token))
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["machine"]["name"] == "box-1"
@@ -381,15 +407,18 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert f"LEVERS9_JOIN_TOKEN={body['join_token']} levers9 agent join --controlplane grpc://" in body["join_command"]
     assert body["join_command"].endswith("--insecure")
     assert body["ssh"]["user"] == "ops"
-    refused = await plant.rest.post("/api/v1/joined-machines", json={"pool": "shared-gpus"},
-                                    headers=dict(auth(team_token)))  # fmt: skip
+    refused = await plant.rest.post(
+        "/api/v1/joined-machines", json={"pool": "shared-gpus"}, headers=dict(auth(team_token))
+    )
     assert refused.status_code == 403
     assert "team-gpus" in refused.text
-    taken = await plant.rest.post("/api/v1/joined-machines", json={"pool": "team-gpus", "name": "box-1"},
-                                  headers=dict(auth(team_token)))  # fmt: skip
+    taken = await plant.rest.post(
+        "/api/v1/joined-machines", json={"pool": "team-gpus", "name": "box-1"}, headers=dict(auth(team_token))
+    )
     assert taken.status_code == 409, taken.text
-    bad = await plant.rest.post("/api/v1/joined-machines", json={"pool": "team-gpus", "ttl_s": -1},
-                                headers=dict(auth(team_token)))  # fmt: skip
+    bad = await plant.rest.post(
+        "/api/v1/joined-machines", json={"pool": "team-gpus", "ttl_s": -1}, headers=dict(auth(team_token))
+    )
     assert bad.status_code == 422
 
     # the agent joins over gRPC with it; both transports list it the same
@@ -398,8 +427,9 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert dict(joined.labels)["pool"] == "team-gpus"
     listed = (await plant.rest.get("/api/v1/joined-machines", headers=dict(auth(team_token)))).json()
     assert [(m["name"], m["state"], m["hostname"]) for m in listed] == [("box-1", "joined", "gpu-1")]
-    over_grpc = await plant.api.ListJoinedMachines(controlplane_pb2.ListJoinedMachinesRequest(),
-                                                   metadata=auth(team_token))  # fmt: skip
+    over_grpc = await plant.api.ListJoinedMachines(
+        controlplane_pb2.ListJoinedMachinesRequest(), metadata=auth(team_token)
+    )
     assert [(m.name, m.state, m.hostname, m.id) for m in over_grpc.machines] == [
         ("box-1", "joined", "gpu-1", joined.agent_id)
     ]
@@ -407,8 +437,9 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert (await plant.rest.get("/api/v1/joined-machines", headers=dict(auth(plant.root_token)))).json() == []
 
     # gRPC create, for the operator's shared pool, and its refusals
-    made = await plant.api.CreateJoinedMachine(controlplane_pb2.CreateJoinedMachineRequest(pool="shared-gpus",
-                                               name="ops-1"), metadata=auth(plant.root_token))  # fmt: skip
+    made = await plant.api.CreateJoinedMachine(
+        controlplane_pb2.CreateJoinedMachineRequest(pool="shared-gpus", name="ops-1"), metadata=auth(plant.root_token)
+    )
     assert made.machine.name == "ops-1"
     assert made.join_token
     assert "--insecure" in made.join_command
@@ -419,13 +450,15 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert made.expires_at > 0
     assert made.controlplane_url.startswith("grpc://")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await plant.api.CreateJoinedMachine(controlplane_pb2.CreateJoinedMachineRequest(pool="team-gpus"),
-                                            metadata=auth(plant.root_token))  # fmt: skip
+        await plant.api.CreateJoinedMachine(
+            controlplane_pb2.CreateJoinedMachineRequest(pool="team-gpus"), metadata=auth(plant.root_token)
+        )
     assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "pool 'team-gpus' is another workspace's" in (caught.value.details() or "")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await plant.api.RemoveJoinedMachine(controlplane_pb2.RemoveJoinedMachineRequest(name="nope"),
-                                            metadata=auth(team_token))  # fmt: skip
+        await plant.api.RemoveJoinedMachine(
+            controlplane_pb2.RemoveJoinedMachineRequest(name="nope"), metadata=auth(team_token)
+        )
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
     # remove over REST; the agent is refused at Connect, and ops-1's unused token at Join (removed over gRPC)
@@ -439,8 +472,9 @@ async def test_rest_and_grpc_create_list_and_remove_and_a_removed_agent_is_refus
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "this machine was removed (levers9 machine remove)" in (caught.value.details() or "")
 
-    removed = await plant.api.RemoveJoinedMachine(controlplane_pb2.RemoveJoinedMachineRequest(name="ops-1"),
-                                                  metadata=auth(plant.root_token))  # fmt: skip
+    removed = await plant.api.RemoveJoinedMachine(
+        controlplane_pb2.RemoveJoinedMachineRequest(name="ops-1"), metadata=auth(plant.root_token)
+    )
     assert removed.machine.state == "removed"
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await plant.agent_api.Join(agent_pb2.JoinRequest(join_token=made.join_token))

@@ -157,9 +157,15 @@ async def test_a_configured_registry_is_logged_in_to_with_bearer_tokens_per_scop
     token_service: TokenService,  # noqa: F811
 ) -> None:
     locked = registry_factory(
-        {"token": {"realm": token_service.url, "service": SERVICE, "issuer": ISSUER,
-                   "rootcertbundle": str(token_service.cert)}}
-    )  # fmt: skip
+        {
+            "token": {
+                "realm": token_service.url,
+                "service": SERVICE,
+                "issuer": ISSUER,
+                "rootcertbundle": str(token_service.cert),
+            }
+        }
+    )
     config = RegistryConfig(url=locked.url, username=USER, password_env="TOKEN_PASSWORD")
     backend = RegistryBackend(config, tmp_path / "data", environ={"TOKEN_PASSWORD": PASSWORD})
     try:

@@ -68,7 +68,10 @@ async def test_a_name_held_by_a_live_replica_is_refused_and_free_again_once_rele
 
 async def test_a_killed_holder_on_this_host_is_taken_over_at_once(redis: Redis, redis_url: str) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import asyncio, sys
             from levers9.services.replica_name import ReplicaNameClaim, process_identity
             from levers9.state.redis.connect import connect
@@ -80,9 +83,11 @@ async def test_a_killed_holder_on_this_host_is_taken_over_at_once(redis: Redis, 
                 await asyncio.sleep(600)
 
             asyncio.run(main())
-        """)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "claimed"

@@ -12,9 +12,11 @@ from levers9.volumes.juicefs import FileSystem, fuse_mounts_below
 
 def _files(tmp_path: Path) -> VolumeFiles:
     fs = FileSystem(
-        metadata_url=f"sqlite3://{tmp_path / 'meta.db'}", storage="file", bucket=f"{tmp_path / 'data'}/",
+        metadata_url=f"sqlite3://{tmp_path / 'meta.db'}",
+        storage="file",
+        bucket=f"{tmp_path / 'data'}/",
         name="test-volumes",
-    )  # fmt: skip
+    )
     return VolumeFiles(fs, tmp_path / "home")
 
 

@@ -154,8 +154,10 @@ def test_each_boot_gets_the_environment_its_platform_gives_and_cannot_override_t
 
     with CloudBooter([cloud.list], ports=[], platform=platform) as booter:
         for instance_id in ("i-1", "i-2"):
-            _until(lambda i=instance_id: i in booter.boots and "|" in _read(booter.boots[i].root / "env"),  # type: ignore[misc]
-                   f"{instance_id} to boot")  # fmt: skip
+            _until(
+                lambda i=instance_id: i in booter.boots and "|" in _read(booter.boots[i].root / "env"),  # type: ignore[misc]
+                f"{instance_id} to boot",
+            )
             root = booter.boots[instance_id].root
             assert _read(root / "env") == f"http://127.0.0.1:1/{instance_id}|{boot_environment(root)['HOME']}"
 

@@ -43,8 +43,11 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _need_tools() -> None:
-    missing = [f"{tool} (apt package {package})" for tool, package in (("ip", "iproute2"), ("iptables", "iptables"))
-               if shutil.which(tool) is None]  # fmt: skip
+    missing = [
+        f"{tool} (apt package {package})"
+        for tool, package in (("ip", "iproute2"), ("iptables", "iptables"))
+        if shutil.which(tool) is None
+    ]
     if missing:
         pytest.fail(f"this test needs {', '.join(missing)}")
     if os.geteuid() != 0:

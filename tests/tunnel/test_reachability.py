@@ -29,9 +29,12 @@ async def test_a_listening_worker_is_reachable_and_anything_else_is_not() -> Non
         assert not await probe("127.0.0.1", free_port(), listener.nonce)  # nothing listens there
         assert not await probe("", listener.port, listener.nonce)
         assert not await decide_tunnel(
-            declared_reachable=None, peer_host="127.0.0.1", probe_port=listener.port,
-            probe_nonce=listener.nonce, worker="w",
-        )  # fmt: skip
+            declared_reachable=None,
+            peer_host="127.0.0.1",
+            probe_port=listener.port,
+            probe_nonce=listener.nonce,
+            worker="w",
+        )
     finally:
         await listener.close()
 
@@ -147,9 +150,12 @@ async def test_a_worker_that_dialed_localhost_over_ipv6_is_probed_and_reached() 
         assert seen[0].startswith("ipv6:"), seen
         assert peer_host(seen[0]) == "::1", seen
         assert not await decide_tunnel(
-            declared_reachable=None, peer_host=peer_host(seen[0]), probe_port=listener.port,
-            probe_nonce=listener.nonce, worker="w",
-        )  # fmt: skip
+            declared_reachable=None,
+            peer_host=peer_host(seen[0]),
+            probe_port=listener.port,
+            probe_nonce=listener.nonce,
+            worker="w",
+        )
     finally:
         await listener.close()
         await server.stop(0)

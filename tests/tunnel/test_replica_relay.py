@@ -71,9 +71,14 @@ class Replica:
 
 
 async def _replica(
-    redis: Redis, name: str, prefix: str, *, credential: str = CREDENTIALS[0], tls: Issued | None = None,
+    redis: Redis,
+    name: str,
+    prefix: str,
+    *,
+    credential: str = CREDENTIALS[0],
+    tls: Issued | None = None,
     ca_pem: str = "",
-) -> Replica:  # fmt: skip
+) -> Replica:
     port = free_port()
     holders = TunnelHolders(redis, replica=name, address=f"127.0.0.1:{port}", prefix=prefix)
     relays = RelayDialer(credential, tls=tls is not None, ca_pem=ca_pem)

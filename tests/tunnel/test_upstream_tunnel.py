@@ -31,8 +31,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
-    seen = {"path": scope["path"], "body": body.decode(), "client_port": scope["client"][1],
-            "host": dict(scope["headers"]).get(b"host", b"").decode()}  # fmt: skip
+    seen = {
+        "path": scope["path"],
+        "body": body.decode(),
+        "client_port": scope["client"][1],
+        "host": dict(scope["headers"]).get(b"host", b"").decode(),
+    }
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": json.dumps(seen).encode()})
 

@@ -74,9 +74,12 @@ async def worker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     capabilities = await hooks.runtime_capabilities(ctx)
     assert capabilities.available, capabilities.unavailable_reason
     fs = FileSystem(
-        metadata_url=f"sqlite3://{tmp_path / 'meta.db'}", storage="file", bucket=f"{tmp_path / 'data'}/",
-        name="test-volumes", env={"META_PASSWORD": SECRET},
-    )  # fmt: skip
+        metadata_url=f"sqlite3://{tmp_path / 'meta.db'}",
+        storage="file",
+        bucket=f"{tmp_path / 'data'}/",
+        name="test-volumes",
+        env={"META_PASSWORD": SECRET},
+    )
     await asyncio.to_thread(fs.format)
     mount = await asyncio.to_thread(
         fs.mount, tmp_path / "fs", cache_dir=tmp_path / "cache", owner=capabilities.root_host_uid

@@ -62,9 +62,12 @@ def nothing_left(tmp_path: Path) -> Iterator[None]:
 
 def _s3_config(store: S3Store, bucket: str, **changes: object) -> VolumesConfig:
     fields: dict[str, object] = {
-        "storage": "s3", "bucket": store.url(bucket), "access_key_env": VARIABLES["access_key_env"],
-        "secret_key_env": VARIABLES["secret_key_env"], "name": "team-volumes",
-    }  # fmt: skip
+        "storage": "s3",
+        "bucket": store.url(bucket),
+        "access_key_env": VARIABLES["access_key_env"],
+        "secret_key_env": VARIABLES["secret_key_env"],
+        "name": "team-volumes",
+    }
     return VolumesConfig.model_validate({**fields, **changes})
 
 
@@ -94,9 +97,12 @@ def test_the_credentials_come_from_the_variables_the_config_names(
     config = VolumesConfig(
         metadata_url="postgres://levers9@db.internal:5432/levers9_volumes",
         metadata_password_env=VARIABLES["metadata_password_env"],
-        storage="s3", bucket="https://levers9-volumes.s3.eu-west-1.amazonaws.com",
-        access_key_env=VARIABLES["access_key_env"], secret_key_env=VARIABLES["secret_key_env"], name="team-volumes",
-    )  # fmt: skip
+        storage="s3",
+        bucket="https://levers9-volumes.s3.eu-west-1.amazonaws.com",
+        access_key_env=VARIABLES["access_key_env"],
+        secret_key_env=VARIABLES["secret_key_env"],
+        name="team-volumes",
+    )
     fs = FileSystem.from_config(config, tmp_path)
     assert fs.metadata_url == "postgres://levers9@db.internal:5432/levers9_volumes"
     assert (fs.storage, fs.bucket, fs.name) == (
@@ -128,9 +134,11 @@ def test_a_variable_that_is_not_set_is_named_with_its_option(
     else:
         monkeypatch.setenv(VARIABLES[option], value)
     config = VolumesConfig(
-        metadata_url="postgres://levers9@db.internal:5432/levers9_volumes", storage="s3",
-        bucket="https://levers9-volumes.s3.eu-west-1.amazonaws.com", **VARIABLES,
-    )  # fmt: skip
+        metadata_url="postgres://levers9@db.internal:5432/levers9_volumes",
+        storage="s3",
+        bucket="https://levers9-volumes.s3.eu-west-1.amazonaws.com",
+        **VARIABLES,
+    )
     with pytest.raises(Levers9Error) as refused:
         FileSystem.from_config(config, tmp_path)
     assert str(refused.value) == f"volumes.{option} names ${VARIABLES[option]}, which is not set in the controlplane"

@@ -169,9 +169,14 @@ def _details(exc: grpc.aio.AioRpcError) -> str:
 
 
 async def join(
-    controlplane: str, join_token: str, *, ca_pem: str | None, insecure: bool, stop: asyncio.Event,
+    controlplane: str,
+    join_token: str,
+    *,
+    ca_pem: str | None,
+    insecure: bool,
+    stop: asyncio.Event,
     hostname: str | None = None,
-) -> AgentCredential | None:  # fmt: skip
+) -> AgentCredential | None:
     """Spend ``join_token`` for the agent's credential; None when ``stop`` was set first.
 
     A controlplane that cannot be reached is dialled again with back-off until it answers.
@@ -183,8 +188,9 @@ async def join(
     while not stop.is_set():
         async with open_channel(controlplane, ca_pem=ca_pem, insecure=insecure, attempt=failures) as channel:
             stub: Any = agent_pb2_grpc.AgentStub(channel)  # type: ignore[no-untyped-call]
-            request = agent_pb2.JoinRequest(join_token=join_token, version=__version__,
-                                            hostname=hostname or socket.gethostname())  # fmt: skip
+            request = agent_pb2.JoinRequest(
+                join_token=join_token, version=__version__, hostname=hostname or socket.gethostname()
+            )
             try:
                 joined = await stub.Join(request, timeout=30)
             except grpc.aio.AioRpcError as exc:
@@ -192,8 +198,13 @@ async def join(
                     raise CredentialRefused(f"the controlplane refused the join token: {_details(exc)}") from None
                 failures += 1
                 wait = random.uniform(0, delay_s(failures, initial_s=BACKOFF_INITIAL_S, cap_s=BACKOFF_CAP_S))
-                log.warning("could not join at %s (%s: %s); trying again in %.1f s", controlplane, exc.code().name,
-                            _details(exc), wait)  # fmt: skip
+                log.warning(
+                    "could not join at %s (%s: %s); trying again in %.1f s",
+                    controlplane,
+                    exc.code().name,
+                    _details(exc),
+                    wait,
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
                 continue
@@ -235,9 +246,13 @@ async def connect_forever(
             return
         failures = 1 if welcomed.is_set() else failures + 1
         wait = random.uniform(0, delay_s(failures, initial_s=BACKOFF_INITIAL_S, cap_s=BACKOFF_CAP_S))
-        log.warning("stream to %s lost or not opened (%s); dialling %s in %.1f s",
-                    _address(credential.controlplane, attempt), reason,
-                    _address(credential.controlplane, attempt + 1), wait)  # fmt: skip
+        log.warning(
+            "stream to %s lost or not opened (%s); dialling %s in %.1f s",
+            _address(credential.controlplane, attempt),
+            reason,
+            _address(credential.controlplane, attempt + 1),
+            wait,
+        )
         attempt += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
@@ -248,20 +263,28 @@ class _ProtocolError(Exception):
 
 
 async def _one_stream(
-    credential: AgentCredential, handler: SessionHandler, stop: asyncio.Event, welcomed: asyncio.Event,
-    hostname: str, attempt: int,
-) -> None:  # fmt: skip
+    credential: AgentCredential,
+    handler: SessionHandler,
+    stop: asyncio.Event,
+    welcomed: asyncio.Event,
+    hostname: str,
+    attempt: int,
+) -> None:
     outbox: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
     send: Send = outbox.put_nowait
-    async with open_channel(credential.controlplane, ca_pem=credential.ca_pem, insecure=credential.insecure,
-                            attempt=attempt) as channel:  # fmt: skip
+    async with open_channel(
+        credential.controlplane, ca_pem=credential.ca_pem, insecure=credential.insecure, attempt=attempt
+    ) as channel:
         stub: Any = agent_pb2_grpc.AgentStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Connect(metadata=(("authorization", f"Bearer {credential.token}"),))
         writer = asyncio.create_task(_write(call, outbox), name="agent stream writer")
         tasks: list[asyncio.Task[Any]] = [writer]
         try:
-            send(agent_pb2.AgentMessage(hello=agent_pb2.Hello(version=__version__, provider=credential.provider,
-                                                              hostname=hostname)))  # fmt: skip
+            send(
+                agent_pb2.AgentMessage(
+                    hello=agent_pb2.Hello(version=__version__, provider=credential.provider, hostname=hostname)
+                )
+            )
             try:
                 first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
             except TimeoutError:
@@ -272,9 +295,12 @@ async def _one_stream(
                 raise _ProtocolError(f"the controlplane answered Hello with {first.WhichOneof('body')}, not Welcome")
             welcomed.set()
             heartbeat_s = first.welcome.heartbeat_s if first.welcome.heartbeat_s > 0 else 10.0
-            log.info("connected to %s as agent %s (heartbeat every %g s)",
-                     _address(credential.controlplane, attempt), first.welcome.agent_id or credential.agent_id,
-                     heartbeat_s)  # fmt: skip
+            log.info(
+                "connected to %s as agent %s (heartbeat every %g s)",
+                _address(credential.controlplane, attempt),
+                first.welcome.agent_id or credential.agent_id,
+                heartbeat_s,
+            )
             reader = asyncio.create_task(_read(call, handler, send), name="agent stream reader")
             session = asyncio.create_task(handler.session(send, heartbeat_s), name="agent session")
             stopping = asyncio.create_task(stop.wait(), name="agent stop")

@@ -169,8 +169,9 @@ class Agent:
             log.warning("refused the %s order %s: %s", order.kind, order.order_id, exc)
             return agent_pb2.Ack(order_id=order.order_id, ok=False, error=str(exc), error_kind=exc.kind)
         except ValueError as exc:
-            return agent_pb2.Ack(order_id=order.order_id, ok=False, error=f"bad {order.kind} order: {exc}",
-                                 error_kind="invalid_request")  # fmt: skip
+            return agent_pb2.Ack(
+                order_id=order.order_id, ok=False, error=f"bad {order.kind} order: {exc}", error_kind="invalid_request"
+            )
         except Exception as exc:
             log.exception("the %s order %s failed", order.kind, order.order_id)
             return agent_pb2.Ack(order_id=order.order_id, ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -272,10 +273,14 @@ async def run_agent(
     plugin_gpus = None
     backend: Backend
     if kubernetes is not None:
-        k8s_workers = K8sWorkers(kubernetes.namespace, agent_id=credential.agent_id,
-                                 api_client_factory=kubernetes.api_client_factory,
-                                 allow_privileged=kubernetes.allow_privileged, insecure=credential.insecure,
-                                 owner=credential.labels.get("pool"))  # fmt: skip
+        k8s_workers = K8sWorkers(
+            kubernetes.namespace,
+            agent_id=credential.agent_id,
+            api_client_factory=kubernetes.api_client_factory,
+            allow_privileged=kubernetes.allow_privileged,
+            insecure=credential.insecure,
+            owner=credential.labels.get("pool"),
+        )
         if not kubernetes.share_namespace:
             refused = await _namespace_taken(k8s_workers)
             if refused is not None:
@@ -288,8 +293,13 @@ async def run_agent(
         if gpus is None:
             plugin_gpus = PluginGpus()
             gpus = plugin_gpus
-        workers = DockerWorkers(credential.agent_id, docker_host=docker_host, resources=machine_resources(),
-                                stop_grace_s=stop_grace_s, insecure=credential.insecure)  # fmt: skip
+        workers = DockerWorkers(
+            credential.agent_id,
+            docker_host=docker_host,
+            resources=machine_resources(),
+            stop_grace_s=stop_grace_s,
+            insecure=credential.insecure,
+        )
         backend = DockerBackend(workers, gpus)
         default_poll_s = DOCKER_POLL_S
     agent = Agent(backend, poll_s=default_poll_s if poll_s is None else poll_s)

@@ -145,8 +145,9 @@ class ProvisionOrder:
 
         def strings(key: str) -> dict[str, str]:
             value = payload.get(key) or {}
-            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
-                                                      value.items()):  # fmt: skip
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
                 raise OrderRefused(f"provision order: {key!r} must be an object of strings", _INVALID)
             return dict(value)
 
@@ -259,9 +260,14 @@ def _run(
     )
     host.update(raw)
     made = client.api.create_container(
-        image, command, name=options["name"], labels=options["labels"], environment=options["environment"],
-        detach=True, host_config=host,
-    )  # fmt: skip
+        image,
+        command,
+        name=options["name"],
+        labels=options["labels"],
+        environment=options["environment"],
+        detach=True,
+        host_config=host,
+    )
     client.api.start(made["Id"])
     return client.containers.get(made["Id"])
 
@@ -469,8 +475,9 @@ class DockerWorkers:
                     return self._result(again[order.machine_id])
                 with contextlib.suppress(docker.errors.DockerException, OSError):
                     self._remove_volume(client, order.machine_id)  # made for this order, held by no container
-                raise OrderRefused(f"a container named {name} that levers9 did not start exists; remove it",
-                                   _INVALID) from None  # fmt: skip
+                raise OrderRefused(
+                    f"a container named {name} that levers9 did not start exists; remove it", _INVALID
+                ) from None
             self._remove_quietly(client, name)
             raise OrderRefused(f"Docker could not start {name}: {exc.explanation or exc}") from None
         except (docker.errors.DockerException, OSError) as exc:
@@ -535,8 +542,9 @@ class DockerWorkers:
         """Stop (with the grace period) and remove the machine's container; done when it is not there."""
         machine_id = payload.get("machine_id")
         if not isinstance(machine_id, str) or not machine_id:
-            raise OrderRefused(f"terminate order: 'machine_id' must be a non-empty string, got {machine_id!r}",
-                               _INVALID)  # fmt: skip
+            raise OrderRefused(
+                f"terminate order: 'machine_id' must be a non-empty string, got {machine_id!r}", _INVALID
+            )
         with self._orders:
             return self._terminate(machine_id)
 

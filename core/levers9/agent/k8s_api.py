@@ -62,9 +62,17 @@ _PERMISSION = "permission_denied"
 _AUTH = "authentication_failed"
 _THROTTLED = "throttled"
 _NO_ANSWER = frozenset(
-    {"MaxRetryError", "NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProtocolError",
-     "ConnectionRefusedError", "ConnectionResetError", "TimeoutError"}
-)  # fmt: skip
+    {
+        "MaxRetryError",
+        "NewConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ProtocolError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "TimeoutError",
+    }
+)
 T = TypeVar("T")
 
 

@@ -244,8 +244,11 @@ def _owner_of(labels: Mapping[str, Any]) -> str:
 def _secrets_of(job: Mapping[str, Any]) -> set[str]:
     """The Secrets a worker Job's pod reads (its token's: :func:`check_provision` allows no other)."""
     pod = as_object(as_object(as_object(job.get("spec")).get("template")).get("spec"))
-    names = {str(as_object(v.get("secret")).get("secretName")) for v in as_list(pod.get("volumes"))
-             if isinstance(v, dict) and as_object(v.get("secret")).get("secretName")}  # fmt: skip
+    names = {
+        str(as_object(v.get("secret")).get("secretName"))
+        for v in as_list(pod.get("volumes"))
+        if isinstance(v, dict) and as_object(v.get("secret")).get("secretName")
+    }
     for container in as_list(pod.get("containers")):
         for item in as_list(as_object(container).get("env")):
             ref = as_object(as_object(as_object(item).get("valueFrom")).get("secretKeyRef"))
@@ -357,8 +360,11 @@ class K8sWorkers:
         for job in jobs:
             uid = as_object(job.get("metadata")).get("uid") or ""
             owned = [p for p in pods if _owned_by(p, uid)]
-            newest = max(owned, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
-                                                str(p["metadata"].get("name"))), default=None)  # fmt: skip
+            newest = max(
+                owned,
+                key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), str(p["metadata"].get("name"))),
+                default=None,
+            )
             scheduling = refused = None
             # a pod the scheduler cannot place says so in its PodScheduled condition; else in a FailedScheduling event
             pending = newest is not None and as_object(newest.get("status")).get("phase") == "Pending"
@@ -433,9 +439,15 @@ class K8sWorkers:
         uid = str(as_object(job.get("metadata")).get("uid") or "")
         secret = copy.deepcopy(objects.secret)
         secret["metadata"]["ownerReferences"] = [
-            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid, "controller": False,
-             "blockOwnerDeletion": False}
-        ]  # fmt: skip
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": name,
+                "uid": uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
         try:
             api.create_secret(namespace, secret)
         except Exception as exc:

@@ -57,9 +57,20 @@ __all__ = ["SUPPORTED", "parse_dockerfile"]
 
 SUPPORTED = ("FROM", "RUN", "ENV", "WORKDIR", "COPY")
 _KNOWN = (
-    "ADD", "ARG", "CMD", "ENTRYPOINT", "USER", "EXPOSE", "VOLUME", "LABEL", "HEALTHCHECK", "ONBUILD", "SHELL",
-    "STOPSIGNAL", "MAINTAINER",
-)  # fmt: skip
+    "ADD",
+    "ARG",
+    "CMD",
+    "ENTRYPOINT",
+    "USER",
+    "EXPOSE",
+    "VOLUME",
+    "LABEL",
+    "HEALTHCHECK",
+    "ONBUILD",
+    "SHELL",
+    "STOPSIGNAL",
+    "MAINTAINER",
+)
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIRECTIVE = re.compile(r"#\s*([A-Za-z]+)\s*=\s*(.*?)\s*$")
 

@@ -470,8 +470,9 @@ def _run(argv: list[str], env: dict[str, str], out_path: Path, log: tuple[int, P
     """
     log_fd, log_path = log
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd, env=env, start_new_session=True
+        )
     except OSError as exc:
         raise BaseImageError(f"mmdebstrap could not be started ({argv[0]}): {exc}; {INSTALL}") from None
     timed_out = threading.Event()

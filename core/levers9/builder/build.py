@@ -115,9 +115,16 @@ class BaseImage:
         store.add_layer(base.path, base.diff_id)
         layer = gzipped(base.diff_id, store.cache_dir) or gzip_layer(base.path, store.cache_dir)
         config = base.config()
-        return cls(layers=(layer,), env=base.env, cmd=base.cmd, workdir=config["config"]["WorkingDir"],
-                   architecture=base.architecture, created=base.created, history=tuple(config["history"]),
-                   apt_urls=tuple(deb_line_urls(base.sources)))  # fmt: skip
+        return cls(
+            layers=(layer,),
+            env=base.env,
+            cmd=base.cmd,
+            workdir=config["config"]["WorkingDir"],
+            architecture=base.architecture,
+            created=base.created,
+            history=tuple(config["history"]),
+            apt_urls=tuple(deb_line_urls(base.sources)),
+        )
 
 
 @dataclass(frozen=True)
@@ -141,21 +148,35 @@ class StepResult:
     def layer(self) -> Layer | None:
         if self.diff_id is None:
             return None
-        return Layer(diff_id=self.diff_id, blob_digest=self.blob_digest, blob_path=self.blob_path,
-                     blob_size=self.size)  # fmt: skip
+        return Layer(diff_id=self.diff_id, blob_digest=self.blob_digest, blob_path=self.blob_path, blob_size=self.size)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what the caller records for the step's key."""
-        return {"key": self.key, "op": self.op, "created_by": self.created_by, "diff_id": self.diff_id,
-                "blob_digest": self.blob_digest, "blob_path": str(self.blob_path) if self.blob_path else None,
-                "size": self.size, "env": [list(p) for p in self.env], "workdir": self.workdir}  # fmt: skip
+        return {
+            "key": self.key,
+            "op": self.op,
+            "created_by": self.created_by,
+            "diff_id": self.diff_id,
+            "blob_digest": self.blob_digest,
+            "blob_path": str(self.blob_path) if self.blob_path else None,
+            "size": self.size,
+            "env": [list(p) for p in self.env],
+            "workdir": self.workdir,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepResult:
-        return cls(key=data["key"], op=data["op"], created_by=data["created_by"], diff_id=data.get("diff_id"),
-                   blob_digest=data.get("blob_digest"),
-                   blob_path=Path(data["blob_path"]) if data.get("blob_path") else None, size=data.get("size"),
-                   env=tuple((str(k), str(v)) for k, v in data.get("env") or ()), workdir=data.get("workdir"))  # fmt: skip
+        return cls(
+            key=data["key"],
+            op=data["op"],
+            created_by=data["created_by"],
+            diff_id=data.get("diff_id"),
+            blob_digest=data.get("blob_digest"),
+            blob_path=Path(data["blob_path"]) if data.get("blob_path") else None,
+            size=data.get("size"),
+            env=tuple((str(k), str(v)) for k, v in data.get("env") or ()),
+            workdir=data.get("workdir"),
+        )
 
 
 @dataclass(frozen=True)
@@ -178,8 +199,9 @@ class BuildResult:
 class BuildFailed(Levers9Error):
     """A step failed: which one (``step`` from 1, its ``op`` and ``command``), its exit code and last lines."""
 
-    def __init__(self, step: int, total: int, op: str, command: str, reason: str, exit_code: int | None,
-                 lines: Sequence[str]) -> None:  # fmt: skip
+    def __init__(
+        self, step: int, total: int, op: str, command: str, reason: str, exit_code: int | None, lines: Sequence[str]
+    ) -> None:
         tail = "\n".join(f"  {line}" for line in lines) or "  (no output)"
         super().__init__(f"step {step}/{total} ({command}) {reason}; its last lines of output:\n{tail}")
         self.step = step
@@ -203,8 +225,12 @@ def _config(base: BaseImage, env: Mapping[str, str], workdir: str, history: Sequ
     section: dict[str, Any] = {"Env": [f"{k}={v}" for k, v in env.items()], "WorkingDir": workdir}
     if base.cmd:
         section["Cmd"] = list(base.cmd)
-    config: dict[str, Any] = {"architecture": base.architecture, "os": "linux", "config": section,
-                              "history": list(history)}  # fmt: skip
+    config: dict[str, Any] = {
+        "architecture": base.architecture,
+        "os": "linux",
+        "config": section,
+        "history": list(history),
+    }
     if base.created:
         config["created"] = base.created
     return config
@@ -265,8 +291,16 @@ async def run_build(
     try:
         if proxy is not None:
             await proxy.start()
-        runner = StepRunner(hooks=hooks, runtime=runtime, store=store, work=work, proxy=proxy, bridge=bridge, pip=pip,
-                            limits=limits or StepLimits())  # fmt: skip
+        runner = StepRunner(
+            hooks=hooks,
+            runtime=runtime,
+            store=store,
+            work=work,
+            proxy=proxy,
+            bridge=bridge,
+            pip=pip,
+            limits=limits or StepLimits(),
+        )
         return await _steps(spec, all_keys, runner, base, cached, secrets, content, on_event, out_dir, refusals)
     finally:
         if proxy is not None:
@@ -308,8 +342,9 @@ async def _steps(
             on_event(BuildEvent("cached", i, total, what))
         else:
             on_event(BuildEvent("start", i, total, what))
-            result = await _run_step(i, total, key, step, runner, layers, env, workdir, history, base, secrets,
-                                     content, on_event, masked)  # fmt: skip
+            result = await _run_step(
+                i, total, key, step, runner, layers, env, workdir, history, base, secrets, content, on_event, masked
+            )
             ran.append(i)
             on_event(BuildEvent("done", i, total, result.diff_id or "configuration only"))
         layer = result.layer()
@@ -324,9 +359,16 @@ async def _steps(
         results.append(result)
     config = _config(base, env, workdir, history)
     written: Written = await asyncio.to_thread(write_layout, out_dir, layers, config)
-    return BuildResult(layout=out_dir, manifest_digest=written.manifest_digest, config_digest=written.config_digest,
-                       steps=tuple(results), ran=tuple(ran), cached=tuple(from_cache), missing_blobs=written.missing,
-                       refusals=tuple(refusals))  # fmt: skip
+    return BuildResult(
+        layout=out_dir,
+        manifest_digest=written.manifest_digest,
+        config_digest=written.config_digest,
+        steps=tuple(results),
+        ran=tuple(ran),
+        cached=tuple(from_cache),
+        missing_blobs=written.missing,
+        refusals=tuple(refusals),
+    )
 
 
 async def _run_step(
@@ -356,13 +398,27 @@ async def _run_step(
             layer = await asyncio.to_thread(_copy, runner, content, step, i)
         else:
             config = _config(base, env, workdir, history)
-            layer = await runner.run(i, step, layers=layers, config=config, workdir=workdir, secrets=secrets,
-                                     on_line=lambda line: on_event(BuildEvent("output", i, total, line)))  # fmt: skip
+            layer = await runner.run(
+                i,
+                step,
+                layers=layers,
+                config=config,
+                workdir=workdir,
+                secrets=secrets,
+                on_line=lambda line: on_event(BuildEvent("output", i, total, line)),
+            )
     except StepFailed as failed:
         lines = [_masked(line, masked) for line in failed.lines]
         raise BuildFailed(i, total, step.op, what, _masked(failed.reason, masked), failed.exit_code, lines) from None
-    return StepResult(key=key, op=step.op, created_by=what, diff_id=layer.diff_id, blob_digest=layer.blob_digest,
-                      blob_path=layer.blob_path, size=layer.blob_size)  # fmt: skip
+    return StepResult(
+        key=key,
+        op=step.op,
+        created_by=what,
+        diff_id=layer.diff_id,
+        blob_digest=layer.blob_digest,
+        blob_path=layer.blob_path,
+        size=layer.blob_size,
+    )
 
 
 def _copy(runner: StepRunner, content: Callable[[str], Path], step: Step, index: int) -> Layer:

@@ -65,8 +65,16 @@ MAX_HEAD_BYTES = 64 * 1024
 #: how long a client has to send its request head, and the proxy to connect upstream
 HEAD_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 20.0
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
-               "trailer", "upgrade"}  # fmt: skip
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+}
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -284,9 +292,10 @@ class EgressProxy:
             why = self._forbidden(address)
             if why is not None:
                 raise _Refused(
-                    403, f"{host}:{port} resolves to {address}, {why}; only hosts the build machine's pip and apt "
+                    403,
+                    f"{host}:{port} resolves to {address}, {why}; only hosts the build machine's pip and apt "
                     "configuration or the blueprint's index_url name may be reached there",
-                )  # fmt: skip
+                )
         return addresses[0]
 
     def _forbidden(self, address: Address) -> str | None:

@@ -128,8 +128,9 @@ def gzip_layer(tar: Path, cache_dir: Path) -> Layer:
         raise
     record = records / tar_sha.hexdigest()
     _write_whole(record, f"sha256:{blob_sha.hexdigest()}\n".encode())
-    return Layer(diff_id=diff_id, blob_digest=f"sha256:{blob_sha.hexdigest()}", blob_path=target,
-                 blob_size=target.stat().st_size)  # fmt: skip
+    return Layer(
+        diff_id=diff_id, blob_digest=f"sha256:{blob_sha.hexdigest()}", blob_path=target, blob_size=target.stat().st_size
+    )
 
 
 def forget_blobs(cache_dir: Path, diff_ids: Iterable[str]) -> int:
@@ -262,5 +263,10 @@ def write_layout(
         entry["annotations"] = {"org.opencontainers.image.ref.name": ref_name}
     _write_whole(dest / "oci-layout", canonical({"imageLayoutVersion": "1.0.0"}))
     _write_whole(dest / "index.json", canonical({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": [entry]}))
-    return Written(path=dest, manifest_digest=manifest_digest, manifest_size=manifest_size,
-                   config_digest=config_digest, missing=tuple(missing))  # fmt: skip
+    return Written(
+        path=dest,
+        manifest_digest=manifest_digest,
+        manifest_size=manifest_size,
+        config_digest=config_digest,
+        missing=tuple(missing),
+    )

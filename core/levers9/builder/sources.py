@@ -72,10 +72,15 @@ class PipSettings:
 
     def environment(self, index_url: str | None = None) -> dict[str, str]:
         """The ``PIP_*`` variables of a pip step's container; ``index_url`` (the step's own) replaces the index."""
-        env = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1", "PIP_NO_INPUT": "1",
-               "PIP_ROOT_USER_ACTION": "ignore", "PIP_PROGRESS_BAR": "off",
-               # a base from a registry may keep Debian's EXTERNALLY-MANAGED marker; levers9's own bases drop it
-               "PIP_BREAK_SYSTEM_PACKAGES": "1"}  # fmt: skip
+        env = {
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_CACHE_DIR": "1",
+            "PIP_NO_INPUT": "1",
+            "PIP_ROOT_USER_ACTION": "ignore",
+            "PIP_PROGRESS_BAR": "off",
+            # a base from a registry may keep Debian's EXTERNALLY-MANAGED marker; levers9's own bases drop it
+            "PIP_BREAK_SYSTEM_PACKAGES": "1",
+        }
         index = index_url or self.index_url
         if index:
             env["PIP_INDEX_URL"] = index
@@ -147,8 +152,14 @@ def pip_settings(
             cert = None
     if values.get("constraint", "").strip():
         skipped.append(f"constraint {values['constraint'].strip()} is the build machine's own; builds do not use it")
-    return PipSettings(index_url=index, extra_index_urls=extra, find_links=links, trusted_hosts=trusted, cert=cert,
-                       skipped=tuple(skipped))  # fmt: skip
+    return PipSettings(
+        index_url=index,
+        extra_index_urls=extra,
+        find_links=links,
+        trusted_hosts=trusted,
+        cert=cert,
+        skipped=tuple(skipped),
+    )
 
 
 def _urls(name: str, text: str, skipped: list[str]) -> tuple[str, ...]:

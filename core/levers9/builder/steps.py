@@ -209,11 +209,17 @@ class StepRunner:
             mounts = self._mounts(step_dir, values)
             script = step_script(step, proxy_url=self.proxy.url if self.proxy else None)
             spec = ContainerSpec(
-                container_id=f"l9b-{token.token_hex(6)}-{index}", image=str(image),
-                command=["/bin/sh", "-c", script], env=env, workdir=workdir,
-                cpu_millicores=self.limits.cpu_millicores, memory_mib=self.limits.memory_mib,
-                pids_limit=self.limits.pids_limit, mounts=mounts, network="bridge",
-            )  # fmt: skip
+                container_id=f"l9b-{token.token_hex(6)}-{index}",
+                image=str(image),
+                command=["/bin/sh", "-c", script],
+                env=env,
+                workdir=workdir,
+                cpu_millicores=self.limits.cpu_millicores,
+                memory_mib=self.limits.memory_mib,
+                pids_limit=self.limits.pids_limit,
+                mounts=mounts,
+                network="bridge",
+            )
             masked = list(values.values())
             tar = step_dir / "layer.tar"
             await _always_removed(self._container(spec, tar, masked, on_line), lambda: self._remove(spec.container_id))
@@ -266,8 +272,9 @@ class StepRunner:
             raise StepFailed(f"did not finish within {self.limits.timeout_s:g} s and was killed", None, list(tail))
         exit_code, oom = state
         if oom:
-            raise StepFailed(f"was killed for using more than its {self.limits.memory_mib} MiB of memory", exit_code,
-                             list(tail))  # fmt: skip
+            raise StepFailed(
+                f"was killed for using more than its {self.limits.memory_mib} MiB of memory", exit_code, list(tail)
+            )
         if exit_code != 0:
             raise StepFailed(f"exited with code {exit_code}", exit_code, list(tail))
         diff = await hooks.container_changes(runtime, cid, str(tar), timeout=CHANGES_TIMEOUT_S)

@@ -86,7 +86,13 @@ async def boot_checkpointed(
     if started.restored_from is None and stub_id not in checkpointing.taken:
         checkpointing.taken.add(stub_id)
         await checkpointing.snapshot(
-            hooks, runtime, spec, signal_dir=signal_dir, images=images_dir, workspace_id=workspace_id,
-            stub_id=stub_id, cgroup_parent=capabilities.cgroup_parent,
-        )  # fmt: skip
+            hooks,
+            runtime,
+            spec,
+            signal_dir=signal_dir,
+            images=images_dir,
+            workspace_id=workspace_id,
+            stub_id=stub_id,
+            cgroup_parent=capabilities.cgroup_parent,
+        )
     write_atomic(signal_dir / GO_FILE, token.encode(), mode=0o600)

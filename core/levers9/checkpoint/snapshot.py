@@ -81,10 +81,13 @@ class RecordStore:
 
         ref = await self._call(
             worker_pb2.RecordCheckpointRequest(
-                checkpoint_id=checkpoint_id, status=status, path=path or "", size_bytes=size_bytes or 0,
+                checkpoint_id=checkpoint_id,
+                status=status,
+                path=path or "",
+                size_bytes=size_bytes or 0,
                 error=error or "",
             )
-        )  # fmt: skip
+        )
         return record_of(ref)
 
 
@@ -92,10 +95,19 @@ def record_of(ref: Any) -> CheckpointRecord:
     """A ``CheckpointRef`` as the record type the checkpoint functions take (times are not sent: now)."""
     now = datetime.now(UTC)
     return CheckpointRecord(
-        id=ref.id, workspace_id=ref.workspace_id, stub_id=ref.stub_id or None, task_id=None,
-        status=CheckpointStatus(ref.status), runtime=ref.runtime, gpu=ref.gpu or None, path=ref.path or None,
-        size_bytes=ref.size_bytes or None, error=None, created_at=now, updated_at=now,
-    )  # fmt: skip
+        id=ref.id,
+        workspace_id=ref.workspace_id,
+        stub_id=ref.stub_id or None,
+        task_id=None,
+        status=CheckpointStatus(ref.status),
+        runtime=ref.runtime,
+        gpu=ref.gpu or None,
+        path=ref.path or None,
+        size_bytes=ref.size_bytes or None,
+        error=None,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 @dataclass
@@ -151,11 +163,16 @@ class Checkpointing:
             record = None
         started = await asyncio.wait_for(
             start_container(
-                hooks, runtime, spec, checkpoint=record, checkpoints=self.store,
-                storage=self.storage, cache=self.cache,
+                hooks,
+                runtime,
+                spec,
+                checkpoint=record,
+                checkpoints=self.store,
+                storage=self.storage,
+                cache=self.cache,
             ),
             timeout,
-        )  # fmt: skip
+        )
         if started.restore_error is not None:
             self.latest.pop(stub_id, None)
         return started
@@ -179,9 +196,14 @@ class Checkpointing:
         image_dir = images / spec.container_id
         try:
             image = await checkpoint_when_ready(
-                hooks, runtime, spec, host_dir=signal_dir, image_dir=image_dir, free_bytes=self.cache.free_bytes(),
+                hooks,
+                runtime,
+                spec,
+                host_dir=signal_dir,
+                image_dir=image_dir,
+                free_bytes=self.cache.free_bytes(),
                 cgroup_parent=cgroup_parent,
-            )  # fmt: skip
+            )
         except Levers9Error as exc:
             log.warning("checkpointing %s of stub %s failed: %s", spec.container_id, stub_id, exc)
             shutil.rmtree(image_dir, ignore_errors=True)
@@ -196,9 +218,15 @@ class Checkpointing:
     async def _publish(self, image: Any, workspace_id: str, stub_id: str, image_dir: Path) -> None:
         try:
             record = await publish(
-                image, workspace_id=workspace_id, stub_id=stub_id, task_id=None, gpu=None,
-                store=self.store, storage=self.storage, cache=self.cache,
-            )  # fmt: skip
+                image,
+                workspace_id=workspace_id,
+                stub_id=stub_id,
+                task_id=None,
+                gpu=None,
+                store=self.store,
+                storage=self.storage,
+                cache=self.cache,
+            )
         except Exception as exc:
             log.warning("the checkpoint of stub %s was not stored: %s", stub_id, exc)
         else:

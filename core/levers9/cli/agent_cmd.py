@@ -63,38 +63,51 @@ app = typer.Typer(
 )
 
 _STATE_DIR = typer.Option(
-    None, "--state-dir", help="Where agent.json is kept (default: $LEVERS9_AGENT_DIR, else /var/lib/levers9/agent "
-    "as root, else ~/.levers9/agent).", file_okay=False
-)  # fmt: skip
+    None,
+    "--state-dir",
+    help="Where agent.json is kept (default: $LEVERS9_AGENT_DIR, else /var/lib/levers9/agent "
+    "as root, else ~/.levers9/agent).",
+    file_okay=False,
+)
 _DOCKER_HOST = typer.Option(
     None, "--docker-host", help="The Docker daemon the workers run on (default: $DOCKER_HOST, else the local socket)."
 )
 _LOG_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
 _KUBERNETES = typer.Option(
-    False, "--kubernetes", help="Kubernetes mode: the workers are Jobs in the agent's namespace, the credential the "
-    "Secret levers9-agent-credential there."
-)  # fmt: skip
+    False,
+    "--kubernetes",
+    help="Kubernetes mode: the workers are Jobs in the agent's namespace, the credential the "
+    "Secret levers9-agent-credential there.",
+)
 _NAMESPACE_OPTION = typer.Option(
-    None, "--namespace", help="Kubernetes mode: the namespace of the credential and the worker Jobs (default: the "
-    "pod's own)."
-)  # fmt: skip
+    None,
+    "--namespace",
+    help="Kubernetes mode: the namespace of the credential and the worker Jobs (default: the pod's own).",
+)
 _KUBECONFIG = typer.Option(
-    None, "--kubeconfig", help="Kubernetes mode: reach the API with this kubeconfig (else $KUBECONFIG, else the "
-    "pod's service account).", dir_okay=False
-)  # fmt: skip
+    None,
+    "--kubeconfig",
+    help="Kubernetes mode: reach the API with this kubeconfig (else $KUBECONFIG, else the pod's service account).",
+    dir_okay=False,
+)
 _CONTEXT = typer.Option(None, "--context", help="Kubernetes mode: the kubeconfig's context (default: its current one).")
 _ALLOW_PRIVILEGED = typer.Option(
-    False, "--allow-privileged", help="Kubernetes mode: worker Jobs may run privileged containers (the runc and gvisor "
-    "runtimes need it)."
-)  # fmt: skip
+    False,
+    "--allow-privileged",
+    help="Kubernetes mode: worker Jobs may run privileged containers (the runc and gvisor runtimes need it).",
+)
 _SHARE_NAMESPACE = typer.Option(
-    False, "--share-namespace", help="Kubernetes mode: start even when the namespace holds another levers9 pool's "
-    "worker Jobs (each acts on its own only)."
-)  # fmt: skip
+    False,
+    "--share-namespace",
+    help="Kubernetes mode: start even when the namespace holds another levers9 pool's "
+    "worker Jobs (each acts on its own only).",
+)
 _POLL_S = typer.Option(
-    None, "--poll-s", help="Seconds between looks for a changed inventory (default: 2 on Docker, 10 in Kubernetes "
-    "mode).", show_default=False
-)  # fmt: skip
+    None,
+    "--poll-s",
+    help="Seconds between looks for a changed inventory (default: 2 on Docker, 10 in Kubernetes mode).",
+    show_default=False,
+)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -165,8 +178,9 @@ async def _run(credential: AgentCredential, stop: asyncio.Event, backend: _Backe
     from levers9.agent.daemon import run_agent
 
     try:
-        return await run_agent(credential, stop, docker_host=backend.docker_host, kubernetes=backend.kubernetes,
-                               poll_s=backend.poll_s)  # fmt: skip
+        return await run_agent(
+            credential, stop, docker_host=backend.docker_host, kubernetes=backend.kubernetes, poll_s=backend.poll_s
+        )
     except InsecureRefused as exc:
         typer.echo(f"levers9 agent: {exc}", err=True)
         return 2
@@ -185,18 +199,32 @@ class _Backend:
 
 
 def _backend(
-    *, kubernetes: bool, namespace: str | None, kubeconfig: Path | None, context: str | None,
-    allow_privileged: bool, state_dir: Path | None, docker_host: str | None, poll_s: float | None,
+    *,
+    kubernetes: bool,
+    namespace: str | None,
+    kubeconfig: Path | None,
+    context: str | None,
+    allow_privileged: bool,
+    state_dir: Path | None,
+    docker_host: str | None,
+    poll_s: float | None,
     share_namespace: bool = False,
-) -> _Backend:  # fmt: skip
+) -> _Backend:
     """The options checked against the mode they belong to, as the backend they choose."""
     if poll_s is not None and not (poll_s > 0 and math.isfinite(poll_s)):  # NaN fails this too
         raise _fail(f"--poll-s must be a number of seconds above 0, got {poll_s}")
     if not kubernetes:
-        given = [name for name, value in (("--namespace", namespace), ("--kubeconfig", kubeconfig),
-                                          ("--context", context), ("--allow-privileged", allow_privileged or None),
-                                          ("--share-namespace", share_namespace or None))
-                 if value is not None]  # fmt: skip
+        given = [
+            name
+            for name, value in (
+                ("--namespace", namespace),
+                ("--kubeconfig", kubeconfig),
+                ("--context", context),
+                ("--allow-privileged", allow_privileged or None),
+                ("--share-namespace", share_namespace or None),
+            )
+            if value is not None
+        ]
         if given:
             raise _fail(f"Kubernetes mode's options ({', '.join(given)}) need --kubernetes: add it, or leave them out")
         return _Backend(docker_host=_docker_host(docker_host), poll_s=poll_s)
@@ -221,10 +249,14 @@ def _backend(
             "starting and ending with a letter or digit"
         )
     return _Backend(
-        kubernetes=KubernetesMode(namespace, api_client_factory=_api_client_factory(kubeconfig, context),
-                                  allow_privileged=allow_privileged, share_namespace=share_namespace),
+        kubernetes=KubernetesMode(
+            namespace,
+            api_client_factory=_api_client_factory(kubeconfig, context),
+            allow_privileged=allow_privileged,
+            share_namespace=share_namespace,
+        ),
         poll_s=poll_s,
-    )  # fmt: skip
+    )
 
 
 def _api_client_factory(kubeconfig: Path | None, context: str | None) -> Callable[[], Any] | None:
@@ -275,16 +307,20 @@ async def _k8s_keep(secret: CredentialSecret, credential: AgentCredential, stop:
         logging.getLogger(__name__).error(
             "joined as agent %s but could not keep its credential in %s: %s. This agent runs; if the pod restarts "
             "it needs a new join token (let the agent's service account create Secrets in namespace %s)",
-            credential.agent_id, secret.name, exc, secret.namespace,
-        )  # fmt: skip
+            credential.agent_id,
+            secret.name,
+            exc,
+            secret.namespace,
+        )
         return
     if kept:
         typer.echo(f"joined as agent {credential.agent_id}; credential kept in {secret.name}", err=True)
     else:
         logging.getLogger(__name__).error(
             "stopped before agent %s's credential was kept in %s: the next start needs a new join token",
-            credential.agent_id, secret.name,
-        )  # fmt: skip
+            credential.agent_id,
+            secret.name,
+        )
 
 
 def _k8s_secret(backend: _Backend) -> CredentialSecret:
@@ -327,9 +363,17 @@ def join(
     from levers9.agent import credentials
 
     _logging(log_level)
-    backend = _backend(kubernetes=kubernetes, namespace=namespace, kubeconfig=kubeconfig, context=context,
-                       allow_privileged=allow_privileged, state_dir=state_dir, docker_host=docker_host,
-                       poll_s=poll_s, share_namespace=share_namespace)  # fmt: skip
+    backend = _backend(
+        kubernetes=kubernetes,
+        namespace=namespace,
+        kubeconfig=kubeconfig,
+        context=context,
+        allow_privileged=allow_privileged,
+        state_dir=state_dir,
+        docker_host=docker_host,
+        poll_s=poll_s,
+        share_namespace=share_namespace,
+    )
     if backend.kubernetes is not None:
         secret = _k8s_secret(backend)
 
@@ -417,9 +461,17 @@ def run(
     from levers9.agent import credentials
 
     _logging(log_level)
-    backend = _backend(kubernetes=kubernetes, namespace=namespace, kubeconfig=kubeconfig, context=context,
-                       allow_privileged=allow_privileged, state_dir=state_dir, docker_host=docker_host,
-                       poll_s=poll_s, share_namespace=share_namespace)  # fmt: skip
+    backend = _backend(
+        kubernetes=kubernetes,
+        namespace=namespace,
+        kubeconfig=kubeconfig,
+        context=context,
+        allow_privileged=allow_privileged,
+        state_dir=state_dir,
+        docker_host=docker_host,
+        poll_s=poll_s,
+        share_namespace=share_namespace,
+    )
     if backend.kubernetes is not None:
         secret = _k8s_secret(backend)
 

@@ -126,8 +126,14 @@ def blueprints(
     if not found:
         err.print("no images built yet: `levers9 blueprint build FILE` builds one", markup=False)
         return
-    columns = [Col("key"), Col("size", justify="right"), Col("steps", justify="right"), Col("age", justify="right"),
-               Col("used", justify="right"), Col("image", wrap=True)]  # fmt: skip
+    columns = [
+        Col("key"),
+        Col("size", justify="right"),
+        Col("steps", justify="right"),
+        Col("age", justify="right"),
+        Col("used", justify="right"),
+        Col("image", wrap=True),
+    ]
     now = time.time()
     rows = [
         [

@@ -243,8 +243,9 @@ def list_joined(context: str | None) -> Joined:
     try:
         return Joined(listed(context), context=name)
     except typer.Exit:  # the call printed why (unreachable, token refused)
-        return Joined(None, f"the controlplane of context {name!r} did not list the joined machines (see above)",
-                      context=name)  # fmt: skip
+        return Joined(
+            None, f"the controlplane of context {name!r} did not list the joined machines (see above)", context=name
+        )
 
 
 @dataclass(frozen=True)
@@ -318,18 +319,30 @@ def _joined_check(pool: Pool, joined: Joined, result: PoolCheck) -> None:
     who = "an operator's token (levers9 token create --operator) for a shared pool, the workspace's for its own"
     result.checkpoint = Verdict(None, "asked of no host: the workers run on the joined machines")
     if joined.machines is None:
-        result.runtime_check = Verdict(False, f"joined machines: {joined.problem}",
-                                       f"a context that reaches the controlplane (levers9 context), with {who}")  # fmt: skip
+        result.runtime_check = Verdict(
+            False,
+            f"joined machines: {joined.problem}",
+            f"a context that reaches the controlplane (levers9 context), with {who}",
+        )
         return
     mine = [m for m in joined.machines if m.pool == pool.name]
     machines = []
     ready = []
     for m in mine:
         problems = _machine_problems(pool, m)
-        machines.append({"name": m.name, "id": m.id, "state": m.state, "connected": m.connected,
-                         "version": m.version or None, "docker_version": m.docker_version or None,
-                         "docker_runtimes": list(m.docker_runtimes), "ready": not problems,
-                         "problems": problems})  # fmt: skip
+        machines.append(
+            {
+                "name": m.name,
+                "id": m.id,
+                "state": m.state,
+                "connected": m.connected,
+                "version": m.version or None,
+                "docker_version": m.docker_version or None,
+                "docker_runtimes": list(m.docker_runtimes),
+                "ready": not problems,
+                "problems": problems,
+            }
+        )
         if problems:
             continue
         ready.append(m)
@@ -342,10 +355,11 @@ def _joined_check(pool: Pool, joined: Joined, result: PoolCheck) -> None:
         )
         return
     said = [
-        f"{m['name']}: levers9 {m['version']}, Docker {m['docker_version']}" if m["ready"]
+        f"{m['name']}: levers9 {m['version']}, Docker {m['docker_version']}"
+        if m["ready"]
         else f"{m['name']}: {'; '.join(m['problems'])}"
         for m in machines
-    ]  # fmt: skip
+    ]
     message = f"joined machines: {len(ready)} of {len(mine)} ready; " + "; ".join(said)
     if ready:
         result.runtime_check = Verdict(True, message)
@@ -419,10 +433,11 @@ async def _runtime(hooks: Hooks, pool: Pool, settings: BaseModel | None, result:
             if caps.available and caps.calls_as_worker_user:
                 # usable, but not safe to share: shown in red, so that it is read
                 result.runtime_check = Verdict(
-                    True, "; ".join([f"available, calls run as the worker's own user: {described}", *notes]),
+                    True,
+                    "; ".join([f"available, calls run as the worker's own user: {described}", *notes]),
                     "only for a single-user machine: remove allow_calls_as_worker_user to refuse such calls",
                     warning=True,
-                )  # fmt: skip
+                )
             elif caps.available:
                 result.runtime_check = Verdict(True, "; ".join([f"available: {described}", *notes]))
             else:

@@ -154,16 +154,34 @@ def join(
     except OSError as exc:
         raise _fail(f"cannot read the context's ca_file {ctx.ca_file!r}: {exc.strerror}", 1) from None
     request = pb.JoinClusterRequest(
-        name=name, gpu=gpu or "", memory=memory or "", runtime=runtime or "", namespace=namespace,
-        worker_image=worker_image or "", settings_json=json.dumps(extra) if extra else "", ttl_s=ttl_s, pool=pool or "",
-    )  # fmt: skip
-    for field, value in (("gpu_count", gpu_count), ("cpu", cpu), ("max_workers", max_workers),
-                         ("idle_timeout_s", idle_timeout)):  # fmt: skip
+        name=name,
+        gpu=gpu or "",
+        memory=memory or "",
+        runtime=runtime or "",
+        namespace=namespace,
+        worker_image=worker_image or "",
+        settings_json=json.dumps(extra) if extra else "",
+        ttl_s=ttl_s,
+        pool=pool or "",
+    )
+    for field, value in (
+        ("gpu_count", gpu_count),
+        ("cpu", cpu),
+        ("max_workers", max_workers),
+        ("idle_timeout_s", idle_timeout),
+    ):
         if value is not None:
             setattr(request, field, value)
-    manifest = AgentManifest(cluster=name, namespace=namespace, image=image, controlplane_url=url,
-                             join_token="unset", ca_pem=ca_pem, allow_privileged=privileged,
-                             share_namespace=share_namespace)  # fmt: skip
+    manifest = AgentManifest(
+        cluster=name,
+        namespace=namespace,
+        image=image,
+        controlplane_url=url,
+        join_token="unset",
+        ca_pem=ca_pem,
+        allow_privileged=privileged,
+        share_namespace=share_namespace,
+    )
     try:
         manifest.check()  # refused here, before a cluster is recorded for a manifest that cannot be written
     except ValueError as exc:
@@ -192,8 +210,9 @@ def join(
     except OSError as exc:
         raise _fail(
             f"cannot write {str(path)!r} ({exc.strerror}); the cluster {name} is recorded, and its token is lost "
-            "with this run: join it again under another name, or write to another --output", 2
-        ) from None  # fmt: skip
+            "with this run: join it again under another name, or write to another --output",
+            2,
+        ) from None
     if not tls:
         err.print(
             f"warning: this context reaches the controlplane in plain text ({url}); the agent is told --insecure, "
@@ -276,8 +295,25 @@ def clusters(
         return
     now = time.time()
     print_table(
-        [Col("name"), Col("pool"), Col("connected"), Col("last heartbeat"), Col("nodes"), Col("GPUs (free/total)"),
-         Col("workers")],
-        ([c.name, c.pool, "yes" if c.connected else "no", when(c.last_seen, now) if c.last_seen else "never",
-          str(c.nodes), _gpus(c), str(len(c.workers))] for c in found),
-    )  # fmt: skip
+        [
+            Col("name"),
+            Col("pool"),
+            Col("connected"),
+            Col("last heartbeat"),
+            Col("nodes"),
+            Col("GPUs (free/total)"),
+            Col("workers"),
+        ],
+        (
+            [
+                c.name,
+                c.pool,
+                "yes" if c.connected else "no",
+                when(c.last_seen, now) if c.last_seen else "never",
+                str(c.nodes),
+                _gpus(c),
+                str(len(c.workers)),
+            ]
+            for c in found
+        ),
+    )

@@ -51,13 +51,21 @@ def check(
             err.print(f"{path}: ok, {len(pools)} pool(s)", markup=False)
             print_json(
                 [
-                    {"name": name, "provider": pool.provider, "runtime": pool.runtime, "gpu": pool.gpu,
-                     "gpu_count": pool.gpu_count, "cpu": spec.cpu, "memory_mib": spec.memory,
-                     "min_workers": spec.min_workers, "max_workers": spec.max_workers}
+                    {
+                        "name": name,
+                        "provider": pool.provider,
+                        "runtime": pool.runtime,
+                        "gpu": pool.gpu,
+                        "gpu_count": pool.gpu_count,
+                        "cpu": spec.cpu,
+                        "memory_mib": spec.memory,
+                        "min_workers": spec.min_workers,
+                        "max_workers": spec.max_workers,
+                    }
                     for name, pool in pools.items()
                     for spec in [loaded.config.pools[name]]
                 ]
-            )  # fmt: skip
+            )
             return
         out.print(f"{path}: ok, {len(pools)} pool(s)", markup=False)
         for name, pool in pools.items():

@@ -53,11 +53,17 @@ def list_contexts(as_json: bool = typer.Option(False, "--json", help="Print JSON
     print_table(
         [Col(c) for c in ("", "name", "grpc", "http", "workspace", "token")],
         (
-            ["*" if c.name == contexts.current else "", c.name, c.grpc, c.http or "-", c.workspace or "-",
-             "set" if c.token else "-"]
+            [
+                "*" if c.name == contexts.current else "",
+                c.name,
+                c.grpc,
+                c.http or "-",
+                c.workspace or "-",
+                "set" if c.token else "-",
+            ]
             for c in rows
         ),
-    )  # fmt: skip
+    )
 
 
 @app.command("use")
@@ -104,8 +110,15 @@ def add(
             err.print("error: no token on standard input", markup=False)
             raise typer.Exit(1)
     try:
-        context = Context(name=name, grpc=grpc.strip(), http=http, token=token, workspace=workspace,
-                          ca_file=ca_file, reconnect_s=reconnect_s)  # fmt: skip
+        context = Context(
+            name=name,
+            grpc=grpc.strip(),
+            http=http,
+            token=token,
+            workspace=workspace,
+            ca_file=ca_file,
+            reconnect_s=reconnect_s,
+        )
         path = save_context(context)
     except ContextError as exc:
         _fail(exc)

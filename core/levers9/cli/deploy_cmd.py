@@ -87,8 +87,12 @@ def _deploy_one(fn: Any) -> dict[str, Any]:
         response = client.run(run())
     except ControlPlaneError as exc:
         fail(f"deploying {fn.config['name']}: {exc}")
-    return {"name": fn.config["name"], "kind": fn.config["kind"], "version": response.version,
-            "deployment_id": response.deployment_id}  # fmt: skip
+    return {
+        "name": fn.config["name"],
+        "kind": fn.config["kind"],
+        "version": response.version,
+        "deployment_id": response.deployment_id,
+    }
 
 
 def deployments(
@@ -147,8 +151,13 @@ def _deployment(d: pb.DeploymentInfo) -> dict[str, Any]:
         "kind": d.kind,
         "active_version": d.active_version or None,
         "versions": [
-            {"version": v.version, "stub_id": v.stub_id, "created_at": iso(v.created_at),
-             "stopped_at": iso(v.stopped_at), "serving": not v.stopped_at}
+            {
+                "version": v.version,
+                "stub_id": v.stub_id,
+                "created_at": iso(v.created_at),
+                "stopped_at": iso(v.stopped_at),
+                "serving": not v.stopped_at,
+            }
             for v in d.versions
         ],
-    }  # fmt: skip
+    }

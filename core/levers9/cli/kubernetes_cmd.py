@@ -125,17 +125,29 @@ def manifests(
         missing = {pool: ns for pool, ns in needed.items() if workers is not None and ns not in workers}
         if missing:
             pool, ns = next(iter(missing.items()))
-            raise _fail(f"pools.{pool}.settings.namespace is {ns!r}, which --worker-namespace leaves out; add "
-                        f"--worker-namespace {ns} so the controlplane may create its Jobs there")  # fmt: skip
+            raise _fail(
+                f"pools.{pool}.settings.namespace is {ns!r}, which --worker-namespace leaves out; add "
+                f"--worker-namespace {ns} so the controlplane may create its Jobs there"
+            )
         if workers is None:
             workers = tuple(sorted(set(needed.values())))
     values: dict[str, Any] = {
-        "namespace": namespace, "replicas": replicas, "image": image, "database_secret": database_secret,
-        "redis_secret": redis_secret, "secret_key_secret": secret_key_secret, "tls_secret": tls_secret,
-        "tls_ca": tls_ca, "worker_namespaces": workers, "service_type": service_type, "cpu_request": cpu_request,
-        "cpu_limit": _optional(cpu_limit), "memory_request": memory_request, "memory_limit": _optional(memory_limit),
+        "namespace": namespace,
+        "replicas": replicas,
+        "image": image,
+        "database_secret": database_secret,
+        "redis_secret": redis_secret,
+        "secret_key_secret": secret_key_secret,
+        "tls_secret": tls_secret,
+        "tls_ca": tls_ca,
+        "worker_namespaces": workers,
+        "service_type": service_type,
+        "cpu_request": cpu_request,
+        "cpu_limit": _optional(cpu_limit),
+        "memory_request": memory_request,
+        "memory_limit": _optional(memory_limit),
         "image_pull_secrets": tuple(image_pull_secret or ()),
-    }  # fmt: skip
+    }
     try:
         options = ManifestOptions(**values)
     except ValidationError as exc:
@@ -153,8 +165,9 @@ def manifests(
         err.print(f"wrote {len(objects)} objects to {output}", markup=False)
     for note in _notes(options, starter=config is None, worker_image=worker_image):
         err.print(f"note: {note}", markup=False)
-    err.print("\n".join(setup_commands(options, str(output) if output else "FILE  # the YAML printed above")),
-              markup=False)  # fmt: skip
+    err.print(
+        "\n".join(setup_commands(options, str(output) if output else "FILE  # the YAML printed above")), markup=False
+    )
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -175,8 +188,11 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             namespaces[name] = str(pool.settings.namespace)
             kubeconfig = pool.settings.kubeconfig
             if kubeconfig not in (None, "in-cluster"):
-                err.print(f"note: pools.{name}.settings.kubeconfig names a file, which the controlplane's pods do "
-                          "not have; 'in-cluster' uses their ServiceAccount", markup=False)  # fmt: skip
+                err.print(
+                    f"note: pools.{name}.settings.kubeconfig names a file, which the controlplane's pods do "
+                    "not have; 'in-cluster' uses their ServiceAccount",
+                    markup=False,
+                )
     finally:
         loaded.hooks.close()
     data, _ = load_yaml(path.read_text(encoding="utf-8"), str(path))
@@ -187,11 +203,15 @@ def _notes(options: ManifestOptions, *, starter: bool, worker_image: str | None)
     """What the operator should know of the choices made (``starter``: no config given, the starter one used)."""
     notes = []
     if options.replicas == 1:
-        notes.append("one replica: when its pod or node goes, everyone's work waits for Kubernetes to start "
-                     "another; two or more replicas fail over")  # fmt: skip
+        notes.append(
+            "one replica: when its pod or node goes, everyone's work waits for Kubernetes to start "
+            "another; two or more replicas fail over"
+        )
     if options.tls_secret is None:
-        notes.append("no --tls-secret: the controlplane serves plain text (listen.plaintext), so tokens cross the "
-                     "cluster's network in clear; give a TLS Secret unless that network is private end to end")  # fmt: skip
+        notes.append(
+            "no --tls-secret: the controlplane serves plain text (listen.plaintext), so tokens cross the "
+            "cluster's network in clear; give a TLS Secret unless that network is private end to end"
+        )
     if not options.workers_in:
         notes.append("the config has no local_k8s pool: no Role or ClusterRole, and the pods get no API token")
     images = [options.image]
@@ -199,9 +219,11 @@ def _notes(options: ManifestOptions, *, starter: bool, worker_image: str | None)
         from levers9.images.worker import default_tag
 
         images.append(worker_image or default_tag())
-        notes.append(f"the starter config has one local_k8s CPU pool whose workers run {images[-1]}, for the "
-                     "workspace 'default' alone (its process runtime isolates nothing); write your own config and "
-                     "pass it with --config")  # fmt: skip
+        notes.append(
+            f"the starter config has one local_k8s CPU pool whose workers run {images[-1]}, for the "
+            "workspace 'default' alone (its process runtime isolates nothing); write your own config and "
+            "pass it with --config"
+        )
     notes.append(f"{' and '.join(images)} must be in a registry the cluster's nodes pull from")
     return notes
 

@@ -211,30 +211,62 @@ def create(
     defaults: dict[str, Any] = json.loads(made.ssh_json or "{}")
     if made.existing:  # the same `machine create --ssh` again: the box must run that machine's agent
         assert target is not None
-        _rejoin(context, made.machine, target, jump, defaults, url=url, ca_pem=ca_pem, key=ssh_key,
-                known_hosts=ssh_known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
-                as_json=as_json, wheel=_wheel(made))  # fmt: skip
+        _rejoin(
+            context,
+            made.machine,
+            target,
+            jump,
+            defaults,
+            url=url,
+            ca_pem=ca_pem,
+            key=ssh_key,
+            known_hosts=ssh_known_hosts,
+            sudo=sudo,
+            no_strict=no_strict,
+            agent_dir=agent_dir,
+            as_json=as_json,
+            wheel=_wheel(made),
+        )
         return
     from levers9.services.agent_pools.joined_machines import join_command
 
-    command = join_command(url, made.join_token, ca_pem=ca_pem, wheel_url=made.wheel_url,
-                           wheel_sha256=made.wheel_sha256)  # fmt: skip
+    command = join_command(
+        url, made.join_token, ca_pem=ca_pem, wheel_url=made.wheel_url, wheel_sha256=made.wheel_sha256
+    )
     if target is None:
         if as_json:
-            print_json(_as_dict(made.machine) | {"join_token": made.join_token, "join_command": command,
-                                                 "expires_at": iso(made.expires_at)})  # fmt: skip
+            print_json(
+                _as_dict(made.machine)
+                | {"join_token": made.join_token, "join_command": command, "expires_at": iso(made.expires_at)}
+            )
             return
         out.print(f"created machine {made.machine.name} ({made.machine.id}) for pool {pool}", markup=False)
         if not made.wheel_url:
-            err.print("note: this controlplane does not say where its HTTP listener is, so the command does not "
-                      "install levers9: install it on the box first (docs/agents.md)", markup=False)  # fmt: skip
+            err.print(
+                "note: this controlplane does not say where its HTTP listener is, so the command does not "
+                "install levers9: install it on the box first (docs/agents.md)",
+                markup=False,
+            )
         err.print(f"run this on the box within {ttl} (the token works once and is shown only now):", markup=False)
         typer.echo(command)
         return
     try:
-        joined_id = _join_over_ssh(made.machine, made.join_token, target, jump, defaults, context=context, url=url,
-                                   ca_pem=ca_pem, key=ssh_key, known_hosts=ssh_known_hosts, sudo=sudo,
-                                   no_strict=no_strict, agent_dir=agent_dir, wheel=_wheel(made))  # fmt: skip
+        joined_id = _join_over_ssh(
+            made.machine,
+            made.join_token,
+            target,
+            jump,
+            defaults,
+            context=context,
+            url=url,
+            ca_pem=ca_pem,
+            key=ssh_key,
+            known_hosts=ssh_known_hosts,
+            sudo=sudo,
+            no_strict=no_strict,
+            agent_dir=agent_dir,
+            wheel=_wheel(made),
+        )
     except typer.Exit:
         _forget(context, made.machine, "the SSH join failed, and no box joined it")
         raise
@@ -260,18 +292,44 @@ def _forget(context: str | None, machine: pb.JoinedMachine, why: str) -> None:
 
 
 def _rejoin(
-    context: str | None, existing: pb.JoinedMachine, target: UserHost, jump: UserHost | None,
-    defaults: dict[str, Any], *, url: str, ca_pem: str, key: Path | None, known_hosts: Path | None,
-    sudo: bool | None, no_strict: bool, agent_dir: str | None, as_json: bool, wheel: tuple[str, str] | None,
-) -> None:  # fmt: skip
+    context: str | None,
+    existing: pb.JoinedMachine,
+    target: UserHost,
+    jump: UserHost | None,
+    defaults: dict[str, Any],
+    *,
+    url: str,
+    ca_pem: str,
+    key: Path | None,
+    known_hosts: Path | None,
+    sudo: bool | None,
+    no_strict: bool,
+    agent_dir: str | None,
+    as_json: bool,
+    wheel: tuple[str, str] | None,
+) -> None:
     """``machine create --ssh`` of a machine that exists and has joined: the box must run its agent (its
     service is started again when it is down); no new machine, no token."""
     typer.echo(f"machine {existing.name} ({existing.id}) exists and has joined pool {existing.pool}: checking the box")
-    joined_id = _join_over_ssh(existing, None, target, jump, defaults, context=context, url=url, ca_pem=ca_pem,
-                               key=key, known_hosts=known_hosts, sudo=sudo, no_strict=no_strict, agent_dir=agent_dir,
-                               wheel=wheel, not_joined=f"machine {existing.name} ({existing.id}) has joined from another box, or "
-                               "this box lost its credential: remove the machine first (levers9 machine remove "
-                               f"{existing.name}) or choose another --name")  # fmt: skip
+    joined_id = _join_over_ssh(
+        existing,
+        None,
+        target,
+        jump,
+        defaults,
+        context=context,
+        url=url,
+        ca_pem=ca_pem,
+        key=key,
+        known_hosts=known_hosts,
+        sudo=sudo,
+        no_strict=no_strict,
+        agent_dir=agent_dir,
+        wheel=wheel,
+        not_joined=f"machine {existing.name} ({existing.id}) has joined from another box, or "
+        "this box lost its credential: remove the machine first (levers9 machine remove "
+        f"{existing.name}) or choose another --name",
+    )
     if joined_id != existing.id:
         raise _fail(
             f"the box runs the agent of another machine ({joined_id}), not the one of {existing.name} "
@@ -287,11 +345,23 @@ def _rejoin(
 
 
 def _join_over_ssh(
-    machine: pb.JoinedMachine, join_token: str | None, target: UserHost, jump: UserHost | None,
-    defaults: dict[str, Any], *, context: str | None, url: str, ca_pem: str, key: Path | None,
-    known_hosts: Path | None, sudo: bool | None, no_strict: bool, agent_dir: str | None = None,
-    not_joined: str = "", wheel: tuple[str, str] | None = None,
-) -> str:  # fmt: skip
+    machine: pb.JoinedMachine,
+    join_token: str | None,
+    target: UserHost,
+    jump: UserHost | None,
+    defaults: dict[str, Any],
+    *,
+    context: str | None,
+    url: str,
+    ca_pem: str,
+    key: Path | None,
+    known_hosts: Path | None,
+    sudo: bool | None,
+    no_strict: bool,
+    agent_dir: str | None = None,
+    not_joined: str = "",
+    wheel: tuple[str, str] | None = None,
+) -> str:
     """Run the join on the box; the id of the agent it runs (an earlier one's when it was joined already)."""
     from levers9.cli.machine_install.box import AgentLayout
     from levers9.cli.machine_install.join import join_over_ssh
@@ -325,17 +395,30 @@ def _join_over_ssh(
     layout = None
     if agent_dir is not None:
         base = agent_dir.rstrip("/") or "/"
-        layout = AgentLayout(state_dir=f"{base}/agent", lib_dir=f"{base}/lib", log_file=f"{base}/agent.log",
-                             pid_file=f"{base}/agent-supervise.pid", service="supervisor")  # fmt: skip
+        layout = AgentLayout(
+            state_dir=f"{base}/agent",
+            lib_dir=f"{base}/lib",
+            log_file=f"{base}/agent.log",
+            pid_file=f"{base}/agent-supervise.pid",
+            service="supervisor",
+        )
     typer.echo(f"joining {user}@{target.host} as machine {machine.name} ({machine.id})")
 
     def is_live(agent_id: str) -> bool:  # a credential of a machine the controlplane no longer lists is revoked
         return any(m.id == agent_id for m in list_joined(context))
 
     try:
-        result = join_over_ssh(ssh_target, controlplane=url, join_token=join_token, ca_pem=ca_pem,
-                               docker_host=docker_host, echo=typer.echo, layout=layout, is_live=is_live,
-                               wheel=wheel)  # fmt: skip
+        result = join_over_ssh(
+            ssh_target,
+            controlplane=url,
+            join_token=join_token,
+            ca_pem=ca_pem,
+            docker_host=docker_host,
+            echo=typer.echo,
+            layout=layout,
+            is_live=is_live,
+            wheel=wheel,
+        )
     except SshJoinError as exc:
         hint = f" ({not_joined})" if not_joined and "no join token was given" in str(exc) else ""
         raise _fail(f"joining {target.host} over SSH failed: {exc}{hint}", 3) from None

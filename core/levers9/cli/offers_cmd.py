@@ -39,9 +39,19 @@ if TYPE_CHECKING:
     from levers9.hooks.types import GpuOffer, Pool
 
 OFFER_KEYS = (
-    "gpu", "gpu_count", "gpu_memory_mib", "instance_type", "region", "zone", "spot", "price_per_hour",
-    "availability", "cpu_millicores", "memory_mib", "key",
-)  # fmt: skip
+    "gpu",
+    "gpu_count",
+    "gpu_memory_mib",
+    "instance_type",
+    "region",
+    "zone",
+    "spot",
+    "price_per_hour",
+    "availability",
+    "cpu_millicores",
+    "memory_mib",
+    "key",
+)
 
 
 def offers(
@@ -148,13 +158,31 @@ def _print(rows: list[tuple[Pool, GpuOffer]]) -> None:
     for pool, o in rows:
         price = f"{o.price_per_hour:.2f}" if o.price_per_hour is not None else "-"
         availability = Text(o.availability.value, style=style.get(o.availability.value, ""))
-        table.append([
-            pool.name, pool.provider, o.gpu, str(o.gpu_count), o.instance_type or "-", o.region or "-",
-            o.zone or "-", "yes" if o.spot else "no", price, availability,
-        ])  # fmt: skip
+        table.append(
+            [
+                pool.name,
+                pool.provider,
+                o.gpu,
+                str(o.gpu_count),
+                o.instance_type or "-",
+                o.region or "-",
+                o.zone or "-",
+                "yes" if o.spot else "no",
+                price,
+                availability,
+            ]
+        )
     columns = [
-        Col("pool"), Col("provider"), Col("gpu"), Col("count", justify="right"), Col("instance type"),
-        Col("region"), Col("zone"), Col("spot"), Col("price/h", justify="right"), Col("availability"),
-    ]  # fmt: skip
+        Col("pool"),
+        Col("provider"),
+        Col("gpu"),
+        Col("count", justify="right"),
+        Col("instance type"),
+        Col("region"),
+        Col("zone"),
+        Col("spot"),
+        Col("price/h", justify="right"),
+        Col("availability"),
+    ]
     if rows:
         print_table(columns, table)

@@ -46,8 +46,9 @@ def _load(config: Path | None) -> LoadedConfig:
         raise typer.Exit(2) from None
 
 
-def _listeners(loaded: LoadedConfig, host: str | None, grpc_port: int | None, http_port: int | None,
-               metrics_port: int | None) -> Listeners:  # fmt: skip
+def _listeners(
+    loaded: LoadedConfig, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None
+) -> Listeners:
     import dataclasses
 
     from levers9.controlplane.server import Listeners
@@ -149,8 +150,14 @@ def worker(
         values["memory_mib"] = memory
     if state_dir is not None:
         values["state_dir"] = state_dir
-    missing = [var for name, var in (("controlplane", "$LEVERS9_CONTROLPLANE_URL"),
-                                     ("token", "$LEVERS9_TOKEN_FILE (or $LEVERS9_TOKEN)")) if not values.get(name)]  # fmt: skip
+    missing = [
+        var
+        for name, var in (
+            ("controlplane", "$LEVERS9_CONTROLPLANE_URL"),
+            ("token", "$LEVERS9_TOKEN_FILE (or $LEVERS9_TOKEN)"),
+        )
+        if not values.get(name)
+    ]
     if missing:
         typer.echo(f"levers9 worker: missing {' and '.join(missing)}; see `levers9 worker --help`", err=True)
         raise typer.Exit(2)
@@ -495,11 +502,25 @@ def token_list(
         err.print("no tokens" + (" bound to no workspace" if unbound else f" in workspace {workspace!r}"), markup=False)
         return
     print_table(
-        [Col("id"), Col("kind"), Col("state"), Col("subject", wrap=True), Col("created"), Col("expires"),
-         Col("last used")],
+        [
+            Col("id"),
+            Col("kind"),
+            Col("state"),
+            Col("subject", wrap=True),
+            Col("created"),
+            Col("expires"),
+            Col("last used"),
+        ],
         (
-            [t["id"] or "-", t["kind"] or "-", t["state"] or "-", t["subject"] or "-", t["created_at"] or "-",
-             t["expires_at"] or "-", t["last_used_at"] or "-"]
+            [
+                t["id"] or "-",
+                t["kind"] or "-",
+                t["state"] or "-",
+                t["subject"] or "-",
+                t["created_at"] or "-",
+                t["expires_at"] or "-",
+                t["last_used_at"] or "-",
+            ]
             for t in found
         ),
-    )  # fmt: skip
+    )

@@ -81,25 +81,33 @@ async def stop_or_keep_machines(services: Services, *, keep: bool, say: Callable
     if keep:
         kept = [m for spec in owned for m in await _recorded(services, spec)]
         if kept:
-            say(f"--keep-machines: leaving {len(kept)} machine(s) running: {', '.join(m.shown for m in kept)}; "
-                "the next levers9 up finds them again (a cloud machine is billed meanwhile)")  # fmt: skip
+            say(
+                f"--keep-machines: leaving {len(kept)} machine(s) running: {', '.join(m.shown for m in kept)}; "
+                "the next levers9 up finds them again (a cloud machine is billed meanwhile)"
+            )
     else:
         recorded = [m for spec in owned for m in await _recorded(services, spec)]
         if recorded:
-            say(f"terminating {len(recorded)} machine(s) of levers9 up's pools: "
-                f"{', '.join(m.shown for m in recorded)} (levers9 up --keep-machines keeps them running)")  # fmt: skip
+            say(
+                f"terminating {len(recorded)} machine(s) of levers9 up's pools: "
+                f"{', '.join(m.shown for m in recorded)} (levers9 up --keep-machines keeps them running)"
+            )
         await _terminate(services, recorded, say)
         # what the providers still list: machines whose launch answered too late to be recorded
         done = {m.name for m in recorded}
         listed = [m for spec in owned for m in await _listed(services, spec) if m.name not in done]
         if listed:
-            say(f"terminating {len(listed)} more machine(s) the providers still list: "
-                f"{', '.join(m.shown for m in listed)}")  # fmt: skip
+            say(
+                f"terminating {len(listed)} more machine(s) the providers still list: "
+                f"{', '.join(m.shown for m in listed)}"
+            )
         await _terminate(services, listed, say)
     running = [m for spec in joined for m in await _recorded(services, spec)]
     if running:
-        say(f"leaving {len(running)} worker(s) on joined machines running: {', '.join(m.shown for m in running)}; "
-            "they reconnect when levers9 up starts again")  # fmt: skip
+        say(
+            f"leaving {len(running)} worker(s) on joined machines running: {', '.join(m.shown for m in running)}; "
+            "they reconnect when levers9 up starts again"
+        )
 
 
 async def _recorded(services: Services, spec: PoolSpec) -> list[Stopping]:
@@ -126,8 +134,9 @@ async def _terminate(services: Services, machines: list[Stopping], say: Callable
 
     async def one(machine: Stopping) -> None:
         try:
-            done = await asyncio.wait_for(provisioner.terminate(machine.pool, machine.target, REASON),
-                                          TERMINATE_TIMEOUT_S)  # fmt: skip
+            done = await asyncio.wait_for(
+                provisioner.terminate(machine.pool, machine.target, REASON), TERMINATE_TIMEOUT_S
+            )
         except Exception as exc:  # a timeout included: the provider never answered
             done, why = False, f"{type(exc).__name__}: {exc}"
         else:
@@ -135,7 +144,9 @@ async def _terminate(services: Services, machines: list[Stopping], say: Callable
         if done:
             say(f"terminated {machine.shown}")
         else:
-            say(f"could not terminate {machine.shown}: {why}; it may still be running: stop it with the "
-                "provider's own tools, or start levers9 up again, whose reconciler retries")  # fmt: skip
+            say(
+                f"could not terminate {machine.shown}: {why}; it may still be running: stop it with the "
+                "provider's own tools, or start levers9 up again, whose reconciler retries"
+            )
 
     await asyncio.gather(*(one(m) for m in machines))

@@ -220,9 +220,13 @@ def _progress(name: str, size: int) -> Iterator[Callable[[int, int], None] | Non
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     with Progress(
-        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=err, transient=False,
-    ) as bar:  # fmt: skip
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=False,
+    ) as bar:
         task = bar.add_task(name, total=size)
 
         def update(done: int, _total: int) -> None:

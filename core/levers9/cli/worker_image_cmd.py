@@ -49,8 +49,9 @@ def build(
     from levers9.images.worker import ImageError, build_image, default_tag, import_changes
 
     if output is not None and (tag or docker_host):
-        typer.echo("levers9 worker-image build: --output writes a tarball; --tag and --docker-host need no --output",
-                   err=True)  # fmt: skip
+        typer.echo(
+            "levers9 worker-image build: --output writes a tarball; --tag and --docker-host need no --output", err=True
+        )
         raise typer.Exit(2)
     try:
         if output is not None:
@@ -65,23 +66,41 @@ def build(
             changes = import_changes(__version__, rootfs.digest(entries, import_changes(__version__)))
             seconds = time.monotonic() - started
             if as_json and output != "-":
-                print_json({"output": output, "bytes": written, "seconds": round(seconds, 1), "changes": changes,
-                            "tag": default_tag()})  # fmt: skip
+                print_json(
+                    {
+                        "output": output,
+                        "bytes": written,
+                        "seconds": round(seconds, 1),
+                        "changes": changes,
+                        "tag": default_tag(),
+                    }
+                )
             else:
-                err.print(f"wrote the worker root filesystem ({written / 2**20:.0f} MiB of files) in {seconds:.1f} s; "
-                          f"load it with: docker import {' '.join(_quoted(changes))} FILE {default_tag()}")  # fmt: skip
+                err.print(
+                    f"wrote the worker root filesystem ({written / 2**20:.0f} MiB of files) in {seconds:.1f} s; "
+                    f"load it with: docker import {' '.join(_quoted(changes))} FILE {default_tag()}"
+                )
             return
         result = build_image(docker_host, tag, cache_dir)
     except ImageError as exc:
         typer.echo(f"levers9 worker-image build: {exc}", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        print_json({"image": result.tag, "id": result.image_id, "digest": result.digest,
-                    "size_bytes": result.size_bytes, "seconds": round(result.seconds, 1), "reused": result.reused})  # fmt: skip
+        print_json(
+            {
+                "image": result.tag,
+                "id": result.image_id,
+                "digest": result.digest,
+                "size_bytes": result.size_bytes,
+                "seconds": round(result.seconds, 1),
+                "reused": result.reused,
+            }
+        )
         return
     what = "reused" if result.reused else "built"
-    typer.echo(f"{what} {result.tag} ({result.image_id[:19]}, {result.size_bytes / 2**20:.0f} MiB) "
-               f"in {result.seconds:.1f} s")  # fmt: skip
+    typer.echo(
+        f"{what} {result.tag} ({result.image_id[:19]}, {result.size_bytes / 2**20:.0f} MiB) in {result.seconds:.1f} s"
+    )
 
 
 def _quoted(changes: list[str]) -> list[str]:

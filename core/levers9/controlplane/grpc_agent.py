@@ -77,8 +77,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     @unary
     async def Join(self, request: agent_pb2.JoinRequest, context: Context) -> agent_pb2.JoinResponse:
-        joined = await agent_join.join(self.services, request.join_token, version=request.version,
-                                   hostname=request.hostname)  # fmt: skip
+        joined = await agent_join.join(
+            self.services, request.join_token, version=request.version, hostname=request.hostname
+        )
         return agent_pb2.JoinResponse(
             agent_id=joined.agent_id,
             agent_token=joined.token,
@@ -124,8 +125,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             which = message.WhichOneof("body")
             if which == "hello":
                 hello = message.hello
-                await session.hello(version=hello.version, provider=hello.provider, labels=dict(hello.labels),
-                                    hostname=hello.hostname)  # fmt: skip
+                await session.hello(
+                    version=hello.version, provider=hello.provider, labels=dict(hello.labels), hostname=hello.hostname
+                )
             elif which == "inventory":
                 await session.inventory(_inventory(message.inventory))
             elif which == "heartbeat":

@@ -190,8 +190,9 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.InvokeRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
         principal = await self._user(context)
-        [task_id], replayed = await self.dp.submit_once(principal, request.stub_id, [request.args],
-                                                        request.submission_id)  # fmt: skip
+        [task_id], replayed = await self.dp.submit_once(
+            principal, request.stub_id, [request.args], request.submission_id
+        )
         events = self.dp.watch(principal, [task_id], just_submitted=not replayed)
         first = asyncio.ensure_future(anext(events))  # watching before anything else can run
         try:
@@ -327,8 +328,9 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         """The same as REST's ``POST /api/v1/joined-machines``; the join token is in this answer only."""
         principal = await self._caller(context)
         ttl = request.ttl_s or joined_machines.JOIN_TTL_S
-        made = await joined_machines.create(self.services, principal, request.pool, request.name or None, ttl_s=ttl,
-                                            existing_ok=request.existing_ok)  # fmt: skip
+        made = await joined_machines.create(
+            self.services, principal, request.pool, request.name or None, ttl_s=ttl, existing_ok=request.existing_ok
+        )
         wheel = await self.wheels.ref() if self.wheels is not None else None
         answer = controlplane_pb2.CreateJoinedMachineResponse(
             machine=joined_machine(joined_machines.JoinedMachineView(made.machine)),
@@ -343,9 +345,12 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
             answer.join_token = made.join.token
             answer.expires_at = epoch(made.join.expires_at)
             answer.join_command = joined_machines.join_command(
-                made.controlplane_url, made.join.token, ca_pem=made.ca_pem, wheel_url=answer.wheel_url,
+                made.controlplane_url,
+                made.join.token,
+                ca_pem=made.ca_pem,
+                wheel_url=answer.wheel_url,
                 wheel_sha256=answer.wheel_sha256,
-            )  # fmt: skip
+            )
         return answer
 
     @unary
@@ -375,8 +380,13 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         """The same as REST's ``POST /api/v1/clusters``; the join token is in this answer only."""
         principal = await self._caller(context)
         made = await clusters.join(self.services, principal, cluster_options(request))
-        view = clusters.ClusterView(made.cluster, made.pool.name, gpu=made.pool.gpu, gpu_count=made.pool.gpu_count,
-                                    namespace=str(getattr(made.pool.pool.settings, "namespace", "")))  # fmt: skip
+        view = clusters.ClusterView(
+            made.cluster,
+            made.pool.name,
+            gpu=made.pool.gpu,
+            gpu_count=made.pool.gpu_count,
+            namespace=str(getattr(made.pool.pool.settings, "namespace", "")),
+        )
         return controlplane_pb2.JoinClusterResponse(
             cluster=cluster_message(view),
             join_token=made.join.token,

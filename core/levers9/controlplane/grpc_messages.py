@@ -239,9 +239,15 @@ def task_message(record: TaskRecord, function: str = "") -> controlplane_pb2.Tas
 
 def build_event(event: BuildEvent) -> controlplane_pb2.BuildImageEvent:
     return controlplane_pb2.BuildImageEvent(
-        kind=event.kind, text=event.text, image=event.image, key=event.key, cached=event.cached,
-        task_id=event.task_id, steps=event.steps, steps_cached=event.steps_cached,
-    )  # fmt: skip
+        kind=event.kind,
+        text=event.text,
+        image=event.image,
+        key=event.key,
+        cached=event.cached,
+        task_id=event.task_id,
+        steps=event.steps,
+        steps_cached=event.steps_cached,
+    )
 
 
 def stub_config(c: controlplane_pb2.StubConfig) -> dict[str, Any]:
@@ -287,7 +293,11 @@ def _volume_setting(v: volume_pb2.VolumeMount) -> dict[str, Any]:
     if v.HasField("bucket"):
         b = v.bucket
         setting["bucket"] = {
-            "read_only": b.read_only, "force_path_style": b.force_path_style, "access_key": b.access_key,
-            "secret_key": b.secret_key, "endpoint": b.endpoint, "region": b.region,
-        }  # fmt: skip
+            "read_only": b.read_only,
+            "force_path_style": b.force_path_style,
+            "access_key": b.access_key,
+            "secret_key": b.secret_key,
+            "endpoint": b.endpoint,
+            "region": b.region,
+        }
     return setting

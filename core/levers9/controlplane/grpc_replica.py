@@ -67,8 +67,10 @@ class ReplicaService(replica_pb2_grpc.ReplicaServicer):
     ) -> AsyncIterator[replica_pb2.RelayChunk]:
         given = dict(context.invocation_metadata() or ()).get(CREDENTIAL_METADATA, "")
         if not credential_accepted(str(given), self.credentials):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "Replica.Relay is for controlplane replicas: no valid replica credential")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "Replica.Relay is for controlplane replicas: no valid replica credential",
+            )
             return
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "open":

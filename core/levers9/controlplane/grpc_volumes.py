@@ -75,9 +75,13 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     async def ListPath(self, request: volume_pb2.ListPathRequest, context: Context) -> volume_pb2.ListPathResponse:
         principal = await self._user(context)
         found = await volumes.list_path(
-            self.services.volumes, self.services.volume_files, principal, request.volume, request.path,
+            self.services.volumes,
+            self.services.volume_files,
+            principal,
+            request.volume,
+            request.path,
             recursive=request.recursive,
-        )  # fmt: skip
+        )
         return volume_pb2.ListPathResponse(entries=[_entry(e) for e in found])
 
     @unary
@@ -86,9 +90,13 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     ) -> volume_pb2.RemovePathResponse:
         principal = await self._user(context)
         removed = await volumes.remove_path(
-            self.services.volumes, self.services.volume_files, principal, request.volume, request.path,
+            self.services.volumes,
+            self.services.volume_files,
+            principal,
+            request.volume,
+            request.path,
             recursive=request.recursive,
-        )  # fmt: skip
+        )
         return volume_pb2.RemovePathResponse(removed=removed)
 
     @streaming

@@ -235,10 +235,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(status_of(exc) or grpc.StatusCode.INTERNAL, str(exc))
             return
         session = _Session(
-            self.dp, self.sessions, worker.worker_id, gpus=worker.gpu_count, tunnel=worker.tunnel,
+            self.dp,
+            self.sessions,
+            worker.worker_id,
+            gpus=worker.gpu_count,
+            tunnel=worker.tunnel,
             peer_host=tunnels.peer_host(context.peer() or ""),
             volumes_url="" if fleet.mounts_volumes_directly(worker.spec) else f"{self.http_url}{DAV_PREFIX}",
-        )  # fmt: skip
+        )
         ended: TokenRevoked | ReplicaStopping | None = None
         with self.services.auth.streams.open(principal.token_id) as guard:
             try:
@@ -322,8 +326,12 @@ class _Sessions:
             await asyncio.sleep(period)
             if self.stale():
                 late = time.monotonic() - self._asleep_at - period
-                log.warning("worker sessions: this replica was stopped for %.0f s; ending its %d sessions (their "
-                            "workers may have registered elsewhere)", late, len(self._attached))  # fmt: skip
+                log.warning(
+                    "worker sessions: this replica was stopped for %.0f s; ending its %d sessions (their "
+                    "workers may have registered elsewhere)",
+                    late,
+                    len(self._attached),
+                )
                 for session in list(self._attached):
                     session.outdated()
                 self._beats.clear()  # heard before the stop: their workers have moved on, or will say so again
@@ -334,8 +342,9 @@ class _Sessions:
                 raise
             except Exception as exc:
                 raise_if_cancelling(exc)
-                log.warning("worker sessions: a tick failed (%s: %s); trying again in %g s",
-                            type(exc).__name__, exc, period)  # fmt: skip
+                log.warning(
+                    "worker sessions: a tick failed (%s: %s); trying again in %g s", type(exc).__name__, exc, period
+                )
 
     async def _tick(self) -> None:
         services = self.dp.services
@@ -542,16 +551,26 @@ def _worker_volumes(
         if v.bucket is None:
             url, token = access(bundle.record.workspace_id, v.volume_id)
             out.append(
-                worker_pb2.WorkerVolume(mount_path=v.mount_path, volume_id=v.volume_id, volume_name=v.name,
-                                        webdav_url=url, webdav_token=token)
-            )  # fmt: skip
+                worker_pb2.WorkerVolume(
+                    mount_path=v.mount_path,
+                    volume_id=v.volume_id,
+                    volume_name=v.name,
+                    webdav_url=url,
+                    webdav_token=token,
+                )
+            )
             continue
         b = v.bucket
         out.append(
             worker_pb2.WorkerVolume(
-                mount_path=v.mount_path, bucket=v.name, read_only=b.read_only, force_path_style=b.force_path_style,
-                endpoint=b.endpoint, region=b.region, access_key_id=bundle.bucket_keys.get(b.access_key, ""),
+                mount_path=v.mount_path,
+                bucket=v.name,
+                read_only=b.read_only,
+                force_path_style=b.force_path_style,
+                endpoint=b.endpoint,
+                region=b.region,
+                access_key_id=bundle.bucket_keys.get(b.access_key, ""),
                 secret_access_key=bundle.bucket_keys.get(b.secret_key, ""),
             )
-        )  # fmt: skip
+        )
     return out

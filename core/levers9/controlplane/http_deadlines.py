@@ -44,8 +44,10 @@ _IDLE, _HEAD, _BODY, _APP = 0, 1, 2, 3
 
 def timeouts(config: Any) -> tuple[float, float]:
     """The header and body timeouts a uvicorn config carries (``header_timeout_s``, ``body_timeout_s``)."""
-    return (float(getattr(config, "header_timeout_s", HEADER_TIMEOUT_S)),
-            float(getattr(config, "body_timeout_s", BODY_TIMEOUT_S)))  # fmt: skip
+    return (
+        float(getattr(config, "header_timeout_s", HEADER_TIMEOUT_S)),
+        float(getattr(config, "body_timeout_s", BODY_TIMEOUT_S)),
+    )
 
 
 def listener_fd(config: Any, transport: asyncio.BaseTransport) -> tuple[Listener | None, int]:
@@ -60,8 +62,10 @@ def listener_fd(config: Any, transport: asyncio.BaseTransport) -> tuple[Listener
 def timed_out(what: str, seconds: float) -> bytes:
     """The 408 answered when a request's ``what`` (head, body) did not arrive within ``seconds``."""
     text = b"the request's %s did not arrive within %g s\n" % (what.encode(), seconds)
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%s" % (len(text), text))  # fmt: skip
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%s" % (len(text), text)
+    )
 
 
 class _Flow(FlowControl):
@@ -83,8 +87,9 @@ class _Flow(FlowControl):
 class GuardedHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the header and body timeouts and its listener told of each head."""
 
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.header_timeout, self.body_timeout = timeouts(config)
         self.phase = _HEAD  # a new connection owes its first request's head

@@ -59,13 +59,29 @@ _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x
 _NOT_SIMPLE = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 _NO_BODY = (204, 304)
 _REASONS = {
-    200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content", 301: b"Moved Permanently",
-    302: b"Found", 304: b"Not Modified", 307: b"Temporary Redirect", 400: b"Bad Request",
-    401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
-    409: b"Conflict", 413: b"Content Too Large", 422: b"Unprocessable Content", 429: b"Too Many Requests",
-    499: b"Client Closed Request", 500: b"Internal Server Error", 502: b"Bad Gateway",
-    503: b"Service Unavailable", 504: b"Gateway Timeout",
-}  # fmt: skip
+    200: b"OK",
+    201: b"Created",
+    202: b"Accepted",
+    204: b"No Content",
+    301: b"Moved Permanently",
+    302: b"Found",
+    304: b"Not Modified",
+    307: b"Temporary Redirect",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    409: b"Conflict",
+    413: b"Content Too Large",
+    422: b"Unprocessable Content",
+    429: b"Too Many Requests",
+    499: b"Client Closed Request",
+    500: b"Internal Server Error",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
 
 
 #: uvicorn's default headers list and the head lines made of it
@@ -75,8 +91,15 @@ _joined: tuple[object, bytes] = (None, b"")
 class _Request:
     __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "raw_path")
 
-    def __init__(self, method: str, raw_path: bytes, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
-                 keep_alive: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        method: str,
+        raw_path: bytes,
+        path: str,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+    ) -> None:
         self.method = method
         self.raw_path = raw_path
         self.path = path
@@ -89,8 +112,9 @@ class _Request:
 class FrontProtocol(asyncio.Protocol):
     """One HTTP connection; built by uvicorn as its ``http`` protocol class (same arguments as its own)."""
 
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         if not config.loaded:
             config.load()
         self.config = config
@@ -223,8 +247,7 @@ class FrontProtocol(asyncio.Protocol):
         self.busy = True
         self.request = request
         if self.short is not None and not self.config.root_path:
-            exchange = self.short.take(self, request.method, request.path, request.query, request.headers,
-                                       request.body)  # fmt: skip
+            exchange = self.short.take(self, request.method, request.path, request.query, request.headers, request.body)
             if exchange is not None:
                 self.exchange = exchange
                 return
@@ -298,12 +321,10 @@ class FrontProtocol(asyncio.Protocol):
             await self.app(scope, response.receive, response.send)
         except BaseException as exc:
             if not response.started:
-                log.error("the HTTP app failed before answering %s %s", request.method, scope["path"],
-                          exc_info=exc)  # fmt: skip
+                log.error("the HTTP app failed before answering %s %s", request.method, scope["path"], exc_info=exc)
                 response.write_error()
             else:
-                log.error("the HTTP app failed while answering %s %s", request.method, scope["path"],
-                          exc_info=exc)  # fmt: skip
+                log.error("the HTTP app failed while answering %s %s", request.method, scope["path"], exc_info=exc)
             self._close()
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise
@@ -363,8 +384,9 @@ class FrontProtocol(asyncio.Protocol):
         self.handed_off = True
         self._cancel_timer()
         self.server_state.connections.discard(self)
-        protocol = GuardedHttpTools(config=self.config, server_state=self.server_state, app_state=self.app_state,
-                                    _loop=self.loop)  # fmt: skip
+        protocol = GuardedHttpTools(
+            config=self.config, server_state=self.server_state, app_state=self.app_state, _loop=self.loop
+        )
         pending = bytes(self.buffer)
         self.buffer.clear()
         self.transport.set_protocol(protocol)
@@ -451,7 +473,7 @@ class _Response:
         "request",
         "started",
         "status",
-    )  # fmt: skip
+    )
 
     def __init__(self, front: FrontProtocol, request: _Request) -> None:
         self.front = front
@@ -555,8 +577,10 @@ class _Response:
     def write_error(self) -> None:
         assert self.front.transport is not None
         body = b"Internal Server Error"
-        self.front.transport.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                   b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        self.front.transport.write(
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
         self.complete = True
 
 

@@ -22,8 +22,16 @@ from dataclasses import dataclass
 
 from levers9.hooks.errors import Levers9Error
 
-__all__ = ["MAX_DERIVED", "METRICS_CAP", "MIN_RESERVE", "SLACK", "Budget", "LimitsError", "plan",
-           "raise_descriptor_limit"]  # fmt: skip
+__all__ = [
+    "MAX_DERIVED",
+    "METRICS_CAP",
+    "MIN_RESERVE",
+    "SLACK",
+    "Budget",
+    "LimitsError",
+    "plan",
+    "raise_descriptor_limit",
+]
 
 #: the fewest descriptors left to everything that is not a listener's connection
 MIN_RESERVE = 256
@@ -81,8 +89,9 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
-def plan(descriptors: int, *, http: int | None = None, http_per_client: int | None = None,
-         grpc: int | None = None) -> Budget:  # fmt: skip
+def plan(
+    descriptors: int, *, http: int | None = None, http_per_client: int | None = None, grpc: int | None = None
+) -> Budget:
     """The caps for a process that may open ``descriptors``; None: derived (see the module's docstring).
 
     Raises :class:`LimitsError` naming the ``listen.*`` keys when the caps leave under :data:`MIN_RESERVE` descriptors.

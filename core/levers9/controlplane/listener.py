@@ -65,8 +65,10 @@ _listening: set[int] = set()
 
 
 def _refusal(text: bytes) -> bytes:
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            b"content-length: %d\r\nconnection: close\r\nretry-after: 1\r\n\r\n%s" % (len(text), text))  # fmt: skip
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: %d\r\nconnection: close\r\nretry-after: 1\r\n\r\n%s" % (len(text), text)
+    )
 
 
 _REFUSE_PER_CLIENT = _refusal(b"too many connections from this address\n")
@@ -116,8 +118,9 @@ class Listener(socket.socket):
     refused (only where the listener speaks plain HTTP).
     """
 
-    def __init__(self, family: int, *, cap: int | None = None, per_client: int = 0, name: str = "HTTP",
-                 answer: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, family: int, *, cap: int | None = None, per_client: int = 0, name: str = "HTTP", answer: bool = True
+    ) -> None:
         super().__init__(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.cap = cap
         self.per_client = per_client
@@ -273,8 +276,11 @@ class Listener(socket.socket):
             parts.append(f"refused {counts['per_client'] + counts['cap']} connections ({'; '.join(refusals)})")
         if counts["evicted"]:
             parts.append(f"evicted {counts['evicted']} that had sent no request head, to make room")
-        timeouts = [f"{counts[k]} waiting for a request's {k.split('_')[0]}" for k in ("header_timeout", "body_timeout")
-                    if counts[k]]  # fmt: skip
+        timeouts = [
+            f"{counts[k]} waiting for a request's {k.split('_')[0]}"
+            for k in ("header_timeout", "body_timeout")
+            if counts[k]
+        ]
         if timeouts:
             parts.append(f"closed {' and '.join(timeouts)}")
         if counts["descriptors"]:

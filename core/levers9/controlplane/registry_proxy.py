@@ -67,11 +67,24 @@ App = Callable[[Any, Any, Any], Awaitable[None]]
 API_VERSION = (b"docker-distribution-api-version", b"registry/2.0")
 _CHALLENGE = (b"www-authenticate", b'Basic realm="levers9"')
 _FORWARD_UP = frozenset({b"content-type", b"content-length", b"content-range", b"range", b"if-none-match"})
-_FORWARD_DOWN = frozenset({
-    "content-type", "content-length", "content-range", "range", "accept-ranges", "docker-content-digest",
-    "docker-upload-uuid", "docker-distribution-api-version", "etag", "link", "last-modified", "cache-control",
-    "oci-subject", "oci-filters-applied",
-})  # fmt: skip
+_FORWARD_DOWN = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "content-range",
+        "range",
+        "accept-ranges",
+        "docker-content-digest",
+        "docker-upload-uuid",
+        "docker-distribution-api-version",
+        "etag",
+        "link",
+        "last-modified",
+        "cache-control",
+        "oci-subject",
+        "oci-filters-applied",
+    }
+)
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -87,16 +100,28 @@ class _Route:
 _NAME = r"(?P<name>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
 _ROUTES = (
     _Route("/v2/{name}/blobs/uploads/", re.compile(rf"/v2/{_NAME}/blobs/uploads/?"), {"POST": PUSH}),
-    _Route("/v2/{name}/blobs/uploads/{uuid}", re.compile(rf"/v2/{_NAME}/blobs/uploads/[A-Za-z0-9_.=-]+"),
-           {"GET": PUSH, "PATCH": PUSH, "PUT": PUSH, "DELETE": PUSH}),
-    _Route("/v2/{name}/blobs/{digest}", re.compile(rf"/v2/{_NAME}/blobs/[A-Za-z0-9_+.-]+:[A-Fa-f0-9]+"),
-           {"GET": PULL, "HEAD": PULL}),
-    _Route("/v2/{name}/manifests/{reference}", re.compile(rf"/v2/{_NAME}/manifests/[A-Za-z0-9_+.:-]+"),
-           {"GET": PULL, "HEAD": PULL, "PUT": PUSH}),
+    _Route(
+        "/v2/{name}/blobs/uploads/{uuid}",
+        re.compile(rf"/v2/{_NAME}/blobs/uploads/[A-Za-z0-9_.=-]+"),
+        {"GET": PUSH, "PATCH": PUSH, "PUT": PUSH, "DELETE": PUSH},
+    ),
+    _Route(
+        "/v2/{name}/blobs/{digest}",
+        re.compile(rf"/v2/{_NAME}/blobs/[A-Za-z0-9_+.-]+:[A-Fa-f0-9]+"),
+        {"GET": PULL, "HEAD": PULL},
+    ),
+    _Route(
+        "/v2/{name}/manifests/{reference}",
+        re.compile(rf"/v2/{_NAME}/manifests/[A-Za-z0-9_+.:-]+"),
+        {"GET": PULL, "HEAD": PULL, "PUT": PUSH},
+    ),
     _Route("/v2/{name}/tags/list", re.compile(rf"/v2/{_NAME}/tags/list"), {"GET": PULL}),
-    _Route("/v2/{name}/referrers/{digest}", re.compile(rf"/v2/{_NAME}/referrers/[A-Za-z0-9_+.-]+:[A-Fa-f0-9]+"),
-           {"GET": PULL}),
-)  # fmt: skip
+    _Route(
+        "/v2/{name}/referrers/{digest}",
+        re.compile(rf"/v2/{_NAME}/referrers/[A-Za-z0-9_+.-]+:[A-Fa-f0-9]+"),
+        {"GET": PULL},
+    ),
+)
 _BASE = _Route("/v2/", re.compile(r"/v2/?"), {"GET": PULL, "HEAD": PULL})
 _CATALOG = _Route("/v2/_catalog", re.compile(r"/v2/_catalog"), {})
 _UNKNOWN = _Route("/v2/{unknown}", re.compile(r""), {})
@@ -148,8 +173,11 @@ class RegistryProxy:
             raise _Answer(403, "DENIED", "the catalog is not served: it would list every workspace's repositories")
         action = route.methods.get(method)
         if action is None:
-            raise _Answer(405, "UNSUPPORTED", f"{method} is not served on {route.path}; it takes "
-                                              f"{', '.join(sorted(route.methods))}")  # fmt: skip
+            raise _Answer(
+                405,
+                "UNSUPPORTED",
+                f"{method} is not served on {route.path}; it takes {', '.join(sorted(route.methods))}",
+            )
         if route is _BASE:
             await _send(send, 200, [(b"content-type", b"application/json")], b"{}")
             return
@@ -168,8 +196,17 @@ class RegistryProxy:
             raise _Answer(403, "DENIED", str(exc)) from None
         await self._relay(method, path, query, repository, action, headers, receive, send)
 
-    async def _relay(self, method: str, path: str, query: str, repository: str, action: Action,
-                     headers: list[tuple[bytes, bytes]], receive: Receive, send: Send) -> None:  # fmt: skip
+    async def _relay(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        repository: str,
+        action: Action,
+        headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        send: Send,
+    ) -> None:
         backend = self.dp.services.registry
         try:
             base = await backend.ready()
@@ -194,14 +231,21 @@ class RegistryProxy:
             return  # nothing to answer: the caller is not there
         except httpx.HTTPError as exc:
             log.warning("relaying %s %s to the image registry failed: %r", method, path, exc)
-            raise _Answer(502, "UNAVAILABLE", f"the image registry behind the controlplane cannot be reached: "
-                                              f"{str(exc) or type(exc).__name__}") from None  # fmt: skip
+            raise _Answer(
+                502,
+                "UNAVAILABLE",
+                f"the image registry behind the controlplane cannot be reached: {str(exc) or type(exc).__name__}",
+            ) from None
         try:
             if response.status_code == 401:
-                log.error("the image registry at %s refused the controlplane's credential for %s %s",
-                          base, method, path)  # fmt: skip
-                raise _Answer(502, "UNAVAILABLE", "the image registry behind the controlplane refused its credential "
-                                                  "(see the controlplane's log)")  # fmt: skip
+                log.error(
+                    "the image registry at %s refused the controlplane's credential for %s %s", base, method, path
+                )
+                raise _Answer(
+                    502,
+                    "UNAVAILABLE",
+                    "the image registry behind the controlplane refused its credential (see the controlplane's log)",
+                )
             down: list[tuple[bytes, bytes]] = [API_VERSION]
             for name, value in response.headers.multi_items():
                 lowered = name.lower()

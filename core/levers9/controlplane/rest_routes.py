@@ -154,8 +154,9 @@ async def health(services: ServicesDep, response: Response) -> Health:
     report = await health_service.health(services)
     if report.degraded:
         response.status_code = 503
-    return Health(status="degraded" if report.degraded else "ok", database=report.database, redis=report.redis,
-                  disk=report.disk)  # fmt: skip
+    return Health(
+        status="degraded" if report.degraded else "ok", database=report.database, redis=report.redis, disk=report.disk
+    )
 
 
 def _wheels(request: Request) -> OwnWheels:
@@ -174,8 +175,12 @@ async def list_wheels(request: Request) -> WheelList:
     fetches it before it holds a credential). Each with its sha256: check it before installing."""
     wheels = _wheels(request)
     base = _wheel_base(request)
-    return WheelList(wheels=[WheelOut(filename=w.filename, sha256=w.sha256, size=w.size, url=wheels.url(w, base))
-                             for w in await wheels.wheels()])  # fmt: skip
+    return WheelList(
+        wheels=[
+            WheelOut(filename=w.filename, sha256=w.sha256, size=w.size, url=wheels.url(w, base))
+            for w in await wheels.wheels()
+        ]
+    )
 
 
 @_open.get(
@@ -194,9 +199,11 @@ async def get_wheel(request: Request, name: str) -> Response:
     if found is None:
         served = ", ".join(w.filename for w in await wheels.wheels())
         raise HTTPException(404, f"no wheel {name!r} is served here; the wheels served: {served}")
-    return Response(found.data, media_type="application/octet-stream",
-                    headers={"Content-Disposition": f'attachment; filename="{found.filename}"',
-                             "X-Checksum-Sha256": found.sha256})  # fmt: skip
+    return Response(
+        found.data,
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{found.filename}"', "X-Checksum-Sha256": found.sha256},
+    )
 
 
 #: the routes behind a user token (:data:`Caller`)
@@ -342,8 +349,13 @@ async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJo
     only). ``levers9 cluster join`` renders the manifest that starts the agent from this answer."""
     options = clusters.ClusterOptions(**body.model_dump())
     made = await clusters.join(services, principal, options)
-    view = clusters.ClusterView(made.cluster, made.pool.name, gpu=made.pool.gpu, gpu_count=made.pool.gpu_count,
-                                namespace=str(getattr(made.pool.pool.settings, "namespace", "")))  # fmt: skip
+    view = clusters.ClusterView(
+        made.cluster,
+        made.pool.name,
+        gpu=made.pool.gpu,
+        gpu_count=made.pool.gpu_count,
+        namespace=str(getattr(made.pool.pool.settings, "namespace", "")),
+    )
     return ClusterJoined(
         cluster=cluster_out(view),
         join_token=made.join.token,

@@ -131,9 +131,17 @@ class Listeners:
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> Listeners:
         listen = loaded.config.listen
-        return cls(listen.host, listen.grpc_port, listen.http_port, listen.metrics_port,
-                   tls=listen.tls, plaintext=listen.plaintext, advertise=tuple(listen.advertise),
-                   advertise_http=listen.advertise_http, replica_address=listen.replica_address)  # fmt: skip
+        return cls(
+            listen.host,
+            listen.grpc_port,
+            listen.http_port,
+            listen.metrics_port,
+            tls=listen.tls,
+            plaintext=listen.plaintext,
+            advertise=tuple(listen.advertise),
+            advertise_http=listen.advertise_http,
+            replica_address=listen.replica_address,
+        )
 
     def relay_address(self) -> str:
         """HOST:PORT the other replicas dial this one's gRPC listener at (relays through the tunnels held here):
@@ -207,9 +215,17 @@ class _UvicornConfig(uvicorn.Config):
     there); uvicorn hands ``config.ssl`` to the event loop's ``create_server``. It also carries what the
     protocols of ours read: the short path, the listener and the request timeouts."""
 
-    def __init__(self, app: Any, *, ssl_context: ssl.SSLContext | None, short_path: ShortPath | None = None,
-                 listener: Listener | None = None, header_timeout_s: float, body_timeout_s: float,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: Any,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        short_path: ShortPath | None = None,
+        listener: Listener | None = None,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self._ssl_context = ssl_context
         #: read by the HTTP front (:class:`FrontProtocol`), which offers it every simple request first
@@ -267,9 +283,12 @@ class Server:
         # Before anything opens: a controlplane that may not (or cannot) serve must not start machines.
         check_plaintext(ls.host, ls.tls, ls.plaintext)
         listen = self.loaded.config.listen
-        budget = self.budget = plan(raise_descriptor_limit(), http=listen.max_connections,
-                                    http_per_client=listen.max_connections_per_client,
-                                    grpc=listen.grpc_max_connections)  # fmt: skip
+        budget = self.budget = plan(
+            raise_descriptor_limit(),
+            http=listen.max_connections,
+            http_per_client=listen.max_connections_per_client,
+            grpc=listen.grpc_max_connections,
+        )
         self.tls = ListenerTls(ls.tls) if ls.tls is not None else None
         ca = self.tls.ca_pem if self.tls is not None else ""
         name = replica_name(self.replica_name, listen.replica_name)  # stable; the process has its own identity
@@ -299,12 +318,24 @@ class Server:
         # of the collector's full passes, which would otherwise walk it all and stall every request for
         # tens of milliseconds a few times a second under load.
         gc.freeze()
-        log.info("levers9 controlplane listening%s: gRPC %s:%d, HTTP :%d, metrics :%d",
-                 " over TLS" if self.tls is not None else "", ls.host, ls.grpc_port, ls.http_port,
-                 ls.metrics_port)  # fmt: skip
-        log.info("connection caps, of %d file descriptors: HTTP %d (%s per client address), gRPC %d, metrics %d; "
-                 "%d left to the rest", budget.descriptors, budget.http, budget.http_per_client or "no cap",
-                 budget.grpc, budget.metrics, budget.reserve)  # fmt: skip
+        log.info(
+            "levers9 controlplane listening%s: gRPC %s:%d, HTTP :%d, metrics :%d",
+            " over TLS" if self.tls is not None else "",
+            ls.host,
+            ls.grpc_port,
+            ls.http_port,
+            ls.metrics_port,
+        )
+        log.info(
+            "connection caps, of %d file descriptors: HTTP %d (%s per client address), gRPC %d, metrics %d; "
+            "%d left to the rest",
+            budget.descriptors,
+            budget.http,
+            budget.http_per_client or "no cap",
+            budget.grpc,
+            budget.metrics,
+            budget.reserve,
+        )
 
     async def _claim_name(self, services: Services, name: str) -> None:
         """Before anything acts: a second live replica under one name is refused, not run."""
@@ -327,8 +358,7 @@ class Server:
         # workers' tunnels to this replica, and relays to those other replicas hold: the gateway's way to them
         state = self.loaded.config.state
         credentials = configured_credentials(state.secret_key_file, self.loaded.config.data_dir)
-        self.tunnel_holders = TunnelHolders(services.redis, replica=services.scheduler.name,
-                                            address=ls.relay_address())  # fmt: skip
+        self.tunnel_holders = TunnelHolders(services.redis, replica=services.scheduler.name, address=ls.relay_address())
         self.relays = RelayDialer(credentials[0], tls=self.tls is not None, ca_pem=ca)
         self.tunnels = TunnelRegistry(self.tunnel_holders, self.relays)
         self.upstream = Upstream(tunnel=self.tunnels.connect_address)
@@ -363,8 +393,10 @@ class Server:
         add_agent: Any = agent_pb2_grpc.add_AgentServicer_to_server
         add_api(ControlPlaneService(self.dataplane, builds=self.builds, wheels=wheels), server)
         registry_url = self.builds.registry.url if self.builds is not None and self.builds.registry else ""
-        add_worker(WorkerService(self.dataplane, self.tunnels, registry_url=registry_url,
-                                 http_url=ls.advertised_http()), server)  # fmt: skip
+        add_worker(
+            WorkerService(self.dataplane, self.tunnels, registry_url=registry_url, http_url=ls.advertised_http()),
+            server,
+        )
         add_agent(AgentService(services, self.agents), server)
         add_replica: Any = replica_pb2_grpc.add_ReplicaServicer_to_server
         add_replica(ReplicaService(self.tunnels, credentials), server)
@@ -389,8 +421,9 @@ class Server:
         ls, budget = self.listeners, self.budget
         assert budget is not None
         plain = self.tls is None  # the refusals' 503 is plain HTTP
-        http_socket = _listen(ls.host, ls.http_port, cap=budget.http, per_client=budget.http_per_client,
-                              name="HTTP", answer=plain)  # fmt: skip
+        http_socket = _listen(
+            ls.host, ls.http_port, cap=budget.http, per_client=budget.http_per_client, name="HTTP", answer=plain
+        )
         self._sockets.append(http_socket)
         metrics_socket = _listen(ls.host, ls.metrics_port, cap=budget.metrics, name="metrics", answer=plain)
         self._sockets.append(metrics_socket)
@@ -419,31 +452,51 @@ class Server:
         self._grpc = server
         self.tunnel_holders.start(self.tunnels.held)  # other replicas may relay through this one from now
 
-    async def _serve_http(self, services: Services, wheels: OwnWheels, http_socket: Listener,
-                          metrics_socket: Listener) -> None:  # fmt: skip
+    async def _serve_http(
+        self, services: Services, wheels: OwnWheels, http_socket: Listener, metrics_socket: Listener
+    ) -> None:
         """Serve the gateway on the HTTP socket and the metrics on theirs; returns once both listen."""
         assert self.dataplane is not None
         assert self.serving is not None
         assert self.upstream is not None
         ls, listen = self.listeners, self.loaded.config.listen
-        gateway = GatewayApp(services, self.dataplane, self.serving, self.upstream,
-                             create_http_app(services, metrics=self.metrics, dataplane=self.dataplane,
-                                             wheels=wheels),
-                             metrics=self.metrics)  # fmt: skip
+        gateway = GatewayApp(
+            services,
+            self.dataplane,
+            self.serving,
+            self.upstream,
+            create_http_app(services, metrics=self.metrics, dataplane=self.dataplane, wheels=wheels),
+            metrics=self.metrics,
+        )
         services.deployments.on_stopped.append(gateway.stopped)
         self.short_path = ShortPath(gateway, self.serving, metrics=self.metrics)
         # the HTTP listener's simple requests take the front (every gateway request crosses it), and an
         # endpoint's in the steady state the gateway's short path
         for app, port, sock, protocol, short in (
-            (HttpMetricsMiddleware(WithRegistry(gateway, RegistryProxy(self.dataplane)), self.metrics), ls.http_port,
-             http_socket, FrontProtocol, self.short_path),
+            (
+                HttpMetricsMiddleware(WithRegistry(gateway, RegistryProxy(self.dataplane)), self.metrics),
+                ls.http_port,
+                http_socket,
+                FrontProtocol,
+                self.short_path,
+            ),
             (self.metrics.asgi_app(), ls.metrics_port, metrics_socket, GuardedHttpTools, None),
-        ):  # fmt: skip
+        ):
             context = self.tls.ssl_context() if self.tls is not None else None
-            config = _UvicornConfig(app, ssl_context=context, short_path=short, listener=sock,
-                                    header_timeout_s=listen.header_timeout_s, body_timeout_s=listen.body_timeout_s,
-                                    host=ls.host, port=port, log_level="warning", lifespan="off", http=protocol,
-                                    timeout_keep_alive=listen.keep_alive_s)  # fmt: skip
+            config = _UvicornConfig(
+                app,
+                ssl_context=context,
+                short_path=short,
+                listener=sock,
+                header_timeout_s=listen.header_timeout_s,
+                body_timeout_s=listen.body_timeout_s,
+                host=ls.host,
+                port=port,
+                log_level="warning",
+                lifespan="off",
+                http=protocol,
+                timeout_keep_alive=listen.keep_alive_s,
+            )
             http = _Uvicorn(config)
             self._http.append(http)
             self._tasks.append(asyncio.create_task(http.serve(sockets=[sock]), name=f"http :{port}"))
@@ -585,8 +638,9 @@ class Server:
             self.services = None
 
 
-def _listen(host: str, port: int, *, cap: int | None = None, per_client: int = 0, name: str = "HTTP",
-            answer: bool = True) -> Listener:  # fmt: skip
+def _listen(
+    host: str, port: int, *, cap: int | None = None, per_client: int = 0, name: str = "HTTP", answer: bool = True
+) -> Listener:
     """A listening socket on ``host:port`` holding at most ``cap`` connections, ``per_client`` from one address
     (:class:`Listener`; None, 0: no cap), or OSError naming the port (taken, or not an address of ours)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

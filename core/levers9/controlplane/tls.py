@@ -195,8 +195,9 @@ class ListenerTls:
                 context = self._context() if self._http is not None else None
             except (TlsError, ssl.SSLError, OSError) as exc:
                 self._failed = files
-                log.warning("the renewed TLS certificate does not load, still serving serial %x: %s",
-                            self._pair.serial, exc)  # fmt: skip
+                log.warning(
+                    "the renewed TLS certificate does not load, still serving serial %x: %s", self._pair.serial, exc
+                )
                 return self._pair
             self._failed = None
             _warn_key_mode(self.config)

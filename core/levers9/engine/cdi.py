@@ -88,8 +88,15 @@ def _node(entry: dict[str, Any], root: Path) -> dict[str, Any] | None:
         except OSError:
             return None  # not on this host: the runtime could not create it either
         major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-    return {"path": path, "type": kind, "major": major, "minor": minor, "fileMode": entry.get("fileMode", 0o666),
-            "uid": 0, "gid": 0}  # fmt: skip
+    return {
+        "path": path,
+        "type": kind,
+        "major": major,
+        "minor": minor,
+        "fileMode": entry.get("fileMode", 0o666),
+        "uid": 0,
+        "gid": 0,
+    }
 
 
 def apply_edits(config: dict[str, Any], edits: Sequence[dict[str, Any]], *, root: Path = Path("/")) -> None:
@@ -107,11 +114,22 @@ def apply_edits(config: dict[str, Any], edits: Sequence[dict[str, Any]], *, root
             node = _node(entry, root)
             if node is not None and node["path"] not in devices:
                 devices[node["path"]] = node
-                allowed.append({"allow": True, "type": node["type"], "major": node["major"], "minor": node["minor"],
-                                "access": "rwm"})  # fmt: skip
+                allowed.append(
+                    {
+                        "allow": True,
+                        "type": node["type"],
+                        "major": node["major"],
+                        "minor": node["minor"],
+                        "access": "rwm",
+                    }
+                )
         for mount in edit.get("mounts") or []:
-            mounts[mount["containerPath"]] = {"destination": mount["containerPath"], "type": "bind",
-                                              "source": mount["hostPath"], "options": mount.get("options") or ["rbind", "ro"]}  # fmt: skip
+            mounts[mount["containerPath"]] = {
+                "destination": mount["containerPath"],
+                "type": "bind",
+                "source": mount["hostPath"],
+                "options": mount.get("options") or ["rbind", "ro"],
+            }
         for hook in edit.get("hooks") or []:
             entry = {"path": hook["path"], "args": hook.get("args") or [hook["path"]]}
             if hook.get("env"):

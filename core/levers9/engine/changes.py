@@ -143,8 +143,13 @@ def bundle_changes(container_dir: Path, user_namespace: Mapping[str, Any] | None
         raise ChangesError(f"{dest} exists; a container's changes are written to a new file")
     mapping = user_namespace or {}
     try:
-        return write_changes(container_dir / "upper", dest, id_shift=int(mapping.get("host_id") or 0),
-                             id_count=int(mapping.get("size") or 0), mount_points=mount_points)  # fmt: skip
+        return write_changes(
+            container_dir / "upper",
+            dest,
+            id_shift=int(mapping.get("host_id") or 0),
+            id_count=int(mapping.get("size") or 0),
+            mount_points=mount_points,
+        )
     except OSError as exc:
         raise ChangesError(f"writing the changes in {container_dir} to {dest} failed: {exc}") from exc
 

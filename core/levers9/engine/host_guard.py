@@ -109,8 +109,9 @@ def _iptables() -> str:
 def _run(args: Sequence[str], binary: str) -> subprocess.CompletedProcess[str]:
     shown = shlex.join(["iptables", *args])
     try:
-        return subprocess.run([binary, "-w", *args], capture_output=True, text=True, timeout=IPTABLES_TIMEOUT_S,
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            [binary, "-w", *args], capture_output=True, text=True, timeout=IPTABLES_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise HostGuardError(f"`{shown}` did not finish within {IPTABLES_TIMEOUT_S:.0f}s") from exc
     except OSError as exc:
@@ -206,8 +207,20 @@ def _allowance(source: str, destination: str, port: int) -> list[str]:
             raise ValueError(f"{name} {address!r} is not an IPv4 address (the bridge has no IPv6)")
     if not 0 < port < 65536:
         raise ValueError(f"port {port} is not a TCP port (1-65535)")
-    return ["-s", f"{source}/32", "-d", f"{destination}/32", "-p", "tcp", "-m", "tcp", "--dport", str(port),
-            "-j", "ACCEPT"]  # fmt: skip
+    return [
+        "-s",
+        f"{source}/32",
+        "-d",
+        f"{destination}/32",
+        "-p",
+        "tcp",
+        "-m",
+        "tcp",
+        "--dport",
+        str(port),
+        "-j",
+        "ACCEPT",
+    ]
 
 
 def allow(bridge: str, source: str, destination: str, port: int) -> None:

@@ -130,8 +130,9 @@ def prune(
         removed.append(diff_id)
     if removed:
         _drop_records(cache_dir / "refs", set(removed))
-    return PruneReport(removed=tuple(removed), bytes_before=before, bytes_after=total,
-                       bytes_in_use=held if total > max_bytes else 0)  # fmt: skip
+    return PruneReport(
+        removed=tuple(removed), bytes_before=before, bytes_after=total, bytes_in_use=held if total > max_bytes else 0
+    )
 
 
 def _stamp(cache_dir: Path, layer: Path) -> tuple[float, int]:

@@ -192,8 +192,15 @@ class ContainerRecords:
         ``env`` is its whole environment when given: values that must not show in ``ps`` (secrets,
         tokens) go there, never into the arguments.
         """
-        subprocess.run(["setsid", "--fork", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30, check=True, env=env)  # fmt: skip
+        subprocess.run(
+            ["setsid", "--fork", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+            check=True,
+            env=env,
+        )
 
 
 class OciEngine(ContainerRecords):
@@ -210,9 +217,12 @@ class OciEngine(ContainerRecords):
 
     def _run(self, container_id: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*self._argv(container_id), *args, container_id], capture_output=True, text=True, timeout=timeout,
+            [*self._argv(container_id), *args, container_id],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
             check=False,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ prepare
 
@@ -223,8 +233,9 @@ class OciEngine(ContainerRecords):
             meta = self._meta(spec.container_id) or {}
             if meta.get("spec") != spec.model_dump(mode="json"):
                 raise InvalidRequest(f"container {spec.container_id} already exists with a different spec")
-            return PreparedContainer(container_id=spec.container_id, runtime=self.flavor.name, spec=spec,
-                                     bundle_dir=str(bundle))  # fmt: skip
+            return PreparedContainer(
+                container_id=spec.container_id, runtime=self.flavor.name, spec=spec, bundle_dir=str(bundle)
+            )
         image = self.images.resolve(spec.image)
         cdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -270,16 +281,24 @@ class OciEngine(ContainerRecords):
             (bundle / "config.json").write_text(json.dumps(config))  # no indent: the C encoder, 1-2 ms less
             (cdir / shim.LOG_FILE).touch()
             mapping = self.flavor.id_mapping
-            self._write_meta(spec.container_id, {
-                "spec": spec.model_dump(mode="json"), "network": attachment, "forwards": [],
-                "user_namespace": {"host_id": mapping.host_id, "size": mapping.size} if mapped and mapping else None,
-                "user_namespace_off": userns_off,
-            })  # fmt: skip
+            self._write_meta(
+                spec.container_id,
+                {
+                    "spec": spec.model_dump(mode="json"),
+                    "network": attachment,
+                    "forwards": [],
+                    "user_namespace": {"host_id": mapping.host_id, "size": mapping.size}
+                    if mapped and mapping
+                    else None,
+                    "user_namespace_off": userns_off,
+                },
+            )
         except BaseException:
             self.remove(spec.container_id)
             raise
-        return PreparedContainer(container_id=spec.container_id, runtime=self.flavor.name, spec=spec,
-                                 bundle_dir=str(bundle))  # fmt: skip
+        return PreparedContainer(
+            container_id=spec.container_id, runtime=self.flavor.name, spec=spec, bundle_dir=str(bundle)
+        )
 
     def _map(
         self, spec: ContainerSpec, image: ResolvedImage, netns: str | None
@@ -298,8 +317,15 @@ class OciEngine(ContainerRecords):
         try:
             sweep()  # what killed workers left of other containers' mounts
             directory = mounts_dir(self._userns_key(spec.container_id), mapping, owner=self._dir(spec.container_id))
-            return map_mounts(directory, mapping, list(image.layers), sources, netns=netns,
-                              host_network=spec.network == "host", plain=plain), None  # fmt: skip
+            return map_mounts(
+                directory,
+                mapping,
+                list(image.layers),
+                sources,
+                netns=netns,
+                host_network=spec.network == "host",
+                plain=plain,
+            ), None
         except (UsernsError, OSError) as exc:
             self._unmount_userns_dir(spec.container_id)
             log.warning("container %s runs without a user namespace: %s", spec.container_id, exc)
@@ -357,8 +383,9 @@ class OciEngine(ContainerRecords):
         cdir = self._dir(cid)
         if not (cdir / shim.PID_FILE).exists():
             cgroups.own_memory_cgroup(cgroups_path(cid), container.spec.memory_mib * 1024 * 1024)
-            argv = shim.command(runtime=self._argv(cid), action=action, container_id=cid, state_dir=cdir,
-                                cgroup=cgroups_path(cid))  # fmt: skip
+            argv = shim.command(
+                runtime=self._argv(cid), action=action, container_id=cid, state_dir=cdir, cgroup=cgroups_path(cid)
+            )
             self._spawn(argv)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -430,26 +457,45 @@ class OciEngine(ContainerRecords):
         pid = _pid(cdir / CONTAINER_PID)
         if pid is not None and _alive(pid):
             started = datetime.fromtimestamp((cdir / CONTAINER_PID).stat().st_mtime, UTC)
-            return ContainerState(container_id=container_id, status=ContainerStatus.RUNNING, pid=pid,
-                                  started_at=started, address=address, ip=ip)  # fmt: skip
+            return ContainerState(
+                container_id=container_id,
+                status=ContainerStatus.RUNNING,
+                pid=pid,
+                started_at=started,
+                address=address,
+                ip=ip,
+            )
         if _alive(_pid(cdir / shim.PID_FILE)):
             # starting, or just ended and the shim is writing it down
             return ContainerState(container_id=container_id, status=ContainerStatus.CREATED, address=address, ip=ip)
         proc = self._run(container_id, "state", timeout=30)
         if proc.returncode == 0:
             info = json.loads(proc.stdout)
-            status = {"created": ContainerStatus.CREATED, "running": ContainerStatus.RUNNING,
-                      "paused": ContainerStatus.RUNNING}.get(info.get("status"), ContainerStatus.CREATED)  # fmt: skip
-            return ContainerState(container_id=container_id, status=status, pid=info.get("pid") or None,
-                                  started_at=_parse_created(info.get("created")), address=address,
-                                  ip=ip)  # fmt: skip
+            status = {
+                "created": ContainerStatus.CREATED,
+                "running": ContainerStatus.RUNNING,
+                "paused": ContainerStatus.RUNNING,
+            }.get(info.get("status"), ContainerStatus.CREATED)
+            return ContainerState(
+                container_id=container_id,
+                status=status,
+                pid=info.get("pid") or None,
+                started_at=_parse_created(info.get("created")),
+                address=address,
+                ip=ip,
+            )
         return ContainerState(container_id=container_id, status=ContainerStatus.CREATED)
 
     def kill(self, container_id: str, sig: int) -> None:
         if self._exit(container_id) is not None or self._meta(container_id) is None:
             return
-        proc = subprocess.run([*self._argv(container_id), "kill", container_id, str(sig)], capture_output=True,
-                              text=True, timeout=30, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [*self._argv(container_id), "kill", container_id, str(sig)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if proc.returncode != 0 and self._exit(container_id) is None:
             out = (proc.stderr or proc.stdout).lower()
             if "not running" not in out and "does not exist" not in out and "not exist" not in out:
@@ -522,8 +568,13 @@ class OciEngine(ContainerRecords):
                 f"{self.flavor.name} checkpoint of {container_id} failed: {(proc.stderr or proc.stdout).strip()}"
             )
         size = sum(p.stat().st_size for p in Path(image_dir).rglob("*") if p.is_file())
-        image = CheckpointImage(checkpoint_id=uuid.uuid4().hex, runtime=self.flavor.name, path=image_dir,
-                                size_bytes=size, created_at=datetime.now(UTC))  # fmt: skip
+        image = CheckpointImage(
+            checkpoint_id=uuid.uuid4().hex,
+            runtime=self.flavor.name,
+            path=image_dir,
+            size_bytes=size,
+            created_at=datetime.now(UTC),
+        )
         if self.flavor.leave_running:
             return image
         self._wait_for_shim(container_id, until_gone=True)
@@ -531,8 +582,9 @@ class OciEngine(ContainerRecords):
         for name in (shim.EXIT_FILE, shim.PID_FILE, shim.CHILD_FILE, CONTAINER_PID):
             (cdir / name).unlink(missing_ok=True)
         spec = ContainerSpec.model_validate(meta["spec"])
-        container = PreparedContainer(container_id=container_id, runtime=self.flavor.name, spec=spec,
-                                      bundle_dir=str(cdir / "bundle"))  # fmt: skip
+        container = PreparedContainer(
+            container_id=container_id, runtime=self.flavor.name, spec=spec, bundle_dir=str(cdir / "bundle")
+        )
         self.restore(container, image)
         return image
 

@@ -177,8 +177,14 @@ class ProcessEngine(ContainerRecords):
                 level,
                 "%s runs as the worker's own user, not as %s (uid %d): %s cannot reach %s %s (blocked at %s); "
                 "the pool allows it (allow_calls_as_worker_user), and such a call can read the worker's files",
-                spec.container_id, run_as.name, run_as.uid, run_as.name, what, target, blocked,
-            )  # fmt: skip
+                spec.container_id,
+                run_as.name,
+                run_as.uid,
+                run_as.name,
+                what,
+                target,
+                blocked,
+            )
             return None
         return run_as
 
@@ -215,8 +221,9 @@ class ProcessEngine(ContainerRecords):
                 action = [sys.executable, "-I", "-S", str(AS_USER), uid, gid, spec.workdir, "--", *spec.command]
             else:
                 action = ["env", "-C", spec.workdir, *spec.command]
-            argv = shim.command(runtime=[], action=action, container_id=spec.container_id, state_dir=cdir,
-                                cgroup="", delete=False)  # fmt: skip
+            argv = shim.command(
+                runtime=[], action=action, container_id=spec.container_id, state_dir=cdir, cgroup="", delete=False
+            )
             self._spawn(argv, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while (state := self.state(spec.container_id)).status is ContainerStatus.CREATED:

@@ -42,27 +42,70 @@ __all__ = ["DENIED", "NAMESPACE_FLAGS", "architectures", "profile"]
 #: system calls no container may make, by why; all fail with EPERM
 DENIED: dict[str, tuple[str, ...]] = {
     "mounting and moving file systems": (
-        "mount", "umount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
-        "open_tree", "mount_setattr",
+        "mount",
+        "umount",
+        "umount2",
+        "pivot_root",
+        "fsopen",
+        "fsconfig",
+        "fsmount",
+        "fspick",
+        "move_mount",
+        "open_tree",
+        "mount_setattr",
     ),
     "joining namespaces": ("setns",),
     "kernel modules and rebooting into another kernel": (
-        "init_module", "finit_module", "delete_module", "create_module", "kexec_load", "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "create_module",
+        "kexec_load",
+        "kexec_file_load",
     ),
     "kernel interfaces that are not namespaced, or a frequent way into kernel bugs": (
-        "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "io_uring_setup",
-        "io_uring_enter", "io_uring_register", "lookup_dcookie", "fanotify_init",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "lookup_dcookie",
+        "fanotify_init",
     ),
     "opening files by handle, around the container's root": ("open_by_handle_at", "name_to_handle_at"),
     "the host's state: clock, swap, accounting, quotas, the kernel log": (
-        "reboot", "swapon", "swapoff", "acct", "settimeofday", "stime", "clock_settime", "clock_settime64",
-        "clock_adjtime", "clock_adjtime64", "syslog", "quotactl", "quotactl_fd", "nfsservctl", "vhangup",
+        "reboot",
+        "swapon",
+        "swapoff",
+        "acct",
+        "settimeofday",
+        "stime",
+        "clock_settime",
+        "clock_settime64",
+        "clock_adjtime",
+        "clock_adjtime64",
+        "syslog",
+        "quotactl",
+        "quotactl_fd",
+        "nfsservctl",
+        "vhangup",
     ),
     "hardware I/O ports and obsolete calls": (
-        "iopl", "ioperm", "uselib", "_sysctl", "get_kernel_syms", "query_module", "vm86", "vm86old",
+        "iopl",
+        "ioperm",
+        "uselib",
+        "_sysctl",
+        "get_kernel_syms",
+        "query_module",
+        "vm86",
+        "vm86old",
     ),
     "reading or writing other processes": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
-}  # fmt: skip
+}
 
 #: the ``clone``/``unshare`` flags that make a new namespace: CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS,
 #: NEWIPC, NEWUSER, NEWPID, NEWNET
@@ -105,16 +148,40 @@ def profile(machine: str | None = None, *, errno_ret: bool = True) -> dict[str, 
     # Rules for one call are alternatives: a call matching any one of them is refused.
     flags_arg = 1 if (machine or platform.machine()) in ("s390x", "s390") else 0  # s390 swaps clone's first two
     for flag in NAMESPACE_FLAGS:
-        rules.append({"names": ["unshare"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
-                      "args": [_masked(0, flag, flag)]})  # fmt: skip
+        rules.append(
+            {
+                "names": ["unshare"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": errno.EPERM,
+                "args": [_masked(0, flag, flag)],
+            }
+        )
         if flag != _CLONE_NEWTIME:  # clone's low byte is the exit signal; a new time namespace needs clone3
-            rules.append({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
-                          "args": [_masked(flags_arg, flag, flag)]})  # fmt: skip
+            rules.append(
+                {
+                    "names": ["clone"],
+                    "action": "SCMP_ACT_ERRNO",
+                    "errnoRet": errno.EPERM,
+                    "args": [_masked(flags_arg, flag, flag)],
+                }
+            )
     for kind in _DEVICE_TYPES:
-        rules.append({"names": ["mknod"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
-                      "args": [_masked(1, _S_IFMT, kind)]})  # fmt: skip
-        rules.append({"names": ["mknodat"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
-                      "args": [_masked(2, _S_IFMT, kind)]})  # fmt: skip
+        rules.append(
+            {
+                "names": ["mknod"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": errno.EPERM,
+                "args": [_masked(1, _S_IFMT, kind)],
+            }
+        )
+        rules.append(
+            {
+                "names": ["mknodat"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": errno.EPERM,
+                "args": [_masked(2, _S_IFMT, kind)],
+            }
+        )
     config: dict[str, Any] = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules}
     arches = architectures(machine)
     if arches:

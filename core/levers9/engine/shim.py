@@ -46,6 +46,13 @@ def command(
     ``delete`` runs ``runtime delete --force ID`` afterwards (OCI runtimes); the process runtime has nothing to delete.
     """
     return [
-        "/bin/sh", str(SCRIPT), container_id, os.fspath(state_dir), cgroup or "-", "1" if delete else "0",
-        str(len(runtime)), *runtime, *action,
-    ]  # fmt: skip
+        "/bin/sh",
+        str(SCRIPT),
+        container_id,
+        os.fspath(state_dir),
+        cgroup or "-",
+        "1" if delete else "0",
+        str(len(runtime)),
+        *runtime,
+        *action,
+    ]

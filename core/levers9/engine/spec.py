@@ -55,14 +55,29 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: what a container process keeps of root's capabilities: enough to run ordinary software (install packages,
 #: own files, switch users, serve on port 80), nothing to make devices, forge packets or manage the host
 CAPABILITIES = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE", "CAP_KILL",
-)  # fmt: skip
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_KILL",
+)
 
 _MASKED = [
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
-]  # fmt: skip
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+]
 _READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
@@ -111,9 +126,16 @@ def _gpu_devices(gpus: Sequence[GpuDevice], dev: Path) -> list[dict[str, Any]]:
         except OSError:
             continue
         out.append(
-            {"path": f"/dev/{name}", "type": "c", "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev),
-             "fileMode": 0o666, "uid": 0, "gid": 0}
-        )  # fmt: skip
+            {
+                "path": f"/dev/{name}",
+                "type": "c",
+                "major": os.major(st.st_rdev),
+                "minor": os.minor(st.st_rdev),
+                "fileMode": 0o666,
+                "uid": 0,
+                "gid": 0,
+            }
+        )
     return out
 
 
@@ -156,16 +178,35 @@ def oci_config(
 
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
-        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        },
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        },
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}
         if sysfs_source is None
-        else {"destination": "/sys", "type": "bind", "source": sysfs_source, "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]},
+        else {
+            "destination": "/sys",
+            "type": "bind",
+            "source": sysfs_source,
+            "options": ["rbind", "nosuid", "noexec", "nodev", "ro"],
+        },
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
-    ]  # fmt: skip
+    ]
     for source, target in binds:
         mounts.append({"destination": target, "type": "bind", "source": source, "options": ["rbind", "ro", "nosuid"]})
     for m in spec.mounts:
@@ -185,10 +226,13 @@ def oci_config(
 
     resources: dict[str, Any] = {
         "devices": [{"allow": False, "access": "rwm"}]
-        + [{"allow": True, "type": "c", "major": d["major"], "minor": d["minor"], "access": "rwm"} for d in _gpu_devices(spec.gpus, dev)],
+        + [
+            {"allow": True, "type": "c", "major": d["major"], "minor": d["minor"], "access": "rwm"}
+            for d in _gpu_devices(spec.gpus, dev)
+        ],
         "memory": {"limit": spec.memory_mib * 1024 * 1024, "swap": spec.memory_mib * 1024 * 1024},
         "cpu": {"quota": spec.cpu_millicores * CPU_PERIOD_US // 1000, "period": CPU_PERIOD_US},
-    }  # fmt: skip
+    }
     if spec.pids_limit is not None:
         resources["pids"] = {"limit": spec.pids_limit}
 

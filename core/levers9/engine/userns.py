@@ -152,8 +152,9 @@ def _new_namespace(mapping: IdMapping) -> int:
         raise UsernsError("the `unshare` command (util-linux) is not installed: apt-get install -y util-linux")
     mine = os.readlink("/proc/self/ns/user")
     try:
-        holder = subprocess.Popen([unshare, "--user", "--", "cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE)  # fmt: skip
+        holder = subprocess.Popen(
+            [unshare, "--user", "--", "cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
     except OSError as exc:
         raise UsernsError(f"`unshare --user` could not be started: {exc}") from exc
     fd = -1
@@ -218,8 +219,9 @@ def idmapped_bind(source: Path, target: Path, userns_fd: int | None, *, read_onl
         target.touch(exist_ok=True)
     tree = -1
     try:
-        tree = _syscall(_SYS_OPEN_TREE, -100, os.fsencode(source), _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE,
-                        what="open_tree")  # fmt: skip
+        tree = _syscall(
+            _SYS_OPEN_TREE, -100, os.fsencode(source), _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE, what="open_tree"
+        )
         flags = (_MOUNT_ATTR_IDMAP if userns_fd is not None else 0) | (_MOUNT_ATTR_RDONLY if read_only else 0)
         if flags:
             attr = ctypes.create_string_buffer(struct.pack("=QQQQ", flags, 0, 0, userns_fd or 0), 32)

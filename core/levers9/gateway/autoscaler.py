@@ -116,9 +116,14 @@ class ServingAutoscaler:
     """Every served stub's containers and waiting requests, on this controlplane replica."""
 
     def __init__(
-        self, dataplane: DataPlane, *, prefix: str = "l9:", name: str | None = None,
-        orphan_after_s: float = ORPHAN_AFTER_S, metrics: Metrics | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        dataplane: DataPlane,
+        *,
+        prefix: str = "l9:",
+        name: str | None = None,
+        orphan_after_s: float = ORPHAN_AFTER_S,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.dataplane = dataplane
         self.metrics = metrics
         #: which replica started which serving task (and stops it)
@@ -269,8 +274,9 @@ class ServingAutoscaler:
         del state.starting[report.task_id]
         state.failures = 0
         state.last_failure = ""
-        container = Container(report.task_id, stub_id, worker_id, report.address, dict(report.ports),
-                              last_used=time.monotonic())  # fmt: skip
+        container = Container(
+            report.task_id, stub_id, worker_id, report.address, dict(report.ports), last_used=time.monotonic()
+        )
         state.ready[report.task_id] = container
         if state.retired:
             self._drain(state, container)

@@ -134,8 +134,16 @@ class _Target:
 
 
 class GatewayApp:
-    def __init__(self, services: Services, dataplane: DataPlane, plane: ServingAutoscaler, upstream: Upstream,
-                 rest: App, *, metrics: Metrics | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        services: Services,
+        dataplane: DataPlane,
+        plane: ServingAutoscaler,
+        upstream: Upstream,
+        rest: App,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.services = services
         self.metrics = metrics
         self.dataplane = dataplane
@@ -169,16 +177,18 @@ class GatewayApp:
                     # a fault of the gateway's own: JSON like every other error, unless the answer had begun
                     log.exception("the gateway failed %s %s", scope["method"], path)
                     with contextlib.suppress(Exception):
-                        await _error(send, _Answer(errors.INTERNAL, "internal error; the controlplane's log has "
-                                                                    "the details"))  # fmt: skip
+                        await _error(
+                            send, _Answer(errors.INTERNAL, "internal error; the controlplane's log has the details")
+                        )
                 finally:
                     if self.metrics is not None:
                         self.metrics.gateway_answered(kinds[0], status, time.monotonic() - started)
                 return
         await self.rest(scope, receive, send)
 
-    async def _route(self, route: str, kinds: tuple[str, ...], parts: list[str], scope: Scope, receive: Receive,
-                     send: Send) -> int:  # fmt: skip
+    async def _route(
+        self, route: str, kinds: tuple[str, ...], parts: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> int:
         """Answer one gateway request; the status it was answered with."""
         target = await self._target(parts, scope)
         stub = await self._stub(target, kinds, route)
@@ -269,17 +279,23 @@ class GatewayApp:
             if workspace_id is None:
                 raise _Answer(errors.NOT_FOUND, f"deployment {name!r} not found")
         elif principal is None:
-            raise _unauthenticated("no token: send 'authorization: Bearer <token>', or call a public endpoint "
-                                   "as /endpoint/@WORKSPACE/NAME")  # fmt: skip
+            raise _unauthenticated(
+                "no token: send 'authorization: Bearer <token>', or call a public endpoint as /endpoint/@WORKSPACE/NAME"
+            )
         elif principal.workspace_id is None:
-            raise _Answer(errors.NOT_FOUND, f"deployment {name!r} not found: an operator token has no workspace; "
-                                            "name one as /KIND/@WORKSPACE/NAME")  # fmt: skip
+            raise _Answer(
+                errors.NOT_FOUND,
+                f"deployment {name!r} not found: an operator token has no workspace; name one as /KIND/@WORKSPACE/NAME",
+            )
         else:
             workspace_id = principal.workspace_id
         if bad_version is not None:
-            raise _Answer(errors.NOT_FOUND, f"deployment {name!r} has no version {bad_version!r}: a version is v "
-                                            "and a positive whole number without leading zeros (v1, v2, ...), "
-                                            f"at most v{MAX_VERSION}")  # fmt: skip
+            raise _Answer(
+                errors.NOT_FOUND,
+                f"deployment {name!r} has no version {bad_version!r}: a version is v "
+                "and a positive whole number without leading zeros (v1, v2, ...), "
+                f"at most v{MAX_VERSION}",
+            )
         return _Target(workspace_id, name, version, parts, principal)
 
     async def _principal(self, scope: Scope) -> Principal | None:
@@ -309,8 +325,11 @@ class GatewayApp:
         if not access.may_call_served(target.principal, target.workspace_id, public=settings.public):
             raise self._not_found(target)
         if record.kind not in kinds:
-            raise _Answer(errors.NOT_FOUND, f"deployment {target.name!r} is a {record.kind}, not served at /{route}; "
-                                            f"use /{_route_of(record.kind)}/{target.name}")  # fmt: skip
+            raise _Answer(
+                errors.NOT_FOUND,
+                f"deployment {target.name!r} is a {record.kind}, not served at /{route}; "
+                f"use /{_route_of(record.kind)}/{target.name}",
+            )
         return ServedStub(stub_id, record.workspace_id, settings)
 
     async def _resolve(self, target: _Target) -> str:
@@ -365,13 +384,16 @@ class GatewayApp:
         ports = stub.settings.ports
         if not target.rest or not target.rest[0].isdigit() or int(target.rest[0]) not in ports:
             listed = ", ".join(str(p) for p in ports)
-            raise _Answer(errors.NOT_FOUND, f"name one of the box's ports in the URL: /box/{target.name}/PORT/..., "
-                                            f"PORT one of {listed}")  # fmt: skip
+            raise _Answer(
+                errors.NOT_FOUND,
+                f"name one of the box's ports in the URL: /box/{target.name}/PORT/..., PORT one of {listed}",
+            )
         port = int(target.rest[0])
         return await self._proxy(stub, scope, receive, send, "/" + "/".join(target.rest[1:]), port=port)
 
-    async def _proxy(self, stub: ServedStub, scope: Scope, receive: Receive, send: Send, path: str,
-                     port: int | None) -> int:  # fmt: skip
+    async def _proxy(
+        self, stub: ServedStub, scope: Scope, receive: Receive, send: Send, path: str, port: int | None
+    ) -> int:
         body = await self._body(receive)
         if body is None:
             return CLIENT_GONE
@@ -427,8 +449,9 @@ class GatewayApp:
         if target.rest:
             raise _Answer(errors.NOT_FOUND, "the path goes on after the deployment; did you mean .../tasks/ID?")
         if scope["method"] != "POST":
-            raise _Answer(errors.METHOD_NOT_ALLOWED, "POST a JSON body (the arguments) to enqueue a call",
-                          [(b"allow", b"POST")])  # fmt: skip
+            raise _Answer(
+                errors.METHOD_NOT_ALLOWED, "POST a JSON body (the arguments) to enqueue a call", [(b"allow", b"POST")]
+            )
         raw = await self._body(receive)
         if raw is None:
             return CLIENT_GONE
@@ -505,8 +528,13 @@ def _unauthenticated(message: str) -> _Answer:
 
 
 async def _error(send: Send, answer: _Answer) -> None:
-    await send({"type": "http.response.start", "status": answer.status,
-                "headers": [(b"content-type", b"application/json"), *answer.headers]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": answer.status,
+            "headers": [(b"content-type", b"application/json"), *answer.headers],
+        }
+    )
     await send({"type": "http.response.body", "body": errors.error_body(answer.kind, str(answer))})
 
 

@@ -78,8 +78,14 @@ class Caller(Protocol):
 class ShortPath:
     """Endpoint and box requests in the steady state, relayed over a pool of kept-alive connections."""
 
-    def __init__(self, gateway: GatewayApp, plane: ServingAutoscaler, *, metrics: Metrics | None = None,
-                 connect_timeout_s: float = 5.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gateway: GatewayApp,
+        plane: ServingAutoscaler,
+        *,
+        metrics: Metrics | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
         self.gateway = gateway
         self.plane = plane
         self.metrics = metrics
@@ -88,8 +94,9 @@ class ShortPath:
         self._connecting: set[asyncio.Task[None]] = set()
         plane.on_gone.append(self.forget)
 
-    def take(self, caller: Caller, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
-             body: bytes) -> Exchange | None:  # fmt: skip
+    def take(
+        self, caller: Caller, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Exchange | None:
         """Relay the request when everything is at hand; None (nothing done) for the ASGI path to answer."""
         if method == "HEAD":
             return None
@@ -199,8 +206,16 @@ class _Link(asyncio.Protocol):
 class Exchange:
     """One request relayed to a container and its response passed back; the callbacks of httptools' parser."""
 
-    def __init__(self, pool: ShortPath, caller: Caller, at: AtHand, container: Container, address: str,
-                 request: bytes, method: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: ShortPath,
+        caller: Caller,
+        at: AtHand,
+        container: Container,
+        address: str,
+        request: bytes,
+        method: str,
+    ) -> None:
         self.pool = pool
         self.caller = caller
         self.at = at
@@ -298,8 +313,9 @@ class Exchange:
         lines.append(b"\r\n")
         self.out.append(b"".join(lines))
         if self.pool.metrics is not None:
-            self.pool.metrics.http_answered(f"/{self.at.kind}/{{name}}", self.method, status,
-                                            time.monotonic() - self.started)  # fmt: skip
+            self.pool.metrics.http_answered(
+                f"/{self.at.kind}/{{name}}", self.method, status, time.monotonic() - self.started
+            )
 
     def on_body(self, body: bytes) -> None:
         if not self.finished:
@@ -373,8 +389,11 @@ class Exchange:
         self.timer = None
         self._stop()
         settings = self.at.stub.settings
-        self._answer(errors.TIMEOUT, f"the container at {self.address} did not begin to answer within "
-                                     f"{settings.timeout_s:g} s (the {settings.kind}'s timeout)")  # fmt: skip
+        self._answer(
+            errors.TIMEOUT,
+            f"the container at {self.address} did not begin to answer within "
+            f"{settings.timeout_s:g} s (the {settings.kind}'s timeout)",
+        )
         self._end(errors.ERROR_TYPES[errors.TIMEOUT], broken=False)
         self.caller.finish()
 
@@ -400,8 +419,9 @@ class Exchange:
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
         self.caller.write(b"".join(head) + body)
         if self.pool.metrics is not None:
-            self.pool.metrics.http_answered(f"/{self.at.kind}/{{name}}", self.method, status,
-                                            time.monotonic() - self.started)  # fmt: skip
+            self.pool.metrics.http_answered(
+                f"/{self.at.kind}/{{name}}", self.method, status, time.monotonic() - self.started
+            )
 
     def _end(self, status: int, *, broken: bool) -> None:
         self.pool.plane.release(self.container, broken=broken)

@@ -184,8 +184,15 @@ class Upstream:
         once it has begun, a streamed response may take as long as it takes.
         """
         client = scope.get("client")
-        request = request_bytes(scope["method"], path, scope.get("query_string", b""), address, scope["headers"],
-                                body, client[0] if client else None)  # fmt: skip
+        request = request_bytes(
+            scope["method"],
+            path,
+            scope.get("query_string", b""),
+            address,
+            scope["headers"],
+            body,
+            client[0] if client else None,
+        )
         connection = self._take(address)
         reused = connection is not None
         if connection is None:
@@ -285,8 +292,9 @@ class Upstream:
             )
         except (OSError, TimeoutError, ValueError) as exc:
             why = str(exc) or type(exc).__name__
-            raise UpstreamError(f"cannot connect to the container at {address}: {why}", sent=False,
-                                refused=True) from None  # fmt: skip
+            raise UpstreamError(
+                f"cannot connect to the container at {address}: {why}", sent=False, refused=True
+            ) from None
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -295,22 +303,30 @@ class Upstream:
 
     async def _connect_tunnel(self, address: str) -> tuple[Reader, Writer]:
         if self.tunnel is None:
-            raise UpstreamError(f"cannot connect to the container at {address}: this gateway has no tunnels",
-                                sent=False)  # fmt: skip
+            raise UpstreamError(
+                f"cannot connect to the container at {address}: this gateway has no tunnels", sent=False
+            )
         try:
             return await self.tunnel(address, self.connect_timeout_s)
         except (ConnectionRefusedError, ConnectionResetError, TimeoutError) as exc:
             # the worker could not connect to the container, or the tunnel ended: nothing reached it
             why = str(exc) or type(exc).__name__
-            raise UpstreamError(f"cannot connect to the container at {address}: {why}", sent=False,
-                                refused=True) from None  # fmt: skip
+            raise UpstreamError(
+                f"cannot connect to the container at {address}: {why}", sent=False, refused=True
+            ) from None
         except (OSError, ValueError) as exc:  # no tunnel from that worker to this replica
-            raise UpstreamError(f"cannot reach the container at {address}: {exc}", sent=False,
-                                elsewhere=True) from None  # fmt: skip
+            raise UpstreamError(f"cannot reach the container at {address}: {exc}", sent=False, elsewhere=True) from None
 
 
-def request_bytes(method: str, path: str, query: bytes, address: str, headers: list[tuple[bytes, bytes]],
-                  body: bytes, client_host: str | None) -> bytes:  # fmt: skip
+def request_bytes(
+    method: str,
+    path: str,
+    query: bytes,
+    address: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    client_host: str | None,
+) -> bytes:
     """A request as sent to the container at ``address``: hop-by-hop headers and the caller's token left out,
     ``x-forwarded-for`` extended with ``client_host``, the body sent with its length."""
     target = path.encode("latin-1", "replace") + (b"?" + query if query else b"")

@@ -138,8 +138,11 @@ def pod_config(config: Mapping[str, Any], options: ManifestOptions, grpc_service
     """``config`` (the operator's file, parsed) adapted to run in the pods; ``grpc_service`` is the gRPC Service."""
     data = copy.deepcopy(dict(config))
     state = _section(data, "state")
-    for key, where in (("database_url", options.database_secret), ("redis_url", options.redis_secret),
-                       ("secret_key_file", options.secret_key_secret)):  # fmt: skip
+    for key, where in (
+        ("database_url", options.database_secret),
+        ("redis_url", options.redis_secret),
+        ("secret_key_file", options.secret_key_secret),
+    ):
         if state.get(key) is not None:
             raise ManifestError(
                 f"state.{key}: remove it from the config; on Kubernetes it comes from the Secret {where!r}, "

@@ -125,16 +125,26 @@ def render(
     objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": names.meta(NAME, "controlplane")})
     if workers:
         objects += _rbac(names, workers)
-    objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.meta(CONFIG_MAP, "controlplane"),
-                    "data": {"levers9.yaml": pod.text()}})  # fmt: skip
+    objects.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": names.meta(CONFIG_MAP, "controlplane"),
+            "data": {"levers9.yaml": pod.text()},
+        }
+    )
     objects.append(_service(names, options, GRPC_SERVICE, "grpc", pod.grpc_port, "grpc"))
     objects.append(_service(names, options, HTTP_SERVICE, "https" if pod.tls else "http", pod.http_port, "http"))
     objects.append(_deployment(names, options, pod, bool(workers)))
     if options.replicas >= 2:
-        objects.append({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": names.meta(NAME, "controlplane"),
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": names.selector}},
-        })  # fmt: skip
+        objects.append(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": names.meta(NAME, "controlplane"),
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": names.selector}},
+            }
+        )
     return objects
 
 
@@ -152,21 +162,47 @@ def _rbac(names: _Names, workers: tuple[str, ...]) -> list[dict[str, Any]]:
     rbac = "rbac.authorization.k8s.io"
     out: list[dict[str, Any]] = []
     for ns in workers:
-        out.append({"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": names.meta(ROLE, "local-k8s", ns),
-                    "rules": namespaced_rules()})  # fmt: skip
-        out.append({"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": names.meta(ROLE, "local-k8s", ns),
-                    "roleRef": {"apiGroup": rbac, "kind": "Role", "name": ROLE}, "subjects": subject})  # fmt: skip
+        out.append(
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "Role",
+                "metadata": names.meta(ROLE, "local-k8s", ns),
+                "rules": namespaced_rules(),
+            }
+        )
+        out.append(
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "RoleBinding",
+                "metadata": names.meta(ROLE, "local-k8s", ns),
+                "roleRef": {"apiGroup": rbac, "kind": "Role", "name": ROLE},
+                "subjects": subject,
+            }
+        )
     cluster = cluster_role_name(names.namespace)
-    out.append({"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": names.meta(cluster, "local-k8s", None),
-                "rules": cluster_rules()})  # fmt: skip
-    out.append({"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding",
-                "metadata": names.meta(cluster, "local-k8s", None),
-                "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": cluster}, "subjects": subject})  # fmt: skip
+    out.append(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRole",
+            "metadata": names.meta(cluster, "local-k8s", None),
+            "rules": cluster_rules(),
+        }
+    )
+    out.append(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": names.meta(cluster, "local-k8s", None),
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": cluster},
+            "subjects": subject,
+        }
+    )
     return out
 
 
-def _service(names: _Names, options: ManifestOptions, name: str, port_name: str, port: int,
-             target: str) -> dict[str, Any]:  # fmt: skip
+def _service(
+    names: _Names, options: ManifestOptions, name: str, port_name: str, port: int, target: str
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -184,8 +220,12 @@ def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
 
 
 def _probe(path: str, scheme: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http", "scheme": scheme}, "periodSeconds": period,
-            "timeoutSeconds": 5, "failureThreshold": failures}  # fmt: skip
+    return {
+        "httpGet": {"path": path, "port": "http", "scheme": scheme},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
 
 
 def _cpu(millicores: int) -> str:
@@ -277,10 +317,18 @@ def _deployment(names: _Names, options: ManifestOptions, pod: pc.PodConfig, api_
         ],
     }
     spread = [
-        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": when, "nodeTaintsPolicy": "Honor",
-         "labelSelector": {"matchLabels": names.selector}}
-        for key, when in (("kubernetes.io/hostname", "DoNotSchedule"), ("topology.kubernetes.io/zone", "ScheduleAnyway"))
-    ]  # fmt: skip
+        {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": when,
+            "nodeTaintsPolicy": "Honor",
+            "labelSelector": {"matchLabels": names.selector},
+        }
+        for key, when in (
+            ("kubernetes.io/hostname", "DoNotSchedule"),
+            ("topology.kubernetes.io/zone", "ScheduleAnyway"),
+        )
+    ]
     spec: dict[str, Any] = {
         "serviceAccountName": NAME,
         "automountServiceAccountToken": api_access,

@@ -229,11 +229,14 @@ class RegistryClient:
                 "PATCH",
                 location,
                 actions="pull,push",
-                headers={"Content-Type": "application/octet-stream", "Content-Length": str(length),
-                         "Content-Range": f"{start}-{start + length - 1}"},
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "Content-Length": str(length),
+                    "Content-Range": f"{start}-{start + length - 1}",
+                },
                 content=_piece(data, start, length),
                 expect=(202,),
-            )  # fmt: skip
+            )
             location = self._location(answered, "push blob", repo)
         return location
 
@@ -253,8 +256,14 @@ class RegistryClient:
         if response.status_code == 201:
             return True
         with contextlib.suppress(RegistryError):  # it opened an upload instead: cancel it, it would only expire
-            self._call("cancel upload", repo, "DELETE", self._location(response, "mount blob", repo),
-                       actions="pull,push", expect=(204, 404))  # fmt: skip
+            self._call(
+                "cancel upload",
+                repo,
+                "DELETE",
+                self._location(response, "mount blob", repo),
+                actions="pull,push",
+                expect=(204, 404),
+            )
         return False
 
     def push_manifest(self, repo: str, reference: str, manifest: bytes, media_type: str) -> str:
@@ -280,8 +289,9 @@ class RegistryClient:
         """``(manifest bytes, media type, digest)`` of a tag or digest; the digest is always the bytes' own."""
         check_repository(repo)
         operation = f"get manifest {reference}"
-        with self._open(operation, repo, "GET", f"/v2/{repo}/manifests/{reference}",
-                        headers={"Accept": ", ".join(MANIFEST_TYPES)}) as response:  # fmt: skip
+        with self._open(
+            operation, repo, "GET", f"/v2/{repo}/manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)}
+        ) as response:
             body = bytearray()
             try:
                 for piece in response.iter_bytes(_CHUNK):
@@ -346,8 +356,7 @@ class RegistryClient:
     def delete_manifest(self, repo: str, digest: str) -> None:
         """Delete a manifest (and so every tag naming it); the registry must allow deletes."""
         repo, digest = _checked(repo, digest)
-        self._call("delete manifest", repo, "DELETE", f"/v2/{repo}/manifests/{digest}", actions="delete",
-                   expect=(202,))  # fmt: skip
+        self._call("delete manifest", repo, "DELETE", f"/v2/{repo}/manifests/{digest}", actions="delete", expect=(202,))
 
     # ------------------------------------------------------------------ requests
 
@@ -366,8 +375,18 @@ class RegistryClient:
         follow: bool = False,
     ) -> httpx.Response:
         """One request, its whole answer read (for small answers); raises unless its status is in ``expect``."""
-        with self._open(operation, repo, method, url, actions=actions, params=params, headers=headers,
-                        content=content, expect=expect, follow=follow) as response:  # fmt: skip
+        with self._open(
+            operation,
+            repo,
+            method,
+            url,
+            actions=actions,
+            params=params,
+            headers=headers,
+            content=content,
+            expect=expect,
+            follow=follow,
+        ) as response:
             try:
                 response.read()
             except httpx.HTTPError as e:
@@ -428,17 +447,24 @@ class RegistryClient:
         code, message = _spec_error(body)
         if response.status_code == 401:
             auth = self._auth.auth
-            hint = "it wants credentials and none were given" if auth is None else (
-                f"it refused the credentials of {auth.username!r}")  # fmt: skip
+            hint = (
+                "it wants credentials and none were given"
+                if auth is None
+                else (f"it refused the credentials of {auth.username!r}")
+            )
             message = f"{message}: {hint}" if message else hint
         if message is None:
             message = {403: "access denied", 404: "not found"}.get(response.status_code)
         if message is None:
             message = f"it answered {response.reason_phrase or 'an error'}"
         return RegistryError(
-            message, registry=self.registry, operation=operation, repository=repo, code=code,
+            message,
+            registry=self.registry,
+            operation=operation,
+            repository=repo,
+            code=code,
             status=response.status_code,
-        )  # fmt: skip
+        )
 
     def _error(self, operation: str, repo: str | None, message: str) -> RegistryError:
         return RegistryError(message, registry=self.registry, operation=operation, repository=repo)

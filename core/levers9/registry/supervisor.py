@@ -105,8 +105,12 @@ class RegistrySupervisor:
         registry = self.registry
         process = registry.process
         assert process is not None
-        log.error("the embedded registry (pid %d) %s; starting it again on %s",
-                  process.pid, how_it_ended(process.returncode), registry.address)  # fmt: skip
+        log.error(
+            "the embedded registry (pid %d) %s; starting it again on %s",
+            process.pid,
+            how_it_ended(process.returncode),
+            registry.address,
+        )
         delay, cap = RESTART_BACKOFF_S
         last: RegistryError | None = None
         for attempt in range(1, self.tries + 1):
@@ -116,15 +120,17 @@ class RegistrySupervisor:
                 self._starting = None
             except RegistryError as exc:
                 last = exc
-                log.warning("starting the embedded registry again failed (try %d of %d): %s",
-                            attempt, self.tries, exc)  # fmt: skip
+                log.warning("starting the embedded registry again failed (try %d of %d): %s", attempt, self.tries, exc)
                 if attempt < self.tries:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, cap)
                 continue
             self.restarts += 1
-            log.warning("restarted the embedded registry (pid %d) on %s",
-                        registry.process.pid if registry.process else -1, registry.address)  # fmt: skip
+            log.warning(
+                "restarted the embedded registry (pid %d) on %s",
+                registry.process.pid if registry.process else -1,
+                registry.address,
+            )
             if self._on_restart is not None:
                 self._on_restart()
             return True

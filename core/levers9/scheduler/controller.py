@@ -296,8 +296,12 @@ class PoolController:
         why = "levers9 has no record of it" if mid not in records else "its record is closed"
         log.warning(
             "pool %s: machine %s (%s) is %s but %s; terminating it",
-            pool.name, machine.provider_id, mid or "untagged", machine.state, why,
-        )  # fmt: skip
+            pool.name,
+            machine.provider_id,
+            mid or "untagged",
+            machine.state,
+            why,
+        )
         if await self.provisioner.terminate(pool, machine, why, kind=events.TERMINATED_ORPHAN):
             report.orphans.append(machine.provider_id)
 
@@ -334,9 +338,12 @@ class PoolController:
             ctx.emit(events.MachineTerminated(pool.name, events.TERMINATED_VANISHED))
             await self._spot_lost(pool, m, how)
             await self._requeue(
-                pool, m, f"machine {mid} disappeared from the provider", events.LOST_MACHINE_VANISHED,
+                pool,
+                m,
+                f"machine {mid} disappeared from the provider",
+                events.LOST_MACHINE_VANISHED,
                 events.REQUEUE_MACHINE_VANISHED,
-            )  # fmt: skip
+            )
             report.vanished.append(mid)
 
     async def _spot_lost(self, pool: PoolSpec, machine: MachineRecord, how: str) -> None:
@@ -450,8 +457,13 @@ class PoolController:
             await ctx.hooks.terminate(pool.pool, target)
         except Exception as exc:
             ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate", type(exc).__name__))
-            log.warning("pool %s: terminating %s machine %s failed, will retry: %s",
-                        pool.name, machine.state, machine.provider_id, exc)  # fmt: skip
+            log.warning(
+                "pool %s: terminating %s machine %s failed, will retry: %s",
+                pool.name,
+                machine.state,
+                machine.provider_id,
+                exc,
+            )
             return
         ctx.emit(events.ProviderCalled(pool.pool.provider, "terminate"))
 

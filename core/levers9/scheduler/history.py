@@ -213,8 +213,11 @@ class HistoryWriter:
                 except Exception as exc:
                     if not _refused(exc) or len(batch) == 1:
                         raise
-                    log.warning("the database refused a batch of %d placement history events (%s); "
-                                "writing them one at a time", len(batch), exc)  # fmt: skip
+                    log.warning(
+                        "the database refused a batch of %d placement history events (%s); writing them one at a time",
+                        len(batch),
+                        exc,
+                    )
                     for event in batch:
                         await self._store([event])
             except asyncio.CancelledError:
@@ -227,8 +230,9 @@ class HistoryWriter:
                     self._settle(1)
                     continue
                 self.failures += 1
-                log.warning("storing %d placement history events failed (%s); retrying in %.2f s",
-                            len(batch), exc, pause)  # fmt: skip
+                log.warning(
+                    "storing %d placement history events failed (%s); retrying in %.2f s", len(batch), exc, pause
+                )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, self.retry_max_s)
                 continue
@@ -240,8 +244,12 @@ class HistoryWriter:
         if missing:
             gone = set(missing)
             left_out = sum(1 for event in batch if event.task_id in gone)
-            log.warning("left out %d placement history events of %d tasks that no longer exist: %s",
-                        left_out, len(gone), ", ".join(missing[:5]) + ("..." if len(missing) > 5 else ""))  # fmt: skip
+            log.warning(
+                "left out %d placement history events of %d tasks that no longer exist: %s",
+                left_out,
+                len(gone),
+                ", ".join(missing[:5]) + ("..." if len(missing) > 5 else ""),
+            )
             self.dropped += left_out
             self.stored += len(batch) - left_out
         else:

@@ -118,9 +118,14 @@ def offer_subject(pool: str, offer: GpuOffer) -> str:
 
 class Planner:
     def __init__(
-        self, ctx: Context, provisioner: Provisioner, offers: OfferCache | None = None, *, window: int = 2000,
+        self,
+        ctx: Context,
+        provisioner: Provisioner,
+        offers: OfferCache | None = None,
+        *,
+        window: int = 2000,
         history: HistoryWriter | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.ctx = ctx
         #: where its history lines go (the scheduler's writer, in order with the placements'); None: straight to SQL
         self.history = history

@@ -273,9 +273,11 @@ class Scheduler:
         ctx = self.ctx
         settings = ctx.settings
         result = await self.backlog.place(
-            ctx.now_ms(), limit=settings.batch_size, recheck_ms=round(settings.retry_initial_s * 1000),
+            ctx.now_ms(),
+            limit=settings.batch_size,
+            recheck_ms=round(settings.retry_initial_s * 1000),
             short_ms=round(settings.queue_wait_s * 1000) if settings.worker_queue else 0,
-        )  # fmt: skip
+        )
         if result.placed:
             # buffered before anything is awaited, so a placement made in Redis always gets its history
             ticket = self.history.add(self._placement_events(result))

@@ -52,8 +52,11 @@ async def build_image(client: Client, blueprint: Blueprint, *, out: TextIO | Non
         async for event in stub.BuildImage(request, metadata=client.metadata):
             client.reached()
             if event.kind == "started":
-                _say(out, f"levers9: building image {short}: {event.steps} steps on its base, {event.steps_cached} "
-                          f"built before ({event.text})\n")  # fmt: skip
+                _say(
+                    out,
+                    f"levers9: building image {short}: {event.steps} steps on its base, {event.steps_cached} "
+                    f"built before ({event.text})\n",
+                )
             elif event.kind == "log":
                 _say(out, event.text)
             elif event.kind == "done":

@@ -441,8 +441,14 @@ def client_for(context: str | None = None) -> Client:
     """
     import os
 
-    names = ("LEVERS9_CONTEXT", "LEVERS9_HOME", "LEVERS9_GRPC", "LEVERS9_TOKEN", "LEVERS9_CA_FILE",
-             "LEVERS9_RECONNECT_S")  # fmt: skip
+    names = (
+        "LEVERS9_CONTEXT",
+        "LEVERS9_HOME",
+        "LEVERS9_GRPC",
+        "LEVERS9_TOKEN",
+        "LEVERS9_CA_FILE",
+        "LEVERS9_RECONNECT_S",
+    )
     selector = (context, *(os.environ.get(v) for v in names))
     ctx = _resolved.get(selector)
     if ctx is None:

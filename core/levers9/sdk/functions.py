@@ -234,10 +234,25 @@ def function(
         if inspect.isclass(fn):
             raise InvalidFunction(f"@levers9.function decorates functions, not classes ({fn.__qualname__})")
         config = function_config(
-            fn, "function", cpu=cpu, memory=memory, gpu=gpu, gpu_count=gpu_count, fallback=fallback,
-            fallback_after=fallback_after, retries=retries, timeout=timeout, secrets=secrets, env=env,
-            image=image, keep_warm=keep_warm, checkpoint=checkpoint, app=app, name=name, volumes=volumes,
-        )  # fmt: skip
+            fn,
+            "function",
+            cpu=cpu,
+            memory=memory,
+            gpu=gpu,
+            gpu_count=gpu_count,
+            fallback=fallback,
+            fallback_after=fallback_after,
+            retries=retries,
+            timeout=timeout,
+            secrets=secrets,
+            env=env,
+            image=image,
+            keep_warm=keep_warm,
+            checkpoint=checkpoint,
+            app=app,
+            name=name,
+            volumes=volumes,
+        )
         return Function(fn, config)
 
     return wrap(_fn) if _fn is not None else wrap

@@ -58,9 +58,13 @@ def function_config(fn: Callable[..., Any], kind: str, **options: Any) -> dict[s
     timeout = _seconds(where, "timeout", options.pop("timeout"), above=0.0, none_means="no timeout")
     retries = _whole(where, "retries", options.pop("retries"), bounds.RETRIES_MIN, bounds.RETRIES_MAX)
     keep_warm = _seconds(
-        where, "keep_warm", options.pop("keep_warm"), least=bounds.KEEP_WARM_S_MIN, most=bounds.KEEP_WARM_S_MAX,
+        where,
+        "keep_warm",
+        options.pop("keep_warm"),
+        least=bounds.KEEP_WARM_S_MIN,
+        most=bounds.KEEP_WARM_S_MAX,
         none_means="the default",
-    )  # fmt: skip
+    )
     name = options.pop("name") or fn.__qualname__.replace("<locals>.", "")
     if not isinstance(name, str) or not bounds.NAME_LENGTH_MIN <= len(name) <= bounds.NAME_LENGTH_MAX:
         raise InvalidFunction(
@@ -149,9 +153,13 @@ def check_serving(where: str, serving: dict[str, Any]) -> None:
             _whole(where, option, serving[field], least, most, none_ok=True)
     if "start_timeout_s" in serving:
         _seconds(
-            where, "start_timeout", serving["start_timeout_s"], above=bounds.START_TIMEOUT_S_ABOVE,
-            most=bounds.START_TIMEOUT_S_MAX, none_means="the default",
-        )  # fmt: skip
+            where,
+            "start_timeout",
+            serving["start_timeout_s"],
+            above=bounds.START_TIMEOUT_S_ABOVE,
+            most=bounds.START_TIMEOUT_S_MAX,
+            none_means="the default",
+        )
     low, high = serving.get("min_containers"), serving.get("max_containers")
     if low is not None and high is not None and low > high:
         raise InvalidFunction(f"{where}: min_containers ({low}) is above max_containers ({high})")
@@ -162,12 +170,21 @@ def check_serving(where: str, serving: dict[str, Any]) -> None:
 def stub_config(c: dict[str, Any]) -> controlplane_pb2.StubConfig:
     """The ``StubConfig`` registering a function of config ``c``, for this process's Python version."""
     config = controlplane_pb2.StubConfig(
-        kind=c["kind"], app=c["app"], name=c["name"], image=c["image"],
-        cpu_millicores=c["cpu_millicores"], memory_mib=c["memory_mib"], gpu=c["gpu"], gpu_count=c["gpu_count"],
-        retries=c["retries"], timeout_s=c["timeout_s"], secrets=c["secrets"], env=c["env"],
+        kind=c["kind"],
+        app=c["app"],
+        name=c["name"],
+        image=c["image"],
+        cpu_millicores=c["cpu_millicores"],
+        memory_mib=c["memory_mib"],
+        gpu=c["gpu"],
+        gpu_count=c["gpu_count"],
+        retries=c["retries"],
+        timeout_s=c["timeout_s"],
+        secrets=c["secrets"],
+        env=c["env"],
         python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
         checkpoint_enabled=c["checkpoint_enabled"],
-    )  # fmt: skip
+    )
     if c["fallback_after_s"] is not None:
         config.fallback_after_s = c["fallback_after_s"]
     if c["keep_warm_s"] is not None:

@@ -300,10 +300,17 @@ class CloudBucket(Volume):
     def export(self) -> dict[str, Any]:
         c = self.config
         return {
-            "name": self.name, "mount_path": self.container_path,
-            "bucket": {"read_only": c.read_only, "force_path_style": c.force_path_style, "access_key": c.access_key or "",
-                       "secret_key": c.secret_key or "", "endpoint": c.endpoint or "", "region": c.region or ""},
-        }  # fmt: skip
+            "name": self.name,
+            "mount_path": self.container_path,
+            "bucket": {
+                "read_only": c.read_only,
+                "force_path_style": c.force_path_style,
+                "access_key": c.access_key or "",
+                "secret_key": c.secret_key or "",
+                "endpoint": c.endpoint or "",
+                "region": c.region or "",
+            },
+        }
 
 
 def volume_configs(where: str, volumes: object) -> list[dict[str, Any]]:

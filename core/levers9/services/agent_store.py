@@ -151,8 +151,15 @@ class AgentStore:
         """A pending agent, issued a join token valid for ``ttl_s``: forgotten with the token unless it joins."""
         key = self._key(agent_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"provider": provider, "workspace": workspace or "", "labels": json.dumps(labels),
-                                    "state": "pending"})  # fmt: skip
+            pipe.hset(
+                key,
+                mapping={
+                    "provider": provider,
+                    "workspace": workspace or "",
+                    "labels": json.dumps(labels),
+                    "state": "pending",
+                },
+            )
             pipe.expire(key, max(1, math.ceil(ttl_s)) + 60)
             pipe.sadd(self._index, agent_id)
             await pipe.execute()
@@ -161,8 +168,9 @@ class AgentStore:
         """The agent spent its join token: its registration stays for good. Returns it as it now is."""
         key = self._key(agent_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"state": "joined", "workspace": workspace or "", "version": version,
-                                    "hostname": hostname})  # fmt: skip
+            pipe.hset(
+                key, mapping={"state": "joined", "workspace": workspace or "", "version": version, "hostname": hostname}
+            )
             pipe.persist(key)
             pipe.sadd(self._index, agent_id)
             await pipe.execute()
@@ -171,9 +179,15 @@ class AgentStore:
         return found
 
     async def hello(
-        self, agent_id: str, *, workspace: str | None, provider: str, labels: dict[str, str], version: str,
+        self,
+        agent_id: str,
+        *,
+        workspace: str | None,
+        provider: str,
+        labels: dict[str, str],
+        version: str,
         hostname: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Record what a connecting agent says of itself; ``provider`` only where the registration has none.
 
         A removed agent stays removed (its state is not touched).
@@ -183,8 +197,16 @@ class AgentStore:
             return
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, "provider", provider)
-            pipe.hset(key, mapping={"state": "joined", "workspace": workspace or "", "agent_labels": json.dumps(labels),
-                                    "version": version, "hostname": hostname})  # fmt: skip
+            pipe.hset(
+                key,
+                mapping={
+                    "state": "joined",
+                    "workspace": workspace or "",
+                    "agent_labels": json.dumps(labels),
+                    "version": version,
+                    "hostname": hostname,
+                },
+            )
             pipe.persist(key)
             pipe.sadd(self._index, agent_id)
             await pipe.execute()

@@ -153,9 +153,14 @@ class AgentHub:
     """This replica's side of every agent (see the module docstring); one per controlplane process."""
 
     def __init__(
-        self, redis: Redis, *, name: str, prefix: str = "l9:", heartbeat_s: float = HEARTBEAT_S,
+        self,
+        redis: Redis,
+        *,
+        name: str,
+        prefix: str = "l9:",
+        heartbeat_s: float = HEARTBEAT_S,
         clock: Callable[[], float] = time.time,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not (math.isfinite(heartbeat_s) and heartbeat_s > 0):
             raise ValueError(f"heartbeat_s must be a positive number of seconds, got {heartbeat_s}")
         self.store = AgentStore(redis, prefix=prefix, clock=clock)
@@ -333,8 +338,12 @@ class AgentHub:
         if pending is None:
             return
         if pending.agent_id != agent_id:
-            log.warning("agent %s acknowledged order %s, which was sent to %s: ignored", agent_id, ack.order_id,
-                        pending.agent_id)  # fmt: skip
+            log.warning(
+                "agent %s acknowledged order %s, which was sent to %s: ignored",
+                agent_id,
+                ack.order_id,
+                pending.agent_id,
+            )
             return
         if not pending.future.done():
             pending.future.set_result(ack)
@@ -507,9 +516,13 @@ class AgentSession:
         if not (joined_for or provider):
             raise AgentProtocolError(f"agent {agent_id}: Hello must name the provider the agent serves")
         await self.hub.store.hello(
-            agent_id, workspace=self.identity.workspace, provider=provider or joined_for,
-            labels=check_labels(labels, "Hello"), version=version[:64], hostname=hostname[:255],
-        )  # fmt: skip
+            agent_id,
+            workspace=self.identity.workspace,
+            provider=provider or joined_for,
+            labels=check_labels(labels, "Hello"),
+            version=version[:64],
+            hostname=hostname[:255],
+        )
         await self._touch()
         record = await self.hub.store.get(agent_id)
         if record is not None:

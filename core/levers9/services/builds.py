@@ -156,8 +156,14 @@ class Builds:
         registry = self._registry()
         built = await self.store.image(workspace, all_keys[-1], touch=True)
         if built is not None:
-            yield BuildEvent("done", image=registry.ref(built), key=built.key, cached=True, steps=len(spec.steps),
-                             steps_cached=len(spec.steps))  # fmt: skip
+            yield BuildEvent(
+                "done",
+                image=registry.ref(built),
+                key=built.key,
+                cached=True,
+                steps=len(spec.steps),
+                steps_cached=len(spec.steps),
+            )
             return
         pools = self.dp.build_pools(workspace)
         if not pools:
@@ -172,13 +178,24 @@ class Builds:
             record = known.get(key)
             if record is None:
                 break
-            cached[key] = {"op": record.op, "diff_id": record.diff_id, "blob_digest": record.blob_digest,
-                           "size": record.size_bytes}  # fmt: skip
+            cached[key] = {
+                "op": record.op,
+                "diff_id": record.diff_id,
+                "blob_digest": record.blob_digest,
+                "size": record.size_bytes,
+            }
         order = write_order(
-            spec, all_keys, cached, {d: contents[d] for d in needed},
-            registry={"url": registry.url, "repository": registry.repository(workspace),
-                      "tag": all_keys[-1].removeprefix("sha256:")[:40], "tls_verify": registry.tls_verify},
-        )  # fmt: skip
+            spec,
+            all_keys,
+            cached,
+            {d: contents[d] for d in needed},
+            registry={
+                "url": registry.url,
+                "repository": registry.repository(workspace),
+                "tag": all_keys[-1].removeprefix("sha256:")[:40],
+                "tls_verify": registry.tls_verify,
+            },
+        )
         stub_config = {
             "kind": BUILD_KIND,
             "app": "levers9-builds",
@@ -190,10 +207,22 @@ class Builds:
         }
         stub_id, _ = await self.dp.get_or_create_stub(principal, stub_config, BUILDER_HANDLER, internal=True)
         (task_id,) = await self.dp.submit(principal, stub_id, [order])
-        log.info("build %s of workspace %s: %d steps, %d cached, on %s", task_id, workspace, len(all_keys),
-                 len(cached), ", ".join(pools))  # fmt: skip
-        yield BuildEvent("started", task_id=task_id, key=all_keys[-1], steps=len(spec.steps), steps_cached=len(set(cached) - {all_keys[0]}),
-                         text=f"building on pool {' or '.join(pools)}")  # fmt: skip
+        log.info(
+            "build %s of workspace %s: %d steps, %d cached, on %s",
+            task_id,
+            workspace,
+            len(all_keys),
+            len(cached),
+            ", ".join(pools),
+        )
+        yield BuildEvent(
+            "started",
+            task_id=task_id,
+            key=all_keys[-1],
+            steps=len(spec.steps),
+            steps_cached=len(set(cached) - {all_keys[0]}),
+            text=f"building on pool {' or '.join(pools)}",
+        )
         finishing = asyncio.create_task(self._finish(principal, task_id, spec, all_keys, registry))
         self._finishing.add(finishing)
         finishing.add_done_callback(self._finishing.discard)
@@ -229,12 +258,24 @@ class Builds:
             return BuildEvent("failed", text=f"the build worker's report is malformed ({exc})", task_id=task_id)
         unknown = [s.key for s in steps if s.key not in all_keys]
         if unknown or not digest.startswith("sha256:"):
-            return BuildEvent("failed", text="the build worker reported steps this build did not ask for",
-                              task_id=task_id)  # fmt: skip
+            return BuildEvent(
+                "failed", text="the build worker reported steps this build did not ask for", task_id=task_id
+            )
         image = await self.store.record(
-            workspace, steps, key=all_keys[-1], repository=registry.repository(workspace), manifest_digest=digest,
-            size_bytes=size, step_count=len(all_keys),
-        )  # fmt: skip
+            workspace,
+            steps,
+            key=all_keys[-1],
+            repository=registry.repository(workspace),
+            manifest_digest=digest,
+            size_bytes=size,
+            step_count=len(all_keys),
+        )
         ran = {s.key for s in steps} - {all_keys[0]}
-        return BuildEvent("done", image=registry.ref(image), key=image.key, task_id=task_id, steps=len(spec.steps),
-                          steps_cached=len(spec.steps) - len(ran))  # fmt: skip
+        return BuildEvent(
+            "done",
+            image=registry.ref(image),
+            key=image.key,
+            task_id=task_id,
+            steps=len(spec.steps),
+            steps_cached=len(spec.steps) - len(ran),
+        )

@@ -149,8 +149,13 @@ class DataPlane:
             raise InvalidStub(f"{where}: {first['msg']}") from None
         settings.gpu_request()
         config = self.services.config
-        check_image(settings.image, workspace, registry_host=self.registry_host,
-                    repository_prefix=config.registry.repository_prefix, local_dirs=config.images.local_dirs)  # fmt: skip
+        check_image(
+            settings.image,
+            workspace,
+            registry_host=self.registry_host,
+            repository_prefix=config.registry.repository_prefix,
+            local_dirs=config.images.local_dirs,
+        )
         missing = [name for name in settings.secrets if name not in await self.services.secrets.names(workspace)]
         if missing:
             raise InvalidStub(
@@ -341,8 +346,9 @@ class DataPlane:
             await self.hub.finished([task_id])
         return cancelled
 
-    async def _queue(self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *,
-                     ids: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    async def _queue(
+        self, workspace: str, stub_id: str, settings: StubSettings, args: Sequence[bytes], *, ids: Sequence[str] = ()
+    ) -> list[str]:
         self.services.require_room()  # new work: refused while the data directory is full (health says so too)
         if not args:
             return []

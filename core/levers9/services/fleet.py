@@ -235,10 +235,18 @@ async def register(
     session_id, session_token = await _redeem_join_token(services, principal, spec, machine_id, identity)
     try:
         registration = await _register(
-            dp, spec, machine_id, worker_id=worker_id, gpus=gpus, cpu_millicores=cpu_millicores,
-            memory_mib=memory_mib, hostname=hostname, running=running,
-            reach=(peer_host, probe_port, probe_nonce), max_queued=max_queued,
-        )  # fmt: skip
+            dp,
+            spec,
+            machine_id,
+            worker_id=worker_id,
+            gpus=gpus,
+            cpu_millicores=cpu_millicores,
+            memory_mib=memory_mib,
+            hostname=hostname,
+            running=running,
+            reach=(peer_host, probe_port, probe_nonce),
+            max_queued=max_queued,
+        )
     except BaseException:
         if session_id:  # the join token stays spent: the registration failed for a reason of its own
             await services.tokens.revoke(session_id)
@@ -325,8 +333,11 @@ async def _register(
     machine = await services.machines.get(machine_id) if machine_id else None
     tunnel = await decide_tunnel(
         declared_reachable=((machine.provider_data or {}).get("reachable") if machine is not None else None),
-        peer_host=reach[0], probe_port=reach[1], probe_nonce=reach[2], worker=worker_id,
-    )  # fmt: skip
+        peer_host=reach[0],
+        probe_port=reach[1],
+        probe_nonce=reach[2],
+        worker=worker_id,
+    )
     usable = [g for g in gpus if not spec.gpu or g == spec.gpu]
     info = WorkerInfo(
         id=worker_id,
@@ -345,8 +356,12 @@ async def _register(
     if spec.gpu and info.gpu_count < spec.gpu_count:
         log.warning(
             "worker %s of pool %s found %d %s GPUs, the pool promises %d",
-            worker_id, spec.name, info.gpu_count, spec.gpu, spec.gpu_count,
-        )  # fmt: skip
+            worker_id,
+            spec.name,
+            info.gpu_count,
+            spec.gpu,
+            spec.gpu_count,
+        )
     await dp.register_worker(info)
     if kept:
         # what a replica took off its queue but it never got goes back on the backlog; what it holds is its own

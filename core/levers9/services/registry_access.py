@@ -141,14 +141,19 @@ async def authorize(dp: DataPlane, caller: RegistryCaller, repository: str, acti
     if worker is None:
         own = principal.workspace_id
         if own is None:
-            raise PermissionDenied("a user token of no workspace (an operator's) pulls no images; use one of the "
-                                   "workspace's tokens")  # fmt: skip
+            raise PermissionDenied(
+                "a user token of no workspace (an operator's) pulls no images; use one of the workspace's tokens"
+            )
         if action == PUSH:
-            raise PermissionDenied(f"a user token may not push to {repository}: only the worker building one of "
-                                   "its workspace's blueprints pushes there")  # fmt: skip
+            raise PermissionDenied(
+                f"a user token may not push to {repository}: only the worker building one of "
+                "its workspace's blueprints pushes there"
+            )
         if own.lower() != workspace:
-            raise PermissionDenied(f"{repository} is not of this token's workspace; it may pull only "
-                                   f"{dp.services.config.registry.repository_prefix}/{own.lower()}/...")  # fmt: skip
+            raise PermissionDenied(
+                f"{repository} is not of this token's workspace; it may pull only "
+                f"{dp.services.config.registry.repository_prefix}/{own.lower()}/..."
+            )
         return
     reason = await _worker_refusal(dp, worker, workspace, action)
     if reason is not None:

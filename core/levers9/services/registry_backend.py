@@ -134,8 +134,11 @@ class RegistryBackend:
             if self.problem is None and self.embedded is not None:
                 await self._start_embedded(self.embedded)
             if self.problem is not None:
-                log.warning("no image registry: %s; blueprint builds and image pulls through this controlplane "
-                            "will fail until it is fixed", self.problem)  # fmt: skip
+                log.warning(
+                    "no image registry: %s; blueprint builds and image pulls through this controlplane "
+                    "will fail until it is fixed",
+                    self.problem,
+                )
                 return
             verify: bool | ssl.SSLContext = True
             if self.embedded is None and isinstance(self.config.tls_verify, str):

@@ -169,8 +169,11 @@ class ReplicaNameClaim:
                     renewed = True  # another one took it meanwhile: live too
                 holder = value.partition("|")[0]
                 if _dead(value) and await self._take_over(keys=[self.key], args=[value, self.value, self._ttl_ms]):
-                    log.info("the replica name %r was held by %s, which is no longer running here: taken over",
-                             self.name, holder)  # fmt: skip
+                    log.info(
+                        "the replica name %r was held by %s, which is no longer running here: taken over",
+                        self.name,
+                        holder,
+                    )
                     break
             if renewed or time.monotonic() >= deadline:
                 raise ReplicaNameTaken(
@@ -180,8 +183,12 @@ class ReplicaNameClaim:
             last_ttl = ttl if ttl >= 0 else None
             if holder is not None and not told:
                 told = True
-                log.info("the replica name %r is held by %s: waiting up to %.0f s to see it renewed or lapse",
-                         self.name, holder, deadline - time.monotonic())  # fmt: skip
+                log.info(
+                    "the replica name %r is held by %s: waiting up to %.0f s to see it renewed or lapse",
+                    self.name,
+                    holder,
+                    deadline - time.monotonic(),
+                )
             await asyncio.sleep(0.25)
         self._task = asyncio.create_task(self._keep(), name=f"replica name {self.name}")
 
@@ -197,8 +204,9 @@ class ReplicaNameClaim:
             if not ok:
                 log.error(
                     "the replica name %r was taken by another replica while this one did not renew it (frozen or cut "
-                    "off from Redis): both now export metrics under it; rename one", self.name,
-                )  # fmt: skip
+                    "off from Redis): both now export metrics under it; rename one",
+                    self.name,
+                )
 
     async def release(self) -> None:
         """Stop renewing and free the name (only if it is still this process's), so a restart need not wait."""

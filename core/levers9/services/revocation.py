@@ -243,8 +243,12 @@ class OpenStreams:
             raise
         except Exception as exc:
             raise_if_cancelling(exc)
-            log.warning("open streams: could not re-check their tokens (%s: %s); trying again in %g s",
-                        type(exc).__name__, exc, self.recheck_s)  # fmt: skip
+            log.warning(
+                "open streams: could not re-check their tokens (%s: %s); trying again in %g s",
+                type(exc).__name__,
+                exc,
+                self.recheck_s,
+            )
         finally:
             self._checking = None
         if self._by_token:

@@ -140,8 +140,11 @@ async def decide_tunnel(
         return False
     log.info(
         "worker %s: no connection to %s:%d within %g s; it serves through a tunnel",
-        worker, peer_host, probe_port, PROBE_TIMEOUT_S,
-    )  # fmt: skip
+        worker,
+        peer_host,
+        probe_port,
+        PROBE_TIMEOUT_S,
+    )
     return True
 
 
@@ -240,8 +243,10 @@ class TunnelRegistry:
                     why = f"replica {replica} at {address}, recorded as holding it, did not relay: {exc}"
             left = deadline - loop.time()
             if left <= 0:
-                raise NoTunnel(f"worker {worker_id} serves through a tunnel and no controlplane replica holds "
-                               f"one within {timeout_s:g} s ({why})")  # fmt: skip
+                raise NoTunnel(
+                    f"worker {worker_id} serves through a tunnel and no controlplane replica holds "
+                    f"one within {timeout_s:g} s ({why})"
+                )
             # a tunnel opening here ends the wait at once; one opening elsewhere is seen at the next look
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(left, _LOOK_AGAIN_S)), self._changed:

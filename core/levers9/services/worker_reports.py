@@ -182,8 +182,12 @@ class WorkerReports:
         if resent:
             log.debug(
                 "worker %s re-sent %s on %d finished call(s) it ran (%s%s): dropped",
-                worker_id, what, len(resent), ", ".join(sorted(resent)[:5]), ", ..." if len(resent) > 5 else "",
-            )  # fmt: skip
+                worker_id,
+                what,
+                len(resent),
+                ", ".join(sorted(resent)[:5]),
+                ", ..." if len(resent) > 5 else "",
+            )
         return resent
 
     def refuse(self, worker_id: str, what: str, task_ids: Iterable[str], reason: str = "") -> None:
@@ -206,9 +210,13 @@ class WorkerReports:
         more = f" ({since} more refused since the last warning)" if since else ""
         log.warning(
             "security: refused worker %s %s%s (%s%s)%s",
-            worker_id, _REFUSALS.get(what, what).format(n=len(ids)), f": {reason}" if reason else "",
-            ", ".join(ids[:5]), ", ..." if len(ids) > 5 else "", more,
-        )  # fmt: skip
+            worker_id,
+            _REFUSALS.get(what, what).format(n=len(ids)),
+            f": {reason}" if reason else "",
+            ", ".join(ids[:5]),
+            ", ..." if len(ids) > 5 else "",
+            more,
+        )
 
     async def report(self, worker_id: str, report: WorkerReport) -> None:
         """Free what finished and queue the report for the flusher; waits only when far too much is queued.
@@ -348,9 +356,10 @@ class WorkerReports:
             only_started = [(t, c) for t, c in r.started if t not in ending]
             r.outcomes = [
                 TaskOutcome(o.task_id, o.status, o.result, o.error, o.error_type, o.traceback, started.get(o.task_id))
-                if o.task_id in started else o
+                if o.task_id in started
+                else o
                 for o in r.outcomes
-            ]  # fmt: skip
+            ]
             if only_started:
                 only_started = await self._still_placed(worker_id, only_started)
             if only_started:

@@ -98,8 +98,9 @@ async def revoke_token(services: Services, principal: Principal, token_id: str) 
     try:  # and on the other replicas as soon as they hear of it
         await publish_revoked(services.redis, [token_id], sender=services.scheduler.name, prefix=services.agents.prefix)
     except Exception as exc:
-        log.warning("could not tell the other replicas that token %s is revoked (their re-check will): %s",
-                    token_id, exc)  # fmt: skip
+        log.warning(
+            "could not tell the other replicas that token %s is revoked (their re-check will): %s", token_id, exc
+        )
     if record.kind == TokenKind.AGENT.value and record.subject and not record.subject.startswith(JOIN_PREFIX):
         # an agent's stream re-checks its credential only now and then: cut it now, on every replica
         try:

@@ -315,8 +315,12 @@ def _namespace_holder() -> tuple[subprocess.Popen[bytes], str]:
             if time.monotonic() > deadline:
                 raise OSError("unshare --net did not enter a new network namespace within 10 s")
             time.sleep(0.01)
-        subprocess.run(["nsenter", f"--net={path}", "--", "ip", "link", "set", "lo", "up"], check=True,
-                       capture_output=True, timeout=10)  # fmt: skip
+        subprocess.run(
+            ["nsenter", f"--net={path}", "--", "ip", "link", "set", "lo", "up"],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
     except BaseException:
         holder.kill()
         holder.wait()
@@ -460,9 +464,14 @@ class EmulatedBoot:
         env = {**os.environ, "LEVERS9_WORKER_STATE_DIR": str(state)}
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "levers9", "worker", "--cleanup"], env=env, stdin=subprocess.DEVNULL,
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
+                [sys.executable, "-m", "levers9", "worker", "--cleanup"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             log.warning("removing what the killed worker of %s left took over 120 s", self.root)
             return

@@ -146,9 +146,12 @@ def check_identity_binds(provider: str, hooks: Hooks, pool: Pool, machine: Machi
         )
     for label, other, identity in (
         ("no identity", stored, None),
-        ("another machine's", stored.model_copy(update={"provider_id": f"{machine.provider_id}-other"}),
-         found.identity),
-    ):  # fmt: skip
+        (
+            "another machine's",
+            stored.model_copy(update={"provider_id": f"{machine.provider_id}-other"}),
+            found.identity,
+        ),
+    ):
         try:
             run(hooks.verify_identity(pool, other, identity))
         except IdentityRejected:

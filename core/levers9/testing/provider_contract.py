@@ -518,9 +518,14 @@ class ProviderContract:
             self._registered(bootstrap, found, standin_controlplane.registrations, "")
             return
         found, output = boot_user_data(
-            self.provider, machine, self.user_data(machine), self.boot_platform(machine), bootstrap,
-            standin_controlplane, self.boot_timeout,
-        )  # fmt: skip
+            self.provider,
+            machine,
+            self.user_data(machine),
+            self.boot_platform(machine),
+            bootstrap,
+            standin_controlplane,
+            self.boot_timeout,
+        )
         self._registered(bootstrap, found, standin_controlplane.registrations, output)
         assert found is not None
         check_identity_binds(self.provider, levers9_hooks, pool, machine, found)

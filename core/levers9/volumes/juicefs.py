@@ -143,9 +143,17 @@ class FileSystem:
         if self.storage == "file":
             Path(self.bucket).mkdir(parents=True, exist_ok=True, mode=0o700)
         done = self._run(
-            "format", "--no-update", "--storage", self.storage, "--bucket", self.bucket,
-            "--trash-days", "0", self.metadata_url, self.name,
-        )  # fmt: skip
+            "format",
+            "--no-update",
+            "--storage",
+            self.storage,
+            "--bucket",
+            self.bucket,
+            "--trash-days",
+            "0",
+            self.metadata_url,
+            self.name,
+        )
         if done.returncode != 0:
             raise Levers9Error(
                 f"formatting the volumes' file system failed (metadata {_redacted(self.metadata_url)}, "
@@ -180,10 +188,18 @@ class JuiceFsMount:
         self.target.mkdir(parents=True, exist_ok=True)
         self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         argv = [
-            juicefs_binary(), "mount", self.fs.metadata_url, str(self.target),
-            "--cache-dir", str(self.cache_dir),
-            "--no-usage-report", "--backup-meta", "0", "--hide-internal", "--no-syslog",
-        ]  # fmt: skip
+            juicefs_binary(),
+            "mount",
+            self.fs.metadata_url,
+            str(self.target),
+            "--cache-dir",
+            str(self.cache_dir),
+            "--no-usage-report",
+            "--backup-meta",
+            "0",
+            "--hide-internal",
+            "--no-syslog",
+        ]
         if self.fs.storage == "file":  # the blocks are on this machine's disk already: a cache would copy them
             argv += ["--cache-size", "0"]
         if self.owner:
@@ -192,9 +208,14 @@ class JuiceFsMount:
             argv.append("--read-only")
         with open(self.log_file, "ab") as out:
             self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=self.fs._environment(),
-                start_new_session=True, close_fds=True,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=self.fs._environment(),
+                start_new_session=True,
+                close_fds=True,
+            )
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not is_fuse_mount(self.target):
             if self.process.poll() is not None:

@@ -146,8 +146,19 @@ def mount_webdav(
         if not Path(ca_file).is_file():
             raise RcloneError(f"ca_file {os.fspath(ca_file)!r}: no such file (a PEM bundle of CA certificates)")
         extra = ["--ca-cert", os.fspath(ca_file)]
-    return _mount(f"{_REMOTE}:", settings, extra, target, read_only, cache_dir, owner_uid, owner_gid,
-                  timeout_s, f"webdav {url}", write_back_s)  # fmt: skip
+    return _mount(
+        f"{_REMOTE}:",
+        settings,
+        extra,
+        target,
+        read_only,
+        cache_dir,
+        owner_uid,
+        owner_gid,
+        timeout_s,
+        f"webdav {url}",
+        write_back_s,
+    )
 
 
 def mount_s3(
@@ -186,8 +197,19 @@ def mount_s3(
         settings["ENDPOINT"] = endpoint
     if region:
         settings["REGION"] = region
-    return _mount(f"{_REMOTE}:{bucket}", settings, [], target, read_only, cache_dir, owner_uid, owner_gid,
-                  timeout_s, f"s3 bucket {bucket}", write_back_s)  # fmt: skip
+    return _mount(
+        f"{_REMOTE}:{bucket}",
+        settings,
+        [],
+        target,
+        read_only,
+        cache_dir,
+        owner_uid,
+        owner_gid,
+        timeout_s,
+        f"s3 bucket {bucket}",
+        write_back_s,
+    )
 
 
 def unmount(mount: RcloneMount, timeout_s: float = 60) -> None:
@@ -204,8 +226,12 @@ def unmount(mount: RcloneMount, timeout_s: float = 60) -> None:
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            log.warning("rclone (pid %d) serving %s did not end %.0f s after the unmount; stopping it",
-                        process.pid, target, timeout_s)  # fmt: skip
+            log.warning(
+                "rclone (pid %d) serving %s did not end %.0f s after the unmount; stopping it",
+                process.pid,
+                target,
+                timeout_s,
+            )
             _stop(process)
     if _is_mounted(target):
         raise RcloneError(f"{target} is still mounted after fusermount3 -u and umount -l: {mount.tail()}")
@@ -278,18 +304,41 @@ def _mount(
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
     env.update({f"RCLONE_CONFIG_{_REMOTE.upper()}_{key}": value for key, value in settings.items()})
     argv = [
-        rclone, "mount", remote, os.fspath(target),
-        "--config", "",
-        "--allow-other", "--uid", str(uid), "--gid", str(gid),
-        "--vfs-cache-mode", "writes", "--vfs-write-back", f"{write_back_s:g}s", "--cache-dir", os.fspath(cache_dir),
-        "--dir-cache-time", "1s", "--attr-timeout", "1s", "--poll-interval", "0",
-        "--log-file", os.fspath(cache_dir / "rclone.log"), "--log-level", "NOTICE",
-        *extra, *(["--read-only"] if read_only else []),
-    ]  # fmt: skip
+        rclone,
+        "mount",
+        remote,
+        os.fspath(target),
+        "--config",
+        "",
+        "--allow-other",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(gid),
+        "--vfs-cache-mode",
+        "writes",
+        "--vfs-write-back",
+        f"{write_back_s:g}s",
+        "--cache-dir",
+        os.fspath(cache_dir),
+        "--dir-cache-time",
+        "1s",
+        "--attr-timeout",
+        "1s",
+        "--poll-interval",
+        "0",
+        "--log-file",
+        os.fspath(cache_dir / "rclone.log"),
+        "--log-level",
+        "NOTICE",
+        *extra,
+        *(["--read-only"] if read_only else []),
+    ]
     (cache_dir / "rclone.log").unlink(missing_ok=True)
     with open(cache_dir / "rclone.stderr", "wb") as stderr:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True
+        )
     mount = RcloneMount(target, process, cache_dir, what)
     deadline = time.monotonic() + timeout_s
     while not _is_mounted(os.fspath(target)):
@@ -300,15 +349,18 @@ def _mount(
             )
         if time.monotonic() > deadline:
             _stop(process)
-            raise RcloneError(f"rclone mount of {what} on {target} did not appear within {timeout_s:.0f} s; "
-                              f"stopped: {mount.tail()}")  # fmt: skip
+            raise RcloneError(
+                f"rclone mount of {what} on {target} did not appear within {timeout_s:.0f} s; stopped: {mount.tail()}"
+            )
         time.sleep(0.05)
     failure = _first_listing(target, max(1.0, deadline - time.monotonic()))
     if failure is not None:
         with contextlib.suppress(RcloneError):
             unmount(mount, timeout_s=5)
-        raise RcloneError(f"rclone mounted {what} on {target} but listing it failed ({failure}); "
-                          f"unmounted. rclone said: {mount.tail()}")  # fmt: skip
+        raise RcloneError(
+            f"rclone mounted {what} on {target} but listing it failed ({failure}); "
+            f"unmounted. rclone said: {mount.tail()}"
+        )
     log.info("rclone (pid %d) mounted %s on %s", process.pid, what, target)
     return mount
 
@@ -340,8 +392,10 @@ def _detach(target: str) -> None:
         log.warning("fusermount3 -u %s failed (%s); detaching it lazily", target, done.stderr.strip())
         lazy = subprocess.run(["umount", "-l", target], capture_output=True, text=True, timeout=30)
         if lazy.returncode != 0 and _is_mounted(target):
-            raise RcloneError(f"cannot unmount {target}: fusermount3 -u said {done.stderr.strip()!r}, "
-                              f"umount -l said {lazy.stderr.strip()!r}")  # fmt: skip
+            raise RcloneError(
+                f"cannot unmount {target}: fusermount3 -u said {done.stderr.strip()!r}, "
+                f"umount -l said {lazy.stderr.strip()!r}"
+            )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -412,8 +466,9 @@ def _wait_uploaded(cache_dir: Path, timeout_s: float, target: str) -> bool:
     deadline = time.monotonic() + timeout_s
     while dirty := _dirty(cache_dir):
         if time.monotonic() > deadline:
-            log.warning("%s: %d file(s) not uploaded after %.0f s: %s", target, len(dirty), timeout_s,
-                        ", ".join(dirty[:5]))  # fmt: skip
+            log.warning(
+                "%s: %d file(s) not uploaded after %.0f s: %s", target, len(dirty), timeout_s, ", ".join(dirty[:5])
+            )
             return False
         time.sleep(0.1)
     return True

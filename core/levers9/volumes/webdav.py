@@ -378,8 +378,9 @@ def _qname(tag: str) -> tuple[str, str]:
 def _range(header: str | None, size: int) -> tuple[int, int] | None:
     """The one byte range asked (inclusive), or None for the whole file (no range, several ranges or a
     malformed one, which RFC 9110 lets a server ignore); 416 for a range outside the file."""
-    unsatisfiable = _Answer(416, f"the range {header!r} is outside the file ({size} bytes)",
-                            {"Content-Range": f"bytes */{size}"})  # fmt: skip
+    unsatisfiable = _Answer(
+        416, f"the range {header!r} is outside the file ({size} bytes)", {"Content-Range": f"bytes */{size}"}
+    )
     if not header or not header.strip().lower().startswith("bytes=") or "," in header:
         return None
     first, dash, last = header.strip()[6:].strip().partition("-")

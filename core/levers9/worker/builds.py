@@ -147,10 +147,17 @@ class BuildTasks:
                 say(_line(event, total))
 
             result = await run_build(
-                spec, hooks=self.hooks, runtime=self.runtime, store=store, base=base, cached=cached,
-                secrets=dict(stub.secret_env), content=lambda digest: contents[digest], on_event=on_event,
+                spec,
+                hooks=self.hooks,
+                runtime=self.runtime,
+                store=store,
+                base=base,
+                cached=cached,
+                secrets=dict(stub.secret_env),
+                content=lambda digest: contents[digest],
+                on_event=on_event,
                 out_dir=work / "image",
-            )  # fmt: skip
+            )
             say(f"pushing the image to {registry['url']}/{registry['repository']}\n")
             digest, size = await asyncio.to_thread(_push, client, registry, result)
         finally:
@@ -175,9 +182,10 @@ class BuildTasks:
         base_key = order.keys[0]
         if spec.base.kind == "registry":
             return self._registry_base(spec, order, store, stub_secrets, say), (
-                None if base_key in order.cached else {"key": base_key, "op": "base", "diff_id": None,
-                                                        "blob_digest": None, "size": None}
-            )  # fmt: skip
+                None
+                if base_key in order.cached
+                else {"key": base_key, "op": "base", "diff_id": None, "blob_digest": None, "size": None}
+            )
         if spec.base.python_version is None:
             raise BuildUnsupported("a Debian base names its Python version (Blueprint(python_version=...))")
         say(f"step 0/{len(spec.steps)} base: Debian with Python {spec.base.python_version}\n")
@@ -186,16 +194,28 @@ class BuildTasks:
         recorded = order.cached.get(base_key)
         if recorded is None:
             (layer,) = image.layers
-            return image, {"key": base_key, "op": "base", "diff_id": _hex(layer.diff_id),
-                           "blob_digest": _hex(layer.blob_digest or ""), "size": layer.blob_size}  # fmt: skip
+            return image, {
+                "key": base_key,
+                "op": "base",
+                "diff_id": _hex(layer.diff_id),
+                "blob_digest": _hex(layer.blob_digest or ""),
+                "size": layer.blob_size,
+            }
         if _hex(str(recorded.get("diff_id"))) == _hex(image.layers[0].diff_id):
             return image, None
         # built before from another machine's base (mmdebstrap's output differs between machines): the steps
         # after it were built on that one, so use it, from the registry
         layer = _fetch_layer(client, order, recorded, store)
-        return BaseImage(layers=(layer,), env=image.env, cmd=image.cmd, workdir=image.workdir,
-                         architecture=image.architecture, created=image.created, history=image.history,
-                         apt_urls=image.apt_urls), None  # fmt: skip
+        return BaseImage(
+            layers=(layer,),
+            env=image.env,
+            cmd=image.cmd,
+            workdir=image.workdir,
+            architecture=image.architecture,
+            created=image.created,
+            history=image.history,
+            apt_urls=image.apt_urls,
+        ), None
 
     def _registry_base(
         self, spec: BuildSpec, order: Order, store: ImageStore, secrets: Mapping[str, str], say: Callable[[str], None]
@@ -233,8 +253,15 @@ class BuildTasks:
                     store.add_layer(path, diff_id)
                     with open(path, "rb") as head:
                         gzipped = head.read(2) == b"\x1f\x8b"
-                    layers.append(Layer(diff_id=f"sha256:{diff_id}", blob_digest=f"sha256:{hex_blob}", blob_path=path,
-                                        blob_size=path.stat().st_size, media_type=LAYER_GZIP if gzipped else LAYER_TAR))  # fmt: skip
+                    layers.append(
+                        Layer(
+                            diff_id=f"sha256:{diff_id}",
+                            blob_digest=f"sha256:{hex_blob}",
+                            blob_path=path,
+                            blob_size=path.stat().st_size,
+                            media_type=LAYER_GZIP if gzipped else LAYER_TAR,
+                        )
+                    )
         except Levers9Error as exc:
             if isinstance(exc, BuildUnsupported):
                 raise
@@ -242,8 +269,13 @@ class BuildTasks:
         finally:
             client.close()
         config = manifest.config
-        return BaseImage(layers=tuple(layers), env=config.env, cmd=config.cmd, workdir=config.workdir or "/",
-                         history=tuple({"created_by": f"levers9: base {ref}, layer {i + 1}"} for i in range(len(layers))))  # fmt: skip
+        return BaseImage(
+            layers=tuple(layers),
+            env=config.env,
+            cmd=config.cmd,
+            workdir=config.workdir or "/",
+            history=tuple({"created_by": f"levers9: base {ref}, layer {i + 1}"} for i in range(len(layers))),
+        )
 
     def _cached(
         self, spec: BuildSpec, order: Order, store: ImageStore, client: RegistryClient
@@ -313,16 +345,25 @@ def _fetch_layer(client: RegistryClient, order: Order, recorded: Mapping[str, An
 
 def _cached_step(key: str, step: Step, layer: Layer | None) -> StepResult:
     return StepResult(
-        key=key, op=step.op, created_by=describe(step),
-        diff_id=layer.diff_id if layer else None, blob_digest=layer.blob_digest if layer else None,
+        key=key,
+        op=step.op,
+        created_by=describe(step),
+        diff_id=layer.diff_id if layer else None,
+        blob_digest=layer.blob_digest if layer else None,
         size=layer.blob_size if layer else None,
-        env=step.env if step.op == "env" else (), workdir=step.args[0] if step.op == "workdir" else None,
-    )  # fmt: skip
+        env=step.env if step.op == "env" else (),
+        workdir=step.args[0] if step.op == "workdir" else None,
+    )
 
 
 def _recorded(step: StepResult) -> dict[str, Any]:
-    return {"key": step.key, "op": step.op, "diff_id": _hex(step.diff_id) if step.diff_id else None,
-            "blob_digest": _hex(step.blob_digest) if step.blob_digest else None, "size": step.size}  # fmt: skip
+    return {
+        "key": step.key,
+        "op": step.op,
+        "diff_id": _hex(step.diff_id) if step.diff_id else None,
+        "blob_digest": _hex(step.blob_digest) if step.blob_digest else None,
+        "size": step.size,
+    }
 
 
 def _push(client: RegistryClient, registry: Mapping[str, Any], result: BuildResult) -> tuple[str, int]:

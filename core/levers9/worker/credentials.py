@@ -109,8 +109,9 @@ def discard_token_file(path: str) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EROFS, errno.EBUSY, errno.EACCES, errno.EPERM):
             raise
-        log.warning("%s=%s cannot be deleted (%s); its join token is spent by registering", TOKEN_FILE_ENV, path,
-                    exc.strerror)  # fmt: skip
+        log.warning(
+            "%s=%s cannot be deleted (%s); its join token is spent by registering", TOKEN_FILE_ENV, path, exc.strerror
+        )
 
 
 def save_session_credential(state_dir: Path, token: str, worker_id: str) -> Path:

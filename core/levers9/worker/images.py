@@ -109,8 +109,12 @@ class ImagePulls:
         report = store.prune(max_bytes, keep)
         forget_blobs(store.cache_dir, report.removed)  # a build's gzipped copies go with their layers
         if report.removed:
-            log.info("image cache: %d layers evicted, %d bytes now (limit %d)", len(report.removed),
-                     report.bytes_after, max_bytes)  # fmt: skip
+            log.info(
+                "image cache: %d layers evicted, %d bytes now (limit %d)",
+                len(report.removed),
+                report.bytes_after,
+                max_bytes,
+            )
 
     async def ensure(self, ref: str) -> None:
         """Pull ``ref`` unless this worker has already; see the module docstring."""

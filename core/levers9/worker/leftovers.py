@@ -73,8 +73,9 @@ async def remove_leftovers(hooks: Hooks, state_dir: Path, *, delete: bool = Fals
         if left:
             log.error(
                 "not deleting %s: still mounted below it (%s); nothing is deleted through a mount",
-                state_dir, ", ".join(map(str, left)),
-            )  # fmt: skip
+                state_dir,
+                ", ".join(map(str, left)),
+            )
             return removed
         shutil.rmtree(state_dir, ignore_errors=True)
     return removed

@@ -76,14 +76,30 @@ async def runtime_for(
     max_payload = response.max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
     ca_file = _ca_file(options)
     pool = WarmPool(
-        hooks, context, capabilities, state_dir=options.state_dir / "containers", gpus=gpus,
-        checkpointing=_checkpointing(options, response, record), max_result_bytes=max_payload,
-        volumes=WorkerVolumes(options.state_dir, metadata_url=response.volumes_metadata_url,
-                              env=dict(response.volumes_env), owner=capabilities.root_host_uid, ca_file=ca_file),
-    )  # fmt: skip
+        hooks,
+        context,
+        capabilities,
+        state_dir=options.state_dir / "containers",
+        gpus=gpus,
+        checkpointing=_checkpointing(options, response, record),
+        max_result_bytes=max_payload,
+        volumes=WorkerVolumes(
+            options.state_dir,
+            metadata_url=response.volumes_metadata_url,
+            env=dict(response.volumes_env),
+            owner=capabilities.root_host_uid,
+            ca_file=ca_file,
+        ),
+    )
     builds = BuildTasks(hooks, context, state_dir=options.state_dir, credentials=credentials, ca_file=ca_file)
-    images = ImagePulls(context, registry_url=response.registry_url, credentials=credentials,
-                        ca_file=ca_file, in_use=in_use, busy=lambda: builds.running > 0)  # fmt: skip
+    images = ImagePulls(
+        context,
+        registry_url=response.registry_url,
+        credentials=credentials,
+        ca_file=ca_file,
+        in_use=in_use,
+        busy=lambda: builds.running > 0,
+    )
     return RuntimeSetup(context=context, pool=pool, builds=builds, images=images, max_payload=max_payload)
 
 

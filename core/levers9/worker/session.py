@@ -339,23 +339,34 @@ class WorkerProcess:
     def _keep_session_credential(self, token: str) -> None:
         """Save it for a restarted worker, unless calls see the worker's files (then it stays in memory only)."""
         if self.pool is None or self.pool.capabilities.host_filesystem:
-            log.info("runtime %s shares this worker's files: the session credential is kept in memory only",
-                     self.runtime)  # fmt: skip
+            log.info(
+                "runtime %s shares this worker's files: the session credential is kept in memory only", self.runtime
+            )
             return
         try:
             save_session_credential(self.options.state_dir, token, self.worker_id)
             self._saved_as = self.worker_id
         except OSError as exc:
-            log.warning("cannot keep the session credential in %s (%s): a restarted worker could not register "
-                        "again", self.options.state_dir, exc.strerror)  # fmt: skip
+            log.warning(
+                "cannot keep the session credential in %s (%s): a restarted worker could not register again",
+                self.options.state_dir,
+                exc.strerror,
+            )
 
     async def _ensure_pool(self, response: worker_pb2.RegisterResponse) -> None:
         if self.pool is not None and self.runtime == response.runtime:
             return
         if self.pool is not None:
             await self.pool.close()
-        made = await runtime_for(self.hooks, self.options, response, self.gpus, self._record_checkpoint,
-                                 self._registry_auth, in_use=lambda: [s.image for s in self.stubs.values()])  # fmt: skip
+        made = await runtime_for(
+            self.hooks,
+            self.options,
+            response,
+            self.gpus,
+            self._record_checkpoint,
+            self._registry_auth,
+            in_use=lambda: [s.image for s in self.stubs.values()],
+        )
         self.runtime = response.runtime
         self.max_payload = made.max_payload
         self.pool, self.builds, self.images = made.pool, made.builds, made.images

@@ -73,8 +73,15 @@ class VolumeSpec:
     def key(self) -> str:
         """What one mount on the worker serves: the file system, one volume over WebDAV, or one bucket as given."""
         if self.bucket:
-            parts = [self.bucket, self.endpoint, self.region, str(self.force_path_style), str(self.read_only),
-                     self.access_key_id, self.secret_access_key]  # fmt: skip
+            parts = [
+                self.bucket,
+                self.endpoint,
+                self.region,
+                str(self.force_path_style),
+                str(self.read_only),
+                self.access_key_id,
+                self.secret_access_key,
+            ]
             return "s3-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
         if self.webdav_url:
             return f"dav-{self.volume_id}-{'ro' if self.read_only else 'rw'}"
@@ -84,11 +91,19 @@ class VolumeSpec:
 def volume_spec(message: worker_pb2.WorkerVolume) -> VolumeSpec:
     """A stub's volume as the controlplane sends it."""
     return VolumeSpec(
-        mount_path=message.mount_path, volume_id=message.volume_id, volume_name=message.volume_name,
-        bucket=message.bucket, read_only=message.read_only, webdav_url=message.webdav_url, webdav_token=message.webdav_token,
-        endpoint=message.endpoint, region=message.region, force_path_style=message.force_path_style,
-        access_key_id=message.access_key_id, secret_access_key=message.secret_access_key,
-    )  # fmt: skip
+        mount_path=message.mount_path,
+        volume_id=message.volume_id,
+        volume_name=message.volume_name,
+        bucket=message.bucket,
+        read_only=message.read_only,
+        webdav_url=message.webdav_url,
+        webdav_token=message.webdav_token,
+        endpoint=message.endpoint,
+        region=message.region,
+        force_path_style=message.force_path_style,
+        access_key_id=message.access_key_id,
+        secret_access_key=message.secret_access_key,
+    )
 
 
 class WorkerVolumes:
@@ -164,16 +179,29 @@ class WorkerVolumes:
         try:
             if spec.bucket:
                 return rclone.mount_s3(
-                    spec.bucket, target, access_key=spec.access_key_id, secret_key=spec.secret_access_key,
-                    endpoint=spec.endpoint or None, region=spec.region or None,
-                    force_path_style=spec.force_path_style, read_only=spec.read_only, cache_dir=cache,
-                    owner_uid=self.owner, owner_gid=self.owner,
-                )  # fmt: skip
+                    spec.bucket,
+                    target,
+                    access_key=spec.access_key_id,
+                    secret_key=spec.secret_access_key,
+                    endpoint=spec.endpoint or None,
+                    region=spec.region or None,
+                    force_path_style=spec.force_path_style,
+                    read_only=spec.read_only,
+                    cache_dir=cache,
+                    owner_uid=self.owner,
+                    owner_gid=self.owner,
+                )
             if spec.webdav_url:
                 return rclone.mount_webdav(
-                    spec.webdav_url, spec.webdav_token, target, read_only=spec.read_only, cache_dir=cache,
-                    owner_uid=self.owner, owner_gid=self.owner, ca_file=self.ca_file,
-                )  # fmt: skip
+                    spec.webdav_url,
+                    spec.webdav_token,
+                    target,
+                    read_only=spec.read_only,
+                    cache_dir=cache,
+                    owner_uid=self.owner,
+                    owner_gid=self.owner,
+                    ca_file=self.ca_file,
+                )
         except rclone.RcloneError as exc:
             what = f"cloud bucket {spec.bucket!r}" if spec.bucket else f"volume {spec.volume_name or spec.volume_id!r}"
             raise Levers9Error(f"mounting {what} at {spec.mount_path} failed: {exc}") from None
@@ -189,9 +217,10 @@ class WorkerVolumes:
         uploaded: a call's files are on the volume or in the bucket when its outcome is reported, as they are
         on a mount of the file system itself."""
         mounts = [
-            mount for key, mount in self._mounts.items()
+            mount
+            for key, mount in self._mounts.items()
             if container_id in self._holders.get(key, ()) and isinstance(mount, rclone.RcloneMount)
-        ]  # fmt: skip
+        ]
         for mount in mounts:
             await asyncio.to_thread(rclone.wait_uploaded, mount, timeout_s)
 

@@ -317,13 +317,15 @@ class AgentMachineProvider:
                 return
         if agent_id not in known:  # removed (or never joined): nothing of it can run for levers9 any more
             return
-        order = AgentOrder(agent_id=agent_id, kind="terminate", payload={"machine_id": machine_id},
-                           order_id=f"term-{machine_id}")  # fmt: skip
+        order = AgentOrder(
+            agent_id=agent_id, kind="terminate", payload={"machine_id": machine_id}, order_id=f"term-{machine_id}"
+        )
         try:
             ctx.send_order(order, timeout=TERMINATE_ORDER_S)
         except InsufficientCapacity as exc:  # the hub's "not connected"
-            raise AgentOffline(f"cannot stop {machine.provider_id} now: {exc}; it is stopped once the agent "
-                               "reconnects") from None  # fmt: skip
+            raise AgentOffline(
+                f"cannot stop {machine.provider_id} now: {exc}; it is stopped once the agent reconnects"
+            ) from None
         except TimeoutError as exc:
             raise AgentOffline(str(exc)) from None
 
@@ -354,11 +356,13 @@ class AgentMachineProvider:
                         gpu_count=len(gpus) if isinstance(gpus, list) else 0,
                         zone=agent.agent_id,
                         instance_type=_name(agent),
-                        provider_data={"agent_id": agent.agent_id,
-                                       "container_id": str(container.get("container_id") or "")},
+                        provider_data={
+                            "agent_id": agent.agent_id,
+                            "container_id": str(container.get("container_id") or ""),
+                        },
                         reason=reason,
                     )
-                )  # fmt: skip
+                )
         return machines
 
     @hookimpl

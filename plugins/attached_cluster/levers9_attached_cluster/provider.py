@@ -385,8 +385,12 @@ class AttachedClusterProvider:
             raise AgentOffline(
                 f"{where}: {self._why_not_served(pool, known)}; it is stopped once an agent of the cluster reconnects"
             )
-        order = AgentOrder(agent_id=target.agent_id, kind="terminate", payload={"machine_id": machine_id},
-                           order_id=f"term-{machine_id}")  # fmt: skip
+        order = AgentOrder(
+            agent_id=target.agent_id,
+            kind="terminate",
+            payload={"machine_id": machine_id},
+            order_id=f"term-{machine_id}",
+        )
         try:
             self._send(ctx, order, min(settings.order_timeout_s, TERMINATE_ORDER_S), where)
         except InsufficientCapacity as exc:  # the hub's "not connected": it went away since its last report

@@ -315,8 +315,11 @@ class LocalProvider:
             try:
                 devices = eligible(self._discover(), settings.visible_gpus, pool.gpu)
             except Exception as exc:
-                return ProviderCheck(ok=False, message=f"cannot list this host's GPUs: {exc}",
-                                     hint="check that nvidia-smi runs (or set LEVERS9_NVIDIA_SMI)")  # fmt: skip
+                return ProviderCheck(
+                    ok=False,
+                    message=f"cannot list this host's GPUs: {exc}",
+                    hint="check that nvidia-smi runs (or set LEVERS9_NVIDIA_SMI)",
+                )
             wanted = max(pool.gpu_count, 1)
             if len(devices) < wanted:
                 return ProviderCheck(
@@ -511,8 +514,13 @@ def _remove_worker_leftovers(worker_dir: Path) -> None:
     try:
         done = subprocess.run(
             [sys.executable, "-m", "levers9", "worker", "--cleanup"],
-            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         log.warning("removing the containers left in %s took over 120 s", worker_dir)
         return

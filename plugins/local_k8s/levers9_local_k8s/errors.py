@@ -48,8 +48,9 @@ def translate(exc: BaseException, where: str) -> ProviderError | None:
     status = api_status(exc)
     if status is None:
         if type(exc).__name__ in _NO_ANSWER or isinstance(exc, ConnectionError | TimeoutError):
-            return Throttled(f"{where}: the Kubernetes API did not answer ({type(exc).__name__}: {exc})",
-                             code="Unreachable")  # fmt: skip
+            return Throttled(
+                f"{where}: the Kubernetes API did not answer ({type(exc).__name__}: {exc})", code="Unreachable"
+            )
         return None
     reason, message = status_reason(exc)
     said = f"{where}: {message or reason or f'HTTP {status}'}"

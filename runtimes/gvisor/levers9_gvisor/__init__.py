@@ -369,32 +369,56 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
         root, bundle = Path(tmp) / "root", Path(tmp) / "bundle"
         bundle.mkdir()
         spec = ContainerSpec(container_id=probe_id, image="host", command=["true"], memory_mib=256)
-        config = oci_config(spec, rootfs=str(image.layers[-1]), image_env=image.config.env,
-                            binds=[(b.source, b.target) for b in image.binds], netns_path=f"/var/run/netns/{netns}")  # fmt: skip
+        config = oci_config(
+            spec,
+            rootfs=str(image.layers[-1]),
+            image_env=image.config.env,
+            binds=[(b.source, b.target) for b in image.binds],
+            netns_path=f"/var/run/netns/{netns}",
+        )
         config["root"]["readonly"] = True
         config["linux"].pop("cgroupsPath", None)
         (bundle / "config.json").write_text(json.dumps(config))
         subprocess.run(["ip", "netns", "add", netns], capture_output=True, timeout=30, check=False)
         try:
             done = subprocess.run(
-                [runsc, "--root", str(root), "--platform", platform, "--network", "sandbox",
-                 "run", "--bundle", str(bundle), probe_id],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
+                [
+                    runsc,
+                    "--root",
+                    str(root),
+                    "--platform",
+                    platform,
+                    "--network",
+                    "sandbox",
+                    "run",
+                    "--bundle",
+                    str(bundle),
+                    probe_id,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             lines = (done.stderr or done.stdout).strip().splitlines()
             answer = (done.returncode == 0, lines[-1] if lines else f"exit status {done.returncode}")
         except (OSError, subprocess.TimeoutExpired) as exc:
             answer = (False, str(exc))
         finally:
-            subprocess.run([runsc, "--root", str(root), "delete", "-force", probe_id], capture_output=True,
-                           timeout=60, check=False)  # fmt: skip
+            subprocess.run(
+                [runsc, "--root", str(root), "delete", "-force", probe_id], capture_output=True, timeout=60, check=False
+            )
             subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
             _remove_probe_cgroups(probe_id)
     if answer[0]:
         log.info("gvisor: runsc %s runs sandboxes with its own network stack here", runsc)
     else:
-        log.warning("gvisor: runsc %s cannot use its own network stack here (%s); network 'auto' uses 'host' "
-                    "inside each container's own network namespace", runsc, answer[1])  # fmt: skip
+        log.warning(
+            "gvisor: runsc %s cannot use its own network stack here (%s); network 'auto' uses 'host' "
+            "inside each container's own network namespace",
+            runsc,
+            answer[1],
+        )
     _NETWORK_CACHE[key] = answer
     return answer
 

@@ -111,8 +111,9 @@ def join(hub: ClusterHub, kubeconfig: Path) -> Iterator[Callable[..., ClusterAge
     """``join(agent_id="agent-lab", workspace=WORKSPACE, cluster=CLUSTER)``: an agent of the fake cluster joined."""
     made: list[K8sWorkers] = []
 
-    def joined(agent_id: str = "agent-lab", *, workspace: str | None = WORKSPACE, cluster: str = CLUSTER,
-               pool: str = POOL) -> ClusterAgent:  # fmt: skip
+    def joined(
+        agent_id: str = "agent-lab", *, workspace: str | None = WORKSPACE, cluster: str = CLUSTER, pool: str = POOL
+    ) -> ClusterAgent:
         # insecure: the workers' controlplane URL in these tests is plain text (grpc://127.0.0.1)
         workers = K8sWorkers(
             NAMESPACE,

@@ -84,8 +84,9 @@ class TestAttachedClusterContract(ProviderContract):
             self.cluster.set_reachable_ports([registrar.port])
             yield registrar
 
-    def test_the_failing_settings_fail_at_the_agent_and_no_capacity_before_any_order(self, levers9_hooks: Hooks,
-            failing_pool_settings: dict[str, Any], capacity_pool_settings: dict[str, Any]) -> None:  # fmt: skip
+    def test_the_failing_settings_fail_at_the_agent_and_no_capacity_before_any_order(
+        self, levers9_hooks: Hooks, failing_pool_settings: dict[str, Any], capacity_pool_settings: dict[str, Any]
+    ) -> None:
         """The set-up itself: the failing settings reach the agent, which refuses them; the full pool does not."""
         pool = self._pool(levers9_hooks, failing_pool_settings, self.pool_name("fail"))
         with pytest.raises(InvalidRequest, match="privileged"):

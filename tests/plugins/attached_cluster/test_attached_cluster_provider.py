@@ -114,9 +114,13 @@ def test_a_full_node_has_no_usable_offer_and_provision_is_refused_before_any_ord
 
 @pytest.mark.parametrize("answer_refusals", [False, True], ids=["hub raises", "hub answers the refusal"])
 def test_a_quota_limited_namespace_is_the_agents_quota_exceeded_and_no_job(
-    provider: AttachedClusterProvider, hub: ClusterHub, join: Join, cluster: FakeCluster, kube: Any,
+    provider: AttachedClusterProvider,
+    hub: ClusterHub,
+    join: Join,
+    cluster: FakeCluster,
+    kube: Any,
     answer_refusals: bool,
-) -> None:  # fmt: skip
+) -> None:
     hub.answer_refusals = answer_refusals
     agent = join()
     quota = {"metadata": {"name": "gpu-budget"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
@@ -146,8 +150,12 @@ def test_provision_creates_the_job_and_secret_listed_running_and_terminate_leave
     machine = provider.levers9_provision(request)
     name = job_name(request.machine_id)
     assert (machine.provider_id, machine.machine_id, machine.state) == (name, request.machine_id, MachineState.PENDING)
-    assert machine.provider_data == {"agent_id": agent.agent_id, "namespace": NAMESPACE, "job": name,
-                                     "reachable": False}  # fmt: skip
+    assert machine.provider_data == {
+        "agent_id": agent.agent_id,
+        "namespace": NAMESPACE,
+        "job": name,
+        "reachable": False,
+    }
     assert (machine.gpu, machine.gpu_count, machine.instance_type) == ("L4", 1, L4_LABEL)
     [order] = agent.orders
     assert (order.kind, order.order_id, sorted(order.payload)) == (
@@ -160,8 +168,9 @@ def test_provision_creates_the_job_and_secret_listed_running_and_terminate_leave
     pod = job["spec"]["template"]["spec"]
     # the offer's GPU label is required, so the pod lands on a node of that type and no other
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
-                                            "values": ["NVIDIA-L4"]}]}]  # fmt: skip
+    assert terms == [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]}
+    ]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     [secret] = cluster.objects("secrets", NAMESPACE)
     assert secret["metadata"]["name"] == secret_name(request.machine_id)

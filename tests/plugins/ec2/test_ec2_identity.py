@@ -180,8 +180,19 @@ def test_an_identity_certificate_file_must_hold_a_certificate(tmp_path: Path) ->
 
 def test_the_shipped_aws_certificates_are_rsa_certificates_of_every_commercial_region() -> None:
     certificates = load_certificates()
-    for region in ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1",
-                   "ap-southeast-2", "sa-east-1", "ca-central-1", "us-gov-west-1", "cn-north-1"):  # fmt: skip
+    for region in (
+        "us-east-1",
+        "us-east-2",
+        "us-west-2",
+        "eu-west-1",
+        "eu-central-1",
+        "ap-northeast-1",
+        "ap-southeast-2",
+        "sa-east-1",
+        "ca-central-1",
+        "us-gov-west-1",
+        "cn-north-1",
+    ):
         assert region in certificates, region
     for region, pem in certificates.items():
         found = x509.load_pem_x509_certificates(pem.encode())

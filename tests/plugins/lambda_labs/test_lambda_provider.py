@@ -521,9 +521,13 @@ def test_an_answer_without_tags_still_finds_levers9s_instances_by_name(
         httpx.post(
             f"{lambda_cloud.url}/instance-operations/launch",
             headers={"Authorization": f"Bearer {lambda_key}"},
-            json={"region_name": "us-east-1", "instance_type_name": "gpu_1x_a10", "ssh_key_names": [DEFAULT_SSH_KEY],
-                  "name": "someone-elses"},
-        ).raise_for_status()  # fmt: skip
+            json={
+                "region_name": "us-east-1",
+                "instance_type_name": "gpu_1x_a10",
+                "ssh_key_names": [DEFAULT_SSH_KEY],
+                "name": "someone-elses",
+            },
+        ).raise_for_status()
         lambda_cloud.omit_tags = True
 
         listed = provider.levers9_list_machines(pool)

@@ -167,12 +167,21 @@ def test_a_pod_the_scheduler_cannot_place_is_listed_pending_with_its_message(
     [
         (500, "InternalError", "etcdserver: request timed out", Throttled),
         (429, "TooManyRequests", "too many requests", Throttled),
-        (403, "Forbidden", 'jobs.batch "x" is forbidden: exceeded quota: q, requested: count/jobs.batch=1', QuotaExceeded),
+        (
+            403,
+            "Forbidden",
+            'jobs.batch "x" is forbidden: exceeded quota: q, requested: count/jobs.batch=1',
+            QuotaExceeded,
+        ),
         (403, "Forbidden", 'jobs.batch is forbidden: User "levers9" cannot create resource "jobs"', PermissionDenied),
-        (422, "Invalid", 'Job.batch "x" is invalid: spec.template.spec.containers[0].image: Required value',
-         InvalidRequest),
+        (
+            422,
+            "Invalid",
+            'Job.batch "x" is invalid: spec.template.spec.containers[0].image: Required value',
+            InvalidRequest,
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_apis_answers_are_typed_errors_and_leave_nothing(
     provider: K8sProvider,
     k8s_settings: dict[str, Any],
@@ -247,8 +256,9 @@ def test_a_runc_pool_runs_privileged_with_a_state_volume_only_with_the_operators
 
     # a process pool's Job passes Pod Security's baseline level, confined as far as a worker that runs its calls
     # as nobody allows: root (to switch users), no escalation, no NET_RAW, the runtime's seccomp profile; no volume
-    plain = job_manifest(provision_request(make_pool(k8s_settings, gpu=None), None),
-                         LocalK8sSettings.model_validate(k8s_settings))  # fmt: skip
+    plain = job_manifest(
+        provision_request(make_pool(k8s_settings, gpu=None), None), LocalK8sSettings.model_validate(k8s_settings)
+    )
     pod = plain["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert container["securityContext"] == {
@@ -262,8 +272,10 @@ def test_a_runc_pool_runs_privileged_with_a_state_volume_only_with_the_operators
     assert pod_security_violations(plain["spec"]["template"], "baseline") == []
     assert pod_security_level(privileged=False) == "baseline"
     assert pod_security_level(privileged=True) == "privileged"
-    nested = job_manifest(provision_request(make_pool(consented, gpu=None).model_copy(update={"runtime": "runc"}),
-                                            None), LocalK8sSettings.model_validate(consented))  # fmt: skip
+    nested = job_manifest(
+        provision_request(make_pool(consented, gpu=None).model_copy(update={"runtime": "runc"}), None),
+        LocalK8sSettings.model_validate(consented),
+    )
     assert pod_security_violations(nested["spec"]["template"], "baseline") == [
         'privileged (container "worker" must not set securityContext.privileged=true)'
     ]

@@ -82,8 +82,11 @@ def test_a_nodes_gpu_type_comes_from_its_labels_and_names_the_label_a_job_requir
     assert gpu_label({"kubernetes.io/os": "linux"}) is None
     found = rooms(
         [node("gke-l4", {"cloud.google.com/gke-accelerator": "nvidia-l4"}, {"nvidia.com/gpu": "1", "cpu": "4"})],
-        [], gpu_resource="nvidia.com/gpu", node_selector={}, tolerations=[],
-    )  # fmt: skip
+        [],
+        gpu_resource="nvidia.com/gpu",
+        node_selector={},
+        tolerations=[],
+    )
     assert [(r.gpu, r.gpus_total, r.type_label) for r in found] == [
         ("L4", 1, "cloud.google.com/gke-accelerator=nvidia-l4")
     ]
@@ -112,11 +115,14 @@ def test_free_room_is_allocatable_minus_what_live_pods_hold() -> None:
         pod("gpu-b", {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "1"}),
         pod("gpu-b", {"cpu": "4", "memory": "4Gi", "nvidia.com/gpu": "1"}, phase="Succeeded"),  # ended: holds nothing
     ]
-    found = {r.name: r for r in rooms(nodes, pods, gpu_resource="nvidia.com/gpu", node_selector={},
-                                       tolerations=TOLERATE_GPU)}  # fmt: skip
+    found = {
+        r.name: r for r in rooms(nodes, pods, gpu_resource="nvidia.com/gpu", node_selector={}, tolerations=TOLERATE_GPU)
+    }
     assert (found["gpu-a"].gpus_free, found["gpu-a"].cpu_free_millicores, found["gpu-a"].memory_free_mib) == (
-        0, 6000, 24 * 1024,
-    )  # fmt: skip
+        0,
+        6000,
+        24 * 1024,
+    )
     assert (found["gpu-b"].gpus_free, found["gpu-b"].cpu_free_millicores) == (1, 7500)
     assert found["gpu-a"].shortfall(1, 1000, 1024) == "0 of 2 GPUs free, 1 needed"
     assert found["gpu-b"].shortfall(1, 1000, 1024) is None
@@ -125,11 +131,16 @@ def test_free_room_is_allocatable_minus_what_live_pods_hold() -> None:
     assert found["gpu-cordoned"].excluded == "is cordoned (unschedulable)"
     assert found["gpu-down"].excluded == "is not Ready"
 
-    untolerating = {r.name: r for r in rooms(nodes, pods, gpu_resource="nvidia.com/gpu", node_selector={},
-                                             tolerations=[])}  # fmt: skip
+    untolerating = {
+        r.name: r for r in rooms(nodes, pods, gpu_resource="nvidia.com/gpu", node_selector={}, tolerations=[])
+    }
     assert "taint nvidia.com/gpu=present:NoSchedule" in (untolerating["gpu-a"].excluded or "")
-    selected = {r.name: r for r in rooms(nodes, pods, gpu_resource="nvidia.com/gpu",
-                                         node_selector={"pool": "train"}, tolerations=TOLERATE_GPU)}  # fmt: skip
+    selected = {
+        r.name: r
+        for r in rooms(
+            nodes, pods, gpu_resource="nvidia.com/gpu", node_selector={"pool": "train"}, tolerations=TOLERATE_GPU
+        )
+    }
     assert selected["gpu-b"].excluded == "does not match the pool's node_selector (pool=train)"
     assert pod_asks(pods[0]["spec"])[0] == {"cpu": 2, "memory": 8 * 1024**3, "nvidia.com/gpu": 2}
     misses = [(f"n{i}", "full") for i in range(6)]

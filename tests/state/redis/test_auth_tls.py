@@ -78,8 +78,13 @@ async def test_redis_over_tls_with_a_client_certificate(tmp_path: Path) -> None:
         f"port 0\ntls-port {port}\ntls-cert-file {tmp_path / 'server.pem'}\ntls-key-file {tmp_path / 'server.key'}\n"
         f"tls-ca-cert-file {ca_file}\ntls-auth-clients yes\n"
     )
-    ping = {"port": port, "ssl": True, "ssl_ca_certs": str(ca_file), "ssl_certfile": str(tmp_path / "client.pem"),
-            "ssl_keyfile": str(tmp_path / "client.key")}  # fmt: skip
+    ping = {
+        "port": port,
+        "ssl": True,
+        "ssl_ca_certs": str(ca_file),
+        "ssl_certfile": str(tmp_path / "client.pem"),
+        "ssl_keyfile": str(tmp_path / "client.key"),
+    }
     with redis_server_process(tmp_path, config, ping):
         url = (
             f"rediss://127.0.0.1:{port}/0?ca_file={ca_file}&cert_file={tmp_path / 'client.pem'}"

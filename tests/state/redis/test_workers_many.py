@@ -19,8 +19,19 @@ async def test_get_many_reads_every_field_in_order_across_chunks(redis_factory: 
     ids = [f"w{i:04d}" for i in range(CHUNK + 3)]
     for wid in ids:
         await reg.register(_info(wid, runtime="runc", address=f"{wid}.local:7000"), now_ms=NOW, ttl_ms=TTL)
-    special = WorkerInfo("w-gpu", "h100", 4000, 8192, gpu="H100", gpu_count=2, runtime="runc", machine_id="m-1",
-                         address='a "quoted"\\ name/é', workspace="ws_1", tunnel=True)  # fmt: skip
+    special = WorkerInfo(
+        "w-gpu",
+        "h100",
+        4000,
+        8192,
+        gpu="H100",
+        gpu_count=2,
+        runtime="runc",
+        machine_id="m-1",
+        address='a "quoted"\\ name/é',
+        workspace="ws_1",
+        tunnel=True,
+    )
     await reg.register(special, now_ms=NOW + 5, ttl_ms=TTL)
     asked = ["nobody", *reversed(ids), "w-gpu"]
     states = await reg.get_many(asked)

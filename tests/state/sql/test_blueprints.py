@@ -17,9 +17,14 @@ async def _build(store: BlueprintStore, workspace: str, digest: str = "sha256:" 
         NewStep(KEYS[2], "run", "c" * 64, "e" * 64, 20),
     ]
     await store.record(
-        workspace, steps, key=KEYS[2], repository=f"ws/{workspace}", manifest_digest=digest, size_bytes=1020,
+        workspace,
+        steps,
+        key=KEYS[2],
+        repository=f"ws/{workspace}",
+        manifest_digest=digest,
+        size_bytes=1020,
         step_count=3,
-    )  # fmt: skip
+    )
 
 
 async def test_a_build_is_recorded_and_found_by_key(db: Database, workspace: WorkspaceRecord) -> None:

@@ -124,6 +124,19 @@ async def test_batches_larger_than_one_in_list_are_read_whole(db: Database, work
 def test_the_direct_statements_read_the_columns_the_models_declare() -> None:
     columns = {c.name for c in _TASKS.columns}
     assert columns == {
-        "id", "workspace_id", "stub_id", "status", "attempts", "request", "container_id", "worker_id", "pool", "gpu",
-        "error", "created_at", "updated_at", "started_at", "finished_at",
-    }, "tasks changed: state/sql/direct.py's INSERT names every column; add the new one there"  # fmt: skip
+        "id",
+        "workspace_id",
+        "stub_id",
+        "status",
+        "attempts",
+        "request",
+        "container_id",
+        "worker_id",
+        "pool",
+        "gpu",
+        "error",
+        "created_at",
+        "updated_at",
+        "started_at",
+        "finished_at",
+    }, "tasks changed: state/sql/direct.py's INSERT names every column; add the new one there"

@@ -187,9 +187,21 @@ def _docker_run(box: BoxFacts, layout: AgentLayout, tag: str) -> tuple[str, ...]
     gpus = ("--gpus", "all") if box.gpus else ()
     state = layout.state_dir
     return (
-        "docker", "run", "--rm", "--name", layout.container_name, "--network", "host", *docker,
-        "-v", f"{state}:{state}", *gpus, "--entrypoint", "levers9", tag,
-    )  # fmt: skip
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        layout.container_name,
+        "--network",
+        "host",
+        *docker,
+        "-v",
+        f"{state}:{state}",
+        *gpus,
+        "--entrypoint",
+        "levers9",
+        tag,
+    )
 
 
 def _ship_image(
@@ -268,12 +280,14 @@ def _install_wheel(
             "install python3 and python3-venv (apt-get install -y python3-venv), then run this again"
         )
     if not done.ok:
-        raise SshJoinError(f"[3/{STEPS}] installing levers9 from the controlplane's wheel {url} failed on the box: "
-                           f"{done.why()}")  # fmt: skip
+        raise SshJoinError(
+            f"[3/{STEPS}] installing levers9 from the controlplane's wheel {url} failed on the box: {done.why()}"
+        )
     said = done.out.strip().splitlines()
     if not said or said[-1].split()[-1:] != [__version__]:
-        raise SshJoinError(f"[3/{STEPS}] {venv}/bin/levers9 is not levers9 {__version__} after installing {url}: "
-                           f"{done.why()}")  # fmt: skip
+        raise SshJoinError(
+            f"[3/{STEPS}] {venv}/bin/levers9 is not levers9 {__version__} after installing {url}: {done.why()}"
+        )
     return AgentSoftware(
         (f"{venv}/bin/levers9",),
         f"levers9 {__version__} installed from the controlplane's wheel (sha256 {sha256[:12]}...) in {venv}",

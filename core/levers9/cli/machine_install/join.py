@@ -98,7 +98,16 @@ def join_over_ssh(
             python=python,
         )
         echo(f"[3/{STEPS}] the agent software ... ok: {software.how}")
-        return service.install(remote, box, paths, software, controlplane=controlplane, join_token=join_token,
-                                    ca_pem=ca_pem, echo=echo, is_live=is_live)  # fmt: skip
+        return service.install(
+            remote,
+            box,
+            paths,
+            software,
+            controlplane=controlplane,
+            join_token=join_token,
+            ca_pem=ca_pem,
+            echo=echo,
+            is_live=is_live,
+        )
     finally:
         remote.close()

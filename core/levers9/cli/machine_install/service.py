@@ -216,8 +216,12 @@ def _state(remote: Remote, layout: AgentLayout, systemd: bool) -> _BoxState:
         + f"fi; if {running} >/dev/null; then echo running=1; fi"
     )
     facts = dict(line.split("=", 1) for line in done.out.splitlines() if "=" in line)
-    return _BoxState(facts.get("joined") == "1", facts.get("agent_id") or None, facts.get("controlplane") or None,
-                     facts.get("running") == "1")  # fmt: skip
+    return _BoxState(
+        facts.get("joined") == "1",
+        facts.get("agent_id") or None,
+        facts.get("controlplane") or None,
+        facts.get("running") == "1",
+    )
 
 
 def _stop_service(remote: Remote, layout: AgentLayout, systemd: bool, box: BoxFacts) -> None:
@@ -306,8 +310,10 @@ def install(
                 f"{agent_id or '(unreadable)'}); levers9 does not take it over: remove the machine there, or stop "
                 f"its agent and delete {layout.credential} on the box, then run this again"
             )
-        echo(f"{step4} ... the box's credential is of agent {agent_id or '(unreadable)'}, which this controlplane no "
-             f"longer has (removed): stopping its agent and replacing it")  # fmt: skip
+        echo(
+            f"{step4} ... the box's credential is of agent {agent_id or '(unreadable)'}, which this controlplane no "
+            f"longer has (removed): stopping its agent and replacing it"
+        )
         _stop_service(remote, layout, systemd, box)
         _set_aside(remote, layout)
         joined, running = False, False

@@ -279,8 +279,9 @@ async def join(services: Services, principal: Principal, options: ClusterOptions
     labels = {"cluster": options.name, "pool": name, "name": options.name}
     token, record = await issue_for_record(services, principal, PROVIDER, labels, write, ttl_s=options.ttl_s)
     await sync_pools(services)
-    return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
-                         services.scheduler.ctx.controlplane_ca)  # fmt: skip
+    return JoinedCluster(
+        record, spec, token, services.scheduler.ctx.controlplane_url, services.scheduler.ctx.controlplane_ca
+    )
 
 
 def _workspace_user(principal: Principal, doing: str) -> str:
@@ -297,8 +298,15 @@ def _workspace_user(principal: Principal, doing: str) -> str:
 
 def _configured_record(name: str, spec: PoolSpec) -> ClusterRecord:
     """What an operator's shared cluster is listed as: no record of its own, its configured pool's."""
-    return ClusterRecord(id=f"pool:{spec.name}", workspace_id="", name=name, kind=CONFIGURED, pool=spec.name,
-                         has_settings=False, created_at=utcnow())  # fmt: skip
+    return ClusterRecord(
+        id=f"pool:{spec.name}",
+        workspace_id="",
+        name=name,
+        kind=CONFIGURED,
+        pool=spec.name,
+        has_settings=False,
+        created_at=utcnow(),
+    )
 
 
 def _configured(services: Services) -> dict[str, PoolSpec]:
@@ -324,8 +332,9 @@ async def _join_configured(services: Services, principal: Principal, options: Cl
         services, principal, PROVIDER, {"cluster": cluster, "pool": spec.name, "name": cluster}, ttl_s=options.ttl_s
     )
     record = _configured_record(cluster, spec)
-    return JoinedCluster(record, spec, token, services.scheduler.ctx.controlplane_url,
-                         services.scheduler.ctx.controlplane_ca)  # fmt: skip
+    return JoinedCluster(
+        record, spec, token, services.scheduler.ctx.controlplane_url, services.scheduler.ctx.controlplane_ca
+    )
 
 
 async def remove(services: Services, principal: Principal, name: str) -> RemovedCluster:
@@ -348,9 +357,10 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
         settings = await store.settings(record.id) or {}
         agents = {str(settings["agent_id"])} if settings.get("agent_id") else set()
     agents |= {
-        a.id for a in await services.agents.all()
+        a.id
+        for a in await services.agents.all()
         if a.provider == PROVIDER and a.workspace == workspace and a.labels.get("cluster") == name
-    }  # fmt: skip
+    }
     why = f"attached cluster {name} is being removed"
     terminated: list[str] = []
     failed: list[str] = []
@@ -364,8 +374,14 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
     if record.kind == KIND:
         await store.delete(record.id)
         await sync_pools(services)
-    log.info("attached cluster %s (%s) removed: %d workers stopped, %d left to its agent, agents %s revoked",
-             name, record.id, len(terminated), len(failed), ", ".join(sorted(agents)) or "none")  # fmt: skip
+    log.info(
+        "attached cluster %s (%s) removed: %d workers stopped, %d left to its agent, agents %s revoked",
+        name,
+        record.id,
+        len(terminated),
+        len(failed),
+        ", ".join(sorted(agents)) or "none",
+    )
     return RemovedCluster(record, sorted(agents), terminated, failed)
 
 
@@ -397,23 +413,24 @@ async def list_clusters(services: Services, principal: Principal) -> list[Cluste
     with their agents' last report."""
     workspace = principal.workspace_id
     if workspace is None:
-        records = [
-            _configured_record(name, spec)
-            for name, spec in sorted(_configured(services).items())
-        ]  # fmt: skip
+        records = [_configured_record(name, spec) for name, spec in sorted(_configured(services).items())]
     else:
         records = [r for r in await ClusterStore(services.db, services.box).list(workspace) if r.kind == KIND]
     agents = [
-        a for a in await services.agents.all()
-        if a.provider == PROVIDER and a.workspace == workspace and not a.removed
-    ]  # fmt: skip
+        a for a in await services.agents.all() if a.provider == PROVIDER and a.workspace == workspace and not a.removed
+    ]
     views = []
     for record in records:
         spec = services.pools.get(record.pool)
         settings = getattr(spec.pool.settings, "namespace", "") if spec is not None else ""
         mine = sorted((a for a in agents if a.labels.get("cluster") == record.name), key=lambda a: a.last_seen)
-        base = ClusterView(record, record.pool, gpu=spec.gpu if spec else None,
-                           gpu_count=spec.gpu_count if spec else 0, namespace=settings)  # fmt: skip
+        base = ClusterView(
+            record,
+            record.pool,
+            gpu=spec.gpu if spec else None,
+            gpu_count=spec.gpu_count if spec else 0,
+            namespace=settings,
+        )
         if not mine:
             views.append(base)
             continue
@@ -439,8 +456,11 @@ async def sync_pools(services: Services) -> list[str]:
             continue
         configured = pools.get(record.pool)
         if configured is not None and configured.pool.provider != PROVIDER:
-            log.error("attached cluster %s: its pool %r collides with a config pool; it serves nothing",
-                      record.name, record.pool)  # fmt: skip
+            log.error(
+                "attached cluster %s: its pool %r collides with a config pool; it serves nothing",
+                record.name,
+                record.pool,
+            )
             continue
         try:
             found[record.pool] = build_pool(services, record.pool, record.workspace_id, config)

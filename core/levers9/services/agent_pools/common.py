@@ -34,8 +34,17 @@ if TYPE_CHECKING:
     from levers9.services.core import Services
     from levers9.state.sql.records import MachineRecord
 
-__all__ = ["LIVE_MACHINE_STATES", "Inventory", "as_int", "int_map", "inventory", "issue_for_record", "reported", "retire_agent",
-           "stop_workers"]  # fmt: skip
+__all__ = [
+    "LIVE_MACHINE_STATES",
+    "Inventory",
+    "as_int",
+    "int_map",
+    "inventory",
+    "issue_for_record",
+    "reported",
+    "retire_agent",
+    "stop_workers",
+]
 
 log = logging.getLogger(__name__)
 

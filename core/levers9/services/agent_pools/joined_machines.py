@@ -192,10 +192,14 @@ def _usable(spec: PoolSpec, principal: Principal) -> bool:
 def _check_pool(services: Services, principal: Principal, pool: str) -> PoolSpec:
     agent_pools = _agent_pools(services)
     usable = sorted(name for name, spec in agent_pools.items() if _usable(spec, principal))
-    accepted = f"pools you may join machines to: {', '.join(usable)}" if usable else (
-        "you may join machines to no pool: configure a pool with 'provider: agent_machine'"
-        + ("" if principal.workspace_id is None else " for this workspace")
-    )  # fmt: skip
+    accepted = (
+        f"pools you may join machines to: {', '.join(usable)}"
+        if usable
+        else (
+            "you may join machines to no pool: configure a pool with 'provider: agent_machine'"
+            + ("" if principal.workspace_id is None else " for this workspace")
+        )
+    )
     spec = services.pools.get(pool)
     if spec is None:
         raise ValueError(f"pool {pool!r} is not configured on this controlplane; {accepted}")
@@ -252,9 +256,13 @@ async def create(
 
     async def write(issued: JoinToken) -> JoinedMachineRecord:
         return await store.create(
-            issued.agent_id, name=name or issued.agent_id, workspace_id=principal.workspace_id, pool=pool,
-            provider=PROVIDER, created_by=principal.token_id,
-        )  # fmt: skip
+            issued.agent_id,
+            name=name or issued.agent_id,
+            workspace_id=principal.workspace_id,
+            pool=pool,
+            provider=PROVIDER,
+            created_by=principal.token_id,
+        )
 
     issued, record = await issue_for_record(services, principal, PROVIDER, labels, write, ttl_s=ttl_s)
     log.info("machine %s (%s) created for pool %s", record.name, record.id, pool)

@@ -20,8 +20,16 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 __all__ = [
-    "Backlog", "Finished", "Group", "PlaceResult", "Placement", "QueuedRequest", "Released", "RequestState", "Taken",
-]  # fmt: skip
+    "Backlog",
+    "Finished",
+    "Group",
+    "PlaceResult",
+    "Placement",
+    "QueuedRequest",
+    "Released",
+    "RequestState",
+    "Taken",
+]
 
 
 class Group(NamedTuple):
@@ -121,9 +129,21 @@ class Released(list[Finished | None]):
 
 
 _FIELDS = (
-    "cpu", "mem", "gpus", "groups", "enq", "ws", "deadline", "state", "worker", "pool", "attempts", "next_plan", "tried",
+    "cpu",
+    "mem",
+    "gpus",
+    "groups",
+    "enq",
+    "ws",
+    "deadline",
+    "state",
+    "worker",
+    "pool",
+    "attempts",
+    "next_plan",
+    "tried",
     "fn",
-)  # fmt: skip
+)
 
 
 class Backlog:
@@ -219,8 +239,20 @@ class Backlog:
         for start in range(0, len(kept), 200):
             flat: list[str | int] = []
             for r, worker, pool, held in kept[start : start + 200]:
-                flat += [r.id, r.cpu_millicores, r.memory_mib, r.gpu_count, encode_groups(r.groups), r.enqueued_ms,
-                         r.workspace, r.deadline_ms, r.function, worker, pool, held]  # fmt: skip
+                flat += [
+                    r.id,
+                    r.cpu_millicores,
+                    r.memory_mib,
+                    r.gpu_count,
+                    encode_groups(r.groups),
+                    r.enqueued_ms,
+                    r.workspace,
+                    r.deadline_ms,
+                    r.function,
+                    worker,
+                    pool,
+                    held,
+                ]
             count += int(await self.scripts("orphan", until_ms, *flat))
         return count
 

@@ -66,18 +66,25 @@ def connect(url: str | None, *, embedded: EmbeddedRedis | None = None, max_conne
     from redis.asyncio import BlockingConnectionPool, Redis
 
     target = parse(url)
-    common: dict[str, Any] = {"max_connections": max_connections, "timeout": POOL_WAIT_S, "decode_responses": True,
-                              "health_check_interval": 30, **target.tls_kwargs()}  # fmt: skip
+    common: dict[str, Any] = {
+        "max_connections": max_connections,
+        "timeout": POOL_WAIT_S,
+        "decode_responses": True,
+        "health_check_interval": 30,
+        **target.tls_kwargs(),
+    }
     if not target.sentinel:
         return Redis.from_pool(BlockingConnectionPool.from_url(target.server_url(), **common))
     from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
 
-    sentinel_options: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
-                                        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
-                                        "username": target.username if target.sentinel_auth else None,
-                                        "password": target.password if target.sentinel_auth else None}  # fmt: skip
+    sentinel_options: dict[str, Any] = {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        "username": target.username if target.sentinel_auth else None,
+        "password": target.password if target.sentinel_auth else None,
+    }
     # one try per Sentinel: the client asks the next one at once (redis-py's default retries a dead one for seconds)
     sentinel_options["retry"] = Retry(NoBackoff(), 0)
     if target.tls:
@@ -85,9 +92,15 @@ def connect(url: str | None, *, embedded: EmbeddedRedis | None = None, max_conne
     sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
     pool_class, client_class = _sentinel_classes()
     pool = pool_class(
-        target.service, sentinels, db=target.db, username=target.username, password=target.password,
-        ssl=target.tls, check_connection=True, **common,
-    )  # fmt: skip
+        target.service,
+        sentinels,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.tls,
+        check_connection=True,
+        **common,
+    )
     client: Redis = client_class.from_pool(pool)
     return client
 
@@ -203,9 +216,25 @@ class ManagedRedis:
         import shutil
 
         self.socket.unlink(missing_ok=True)
-        command = [self.binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-                   "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-                   "--logfile", str(self._log)]  # fmt: skip
+        command = [
+            self.binary,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self._log),
+        ]
         # util-linux's setpriv sets the death signal and execs Redis, so no Python runs between fork and exec:
         # a preexec_fn forces a plain fork (fork handlers, locks other threads held) in a process full of threads
         setpriv = shutil.which("setpriv")
@@ -213,12 +242,14 @@ class ManagedRedis:
             self._log_from = output.tell()  # where what this start writes begins (a failure quotes only that)
             return subprocess.Popen(
                 [setpriv, "--pdeathsig", "TERM", *command] if setpriv is not None else command,
-                stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
                 preexec_fn=None if setpriv is not None else _die_with_parent,
                 # a session of its own: a terminal's Ctrl-C reaches the controlplane alone, which stops Redis
                 # after its workers have drained, instead of Redis dying first and being restarted meanwhile
                 start_new_session=True,
-            )  # fmt: skip
+            )
 
     @classmethod
     def start(cls, workdir: Path, *, timeout: float = START_TIMEOUT_S) -> ManagedRedis | None:

@@ -67,8 +67,10 @@ class Outage:
                 self._warned_at = self._since
             self._log.log(
                 logging.WARNING if self._warned else logging.DEBUG,
-                "%s: Redis does not answer: %s; retrying", self._what, _first_line(exc),
-            )  # fmt: skip
+                "%s: Redis does not answer: %s; retrying",
+                self._what,
+                _first_line(exc),
+            )
         return True
 
     def answered(self) -> None:
@@ -76,8 +78,10 @@ class Outage:
         if self._since is not None:
             self._log.log(
                 logging.WARNING if self._warned else logging.DEBUG,
-                "%s: Redis answers again after %.1f s without it", self._what, time.monotonic() - self._since,
-            )  # fmt: skip
+                "%s: Redis answers again after %.1f s without it",
+                self._what,
+                time.monotonic() - self._since,
+            )
             self._since = None
 
 

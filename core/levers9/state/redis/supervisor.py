@@ -105,8 +105,12 @@ class RedisSupervisor:
     async def _restart(self) -> bool:
         """Start a new server, up to :attr:`tries` times; False (and :attr:`failure` set) when none listens."""
         managed = self.managed
-        log.error("the embedded redis-server (pid %d) %s; starting it again on %s",
-                  managed.process.pid, how_it_ended(managed.process.returncode), managed.socket)  # fmt: skip
+        log.error(
+            "the embedded redis-server (pid %d) %s; starting it again on %s",
+            managed.process.pid,
+            how_it_ended(managed.process.returncode),
+            managed.socket,
+        )
         backoff = Backoff(initial_s=RESTART_BACKOFF_S[0], cap_s=RESTART_BACKOFF_S[1])
         last: StateError | None = None
         for attempt in range(1, self.tries + 1):
@@ -114,14 +118,16 @@ class RedisSupervisor:
                 await managed.restart()
             except StateError as exc:
                 last = exc
-                log.warning("starting the embedded redis-server again failed (try %d of %d): %s",
-                            attempt, self.tries, exc)  # fmt: skip
+                log.warning(
+                    "starting the embedded redis-server again failed (try %d of %d): %s", attempt, self.tries, exc
+                )
                 if attempt < self.tries:
                     await asyncio.sleep(backoff.next_s())
                 continue
             self.restarts += 1
-            log.warning("restarted the embedded redis-server (pid %d); rebuilding what it held from SQL",
-                        managed.process.pid)  # fmt: skip
+            log.warning(
+                "restarted the embedded redis-server (pid %d); rebuilding what it held from SQL", managed.process.pid
+            )
             if self._on_restart is not None:
                 self._on_restart()
             return True

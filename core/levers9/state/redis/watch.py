@@ -78,9 +78,12 @@ async def watch(
             raise_if_cancelling(exc)
             if isinstance(exc, ResponseError) and not refused:  # answered, but no: an ACL user without INFO, say
                 refused = True
-                log.warning("Redis refuses what the watch for lost state asks (INFO server, GET/SET %s): %s; "
-                            "a failover or restart that loses writes goes unnoticed until a replica restarts",
-                            marker_key, exc)  # fmt: skip
+                log.warning(
+                    "Redis refuses what the watch for lost state asks (INFO server, GET/SET %s): %s; "
+                    "a failover or restart that loses writes goes unnoticed until a replica restarts",
+                    marker_key,
+                    exc,
+                )
             else:
                 log.debug("looking at the Redis server failed (it is away): %s", exc)
         await asyncio.sleep(interval_s)

@@ -70,9 +70,24 @@ class WorkerState:
 
 
 _FIELDS = (
-    "pool", "gpu", "gpu_total", "gpu_free", "cpu_total", "cpu_free", "mem_total", "mem_free",
-    "runtime", "machine", "address", "ws", "registered", "idle_since", "running", "status", "tunnel",
-)  # fmt: skip
+    "pool",
+    "gpu",
+    "gpu_total",
+    "gpu_free",
+    "cpu_total",
+    "cpu_free",
+    "mem_total",
+    "mem_free",
+    "runtime",
+    "machine",
+    "address",
+    "ws",
+    "registered",
+    "idle_since",
+    "running",
+    "status",
+    "tunnel",
+)
 
 
 class WorkerRegistry:
@@ -188,8 +203,25 @@ class WorkerRegistry:
 
 
 def _state(wid: str, row: list[str | None]) -> WorkerState | None:
-    (pool, gpu, gpu_total, gpu_free, cpu_total, cpu_free, mem_total, mem_free,
-     runtime, machine, address, ws, registered, idle_since, running, status, tunnel) = row  # fmt: skip
+    (
+        pool,
+        gpu,
+        gpu_total,
+        gpu_free,
+        cpu_total,
+        cpu_free,
+        mem_total,
+        mem_free,
+        runtime,
+        machine,
+        address,
+        ws,
+        registered,
+        idle_since,
+        running,
+        status,
+        tunnel,
+    ) = row
     if pool is None or status is None:
         return None
     info = WorkerInfo(

@@ -65,9 +65,13 @@ def _deployment(row: Deployment) -> DeploymentRecord:
 
 def _version(row: DeploymentVersion) -> DeploymentVersionRecord:
     return DeploymentVersionRecord(
-        id=row.id, deployment_id=row.deployment_id, version=row.version, stub_id=row.stub_id,
-        created_at=row.created_at, stopped_at=row.stopped_at,
-    )  # fmt: skip
+        id=row.id,
+        deployment_id=row.deployment_id,
+        version=row.version,
+        stub_id=row.stub_id,
+        created_at=row.created_at,
+        stopped_at=row.stopped_at,
+    )
 
 
 class AppStore:

@@ -121,13 +121,17 @@ class BlueprintStore:
         now = utcnow()
         async with self._db.transaction() as session:
             wanted = {s.key: s for s in steps}
-            known = set(
-                await session.scalars(
-                    select(BlueprintStep.key).where(
-                        BlueprintStep.workspace_id == workspace_id, BlueprintStep.key.in_(list(wanted))
+            known = (
+                set(
+                    await session.scalars(
+                        select(BlueprintStep.key).where(
+                            BlueprintStep.workspace_id == workspace_id, BlueprintStep.key.in_(list(wanted))
+                        )
                     )
                 )
-            ) if wanted else set()  # fmt: skip
+                if wanted
+                else set()
+            )
             for step in wanted.values():
                 if step.key in known:
                     continue

@@ -132,11 +132,17 @@ class CallStore:
         if not task_ids:
             return []
         query = (
-            select(_TASKS.c.id, _TASKS.c.workspace_id, _TASKS.c.stub_id, _TASK_IO.c.args, _TASKS.c.attempts,
-                   _TASKS.c.status)
+            select(
+                _TASKS.c.id,
+                _TASKS.c.workspace_id,
+                _TASKS.c.stub_id,
+                _TASK_IO.c.args,
+                _TASKS.c.attempts,
+                _TASKS.c.status,
+            )
             .join(_TASK_IO, _TASK_IO.c.task_id == _TASKS.c.id, isouter=True)
             .where(_TASKS.c.id.in_(task_ids))
-        )  # fmt: skip
+        )
 
         def work(connection: Connection) -> dict[str, Dispatch]:
             rows = connection.execute(query)

@@ -94,11 +94,18 @@ def insert_tasks(
     connection.executemany(
         _INSERT_TASK,
         [
-            (r["id"], r["workspace_id"], r["stub_id"], r["status"], json.dumps(r["request"]), stamp(r["created_at"]),
-             stamp(r["updated_at"]))
+            (
+                r["id"],
+                r["workspace_id"],
+                r["stub_id"],
+                r["status"],
+                json.dumps(r["request"]),
+                stamp(r["created_at"]),
+                stamp(r["updated_at"]),
+            )
             for r in rows
         ],
-    )  # fmt: skip
+    )
     if io_rows is not None:
         connection.executemany(_INSERT_ARGS, [(r["task_id"], r["args"]) for r in io_rows])
 
@@ -116,11 +123,20 @@ def insert_history(connection: sqlite3.Connection, history: Sequence[dict[str, A
     connection.executemany(
         _INSERT_HISTORY,
         [
-            (h["task_id"], h["attempt"], stamp(h["at"]), h["outcome"], h["pool"], h["gpu"], h["region"],
-             h["worker_id"], h["reason"])
+            (
+                h["task_id"],
+                h["attempt"],
+                stamp(h["at"]),
+                h["outcome"],
+                h["pool"],
+                h["gpu"],
+                h["region"],
+                h["worker_id"],
+                h["reason"],
+            )
             for h in history
         ],
-    )  # fmt: skip
+    )
 
 
 def set_placed(connection: sqlite3.Connection, placed: Sequence[dict[str, Any]], now: datetime) -> None:
@@ -132,7 +148,9 @@ def finish(connection: sqlite3.Connection, rows: Sequence[dict[str, Any]], io_ro
     """Store outcomes: the rows :meth:`TaskStore.finish_many` builds for the calls it accepted."""
     connection.executemany(
         _FINISH,
-        [(r["st"], r["err"], stamp(r["now"]), stamp(r["now"]), stamp(r["now"]), r["cid"], r["wid"], r["tid"])
-         for r in rows],
-    )  # fmt: skip
+        [
+            (r["st"], r["err"], stamp(r["now"]), stamp(r["now"]), stamp(r["now"]), r["cid"], r["wid"], r["tid"])
+            for r in rows
+        ],
+    )
     connection.executemany(_FINISH_IO, [(r["res"], r["et"], r["tb"], r["tid"]) for r in io_rows])

@@ -183,11 +183,22 @@ def _task(row: Task) -> TaskRecord:
 def _record(row: dict[str, Any]) -> TaskRecord:
     """A record of a row just inserted, built from the values themselves."""
     return TaskRecord(
-        id=row["id"], workspace_id=row["workspace_id"], stub_id=row["stub_id"], status=TaskStatus(row["status"]),
-        attempts=row["attempts"], request=dict(row["request"]), container_id=None, worker_id=None, pool=None,
-        gpu=None, error=None, created_at=row["created_at"], updated_at=row["updated_at"], started_at=None,
+        id=row["id"],
+        workspace_id=row["workspace_id"],
+        stub_id=row["stub_id"],
+        status=TaskStatus(row["status"]),
+        attempts=row["attempts"],
+        request=dict(row["request"]),
+        container_id=None,
+        worker_id=None,
+        pool=None,
+        gpu=None,
+        error=None,
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=None,
         finished_at=None,
-    )  # fmt: skip
+    )
 
 
 def _event(row: TaskPlacement) -> PlacementEvent:
@@ -234,8 +245,12 @@ def _history(
         )
         # where it ran is kept even when the call finished before this was written (it is fast)
         if event.outcome == PlacementOutcome.PLACED and status != TaskStatus.CANCELLED.value:
-            placed[event.task_id] = {"id": event.task_id, "worker_id": event.worker_id, "pool": event.pool,
-                                     "gpu": event.gpu}  # fmt: skip
+            placed[event.task_id] = {
+                "id": event.task_id,
+                "worker_id": event.worker_id,
+                "pool": event.pool,
+                "gpu": event.gpu,
+            }
     return history, list(placed.values())
 
 
@@ -515,10 +530,19 @@ class TaskStore:
 
         def rows(accepted: list[Finish]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             return (
-                [{"tid": f.task_id, "st": f.status, "err": f.error, "now": now, "cid": f.container_id,
-                  "wid": worker_id} for f in accepted],
+                [
+                    {
+                        "tid": f.task_id,
+                        "st": f.status,
+                        "err": f.error,
+                        "now": now,
+                        "cid": f.container_id,
+                        "wid": worker_id,
+                    }
+                    for f in accepted
+                ],
                 [{"tid": f.task_id, "res": f.result, "et": f.error_type, "tb": f.traceback} for f in accepted],
-            )  # fmt: skip
+            )
 
         def work(connection: Connection) -> list[Finish]:
             accepted = accept({row[0]: (row[1], row[2]) for row in connection.execute(_locked_states(ids))})
