@@ -1,8 +1,9 @@
 """What the cloud provider plugins (``ec2``, ``oci``, ``lambda_labs``) share, so each writes it once.
 
-* :mod:`levers9.clouds.provider`: the base class of a cloud plugin object
-  (its settings hook, the context ``levers9_startup`` gave, its clients
-  closed at ``levers9_shutdown``);
+Their plugin objects derive from :class:`levers9.hooks.provider.ProviderPlugin`, as every
+built-in provider does (the settings hook, the context, clients closed at shutdown).
+
+
 * :mod:`levers9.clouds.settings`: the base of a cloud pool's settings model
   (the region is the pool's, never a setting, and must look like the cloud's);
 * :mod:`levers9.clouds.calls`: running one SDK call so that a failure whose

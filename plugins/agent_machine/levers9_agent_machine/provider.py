@@ -40,12 +40,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel
-
 from levers9.bootstrap import container_spec
 from levers9.gpu.catalog import CATALOG
-from levers9.hooks.agent_providers import AGENT_MACHINE
-from levers9.hooks.context import AgentInventory, AgentOrder, PluginContext
+from levers9.hooks.agent_providers import AGENT_MACHINE, AgentBackedProvider, AgentOffline
+from levers9.hooks.context import AgentInventory, AgentOrder
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.types import (
@@ -84,13 +82,6 @@ _STATES = {
 _ALIVE = frozenset({"running", "created", "restarting", "paused"})
 
 
-class AgentOffline(ProviderError):
-    """The agent that must carry out the order is not connected now; the same call may succeed later."""
-
-    kind = "agent_offline"
-    retryable = True
-
-
 def container_name(machine_id: str) -> str:
     return f"l9w-{machine_id}"
 
@@ -120,46 +111,28 @@ def _name(agent: AgentInventory) -> str:
     return agent.labels.get("name") or agent.labels.get("hostname") or agent.agent_id
 
 
-class AgentMachineProvider:
+class AgentMachineProvider(AgentBackedProvider):
     """The plugin: its ``levers9_*`` methods are the hooks; its state is the plugin context (its agent hub) and a clock."""
 
     #: the edition of the hook spec these methods are written to
     LEVERS9_SPEC_VERSION = 2
+    settings_model = AgentMachineSettings
+    provider_name = PROVIDER
+    agents_of = "the joined machines'"
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.ctx: PluginContext | None = None
-        self._clock = clock
+        super().__init__(clock)
         #: agent id -> until when it is tried last (it refused a worker of a pool without offers)
         self._refused: dict[str, float] = {}
-
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``agent_machine`` a provider whose pools are validated with :class:`AgentMachineSettings`."""
-        return AgentMachineSettings
-
-    @hookimpl
-    def levers9_startup(self, ctx: PluginContext) -> None:
-        self.ctx = ctx
-
-    def _context(self) -> PluginContext:
-        if self.ctx is None or self.ctx.agents is None:
-            raise ProviderError(
-                "agent_machine has no agent hub in this process: its pools are served by a running controlplane "
-                "('levers9 server'), where the joined machines' agents connect"
-            )
-        return self.ctx
 
     # -------------------------------------------------------------------------- the pool's agents
 
     def agents(self, pool: Pool) -> list[AgentInventory]:
         """Every agent that joined for ``pool`` (connected or not), of the pool's workspace only."""
-        hub = self._context().agents
+        hub = self.hub_context().agents
         assert hub is not None
         found = hub.inventories(PROVIDER, workspace=pool.workspace)
         return [a for a in found if a.labels.get("pool") == pool.name and a.workspace == pool.workspace]
-
-    def silent_for(self, agent: AgentInventory) -> float:
-        return max(0.0, self._clock() - agent.last_seen) if agent.last_seen > 0 else float("inf")
 
     def serving(self, pool: Pool) -> list[AgentInventory]:
         """The pool's agents that are connected and were heard from within ``heartbeat_timeout_s``."""
@@ -237,7 +210,7 @@ class AgentMachineProvider:
 
     @hookimpl
     def levers9_provision(self, request: ProvisionRequest) -> Machine:
-        ctx = self._context()
+        ctx = self.hub_context()
         pool, resources = request.pool, request.resources
         settings = _settings(pool)
         agents = self._pick(request)
@@ -306,7 +279,7 @@ class AgentMachineProvider:
 
     @hookimpl
     def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
-        ctx = self._context()
+        ctx = self.hub_context()
         agent_id = str(machine.provider_data.get("agent_id") or machine.zone or "")
         machine_id = machine.machine_id or machine.provider_id.removeprefix("l9w-")
         assert ctx.agents is not None

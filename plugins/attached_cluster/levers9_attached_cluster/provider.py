@@ -67,9 +67,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pydantic import BaseModel
-
 from levers9.gpu.catalog import CATALOG
+from levers9.hooks.agent_providers import AgentBackedProvider, AgentOffline
 from levers9.hooks.context import AgentAck, AgentInventory, AgentOrder, PluginContext
 from levers9.hooks.errors import (
     ERROR_KINDS,
@@ -102,13 +101,6 @@ PROVIDER = "attached_cluster"
 PROVISION_ORDER_S = 110.0
 #: the longest a terminate order waits (the hook's deadline is 30 s)
 TERMINATE_ORDER_S = 20.0
-
-
-class AgentOffline(ProviderError):
-    """No agent of the machine's cluster is connected now; the same call may succeed later."""
-
-    kind = "agent_offline"
-    retryable = True
 
 
 def _settings(pool: Pool) -> AttachedClusterSettings:
@@ -150,42 +142,23 @@ def _refusal(ack: AgentAck, order: AgentOrder, where: str) -> ProviderError:
     return cls(f"{where}: agent {order.agent_id} refused the {order.kind} order: {ack.error or 'no reason given'}")
 
 
-class AttachedClusterProvider:
+class AttachedClusterProvider(AgentBackedProvider):
     """The ``attached_cluster`` plugin object, its methods the hooks; its state: the plugin context (its agent
     hub, from ``levers9_startup``) and a clock."""
 
     LEVERS9_SPEC_VERSION = SPEC_VERSION
+    settings_model = AttachedClusterSettings
+    provider_name = PROVIDER
+    agents_of = "the clusters'"
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.ctx: PluginContext | None = None
-        self._clock = clock
-
-    @hookimpl
-    def levers9_startup(self, ctx: PluginContext) -> None:
-        self.ctx = ctx
-
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``attached_cluster`` a provider; its pools validate with :class:`AttachedClusterSettings`."""
-        return AttachedClusterSettings
-
-    def _context(self) -> PluginContext:
-        if self.ctx is None or self.ctx.agents is None:
-            raise ProviderError(
-                "attached_cluster has no agent hub in this process: its pools are served by a running controlplane "
-                "('levers9 server'), where the clusters' agents connect"
-            )
-        return self.ctx
-
-    @property
-    def _has_hub(self) -> bool:
-        return self.ctx is not None and self.ctx.agents is not None
+        super().__init__(clock)
 
     # -------------------------------------------------------------------------- the cluster's agents
 
     def agents(self, pool: Pool) -> list[AgentInventory]:
         """Every agent of the pool's cluster (connected or not) of the pool's workspace, most recently heard first."""
-        hub = self._context().agents
+        hub = self.hub_context().agents
         assert hub is not None
         cluster = _settings(pool).cluster
         found = [
@@ -194,9 +167,6 @@ class AttachedClusterProvider:
             if a.workspace == pool.workspace and a.labels.get("cluster") == cluster
         ]
         return sorted(found, key=lambda a: (-a.last_seen, a.agent_id))
-
-    def silent_for(self, agent: AgentInventory) -> float:
-        return max(0.0, self._clock() - agent.last_seen) if agent.last_seen > 0 else float("inf")
 
     def serves(self, pool: Pool, agent: AgentInventory) -> bool:
         return agent.connected and self.silent_for(agent) <= _settings(pool).heartbeat_timeout_s
@@ -230,7 +200,7 @@ class AttachedClusterProvider:
 
     @hookimpl
     def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:
-        if not pool.gpu or pool.gpu_count < 1 or not self._has_hub:
+        if not pool.gpu or pool.gpu_count < 1 or not self.has_hub:
             # outside a controlplane no agent connects: nothing to offer, which is no failure of the pool's
             return []
         known = self.agents(pool)
@@ -266,7 +236,7 @@ class AttachedClusterProvider:
 
     @hookimpl
     def levers9_provision(self, request: ProvisionRequest) -> Machine:
-        ctx = self._context()
+        ctx = self.hub_context()
         pool = request.pool
         settings = _settings(pool)
         where = f"pool {pool.name!r} (cluster {settings.cluster!r})"
@@ -365,7 +335,7 @@ class AttachedClusterProvider:
 
     @hookimpl
     def levers9_terminate(self, pool: Pool, machine: Machine) -> None:
-        ctx = self._context()
+        ctx = self.hub_context()
         settings = _settings(pool)
         where = f"pool {pool.name!r} (cluster {settings.cluster!r}): stopping {machine.provider_id}"
         known = self.agents(pool)
@@ -430,7 +400,7 @@ class AttachedClusterProvider:
             return ProviderCheck(
                 ok=False, message=str(exc), hint="the cluster's agent must also run with allow_privileged"
             )
-        if not self._has_hub:
+        if not self.has_hub:
             return ProviderCheck(
                 ok=True,
                 message="no agent hub here: an attached cluster's agent is seen by a running controlplane only",

@@ -46,9 +46,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from levers9.clouds.calls import raise_typed, typed_call
-from levers9.clouds.provider import CloudProvider
 from levers9.hooks.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, ProviderError
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.provider import ProviderPlugin
 from levers9.hooks.types import GpuOffer, Machine, MachineIdentity, Pool, ProviderCheck, ProvisionRequest, settings_of
 from levers9_ec2.errors import error_code, translate
 from levers9_ec2.identity import fetch_identity, load_certificates, verify_identity
@@ -91,7 +91,7 @@ def _typed(where: str, call: Callable[[], T]) -> T:
     return typed_call(call, partial(translate, where=where))
 
 
-class Ec2Provider(CloudProvider):
+class Ec2Provider(ProviderPlugin):
     """The ``ec2`` plugin: its hooks, and their state (the plugin context, the clients and the describe cache)."""
 
     #: the edition of the hook spec these hooks follow

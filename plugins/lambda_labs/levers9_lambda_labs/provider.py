@@ -56,11 +56,11 @@ from typing import Any
 from urllib.parse import quote
 
 from levers9.bootstrap import cloud_init
-from levers9.clouds.provider import CloudProvider
 from levers9.gpu.catalog import CATALOG
 from levers9.gpu.normalize import from_lambda_instance_type
 from levers9.hooks.errors import InvalidRequest, ProviderError, Throttled
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.provider import ProviderPlugin
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -171,7 +171,7 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class LambdaLabsProvider(CloudProvider):
+class LambdaLabsProvider(ProviderPlugin):
     """The ``lambda_labs`` plugin: its hooks, and their state (the HTTP clients, the launch pacer, the context)."""
 
     #: the edition of the hook spec these hooks follow

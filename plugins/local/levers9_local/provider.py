@@ -48,6 +48,7 @@ from levers9.files import write_atomic
 from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.provider import ProviderPlugin
 from levers9.hooks.spec import SPEC_VERSION
 from levers9.hooks.types import (
     GpuDevice,
@@ -126,7 +127,7 @@ def _check_name(what: str, value: str) -> str:
     return value
 
 
-class LocalProvider:
+class LocalProvider(ProviderPlugin):
     """The ``local`` provider: the plugin object, its methods the hooks (the package's ``plugin`` is one).
 
     It holds no state of its own besides the GPU discovery cache: every answer
@@ -139,8 +140,10 @@ class LocalProvider:
     """
 
     LEVERS9_SPEC_VERSION = SPEC_VERSION
+    settings_model = LocalSettings
 
     def __init__(self, discover: Discover | None = None) -> None:
+        super().__init__()
         self._given = discover
         self._discover: Discover = discover or not_started
 
@@ -149,13 +152,9 @@ class LocalProvider:
     @hookimpl
     def levers9_startup(self, ctx: PluginContext) -> None:
         """Take GPU discovery from the facade, with a fresh memory, unless ``discover`` was given."""
+        super().levers9_startup(ctx)
         if self._given is None:
             self._discover = CachedDiscovery(ctx.gpu_devices)
-
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``local`` a provider whose pools are validated with :class:`LocalSettings`."""
-        return LocalSettings
 
     @hookimpl
     def levers9_gpu_offers(self, pool: Pool) -> list[GpuOffer]:

@@ -43,12 +43,10 @@ from fractions import Fraction
 from functools import partial
 from typing import Any, NoReturn, TypeVar
 
-from pydantic import BaseModel
-
 from levers9.gpu.catalog import CATALOG
-from levers9.hooks.context import PluginContext
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError, QuotaExceeded
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.provider import ProviderPlugin
 from levers9.hooks.spec import SPEC_VERSION
 from levers9.hooks.types import (
     Availability,
@@ -105,25 +103,17 @@ def _fail(exc: Exception, where: str) -> NoReturn:
     raise typed from None
 
 
-class K8sProvider:
+class K8sProvider(ProviderPlugin):
     """The ``local_k8s`` plugin object, its methods the hooks; its state: the API clients of the pools' clusters."""
 
     LEVERS9_SPEC_VERSION = SPEC_VERSION
+    settings_model = LocalK8sSettings
 
     def __init__(self) -> None:
+        super().__init__()
         self.clients = Clients()
 
-    @hookimpl
-    def levers9_provider_settings(self) -> type[BaseModel]:
-        """Declare ``local_k8s`` a provider whose pools are validated with :class:`LocalK8sSettings`."""
-        return LocalK8sSettings
-
-    @hookimpl
-    def levers9_startup(self, ctx: PluginContext) -> None:
-        self.ctx = ctx
-
-    @hookimpl
-    def levers9_shutdown(self, ctx: PluginContext) -> None:
+    def close(self) -> None:
         self.clients.close()
 
     def _cluster(self, settings: LocalK8sSettings, where: str) -> Cluster:

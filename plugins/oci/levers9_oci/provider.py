@@ -53,9 +53,9 @@ from typing import Any, TypeVar
 
 from levers9.bootstrap import cloud_init
 from levers9.clouds.calls import raise_typed, typed_call
-from levers9.clouds.provider import CloudProvider
 from levers9.hooks.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, ProviderError, Throttled
 from levers9.hooks.markers import hookimpl
+from levers9.hooks.provider import ProviderPlugin
 from levers9.hooks.types import (
     Availability,
     GpuOffer,
@@ -107,7 +107,7 @@ def retry_token(machine_id: str) -> str:
     return hashlib.sha256(machine_id.encode()).hexdigest()[:RETRY_TOKEN_MAX]
 
 
-class OciProvider(CloudProvider):
+class OciProvider(ProviderPlugin):
     """The ``oci`` plugin: its hooks, and the clients they share (see the module docstring)."""
 
     #: the edition of the hook spec these hooks follow
