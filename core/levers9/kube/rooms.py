@@ -36,12 +36,15 @@ from fractions import Fraction
 from typing import Any
 
 from levers9.gpu import from_k8s_labels
+from levers9.hooks.errors import InsufficientCapacity
+from levers9.hooks.types import ProvisionRequest
 from levers9.kube import node_usage, quantity
 from levers9.kube.shapes import Toleration
 
 __all__ = [
     "TYPE_LABELS",
     "NodeRoom",
+    "check_room",
     "describe_misses",
     "gpu_label",
     "rooms",
@@ -191,3 +194,33 @@ def describe_misses(misses: Sequence[tuple[str, str]], limit: int = 4) -> str:
     shown = "; ".join(f"{name}: {why}" for name, why in misses[:limit])
     more = len(misses) - limit
     return shown + (f"; and {more} more nodes" if more > 0 else "")
+
+
+def check_room(rooms: Iterable[NodeRoom], request: ProvisionRequest, where: str, no_nodes: str) -> None:
+    """Return when one of ``rooms`` can take the request's worker; else raise InsufficientCapacity naming each miss.
+
+    A node misses when it is not of the offer's instance type (its type label), has no GPUs of the request's type,
+    or lacks room (:meth:`NodeRoom.shortfall`). ``no_nodes`` is what the error says when there were no rooms at all
+    (a cluster with no nodes, an agent that reported none). Both Kubernetes providers check with this before they
+    create a Job, so a refusal reads the same from either.
+    """
+    resources = request.resources
+    label = request.offer.instance_type if request.offer is not None else None
+    misses: list[tuple[str, str]] = []
+    for room in rooms:
+        if label and room.type_label != label:
+            misses.append((room.name, f"not a {label} node"))
+            continue
+        if resources.gpu_count and room.gpu != resources.gpu:
+            misses.append((room.name, f"has no {resources.gpu} GPUs"))
+            continue
+        short = room.shortfall(resources.gpu_count, resources.cpu_millicores, resources.memory_mib)
+        if short is None:
+            return
+        misses.append((room.name, short))
+    shape = f"{resources.gpu_count}x {resources.gpu}, " if resources.gpu_count else ""
+    raise InsufficientCapacity(
+        f"{where}: no node has room for a worker ({shape}{resources.cpu_millicores}m CPU, "
+        f"{resources.memory_mib} MiB) now: {describe_misses(misses) or no_nodes}",
+        code="NoNodeFits",
+    )

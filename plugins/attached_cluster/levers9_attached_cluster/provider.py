@@ -90,7 +90,7 @@ from levers9.hooks.types import (
     settings_of,
 )
 from levers9.kube.jobs import WorkerPod, check_privileged, job_manifest, job_name, secret_manifest
-from levers9.kube.rooms import NodeRoom, describe_misses
+from levers9.kube.rooms import NodeRoom, check_room
 from levers9_attached_cluster.inventory import machine_of, node_rooms, reported_namespace, workers
 from levers9_attached_cluster.settings import AttachedClusterSettings
 
@@ -309,27 +309,7 @@ class AttachedClusterProvider(AgentBackedProvider):
         self, agent: AgentInventory, request: ProvisionRequest, settings: AttachedClusterSettings, where: str
     ) -> None:
         """Raise InsufficientCapacity, naming each node's shortfall, unless a reported node can take the worker."""
-        resources = request.resources
-        label = request.offer.instance_type if request.offer is not None else None
-        misses: list[tuple[str, str]] = []
-        for room in node_rooms(agent, settings):
-            if label and room.type_label != label:
-                misses.append((room.name, f"not a {label} node"))
-                continue
-            if resources.gpu_count and room.gpu != resources.gpu:
-                misses.append((room.name, f"has no {resources.gpu} GPUs"))
-                continue
-            short = room.shortfall(resources.gpu_count, resources.cpu_millicores, resources.memory_mib)
-            if short is None:
-                return
-            misses.append((room.name, short))
-        shape = f"{resources.gpu_count}x {resources.gpu}, " if resources.gpu_count else ""
-        nodes = describe_misses(misses) or "the agent reported no nodes"
-        raise InsufficientCapacity(
-            f"{where}: no node has room for a worker ({shape}{resources.cpu_millicores}m CPU, "
-            f"{resources.memory_mib} MiB) now: {nodes}",
-            code="NoNodeFits",
-        )
+        check_room(node_rooms(agent, settings), request, where, "the agent reported no nodes")
 
     # -------------------------------------------------------------------------- terminate, list
 

@@ -44,7 +44,7 @@ from functools import partial
 from typing import Any, NoReturn, TypeVar
 
 from levers9.gpu.catalog import CATALOG
-from levers9.hooks.errors import InsufficientCapacity, InvalidRequest, ProviderError, QuotaExceeded
+from levers9.hooks.errors import InvalidRequest, ProviderError, QuotaExceeded
 from levers9.hooks.markers import hookimpl
 from levers9.hooks.provider import ProviderPlugin
 from levers9.hooks.spec import SPEC_VERSION
@@ -69,7 +69,7 @@ from levers9.kube.jobs import (
     secret_manifest,
     secret_name,
 )
-from levers9.kube.rooms import NodeRoom, describe_misses, rooms
+from levers9.kube.rooms import NodeRoom, check_room, rooms
 from levers9_local_k8s.client import Clients, Cluster
 from levers9_local_k8s.errors import translate
 from levers9_local_k8s.machines import machine_of
@@ -205,26 +205,7 @@ class K8sProvider(ProviderPlugin):
             _fail(exc, where)
 
     def _check_room(self, cluster: Cluster, request: ProvisionRequest, settings: LocalK8sSettings, where: str) -> None:
-        resources = request.resources
-        label = request.offer.instance_type if request.offer is not None else None
-        misses: list[tuple[str, str]] = []
-        for room in self._rooms(cluster, settings, where):
-            if label and room.type_label != label:
-                misses.append((room.name, f"not a {label} node"))
-                continue
-            if resources.gpu_count and room.gpu != resources.gpu:
-                misses.append((room.name, f"has no {resources.gpu} GPUs"))
-                continue
-            short = room.shortfall(resources.gpu_count, resources.cpu_millicores, resources.memory_mib)
-            if short is None:
-                return
-            misses.append((room.name, short))
-        shape = f"{resources.gpu_count}x {resources.gpu}, " if resources.gpu_count else ""
-        raise InsufficientCapacity(
-            f"{where}: no node has room for a worker ({shape}{resources.cpu_millicores}m CPU, "
-            f"{resources.memory_mib} MiB) now: {describe_misses(misses) or 'the cluster has no nodes'}",
-            code="NoNodeFits",
-        )
+        check_room(self._rooms(cluster, settings, where), request, where, "the cluster has no nodes")
 
     def _check_quota(self, cluster: Cluster, request: ProvisionRequest, settings: LocalK8sSettings, where: str) -> None:
         resources = request.resources
