@@ -36,6 +36,7 @@ import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
@@ -54,6 +55,7 @@ __all__ = [
     "shown",
     "start_failure",
     "status_reason",
+    "timestamp",
     "trimmed_node",
     "unschedulable",
     "unusable",
@@ -120,6 +122,16 @@ def quantity(values: Mapping[str, Any], name: str) -> Fraction:
 def shown(value: Fraction) -> str:
     """A number for a message: ``3``, ``0.5``."""
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
+
+
+def timestamp(stamp: Any) -> datetime | None:
+    """An API timestamp (``2026-12-07T05:06:15Z``, RFC 3339) as an aware datetime; None when absent or malformed."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def as_object(value: Any) -> dict[str, Any]:

@@ -37,13 +37,12 @@ quantity string, "pods": n}}, "workers": [WorkerJob.info()...]}`` (see
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
 from levers9.hooks.context import AgentInventory
 from levers9.hooks.types import Machine, MachineState, Pool
-from levers9.kube import parse_quantity
+from levers9.kube import parse_quantity, timestamp
 from levers9.kube.rooms import NodeRoom, rooms_from_usage
 from levers9_attached_cluster.settings import AttachedClusterSettings
 
@@ -100,15 +99,6 @@ def node_rooms(agent: AgentInventory, settings: AttachedClusterSettings) -> list
     )
 
 
-def _created(stamp: Any) -> datetime | None:
-    if not isinstance(stamp, str):
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _state(worker: Mapping[str, Any]) -> tuple[MachineState, str | None]:
     phase, finished = worker.get("phase"), worker.get("finished")
     if worker.get("deleting"):
@@ -150,7 +140,7 @@ def machine_of(pool: Pool, worker: Mapping[str, Any], agent_id: str) -> Machine:
         gpu_count=gpu_count,
         region=pool.region,
         address=worker.get("pod_ip") or None,
-        created_at=_created(worker.get("created_at")),
+        created_at=timestamp(worker.get("created_at")),
         labels={"agent": agent_id},
         provider_data=provider_data,
         reason=reason,

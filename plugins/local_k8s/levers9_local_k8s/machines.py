@@ -32,11 +32,10 @@ Secret not there yet are waited for: they pass).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from levers9.hooks.types import Machine, MachineState, Pool
-from levers9.kube import container_detail, start_failure, unschedulable
+from levers9.kube import container_detail, start_failure, timestamp, unschedulable
 from levers9.kube.jobs import MACHINE_LABEL
 
 __all__ = ["machine_of"]
@@ -44,16 +43,6 @@ __all__ = ["machine_of"]
 
 def _true_conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c.get("type", ""): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-
-
-def _created(metadata: dict[str, Any]) -> datetime | None:
-    stamp = metadata.get("creationTimestamp")
-    if not isinstance(stamp, str):
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def machine_of(
@@ -105,7 +94,7 @@ def machine_of(
         gpu_count=pool.gpu_count,
         region=pool.region,
         address=pod_status.get("podIP"),
-        created_at=_created(metadata),
+        created_at=timestamp(metadata.get("creationTimestamp")),
         provider_data={"namespace": namespace, **({"node": spec["nodeName"]} if spec.get("nodeName") else {})},
         reason=reason,
     )
