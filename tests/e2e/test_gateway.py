@@ -1,4 +1,10 @@
-"""The gateway over HTTP against a real `levers9 up`: endpoints, versions, queues, jobs, boxes, scaling, auth."""
+"""The gateway over HTTP against a real `levers9 up`: endpoints, versions, queues, jobs, boxes, scaling, auth.
+
+The tests that only deploy and call, under deployment names no other test of
+this module uses, share one `levers9 up` (:func:`shared_up`); those that count
+what every call left (metrics, running tasks), need a free worker, kill the
+controlplane or change its runtime start their own.
+"""
 
 from __future__ import annotations
 
@@ -91,11 +97,11 @@ def test_versions_answer_until_stopped_and_a_cold_call_waits_for_its_container(l
         assert (wrong.json()["error"]["type"], wrong.json()["error"]["exception"]) == ("handler_error", "TypeError")
 
 
-def test_a_generator_endpoint_streams_its_items_as_they_come(levers9_up: Up) -> None:
-    levers9_up.start()
-    _deploy(levers9_up, APP.format(greeting="hello", keep_warm=60))
+def test_a_generator_endpoint_streams_its_items_as_they_come(shared_up: Up) -> None:
+    up = shared_up
+    _deploy(up, APP.format(greeting="hello", keep_warm=60))
     arrivals: list[tuple[float, bytes]] = []
-    with _client(levers9_up) as client:
+    with _client(up) as client:
         assert client.post("/endpoint/ticks", json={"n": 1}).status_code == 200  # warm
         started = time.monotonic()
         with client.stream("POST", "/endpoint/ticks", json={"n": 3}) as response:
@@ -182,11 +188,17 @@ def test_a_full_buffer_answers_429_and_a_container_that_never_comes_504(levers9_
             answers.append(client.post("/endpoint/slow").status_code)
 
         busy = threading.Thread(target=call)
-        busy.start()
-        time.sleep(0.5)
         waiting = threading.Thread(target=call)
+        busy.start()
         waiting.start()
-        time.sleep(0.5)
+        # the warm container's one slot free, whichever of the two comes first takes it and the other waits:
+        # one request waiting means one in flight and the buffer (max_pending=1) full
+        _eventually(
+            lambda: _scrape(levers9_up).get(("levers9_gateway_waiting_requests", ())) == 1,
+            10,
+            "one request in flight and one waiting",
+            levers9_up,
+        )
         refused = client.post("/endpoint/slow")
         assert refused.status_code == 429, refused.text
         assert "max_pending=1" in refused.json()["error"]["message"]
@@ -213,9 +225,9 @@ def test_an_idle_endpoint_scales_to_zero_after_keep_warm(levers9_up: Up) -> None
         assert client.post("/endpoint/greet", json={"name": "again"}).json() == {"greeting": "hello, again"}
 
 
-def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(levers9_up: Up) -> None:
-    levers9_up.start()
-    marker = levers9_up.exchange / "failed-once"
+def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(shared_up: Up) -> None:
+    up = shared_up
+    marker = up.exchange / "failed-once"
     source = f"""
     import os
     import levers9
@@ -231,8 +243,8 @@ def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(levers9_up:
     def report(title: str) -> str:
         return title.upper()
     """
-    _deploy(levers9_up, source, "work.py")
-    with _client(levers9_up) as client:
+    _deploy(up, source, "work.py")
+    with _client(up) as client:
         queued = client.post("/queue/flaky/v1", json={"x": 21})
         assert queued.status_code == 202, queued.text
         task_id = queued.json()["task_id"]
@@ -243,16 +255,14 @@ def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(levers9_up:
             status = client.get(f"/queue/flaky/v1/tasks/{task_id}").json()
             return status["status"] in ("complete", "error")
 
-        _eventually(finished, 60, "the queue item", levers9_up)
+        _eventually(finished, 60, "the queue item", up)
         assert status["status"] == "complete", status
         assert status["result"] == {"double": 42}
         assert status["attempts"] == 1
         started = client.post("/job/report", json={"title": "q3"})
         assert started.status_code == 202, started.text
         run = started.json()["task_id"]
-        _eventually(
-            lambda: client.get(f"/job/report/tasks/{run}").json()["status"] == "complete", 60, "the job", levers9_up
-        )
+        _eventually(lambda: client.get(f"/job/report/tasks/{run}").json()["status"] == "complete", 60, "the job", up)
         assert client.get(f"/function/report/v1/tasks/{run}").json()["result"] == "Q3"
         # the older /taskqueue path is the same queue
         again = client.post("/taskqueue/flaky", json=[5])
@@ -261,8 +271,8 @@ def test_a_queue_item_is_retried_once_after_a_failure_and_a_job_runs(levers9_up:
         assert client.get(f"/queue/flaky/v1/tasks/{run}").status_code == 404  # a job's task is not this queue's
 
 
-def test_a_box_port_is_proxied(levers9_up: Up) -> None:
-    levers9_up.start()
+def test_a_box_port_is_proxied(shared_up: Up) -> None:
+    up = shared_up
     port = free_port()  # free now, on this host: the box binds it on the worker's host network
     source = f"""
     import http.server
@@ -280,13 +290,15 @@ def test_a_box_port_is_proxied(levers9_up: Up) -> None:
     def web():
         http.server.ThreadingHTTPServer(("127.0.0.1", {port}), Hello).serve_forever()
     """
-    _deploy(levers9_up, source, "boxapp.py")
-    with _client(levers9_up) as client:
+    _deploy(up, source, "boxapp.py")
+    with _client(up) as client:
         answer = client.get(f"/box/web/v1/{port}/some/path?q=1")
-        assert answer.status_code == 200, answer.text + levers9_up.log()[-3000:]
+        assert answer.status_code == 200, answer.text + up.log()[-3000:]
         assert answer.text == "box says /some/path?q=1"
         assert client.get(f"/pod/web/{port}/x").text == "box says /x"
         assert client.get("/box/web/v1/9/x").status_code == 404
+    stopped = up.levers9("stop", "web", "--version", "1")  # the box would run for the rest of the shared up
+    assert stopped.returncode == 0, stopped.stderr
 
 
 @pytest.mark.timeout(600)
@@ -326,8 +338,8 @@ def test_endpoints_and_boxes_serve_from_real_containers(levers9_up: Up, runtime:
         assert box.text == "from the box"
 
 
-def test_an_asgi_endpoint_serves_every_path_and_never_sees_the_callers_token(levers9_up: Up) -> None:
-    levers9_up.start()
+def test_an_asgi_endpoint_serves_every_path_and_never_sees_the_callers_token(shared_up: Up) -> None:
+    up = shared_up
     source = """
     import asyncio
 
@@ -369,10 +381,10 @@ def test_an_asgi_endpoint_serves_every_path_and_never_sees_the_callers_token(lev
 
         return app
     """
-    _deploy(levers9_up, source, "asgiapp.py")
-    with _client(levers9_up) as client:
+    _deploy(up, source, "asgiapp.py")
+    with _client(up) as client:
         item = client.get("/endpoint/api/items/7", params={"q": "x"})
-        assert item.status_code == 200, item.text + levers9_up.log()[-3000:]
+        assert item.status_code == 200, item.text + up.log()[-3000:]
         assert item.json() == {"item": 7, "q": "x"}
         assert client.get("/endpoint/api/v1/items/8").json() == {"item": 8, "q": ""}
         assert client.get("/endpoint/api/nothing").status_code == 404  # the app's own 404
@@ -421,10 +433,10 @@ def _running_serving_tasks(up: Up) -> list[str]:
         return [t["id"] for t in client.get("/api/v1/tasks", params={"status": "running"}).json()]
 
 
-def test_a_version_segment_is_strict_and_every_error_is_json_with_one_type_per_condition(levers9_up: Up) -> None:
+def test_a_version_segment_is_strict_and_every_error_is_json_with_one_type_per_condition(shared_up: Up) -> None:
     """``/v0``, ``/v-1``, ``/v01``... name no version (404), never the newest; ``/vfoo`` is an ASGI app's path. A body
     that is not JSON, or nests 100,000 deep, is 4xx JSON on every route, typed ``invalid_json`` on all of them."""
-    levers9_up.start()
+    up = shared_up
     source = """
     import levers9
 
@@ -444,9 +456,9 @@ def test_a_version_segment_is_strict_and_every_error_is_json_with_one_type_per_c
     def work(x: object = None) -> object:
         return x
     """
-    _deploy(levers9_up, source, "strict.py")
+    _deploy(up, source, "strict.py")
     deep = b"[" * 100_000 + b"]" * 100_000
-    with _client(levers9_up) as client:
+    with _client(up) as client:
         assert client.post("/endpoint/echo/v1", json={"x": 1}).json() == 1
         for segment in ("v0", "v-1", "v01", "v+1", "v00", "v2147483648", "v99999999999999999999"):
             for url in (f"/endpoint/echo/{segment}", f"/queue/work/{segment}", f"/endpoint/site/{segment}/x"):
