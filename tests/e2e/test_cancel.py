@@ -6,6 +6,9 @@ its outcome. Answering ``cancelled`` while the process (and what it started)
 kept running until its worker died was the bug: the test looks for the call's
 process and its child in /proc, not just at the task's status; and a client
 watching the call (as ``call.get()`` does) must hear ``cancelled`` on both.
+
+Both tests share one `levers9 up` (:func:`shared_up`): each cancels only the
+call it started, found by its own pid file.
 """
 
 from __future__ import annotations
@@ -118,40 +121,40 @@ def _task(up: Up, task_id: str) -> dict[str, object]:
     return body
 
 
-def test_cancel_over_rest_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
-    levers9_up.start()
-    task_id, pids = _start_stubborn(levers9_up, levers9_up.exchange / "rest.pids")
-    watcher = _Watcher(levers9_up, task_id)
+def test_cancel_over_rest_ends_the_calls_process_and_its_children(shared_up: Up) -> None:
+    up = shared_up
+    task_id, pids = _start_stubborn(up, up.exchange / "rest.pids")
+    watcher = _Watcher(up, task_id)
     assert not watcher.events  # it runs: nothing to tell yet
     r = httpx.post(
-        f"http://127.0.0.1:{levers9_up.http_port}/api/v1/tasks/{task_id}/cancel",
-        headers={"authorization": f"Bearer {levers9_up.token()}"},
+        f"http://127.0.0.1:{up.http_port}/api/v1/tasks/{task_id}/cancel",
+        headers={"authorization": f"Bearer {up.token()}"},
         timeout=10,
     )
     assert r.status_code == 200, r.text
     assert r.json()["cancelled"] is True
     assert r.json()["task"]["status"] == "cancelled"
-    _wait_gone(pids, levers9_up)
-    assert _task(levers9_up, task_id)["status"] == "cancelled"
-    event = watcher.outcome(levers9_up)
+    _wait_gone(pids, up)
+    assert _task(up, task_id)["status"] == "cancelled"
+    event = watcher.outcome(up)
     assert (event.task_id, event.status) == (task_id, "cancelled")
 
 
-def test_levers9_cancel_ends_the_calls_process_and_its_children(levers9_up: Up, tmp_path: Path) -> None:
-    levers9_up.start()
-    task_id, pids = _start_stubborn(levers9_up, levers9_up.exchange / "cli.pids")
-    watcher = _Watcher(levers9_up, task_id)
+def test_levers9_cancel_ends_the_calls_process_and_its_children(shared_up: Up) -> None:
+    up = shared_up
+    task_id, pids = _start_stubborn(up, up.exchange / "cli.pids")
+    watcher = _Watcher(up, task_id)
     assert not watcher.events  # it runs: nothing to tell yet
-    done = levers9_up.levers9("cancel", task_id)  # gRPC's CancelTask
+    done = up.levers9("cancel", task_id)  # gRPC's CancelTask
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"cancelled {task_id}"
-    _wait_gone(pids, levers9_up)
-    assert _task(levers9_up, task_id)["status"] == "cancelled"
-    event = watcher.outcome(levers9_up)
+    _wait_gone(pids, up)
+    assert _task(up, task_id)["status"] == "cancelled"
+    event = watcher.outcome(up)
     assert (event.task_id, event.status) == (task_id, "cancelled")
-    again = levers9_up.levers9("cancel", task_id)
+    again = up.levers9("cancel", task_id)
     assert again.returncode == 0, again.stderr
     assert "had already finished" in again.stderr
-    missing = levers9_up.levers9("cancel", "task_nope")
+    missing = up.levers9("cancel", "task_nope")
     assert missing.returncode == 1
     assert "task 'task_nope' does not exist" in missing.stderr
