@@ -6,6 +6,10 @@ the worker re-sent the same message on every reconnect, and ``.get()`` hung.
 Here a 200 MB result comes back while other calls run, big arguments travel on
 ``.remote``, ``.map`` and ``.spawn`` and through a queue, and a payload over
 the cap fails its own call, naming the size and the cap, and nothing else.
+
+The tests that run with the default config (two workers at most, no cap set)
+share one `levers9 up` (:func:`shared_up`); those that change the cap or the
+pool's size start their own.
 """
 
 from __future__ import annotations
@@ -77,9 +81,9 @@ def test_a_200_mb_result_comes_back_while_other_calls_keep_running(levers9_up: U
     assert "unreachable" not in log  # the worker's session never broke
 
 
-def test_big_arguments_travel_on_remote_map_and_spawn(levers9_up: Up) -> None:
-    _start(levers9_up)
-    done = levers9_up.python(
+def test_big_arguments_travel_on_remote_map_and_spawn(shared_up: Up) -> None:
+    up = shared_up
+    done = up.python(
         """
         import hashlib, json
         import levers9
@@ -100,7 +104,7 @@ def test_big_arguments_travel_on_remote_map_and_spawn(levers9_up: Up) -> None:
         }))
         """
     )
-    assert done.returncode == 0, done.stderr + levers9_up.log()[-3000:]
+    assert done.returncode == 0, done.stderr + up.log()[-3000:]
     assert _json_line(done.stdout) == {"remote": True, "map": True, "spawn": True}
 
 
@@ -147,19 +151,19 @@ def test_a_payload_over_the_cap_fails_its_own_call_naming_the_size_and_the_cap(l
     assert out["after"] == 5 << 20
 
 
-def test_a_queue_item_with_a_big_body_and_a_big_json_result(levers9_up: Up) -> None:
-    _start(levers9_up)
-    app = levers9_up.root / "app.py"
+def test_a_queue_item_with_a_big_body_and_a_big_json_result(shared_up: Up) -> None:
+    up = shared_up
+    app = up.root / "app.py"
     app.write_text(
         "import levers9\n\n"
         "@levers9.queue(memory=512)\n"
         "def upper(text):\n"
         "    return {'n': len(text), 'text': text.upper()}\n"
     )
-    deployed = levers9_up.levers9("deploy", str(app))
+    deployed = up.levers9("deploy", str(app))
     assert deployed.returncode == 0, deployed.stderr
-    headers = {"authorization": f"Bearer {levers9_up.token()}"}
-    base = f"http://127.0.0.1:{levers9_up.http_port}"
+    headers = {"authorization": f"Bearer {up.token()}"}
+    base = f"http://127.0.0.1:{up.http_port}"
     text = "abc" * (1 << 20)  # 3 MiB each way: over the inline limit
     with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
         queued = http.post("/queue/upper", json={"text": text})
