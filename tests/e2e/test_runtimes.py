@@ -62,7 +62,8 @@ def test_a_checkpointed_function_starts_its_next_container_from_the_snapshot(lev
     database = levers9_up.home / "data" / "levers9.db"
     done = levers9_up.python(
         f"""
-        import json, secrets, sqlite3, time, levers9
+        import json, os, secrets, sqlite3, subprocess, time, levers9
+        from pathlib import Path
 
         def build():
             time.sleep(5)  # the start-up a snapshot saves
@@ -89,7 +90,23 @@ def test_a_checkpointed_function_starts_its_next_container_from_the_snapshot(lev
                 assert time.monotonic() < deadline, "no checkpoint became available"
                 time.sleep(0.2)
             print("CHECKPOINTS", json.dumps(db.execute("select runtime, status from checkpoints").fetchall()))
-        time.sleep(5)  # the first container has been idle longer than keep_warm and is gone
+        # wait for the first container to be reaped (idle longer than keep_warm): none left running under the
+        # worker's runsc root (the checkpoint keeps the same container running; nothing else runs here)
+        roots = [d for d in Path(os.environ["XDG_STATE_HOME"]).rglob("runsc") if d.is_dir()]
+        assert roots, "no runsc root under the worker's state directory"
+
+        def running():
+            listed = [
+                subprocess.run(["runsc", "--root", str(r), "list", "-format", "json"],
+                               capture_output=True, text=True, check=True).stdout
+                for r in roots
+            ]
+            return [c["id"] for out in listed for c in json.loads(out or "[]") or [] if c["status"] != "stopped"]
+
+        deadline = time.monotonic() + 60
+        while running():
+            assert time.monotonic() < deadline, f"the idle container was not reaped: {{running()}}"
+            time.sleep(0.2)
         second = whoami.remote(1)
         print("RESULT", json.dumps([first, second]))
         """
