@@ -94,6 +94,8 @@ def test_a_joined_boxs_worker_and_its_call_survive_a_clean_restart_of_up(
         )
         [worker] = box.workers()
 
+        lost = "lost or not opened"  # the agent's warning when its stream to the controlplane ends
+        lost_before = box.agent_log().count(lost)
         plane.stop()  # SIGTERM: a clean stop, without --keep-machines
         assert plane.process is not None
         assert plane.process.returncode == 0, plane.log()[-3000:]
@@ -101,7 +103,13 @@ def test_a_joined_boxs_worker_and_its_call_survive_a_clean_restart_of_up(
         assert "leaving 1 worker(s) on joined machines running" in first_log, first_log[-3000:]
         assert "terminating" not in first_log.split("levers9 is up", 1)[1], first_log[-3000:]
         assert [(w["id"], w["state"]) for w in box.workers()] == [(worker["id"], "running")]
-        time.sleep(1.0)
+        # start again once the agent has seen `up` go: its reconnect is what the restart tests
+        wait_until(
+            "the agent to see its stream to `up` end",
+            lambda: box.agent_log().count(lost) > lost_before,
+            60,
+            why=lambda: box_logs(plane, box),
+        )
         plane.start()
         out, err = app.communicate(timeout=400)
     finally:
