@@ -46,10 +46,27 @@ if TYPE_CHECKING:
     )
 
 _SDK = {
-    "Blueprint", "CallCancelled", "CallTimeout", "CloudBucket", "CloudBucketConfig", "ControlPlaneError", "Function",
-    "FunctionCall", "InvalidFunction", "PythonVersion", "RemoteError", "Unschedulable", "Volume", "asgi", "box",
-    "endpoint", "function", "job", "queue", "ready",
-}  # fmt: skip
+    "Blueprint",
+    "CallCancelled",
+    "CallTimeout",
+    "CloudBucket",
+    "CloudBucketConfig",
+    "ControlPlaneError",
+    "Function",
+    "FunctionCall",
+    "InvalidFunction",
+    "PythonVersion",
+    "RemoteError",
+    "Unschedulable",
+    "Volume",
+    "asgi",
+    "box",
+    "endpoint",
+    "function",
+    "job",
+    "queue",
+    "ready",
+}
 
 
 def __getattr__(name: str) -> Any:

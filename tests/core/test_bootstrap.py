@@ -84,8 +84,13 @@ def test_the_script_is_posix_sh() -> None:
     for shell in ("/bin/sh", shutil.which("dash"), shutil.which("bash")):
         if shell is None:
             continue
-        checked = subprocess.run([shell, "-n"], input=shell_script(bootstrap(worker_image="img:1")), text=True,
-                                 capture_output=True, check=False)  # fmt: skip
+        checked = subprocess.run(
+            [shell, "-n"],
+            input=shell_script(bootstrap(worker_image="img:1")),
+            text=True,
+            capture_output=True,
+            check=False,
+        )
         assert checked.returncode == 0, f"{shell} -n: {checked.stderr}"
 
 
@@ -264,8 +269,10 @@ def test_an_installed_levers9_of_the_right_version_is_started_with_the_token_in_
 
 
 def test_with_another_levers9_the_worker_image_runs_in_docker_on_the_host_network(tmp_path: Path) -> None:
-    b = bootstrap(worker_image="ghcr.io/levers9/worker:0.1.0",
-                  environment={"LEVERS9_GPU_COUNT": "8", "LEVERS9_DISCONNECT_EXIT_S": "300"})  # fmt: skip
+    b = bootstrap(
+        worker_image="ghcr.io/levers9/worker:0.1.0",
+        environment={"LEVERS9_GPU_COUNT": "8", "LEVERS9_DISCONNECT_EXIT_S": "300"},
+    )
     ran = boot(tmp_path, b, levers9="0.0.9", stubs={"docker": 0})
     assert ran.result.returncode == 0, ran.result.stderr
     assert not (ran.out / "levers9-worker.json").exists(), "the wrong version must not be run"
@@ -275,9 +282,13 @@ def test_with_another_levers9_the_worker_image_runs_in_docker_on_the_host_networ
     etc = ran.root / "etc/levers9"
     # never restarted: the join token is spent, a restarted worker could only be refused
     assert "--restart" not in args
-    for expected in (["--network", "host"], ["--gpus", "all"],
-                     ["--env-file", str(etc / "worker.env")], ["-e", f"LEVERS9_TOKEN_FILE={etc / 'token'}"],
-                     ["-v", f"{etc}:{etc}:ro"]):  # fmt: skip
+    for expected in (
+        ["--network", "host"],
+        ["--gpus", "all"],
+        ["--env-file", str(etc / "worker.env")],
+        ["-e", f"LEVERS9_TOKEN_FILE={etc / 'token'}"],
+        ["-v", f"{etc}:{etc}:ro"],
+    ):
         at = args.index(expected[0])
         assert args[at : at + len(expected)] == expected
     assert args[-3:] == ["ghcr.io/levers9/worker:0.1.0", "levers9", "worker"]
@@ -418,15 +429,30 @@ def test_a_script_run_again_rewrites_its_files_and_starts_again(tmp_path: Path) 
 
 #: what a runc or gvisor worker container is given on a booted VM: the agent's list (levers9.agent.runtime_access)
 OCI_FLAGS = [
-    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_PTRACE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--security-opt", "systempaths=unconfined",
-    "--cgroupns", "host", "--init",
-    "-v", "l9w-mach_0123-state:/var/lib/levers9:rw",
-    "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "-v", "/run/levers9/network:/run/levers9/network:rw",
-    "-e", "LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker",
-]  # fmt: skip
+    "--cap-add",
+    "SYS_ADMIN",
+    "--cap-add",
+    "NET_ADMIN",
+    "--cap-add",
+    "SYS_PTRACE",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--security-opt",
+    "apparmor=unconfined",
+    "--security-opt",
+    "systempaths=unconfined",
+    "--cgroupns",
+    "host",
+    "--init",
+    "-v",
+    "l9w-mach_0123-state:/var/lib/levers9:rw",
+    "-v",
+    "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "-v",
+    "/run/levers9/network:/run/levers9/network:rw",
+    "-e",
+    "LEVERS9_WORKER_STATE_DIR=/var/lib/levers9/worker",
+]
 
 
 def _docker_run(tmp_path: Path, runtime: str) -> list[str]:

@@ -151,9 +151,14 @@ def test_a_worker_deletes_its_token_file_and_its_own_user_cannot_read_its_proc_f
         # its environment or memory, nor attach to it.
         assert Path(f"/proc/{worker.pid}/environ").stat().st_uid == 0
         probe = subprocess.run(
-            ["cat", f"/proc/{worker.pid}/environ"], user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-            capture_output=True, timeout=30, check=False,
-        )  # fmt: skip
+            ["cat", f"/proc/{worker.pid}/environ"],
+            user=entry.pw_uid,
+            group=entry.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
         assert probe.returncode != 0
         assert b"Permission denied" in probe.stderr
         assert TOKEN.encode() not in Path(f"/proc/{worker.pid}/environ").read_bytes()  # not even for root

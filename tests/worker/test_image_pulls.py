@@ -35,8 +35,13 @@ def _image(registry: Registry, tmp_path: Path, name: str) -> str:
 def _pulls(tmp_path: Path, registry: Registry, *, max_bytes: int, in_use: list[str], busy: list[bool]) -> ImagePulls:
     settings = NodeSettings(image_cache=str(tmp_path / "cache"), image_cache_max_bytes=max_bytes)
     runtime = RuntimeContext(name="runc", settings=settings, state_dir=str(tmp_path / "state"))
-    return ImagePulls(runtime, registry_url=registry.url, credentials=lambda: RegistryAuth("wkr_1", "token"),
-                      in_use=lambda: in_use, busy=lambda: busy[0])  # fmt: skip
+    return ImagePulls(
+        runtime,
+        registry_url=registry.url,
+        credentials=lambda: RegistryAuth("wkr_1", "token"),
+        in_use=lambda: in_use,
+        busy=lambda: busy[0],
+    )
 
 
 def _cached(tmp_path: Path, ref: str) -> bool:

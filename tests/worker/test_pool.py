@@ -66,8 +66,13 @@ class World:
     seen: set[str] = field(default_factory=set)
 
     def stub(self, fn: Callable[..., Any], **kw: Any) -> StubSpec:
-        fields: dict[str, Any] = {"image": "host", "python_version": PYTHON, "cpu_millicores": 1000,
-                                  "memory_mib": 256, **kw}  # fmt: skip
+        fields: dict[str, Any] = {
+            "image": "host",
+            "python_version": PYTHON,
+            "cpu_millicores": 1000,
+            "memory_mib": 256,
+            **kw,
+        }
         name = getattr(fn, "__name__", "fn")
         stub_id = f"{self.prefix}{secrets.token_hex(2)}"
         return StubSpec(stub_id=stub_id, workspace_id="ws1", name=name, handler=cloudpickle.dumps(fn), **fields)
@@ -610,8 +615,14 @@ async def test_the_runner_drops_connections_without_the_token(tmp_path: Path) ->
     handler = tmp_path / "handler.pkl"
     handler.write_bytes(cloudpickle.dumps(lambda: "hi"))
     port = free_port()
-    env = {**os.environ, "LEVERS9_RUNNER_PORT": str(port), "LEVERS9_RUNNER_TOKEN": "right-token",
-           "LEVERS9_HANDLER_FILE": str(handler), "LEVERS9_PYTHON_VERSION": PYTHON, "LEVERS9_RUNNER_HOST": "127.0.0.1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LEVERS9_RUNNER_PORT": str(port),
+        "LEVERS9_RUNNER_TOKEN": "right-token",
+        "LEVERS9_HANDLER_FILE": str(handler),
+        "LEVERS9_PYTHON_VERSION": PYTHON,
+        "LEVERS9_RUNNER_HOST": "127.0.0.1",
+    }
     proc = subprocess.Popen([sys.executable, "-m", "levers9.runner"], env=env)
     try:
         reader, writer = await _connect(port)
@@ -668,9 +679,15 @@ async def test_the_runner_can_wait_for_go_and_serve_on_a_unix_socket(tmp_path: P
     handler.write_bytes(cloudpickle.dumps(lambda: "hi"))
     signals = tmp_path / "run"
     signals.mkdir()
-    env = {**os.environ, "LEVERS9_RUNNER_SOCKET": str(signals / "runner.sock"), "LEVERS9_RUNNER_TOKEN": "old-token",
-           "LEVERS9_HANDLER_FILE": str(handler), "LEVERS9_PYTHON_VERSION": PYTHON,
-           "LEVERS9_READY_FILE": str(signals / "ready"), "LEVERS9_GO_FILE": str(signals / "go")}  # fmt: skip
+    env = {
+        **os.environ,
+        "LEVERS9_RUNNER_SOCKET": str(signals / "runner.sock"),
+        "LEVERS9_RUNNER_TOKEN": "old-token",
+        "LEVERS9_HANDLER_FILE": str(handler),
+        "LEVERS9_PYTHON_VERSION": PYTHON,
+        "LEVERS9_READY_FILE": str(signals / "ready"),
+        "LEVERS9_GO_FILE": str(signals / "go"),
+    }
     proc = subprocess.Popen([sys.executable, "-m", "levers9.runner"], env=env)
     try:
         deadline = time.monotonic() + 30
@@ -711,16 +728,22 @@ async def _checkpointing(tmp_path: Path) -> AsyncIterator[tuple[Checkpointing, C
 
     async def record(request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
         if request.checkpoint_id:
-            made = await store.set_status(request.checkpoint_id, request.status, path=request.path or None,
-                                          size_bytes=request.size_bytes or None, error=request.error or None)  # fmt: skip
+            made = await store.set_status(
+                request.checkpoint_id,
+                request.status,
+                path=request.path or None,
+                size_bytes=request.size_bytes or None,
+                error=request.error or None,
+            )
         else:
             made = await store.create(workspace.id, request.runtime, stub_id=None, gpu=request.gpu or None)
         return checkpoint_ref(made)
 
     checkpointing = Checkpointing(
-        store=RecordStore(record), storage=LocalStorage(tmp_path / "storage"),
+        store=RecordStore(record),
+        storage=LocalStorage(tmp_path / "storage"),
         cache=NodeCache(tmp_path / "cache", 1 << 30),
-    )  # fmt: skip
+    )
     try:
         yield checkpointing, store, workspace.id
     finally:

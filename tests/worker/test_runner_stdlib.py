@@ -129,8 +129,9 @@ def test_the_runner_imports_with_only_the_tree_the_worker_mounts(tmp_path: Path)
         "assert not extra, f'modules beyond the standard library and the mounted packages: {extra}'\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 

@@ -134,8 +134,9 @@ def test_a_generator_streams_chunked_and_an_async_handler_runs_on_the_loop(serve
         await asyncio.sleep(0.01)
         return x + 1
 
-    streamed = _raw(serve(function_app(count, concurrency=1)),
-                    b'POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 8\r\n\r\n{"n": 2}')  # fmt: skip
+    streamed = _raw(
+        serve(function_app(count, concurrency=1)), b'POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 8\r\n\r\n{"n": 2}'
+    )
     head, _, body = streamed.partition(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in head
     assert b"application/x-ndjson" in head

@@ -410,8 +410,9 @@ def serve_http(channel: Channel, stream: BinaryIO, executor: Executor, order: fr
     channel.task_id = task_id  # every request's output is the serving task's
     if executor.handler is None:
         assert executor.problem is not None
-        channel.send("result", executor.problem.exception, task_id=task_id, status="error",
-                     error=executor.problem.fields())  # fmt: skip
+        channel.send(
+            "result", executor.problem.exception, task_id=task_id, status="error", error=executor.problem.fields()
+        )
         return _wait_hang_up(stream)
     if interface == "box":
         return _run_box(channel, stream, executor.handler, task_id, [int(p) for p in order.header.get("ports", [])])

@@ -213,8 +213,12 @@ class HttpServer:
                 return False  # the client went away mid-response: nothing to tell the app's log
             traceback.print_exc()
             if not response.started:
-                await _error(response.send, errors.HANDLER_ERROR, f"{type(exc).__name__}: {str(exc)[:4000]}",
-                            exception=type(exc).__name__)  # fmt: skip
+                await _error(
+                    response.send,
+                    errors.HANDLER_ERROR,
+                    f"{type(exc).__name__}: {str(exc)[:4000]}",
+                    exception=type(exc).__name__,
+                )
                 return not close
             return False  # half a response went out: the connection cannot be reused
         if not response.started:
@@ -437,8 +441,9 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
                     result = await result
         except Exception as exc:
             traceback.print_exc()
-            await _error(send, errors.HANDLER_ERROR, f"{type(exc).__name__}: {str(exc)[:4000]}",
-                        exception=type(exc).__name__)  # fmt: skip
+            await _error(
+                send, errors.HANDLER_ERROR, f"{type(exc).__name__}: {str(exc)[:4000]}", exception=type(exc).__name__
+            )
             return
         if inspect.isgenerator(result) or inspect.isasyncgen(result):
             await _stream(send, result, loop, pool)

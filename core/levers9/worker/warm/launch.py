@@ -255,11 +255,19 @@ class Launcher:
             box.signal_dir = self.state_dir / "signals" / box.cid
             try:
                 await boot_checkpointed(
-                    checkpointing, self.hooks, self.runtime, self.capabilities, spec, marks=box,
-                    signal_dir=box.signal_dir, images_dir=self.state_dir / "images",
-                    workspace_id=stub.workspace_id, stub_id=stub.stub_id, token=box.token,
+                    checkpointing,
+                    self.hooks,
+                    self.runtime,
+                    self.capabilities,
+                    spec,
+                    marks=box,
+                    signal_dir=box.signal_dir,
+                    images_dir=self.state_dir / "images",
+                    workspace_id=stub.workspace_id,
+                    stub_id=stub.stub_id,
+                    token=box.token,
                     timeout_s=self.start_timeout_s,
-                )  # fmt: skip
+                )
             except (Levers9Error, TimeoutError) as exc:
                 raise StartFailed(f"the runtime could not start the container: {exc}") from exc
             return

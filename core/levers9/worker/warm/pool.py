@@ -96,12 +96,21 @@ class WarmPool:
         self.state_dir = Path(state_dir)
         self.gpus = list(gpus)
         self.start_timeout_s = start_timeout_s
-        self.limits = ScalingLimits(max_containers=max_containers, max_starting_per_stub=max_starting_per_stub,
-                                    scale_after_s=scale_after_s)  # fmt: skip
+        self.limits = ScalingLimits(
+            max_containers=max_containers, max_starting_per_stub=max_starting_per_stub, scale_after_s=scale_after_s
+        )
         self.max_result_bytes = max_result_bytes
-        self.launcher = Launcher(hooks, runtime, capabilities, state_dir=self.state_dir, python=python,
-                                 gpus_present=bool(self.gpus), start_timeout_s=start_timeout_s,
-                                 checkpointing=checkpointing, volumes=volumes)  # fmt: skip
+        self.launcher = Launcher(
+            hooks,
+            runtime,
+            capabilities,
+            state_dir=self.state_dir,
+            python=python,
+            gpus_present=bool(self.gpus),
+            start_timeout_s=start_timeout_s,
+            checkpointing=checkpointing,
+            volumes=volumes,
+        )
         self.client = RunnerClient(self.launcher, max_result_bytes=max_result_bytes, start_timeout_s=start_timeout_s)
         #: containers started since the pool was made, for tests and metrics
         self.started_total = 0
@@ -303,8 +312,9 @@ class WarmPool:
 
     def _launch(self, group: WarmStub) -> None:
         gpus, self._free_gpus = self._free_gpus[: group.spec.gpu_count], self._free_gpus[group.spec.gpu_count :]
-        box = WarmContainer(cid=container_id(group.spec), port=self._ports.pick(), token=secrets.token_urlsafe(32),
-                            gpus=gpus)  # fmt: skip
+        box = WarmContainer(
+            cid=container_id(group.spec), port=self._ports.pick(), token=secrets.token_urlsafe(32), gpus=gpus
+        )
         if group.spec.serves:
             box.http_port = self._ports.pick()
         group.containers[box.cid] = box
@@ -421,8 +431,17 @@ class WarmPool:
 def _stub_key(stub: StubSpec) -> str:
     """Containers are shared by calls whose stub would build the very same container."""
     digest = hashlib.sha256(stub.handler)
-    fields = [stub.stub_id, stub.workspace_id, stub.image, stub.python_version, stub.cpu_millicores,
-              stub.memory_mib, stub.gpu_count, sorted(stub.env.items()), sorted(stub.secret_env.items()),
-              [dataclasses.astuple(v) for v in stub.volumes]]  # fmt: skip
+    fields = [
+        stub.stub_id,
+        stub.workspace_id,
+        stub.image,
+        stub.python_version,
+        stub.cpu_millicores,
+        stub.memory_mib,
+        stub.gpu_count,
+        sorted(stub.env.items()),
+        sorted(stub.secret_env.items()),
+        [dataclasses.astuple(v) for v in stub.volumes],
+    ]
     digest.update(json.dumps(fields).encode())
     return digest.hexdigest()[:32]

@@ -132,9 +132,15 @@ class RunnerClient:
         assert box.writer is not None
         interface = "box" if stub.kind == "box" else stub.interface
         try:
-            await frames.write_frame(box.writer, "serve", task_id=call.task_id, interface=interface,
-                                     port=box.http_port, concurrency=stub.tasks_per_container,
-                                     ports=list(stub.ports))  # fmt: skip
+            await frames.write_frame(
+                box.writer,
+                "serve",
+                task_id=call.task_id,
+                interface=interface,
+                port=box.http_port,
+                concurrency=stub.tasks_per_container,
+                ports=list(stub.ports),
+            )
         except (OSError, ConnectionError):
             return await self.exit_outcome(group, box, call)
         ready = asyncio.Event()
@@ -142,8 +148,9 @@ class RunnerClient:
         stopping = asyncio.ensure_future(pending.stop.wait())
         readying = asyncio.ensure_future(ready.wait())
         try:
-            done, _ = await asyncio.wait({reading, stopping, readying}, timeout=self.start_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            done, _ = await asyncio.wait(
+                {reading, stopping, readying}, timeout=self.start_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
             if readying in done and reading not in done and stopping not in done:
                 done, _ = await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -184,8 +191,12 @@ class RunnerClient:
                 state = await self.launcher.state(box.cid)
                 if not on_host and not state.ip:
                     await self.launcher.kill(box)
-                    return error_outcome(pending.call, "NoAddress", f"the {self.launcher.runtime.name} runtime "
-                                         "reports no address for the container, so the gateway could not reach it")  # fmt: skip
+                    return error_outcome(
+                        pending.call,
+                        "NoAddress",
+                        f"the {self.launcher.runtime.name} runtime "
+                        "reports no address for the container, so the gateway could not reach it",
+                    )
                 host = "127.0.0.1" if on_host else str(state.ip)
                 serving = Serving(
                     container_id=box.cid,
