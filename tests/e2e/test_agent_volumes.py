@@ -29,8 +29,19 @@ __all__ = ["agent_plane"]
 pytestmark = pytest.mark.timeout(900)
 
 
-def _rclone_mounts() -> list[str]:
-    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "fuse.rclone" in line]
+def _rclone_mounts(mine: Path) -> list[str]:
+    """The host's rclone mounts, less those of other tests: a mount point in another test's temporary directory
+    (tests/volumes/test_rclone.py leaves mounts there on purpose, for its sweep to find) is none of this one's."""
+    others = mine.parent.parent  # the pytest base directory every test's tmp_path lies in (popen-gwN/<test>)
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        if "fuse.rclone" not in line:
+            continue
+        point = Path(line.split()[4])
+        if point.is_relative_to(others) and not point.is_relative_to(mine):
+            continue
+        found.append(line)
+    return found
 
 
 def test_a_call_on_a_joined_machine_reads_and_writes_a_volume_over_the_controlplane(
@@ -39,7 +50,7 @@ def test_a_call_on_a_joined_machine_reads_and_writes_a_volume_over_the_controlpl
     plane, box = agent_plane
     plane.use_runtime("runc")
     plane.start()
-    before = _rclone_mounts()
+    before = _rclone_mounts(tmp_path)
     made = plane.levers9("volume", "create", "shared")
     assert made.returncode == 0, made.stderr
     upload = tmp_path / "up.bin"
@@ -72,4 +83,4 @@ def test_a_call_on_a_joined_machine_reads_and_writes_a_volume_over_the_controlpl
     wait_until("the worker container's removal", lambda: not box.workers(), 120, why=lambda: box_logs(plane, box))
     assert box.volumes() == []
     # other tests' workers mount and unmount meanwhile: only none of this test's may stay
-    assert set(_rclone_mounts()) <= set(before)
+    assert set(_rclone_mounts(tmp_path)) <= set(before)

@@ -125,6 +125,8 @@ def test_a_stopped_replica_ends_its_streams_at_once_and_its_worker_goes_on_elsew
             return runs.exists()
 
         _wait("the call running on the worker", running, replicas)
+        # the worker reports the start after the call began: the API says so a moment after the file appears
+        _wait("the call listed as running", lambda: len(replicas.api("/tasks?status=running")) == 1, replicas)
         [task] = replicas.api("/tasks?status=running")
         # the worker dials replica 0 first, but on a loaded machine a registration may have gone to replica 1:
         # the replica stopped is the one holding its session now (its latest registration)

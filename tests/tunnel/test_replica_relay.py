@@ -203,9 +203,10 @@ async def test_a_relay_without_the_replicas_credential_is_unauthenticated(redis:
                 )
                 for metadata in ([("authorization", "Bearer l9u_user_token")], []):
                     call = stub.Relay(iter([opening]), metadata=metadata, timeout=10)
-                    with pytest.raises(grpc.aio.AioRpcError) as refused:
-                        await call.read()
-                    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+                    # the status the replica answered with: reading instead may raise the client's own failure
+                    # to send the opening chunk into a call the replica already ended (INTERNAL, under load)
+                    code = await call.code()
+                    assert code == grpc.StatusCode.UNAUTHENTICATED, (code, await call.details())
             # the older key's credential is accepted (a rotation does not split the replicas)
             older = RelayDialer(CREDENTIALS[1])
             try:

@@ -46,9 +46,10 @@ mount namespace.
 Invariants: :meth:`EmulatedBoot.stop` leaves nothing behind: it sends SIGTERM
 to the process group and to every process started with this boot's
 ``LEVERS9_BOOT_ROOT`` (a script that ``setsid``\\ s its worker away from the
-group is still found), SIGKILL to what is left after ``grace`` seconds; when
-something had to be killed, removes what the worker left of its containers on
-this shared kernel (``levers9 worker --cleanup`` on the boot's worker state
+group is still found), SIGKILL to what is left after ``grace`` seconds; then, killed or not (the
+SIGTERM reaches the containers' processes too, as a VM's shutdown does, so a
+worker that exits in time may still leave some), removes what the worker left
+of its containers on this shared kernel (``levers9 worker --cleanup`` on the boot's worker state
 directory, :data:`levers9.bootstrap.STATE_DIR`: a terminated VM takes them
 with it); closes the forwarders, ends the namespace and removes ``root``. A :class:`BootError`
 means the user data is not something a first boot could run; a process that
@@ -438,24 +439,24 @@ class EmulatedBoot:
             deadline = time.monotonic() + grace
             while self.alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            killed = False
             for _ in range(50):
                 left = self.pids()
                 if not left:
                     break
-                killed = True
                 self._signal(left, signal.SIGKILL)
                 time.sleep(0.02)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=5)
-            if killed:
-                self._remove_worker_leftovers()
+            # whether its worker was killed or exited in time: a worker that exits on SIGTERM while the same
+            # SIGTERM ends its containers' processes (a VM's shutdown signals everything) may leave their mounts,
+            # cgroups and namespaces, which a real VM's end takes with it
+            self._remove_worker_leftovers()
         finally:
             self._end_namespace()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _remove_worker_leftovers(self) -> None:
-        """What a worker killed with the boot left on this shared kernel (its containers' processes, mounts,
+        """What the boot's worker left on this shared kernel (its containers' processes, mounts,
         cgroups, network namespaces and address records), removed as a terminated VM takes them with it:
         ``levers9 worker --cleanup`` on the boot's worker state directory."""
         state = self.root / STATE_DIR.lstrip("/")
