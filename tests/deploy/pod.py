@@ -150,10 +150,10 @@ class Pod:
             if target == _STAGE or target.startswith(f"{_STAGE}/"):
                 raise PodError(f"mountPath {target}: the emulation keeps the pod's directories at {_STAGE}")
             source = f"{_STAGE}/pod/volumes/{mount['name']}"
-            if not os.path.isdir(target):
-                parent = os.path.dirname(target)
-                if parent not in _SHADOWED:
-                    raise PodError(f"mountPath {target}: its parent {parent} is not a directory the emulation shadows")
+            parent = os.path.dirname(target)
+            if parent in _SHADOWED:
+                # always shadowed, so the pod never depends on the host's entry of that name (another test's
+                # /var/lib/levers9, removed while the pod runs, would take the bind mount with it)
                 if parent not in shadowed:
                     name = parent.strip("/").replace("/", "-")
                     (self.root / "host" / name).mkdir(parents=True, exist_ok=True)
@@ -165,7 +165,9 @@ class Pod:
                         f'ln -s "$f" "{parent}/${{f##*/}}"; done',
                     ]
                     shadowed.append(parent)
-                lines.append(f"mkdir -p {shlex.quote(target)}")
+                lines += [f"rm -f {shlex.quote(target)}", f"mkdir {shlex.quote(target)}"]  # not the host's, linked
+            elif not os.path.isdir(target):
+                raise PodError(f"mountPath {target}: its parent {parent} is not a directory the emulation shadows")
             lines.append(f"mount --bind {source} {shlex.quote(target)}")
             if mount.get("readOnly"):
                 lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")

@@ -67,8 +67,19 @@ def test_killing_the_redis_primary_mid_map_loses_nothing(
         (i for i, (a, b) in enumerate(zip(lines, wanted, strict=False)) if a != b), min(len(lines), len(wanted))
     )
     assert lines == wanted, f"from line {first}: {lines[first : first + 5]}\n{err[-3000:]}"
+    # A success reaches its caller before it is stored (0.2 s here unloaded, longer beside a CPU hog), and calls
+    # are at least once (a report Redis lost with the old primary may run its call again): nothing may stay
+    # unfinished, so every task ends within a minute of the map's end.
+    drained = time.monotonic()
     for replica in replicas.replicas:
-        assert _unfinished(replicas, replica.http_port) == []
+        while left := _unfinished(replicas, replica.http_port):
+            if time.monotonic() - drained > 60:
+                ids = [str(t["id"]) for t in left]
+                full = "\n".join(r.log() for r in replicas.replicas)
+                about = [line for line in full.splitlines() if any(i in line for i in ids)]
+                pytest.fail(f"unfinished a minute after the map: {left}\n" + "\n".join(about[-40:]))
+            time.sleep(0.5)
+    drain_s = time.monotonic() - drained
     noticed = []
     for replica in replicas.replicas:  # each sees the new primary and puts back what SQL has and Redis lost
         deadline = time.monotonic() + 30
@@ -79,5 +90,5 @@ def test_killing_the_redis_primary_mid_map_loses_nothing(
         noticed.append((at - killed_wall).total_seconds())
     print(
         f"{at_kill} lines at the kill, {at_failover} at the failover ({failed_over:.1f} s later); "
-        f"the map ended {took:.1f} s after the kill; the replicas rebuilt {noticed[0]:.1f} and {noticed[1]:.1f} s after it"
+        f"the map ended {took:.1f} s after the kill ({drain_s:.1f} s more until no task was unfinished); the replicas rebuilt {noticed[0]:.1f} and {noticed[1]:.1f} s after it"
     )

@@ -155,10 +155,16 @@ def _ip_json(*args: str) -> list[dict[str, Any]]:
 def _link(name: str, netns: str | None = None) -> dict[str, Any] | None:
     """The interface's details, or None when there is no such interface."""
     prefix = ("-n", netns) if netns else ()
-    if _run_ip(*prefix, "link", "show", "dev", name, check=False).returncode != 0:
-        return None
-    links = _ip_json(*prefix, "-d", "link", "show", "dev", name)
-    return links[0] if links else None
+    proc = _run_ip(*prefix, "-j", "-d", "link", "show", "dev", name, check=False)
+    if proc.returncode != 0:
+        return None  # none, or gone since: a namespace's veths go when the kernel frees it, asynchronously
+    try:
+        links = json.loads(proc.stdout or "[]")
+    except json.JSONDecodeError as exc:
+        raise NetworkError(
+            f"`ip -j -d link show dev {name}` printed something that is not JSON: {proc.stdout[:200]!r}"
+        ) from exc
+    return links[0] if isinstance(links, list) and links and isinstance(links[0], dict) else None
 
 
 def _addresses(netns: str | None = None, dev: str | None = None) -> list[tuple[str, str, int]]:
@@ -376,7 +382,9 @@ class Bridge:
         # interfaces live on as long as any process (a container still running) holds it.
         veth = veth_name(container_id)
         if _link(veth) is not None:
-            _run_ip("link", "del", "dev", veth)
+            deleted = _run_ip("link", "del", "dev", veth, check=False)
+            if deleted.returncode != 0 and _link(veth) is not None:  # not a veth the kernel took meanwhile
+                _run_ip("link", "del", "dev", veth)  # a real failure: raise with ip's own words
         ns = netns_name(container_id)
         if (NETNS_DIR / ns).exists():
             _run_ip("netns", "del", ns)
