@@ -86,6 +86,7 @@ from levers9.builder.steps import step_script
 from levers9.engine.images import ImageStore
 from levers9.engine.node import bridge_for
 from levers9.engine.rootfs import mount_overlay, unmount
+from levers9.engine.runc import engine as runc_engine
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, load_plugins
 from levers9.hooks.types import ContainerSpec, ContainerStatus, RuntimeContext
@@ -94,7 +95,6 @@ from levers9.sdk.blueprint import Blueprint
 from levers9.worker.builds import BuildTasks
 from levers9.worker.calls import Call, StubSpec
 from levers9.worker.images import ImagePulls
-from levers9_runc import engine as runc_engine
 from tests.fixtures.dockerd import Dockerd, _start, _stop
 
 T = TypeVar("T")

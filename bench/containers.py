@@ -76,8 +76,8 @@ async def start_latency(hooks: Hooks, ctx: RuntimeContext, runs: int) -> dict[st
         prepared = await hooks.container_prepare(ctx, spec)
         times["prepare"].append(time.perf_counter() - t0)
         # bare: the same bundle, the runtime binary with the same global flags, in the foreground
+        from levers9.engine.runc import engine as runc_engine
         from levers9_gvisor import engine as gvisor_engine
-        from levers9_runc import engine as runc_engine
 
         engine = gvisor_engine(ctx) if binary else runc_engine(ctx)
         argv = [*engine._argv(cid), "run", "--bundle", str(prepared.bundle_dir), f"{cid}-bare"]
