@@ -45,38 +45,6 @@ if TYPE_CHECKING:
         ready,
     )
 
-_SDK = {
-    "Blueprint",
-    "CallCancelled",
-    "CallTimeout",
-    "CloudBucket",
-    "CloudBucketConfig",
-    "ControlPlaneError",
-    "Function",
-    "FunctionCall",
-    "InvalidFunction",
-    "PythonVersion",
-    "RemoteError",
-    "Unschedulable",
-    "Volume",
-    "asgi",
-    "box",
-    "endpoint",
-    "function",
-    "job",
-    "queue",
-    "ready",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "hookimpl":
-        return importlib.import_module("levers9.hooks.markers").hookimpl
-    if name in _SDK:
-        return getattr(importlib.import_module("levers9.sdk"), name)
-    raise AttributeError(f"module 'levers9' has no attribute {name!r}")
-
-
 __all__ = [
     "Blueprint",
     "CallCancelled",
@@ -101,3 +69,14 @@ __all__ = [
     "queue",
     "ready",
 ]
+
+#: the SDK's names (every public name but these two), imported from levers9.sdk on first use
+_SDK = frozenset(__all__) - {"__version__", "hookimpl"}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "hookimpl":
+        return importlib.import_module("levers9.hooks.markers").hookimpl
+    if name in _SDK:
+        return getattr(importlib.import_module("levers9.sdk"), name)
+    raise AttributeError(f"module 'levers9' has no attribute {name!r}")
