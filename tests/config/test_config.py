@@ -260,3 +260,25 @@ def test_checkpoint_storage_is_checked_when_the_config_is_read(tmp_path: Path) -
     loaded = load_config(good, plugins=load_plugins(PluginPolicy()))
     loaded.hooks.close()
     assert loaded.config.checkpoints.cache_max == 5120
+
+
+@pytest.mark.parametrize("key", ["region", "regions"])
+def test_a_region_setting_points_to_the_pool_field_for_any_provider(tmp_path: Path, key: str) -> None:
+    """toycloud, a third party's provider, gets the message the built-in clouds give, not ``unknown field``."""
+    path = write(
+        tmp_path,
+        f"""
+        pools:
+          t4:
+            provider: toycloud
+            runtime: process
+            gpu: T4
+            settings:
+              state_dir: /tmp/toy
+              {key}: eu-1
+        """,
+    )
+    [issue] = problems(path)
+    assert issue.startswith(f"{path}:6: pools.t4.settings: {key} moved: set pools.t4.region (or regions) instead")
+    assert "docs/config.md" in issue
+    assert "unknown field" not in issue

@@ -169,15 +169,30 @@ def pool_field(info: ValidationInfo, name: str) -> str:
     return f"pools.{context.get('pool') or '<name>'}.{name}"
 
 
+#: the keys a provider's settings may never have: a pool's regions are pool fields
+REGION_KEYS = ("region", "regions")
+
+
+def region_moved(key: str, pool: str | None) -> str:
+    """What an operator reads for ``settings.<key>`` (``region`` or ``regions``) of pool ``pool``, any provider's."""
+    return (
+        f"{key} moved: set pools.{pool or '<name>'}.region (or regions) instead; "
+        "the pool's region is the single source every provider reads (docs/config.md, 'A pool')"
+    )
+
+
 def refuse_region_settings(data: Any, info: ValidationInfo) -> Any:
-    """A ``model_validator(mode="before")`` body: ``region``/``regions`` in provider settings point to the pool."""
+    """A ``model_validator(mode="before")`` body: ``region``/``regions`` in provider settings point to the pool.
+
+    Config loading refuses those keys before any provider's model sees them (a third party's model, which
+    forbids unknown keys, would say only ``unknown field``); this validator gives the same message when a
+    built-in model is validated alone.
+    """
     if isinstance(data, dict):
-        moved = [key for key in ("region", "regions") if key in data]
+        moved = [key for key in REGION_KEYS if key in data]
         if moved:
-            raise ValueError(
-                f"{moved[0]} moved: set {pool_field(info, 'region')} (or regions) instead; "
-                "the pool's region is the single source every provider reads"
-            )
+            context = info.context if isinstance(info.context, dict) else {}
+            raise ValueError(region_moved(moved[0], context.get("pool")))
     return data
 
 

@@ -4,7 +4,11 @@ Validation runs in two passes because the second needs the first: the
 ``plugins:`` section decides which plugins load, and only loaded plugins can
 validate the ``settings:`` of the pools that name them. Both passes collect
 every problem rather than stopping at the first, and every problem names the
-file, the line, the field, the value and what would be accepted.
+file, the line, the field, the value and what would be accepted. A pool's
+``settings.region`` (or ``regions``) is refused for every provider, built-in or
+not, before the provider's model sees it, with a message pointing at the pool's
+own ``region``/``regions``: a third party's model would say only that the key is
+unknown.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from levers9.config.external import Resolved, resolve_external
+from levers9.config.fields import REGION_KEYS, region_moved
 from levers9.config.model import Config, PoolConfig, default_home
 from levers9.config.yaml_source import Path as LocPath
 from levers9.config.yaml_source import SourceMap, YamlSyntaxError, as_mapping, load_yaml
@@ -231,6 +236,10 @@ def _validate_settings(
             issues.add((*base, key), f"runtime {plugin!r} takes no settings; remove {key}")
             return False, None
         return True, None
+    moved = [k for k in REGION_KEYS if kind == "provider" and isinstance(values, dict) and k in values]
+    if moved:  # every provider's, not only the built-ins' whose models say it themselves
+        issues.add((*base, key), region_moved(moved[0], context.get("pool")))
+        return False, None
     try:
         return True, model.model_validate(values, context=context)
     except ValidationError as exc:
