@@ -33,6 +33,7 @@ __all__ = [
     "GpuType",
     "UnknownGpuType",
     "canonical",
+    "gpu_memory_mib",
     "key",
     "names",
     "suggest",
@@ -286,3 +287,15 @@ def suggest(name: str, n: int = 3) -> list[str]:
     for spelling in difflib.get_close_matches(k, list(_INDEX), n=max(n * 3, 6), cutoff=0.5):
         add(_INDEX[spelling])
     return out[:n]
+
+
+def gpu_memory_mib(name: str) -> int:
+    """The catalog's memory of one GPU of type ``name`` (any spelling :func:`canonical` takes), in MiB.
+
+    What a provider puts in ``GpuOffer.gpu_memory_mib`` when its API does not say; the nominal figure, so a
+    measured one (``nvidia-smi``'s) is a little less (see the module docstring).
+
+    :raises AmbiguousGpuType: ``name`` fits several types (``A100``).
+    :raises UnknownGpuType: ``name`` fits none; the error lists the closest names.
+    """
+    return CATALOG[canonical(name)].memory_mib
