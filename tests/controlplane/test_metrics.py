@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from levers9.config.model import SchedulerConfig
 from levers9.hooks.errors import (
     AuthenticationFailed,
+    BillingRefused,
     InsufficientCapacity,
     PluginTimeout,
     ProviderError,
@@ -218,6 +219,7 @@ async def test_provider_calls_are_timed_by_outcome(services: Services) -> None:
             None,
             InsufficientCapacity("none left"),
             QuotaExceeded("limit reached"),
+            BillingRefused("insufficient balance"),
             Throttled("slow down", retry_after=1),
             _retryable("try later"),
             AuthenticationFailed("bad key"),
@@ -238,7 +240,7 @@ async def test_provider_calls_are_timed_by_outcome(services: Services) -> None:
     spec = services.pools["gpu-l4"]
     started = []
     try:
-        for _ in range(8):
+        for _ in range(9):
             started.append(await scheduler.provisioner.start(spec, "test"))
             await asyncio.gather(*scheduler.provisioner._tasks.values())
         started.append(await scheduler.provisioner.start(spec, "test"))
@@ -252,12 +254,21 @@ async def test_provider_calls_are_timed_by_outcome(services: Services) -> None:
         outcome: value(
             samples, "levers9_provisioning_seconds_count", replica="local", provider="local", outcome=outcome
         )
-        for outcome in ("ok", "capacity", "quota", "throttled", "timeout", "error", "cancelled")
+        for outcome in ("ok", "capacity", "quota", "billing", "throttled", "timeout", "error", "cancelled")
     }
-    assert counts == {"ok": 1, "capacity": 1, "quota": 1, "throttled": 2, "timeout": 1, "error": 2, "cancelled": 1}
+    assert counts == {
+        "ok": 1,
+        "capacity": 1,
+        "quota": 1,
+        "billing": 1,
+        "throttled": 2,
+        "timeout": 1,
+        "error": 2,
+        "cancelled": 1,
+    }
     # What the scheduler does with each answer is unchanged by the observer.
     machines = [await services.machines.get(machine_id) for machine_id in started]
-    assert [m.state.value if m else None for m in machines] == ["starting"] + ["failed"] * 8
+    assert [m.state.value if m else None for m in machines] == ["starting"] + ["failed"] * 9
 
 
 async def test_a_failing_observer_does_not_fail_the_machine(services: Services) -> None:

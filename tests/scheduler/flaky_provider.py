@@ -29,7 +29,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from levers9 import hookimpl
-from levers9.hooks.errors import AuthenticationFailed, InsufficientCapacity, PermissionDenied, QuotaExceeded, Throttled
+from levers9.hooks.errors import (
+    AuthenticationFailed, BillingRefused, InsufficientCapacity, PermissionDenied, QuotaExceeded, Throttled,
+)
 from levers9.hooks.types import GpuOffer, Machine, MachineState, Pool, ProvisionRequest
 
 
@@ -129,6 +131,8 @@ def levers9_provision(request: ProvisionRequest) -> Machine:
         raise QuotaExceeded(f"{gpu} quota is 0", code="QuotaExceeded")
     if action == "quota-account":
         raise QuotaExceeded(f"the account's {gpu} quota is 0", code="AccountQuota", scope="account")
+    if action == "billing":
+        raise BillingRefused("the account's balance is $0.00; add credit to launch", code="InsufficientBalance")
     if action == "throttle":
         raise Throttled("slow down", code="TooManyRequests", retry_after=0.05)
     if action == "auth":

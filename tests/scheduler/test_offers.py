@@ -375,3 +375,32 @@ async def test_a_quota_skips_every_offer_of_its_region_at_once_and_an_account_qu
     )
     history = [e.reason or "" for e in await TaskStore(h.db).history(req.id) if e.outcome == "unavailable"]
     assert any(r.startswith(f"offer {_key(east_b)}: quota_exceeded:") for r in history), history
+
+
+async def test_a_refused_payment_skips_the_whole_pool_at_once_and_asks_for_a_top_up(make_harness: MakeHarness) -> None:
+    # Issue 38: an insufficient balance was raised as QuotaExceeded (scope region): the pool's other regions were
+    # tried, each refused alike, and the pool's reason did not say what the operator had to do.
+    h = await make_harness([("h100", "H100", 1, {"regions": ["us-east-1", "us-west-2"]}), ("a100", "A100-80")])
+    east_a, east_b = _offer("us-east-1a"), _offer("us-east-1b")
+    west = _offer("us-west-2a", region="us-west-2")
+    h.offer(h100=[east_a, east_b, west])
+    h.behave(H100="billing")
+    s = h.scheduler()
+    req = h.request(["H100", "A100-80"])
+    await s.submit(req)
+    await s.place_once()
+    await _plan(h, 4)
+    assert [(c["pool"], c["offer"], c["action"]) for c in h.call_log()] == [
+        ("h100", _key(east_a), "billing"),
+        ("a100", None, "ok"),
+    ], "no other offer of the pool escapes a refused payment: the next pool is asked at once"
+    reason = await s.ctx.unavailable.reason("h100", "H100", "us-east-1") or ""
+    assert reason.startswith("billing_refused: [flaky] the account's balance is $0.00; add credit to launch"), reason
+    assert "(InsufficientBalance)" in reason
+    assert "top up the balance (or fix the payment method) of the account provider 'flaky' uses" in reason
+    history = [e.reason or "" for e in await TaskStore(h.db).history(req.id) if e.outcome == "unavailable"]
+    assert any("billing_refused" in r and "top up" in r for r in history), history
+    machines = await MachineStore(h.db).list("h100")
+    assert [(m.state.value, m.last_error) for m in machines] == [
+        ("failed", "[flaky] the account's balance is $0.00; add credit to launch (InsufficientBalance)")
+    ]

@@ -2,8 +2,9 @@
 
 Providers translate their SDK's failures into these so the scheduler can act on
 them without knowing any SDK: capacity and quota errors fail over to the next
-candidate at once, throttling is retried with backoff, authentication and
-invalid-request errors are reported to the operator and not retried.
+candidate at once, throttling is retried with backoff, a refused payment stops
+the pool until the account is paid for, authentication and invalid-request
+errors are reported to the operator and not retried.
 """
 
 from __future__ import annotations
@@ -78,6 +79,22 @@ class QuotaExceeded(ProviderError):
 
 #: what a :class:`QuotaExceeded` holds for: every offer of the pool in the offer's region, or the whole account
 QUOTA_SCOPES = ("region", "account")
+
+
+class BillingRefused(ProviderError):
+    """The provider will not start anything on this account until it is paid for.
+
+    An insufficient balance or credit (a prepaid marketplace's account run
+    dry), a declined card, an account suspended for billing. Like a quota of
+    the whole account, no other offer, zone or region of the provider escapes
+    it, and it does not lapse on its own: the scheduler skips the whole pool
+    at once (for ``unavailable_ttl_s``, then asks again), and ``levers9
+    pools`` and ``levers9 check`` show the pool as unavailable with this
+    error and a request to top up the account. Not a :class:`QuotaExceeded`:
+    raising the limit would not help, paying would.
+    """
+
+    kind = "billing_refused"
 
 
 class AuthenticationFailed(ProviderError):
@@ -179,12 +196,21 @@ class UnknownPlugin(Levers9Error):
 #: any other kind is a plain :class:`ProviderError`
 ERROR_KINDS: dict[str, type[ProviderError]] = {
     cls.kind: cls
-    for cls in (InsufficientCapacity, QuotaExceeded, AuthenticationFailed, PermissionDenied, InvalidRequest, Throttled)
+    for cls in (
+        InsufficientCapacity,
+        QuotaExceeded,
+        BillingRefused,
+        AuthenticationFailed,
+        PermissionDenied,
+        InvalidRequest,
+        Throttled,
+    )
 }
 
 __all__ = [
     "ERROR_KINDS",
     "AuthenticationFailed",
+    "BillingRefused",
     "CheckpointUnavailable",
     "IdentityRejected",
     "InsufficientCapacity",

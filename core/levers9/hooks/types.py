@@ -8,12 +8,13 @@ that wants to change one builds a new one with ``model_copy(update=...)``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from levers9.hooks.errors import InvalidRequest
 
@@ -206,6 +207,14 @@ class Availability(StrEnum):
     UNKNOWN = "unknown"
 
 
+#: the most keys :attr:`GpuOffer.details` may hold
+OFFER_DETAILS_MAX_KEYS = 16
+#: what a key of :attr:`GpuOffer.details` must look like: lower case, digits and ``_``, 32 characters at most
+OFFER_DETAILS_KEY = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: the longest value :attr:`GpuOffer.details` may hold, in characters
+OFFER_DETAILS_MAX_VALUE_CHARS = 200
+
+
 class GpuOffer(_Frozen):
     """One kind of GPU machine a provider can start for a pool."""
 
@@ -226,6 +235,30 @@ class GpuOffer(_Frozen):
     #: US dollars per machine-hour, when the provider publishes it
     price_per_hour: float | None = Field(None, ge=0)
     spot: bool = False
+    #: facts of the offer that have no field of their own, for people to read (``levers9 offers`` shows them):
+    #: a marketplace's ``cloud: secure`` or ``community``, ``form_factor: sxm``, ``host_reliability: 0.998``.
+    #: At most :data:`OFFER_DETAILS_MAX_KEYS` keys matching :data:`OFFER_DETAILS_KEY`, values at most
+    #: :data:`OFFER_DETAILS_MAX_VALUE_CHARS` characters. The scheduler never reads them: what decides a
+    #: placement (GPU type and memory, price, region, spot) has its own field.
+    details: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("details")
+    @classmethod
+    def _bounded_details(cls, details: dict[str, str]) -> dict[str, str]:
+        if len(details) > OFFER_DETAILS_MAX_KEYS:
+            raise ValueError(f"details holds {len(details)} keys; at most {OFFER_DETAILS_MAX_KEYS} are allowed")
+        for name, value in details.items():
+            if not OFFER_DETAILS_KEY.fullmatch(name):
+                raise ValueError(
+                    f"details key {name[:40]!r} is not allowed: keys are a lower-case letter, then up to 31 "
+                    "lower-case letters, digits or '_'"
+                )
+            if len(value) > OFFER_DETAILS_MAX_VALUE_CHARS:
+                raise ValueError(
+                    f"details[{name!r}] is {len(value)} characters long; at most "
+                    f"{OFFER_DETAILS_MAX_VALUE_CHARS} are allowed"
+                )
+        return details
 
     @property
     def key(self) -> str:

@@ -53,7 +53,7 @@ class Context:
     #: after a long pass) so the next offer or pool is asked at once, not up to a second later
     failover_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     #: told (provider, seconds, outcome) after every provider call that starts a machine; outcomes are
-    #: ok, capacity, quota, throttled, timeout, error and cancelled (see :mod:`levers9.scheduler.provisioning`)
+    #: ok, capacity, quota, billing, throttled, timeout, error and cancelled (see :mod:`levers9.scheduler.provisioning`)
     on_provisioned: Callable[[str, float, str], None] | None = None
     #: told of requeues, lost workers, terminated machines and provider calls (see :mod:`levers9.scheduler.events`)
     on_event: Callable[[SchedulerEvent], None] | None = None

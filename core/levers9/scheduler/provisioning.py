@@ -24,6 +24,11 @@ Provider answers map onto the scheduler's choices:
   of the pool in the offer's region (``scope="region"``), or the whole pool
   (``scope="account"``, or a pool without offers); trying the region's other
   zones would only meet the same limit;
+- a refused payment (:class:`~levers9.hooks.errors.BillingRefused`: no
+  balance, a declined card, an account suspended for billing): the whole
+  pool is skipped alike, at once, with a reason that asks the operator to
+  top up the account; nothing the scheduler tries escapes it until someone
+  pays, and the pool is asked again when the mark lapses;
 - throttled (or another error the provider calls retryable): the pool waits,
   doubling, and is asked again; the request does not fail over, because the
   provider has not said no;
@@ -51,6 +56,7 @@ from datetime import UTC, datetime
 
 from levers9.__about__ import __version__
 from levers9.hooks.errors import (
+    BillingRefused,
     InsufficientCapacity,
     Levers9Error,
     PluginError,
@@ -182,6 +188,9 @@ class Provisioner:
             raise
         except QuotaExceeded as exc:
             await self._over_quota(pool, exc, offer)
+            await self._failed(machine_id, str(exc))
+        except BillingRefused as exc:
+            await self._unavailable(pool, _billing_reason(pool, exc, self.ctx.settings.unavailable_ttl_s), None)
             await self._failed(machine_id, str(exc))
         except InsufficientCapacity as exc:
             await self._unavailable(pool, f"{exc.kind}: {exc}", offer)
@@ -353,6 +362,14 @@ class Provisioner:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _billing_reason(pool: PoolSpec, exc: BillingRefused, ttl_s: float) -> str:
+    """What a pool whose provider refused payment shows as its reason: the error, and what the operator must do."""
+    return (
+        f"{exc.kind}: {exc}; top up the balance (or fix the payment method) of the account provider "
+        f"{pool.pool.provider!r} uses: the pool starts nothing until then (asked again every {ttl_s:g} s)"
+    )
+
+
 def _outcome(exc: BaseException) -> str:
     """A short label for a failed provider call, matching how :meth:`Provisioner._provision` reacts to it."""
     if isinstance(exc, asyncio.CancelledError):
@@ -361,6 +378,8 @@ def _outcome(exc: BaseException) -> str:
         return "capacity"
     if isinstance(exc, QuotaExceeded):
         return "quota"
+    if isinstance(exc, BillingRefused):
+        return "billing"
     if isinstance(exc, Throttled) or (isinstance(exc, ProviderError) and exc.retryable):
         return "throttled"
     if isinstance(exc, PluginTimeout):
