@@ -73,7 +73,7 @@ def levers9_gpu_offers(pool):
     return [
         GpuOffer(gpu="H100", gpu_count=max(pool.gpu_count, 1), gpu_memory_mib=81559, instance_type="fake.h100",
                  region=region, zone=region + "a", spot=True, price_per_hour=pool.settings.price,
-                 availability=Availability.LIMITED)
+                 availability=Availability.LIMITED, details={"cloud": "secure", "form_factor": "sxm"})
         for region in pool.regions or ["eu-1"]
     ]
 """

@@ -17,7 +17,19 @@ from typing import Any
 from tests.cli.test_check_cmd import install_fakes, write_config
 from tests.conftest import Installed
 
-COLUMNS = ["pool", "provider", "gpu", "count", "instance type", "region", "zone", "spot", "price/h", "availability"]
+COLUMNS = [
+    "pool",
+    "provider",
+    "gpu",
+    "count",
+    "instance type",
+    "region",
+    "zone",
+    "spot",
+    "price/h",
+    "availability",
+    "details",
+]
 
 
 def rows_of(stdout: str) -> list[dict[str, str]]:
@@ -69,13 +81,17 @@ def test_offers_sorted_by_gpu_then_price(cli: Callable[..., Any], tmp_path: Path
         "spot": "yes",
         "price/h": "2.50",
         "availability": "limited",
+        "details": "cloud=secure, form_factor=sxm",
     }
     toy_sold_out = rows[0]
-    assert (toy_sold_out["provider"], toy_sold_out["availability"], toy_sold_out["spot"]) == (
+    assert (toy_sold_out["provider"], toy_sold_out["availability"], toy_sold_out["spot"], toy_sold_out["details"]) == (
         "toycloud",
         "unavailable",
         "no",
+        "-",
     )
+    as_json = json.loads(cli("offers", "--config", str(config), "--pool", "fake", "--json").stdout)
+    assert [o["details"] for o in as_json] == [{"cloud": "secure", "form_factor": "sxm"}] * 2
 
 
 def test_gpu_filter_takes_any_spelling(cli: Callable[..., Any], tmp_path: Path) -> None:
@@ -101,10 +117,12 @@ def test_gpu_filter_takes_any_spelling(cli: Callable[..., Any], tmp_path: Path) 
         "availability",
         "cpu_millicores",
         "memory_mib",
+        "details",
         "key",
         "error",
         "note",
     }
+    assert offers[0]["details"] == {}
     assert offers[0]["error"] is None
     assert offers[0]["key"].startswith(offers[0]["instance_type"] + "/")
 

@@ -18,6 +18,7 @@ import pytest
 
 from levers9.hooks.context import AgentAck, AgentOrder
 from levers9.hooks.errors import (
+    BillingRefused,
     InsufficientCapacity,
     InvalidRequest,
     PermissionDenied,
@@ -233,6 +234,7 @@ async def test_an_order_reaches_the_agent_and_its_ack_comes_back(services: Servi
         ("invalid_request", InvalidRequest),
         ("permission_denied", PermissionDenied),
         ("quota_exceeded", QuotaExceeded),
+        ("billing_refused", BillingRefused),
         ("throttled", Throttled),
         ("", ProviderError),
         ("something_new", ProviderError),

@@ -7,6 +7,7 @@ a file, the marks are the scheduler's own (Redis), and the pool is listed as eve
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -98,3 +99,23 @@ async def test_a_regions_quota_shows_as_the_reason(services: Services, tmp_path:
     assert status is not None
     assert status.startswith("every offer is unavailable (2)")
     assert "VcpuLimitExceeded in r1" in status
+
+
+async def test_a_refused_payment_is_the_pools_status_with_what_to_do(services: Services, tmp_path: Path) -> None:
+    # Issue 38: a marketplace's "insufficient balance", mapped to a quota of one region, left `levers9 pools` at ok
+    # while its other regions' offers stood; a BillingRefused marks the whole pool, whatever its other offers.
+    await _offers(services, tmp_path, _offer("r1a"), _offer("r2a", region="r2"))
+    (tmp_path / "cloud" / "behaviour.json").write_text(json.dumps({"H100": "billing"}))
+    spec = services.pools["h100"]
+    known = services.scheduler.offers.get("h100")
+    assert known is not None
+    provisioner = services.scheduler.provisioner
+    machine_id = await provisioner.start(spec, "test", known.offers[0])
+    await asyncio.gather(*provisioner._tasks.values())
+    status = await _status(services)
+    assert status is not None
+    assert status.startswith("billing_refused: [flaky] the account's balance is $0.00; add credit to launch"), status
+    assert "top up the balance (or fix the payment method) of the account provider 'flaky' uses" in status
+    machine = await services.machines.get(machine_id)
+    assert machine is not None
+    assert machine.state.value == "failed"

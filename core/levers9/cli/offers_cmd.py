@@ -4,8 +4,9 @@ Each pool's provider is asked its ``levers9_gpu_offers`` (through
 ``Hooks.gpu_offers_for``, the call the planner makes, so a provider that fails
 or hangs costs only its own pools), and the answers are listed one offer per
 row: pool, provider, GPU, GPUs per machine, instance type, region, zone, spot,
-price per hour and availability, sorted by GPU, then price (offers without a
-price last), then pool. Like ``levers9 check`` it runs from the config file,
+price per hour, availability and the offer's ``details`` (a marketplace's
+facts: ``cloud=secure, form_factor=sxm``), sorted by GPU, then price (offers
+without a price last), then pool. Like ``levers9 check`` it runs from the config file,
 not through a controlplane: the answer is what the providers say to these
 credentials now, uncached.
 
@@ -20,8 +21,9 @@ Invariants, and what each failure means:
   makes the exit status 1; the other pools' offers are still printed. A pool
   whose provider has no ``levers9_gpu_offers`` hook (it declares settings only)
   is listed with a note and is not a failure.
-* ``--json`` prints one object per offer with the same keys for every row, then
-  one per pool without offers (``error`` or ``note`` set, offer fields null).
+* ``--json`` prints one object per offer with the same keys for every row
+  (``details`` an object, empty when the provider gave none), then one per
+  pool without offers (``error`` or ``note`` set, offer fields null).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ OFFER_KEYS = (
     "availability",
     "cpu_millicores",
     "memory_mib",
+    "details",
     "key",
 )
 
@@ -170,6 +173,7 @@ def _print(rows: list[tuple[Pool, GpuOffer]]) -> None:
                 "yes" if o.spot else "no",
                 price,
                 availability,
+                ", ".join(f"{name}={value}" for name, value in o.details.items()) or "-",
             ]
         )
     columns = [
@@ -183,6 +187,7 @@ def _print(rows: list[tuple[Pool, GpuOffer]]) -> None:
         Col("spot"),
         Col("price/h", justify="right"),
         Col("availability"),
+        Col("details", wrap=True),
     ]
     if rows:
         print_table(columns, table)
