@@ -111,8 +111,10 @@ def check_registered(
     seen: list[Registration],
     output: str,
     timeout: float,
+    how: str = "levers9.bootstrap.cloud_init or shell_script",
 ) -> None:
-    """Fail unless a worker registered with exactly the bootstrap's token and machine id."""
+    """Fail unless a worker registered with exactly the bootstrap's token and machine id; ``how`` names the
+    renderer the provider should have passed the bootstrap through."""
     if found is not None:
         return
     if seen:
@@ -120,12 +122,12 @@ def check_registered(
         pytest.fail(
             f"provider {provider!r}: a worker registered, but not with the bootstrap's machine id "
             f"{bootstrap.machine_id!r} and {_tail(bootstrap.token)}: {others}; pass request.bootstrap to the "
-            f"machine as it is (levers9.bootstrap.cloud_init or shell_script){output}"
+            f"machine as it is ({how}){output}"
         )
     pytest.fail(
         f"provider {provider!r}: no worker registered with the controlplane of request.bootstrap within "
         f"{timeout:g} s (or the boot ended first); a provisioned machine must start "
-        f"`levers9 worker` from request.bootstrap (levers9.bootstrap.cloud_init or shell_script){output}"
+        f"`levers9 worker` from request.bootstrap ({how}){output}"
     )
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -57,6 +58,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from levers9.bootstrap import BootstrapContainer
 from levers9.config.load import resolve
 from levers9.config.model import Config
 from levers9.config.yaml_source import SourceMap
@@ -76,6 +78,8 @@ from levers9.hooks.types import (
     Resources,
     WorkerBootstrap,
 )
+from levers9.images.worker import default_tag
+from levers9.testing.container_boot import boot_container, check_reachable, check_spec, worker_image
 from levers9.testing.contract_boot import (
     BootPlatform,
     boot_user_data,
@@ -123,6 +127,9 @@ class ProviderContract:
     boots_itself: ClassVar[bool] = False
     #: how long a booted worker may take to register with the stand-in controlplane
     boot_timeout: ClassVar[float] = 120.0
+    #: the provider starts containers, not machines with user data (a marketplace pod): the kit runs
+    #: :meth:`container_spec` with real Docker (``levers9_docker_host``) and the worker image it gave the bootstrap
+    boots_containers: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ fixtures
 
@@ -239,6 +246,26 @@ class ProviderContract:
             "the user data the provider passed for the machine, so the kit can boot it"
         )
 
+    def container_spec(self, machine: Machine) -> BootstrapContainer:
+        """The container the provider started for ``machine`` (``boots_containers``): its image, command, env and
+        secret_env, read back as the fake cloud reports the container (the secret it stored resolved)."""
+        pytest.fail(
+            f"{type(self).__name__} sets boots_containers = True but does not override container_spec(machine): "
+            "return the levers9.bootstrap.BootstrapContainer the provider started for the machine, so the kit "
+            "can run it"
+        )
+
+    @pytest.fixture
+    def levers9_docker_host(self) -> str:
+        """The Docker the container boot runs in (``boots_containers``): $DOCKER_HOST, else the local socket."""
+        return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+    @pytest.fixture
+    def levers9_worker_image(self, levers9_docker_host: str) -> str:
+        """The worker image the container boot's bootstrap names: this installation's, built once per process
+        into ``levers9_docker_host`` (levers9 worker-image build). Override to give one already there."""
+        return worker_image(levers9_docker_host)
+
     def boot_platform(self, machine: Machine) -> BootPlatform:
         """What the cloud gives a booted machine's processes besides its user data: the address of a (fake)
         metadata service the worker proves the machine's identity with, and its loopback port. Override for a
@@ -261,6 +288,8 @@ class ProviderContract:
             pool=pool.name,
             levers9_version=importlib.metadata.version("levers9"),
             labels=dict(pool.labels),
+            # a container provider runs the worker image (the boot check builds it; elsewhere the name will do)
+            worker_image=default_tag() if self.boots_containers else None,
         )
 
     def offer(self, hooks: Hooks, pool: Pool) -> GpuOffer | None:
@@ -509,10 +538,27 @@ class ProviderContract:
         boot_pool_settings: dict[str, Any],
         standin_controlplane: Registrar,
         provisioned: Callable[..., Machine],
+        request: pytest.FixtureRequest,
     ) -> None:
         pool = self._pool(levers9_hooks, boot_pool_settings, self.pool_name("boot"))
         bootstrap = self.bootstrap(pool, f"m-{uuid.uuid4().hex[:12]}", standin_controlplane.url)
+        if self.boots_containers:
+            docker_host = request.getfixturevalue("levers9_docker_host")
+            image = request.getfixturevalue("levers9_worker_image")
+            bootstrap = bootstrap.model_copy(update={"worker_image": image})
         machine = provisioned(self.request(levers9_hooks, pool, bootstrap=bootstrap))
+        if self.boots_containers:
+            spec = check_spec(self.provider, self.container_spec(machine), bootstrap)
+            found, output = boot_container(
+                self.provider, machine, spec, docker_host, bootstrap, standin_controlplane, self.boot_timeout
+            )
+            how = "levers9.bootstrap.container_spec"
+            check_registered(
+                self.provider, bootstrap, found, standin_controlplane.registrations, output, self.boot_timeout, how
+            )
+            assert found is not None
+            check_reachable(self.provider, self.wait_listed(levers9_hooks, pool, machine), found)
+            return
         if self.boots_itself:
             found = standin_controlplane.wait_for(bootstrap.token, bootstrap.machine_id, self.boot_timeout)
             self._registered(bootstrap, found, standin_controlplane.registrations, "")

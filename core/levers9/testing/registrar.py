@@ -10,7 +10,8 @@ What it answers, on ``127.0.0.1`` only, in plain text (no TLS):
 
 * ``Worker.Register``: records the bearer token of the ``authorization``
   metadata, the request's ``machine_id``, ``pool``, ``version`` and machine
-  ``identity`` (checked by the kit, not here), and answers
+  ``identity`` and the reachability port and nonce it offers (checked by
+  the kit, not here), and answers
   a valid ``RegisterResponse`` (runtime ``process``, no checkpoint storage) so a
   real ``levers9 worker`` carries on as it would against a controlplane. Where
   the response has a session-credential field (a string field whose name holds
@@ -64,6 +65,9 @@ class Registration:
     worker_id: str
     #: the machine identity the worker showed (``RegisterRequest.identity``); None when it showed none
     identity: MachineIdentity | None = None
+    #: the TCP port the worker answers its reachability check on, and the nonce it answers (0, "": none offered)
+    probe_port: int = 0
+    probe_nonce: str = ""
 
 
 def _bearer(context: grpc.ServicerContext) -> str | None:
@@ -105,6 +109,8 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
                     if request.HasField("identity") and request.identity.document
                     else None
                 ),
+                probe_port=request.probe_port,
+                probe_nonce=request.probe_nonce,
             )
         )
         answer: dict[str, Any] = {"worker_id": worker_id, "keepalive_s": 30.0, "runtime": STANDIN_RUNTIME}
