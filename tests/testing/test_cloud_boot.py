@@ -8,8 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from levers9.testing.boot import boot_environment
-from levers9.testing.cloud_boot import BootTarget, CloudBooter
+import pytest
+
+from levers9.bootstrap import cloud_init, shell_script
+from levers9.hooks.types import WorkerBootstrap
+from levers9.testing.boot import boot_environment, renderer_of
+from levers9.testing.cloud_boot import BootFailed, BootTarget, CloudBooter
 
 H100 = (Path(__file__).parents[1] / "data" / "gpu" / "nvidia_smi" / "h100_sxm_8x.csv").read_text()
 
@@ -179,3 +183,67 @@ def test_a_gone_instance_gets_the_grace_to_stop_before_it_is_killed(tmp_path: Pa
             cloud.instances["i-1"].gone = True
             _until(lambda: "i-1" in booter.stopped, "the stop", timeout=30)
         assert _read(done) == expected, f"grace {grace}"
+
+
+def _bootstrap(version: str) -> WorkerBootstrap:
+    return WorkerBootstrap(
+        controlplane_url="grpc://127.0.0.1:1",
+        token="join-token-for-the-test",
+        machine_id="mach_fast_fail",
+        pool="cloud",
+        levers9_version=version,
+    )
+
+
+@pytest.mark.parametrize(
+    ("render", "renderer"),
+    [(cloud_init, "levers9.bootstrap.cloud_init"), (shell_script, "levers9.bootstrap.shell_script")],
+)
+def test_a_boot_that_fails_says_why_at_once_naming_its_renderer(
+    tmp_path: Path, render: Callable[[WorkerBootstrap], str], renderer: str
+) -> None:
+    """A bootstrap for another levers9 version, with no wheel to install it from, fails: the booter records it
+    the moment the script exits, and wait_for raises BootFailed with why, not TimeoutError after its timeout."""
+    cloud = Cloud({"i-1": Instance("i-1", user_data=render(_bootstrap("0.0.0-other")), instance_type=None)})
+    with CloudBooter([cloud.list], ports=[], root=tmp_path) as booter:
+        with pytest.raises(BootFailed) as failed:
+            booter.wait_for(lambda: False, "a worker to register", timeout=600)
+        assert booter.boots["i-1"].renderer == renderer
+    message = str(failed.value)
+    assert message.startswith(f"waiting for a worker to register: instance i-1: the boot of {renderer} exited with ")
+    assert "status 1 while the instance runs" in message
+    assert "no levers9 0.0.0-other on PATH" in message  # what the script printed: why it failed
+    assert list(booter.failed) == ["i-1"]
+
+
+def test_a_refused_user_data_fails_a_wait_at_once_and_a_clean_end_is_no_failure(tmp_path: Path) -> None:
+    cloud = Cloud({"i-bad": Instance("i-bad", user_data="#cloud-config\nbootcmd: [reboot]\n")})
+    with (
+        CloudBooter([cloud.list], ports=[], root=tmp_path) as booter,
+        pytest.raises(BootFailed, match=r"instance i-bad: its user data was not booted: .* uses bootcmd"),
+    ):
+        booter.wait_for(lambda: False, "a worker to register", timeout=600)
+    cloud = Cloud({"i-done": Instance("i-done", user_data="#!/bin/sh\necho done\n")})
+    with CloudBooter([cloud.list], ports=[], root=tmp_path) as booter:
+        booter.wait_for(lambda: "i-done" in booter.boots and not booter.boots["i-done"].alive(), "the boot's end", 60)
+        booter.step()
+        assert booter.failed == {}  # exited 0: ended, not failed
+        assert booter.boots["i-done"].renderer == "a '#!' script not rendered by levers9.bootstrap"
+    with (
+        CloudBooter([lambda: []], ports=[], root=tmp_path) as booter,
+        pytest.raises(TimeoutError, match=r"^nothing to happen did not happen within 0\.3 s"),
+    ):
+        booter.wait_for(lambda: False, "nothing to happen", timeout=0.3)
+
+
+@pytest.mark.parametrize(
+    ("user_data", "renderer"),
+    [
+        ("#cloud-config\nruncmd: [[echo, hi]]\n", "a #cloud-config not rendered by levers9.bootstrap"),
+        ("#cloud-config\nwrite_files: 3\n", "a #cloud-config not rendered by levers9.bootstrap"),
+        ("#!/bin/bash\necho hi\n", "a '#!' script not rendered by levers9.bootstrap"),
+        ("echo hi\n", "user data of no form a boot runs"),
+    ],
+)
+def test_user_data_levers9_did_not_render_is_named_as_such(user_data: str, renderer: str) -> None:
+    assert renderer_of(user_data) == renderer

@@ -56,18 +56,29 @@ service's address and port).
 """
 
 from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
-from levers9.testing.cloud_boot import CloudBooter
+from levers9.testing.cloud_boot import BootFailed, CloudBooter
 from levers9.testing.contract_boot import BootPlatform
+from levers9.testing.fake_cloud import FakeCloud, FakeCloudError, FakeInstance
 from levers9.testing.provider_contract import ProviderContract
+from levers9.testing.recorded_gpus import nvidia_smi, recorded_card
 from levers9.testing.registrar import Registrar, Registration
+from levers9.testing.up import Levers9Up, Levers9UpFailed
 
 __all__ = [
     "BootError",
+    "BootFailed",
     "BootPlatform",
     "CloudBooter",
     "EmulatedBoot",
+    "FakeCloud",
+    "FakeCloudError",
+    "FakeInstance",
+    "Levers9Up",
+    "Levers9UpFailed",
     "ProviderContract",
     "Registrar",
     "Registration",
     "emulated_boot",
+    "nvidia_smi",
+    "recorded_card",
 ]

@@ -43,6 +43,14 @@ and :attr:`EmulatedBoot.isolation` says so. Neither form stops a script that
 ignores ``LEVERS9_BOOT_ROOT`` from writing outside ``root``: there is no
 mount namespace.
 
+Failing fast: :meth:`EmulatedBoot.failure` says why the boot failed the
+moment its user data's command ends with a status other than 0 (the
+bootstrap could not start a worker, or the worker exited on an error), naming
+the renderer the user data came from (:func:`renderer_of`:
+``levers9.bootstrap.cloud_init``, ``shell_script``, or text levers9 did not
+render), so a caller waiting for the worker says why at once instead of
+waiting out its timeout.
+
 Invariants: :meth:`EmulatedBoot.stop` leaves nothing behind: it sends SIGTERM
 to the process group and to every process started with this boot's
 ``LEVERS9_BOOT_ROOT`` (a script that ``setsid``\\ s its worker away from the
@@ -80,7 +88,7 @@ import yaml
 
 from levers9.bootstrap import STATE_DIR
 
-__all__ = ["BootError", "EmulatedBoot", "emulated_boot"]
+__all__ = ["BootError", "EmulatedBoot", "emulated_boot", "renderer_of"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +149,30 @@ def _runcmd_script(commands: Any, written: dict[str, str]) -> str:
         else:
             raise BootError(f"cloud-config runcmd entry {command!r} is neither a shell line nor a list of strings")
     return "\n".join(lines) + "\n"
+
+
+#: the first lines of what levers9.bootstrap.shell_script renders (and cloud_init embeds as its script)
+_BOOTSTRAP_HEADER = "#!/bin/sh\n# levers9 worker bootstrap: "
+
+
+def renderer_of(user_data: str) -> str:
+    """Which renderer the user data came from, in words: ``levers9.bootstrap.cloud_init`` or ``shell_script``
+    when it is their text, else what it is (a boot failure names it, so the reader knows which text failed)."""
+    if user_data.startswith(_BOOTSTRAP_HEADER):
+        return "levers9.bootstrap.shell_script"
+    if user_data.startswith("#cloud-config"):
+        with contextlib.suppress(yaml.YAMLError):
+            config = yaml.safe_load(user_data)
+            files = config.get("write_files") if isinstance(config, dict) else None
+            scripts = (
+                [str(f.get("content", "")) for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+            )
+            if any(script.startswith(_BOOTSTRAP_HEADER) for script in scripts):
+                return "levers9.bootstrap.cloud_init"
+        return "a #cloud-config not rendered by levers9.bootstrap"
+    if user_data.startswith("#!"):
+        return "a '#!' script not rendered by levers9.bootstrap"
+    return "user data of no form a boot runs"
 
 
 def prepare(user_data: str, root: Path) -> list[str]:
@@ -343,9 +375,12 @@ class EmulatedBoot:
         isolate: bool | None,
         gpus: str | None = None,
         environment: Mapping[str, str] | None = None,
+        renderer: str = "",
     ) -> None:
         self.root = root
         self.log_path = root / "boot.log"
+        #: where the user data came from (:func:`renderer_of`), for messages about this boot
+        self.renderer = renderer
         self._holder: subprocess.Popen[bytes] | None = None
         self._netns: str | None = None
         self._forwarders: list[_Forwarder] = []
@@ -409,6 +444,18 @@ class EmulatedBoot:
     def alive(self) -> bool:
         self.process.poll()  # reap the first process, so a finished boot shows as finished
         return bool(self.pids())
+
+    def failure(self) -> str | None:
+        """Why the boot failed, once its user data's command ended with a status other than 0 (a bootstrap that
+        could not start its worker, or a worker that exited on an error); None while it runs or after a clean end.
+
+        It is read the moment the command ends, so a caller waiting for a worker need not wait out its timeout.
+        """
+        status = self.process.poll()
+        if status is None or status == 0:
+            return None
+        ended = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        return f"the boot of {self.renderer or 'its user data'} {ended}"
 
     def output(self, limit: int = 4000) -> str:
         """The tail of what the boot printed, and of each log it wrote under ``<root>/var/log``."""
@@ -518,4 +565,4 @@ def emulated_boot(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     command = prepare(user_data, root)
-    return EmulatedBoot(root, command, ports, isolate, gpus, environment)
+    return EmulatedBoot(root, command, ports, isolate, gpus, environment, renderer_of(user_data))

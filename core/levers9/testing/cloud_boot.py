@@ -23,6 +23,18 @@ instance without user data boots nothing (its image would just start) and is
 listed in :attr:`CloudBooter.bare`. User data a boot cannot run is recorded in
 :attr:`CloudBooter.refused` with the reason, and the instance is left alone.
 
+GPUs: ``hardware`` gives an instance's ``nvidia-smi --query-gpu`` lines;
+by default an instance that has ``gpu`` and ``gpu_count`` attributes (as
+:class:`levers9.testing.fake_cloud.FakeInstance` has) gets
+:func:`levers9.testing.recorded_gpus.nvidia_smi` of them, every other one none.
+
+Failing fast: a boot whose user data's command ends with a status other than
+0 while its instance still runs is recorded in :attr:`CloudBooter.failed`
+with why and what it printed, naming the renderer the user data came from
+(:meth:`levers9.testing.boot.EmulatedBoot.failure`); :meth:`CloudBooter.wait_for`
+raises :class:`BootFailed` with that at once, instead of waiting out its
+timeout for a worker that will never come.
+
 Invariants: :meth:`CloudBooter.stop` stops the thread and every boot it
 started, whatever state the sources are in; a source that raises is logged
 and asked again next round (a fake restarting must not end the harness).
@@ -34,19 +46,23 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
+from levers9.testing.recorded_gpus import nvidia_smi
 
-__all__ = ["BootTarget", "CloudBooter"]
+__all__ = ["BootFailed", "BootTarget", "CloudBooter", "recorded_hardware"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
 class BootTarget(Protocol):
-    """What the booter needs of an instance (``tests.fakes.CloudInstance`` has it)."""
+    """What the booter needs of an instance (:class:`levers9.testing.fake_cloud.FakeInstance` has it)."""
 
     @property
     def id(self) -> str: ...
@@ -64,6 +80,20 @@ class BootTarget(Protocol):
     def instance_type(self) -> str | None: ...
 
 
+class BootFailed(RuntimeError):
+    """A booted instance's user data failed: the message names the instance, the renderer, why, and its output."""
+
+
+def recorded_hardware(instance: BootTarget) -> str | None:
+    """The default ``hardware``: the recorded nvidia-smi lines of the instance's ``gpu`` and ``gpu_count``
+    attributes (its id seeding the UUIDs); None (no GPUs) for an instance without them."""
+    gpu: str | None = getattr(instance, "gpu", None)
+    count: int = getattr(instance, "gpu_count", 0) or 0
+    if not gpu or count < 1:
+        return None
+    return nvidia_smi(gpu, count, machine=instance.id)
+
+
 class CloudBooter:
     """Boots the running instances of ``sources`` until :meth:`stop` (see the module docstring)."""
 
@@ -72,7 +102,7 @@ class CloudBooter:
         sources: Sequence[Callable[[], Iterable[BootTarget]]],
         *,
         ports: Sequence[int],
-        hardware: Callable[[BootTarget], str | None] = lambda _: None,
+        hardware: Callable[[BootTarget], str | None] = recorded_hardware,
         platform: Callable[[BootTarget], Mapping[str, str]] = lambda _: {},
         interval: float = 0.2,
         root: Path | None = None,
@@ -98,6 +128,8 @@ class CloudBooter:
         self.bare: list[str] = []
         #: instance ids whose boot was stopped because the cloud reported the instance gone
         self.stopped: list[str] = []
+        #: instance id -> why its boot failed while the instance ran (see :meth:`wait_for`), with its output
+        self.failed: dict[str, str] = {}
         self._thread = threading.Thread(target=self._run, name="cloud-booter", daemon=True)
 
     def start(self) -> CloudBooter:
@@ -133,6 +165,14 @@ class CloudBooter:
                 if (vanished or (found is not None and found.gone)) and instance_id not in self.stopped:
                     boot.stop(self.grace)
                     self.stopped.append(instance_id)
+                elif instance_id not in self.stopped and instance_id not in self.failed:
+                    why = boot.failure()
+                    if why is not None:
+                        self.failed[instance_id] = (
+                            f"instance {instance_id}: {why} while the instance runs ({boot.isolation}); "
+                            f"what it printed:\n{boot.output()}"
+                        )
+                        log.warning("%s", self.failed[instance_id])
 
     def _boot(self, instance: BootTarget) -> None:
         if not instance.user_data.strip():
@@ -147,7 +187,7 @@ class CloudBooter:
                 gpus=self.hardware(instance),
                 environment=self.platform(instance),
             )
-        except (BootError, OSError) as exc:
+        except (BootError, OSError, ValueError) as exc:
             self.refused[instance.id] = str(exc)
             shutil.rmtree(root, ignore_errors=True)
             log.warning("instance %s: its user data was not booted: %s", instance.id, exc)
@@ -156,6 +196,30 @@ class CloudBooter:
         """Instances whose boot still runs something."""
         with self._lock:
             return [i for i, boot in self.boots.items() if i not in self.stopped and boot.alive()]
+
+    def wait_for(self, check: Callable[[], T], what: str, timeout: float, interval: float = 0.2) -> T:
+        """Call ``check`` until it returns something true, and return that; meanwhile raise :class:`BootFailed`
+        the moment a boot fails (or its user data was refused), and TimeoutError after ``timeout`` seconds,
+        naming ``what`` was awaited and what each boot printed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if result:
+                return result
+            with self._lock:
+                failures = list(self.failed.values()) + [
+                    f"instance {i}: its user data was not booted: {why}" for i, why in self.refused.items()
+                ]
+            if failures:
+                raise BootFailed(f"waiting for {what}: " + "\n".join(failures))
+            if time.monotonic() > deadline:
+                shown = "\n".join(
+                    f"--- instance {i} ({boot.renderer}):\n{boot.output()}" for i, boot in self.boots.items()
+                )
+                raise TimeoutError(
+                    f"{what} did not happen within {timeout:g} s; the boots printed:\n{shown or '(none booted)'}"
+                )
+            time.sleep(interval)
 
     def output(self, instance_id: str) -> str:
         boot = self.boots.get(instance_id)
