@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from levers9.gpu import CATALOG, AmbiguousGpuType, UnknownGpuType, canonical, names, suggest
+from levers9.gpu import CATALOG, AmbiguousGpuType, UnknownGpuType, canonical, names, parse_gpu, suggest
 from levers9.gpu.catalog import key
 
 REQUIRED = [
@@ -105,8 +105,14 @@ def test_canonical_names_are_their_own_canonical(name: str) -> None:
         ("tesla v100", "V100"),
         ("v100_32gb", "V100-32"),
         ("V100S", "V100-32"),
-        ("h100 nvl", "H100"),
+        ("h100 nvl", "H100-NVL"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
         ("H100-PCIe", "H100"),
+        ("rtx 3090", "RTX3090"),
+        ("NVIDIA GeForce RTX 3090", "RTX3090"),
+        ("RTX 6000 Ada", "RTX6000-Ada"),
+        ("RTX 6000Ada", "RTX6000-Ada"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX6000-Ada"),
         ("h200-141gb", "H200"),
         ("gh200 480gb", "GH200"),
         ("instinct mi300x", "MI300X"),
@@ -166,7 +172,7 @@ def test_suggest_puts_the_likely_name_first(written: str, first: str) -> None:
 
 def test_suggest_prefix_finds_every_type_it_begins() -> None:
     # the RTX A6000 is an RTX too
-    assert set(suggest("RTX")) == {"A6000", "RTX4090", "RTX5090"}
+    assert set(suggest("RTX", n=10)) == {"A6000", "RTX6000-Ada", "RTX3090", "RTX4090", "RTX5090", "RTXPRO6000"}
     assert suggest("A100")[:2] == ["A100-40", "A100-80"]
 
 
@@ -211,3 +217,20 @@ def test_canonical_returns_a_catalog_name_or_raises_unknown(text: str) -> None:
         assert error.name == text
         assert all(s in CATALOG for s in error.suggestions)
         assert len(error.suggestions) <= 3
+
+
+def test_the_marketplace_cards_are_types_of_their_own_with_their_real_memory() -> None:
+    # Issue 38: RunPod and Vast.ai rent these; the H100 NVL was counted as an 80 GB H100
+    assert {n: (CATALOG[n].memory_mib, CATALOG[n].vendor) for n in ("RTX3090", "RTX6000-Ada", "H100-NVL")} == {
+        "RTX3090": (24 * 1024, "nvidia"),
+        "RTX6000-Ada": (48 * 1024, "nvidia"),
+        "H100-NVL": (94 * 1024, "nvidia"),
+    }
+    assert CATALOG["H100"].memory_mib == 80 * 1024
+    # a request for an H100 means the 80 GB card; one that would run on either names both
+    assert parse_gpu("H100").types == ("H100",)
+    assert parse_gpu(["H100", "H100-NVL"]).types == ("H100", "H100-NVL")
+    # neighbours that are not these cards stay apart
+    assert canonical("RTX A6000") == "A6000"
+    with pytest.raises(UnknownGpuType):
+        canonical("Quadro RTX 6000")

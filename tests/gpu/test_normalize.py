@@ -34,7 +34,7 @@ def _load(name: str) -> Any:
     [
         ("NVIDIA H100 80GB HBM3", "H100"),
         ("NVIDIA H100 PCIe", "H100"),
-        ("NVIDIA H100 NVL", "H100"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
         ("Tesla T4", "T4"),
         ("NVIDIA A100-SXM4-40GB", "A100-40"),
         ("NVIDIA A100-SXM4-80GB", "A100-80"),
@@ -60,10 +60,13 @@ def _load(name: str) -> Any:
         ("NVIDIA B200", "B200"),
         ("AMD Instinct MI300X", "MI300X"),
         ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTXPRO6000"),
+        ("NVIDIA GeForce RTX 3090", "RTX3090"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX6000-Ada"),
+        ("RTX 6000Ada", "RTX6000-Ada"),  # Vast.ai's spelling
         # not in the catalog
-        ("NVIDIA GeForce RTX 3090", None),
-        ("NVIDIA RTX 6000 Ada Generation", None),
         ("Quadro RTX 6000", None),
+        ("NVIDIA RTX 6000", None),  # the Turing Quadro too, not the Ada card
+        ("NVIDIA GeForce RTX 3090 Ti", None),
         ("NVIDIA A30", None),
         ("NVIDIA H800", None),
         ("NVIDIA A800 80GB PCIe", None),
@@ -93,8 +96,9 @@ def test_from_nvidia_smi(name: str, expected: str | None) -> None:
         ("Tesla V100-SXM2", 16160, "V100"),
         # the memory written in the name beats the figure passed in
         ("NVIDIA A100-SXM4-40GB", 81920, "A100-40"),
-        # the size does not change what an H100 is
-        ("NVIDIA H100 NVL", 95830, "H100"),
+        # the NVL is its own type (94 GB): a type means its memory; the figure passed in does not move an H100
+        ("NVIDIA H100 NVL", 95830, "H100-NVL"),
+        ("NVIDIA H100 PCIe", 95830, "H100"),
     ],
 )
 def test_from_nvidia_smi_uses_memory_to_disambiguate(name: str, memory_mib: int, expected: str | None) -> None:
@@ -110,8 +114,8 @@ NVIDIA_SMI_FILES = {
     "a100_sxm4_40gb_8x.csv": ["A100-40"] * 8,
     "t4_1x.csv": ["T4"],
     "l4_1x.csv": ["L4"],
-    "workstation_rtx4090_rtx3090.csv": ["RTX4090", None],
-    "h100_nvl_2x.csv": ["H100", "H100"],
+    "workstation_rtx4090_rtx3090.csv": ["RTX4090", "RTX3090"],
+    "h100_nvl_2x.csv": ["H100-NVL", "H100-NVL"],
     "gh200_1x.csv": ["GH200"],
 }
 

@@ -48,10 +48,10 @@ def test_parse_eight_h100() -> None:
         ("t4_1x.csv", [("Tesla T4", "T4", 15360)]),
         (
             "workstation_rtx4090_rtx3090.csv",
-            [("NVIDIA GeForce RTX 4090", "RTX4090", 24564), ("NVIDIA GeForce RTX 3090", None, 24576)],
+            [("NVIDIA GeForce RTX 4090", "RTX4090", 24564), ("NVIDIA GeForce RTX 3090", "RTX3090", 24576)],
         ),
         ("a100_sxm4_40gb_8x.csv", [("NVIDIA A100-SXM4-40GB", "A100-40", 40960)] * 8),
-        ("h100_nvl_2x.csv", [("NVIDIA H100 NVL", "H100", 95830)] * 2),
+        ("h100_nvl_2x.csv", [("NVIDIA H100 NVL", "H100-NVL", 95830)] * 2),
         ("gh200_1x.csv", [("NVIDIA GH200 480GB", "GH200", 97871)]),
     ],
 )
@@ -184,7 +184,7 @@ def test_found_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_path_
     devices = plugin.levers9_gpu_devices()
     assert [(d.model, d.gpu) for d in devices] == [
         ("NVIDIA GeForce RTX 4090", "RTX4090"),
-        ("NVIDIA GeForce RTX 3090", None),
+        ("NVIDIA GeForce RTX 3090", "RTX3090"),
     ]
 
 

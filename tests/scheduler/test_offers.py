@@ -10,7 +10,7 @@ import pytest
 
 from levers9.__about__ import __version__
 from levers9.hooks.types import GpuOffer, Pool
-from levers9.scheduler.offers import ordered
+from levers9.scheduler.offers import matching, ordered
 from levers9.scheduler.pools import PoolSpec
 from levers9.state.sql.machines import MachineStore
 from levers9.state.sql.tasks import TaskStore
@@ -113,6 +113,24 @@ def test_preference_keeps_the_providers_order_and_drops_only_unavailable_offers(
         for zone, price, availability in (("a", 3.0, "limited"), ("b", None, "unknown"), ("c", 1.0, "unavailable"))
     ]
     assert [o.zone for o in ordered(spec, offers)] == ["a", "b"]
+
+
+def test_an_h100_pool_takes_no_h100_nvl_offer_and_the_other_way_round() -> None:
+    # Issue 38: the 94 GB H100 NVL was an alias of the 80 GB H100; it is its own type, and a type means its memory
+    h100 = PoolSpec(
+        pool=Pool(name="h100", provider="flaky", runtime="runc", gpu="H100", gpu_count=1),
+        cpu_millicores=1000,
+        memory_mib=1024,
+    )
+    nvl = PoolSpec(
+        pool=Pool(name="nvl", provider="flaky", runtime="runc", gpu="H100-NVL", gpu_count=1),
+        cpu_millicores=1000,
+        memory_mib=1024,
+    )
+    sxm = GpuOffer(**_offer("a"))
+    pcie_nvl = GpuOffer(**_offer("b", gpu="H100-NVL", gpu_memory_mib=95830, instance_type="h100-nvl"))
+    assert matching(h100, [sxm, pcie_nvl]) == ([sxm], 1)
+    assert matching(nvl, [sxm, pcie_nvl]) == ([pcie_nvl], 1)
 
 
 async def test_an_offer_marked_unavailable_is_skipped_until_the_ttl_passes(make_harness: MakeHarness) -> None:

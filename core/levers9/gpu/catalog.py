@@ -7,9 +7,16 @@ word, so every name is brought to one of the canonical names below before it
 is compared, stored or shown.
 
 A canonical type names what a job can rely on, not the exact SKU: GPUs that
-differ only in form factor or interconnect (SXM, PCIe, NVL) share a type, while
+differ only in form factor or interconnect (SXM or PCIe) share a type, while
 GPUs whose memory differs enough to decide whether a model fits (A100 40 GB and
-80 GB, V100 16 GB and 32 GB) get a type each.
+80 GB, V100 16 GB and 32 GB, H100 80 GB and the 94 GB H100 NVL) get a type each.
+
+A type means its memory, not "at least" it: ``H100`` is the 80 GB GH100 card,
+and a request for ``H100`` never lands on an ``H100-NVL`` (94 GB, priced
+apart), nor an ``H100-NVL`` pool's offers on an ``H100`` pool. A job that
+would run on either says so: ``gpu=["H100", "H100-NVL"]``. The same figure is
+what a provider's ``GpuOffer.gpu_memory_mib`` is checked against, per GPU, so
+an offer of a bigger card under a smaller type's name is a provider's bug.
 
 Memory figures
 --------------
@@ -85,14 +92,22 @@ _TYPES: tuple[GpuType, ...] = (
         ("A100-80GB", "A100-SXM4-80GB", "A100-PCIE-80GB"),
         "Ampere, 80 GB HBM2e (SXM4 or PCIe)",
     ),
-    # The H100 NVL (94 GB) is folded in here: it is the same GH100 chip with more
-    # memory, so anything written for an 80 GB H100 runs on it.
     GpuType(
         "H100",
         "nvidia",
         _gib(80),
-        ("H100-80GB", "H100-SXM", "H100-SXM5", "H100-PCIE", "H100-NVL", "H100-MEGA"),
-        "Hopper, 80 GB HBM3 (SXM5 or PCIe; the 94 GB NVL counts as one too)",
+        ("H100-80GB", "H100-SXM", "H100-SXM5", "H100-PCIE", "H100-MEGA"),
+        "Hopper, 80 GB HBM3 (SXM5 or PCIe)",
+    ),
+    # The same GH100 chip as the H100 with 94 GB: once folded into H100, it is its own type because a type
+    # means its memory (see the module docstring) and marketplaces price it apart. nvidia-smi: "NVIDIA H100 NVL",
+    # 95830 MiB.
+    GpuType(
+        "H100-NVL",
+        "nvidia",
+        _gib(94),
+        ("H100-NVL-94GB", "H100-94GB", "NVIDIA-H100-NVL"),
+        "Hopper, 94 GB HBM3, PCIe card (pairs joined by NVLink)",
     ),
     GpuType(
         "H200",
@@ -124,6 +139,23 @@ _TYPES: tuple[GpuType, ...] = (
     GpuType("L40", "nvidia", _gib(48), (), "Ada Lovelace, 48 GB GDDR6"),
     GpuType("L40S", "nvidia", _gib(48), (), "Ada Lovelace, 48 GB GDDR6; training and inference"),
     GpuType("A6000", "nvidia", _gib(48), ("RTX-A6000",), "Ampere workstation (RTX A6000), 48 GB GDDR6"),
+    # Not the RTX A6000 (Ampere, above) nor the Quadro RTX 6000 (Turing, 24 GB, not in the catalog): a bare
+    # "RTX 6000" names neither. nvidia-smi: "NVIDIA RTX 6000 Ada Generation"; Vast.ai: "RTX 6000Ada".
+    GpuType(
+        "RTX6000-Ada",
+        "nvidia",
+        _gib(48),
+        ("RTX-6000-Ada-Generation", "NVIDIA-RTX-6000-Ada-Generation"),
+        "Ada Lovelace workstation card, 48 GB GDDR6",
+    ),
+    # Marketplaces (RunPod, Vast.ai) rent consumer and workstation cards by nvidia-smi's names.
+    GpuType(
+        "RTX3090",
+        "nvidia",
+        _gib(24),
+        ("GeForce-RTX-3090", "NVIDIA-GeForce-RTX-3090"),
+        "Ampere consumer card, 24 GB GDDR6X (not the 3090 Ti)",
+    ),
     GpuType("RTX4090", "nvidia", _gib(24), ("GeForce-RTX-4090",), "Ada Lovelace consumer card, 24 GB GDDR6X"),
     GpuType("RTX5090", "nvidia", _gib(32), ("GeForce-RTX-5090",), "Blackwell consumer card, 32 GB GDDR7"),
     # EC2's g7e names it "RTX PRO Server 6000"; nvidia-smi says "NVIDIA RTX PRO 6000 Blackwell Server Edition".

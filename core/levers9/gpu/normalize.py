@@ -18,17 +18,21 @@ The text is cleaned of trademark signs, split into words on spaces and
 punctuation, and the first word that is a known model (``H100``, ``L40S``,
 ``A10G``...) wins, so vendor and marketing words (``NVIDIA``, ``Tesla``,
 ``Tensor Core``, ``SXM5``, ``HBM3``) need no list of their own and an unknown
-model (``A30``, ``H800``, ``RTX 6000 Ada``) falls through to ``None``. Only
-two models need more than their name:
+model (``A30``, ``H800``, ``Quadro RTX 6000``) falls through to ``None``. A
+few models need more than their name:
 
 * ``A100`` is resolved by the memory written next to it (``40GB``, ``80 GB``)
   or, failing that, by the memory size the source reports; with neither it is
   ``None`` rather than a guess;
 * ``V100`` is ``V100-32`` when 32 GB is written or reported, else ``V100``
-  (16 GB, the common case).
-
-The H100 NVL (94 GB) and H100 PCIe are reported as ``H100``: same chip, at
-least as much memory, so a job asking for an H100 runs on them.
+  (16 GB, the common case);
+* ``H100`` is ``H100-NVL`` when ``NVL`` follows it (``NVIDIA H100 NVL``, 94
+  GB), else ``H100`` (SXM5 or PCIe, 80 GB): a type means its memory (see
+  :mod:`levers9.gpu.catalog`);
+* after ``RTX``, ``6000`` is the ``RTX6000-Ada`` only when ``Ada`` follows
+  (``NVIDIA RTX 6000 Ada Generation``, Vast.ai's ``RTX 6000Ada``): a bare
+  ``RTX 6000`` is the Turing Quadro, not in the catalog; and ``3090 Ti`` is
+  not the ``RTX3090``.
 
 A MIG slice is never reported as its parent GPU: a ``1g.10gb`` slice of an
 A100 has a seventh of its compute and an eighth of its memory, and a job
@@ -79,13 +83,15 @@ _MODEL_WORDS: dict[str, str] = {
     "A6000": "A6000",
     "RTXPRO6000": "RTXPRO6000",
     "RTXA6000": "A6000",
+    "RTX3090": "RTX3090",
     "RTX4090": "RTX4090",
     "RTX5090": "RTX5090",
+    "RTX6000ADA": "RTX6000-Ada",
     "V100S": "V100-32",
     "MI300X": "MI300X",
 }
-# Words after "RTX" that complete a model ("RTX 4090", "RTX A6000").
-_RTX_SUFFIXES = {"4090", "5090", "A6000"}
+# Words after "RTX" that complete a model ("RTX 4090", "RTX A6000", Vast.ai's "RTX 6000Ada").
+_RTX_SUFFIXES = {"3090", "4090", "5090", "A6000", "6000ADA"}
 # Words that mean "not a whole data-centre card of this model", whatever the model word says.
 _VETO_WORDS = {"MIG", "LAPTOP", "MOBILE"}
 
@@ -129,8 +135,15 @@ def _model_from_text(text: str, memory_mib: int | None = None) -> str | None:
     if _VETO_WORDS.intersection(words):
         return None
     for i, word in enumerate(words):
-        if word == "RTX" and i + 1 < len(words) and words[i + 1] in _RTX_SUFFIXES:
-            return _MODEL_WORDS["RTX" + words[i + 1]]
+        after = words[i + 1 : i + 3]
+        if word in ("RTX", "RTX3090") and "TI" in words[i + 1 : i + 3]:
+            return None  # the 3090 Ti (and any other Ti) is a card of its own, not in the catalog
+        if word == "RTX" and after[:1] == ["6000"]:
+            return "RTX6000-Ada" if after[1:] == ["ADA"] else None  # a bare "RTX 6000" is the Turing Quadro
+        if word == "RTX" and after[:1] and after[0] in _RTX_SUFFIXES:
+            return _MODEL_WORDS["RTX" + after[0]]
+        if word == "H100" and "NVL" in after[:1]:
+            return "H100-NVL"
         if word == "RTX" and words[i + 1 : i + 2] == ["PRO"]:
             # "RTX PRO 6000 Blackwell Server Edition", EC2's "RTX PRO Server 6000"; other RTX PRO cards
             # (4500, 5000) are not in the catalog
