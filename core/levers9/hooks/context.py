@@ -100,7 +100,8 @@ class AgentHub(Protocol):
 
 
 class PluginMetrics(Protocol):
-    """Counters and gauges named ``levers9_plugin_<name>`` and labelled ``plugin=<the plugin's name>``."""
+    """Counters exported as ``levers9_plugin_<name>_total`` and gauges as ``levers9_plugin_<name>``, labelled with
+    the caller's labels and levers9's ``replica`` and ``plugin`` (see :mod:`levers9.services.plugin_metrics`)."""
 
     def count(self, name: str, value: float = 1.0, **labels: str) -> None: ...
 
