@@ -398,12 +398,19 @@ def cloud_init(bootstrap: WorkerBootstrap) -> str:
 def container_spec(bootstrap: WorkerBootstrap) -> BootstrapContainer:
     """The worker as a container running ``worker_image``; the token in ``secret_env`` only.
 
+    ``command`` is ``levers9 worker``; ``env`` is :func:`worker_environment` (no secret in it); ``secret_env``
+    holds the join token as ``LEVERS9_TOKEN``, for the provider to store as its platform's secret (which the
+    provider deletes with the machine) and expose to the container as a variable. ``worker_image`` is the
+    controlplane's ``scheduler.worker_image``: the image ``levers9 worker-image build`` makes, of exactly the
+    controlplane's version, pushed by the operator to a registry the machines can pull from.
+
     :raises ValueError: the bootstrap is invalid, or names no ``worker_image``.
     """
     if not bootstrap.worker_image:
         raise ValueError(
-            "WorkerBootstrap.worker_image is None: a container provider needs the worker image to run "
-            "(set the controlplane's worker image, for example ghcr.io/levers9/worker:<version>)"
+            "WorkerBootstrap.worker_image is None: a container provider needs the worker image to run; set "
+            "scheduler.worker_image to the image `levers9 worker-image build` makes for this levers9 version, "
+            "pushed to a registry the provider's machines pull from (levers9 publishes none)"
         )
     return BootstrapContainer(
         image=bootstrap.worker_image,
