@@ -10,6 +10,8 @@ values with a header line.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -502,3 +504,61 @@ def test_the_scheduler_column_says_why_the_controlplane_starts_nothing_of_a_pool
     [row] = json.loads(alone.stdout)
     assert row["scheduler"]["ok"] is None
     assert row["scheduler"]["message"].startswith("no controlplane asked")
+
+
+def test_a_refused_payment_is_what_pools_and_check_show(plane: Plane, cli: Callable[..., Any], tmp_path: Path) -> None:
+    """Issue 38: a marketplace's "insufficient balance" was mapped to a quota and ``levers9 pools`` still said ok.
+    Here the pool's one joined machine refuses the provision order as ``billing_refused`` (an agent's typed refusal,
+    as a provider raises ``BillingRefused``): the scheduler marks the pool, and both commands say so and what to do."""
+    config = str(tmp_path / "levers9.yaml")
+    made = cli("machine", "create", "--pool", "lab", "--name", "box", "--json")
+    assert made.returncode == 0, made.stderr
+    token = json.loads(made.stdout)["join_token"]
+
+    async def refused() -> str:
+        identity = await agent_join.join(plane.services, token, version=__version__, hostname="box")
+        agent = Agent(plane.hub, await agent_join.authenticate_agent(plane.services, identity.token))
+        plane.agents.append(agent)
+        await agent.connect(version=__version__)
+        assert agent.session is not None
+        await agent.session.inventory(
+            InventoryReport(
+                cpu_millicores=16000,
+                memory_mib=65536,
+                free_cpu_millicores=16000,
+                free_memory_mib=65536,
+                gpus=(("H100", 2, 2),),
+                details={"docker": {"version": "27.1.1", "runtimes": ["runc", "nvidia"], "nvidia": True}},
+            )
+        )
+        provisioner = plane.services.scheduler.provisioner
+        # the plane's lab pool leaves docker_network_mode at bridge, which agent_machine refuses for runc before
+        # it asks any agent; the same pool on the host's network is asked
+        spec = plane.services.pools["lab"]
+        settings = spec.pool.settings.model_copy(update={"docker_network_mode": "host"})
+        spec = dataclasses.replace(spec, pool=spec.pool.model_copy(update={"settings": settings}))
+        machine_id = await provisioner.start(spec, "test")
+        order = await agent.order()
+        await agent.ack(order, ok=False, error="the account's balance is $0.00", error_kind="billing_refused")
+        await asyncio.gather(*provisioner._tasks.values())
+        return machine_id
+
+    machine_id = plane.run(refused())
+    machine = plane.run(plane.services.machines.get(machine_id))
+    assert machine is not None
+    assert machine.state.value == "failed"
+
+    [lab] = [p for p in json.loads(cli("pools", "--json").stdout) if p["name"] == "lab"]
+    why = lab["unavailable"]
+    assert why.startswith("billing_refused: [agent_machine] agent "), why
+    assert "refused the provision order: the account's balance is $0.00" in why
+    assert "top up the balance (or fix the payment method) of the account provider 'agent_machine' uses" in why
+    table = cli("pools")
+    assert table.returncode == 0, table.stderr
+    [row] = [line for line in table.stdout.splitlines() if line.startswith("lab\t")]
+    assert row.split("\t")[-1] == f"unavailable: {why}"
+
+    done = cli("check", "--config", config, "--pool", "lab", "--json", timeout=120)
+    [checked] = json.loads(done.stdout)
+    assert checked["scheduler"]["ok"] is False
+    assert checked["scheduler"]["message"] == f"unavailable: {why} (context 'test')"
