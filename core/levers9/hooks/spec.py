@@ -186,6 +186,7 @@ def levers9_provision(request: ProvisionRequest) -> Machine:
     :raises InsufficientCapacity: no machine of this offer is free; the scheduler
         tries the pool's next offer, then the next pool, at once.
     :raises QuotaExceeded: the account's limit is reached.
+    :raises BillingRefused: the account is not paid for (no balance, a declined card); the pool is skipped whole.
     :raises Throttled: retry later (``retry_after`` seconds if known).
     :raises AuthenticationFailed: credentials rejected.
     :raises PermissionDenied: credentials accepted, the action denied (IAM, RBAC).
