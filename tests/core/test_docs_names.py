@@ -73,6 +73,7 @@ INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 FENCE = re.compile(r"^\s*```")
 METRIC_LABELS = re.compile(r"\{([^}]*)\}")
 CLASS = re.compile(r"^class (\w+)\b", re.MULTILINE)
+FUNCTION = re.compile(r"^\s*(?:async\s+)?def (levers9_\w+)\(", re.MULTILINE)
 
 
 # --------------------------------------------------------------------------- what levers9 defines
@@ -89,6 +90,15 @@ def _classes() -> dict[str, list[str]]:
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         for name in CLASS.findall(path.read_text()):
             found.setdefault(name, []).append(module)
+    return found
+
+
+@cache
+def _functions() -> set[str]:
+    """Every ``levers9_*`` function or method levers9 defines (the hooks' implementations, the kit's fixtures)."""
+    found: set[str] = set()
+    for path in sorted(CORE.rglob("*.py")):
+        found.update(FUNCTION.findall(path.read_text()))
     return found
 
 
@@ -286,14 +296,17 @@ def name_problem(name: str) -> str | None:
 
 
 def _bare_problem(name: str) -> str | None:
-    """Why ``levers9_<something>`` alone is none of a hook, a package, a hook type's field or a metric."""
+    """Why ``levers9_<something>`` alone is none of a hook, a package, a hook type's field, a metric, or a function
+    levers9 defines (the contract kit's fixtures ``levers9_docker_host``...)."""
     if name in _hooks() or name in _metrics() or name in _type_fields() or name in EXAMPLE_PACKAGES:
+        return None
+    if name in _functions():
         return None
     if importlib.util.find_spec(name) is not None:
         return None
     close = [n for n in [*_hooks(), *_metrics()] if n.startswith(name) or name.startswith(n)]
     hint = f"; did you mean {' or '.join(sorted(close)[:3])}?" if close else ""
-    return f"no hook, package, hook type's field or metric is named {name}{hint}"
+    return f"no hook, package, hook type's field, metric or levers9 function is named {name}{hint}"
 
 
 def metric_labels_problem(token: str) -> str | None:
@@ -340,12 +353,23 @@ def _fences(lines: list[str]) -> Iterator[tuple[int, str, list[str]]]:
             body.append(line)
 
 
+def _rebound(tree: ast.AST) -> set[str]:
+    """Names a block assigns itself (``spec = container_spec(...)``), or takes as an argument of another type."""
+    found = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for node in ast.walk(tree):
+        is_argument = isinstance(node, ast.arg) and node.arg in _arguments() and node.annotation is not None
+        if is_argument and ast.unparse(node.annotation).split(".")[-1] != _arguments()[node.arg].__name__:
+            found.add(node.arg)
+    return found
+
+
 def _python_problems(start: int, body: list[str]) -> Iterator[tuple[int, str, str]]:
     """``(line, name, problem)`` for what a ``python`` block imports from levers9 or reads off a hook argument."""
     try:
         tree = ast.parse(textwrap.dedent("\n".join(body)))
     except SyntaxError:
         return  # a fragment (a signature, an elided body): its inline names are still checked
+    rebound = _rebound(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "levers9":
             for alias in node.names:
@@ -359,7 +383,7 @@ def _python_problems(start: int, body: list[str]) -> Iterator[tuple[int, str, st
             while isinstance(current, ast.Attribute):
                 chain.append(current.attr)
                 current = current.value
-            if isinstance(current, ast.Name) and current.id in _arguments():
+            if isinstance(current, ast.Name) and current.id in _arguments() and current.id not in rebound:
                 name = ".".join([current.id, *reversed(chain)])
                 problem = name_problem(name)
                 if problem is not None:
@@ -401,17 +425,19 @@ def test_the_docs_name_only_types_fields_hooks_and_metrics_that_exist() -> None:
     ("name", "problem"),
     [
         # issue 38: the name config.md and architecture.md gave for the CA
-        (
-            "ProvisionRequest.controlplane_ca",
-            "ProvisionRequest has no controlplane_ca (ProvisionRequest's fields: bootstrap, machine_id, "
-            "offer, pool, region, resources)",
-        ),
+        ("ProvisionRequest.controlplane_ca", "ProvisionRequest has no controlplane_ca (ProvisionRequest's fields: "),
         ("request.controlplane_ca", "request has no controlplane_ca (ProvisionRequest's fields: bootstrap, "),
         ("levers9.hooks.types.ProvisionRequest.token", "levers9.hooks.types.ProvisionRequest has no token ("),
         ("request.bootstrap.ca", "request.bootstrap has no ca (WorkerBootstrap's fields: "),
         ("levers9.gpu.catalog.memory_of", "levers9.gpu.catalog has no memory_of"),
-        ("levers9_provison", "no hook, package, hook type's field or metric is named levers9_provison"),
-        ("levers9_placements", "no hook, package, hook type's field or metric is named levers9_placements; did you"),
+        (
+            "levers9_provison",
+            "no hook, package, hook type's field, metric or levers9 function is named levers9_provison",
+        ),
+        (
+            "levers9_placements",
+            "no hook, package, hook type's field, metric or levers9 function is named levers9_placements; did",
+        ),
         ("AgentHub.dispatch", "AgentHub has no dispatch"),
     ],
 )
@@ -454,17 +480,23 @@ def test_a_document_is_read_inline_and_in_its_python_blocks() -> None:
             "ca = request.bootstrap.controlplane_ca + request.token",
             "```",
             "```python",
+            "def provision(request: ProvisionRequest, pool: str) -> None:",
+            "    spec = container_spec(request.bootstrap)",
+            "    print(spec.secret_env, pool.upper(), request.bootstrap.tokn)",
+            "```",
+            "```python",
             "# first edition",
             "token = request.token",
             "```",
         ]
     )
-    assert problems_in(text, "doc.md") == [
+    # each problem, up to the list of fields (which grows with the types)
+    found = [problem.split(" (")[0] if "'s fields: " in problem else problem for problem in problems_in(text, "doc.md")]
+    assert found == [
         "doc.md:4: `levers9.hooks.types.ProvisionRequst`: levers9.hooks.types has no ProvisionRequst",
-        "doc.md:5: `request.token`: request has no token (ProvisionRequest's fields: bootstrap, machine_id, offer, "
-        "pool, region, resources)",
-        "doc.md:1: `ProvisionRequest.controlplane_ca`: ProvisionRequest has no controlplane_ca (ProvisionRequest's "
-        "fields: bootstrap, machine_id, offer, pool, region, resources)",
+        "doc.md:5: `request.token`: request has no token",
+        "doc.md:10: `request.bootstrap.tokn`: request.bootstrap has no tokn",
+        "doc.md:1: `ProvisionRequest.controlplane_ca`: ProvisionRequest has no controlplane_ca",
         "doc.md:2: `levers9_workers_lost_total{zone}`: levers9_workers_lost_total has no label zone; its labels: "
         "pool, reason, replica",
     ]
