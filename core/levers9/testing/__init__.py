@@ -53,6 +53,17 @@ API runs (an end-to-end test's stand-in for the cloud's hypervisor). A
 provider that binds join tokens to machines also overrides ``boot_platform``
 to give the boot what its worker proves the machine with (a fake metadata
 service's address and port).
+
+For a whole end-to-end test (your plugin inside a real ``levers9 up``, its
+machines booted, a call run on one): :class:`~levers9.testing.up.Levers9Up`
+starts levers9; :class:`~levers9.testing.cloud_boot.CloudBooter` boots your
+fake cloud's instances (its ``wait_for`` raises
+:class:`~levers9.testing.cloud_boot.BootFailed` the moment a boot fails);
+:func:`~levers9.testing.recorded_gpus.nvidia_smi` gives a machine's GPUs as
+``nvidia-smi`` prints them, for every NVIDIA type of the catalog; and
+:class:`~levers9.testing.fake_cloud.FakeCloud` keeps the instances and faults
+your wire fake serves. docs/plugins.md §11, "Booting your machines end to
+end", has a complete example.
 """
 
 from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
