@@ -98,7 +98,13 @@ def boot_user_data(
             )
         boot = booter.boots[machine.provider_id]
         found = standin.wait_for(bootstrap.token, bootstrap.machine_id, timeout, stop_early=lambda: not boot.alive())
-        output = "" if found else f" (emulated boot, {boot.isolation}); what it printed:\n{boot.output()}"
+        # the renderer the user data came from, and how the boot ended (its exit status) or that it still runs
+        ended = boot.failure() or ("it ended" if not boot.alive() else "it still ran")
+        output = (
+            ""
+            if found
+            else f" (emulated boot of {boot.renderer}, {boot.isolation}; {ended}); what it printed:\n{boot.output()}"
+        )
     finally:
         booter.stop()
     return found, output
