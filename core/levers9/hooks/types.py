@@ -191,7 +191,10 @@ class Machine(_Frozen):
     labels: dict[str, str] = Field(default_factory=dict)
     #: what the provider needs to find the machine again (its zone, compartment, cluster...): small JSON
     #: (at most ``PROVIDER_DATA_MAX_BYTES``), stored with levers9's record and handed back to
-    #: ``levers9_terminate`` and to the reconciler
+    #: ``levers9_terminate`` and to the reconciler. One key levers9 reads: ``reachable``. ``False`` for a
+    #: machine nothing can connect into (a container marketplace's pod publishing no port, a machine behind
+    #: NAT): its worker then serves through a tunnel and is never dialled (:mod:`levers9.services.tunnels`);
+    #: ``True``: dialled without trying first; absent: tried once when the worker registers
     provider_data: dict[str, Any] = Field(default_factory=dict)
     #: why the machine is ``failed`` or ``preempted``, in the provider's words
     reason: str | None = None

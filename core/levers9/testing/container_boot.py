@@ -236,7 +236,7 @@ def check_reachable(provider: str, listed: Machine, found: Registration) -> None
     advice = (
         "a container booted with no port published (as a marketplace pod is) cannot be dialled: set "
         "provider_data['reachable'] = False for such machines, so the controlplane has the worker open a tunnel "
-        "instead of dialling it (docs/plugins.md §3 Machine, 'Container clouds')"
+        "instead of dialling it (docs/plugins.md §3 Machine, and §6 'Container clouds')"
     )
     if declared is not None and declared is not True:
         pytest.fail(

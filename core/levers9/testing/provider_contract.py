@@ -24,7 +24,15 @@ not to leak machines:
   provisioned; any other returns the user data it passed from
   :meth:`ProviderContract.user_data`, and the kit boots it in an emulated boot
   (:mod:`levers9.testing.boot`) through the harness end-to-end tests boot a
-  fake cloud's instances with (:class:`levers9.testing.cloud_boot.CloudBooter`);
+  fake cloud's instances with (:class:`levers9.testing.cloud_boot.CloudBooter`).
+  A container provider (``boots_containers = True``, a marketplace of pods)
+  returns the container it started from :meth:`ProviderContract.container_spec`,
+  and the kit runs it with real Docker (``levers9_docker_host``) from the worker
+  image it gave the bootstrap (``levers9_worker_image``), the join token in
+  ``secret_env`` only; a container that exits fails at once with its exit code
+  and log tail; the listed machine must then say ``provider_data["reachable"]
+  = False`` or list an address where the worker answers
+  (:mod:`levers9.testing.container_boot`);
 * where the provider binds join tokens to machines (``levers9_verify_identity``),
   the identity the booted worker showed verifies for its machine, and neither
   no identity nor that identity for another machine does

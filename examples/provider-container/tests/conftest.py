@@ -48,19 +48,31 @@ from levers9.testing.dockerd import private_dockerd
 API_KEY = "pm-test-key"
 
 OFFERS: list[dict[str, Any]] = [
-    {"id": "h100-sxm-secure-eu-ro-1", "gpu": "H100 SXM", "variant": "sxm", "cloud": "secure", "datacenter": "eu-ro-1"},
+    {
+        "id": "h100-sxm-secure-eu-ro-1",
+        "gpu": "H100 SXM",
+        "form_factor": "sxm",
+        "cloud": "secure",
+        "datacenter": "eu-ro-1",
+    },
     {
         "id": "h100-pcie-community-eu-se-1",
         "gpu": "H100 PCIe",
-        "variant": "pcie",
+        "form_factor": "pcie",
         "cloud": "community",
         "datacenter": "eu-se-1",
     },
-    {"id": "h100-sxm-secure-us-tx-3", "gpu": "H100 SXM", "variant": "sxm", "cloud": "secure", "datacenter": "us-tx-3"},
+    {
+        "id": "h100-sxm-secure-us-tx-3",
+        "gpu": "H100 SXM",
+        "form_factor": "sxm",
+        "cloud": "secure",
+        "datacenter": "us-tx-3",
+    },
     {
         "id": "rtx4090-community-eu-ro-1",
         "gpu": "RTX 4090",
-        "variant": "pcie",
+        "form_factor": "pcie",
         "cloud": "community",
         "datacenter": "eu-ro-1",
     },
@@ -73,6 +85,7 @@ PRICES = {"H100 SXM": (2.99, 1.75), "H100 PCIe": (2.39, 1.25), "RTX 4090": (0.69
 class FakeMarket:
     def __init__(self, docker_host: str | None = None, stock: int = 2) -> None:
         self.docker_host = docker_host
+        self.api_key = API_KEY
         self.lock = threading.Lock()
         self.offers = [
             {
@@ -117,6 +130,12 @@ class FakeMarket:
         with self.lock:
             return [_public(p) for p in self.pods.values()]
 
+    def set_stock(self, stock: int) -> None:
+        """Every offer's stock (0: every pod request answers 409, no stock)."""
+        with self.lock:
+            for offer in self.offers:
+                offer["stock"] = stock
+
     def outbid(self, pod_id: str) -> None:
         self._end(pod_id, "outbid", "outbid: a higher bid took the GPU")
 
@@ -135,7 +154,7 @@ class FakeMarket:
 
     def handle(self, method: str, path: str, query: dict[str, list[str]], key: str, body: Any) -> tuple[int, Any]:
         self.requests.append(f"{method} {path}")
-        if key != API_KEY:
+        if key != self.api_key:
             return 401, {"error": "invalid_api_key", "message": "the API key is not valid"}
         parts = path.strip("/").split("/")
         if parts == ["v1", "offers"] and method == "GET":

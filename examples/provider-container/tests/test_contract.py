@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import pytest
 
 from levers9.bootstrap import BootstrapContainer
+from levers9.hooks.manager import PluginPolicy, PluginSet
 from levers9.hooks.types import Machine
 from levers9.testing import ProviderContract
 
@@ -39,8 +42,7 @@ class TestPodMarketContract(ProviderContract):
 
     @pytest.fixture
     def capacity_pool_settings(self) -> dict[str, Any]:
-        for offer in self.market.offers:
-            offer["stock"] = 0
+        self.market.set_stock(0)
         return {"api_url": self.market.url}
 
     def container_spec(self, machine: Machine) -> BootstrapContainer:
@@ -63,3 +65,27 @@ class TestPodMarketContract(ProviderContract):
 
     def fail(self, machine: Machine) -> None:
         self.market.fail(machine.provider_id)
+
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins.md"
+
+
+def docs_example() -> ModuleType:
+    """The provider docs/plugins.md ("Container clouds") shows, as a module: the docs' example must pass the kit too."""
+    text = DOCS.read_text()
+    start = text.index("```python\n# levers9_podmarket/__init__.py\n") + len("```python\n")
+    module = ModuleType("levers9_podmarket_docs")
+    exec(compile(text[start : text.index("```", start)], f"{DOCS}:Container clouds", "exec"), module.__dict__)
+    return module
+
+
+class TestDocsExampleContract(TestPodMarketContract):
+    """docs/plugins.md's container-cloud example, loaded as the plugin ``podmarket`` instead of the installed one."""
+
+    @pytest.fixture
+    def levers9_plugin_set(self) -> PluginSet:
+        plugins = PluginSet(PluginPolicy.from_env(block=["podmarket"]))  # every installed plugin but podmarket
+        plugins.load_entry_points()
+        plugins.policy = PluginPolicy.from_env()
+        plugins.add("podmarket", docs_example().plugin)
+        return plugins

@@ -111,7 +111,7 @@ def test_an_account_without_balance_is_billing_refused_and_leaves_nothing(hooks:
 
 def test_offers_carry_the_marketplace_facts_in_details(hooks: Hooks, market: Any) -> None:
     offers = asyncio.run(hooks.gpu_offers(_pool(hooks, api_url=market.url)))
-    assert {(o.zone, o.details["cloud"], o.details["variant"]) for o in offers} == {
+    assert {(o.zone, o.details["cloud"], o.details["form_factor"]) for o in offers} == {
         ("eu-ro-1", "secure", "sxm"),
         ("eu-se-1", "community", "pcie"),
         ("us-tx-3", "secure", "sxm"),

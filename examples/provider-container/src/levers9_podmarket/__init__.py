@@ -6,7 +6,7 @@ It shows plugin authors a container cloud end to end (docs/plugins.md,
 * **offers** (``GET /v1/offers``): a GPU model in a datacenter, how many per
   pod, each GPU's memory as ``nvidia-smi`` reports it, on-demand and spot
   prices, stock, and marketplace facts levers9 has no field for: the cloud
-  (``secure`` or ``community``) and the product variant (``sxm``, ``pcie``),
+  (``secure`` or ``community``) and the card's form factor (``sxm``, ``pcie``),
   which this plugin passes on in ``GpuOffer.details``. A datacenter
   (``eu-ro-1``) is the offer's zone, its prefix (``eu``) the region;
 * **pods** (``POST /v1/pods``): an image, a command, plain ``env``, and
@@ -18,7 +18,7 @@ It shows plugin authors a container cloud end to end (docs/plugins.md,
   ``outbid``, which this plugin reports as ``preempted``;
 * errors are HTTP statuses with a JSON ``{"error": code, "message": ...}``:
   401 a rejected key, 402 an account without the balance to start the pod,
-  409 no stock left, 400 a bad request.
+  409 no stock left, 400 a bad request, 429 and 5xx worth retrying.
 
 What the plugin promises (docs/plugins.md §5): a pod runs
 ``levers9.bootstrap.container_spec(request.bootstrap)`` as it is; the join
@@ -128,8 +128,10 @@ def _raise_for(response: httpx.Response) -> None:
         raise InsufficientCapacity(f"podmarket: {message}", code=code)
     if response.status_code == 429:
         raise Throttled(f"podmarket: {message}", code=code)
-    if response.status_code == 400:
+    if response.status_code in (400, 404, 422):
         raise InvalidRequest(f"podmarket: {message}", code=code)
+    if response.status_code >= 500:  # retried by the core: provisioning is idempotent per machine id (by label)
+        raise Throttled(f"podmarket answered {response.status_code}: {message}", code=code)
     raise ProviderError(f"podmarket answered {response.status_code}: {message}", code=code)
 
 
@@ -137,8 +139,8 @@ def _call(settings: PodMarketSettings, method: str, path: str, **kwargs: Any) ->
     try:
         with _client(settings) as client:
             response = client.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        raise ProviderError(f"podmarket at {settings.api_url} did not answer {method} {path}: {exc}") from None
+    except httpx.HTTPError as exc:  # retryable, as a 5xx is
+        raise Throttled(f"podmarket at {settings.api_url} did not answer {method} {path}: {exc}") from None
     if method == "DELETE" and response.status_code == 404:
         return None  # already gone: deleting is idempotent
     _raise_for(response)
@@ -207,7 +209,7 @@ class PodMarketProvider:
                     availability=Availability.AVAILABLE if offer["stock"] > 0 else Availability.UNAVAILABLE,
                     price_per_hour=price,
                     spot=settings.spot,
-                    details={"cloud": offer["cloud"], "variant": offer["variant"]},
+                    details={"cloud": offer["cloud"], "form_factor": offer["form_factor"]},
                 )
             )
         return offers
