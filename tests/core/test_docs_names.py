@@ -1,4 +1,4 @@
-"""Every levers9 type, field, function, module, hook and metric that docs/*.md and README.md name exists.
+"""Every levers9 type, field, function, module, hook and metric the docs and READMEs name exists.
 
 tests/core/test_docs_modules.py checks that modules and files exist; this test
 checks the names inside them, which is what a third party writing a plugin
@@ -56,7 +56,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core" / "levers9"
-DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]
 
 #: dotted names that are labels of the workers' containers and pods, not modules (docs/agents.md, architecture.md §5)
 LABELS = {"levers9.pool", "levers9.workspace", "levers9.gpus", "levers9.machine", "levers9.worker"}
