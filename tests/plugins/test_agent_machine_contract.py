@@ -47,6 +47,7 @@ import pytest
 from levers9.hooks.context import AgentHub
 from levers9.hooks.errors import InvalidRequest
 from levers9.hooks.facade import Hooks
+from levers9.hooks.types import Machine
 from levers9.images.worker import BuildResult
 from levers9.testing import ProviderContract
 from levers9.testing.provider_contract import run
@@ -81,6 +82,30 @@ class TestAgentMachineContract(ProviderContract):
     settle_timeout = 60.0
     boots_itself = True
     boot_timeout = 120.0
+    preemptible = False  # a box its owner joined is never taken back
+    zonal = False  # a box is one machine: its offers name no zone
+    # The provider's start is one order to the agent; what the agent does when its container's start fails after
+    # the create is the agent's own (levers9.agent.docker_workers), which this set-up cannot fail without
+    # breaking the box's Docker for the whole class.
+    one_step_start = True
+
+    @pytest.fixture(autouse=True)
+    def _box(self, box: JoinedBox) -> None:
+        self.box = box
+
+    def cloud_instances(self) -> dict[str, str | None]:
+        """The box's worker containers that have not ended, from its dockerd (not through the agent or plugin)."""
+        return {
+            c["id"]: c["labels"].get("levers9.machine-id")
+            for c in self.box.containers()
+            if c["state"] not in ("exited", "dead")
+        }
+
+    def fail(self, machine: Machine) -> None:
+        """The worker's container is killed on the box: it exited, and will not run again."""
+        for container in self.box.containers():
+            if container["labels"].get("levers9.machine-id") == machine.machine_id:
+                self.box.dockerd.cli("kill", container["id"], check=False)
 
     # ---------------------------------------------------------------------- the kit's fixtures
 

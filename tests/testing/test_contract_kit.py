@@ -23,6 +23,7 @@ import levers9.testing
 
 HEADER = '''
 from __future__ import annotations
+import contextlib
 import uuid
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -42,6 +43,7 @@ class Cloud:
     def __init__(self):
         self.machines = {}
         self.user_data = {}
+        self.fail_tagging = False  # the kit's fail_after_create: the step after the create fails
     def levers9_provider_settings(self):
         return Settings
     def levers9_gpu_offers(self, pool):
@@ -51,8 +53,14 @@ class Cloud:
             raise AuthenticationFailed("key rejected")
         if request.pool.settings.full:
             raise InsufficientCapacity("none left in z1")
+        for known in self.machines.values():
+            if known.machine_id == request.machine_id and known.state is not MachineState.TERMINATED:
+                return known
+        zone = request.offer.zone if request.offer else "z1"
         m = Machine(provider_id=f"i-{uuid.uuid4().hex[:6]}", machine_id=request.machine_id, pool=request.pool.name,
-                    state=MachineState.RUNNING, provider_data={"zone": "z1"})
+                    state=MachineState.RUNNING, zone=zone, provider_data={"zone": zone})
+        if self.fail_tagging:  # created, then the next step failed: nothing may stay
+            raise ProviderError("tagging failed; the instance was terminated")
         self.machines[m.provider_id] = m
         self.user_data[m.provider_id] = self.boot(request.bootstrap)
         return m
@@ -85,6 +93,22 @@ def suite(plugin):
             return {"full": True}
         def user_data(self, machine):
             return plugin.user_data[machine.provider_id]
+        def cloud_instances(self):
+            ended = (MachineState.TERMINATED, MachineState.PREEMPTED, MachineState.FAILED)
+            return {i: m.machine_id for i, m in plugin.machines.items() if m.state not in ended}
+        @contextlib.contextmanager
+        def fail_after_create(self):
+            plugin.fail_tagging = True
+            try:
+                yield
+            finally:
+                plugin.fail_tagging = False
+        def preempt(self, machine):
+            plugin.machines[machine.provider_id] = plugin.machines[machine.provider_id].model_copy(
+                update={"state": MachineState.PREEMPTED})
+        def fail(self, machine):
+            plugin.machines[machine.provider_id] = plugin.machines[machine.provider_id].model_copy(
+                update={"state": MachineState.FAILED})
     return Suite
 '''
 
@@ -101,17 +125,30 @@ ALL_TESTS = {
     "test_failures_are_typed_errors",
     "test_no_capacity_is_insufficient_capacity",
     "test_the_bootstrap_boots",
+    "test_no_secret_in_provider_data_listing_or_log",
+    "test_a_failed_start_leaves_nothing_behind",
+    "test_the_offers_zone_is_started",
+    "test_provisioning_twice_gives_one_machine",
+    "test_a_preempted_machine_is_listed_preempted",
+    "test_a_failed_machine_is_listed_failed",
 }
-#: the tests that read the listing
-LISTING = {
+#: the tests that provision a machine successfully and then read the listing
+PROVISIONING_AND_LISTING = {
     "test_hooks_return_levers9_types",
     "test_provisioned_machine_is_listed_with_its_id",
     "test_terminated_machine_leaves_the_listing",
     "test_provider_data_round_trip",
     "test_listing_is_limited_to_the_pool",
+    "test_no_secret_in_provider_data_listing_or_log",
+    "test_the_offers_zone_is_started",
+    "test_provisioning_twice_gives_one_machine",
+    "test_a_preempted_machine_is_listed_preempted",
+    "test_a_failed_machine_is_listed_failed",
 }
+#: the tests that read a listing with machines in it (the failed start's listing is empty)
+LISTING = PROVISIONING_AND_LISTING
 #: the tests that provision a machine successfully
-PROVISIONING = LISTING | {"test_terminate_is_idempotent", "test_the_bootstrap_boots"}
+PROVISIONING = PROVISIONING_AND_LISTING | {"test_terminate_is_idempotent", "test_the_bootstrap_boots"}
 STILL_LISTED = {"test_terminated_machine_leaves_the_listing", "test_provider_data_round_trip"}
 
 #: broken provider -> (its code, the kit tests that must fail, the message each failure shows: '*' separates
@@ -159,7 +196,10 @@ class Broken(Cloud):
         """
 class Broken(Cloud):
     def levers9_list_machines(self, pool):
-        return [m.model_copy(update={"state": MachineState.RUNNING}) for m in super().levers9_list_machines(pool)]
+        return [
+            m.model_copy(update={"state": MachineState.RUNNING}) if m.state is MachineState.TERMINATED else m
+            for m in super().levers9_list_machines(pool)
+        ]
 """,
         STILL_LISTED,
         "leave terminated machines out of levers9_list_machines or report them 'terminated'",
@@ -219,7 +259,7 @@ class Broken(Cloud):
         """
 class Broken(Cloud):
     def levers9_gpu_offers(self, pool):
-        return [GpuOffer(gpu="T4", gpu_count=1, gpu_memory_mib=1024)]
+        return [GpuOffer(gpu="T4", gpu_count=1, gpu_memory_mib=1024, zone="z1")]
 """,
         {"test_gpu_offers_are_well_formed"},
         "the catalog says",
@@ -230,7 +270,7 @@ class Broken(Cloud):
     def levers9_gpu_offers(self, pool):
         return [{"gpu": "T4", "gpu_count": 1, "gpu_memory_mib": 15360}]
 """,
-        {"test_gpu_offers_are_well_formed", "test_hooks_return_levers9_types"},
+        {"test_gpu_offers_are_well_formed", "test_hooks_return_levers9_types", "test_the_offers_zone_is_started"},
         "levers9_gpu_offers returned list[dict]*return levers9.hooks.types.GpuOffer",
     ),
     "machines_dicts": (

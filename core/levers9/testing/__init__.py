@@ -4,45 +4,71 @@ Usage, in a provider distribution's tests: settings are pytest fixtures (so
 they can use ``tmp_path``, or a fake API server another fixture starts), not
 class attributes. This is ``examples/provider-example``'s, as it runs::
 
+    from collections.abc import Iterator
+    from contextlib import contextmanager
     from pathlib import Path
-    from typing import Any
+    from typing import Any, ClassVar
 
     import pytest
 
     from levers9.hooks.types import Machine
     from levers9.testing import ProviderContract
-    from levers9_toycloud import user_data_of
+    from levers9_toycloud import cloud, user_data_of
 
 
     class TestToyCloud(ProviderContract):
         provider = "toycloud"  # the entry-point name
+        pool_fields: ClassVar[dict[str, Any]] = {"gpu": "T4"}  # pool fields besides settings
 
         @pytest.fixture(autouse=True)
-        def cloud(self, tmp_path: Path) -> None:
+        def toy_cloud(self, tmp_path: Path) -> None:
             self.state_dir = tmp_path / "cloud"  # this toy cloud's API is a directory
 
         @pytest.fixture
         def pool_settings(self) -> dict[str, Any]:
-            # settings under which provisioning works
-            return {"state_dir": str(self.state_dir), "capacity": {"cpu": 2}}
+            # settings under which provisioning works: two T4 machines in each of two zones
+            return {"state_dir": str(self.state_dir), "capacity": {"T4": 2}, "zones": ["a", "b"]}
 
         @pytest.fixture
         def failing_pool_settings(self, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             # settings under which provisioning fails with a typed error (a rejected API key)
             monkeypatch.setenv("TOYCLOUD_KEY", "revoked")
-            return {"state_dir": str(self.state_dir), "api_key_env": "TOYCLOUD_KEY"}
+            return {"state_dir": str(self.state_dir), "capacity": {"T4": 2}, "api_key_env": "TOYCLOUD_KEY"}
 
         @pytest.fixture
         def capacity_pool_settings(self) -> dict[str, Any] | None:
             # settings under which there is no capacity: InsufficientCapacity (None: it never runs out)
-            return {"state_dir": str(self.state_dir), "capacity": {"cpu": 0}}
+            return {"state_dir": str(self.state_dir), "capacity": {"T4": 0}}
 
         def user_data(self, machine: Machine) -> str:
             # the user data the plugin passed to the machine, as the cloud reports it
             return user_data_of(self.state_dir, machine)
 
+        # what the fake cloud does from its own side, for the checks of failures and interruptions
+
+        def cloud_instances(self) -> dict[str, str | None]:
+            # every instance the cloud holds alive, read from the cloud (not the plugin), with its machine-id tag
+            alive = ("pending", "running")
+            records = cloud.instances(self.state_dir)
+            return {r["id"]: r["tags"].get("levers9:machine-id") for r in records if r["state"] in alive}
+
+        @contextmanager
+        def fail_after_create(self) -> Iterator[None]:
+            # the cloud fails the step after creating an instance (here: tagging it)
+            with cloud.inject_fault(self.state_dir, "tag"):
+                yield
+
+        def preempt(self, machine: Machine) -> None:
+            cloud.set_state(self.state_dir, machine.provider_id, "interrupted")  # a spot interruption
+
+        def fail(self, machine: Machine) -> None:
+            cloud.set_state(self.state_dir, machine.provider_id, "error")  # a host fault
+
 A provider that runs the worker itself sets ``boots_itself = True`` instead of
-overriding ``user_data``. Every test of the suite then runs against the
+overriding ``user_data``; one whose platform never interrupts machines, has no
+failed state, starts a machine in one call or has no zones says so with
+``preemptible = False``, ``machines_can_fail = False``, ``one_step_start =
+True`` or ``zonal = False`` instead of the matching override. Every test of the suite then runs against the
 installed plugin, loaded through the real plugin manager exactly as the
 controlplane loads it; see :mod:`levers9.testing.provider_contract` for the
 promises it checks, :mod:`levers9.testing.registrar`,

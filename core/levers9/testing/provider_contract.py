@@ -16,7 +16,28 @@ not to leak machines:
   lost track of from their listing alone;
 * no capacity is ``InsufficientCapacity`` (the scheduler moves to the next
   offer at once), other failures are typed errors;
-* offers name canonical GPU types with the catalog's memory, in the pool's regions;
+* offers name canonical GPU types with the memory of one GPU as the catalog
+  has it (or as the driver shows it), within 1 %
+  (:mod:`levers9.testing.contract_promises`), in the pool's regions;
+* **the kit never provisions an unavailable offer**, as the planner never
+  does: a test that needs a machine from the pool's settings fails, saying
+  so, when every offer under them is ``unavailable`` (the capacity and
+  failure checks take one as a stale cache would give it);
+* **no secret leaves the bootstrap**: the join token is in no
+  ``provider_data``, no listed Machine and no log record that reaches the root
+  logger, at any level, while the kit provisions and lists;
+* **a failed start leaves nothing behind**: when the step after creating the
+  instance fails (:meth:`ProviderContract.fail_after_create`), provisioning
+  raises a typed error and no instance of that machine id stays alive, in the
+  listing or in the cloud itself (:meth:`ProviderContract.cloud_instances`);
+* **the offer's zone is the zone started**, for offers in at least two zones
+  where the offers have them;
+* **provisioning is idempotent per machine id**: the same request twice gives
+  the same machine, and one instance of it in the listing and in the cloud;
+* **interrupted and broken machines are reported as such**: an instance the
+  cloud takes back (:meth:`ProviderContract.preempt`) is listed
+  ``preempted``, one that breaks (:meth:`ProviderContract.fail`) ``failed``,
+  never alive;
 * **the bootstrap boots**: given a :class:`~levers9.hooks.types.WorkerBootstrap`
   pointing at a stand-in controlplane (:mod:`levers9.testing.registrar`), a
   worker registers with exactly its token and machine id. A provider that runs
@@ -48,9 +69,13 @@ What a result means: a *failure* breaks a promise, names the provider (and the
 hook) and says what to fix; an *error* at set-up means the subclass is not
 complete (a settings fixture not overridden, the plugin not installed or not
 loading) and says which; a *skip* is a check the subclass declared does not
-apply (``capacity_pool_settings`` returning None). The boot check waits
-``boot_timeout`` rather than ``settle_timeout``: starting a worker takes longer
-than a listing takes to settle.
+apply (``capacity_pool_settings`` returning None; ``preemptible``,
+``machines_can_fail`` or ``zonal`` set to False; ``one_step_start`` set to
+True; or an override that skips, saying why its fake cannot do it). A check
+that needs an override the subclass did not give fails naming the method to
+override. The boot check waits ``boot_timeout`` rather than
+``settle_timeout``: starting a worker takes longer than a listing takes to
+settle.
 """
 
 from __future__ import annotations
@@ -58,6 +83,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import os
 import time
 import uuid
@@ -95,6 +121,7 @@ from levers9.testing.contract_boot import (
     check_registered,
     run,
 )
+from levers9.testing.contract_promises import captured_log, formatted, memory_problem
 from levers9.testing.registrar import Registrar, Registration
 
 T = TypeVar("T")
@@ -121,7 +148,10 @@ class ProviderContract:
       provisioned machine really starts ``levers9 worker`` (for ``boots_itself`` providers whose
       test settings run a stand-in worker).
 
-    A provider that does not run the worker itself overrides :meth:`user_data`.
+    A provider that does not run the worker itself overrides :meth:`user_data`. Methods that act on the
+    fake cloud from its side (the kit's checks of what happens when the cloud fails, interrupts or keeps
+    something): :meth:`cloud_instances`, :meth:`fail_after_create`, :meth:`preempt` and :meth:`fail`;
+    a check one of them cannot apply to is declared off with the ClassVar it names.
     """
 
     #: the provider's entry-point name
@@ -135,6 +165,15 @@ class ProviderContract:
     boots_itself: ClassVar[bool] = False
     #: how long a booted worker may take to register with the stand-in controlplane
     boot_timeout: ClassVar[float] = 120.0
+    #: the platform takes machines back (spot, interruptible): False skips the preemption check, saying so
+    preemptible: ClassVar[bool] = True
+    #: the platform can put a machine in a state it never runs from: False skips the failed-machine check
+    machines_can_fail: ClassVar[bool] = True
+    #: starting a machine is one call that creates nothing when it fails (no tagging, waiting or attaching
+    #: after the create): True skips the failed-start check, saying so
+    one_step_start: ClassVar[bool] = False
+    #: the provider's offers name zones: False skips the zone check, saying so
+    zonal: ClassVar[bool] = True
     #: the provider starts containers, not machines with user data (a marketplace pod): the kit runs
     #: :meth:`container_spec` with real Docker (``levers9_docker_host``) and the worker image it gave the bootstrap
     boots_containers: ClassVar[bool] = False
@@ -274,6 +313,42 @@ class ProviderContract:
         into ``levers9_docker_host`` (levers9 worker-image build). Override to give one already there."""
         return worker_image(levers9_docker_host)
 
+    def cloud_instances(self) -> dict[str, str | None]:
+        """The instances the (fake) cloud holds alive right now, read from the cloud itself and not through the
+        plugin: the cloud's id of each, with the levers9 machine id it is tagged with (None if untagged).
+        "Alive" is anything the cloud still bills or may still run: pending, running, stopping."""
+        pytest.fail(
+            f"{type(self).__name__} does not override cloud_instances(): return {{instance id: levers9 machine "
+            "id tag or None} for every instance the fake cloud holds that is not terminated, read from the fake "
+            "itself (not through the plugin), so the kit can see what a failed or repeated start left running"
+        )
+
+    @contextlib.contextmanager
+    def fail_after_create(self) -> Iterator[None]:
+        """While the block runs, the (fake) cloud fails the step of starting a machine that comes after the
+        instance is created (tagging, waiting for it, attaching a disk or an address)."""
+        pytest.fail(
+            f"{type(self).__name__} does not override fail_after_create(): make it a context manager under "
+            "which the fake cloud fails the step after creating an instance (tagging, waiting, attaching), or set "
+            "one_step_start = True if starting a machine is one call that creates nothing when it fails"
+        )
+        yield  # pragma: no cover
+
+    def preempt(self, machine: Machine) -> None:
+        """Make the (fake) cloud take ``machine`` back, as a spot interruption does."""
+        pytest.fail(
+            f"{type(self).__name__} does not override preempt(machine): make the fake cloud interrupt the "
+            "machine as a spot interruption does, or set preemptible = False if the platform never takes "
+            "machines back"
+        )
+
+    def fail(self, machine: Machine) -> None:
+        """Make the (fake) cloud put ``machine`` in a state it will never run from (a host fault, a failed launch)."""
+        pytest.fail(
+            f"{type(self).__name__} does not override fail(machine): make the fake cloud break the machine (a "
+            "host fault, a launch that failed), or set machines_can_fail = False if the platform has no such state"
+        )
+
     def boot_platform(self, machine: Machine) -> BootPlatform:
         """What the cloud gives a booted machine's processes besides its user data: the address of a (fake)
         metadata service the worker proves the machine's identity with, and its loopback port. Override for a
@@ -300,17 +375,46 @@ class ProviderContract:
             worker_image=default_tag() if self.boots_containers else None,
         )
 
-    def offer(self, hooks: Hooks, pool: Pool) -> GpuOffer | None:
-        """The offer the planner would choose: the first not unavailable (None without well-formed offers)."""
+    def offers(self, hooks: Hooks, pool: Pool) -> list[GpuOffer]:
+        """The pool's offers the planner would try, in order (none without well-formed offers)."""
         try:
             offers = run(hooks.gpu_offers(pool))
         except (PluginError, ProviderError):
-            return None  # test_gpu_offers_are_well_formed says what is wrong
-        usable = [o for o in offers if o.availability is not Availability.UNAVAILABLE] or offers
-        return usable[0] if usable else None
+            return []  # test_gpu_offers_are_well_formed says what is wrong
+        return offers
 
-    def request(self, hooks: Hooks, pool: Pool, *, bootstrap: WorkerBootstrap | None = None) -> ProvisionRequest:
-        offer = self.offer(hooks, pool)
+    def offer(self, hooks: Hooks, pool: Pool, *, stale: bool = False) -> GpuOffer | None:
+        """The offer the planner would choose: the first not unavailable; None for a pool without offers.
+
+        The planner never provisions an offer reported ``unavailable``, and neither does the kit: when every
+        offer is, the test fails, asking for settings under which one is available. ``stale=True`` (the
+        capacity and failure checks) takes the first offer as a cache from before it ran out would have it.
+        """
+        offers = self.offers(hooks, pool)
+        usable = [o for o in offers if o.availability is not Availability.UNAVAILABLE]
+        if usable:
+            return usable[0]
+        if not offers:
+            return None
+        if stale:
+            return offers[0].model_copy(update={"availability": Availability.UNKNOWN})
+        pytest.fail(
+            f"provider {self.provider!r}: every offer for pool {pool.name!r} is unavailable "
+            f"({', '.join(o.key for o in offers)}), and the planner never provisions an unavailable offer, so "
+            "neither does the kit; give pool_settings (boot_pool_settings) under which an offer is available"
+        )
+
+    def request(
+        self,
+        hooks: Hooks,
+        pool: Pool,
+        *,
+        bootstrap: WorkerBootstrap | None = None,
+        offer: GpuOffer | None = None,
+        stale: bool = False,
+    ) -> ProvisionRequest:
+        """A request as the planner would make it: for ``offer``, or the offer :meth:`offer` chooses."""
+        offer = offer or self.offer(hooks, pool, stale=stale)
         machine_id = bootstrap.machine_id if bootstrap else f"m-{uuid.uuid4().hex[:12]}"
         return ProvisionRequest(
             pool=pool,
@@ -357,6 +461,13 @@ class ProviderContract:
                 f"within {self.settle_timeout:g} s"
             )
         return self.listed(hooks, pool)[machine.provider_id]
+
+    def alive_since(self, hooks: Hooks, pool: Pool, machine_id: str, before: set[str]) -> tuple[list[str], list[str]]:
+        """What is alive of a start: (the listed machines tagged ``machine_id``, the instances of
+        :meth:`cloud_instances` not in ``before`` or tagged ``machine_id``, tagged or not)."""
+        listed = [m.provider_id for m in self.listed(hooks, pool).values() if m.machine_id == machine_id]
+        held = sorted(i for i, tag in self.cloud_instances().items() if i not in before or tag == machine_id)
+        return listed, held
 
     def wait_gone(self, hooks: Hooks, pool: Pool, machine: Machine, how: str) -> None:
         def gone() -> bool:
@@ -481,11 +592,8 @@ class ProviderContract:
             pytest.fail(str(exc))
         for offer in offers:
             assert offer.gpu in CATALOG
-            expected = CATALOG[offer.gpu].memory_mib
-            assert abs(offer.gpu_memory_mib - expected) <= expected * 0.1, (
-                f"provider {self.provider!r}: offer {offer.instance_type or offer.gpu} says {offer.gpu} has "
-                f"{offer.gpu_memory_mib} MiB per GPU; the catalog says {expected}"
-            )
+            problem = memory_problem(offer)
+            assert problem is None, f"provider {self.provider!r}: {problem}"
             assert not pool.regions or offer.region is None or offer.region in pool.regions, (
                 f"provider {self.provider!r}: offer {offer.key} is in region {offer.region}, not one of the "
                 f"pool's regions {pool.regions}; offer only what pool.regions allows"
@@ -500,7 +608,8 @@ class ProviderContract:
         pool = self._pool(levers9_hooks, failing_pool_settings, self.pool_name("fail"))
         error: ProviderError | None = None
         try:
-            machine = self.call("levers9_provision", levers9_hooks.provision(self.request(levers9_hooks, pool)))
+            request = self.request(levers9_hooks, pool, stale=True)
+            machine = self.call("levers9_provision", levers9_hooks.provision(request))
         except ProviderError as exc:
             error = exc
         except PluginError as exc:
@@ -525,7 +634,7 @@ class ProviderContract:
             pytest.skip(f"provider {self.provider!r} says it never runs out of capacity (capacity_pool_settings)")
         pool = self._pool(levers9_hooks, capacity_pool_settings, self.pool_name("full"))
         try:
-            machine = run(levers9_hooks.provision(self.request(levers9_hooks, pool)))
+            machine = run(levers9_hooks.provision(self.request(levers9_hooks, pool, stale=True)))
         except InsufficientCapacity:
             return
         except (ProviderError, PluginError) as exc:
@@ -539,6 +648,171 @@ class ProviderContract:
             f"provider {self.provider!r}: provisioning with capacity_pool_settings succeeded "
             f"(machine {machine.provider_id}, now terminated); it must raise InsufficientCapacity"
         )
+
+    def test_no_secret_in_provider_data_listing_or_log(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        """The join token (``request.bootstrap.token``) stays in what boots the machine, nowhere else."""
+        request = self.request(levers9_hooks, pool)
+        token = request.bootstrap.token
+        with captured_log() as records:
+            machine = provisioned(request)
+            self.wait_listed(levers9_hooks, pool, machine)
+            listing = self.listing(levers9_hooks, pool)
+        promise = (
+            "the join token of request.bootstrap is a secret: it goes to the machine in what levers9.bootstrap "
+            "renders (user data, a container spec's secret_env) and nowhere else"
+        )
+        assert token not in json.dumps(machine.provider_data, default=str), (
+            f"provider {self.provider!r}: levers9_provision returned the join token in provider_data "
+            f"{sorted(machine.provider_data)}; {promise}. levers9 stores provider_data with the machine's record "
+            "and shows it: keep there only what levers9_terminate needs to find the machine"
+        )
+        leaked = [m.provider_id for m in listing.values() if token in repr(m) or token in json.dumps(m.provider_data)]
+        assert not leaked, (
+            f"provider {self.provider!r}: levers9_list_machines reports the join token in machine(s) {leaked}; "
+            f"{promise}. List only what identifies and finds the machine"
+        )
+        logged = [formatted(record) for record in records if token in formatted(record)]
+        assert not logged, (
+            f"provider {self.provider!r}: the join token was written to the log while provisioning and listing "
+            f"({len(logged)} record(s), the first: {logged[0].replace(token, '<token>')!r}); {promise}. Log "
+            "the machine id, never the bootstrap, the user data or the token"
+        )
+
+    def test_a_failed_start_leaves_nothing_behind(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        """A start whose step after the create fails terminates what it created before it raises."""
+        if self.one_step_start:
+            pytest.skip(
+                f"provider {self.provider!r} declares one_step_start = True: starting a machine is one call that leaves nothing when it fails"
+            )
+        request = self.request(levers9_hooks, pool)
+        before = set(self.cloud_instances())
+        with self.fail_after_create():
+            try:
+                machine = self.call("levers9_provision", levers9_hooks.provision(request))
+            except ProviderError:
+                machine = None
+            except PluginError as exc:
+                pytest.fail(
+                    f"provider {self.provider!r}: when the step after creating the instance failed, provisioning "
+                    f"raised an untyped error; raise one of levers9.hooks.errors: {exc}"
+                )
+        if machine is not None:
+            run(levers9_hooks.terminate(pool, machine))
+            pytest.fail(
+                f"provider {self.provider!r}: provisioning succeeded (machine {machine.provider_id}, now terminated) "
+                "although the step after creating the instance failed under fail_after_create(); a start that did "
+                "not finish must raise a typed error"
+            )
+
+        def nothing_alive() -> bool:
+            return self.alive_since(levers9_hooks, pool, request.machine_id, before) == ([], [])
+
+        if not self.wait_until(nothing_alive):
+            listed, held = self.alive_since(levers9_hooks, pool, request.machine_id, before)
+            for leaked in self.listed(levers9_hooks, pool).values():
+                if leaked.provider_id in listed:
+                    with contextlib.suppress(Exception):
+                        run(levers9_hooks.terminate(pool, leaked))
+            pytest.fail(
+                f"provider {self.provider!r}: a start that failed after creating the instance left it alive "
+                f"{self.settle_timeout:g} s later (listed: {listed or 'none'}; in the cloud, tagged or not: "
+                f"{held or 'none'}); a failed start leaves nothing behind: "
+                "terminate what the failed levers9_provision created before raising (an untagged instance no "
+                "listing finds runs and bills until someone notices)"
+            )
+
+    def test_the_offers_zone_is_started(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        """Provisioning an offer starts the machine in the offer's zone (two zones, where the offers have them)."""
+        if not self.zonal:
+            pytest.skip(f"provider {self.provider!r} declares zonal = False: its offers name no zone")
+        self.offer(levers9_hooks, pool)  # fails, saying so, when every offer is unavailable
+        chosen: dict[str, GpuOffer] = {}
+        for offer in self.call("levers9_gpu_offers", levers9_hooks.gpu_offers(pool)):
+            if offer.zone is not None and offer.availability is not Availability.UNAVAILABLE:
+                chosen.setdefault(offer.zone, offer)
+        if not chosen:
+            pytest.fail(
+                f"provider {self.provider!r}: no available offer of pool {pool.name!r} names a zone, so the kit "
+                "cannot check that the offer's zone is the zone started; give pool_settings under which offers "
+                "name zones, or set zonal = False if the provider's offers never do"
+            )
+        for zone, offer in list(chosen.items())[:2]:
+            machine = provisioned(self.request(levers9_hooks, pool, offer=offer))
+            listed = self.wait_listed(levers9_hooks, pool, machine)
+            started = {z for z in (machine.zone, listed.zone) if z is not None}
+            assert started == {zone}, (
+                f"provider {self.provider!r}: request.offer named zone {zone} (offer {offer.key}), but machine "
+                f"{machine.provider_id} was started in {' and '.join(sorted(started)) or 'no zone it reports'}; "
+                "start what the offer names, its instance type in its region and zone (the planner marks that "
+                "offer, not another, unavailable when it is full), and report the zone in the Machine"
+            )
+
+    def test_provisioning_twice_gives_one_machine(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        """A retry of the same request (a timeout's, a restarted replica's) gets the machine already started."""
+        request = self.request(levers9_hooks, pool)
+        before = set(self.cloud_instances())
+        first = provisioned(request)
+        second = provisioned(request)
+        promise = (
+            "provisioning is idempotent per machine_id: a retry returns the machine already started for that id "
+            "(pass the id as the API's idempotency key, or look for the levers9:machine-id tag before launching)"
+        )
+        assert second.provider_id == first.provider_id, (
+            f"provider {self.provider!r}: the same ProvisionRequest twice gave two machines, {first.provider_id} "
+            f"and {second.provider_id}, for machine id {request.machine_id}; {promise}"
+        )
+        self.wait_listed(levers9_hooks, pool, first)
+        listed, held = self.alive_since(levers9_hooks, pool, request.machine_id, before)
+        counts = (
+            f"after the same ProvisionRequest twice, machine id {request.machine_id} has {len(listed)} machine(s) "
+            f"in the listing ({listed}) and the cloud holds {len(held)} new instance(s) ({held}); {promise}"
+        )
+        assert len(listed) == 1, f"provider {self.provider!r}: {counts}"
+        assert len(held) == 1, f"provider {self.provider!r}: {counts}"
+
+    def _ends_as(self, levers9_hooks: Hooks, pool: Pool, machine: Machine, state: MachineState, what: str) -> None:
+        def reported() -> bool:
+            found = self.listing(levers9_hooks, pool).get(machine.provider_id)
+            return found is not None and found.state is state
+
+        if not self.wait_until(reported):
+            found = self.listing(levers9_hooks, pool).get(machine.provider_id)
+            shown = "left the listing" if found is None else f"is listed as {found.state.value}"
+            pytest.fail(
+                f"provider {self.provider!r}: machine {machine.provider_id} {what}, and {self.settle_timeout:g} s "
+                f"later it {shown}; report it as {state.value!r} (with a reason), never alive: the reconciler "
+                "requeues its calls at once only for a machine listed so"
+            )
+
+    def test_a_preempted_machine_is_listed_preempted(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        if not self.preemptible:
+            pytest.skip(
+                f"provider {self.provider!r} declares preemptible = False: its platform never takes a machine back"
+            )
+        machine = self.wait_listed(levers9_hooks, pool, provisioned())
+        self.preempt(machine)
+        self._ends_as(levers9_hooks, pool, machine, MachineState.PREEMPTED, "was taken back by the cloud (preempt)")
+
+    def test_a_failed_machine_is_listed_failed(
+        self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
+    ) -> None:
+        if not self.machines_can_fail:
+            pytest.skip(
+                f"provider {self.provider!r} declares machines_can_fail = False: no machine state of its platform is a failure"
+            )
+        machine = self.wait_listed(levers9_hooks, pool, provisioned())
+        self.fail(machine)
+        self._ends_as(levers9_hooks, pool, machine, MachineState.FAILED, "broke in the cloud (fail)")
 
     def test_the_bootstrap_boots(
         self,

@@ -18,7 +18,9 @@ through the plugin manager reads that agent's inventory and sends it orders.
 * failing settings: a privileged worker, which this agent does not allow: the
   agent refuses the order (``invalid_request``), a typed error;
 * no capacity: a node selector no reported node matches, refused by the
-  provider before any order.
+  provider before any order;
+* the cluster's side (its Jobs, a refused Secret, a killed pod):
+  :mod:`tests.plugins.kube_contract`.
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ import pytest
 from levers9.hooks.context import AgentHub
 from levers9.hooks.errors import InsufficientCapacity, InvalidRequest
 from levers9.hooks.facade import Hooks
-from levers9.testing import ProviderContract, Registrar
+from levers9.testing import Registrar
 from levers9.testing.contract_boot import run
 from tests.fakes.k8s_cluster import FakeCluster
 from tests.fixtures.agent_hub import HubLoop
 from tests.fixtures.wait import wait_for
 from tests.plugins.attached_cluster.cluster_hub import ClusterAgent, ClusterHub
 from tests.plugins.attached_cluster.conftest import cluster_settings
+from tests.plugins.kube_contract import OnFakeCluster
 
 
-class TestAttachedClusterContract(ProviderContract):
+class TestAttachedClusterContract(OnFakeCluster):
     provider = "attached_cluster"
     pool_fields: ClassVar[dict[str, Any]] = {"gpu": "L4", "gpu_count": 1}
     boots_itself = True

@@ -64,8 +64,23 @@ class TestEc2Contract(ProviderContract):
     def boot_pool_settings(self, ec2_settings: dict[str, Any]) -> dict[str, Any]:
         return {**ec2_settings, "identity_certificate_file": str(self.imds.certificate_file)}
 
+    # RunInstances starts and tags the instance (TagSpecifications) in one call: nothing is created when it fails
+    one_step_start = True
+
     def user_data(self, machine: Machine) -> str:
         return self.fake.user_data(machine.provider_id, machine.region or "us-east-1")
+
+    def cloud_instances(self) -> dict[str, str | None]:
+        return {i.id: i.tags.get("levers9:machine-id") for i in self.fake.instances() if not i.gone}
+
+    def preempt(self, machine: Machine) -> None:
+        pytest.skip(
+            "the pool's instances are on-demand, and the fake EC2 (moto) cannot interrupt a spot instance "
+            "(no Server.SpotInstanceTermination state reason); tests/plugins/ec2 checks the mapping of EC2's answers"
+        )
+
+    def fail(self, machine: Machine) -> None:
+        self.fake.stop_instance(machine.provider_id, machine.region or "us-east-1")  # stopped: it will not run
 
     def boot_platform(self, machine: Machine) -> BootPlatform:
         """The instance's metadata service, for the identity document its worker shows at Register."""

@@ -56,5 +56,18 @@ class TestLambdaContract(ProviderContract):
         lambda_cloud.set_capacity("gpu_1x_a10", ["us-west-2"])
         return settings_for(lambda_cloud)
 
+    # the launch names and tags the instance in one call: nothing is created when it fails
+    one_step_start = True
+    zonal = False  # Lambda places by region only: its offers name no zone
+
     def user_data(self, machine: Machine) -> str:
         return self.cloud.instance(machine.provider_id).user_data
+
+    def cloud_instances(self) -> dict[str, str | None]:
+        return {i.id: i.tags.get("levers9:machine-id") for i in self.cloud.instances() if not i.gone}
+
+    def preempt(self, machine: Machine) -> None:
+        self.cloud.set_status(machine.provider_id, "preempted")
+
+    def fail(self, machine: Machine) -> None:
+        self.cloud.set_status(machine.provider_id, "unhealthy")

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from levers9.hooks.types import Machine
 from levers9.testing import ProviderContract
 from tests.plugins.local.conftest import FAKE_WORKER, processes_mentioning
 
@@ -51,8 +52,51 @@ def _boot_settings(tmp_path: Path) -> dict[str, Any]:
     return {"state_dir": str(tmp_path / "boot-state"), "stop_grace_s": 5}
 
 
-class TestLocalContract(ProviderContract):
+def _workers(root: Path) -> dict[str, str | None]:
+    """The worker sessions this host runs for state directories under ``root``, by pid, each with the machine id
+    in its environment: the local provider's "cloud", read from /proc rather than through the plugin."""
+    found: dict[str, str | None] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if stat[0] in (b"Z", b"X") or stat[2] != entry.encode():  # a live process group's leader only
+            continue
+        variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        state_dir = variables.get(b"LEVERS9_WORKER_STATE_DIR", b"").decode()
+        if state_dir.startswith(f"{root}/"):
+            found[entry] = variables.get(b"LEVERS9_MACHINE_ID", b"").decode() or None
+    return found
+
+
+class _OnThisHost(ProviderContract):
+    """What the kit's checks of the platform's own doings mean for workers that are processes of this host."""
+
     provider = "local"
+    preemptible = False  # a worker process of this host: nothing takes it back
+    zonal = False  # a host has no zones, and the local provider's offers name none
+    # Starting is one launch; the record written after it fails only when the disk does (the plugin then stops
+    # the worker it launched), which this test cannot cause without patching the plugin itself.
+    one_step_start = True
+
+    @pytest.fixture(autouse=True)
+    def _host(self, tmp_path: Path) -> None:
+        self.root = tmp_path
+
+    def cloud_instances(self) -> dict[str, str | None]:
+        return _workers(self.root)
+
+    def fail(self, machine: Machine) -> None:
+        """The worker dies by itself (SIGKILL to its process group): the provider lists it failed."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(machine.labels["pid"]), signal.SIGKILL)
+
+
+class TestLocalContract(_OnThisHost):
     settle_timeout = 10.0
     boots_itself = True
     boot_timeout = 60.0
@@ -74,8 +118,7 @@ class TestLocalContract(ProviderContract):
         return _boot_settings(tmp_path)
 
 
-class TestLocalGpuContract(ProviderContract):
-    provider = "local"
+class TestLocalGpuContract(_OnThisHost):
     pool_fields: ClassVar[dict[str, Any]] = {"gpu": "T4", "gpu_count": 1}
     settle_timeout = 10.0
     boots_itself = True

@@ -7,7 +7,9 @@
   only the stand-in controlplane), so ``boots_itself``;
 * failing settings: a namespace that does not exist (the API's 404 on create,
   :class:`InvalidRequest`);
-* no capacity: a node selector no node matches, refused before any Job exists.
+* no capacity: a node selector no node matches, refused before any Job exists;
+* the cluster's side (its Jobs, a refused Secret, a killed pod):
+  :mod:`tests.plugins.kube_contract`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from levers9.testing import ProviderContract, Registrar
+from levers9.testing import Registrar
 from tests.fakes.k8s_cluster import FakeCluster
 from tests.fixtures.wait import wait_for
+from tests.plugins.kube_contract import OnFakeCluster
 
 
-class TestLocalK8sContract(ProviderContract):
+class TestLocalK8sContract(OnFakeCluster):
     provider = "local_k8s"
     pool_fields: ClassVar[dict[str, Any]] = {"gpu": "L4", "gpu_count": 1}
     boots_itself = True

@@ -55,9 +55,24 @@ class TestOciContract(ProviderContract):
         fake_oci.capacity(None, AD2, "OUT_OF_HOST_CAPACITY")
         return {**oci_settings, "availability_domains": [AD2]}
 
+    # LaunchInstance starts and tags the instance (freeform tags) in one call: nothing is created when it fails
+    one_step_start = True
+
     def user_data(self, machine: Machine) -> str:
         metadata = self.compute.get_instance(machine.provider_id).data.metadata
         return base64.b64decode(metadata["user_data"]).decode()
+
+    def cloud_instances(self) -> dict[str, str | None]:
+        return {i.id: i.tags.get("levers9-machine-id") for i in self.fake.instances() if not i.gone}
+
+    def preempt(self, machine: Machine) -> None:
+        pytest.skip(
+            "the pool's instances are not preemptible, and OCI reports a preempted instance only as TERMINATED, "
+            "which the listing cannot tell from a termination"
+        )
+
+    def fail(self, machine: Machine) -> None:
+        self.fake.set_state(machine.provider_id, "STOPPED")  # stopped without levers9 asking: it will not run
 
     # ---------------------------------------------------------------------- the set-up's own promises
 
