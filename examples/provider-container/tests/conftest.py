@@ -76,10 +76,45 @@ OFFERS: list[dict[str, Any]] = [
         "cloud": "community",
         "datacenter": "eu-ro-1",
     },
+    {
+        "id": "h100-nvl-secure-us-tx-3",
+        "gpu": "H100 NVL",
+        "form_factor": "pcie",
+        "cloud": "secure",
+        "datacenter": "us-tx-3",
+    },
+    {
+        "id": "rtx3090-community-eu-se-1",
+        "gpu": "RTX 3090",
+        "form_factor": "pcie",
+        "cloud": "community",
+        "datacenter": "eu-se-1",
+    },
+    {
+        "id": "rtx6000ada-secure-eu-ro-1",
+        "gpu": "RTX 6000 Ada",
+        "form_factor": "pcie",
+        "cloud": "secure",
+        "datacenter": "eu-ro-1",
+    },
 ]
 #: one GPU's memory as nvidia-smi reports it, in MiB
-MEMORY_MIB = {"H100 SXM": 81559, "H100 PCIe": 81559, "RTX 4090": 24564}
-PRICES = {"H100 SXM": (2.99, 1.75), "H100 PCIe": (2.39, 1.25), "RTX 4090": (0.69, 0.35)}
+MEMORY_MIB = {
+    "H100 SXM": 81559,
+    "H100 PCIe": 81559,
+    "H100 NVL": 95830,
+    "RTX 4090": 24564,
+    "RTX 3090": 24576,
+    "RTX 6000 Ada": 49140,
+}
+PRICES = {
+    "H100 SXM": (2.99, 1.75),
+    "H100 PCIe": (2.39, 1.25),
+    "H100 NVL": (2.59, 1.49),
+    "RTX 4090": (0.69, 0.35),
+    "RTX 3090": (0.43, 0.22),
+    "RTX 6000 Ada": (0.77, 0.41),
+}
 
 
 class FakeMarket:

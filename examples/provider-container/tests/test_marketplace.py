@@ -21,6 +21,7 @@ import pytest
 from levers9.config.load import resolve
 from levers9.config.model import Config
 from levers9.config.yaml_source import SourceMap
+from levers9.gpu.catalog import gpu_memory_mib
 from levers9.hooks.errors import BillingRefused
 from levers9.hooks.facade import Hooks
 from levers9.hooks.manager import PluginPolicy, PluginSet
@@ -118,3 +119,31 @@ def test_offers_carry_the_marketplace_facts_in_details(hooks: Hooks, market: Any
     }
     secure = asyncio.run(hooks.gpu_offers(_pool(hooks, api_url=market.url, cloud="secure")))
     assert {o.details["cloud"] for o in secure} == {"secure"}
+
+
+@pytest.mark.parametrize(
+    ("gpu", "offered"),
+    [
+        ("H100", {"h100-sxm-secure-eu-ro-1", "h100-pcie-community-eu-se-1", "h100-sxm-secure-us-tx-3"}),
+        ("H100-NVL", {"h100-nvl-secure-us-tx-3"}),
+        ("RTX3090", {"rtx3090-community-eu-se-1"}),
+        ("RTX6000-Ada", {"rtx6000ada-secure-eu-ro-1"}),
+    ],
+)
+def test_each_marketplace_card_is_its_catalog_type_with_its_memory(
+    hooks: Hooks, market: Any, gpu: str, offered: set[str]
+) -> None:
+    """The 94 GB H100 NVL is never offered for an 80 GB H100; each card's memory is within 1 % of the catalog's."""
+    name = f"pods-{uuid.uuid4().hex[:6]}"
+    config = Config.model_validate(
+        {
+            "pools": {
+                name: {"provider": "podmarket", "gpu": gpu, "runtime": "process", "settings": {"api_url": market.url}}
+            }
+        }
+    )
+    offers = asyncio.run(hooks.gpu_offers(resolve(config, SourceMap("<test>"), hooks)[0][name]))
+    assert {o.instance_type for o in offers} == offered
+    for offer in offers:
+        assert offer.gpu == gpu
+        assert abs(offer.gpu_memory_mib - gpu_memory_mib(gpu)) <= gpu_memory_mib(gpu) * 0.01

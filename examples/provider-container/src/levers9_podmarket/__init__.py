@@ -65,7 +65,15 @@ from levers9.hooks.types import (
 __all__ = ["GPU_TYPES", "PodMarketProvider", "PodMarketSettings", "plugin", "secret_name"]
 
 #: the marketplace's GPU models, as levers9's catalog names them
-GPU_TYPES = {"H100 SXM": "H100", "H100 PCIe": "H100", "RTX 4090": "RTX4090", "L4": "L4"}
+GPU_TYPES = {
+    "H100 SXM": "H100",
+    "H100 PCIe": "H100",
+    "H100 NVL": "H100-NVL",  # 94 GB: its own type, never offered for an 80 GB H100
+    "RTX 4090": "RTX4090",
+    "RTX 3090": "RTX3090",
+    "RTX 6000 Ada": "RTX6000-Ada",
+    "L4": "L4",
+}
 #: pod status on the marketplace → the machine's state
 STATES = {
     "starting": MachineState.PENDING,
