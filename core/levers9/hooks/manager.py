@@ -16,7 +16,10 @@ the attribute existed, and loads; :data:`~levers9.hooks.spec.SPEC_VERSION`
 loads; a newer edition, a retired one
 (:data:`~levers9.hooks.spec.RETIRED_EDITIONS`, refused with what changed
 since), any other number or a value that is not an integer fails that plugin
-alone, with the plugin named. A hookspec marked ``warn_on_impl`` (a hook on
+alone, with the plugin named. Then the checks of
+:mod:`levers9.hooks.load_checks` (an ``async def`` hook, a first-edition
+signature, a settings model with the pool's ``region``) refuse that plugin
+alone, each naming what changed. A hookspec marked ``warn_on_impl`` (a hook on
 its way out) makes pluggy warn when a plugin implements it; the warning is
 re-issued naming the plugin, logged, and kept on the plugin's record.
 
@@ -53,6 +56,7 @@ import pluggy
 
 from levers9.hooks import spec as spec_module
 from levers9.hooks.errors import PluginLoadError
+from levers9.hooks.load_checks import SPEC_VERSION_DOCS, hook_problems, settings_problem
 from levers9.hooks.markers import PROJECT
 
 log = logging.getLogger("levers9.plugins")
@@ -222,8 +226,6 @@ def unknown_hooks(plugin: object, known: tuple[str, ...] = HOOK_NAMES) -> list[s
 
 
 SPEC_VERSION_ATTRIBUTE = "LEVERS9_SPEC_VERSION"
-#: where docs/plugins.md explains the editions, for messages that refuse a plugin's edition
-SPEC_VERSION_DOCS = "docs/plugins.md, section 'The spec version'"
 
 
 def spec_version_problem(plugin: object) -> str | None:
@@ -326,9 +328,13 @@ class PluginSet:
         if problem is not None:
             self._fail(record, problem)
             return
-        problems = unknown_hooks(plugin, self.hook_names)
+        problems = unknown_hooks(plugin, self.hook_names) + hook_problems(plugin, self.hook_names)
         if problems:
             self._fail(record, "; ".join(problems))
+            return
+        problem = settings_problem(plugin)
+        if problem is not None:
+            self._fail(record, problem)
             return
         try:
             with warnings.catch_warnings(record=True) as caught:
