@@ -148,7 +148,9 @@ class ProviderContract:
       provisioned machine really starts ``levers9 worker`` (for ``boots_itself`` providers whose
       test settings run a stand-in worker).
 
-    A provider that does not run the worker itself overrides :meth:`user_data`. Methods that act on the
+    A provider that does not run the worker itself overrides :meth:`user_data`; one that starts containers
+    (no user data) sets ``boots_containers = True`` and overrides :meth:`container_spec`, and may override
+    the fixtures ``levers9_docker_host`` and ``levers9_worker_image``. Methods that act on the
     fake cloud from its side (the kit's checks of what happens when the cloud fails, interrupts or keeps
     something): :meth:`cloud_instances`, :meth:`fail_after_create`, :meth:`preempt` and :meth:`fail`;
     a check one of them cannot apply to is declared off with the ClassVar it names.
