@@ -77,7 +77,7 @@ def docker_client(docker_host: str) -> docker.DockerClient:
     try:
         import docker
     except ImportError:
-        pytest.fail("the container boot needs the Docker SDK: pip install 'levers9[agent]' (or docker>=7)")
+        pytest.fail("the container boot needs the Docker SDK (levers9's agent extra): pip install 'docker>=7'")
     try:
         client = docker.DockerClient(base_url=docker_host, timeout=60)
         client.ping()
