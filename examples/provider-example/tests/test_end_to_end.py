@@ -38,7 +38,12 @@ import levers9
 @levers9.function(gpu="T4", cpu=0.25)
 def inspect(x: int) -> dict:
     # the GPUs the worker gave the call, by UUID, and where the worker runs (its machine's root)
-    return {"square": x * x, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.environ.get("PWD")}
+    return {
+        "square": x * x,
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cwd": os.environ.get("PWD"),
+        "home": os.environ.get("HOME"),  # the call's own temporary directory, which must go with it
+    }
 
 
 print("RESULT", json.dumps(inspect.remote(7)), flush=True)
@@ -111,3 +116,4 @@ def test_a_call_runs_on_a_booted_toycloud_machine_and_nothing_is_left(tmp_path: 
         assert left == [], left
     assert booter.alive() == []
     assert not any(tmp_path.glob("l9cb-*")), "the booter left a boot root"
+    assert not Path(result["home"]).exists(), f"the call's directory {result['home']} was left"
