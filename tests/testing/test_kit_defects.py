@@ -11,7 +11,8 @@ exactly the tests of the broken promise, each with a message naming the
 promise and what to fix; the unplanted copy, run the same way, must pass
 every test, so a failure is the defect's and not the harness's.
 
-The eight defects: the join token in ``provider_data``; the join token in the
+The eight defects: the join token in ``provider_data`` (listed too, or not: then the
+round trip of ``provider_data`` must not advise listing it); the join token in the
 log at INFO; a failed start that leaves its instance running; a provision that
 ignores the offer's zone; a provision that is not idempotent; preempted and
 failed instances listed as running; GPU memory 2.3 % off, or the total of all
@@ -90,6 +91,20 @@ DEFECTS: dict[str, Defect] = {
         ],
         {"test_no_secret_in_provider_data_listing_or_log"},
         f"returned the join token in provider_data*{SECRET}*keep there only what levers9_terminate needs",
+    ),
+    "token_in_provider_data_not_listed": Defect(
+        [
+            (
+                '        log.info("started %s in %s for machine %s", record["id"], zone, request.machine_id)\n'
+                "        return _machine(record)\n",
+                '        log.info("started %s in %s for machine %s", record["id"], zone, request.machine_id)\n'
+                "        machine = _machine(record)\n"
+                '        return machine.model_copy(update={"provider_data": {"zone": zone, "token": '
+                "request.bootstrap.token}})\n",
+            )
+        ],
+        {"test_no_secret_in_provider_data_listing_or_log", "test_provider_data_round_trip"},
+        "the join token*is a secret",
     ),
     "token_logged_at_info": Defect(
         [

@@ -561,9 +561,16 @@ class ProviderContract:
         self, levers9_hooks: Hooks, pool: Pool, provisioned: Callable[..., Machine]
     ) -> None:
         """What provisioning returned is what levers9 stores; the reconciler terminates from the listing alone."""
-        machine = provisioned()
+        request = self.request(levers9_hooks, pool)
+        machine = provisioned(request)
         listed = self.wait_listed(levers9_hooks, pool, machine)
         dropped = sorted(set(machine.provider_data) - set(listed.provider_data))
+        secret = [key for key in dropped if request.bootstrap.token in json.dumps(machine.provider_data[key])]
+        assert not secret, (
+            f"provider {self.provider!r}: levers9_provision returned provider_data keys {secret} holding the join "
+            "token, which levers9_list_machines does not report; do not list them too: the token is a secret "
+            "and has no place in provider_data at all (test_no_secret_in_provider_data_listing_or_log)"
+        )
         assert not dropped, (
             f"provider {self.provider!r}: levers9_list_machines reports machine {machine.provider_id} without the "
             f"provider_data keys {dropped} that levers9_provision returned; the reconciler terminates machines "
