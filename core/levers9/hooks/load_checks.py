@@ -89,7 +89,8 @@ def settings_problem(plugin: object) -> str | None:
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return None
     for name, field in model.model_fields.items():
-        spelled = {name, field.alias, field.validation_alias if isinstance(field.validation_alias, str) else None}
+        aliases = (field.alias, field.validation_alias)
+        spelled = {name, *(alias for alias in aliases if isinstance(alias, str))}
         moved = sorted(spelled & set(POOL_FIELDS))
         if moved:
             return (
