@@ -31,17 +31,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from levers9.bootstrap import BootstrapContainer
+from levers9.testing import nvidia_smi
 from levers9.testing.dockerd import private_dockerd
 
 #: the key the fake accepts
@@ -107,6 +111,15 @@ MEMORY_MIB = {
     "RTX 3090": 24576,
     "RTX 6000 Ada": 49140,
 }
+#: each card as levers9's catalog names it: what the pod's nvidia-smi shows (levers9.testing's recordings)
+CARDS = {
+    "H100 SXM": "H100",
+    "H100 PCIe": "H100",
+    "H100 NVL": "H100-NVL",
+    "RTX 4090": "RTX4090",
+    "RTX 3090": "RTX3090",
+    "RTX 6000 Ada": "RTX6000-Ada",
+}
 PRICES = {
     "H100 SXM": (2.99, 1.75),
     "H100 PCIe": (2.39, 1.25),
@@ -120,6 +133,8 @@ PRICES = {
 class FakeMarket:
     def __init__(self, docker_host: str | None = None, stock: int = 2) -> None:
         self.docker_host = docker_host
+        #: the pods' nvidia-smi stand-ins (a pod's container sees its GPUs through one), removed by close()
+        self.scratch = tempfile.mkdtemp(prefix="podmarket-")
         self.api_key = API_KEY
         self.lock = threading.Lock()
         self.offers = [
@@ -184,6 +199,7 @@ class FakeMarket:
             containers = [p["container"] for p in self.pods.values() if p.get("container")]
         for container in containers:
             self._remove(container)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     # ------------------------------------------------------------------ the API
 
@@ -282,6 +298,17 @@ class FakeMarket:
 
         return docker.DockerClient(base_url=self.docker_host, timeout=60)
 
+    def _nvidia_smi(self, pod: dict[str, Any]) -> str:
+        """An ``nvidia-smi`` that prints the pod's GPUs as the real one does for the worker's query (no driver here)."""
+        lines = nvidia_smi(CARDS[pod["gpu"]], pod["gpu_count"], machine=pod["id"])
+        tool = f"{self.scratch}/{pod['id']}-nvidia-smi"
+        with open(tool, "w") as out:
+            out.write(
+                f"#!/bin/sh\ncase \"$*\" in *--query-gpu=*) cat <<'EOF'\n{lines.rstrip()}\nEOF\nexit 0 ;; esac\nexit 2\n"
+            )
+        Path(tool).chmod(0o755)
+        return tool
+
     def _run(self, pod: dict[str, Any], environment: dict[str, str]) -> str:
         client = self._docker()
         try:
@@ -291,6 +318,7 @@ class FakeMarket:
                 name=f"podmarket-{pod['id']}",
                 environment=environment,
                 network_mode="host",
+                volumes={self._nvidia_smi(pod): {"bind": "/usr/local/bin/nvidia-smi", "mode": "ro"}},
                 labels={"podmarket.pod": pod["id"]},
                 detach=True,
             )
