@@ -6,7 +6,10 @@ promise covers (for a defect every listing or provisioning trips on, all of
 them), each with a message that says what to fix. A well-behaved in-memory
 provider, whose user data is :func:`levers9.bootstrap.shell_script`, passes
 every test, the boot check included: a real ``levers9 worker`` registers with
-the kit's stand-in controlplane.
+the kit's stand-in controlplane. The same provider with a contract class that
+leaves out the overrides of the fake's side fails the checks needing them,
+naming the method; one that declares those checks off (``preemptible`` and
+the like) has them skipped, naming the declaration.
 """
 
 from __future__ import annotations
@@ -323,6 +326,36 @@ class Broken(Cloud):
     ),
 }
 
+#: a correct provider whose contract class leaves the kit's overrides of the fake's side out
+NO_OVERRIDES = """
+class TestNoOverrides(suite(Cloud())):
+    cloud_instances = ProviderContract.cloud_instances
+    fail_after_create = ProviderContract.fail_after_create
+    preempt = ProviderContract.preempt
+    fail = ProviderContract.fail
+"""
+#: the checks each override serves, and the method each failure must name
+NEEDS_OVERRIDE = {
+    "test_a_failed_start_leaves_nothing_behind": "does not override cloud_instances()",
+    "test_provisioning_twice_gives_one_machine": "does not override cloud_instances()",
+    "test_a_preempted_machine_is_listed_preempted": "does not override preempt(machine)",
+    "test_a_failed_machine_is_listed_failed": "does not override fail(machine)",
+}
+#: a correct provider whose contract class declares the platform's checks off
+DECLARED = """
+class TestDeclared(suite(Cloud())):
+    preemptible = False
+    machines_can_fail = False
+    one_step_start = True
+    zonal = False
+"""
+#: the checks the declarations skip, and what each skip must say
+DECLARED_OFF = {
+    "test_a_failed_start_leaves_nothing_behind": "declares one_step_start = True",
+    "test_the_offers_zone_is_started": "declares zonal = False",
+    "test_a_preempted_machine_is_listed_preempted": "declares preemptible = False",
+    "test_a_failed_machine_is_listed_failed": "declares machines_can_fail = False",
+}
 
 Outcome = tuple[str, str]  # ("passed" | "failed" | "error" | "skipped", the report's text)
 
@@ -338,6 +371,8 @@ def kit_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Out
     (where / "test_ok.py").write_text(HEADER + "\nTestOk = suite(Cloud())\n")
     for case, (body, _, _) in CASES.items():
         (where / f"test_{case}.py").write_text(HEADER + textwrap.dedent(body) + "\nTestBroken = suite(Broken())\n")
+    (where / "test_no_overrides.py").write_text(HEADER + NO_OVERRIDES)
+    (where / "test_declared.py").write_text(HEADER + DECLARED)
     (where / "test_missing.py").write_text(
         "from levers9.testing import ProviderContract\n"
         "class TestMissing(ProviderContract):\n"
@@ -398,6 +433,24 @@ def test_a_broken_provider_fails_the_matching_tests(kit_run: dict[str, dict[str,
         assert outcome == "failed", f"{test}: {outcome}, not a failure:\n{text}"
         missing = [part for part in message.split("*") if part not in text]
         assert not missing, f"{test}: {missing} not in\n{text}"
+
+
+def test_a_missing_override_fails_naming_the_method(kit_run: dict[str, dict[str, Outcome]]) -> None:
+    outcomes = kit_run["test_no_overrides"]
+    assert set(outcomes) == ALL_TESTS
+    assert {test for test, (outcome, _) in outcomes.items() if outcome != "passed"} == set(NEEDS_OVERRIDE), outcomes
+    for test, named in NEEDS_OVERRIDE.items():
+        outcome, text = outcomes[test]
+        assert (outcome, named in text) == ("failed", True), (test, text)
+
+
+def test_a_declared_off_check_is_skipped_naming_the_declaration(kit_run: dict[str, dict[str, Outcome]]) -> None:
+    outcomes = kit_run["test_declared"]
+    assert set(outcomes) == ALL_TESTS
+    assert {test for test, (outcome, _) in outcomes.items() if outcome != "passed"} == set(DECLARED_OFF), outcomes
+    for test, declared in DECLARED_OFF.items():
+        outcome, text = outcomes[test]
+        assert (outcome, declared in text) == ("skipped", True), (test, text)
 
 
 def test_missing_provider_is_a_clear_failure(kit_run: dict[str, dict[str, Outcome]]) -> None:
