@@ -3,10 +3,11 @@
 * **GPU memory per GPU.** An offer's ``gpu_memory_mib`` is the memory of one
   GPU. The kit accepts the catalog's nominal figure
   (:data:`levers9.gpu.catalog.CATALOG`'s ``memory_mib``: 81920 MiB for an
-  80 GB H100) or what the driver shows for that card
-  (:data:`DRIVER_MEMORY_MIB`, read off ``nvidia-smi``, which keeps a little
-  for itself: 81559 MiB for the H100, 15360 MiB for a 16 GB T4), each within
-  :data:`MEMORY_TOLERANCE` (1 %). A figure 2.3 % off either is refused, and
+  80 GB H100) or what the driver shows for that card (``nvidia-smi``'s
+  ``memory.total``, which is a little less: 81559 MiB for the H100, 15360 MiB
+  for a 16 GB T4; the recordings of :mod:`levers9.testing.recorded_gpus`, so
+  the figure an offer may give is the one a booted machine of it reports),
+  each within :data:`MEMORY_TOLERANCE` (1 %). A figure 2.3 % off either is refused, and
   so is the total of all the machine's GPUs given for one.
   :func:`memory_problem` says what is wrong, or None.
 * **Secrets in the log.** :func:`captured_log` collects every record that
@@ -25,30 +26,20 @@ from contextlib import contextmanager
 
 from levers9.gpu.catalog import CATALOG
 from levers9.hooks.types import GpuOffer
+from levers9.testing.recorded_gpus import recorded_card
 
 #: how far (as a fraction) an offer's per-GPU memory may lie from the catalog's or the driver's figure
 MEMORY_TOLERANCE = 0.01
-
-#: what ``nvidia-smi --query-gpu=memory.total`` shows for each card, in MiB, where the kit knows it
-DRIVER_MEMORY_MIB: dict[str, int] = {
-    "T4": 15360,
-    "L4": 23034,
-    "A10": 23028,
-    "A10G": 23028,
-    "A100-40": 40960,
-    "A100-80": 81920,
-    "H100": 81559,
-    "H200": 143771,
-    "GH200": 97871,
-    "RTX4090": 24564,
-}
 
 
 def accepted_memory(gpu: str) -> list[int]:
     """The per-GPU memory figures, in MiB, an offer of ``gpu`` (a canonical type) may give, each within the
     tolerance: the catalog's, then the driver's where the kit knows it."""
     nominal = CATALOG[gpu].memory_mib
-    driver = DRIVER_MEMORY_MIB.get(gpu, nominal)
+    try:
+        driver = recorded_card(gpu).memory_mib
+    except ValueError:  # an AMD type, or one with no recording: nvidia-smi's figure is not known
+        driver = nominal
     return [nominal] if driver == nominal else [nominal, driver]
 
 
