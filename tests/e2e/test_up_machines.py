@@ -46,7 +46,7 @@ pytestmark = pytest.mark.timeout(900)
 CONFIG = """\
 version: 1
 {state}scheduler:
-  worker_keepalive_s: 3
+  worker_keepalive_s: {keepalive}
   reconcile_interval_s: 5
   register_timeout_s: 240
 pools:
@@ -69,6 +69,10 @@ pools:
       secret_access_key_env: L9_E2E_AWS_SECRET
       identity_certificate_file: {certificate}
 """
+
+#: a worker silent this long is dead: above the silences of a loaded machine (with 3 s, beside a CPU hog, one call
+#: got a second machine), and what a restart of `up` waits out so that the keepalives lapse meanwhile
+KEEPALIVE_S = 10
 
 #: where the fixture notes the path of the metadata service's signing certificate, for the pool's settings
 CERTIFICATE = "imds-certificate-path"
@@ -118,7 +122,13 @@ def _write_config(up: Up, ec2: FakeEc2, *, min_workers: int, max_workers: int, r
     certificate = (up.home / CERTIFICATE).read_text()
     state = f"state:\n  redis_url: {redis_url}\n" if redis_url else ""
     text = CONFIG.format(
-        state=state, min_workers=min_workers, max_workers=max_workers, ami=AMI, ec2_url=ec2.url, certificate=certificate
+        state=state,
+        keepalive=KEEPALIVE_S,
+        min_workers=min_workers,
+        max_workers=max_workers,
+        ami=AMI,
+        ec2_url=ec2.url,
+        certificate=certificate,
     )
     (up.home / "levers9.yaml").write_text(text)
 
@@ -220,13 +230,16 @@ def test_a_clean_restart_of_up_keeps_the_machine_and_its_running_call(
             lambda: boot_logs(up, booter),
             interval=0.5,
         )
-        [instance] = _live(ec2)
+        live = _live(ec2)
+        assert len(live) == 1, f"{len(live)} machines for one call:\n{boot_logs(up, booter)}"
+        [instance] = live
 
         up.stop()  # SIGTERM: a clean stop, machines kept
+        stopped = time.monotonic()
         _stopped_cleanly(up)
         assert _live(ec2) == [instance], boot_logs(up, booter)
         first_log = up.log()
-        time.sleep(1.0)
+        time.sleep(max(0.0, stopped + KEEPALIVE_S + 1 - time.monotonic()))  # down longer than a keepalive
         up.options = []  # started again as plain `levers9 up`, which terminates the machine when it stops
         up.start(wait_workers=0)
         out, err = app.communicate(timeout=400)
