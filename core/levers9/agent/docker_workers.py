@@ -323,7 +323,7 @@ class DockerWorkers:
             import docker
         except ImportError as exc:
             raise OrderRefused(
-                f"the Docker SDK is not installed where this agent runs ({exc}): pip install 'levers9[agent]'"
+                f"the Docker SDK is not installed where this agent runs ({exc}): pip install 'docker>=7'"
             ) from None
 
         with self._clients_lock:

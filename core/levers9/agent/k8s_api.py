@@ -224,7 +224,7 @@ def open_api(factory: Callable[[], Any]) -> K8sApi:
         import kubernetes  # noqa: F401
     except ImportError as exc:
         raise OrderRefused(
-            f"the kubernetes client is not installed where this agent runs ({exc}): pip install 'levers9[k8s]'"
+            f"the kubernetes client is not installed where this agent runs ({exc}): pip install 'kubernetes>=29'"
         ) from None
     try:
         return K8sApi(factory())

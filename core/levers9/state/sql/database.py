@@ -404,7 +404,7 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
     else:
         if importlib.util.find_spec("psycopg") is None:
             raise DatabaseUrlError(
-                "PostgreSQL needs the psycopg driver, which is not installed: pip install 'levers9[postgres]'"
+                "PostgreSQL needs the psycopg driver, which is not installed: pip install 'psycopg[binary]>=3.1'"
             )
         # A database restarted under a running controlplane leaves dead pooled connections.
         options["pool_pre_ping"] = True
