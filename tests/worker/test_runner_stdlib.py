@@ -122,6 +122,7 @@ def test_the_runner_imports_with_only_the_tree_the_worker_mounts(tmp_path: Path)
         "import sys\n"
         f"sys.path.insert(0, {str(mounted)!r})\n"
         "import levers9.runner.main, levers9.runner.serving, levers9.runner.frames, levers9.runner.http_errors\n"
+        "import levers9.runner.sandbox, levers9.runner.sandbox_wire\n"
         "import levers9\n"
         "assert levers9.ready() is False and levers9.__version__\n"
         f"allowed = set(sys.stdlib_module_names) | {set(RUNNER_PACKAGES)!r} | {{'__main__'}}\n"

@@ -25,6 +25,12 @@ Protocol (frames as in :mod:`levers9.runner.frames`):
   of that task); a box whose handler returns sends its ``result``;
 * the connection ending, or ``shutdown``, ends the runner.
 
+With ``LEVERS9_RUNNER_MODE=sandbox`` there is no handler (``LEVERS9_HANDLER_FILE``
+is not read): after ``ready`` (which then says ``mode``: ``sandbox``) the runner
+serves a sandbox's processes and files (:mod:`levers9.runner.sandbox`, frames of
+:mod:`levers9.runner.sandbox_wire`) until the worker hangs up, and kills every
+process it started as it ends. Any other mode is refused at start (exit 2).
+
 Only the standard library, cloudpickle and the frames module are imported:
 this is on every container's start-up path.
 """
@@ -52,6 +58,7 @@ from typing import Any, BinaryIO
 
 from levers9.payloads import JSON_CALL, PayloadTooLarge
 from levers9.runner import frames
+from levers9.runner.sandbox_wire import ENV_MODE, MODE_FUNCTION, MODE_SANDBOX
 
 # untyped; imported by name so the type checker needs no stubs for it
 cloudpickle: Any = importlib.import_module("cloudpickle")
@@ -489,6 +496,14 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> int:
+    mode = os.environ.get(ENV_MODE) or MODE_FUNCTION
+    if mode not in (MODE_FUNCTION, MODE_SANDBOX):
+        print(
+            f"levers9 runner: {ENV_MODE} is {mode!r}; expected {MODE_FUNCTION!r} or {MODE_SANDBOX!r}", file=sys.stderr
+        )
+        return 2
+    if mode == MODE_SANDBOX:
+        return main_sandbox()
     unix_path = os.environ.get(ENV_SOCKET) or None
     try:
         port = 0 if unix_path else int(os.environ[ENV_PORT])
@@ -524,6 +539,31 @@ def main() -> int:
         return 1
     finally:
         _flush_output()
+
+
+def main_sandbox() -> int:
+    """The sandbox mode (:mod:`levers9.runner.sandbox`): no handler; processes and files, until the worker hangs up."""
+    from levers9.runner import sandbox  # only sandboxes pay for subprocess and select
+
+    try:
+        port = int(os.environ[ENV_PORT])
+        token = os.environ[ENV_TOKEN]
+        sandbox.max_processes_from(dict(os.environ))
+    except (KeyError, ValueError) as exc:
+        print(f"levers9 runner: {ENV_PORT} and {ENV_TOKEN} must be set ({exc})", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        conn, stream = accept_worker(os.environ.get(ENV_HOST, "0.0.0.0"), port, token)
+        channel = Channel(conn)
+        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        channel.send("ready", python=python, pid=os.getpid(), mode=MODE_SANDBOX)
+        return sandbox.serve_sandbox(channel, stream)
+    except _Terminated:
+        return 128 + signal.SIGTERM
+    except (OSError, frames.ProtocolError) as exc:
+        print(f"levers9 runner: the worker's connection failed: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
