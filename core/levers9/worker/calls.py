@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from levers9.worker.volumes import VolumeSpec
 
 __all__ = [
+    "SANDBOX_KIND",
     "SERVING_KINDS",
     "Call",
     "Outcome",
@@ -24,6 +25,8 @@ __all__ = [
 
 #: stubs whose containers serve requests the gateway proxies, rather than run calls
 SERVING_KINDS = ("endpoint", "box")
+#: a stub of this kind is a sandbox's: its containers run no handler (levers9.runner.sandbox)
+SANDBOX_KIND = "sandbox"
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class StubSpec:
     keep_warm_s: float = 60.0
     #: snapshot the first container once loaded; later ones start from the snapshot
     checkpoint_enabled: bool = False
-    #: function and job: calls over the runner's frames; endpoint and box: a container per call that serves
+    #: function and job: calls over the runner's frames; endpoint and box: a container per call that serves;
+    #: sandbox: no handler, the runner serves processes and files (levers9.runner.sandbox_wire)
     kind: str = "function"
     #: endpoints: "function" or "asgi", how the container answers HTTP
     interface: str = "function"

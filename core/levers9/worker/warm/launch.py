@@ -82,7 +82,8 @@ from levers9.hooks.types import (
     RuntimeContext,
 )
 from levers9.runner import main as runner
-from levers9.worker.calls import StubSpec
+from levers9.runner import sandbox_wire
+from levers9.worker.calls import SANDBOX_KIND, StubSpec
 from levers9.worker.volumes import WorkerVolumes
 from levers9.worker.warm.scaling import WarmContainer, WarmStub
 
@@ -229,6 +230,8 @@ class Launcher:
         env[runner.ENV_TOKEN] = box.token
         env[runner.ENV_HANDLER] = handler
         env[runner.ENV_PYTHON] = stub.python_version
+        if stub.kind == SANDBOX_KIND:  # no handler: the runner serves processes and files (levers9.runner.sandbox)
+            env[sandbox_wire.ENV_MODE] = sandbox_wire.MODE_SANDBOX
         return env
 
     def mounts(self, group: WarmStub) -> list[Mount]:
