@@ -115,9 +115,14 @@ async def test_reconcile_terminates_unknown_machines_and_closes_vanished_ones(ma
     assert sorted(report.orphans) == ["fk-ghost", "fk-stray"]
     assert [m["id"] for m in h.machines()] == [ours["id"]]
 
-    (h.cloud / "machines" / f"{ours['id']}.json").unlink()  # the provider lost it (a spot reclaim)
+    # the provider's listing no longer shows it (listed under another pool: where the listing does not look)
+    path = h.cloud / "machines" / f"{ours['id']}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pool": "elsewhere"}))
     report = await s.reconcile_once()
     assert report.vanished == [ours["machine_id"]]
+    assert not path.exists(), "a machine the listing lacks is asked to stop all the same (it may run, billed)"
+    stopped = [json.loads(line) for line in (h.cloud / "terminates.jsonl").read_text().splitlines()]
+    assert [t["provider_id"] for t in stopped if t["provider_id"] == ours["id"]] == [ours["id"]]
     record = await MachineStore(h.db).get(ours["machine_id"])
     assert record is not None
     assert record.state == "terminated"

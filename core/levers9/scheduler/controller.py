@@ -344,7 +344,26 @@ class PoolController:
                 events.LOST_MACHINE_VANISHED,
                 events.REQUEUE_MACHINE_VANISHED,
             )
+            if mid not in ended_there:
+                await self._stop_unlisted(pool, m)
             report.vanished.append(mid)
+
+    async def _stop_unlisted(self, pool: PoolSpec, record: MachineRecord) -> None:
+        """Ask the provider once to stop a machine its listing lacks: it may run where the listing does not look
+        (a region dropped from the pool's ``regions``, a tag removed by hand), billed and unseen. Terminating
+        is idempotent and an unknown id succeeds, so this costs one call; a failure is logged, and the record
+        stays closed (its calls are already requeued)."""
+        await self.provisioner.check_fence(f"stopping unlisted machine {record.id}")
+        try:
+            await self.ctx.hooks.terminate(pool.pool, stored_machine(record))
+        except Exception as exc:
+            log.warning(
+                "pool %s: machine %s (%s) is not listed; stopping it anyway failed (stop it by hand if it runs): %s",
+                pool.name,
+                record.id,
+                record.provider_id,
+                exc,
+            )
 
     async def _spot_lost(self, pool: PoolSpec, machine: MachineRecord, how: str) -> None:
         """A spot machine lost without levers9 stopping it (gone from the listing, listed terminated, its worker
