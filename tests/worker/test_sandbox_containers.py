@@ -11,6 +11,7 @@ network namespace or directory left; tests/worker/test_pool.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -66,6 +67,16 @@ async def sandbox(world: World, tmp_path: Path) -> AsyncIterator[tuple[SandboxSe
         shutil.rmtree(handler_dir, ignore_errors=True)
 
 
+async def _exists(session: SandboxSession, path: str) -> bool:
+    try:
+        await session.stat_file(path)
+    except SandboxError as exc:
+        if exc.code != "ENOENT":
+            raise
+        return False
+    return True
+
+
 async def test_processes_and_files_in_a_sandbox_container(isolated: World, tmp_path: Path) -> None:
     async with sandbox(isolated, tmp_path) as (session, _):
         # output arrives line by line while the process runs
@@ -88,6 +99,19 @@ async def test_processes_and_files_in_a_sandbox_container(isolated: World, tmp_p
         assert (await counter.read_all())[0] == b"1\n2\n3\n"
         assert await counter.wait() == 0
         assert not (await session.status(sleeper.id)).running
+
+        # the runner is PID 1 and reaps a background job whose shell has ended: no zombie stays
+        parent = await session.run_code("import os; print(os.getppid())")
+        assert (await parent.read_all())[0] == b"1\n"
+        orphaning = await session.exec("sh", "-c", "sleep 0.3 > /dev/null 2>&1 & echo $!")
+        orphan = int((await orphaning.read_all())[0])
+        assert await orphaning.wait() == 0
+        for _ in range(200):
+            if not await _exists(session, f"/proc/{orphan}"):  # there while it runs, and as a zombie
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the orphan {orphan} was never reaped")
 
         # the runner's token and mode are not in a process's environment
         env = await session.run_code("import os; print(sorted(k for k in os.environ if k.startswith('LEVERS9_')))")

@@ -324,6 +324,18 @@ async def test_file_errors_are_typed_and_name_the_path(pair: Pair, tmp_path: Pat
     assert (under_a_file.value.code, under_a_file.value.op) == ("ENOTDIR", "mkdir")
 
 
+async def test_a_fifo_is_refused_and_does_not_hang_the_runner(pair: Pair, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SandboxError) as reading:
+        await pair.session.read_file(str(fifo))
+    assert reading.value.code == "EINVAL"
+    assert "not a regular file" in str(reading.value)
+    with pytest.raises(SandboxError) as writing:
+        await pair.session.write_file(str(fifo), b"x")  # nobody reads it: refused at once, not waited on
+    assert (writing.value.code, writing.value.path) == ("ENXIO", str(fifo))
+
+
 async def test_the_runner_refuses_a_bad_path_sent_past_the_client(pair: Pair) -> None:
     """The client checks paths, but the runner checks them again: another worker, or a bug, may not."""
     with pytest.raises(SandboxError) as refused:

@@ -14,6 +14,8 @@ Here is how the runner keeps them:
   process group, children included; the worker hanging up ends the runner,
   which kills every group it started (and, as PID 1 of the container, the
   container ends with it).
+* As PID 1 of the container the runner inherits processes whose parent
+  ended (a shell's background job), and reaps them, so none stays a zombie.
 * The runner's own variables (its token, port, mode) are not passed to the
   processes, and the runner's Python tree is taken off their ``PYTHONPATH``.
 
@@ -65,6 +67,10 @@ RUNNER_VARIABLES = (
 
 #: an answer: its kind, payload and fields (``req`` is added)
 _Answer = tuple[str, bytes, dict[str, Any]]
+
+
+#: seconds between looks for orphans while the runner has no child at all
+ORPHAN_POLL_S = 0.2
 
 
 class Sender(Protocol):
@@ -202,6 +208,7 @@ class SandboxRunner:
         max_processes: int = wire.DEFAULT_MAX_PROCESSES,
         python: str = sys.executable,
         environ: dict[str, str] | None = None,
+        reap_orphans: bool | None = None,
     ) -> None:
         self.sender = sender
         self.max_processes = max_processes
@@ -213,6 +220,8 @@ class SandboxRunner:
         self._ended: collections.deque[int] = collections.deque()
         self._next_id = 1
         self._closing = False
+        #: as PID 1 of its container the runner inherits every orphaned process, and must reap them
+        self.reap_orphans = os.getpid() == 1 if reap_orphans is None else reap_orphans
         self._handlers: dict[str, Callable[[frames.Frame], _Answer | None]] = {
             "exec": self._exec,
             "run_code": self._run_code,
@@ -231,6 +240,8 @@ class SandboxRunner:
 
     def serve(self, stream: BinaryIO) -> int:
         """Answer requests until the worker hangs up (or says ``shutdown``); then end every process."""
+        if self.reap_orphans:
+            threading.Thread(target=self._reap_orphans, name="sandbox-orphans", daemon=True).start()
         try:
             while True:
                 frame = frames.recv_frame(stream)
@@ -421,6 +432,29 @@ class SandboxRunner:
             with contextlib.suppress(OSError):
                 self.sender.send("exited", process=proc.id, code=code)
 
+    def _reap_orphans(self) -> None:
+        """Reap the processes the runner inherited (a background child whose parent ended), never its own.
+
+        Its own are reaped by their ``Popen``; an orphan left unreaped would stay a zombie for the
+        sandbox's life. ``WNOWAIT`` looks at an ended child without reaping it, so one of the runner's own
+        is left to its ``Popen``; they are in the table before the lock is let go, so none is mistaken.
+        """
+        while not self._closing:
+            try:
+                ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                time.sleep(ORPHAN_POLL_S)  # no child at all now
+                continue
+            if ended is None:
+                continue
+            with self._lock:
+                ours = any(p.popen.pid == ended.si_pid and p.popen.returncode is None for p in self._processes.values())
+            if ours:
+                time.sleep(0.01)  # its own reaper collects it
+                continue
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(ended.si_pid, 0)
+
     def _process(self, frame: frames.Frame) -> _Process:
         number = frame.header.get("process")
         if isinstance(number, bool) or not isinstance(number, int):
@@ -486,7 +520,7 @@ class SandboxRunner:
                 f"write_file {path}: the directory {parent} does not exist; create it first (create_directory)",
                 path,
             )
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC) | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC) | os.O_CLOEXEC | os.O_NONBLOCK
         fd = os.open(path, flags, 0o644 if mode is None else mode)
         try:
             view = memoryview(frame.payload)
@@ -505,11 +539,13 @@ class SandboxRunner:
                 raise Refused("BadRequest", f"read_file: {key} must be a byte count, got {_show(value)}")
         if length > wire.FILE_CHUNK_BYTES:
             raise Refused("BadRequest", f"read_file: length {length} is over the chunk of {wire.FILE_CHUNK_BYTES}")
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not hang the runner
         try:
             info = os.fstat(fd)
             if stat.S_ISDIR(info.st_mode):
                 raise Refused("EISDIR", f"read_file {path}: is a directory (list_files lists it)", path)
+            if not stat.S_ISREG(info.st_mode):
+                raise Refused("EINVAL", f"read_file {path}: not a regular file (a device, FIFO or socket)", path)
             data = os.pread(fd, length, offset)
         finally:
             os.close(fd)

@@ -95,8 +95,10 @@ class SandboxProcess:
         self.exit_code: int | None = None
         self._exited = asyncio.Event()
         self._queue: asyncio.Queue[OutputChunk | object] = asyncio.Queue()
-        #: bytes sent by the runner and not yet consumed: at most ``window``
+        #: bytes sent by the runner and not yet given back as ``consumed``: at most ``window``
         self._outstanding = 0
+        #: bytes handed out by :meth:`output` not yet given back
+        self._uncredited = 0
         self._gone: SandboxGone | None = None
 
     async def output(self) -> AsyncIterator[OutputChunk]:
@@ -112,7 +114,11 @@ class SandboxProcess:
                     raise self._gone
                 return
             assert isinstance(item, OutputChunk)
-            await self.session._consumed(self, len(item.data))
+            self._uncredited += len(item.data)
+            # credit in batches, and whenever the reader has caught up (so a nearly full window never stalls)
+            if self._uncredited >= self.window // 4 or self._queue.empty():
+                count, self._uncredited = self._uncredited, 0
+                await self.session._consumed(self, count)
             yield item
 
     async def read_all(self) -> tuple[bytes, bytes]:
