@@ -192,6 +192,10 @@ async def test_env_is_merged_over_the_runners_without_its_token(tmp_path: Path) 
         assert (await process.read_all())[0] == b"['KEEP', 'MINE']\n"
 
 
+def test_the_runner_answers_every_request_the_wire_names(pair: Pair) -> None:
+    assert set(pair.runner._handlers) == set(wire.REQUESTS)
+
+
 def test_the_runners_python_tree_is_taken_off_pythonpath() -> None:
     env = child_environment({"PYTHONPATH": "/opt/levers9/python:/app"}, {}, "/opt/levers9/python")
     assert env["PYTHONPATH"] == "/app"

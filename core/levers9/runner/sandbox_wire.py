@@ -19,14 +19,15 @@ unique among its requests in flight; the answer carries the same ``req``.
 kind           fields                                          answer
 =============  ==============================================  ======================================
 ``exec``       ``argv`` (list of strings), ``cwd`` (absolute   ``started``: ``process`` (the
-               path or null), ``env`` (object of strings,      sandbox's own id, from 1), ``pid``
+               path, or null for /), ``env`` (strings,         sandbox's own id, from 1), ``pid``
                merged over the container's), ``window``        (the OS pid inside the container)
                (bytes of output the worker buffers)
 ``run_code``   ``code`` (a string), ``cwd``, ``env``,          ``started``: the container's Python
                ``window``                                      run with ``-c code``
 ``kill``       ``process``, ``signal`` (default SIGKILL)       ``done``: ``running`` (whether it
                                                                still ran when signalled)
-``status``     ``process``                                     ``process``: ``info`` (see below)
+``status``     ``process``                                     ``process``: ``info`` (the fields of
+                                                               :class:`ProcessInfo`)
 ``list``       (none)                                          ``processes``: ``processes`` (a list
                                                                of ``info``), oldest first
 ``write_file`` ``path``, ``append`` (false: create or          ``done``: ``size`` (the file's size
@@ -37,7 +38,9 @@ kind           fields                                          answer
 ``list_files`` ``path`` (a directory)                          ``listing``: ``entries`` (at most
                                                                :data:`MAX_LIST_ENTRIES`, by name),
                                                                ``truncated``
-``stat_file``  ``path``                                        ``stat``: ``entry``
+``stat_file``  ``path``                                        ``stat``: ``entry`` (the fields of
+                                                               :class:`FileEntry`, as each of
+                                                               ``entries``)
 ``mkdir``      ``path``, ``parents`` (default true)            ``done``
 ``delete``     ``path``, ``recursive`` (default false)         ``done``
 =============  ==============================================  ======================================
