@@ -20,13 +20,12 @@ the promise and the fix:
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
-from xml.etree import ElementTree
 
 import pytest
+
+from tests.testing.kit_session import PLANTING, Outcome, plant, run_session
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "provider-container" / "tests"
@@ -49,28 +48,8 @@ DEFECTS: dict[str, tuple[tuple[str, str], str]] = {
     ),
 }
 
-SUPPORT = '''
-"""Loads a planted copy of levers9_podmarket and the example's contract class, and joins them."""
-import importlib.util
-import sys
-
-import pytest
-
-from levers9.hooks.manager import PluginPolicy, PluginSet
-
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fixtures = load("podmarket_conftest", {conftest!r})
-example = load("podmarket_example_contract", {example!r})
-
-
+#: the planting module's end: the example's contract class on a planted copy (its fixtures and class loaded before)
+PLANTED = """
 def planted(path):
     copy = load(path.rsplit("/", 1)[-1].removesuffix(".py"), path)
 
@@ -79,32 +58,28 @@ def planted(path):
 
         @pytest.fixture
         def levers9_plugin_set(self):
-            plugins = PluginSet(PluginPolicy(block=frozenset({{"podmarket"}})))
-            plugins.load_entry_points()
-            del plugins.records["podmarket"]
-            plugins.policy = PluginPolicy()
-            plugins.add("podmarket", copy.plugin)
-            return plugins
+            return swapped("podmarket", copy.plugin)  # every installed plugin, this copy in the real one's place
 
     return Planted
-'''
+"""
 
 
 @pytest.fixture(scope="module")
-def boots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+def boots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     """The boot check of every planted copy (and the unplanted one) in one pytest session: outcome and text."""
     found = importlib.util.find_spec("levers9_podmarket")
     if found is None or found.origin is None:
         pytest.fail("examples/provider-container (levers9_podmarket) is not installed: scripts/setup installs it")
     source = Path(found.origin).read_text()
     where = tmp_path_factory.mktemp("container-defects")
-    (where / "planting.py").write_text(
-        SUPPORT.format(conftest=str(EXAMPLE / "conftest.py"), example=str(EXAMPLE / "test_contract.py"))
+    loads = (
+        f"\nfixtures = load('podmarket_conftest', {str(EXAMPLE / 'conftest.py')!r})"
+        f"\nexample = load('podmarket_example_contract', {str(EXAMPLE / 'test_contract.py')!r})\n"
     )
+    (where / "planting.py").write_text(PLANTING + loads + PLANTED)
     cases = {"unplanted": source}
-    for case, ((old, new), _) in DEFECTS.items():
-        assert source.count(old) == 1, f"the planted text must occur once in levers9_podmarket: {old!r}"
-        cases[case] = source.replace(old, new)
+    for case, (replacement, _) in DEFECTS.items():
+        cases[case] = plant(source, [replacement], "levers9_podmarket")
     for case, text in cases.items():
         (where / f"podmarket_{case}.py").write_text(text)
         (where / f"test_{case}.py").write_text(
@@ -114,44 +89,21 @@ def boots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]
                 TestPlanted = planted({str(where / f"podmarket_{case}.py")!r})
             """)
         )
-    report = where / "report.xml"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "bootstrap_boots",
-            f"--junitxml={report}",
-        ],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert report.exists(), f"the kit's pytest session wrote no report:\n{done.stdout}\n{done.stderr}"
-    outcomes: dict[str, tuple[str, str]] = {}
-    for testcase in ElementTree.parse(report).getroot().iter("testcase"):
-        outcome, text = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            element = testcase.find(kind)
-            if element is not None:
-                outcome, text = kind, f"{element.get('message', '')}\n{element.text or ''}"
-        outcomes[testcase.get("classname", "").split(".")[0].removeprefix("test_")] = (outcome, text)
-    assert set(outcomes) == set(cases), f"{sorted(outcomes)}:\n{done.stdout[-3000:]}"
+    outcomes = {
+        module.removeprefix("test_"): tests["test_the_bootstrap_boots"]
+        for module, tests in run_session(where, "-k", "bootstrap_boots").items()
+    }
+    assert set(outcomes) == set(cases), sorted(outcomes)
     return outcomes
 
 
-def test_the_unplanted_example_boots(boots: dict[str, tuple[str, str]]) -> None:
+def test_the_unplanted_example_boots(boots: dict[str, Outcome]) -> None:
     assert boots["unplanted"] == ("passed", "")
 
 
 @pytest.mark.parametrize("case", sorted(DEFECTS))
-def test_the_boot_check_fails_the_planted_defect(boots: dict[str, tuple[str, str]], case: str) -> None:
+def test_the_boot_check_fails_the_planted_defect(boots: dict[str, Outcome], case: str) -> None:
     outcome, text = boots[case]
-    assert outcome == "failure", f"{case}: {outcome}, not a failure:\n{text}"
+    assert outcome == "failed", f"{case}: {outcome}, not a failure:\n{text}"
     assert "provider 'podmarket'" in text
     assert DEFECTS[case][1] in text, text

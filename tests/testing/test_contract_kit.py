@@ -15,14 +15,12 @@ the like) has them skipped, naming the declaration.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 import textwrap
-from xml.etree import ElementTree
 
 import pytest
 
 import levers9.testing
+from tests.testing.kit_session import Outcome, run_session
 
 HEADER = '''
 from __future__ import annotations
@@ -357,8 +355,6 @@ DECLARED_OFF = {
     "test_a_failed_machine_is_listed_failed": "declares machines_can_fail = False",
 }
 
-Outcome = tuple[str, str]  # ("passed" | "failed" | "error" | "skipped", the report's text)
-
 
 @pytest.fixture(scope="module")
 def kit_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Outcome]]:
@@ -380,27 +376,7 @@ def kit_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Out
     )
     if importlib.util.find_spec("levers9_toycloud") is not None:
         (where / "test_documented.py").write_text(documented_example())
-    report = where / "report.xml"
-    spread = ["-n", "auto"] if importlib.util.find_spec("xdist") is not None else []
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, f"--junitxml={report}"],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert report.exists(), f"the kit's pytest session wrote no report:\n{done.stdout}\n{done.stderr}"
-    outcomes: dict[str, dict[str, Outcome]] = {}
-    for testcase in ElementTree.parse(report).getroot().iter("testcase"):
-        module = testcase.get("classname", "").split(".")[0]
-        outcome, text = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            found = testcase.find(kind)
-            if found is not None:
-                outcome = "failed" if kind == "failure" else kind
-                text = f"{found.get('message', '')}\n{found.text or ''}"
-        outcomes.setdefault(module, {})[testcase.get("name", "")] = (outcome, text)
-    return outcomes
+    return run_session(where, spread="auto", timeout=1800)
 
 
 def documented_example() -> str:

@@ -23,13 +23,12 @@ one anyway).
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
-from xml.etree import ElementTree
 
 import pytest
+
+from tests.testing.kit_session import PLANTING, Outcome, plant, run_session
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE_TESTS = ROOT / "examples" / "provider-example" / "tests" / "test_contract.py"
@@ -181,53 +180,18 @@ DEFECTS: dict[str, Defect] = {
     ),
 }
 
-SUPPORT = '''
-"""Loads a planted copy of levers9_toycloud and the example's contract class, and joins them."""
-import importlib.util
-import sys
-
-import pytest
-
-from levers9.hooks.manager import PluginPolicy, PluginSet
-
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = load("toycloud_example_contract", {example!r})
-
-
+#: the planting module's end: the example's contract class on a planted copy (``example`` is loaded before it)
+PLANTED = """
 def planted(case, path):
-    copy = load(f"toycloud_{{case}}", path)
+    copy = load(f"toycloud_{case}", path)
 
     class Planted(example.TestToyCloudContract):
         @pytest.fixture
         def levers9_plugin_set(self):
-            # every installed plugin but the real toycloud, then the planted copy under its name
-            plugins = PluginSet(PluginPolicy(block=frozenset({{"toycloud"}})))
-            plugins.load_entry_points()
-            del plugins.records["toycloud"]
-            plugins.policy = PluginPolicy()
-            plugins.add("toycloud", copy.plugin)
-            return plugins
+            return swapped("toycloud", copy.plugin)  # every installed plugin, this copy in the real one's place
 
     return Planted
-'''
-
-Outcome = tuple[str, str]  # ("passed" | "failed" | "error" | "skipped", the report's text)
-
-
-def plant(source: str, replacements: list[tuple[str, str]]) -> str:
-    for old, new in replacements:
-        found = source.count(old)
-        assert found == 1, f"the planted text must occur once in levers9_toycloud, it occurs {found} times: {old!r}"
-        source = source.replace(old, new)
-    return source
+"""
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +202,11 @@ def kit_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Out
         pytest.fail("examples/provider-example (levers9_toycloud) is not installed: scripts/setup installs it")
     source = Path(found.origin).read_text()
     where = tmp_path_factory.mktemp("defects")
-    (where / "planting.py").write_text(SUPPORT.format(example=str(EXAMPLE_TESTS)))
-    cases = {"unplanted": source} | {case: plant(source, d.replacements) for case, d in DEFECTS.items()}
+    example = f"\nexample = load('toycloud_example_contract', {str(EXAMPLE_TESTS)!r})\n"
+    (where / "planting.py").write_text(PLANTING + example + PLANTED)
+    cases = {"unplanted": source} | {
+        case: plant(source, d.replacements, "levers9_toycloud") for case, d in DEFECTS.items()
+    }
     for case, planted_source in cases.items():
         (where / f"toycloud_{case}.py").write_text(planted_source)
         (where / f"test_{case}.py").write_text(
@@ -248,27 +215,7 @@ def kit_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Out
                 TestPlanted = planted({case!r}, {str(where / f"toycloud_{case}.py")!r})
             """)
         )
-    report = where / "report.xml"
-    spread = ["-n", "2"] if importlib.util.find_spec("xdist") is not None else []
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, f"--junitxml={report}"],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert report.exists(), f"the kit's pytest session wrote no report:\n{done.stdout}\n{done.stderr}"
-    outcomes: dict[str, dict[str, Outcome]] = {}
-    for testcase in ElementTree.parse(report).getroot().iter("testcase"):
-        module = testcase.get("classname", "").split(".")[0]
-        outcome, text = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            element = testcase.find(kind)
-            if element is not None:
-                outcome = "failed" if kind == "failure" else kind
-                text = f"{element.get('message', '')}\n{element.text or ''}"
-        outcomes.setdefault(module, {})[testcase.get("name", "")] = (outcome, text)
-    return outcomes
+    return run_session(where, spread=2)
 
 
 def test_the_unplanted_example_passes_every_check(kit_run: dict[str, dict[str, Outcome]]) -> None:
