@@ -24,7 +24,12 @@ from xml.etree import ElementTree
 
 import pytest
 
-__all__ = ["PLANTING", "Outcome", "plant", "run_session"]
+from levers9.testing import ProviderContract
+
+__all__ = ["KIT_TESTS", "PLANTING", "Outcome", "plant", "run_session"]
+
+#: every test of the contract kit: a session's class must report each one (none collected silently less)
+KIT_TESTS = frozenset(name for name in dir(ProviderContract) if name.startswith("test_"))
 
 #: ("passed" | "failed" | "error" | "skipped", the report's text)
 Outcome = tuple[str, str]

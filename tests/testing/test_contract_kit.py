@@ -20,7 +20,7 @@ import textwrap
 import pytest
 
 import levers9.testing
-from tests.testing.kit_session import Outcome, run_session
+from tests.testing.kit_session import KIT_TESTS, Outcome, run_session
 
 HEADER = '''
 from __future__ import annotations
@@ -113,26 +113,7 @@ def suite(plugin):
     return Suite
 '''
 
-ALL_TESTS = {
-    "test_settings_schema_forbids_unknown_keys",
-    "test_hooks_return_levers9_types",
-    "test_provisioned_machine_is_listed_with_its_id",
-    "test_terminated_machine_leaves_the_listing",
-    "test_terminate_is_idempotent",
-    "test_terminating_an_unknown_machine_succeeds",
-    "test_provider_data_round_trip",
-    "test_listing_is_limited_to_the_pool",
-    "test_gpu_offers_are_well_formed",
-    "test_failures_are_typed_errors",
-    "test_no_capacity_is_insufficient_capacity",
-    "test_the_bootstrap_boots",
-    "test_no_secret_in_provider_data_listing_or_log",
-    "test_a_failed_start_leaves_nothing_behind",
-    "test_the_offers_zone_is_started",
-    "test_provisioning_twice_gives_one_machine",
-    "test_a_preempted_machine_is_listed_preempted",
-    "test_a_failed_machine_is_listed_failed",
-}
+ALL_TESTS = KIT_TESTS
 #: the tests that provision a machine successfully and then read the listing
 PROVISIONING_AND_LISTING = {
     "test_hooks_return_levers9_types",
