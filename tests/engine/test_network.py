@@ -33,6 +33,7 @@ from levers9.engine.network import (
     Bridge,
     NetworkError,
     PortForward,
+    bridge_mac,
     forwarder_command,
     netns_name,
     veth_name,
@@ -370,6 +371,20 @@ def test_attach_is_idempotent_and_detach_releases_everything(bridge: Bridge, new
     again = bridge.attach(cid)
     assert again.netns_name in netns_list()
     assert addresses_in(again.netns_name) == {f"{again.ip}/24"}
+
+
+def test_the_bridge_keeps_its_own_mac_when_ports_come_and_go(bridge: Bridge, new_id: Callable[[str], str]) -> None:
+    """A bridge left to itself takes the lowest MAC of its ports; losing that port changed it under the other
+    containers, whose packets to the gateway went nowhere until their neighbour entry went stale."""
+    first, second = bridge.attach(new_id("m1")), bridge.attach(new_id("m2"))
+    sysfs = Path("/sys/class/net") / bridge.name
+    assert (sysfs / "address").read_text().strip() == bridge_mac(bridge.name)
+    assert (sysfs / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET: ports do not change it
+    bridge.detach(first.container_id)
+    bridge.detach(second.container_id)
+    assert (sysfs / "address").read_text().strip() == bridge_mac(bridge.name)
+    bridge.ensure()
+    assert (sysfs / "address").read_text().strip() == bridge_mac(bridge.name)
 
 
 def test_detached_addresses_are_reused_and_never_shared(bridge: Bridge, new_id: Callable[[str], str]) -> None:

@@ -6,6 +6,12 @@ nothing the worker cannot find again. The namespace is wired to a per-worker Lin
 veth pair and gets an address from a private subnet; the bridge holds the subnet's first address
 and is the namespace's default gateway.
 
+The bridge's MAC address is set, derived from its name (:func:`bridge_mac`): a bridge left to pick its
+own takes the lowest MAC of its ports, so removing one container's veth could change it under the others,
+whose cached neighbour entry for the gateway then points nowhere: their packets to the host are dropped
+for seconds, or until the host next sends them something (seen as a sandbox's process whose end was
+never reported).
+
 Nothing here touches ``net.ipv4.ip_forward`` or adds NAT: containers on one bridge talk over the
 bridge (layer 2), and the host reaches them through the bridge's route, so nothing needs routing between
 interfaces. Containers get no way out to other networks, and no way in to the host either: the gateway
@@ -56,7 +62,16 @@ from levers9.engine.host_guard import HostGuardError, guard, unguard
 from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 
-__all__ = ["Attachment", "Bridge", "NetworkError", "PortForward", "close_server", "forwarder_command", "main"]
+__all__ = [
+    "Attachment",
+    "Bridge",
+    "NetworkError",
+    "PortForward",
+    "bridge_mac",
+    "close_server",
+    "forwarder_command",
+    "main",
+]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +165,13 @@ def _ip_json(*args: str) -> list[dict[str, Any]]:
     if not isinstance(data, list):
         raise NetworkError(f"`ip -j {shlex.join(args)}` printed {type(data).__name__}, expected a list")
     return [item for item in data if isinstance(item, dict)]
+
+
+def bridge_mac(name: str) -> str:
+    """The MAC address of the bridge ``name``: locally administered, unicast, the same on every ensure."""
+    digest = bytearray(hashlib.sha256(f"levers9-bridge:{name}".encode()).digest()[:6])
+    digest[0] = (digest[0] & 0xFC) | 0x02
+    return ":".join(f"{b:02x}" for b in digest)
 
 
 def _link(name: str, netns: str | None = None) -> dict[str, Any] | None:
@@ -332,6 +354,9 @@ class Bridge:
         if (self.gateway, self.network.prefixlen) not in have:
             self._check_subnet_free()
             _run_ip("addr", "add", f"{self.gateway}/{self.network.prefixlen}", "dev", self.name)
+        mac = bridge_mac(self.name)
+        if (bridge or {}).get("address") != mac:
+            _run_ip("link", "set", "dev", self.name, "address", mac)
         if "UP" not in (bridge or {}).get("flags", []):
             _run_ip("link", "set", "dev", self.name, "up")
         try:
