@@ -387,6 +387,26 @@ def test_the_bridge_keeps_its_own_mac_when_ports_come_and_go(bridge: Bridge, new
     assert (sysfs / "address").read_text().strip() == bridge_mac(bridge.name)
 
 
+def test_an_address_given_again_has_no_neighbour_entry_of_the_container_before(
+    bridge: Bridge, new_id: Callable[[str], str]
+) -> None:
+    """The host's entry for a removed container's address names its MAC: a new container given that address
+    was unreachable from the host until the entry timed out (tens of seconds)."""
+    bridge.attach(new_id("n0"))  # the bridge keeps a port, so it keeps its carrier (losing it flushes the table)
+    old = bridge.attach(new_id("n1"))
+    old_mac = "02:00:00:00:00:01"
+    subprocess.run(
+        ["ip", "neigh", "replace", old.ip, "lladdr", old_mac, "dev", bridge.name, "nud", "reachable"], check=True
+    )
+    bridge.detach(old.container_id)
+    new = bridge.attach(new_id("n2"))
+    assert new.ip == old.ip
+    entry = subprocess.run(
+        ["ip", "neigh", "show", "to", new.ip, "dev", bridge.name], capture_output=True, text=True, check=True
+    ).stdout
+    assert old_mac not in entry
+
+
 def test_detached_addresses_are_reused_and_never_shared(bridge: Bridge, new_id: Callable[[str], str]) -> None:
     a = bridge.attach(new_id("a"))
     b = bridge.attach(new_id("b"))

@@ -11,6 +11,9 @@ own takes the lowest MAC of its ports, so removing one container's veth could ch
 whose cached neighbour entry for the gateway then points nowhere: their packets to the host are dropped
 for seconds, or until the host next sends them something (seen as a sandbox's process whose end was
 never reported).
+Likewise an address is given again once its container is gone, and the host's neighbour entry for it
+still names the old MAC (reachable for up to half a minute): the host's packets to the new container
+went to the old one's MAC, and a runner took 40 s to answer. Attaching flushes the entry.
 
 Nothing here touches ``net.ipv4.ip_forward`` or adds NAT: containers on one bridge talk over the
 bridge (layer 2), and the host reaches them through the bridge's route, so nothing needs routing between
@@ -401,6 +404,8 @@ class Bridge:
         _run_ip("-n", ns, "link", "set", "dev", CONTAINER_IFNAME, "up")
         _run_ip("-n", ns, "route", "add", "default", "via", a.gateway, "dev", CONTAINER_IFNAME)
         _run_ip("netns", "exec", ns, "/bin/sh", "-c", f"echo 0 > {UNPRIVILEGED_PORT_START}")
+        # the address may be a removed container's: the host's entry for it names that one's MAC
+        _run_ip("neigh", "flush", "to", a.ip, "dev", self.name, check=False)
 
     def _unwire(self, container_id: str) -> None:
         # The veth goes first and explicitly: deleting the namespace only unmounts it, and the
