@@ -40,6 +40,8 @@ WORKER_VARIABLES: dict[str, str] = {
     "levers9_machine_identity hook; ec2: the signed instance identity document); set by the provider",
     "AWS_EC2_METADATA_SERVICE_ENDPOINT": "the EC2 instance metadata service the ec2 plugin asks for the identity "
     "(default http://169.254.169.254; http://[fd00:ec2::254] on IPv6-only subnets)",
+    "LEVERS9_SANDBOXES": "the most sandboxes this worker runs at once, served on its loopback "
+    "(levers9.worker.sandbox_api); unset or 0: none (the default until the controlplane drives them)",
     "LEVERS9_PLUGINS_ALLOW": "comma-separated plugins the worker may load (default: every installed one)",
     "LEVERS9_PLUGINS_BLOCK": "comma-separated plugins the worker must not load",
     "LEVERS9_PLUGINS_STRICT": "1: a plugin that fails to load stops the worker instead of being skipped",

@@ -42,6 +42,7 @@ _OPTIONS: dict[str, tuple[str, type]] = {
     "LEVERS9_DISCONNECT_EXIT_S": ("disconnect_exit_s", float),
     "LEVERS9_WORKER_STATE_DIR": ("state_dir", Path),
     "LEVERS9_MACHINE_IDENTITY": ("machine_identity", str),
+    "LEVERS9_SANDBOXES": ("sandboxes", int),
 }
 
 

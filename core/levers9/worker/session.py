@@ -60,7 +60,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -93,9 +93,13 @@ from levers9.worker.images import ImagePullFailed, ImagePulls
 from levers9.worker.leftovers import remove_leftovers
 from levers9.worker.outbox import Outbox
 from levers9.worker.runtime_setup import runtime_for
+from levers9.worker.sandboxes import Sandboxes
 from levers9.worker.tunnel import ProbeListener, hold_tunnel
 from levers9.worker.volumes import volume_spec
 from levers9.worker.warm.pool import WarmPool
+
+if TYPE_CHECKING:
+    from levers9.worker.sandbox_api import SandboxAPI
 
 __all__ = [
     "EXIT_REFUSED",
@@ -135,6 +139,8 @@ class WorkerOptions:
     version: str = __version__
     #: the plugin whose levers9_machine_identity proves which machine this is ("": none is shown)
     machine_identity: str = ""
+    #: the most sandboxes served at once on the worker's loopback (levers9.worker.sandbox_api); 0: none
+    sandboxes: int = 0
 
 
 #: the exit code of a worker the controlplane refuses at Register for good (another levers9 version)
@@ -177,6 +183,9 @@ class WorkerProcess:
         self.probe = ProbeListener()
         #: this machine's identity as shown at Register (None: none asked for, or it could not be had)
         self.identity: worker_pb2.MachineIdentity | None = None
+        #: the sandboxes and their loopback API, on the pool's runtime (None unless ``options.sandboxes``)
+        self.sandboxes: Sandboxes | None = None
+        self.sandbox_api: SandboxAPI | None = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -196,6 +205,7 @@ class WorkerProcess:
             await self.probe.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            await self._close_sandboxes()
             if self.pool is not None:
                 await self.pool.close()
             shutil.rmtree(self.options.state_dir, ignore_errors=True)
@@ -356,6 +366,7 @@ class WorkerProcess:
     async def _ensure_pool(self, response: worker_pb2.RegisterResponse) -> None:
         if self.pool is not None and self.runtime == response.runtime:
             return
+        await self._close_sandboxes()
         if self.pool is not None:
             await self.pool.close()
         made = await runtime_for(
@@ -370,6 +381,30 @@ class WorkerProcess:
         self.runtime = response.runtime
         self.max_payload = made.max_payload
         self.pool, self.builds, self.images = made.pool, made.builds, made.images
+        if self.options.sandboxes > 0:
+            await self._open_sandboxes(made.pool)
+
+    async def _open_sandboxes(self, pool: WarmPool) -> None:
+        """Sandboxes on the pool's runtime, served on the loopback (the switch: ``LEVERS9_SANDBOXES``)."""
+        from levers9.worker.sandbox_api import SandboxAPI  # uvicorn and starlette: only where switched on
+
+        self.sandboxes = Sandboxes(
+            pool.launcher,
+            pool.client,
+            pool._ports,  # one picker: a sandbox's runner port is never a call's
+            state_dir=pool.state_dir,
+            max_sandboxes=self.options.sandboxes,
+        )
+        self.sandbox_api = SandboxAPI(self.sandboxes)
+        await self.sandbox_api.start()
+
+    async def _close_sandboxes(self) -> None:
+        """End every sandbox and stop their API (the worker stops, or its runtime changes)."""
+        api, sandboxes, self.sandbox_api, self.sandboxes = self.sandbox_api, self.sandboxes, None, None
+        if api is not None:
+            await api.close()
+        if sandboxes is not None:
+            await sandboxes.close()
 
     async def _record_checkpoint(self, request: worker_pb2.RecordCheckpointRequest) -> worker_pb2.CheckpointRef:
         if self._rpc is None:

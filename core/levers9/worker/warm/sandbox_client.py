@@ -143,6 +143,11 @@ class SandboxProcess:
     async def status(self) -> ProcessInfo:
         return await self.session.status(self.id)
 
+    @property
+    def running(self) -> bool:
+        """Whether it still runs as far as the session knows (no ``exited`` yet, and the sandbox is not gone)."""
+        return not self._exited.is_set()
+
     # ----------------------------------------------------------------- from the session's reader
 
     def _output(self, stream: str, data: bytes, partial: bool) -> None:
@@ -189,6 +194,7 @@ class SandboxSession:
         self._gone: SandboxGone | None = None
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
+        self._ended = asyncio.Event()
 
     def start(self) -> SandboxSession:
         self._task = asyncio.ensure_future(self._read())
@@ -198,6 +204,12 @@ class SandboxSession:
     @property
     def gone(self) -> SandboxGone | None:
         """Why the connection ended, or None while it is up."""
+        return self._gone
+
+    async def wait_ended(self) -> SandboxGone:
+        """Wait until the connection has ended (for whatever reason) and say why."""
+        await self._ended.wait()
+        assert self._gone is not None
         return self._gone
 
     async def close(self) -> None:
@@ -260,32 +272,42 @@ class SandboxSession:
 
     # ----------------------------------------------------------------- files
 
-    async def write_file(self, path: str, data: bytes, *, mode: int | None = None) -> int:
-        """Create or replace the file at ``path`` (its directory must exist); its size after."""
+    async def write_file(self, path: str, data: bytes, *, mode: int | None = None, append: bool = False) -> int:
+        """Create or replace the file at ``path`` (its directory must exist), or add to its end with ``append``;
+        its size after."""
         _check_path("write_file", path)
         size = 0
         for start in range(0, max(len(data), 1), wire.FILE_CHUNK_BYTES):
             chunk = data[start : start + wire.FILE_CHUNK_BYTES]
             size = await self._request(
-                "write_file", chunk, path=path, append=start > 0, mode=mode, parse=lambda a: _int(a, "size")
+                "write_file", chunk, path=path, append=append or start > 0, mode=mode, parse=lambda a: _int(a, "size")
             )
         return size
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The whole file at ``path``, read a chunk at a time; :class:`SandboxError` ``EFBIG`` past ``max_bytes``."""
-        _check_path("read_file", path)
         parts: list[bytes] = []
+        offset = 0
+        async for data in self.read_chunks(path):
+            parts.append(data)
+            offset += len(data)
+            if max_bytes is not None and offset > max_bytes:
+                raise SandboxError("read_file", "EFBIG", f"read_file {path}: the file is over {max_bytes} bytes", path)
+        return b"".join(parts)
+
+    async def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+        """The file at ``path`` a chunk (at most ``sandbox_wire.FILE_CHUNK_BYTES``) at a time; a file that cannot
+        be read fails at the first step, before any of it is handed out."""
+        _check_path("read_file", path)
         offset = 0
         while True:
             data, eof = await self._request(
                 "read_file", path=path, offset=offset, length=wire.FILE_CHUNK_BYTES, parse=_file_chunk
             )
-            parts.append(data)
             offset += len(data)
-            if max_bytes is not None and offset > max_bytes:
-                raise SandboxError("read_file", "EFBIG", f"read_file {path}: the file is over {max_bytes} bytes", path)
+            yield data
             if eof:
-                return b"".join(parts)
+                return
 
     async def list_files(self, path: str) -> list[FileEntry]:
         """The entries of the directory ``path``, by name (at most ``sandbox_wire.MAX_LIST_ENTRIES``)."""
@@ -408,6 +430,7 @@ class SandboxSession:
         if self._gone is not None:
             return
         self._gone = gone
+        self._ended.set()
         for _, future in self._pending.values():
             if not future.done():
                 future.set_exception(gone)

@@ -1,0 +1,462 @@
+"""The worker's sandboxes: containers driven from outside, booted, watched and ended here.
+
+A sandbox is a container of kind ``sandbox`` (:data:`levers9.worker.calls.SANDBOX_KIND`): its runner
+runs no handler but serves processes and files (:mod:`levers9.runner.sandbox_wire`), driven by a
+:class:`~levers9.worker.warm.sandbox_client.SandboxSession`. :class:`Sandboxes` keeps this worker's:
+it boots each through the warm pool's :class:`~levers9.worker.warm.launch.Launcher` (the same recipe,
+runtime and leftover clean-up as a call's container: a worker killed with sandboxes running leaves
+containers that :func:`levers9.worker.leftovers.remove_leftovers` removes at the next start), but a
+sandbox is not a call and the pool never sees it: it takes no call, is never reused and is never
+stopped to make room.
+
+Invariants and lifecycle:
+
+* A sandbox is ``running`` from :meth:`Sandboxes.create`'s return until it ends; it ends exactly once,
+  and then its session is closed, its container killed and removed, and its ports, GPUs and directory
+  freed. Its record stays (the last :data:`KEPT_ENDED` ended ones), so every later request names why it
+  ended instead of saying it never existed.
+* ``timeout_s`` ends it that many seconds after it was created (or after :meth:`update_ttl`, which sets
+  a new deadline counted from then); 0 is no deadline.
+* ``idle_timeout_s`` ends one nobody used for that long. Used means: a request (:meth:`Sandboxes.use`)
+  touched it, a request is still in flight (:meth:`Sandboxes.held`: an output stream being read counts), or a
+  process it started still runs. So a sandbox running a long job is not idle; a sandbox whose only
+  process is a background ``sleep infinity`` is not idle either, and only ``timeout_s`` ends it.
+* A sandbox whose container dies (killed, out of memory, the runner gone) is seen by its session at
+  once; it is marked ``gone`` with the session's reason, its container removed, and every request in
+  flight or later fails with :class:`~levers9.worker.warm.sandbox_client.SandboxGone` naming it:
+  nothing waits on a dead sandbox.
+* At most ``max_sandboxes`` run (or start) at once; another create is :class:`SandboxesFull`.
+* :meth:`Sandboxes.close` (the worker stopping) ends every sandbox; nothing is left.
+
+Isolation: a sandbox needs a runtime that gives its containers their own filesystem (runc, gVisor);
+on one whose containers see the host (``host_filesystem``, the process runtime) creating one is
+refused, as is ``block_network`` and ``allow_list`` for now: the runner is reached over the
+container's network, so this worker cannot cut a sandbox's egress yet, and says so rather than
+pretending. A sandbox gets only the environment and secrets of its spec, never the worker's (a name starting
+``LEVERS9_`` is refused: the runner's own variables must not be overridden).
+
+GPUs: a :class:`Sandboxes` hands out only the GPUs it is given, apart from the warm pool's; the worker
+gives it none for now (``gpu_count`` above 0 is then :class:`SandboxesFull`), until the pool and the
+sandboxes share one account of the worker's GPUs.
+
+The worker keeps a :class:`Sandboxes` only when ``LEVERS9_SANDBOXES`` (``WorkerOptions.sandboxes``) is a
+positive count, its ``max_sandboxes``; unset, the default, it has none and nothing changes for its pool
+(:mod:`levers9.worker.sandbox_api` says how they are reached).
+
+Errors (what each means): :class:`SandboxNotFound` (no sandbox of that id on this worker, or one of
+another workspace), :class:`SandboxEnded` (it was terminated, timed out or idled out; the message says
+which), ``SandboxGone`` (its container died), :class:`SandboxesFull`, :class:`SandboxRefused` (the spec
+asks for what this worker cannot do, naming the field), and
+:class:`~levers9.worker.warm.launch.StartFailed` (the container did not come up; its output quoted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import shutil
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from levers9.hooks.errors import Levers9Error
+from levers9.hooks.types import GpuDevice
+from levers9.worker.calls import SANDBOX_KIND, StubSpec
+from levers9.worker.warm.launch import EXIT_WAIT_S, Launcher, PortPicker, StartFailed, container_id
+from levers9.worker.warm.runner_client import RunnerClient
+from levers9.worker.warm.sandbox_client import SandboxGone, SandboxProcess, SandboxSession
+from levers9.worker.warm.scaling import WarmContainer, WarmStub
+
+__all__ = [
+    "DEFAULT_MAX_SANDBOXES",
+    "KEPT_ENDED",
+    "Sandbox",
+    "SandboxEnded",
+    "SandboxNotFound",
+    "SandboxRefused",
+    "SandboxSpec",
+    "Sandboxes",
+    "SandboxesFull",
+    "StartFailed",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SANDBOXES = 32
+#: ended sandboxes remembered, so a late request hears why it ended
+KEPT_ENDED = 256
+#: seconds a runner is given to end by itself once its session hung up, before its container is killed
+HANG_UP_WAIT_S = 1.0
+#: the longest the watcher sleeps between two looks at a sandbox with an idle timeout
+IDLE_CHECK_S = 0.5
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SandboxNotFound(Exception):
+    """No sandbox of that id on this worker (for the workspace asking)."""
+
+
+class SandboxEnded(Exception):
+    """The sandbox was terminated, timed out or idled out; the message says which and when."""
+
+
+class SandboxesFull(Exception):
+    """This worker already runs its most sandboxes."""
+
+
+class SandboxRefused(ValueError):
+    """The spec asks for what this worker cannot give; the message names the field and what is accepted."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox runs on and with; checked by :meth:`check`."""
+
+    workspace_id: str
+    #: "host" or an image the runtime resolves, as a warm pool's stub takes it (a blueprint's image ref included)
+    image: str = "host"
+    #: the Python inside the image ("3.11"); the runner needs one
+    python_version: str = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    cpu_millicores: int = 1000
+    memory_mib: int = 1024
+    gpu_count: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    #: the workspace's secrets, given as environment variables; never logged
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    #: ports a server in the sandbox listens on, reached at the container's address (``Sandbox.ports``)
+    ports: tuple[int, ...] = ()
+    block_network: bool = False
+    allow_list: tuple[str, ...] = ()
+    #: seconds from creation to its end; 0: no deadline
+    timeout_s: float = 300.0
+    #: seconds unused before it ends (see the module's docstring); 0: never for idleness
+    idle_timeout_s: float = 0.0
+    #: the working directory of a process started without one
+    workdir: str = "/"
+    name: str = ""
+
+    def check(self) -> None:
+        """SandboxRefused naming the first field that cannot be used."""
+        if not self.workspace_id:
+            raise SandboxRefused("workspace_id is empty; a sandbox belongs to a workspace")
+        if not self.image:
+            raise SandboxRefused("image is empty; give 'host' or an image the pool's runtime resolves")
+        for name, value, low in (("cpu_millicores", self.cpu_millicores, 1), ("memory_mib", self.memory_mib, 16)):
+            if value < low:
+                raise SandboxRefused(f"{name} is {value}; it must be at least {low}")
+        if self.gpu_count < 0:
+            raise SandboxRefused(f"gpu_count is {self.gpu_count}; it must be 0 or more")
+        for name, seconds in (("timeout_s", self.timeout_s), ("idle_timeout_s", self.idle_timeout_s)):
+            if not 0 <= seconds < 10**7:
+                raise SandboxRefused(f"{name} is {seconds}; give seconds from 0 (none) up to 10000000")
+        for port in self.ports:
+            if not 1 <= port <= 65535:
+                raise SandboxRefused(f"ports holds {port}; a port is from 1 to 65535")
+        for key in [*self.env, *self.secret_env]:
+            if not _ENV_NAME.match(key) or key.startswith("LEVERS9_"):
+                raise SandboxRefused(f"env holds {key!r}; a name is letters, digits and _, not starting LEVERS9_")
+        if not self.workdir.startswith("/") or "\0" in self.workdir:
+            raise SandboxRefused(f"workdir is {self.workdir!r}; it must be an absolute path")
+        if self.block_network or self.allow_list:
+            what = "block_network" if self.block_network else "allow_list"
+            raise SandboxRefused(
+                f"{what} is not supported by this worker yet: its runner is reached over the container's network, "
+                "so egress cannot be cut per sandbox; leave block_network false and allow_list empty"
+            )
+
+
+@dataclass(eq=False)
+class Sandbox:
+    """One sandbox: its container, its session and where it is in its life."""
+
+    id: str
+    spec: SandboxSpec
+    group: WarmStub
+    box: WarmContainer
+    #: seconds since the epoch
+    created_at: float
+    session: SandboxSession | None = None
+    #: "starting", "running", "ended" (terminated, timed out, idled out) or "gone" (its container died)
+    state: str = "starting"
+    #: why it ended ("" while it runs)
+    reason: str = ""
+    ended_at: float = 0.0
+    #: loop times: its deadline (0: none) and when it was last used
+    deadline: float = 0.0
+    touched: float = 0.0
+    #: requests in flight (see :meth:`Sandboxes.held`)
+    in_flight: int = 0
+    #: the processes started through this worker, by the sandbox's own id
+    processes: dict[int, SandboxProcess] = field(default_factory=dict)
+    #: processes whose output is being read now (one reader each)
+    reading: set[int] = field(default_factory=set)
+    #: the container's address on the worker's network ("" when the runtime reports none)
+    ip: str = ""
+    watcher: asyncio.Task[None] | None = None
+    #: removing what it held, once it ended
+    ending: asyncio.Task[None] | None = None
+
+    @property
+    def ports(self) -> dict[int, str]:
+        """Each port of the spec -> ``ip:port`` where the worker's host reaches it."""
+        return {p: f"{self.ip}:{p}" for p in self.spec.ports} if self.ip else {}
+
+    def busy(self) -> bool:
+        return self.in_flight > 0 or any(p.running for p in self.processes.values())
+
+    def info(self) -> dict[str, Any]:
+        """What the API reports about it (no secret, no token)."""
+        return {
+            "id": self.id,
+            "name": self.spec.name,
+            "workspace_id": self.spec.workspace_id,
+            "image": self.spec.image,
+            "state": self.state,
+            "reason": self.reason,
+            "created_at": self.created_at,
+            "ended_at": self.ended_at or None,
+            "timeout_s": self.spec.timeout_s,
+            "idle_timeout_s": self.spec.idle_timeout_s,
+            "cpu_millicores": self.spec.cpu_millicores,
+            "memory_mib": self.spec.memory_mib,
+            "gpu_count": self.spec.gpu_count,
+            "workdir": self.spec.workdir,
+            "ports": {str(p): a for p, a in self.ports.items()},
+            "container_id": self.box.cid,
+        }
+
+
+class Sandboxes:
+    """This worker's sandboxes, on the runtime of its warm pool (``launcher`` and ``client`` are the pool's)."""
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        client: RunnerClient,
+        ports: PortPicker,
+        *,
+        state_dir: Path,
+        gpus: list[GpuDevice] = [],  # noqa: B006 (only read, never mutated)
+        max_sandboxes: int = DEFAULT_MAX_SANDBOXES,
+    ) -> None:
+        if max_sandboxes < 1:
+            raise ValueError(f"max_sandboxes is {max_sandboxes}; it must be at least 1")
+        self.launcher = launcher
+        self.client = client
+        self.ports = ports
+        self.state_dir = Path(state_dir)
+        self.max_sandboxes = max_sandboxes
+        self._free_gpus = list(gpus)
+        self._live: dict[str, Sandbox] = {}
+        self._ended: OrderedDict[str, Sandbox] = OrderedDict()
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ----------------------------------------------------------------- create
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Boot a sandbox and return it running; SandboxRefused, SandboxesFull or StartFailed say why not."""
+        spec.check()
+        if self._closed:
+            raise SandboxesFull("this worker is stopping and takes no new sandbox")
+        if self.launcher.capabilities.host_filesystem:
+            raise SandboxRefused(
+                f"this pool's runtime ({self.launcher.runtime.name}) runs containers on the host's filesystem, which "
+                "a sandbox must not see; sandboxes need a runtime that isolates them (runc or gvisor)"
+            )
+        if len(self._live) >= self.max_sandboxes:
+            raise SandboxesFull(
+                f"this worker already runs {len(self._live)} sandboxes, its most (max_sandboxes); "
+                "terminate one or create it on another worker"
+            )
+        if spec.gpu_count > len(self._free_gpus):
+            raise SandboxesFull(f"the sandbox needs {spec.gpu_count} GPUs; this worker has {len(self._free_gpus)} free")
+        sid = f"sb-{secrets.token_hex(8)}"
+        stub = StubSpec(
+            stub_id=sid,
+            workspace_id=spec.workspace_id,
+            name=spec.name or sid,
+            image=spec.image,
+            handler=b"",
+            python_version=spec.python_version,
+            cpu_millicores=spec.cpu_millicores,
+            memory_mib=spec.memory_mib,
+            gpu_count=spec.gpu_count,
+            env=dict(spec.env),
+            secret_env=dict(spec.secret_env),
+            kind=SANDBOX_KIND,
+            ports=spec.ports,
+        )
+        handler_dir = self.state_dir / "sandboxes" / sid  # mounted at the handler's place, empty: no handler
+        handler_dir.mkdir(parents=True, mode=0o700)
+        gpus, self._free_gpus = self._free_gpus[: spec.gpu_count], self._free_gpus[spec.gpu_count :]
+        box = WarmContainer(cid=container_id(stub), port=self.ports.pick(), token=secrets.token_urlsafe(32), gpus=gpus)
+        sandbox = Sandbox(sid, spec, WarmStub(key=sid, spec=stub, handler_dir=handler_dir), box, time.time())
+        self._live[sid] = sandbox
+        try:
+            await self.launcher.boot(sandbox.group, box)
+            reader, writer = await self.client.connect(box)
+            sandbox.session = SandboxSession(reader, writer, name=sid).start()
+            state = await self.launcher.state(box.cid)
+            sandbox.ip = state.ip or ""
+        except BaseException as exc:
+            reason = f"it did not start: {exc}" if isinstance(exc, StartFailed) else "its start was interrupted"
+            await self._end(sandbox, "ended", reason)
+            raise
+        loop = asyncio.get_running_loop()
+        sandbox.state = "running"
+        sandbox.touched = loop.time()
+        sandbox.deadline = loop.time() + spec.timeout_s if spec.timeout_s else 0.0
+        sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
+        sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
+        log.info("sandbox %s of workspace %s runs in container %s", sid, spec.workspace_id, box.cid)
+        return sandbox
+
+    # ----------------------------------------------------------------- find and use
+
+    def get(self, sid: str, workspace_id: str | None = None) -> Sandbox:
+        """The sandbox, running or ended; SandboxNotFound (also for another workspace's: it is not told apart)."""
+        sandbox = self._live.get(sid) or self._ended.get(sid)
+        if sandbox is None or (workspace_id is not None and sandbox.spec.workspace_id != workspace_id):
+            raise SandboxNotFound(f"no sandbox {sid} on this worker")
+        return sandbox
+
+    def running(self, workspace_id: str | None = None) -> list[Sandbox]:
+        """The running sandboxes (of the workspace), oldest first."""
+        return [s for s in self._live.values() if workspace_id is None or s.spec.workspace_id == workspace_id]
+
+    def use(self, sid: str, workspace_id: str | None = None) -> tuple[Sandbox, SandboxSession]:
+        """A running sandbox and its session, touched (its idle clock starts again); why not, as an error."""
+        sandbox = self.get(sid, workspace_id)
+        if sandbox.state == "gone":
+            raise SandboxGone(f"the sandbox {sid} is gone: {sandbox.reason}")
+        if sandbox.state != "running" or sandbox.session is None:
+            raise SandboxEnded(f"the sandbox {sid} has ended: {sandbox.reason}")
+        if sandbox.session.gone is not None:  # died, and its watcher has not run yet
+            raise sandbox.session.gone
+        sandbox.touched = asyncio.get_running_loop().time()
+        return sandbox, sandbox.session
+
+    @contextlib.contextmanager
+    def held(self, sandbox: Sandbox) -> Iterator[None]:
+        """A request that lasts (an exec, a file, an output stream) is in flight: the sandbox is not idle meanwhile."""
+        sandbox.in_flight += 1
+        try:
+            yield
+        finally:
+            sandbox.in_flight -= 1
+            sandbox.touched = asyncio.get_running_loop().time()
+
+    def update_ttl(self, sid: str, seconds: float, workspace_id: str | None = None) -> Sandbox:
+        """End the sandbox ``seconds`` from now (0: no deadline), whatever its timeout said before."""
+        if not 0 <= seconds < 10**7:
+            raise SandboxRefused(f"ttl is {seconds}; give seconds from 0 (no deadline) up to 10000000")
+        sandbox, _ = self.use(sid, workspace_id)
+        loop = asyncio.get_running_loop()
+        sandbox.deadline = loop.time() + seconds if seconds else 0.0
+        if sandbox.watcher is not None:  # it sleeps until the old deadline: look again now
+            sandbox.watcher.cancel()
+        sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
+        return sandbox
+
+    # ----------------------------------------------------------------- end
+
+    async def terminate(self, sid: str, workspace_id: str | None = None, reason: str = "terminated") -> Sandbox:
+        """End a sandbox (nothing of it is left); an ended one is returned as it is."""
+        sandbox = self.get(sid, workspace_id)
+        await self._end(sandbox, "ended", reason)
+        return sandbox
+
+    async def close(self) -> None:
+        """End every sandbox: the worker is stopping."""
+        self._closed = True
+        await asyncio.gather(
+            *(self._end(s, "ended", "the worker stopped") for s in list(self._live.values())), return_exceptions=True
+        )
+        # and those that ended just before, still being removed
+        await asyncio.gather(*(s.ending for s in self._ended.values() if s.ending is not None), return_exceptions=True)
+        with contextlib.suppress(OSError):
+            (self.state_dir / "sandboxes").rmdir()
+
+    async def _watch(self, sandbox: Sandbox) -> None:
+        """End the sandbox at its deadline, when idle too long, or as gone when its container dies."""
+        assert sandbox.session is not None
+        loop = asyncio.get_running_loop()
+        idle_s = sandbox.spec.idle_timeout_s
+        while sandbox.state == "running":
+            now = loop.time()
+            if sandbox.deadline and now >= sandbox.deadline:
+                self._spawn_end(sandbox, "ended", f"it timed out ({sandbox.spec.timeout_s:g} s after it was created)")
+                return
+            wake = sandbox.deadline - now if sandbox.deadline else None
+            if idle_s:
+                if sandbox.busy():
+                    sandbox.touched = now
+                if now - sandbox.touched >= idle_s:
+                    self._spawn_end(sandbox, "ended", f"it was idle for {idle_s:g} s (idle_timeout)")
+                    return
+                until_idle = min(IDLE_CHECK_S, sandbox.touched + idle_s - now)
+                wake = until_idle if wake is None else min(wake, until_idle)
+            try:
+                gone = await asyncio.wait_for(sandbox.session.wait_ended(), wake)
+            except TimeoutError:
+                continue
+            if sandbox.state == "running":
+                self._spawn_end(sandbox, "gone", str(gone))
+            return
+
+    def _spawn_end(self, sandbox: Sandbox, state: str, reason: str) -> None:
+        # the watcher is cancelled by _end: it must not be the task that awaits it
+        task = asyncio.ensure_future(self._end(sandbox, state, reason))
+        task.set_name(f"levers9-sandbox-end-{sandbox.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _end(self, sandbox: Sandbox, state: str, reason: str) -> None:
+        """Mark it ended (the first reason stays) and return once everything it held is removed."""
+        if sandbox.ending is None:
+            sandbox.state, sandbox.reason, sandbox.ended_at = state, reason, time.time()
+            log.info("sandbox %s ended: %s", sandbox.id, reason)
+            self._live.pop(sandbox.id, None)
+            self._ended[sandbox.id] = sandbox
+            while len(self._ended) > KEPT_ENDED:
+                self._ended.popitem(last=False)
+            watcher = sandbox.watcher
+            if watcher is not None and watcher is not asyncio.current_task():
+                watcher.cancel()
+            sandbox.ending = asyncio.ensure_future(self._remove(sandbox))
+            sandbox.ending.set_name(f"levers9-sandbox-remove-{sandbox.id}")
+        await asyncio.shield(sandbox.ending)
+
+    async def _remove(self, sandbox: Sandbox) -> None:
+        box = sandbox.box
+        try:
+            hung_up = False
+            if sandbox.session is not None:
+                await sandbox.session.close()  # the runner ends when its worker hangs up, and its container with it
+                hung_up = True
+            if box.prepared:
+                try:
+                    if box.started:
+                        ended = hung_up and await self.launcher.wait_exited(box.cid, HANG_UP_WAIT_S) is not None
+                        if not ended:
+                            await self.launcher.kill(box)
+                            await self.launcher.wait_exited(box.cid, EXIT_WAIT_S)
+                    await self.launcher.remove(box.cid)
+                except Levers9Error as exc:
+                    log.error("removing sandbox %s's container %s failed: %s", sandbox.id, box.cid, exc)
+        finally:
+            if box.signal_dir is not None:
+                shutil.rmtree(box.signal_dir, ignore_errors=True)
+            self.ports.release(box.port)
+            self._free_gpus = sorted([*self._free_gpus, *box.gpus], key=lambda g: g.index)
+            box.gpus = []
+            shutil.rmtree(sandbox.group.handler_dir, ignore_errors=True)
