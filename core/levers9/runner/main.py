@@ -59,6 +59,16 @@ from typing import Any, BinaryIO
 from levers9.payloads import JSON_CALL, PayloadTooLarge
 from levers9.runner import frames
 from levers9.runner.sandbox_wire import ENV_MODE, MODE_FUNCTION, MODE_SANDBOX
+from levers9.runner.variables import (
+    ENV_GO,
+    ENV_HANDLER,
+    ENV_HOST,
+    ENV_PORT,
+    ENV_PYTHON,
+    ENV_READY,
+    ENV_SOCKET,
+    ENV_TOKEN,
+)
 
 # untyped; imported by name so the type checker needs no stubs for it
 cloudpickle: Any = importlib.import_module("cloudpickle")
@@ -75,18 +85,6 @@ __all__ = [
     "main",
 ]
 
-ENV_PORT = "LEVERS9_RUNNER_PORT"
-ENV_TOKEN = "LEVERS9_RUNNER_TOKEN"
-ENV_HANDLER = "LEVERS9_HANDLER_FILE"
-ENV_PYTHON = "LEVERS9_PYTHON_VERSION"
-#: where to listen; the worker narrows it to loopback when the container shares the host's network
-ENV_HOST = "LEVERS9_RUNNER_HOST"
-#: listen on this unix socket instead of a TCP port: a container without network (one to be checkpointed)
-ENV_SOCKET = "LEVERS9_RUNNER_SOCKET"
-#: the file to create once start-up is done (the handler loaded), and the one to wait for before serving:
-#: the worker checkpoints the container in between, while it has no connection open
-ENV_READY = "LEVERS9_READY_FILE"
-ENV_GO = "LEVERS9_GO_FILE"
 
 #: seconds a connection may take to say hello before the runner drops it and listens again
 HELLO_TIMEOUT_S = 10.0

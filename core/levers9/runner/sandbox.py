@@ -45,21 +45,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol
 
-from levers9.runner import frames, main
+from levers9.runner import frames, variables
 from levers9.runner import sandbox_wire as wire
 
 __all__ = ["Refused", "SandboxRunner", "Sender", "child_environment", "serve_sandbox"]
 
 #: variables of the runner that its processes do not get
 RUNNER_VARIABLES = (
-    main.ENV_PORT,
-    main.ENV_TOKEN,
-    main.ENV_HANDLER,
-    main.ENV_PYTHON,
-    main.ENV_HOST,
-    main.ENV_SOCKET,
-    main.ENV_READY,
-    main.ENV_GO,
+    variables.ENV_PORT,
+    variables.ENV_TOKEN,
+    variables.ENV_HANDLER,
+    variables.ENV_PYTHON,
+    variables.ENV_HOST,
+    variables.ENV_SOCKET,
+    variables.ENV_READY,
+    variables.ENV_GO,
     wire.ENV_MODE,
     wire.ENV_MAX_PROCESSES,
 )
