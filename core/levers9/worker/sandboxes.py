@@ -69,7 +69,7 @@ from typing import Any
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.types import GpuDevice
 from levers9.worker.calls import SANDBOX_KIND, StubSpec
-from levers9.worker.warm.launch import EXIT_WAIT_S, Launcher, PortPicker, StartFailed, container_id
+from levers9.worker.warm.launch import Launcher, PortPicker, StartFailed, container_id
 from levers9.worker.warm.runner_client import RunnerClient
 from levers9.worker.warm.sandbox_client import SandboxGone, SandboxProcess, SandboxSession
 from levers9.worker.warm.scaling import WarmContainer, WarmStub
@@ -92,8 +92,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_SANDBOXES = 32
 #: ended sandboxes remembered, so a late request hears why it ended
 KEPT_ENDED = 256
-#: seconds a runner is given to end by itself once its session hung up, before its container is killed
-HANG_UP_WAIT_S = 1.0
 #: the longest the watcher sleeps between two looks at a sandbox with an idle timeout
 IDLE_CHECK_S = 0.5
 
@@ -443,16 +441,10 @@ class Sandboxes:
             if sandbox.session is not None:
                 await sandbox.session.close()  # the runner ends when its worker hangs up, and its container with it
                 hung_up = True
-            if box.prepared:
-                try:
-                    if box.started:
-                        ended = hung_up and await self.launcher.wait_exited(box.cid, HANG_UP_WAIT_S) is not None
-                        if not ended:
-                            await self.launcher.kill(box)
-                            await self.launcher.wait_exited(box.cid, EXIT_WAIT_S)
-                    await self.launcher.remove(box.cid)
-                except Levers9Error as exc:
-                    log.error("removing sandbox %s's container %s failed: %s", sandbox.id, box.cid, exc)
+            try:
+                await self.launcher.stop(box, hung_up=hung_up)
+            except Levers9Error as exc:
+                log.error("removing sandbox %s's container %s failed: %s", sandbox.id, box.cid, exc)
         finally:
             if box.signal_dir is not None:
                 shutil.rmtree(box.signal_dir, ignore_errors=True)

@@ -108,6 +108,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 3.0
 #: seconds a container whose connection broke is given to be seen as exited, before it is killed
 EXIT_WAIT_S = 10.0
+#: seconds a runner is given to end by itself once its worker has hung up, before its container is signalled
+HANG_UP_WAIT_S = 1.0
 #: how much of a container's output an error quotes
 LOG_TAIL_BYTES = 4000
 
@@ -307,6 +309,19 @@ class Launcher:
                 log.warning("signalling container %s failed: %s", box.cid, exc)
             if await self.wait_exited(box.cid, wait) is not None:
                 return
+
+    async def stop(self, box: WarmContainer, *, hung_up: bool) -> None:
+        """Stop and remove ``box``'s container: a runner whose worker hung up (``hung_up``) is given
+        :data:`HANG_UP_WAIT_S` to end by itself, then :meth:`kill`. Raises Levers9Error when the runtime
+        cannot remove it."""
+        if not box.prepared:
+            return
+        # stopped before removal, also because a runtime may not be able to kill what it just started
+        if box.started:
+            ended = hung_up and await self.wait_exited(box.cid, HANG_UP_WAIT_S) is not None
+            if not ended:
+                await self.kill(box)
+        await self.remove(box.cid)
 
     async def wait_exited(self, cid: str, timeout: float) -> ContainerState | None:
         """The container's state once it has exited (or is unknown); None when it still runs after ``timeout``."""

@@ -58,8 +58,6 @@ __all__ = ["OnLog", "OnServing", "OnStarted", "WarmPool"]
 
 log = logging.getLogger(__name__)
 
-#: seconds a runner is given to end by itself once the worker has hung up, before it is signalled
-HANG_UP_WAIT_S = 1.0
 #: how many StubSpec objects' keys are remembered
 KEY_CACHE_SIZE = 256
 
@@ -396,16 +394,10 @@ class WarmPool:
                 with contextlib.suppress(OSError):
                     await box.writer.wait_closed()
                 hung_up = True
-            if box.prepared:
-                try:
-                    # stopped before removal, also because a runtime may not be able to kill what it just started
-                    if box.started:
-                        ended = hung_up and await self.launcher.wait_exited(box.cid, HANG_UP_WAIT_S) is not None
-                        if not ended:
-                            await self.launcher.kill(box)
-                    await self.launcher.remove(box.cid)
-                except Levers9Error as exc:
-                    log.error("removing container %s failed: %s", box.cid, exc)
+            try:
+                await self.launcher.stop(box, hung_up=hung_up)
+            except Levers9Error as exc:
+                log.error("removing container %s failed: %s", box.cid, exc)
         finally:
             if box.signal_dir is not None:
                 shutil.rmtree(box.signal_dir, ignore_errors=True)
