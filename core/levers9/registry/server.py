@@ -41,6 +41,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from levers9 import ports
 from levers9.files import write_atomic
 from levers9.registry.errors import RegistryError
 
@@ -52,7 +53,6 @@ INSTALL = "apt-get install -y docker-registry"
 START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 _PORT_TRIES = 5
-_LOWEST_PORT = 10_000
 
 
 class EmbeddedRegistry:
@@ -249,14 +249,11 @@ def _bindable(host: str, port: int) -> bool:
 
 
 def _pick_port(host: str) -> int:
-    """A port free a moment ago, below the ephemeral range (which outgoing connections take from)."""
-    try:
-        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 1
-    except (OSError, ValueError, IndexError):
-        high = 32_767
+    """A port free a moment ago, in the range levers9's servers pick from (:mod:`levers9.ports`)."""
+    candidates = ports.picked_range()
     for _ in range(200):
-        port = random.randint(_LOWEST_PORT, high) if high > _LOWEST_PORT else 0
-        if port and _bindable(host, port):
+        port = random.choice(candidates)
+        if _bindable(host, port):
             return port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:  # the kernel's pick, as a last resort

@@ -59,15 +59,14 @@ import hashlib
 import importlib.util
 import logging
 import os
-import random
 import re
 import secrets
 import shutil
 import signal
-import socket
 import sys
 from pathlib import Path
 
+from levers9 import ports
 from levers9.checkpoint.boot import boot_checkpointed, wants_checkpoint
 from levers9.checkpoint.snapshot import Checkpointing
 from levers9.files import write_atomic
@@ -146,18 +145,18 @@ class PortPicker:
         self._taken: set[int] = set()
 
     def pick(self) -> int:
-        """A port no other container of this pool uses, below the kernel's ephemeral range.
+        """A port no other container of this pool uses, in the range levers9's servers pick from.
 
-        Outgoing connections take their local ports from that range, so a port picked below it cannot be
-        taken between the pick and the runner binding it (on the host network of the process runtime).
+        That range lies below the kernel's ephemeral range, whose ports outgoing connections take, so a port
+        picked there cannot be taken between the pick and the runner binding it (on the host network of the
+        process runtime) by a connection (:mod:`levers9.ports`).
         """
-        low = _ephemeral_low()
-        for _ in range(200):
-            port = random.randrange(max(1024, low - 20000), low)
-            if port not in self._taken and _bindable(port):
-                self._taken.add(port)
-                return port
-        raise Levers9Error("no free TCP port found for a container's runner")
+        try:
+            port = ports.pick(taken=self._taken)
+        except OSError as exc:
+            raise Levers9Error(f"no free TCP port found for a container's runner: {exc}") from exc
+        self._taken.add(port)
+        return port
 
     def release(self, *ports: int) -> None:
         for port in ports:
@@ -420,19 +419,3 @@ def _container_files(package: Path) -> dict[str, Path]:
 def _package_files(package: Path) -> dict[str, Path]:
     """The Python source files of a package directory, relative to it; no bytecode, nothing else."""
     return {str(p.relative_to(package)): p for p in sorted(package.rglob("*.py")) if "__pycache__" not in p.parts}
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
