@@ -34,3 +34,20 @@ def test_a_full_range_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_the_tests_pick_below_levers9s_own_range() -> None:
     assert all(10_000 <= free_port() < ports.picked_range().start for _ in range(50))
+
+
+def test_the_tests_never_get_a_port_twice_and_xdist_workers_pick_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three picks in a row for one `levers9 up` once met (CI at stop 50); two workers' picks could too."""
+    from tests.fixtures import ports as test_ports
+
+    picks = [free_port() for _ in range(300)]
+    assert len(set(picks)) == len(picks)
+    slices = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+        slices.append(set(test_ports._slice()))
+    assert sum(len(s) for s in slices) == len(set().union(*slices))  # disjoint
+    assert set().union(*slices) == set(range(10_000, ports.picked_range().start))
