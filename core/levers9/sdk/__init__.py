@@ -28,7 +28,11 @@ The modules, by what they hold:
 - :mod:`~levers9.sdk.serialize`: functions, arguments and results to bytes and back;
 - :mod:`~levers9.sdk.errors`: the errors the SDK raises;
 - :mod:`~levers9.sdk.lifecycle`: ``levers9.ready()``, for a server that says itself when it is up;
-- :mod:`~levers9.sdk.blueprint`: :class:`Blueprint`, the image a function runs in, as a base and build steps.
+- :mod:`~levers9.sdk.blueprint`: :class:`Blueprint`, the image a function runs in, as a base and build steps;
+- :mod:`~levers9.sdk.sandbox`: :class:`Sandbox`, a container driven from Python, and :class:`SandboxInstance`;
+  its processes (:mod:`~levers9.sdk.sandbox_process`, :mod:`~levers9.sdk.sandbox_output`), files
+  (:mod:`~levers9.sdk.sandbox_files`), REST transport (:mod:`~levers9.sdk.sandbox_http`) and errors
+  (:mod:`~levers9.sdk.sandbox_errors`).
 
 Invariants: every public name here stays importable as ``levers9.sdk.NAME``
 (and ``levers9.NAME``) wherever it is defined, and importing this package
@@ -54,6 +58,19 @@ if TYPE_CHECKING:
     from levers9.sdk.functions import Function, function, register
     from levers9.sdk.kinds import asgi, box, endpoint, job, queue
     from levers9.sdk.lifecycle import ready
+    from levers9.sdk.sandbox import Sandbox, SandboxInstance
+    from levers9.sdk.sandbox_errors import (
+        SandboxConnectionError,
+        SandboxEnded,
+        SandboxError,
+        SandboxFileSystemError,
+        SandboxGone,
+        SandboxNotFound,
+        SandboxProcessError,
+    )
+    from levers9.sdk.sandbox_files import SandboxFileInfo, SandboxFileSystem
+    from levers9.sdk.sandbox_output import SandboxProcessStream
+    from levers9.sdk.sandbox_process import SandboxProcess, SandboxProcessManager, SandboxProcessResponse
     from levers9.sdk.volumes import CloudBucket, CloudBucketConfig, Volume
 
 _WHERE = {
@@ -67,6 +84,24 @@ _WHERE = {
     "FunctionCall": "levers9.sdk.calls",
     "ready": "levers9.sdk.lifecycle",
     **dict.fromkeys(["CloudBucket", "CloudBucketConfig", "Volume"], "levers9.sdk.volumes"),
+    **dict.fromkeys(["Sandbox", "SandboxInstance"], "levers9.sdk.sandbox"),
+    **dict.fromkeys(
+        [
+            "SandboxConnectionError",
+            "SandboxEnded",
+            "SandboxError",
+            "SandboxFileSystemError",
+            "SandboxGone",
+            "SandboxNotFound",
+            "SandboxProcessError",
+        ],
+        "levers9.sdk.sandbox_errors",
+    ),
+    **dict.fromkeys(["SandboxFileInfo", "SandboxFileSystem"], "levers9.sdk.sandbox_files"),
+    "SandboxProcessStream": "levers9.sdk.sandbox_output",
+    **dict.fromkeys(
+        ["SandboxProcess", "SandboxProcessManager", "SandboxProcessResponse"], "levers9.sdk.sandbox_process"
+    ),
 }
 
 
@@ -88,6 +123,21 @@ __all__ = [
     "InvalidFunction",
     "PythonVersion",
     "RemoteError",
+    "Sandbox",
+    "SandboxConnectionError",
+    "SandboxEnded",
+    "SandboxError",
+    "SandboxFileInfo",
+    "SandboxFileSystem",
+    "SandboxFileSystemError",
+    "SandboxGone",
+    "SandboxInstance",
+    "SandboxNotFound",
+    "SandboxProcess",
+    "SandboxProcessError",
+    "SandboxProcessManager",
+    "SandboxProcessResponse",
+    "SandboxProcessStream",
     "Unschedulable",
     "Volume",
     "asgi",

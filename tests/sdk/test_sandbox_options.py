@@ -1,0 +1,102 @@
+"""levers9.Sandbox's options: each checked on the user's machine, and what reaches the REST API's create body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import levers9
+from levers9.sdk.context import Context, ContextError, save_context
+from levers9.sdk.sandbox_errors import SandboxRequestError
+from levers9.sdk.sandbox_http import transport_for
+
+
+def test_options_become_the_create_body() -> None:
+    sandbox = levers9.Sandbox(
+        cpu="500m",
+        memory="1Gi",
+        keep_warm_seconds=-1,
+        idle_timeout=30,
+        name="agent",
+        secrets="hf",
+        env={"A": "1"},
+        ports=[8000],
+        allow_list=["10.0.0.1/8"],
+        pool="sandboxes",
+    )
+    body = sandbox._body("host", "3.11", None)
+    assert body == {
+        "image": "host",
+        "python_version": "3.11",
+        "cpu_millicores": 500,
+        "memory_mib": 1024,
+        "gpu_count": 0,
+        "env": {"A": "1"},
+        "secrets": ["hf"],
+        "ports": [8000],
+        "block_network": False,
+        "timeout_s": 0.0,
+        "idle_timeout_s": 30.0,
+        "allow_list": ["10.0.0.0/8"],
+        "name": "agent",
+        "pool": "sandboxes",
+    }
+    assert levers9.Sandbox(cpu=2, keep_warm_seconds=90)._body("img", "3.12", "snap-1")["snapshot"] == "snap-1"
+    assert levers9.Sandbox(cpu=2, keep_warm_seconds=90)._body("img", "3.12", None)["cpu_millicores"] == 2000
+    assert levers9.Sandbox(gpu="any").gpu_count == 1
+    assert levers9.Sandbox(gpu_count=2).gpu_count == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"cpu": "lots"}, "cpu"),
+        ({"memory": "1 potato"}, "memory"),
+        ({"memory": 0}, "memory"),
+        ({"keep_warm_seconds": 0}, "keep_warm_seconds"),
+        ({"keep_warm_seconds": -5}, "keep_warm_seconds"),
+        ({"keep_warm_seconds": "10"}, "keep_warm_seconds"),
+        ({"idle_timeout": -1}, "idle_timeout"),
+        ({"volumes": [object()]}, "volumes"),
+        ({"gpu": "H100"}, "gpu"),
+        ({"gpu_count": -1}, "gpu_count"),
+        ({"ports": [0]}, "ports"),
+        ({"ports": ["80"]}, "ports"),
+        ({"env": {"A": 1}}, "env"),
+        ({"secrets": [""]}, "secrets"),
+        ({"block_network": True, "allow_list": ["1.2.3.4/32"]}, "allow_list"),
+        ({"allow_list": ["not-a-range"]}, "allow_list"),
+        ({"image": ""}, "image"),
+        ({"image": 3}, "image"),
+        ({"pool": ""}, "pool"),
+        ({"name": ""}, "name"),
+    ],
+)
+def test_a_bad_option_is_refused_by_name(options: dict[str, object], named: str) -> None:
+    with pytest.raises(SandboxRequestError, match=rf"levers9\.Sandbox: {named}: ") as caught:
+        levers9.Sandbox(**options)  # type: ignore[arg-type]
+    assert isinstance(caught.value, ValueError)
+
+
+def test_volumes_are_refused_not_dropped() -> None:
+    with pytest.raises(ValueError, match="volumes: sandboxes do not mount volumes yet"):
+        levers9.Sandbox(volumes=[levers9.Volume(name="weights", mount_path="/weights")])
+    assert levers9.Sandbox(volumes=[]).timeout_s == 600.0
+
+
+def test_a_context_without_http_is_refused_naming_the_file_the_context_and_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("LEVERS9_CONTEXT", "LEVERS9_GRPC", "LEVERS9_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LEVERS9_HOME", str(tmp_path))
+    save_context(Context(name="team", grpc="cp.example:1993", token="x"))
+    with pytest.raises(ContextError) as caught:
+        transport_for(None)
+    message = str(caught.value)
+    assert "context 'team'" in message
+    assert str(tmp_path / "config") in message
+    assert "no http field" in message
+    with pytest.raises(ContextError, match="no http field"):
+        levers9.Sandbox().connect("sb-1")
