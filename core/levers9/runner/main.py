@@ -540,23 +540,48 @@ def main() -> int:
 
 
 def main_sandbox() -> int:
-    """The sandbox mode (:mod:`levers9.runner.sandbox`): no handler; processes and files, until the worker hangs up."""
+    """The sandbox mode (:mod:`levers9.runner.sandbox`): no handler; processes and files, until the worker hangs up.
+
+    With a signal directory (``LEVERS9_READY_FILE``, ``LEVERS9_GO_FILE``; and ``LEVERS9_RUNNER_SOCKET``, a unix
+    socket there instead of a TCP port) the worker may detach it for a snapshot: the runner then creates the
+    ready file, waits for the go file holding the token of the worker to come, and listens again.
+    """
     from levers9.runner import sandbox  # only sandboxes pay for subprocess and select
 
+    unix_path = os.environ.get(ENV_SOCKET) or None
     try:
-        port = int(os.environ[ENV_PORT])
+        port = 0 if unix_path else int(os.environ[ENV_PORT])
         token = os.environ[ENV_TOKEN]
-        sandbox.max_processes_from(dict(os.environ))
+        max_processes = sandbox.max_processes_from(dict(os.environ))
     except (KeyError, ValueError) as exc:
-        print(f"levers9 runner: {ENV_PORT} and {ENV_TOKEN} must be set ({exc})", file=sys.stderr)
+        print(f"levers9 runner: {ENV_PORT} (or {ENV_SOCKET}) and {ENV_TOKEN} must be set ({exc})", file=sys.stderr)
         return 2
+    ready, go = os.environ.get(ENV_READY), os.environ.get(ENV_GO)
     signal.signal(signal.SIGTERM, _terminate)
+    relay = sandbox.Relay() if ready and go else None
+    runner: sandbox.SandboxRunner | None = None
     try:
-        conn, stream = accept_worker(os.environ.get(ENV_HOST, "0.0.0.0"), port, token)
-        channel = Channel(conn)
-        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        channel.send("ready", python=python, pid=os.getpid(), mode=MODE_SANDBOX)
-        return sandbox.serve_sandbox(channel, stream)
+        while True:
+            conn, stream = accept_worker(os.environ.get(ENV_HOST, "0.0.0.0"), port, token, unix_path=unix_path)
+            channel = Channel(conn)
+            python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+            channel.send("ready", python=python, pid=os.getpid(), mode=MODE_SANDBOX)
+            if relay is None:
+                return sandbox.SandboxRunner(channel, max_processes=max_processes).serve(stream)
+            relay.connect(channel)
+            if runner is None:  # the first worker: output flows at once; a later one asks attach first
+                runner = sandbox.SandboxRunner(relay, max_processes=max_processes)
+                relay.flow()
+            runner.serve(stream)
+            if not runner.detached:
+                return 0
+            stream.close()
+            conn.close()
+            assert ready is not None
+            assert go is not None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(go)  # the go of the last attach; the worker writes a new one
+            token = wait_for_go(ready, go) or token
     except _Terminated:
         return 128 + signal.SIGTERM
     except (OSError, frames.ProtocolError) as exc:

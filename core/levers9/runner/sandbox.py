@@ -16,6 +16,12 @@ Here is how the runner keeps them:
   container ends with it).
 * As PID 1 of the container the runner inherits processes whose parent
   ended (a shell's background job), and reaps them, so none stays a zombie.
+* A runner with a signal directory can detach (``detach``; see
+  :mod:`~levers9.runner.sandbox_wire`): its :class:`Relay` holds the frames
+  nobody asked for (output, ends) while no worker is attached, so nothing is
+  lost or sent to a connection that is going away, and its processes keep
+  running; :func:`levers9.runner.main.main_sandbox` then waits for the go
+  file and listens again.
 * The runner's own variables (its token, port, mode) are not passed to the
   processes, and the runner's Python tree is taken off their ``PYTHONPATH``.
 
@@ -48,7 +54,7 @@ from typing import Any, BinaryIO, Protocol
 from levers9.runner import frames, variables
 from levers9.runner import sandbox_wire as wire
 
-__all__ = ["Refused", "SandboxRunner", "Sender", "child_environment", "serve_sandbox"]
+__all__ = ["Refused", "Relay", "SandboxRunner", "Sender", "child_environment", "serve_sandbox"]
 
 #: variables of the runner that its processes do not get
 RUNNER_VARIABLES = (
@@ -77,6 +83,48 @@ class Sender(Protocol):
     """The connection to the worker; ``send`` is safe to call from several threads at once."""
 
     def send(self, kind: str, payload: bytes = b"", **fields: Any) -> None: ...
+
+
+class Relay:
+    """The runner's connection to whichever worker is attached; a :class:`Sender`.
+
+    Answers go out on the current connection at once (:meth:`send`). Frames nobody asked for (a
+    process's output and end) go through :meth:`send_unasked`, which waits while output is held: from
+    ``detach`` until the next worker's ``attach`` (and until the first connection exists).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._channel: Sender | None = None
+        self._flowing = False
+
+    def connect(self, channel: Sender) -> None:
+        """A new worker's connection: answers go to it; held output stays held until :meth:`flow`."""
+        with self._cond:
+            self._channel = channel
+
+    def send(self, kind: str, payload: bytes = b"", **fields: Any) -> None:
+        with self._cond:
+            channel = self._channel
+        if channel is None:
+            raise OSError("no worker is connected")
+        channel.send(kind, payload, **fields)
+
+    def send_unasked(self, kind: str, payload: bytes = b"", **fields: Any) -> None:
+        with self._cond:
+            while not self._flowing or self._channel is None:
+                self._cond.wait()
+            self._channel.send(kind, payload, **fields)  # under the lock: hold() waits for a frame under way
+
+    def hold(self) -> None:
+        """Stop unasked frames; returns once none is being sent."""
+        with self._cond:
+            self._flowing = False
+
+    def flow(self) -> None:
+        with self._cond:
+            self._flowing = True
+            self._cond.notify_all()
 
 
 class Refused(Exception):
@@ -211,6 +259,11 @@ class SandboxRunner:
         reap_orphans: bool | None = None,
     ) -> None:
         self.sender = sender
+        #: output and ends go here: held while detached when the sender is a Relay
+        self._unasked = sender.send_unasked if isinstance(sender, Relay) else sender.send
+        #: set by ``detach``: :meth:`serve` returns without ending the processes
+        self.detached = False
+        self._reaping = False
         self.max_processes = max_processes
         self.python = python
         self.environ = dict(os.environ if environ is None else environ)
@@ -234,22 +287,32 @@ class SandboxRunner:
             "stat_file": self._stat_file,
             "mkdir": self._mkdir,
             "delete": self._delete,
+            "detach": self._detach,
+            "attach": self._attach,
         }
 
     # ----------------------------------------------------------------- the loop
 
     def serve(self, stream: BinaryIO) -> int:
-        """Answer requests until the worker hangs up (or says ``shutdown``); then end every process."""
-        if self.reap_orphans:
+        """Answer requests until the worker hangs up (or says ``shutdown``); then end every process.
+
+        After ``detach`` it returns with :attr:`detached` set and the processes left running.
+        """
+        if self.reap_orphans and not self._reaping:
+            self._reaping = True
             threading.Thread(target=self._reap_orphans, name="sandbox-orphans", daemon=True).start()
+        self.detached = False
         try:
             while True:
                 frame = frames.recv_frame(stream)
                 if frame is None or frame.kind == "shutdown":
                     return 0
                 self.handle(frame)
+                if self.detached:
+                    return 0
         finally:
-            self.close()
+            if not self.detached:
+                self.close()
 
     def handle(self, frame: frames.Frame) -> None:
         if frame.kind == "consumed":
@@ -411,7 +474,7 @@ class SandboxRunner:
         """Send output once the window has room (blocking this pipe meanwhile); False when the runner ends."""
         if not proc.window.take(len(data)):
             return False
-        self.sender.send("output", data, process=proc.id, stream=name, partial=partial)
+        self._unasked("output", data, process=proc.id, stream=name, partial=partial)
         return True
 
     def _reap(self, proc: _Process) -> None:
@@ -430,7 +493,7 @@ class SandboxRunner:
             closing = self._closing
         if not closing:
             with contextlib.suppress(OSError):
-                self.sender.send("exited", process=proc.id, code=code)
+                self._unasked("exited", process=proc.id, code=code)
 
     def _reap_orphans(self) -> None:
         """Reap the processes the runner inherited (a background child whose parent ended), never its own.
@@ -482,6 +545,26 @@ class SandboxRunner:
         with self._lock:
             infos = [p.info().fields() for p in self._processes.values()]
         return "processes", b"", {"processes": infos}
+
+    def _detach(self, frame: frames.Frame) -> _Answer:
+        if not isinstance(self.sender, Relay):
+            raise Refused(
+                "Unsupported",
+                "detach: this runner has no signal directory to wait in; only a sandbox created for snapshots detaches",
+            )
+        self.sender.hold()
+        self.detached = True
+        return "detached", b"", {}
+
+    def _attach(self, frame: frames.Frame) -> None:
+        with self._lock:
+            everything = list(self._processes.values())
+            infos = [p.info().fields() for p in everything]
+        for proc in everything:
+            proc.window.give(proc.window.size)  # what the old connection had in flight was the old worker's
+        self.sender.send("attached", req=frame.header["req"], processes=infos)
+        if isinstance(self.sender, Relay):
+            self.sender.flow()
 
     def _consumed(self, frame: frames.Frame) -> None:
         number, count = frame.header.get("process"), frame.header.get("bytes")

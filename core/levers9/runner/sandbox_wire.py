@@ -43,6 +43,10 @@ kind           fields                                          answer
                                                                ``entries``)
 ``mkdir``      ``path``, ``parents`` (default true)            ``done``
 ``delete``     ``path``, ``recursive`` (default false)         ``done``
+``detach``     (none)                                          ``detached``, then the runner hangs up
+                                                               (see *Detaching* below)
+``attach``     (none)                                          ``attached``: ``processes`` (as
+                                                               ``list``'s); then output flows again
 =============  ==============================================  ======================================
 
 Any request may instead be answered ``failed``: ``op`` (the request's kind),
@@ -69,6 +73,23 @@ From the runner unasked:
 * ``exited`` (``process``, ``code``): the process ended; ``code`` is its exit
   status, or minus the signal that ended it. It comes after the last
   ``output`` of the process.
+
+Detaching (how a sandbox is snapshotted with its processes running, see
+:meth:`levers9.worker.sandboxes.Sandboxes.snapshot`). Only a runner started with
+a signal directory (``LEVERS9_READY_FILE`` and ``LEVERS9_GO_FILE`` set, and
+``LEVERS9_RUNNER_SOCKET`` for its socket) can detach; another answers
+``failed`` ``Unsupported``. On ``detach`` the runner stops sending ``output``
+and ``exited`` (they wait, and a process whose pipe fills blocks in its write,
+as with a full window), answers ``detached``, closes the connection, creates
+the ready file and waits for the go file, holding no connection and no
+listening socket, so the container can be checkpointed. The go file holds the
+token the next worker proves (the same worker's, or a restored copy's new
+worker's); the runner then listens again, and after ``hello`` and ``ready``
+output stays held until the worker asks ``attach``: the answer lists every
+process the runner knows (running and recently ended), every window is full
+again (what the old connection had in flight is the old worker's), and the
+held ``output`` and ``exited`` frames follow. Output the old worker had
+received before ``detached`` is not sent again.
 
 Bounds and what happens at them:
 
@@ -176,6 +197,8 @@ REQUESTS = {
     "stat_file": "stat",
     "mkdir": "done",
     "delete": "done",
+    "detach": "detached",
+    "attach": "attached",
 }
 
 #: the runner's own refusals (the operating system's are errno names)
@@ -185,6 +208,7 @@ ERROR_CODES = {
     "NoSuchProcess": "no process of the sandbox has that id (or it ended long ago and was forgotten)",
     "TooManyProcesses": "the sandbox already runs its most processes at once",
     "ExecFailed": "the program could not be started; the message says why",
+    "Unsupported": "the runner cannot do this here (detach without a signal directory)",
 }
 
 

@@ -28,6 +28,14 @@ Errors:
 Output is buffered per process up to the ``window`` given to :meth:`exec`;
 once it is full the process blocks on its pipe until its output is read with
 :meth:`SandboxProcess.output` (see :mod:`levers9.runner.sandbox_wire`).
+
+Detaching (a snapshot, :meth:`levers9.worker.sandboxes.Sandboxes.snapshot`):
+:meth:`SandboxSession.detach` asks the runner to hang up while its processes
+run on; the session ends, but its processes do not fail: they are handed to the
+next session, on a new connection to the same runner or to a restored copy of
+it, by :meth:`SandboxSession.attach`, which also adopts the processes the
+runner knows and this side does not (a restored sandbox's). A reader of a
+process's output waiting meanwhile just waits.
 """
 
 from __future__ import annotations
@@ -100,6 +108,8 @@ class SandboxProcess:
         #: bytes handed out by :meth:`output` not yet given back
         self._uncredited = 0
         self._gone: SandboxGone | None = None
+        #: its end was learnt from an ``attached`` list: the runner's held ``exited`` may still come, once
+        self._end_listed = False
 
     async def output(self) -> AsyncIterator[OutputChunk]:
         """Its output, stdout and stderr in the order they came, line by line, until it ends.
@@ -150,6 +160,12 @@ class SandboxProcess:
 
     # ----------------------------------------------------------------- from the session's reader
 
+    def _moved(self, session: SandboxSession) -> None:
+        """It now belongs to ``session``, on a new connection whose window starts full."""
+        self.session = session
+        self._outstanding = 0
+        self._uncredited = 0
+
     def _output(self, stream: str, data: bytes, partial: bool) -> None:
         self._outstanding += len(data)
         if self._outstanding > self.window:
@@ -195,6 +211,10 @@ class SandboxSession:
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._ended = asyncio.Event()
+        #: processes to take over at ``attached`` (those of the session before)
+        self._carry: dict[int, SandboxProcess] = {}
+        #: set once the runner answered ``detached``: the session's end fails none of its processes
+        self._detached = False
 
     def start(self) -> SandboxSession:
         self._task = asyncio.ensure_future(self._read())
@@ -212,9 +232,27 @@ class SandboxSession:
         assert self._gone is not None
         return self._gone
 
-    async def close(self) -> None:
+    async def detach(self) -> dict[int, SandboxProcess]:
+        """Ask the runner to hang up and wait for the next worker, its processes running on; they are returned,
+        for :meth:`attach` on the next session. SandboxError ``Unsupported`` from a runner without a signal
+        directory (the session goes on)."""
+        await self._request("detach", parse=_nothing)
+        await self.close(f"the sandbox {self.name} was detached for a snapshot")
+        return dict(self._processes)
+
+    async def attach(self, carry: dict[int, SandboxProcess] | None = None) -> list[SandboxProcess]:
+        """Take over the processes of a detached runner: ``carry`` (those of the session before, with the
+        output they buffered) and the others it lists; the held output follows. Returns them, oldest first."""
+        self._carry = dict(carry or {})
+        try:
+            numbers = await self._request("attach", parse=lambda a: [p.process for p in _process_list(a)])
+        finally:
+            self._carry = {}
+        return [self._processes[n] for n in numbers]
+
+    async def close(self, reason: str = "") -> None:
         """Hang up: the runner kills its processes and ends (and the container with it)."""
-        self._end(SandboxGone(f"the sandbox {self.name} was closed"))
+        self._end(SandboxGone(reason or f"the sandbox {self.name} was closed"))
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self._writer.wait_closed()
@@ -262,13 +300,7 @@ class SandboxSession:
         return await self._request("status", process=process, parse=lambda a: wire.process_from(a.header.get("info")))
 
     async def list_processes(self) -> list[ProcessInfo]:
-        def parse(answer: frames.Frame) -> list[ProcessInfo]:
-            listed = answer.header.get("processes")
-            if not isinstance(listed, list):
-                raise frames.ProtocolError(f"the process list is {type(listed).__name__}, expected a list")
-            return [wire.process_from(item) for item in listed]
-
-        return await self._request("list", parse=parse)
+        return await self._request("list", parse=_process_list)
 
     # ----------------------------------------------------------------- files
 
@@ -369,7 +401,7 @@ class SandboxSession:
                 raise self._gone from exc  # type: ignore[misc]
 
     async def _consumed(self, process: SandboxProcess, count: int) -> None:
-        process._outstanding -= count
+        process._outstanding = max(0, process._outstanding - count)  # carried output was counted before a move
         if self._gone is None:
             with contextlib.suppress(SandboxGone):
                 await self._send("consumed", process=process.id, bytes=count)
@@ -395,6 +427,10 @@ class SandboxSession:
             code = frame.header.get("code")
             if isinstance(code, bool) or not isinstance(code, int):
                 raise frames.ProtocolError(f"an exited frame's code is {code!r}, expected an integer")
+            listed = self._processes.get(_int(frame, "process"))
+            if listed is not None and listed._end_listed and listed.exit_code == code:
+                listed._end_listed = False  # the held end of a process attach already listed as ended
+                return
             self._process(frame)._exit(code)
             return
         req = frame.header.get("req")
@@ -410,8 +446,26 @@ class SandboxSession:
                 raise frames.ProtocolError(f"process id {number} was given twice")
             window, argv = self._starts[req]
             self._processes[number] = SandboxProcess(self, number, pid, argv, window)
+        if frame.kind == "detached":  # before the hang-up that follows it ends the session
+            self._detached = True
+        if frame.kind == "attached":  # before the held output that follows it
+            self._adopt(_process_list(frame))
         if not future.done():
             future.set_result(frame)
+
+    def _adopt(self, listed: list[ProcessInfo]) -> None:
+        for info in listed:
+            process = self._carry.pop(info.process, None)
+            if process is None:
+                process = SandboxProcess(self, info.process, info.pid, list(info.argv), wire.DEFAULT_WINDOW_BYTES)
+            else:
+                process._moved(self)
+            if not info.running and process.running:
+                process._end_listed = True
+                process._exit(info.exit_code if info.exit_code is not None else -1)
+            self._processes[info.process] = process
+        for process in self._carry.values():  # the runner forgot it (ended long ago): it will hear no more
+            process._fail(SandboxGone(f"the sandbox {self.name}'s runner no longer knows process {process.id}"))
 
     def _process(self, frame: frames.Frame) -> SandboxProcess:
         number = _int(frame, "process")
@@ -434,12 +488,20 @@ class SandboxSession:
         for _, future in self._pending.values():
             if not future.done():
                 future.set_exception(gone)
-        for process in self._processes.values():
-            process._fail(gone)
+        if not self._detached:  # a detached session's processes run on, for the next session
+            for process in self._processes.values():
+                process._fail(gone)
 
 
 def _nothing(frame: frames.Frame) -> None:
     return None
+
+
+def _process_list(frame: frames.Frame) -> list[ProcessInfo]:
+    listed = frame.header.get("processes")
+    if not isinstance(listed, list):
+        raise frames.ProtocolError(f"the process list is {type(listed).__name__}, expected a list")
+    return [wire.process_from(item) for item in listed]
 
 
 def _file_chunk(frame: frames.Frame) -> tuple[bytes, bool]:
