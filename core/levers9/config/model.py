@@ -443,6 +443,14 @@ class PoolConfig(_Strict):
         "(each volume over the controlplane's WebDAV, with a token for it alone). Default: direct for the local "
         "provider, controlplane for every other; agent machines and attached clusters are never direct.",
     )
+    sandboxes: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="The most sandboxes (levers9.Sandbox) one worker of the pool runs at once; 0: none. Its "
+        "workers then keep a tunnel open to the controlplane, which reaches their sandboxes through it. The pool's "
+        "runtime must give containers their own filesystem (runc, gvisor; gvisor for untrusted code).",
+    )
     workspace: str | None = Field(
         None,
         min_length=1,
@@ -499,6 +507,11 @@ class PoolConfig(_Strict):
             raise ValueError(
                 f"volume_access: direct would give the volumes' file system's credentials (every workspace's "
                 f"volumes) to a {self.provider} machine, which another party runs; use controlplane (the default)"
+            )
+        if self.sandboxes and self.runtime == "process":
+            raise ValueError(
+                "sandboxes need a runtime that gives each container its own filesystem (runc, gvisor); the process "
+                "runtime runs them on the worker's own files: set runtime: gvisor, or sandboxes: 0"
             )
         if len(set(self.regions)) != len(self.regions):
             repeated = sorted({r for r in self.regions if self.regions.count(r) > 1})

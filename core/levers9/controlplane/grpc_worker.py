@@ -185,6 +185,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             registry_url=self.registry_url,
             volumes_metadata_url=done.volumes_metadata_url,
             volumes_env=done.volumes_env,
+            max_sandboxes=done.max_sandboxes,
         )
 
     @unary
@@ -505,6 +506,10 @@ class _Session:
         async for message in incoming:
             if message.keepalive:
                 self.sessions.keepalive(self)
+            if message.HasField("sandbox_api"):
+                await fleet.announce_sandboxes(
+                    services, self.worker_id, message.sandbox_api.port, message.sandbox_api.secret
+                )
             if message.draining and not self.draining:
                 self.draining = True
                 await fleet.cordon(services, self.worker_id)

@@ -42,6 +42,7 @@ from starlette.routing import Match
 
 from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
+from levers9.controlplane.rest_sandboxes import router as sandbox_router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
 from levers9.controlplane.wheels import OwnWheels
 from levers9.services.agent_pools.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
@@ -49,6 +50,7 @@ from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS, error_answer
 from levers9.services.metrics import Metrics
+from levers9.services.sandboxes import SandboxProblem, SandboxService
 from levers9.services.volume_access import DAV_PREFIX, DavAccess
 from levers9.services.workspaces import MAX_TOKEN_TTL_S
 from levers9.volumes.webdav import WebDav
@@ -161,6 +163,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+async def _sandbox_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SandboxProblem)
+    return _error(exc.status, exc.kind, str(exc))
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # Starlette logs the exception after this answer; the client learns nothing about the server's insides.
     return _error(500, "internal", "internal error; the controlplane's log has the details")
@@ -172,6 +179,7 @@ def create_http_app(
     metrics: Metrics | None = None,
     dataplane: DataPlane | None = None,
     wheels: OwnWheels | None = None,
+    sandboxes: SandboxService | None = None,
 ) -> FastAPI:
     """The REST app over ``services``, acting on calls through ``dataplane`` (the one gRPC uses).
 
@@ -192,10 +200,14 @@ def create_http_app(
     # levers9's own wheel under /api/v1/wheels (without an advertised HTTP URL, links use the request's)
     app.state.wheels = wheels if wheels is not None else OwnWheels()
     app.include_router(router)
+    # sandboxes, relayed to their workers through the workers' tunnels (a replica's; none served alone)
+    app.state.sandboxes = sandboxes
+    app.include_router(sandbox_router)
     # volumes over WebDAV, for workers that do not mount the volumes' file system themselves
     app.mount(DAV_PREFIX, WebDav(DavAccess(services).resolve))
     for kind, _, _ in ERRORS:
         app.add_exception_handler(kind, _domain_error)
+    app.add_exception_handler(SandboxProblem, _sandbox_problem)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)

@@ -70,7 +70,7 @@ from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS
 from levers9.state.sql.records import MachineState, TaskStatus
 
-__all__ = ["ALWAYS", "USER_ERRORS", "router"]
+__all__ = ["ALWAYS", "USER_ERRORS", "Caller", "Responses", "router"]
 
 Responses = dict[int | str, dict[str, Any]]
 

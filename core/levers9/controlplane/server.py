@@ -73,6 +73,7 @@ from levers9.services.hub import Hub
 from levers9.services.metrics import Metrics
 from levers9.services.plugin_metrics import PluginSeries
 from levers9.services.replica_name import ReplicaNameClaim, process_identity, replica_name
+from levers9.services.sandboxes import SandboxService
 from levers9.services.tunnel_holders import TunnelHolders, configured_credentials
 from levers9.services.tunnels import TunnelRegistry
 
@@ -267,6 +268,7 @@ class Server:
         self.upstream: Upstream | None = None
         self.short_path: ShortPath | None = None
         self.tunnels: TunnelRegistry | None = None
+        self.sandboxes: SandboxService | None = None
         #: this replica's tunnels and relay address in Redis, and its relays through the other replicas' tunnels
         self.tunnel_holders: TunnelHolders | None = None
         self.relays: RelayDialer | None = None
@@ -362,6 +364,11 @@ class Server:
         self.relays = RelayDialer(credentials[0], tls=self.tls is not None, ca_pem=ca)
         self.tunnels = TunnelRegistry(self.tunnel_holders, self.relays)
         self.upstream = Upstream(tunnel=self.tunnels.connect_address)
+        # sandboxes, reached through the same tunnels (or relays to the replica holding one)
+        tunnels = self.tunnels
+        self.sandboxes = SandboxService(
+            services, lambda worker, host, port, timeout: tunnels.connect(worker, host, port, timeout_s=timeout)
+        )
         # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
         # stub may name only its own workspace's images there, whether or not the registry is up
         target = RegistryTarget(
@@ -465,7 +472,9 @@ class Server:
             self.dataplane,
             self.serving,
             self.upstream,
-            create_http_app(services, metrics=self.metrics, dataplane=self.dataplane, wheels=wheels),
+            create_http_app(
+                services, metrics=self.metrics, dataplane=self.dataplane, wheels=wheels, sandboxes=self.sandboxes
+            ),
             metrics=self.metrics,
         )
         services.deployments.on_stopped.append(gateway.stopped)
@@ -603,6 +612,9 @@ class Server:
         if self.upstream is not None:
             await _step("gateway connections", self.upstream.close(), 5)
             self.upstream = None
+        if self.sandboxes is not None:
+            await _step("sandbox connections", self.sandboxes.close(), 5)
+            self.sandboxes = None
         if self.short_path is not None:
             self.short_path.close()
             self.short_path = None

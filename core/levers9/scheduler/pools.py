@@ -37,6 +37,8 @@ class PoolSpec:
     builds: bool = False
     #: how its workers reach volumes (``volume_access``): "direct", "controlplane", or None for the default
     volume_access: str | None = None
+    #: the most sandboxes one worker of the pool runs at once (``sandboxes``); 0: the pool serves none
+    sandboxes: int = 0
 
     @property
     def name(self) -> str:
@@ -78,6 +80,7 @@ class PoolSpec:
             workspace=workspace,
             builds=config.builds,
             volume_access=config.volume_access,
+            sandboxes=config.sandboxes,
         )
 
 

@@ -71,6 +71,7 @@ from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.reports import ServingReport
+from levers9.services.sandbox_hosts import SandboxHosts
 from levers9.services.stubs import StubSettings
 from levers9.services.tunnels import decide_tunnel
 from levers9.state.errors import Conflict, NotFound
@@ -138,6 +139,8 @@ class Registration:
     #: the volumes' file system, for a worker that mounts it itself (see :func:`mounts_volumes_directly`)
     volumes_metadata_url: str = ""
     volumes_env: dict[str, str] = field(default_factory=dict, repr=False)
+    #: the pool's ``sandboxes``: the most the worker runs at once (0: none; see :mod:`levers9.services.sandboxes`)
+    max_sandboxes: int = 0
 
 
 @dataclass(frozen=True)
@@ -382,7 +385,10 @@ async def _register(
         checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
         checkpoint_cache_dir=checkpoints.cache_dir or "",
         max_payload_bytes=dp.max_payload_bytes,
-        tunnel=tunnel,
+        # a worker serving sandboxes keeps its tunnel open even when reachable: its sandbox server listens on its
+        # loopback only, reached through the tunnel (the gateway still connects to its containers directly)
+        tunnel=tunnel or spec.sandboxes > 0,
+        max_sandboxes=spec.sandboxes,
         cpu_millicores=info.cpu_millicores,
         memory_mib=info.memory_mib,
         **_volumes_access(services, spec),
@@ -537,6 +543,13 @@ async def heartbeats(services: Services, worker_ids: Sequence[str]) -> set[str]:
 async def with_work(services: Services) -> set[str]:
     """The workers (of any replica) with work placed on them that they have not taken, in one step."""
     return await services.scheduler.workers.with_work()
+
+
+async def announce_sandboxes(services: Services, worker_id: str, port: int, secret: str) -> None:
+    """The worker serves its sandboxes at ``port`` on its loopback, with ``secret``: kept for every replica."""
+    hosts = SandboxHosts(services.redis, services.box, prefix=services.scheduler.workers.prefix)
+    await hosts.announce(worker_id, port, secret)
+    log.info("worker %s serves sandboxes", worker_id)
 
 
 async def cordon(services: Services, worker_id: str) -> None:

@@ -96,7 +96,12 @@ class Outbox:
         self.results.extend(m for _, m in self.recent if id(m) not in pending)
         self.wake.set()
 
-    async def messages(self, keepalive_s: float, stop: asyncio.Event) -> AsyncIterator[worker_pb2.WorkerMessage]:
+    async def messages(
+        self, keepalive_s: float, stop: asyncio.Event, first: worker_pb2.WorkerMessage | None = None
+    ) -> AsyncIterator[worker_pb2.WorkerMessage]:
+        """The session's messages until ``stop``; ``first`` (what the session announces) before any other."""
+        if first is not None:
+            yield first
         last_keepalive = 0.0
         last_sent = 0.0
         sent_draining = False

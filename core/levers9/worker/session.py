@@ -381,11 +381,13 @@ class WorkerProcess:
         self.runtime = response.runtime
         self.max_payload = made.max_payload
         self.pool, self.builds, self.images = made.pool, made.builds, made.images
-        if self.options.sandboxes > 0:
-            await self._open_sandboxes(made.pool)
+        most = self.options.sandboxes or response.max_sandboxes
+        if most > 0:
+            await self._open_sandboxes(made.pool, most)
 
-    async def _open_sandboxes(self, pool: WarmPool) -> None:
-        """Sandboxes on the pool's runtime, served on the loopback (the switch: ``LEVERS9_SANDBOXES``)."""
+    async def _open_sandboxes(self, pool: WarmPool, most: int) -> None:
+        """Sandboxes on the pool's runtime, served on the loopback: the pool's ``sandboxes`` as the controlplane
+        sent it at registration (``max_sandboxes``), or ``LEVERS9_SANDBOXES`` on the worker, which wins."""
         from levers9.worker.sandbox_api import SandboxAPI  # uvicorn and starlette: only where switched on
 
         self.sandboxes = Sandboxes(
@@ -393,7 +395,7 @@ class WorkerProcess:
             pool.client,
             pool._ports,  # one picker: a sandbox's runner port is never a call's
             state_dir=pool.state_dir,
-            max_sandboxes=self.options.sandboxes,
+            max_sandboxes=most,
         )
         self.sandbox_api = SandboxAPI(self.sandboxes)
         await self.sandbox_api.start()
@@ -414,7 +416,14 @@ class WorkerProcess:
 
     async def _session(self, stub: worker_pb2_grpc.WorkerStub, response: worker_pb2.RegisterResponse) -> None:
         stop = self._session_stop = asyncio.Event()
-        call = stub.Session(self.outbox.messages(response.keepalive_s, stop), metadata=self._metadata())
+        api = self.sandbox_api
+        # every session starts by saying where this worker serves sandboxes: the controlplane reaches them only so
+        first = (
+            worker_pb2.WorkerMessage(sandbox_api=worker_pb2.SandboxApi(port=api.port, secret=api.secret))
+            if api is not None
+            else None
+        )
+        call = stub.Session(self.outbox.messages(response.keepalive_s, stop, first), metadata=self._metadata())
         reaper = asyncio.create_task(self._reap_idle())
         # the controlplane cannot connect to this worker: its containers are reached through the tunnel
         tunnel = asyncio.create_task(hold_tunnel(stub, self._metadata)) if response.tunnel else None

@@ -62,7 +62,7 @@ class MachineIdentity(_message.Message):
     def __init__(self, document: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib", "registry_url", "volumes_metadata_url", "volumes_env")
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib", "registry_url", "volumes_metadata_url", "volumes_env", "max_sandboxes")
     class VolumesEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class RegisterResponse(_message.Message):
     REGISTRY_URL_FIELD_NUMBER: _ClassVar[int]
     VOLUMES_METADATA_URL_FIELD_NUMBER: _ClassVar[int]
     VOLUMES_ENV_FIELD_NUMBER: _ClassVar[int]
+    MAX_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     keepalive_s: float
     runtime: str
@@ -100,7 +101,8 @@ class RegisterResponse(_message.Message):
     registry_url: str
     volumes_metadata_url: str
     volumes_env: _containers.ScalarMap[str, str]
-    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., registry_url: _Optional[str] = ..., volumes_metadata_url: _Optional[str] = ..., volumes_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    max_sandboxes: int
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., registry_url: _Optional[str] = ..., volumes_metadata_url: _Optional[str] = ..., volumes_env: _Optional[_Mapping[str, str]] = ..., max_sandboxes: _Optional[int] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("id", "runtime", "status", "path", "size_bytes", "gpu", "workspace_id", "stub_id")
@@ -302,18 +304,28 @@ class TaskLog(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("started", "results", "logs", "keepalive", "draining")
+    __slots__ = ("started", "results", "logs", "keepalive", "draining", "sandbox_api")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_API_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[TaskStarted]
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskResult]
     logs: _containers.RepeatedCompositeFieldContainer[TaskLog]
     keepalive: bool
     draining: bool
-    def __init__(self, started: _Optional[_Iterable[_Union[TaskStarted, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.TaskResult, _Mapping]]] = ..., logs: _Optional[_Iterable[_Union[TaskLog, _Mapping]]] = ..., keepalive: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
+    sandbox_api: SandboxApi
+    def __init__(self, started: _Optional[_Iterable[_Union[TaskStarted, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.TaskResult, _Mapping]]] = ..., logs: _Optional[_Iterable[_Union[TaskLog, _Mapping]]] = ..., keepalive: _Optional[bool] = ..., draining: _Optional[bool] = ..., sandbox_api: _Optional[_Union[SandboxApi, _Mapping]] = ...) -> None: ...
+
+class SandboxApi(_message.Message):
+    __slots__ = ("port", "secret")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    secret: str
+    def __init__(self, port: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class TunnelFrame(_message.Message):
     __slots__ = ("stream", "open", "opened", "data", "credit", "close", "reset")

@@ -1,0 +1,230 @@
+"""The REST API's sandbox routes under ``/api/v1/sandboxes``: each parses its request and relays it through
+:class:`~levers9.services.sandboxes.SandboxService`, which decides; answers come back as they come.
+
+Bodies are JSON but a file's (``PUT .../files``: the file's bytes, streamed both ways); a process's output is
+NDJSON, streamed as the process writes. Errors are the API's error body with the types
+:data:`levers9.services.sandboxes.ERROR_TYPES` lists (``sandbox_not_found``, ``sandbox_gone``...), from the
+app's handler for :class:`~levers9.services.sandboxes.SandboxProblem`. Without a sandbox service (the REST app
+served alone, with no workers' tunnels) every route answers 503 ``no_sandbox_worker``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from levers9.controlplane.rest_routes import ALWAYS, USER_ERRORS, Caller, Responses
+from levers9.controlplane.rest_schemas import ErrorBody
+from levers9.services.sandboxes import Relayed, SandboxProblem, SandboxService
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/v1/sandboxes", tags=["sandboxes"], responses={**ALWAYS, **USER_ERRORS})
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+_SANDBOX_ERRORS: Responses = {
+    404: _error("No sandbox of that id in this workspace (`sandbox_not_found`), process or file"),
+    409: _error("The sandbox ended (`sandbox_ended`) or its container or worker died (`sandbox_gone`)"),
+    502: _error("Its worker cannot be reached (`worker_unreachable`) or its container did not start"),
+    503: _error("No worker of a pool with sandboxes took it (`no_sandbox_worker`)"),
+}
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SandboxCreate(_In):
+    image: str | None = Field(None, description="An image reference (a built blueprint's); default: the worker's own")
+    python_version: str | None = Field(None, description="The image's Python, such as 3.11")
+    cpu_millicores: int | None = Field(None, ge=1, description="Default 1000")
+    memory_mib: int | None = Field(None, ge=16, description="Default 1024")
+    gpu_count: int | None = Field(None, ge=0, description="0: sandboxes get no GPU yet")
+    env: dict[str, str] | None = None
+    secrets: list[str] | None = Field(None, description="Names of the workspace's secrets, set as variables")
+    ports: list[int] | None = Field(None, description="Ports a server in the sandbox listens on")
+    block_network: bool | None = None
+    allow_list: list[str] | None = None
+    timeout_s: float | None = Field(None, ge=0, description="Seconds it lives; 0: until terminated. Default 300")
+    idle_timeout_s: float | None = Field(None, ge=0, description="Seconds unused before it ends; 0: never")
+    workdir: str | None = None
+    name: str | None = None
+    pool: str | None = Field(None, description="Default: every pool with sandboxes, by priority")
+
+
+class TtlIn(_In):
+    seconds: float = Field(ge=0, description="It ends this many seconds from now; 0: no deadline")
+
+
+class ExecIn(_In):
+    argv: list[str] | None = Field(None, min_length=1, description="The program and its arguments")
+    code: str | None = Field(None, description="Python source, run with the sandbox's python")
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class KillIn(_In):
+    signal: int = Field(9, ge=1, le=64)
+
+
+def _service(request: Request) -> SandboxService:
+    service: SandboxService | None = getattr(request.app.state, "sandboxes", None)
+    if service is None:
+        raise SandboxProblem(
+            503, "no_sandbox_worker", "this REST server reaches no workers (served without a controlplane)"
+        )
+    return service
+
+
+Service = Annotated[SandboxService, Depends(_service)]
+PathQuery = Annotated[str, Query(description="An absolute path inside the sandbox")]
+
+
+def _json(model: BaseModel) -> bytes:
+    return model.model_dump_json(exclude_none=True).encode()
+
+
+async def _answer(relayed: Relayed) -> Response:
+    body = b""
+    async for piece in relayed.body:
+        body += piece
+    return Response(body, status_code=relayed.status, media_type=relayed.content_type or "application/json")
+
+
+@router.post("", status_code=201, responses=_SANDBOX_ERRORS)
+async def create_sandbox(service: Service, principal: Caller, body: SandboxCreate) -> JSONResponse:
+    """Start a sandbox on a worker of a pool with sandboxes; its info."""
+    info = await service.create(principal, body.model_dump(exclude_none=True))
+    return JSONResponse(info, status_code=201)
+
+
+@router.get("", responses=_SANDBOX_ERRORS)
+async def list_sandboxes(
+    service: Service, principal: Caller, all: Annotated[bool, Query(description="Ended ones too")] = False
+) -> JSONResponse:
+    """The workspace's sandboxes, oldest first."""
+    return JSONResponse({"sandboxes": await service.list(principal, include_ended=all)})
+
+
+@router.get("/{sandbox_id}", responses=_SANDBOX_ERRORS)
+async def get_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+    """Its info: ``state`` (starting, running, ended, gone) and why it ended."""
+    return JSONResponse(await service.get(principal, sandbox_id))
+
+
+@router.delete("/{sandbox_id}", responses=_SANDBOX_ERRORS)
+async def terminate_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+    """End it now: its processes, its container and its files go."""
+    return JSONResponse(await service.terminate(principal, sandbox_id))
+
+
+@router.post("/{sandbox_id}/ttl", responses=_SANDBOX_ERRORS)
+async def update_ttl(service: Service, principal: Caller, sandbox_id: str, body: TtlIn) -> Response:
+    """A new deadline, counted from now."""
+    return await _answer(await service.relay(principal, sandbox_id, "POST", "/ttl", body=_json(body)))
+
+
+@router.post("/{sandbox_id}/processes", status_code=201, responses=_SANDBOX_ERRORS)
+async def exec_process(service: Service, principal: Caller, sandbox_id: str, body: ExecIn) -> Response:
+    """Start a process (``argv``) or Python code (``code``); its id in the sandbox."""
+    return await _answer(await service.relay(principal, sandbox_id, "POST", "/processes", body=_json(body)))
+
+
+@router.get("/{sandbox_id}/processes", responses=_SANDBOX_ERRORS)
+async def list_processes(service: Service, principal: Caller, sandbox_id: str) -> Response:
+    """The processes started in it, running or ended."""
+    return await _answer(await service.relay(principal, sandbox_id, "GET", "/processes"))
+
+
+@router.get("/{sandbox_id}/processes/{process}", responses=_SANDBOX_ERRORS)
+async def process_status(service: Service, principal: Caller, sandbox_id: str, process: int) -> Response:
+    """Whether it runs, and its exit code once it ended."""
+    return await _answer(await service.relay(principal, sandbox_id, "GET", f"/processes/{process}"))
+
+
+@router.post("/{sandbox_id}/processes/{process}/kill", responses=_SANDBOX_ERRORS)
+async def kill_process(service: Service, principal: Caller, sandbox_id: str, process: int, body: KillIn) -> Response:
+    """Send it a signal (default SIGKILL)."""
+    path = f"/processes/{process}/kill"
+    return await _answer(await service.relay(principal, sandbox_id, "POST", path, body=_json(body)))
+
+
+@router.get(
+    "/{sandbox_id}/processes/{process}/output",
+    response_class=StreamingResponse,
+    responses={**_SANDBOX_ERRORS, 200: {"content": {"application/x-ndjson": {}}, "description": "Its output"}},
+)
+async def process_output(service: Service, principal: Caller, sandbox_id: str, process: int) -> StreamingResponse:
+    """Its output as it comes, a JSON line per piece (``stream``, ``data``, ``encoding``, ``partial``), then
+    ``{"exit": code}``, or ``{"error": {...}}`` when the sandbox went first."""
+    path = f"/processes/{process}/output"
+    relayed = await service.relay(principal, sandbox_id, "GET", path, streamed=True)
+    return StreamingResponse(relayed.body, media_type="application/x-ndjson")
+
+
+def _files_path(what: str, path: str, **flags: bool | None) -> str:
+    query = {"path": path, **{k: str(v).lower() for k, v in flags.items() if v is not None}}
+    return f"/files{what}?{urlencode(query)}"
+
+
+@router.put("/{sandbox_id}/files", responses=_SANDBOX_ERRORS)
+async def put_file(service: Service, principal: Caller, sandbox_id: str, path: PathQuery, request: Request) -> Response:
+    """The request's body becomes the file (created or replaced), streamed."""
+    relayed = await service.relay(
+        principal,
+        sandbox_id,
+        "PUT",
+        _files_path("", path),
+        body=request.stream(),
+        content_type="application/octet-stream",
+    )
+    return await _answer(relayed)
+
+
+@router.get(
+    "/{sandbox_id}/files",
+    response_class=StreamingResponse,
+    responses={**_SANDBOX_ERRORS, 200: {"content": {"application/octet-stream": {}}, "description": "The file"}},
+)
+async def get_file(service: Service, principal: Caller, sandbox_id: str, path: PathQuery) -> StreamingResponse:
+    """The file's bytes, streamed."""
+    relayed = await service.relay(principal, sandbox_id, "GET", _files_path("", path), streamed=True)
+    return StreamingResponse(relayed.body, media_type="application/octet-stream")
+
+
+@router.delete("/{sandbox_id}/files", responses=_SANDBOX_ERRORS)
+async def delete_file(
+    service: Service, principal: Caller, sandbox_id: str, path: PathQuery, recursive: bool = False
+) -> Response:
+    """Remove a file, or a directory with ``recursive``."""
+    target = _files_path("", path, recursive=recursive or None)
+    return await _answer(await service.relay(principal, sandbox_id, "DELETE", target))
+
+
+@router.get("/{sandbox_id}/files/stat", responses=_SANDBOX_ERRORS)
+async def stat_file(service: Service, principal: Caller, sandbox_id: str, path: PathQuery) -> Response:
+    """A file's or directory's entry: name, size, mode, whether a directory, when changed."""
+    return await _answer(await service.relay(principal, sandbox_id, "GET", _files_path("/stat", path)))
+
+
+@router.get("/{sandbox_id}/files/list", responses=_SANDBOX_ERRORS)
+async def list_files(service: Service, principal: Caller, sandbox_id: str, path: PathQuery) -> Response:
+    """A directory's entries."""
+    return await _answer(await service.relay(principal, sandbox_id, "GET", _files_path("/list", path)))
+
+
+@router.post("/{sandbox_id}/files/mkdir", responses=_SANDBOX_ERRORS)
+async def make_directory(
+    service: Service, principal: Caller, sandbox_id: str, path: PathQuery, parents: bool = True
+) -> Response:
+    """Make a directory (and its parents, unless ``parents=false``)."""
+    target = _files_path("/mkdir", path, parents=None if parents else False)
+    return await _answer(await service.relay(principal, sandbox_id, "POST", target))

@@ -1,0 +1,442 @@
+"""Sandboxes, as the controlplane serves them: where one starts, who may reach it, and what its worker answered.
+
+A sandbox lives on one worker of a pool whose ``sandboxes`` is above 0
+(:mod:`levers9.worker.sandboxes` runs it there). This module decides:
+
+* **where a new one goes** (:meth:`SandboxService.create`): the pool named, or
+  else every pool with sandboxes that serves the caller's workspace (by
+  ``priority``); among a pool's running workers that announced a sandbox
+  server (:mod:`levers9.services.sandbox_hosts`), in random order, the first
+  that takes it. A worker at its most sandboxes answers ``SandboxesFull`` and
+  the next is asked; a worker that cannot be reached is passed over. None
+  taking it is :class:`SandboxProblem` ``no_sandbox_worker`` (503), naming the
+  pools asked and what each answered. A pool's workers are not started for a
+  sandbox: a pool meant for sandboxes keeps ``min_workers`` up.
+* **who reaches it**: only its workspace. A sandbox of another workspace, or
+  one never made, is ``sandbox_not_found`` (404) alike, so ids cannot be
+  probed; the worker checks the workspace again (the ``Levers9-Workspace``
+  header), so a wrong record could not hand one workspace's sandbox to another.
+* **what a worker's answer means to the caller**: the worker's error codes
+  become the REST API's error types (:data:`ERROR_TYPES`), and a worker that
+  has left (its keepalive lapsed, it was drained or its machine went) makes
+  its sandboxes ``gone``: their info says so and every other request is
+  ``sandbox_gone`` (409) naming the worker, at once, never a wait.
+
+The secrets a sandbox names are read from its workspace's secrets here and
+travel to the worker in the create request, over the worker's tunnel; they are
+never stored with the sandbox or logged. GPUs are not given to sandboxes yet
+(``gpu_count`` above 0 is ``not_supported``).
+
+Failures are :class:`SandboxProblem` (status, type, message), which the
+transports answer as they are; bad input is ``invalid_request`` naming the
+field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from levers9.services.access import own_workspace
+from levers9.services.auth import Principal
+from levers9.services.core import Services
+from levers9.services.sandbox_hosts import SandboxHost, SandboxHosts, SandboxRecord
+from levers9.services.sandbox_relay import BodyBroken, Connect, WorkerAnswer, WorkerLink, WorkerUnreachable
+from levers9.state.errors import DecryptionError
+
+__all__ = ["ERROR_TYPES", "Relayed", "SandboxProblem", "SandboxService"]
+
+log = logging.getLogger(__name__)
+
+#: a worker's error code -> the REST API's (status, type); an errno name not listed becomes its lower-cased name
+ERROR_TYPES: dict[str, tuple[int, str]] = {
+    "SandboxNotFound": (404, "sandbox_not_found"),
+    "NoSuchProcess": (404, "process_not_found"),
+    "ENOENT": (404, "file_not_found"),
+    "SandboxEnded": (409, "sandbox_ended"),
+    "SandboxGone": (409, "sandbox_gone"),
+    "OutputBusy": (409, "output_busy"),
+    "EEXIST": (409, "file_exists"),
+    "ENOTEMPTY": (409, "directory_not_empty"),
+    "BadPath": (400, "bad_path"),
+    "BadRequest": (400, "invalid_request"),
+    "ENOTDIR": (400, "not_a_directory"),
+    "EISDIR": (400, "is_a_directory"),
+    "EACCES": (403, "permission_denied"),
+    "EPERM": (403, "permission_denied"),
+    "TooManyProcesses": (429, "too_many_processes"),
+    "SandboxesFull": (503, "sandboxes_full"),
+    "StartFailed": (502, "start_failed"),
+}
+
+#: how long a create waits for a pool's registered workers to announce their sandbox servers
+ANNOUNCE_WAIT_S = 5.0
+
+#: the body fields a create passes to the worker as they are (the worker checks each, naming it)
+_PASSED = frozenset(
+    {
+        "image",
+        "python_version",
+        "cpu_millicores",
+        "memory_mib",
+        "gpu_count",
+        "env",
+        "ports",
+        "block_network",
+        "allow_list",
+        "timeout_s",
+        "idle_timeout_s",
+        "workdir",
+        "name",
+    }
+)
+#: what a create takes besides: the pool, the secrets' names
+_OWN = frozenset({"pool", "secrets"})
+
+
+class SandboxProblem(Exception):
+    """What the caller is answered: an HTTP status, the error's type and a message for people."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def _bad(message: str) -> SandboxProblem:
+    return SandboxProblem(400, "invalid_request", message)
+
+
+def problem_of(answer_body: Any, status: int) -> SandboxProblem:
+    """The problem a worker's error answer (``{"error": {"code", "message"}}``) means to the caller."""
+    error = answer_body.get("error") if isinstance(answer_body, dict) else None
+    if not isinstance(error, dict):
+        return SandboxProblem(502, "worker_unreachable", f"the worker answered {status} without an error body")
+    code = str(error.get("code", ""))
+    message = str(error.get("message", "")) or code
+    mapped = ERROR_TYPES.get(code)
+    if mapped is not None:
+        return SandboxProblem(mapped[0], mapped[1], message)
+    return SandboxProblem(status if 400 <= status < 600 else 502, code.lower() or "worker_error", message)
+
+
+@dataclass
+class Relayed:
+    """A worker's answer to relay as it comes: its status and type, and the body (closed when iterated to the end)."""
+
+    status: int
+    content_type: str
+    body: AsyncIterator[bytes]
+
+
+class SandboxService:
+    """Sandboxes over the workers that serve them (see the module); one per replica, closed with it."""
+
+    def __init__(self, services: Services, connect: Connect) -> None:
+        self.services = services
+        self.hosts = SandboxHosts(services.redis, services.box, prefix=services.scheduler.workers.prefix)
+        self.link = WorkerLink(connect)
+
+    async def close(self) -> None:
+        await self.link.close()
+
+    # ----------------------------------------------------------------- create
+
+    async def create(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        workspace_id = own_workspace(principal, "create sandboxes")
+        unknown = sorted(set(body) - _PASSED - _OWN)
+        if unknown:
+            raise _bad(f"unknown fields {unknown}; a sandbox takes {sorted(_PASSED | _OWN)}")
+        gpus = body.get("gpu_count", 0)
+        if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+            raise SandboxProblem(
+                501, "not_supported", "gpu_count: sandboxes get no GPU yet; leave gpu_count at 0 (or use a function)"
+            )
+        request = {key: value for key, value in body.items() if key in _PASSED}
+        request["secrets"] = await self._secrets(workspace_id, body.get("secrets", []))
+        encoded = json.dumps(request).encode()
+        asked: list[str] = []
+        for pool in self._pools(workspace_id, body.get("pool")):
+            candidates = await self._serving(pool)
+            random.shuffle(candidates)
+            if not candidates:
+                asked.append(f"pool {pool}: no running worker serves sandboxes")
+                continue
+            for worker_id in candidates:
+                try:
+                    host = await self._host(worker_id)
+                    answer = await self.link.request(
+                        worker_id, host.port, host.secret, workspace_id, "POST", "/sandboxes", body=encoded
+                    )
+                except (WorkerUnreachable, SandboxProblem) as exc:
+                    asked.append(f"worker {worker_id} of pool {pool}: {exc}")
+                    continue
+                answered = await answer.json()
+                if answer.status == 201:
+                    record = SandboxRecord(
+                        id=str(answered["id"]),
+                        workspace_id=workspace_id,
+                        worker_id=worker_id,
+                        pool=pool,
+                        created_at=float(answered.get("created_at") or time.time()),
+                    )
+                    await self.hosts.record(record)
+                    log.info("sandbox %s of workspace %s started on worker %s", record.id, workspace_id, worker_id)
+                    return _info(answered, record)
+                problem = problem_of(answered, answer.status)
+                if problem.kind != "sandboxes_full":
+                    raise problem
+                asked.append(f"worker {worker_id} of pool {pool}: already runs its most sandboxes")
+        raise SandboxProblem(503, "no_sandbox_worker", "no worker took the sandbox: " + "; ".join(asked))
+
+    async def _serving(self, pool: str) -> list[str]:
+        """The pool's running workers that serve sandboxes. A worker announces its server in the first message
+        of its session, a moment after it registered: one registered that has not yet is waited for a little."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ANNOUNCE_WAIT_S
+        while True:
+            workers = [w.info.id for w in await self.services.scheduler.workers.in_pool(pool) if w.status == "running"]
+            serving = await self.hosts.serving(workers)
+            if len(serving) == len(workers) or loop.time() >= deadline:
+                return [w for w in workers if w in serving]
+            await asyncio.sleep(0.1)
+
+    def _pools(self, workspace_id: str, named: object) -> list[str]:
+        pools = self.services.pools
+        usable = sorted(
+            (spec for spec in pools.values() if spec.sandboxes > 0 and spec.workspace in (None, workspace_id)),
+            key=lambda spec: (-spec.priority, spec.name),
+        )
+        names = [spec.name for spec in usable]
+        if named is None or named == "":
+            if not names:
+                raise SandboxProblem(
+                    503,
+                    "no_sandbox_worker",
+                    "no pool of this controlplane serves sandboxes to this workspace; an operator turns them on with "
+                    "pools.NAME.sandboxes in the controlplane's config",
+                )
+            return names
+        if not isinstance(named, str):
+            raise _bad(f"pool is {named!r}; give a pool's name")
+        if named not in names:
+            offered = ", ".join(names) or "none"
+            why = "has no pool of that name" if named not in pools else "serves no sandboxes on it for this workspace"
+            raise _bad(f"pool {named!r}: this controlplane {why}; pools with sandboxes: {offered}")
+        return [named]
+
+    async def _secrets(self, workspace_id: str, names: object) -> dict[str, str]:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _bad("secrets must be a list of the names of the workspace's secrets")
+        values: dict[str, str] = {}
+        for name in names:
+            value = await self.services.secrets.get(workspace_id, name)
+            if value is None:
+                known = ", ".join(await self.services.secrets.names(workspace_id)) or "none"
+                raise _bad(f"secrets names {name!r}, which this workspace has no secret of; its secrets: {known}")
+            values[name] = value
+        return values
+
+    # ------------------------------------------------------------ look and act
+
+    async def list(self, principal: Principal, *, include_ended: bool = False) -> list[dict[str, Any]]:
+        workspace_id = own_workspace(principal, "list sandboxes")
+        listed: list[dict[str, Any]] = []
+        for record in await self.hosts.of_workspace(workspace_id):
+            info = await self._info(record)
+            if include_ended or info["state"] in ("starting", "running"):
+                listed.append(info)
+        return listed
+
+    async def get(self, principal: Principal, sandbox_id: str) -> dict[str, Any]:
+        return await self._info(await self._record(principal, sandbox_id))
+
+    async def _info(self, record: SandboxRecord) -> dict[str, Any]:
+        """Its info as its worker reports it; ``gone`` when the worker has left or cannot be reached."""
+        try:
+            answer = await self._ask(record, "GET", f"/sandboxes/{record.id}")
+        except SandboxProblem as exc:
+            if exc.kind not in ("sandbox_gone", "worker_unreachable"):
+                raise
+            return _gone_info(record, str(exc))
+        answered = await answer.json()
+        if answer.status != 200:
+            problem = problem_of(answered, answer.status)
+            if problem.kind == "sandbox_not_found":  # its worker restarted: what it ran went with it
+                await self.hosts.ended(record)
+                return _gone_info(record, f"its worker {record.worker_id} no longer runs it (the worker restarted)")
+            raise problem
+        info = _info(answered, record)
+        if info["state"] in ("ended", "gone"):
+            await self.hosts.ended(record)
+        return info
+
+    async def relay(
+        self,
+        principal: Principal,
+        sandbox_id: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes | AsyncIterator[bytes] = b"",
+        content_type: str = "application/json",
+        streamed: bool = False,
+    ) -> Relayed:
+        """``method`` on the sandbox's ``path`` (below ``/sandboxes/<id>``, with its query) at its worker.
+
+        A success is relayed as it comes; an error answer is :class:`SandboxProblem`. A streamed answer
+        (NDJSON) whose worker breaks off ends with an error line naming the worker instead of a cut.
+        """
+        record = await self._record(principal, sandbox_id)
+        answer = await self._ask(
+            record, method, f"/sandboxes/{sandbox_id}{path}", body=body, content_type=content_type, streamed=streamed
+        )
+        if answer.status >= 400:
+            problem = problem_of(await answer.json(), answer.status)
+            if problem.kind in ("sandbox_ended", "sandbox_gone"):
+                await self.hosts.ended(record)
+            raise problem
+        ndjson = answer.content_type.startswith("application/x-ndjson")
+        return Relayed(answer.status, answer.content_type, self._relayed(record, answer, ndjson))
+
+    async def terminate(self, principal: Principal, sandbox_id: str) -> dict[str, Any]:
+        record = await self._record(principal, sandbox_id)
+        answer = await self._ask(record, "DELETE", f"/sandboxes/{sandbox_id}")
+        answered = await answer.json()
+        if answer.status != 200:
+            raise problem_of(answered, answer.status)
+        await self.hosts.ended(record)
+        return _info(answered, record)
+
+    async def _relayed(self, record: SandboxRecord, answer: WorkerAnswer, lines: bool) -> AsyncIterator[bytes]:
+        try:
+            if not lines:
+                async for piece in answer.body:
+                    yield piece
+                return
+            async for line in _lines(answer.body):
+                yield _translated(line)
+        except BodyBroken as exc:
+            if not lines:
+                raise
+            gone = await self._worker_gone(record)
+            message = gone or f"the connection to sandbox {record.id}'s worker {record.worker_id} broke: {exc}"
+            yield _line({"error": {"type": "sandbox_gone", "message": message}})
+        finally:
+            await answer.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    async def _record(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
+        workspace_id = own_workspace(principal, "reach sandboxes")
+        record = await self.hosts.find(sandbox_id)
+        if record is None or record.workspace_id != workspace_id:
+            raise SandboxProblem(404, "sandbox_not_found", f"no sandbox {sandbox_id} in this workspace")
+        return record
+
+    async def _host(self, worker_id: str) -> SandboxHost:
+        try:
+            host = await self.hosts.host(worker_id)
+        except DecryptionError as exc:
+            raise SandboxProblem(502, "worker_unreachable", f"worker {worker_id}'s sandbox secret: {exc}") from None
+        if host is None:
+            raise SandboxProblem(
+                502, "worker_unreachable", f"worker {worker_id} has not announced its sandbox server (yet)"
+            )
+        return host
+
+    async def _worker_gone(self, record: SandboxRecord) -> str:
+        """Why the sandbox's worker is gone ("" while it is registered)."""
+        state = await self.services.scheduler.workers.get(record.worker_id)
+        if state is not None:
+            return ""
+        await self.hosts.ended(record)
+        return (
+            f"sandbox {record.id} ran on worker {record.worker_id} of pool {record.pool}, which has left the "
+            "controlplane (it stopped, or its keepalive lapsed): its sandboxes ended with it"
+        )
+
+    async def _ask(
+        self,
+        record: SandboxRecord,
+        method: str,
+        path: str,
+        *,
+        body: bytes | AsyncIterator[bytes] = b"",
+        content_type: str = "application/json",
+        streamed: bool = False,
+    ) -> WorkerAnswer:
+        gone = await self._worker_gone(record)
+        if gone:
+            raise SandboxProblem(409, "sandbox_gone", gone)
+        host = await self._host(record.worker_id)
+        try:
+            return await self.link.request(
+                record.worker_id,
+                host.port,
+                host.secret,
+                record.workspace_id,
+                method,
+                path,
+                body=body,
+                content_type=content_type,
+                streamed=streamed,
+            )
+        except WorkerUnreachable as exc:
+            gone = await self._worker_gone(record)
+            if gone:
+                raise SandboxProblem(409, "sandbox_gone", gone) from None
+            raise SandboxProblem(502, "worker_unreachable", f"sandbox {record.id}: {exc}") from None
+
+
+def _info(answered: dict[str, Any], record: SandboxRecord) -> dict[str, Any]:
+    info = {key: value for key, value in answered.items() if key != "container_id"}
+    info.update(pool=record.pool, worker_id=record.worker_id, workspace_id=record.workspace_id)
+    return info
+
+
+def _gone_info(record: SandboxRecord, reason: str) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "workspace_id": record.workspace_id,
+        "pool": record.pool,
+        "worker_id": record.worker_id,
+        "state": "gone",
+        "reason": reason,
+        "created_at": record.created_at,
+        "ended_at": None,
+    }
+
+
+async def _lines(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Whole NDJSON lines (each with its newline) out of pieces cut anywhere."""
+    pending = b""
+    async for piece in pieces:
+        pending += piece
+        while (end := pending.find(b"\n")) >= 0:
+            yield pending[: end + 1]
+            pending = pending[end + 1 :]
+    if pending:
+        yield pending + b"\n"
+
+
+def _translated(line: bytes) -> bytes:
+    """An output line as the REST API words it: a worker's error line gets the API's error type."""
+    if not line.startswith(b'{"error"'):
+        return line
+    try:
+        error = json.loads(line)
+    except ValueError:
+        return line
+    problem = problem_of(error, 409)
+    return _line({"error": {"type": problem.kind, "message": str(problem)}})
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
