@@ -252,7 +252,7 @@ async def test_what_a_sandbox_cannot_be_given_is_refused_by_name(tmp_path: Path)
         assert _error(on_host)[:2] == (400, "BadRequest")
         assert "host's filesystem" in _error(on_host)[2]
         for body, named in (
-            ({"workspace_id": "ws1", "block_network": True}, "block_network"),
+            ({"workspace_id": "ws1", "block_network": "yes"}, "block_network"),
             ({"workspace_id": "ws1", "allow_list": ["pypi.org"]}, "allow_list"),
             ({"workspace_id": "ws1", "memory_mib": "lots"}, "memory_mib"),
             ({"workspace_id": "ws1", "env": {"LEVERS9_TOKEN": "x"}}, "LEVERS9_TOKEN"),

@@ -7,6 +7,11 @@ calls :func:`remove_leftovers` so that nothing keeps running unaccounted for.
 Each runtime says which containers it holds (``levers9_container_list``): the
 worker does not know where or how a runtime keeps them.
 
+A killed worker's sandboxes whose network was cut leave their rules in the host's firewall
+(:func:`levers9.engine.host_guard.confine`), each naming a directory of the worker's state: those
+under ``state_dir`` are removed once its containers are (a rule left would only hold a veth nothing
+has any more, but the firewall is the host's, and stays as it was found).
+
 A killed worker may also leave its volume mounts in its state directory: the
 volumes' JuiceFS file system (every workspace's volumes) or a volume over
 rclone, whose ``juicefs``/``rclone`` lives on in a session of its own. Deleting
@@ -24,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from levers9.engine import host_guard
 from levers9.engine.rootfs import mounts_under
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.facade import Hooks
@@ -67,6 +73,13 @@ async def remove_leftovers(hooks: Hooks, state_dir: Path, *, delete: bool = Fals
                     log.warning("could not remove leftover container %s (%s): %s", container, name, exc)
     if removed:
         log.info("removed %d containers a previous worker left in %s", removed, state_dir)
+    try:
+        swept = await asyncio.to_thread(host_guard.sweep_confined, state_dir)
+    except host_guard.HostGuardError as exc:
+        log.warning("could not remove the network rules of sandboxes a previous worker left: %s", exc)
+    else:
+        if swept:
+            log.info("removed the network rules of %s, left by a previous worker", ", ".join(c.label for c in swept))
     if delete:
         await asyncio.to_thread(_sweep_volume_mounts, state_dir)
         left = mounts_under(state_dir)
