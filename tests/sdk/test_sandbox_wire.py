@@ -104,6 +104,14 @@ def test_connect_to_an_ended_or_unknown_sandbox_names_it(api: FakeSandboxAPI) ->
         (429, "TooManyProcesses", errors.SandboxProcessError),
         (400, "BadRequest", errors.SandboxRequestError),
         (422, "validation_error", errors.SandboxRequestError),
+        # the controlplane's spelling of the worker's types
+        (409, "sandbox_gone", errors.SandboxGone),
+        (409, "sandbox_ended", errors.SandboxEnded),
+        (503, "no_sandbox_worker", errors.SandboxUnavailable),
+        (502, "worker_unreachable", errors.SandboxConnectionError),
+        (400, "invalid_request", errors.SandboxRequestError),
+        (400, "not_supported", errors.SandboxNotSupported),
+        (429, "too_many_processes", errors.SandboxProcessError),
     ],
 )
 def test_each_error_type_is_its_own_exception(
@@ -137,6 +145,16 @@ def test_file_errors_are_the_builtin_os_errors(api: FakeSandboxAPI) -> None:
         sandbox.fs.list_files("/etc/passwd")
     with pytest.raises(ValueError, match="absolute path"):
         sandbox.fs.read_text("relative.txt")
+    # the controlplane's spelling
+    api.on("GET", f"/sandboxes/{ID}/files/stat", error(404, "file_not_found", "no such file: /nope"))
+    with pytest.raises(FileNotFoundError):
+        sandbox.fs.stat_file("/nope")
+    api.on("DELETE", f"/sandboxes/{ID}/files", error(403, "permission_denied", "read-only"))
+    with pytest.raises(PermissionError):
+        sandbox.fs.delete_file("/etc/passwd")
+    api.on("DELETE", f"/sandboxes/{ID}/files", error(400, "eloop", "too many links"))
+    with pytest.raises(errors.SandboxFileSystemError, match=r"\(eloop\)"):
+        sandbox.fs.delete_file("/loop")
 
 
 def test_answers_without_an_error_body_and_missing_routes(api: FakeSandboxAPI) -> None:
@@ -319,7 +337,7 @@ def test_output_read_elsewhere_still_gives_the_exit_code(api: FakeSandboxAPI) ->
         f"/sandboxes/{ID}/processes",
         (200, {"processes": [{"process": 4, "pid": 44, "argv": ["sleep", "1"], "running": True, "exit_code": None}]}),
     )
-    api.on("GET", f"/sandboxes/{ID}/processes/4/output", error(409, "OutputBusy", "being read already"))
+    api.on("GET", f"/sandboxes/{ID}/processes/4/output", error(409, "output_busy", "being read already"))
     states = iter([{"running": True, "exit_code": None}, {"running": False, "exit_code": 5}])
 
     async def status(_: Request) -> Response:

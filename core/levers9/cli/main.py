@@ -50,6 +50,7 @@ from levers9.cli import (
     offers_cmd,
     plugins_cmd,
     run_cmd,
+    sandbox_cmd,
     secret_cmd,
     server_cmd,
     volume_cmd,
@@ -122,6 +123,7 @@ app.add_typer(server_cmd.token_app, name="token")
 app.add_typer(secret_cmd.app, name="secret")
 app.add_typer(volume_cmd.app, name="volume")
 volume_cmd.register(app)
+sandbox_cmd.register(app)
 app.add_typer(machine_cmd.app, name="machine")
 app.command("machines")(machine_cmd.machines)
 app.add_typer(cluster_cmd.app, name="cluster")

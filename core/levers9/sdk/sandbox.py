@@ -43,7 +43,7 @@ from levers9.sdk.sandbox_files import SandboxFileSystem
 from levers9.sdk.sandbox_http import CREATE_TIMEOUT_S, SandboxHTTP, SandboxRef, transport_for
 from levers9.sdk.sandbox_process import SandboxProcessManager
 
-__all__ = ["AsyncSandbox", "AsyncSandboxInstance", "Sandbox", "SandboxInstance"]
+__all__ = ["AsyncSandbox", "AsyncSandboxInstance", "Sandbox", "SandboxInstance", "list_sandboxes"]
 
 #: the states of a sandbox that no longer runs
 ENDED_STATES = frozenset({"ended", "gone"})
@@ -236,6 +236,14 @@ class AsyncSandbox:
     async def connect(self, id: str) -> AsyncSandboxInstance:
         http = transport_for(self.sync.context)
         return (await http.run_async(self.sync._connect(http, id))).aio
+
+
+def list_sandboxes(context: str | None = None, *, include_ended: bool = False) -> list[dict[str, Any]]:
+    """The workspace's sandboxes (their SandboxInfo), the ended ones too with ``include_ended``."""
+    http = transport_for(context)
+    params = {"all": "true"} if include_ended else None
+    answer = http.run(http.request("GET", "/sandboxes", what="list sandboxes", params=params))
+    return list(answer.get("sandboxes", []))
 
 
 def _gpu_count(gpu: str | Sequence[str] | None, gpu_count: int) -> int:

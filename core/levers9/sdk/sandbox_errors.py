@@ -16,6 +16,7 @@ Invariant: an answer that is not a JSON error body (a proxy's HTML page, an empt
 
 from __future__ import annotations
 
+import errno
 import json
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = [
     "SandboxRequestError",
     "SandboxUnavailable",
     "error_for",
+    "is_type",
 ]
 
 
@@ -122,13 +124,45 @@ _BY_TYPE: dict[str, type[SandboxError]] = {
     "OutputBusy": SandboxProcessError,
     "TooManyProcesses": SandboxProcessError,
     "BadRequest": SandboxRequestError,
-    "validation_error": SandboxRequestError,
     "BadPath": SandboxFileSystemError,
     "ENOENT": SandboxFileNotFound,
     "EEXIST": SandboxFileExists,
     "EACCES": SandboxPermissionError,
     "EPERM": SandboxPermissionError,
+    # the controlplane's own names for them (its ERROR_TYPES), and its validation errors
+    "sandbox_not_found": SandboxNotFound,
+    "sandbox_ended": SandboxEnded,
+    "sandbox_gone": SandboxGone,
+    "sandboxes_full": SandboxUnavailable,
+    "no_sandbox_worker": SandboxUnavailable,
+    "start_failed": SandboxUnavailable,
+    "worker_unreachable": SandboxConnectionError,
+    "process_not_found": SandboxProcessError,
+    "output_busy": SandboxProcessError,
+    "too_many_processes": SandboxProcessError,
+    "invalid_request": SandboxRequestError,
+    "validation_error": SandboxRequestError,
+    "not_supported": SandboxNotSupported,
+    "bad_path": SandboxFileSystemError,
+    "file_not_found": SandboxFileNotFound,
+    "file_exists": SandboxFileExists,
+    "permission_denied": SandboxPermissionError,
+    "directory_not_empty": SandboxFileSystemError,
+    "not_a_directory": SandboxFileSystemError,
+    "is_a_directory": SandboxFileSystemError,
 }
+
+#: every errno name (ENOENT, EISDIR...): a type that is one, in either case, is a file error
+_ERRNO_NAMES = frozenset(errno.errorcode.values())
+
+
+def is_type(error: SandboxError, *names: str) -> bool:
+    """Whether ``error``'s type is one of ``names``, in the worker's spelling (``OutputBusy``) or the API's."""
+    return any(error.type in (name, _snake(name)) for name in names)
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
 def parse_error(body: bytes) -> tuple[str, str]:
@@ -152,7 +186,7 @@ def error_for(status: int, body: bytes, *, what: str, sandbox_id: str = "", unsu
     called in the message when the route itself is missing (404 without a sandbox error type, 405, 501).
     """
     kind, message = parse_error(body)
-    known = kind in _BY_TYPE or kind.startswith("E")
+    known = kind in _BY_TYPE or kind.upper() in _ERRNO_NAMES
     if unsupported and (status in (405, 501) or (status == 404 and not known)):
         return SandboxNotSupported(
             f"{what}: this controlplane does not {unsupported} yet (it answered {status}"
@@ -170,7 +204,7 @@ def error_for(status: int, body: bytes, *, what: str, sandbox_id: str = "", unsu
         )
     cls = _BY_TYPE.get(kind)
     if cls is None:
-        if kind.startswith("E") and kind[1:].isupper():  # another errno name: EISDIR, ENOTDIR, ENOTEMPTY...
+        if kind.upper() in _ERRNO_NAMES:  # another errno name: ELOOP, ENAMETOOLONG, or the API's eloop...
             cls = SandboxFileSystemError
         elif status == 401:
             message = f"{message or 'unauthenticated'} (check the context's token)"

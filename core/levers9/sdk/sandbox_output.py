@@ -31,7 +31,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from levers9.sdk.sandbox_errors import SandboxError, SandboxProcessError, stream_error
+from levers9.sdk.sandbox_errors import SandboxError, SandboxProcessError, is_type, stream_error
 
 __all__ = ["STREAMS", "ProcessOutput", "SandboxProcessStream", "read_output"]
 
@@ -47,6 +47,8 @@ class ProcessOutput:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.lines: dict[str, list[str]] = {name: [] for name in (*STREAMS, BOTH)}
+        #: the stream of each line of ``lines[BOTH]``, in the same order
+        self.origins: list[str] = []
         self._pending = {name: bytearray() for name in STREAMS}
         self.exit_code: int | None = None
         self.error: BaseException | None = None
@@ -91,6 +93,7 @@ class ProcessOutput:
         text = line.decode("utf-8", errors="replace")
         self.lines[stream].append(text)
         self.lines[BOTH].append(text)
+        self.origins.append(stream)
 
     def _wake(self) -> None:
         with self._lock:
@@ -100,6 +103,13 @@ class ProcessOutput:
             loop.call_soon_threadsafe(_resolve, future)
 
     # ------------------------------------------------------------------ reading
+
+    def tagged(self, index: int) -> tuple[tuple[str, str] | None, bool]:
+        """((stream, line) at ``index`` of both streams, or None; whether no more can come)."""
+        with self._lock:
+            if index < len(self.origins):
+                return (self.origins[index], self.lines[BOTH][index]), False
+            return None, self.done
 
     def take(self, view: str, index: int) -> tuple[str | None, bool]:
         """(the line at ``index`` of ``view`` or None, whether no more can come)."""
@@ -232,7 +242,7 @@ async def read_output(
                 output.feed(record)
         output.finish(error=await on_break(SandboxError(f"{what}: the output stream ended without the exit status")))
     except SandboxProcessError as exc:
-        if exc.type != "OutputBusy":
+        if not is_type(exc, "OutputBusy"):
             output.finish(error=exc)
             return
         try:

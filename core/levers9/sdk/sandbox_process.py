@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import signal as signals
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -137,6 +137,28 @@ class SandboxProcess:
     def logs(self) -> SandboxProcessStream:
         """Both streams' lines, in the order they came."""
         return self._view(BOTH)
+
+    def output(self, idle_timeout: float | None = None) -> Iterator[tuple[str, str]]:
+        """(stream, line) for each line of both streams in the order they came, from the first, as they come.
+
+        It ends when the process does (raising the sandbox's error if it went first), or once nothing came
+        for ``idle_timeout`` seconds (None: wait as long as the process runs). Independent of the
+        ``stdout``, ``stderr`` and ``logs`` streams' places.
+        """
+        self._read()
+        index = 0
+        while True:
+            found, done = self._output.tagged(index)
+            if found is not None:
+                index += 1
+                yield found
+                continue
+            if done:
+                if self._output.error is not None:
+                    raise self._output.error
+                return
+            if not self._output.wait_sync(BOTH, index, idle_timeout):
+                return
 
     # ------------------------------------------------------------------ control
 
