@@ -252,3 +252,38 @@ def test_a_sandbox_whose_worker_dies_is_gone_with_a_clear_error_not_a_hang(lever
     assert (status, kind) == (409, "sandbox_gone")
     assert f"worker {worker}" in message
     assert "has left" in message
+
+
+def test_an_exposed_port_is_served_through_the_gateway_with_the_workspaces_token(sandbox_up: Up) -> None:
+    client = _client(sandbox_up)
+    sid = _create(client, ports=[8000], workdir="/tmp")["id"]
+    client.put(f"/sandboxes/{sid}/files", params={"path": "/tmp/hello.txt"}, content=b"hello from the sandbox\n")
+    # nothing listens yet: refused, so no URL is handed out that does not answer
+    status, kind, message = _error(client.post(f"/sandboxes/{sid}/ports/8000"))
+    assert (status, kind) == (409, "port_not_listening")
+    assert "port 8000" in message
+    status, kind, message = _error(client.post(f"/sandboxes/{sid}/ports/9000"))
+    assert (status, kind) == (400, "invalid_request")
+    assert "ports: 8000" in message
+    _exec(client, sid, argv=["python3", "-m", "http.server", "8000", "--bind", "0.0.0.0"], cwd="/tmp")
+    deadline = time.monotonic() + 30
+    while (exposed := client.post(f"/sandboxes/{sid}/ports/8000")).status_code != 200:
+        assert time.monotonic() < deadline, exposed.text
+        time.sleep(0.2)
+    url = exposed.json()["url"]
+    assert url == f"http://127.0.0.1:{sandbox_up.http_port}/sandbox/{sid}/8000/"
+    token = {"authorization": f"Bearer {sandbox_up.token()}"}
+    assert httpx.get(url + "hello.txt", headers=token, timeout=30).text == "hello from the sandbox\n"
+    assert httpx.get(url + "hello.txt", timeout=30).status_code == 401
+    made = sandbox_up.levers9("token", "create", "--workspace", "team-c")
+    other = {"authorization": f"Bearer {made.stdout.strip()}"}
+    assert httpx.get(url + "hello.txt", headers=other, timeout=30).status_code == 404
+    # the server stopped: the gateway says nothing listens, not a hang
+    for process in client.get(f"/sandboxes/{sid}/processes").json()["processes"]:
+        client.post(f"/sandboxes/{sid}/processes/{process['process']}/kill", json={})
+    deadline = time.monotonic() + 30
+    while (gone := httpx.get(url, headers=token, timeout=30)).status_code == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert gone.status_code == 502, gone.text
+    assert "nothing listens" in gone.json()["error"]["message"]

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import Path as FastPath
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -168,6 +169,23 @@ async def process_output(service: Service, principal: Caller, sandbox_id: str, p
     path = f"/processes/{process}/output"
     relayed = await service.relay(principal, sandbox_id, "GET", path, streamed=True)
     return StreamingResponse(relayed.body, media_type="application/x-ndjson")
+
+
+@router.post("/{sandbox_id}/ports/{port}", responses=_SANDBOX_ERRORS)
+async def expose_port(
+    service: Service,
+    principal: Caller,
+    sandbox_id: str,
+    port: Annotated[int, FastPath(ge=1, le=65535)],
+    request: Request,
+) -> JSONResponse:
+    """Serve one of the ports declared at create through the gateway; ``url`` takes the workspace's token
+    (``Authorization: Bearer``), which is not passed on to the sandbox. 409 ``port_not_listening`` when
+    nothing in the sandbox accepts connections on it yet."""
+    exposed = await service.expose(principal, sandbox_id, port)
+    wheels = getattr(request.app.state, "wheels", None)
+    base = (getattr(wheels, "http_url", "") or str(request.base_url)).rstrip("/")
+    return JSONResponse({"port": port, "url": base + exposed["path"]})
 
 
 def _files_path(what: str, path: str, **flags: bool | None) -> str:

@@ -476,6 +476,7 @@ class Server:
                 services, metrics=self.metrics, dataplane=self.dataplane, wheels=wheels, sandboxes=self.sandboxes
             ),
             metrics=self.metrics,
+            sandboxes=self.sandboxes,
         )
         services.deployments.on_stopped.append(gateway.stopped)
         self.short_path = ShortPath(gateway, self.serving, metrics=self.metrics)

@@ -8,6 +8,7 @@
     /job/NAME[/vN]                    POST: start a run (JSON body as arguments), answer its task id
     /job/NAME[/vN]/tasks/ID           GET: the run's status and result
     /box/NAME[/vN]/PORT[/PATH]        proxied to the box's port PORT
+    /sandbox/ID/PORT[/PATH]           proxied to a sandbox's exposed port PORT (its workspace's token)
     /function, /taskqueue, /pod       the older names of /job, /queue and /box
 
 Without ``vN`` the newest version still serving answers. The segment after
@@ -62,6 +63,7 @@ from levers9.services.dataplane import DataPlane
 from levers9.services.deployments import MAX_VERSION
 from levers9.services.errors import error_answer
 from levers9.services.metrics import Metrics
+from levers9.services.sandboxes import SandboxProblem, SandboxService
 from levers9.services.stubs import InvalidStub
 from levers9.state.sql.records import TokenKind
 
@@ -143,6 +145,7 @@ class GatewayApp:
         rest: App,
         *,
         metrics: Metrics | None = None,
+        sandboxes: SandboxService | None = None,
     ) -> None:
         self.services = services
         self.metrics = metrics
@@ -150,6 +153,8 @@ class GatewayApp:
         self.plane = plane
         self.upstream = upstream
         self.rest = rest
+        #: sandboxes' exposed ports, at /sandbox/ID/PORT (None: that path goes on to the REST app's 404)
+        self.sandboxes = sandboxes
         self._resolved: dict[tuple[str, str, int | None], _Resolved] = {}
         self._workspaces: dict[str, tuple[float, str | None]] = {}
         plane.on_gone.append(upstream.forget)
@@ -164,27 +169,60 @@ class GatewayApp:
         if scope["type"] == "http":
             path: str = scope["path"]
             first, _, rest = path[1:].partition("/")
+            if first == "sandbox" and self.sandboxes is not None:
+                await self._counted("sandbox", self._sandbox(rest.split("/"), scope, receive, send), scope, send)
+                return
             kinds = _ROUTES.get(first)
             if kinds is not None:
-                started = time.monotonic()
-                status = 500  # what is counted if this fails before answering
-                try:
-                    status = await self._route(first, kinds, rest.split("/") if rest else [], scope, receive, send)
-                except _Answer as answer:
-                    status = answer.status
-                    await _error(send, answer)
-                except Exception:
-                    # a fault of the gateway's own: JSON like every other error, unless the answer had begun
-                    log.exception("the gateway failed %s %s", scope["method"], path)
-                    with contextlib.suppress(Exception):
-                        await _error(
-                            send, _Answer(errors.INTERNAL, "internal error; the controlplane's log has the details")
-                        )
-                finally:
-                    if self.metrics is not None:
-                        self.metrics.gateway_answered(kinds[0], status, time.monotonic() - started)
+                parts = rest.split("/") if rest else []
+                await self._counted(kinds[0], self._route(first, kinds, parts, scope, receive, send), scope, send)
                 return
         await self.rest(scope, receive, send)
+
+    async def _counted(self, route: str, answering: Awaitable[int], scope: Scope, send: Send) -> None:
+        """Answer with ``answering`` (its status), errors as JSON, counted under ``route``."""
+        started = time.monotonic()
+        status = 500
+        try:
+            status = await answering
+        except _Answer as answer:
+            status = answer.status
+            await _error(send, answer)
+        except Exception:
+            log.exception("the gateway failed %s %s", scope["method"], scope["path"])
+            with contextlib.suppress(Exception):
+                await _error(send, _Answer(errors.INTERNAL, "internal error; the controlplane's log has the details"))
+        finally:
+            if self.metrics is not None:
+                self.metrics.gateway_answered(route, status, time.monotonic() - started)
+
+    async def _sandbox(self, parts: list[str], scope: Scope, receive: Receive, send: Send) -> int:
+        """``/sandbox/ID/PORT/PATH``: to the sandbox's exposed port, through its worker's tunnel."""
+        assert self.sandboxes is not None
+        principal = await self._principal(scope)
+        if principal is None:
+            raise _unauthenticated("no token: a sandbox's port takes its workspace's: 'authorization: Bearer <token>'")
+        if len(parts) < 2 or not parts[0] or not parts[1].isdigit():
+            raise _Answer(errors.NOT_FOUND, "name a sandbox and one of its exposed ports: /sandbox/ID/PORT/...")
+        sandbox_id, port = parts[0], int(parts[1])
+        try:
+            address = await self.sandboxes.exposed_address(principal, sandbox_id, port)
+        except SandboxProblem as exc:
+            kind = errors.NOT_FOUND if exc.status == 404 else errors.CONFLICT
+            raise _Answer(kind, str(exc)) from None
+        body = await self._body(receive)
+        if body is None:
+            return CLIENT_GONE
+        try:
+            return await self.upstream.forward(address, scope, body, send, path="/" + "/".join(parts[2:]))
+        except UpstreamTimeout as exc:
+            raise _Answer(errors.TIMEOUT, str(exc)) from None
+        except UpstreamError as exc:
+            self.upstream.forget(address)
+            if not exc.sent:
+                why = "nothing listens on it now" if exc.refused else str(exc)
+                raise _Answer(errors.BAD_GATEWAY, f"port {port} of sandbox {sandbox_id}: {why}") from None
+            return 502
 
     async def _route(
         self, route: str, kinds: tuple[str, ...], parts: list[str], scope: Scope, receive: Receive, send: Send

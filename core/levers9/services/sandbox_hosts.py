@@ -12,7 +12,8 @@ and the tunnel to the worker may be held by another, so both live in Redis:
   (a restarted worker makes a new secret), deleted when a lookup finds the
   worker gone; it expires :data:`HOST_TTL_S` after the last session started,
   so a worker lost without anyone asking leaves nothing for long.
-* ``<prefix>sandbox:<id>`` -> ``{"workspace", "worker", "pool", "created"}``,
+* ``<prefix>sandbox:<id>`` -> ``{"workspace", "worker", "pool", "created"}``
+  and ``port:<n>`` -> the address its worker reaches an exposed port at,
   and ``<prefix>sandboxes:<workspace_id>``, the set of a workspace's sandbox
   ids. A record is made when a worker created the sandbox; once the sandbox is
   seen ended (by a request, or its worker gone) it expires after
@@ -158,6 +159,20 @@ class SandboxHosts:
         if gone:
             await self.redis.srem(self._workspace_key(workspace_id), *gone)
         return sorted(records, key=lambda r: r.created_at)
+
+    async def expose(self, sandbox_id: str, port: int, address: str) -> None:
+        """Port ``port`` of the sandbox is served by the gateway, at ``address`` as its worker reaches it."""
+        await self.redis.hset(self._record_key(sandbox_id), f"port:{port}", address)
+
+    async def exposed(self, sandbox_id: str) -> dict[int, str]:
+        """The sandbox's exposed ports -> their addresses on its worker."""
+        fields = await self.redis.hgetall(self._record_key(sandbox_id))
+        found: dict[int, str] = {}
+        for key, value in fields.items():
+            name = _text(key)
+            if name.startswith("port:") and name[5:].isdigit():
+                found[int(name[5:])] = _text(value)
+        return found
 
     async def ended(self, record: SandboxRecord) -> None:
         """The sandbox ended: its record is kept :data:`ENDED_TTL_S` more (never shortened by a later call)."""

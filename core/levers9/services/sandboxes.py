@@ -47,7 +47,15 @@ from levers9.services.access import own_workspace
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.sandbox_hosts import SandboxHost, SandboxHosts, SandboxRecord
-from levers9.services.sandbox_relay import BodyBroken, Connect, WorkerAnswer, WorkerLink, WorkerUnreachable
+from levers9.services.sandbox_relay import (
+    CONNECT_TIMEOUT_S,
+    BodyBroken,
+    Connect,
+    WorkerAnswer,
+    WorkerLink,
+    WorkerUnreachable,
+)
+from levers9.services.tunnels import tunnel_address
 from levers9.state.errors import DecryptionError
 
 __all__ = ["ERROR_TYPES", "Relayed", "SandboxProblem", "SandboxService"]
@@ -142,6 +150,7 @@ class SandboxService:
         self.services = services
         self.hosts = SandboxHosts(services.redis, services.box, prefix=services.scheduler.workers.prefix)
         self.link = WorkerLink(connect)
+        self._connect = connect
 
     async def close(self) -> None:
         await self.link.close()
@@ -313,6 +322,48 @@ class SandboxService:
             raise problem_of(answered, answer.status)
         await self.hosts.ended(record)
         return _info(answered, record)
+
+    async def expose(self, principal: Principal, sandbox_id: str, port: int) -> dict[str, Any]:
+        """Serve one of the sandbox's ``ports`` through the gateway, at ``/sandbox/<id>/<port>/``.
+
+        Refused (``port_not_listening``, 409) when nothing in the sandbox accepts a connection on it now, so a
+        URL handed out answers; a port not declared at create is ``invalid_request`` naming those that were.
+        """
+        record = await self._record(principal, sandbox_id)
+        info = await self._info(record)
+        if info["state"] not in ("starting", "running"):
+            raise SandboxProblem(409, f"sandbox_{info['state']}", f"sandbox {sandbox_id} {info['reason']}")
+        ports: dict[str, str] = info.get("ports") or {}
+        address = ports.get(str(port))
+        if not address:
+            declared = ", ".join(sorted(ports, key=int)) or "none"
+            raise _bad(f"port {port} was not declared when sandbox {sandbox_id} was created (ports: {declared})")
+        host, _, number = address.rpartition(":")
+        try:
+            _, writer = await self._connect(record.worker_id, host.strip("[]"), int(number), CONNECT_TIMEOUT_S)
+        except Exception as exc:  # refused, or the worker's side could not connect at all
+            raise SandboxProblem(
+                409,
+                "port_not_listening",
+                f"nothing in sandbox {sandbox_id} listens on port {port} (connecting to it: {exc}); start its server "
+                "first, then expose the port",
+            ) from None
+        writer.close()
+        await self.hosts.expose(sandbox_id, port, address)
+        return {"port": port, "path": f"/sandbox/{sandbox_id}/{port}/"}
+
+    async def exposed_address(self, principal: Principal, sandbox_id: str, port: int) -> str:
+        """Where the gateway forwards a request to the sandbox's exposed ``port``: a ``tunnel://`` address."""
+        record = await self._record(principal, sandbox_id)
+        address = (await self.hosts.exposed(sandbox_id)).get(port)
+        if address is None:
+            raise SandboxProblem(
+                404, "port_not_exposed", f"port {port} of sandbox {sandbox_id} is not exposed; expose it first"
+            )
+        gone = await self._worker_gone(record)
+        if gone:
+            raise SandboxProblem(409, "sandbox_gone", gone)
+        return tunnel_address(record.worker_id, address)
 
     async def _relayed(self, record: SandboxRecord, answer: WorkerAnswer, lines: bool) -> AsyncIterator[bytes]:
         try:
