@@ -191,7 +191,8 @@ class SandboxFileSystem:
         return self._sandbox.http.run(self._list(_remote(sandbox_path)))
 
     def create_directory(self, sandbox_path: str, parents: bool = True) -> None:
-        """Make a directory, and its missing parents unless ``parents=False``; one that exists is an error."""
+        """Make a directory and its missing parents (one that exists is fine); ``parents=False``: only it, and
+        FileExistsError when it exists, FileNotFoundError without its parent."""
         self._sandbox.http.run(self._mkdir(_remote(sandbox_path), parents))
 
     def delete_file(self, sandbox_path: str) -> None:

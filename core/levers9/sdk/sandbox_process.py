@@ -194,7 +194,7 @@ class SandboxProcess:
         return bool(answer.get("running"))
 
     def kill(self, signal: int = signals.SIGKILL) -> bool:
-        """Send ``signal`` (SIGKILL by default) to the process and its group; whether it still runs."""
+        """Send ``signal`` (SIGKILL by default) to the process and its group; whether it was running then."""
         return self._sandbox.http.run(self._kill(signal))
 
     async def _status(self) -> tuple[int, str]:
