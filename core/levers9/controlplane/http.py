@@ -43,6 +43,7 @@ from starlette.routing import Match
 from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
 from levers9.controlplane.rest_sandboxes import router as sandbox_router
+from levers9.controlplane.rest_sandboxes import snapshots_router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
 from levers9.controlplane.wheels import OwnWheels
 from levers9.services.agent_pools.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
@@ -203,6 +204,7 @@ def create_http_app(
     # sandboxes, relayed to their workers through the workers' tunnels (a replica's; none served alone)
     app.state.sandboxes = sandboxes
     app.include_router(sandbox_router)
+    app.include_router(snapshots_router)
     # volumes over WebDAV, for workers that do not mount the volumes' file system themselves
     app.mount(DAV_PREFIX, WebDav(DavAccess(services).resolve))
     for kind, _, _ in ERRORS:

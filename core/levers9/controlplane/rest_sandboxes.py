@@ -22,7 +22,7 @@ from levers9.controlplane.rest_routes import ALWAYS, USER_ERRORS, Caller, Respon
 from levers9.controlplane.rest_schemas import ErrorBody
 from levers9.services.sandboxes import Relayed, SandboxProblem, SandboxService
 
-__all__ = ["router"]
+__all__ = ["router", "snapshots_router"]
 
 router = APIRouter(prefix="/api/v1/sandboxes", tags=["sandboxes"], responses={**ALWAYS, **USER_ERRORS})
 
@@ -59,6 +59,8 @@ class SandboxCreate(_In):
     workdir: str | None = None
     name: str | None = None
     pool: str | None = Field(None, description="Default: every pool with sandboxes, by priority")
+    snapshots: bool | None = Field(None, description="Boot it so that it can be snapshotted (snapshot_memory)")
+    snapshot: str | None = Field(None, description="A snapshot's id: the sandbox resumes from it, processes running")
 
 
 class TtlIn(_In):
@@ -186,6 +188,31 @@ async def expose_port(
     wheels = getattr(request.app.state, "wheels", None)
     base = (getattr(wheels, "http_url", "") or str(request.base_url)).rstrip("/")
     return JSONResponse({"port": port, "url": base + exposed["path"]})
+
+
+@router.post("/{sandbox_id}/snapshots", status_code=201, responses=_SANDBOX_ERRORS)
+async def snapshot_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+    """Snapshot its memory and files (it runs on; created with ``snapshots``); restore it with a create whose
+    ``snapshot`` is the answer's ``id``, on any worker of the same pool."""
+    return JSONResponse({"snapshot": await service.snapshot(principal, sandbox_id)}, status_code=201)
+
+
+snapshots_router = APIRouter(
+    prefix="/api/v1/sandbox-snapshots", tags=["sandboxes"], responses={**ALWAYS, **USER_ERRORS}
+)
+
+
+@snapshots_router.get("", responses=_SANDBOX_ERRORS)
+async def list_snapshots(service: Service, principal: Caller) -> JSONResponse:
+    """The workspace's stored sandbox snapshots, oldest first."""
+    return JSONResponse({"snapshots": await service.snapshots(principal)})
+
+
+@snapshots_router.delete("/{snapshot_id}", responses=_SANDBOX_ERRORS)
+async def delete_snapshot(service: Service, principal: Caller, snapshot_id: str) -> JSONResponse:
+    """Delete a snapshot: its object in the storage, then its record."""
+    await service.delete_snapshot(principal, snapshot_id)
+    return JSONResponse({})
 
 
 def _files_path(what: str, path: str, **flags: bool | None) -> str:

@@ -36,6 +36,7 @@ from levers9.state.redis.watch import watch
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
 from levers9.state.sql.database import Database, open_database
 from levers9.state.sql.machines import MachineStore
+from levers9.state.sql.sandbox_snapshots import SandboxSnapshotStore
 from levers9.state.sql.secrets import SecretStore
 from levers9.state.sql.tasks import TaskStore
 from levers9.state.sql.volumes import VolumeStore
@@ -77,6 +78,8 @@ class Services:
     #: each workspace's volumes, and the controlplane's mount of the file system they live on (made at first use)
     volumes: VolumeStore
     volume_files: VolumeFiles
+    #: each workspace's stored sandbox snapshots (their objects live in the checkpoint storage)
+    sandbox_snapshots: SandboxSnapshotStore
     #: the kinds of agent-backed pools, through which token checking restores an agent's lost registration
     agent_pools: AgentPools
     embedded_redis: EmbeddedRedis | None = None
@@ -232,6 +235,7 @@ async def open_services(
         registry=RegistryBackend(config.registry, Path(config.data_dir)),
         volumes=VolumeStore(db),
         volume_files=volume_files,
+        sandbox_snapshots=SandboxSnapshotStore(db),
         agent_pools=AgentPools([JOINED_MACHINES, ATTACHED_CLUSTERS]),
     )
 

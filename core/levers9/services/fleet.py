@@ -380,8 +380,7 @@ async def _register(
         keepalive_s=max(0.5, services.config.scheduler.worker_keepalive_s / 3),
         runtime=spec.pool.runtime,
         runtime_settings_json=json.dumps(settings.model_dump(mode="json")) if settings is not None else "",
-        checkpoint_storage_url=checkpoints.storage_url
-        or str(Path(services.config.data_dir).expanduser().resolve() / "checkpoints"),
+        checkpoint_storage_url=checkpoint_storage_url(services),
         checkpoint_cache_max_bytes=checkpoints.cache_max * 1024 * 1024,
         checkpoint_cache_dir=checkpoints.cache_dir or "",
         max_payload_bytes=dp.max_payload_bytes,
@@ -393,6 +392,12 @@ async def _register(
         memory_mib=info.memory_mib,
         **_volumes_access(services, spec),
     )
+
+
+def checkpoint_storage_url(services: Services) -> str:
+    """Where every worker stores checkpoints and sandbox snapshots (a directory or s3://...), as it is told."""
+    configured = services.config.checkpoints.storage_url
+    return configured or str(Path(services.config.data_dir).expanduser().resolve() / "checkpoints")
 
 
 def mounts_volumes_directly(spec: PoolSpec) -> bool:

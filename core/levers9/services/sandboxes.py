@@ -35,17 +35,21 @@ field.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from levers9.checkpoint.storage import storage_from_url
 from levers9.services.access import own_workspace
 from levers9.services.auth import Principal
 from levers9.services.core import Services
+from levers9.services.fleet import checkpoint_storage_url
 from levers9.services.sandbox_hosts import SandboxHost, SandboxHosts, SandboxRecord
 from levers9.services.sandbox_relay import (
     CONNECT_TIMEOUT_S,
@@ -56,7 +60,8 @@ from levers9.services.sandbox_relay import (
     WorkerUnreachable,
 )
 from levers9.services.tunnels import tunnel_address
-from levers9.state.errors import DecryptionError
+from levers9.state.errors import DecryptionError, NotFound
+from levers9.state.sql.records import SandboxSnapshotRecord
 
 __all__ = ["ERROR_TYPES", "Relayed", "SandboxProblem", "SandboxService"]
 
@@ -102,10 +107,11 @@ _PASSED = frozenset(
         "idle_timeout_s",
         "workdir",
         "name",
+        "snapshots",
     }
 )
-#: what a create takes besides: the pool, the secrets' names
-_OWN = frozenset({"pool", "secrets"})
+#: what a create takes besides: the pool, the secrets' names, a snapshot to restore (its id)
+_OWN = frozenset({"pool", "secrets", "snapshot"})
 
 
 class SandboxProblem(Exception):
@@ -169,9 +175,19 @@ class SandboxService:
             )
         request = {key: value for key, value in body.items() if key in _PASSED}
         request["secrets"] = await self._secrets(workspace_id, body.get("secrets", []))
+        pools = self._pools(workspace_id, body.get("pool"))
+        snapshot = body.get("snapshot")
+        if snapshot is not None:
+            stored = await self._snapshot(workspace_id, snapshot)
+            if stored.pool not in pools:
+                raise _bad(
+                    f"snapshot {stored.id} restores on pool {stored.pool!r}, whose workers took it; "
+                    f"leave pool out, or name {stored.pool!r}"
+                )
+            pools, request["snapshot"] = [stored.pool], stored.info
         encoded = json.dumps(request).encode()
         asked: list[str] = []
-        for pool in self._pools(workspace_id, body.get("pool")):
+        for pool in pools:
             candidates = await self._serving(pool)
             random.shuffle(candidates)
             if not candidates:
@@ -254,7 +270,7 @@ class SandboxService:
 
     # ------------------------------------------------------------ look and act
 
-    async def list(self, principal: Principal, *, include_ended: bool = False) -> list[dict[str, Any]]:
+    async def list(self, principal: Principal, *, include_ended: bool = False) -> builtins.list[dict[str, Any]]:
         workspace_id = own_workspace(principal, "list sandboxes")
         listed: list[dict[str, Any]] = []
         for record in await self.hosts.of_workspace(workspace_id):
@@ -365,6 +381,60 @@ class SandboxService:
             raise SandboxProblem(409, "sandbox_gone", gone)
         return tunnel_address(record.worker_id, address)
 
+    # -------------------------------------------------------------- snapshots
+
+    async def snapshot(self, principal: Principal, sandbox_id: str) -> dict[str, Any]:
+        """Snapshot the sandbox's memory and files (it runs on); recorded as one of its workspace's snapshots."""
+        record = await self._record(principal, sandbox_id)
+        answer = await self._ask(record, "POST", f"/sandboxes/{sandbox_id}/snapshots")
+        answered = await answer.json()
+        if answer.status != 201:
+            raise problem_of(answered, answer.status)
+        info = answered["snapshot"]
+        stored = await self.services.sandbox_snapshots.add(
+            record.workspace_id,
+            str(info["id"]),
+            sandbox_id=sandbox_id,
+            pool=record.pool,
+            runtime=str(info["runtime"]),
+            key=str(info["key"]),
+            size_bytes=int(info["size_bytes"]),
+            info=info,
+        )
+        log.info("sandbox %s of workspace %s: snapshot %s stored", sandbox_id, record.workspace_id, stored.id)
+        return _snapshot_out(stored)
+
+    async def snapshots(self, principal: Principal) -> builtins.list[dict[str, Any]]:
+        workspace_id = own_workspace(principal, "list sandbox snapshots")
+        return [_snapshot_out(s) for s in await self.services.sandbox_snapshots.list(workspace_id)]
+
+    async def delete_snapshot(self, principal: Principal, snapshot_id: str) -> None:
+        """Delete the stored object, then the record (a failure keeps the record, so it can be tried again)."""
+        workspace_id = own_workspace(principal, "delete sandbox snapshots")
+        stored = await self._snapshot(workspace_id, snapshot_id)
+        root = Path(self.services.config.data_dir).expanduser().resolve() / "checkpoints"
+        try:
+            storage = storage_from_url(checkpoint_storage_url(self.services), default_root=root)
+            await asyncio.to_thread(storage.delete, stored.key)
+        except Exception as exc:
+            raise SandboxProblem(
+                502,
+                "storage_error",
+                f"snapshot {snapshot_id}: its object in the checkpoint storage could not be deleted ({exc}); "
+                "it is still listed, so it can be deleted again",
+            ) from None
+        await self.services.sandbox_snapshots.delete(workspace_id, snapshot_id)
+
+    async def _snapshot(self, workspace_id: str, snapshot_id: object) -> SandboxSnapshotRecord:
+        if not isinstance(snapshot_id, str) or not snapshot_id:
+            raise _bad(f"snapshot is {snapshot_id!r}; give a snapshot's id (sbs_...)")
+        try:
+            return await self.services.sandbox_snapshots.get(workspace_id, snapshot_id)
+        except NotFound:
+            raise SandboxProblem(
+                404, "snapshot_not_found", f"no sandbox snapshot {snapshot_id} in this workspace"
+            ) from None
+
     async def _relayed(self, record: SandboxRecord, answer: WorkerAnswer, lines: bool) -> AsyncIterator[bytes]:
         try:
             if not lines:
@@ -450,6 +520,13 @@ def _info(answered: dict[str, Any], record: SandboxRecord) -> dict[str, Any]:
     info = {key: value for key, value in answered.items() if key != "container_id"}
     info.update(pool=record.pool, worker_id=record.worker_id, workspace_id=record.workspace_id)
     return info
+
+
+def _snapshot_out(stored: SandboxSnapshotRecord) -> dict[str, Any]:
+    """A snapshot as users see it: what it was taken of and with, never where it is stored."""
+    shown = {key: value for key, value in stored.info.items() if key not in ("key", "workspace_id")}
+    shown.update(id=stored.id, sandbox_id=stored.sandbox_id, pool=stored.pool, size_bytes=stored.size_bytes)
+    return shown
 
 
 def _gone_info(record: SandboxRecord, reason: str) -> dict[str, Any]:

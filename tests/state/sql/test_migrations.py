@@ -13,7 +13,7 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0008"
+HEAD = "0009"
 
 EVERY_TABLE = {
     "workspaces",
@@ -36,6 +36,7 @@ EVERY_TABLE = {
     "blueprint_steps",
     "blueprint_images",
     "volumes",
+    "sandbox_snapshots",
 }
 
 

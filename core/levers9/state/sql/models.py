@@ -459,3 +459,22 @@ class Volume(Base):
     workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
+
+
+class SandboxSnapshot(Base):
+    """A memory snapshot of one of a workspace's sandboxes (migration 0009): ``info`` is what its worker answered
+    (:class:`levers9.worker.sandbox_snapshots.SnapshotInfo` as JSON, never a secret's value), the object it names
+    lives in the checkpoint storage under ``key``. Deleting the row comes after deleting the object."""
+
+    __tablename__ = "sandbox_snapshots"
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+    sandbox_id: Mapped[str] = mapped_column(String(80))
+    #: the pool whose workers restore it (of its runtime, reading the same storage)
+    pool: Mapped[str] = mapped_column(String(128))
+    runtime: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    info: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]

@@ -313,6 +313,21 @@ class BlueprintImageRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SandboxSnapshotRecord:
+    """A stored memory snapshot of a sandbox; ``info`` is what restores it (sent to a worker of ``pool``)."""
+
+    id: str
+    workspace_id: str
+    sandbox_id: str
+    pool: str
+    runtime: str
+    key: str
+    size_bytes: int
+    info: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class VolumeRecord:
     """A workspace's volume: its id names its directory in the volumes' file system."""
 
