@@ -72,6 +72,18 @@ def test_list_prints_a_row_per_sandbox(api: FakeSandboxAPI, cli: Callable[..., R
     assert "no sandboxes" in result.stderr
 
 
+def test_create_prints_the_new_sandbox_id(api: FakeSandboxAPI, cli: Callable[..., Result]) -> None:
+    api.on("POST", "/sandboxes", (201, info("sb-new")))
+    result = cli("sandbox", "create", "--cpu", "500m", "--memory", "1Gi", "--timeout", "-1", "--name", "ci")
+    assert (result.returncode, result.stdout) == (0, "sb-new\n"), result.stderr
+    sent = api.seen("POST", "/sandboxes")[-1].json()
+    assert (sent["cpu_millicores"], sent["memory_mib"], sent["timeout_s"], sent["name"]) == (500, 1024, 0.0, "ci")
+    result = cli("sandbox", "create", "--memory", "lots")
+    assert result.returncode == 1
+    assert "levers9.Sandbox: memory: " in result.stderr
+    assert len(api.seen("POST", "/sandboxes")) == 1
+
+
 def test_exec_streams_both_outputs_and_exits_with_the_process_code(
     api: FakeSandboxAPI, cli: Callable[..., Result]
 ) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -100,7 +101,8 @@ class ProcessOutput:
             self._changed.notify_all()
             waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
-            loop.call_soon_threadsafe(_resolve, future)
+            with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits there any more
+                loop.call_soon_threadsafe(_resolve, future)
 
     # ------------------------------------------------------------------ reading
 
