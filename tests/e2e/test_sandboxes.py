@@ -201,14 +201,25 @@ def test_bad_requests_name_what_is_wrong(sandbox_up: Up) -> None:
     assert client.post("/sandboxes", json={"cpu_millicores": "lots"}).status_code == 422
 
 
+def _room(client: httpx.Client) -> tuple[int, int, int]:
+    (worker,) = client.get("/workers").json()
+    return worker["cpu_free"], worker["memory_free"], worker["running"]
+
+
 def test_timeouts_end_sandboxes_and_a_full_worker_is_said_so(sandbox_up: Up) -> None:
     client = _client(sandbox_up)
-    short = _create(client, timeout_s=2)["id"]
-    idle = _create(client, idle_timeout_s=2)["id"]
-    busy = _create(client, idle_timeout_s=2)["id"]
+    assert _room(client) == (2000, 4096, 0)
+    short = _create(client, timeout_s=2, cpu_millicores=500, memory_mib=256)["id"]
+    idle = _create(client, idle_timeout_s=2, cpu_millicores=500, memory_mib=256)["id"]
+    # the room sandboxes hold is the scheduler's too: no call is placed into it, and the worker is not idle
+    assert _room(client) == (1000, 3584, 2)
+    status, kind, message = _error(client.post("/sandboxes", json={"cpu_millicores": 1500}))
+    assert (status, kind) == (503, "no_sandbox_worker")
+    assert "no room for 1500 millicores and 1024 MiB" in message
+    busy = _create(client, idle_timeout_s=2, cpu_millicores=500, memory_mib=256)["id"]
     _exec(client, busy, argv=["sleep", "8"])  # a process that runs is use
-    # the worker runs at most 3: a fourth is refused, naming why
-    status, kind, message = _error(client.post("/sandboxes", json={}))
+    # the worker runs at most 3: a fourth is refused, naming why, though it would fit
+    status, kind, message = _error(client.post("/sandboxes", json={"cpu_millicores": 100, "memory_mib": 64}))
     assert (status, kind) == (503, "no_sandbox_worker")
     assert "already runs its most sandboxes" in message
     deadline = time.monotonic() + 60
@@ -220,7 +231,10 @@ def test_timeouts_end_sandboxes_and_a_full_worker_is_said_so(sandbox_up: Up) -> 
     assert states[short]["reason"].startswith("it timed out"), states[short]
     assert states[idle]["reason"].startswith("it was idle"), states[idle]
     assert client.get(f"/sandboxes/{busy}").json()["state"] == "running"
+    # the two that ended gave their room back (the worker said so; nobody had to ask about them first)
+    assert _room(client) == (1500, 3840, 1)
     client.delete(f"/sandboxes/{busy}")
+    assert _room(client) == (2000, 4096, 0)
 
 
 def _worker_pid(up: Up) -> int:

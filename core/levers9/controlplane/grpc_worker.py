@@ -510,6 +510,8 @@ class _Session:
                 await fleet.announce_sandboxes(
                     services, self.worker_id, message.sandbox_api.port, message.sandbox_api.secret
                 )
+            if message.sandboxes_ended:
+                await fleet.sandboxes_ended(services, self.worker_id, list(message.sandboxes_ended))
             if message.draining and not self.draining:
                 self.draining = True
                 await fleet.cordon(services, self.worker_id)

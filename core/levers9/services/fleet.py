@@ -557,6 +557,18 @@ async def announce_sandboxes(services: Services, worker_id: str, port: int, secr
     log.info("worker %s serves sandboxes", worker_id)
 
 
+async def sandboxes_ended(services: Services, worker_id: str, sandbox_ids: Sequence[str]) -> None:
+    """Sandboxes of this worker ended: the room each held goes back (only the worker's own are taken)."""
+    hosts = SandboxHosts(services.redis, services.box, prefix=services.scheduler.workers.prefix)
+    for sandbox_id in sandbox_ids:
+        record = await hosts.find(sandbox_id)
+        if record is None or record.worker_id != worker_id:
+            continue
+        await hosts.ended(record)
+        if record.hold:
+            await services.scheduler.workers.release_sandbox(record.hold, now_ms=services.scheduler.ctx.now_ms())
+
+
 async def cordon(services: Services, worker_id: str) -> None:
     """The worker drains: no new work is placed on it."""
     await services.scheduler.workers.cordon(worker_id)

@@ -12,7 +12,9 @@ and the tunnel to the worker may be held by another, so both live in Redis:
   (a restarted worker makes a new secret), deleted when a lookup finds the
   worker gone; it expires :data:`HOST_TTL_S` after the last session started,
   so a worker lost without anyone asking leaves nothing for long.
-* ``<prefix>sandbox:<id>`` -> ``{"workspace", "worker", "pool", "created"}``
+* ``<prefix>sandbox:<id>`` -> ``{"workspace", "worker", "pool", "created", "hold"}`` (``hold``: its hold on
+  the worker's room in the scheduler, :meth:`WorkerRegistry.hold_sandbox
+  <levers9.state.redis.workers.WorkerRegistry.hold_sandbox>`)
   and ``port:<n>`` -> the address its worker reaches an exposed port at,
   and ``<prefix>sandboxes:<workspace_id>``, the set of a workspace's sandbox
   ids. A record is made when a worker created the sandbox; once the sandbox is
@@ -67,6 +69,8 @@ class SandboxRecord:
     pool: str
     #: seconds since the epoch
     created_at: float
+    #: the hold on its worker's room in the scheduler ("" for none): released when it ends
+    hold: str = ""
 
 
 class SandboxHosts:
@@ -126,6 +130,7 @@ class SandboxHosts:
             "worker": record.worker_id,
             "pool": record.pool,
             "created": repr(record.created_at),
+            "hold": record.hold,
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._record_key(record.id), mapping=mapping)  # type: ignore[arg-type]
@@ -143,6 +148,7 @@ class SandboxHosts:
             worker_id=value.get("worker", ""),
             pool=value.get("pool", ""),
             created_at=float(value.get("created") or 0.0),
+            hold=value.get("hold", ""),
         )
 
     async def of_workspace(self, workspace_id: str) -> list[SandboxRecord]:

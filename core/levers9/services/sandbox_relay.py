@@ -43,6 +43,9 @@ WORKSPACE_HEADER = "Levers9-Workspace"
 CONNECT_TIMEOUT_S = 10.0
 #: a request's answer must begin within this (a create boots a container: up to the worker's start timeout)
 ANSWER_TIMEOUT_S = 180.0
+#: an idle connection is dropped after this: before the worker's server closes it (uvicorn's 5 s), so a request
+#: is never sent on a connection the worker is closing
+KEEPALIVE_S = 3.0
 #: the most bytes of an error answer read (its JSON body)
 MAX_ERROR_BYTES = 64 * 1024
 
@@ -119,6 +122,9 @@ class _TunnelStream(httpcore.AsyncNetworkStream):
             self._writer.close()
 
     def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":  # httpcore asks before reusing an idle connection: the worker closed it
+            at_eof = getattr(self._reader, "at_eof", None)
+            return bool(at_eof()) if at_eof is not None else False
         return None
 
 
@@ -156,7 +162,7 @@ class WorkerLink:
 
     def __init__(self, connect: Connect) -> None:
         self._pool = httpcore.AsyncConnectionPool(
-            network_backend=_TunnelBackend(connect), max_connections=256, keepalive_expiry=30.0
+            network_backend=_TunnelBackend(connect), max_connections=256, keepalive_expiry=KEEPALIVE_S
         )
 
     async def close(self) -> None:

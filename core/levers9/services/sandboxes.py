@@ -39,6 +39,7 @@ import builtins
 import json
 import logging
 import random
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ class SandboxService:
         request = {key: value for key, value in body.items() if key in _PASSED}
         request["secrets"] = await self._secrets(workspace_id, body.get("secrets", []))
         pools = self._pools(workspace_id, body.get("pool"))
-        snapshot = body.get("snapshot")
+        snapshot, restored = body.get("snapshot"), None
         if snapshot is not None:
             stored = await self._snapshot(workspace_id, snapshot)
             if stored.pool not in pools:
@@ -185,6 +186,9 @@ class SandboxService:
                     f"leave pool out, or name {stored.pool!r}"
                 )
             pools, request["snapshot"] = [stored.pool], stored.info
+            restored = stored.info
+        room = _room(request, restored)
+        request.update(cpu_millicores=room[0], memory_mib=room[1])
         encoded = json.dumps(request).encode()
         asked: list[str] = []
         for pool in pools:
@@ -192,33 +196,53 @@ class SandboxService:
             random.shuffle(candidates)
             if not candidates:
                 asked.append(f"pool {pool}: no running worker serves sandboxes")
-                continue
             for worker_id in candidates:
-                try:
-                    host = await self._host(worker_id)
-                    answer = await self.link.request(
-                        worker_id, host.port, host.secret, workspace_id, "POST", "/sandboxes", body=encoded
-                    )
-                except (WorkerUnreachable, SandboxProblem) as exc:
-                    asked.append(f"worker {worker_id} of pool {pool}: {exc}")
-                    continue
-                answered = await answer.json()
-                if answer.status == 201:
-                    record = SandboxRecord(
-                        id=str(answered["id"]),
-                        workspace_id=workspace_id,
-                        worker_id=worker_id,
-                        pool=pool,
-                        created_at=float(answered.get("created_at") or time.time()),
-                    )
-                    await self.hosts.record(record)
-                    log.info("sandbox %s of workspace %s started on worker %s", record.id, workspace_id, worker_id)
-                    return _info(answered, record)
-                problem = problem_of(answered, answer.status)
-                if problem.kind != "sandboxes_full":
-                    raise problem
-                asked.append(f"worker {worker_id} of pool {pool}: already runs its most sandboxes")
+                info = await self._start_on(worker_id, pool, workspace_id, room, encoded, asked)
+                if info is not None:
+                    return info
         raise SandboxProblem(503, "no_sandbox_worker", "no worker took the sandbox: " + "; ".join(asked))
+
+    async def _start_on(
+        self, worker_id: str, pool: str, workspace_id: str, room: tuple[int, int], encoded: bytes, asked: list[str]
+    ) -> dict[str, Any] | None:
+        """The sandbox's info once ``worker_id`` started it; None (why appended to ``asked``) when it has no room
+        or cannot be reached; a refusal of the sandbox itself raises."""
+        workers, now = self.services.scheduler.workers, self.services.scheduler.ctx.now_ms
+        hold = f"sbh_{secrets.token_hex(8)}"
+        if not await workers.hold_sandbox(hold, worker_id, cpu=room[0], mem=room[1], gpus=0, now_ms=now()):
+            asked.append(f"worker {worker_id} of pool {pool}: no room for {room[0]} millicores and {room[1]} MiB")
+            return None
+        try:
+            host = await self._host(worker_id)
+            answer = await self.link.request(
+                worker_id, host.port, host.secret, workspace_id, "POST", "/sandboxes", body=encoded
+            )
+            answered = await answer.json()
+            if answer.status == 201:
+                record = SandboxRecord(
+                    id=str(answered["id"]),
+                    workspace_id=workspace_id,
+                    worker_id=worker_id,
+                    pool=pool,
+                    created_at=float(answered.get("created_at") or time.time()),
+                    hold=hold,
+                )
+                await self.hosts.record(record)
+                hold = ""  # the sandbox's now: released when it ends
+                log.info("sandbox %s of workspace %s started on worker %s", record.id, workspace_id, worker_id)
+                return _info(answered, record)
+            problem = problem_of(answered, answer.status)
+            if problem.kind != "sandboxes_full":
+                raise problem
+            asked.append(f"worker {worker_id} of pool {pool}: already runs its most sandboxes")
+        except (WorkerUnreachable, SandboxProblem) as exc:
+            if isinstance(exc, SandboxProblem) and exc.kind != "worker_unreachable":
+                raise
+            asked.append(f"worker {worker_id} of pool {pool}: {exc}")
+        finally:
+            if hold:
+                await workers.release_sandbox(hold, now_ms=now())
+        return None
 
     async def _serving(self, pool: str) -> list[str]:
         """The pool's running workers that serve sandboxes. A worker announces its server in the first message
@@ -294,12 +318,12 @@ class SandboxService:
         if answer.status != 200:
             problem = problem_of(answered, answer.status)
             if problem.kind == "sandbox_not_found":  # its worker restarted: what it ran went with it
-                await self.hosts.ended(record)
+                await self._ended(record)
                 return _gone_info(record, f"its worker {record.worker_id} no longer runs it (the worker restarted)")
             raise problem
         info = _info(answered, record)
         if info["state"] in ("ended", "gone"):
-            await self.hosts.ended(record)
+            await self._ended(record)
         return info
 
     async def relay(
@@ -325,7 +349,7 @@ class SandboxService:
         if answer.status >= 400:
             problem = problem_of(await answer.json(), answer.status)
             if problem.kind in ("sandbox_ended", "sandbox_gone"):
-                await self.hosts.ended(record)
+                await self._ended(record)
             raise problem
         ndjson = answer.content_type.startswith("application/x-ndjson")
         return Relayed(answer.status, answer.content_type, self._relayed(record, answer, ndjson))
@@ -336,7 +360,7 @@ class SandboxService:
         answered = await answer.json()
         if answer.status != 200:
             raise problem_of(answered, answer.status)
-        await self.hosts.ended(record)
+        await self._ended(record)
         return _info(answered, record)
 
     async def expose(self, principal: Principal, sandbox_id: str, port: int) -> dict[str, Any]:
@@ -472,12 +496,20 @@ class SandboxService:
             )
         return host
 
+    async def _ended(self, record: SandboxRecord) -> None:
+        """It ended: its record is kept a while, and the room it held on its worker goes back (once)."""
+        await self.hosts.ended(record)
+        if record.hold:
+            await self.services.scheduler.workers.release_sandbox(
+                record.hold, now_ms=self.services.scheduler.ctx.now_ms()
+            )
+
     async def _worker_gone(self, record: SandboxRecord) -> str:
         """Why the sandbox's worker is gone ("" while it is registered)."""
         state = await self.services.scheduler.workers.get(record.worker_id)
         if state is not None:
             return ""
-        await self.hosts.ended(record)
+        await self._ended(record)
         return (
             f"sandbox {record.id} ran on worker {record.worker_id} of pool {record.pool}, which has left the "
             "controlplane (it stopped, or its keepalive lapsed): its sandboxes ended with it"
@@ -514,6 +546,17 @@ class SandboxService:
             if gone:
                 raise SandboxProblem(409, "sandbox_gone", gone) from None
             raise SandboxProblem(502, "worker_unreachable", f"sandbox {record.id}: {exc}") from None
+
+
+def _room(request: dict[str, Any], snapshot: dict[str, Any] | None) -> tuple[int, int]:
+    """(millicores, MiB) the sandbox holds on its worker: a snapshot's own, else the request's (1000 and 1024 by
+    default, the worker's defaults too); sent to the worker explicitly, so both count the same."""
+    source = snapshot if snapshot is not None else request
+    room = (source.get("cpu_millicores", 1000), source.get("memory_mib", 1024))
+    for name, value, low in (("cpu_millicores", room[0], 1), ("memory_mib", room[1], 16)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise _bad(f"{name} is {value!r}; give a whole number, at least {low}")
+    return room
 
 
 def _info(answered: dict[str, Any], record: SandboxRecord) -> dict[str, Any]:

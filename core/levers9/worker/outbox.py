@@ -42,6 +42,8 @@ class Outbox:
         self.started: list[worker_pb2.TaskStarted] = []
         self.results: list[common_pb2.TaskResult] = []
         self.logs: list[worker_pb2.TaskLog] = []
+        #: sandboxes that ended here since the last message
+        self.sandboxes_ended: list[str] = []
         self.draining = False
         self.wake = asyncio.Event()
         self._soon_handle: asyncio.TimerHandle | None = None
@@ -77,6 +79,10 @@ class Outbox:
         while self.recent and now - self.recent[0][0] > RESEND_WINDOW_S:
             self.recent.popleft()
         self.wake.set()
+
+    def sandbox_ended(self, sandbox_id: str) -> None:
+        self.sandboxes_ended.append(sandbox_id)
+        self._soon()
 
     def log(self, task_id: str, data: bytes) -> None:
         self.logs.append(worker_pb2.TaskLog(task_id=task_id, data=data))
@@ -122,8 +128,10 @@ class Outbox:
                 logs=self.logs[:logs],
                 keepalive=now - last_keepalive >= keepalive_s * 0.9,
                 draining=self.draining and not sent_draining,
+                sandboxes_ended=self.sandboxes_ended,
             )
             self.started, self.results, self.logs = [], self.results[results:], self.logs[logs:]
+            self.sandboxes_ended = []
             if self.results or self.logs:
                 self.wake.set()
             if message.keepalive:
@@ -133,10 +141,16 @@ class Outbox:
                 last_sent = now
                 yield message
         # the session is ending: whatever is still here goes out before the stream closes
-        while self.started or self.results or self.logs:
+        while self.started or self.results or self.logs or self.sandboxes_ended:
             results, logs = _budget(self.results, _result_bytes), _budget(self.logs, _log_bytes)
-            last = worker_pb2.WorkerMessage(started=self.started, results=self.results[:results], logs=self.logs[:logs])
+            last = worker_pb2.WorkerMessage(
+                started=self.started,
+                results=self.results[:results],
+                logs=self.logs[:logs],
+                sandboxes_ended=self.sandboxes_ended,
+            )
             self.started, self.results, self.logs = [], self.results[results:], self.logs[logs:]
+            self.sandboxes_ended = []
             yield last
 
 

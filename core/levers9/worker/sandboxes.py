@@ -61,7 +61,7 @@ import shutil
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,6 +257,8 @@ class Sandboxes:
         self._ended: OrderedDict[str, Sandbox] = OrderedDict()
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        #: told the id of every sandbox that ends, once (the worker reports it, so the room it held is freed)
+        self.on_end: Callable[[str], None] | None = None
 
     # ----------------------------------------------------------------- create
 
@@ -423,6 +425,8 @@ class Sandboxes:
         if sandbox.ending is None:
             sandbox.state, sandbox.reason, sandbox.ended_at = state, reason, time.time()
             log.info("sandbox %s ended: %s", sandbox.id, reason)
+            if self.on_end is not None:
+                self.on_end(sandbox.id)
             self._live.pop(sandbox.id, None)
             self._ended[sandbox.id] = sandbox
             while len(self._ended) > KEPT_ENDED:

@@ -397,6 +397,7 @@ class WorkerProcess:
             state_dir=pool.state_dir,
             max_sandboxes=most,
         )
+        self.sandboxes.on_end = self.outbox.sandbox_ended  # the controlplane frees the room it held
         self.sandbox_api = SandboxAPI(self.sandboxes)
         await self.sandbox_api.start()
 

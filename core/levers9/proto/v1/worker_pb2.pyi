@@ -304,20 +304,22 @@ class TaskLog(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("started", "results", "logs", "keepalive", "draining", "sandbox_api")
+    __slots__ = ("started", "results", "logs", "keepalive", "draining", "sandbox_api", "sandboxes_ended")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_API_FIELD_NUMBER: _ClassVar[int]
+    SANDBOXES_ENDED_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[TaskStarted]
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskResult]
     logs: _containers.RepeatedCompositeFieldContainer[TaskLog]
     keepalive: bool
     draining: bool
     sandbox_api: SandboxApi
-    def __init__(self, started: _Optional[_Iterable[_Union[TaskStarted, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.TaskResult, _Mapping]]] = ..., logs: _Optional[_Iterable[_Union[TaskLog, _Mapping]]] = ..., keepalive: _Optional[bool] = ..., draining: _Optional[bool] = ..., sandbox_api: _Optional[_Union[SandboxApi, _Mapping]] = ...) -> None: ...
+    sandboxes_ended: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, started: _Optional[_Iterable[_Union[TaskStarted, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.TaskResult, _Mapping]]] = ..., logs: _Optional[_Iterable[_Union[TaskLog, _Mapping]]] = ..., keepalive: _Optional[bool] = ..., draining: _Optional[bool] = ..., sandbox_api: _Optional[_Union[SandboxApi, _Mapping]] = ..., sandboxes_ended: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SandboxApi(_message.Message):
     __slots__ = ("port", "secret")

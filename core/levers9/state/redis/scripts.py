@@ -31,6 +31,8 @@ NAMES = (
     "census",
     "orphan",
     "orphans_due",
+    "sandbox_hold",
+    "sandbox_release",
 )
 
 

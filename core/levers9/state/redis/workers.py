@@ -172,6 +172,16 @@ class WorkerRegistry:
         """The requests placed on ``worker`` now (holding room there, running, or waiting in its queue)."""
         return sorted(str(r) for r in await self.redis.smembers(f"{self.prefix}wr:{worker}"))
 
+    async def hold_sandbox(self, sandbox_id: str, worker: str, *, cpu: int, mem: int, gpus: int, now_ms: int) -> bool:
+        """A sandbox takes ``cpu``/``mem``/``gpus`` of ``worker``'s room; False when the worker has not that much
+        free (or is not running). Idempotent for one sandbox id."""
+        held = await self.scripts("sandbox_hold", sandbox_id, worker, cpu, mem, gpus, now_ms)
+        return bool(int(held))
+
+    async def release_sandbox(self, sandbox_id: str, *, now_ms: int) -> bool:
+        """The sandbox's room goes back to its worker; False when it held none (released already)."""
+        return bool(int(await self.scripts("sandbox_release", sandbox_id, now_ms)))
+
     async def ids(self, pool: str | None = None) -> set[str]:
         key = f"{self.prefix}pool:{pool}" if pool else f"{self.prefix}workers"
         return {str(w) for w in await self.redis.smembers(key)}

@@ -19,6 +19,9 @@ for _, rid in ipairs(redis.call('SMEMBERS', P .. 'wr:' .. wid)) do
     requeued[#requeued + 1] = rid
   end
 end
+-- its sandboxes ended with it: their holds go
+for _, sid in ipairs(redis.call('SMEMBERS', P .. 'wsb:' .. wid)) do redis.call('DEL', P .. 'sbh:' .. sid) end
+redis.call('DEL', P .. 'wsb:' .. wid)
 redis.call('DEL', key, P .. 'wr:' .. wid, P .. 'wq:' .. wid, P .. 'wqq:' .. wid, P .. 'alive:' .. wid)
 redis.call('SREM', P .. 'workers', wid)
 if pool then
