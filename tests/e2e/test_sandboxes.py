@@ -123,6 +123,14 @@ def test_a_sandbox_streams_output_as_it_comes_and_takes_files_both_ways(sandbox_
     assert {"stream": "stderr", "data": "bad\n", "encoding": "utf-8", "partial": False} in rest
     assert rest[-1] == {"exit": 3}
 
+    # no credential of levers9's in reach: not in its processes' environment, nor in any process's it can read
+    seen = _output(client, sid, _exec(client, sid, argv=["sh", "-c", "env; cat /proc/[0-9]*/environ | tr '\\0' '\\n'"]))
+    assert "GREETING=hello" in seen[0]
+    assert "LEVERS9_RUNNER_MODE=sandbox" in seen[0]  # the runner's own environment was read too
+    assert "l9_" not in seen[0]
+    assert sandbox_up.token() not in seen[0]
+    assert "LEVERS9_TOKEN" not in seen[0]
+
     # Python code, and several processes at once
     first_code, second_code = _exec(client, sid, code="print(6 * 7)"), _exec(client, sid, argv=["echo", "side"])
     assert _output(client, sid, first_code) == ("42\n", "", 0)
