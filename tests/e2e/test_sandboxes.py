@@ -190,7 +190,7 @@ def test_another_workspace_sees_no_sandbox_and_gets_none_on_a_pool_that_is_not_i
         assert _error(answer)[:2] == unknown[:2] == (404, "sandbox_not_found")
     # the only pool with sandboxes serves the workspace `default` alone
     status, kind, message = _error(other.post("/sandboxes", json={}))
-    assert (status, kind) == (503, "no_sandbox_worker")
+    assert (status, kind) == (400, "no_sandbox_pool")
     assert "no pool of this controlplane serves sandboxes to this workspace" in message
     assert client.get(f"/sandboxes/{sid}").json()["state"] == "running"
 
@@ -205,7 +205,7 @@ def test_bad_requests_name_what_is_wrong(sandbox_up: Up) -> None:
     assert (status, kind) == (400, "invalid_request")
     assert "NOT_A_SECRET" in message
     assert _error(client.post("/sandboxes", json={"env": {"LEVERS9_TOKEN": "x"}}))[:2] == (400, "invalid_request")
-    assert _error(client.post("/sandboxes", json={"gpu_count": 1}))[:2] == (501, "not_supported")
+    assert _error(client.post("/sandboxes", json={"gpu_count": 1}))[:2] == (400, "not_supported")
     assert client.post("/sandboxes", json={"cpu_millicores": "lots"}).status_code == 422
 
 

@@ -9,8 +9,10 @@ A sandbox lives on one worker of a pool whose ``sandboxes`` is above 0
   server (:mod:`levers9.services.sandbox_hosts`), in random order, the first
   that takes it. A worker at its most sandboxes answers ``SandboxesFull`` and
   the next is asked; a worker that cannot be reached is passed over. None
-  taking it is :class:`SandboxProblem` ``no_sandbox_worker`` (503), naming the
-  pools asked and what each answered. A pool's workers are not started for a
+  taking it is :class:`SandboxProblem` ``no_sandbox_worker`` (503: room may
+  free), naming the workers asked and what each answered; no pool with
+  sandboxes for the workspace at all is ``no_sandbox_pool`` (400: asking again
+  cannot help). A pool's workers are not started for a
   sandbox: a pool meant for sandboxes keeps ``min_workers`` up.
 * **who reaches it**: only its workspace. A sandbox of another workspace, or
   one never made, is ``sandbox_not_found`` (404) alike, so ids cannot be
@@ -25,7 +27,7 @@ A sandbox lives on one worker of a pool whose ``sandboxes`` is above 0
 The secrets a sandbox names are read from its workspace's secrets here and
 travel to the worker in the create request, over the worker's tunnel; they are
 never stored with the sandbox or logged. GPUs are not given to sandboxes yet
-(``gpu_count`` above 0 is ``not_supported``).
+(``gpu_count`` above 0 is ``not_supported``, 400).
 
 Failures are :class:`SandboxProblem` (status, type, message), which the
 transports answer as they are; bad input is ``invalid_request`` naming the
@@ -172,7 +174,7 @@ class SandboxService:
         gpus = body.get("gpu_count", 0)
         if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
             raise SandboxProblem(
-                501, "not_supported", "gpu_count: sandboxes get no GPU yet; leave gpu_count at 0 (or use a function)"
+                400, "not_supported", "gpu_count: sandboxes get no GPU yet; leave gpu_count at 0 (or use a function)"
             )
         request = {key: value for key, value in body.items() if key in _PASSED}
         request["secrets"] = await self._secrets(workspace_id, body.get("secrets", []))
@@ -266,8 +268,8 @@ class SandboxService:
         if named is None or named == "":
             if not names:
                 raise SandboxProblem(
-                    503,
-                    "no_sandbox_worker",
+                    400,
+                    "no_sandbox_pool",
                     "no pool of this controlplane serves sandboxes to this workspace; an operator turns them on with "
                     "pools.NAME.sandboxes in the controlplane's config",
                 )
