@@ -207,6 +207,12 @@ def test_bad_requests_name_what_is_wrong(sandbox_up: Up) -> None:
     assert _error(client.post("/sandboxes", json={"env": {"LEVERS9_TOKEN": "x"}}))[:2] == (400, "invalid_request")
     assert _error(client.post("/sandboxes", json={"gpu_count": 1}))[:2] == (400, "not_supported")
     assert client.post("/sandboxes", json={"cpu_millicores": "lots"}).status_code == 422
+    # an image is resolved on the worker with its privileges: the worker's own root, or a path, is no image
+    for image in ("/", "/var/lib"):
+        status, kind, message = _error(client.post("/sandboxes", json={"image": image}))
+        assert (status, kind) == (400, "invalid_request")
+        assert "image" in message
+        assert "images.local_dirs" in message
 
 
 def _room(client: httpx.Client) -> tuple[int, int, int]:

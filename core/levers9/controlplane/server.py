@@ -366,8 +366,11 @@ class Server:
         self.upstream = Upstream(tunnel=self.tunnels.connect_address)
         # sandboxes, reached through the same tunnels (or relays to the replica holding one)
         tunnels = self.tunnels
+        dataplane = self.dataplane
         self.sandboxes = SandboxService(
-            services, lambda worker, host, port, timeout: tunnels.connect(worker, host, port, timeout_s=timeout)
+            services,
+            lambda worker, host, port, timeout: tunnels.connect(worker, host, port, timeout_s=timeout),
+            registry_host=lambda: dataplane.registry_host,
         )
         # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
         # stub may name only its own workspace's images there, whether or not the registry is up

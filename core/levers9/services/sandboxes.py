@@ -43,7 +43,7 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from levers9.services.access import own_workspace
 from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.fleet import checkpoint_storage_url
+from levers9.services.image_refs import check_image
 from levers9.services.sandbox_hosts import SandboxHost, SandboxHosts, SandboxRecord
 from levers9.services.sandbox_relay import (
     CONNECT_TIMEOUT_S,
@@ -62,6 +63,7 @@ from levers9.services.sandbox_relay import (
     WorkerLink,
     WorkerUnreachable,
 )
+from levers9.services.stubs import InvalidStub
 from levers9.services.tunnels import tunnel_address
 from levers9.state.errors import DecryptionError, NotFound
 from levers9.state.sql.records import SandboxSnapshotRecord
@@ -155,8 +157,12 @@ class Relayed:
 class SandboxService:
     """Sandboxes over the workers that serve them (see the module); one per replica, closed with it."""
 
-    def __init__(self, services: Services, connect: Connect) -> None:
+    def __init__(
+        self, services: Services, connect: Connect, *, registry_host: Callable[[], str | None] = lambda: None
+    ) -> None:
         self.services = services
+        #: the host the controlplane's registry names the workspaces' built images by (None: it has none)
+        self.registry_host = registry_host
         self.hosts = SandboxHosts(services.redis, services.box, prefix=services.scheduler.workers.prefix)
         self.link = WorkerLink(connect)
         self._connect = connect
@@ -177,6 +183,7 @@ class SandboxService:
                 400, "not_supported", "gpu_count: sandboxes get no GPU yet; leave gpu_count at 0 (or use a function)"
             )
         request = {key: value for key, value in body.items() if key in _PASSED}
+        self._check_image(workspace_id, request.get("image", "host"))
         request["secrets"] = await self._secrets(workspace_id, body.get("secrets", []))
         pools = self._pools(workspace_id, body.get("pool"))
         snapshot, restored = body.get("snapshot"), None
@@ -245,6 +252,23 @@ class SandboxService:
             if hold:
                 await workers.release_sandbox(hold, now_ms=now())
         return None
+
+    def _check_image(self, workspace_id: str, image: object) -> None:
+        """The rule every stub's image is held to: a sandbox's image is resolved on its worker, with the worker's
+        privileges, so a path (``/``: the worker's own root filesystem) or another workspace's image is refused."""
+        if not isinstance(image, str):
+            raise _bad(f"image is {image!r}; give 'host', or an image reference")
+        config = self.services.config
+        try:
+            check_image(
+                image,
+                workspace_id,
+                registry_host=self.registry_host(),
+                repository_prefix=config.registry.repository_prefix,
+                local_dirs=config.images.local_dirs,
+            )
+        except InvalidStub as exc:
+            raise _bad(str(exc)) from None
 
     async def _serving(self, pool: str) -> list[str]:
         """The pool's running workers that serve sandboxes. A worker announces its server in the first message
