@@ -264,7 +264,10 @@ def test_a_call_fails_over_from_ec2_and_oci_to_lambda_and_every_instance_is_gone
             lambda: replicas.logs(),
         )
         assert booter.refused == {}, booter.refused
-        assert booter.bare == [stray]  # no user data: its image would just start
+        # every instance levers9 started had its user data; the stray has none (its image would just start), and
+        # the booter lists it only if it saw it running before the reconciler terminated it (on a loaded machine
+        # the reconciler came first once: CI at stop 50's next run)
+        assert set(booter.bare) <= {stray}, booter.bare
 
 
 T4_POOL = """\
