@@ -66,6 +66,8 @@ def test_list_prints_a_row_per_sandbox(api: FakeSandboxAPI, cli: Callable[..., R
     assert [s["id"] for s in json.loads(result.stdout)] == ["sb-1", "sb-2"]
     assert api.seen("GET", "/sandboxes")[-1].query == {}
 
+
+def test_list_with_no_sandboxes_says_how_to_start_one(api: FakeSandboxAPI, cli: Callable[..., Result]) -> None:
     api.on("GET", "/sandboxes", (200, {"sandboxes": []}))
     result = cli("sandbox", "list")
     assert (result.returncode, result.stdout) == (0, "")
@@ -150,12 +152,14 @@ def test_logs_prints_each_process_output_or_one(api: FakeSandboxAPI, cli: Callab
 
 
 def test_kill_terminates_or_says_it_had_ended(api: FakeSandboxAPI, cli: Callable[..., Result]) -> None:
+    api.on("GET", f"/sandboxes/{ID}", (200, info(ID)))
     api.on("DELETE", f"/sandboxes/{ID}", (200, info(ID, state="ended", reason="terminated")))
     result = cli("sandbox", "kill", ID)
     assert (result.returncode, result.stdout) == (0, f"terminated sandbox {ID}\n")
-    api.on("DELETE", f"/sandboxes/{ID}", error(409, "sandbox_ended", "sandbox sb-1 has ended"))
+    api.on("GET", f"/sandboxes/{ID}", (200, info(ID, state="ended", reason="terminated")))
     assert cli("sandbox", "kill", ID).stdout == f"sandbox {ID} had ended already\n"
-    api.on("DELETE", f"/sandboxes/{ID}", error(404, "sandbox_not_found", "no sandbox sb-1 in this workspace"))
+    assert len(api.seen("DELETE", f"/sandboxes/{ID}")) == 1
+    api.on("GET", f"/sandboxes/{ID}", error(404, "sandbox_not_found", "no sandbox sb-1 in this workspace"))
     result = cli("sandbox", "kill", ID)
     assert result.returncode == 1
     assert "no sandbox sb-1 in this workspace" in result.stderr

@@ -193,6 +193,10 @@ def test_ttl_terminate_and_status(api: FakeSandboxAPI) -> None:
     assert sandbox.terminate() is True
     api.on("DELETE", f"/sandboxes/{ID}", error(409, "SandboxEnded", "sandbox sb-1 was terminated"))
     assert sandbox.terminate() is False
+    # one that had ended is not asked to end again (the controlplane would answer with its info, as for one now)
+    api.on("GET", f"/sandboxes/{ID}", (200, info(ID, state="ended", reason="terminated")))
+    assert sandbox.terminate() is False
+    assert len(api.seen("DELETE", f"/sandboxes/{ID}")) == 2
     api.on("GET", f"/sandboxes/{ID}", (200, info(ID, state="gone", reason="its container died")))
     assert sandbox.status() == (1, "gone")
 
@@ -456,6 +460,7 @@ def test_stat_and_list_map_the_published_field_names(api: FakeSandboxAPI) -> Non
 def test_aio_variants(api: FakeSandboxAPI) -> None:
     api.on("POST", "/sandboxes", (201, info(ID)))
     api.on("PUT", f"/sandboxes/{ID}/files", (200, {"size": 2}))
+    api.on("GET", f"/sandboxes/{ID}", (200, info(ID)))
     api.on("DELETE", f"/sandboxes/{ID}", (200, info(ID, state="ended")))
 
     async def output() -> AsyncIterator[bytes]:

@@ -312,6 +312,10 @@ class SandboxInstance:
     # ------------------------------------------------------------------ coroutines (run on the sandbox loop)
 
     async def _terminate(self) -> bool:
+        # asked first: the controlplane answers a DELETE of an ended sandbox with its info, as for a running one
+        self.info = await self._ref.request("GET", "", what=f"terminate sandbox {self.id}")
+        if self.info.get("state") in ENDED_STATES:
+            return False
         try:
             self.info = await self._ref.request("DELETE", "", what=f"terminate sandbox {self.id}")
         except SandboxEnded:

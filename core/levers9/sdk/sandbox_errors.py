@@ -67,7 +67,7 @@ class SandboxGone(SandboxEnded):
 
 
 class SandboxUnavailable(SandboxError):
-    """No sandbox could be started now: the pool's workers are full, none serves sandboxes, or the start failed."""
+    """No sandbox could be started: the pool's workers are full, no pool serves sandboxes, or the start failed."""
 
 
 class SandboxConnectionError(SandboxError):
@@ -135,6 +135,7 @@ _BY_TYPE: dict[str, type[SandboxError]] = {
     "sandbox_gone": SandboxGone,
     "sandboxes_full": SandboxUnavailable,
     "no_sandbox_worker": SandboxUnavailable,
+    "no_sandbox_pool": SandboxUnavailable,
     "start_failed": SandboxUnavailable,
     "worker_unreachable": SandboxConnectionError,
     "process_not_found": SandboxProcessError,
