@@ -280,7 +280,7 @@ async def test_the_worker_serves_sandboxes_only_when_switched_on(tmp_path: Path)
     async with _world("runc", tmp_path) as world:
         options = WorkerOptions(controlplane="grpc://127.0.0.1:1", token="t", state_dir=tmp_path / "w", sandboxes=2)
         worker = WorkerProcess(options, world.pool.hooks)
-        await worker._open_sandboxes(world.pool)
+        await worker._open_sandboxes(world.pool, options.sandboxes)
         api = worker.sandbox_api
         assert api is not None
         async with httpx.AsyncClient(base_url=api.url, headers={"Authorization": f"Bearer {api.secret}"}) as http:

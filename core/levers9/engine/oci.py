@@ -30,6 +30,15 @@ GPUs (the NVIDIA hooks are not known to work in one), and one whose
 mounts cannot be idmapped: those run as before, and ``meta.json`` says why
 (``user_namespace_off``). A container in a user namespace cannot be
 checkpointed: :meth:`OciEngine.checkpoint` refuses it up front.
+
+A checkpoint holds the container's memory and, as :data:`ROOTFS_CHANGES` in
+the image directory, its root filesystem's changes (its overlay's upper
+directory as an OCI layer, :mod:`levers9.engine.changes`): the memory image
+names files by path, and a file the container wrote lives on the host, not in
+the memory. Restoring the image into another container first unpacks those
+changes into its fresh upper directory (:mod:`levers9.engine.layers`), so its
+processes find their files, on this machine or another. The in-place restore
+that keeps a checkpointed container running reuses its own upper directory.
 """
 
 from __future__ import annotations
@@ -52,7 +61,8 @@ from typing import TYPE_CHECKING, Any
 
 from levers9.engine import cgroups, shim
 from levers9.engine.cdi import apply_edits, load_specs
-from levers9.engine.changes import bundle_changes
+from levers9.engine.changes import ChangesError, bundle_changes
+from levers9.engine.layers import extract_layer
 from levers9.engine.rootfs import mount_overlay, unmount, unmount_all
 from levers9.engine.spec import cgroups_path, oci_config
 from levers9.engine.userns import (
@@ -82,7 +92,7 @@ if TYPE_CHECKING:
     from levers9.engine.images import ImageStore
     from levers9.engine.network import Bridge
 
-__all__ = ["START_TIMEOUT_S", "ContainerRecords", "OciEngine", "OciFlavor"]
+__all__ = ["ROOTFS_CHANGES", "START_TIMEOUT_S", "ContainerRecords", "OciEngine", "OciFlavor"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +100,8 @@ START_TIMEOUT_S = 30.0
 CONTAINER_PID = "container.pid"
 STOP_TIMEOUT_S = 15.0
 LOG_CHUNK = 1 << 20
+#: the container's root filesystem changes, in a checkpoint's image directory (an OCI layer tar)
+ROOTFS_CHANGES = "rootfs-changes.tar"
 
 
 @dataclass(frozen=True)
@@ -355,10 +367,22 @@ class OciEngine(ContainerRecords):
         return ["--pid-file", str(self._dir(container_id) / CONTAINER_PID)]
 
     def restore(self, container: PreparedContainer, image: CheckpointImage) -> ContainerState:
+        return self._restore(container, image, changes=True)
+
+    def _restore(self, container: PreparedContainer, image: CheckpointImage, *, changes: bool) -> ContainerState:
         if not Path(image.path).is_dir():
             self.remove(container.container_id)
             raise RestoreFailed(f"checkpoint {image.checkpoint_id} is missing its image at {image.path}")
         cid = container.container_id
+        layer = Path(image.path) / ROOTFS_CHANGES
+        if changes and layer.is_file():
+            try:
+                self._apply_changes(container, layer)
+            except (Levers9Error, OSError) as exc:
+                self.remove(cid)
+                raise RestoreFailed(
+                    f"the root filesystem of checkpoint {image.checkpoint_id} was not restored: {exc}"
+                ) from exc
         action = ["restore", "--image-path", image.path, *self._pid_file(cid), "--bundle", self._bundle(container), cid]
         state = self._launch(container, action, confirm=True)
         exit_info = self._exit(container.container_id)
@@ -367,6 +391,23 @@ class OciEngine(ContainerRecords):
             self.remove(container.container_id)
             raise RestoreFailed(f"restoring {image.checkpoint_id} failed: {output.strip() or 'no output'}")
         return state
+
+    def _apply_changes(self, container: PreparedContainer, layer: Path) -> None:
+        """Unpack a checkpoint's root filesystem changes into the prepared container's upper directory.
+
+        The overlay is unmounted meanwhile (overlayfs does not allow changing its layers under it) and mounted
+        again over the same layers.
+        """
+        cid = container.container_id
+        meta = self._meta(cid) or {}
+        if meta.get("user_namespace"):
+            raise InvalidRequest(f"container {cid} runs in a user namespace; a checkpoint cannot be restored into it")
+        cdir = self._dir(cid)
+        rootfs = cdir / "bundle" / "rootfs"
+        unmount(rootfs)
+        with open(layer, "rb") as stream:
+            extract_layer(stream, cdir / "upper", f"the root filesystem changes {layer}")
+        mount_overlay(list(self.images.resolve(container.spec.image).layers), cdir / "upper", cdir / "work", rootfs)
 
     def _bundle(self, container: PreparedContainer) -> str:
         if not (self._dir(container.container_id) / "meta.json").exists():
@@ -567,6 +608,13 @@ class OciEngine(ContainerRecords):
             raise Levers9Error(
                 f"{self.flavor.name} checkpoint of {container_id} failed: {(proc.stderr or proc.stdout).strip()}"
             )
+        # the root filesystem's changes, taken while runsc's sandbox is stopped (CRIU's keeps running); a failure
+        # is raised only once the container runs again
+        unsaved: ChangesError | None = None
+        try:
+            bundle_changes(self._dir(container_id), None, Path(image_dir) / ROOTFS_CHANGES)
+        except ChangesError as exc:
+            unsaved = exc
         size = sum(p.stat().st_size for p in Path(image_dir).rglob("*") if p.is_file())
         image = CheckpointImage(
             checkpoint_id=uuid.uuid4().hex,
@@ -575,8 +623,14 @@ class OciEngine(ContainerRecords):
             size_bytes=size,
             created_at=datetime.now(UTC),
         )
-        if self.flavor.leave_running:
-            return image
+        if not self.flavor.leave_running:
+            self._restore_in_place(container_id, meta, image)
+        if unsaved is not None:
+            raise Levers9Error(f"the checkpoint of {container_id} lacks its root filesystem's changes: {unsaved}")
+        return image
+
+    def _restore_in_place(self, container_id: str, meta: dict[str, Any], image: CheckpointImage) -> None:
+        """Start the container that runsc's checkpoint stopped again, from the image just taken."""
         self._wait_for_shim(container_id, until_gone=True)
         cdir = self._dir(container_id)
         for name in (shim.EXIT_FILE, shim.PID_FILE, shim.CHILD_FILE, CONTAINER_PID):
@@ -585,8 +639,7 @@ class OciEngine(ContainerRecords):
         container = PreparedContainer(
             container_id=container_id, runtime=self.flavor.name, spec=spec, bundle_dir=str(cdir / "bundle")
         )
-        self.restore(container, image)
-        return image
+        self._restore(container, image, changes=False)  # in place: its own upper directory is still there
 
 
 #: when each bridge was last swept by this process (see :func:`_sweep`)

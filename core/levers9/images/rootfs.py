@@ -32,8 +32,8 @@ image built from it can be reused. What goes in:
   ``/usr/local/bin``;
 * the OCI runtimes the ``runc`` and ``gvisor`` runtime plugins drive, ``runc``
   and ``runsc``, and what their containers' networking runs: ``ip``
-  (:mod:`levers9.engine.network`) and ``iptables``
-  (:mod:`levers9.engine.host_guard`) with its extensions, which it loads
+  (:mod:`levers9.engine.network`) and ``iptables``, ``ip6tables`` and their
+  ``-restore`` (:mod:`levers9.engine.host_guard`) with their extensions, which it loads
   with ``dlopen`` from :data:`XTABLES` (invisible to ``ldd``: the whole directory
   is copied, as ``iptables -S`` loads the extension of every rule on the host;
   nft on Debian 12). Running them needs, from whoever
@@ -130,6 +130,10 @@ TOOLS: dict[str, tuple[str, bool]] = {
     "runc": ("runc", True),
     "runsc": ("runsc", True),
     "iptables": ("iptables", True),
+    # a sandbox whose network is cut (host_guard.confine): IPv6's rules, and each family's rules made at once
+    "ip6tables": ("iptables", True),
+    "iptables-restore": ("iptables", True),
+    "ip6tables-restore": ("iptables", True),
     "mount": ("mount", False),
     "umount": ("mount", False),
     "nsenter": ("util-linux", False),

@@ -39,6 +39,11 @@ Routes (JSON in and out; ``{id}`` a sandbox, ``{process}`` the sandbox's own pro
 ``GET .../files/stat?path=``             ``{"entry": {...}}`` (:class:`~levers9.runner.sandbox_wire.FileEntry`)
 ``GET .../files/list?path=``             ``{"entries": [...]}``
 ``POST .../files/mkdir?path=``           ``&parents=false`` to need the parent
+``POST /sandboxes/{id}/snapshots``       snapshot it (memory and files; it runs on): 201 ``{"snapshot": {...}}``
+                                         (:class:`~levers9.worker.sandbox_snapshots.SnapshotInfo`); a create
+                                         whose body has ``"snapshot": {...}`` (that object) restores it, one
+                                         with ``"snapshots": true`` can be snapshotted
+``DELETE /snapshots?key=``               remove a stored snapshot (its ``key``); ``{}``
 =======================================  ===============================================================
 
 A process's output is handed out once: one reader at a time (another is 409 ``OutputBusy``), and a
@@ -49,7 +54,10 @@ Errors are ``{"error": {"code", "message", "path"}}``: 401 ``Unauthorized``; 404
 ``ENOENT``, ``NoSuchProcess``; 409 ``SandboxEnded`` (terminated, timed out, idle; the message says which),
 ``SandboxGone`` (its container died), ``OutputBusy``, ``EEXIST``; 400 ``BadPath`` (not absolute, NUL, or a
 ``..`` that would leave the sandbox's root), ``BadRequest`` (a field; named), other errno names; 403
-``EACCES``/``EPERM``; 429 ``TooManyProcesses``; 503 ``SandboxesFull``; 502 ``StartFailed``.
+``EACCES``/``EPERM``; 429 ``TooManyProcesses``; 503 ``SandboxesFull``; 502 ``StartFailed``. Snapshots: 409
+``SandboxBusy`` (a snapshot is being taken), ``SnapshotUnavailable`` (not created for snapshots, no
+checkpoint storage, or a runtime that cannot checkpoint here); 404 ``SnapshotMissing`` (not in the
+storage); 502 ``SnapshotFailed``; a snapshot of another runtime is 400 ``BadRequest`` naming both.
 """
 
 from __future__ import annotations
@@ -73,8 +81,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from levers9.runner import sandbox_wire as wire
+from levers9.worker.sandbox_snapshots import SnapshotFailed, SnapshotInfo, SnapshotUnavailable
 from levers9.worker.sandboxes import (
     Sandbox,
+    SandboxBusy,
     SandboxEnded,
     Sandboxes,
     SandboxesFull,
@@ -107,6 +117,10 @@ _STATUS = {
     "TooManyProcesses": 429,
     "SandboxesFull": 503,
     "StartFailed": 502,
+    "SandboxBusy": 409,
+    "SnapshotUnavailable": 409,
+    "SnapshotMissing": 404,
+    "SnapshotFailed": 502,
     "Unauthorized": 401,
 }
 
@@ -148,6 +162,8 @@ class SandboxAPI:
             Route("/sandboxes/{id}/files/stat", self._guard(self.stat), methods=["GET"]),
             Route("/sandboxes/{id}/files/list", self._guard(self.list_files), methods=["GET"]),
             Route("/sandboxes/{id}/files/mkdir", self._guard(self.mkdir), methods=["POST"]),
+            Route("/sandboxes/{id}/snapshots", self._guard(self.snapshot), methods=["POST"]),
+            Route("/snapshots", self._guard(self.delete_snapshot), methods=["DELETE"]),
         ]
         self.app: ASGIApp = _Authorized(Starlette(routes=routes), self.secret)
 
@@ -203,6 +219,17 @@ class SandboxAPI:
         seconds = _number(await _json(request), "seconds")
         sandbox = self.sandboxes.update_ttl(request.path_params["id"], seconds, request.headers.get(WORKSPACE_HEADER))
         return JSONResponse(sandbox.info())
+
+    async def snapshot(self, request: Request) -> Response:
+        taken = await self.sandboxes.snapshot(request.path_params["id"], request.headers.get(WORKSPACE_HEADER))
+        return JSONResponse({"snapshot": taken.fields()}, status_code=201)
+
+    async def delete_snapshot(self, request: Request) -> Response:
+        key = request.query_params.get("key")
+        if not key:
+            raise BadInput("key is missing; give the snapshot's key (?key=sandbox-snapshots/<workspace>/<id>)")
+        await self.sandboxes.delete_snapshot(key, request.headers.get(WORKSPACE_HEADER))
+        return JSONResponse({})
 
     # ----------------------------------------------------------------- routes: processes
 
@@ -355,7 +382,15 @@ class SandboxAPI:
                 return _error(exc.code, str(exc), exc.path)
             except SandboxRefused as exc:
                 return _error("BadRequest", str(exc))
-            except (SandboxNotFound, SandboxEnded, SandboxesFull, StartFailed) as exc:
+            except (
+                SandboxNotFound,
+                SandboxEnded,
+                SandboxesFull,
+                StartFailed,
+                SandboxBusy,
+                SnapshotUnavailable,
+                SnapshotFailed,
+            ) as exc:
                 return _error(type(exc).__name__, str(exc))
 
         return guarded
@@ -476,12 +511,13 @@ _SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
     "workdir": str,
     "name": str,
     "block_network": bool,
+    "snapshots": bool,
 }
 
 
 def _spec(body: dict[str, Any], workspace: str | None) -> SandboxSpec:
     """A :class:`SandboxSpec` from a create request's body, each field checked by name."""
-    known = {*_SPEC_FIELDS, "workspace_id", "env", "secrets", "ports", "allow_list"}
+    known = {*_SPEC_FIELDS, "workspace_id", "env", "secrets", "ports", "allow_list", "snapshot"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise BadInput(f"unknown fields {unknown}; a sandbox takes {sorted(known)}")
@@ -503,8 +539,15 @@ def _spec(body: dict[str, Any], workspace: str | None) -> SandboxSpec:
     allow = body.get("allow_list", [])
     if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
         raise BadInput("allow_list must be a list of strings")
+    snapshot: SnapshotInfo | None = None
+    if body.get("snapshot") is not None:
+        try:
+            snapshot = SnapshotInfo.of(body["snapshot"])
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     return SandboxSpec(
         workspace_id=workspace_id,
+        snapshot=snapshot,
         env=_strings(body.get("env", {}), "env"),
         secret_env=_strings(body.get("secrets", {}), "secrets"),
         ports=tuple(ports),

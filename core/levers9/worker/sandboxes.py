@@ -30,10 +30,23 @@ Invariants and lifecycle:
 
 Isolation: a sandbox needs a runtime that gives its containers their own filesystem (runc, gVisor);
 on one whose containers see the host (``host_filesystem``, the process runtime) creating one is
-refused, as is ``block_network`` and ``allow_list`` for now: the runner is reached over the
-container's network, so this worker cannot cut a sandbox's egress yet, and says so rather than
-pretending. A sandbox gets only the environment and secrets of its spec, never the worker's (a name starting
+refused. A sandbox gets only the environment and secrets of its spec, never the worker's (a name starting
 ``LEVERS9_`` is refused: the runner's own variables must not be overridden).
+
+Its network: by default what every container of the pool has (the other containers on the bridge and
+what the host routes to, never the host itself: :mod:`levers9.engine.host_guard`). ``block_network``
+cuts it: the sandbox opens no connection to anything (another container, another network, the cloud's
+metadata address; no DNS either), while the worker still reaches its runner and the ports it exposes,
+whose replies pass. ``allow_list`` cuts it the same way but for new connections to its networks (IPv4 and
+IPv6 addresses and CIDR networks; a bare address is that one address); it implies ``block_network``.
+A host name is refused, not resolved: the sandbox has no DNS to use it with, and the addresses a name had
+when the sandbox was created are not those it has later, so the rule would quietly allow the wrong ones.
+The rules (host_guard's confined containers: a chain per container, matched by its veth) are made before
+its container starts, so nothing it runs ever had the network, and taken back once the container is
+removed; a killed worker's are removed at its next start (:func:`levers9.worker.leftovers.remove_leftovers`).
+A worker that cannot make them (no ``iptables``/``ip6tables``, no ``br_netfilter``, a runtime whose
+containers are not on levers9's bridge) refuses the sandbox (:class:`SandboxRefused` naming the field)
+rather than run it with the network.
 
 GPUs: a :class:`Sandboxes` hands out only the GPUs it is given, apart from the warm pool's; the worker
 gives it none for now (``gpu_count`` above 0 is then :class:`SandboxesFull`), until the pool and the
@@ -54,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import re
 import secrets
@@ -66,6 +80,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from levers9.engine import host_guard
+from levers9.engine.network import veth_name
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.types import GpuDevice
 from levers9.worker.calls import SANDBOX_KIND, StubSpec
@@ -94,6 +110,8 @@ DEFAULT_MAX_SANDBOXES = 32
 KEPT_ENDED = 256
 #: the longest the watcher sleeps between two looks at a sandbox with an idle timeout
 IDLE_CHECK_S = 0.5
+#: the most networks an allow_list may hold (each is a rule every packet of the sandbox may meet)
+MAX_ALLOWED = 64
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -131,7 +149,9 @@ class SandboxSpec:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     #: ports a server in the sandbox listens on, reached at the container's address (``Sandbox.ports``)
     ports: tuple[int, ...] = ()
+    #: no connection out of the sandbox (see the module's docstring)
     block_network: bool = False
+    #: the networks it may open connections to, its egress otherwise cut: IPv4/IPv6 addresses and CIDRs
     allow_list: tuple[str, ...] = ()
     #: seconds from creation to its end; 0: no deadline
     timeout_s: float = 300.0
@@ -163,12 +183,30 @@ class SandboxSpec:
                 raise SandboxRefused(f"env holds {key!r}; a name is letters, digits and _, not starting LEVERS9_")
         if not self.workdir.startswith("/") or "\0" in self.workdir:
             raise SandboxRefused(f"workdir is {self.workdir!r}; it must be an absolute path")
-        if self.block_network or self.allow_list:
-            what = "block_network" if self.block_network else "allow_list"
-            raise SandboxRefused(
-                f"{what} is not supported by this worker yet: its runner is reached over the container's network, "
-                "so egress cannot be cut per sandbox; leave block_network false and allow_list empty"
-            )
+        self.networks()
+
+    @property
+    def confined(self) -> bool:
+        """Whether its egress is cut (``block_network``, or an ``allow_list``, which implies it)."""
+        return self.block_network or bool(self.allow_list)
+
+    def networks(self) -> list[host_guard.IPNetwork]:
+        """``allow_list`` as networks (a bare address: that one address); SandboxRefused naming a bad entry."""
+        if len(self.allow_list) > MAX_ALLOWED:
+            raise SandboxRefused(f"allow_list holds {len(self.allow_list)} networks; at most {MAX_ALLOWED}")
+        found = []
+        for entry in self.allow_list:
+            try:
+                if not isinstance(entry, str) or "%" in entry:  # an IPv6 scope names this host's interface
+                    raise ValueError(entry)
+                found.append(ipaddress.ip_network(entry.strip(), strict=False))
+            except ValueError:
+                raise SandboxRefused(
+                    f"allow_list holds {entry!r}, which is not an IP address or network; give IPv4 or IPv6 addresses "
+                    "or CIDR networks such as 203.0.113.7, 198.51.100.0/24 or 2001:db8::/32 (host names are not "
+                    "resolved: the sandbox has no DNS to use one with, and a name's addresses change)"
+                ) from None
+        return found
 
 
 @dataclass(eq=False)
@@ -198,6 +236,8 @@ class Sandbox:
     reading: set[int] = field(default_factory=set)
     #: the container's address on the worker's network ("" when the runtime reports none)
     ip: str = ""
+    #: the host-side veth whose rules cut its network ("" when it is not confined)
+    veth: str = ""
     watcher: asyncio.Task[None] | None = None
     #: removing what it held, once it ended
     ending: asyncio.Task[None] | None = None
@@ -228,6 +268,8 @@ class Sandbox:
             "gpu_count": self.spec.gpu_count,
             "workdir": self.spec.workdir,
             "ports": {str(p): a for p, a in self.ports.items()},
+            "block_network": self.spec.confined,
+            "allow_list": list(self.spec.allow_list),
             "container_id": self.box.cid,
         }
 
@@ -302,13 +344,18 @@ class Sandboxes:
         sandbox = Sandbox(sid, spec, WarmStub(key=sid, spec=stub, handler_dir=handler_dir), box, time.time())
         self._live[sid] = sandbox
         try:
+            if spec.confined:  # before its container starts: nothing it runs ever has the network
+                await self._confine(sandbox)
             await self.launcher.boot(sandbox.group, box)
+            if sandbox.veth:
+                await self._check_confined(sandbox)
             reader, writer = await self.client.connect(box)
             sandbox.session = SandboxSession(reader, writer, name=sid).start()
             state = await self.launcher.state(box.cid)
             sandbox.ip = state.ip or ""
         except BaseException as exc:
-            reason = f"it did not start: {exc}" if isinstance(exc, StartFailed) else "its start was interrupted"
+            failed = isinstance(exc, StartFailed | SandboxRefused)
+            reason = f"it did not start: {exc}" if failed else "its start was interrupted"
             await self._end(sandbox, "ended", reason)
             raise
         loop = asyncio.get_running_loop()
@@ -319,6 +366,23 @@ class Sandboxes:
         sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
         log.info("sandbox %s of workspace %s runs in container %s", sid, spec.workspace_id, box.cid)
         return sandbox
+
+    async def _confine(self, sandbox: Sandbox) -> None:
+        """Cut its network (host_guard's rules for its veth, named by its container's id); SandboxRefused if not."""
+        sandbox.veth = veth_name(sandbox.box.cid)  # set first: _remove takes back whatever was made
+        try:
+            await asyncio.to_thread(
+                host_guard.confine, sandbox.veth, sandbox.spec.networks(), label=sandbox.id, owner=self.state_dir
+            )
+        except (host_guard.HostGuardError, ValueError) as exc:
+            raise SandboxRefused(f"{_confining(sandbox.spec)} cannot be enforced on this worker: {exc}") from exc
+
+    async def _check_confined(self, sandbox: Sandbox) -> None:
+        """SandboxRefused unless its started container is held by its rules (before anything runs in it)."""
+        try:
+            await asyncio.to_thread(host_guard.check_confined, sandbox.veth)
+        except host_guard.HostGuardError as exc:
+            raise SandboxRefused(f"{_confining(sandbox.spec)} cannot be enforced on this worker: {exc}") from exc
 
     # ----------------------------------------------------------------- find and use
 
@@ -449,6 +513,14 @@ class Sandboxes:
                 await self.launcher.stop(box, hung_up=hung_up)
             except Levers9Error as exc:
                 log.error("removing sandbox %s's container %s failed: %s", sandbox.id, box.cid, exc)
+                if sandbox.veth:  # it may still run: its rules stay, until the worker's next start
+                    log.error("sandbox %s's network rules (%s) stay while its container may run", sandbox.id, box.cid)
+            else:
+                if sandbox.veth:
+                    try:
+                        await asyncio.to_thread(host_guard.unconfine, sandbox.veth)
+                    except host_guard.HostGuardError as exc:
+                        log.error("removing sandbox %s's network rules failed: %s", sandbox.id, exc)
         finally:
             if box.signal_dir is not None:
                 shutil.rmtree(box.signal_dir, ignore_errors=True)
@@ -456,3 +528,8 @@ class Sandboxes:
             self._free_gpus = sorted([*self._free_gpus, *box.gpus], key=lambda g: g.index)
             box.gpus = []
             shutil.rmtree(sandbox.group.handler_dir, ignore_errors=True)
+
+
+def _confining(spec: SandboxSpec) -> str:
+    """The field that asked for the sandbox's network to be cut, for an error."""
+    return "allow_list" if spec.allow_list else "block_network"
