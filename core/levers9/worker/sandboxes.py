@@ -48,6 +48,23 @@ A worker that cannot make them (no ``iptables``/``ip6tables``, no ``br_netfilter
 containers are not on levers9's bridge) refuses the sandbox (:class:`SandboxRefused` naming the field)
 rather than run it with the network.
 
+Snapshots (:meth:`Sandboxes.snapshot`, the issue's memory snapshots): a sandbox created with
+``snapshots`` is booted so that its container can be checkpointed with its processes running: its
+runner is reached over a unix socket in a signal directory of its own (mounted at
+``/run/levers9``, as a checkpointed function's is) and the container has no network at all (gVisor
+cannot checkpoint a sandbox on the host's network stack, what ``auto`` uses where its own fails, and a
+memory image must hold no connection to this machine), so ``ports``, ``block_network`` (implied) and
+``allow_list`` are refused with it. A snapshot detaches the runner (its processes run on, their output
+held; :mod:`levers9.runner.sandbox_wire`), checkpoints the container (memory and root filesystem changes;
+the sandbox keeps running: runsc's checkpoint stops it and :mod:`levers9.engine.oci` restores it in place
+at once, which the sandbox sees as a pause), reattaches, and stores the image in the worker's checkpoint
+storage (:mod:`levers9.worker.sandbox_snapshots`). ``create`` with ``snapshot`` restores one on this
+worker (any worker of the pool with the same runtime: the storage is shared) as a new sandbox whose
+session takes over the runner's processes, started before the snapshot and still running. Only a runtime
+whose plugin checkpoints here and a worker with checkpoint storage can; otherwise
+:class:`~levers9.worker.sandbox_snapshots.SnapshotUnavailable` names which. A request while a snapshot is
+being taken is :class:`SandboxBusy`.
+
 GPUs: a :class:`Sandboxes` hands out only the GPUs it is given, apart from the warm pool's; the worker
 gives it none for now (``gpu_count`` above 0 is then :class:`SandboxesFull`), until the pool and the
 sandboxes share one account of the worker's GPUs.
@@ -59,7 +76,8 @@ positive count, its ``max_sandboxes``; unset, the default, it has none and nothi
 Errors (what each means): :class:`SandboxNotFound` (no sandbox of that id on this worker, or one of
 another workspace), :class:`SandboxEnded` (it was terminated, timed out or idled out; the message says
 which), ``SandboxGone`` (its container died), :class:`SandboxesFull`, :class:`SandboxRefused` (the spec
-asks for what this worker cannot do, naming the field), and
+asks for what this worker cannot do, naming the field), :class:`SandboxBusy` (a snapshot is being taken),
+the snapshot errors of :mod:`levers9.worker.sandbox_snapshots`, and
 :class:`~levers9.worker.warm.launch.StartFailed` (the container did not come up; its output quoted).
 """
 
@@ -67,6 +85,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import re
@@ -80,11 +99,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from levers9.checkpoint.boot import GO_FILE
+from levers9.checkpoint.restore import RESTORE_TIMEOUT_S
+from levers9.checkpoint.snapshot import SIGNAL_SOCKET, Checkpointing
+from levers9.checkpoint.storage import CheckpointMissing, CheckpointStorage, StorageError
 from levers9.engine import host_guard
 from levers9.engine.network import veth_name
+from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
-from levers9.hooks.types import GpuDevice
+from levers9.hooks.types import CheckpointImage, ContainerStatus, GpuDevice
 from levers9.worker.calls import SANDBOX_KIND, StubSpec
+from levers9.worker.sandbox_snapshots import (
+    KEY_PREFIX,
+    SnapshotFailed,
+    SnapshotInfo,
+    SnapshotMissing,
+    SnapshotUnavailable,
+    new_snapshot_id,
+    snapshot_key,
+)
 from levers9.worker.warm.launch import Launcher, PortPicker, StartFailed, container_id
 from levers9.worker.warm.runner_client import RunnerClient
 from levers9.worker.warm.sandbox_client import SandboxGone, SandboxProcess, SandboxSession
@@ -94,6 +127,7 @@ __all__ = [
     "DEFAULT_MAX_SANDBOXES",
     "KEPT_ENDED",
     "Sandbox",
+    "SandboxBusy",
     "SandboxEnded",
     "SandboxNotFound",
     "SandboxRefused",
@@ -114,6 +148,10 @@ IDLE_CHECK_S = 0.5
 MAX_ALLOWED = 64
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: the file a detached runner creates in its signal directory once it waits (``LEVERS9_READY_FILE``)
+READY_FILE = "ready"
+#: seconds a detached runner is given to say it waits, before the snapshot fails
+DETACH_TIMEOUT_S = 30.0
 
 
 class SandboxNotFound(Exception):
@@ -126,6 +164,10 @@ class SandboxEnded(Exception):
 
 class SandboxesFull(Exception):
     """This worker already runs its most sandboxes."""
+
+
+class SandboxBusy(Exception):
+    """A snapshot of the sandbox is being taken; the request may be made again in a moment."""
 
 
 class SandboxRefused(ValueError):
@@ -160,6 +202,28 @@ class SandboxSpec:
     #: the working directory of a process started without one
     workdir: str = "/"
     name: str = ""
+    #: created so it can be snapshotted: runner over a unix socket, no network (see the module's docstring)
+    snapshots: bool = False
+    #: restore this snapshot instead of starting afresh (its image, Python, cpu and memory are the snapshot's)
+    snapshot: SnapshotInfo | None = None
+
+    def _check_snapshots(self) -> None:
+        if self.snapshots or self.snapshot is not None:
+            network: tuple[tuple[str, object], ...] = (
+                ("ports", self.ports),
+                ("block_network", self.block_network),
+                ("allow_list", self.allow_list),
+            )
+            for name, value in network:
+                if value:
+                    raise SandboxRefused(
+                        f"{name} cannot be given with snapshots (or a snapshot to restore): a sandbox that can be "
+                        f"snapshotted has no network at all; leave {name} unset"
+                    )
+        if self.snapshot is not None and self.snapshot.workspace_id != self.workspace_id:
+            raise SandboxRefused(
+                f"snapshot {self.snapshot.id} belongs to another workspace; restore a snapshot of {self.workspace_id}"
+            )
 
     def check(self) -> None:
         """SandboxRefused naming the first field that cannot be used."""
@@ -183,6 +247,7 @@ class SandboxSpec:
                 raise SandboxRefused(f"env holds {key!r}; a name is letters, digits and _, not starting LEVERS9_")
         if not self.workdir.startswith("/") or "\0" in self.workdir:
             raise SandboxRefused(f"workdir is {self.workdir!r}; it must be an absolute path")
+        self._check_snapshots()
         self.networks()
 
     @property
@@ -236,6 +301,8 @@ class Sandbox:
     reading: set[int] = field(default_factory=set)
     #: the container's address on the worker's network ("" when the runtime reports none)
     ip: str = ""
+    #: a snapshot is being taken: requests are refused (SandboxBusy) meanwhile
+    snapshotting: bool = False
     #: the host-side veth whose rules cut its network ("" when it is not confined)
     veth: str = ""
     watcher: asyncio.Task[None] | None = None
@@ -271,6 +338,8 @@ class Sandbox:
             "block_network": self.spec.confined,
             "allow_list": list(self.spec.allow_list),
             "container_id": self.box.cid,
+            "snapshots": self.spec.snapshots,
+            "restored_from": self.spec.snapshot.id if self.spec.snapshot is not None else None,
         }
 
 
@@ -286,6 +355,7 @@ class Sandboxes:
         state_dir: Path,
         gpus: list[GpuDevice] = [],  # noqa: B006 (only read, never mutated)
         max_sandboxes: int = DEFAULT_MAX_SANDBOXES,
+        storage: CheckpointStorage | None = None,
     ) -> None:
         if max_sandboxes < 1:
             raise ValueError(f"max_sandboxes is {max_sandboxes}; it must be at least 1")
@@ -295,6 +365,8 @@ class Sandboxes:
         self.state_dir = Path(state_dir)
         self.max_sandboxes = max_sandboxes
         self._free_gpus = list(gpus)
+        #: where snapshots go; None: the launcher's checkpoint storage, if the worker has one
+        self.storage = storage
         self._live: dict[str, Sandbox] = {}
         self._ended: OrderedDict[str, Sandbox] = OrderedDict()
         self._closed = False
@@ -305,8 +377,11 @@ class Sandboxes:
     # ----------------------------------------------------------------- create
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        """Boot a sandbox and return it running; SandboxRefused, SandboxesFull or StartFailed say why not."""
+        """Boot a sandbox (or restore ``spec.snapshot``) and return it running; SandboxRefused, SandboxesFull,
+        StartFailed, SnapshotUnavailable or SnapshotMissing (a StartFailed) say why not."""
         spec.check()
+        if spec.snapshot is not None:
+            spec = self._restoring(spec, spec.snapshot)
         if self._closed:
             raise SandboxesFull("this worker is stopping and takes no new sandbox")
         if self.launcher.capabilities.host_filesystem:
@@ -346,11 +421,13 @@ class Sandboxes:
         try:
             if spec.confined:  # before its container starts: nothing it runs ever has the network
                 await self._confine(sandbox)
-            await self.launcher.boot(sandbox.group, box)
+            await self._boot(sandbox)
             if sandbox.veth:
                 await self._check_confined(sandbox)
             reader, writer = await self.client.connect(box)
             sandbox.session = SandboxSession(reader, writer, name=sid).start()
+            if spec.snapshot is not None:  # the restored runner's processes, running since before the snapshot
+                sandbox.processes = {p.id: p for p in await sandbox.session.attach()}
             state = await self.launcher.state(box.cid)
             sandbox.ip = state.ip or ""
         except BaseException as exc:
@@ -384,6 +461,209 @@ class Sandboxes:
         except host_guard.HostGuardError as exc:
             raise SandboxRefused(f"{_confining(sandbox.spec)} cannot be enforced on this worker: {exc}") from exc
 
+    def _restoring(self, spec: SandboxSpec, snap: SnapshotInfo) -> SandboxSpec:
+        """The spec of a sandbox restored from ``snap`` (the snapshot's image, Python, cpu and memory)."""
+        if snap.runtime != self.launcher.runtime.name:
+            raise SandboxRefused(
+                f"snapshot {snap.id} was taken on runtime {snap.runtime}, and this worker's pool runs "
+                f"{self.launcher.runtime.name}; restore it on a pool of runtime {snap.runtime}"
+            )
+        if self._storage() is None:
+            raise SnapshotUnavailable(
+                "this worker has no checkpoint storage (the controlplane's checkpoints.storage_url is unset), "
+                f"so it cannot read snapshot {snap.id}"
+            )
+        return dataclasses.replace(
+            spec,
+            image=snap.image,
+            python_version=snap.python_version,
+            cpu_millicores=snap.cpu_millicores,
+            memory_mib=snap.memory_mib,
+            snapshots=True,
+        )
+
+    async def _boot(self, sandbox: Sandbox) -> None:
+        """Start its container: the warm pool's way, or, for snapshots, :meth:`_boot_for_snapshots`."""
+        if sandbox.spec.snapshots:
+            await self._boot_for_snapshots(sandbox)
+        else:
+            await self.launcher.boot(sandbox.group, sandbox.box)
+
+    async def _boot_for_snapshots(self, sandbox: Sandbox) -> None:
+        """Start the container of a sandbox that can be snapshotted (see the module's docstring), or restore
+        ``spec.snapshot`` into it: the restored runner waits for its go file, which holds this box's token."""
+        box, hooks, runtime = sandbox.box, self.launcher.hooks, self.launcher.runtime
+        box.signal_dir = self.state_dir / "sandbox-signals" / sandbox.id
+        spec = Checkpointing.prepare_spec(self.launcher.spec(sandbox.group, box), box.signal_dir)
+        snap = sandbox.spec.snapshot
+        image_dir = self.state_dir / "sandbox-images" / sandbox.id
+        box.prepared = True  # a prepare that fails half way still leaves something to remove
+        try:
+            if snap is not None:
+                await self._fetch(snap, image_dir)
+            prepared = await hooks.container_prepare(runtime, spec, timeout=self.launcher.start_timeout_s)
+            if snap is None:
+                await hooks.container_start(runtime, prepared, timeout=self.launcher.start_timeout_s)
+            else:
+                image = CheckpointImage(
+                    checkpoint_id=snap.id, runtime=runtime.name, path=str(image_dir), size_bytes=snap.size_bytes
+                )
+                await hooks.restore(runtime, prepared, image, timeout=RESTORE_TIMEOUT_S)
+                write_atomic(box.signal_dir / GO_FILE, box.token.encode(), mode=0o600)
+            box.started = True
+        except Levers9Error as exc:
+            what = f"restore snapshot {snap.id}" if snap is not None else "start the container"
+            raise StartFailed(f"the runtime could not {what}: {exc}") from exc
+        finally:
+            shutil.rmtree(image_dir, ignore_errors=True)
+
+    async def _fetch(self, snap: SnapshotInfo, image_dir: Path) -> None:
+        storage = self._storage()
+        assert storage is not None  # create checked
+        shutil.rmtree(image_dir, ignore_errors=True)
+        try:
+            await asyncio.to_thread(storage.get_dir, snap.key, image_dir)
+        except CheckpointMissing:
+            raise SnapshotMissing(
+                f"snapshot {snap.id} is not in the checkpoint storage ({storage.describe()}, key {snap.key}): it was "
+                "deleted, or this worker's storage is not the one it was written to"
+            ) from None
+        except (StorageError, ValueError, OSError) as exc:
+            raise StartFailed(f"reading snapshot {snap.id} from {storage.describe()} failed: {exc}") from exc
+
+    def _storage(self) -> CheckpointStorage | None:
+        if self.storage is not None:
+            return self.storage
+        checkpointing = self.launcher.checkpointing
+        return checkpointing.storage if checkpointing is not None else None
+
+    # ----------------------------------------------------------------- snapshots
+
+    async def snapshot(self, sid: str, workspace_id: str | None = None) -> SnapshotInfo:
+        """Checkpoint a running sandbox, memory and files, into the checkpoint storage; it keeps running.
+
+        SandboxEnded, SandboxGone (its container died, also during the snapshot), SandboxBusy (a snapshot is
+        under way), SnapshotUnavailable (not created for snapshots, no storage, a runtime that cannot checkpoint
+        here) or SnapshotFailed (the runtime or the storage failed; the sandbox runs on) say why not.
+        """
+        sandbox, session = self.use(sid, workspace_id)
+        if not sandbox.spec.snapshots:
+            raise SnapshotUnavailable(
+                f"the sandbox {sid} was not created for snapshots; create it with snapshots=true (such a sandbox "
+                "has no network: its runner is reached over a unix socket, and its container can be checkpointed)"
+            )
+        storage = self._storage()
+        if storage is None:
+            raise SnapshotUnavailable(
+                "this worker has no checkpoint storage (the controlplane's checkpoints.storage_url is unset), so a "
+                "snapshot could not be kept"
+            )
+        hooks, runtime = self.launcher.hooks, self.launcher.runtime
+        support = await hooks.checkpoint_support(runtime, timeout=30)
+        if not support.available:
+            raise SnapshotUnavailable(f"the runtime {runtime.name} cannot checkpoint on this worker: {support.reason}")
+        box = sandbox.box
+        assert box.signal_dir is not None  # booted for snapshots
+        snapshot_id = new_snapshot_id()
+        key = snapshot_key(sandbox.spec.workspace_id, snapshot_id)
+        image_dir = self.state_dir / "sandbox-images" / snapshot_id
+        sandbox.snapshotting = True
+        if sandbox.watcher is not None:  # the session ends at the detach: not the sandbox's end
+            sandbox.watcher.cancel()
+        try:
+            for name in (READY_FILE, GO_FILE):
+                (box.signal_dir / name).unlink(missing_ok=True)
+            carry = await session.detach()
+            failure: BaseException | None = None
+            try:
+                await self._until_detached(sandbox)
+                image = await hooks.checkpoint(runtime, box.cid, str(image_dir), timeout=RESTORE_TIMEOUT_S)
+            except (Levers9Error, TimeoutError) as exc:
+                failure = exc
+            await self._reattach(sandbox, carry)
+            if failure is not None:
+                raise SnapshotFailed(f"checkpointing the sandbox {sid} failed (it runs on): {failure}") from failure
+            try:
+                size = await asyncio.to_thread(storage.put_dir, key, image_dir)
+            except (StorageError, OSError) as exc:
+                raise SnapshotFailed(f"storing the snapshot of {sid} in {storage.describe()} failed: {exc}") from exc
+        finally:
+            shutil.rmtree(image_dir, ignore_errors=True)
+            sandbox.snapshotting = False
+            if sandbox.state == "running":
+                sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
+                sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
+        spec = sandbox.spec
+        names = {*spec.env, *spec.secret_env, *(spec.snapshot.env_names if spec.snapshot is not None else ())}
+        info = SnapshotInfo(
+            id=snapshot_id,
+            sandbox_id=sid,
+            workspace_id=spec.workspace_id,
+            runtime=image.runtime,
+            image=spec.image,
+            python_version=spec.python_version,
+            cpu_millicores=spec.cpu_millicores,
+            memory_mib=spec.memory_mib,
+            env_names=tuple(sorted(names)),
+            size_bytes=size,
+            created_at=time.time(),
+            key=key,
+        )
+        log.info("sandbox %s snapshotted as %s (%d bytes, key %s)", sid, snapshot_id, size, key)
+        return info
+
+    async def _until_detached(self, sandbox: Sandbox) -> None:
+        """Wait until the detached runner says it waits (its ready file); Levers9Error if its container ended."""
+        assert sandbox.box.signal_dir is not None
+        ready = sandbox.box.signal_dir / READY_FILE
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DETACH_TIMEOUT_S
+        while not ready.exists():
+            state = await self.launcher.state(sandbox.box.cid)
+            if state.status in (ContainerStatus.EXITED, ContainerStatus.UNKNOWN):
+                raise Levers9Error(f"its container {sandbox.box.cid} ended after its runner was detached")
+            if loop.time() > deadline:
+                raise Levers9Error(f"its runner did not say it waits within {DETACH_TIMEOUT_S:g} s of the detach")
+            await asyncio.sleep(0.01)
+
+    async def _reattach(self, sandbox: Sandbox, carry: dict[int, SandboxProcess]) -> None:
+        """Let the detached runner listen again, connect, and take its processes over; a sandbox whose runner
+        does not answer is gone (SandboxGone)."""
+        box = sandbox.box
+        assert box.signal_dir is not None
+        (box.signal_dir / READY_FILE).unlink(missing_ok=True)
+        (box.signal_dir / SIGNAL_SOCKET).unlink(missing_ok=True)  # the old listener's: connect waits for the new
+        write_atomic(box.signal_dir / GO_FILE, box.token.encode(), mode=0o600)
+        try:
+            reader, writer = await self.client.connect(box)
+            session = SandboxSession(reader, writer, name=sandbox.id).start()
+            sandbox.session = session
+            adopted = await session.attach(carry)
+        except (StartFailed, SandboxGone) as exc:
+            for process in carry.values():
+                process._fail(SandboxGone(f"the sandbox {sandbox.id} is gone: {exc}"))
+            await self._end(sandbox, "gone", f"its runner did not come back after a snapshot: {exc}")
+            raise SandboxGone(
+                f"the sandbox {sandbox.id} is gone: its runner did not come back after a snapshot: {exc}"
+            ) from exc
+        sandbox.processes = {p.id: p for p in adopted}
+
+    async def delete_snapshot(self, key: str, workspace_id: str | None = None) -> None:
+        """Remove a stored snapshot (nothing there is no error); SandboxRefused for a key that is not a snapshot's
+        (of the workspace), SnapshotUnavailable without storage."""
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != KEY_PREFIX or snapshot_key(parts[1], parts[2]) != key:
+            raise SandboxRefused(f"key {key!r} is not a sandbox snapshot's; it is {KEY_PREFIX}/<workspace>/<snapshot>")
+        if workspace_id is not None and parts[1] != workspace_id:
+            raise SandboxRefused(f"key {key!r} is a snapshot of another workspace")
+        storage = self._storage()
+        if storage is None:
+            raise SnapshotUnavailable("this worker has no checkpoint storage, so it holds no snapshot to delete")
+        try:
+            await asyncio.to_thread(storage.delete, key)
+        except (StorageError, ValueError) as exc:
+            raise SnapshotFailed(f"deleting snapshot {key} from {storage.describe()} failed: {exc}") from exc
+
     # ----------------------------------------------------------------- find and use
 
     def get(self, sid: str, workspace_id: str | None = None) -> Sandbox:
@@ -404,6 +684,8 @@ class Sandboxes:
             raise SandboxGone(f"the sandbox {sid} is gone: {sandbox.reason}")
         if sandbox.state != "running" or sandbox.session is None:
             raise SandboxEnded(f"the sandbox {sid} has ended: {sandbox.reason}")
+        if sandbox.snapshotting:
+            raise SandboxBusy(f"a snapshot of the sandbox {sid} is being taken; ask again in a moment")
         if sandbox.session.gone is not None:  # died, and its watcher has not run yet
             raise sandbox.session.gone
         sandbox.touched = asyncio.get_running_loop().time()
@@ -447,8 +729,9 @@ class Sandboxes:
         )
         # and those that ended just before, still being removed
         await asyncio.gather(*(s.ending for s in self._ended.values() if s.ending is not None), return_exceptions=True)
-        with contextlib.suppress(OSError):
-            (self.state_dir / "sandboxes").rmdir()
+        for made in ("sandboxes", "sandbox-signals", "sandbox-images"):
+            with contextlib.suppress(OSError):
+                (self.state_dir / made).rmdir()
 
     async def _watch(self, sandbox: Sandbox) -> None:
         """End the sandbox at its deadline, when idle too long, or as gone when its container dies."""
