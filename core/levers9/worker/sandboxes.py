@@ -301,10 +301,10 @@ class Sandbox:
     reading: set[int] = field(default_factory=set)
     #: the container's address on the worker's network ("" when the runtime reports none)
     ip: str = ""
-    #: a snapshot is being taken: requests are refused (SandboxBusy) meanwhile
-    snapshotting: bool = False
     #: the host-side veth whose rules cut its network ("" when it is not confined)
     veth: str = ""
+    #: a snapshot is being taken: requests are refused (SandboxBusy) meanwhile
+    snapshotting: bool = False
     watcher: asyncio.Task[None] | None = None
     #: removing what it held, once it ended
     ending: asyncio.Task[None] | None = None
