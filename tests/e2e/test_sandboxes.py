@@ -7,6 +7,7 @@ NDJSON only.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -315,3 +316,26 @@ def test_an_exposed_port_is_served_through_the_gateway_with_the_workspaces_token
         time.sleep(0.2)
     assert gone.status_code == 502, gone.text
     assert "nothing listens" in gone.json()["error"]["message"]
+
+
+def test_many_sandboxes_run_at_once_on_one_worker(levers9_up: Up) -> None:
+    levers9_up.cpu = 4
+    client = _start(levers9_up, sandboxes=12)
+    room = {"cpu_millicores": 250, "memory_mib": 128}
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        made = list(pool.map(lambda _: _create(client, **room), range(12)))
+        assert len({info["worker_id"] for info in made}) == 1
+        assert _room(client) == (1000, 4096 - 12 * 128, 12)
+        said = list(
+            pool.map(
+                lambda info: _output(client, info["id"], _exec(client, info["id"], argv=["echo", info["id"]])), made
+            )
+        )
+    assert [out for out, _, _ in said] == [f"{info['id']}\n" for info in made]
+    # the thirteenth is one too many for the worker, though its room would hold it
+    status, kind, message = _error(client.post("/sandboxes", json=room))
+    assert (status, kind) == (503, "no_sandbox_worker")
+    assert "already runs its most sandboxes" in message
+    for info in made:
+        assert client.delete(f"/sandboxes/{info['id']}").json()["state"] == "ended"
+    assert _room(client) == (4000, 4096, 0)

@@ -449,7 +449,8 @@ class PoolConfig(_Strict):
         le=1000,
         description="The most sandboxes (levers9.Sandbox) one worker of the pool runs at once; 0: none. Its "
         "workers then keep a tunnel open to the controlplane, which reaches their sandboxes through it. The pool's "
-        "runtime must give containers their own filesystem (runc, gvisor; gvisor for untrusted code).",
+        "runtime must give containers their own filesystem: gvisor (the default for a pool with sandboxes, whose "
+        "code nobody checked) or runc.",
     )
     workspace: str | None = Field(
         None,
@@ -508,6 +509,8 @@ class PoolConfig(_Strict):
                 f"volume_access: direct would give the volumes' file system's credentials (every workspace's "
                 f"volumes) to a {self.provider} machine, which another party runs; use controlplane (the default)"
             )
+        if self.sandboxes and "runtime" not in self.model_fields_set:
+            self.runtime = "gvisor"  # sandboxes run code nobody checked: gVisor unless the operator chose otherwise
         if self.sandboxes and self.runtime == "process":
             raise ValueError(
                 "sandboxes need a runtime that gives each container its own filesystem (runc, gvisor); the process "
