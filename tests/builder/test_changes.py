@@ -130,7 +130,10 @@ async def test_hook_changes_of_real_containers(box: Box, base: BaseImage, tmp_pa
     assert listing.strip() == "1000 1000 ['10quiet']", listing
 
 
-async def test_changes_of_a_running_container_are_refused(box: Box, base: BaseImage, tmp_path: Path) -> None:
+async def test_a_running_container_is_paused_while_its_changes_are_read(
+    box: Box, base: BaseImage, tmp_path: Path
+) -> None:
+    """It keeps running: it counts on after the read, and the layer holds what it had written by then."""
     image = tmp_path / "image"
     write_layout(
         image,
@@ -140,11 +143,26 @@ async def test_changes_of_a_running_container_are_refused(box: Box, base: BaseIm
     )
     cid = f"t-{secrets.token_hex(6)}"
     box.extra.append(cid)
-    spec = ContainerSpec(container_id=cid, image=str(image), command=["sleep", "60"], network="none")
+    count = "echo made > /made; i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done"
+    spec = ContainerSpec(container_id=cid, image=str(image), command=["sh", "-c", count], network="none")
     await box.hooks.container_start(box.runtime, await box.hooks.container_prepare(box.runtime, spec))
-    with pytest.raises(InvalidRequest, match="has not exited"):
-        await box.hooks.container_changes(box.runtime, cid, str(tmp_path / "layer.tar"))
-    assert not (tmp_path / "layer.tar").exists()
+    counted = await _lines_after(box, cid, 0)
+    diff = await box.hooks.container_changes(box.runtime, cid, str(tmp_path / "layer.tar"))
+    assert diff is not None
+    with tarfile.open(tmp_path / "layer.tar") as tar:
+        assert tar.extractfile("made").read() == b"made\n"  # type: ignore[union-attr]
+    await _lines_after(box, cid, counted)  # resumed: it counts on
+    assert (await box.hooks.container_state(box.runtime, cid)).status is ContainerStatus.RUNNING
+
+
+async def _lines_after(box: Box, cid: str, seen: int) -> int:
+    """Wait until the container's output has more than ``seen`` lines; how many it has."""
+    for _ in range(600):
+        lines = (await box.hooks.container_logs(box.runtime, cid, 0)).data.decode().split()
+        if len(lines) > seen + 2:
+            return len(lines)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"container {cid} printed no more than {seen} lines in 30 s")
 
 
 async def test_the_process_runtime_cannot_say_what_changed(plain_box: Box, tmp_path: Path) -> None:

@@ -99,6 +99,8 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
 CONTAINER_PID = "container.pid"
 STOP_TIMEOUT_S = 15.0
+#: seconds ``pause`` and ``resume`` are given (a running container's changes are read while it is paused)
+PAUSE_TIMEOUT_S = 30.0
 LOG_CHUNK = 1 << 20
 #: the container's root filesystem changes, in a checkpoint's image directory (an OCI layer tar)
 ROOTFS_CHANGES = "rootfs-changes.tar"
@@ -571,15 +573,45 @@ class OciEngine(ContainerRecords):
     # ------------------------------------------------------------------ what a container changed (the builder)
 
     def changes(self, container_id: str, dest: str) -> LayerDiff:
-        """The exited container's changes as an OCI layer tar at ``dest`` (:func:`levers9.engine.changes.bundle_changes`)."""
+        """The container's changes as an OCI layer tar at ``dest`` (:func:`levers9.engine.changes.bundle_changes`).
+
+        An exited container's are read as they are. A running one is paused (``pause``: runc freezes its
+        cgroup, runsc stops its sandbox's tasks) while they are read, so the layer is one moment's view, and
+        resumed after, whatever happened; a container that cannot be paused is refused (InvalidRequest
+        naming the runtime's answer), never read while it writes.
+        """
         meta = self._meta(container_id)
         if meta is None:
             raise InvalidRequest(
                 f"container {container_id} is unknown to {self.flavor.name} (never prepared, or removed)"
             )
-        if self._exit(container_id) is None:
-            raise InvalidRequest(f"container {container_id} has not exited; its changes are read once it has")
-        written = bundle_changes(self._dir(container_id), meta.get("user_namespace"), Path(dest))
+        cdir, mapping = self._dir(container_id), meta.get("user_namespace")
+        if self._exit(container_id) is not None:
+            written = bundle_changes(cdir, mapping, Path(dest))
+            return LayerDiff(path=dest, diff_id=f"sha256:{written.sha256}", size_bytes=written.size)
+        paused = self._run(container_id, "pause", timeout=PAUSE_TIMEOUT_S)
+        if paused.returncode != 0:
+            if self._exit(container_id) is not None:  # it ended meanwhile: its changes are final now
+                return self.changes(container_id, dest)
+            raise InvalidRequest(
+                f"container {container_id} runs and {self.flavor.name} could not pause it to read its changes: "
+                f"{(paused.stderr or paused.stdout).strip() or 'no output'}"
+            )
+        try:
+            written = bundle_changes(cdir, mapping, Path(dest))
+        finally:
+            resumed = self._run(container_id, "resume", timeout=PAUSE_TIMEOUT_S)
+            if resumed.returncode != 0 and self._exit(container_id) is None:
+                log.error(
+                    "%s could not resume container %s after reading its changes: %s",
+                    self.flavor.name,
+                    container_id,
+                    (resumed.stderr or resumed.stdout).strip(),
+                )
+                raise Levers9Error(
+                    f"container {container_id} was paused to read its changes and {self.flavor.name} could not "
+                    f"resume it: {(resumed.stderr or resumed.stdout).strip() or 'no output'}"
+                )
         return LayerDiff(path=dest, diff_id=f"sha256:{written.sha256}", size_bytes=written.size)
 
     # ------------------------------------------------------------------ checkpoint (runsc)

@@ -386,7 +386,8 @@ class Hooks(PluginCalls):
     async def container_changes(
         self, runtime: RuntimeContext, container_id: str, dest: str, *, timeout: float | None = None
     ) -> LayerDiff | None:
-        """An exited container's changes as a layer tar at ``dest``; None when the runtime cannot tell them."""
+        """A container's changes as a layer tar at ``dest`` (a running one paused meanwhile); None when the
+        runtime cannot tell them."""
         if not self.captures_changes(runtime):
             return None
         result: LayerDiff | None = await self._one(

@@ -389,11 +389,14 @@ def levers9_container_list(runtime: RuntimeContext) -> list[str]:
 
 @hookspec
 def levers9_container_changes(runtime: RuntimeContext, container_id: str, dest: str) -> LayerDiff | None:
-    """Write what an exited container changed in its root filesystem to ``dest`` as one OCI layer tar.
+    """Write what a container changed in its root filesystem to ``dest`` as one OCI layer tar.
 
     Called by the image builder on a worker after a build step's container has
-    exited and before ``levers9_container_remove``; only on the runtime a pool
-    names. Write an uncompressed tar at ``dest`` (a path the caller chose, not
+    exited and before ``levers9_container_remove``, and by the worker on a
+    running sandbox's container (a sandbox's filesystem made an image); only on
+    the runtime a pool names. A running container's changes must be one moment's
+    view: pause it while they are read and resume it after (it keeps running),
+    or refuse it. Write an uncompressed tar at ``dest`` (a path the caller chose, not
     yet existing) holding every file the container added or changed, a
     ``.wh.<name>`` whiteout for each one it deleted and ``.wh..wh..opq`` in
     each directory it replaced whole; owners as the container saw them (its
@@ -403,7 +406,7 @@ def levers9_container_changes(runtime: RuntimeContext, container_id: str, dest: 
     what a container changed (a plugin that does not implement the hook is
     treated the same): the builder then refuses to build on it.
 
-    :raises InvalidRequest: the container is unknown, or has not exited yet.
+    :raises InvalidRequest: the container is unknown, or it runs and cannot be paused.
     """
     raise NotImplementedError
 

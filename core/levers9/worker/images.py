@@ -83,8 +83,12 @@ class ImagePulls:
 
     def _client(self, registry: str) -> RegistryClient:
         if registry == self.registry_host:
-            return RegistryClient(self.registry_url, auth=self.credentials(), verify=self._verify)
+            return self.registry_client()
         return RegistryClient(default_base_url(registry))
+
+    def registry_client(self) -> RegistryClient:
+        """A client of the controlplane's registry, logged in with this worker's credential (the caller closes it)."""
+        return RegistryClient(self.registry_url, auth=self.credentials(), verify=self._verify)
 
     def _pull(self, ref: str) -> None:
         try:

@@ -39,6 +39,9 @@ Routes (JSON in and out; ``{id}`` a sandbox, ``{process}`` the sandbox's own pro
 ``GET .../files/stat?path=``             ``{"entry": {...}}`` (:class:`~levers9.runner.sandbox_wire.FileEntry`)
 ``GET .../files/list?path=``             ``{"entries": [...]}``
 ``POST .../files/mkdir?path=``           ``&parents=false`` to need the parent
+``POST /sandboxes/{id}/image``           ``{"repository": "<prefix>/<workspace>/<name>"}``: its filesystem
+                                         made an image there (it runs on; :mod:`~levers9.worker.sandbox_images`):
+                                         201 ``{"image": ref@digest, "size_bytes": n, "layers": n}``
 ``POST /sandboxes/{id}/snapshots``       snapshot it (memory and files; it runs on): 201 ``{"snapshot": {...}}``
                                          (:class:`~levers9.worker.sandbox_snapshots.SnapshotInfo`); a create
                                          whose body has ``"snapshot": {...}`` (that object) restores it, one
@@ -58,6 +61,9 @@ Errors are ``{"error": {"code", "message", "path"}}``: 401 ``Unauthorized``; 404
 ``SandboxBusy`` (a snapshot is being taken), ``SnapshotUnavailable`` (not created for snapshots, no
 checkpoint storage, or a runtime that cannot checkpoint here); 404 ``SnapshotMissing`` (not in the
 storage); 502 ``SnapshotFailed``; a snapshot of another runtime is 400 ``BadRequest`` naming both.
+Images: 400 ``BadRequest`` naming ``repository`` (missing, not a valid name, or not the workspace's);
+409 ``CommitUnavailable`` (the ``host`` image or one not in the controlplane's registry, naming ``image``;
+a worker with no registry); 502 ``CommitFailed`` (the runtime or the registry failed; its cause quoted).
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from levers9.runner import sandbox_wire as wire
+from levers9.worker.sandbox_images import CommitFailed, CommitUnavailable
 from levers9.worker.sandbox_snapshots import SnapshotFailed, SnapshotInfo, SnapshotUnavailable
 from levers9.worker.sandboxes import (
     Sandbox,
@@ -121,6 +128,8 @@ _STATUS = {
     "SnapshotUnavailable": 409,
     "SnapshotMissing": 404,
     "SnapshotFailed": 502,
+    "CommitUnavailable": 409,
+    "CommitFailed": 502,
     "Unauthorized": 401,
 }
 
@@ -162,6 +171,7 @@ class SandboxAPI:
             Route("/sandboxes/{id}/files/stat", self._guard(self.stat), methods=["GET"]),
             Route("/sandboxes/{id}/files/list", self._guard(self.list_files), methods=["GET"]),
             Route("/sandboxes/{id}/files/mkdir", self._guard(self.mkdir), methods=["POST"]),
+            Route("/sandboxes/{id}/image", self._guard(self.commit), methods=["POST"]),
             Route("/sandboxes/{id}/snapshots", self._guard(self.snapshot), methods=["POST"]),
             Route("/snapshots", self._guard(self.delete_snapshot), methods=["DELETE"]),
         ]
@@ -230,6 +240,16 @@ class SandboxAPI:
             raise BadInput("key is missing; give the snapshot's key (?key=sandbox-snapshots/<workspace>/<id>)")
         await self.sandboxes.delete_snapshot(key, request.headers.get(WORKSPACE_HEADER))
         return JSONResponse({})
+
+    async def commit(self, request: Request) -> Response:
+        body = await _json(request)
+        unknown = sorted(set(body) - {"repository"})
+        if unknown:
+            raise BadInput(f"unknown fields {unknown}; an image takes ['repository']")
+        made = await self.sandboxes.commit(
+            request.path_params["id"], request.headers.get(WORKSPACE_HEADER), body.get("repository")
+        )
+        return JSONResponse(made.fields(), status_code=201)
 
     # ----------------------------------------------------------------- routes: processes
 
@@ -382,6 +402,8 @@ class SandboxAPI:
                 return _error(exc.code, str(exc), exc.path)
             except SandboxRefused as exc:
                 return _error("BadRequest", str(exc))
+            except (CommitUnavailable, CommitFailed) as exc:
+                return _error(type(exc).__name__, str(exc))
             except (
                 SandboxNotFound,
                 SandboxEnded,

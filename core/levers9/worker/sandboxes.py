@@ -65,6 +65,12 @@ whose plugin checkpoints here and a worker with checkpoint storage can; otherwis
 :class:`~levers9.worker.sandbox_snapshots.SnapshotUnavailable` names which. A request while a snapshot is
 being taken is :class:`SandboxBusy`.
 
+Images: a sandbox of a registry image (a Blueprint's) is pulled first, as a stub's image is
+(:class:`~levers9.worker.images.ImagePulls`, given as ``images``; a pull that fails is :class:`StartFailed`
+naming the ref). :meth:`Sandboxes.commit` makes a running sandbox's filesystem an image in the
+controlplane's registry (:mod:`levers9.worker.sandbox_images`: the base's layers and one layer of its
+changes, read while its container is paused; it keeps running).
+
 GPUs: a :class:`Sandboxes` hands out only the GPUs it is given, apart from the warm pool's; the worker
 gives it none for now (``gpu_count`` above 0 is then :class:`SandboxesFull`), until the pool and the
 sandboxes share one account of the worker's GPUs.
@@ -109,6 +115,15 @@ from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
 from levers9.hooks.types import CheckpointImage, ContainerStatus, GpuDevice
 from levers9.worker.calls import SANDBOX_KIND, StubSpec
+from levers9.worker.images import ImagePullFailed, ImagePulls, names_registry
+from levers9.worker.sandbox_images import (
+    CommitRefused,
+    CommittedImage,
+    CommitUnavailable,
+    check_repository_of,
+    commit_tag,
+)
+from levers9.worker.sandbox_images import commit as commit_image
 from levers9.worker.sandbox_snapshots import (
     KEY_PREFIX,
     SnapshotFailed,
@@ -308,6 +323,9 @@ class Sandbox:
     watcher: asyncio.Task[None] | None = None
     #: removing what it held, once it ended
     ending: asyncio.Task[None] | None = None
+    #: images made of its filesystem so far (:meth:`Sandboxes.commit`), and whether one is being made now
+    commits: int = 0
+    committing: bool = False
 
     @property
     def ports(self) -> dict[int, str]:
@@ -355,6 +373,7 @@ class Sandboxes:
         state_dir: Path,
         gpus: list[GpuDevice] = [],  # noqa: B006 (only read, never mutated)
         max_sandboxes: int = DEFAULT_MAX_SANDBOXES,
+        images: ImagePulls | None = None,
         storage: CheckpointStorage | None = None,
     ) -> None:
         if max_sandboxes < 1:
@@ -364,6 +383,8 @@ class Sandboxes:
         self.ports = ports
         self.state_dir = Path(state_dir)
         self.max_sandboxes = max_sandboxes
+        #: pulls registry images, and the controlplane's registry a commit pushes to; None: neither
+        self.images = images
         self._free_gpus = list(gpus)
         #: where snapshots go; None: the launcher's checkpoint storage, if the worker has one
         self.storage = storage
@@ -396,6 +417,11 @@ class Sandboxes:
             )
         if spec.gpu_count > len(self._free_gpus):
             raise SandboxesFull(f"the sandbox needs {spec.gpu_count} GPUs; this worker has {len(self._free_gpus)} free")
+        if self.images is not None and names_registry(spec.image):
+            try:
+                await self.images.ensure(spec.image)
+            except ImagePullFailed as exc:
+                raise StartFailed(f"the sandbox's image could not be pulled: {exc}") from exc
         sid = f"sb-{secrets.token_hex(8)}"
         stub = StubSpec(
             stub_id=sid,
@@ -663,6 +689,42 @@ class Sandboxes:
             await asyncio.to_thread(storage.delete, key)
         except (StorageError, ValueError) as exc:
             raise SnapshotFailed(f"deleting snapshot {key} from {storage.describe()} failed: {exc}") from exc
+
+    # ----------------------------------------------------------------- images
+
+    async def commit(self, sid: str, workspace_id: str | None, repository: object) -> CommittedImage:
+        """Make the running sandbox's filesystem an image pushed to ``repository`` (one of its workspace's); it
+        keeps running (:mod:`levers9.worker.sandbox_images`).
+
+        SandboxRefused (the repository, named), the errors of :meth:`use` (SandboxEnded, SandboxGone...),
+        :class:`~levers9.worker.sandbox_images.CommitUnavailable` (its image, or this worker, cannot; or another
+        image of it is being made now) or
+        :class:`~levers9.worker.sandbox_images.CommitFailed` (the runtime or the registry; the cause quoted).
+        """
+        sandbox, _ = self.use(sid, workspace_id)
+        try:
+            repository = check_repository_of(repository, sandbox.spec.workspace_id)
+        except CommitRefused as exc:
+            raise SandboxRefused(str(exc)) from None
+        if sandbox.committing:
+            raise CommitUnavailable(f"an image of the sandbox {sid} is being made now; ask again once it is made")
+        sandbox.commits += 1
+        sandbox.committing = True
+        try:
+            with self.held(sandbox):
+                return await commit_image(
+                    self.launcher.hooks,
+                    self.launcher.runtime,
+                    self.images,
+                    sandbox_id=sid,
+                    container_id=sandbox.box.cid,
+                    image=sandbox.spec.image,
+                    repository=repository,
+                    tag=commit_tag(sid, sandbox.commits),
+                    scratch=self.state_dir / "sandbox-commits",
+                )
+        finally:
+            sandbox.committing = False
 
     # ----------------------------------------------------------------- find and use
 
