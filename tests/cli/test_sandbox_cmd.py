@@ -178,6 +178,26 @@ def test_a_context_without_http_is_named(
     assert "no http field" in result.stderr
 
 
+def test_snapshots_are_listed(api: FakeSandboxAPI, cli: Callable[..., Result]) -> None:
+    snapshot = {"id": "sbs_1", "sandbox_id": "sb-1", "pool": "local", "size_bytes": 3 << 20, "created_at": 1.0}
+    api.on("GET", "/sandbox-snapshots", (200, {"snapshots": [snapshot]}))
+    result = cli("sandbox", "snapshots")
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()
+    assert header.split("\t") == ["id", "sandbox", "pool", "size", "created"]
+    assert row.split("\t")[:4] == ["sbs_1", "sb-1", "local", "3.0 MiB"]
+
+
+def test_a_snapshot_is_deleted_or_its_error_named(api: FakeSandboxAPI, cli: Callable[..., Result]) -> None:
+    api.on("DELETE", "/sandbox-snapshots/sbs_1", (200, {}))
+    result = cli("sandbox", "delete-snapshot", "sbs_1")
+    assert (result.returncode, result.stdout) == (0, "deleted snapshot sbs_1\n"), result.stderr
+    api.on("DELETE", "/sandbox-snapshots/sbs_2", error(404, "snapshot_not_found", "no snapshot sbs_2"))
+    result = cli("sandbox", "delete-snapshot", "sbs_2")
+    assert result.returncode == 1
+    assert "no snapshot sbs_2" in result.stderr
+
+
 def test_age_is_short() -> None:
     assert _age({"created_at": 100.0}, 105.0) == "5s"
     assert _age({"created_at": 100.0, "ended_at": 400.0}, 10_000.0) == "5m"

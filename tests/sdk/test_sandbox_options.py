@@ -71,6 +71,7 @@ def test_options_become_the_create_body() -> None:
         ({"image": 3}, "image"),
         ({"pool": ""}, "pool"),
         ({"name": ""}, "name"),
+        ({"snapshots": "yes"}, "snapshots"),
     ],
 )
 def test_a_bad_option_is_refused_by_name(options: dict[str, object], named: str) -> None:

@@ -180,6 +180,28 @@ def test_answers_without_an_error_body_and_missing_routes(api: FakeSandboxAPI) -
     assert sandbox.expose_port(8000) == "http://gw/sb-1/8000"
 
 
+def test_snapshots_taken_listed_restored_and_deleted(api: FakeSandboxAPI) -> None:
+    from levers9.sdk.sandbox import delete_snapshot, list_snapshots
+
+    api.on("POST", "/sandboxes", (201, info(ID)))
+    sandbox = levers9.Sandbox(snapshots=True).create()
+    assert api.seen("POST", "/sandboxes")[-1].json()["snapshots"] is True
+    assert "snapshots" not in levers9.Sandbox()._body("host", "3.11", None)
+    taken = {"id": "sbs_1", "sandbox_id": ID, "pool": "local", "size_bytes": 10, "created_at": 1.0}
+    api.on("POST", f"/sandboxes/{ID}/snapshots", (201, {"snapshot": taken}))
+    assert sandbox.snapshot_memory() == "sbs_1"
+    api.on("GET", "/sandbox-snapshots", (200, {"snapshots": [taken]}))
+    assert list_snapshots() == [taken]
+    api.on("POST", "/sandboxes", (201, info("sb-2")))
+    assert levers9.Sandbox().create_from_memory_snapshot("sbs_1").id == "sb-2"
+    assert api.seen("POST", "/sandboxes")[-1].json()["snapshot"] == "sbs_1"
+    api.on("DELETE", "/sandbox-snapshots/sbs_1", (200, {}))
+    delete_snapshot("sbs_1")
+    assert len(api.seen("DELETE", "/sandbox-snapshots/sbs_1")) == 1
+    with pytest.raises(ValueError, match="not a snapshot id"):
+        delete_snapshot("../x")
+
+
 def test_ttl_terminate_and_status(api: FakeSandboxAPI) -> None:
     sandbox = _connect(api)
     api.on("POST", f"/sandboxes/{ID}/ttl", (200, info(ID)))

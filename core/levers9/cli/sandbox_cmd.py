@@ -1,4 +1,4 @@
-"""``levers9 sandbox list/create/exec/logs/kill``: a workspace's sandboxes from the terminal.
+"""``levers9 sandbox list/create/exec/logs/kill/snapshots/delete-snapshot``: a workspace's sandboxes from the terminal.
 
 Each command is the SDK's (:mod:`levers9.sdk.sandbox`) over the controlplane's REST API, so the context
 needs its ``http`` field. ``exec ID -- CMD...`` starts ``CMD`` in the sandbox, copies its stdout and
@@ -205,6 +205,54 @@ def kill(sandbox_id: str = typer.Argument(..., metavar="ID"), context: str | Non
         out.print(f"terminated sandbox {sandbox_id}", markup=False, highlight=False)
     else:
         out.print(f"sandbox {sandbox_id} had ended already", markup=False, highlight=False)
+
+
+@app.command("snapshots")
+def snapshots(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: each snapshot as the REST API gives it."),
+    context: str | None = context_option(),
+) -> None:
+    """List the workspace's stored sandbox snapshots (taken with snapshot_memory())."""
+    from levers9.sdk.sandbox import list_snapshots
+
+    found = _guarded(lambda: list_snapshots(context))
+    if as_json:
+        print_json(found)
+        return
+    if not found:
+        err.print("no sandbox snapshots in this workspace", markup=False)
+        return
+    now = time.time()
+    columns = [Col("id"), Col("sandbox"), Col("pool"), Col("size", justify="right"), Col("created")]
+    rows = (
+        [
+            str(s.get("id", "")),
+            str(s.get("sandbox_id") or "-"),
+            str(s.get("pool") or "-"),
+            _size(int(s.get("size_bytes") or 0)),
+            when(float(s.get("created_at") or 0), now),
+        ]
+        for s in found
+    )
+    print_table(columns, rows)
+
+
+@app.command("delete-snapshot")
+def delete_snapshot(
+    snapshot_id: str = typer.Argument(..., metavar="SNAPSHOT"), context: str | None = context_option()
+) -> None:
+    """Delete a stored sandbox snapshot."""
+    from levers9.sdk.sandbox import delete_snapshot as delete
+
+    _guarded(lambda: delete(snapshot_id, context))
+    out.print(f"deleted snapshot {snapshot_id}", markup=False, highlight=False)
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def register(root: Any) -> None:

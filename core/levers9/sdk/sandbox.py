@@ -21,7 +21,9 @@ long (0: never). ``image`` is an image ref, ``"host"`` (the worker's own root fi
 default, as for ``@levers9.function``), or a :class:`~levers9.Blueprint`, built first through the
 controlplane as a function's is. Volumes are not mounted in sandboxes yet: a non-empty ``volumes`` is
 refused rather than dropped, and so is a GPU type (a sandbox takes ``gpu_count`` GPUs of its pool's kind;
-pick the pool with ``pool=``).
+pick the pool with ``pool=``). ``snapshots=True`` boots the sandbox so that ``snapshot_memory()`` can take
+it (the controlplane refuses a snapshot of one booted without); :func:`list_snapshots` and
+:func:`delete_snapshot` manage the workspace's stored snapshots.
 
 Invariants: a :class:`SandboxInstance` stands for one sandbox id and never retries an operation on
 another; every request has a timeout (see :mod:`levers9.sdk.sandbox_http`); an operation on a sandbox that
@@ -43,7 +45,15 @@ from levers9.sdk.sandbox_files import SandboxFileSystem
 from levers9.sdk.sandbox_http import CREATE_TIMEOUT_S, SandboxHTTP, SandboxRef, transport_for
 from levers9.sdk.sandbox_process import SandboxProcessManager
 
-__all__ = ["AsyncSandbox", "AsyncSandboxInstance", "Sandbox", "SandboxInstance", "list_sandboxes"]
+__all__ = [
+    "AsyncSandbox",
+    "AsyncSandboxInstance",
+    "Sandbox",
+    "SandboxInstance",
+    "delete_snapshot",
+    "list_sandboxes",
+    "list_snapshots",
+]
 
 #: the states of a sandbox that no longer runs
 ENDED_STATES = frozenset({"ended", "gone"})
@@ -79,6 +89,7 @@ class Sandbox:
         block_network: bool = False,
         allow_list: Sequence[str] | None = None,
         pool: str | None = None,
+        snapshots: bool = False,
         context: str | None = None,
     ) -> None:
         try:
@@ -130,6 +141,9 @@ class Sandbox:
         if pool is not None and (not isinstance(pool, str) or not pool.strip()):
             raise _fail("pool", f"{pool!r} is not a pool's name")
         self.pool = pool
+        if not isinstance(snapshots, bool):
+            raise _fail("snapshots", f"{snapshots!r}: expected True (boot it so that snapshot_memory works) or False")
+        self.snapshots = snapshots
         self.context = context
 
     def __repr__(self) -> str:
@@ -168,6 +182,8 @@ class Sandbox:
             body["name"] = self.name
         if self.pool is not None:
             body["pool"] = self.pool
+        if self.snapshots:
+            body["snapshots"] = True
         if snapshot is not None:
             body["snapshot"] = snapshot
         return body
@@ -244,6 +260,23 @@ def list_sandboxes(context: str | None = None, *, include_ended: bool = False) -
     params = {"all": "true"} if include_ended else None
     answer = http.run(http.request("GET", "/sandboxes", what="list sandboxes", params=params))
     return list(answer.get("sandboxes", []))
+
+
+def list_snapshots(context: str | None = None) -> list[dict[str, Any]]:
+    """The workspace's stored sandbox snapshots (``snapshot_memory``'s), oldest first."""
+    http = transport_for(context)
+    answer = http.run(
+        http.request("GET", "/sandbox-snapshots", what="list sandbox snapshots", unsupported="keep sandbox snapshots")
+    )
+    return list(answer.get("snapshots", []))
+
+
+def delete_snapshot(snapshot_id: str, context: str | None = None) -> None:
+    """Delete a stored snapshot: its object in the workspace's storage, then its record."""
+    if not isinstance(snapshot_id, str) or not snapshot_id.strip() or "/" in snapshot_id:
+        raise SandboxRequestError(f"delete_snapshot: {snapshot_id!r} is not a snapshot id")
+    http = transport_for(context)
+    http.run(http.request("DELETE", f"/sandbox-snapshots/{snapshot_id}", what=f"delete snapshot {snapshot_id}"))
 
 
 def _gpu_count(gpu: str | Sequence[str] | None, gpu_count: int) -> int:
@@ -385,7 +418,10 @@ class SandboxInstance:
         return self._ref.http.run(self._expose_port(port))
 
     def snapshot_memory(self) -> str:
-        """Snapshot the sandbox's memory and filesystem, processes and all; the snapshot's id."""
+        """Snapshot the sandbox's memory and filesystem, processes and all (it runs on); the snapshot's id.
+
+        The sandbox must have been created with ``snapshots=True``.
+        """
         return self._ref.http.run(self._snapshot_memory())
 
     def create_image_from_filesystem(self) -> str:
