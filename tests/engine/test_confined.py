@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -165,6 +166,25 @@ def test_a_container_that_cannot_be_held_is_refused(
     for bad in ({"label": "sb 1"}, {"owner": tmp_path / 'a"b'}):
         with pytest.raises(ValueError, match=r"label|owner"):
             host_guard.confine("l9hbad00000", [], **{"label": "sb-1", "owner": tmp_path, **bad})  # type: ignore[arg-type]
+    assert rules_naming("l9hbad00000") == []
+
+    # a tool missing: each is named, nothing is made (the rest of the iptables package is there)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("iptables", "ip6tables", "iptables-restore"):
+        found = shutil.which(tool)
+        assert found is not None, f"{tool} is not installed (apt-get install -y iptables)"
+        (tools / tool).symlink_to(found)
+    with monkeypatch.context() as patched:
+        patched.setenv("PATH", str(tools))
+        patched.setattr(host_guard, "FALLBACK_PATHS", ())
+        with pytest.raises(host_guard.HostGuardError, match=r"^ip6tables-restore is not installed .*block_network"):
+            host_guard.confine("l9hbad00000", [], label="sb-1", owner=tmp_path)
+        (tools / "iptables").unlink()
+        with pytest.raises(
+            host_guard.HostGuardError, match=r"^iptables is not installed .*apt-get install -y iptables"
+        ):
+            host_guard.confine("l9hbad00000", [], label="sb-1", owner=tmp_path)
     assert rules_naming("l9hbad00000") == []
 
     attached = bridge.attach(new_id("held"))
