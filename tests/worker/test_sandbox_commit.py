@@ -18,7 +18,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from levers9.worker.sandbox_api import WORKSPACE_HEADER, SandboxAPI
 from levers9.worker.sandbox_images import (
     CommitRefused,
     CommitUnavailable,
-    _base_repository,
+    _base,
     check_repository_of,
 )
 from levers9.worker.sandboxes import Sandboxes
@@ -66,26 +66,27 @@ def test_the_repository_must_be_a_valid_name_of_the_workspace() -> None:
             check_repository_of(bad, "ws1")
 
 
-def test_only_an_image_of_the_controlplanes_registry_can_be_committed_from(tmp_path: Path) -> None:
+def test_only_an_image_in_a_registry_pinned_by_digest_can_be_committed_from(tmp_path: Path) -> None:
     images = ImagePulls(
         _context(tmp_path), registry_url="http://cp.example:8080", credentials=lambda: RegistryAuth("w", "t")
     )
-    assert _base_repository(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", images) == "levers9/ws1/blueprints"
+    ours = _base(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", images)
+    assert (ours.registry, ours.repository, ours.digest) == ("cp.example:8080", "levers9/ws1/blueprints", DIGEST)
+    assert _base(f"other.example:5000/team/python@{DIGEST}", images).registry == "other.example:5000"
     refused = {
         "host": "has no image to commit",
-        "/srv/images/base.tar": "one of the workspace's in this controlplane's registry",
-        f"other.example:5000/team/python@{DIGEST}": "one of the workspace's in this controlplane's registry",
+        "/srv/images/base.tar": "pinned by digest",
         "cp.example:8080/levers9/ws1/blueprints:latest": "pinned by digest",
     }
     for image, says in refused.items():
         with pytest.raises(CommitUnavailable, match=says) as caught:
-            _base_repository(image, images)
+            _base(image, images)
         assert "image" in str(caught.value)
     nowhere = ImagePulls(_context(tmp_path), registry_url="", credentials=lambda: RegistryAuth("w", "t"))
     with pytest.raises(CommitUnavailable, match="no registry"):
-        _base_repository(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", nowhere)
+        _base(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", nowhere)
     with pytest.raises(CommitUnavailable, match="no registry"):
-        _base_repository(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", None)
+        _base(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", None)
 
 
 def _context(tmp_path: Path) -> RuntimeContext:
@@ -95,14 +96,19 @@ def _context(tmp_path: Path) -> RuntimeContext:
 # ----------------------------------------------------------------------------------------- real containers
 
 
-@pytest.fixture(scope="module")
-def base_ref(registry: Registry, debian_base: BaseLayer) -> str:
-    """The Debian base, pushed as the workspace's Blueprint image (its one layer uncompressed: digest = diff id)."""
+def push_base(registry: Registry, debian_base: BaseLayer, repository: str) -> str:
+    """The Debian base pushed to ``repository`` (its one layer uncompressed: digest = diff id); its ref."""
     config = json.dumps(debian_base.config(), sort_keys=True).encode()
     with RegistryClient(registry.url) as client:
         layer = (debian_base.path, debian_base.diff_id, debian_base.size, OCI_LAYER)
-        digest = push_image(client, REPOSITORY, "base", [layer], config)
-    return f"{registry.address}/{REPOSITORY}@{digest}"
+        digest = push_image(client, repository, "base", [layer], config)
+    return f"{registry.address}/{repository}@{digest}"
+
+
+@pytest.fixture(scope="module")
+def base_ref(registry: Registry, debian_base: BaseLayer) -> str:
+    """The Debian base, pushed as the workspace's Blueprint image."""
+    return push_base(registry, debian_base, REPOSITORY)
 
 
 @dataclass
@@ -250,3 +256,23 @@ async def _refusals(s: Served, sid: str) -> None:
     answer = await s.commit(on_host, {"repository": REPOSITORY})
     assert (answer.status_code, answer.json()["error"]["code"]) == (409, "CommitUnavailable")
     assert "image is 'host'" in answer.json()["error"]["message"]
+
+
+async def test_a_sandbox_of_another_registrys_image_is_committed_with_its_layers_copied(
+    tmp_path: Path, registry: Registry, registry_factory: Callable[..., Registry], debian_base: BaseLayer
+) -> None:
+    """The base's blobs are not in the controlplane's registry: they are copied there through the worker."""
+    other = registry_factory()
+    elsewhere = push_base(other, debian_base, "team/debian")
+    async with served("runc", tmp_path, registry) as s:
+        sid = await s.create(image=elsewhere)
+        assert await s.run(sid, "echo made > /root/made.txt") == ("", 0)
+        repository = f"levers9/{WORKSPACE}/copied"
+        made = await s.commit(sid, {"repository": repository})
+        assert made.status_code == 201, made.text
+        assert made.json()["layers"] == 2
+        with RegistryClient(registry.url) as client:
+            manifest = json.loads(client.get_manifest(repository, made.json()["image"].split("@")[1])[0])
+            assert manifest["layers"][0]["digest"] == debian_base.diff_id  # the base's blob, copied whole
+            assert client.has_blob(repository, debian_base.diff_id)
+        assert await s.run(sid, "cat /root/made.txt") == ("made\n", 0)

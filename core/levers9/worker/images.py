@@ -82,13 +82,14 @@ class ImagePulls:
         self._lock = asyncio.Lock()
 
     def _client(self, registry: str) -> RegistryClient:
-        if registry == self.registry_host:
-            return self.registry_client()
-        return RegistryClient(default_base_url(registry))
+        return self.registry_client(registry)
 
-    def registry_client(self) -> RegistryClient:
-        """A client of the controlplane's registry, logged in with this worker's credential (the caller closes it)."""
-        return RegistryClient(self.registry_url, auth=self.credentials(), verify=self._verify)
+    def registry_client(self, registry: str | None = None) -> RegistryClient:
+        """A client of ``registry`` (``host[:port]``; None: the controlplane's), which the caller closes: the
+        controlplane's logged in with this worker's credential, any other anonymous (see the module docstring)."""
+        if registry is None or registry == self.registry_host:
+            return RegistryClient(self.registry_url, auth=self.credentials(), verify=self._verify)
+        return RegistryClient(default_base_url(registry))
 
     def _pull(self, ref: str) -> None:
         try:

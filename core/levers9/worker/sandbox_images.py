@@ -25,12 +25,14 @@ controlplane's registry relay requires (:mod:`levers9.services.registry_access`,
 this worker may push there). The manifest is tagged ``<sandbox id>.<n>`` (its n-th commit), so the
 registry keeps it; the answer pins it by digest.
 
-The base: only an image of the controlplane's registry (a Blueprint's, or one committed before) can be
-committed from, because its layers' blobs are already in the registry: they are linked into the
-repository (a cross-repository mount, or nothing when it is the same repository), never uploaded again.
-A sandbox of the ``host`` image (the worker's own filesystem, for tests) has no image to commit, and one
-of an image from a path on the worker or another registry is refused too (:class:`CommitUnavailable`
-naming ``image``), as is a worker given no registry or a runtime that cannot tell a container's changes.
+The base: an image in a registry, pinned by digest. A base in the controlplane's registry (a
+Blueprint's, or one committed before) has its layers' blobs there already: they are linked into the
+repository (a cross-repository mount, or nothing when it is the same repository), never uploaded again. A
+base of another registry (read anonymously, as the worker pulled it) has its blobs copied through the
+worker, once: a later commit finds them in the repository. A sandbox of the ``host`` image (the worker's
+own filesystem, for tests) has no image to commit, and one of a path on the worker or a tag is refused too
+(:class:`CommitUnavailable` naming ``image``), as is a worker given no registry or a runtime that cannot
+tell a container's changes.
 
 Errors: :class:`CommitRefused` (a ``ValueError``: the repository; the message names the field),
 :class:`CommitUnavailable` (this sandbox or worker cannot be committed, and why), :class:`CommitFailed`
@@ -59,7 +61,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import RuntimeContext
 from levers9.registry.client import DOCKER_MANIFEST, OCI_MANIFEST, RegistryClient
 from levers9.registry.errors import InvalidRefError
-from levers9.registry.refs import check_repository, parse_ref
+from levers9.registry.refs import ImageRef, check_repository, parse_ref
 from levers9.worker.images import ImagePulls
 
 __all__ = [
@@ -144,8 +146,8 @@ async def commit(
     scratch: Path,
 ) -> CommittedImage:
     """Commit the running container ``container_id`` of sandbox ``sandbox_id`` (see the module docstring)."""
-    source = _base_repository(image, images)
-    assert images is not None  # _base_repository refused a worker without a registry
+    base = _base(image, images)
+    assert images is not None  # _base refused a worker without a registry
     if not hooks.captures_changes(runtime):
         raise CommitUnavailable(
             f"runtime {runtime.name} cannot tell what a container changed, so a sandbox's filesystem cannot "
@@ -162,8 +164,7 @@ async def commit(
         return await asyncio.to_thread(
             _push,
             images,
-            source,
-            image,
+            base,
             tar,
             work,
             sandbox_id=sandbox_id,
@@ -176,8 +177,8 @@ async def commit(
             scratch.rmdir()
 
 
-def _base_repository(image: str, images: ImagePulls | None) -> str:
-    """The repository of the controlplane's registry the sandbox's image is in; CommitUnavailable if none."""
+def _base(image: str, images: ImagePulls | None) -> ImageRef:
+    """The sandbox's image as a registry ref pinned by digest; CommitUnavailable if it is none (or no registry)."""
     if image == "host":
         raise CommitUnavailable(
             "image is 'host': a sandbox on the worker's own filesystem has no image to commit; create the "
@@ -192,19 +193,18 @@ def _base_repository(image: str, images: ImagePulls | None) -> str:
         parsed = parse_ref(image)
     except InvalidRefError:
         parsed = None
-    if parsed is None or parsed.registry != images.registry_host or parsed.digest is None:
+    if parsed is None or parsed.digest is None:
         raise CommitUnavailable(
-            f"image is {image!r}; a sandbox's filesystem becomes an image only when its image is one of the "
-            f"workspace's in this controlplane's registry ({images.registry_host}/..., pinned by digest: a "
-            "Blueprint's, or one committed before), whose layers the registry already holds"
+            f"image is {image!r}; a sandbox's filesystem becomes an image only when its image is in a registry, "
+            f"pinned by digest (host[:port]/repository@sha256:...: a Blueprint's in {images.registry_host}, one "
+            "committed before, or another registry's), whose layers the new image is made on"
         )
-    return parsed.repository
+    return parsed
 
 
 def _push(
     images: ImagePulls,
-    source: str,
-    image: str,
+    base_ref: ImageRef,
     tar: Path,
     work: Path,
     *,
@@ -213,15 +213,17 @@ def _push(
     tag: str,
 ) -> CommittedImage:
     """Gzip the changes, link the base's blobs into ``repository``, push the new layer, config and manifest."""
-    digest = parse_ref(image).digest
-    assert digest is not None  # _base_repository checked
+    image, source, digest = str(base_ref), base_ref.repository, base_ref.digest
+    assert digest is not None  # _base checked
     client = images.registry_client()
+    # the base's own registry: the controlplane's (its blobs are linked), or another (they are copied)
+    origin = client if base_ref.registry == images.registry_host else images.registry_client(base_ref.registry)
     try:
-        base_bytes, media_type, _ = client.get_manifest(source, digest)
+        base_bytes, media_type, _ = origin.get_manifest(source, digest)
         base = json.loads(base_bytes)
         if media_type not in (OCI_MANIFEST, DOCKER_MANIFEST) or not isinstance(base.get("layers"), list):
             raise CommitUnavailable(f"image {image!r} is an index of several images ({media_type}), not one image")
-        config = json.loads(client.read_blob(source, base["config"]["digest"]))
+        config = json.loads(origin.read_blob(source, base["config"]["digest"]))
         diff_ids = (config.get("rootfs") or {}).get("diff_ids")
         if not isinstance(diff_ids, list) or len(diff_ids) != len(base["layers"]):
             raise CommitFailed(f"image {image!r}: its config does not list one diff id for each of its layers")
@@ -230,7 +232,7 @@ def _push(
         if blob_path is None or blob_digest is None or blob_size is None:
             raise CommitFailed(f"gzipping the changes of sandbox {sandbox_id} gave no blob")
         for blob in base["layers"]:
-            _link(client, repository, source, blob)
+            _link(client, repository, origin, source, blob)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         config["created"] = now
         config["rootfs"] = {"type": "layers", "diff_ids": [*diff_ids, layer.diff_id]}
@@ -259,6 +261,7 @@ def _push(
         raise CommitFailed(f"gzipping the changes of sandbox {sandbox_id} failed: {exc}") from exc
     finally:
         client.close()
+        origin.close()
     size = len(config_bytes) + sum(int(b["size"]) for b in manifest["layers"])
     ref = f"{images.registry_host}/{repository}@{pushed}"
     log.info("sandbox %s committed as %s (%d layers, %d bytes)", sandbox_id, ref, len(manifest["layers"]), size)
@@ -267,14 +270,15 @@ def _push(
     )
 
 
-def _link(client: RegistryClient, repository: str, source: str, blob: dict[str, Any]) -> None:
-    """Make the base's layer blob one of ``repository``'s: there already, mounted from ``source``, or copied."""
+def _link(client: RegistryClient, repository: str, origin: RegistryClient, source: str, blob: dict[str, Any]) -> None:
+    """Make the base's layer blob one of ``repository``'s: there already, mounted from ``source`` (the same
+    registry), or copied from ``origin``'s ``source`` through this worker."""
     digest, size = str(blob["digest"]), int(blob["size"])
     if client.has_blob(repository, digest):
         return
-    if client.mount_blob(repository, digest, source):
+    if origin is client and client.mount_blob(repository, digest, source):
         return
-    with client.open_blob(source, digest) as stream:  # a registry that does not mount: through this worker
+    with origin.open_blob(source, digest) as stream:  # another registry, or one that does not mount
         client.push_blob(repository, digest, io.BufferedReader(stream, 1 << 20), size)
 
 
