@@ -39,7 +39,7 @@ from levers9.worker.sandbox_images import (
     check_repository_of,
 )
 from levers9.worker.sandboxes import Sandboxes
-from tests.fixtures.registry import OCI_LAYER, Registry
+from tests.fixtures.registry import OCI_LAYER, Registry, stop_registry
 from tests.worker.test_pool import ISOLATED, PYTHON, World, _world
 
 WORKSPACE = "ws1"
@@ -275,4 +275,11 @@ async def test_a_sandbox_of_another_registrys_image_is_committed_with_its_layers
             manifest = json.loads(client.get_manifest(repository, made.json()["image"].split("@")[1])[0])
             assert manifest["layers"][0]["digest"] == debian_base.diff_id  # the base's blob, copied whole
             assert client.has_blob(repository, debian_base.diff_id)
+        assert await s.run(sid, "cat /root/made.txt") == ("made\n", 0)
+
+        # the base's registry gone: the commit fails naming the cause, and the sandbox runs on, not paused
+        stop_registry(other)
+        failed = await s.commit(sid, {"repository": f"levers9/{WORKSPACE}/again"})
+        assert (failed.status_code, failed.json()["error"]["code"]) == (502, "CommitFailed"), failed.text
+        assert other.address in failed.json()["error"]["message"]
         assert await s.run(sid, "cat /root/made.txt") == ("made\n", 0)
