@@ -14,7 +14,8 @@ container's writable layer (its overlay's upper directory, nothing outside it; s
 symlinks, never followed) as the layer tar. The sandbox keeps running: the engine behind ``runc`` and
 ``gvisor`` pauses the container (``runc pause`` freezes its cgroup, ``runsc pause`` stops its
 sandbox's tasks) while the layer is written and resumes it after, so the layer is one moment's view
-and no process sees more than a pause. gVisor's containers keep their root filesystem's writes on the
+and no process sees more than a pause, which lasts while the uncompressed tar of the changes is written
+(gzip and push come after it resumes; requests to the sandbox meanwhile wait, none fails). gVisor's containers keep their root filesystem's writes on the
 host (the plugin runs runsc with ``--overlay2 none``: no memory-backed overlay), in that same upper
 directory, so the same read holds for both.
 
