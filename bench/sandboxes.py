@@ -166,6 +166,7 @@ class Parts:
     def add(self, name: str, seconds: float) -> None:
         if self.on:
             self.runs[-1][name] += seconds
+            self.runs[-1][f"{name} #"] += 1
 
     def wrap(self, owner: Any, attribute: str, name: str) -> None:
         """Time ``owner.attribute`` (a coroutine function or a plain one) as part ``name``."""
@@ -204,16 +205,17 @@ class Parts:
     def table(self, title: str, order: list[str]) -> list[str]:
         """Medians of each part over the runs, with what the named parts leave of the total (a part named
         ``of which: ...`` is inside the one above it, and not added again)."""
-        lines = [f"| {title} | median | share |", "|--|--:|--:|"]
+        lines = [f"| {title} | median | share | times done (median) |", "|--|--:|--:|--:|"]
         total = statistics.median(r["total"] for r in self.runs)
         for name in order:
             value = statistics.median(r.get(name, 0.0) for r in self.runs)
+            count = statistics.median(r.get(f"{name} #", 0.0) for r in self.runs)
             shown = f"&nbsp;&nbsp;{name}" if name.startswith(NESTED) else name
-            lines.append(f"| {shown} | {value * 1000:.0f} ms | {value / total:.0%} |")
+            lines.append(f"| {shown} | {value * 1000:.0f} ms | {value / total:.0%} | {count:g} |")
         top = [n for n in order if not n.startswith(NESTED)]
         rest = statistics.median(r["total"] - sum(r.get(n, 0.0) for n in top) for r in self.runs)
-        lines.append(f"| the rest (between the parts) | {rest * 1000:.0f} ms | {rest / total:.0%} |")
-        lines.append(f"| **total** | **{total * 1000:.0f} ms** | |")
+        lines.append(f"| the rest (between the parts) | {rest * 1000:.0f} ms | {rest / total:.0%} | |")
+        lines.append(f"| **total** | **{total * 1000:.0f} ms** | | |")
         return lines
 
 
@@ -279,7 +281,8 @@ async def worker(name: str, root: Path, storage: LocalStorage) -> Any:
     parts.wrap(pool.client, "connect", "runner up and connected")
     parts.wrap(storage, "get_dir", "fetch the snapshot from storage")
     # inside the engine (it runs in the hooks' thread): the port forwarder, and the runtime's word after a restore
-    engine_methods = {name: OciEngine.__dict__[name] for name in ("_forward", "_runtime_status")}
+    engine_methods = {name: OciEngine.__dict__[name] for name in ("_forward", "_runtime_status", "_apply_changes")}
+    parts.wrap(OciEngine, "_apply_changes", f"{NESTED}the snapshot's file changes unpacked into the overlay")
     parts.wrap(OciEngine, "_forward", f"{NESTED}the runner's port forwarder started (a host Python process)")
     parts.wrap(OciEngine, "_runtime_status", f"{NESTED}`runsc state` asked until it says running")
     w = Worker(name, hooks, ctx, pool, sandboxes, parts)
@@ -743,6 +746,7 @@ async def run_worker_level(args: argparse.Namespace, root: Path, out: list[str])
                             "fetch the snapshot from storage",
                             "prepare (overlay, network namespace, config)",
                             "restore (the runtime's restore)",
+                            f"{NESTED}the snapshot's file changes unpacked into the overlay",
                             f"{NESTED}`runsc state` asked until it says running",
                             f"{NESTED}the runner's port forwarder started (a host Python process)",
                             "runner up and connected",
