@@ -27,9 +27,11 @@ import httpx
 import pytest
 
 from levers9.builder.base import BaseLayer
+from levers9.builder.layout import LAYER_TAR, Layer, write_layout
 from levers9.hooks.types import RuntimeContext
 from levers9.registry.auth import RegistryAuth
 from levers9.registry.client import RegistryClient, push_image
+from levers9.registry.refs import ImageRef, parse_ref
 from levers9.worker.images import ImagePulls
 from levers9.worker.sandbox_api import WORKSPACE_HEADER, SandboxAPI
 from levers9.worker.sandbox_images import (
@@ -71,11 +73,16 @@ def test_only_an_image_in_a_registry_pinned_by_digest_can_be_committed_from(tmp_
         _context(tmp_path), registry_url="http://cp.example:8080", credentials=lambda: RegistryAuth("w", "t")
     )
     ours = _base(f"cp.example:8080/levers9/ws1/blueprints@{DIGEST}", images)
-    assert (ours.registry, ours.repository, ours.digest) == ("cp.example:8080", "levers9/ws1/blueprints", DIGEST)
-    assert _base(f"other.example:5000/team/python@{DIGEST}", images).registry == "other.example:5000"
+    assert ours == ImageRef("cp.example:8080", "levers9/ws1/blueprints", digest=DIGEST)
+    assert _base(f"other.example:5000/team/python@{DIGEST}", images) == parse_ref(
+        f"other.example:5000/team/python@{DIGEST}"
+    )
+    (tmp_path / "layout").mkdir()
+    (tmp_path / "layout" / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    assert _base(str(tmp_path / "layout"), images) == tmp_path / "layout"
     refused = {
         "host": "has no image to commit",
-        "/srv/images/base.tar": "pinned by digest",
+        "/srv/images/base.tar": "not an OCI image layout directory",
         "cp.example:8080/levers9/ws1/blueprints:latest": "pinned by digest",
     }
     for image, says in refused.items():
@@ -258,10 +265,10 @@ async def _refusals(s: Served, sid: str) -> None:
     assert "image is 'host'" in answer.json()["error"]["message"]
 
 
-async def test_a_sandbox_of_another_registrys_image_is_committed_with_its_layers_copied(
+async def test_a_base_outside_the_controlplanes_registry_has_its_layers_copied(
     tmp_path: Path, registry: Registry, registry_factory: Callable[..., Registry], debian_base: BaseLayer
 ) -> None:
-    """The base's blobs are not in the controlplane's registry: they are copied there through the worker."""
+    """A base in another registry or an OCI layout on the worker: its blobs are copied through the worker."""
     other = registry_factory()
     elsewhere = push_base(other, debian_base, "team/debian")
     async with served("runc", tmp_path, registry) as s:
@@ -276,6 +283,18 @@ async def test_a_sandbox_of_another_registrys_image_is_committed_with_its_layers
             assert manifest["layers"][0]["digest"] == debian_base.diff_id  # the base's blob, copied whole
             assert client.has_blob(repository, debian_base.diff_id)
         assert await s.run(sid, "cat /root/made.txt") == ("made\n", 0)
+
+        # a base in an OCI layout directory on the worker: its blob is uploaded from there
+        layout = tmp_path / "layout"
+        base_layer = Layer(debian_base.diff_id, debian_base.diff_id, debian_base.path, debian_base.size, LAYER_TAR)
+        write_layout(layout, [base_layer], debian_base.config())
+        local = await s.create(image=str(layout))
+        assert await s.run(local, "echo local > /root/local.txt") == ("", 0)
+        from_layout = await s.commit(local, {"repository": f"levers9/{WORKSPACE}/local"})
+        assert from_layout.status_code == 201, from_layout.text
+        assert from_layout.json()["layers"] == 2
+        with RegistryClient(registry.url) as client:
+            assert client.has_blob(f"levers9/{WORKSPACE}/local", debian_base.diff_id)
 
         # the base's registry gone: the commit fails naming the cause, and the sandbox runs on, not paused
         stop_registry(other)

@@ -62,9 +62,9 @@ Errors are ``{"error": {"code", "message", "path"}}``: 401 ``Unauthorized``; 404
 checkpoint storage, or a runtime that cannot checkpoint here); 404 ``SnapshotMissing`` (not in the
 storage); 502 ``SnapshotFailed``; a snapshot of another runtime is 400 ``BadRequest`` naming both.
 Images: 400 ``BadRequest`` naming ``repository`` (missing, not a valid name, or not the workspace's);
-409 ``CommitUnavailable`` (the ``host`` image, a path or a tag, naming ``image``; a worker with no
-registry; another image of it being made); 502 ``CommitFailed`` (the runtime or the registry failed; its
-cause quoted).
+409 ``CommitUnavailable`` (the ``host`` image, a tag, a path that is no OCI layout, naming ``image``; a
+worker with no registry; another image of it being made); 502 ``CommitFailed`` (the runtime or the
+registry failed; its cause quoted).
 """
 
 from __future__ import annotations

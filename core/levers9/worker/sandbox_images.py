@@ -26,14 +26,15 @@ controlplane's registry relay requires (:mod:`levers9.services.registry_access`,
 this worker may push there). The manifest is tagged ``<sandbox id>.<n>`` (its n-th commit), so the
 registry keeps it; the answer pins it by digest.
 
-The base: an image in a registry, pinned by digest. A base in the controlplane's registry (a
-Blueprint's, or one committed before) has its layers' blobs there already: they are linked into the
-repository (a cross-repository mount, or nothing when it is the same repository), never uploaded again. A
-base of another registry (read anonymously, as the worker pulled it) has its blobs copied through the
-worker, once: a later commit finds them in the repository. A sandbox of the ``host`` image (the worker's
-own filesystem, for tests) has no image to commit, and one of a path on the worker or a tag is refused too
-(:class:`CommitUnavailable` naming ``image``), as is a worker given no registry or a runtime that cannot
-tell a container's changes.
+The base: an image in a registry, pinned by digest, or an OCI image layout directory on the worker. A
+base in the controlplane's registry (a Blueprint's, or one committed before) has its layers' blobs there
+already: they are linked into the repository (a cross-repository mount, or nothing when it is the same
+repository), never uploaded again. A base of another registry (read anonymously, as the worker pulled it)
+has its blobs copied through the worker, and a layout's are uploaded from it, once: a later commit finds
+them in the repository. A sandbox of the ``host`` image (the worker's own filesystem, for tests) has no
+image to commit, and one of a tag, a docker save tarball or a root filesystem directory (no blobs to build
+on) is refused too (:class:`CommitUnavailable` naming ``image``), as is a worker given no registry or a
+runtime that cannot tell a container's changes.
 
 Errors: :class:`CommitRefused` (a ``ValueError``: the repository; the message names the field),
 :class:`CommitUnavailable` (this sandbox or worker cannot be committed, and why), :class:`CommitFailed`
@@ -49,6 +50,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -81,6 +83,7 @@ log = logging.getLogger(__name__)
 #: seconds the runtime is given to write a sandbox's changes (the container is paused meanwhile)
 CHANGES_TIMEOUT_S = 600.0
 _DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
 
 class CommitRefused(ValueError):
@@ -178,8 +181,9 @@ async def commit(
             scratch.rmdir()
 
 
-def _base(image: str, images: ImagePulls | None) -> ImageRef:
-    """The sandbox's image as a registry ref pinned by digest; CommitUnavailable if it is none (or no registry)."""
+def _base(image: str, images: ImagePulls | None) -> ImageRef | Path:
+    """The sandbox's image: a registry ref pinned by digest, or an OCI layout directory on this worker;
+    CommitUnavailable if it is neither (or the worker has no registry)."""
     if image == "host":
         raise CommitUnavailable(
             "image is 'host': a sandbox on the worker's own filesystem has no image to commit; create the "
@@ -190,6 +194,14 @@ def _base(image: str, images: ImagePulls | None) -> ImageRef:
             "this worker was given no registry (the controlplane's registry.url is unset), so it has nowhere to "
             "push a sandbox's image"
         )
+    if image.startswith("/"):
+        if (Path(image) / "oci-layout").is_file():
+            return Path(image)
+        raise CommitUnavailable(
+            f"image is {image!r}, a path on the worker that is not an OCI image layout directory (a docker save "
+            "tarball or a root filesystem has no blobs to make the new image on); give a layout directory or a "
+            "registry image pinned by digest"
+        )
     try:
         parsed = parse_ref(image)
     except InvalidRefError:
@@ -198,14 +210,103 @@ def _base(image: str, images: ImagePulls | None) -> ImageRef:
         raise CommitUnavailable(
             f"image is {image!r}; a sandbox's filesystem becomes an image only when its image is in a registry, "
             f"pinned by digest (host[:port]/repository@sha256:...: a Blueprint's in {images.registry_host}, one "
-            "committed before, or another registry's), whose layers the new image is made on"
+            "committed before, or another registry's) or an OCI layout directory, whose layers it is made on"
         )
     return parsed
 
 
+class _Origin:
+    """Where the base's manifest, config and layer blobs are read: a registry, or a layout directory."""
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+
+    def manifest(self) -> tuple[bytes, str]:
+        """The base's manifest and its media type."""
+        raise NotImplementedError
+
+    def blob(self, digest: str) -> bytes:
+        """A small blob (the config), checked against its digest."""
+        raise NotImplementedError
+
+    def link(self, client: RegistryClient, repository: str, blob: dict[str, Any]) -> None:
+        """Make the base's layer blob one of ``repository``'s (nothing when it is there already)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Let go of what reading took."""
+
+
+class _RegistryOrigin(_Origin):
+    """A base in a registry: the controlplane's (its blobs are mounted) or another (they are copied)."""
+
+    def __init__(self, images: ImagePulls, ref: ImageRef, ours: RegistryClient) -> None:
+        super().__init__(str(ref))
+        self.ref = ref
+        self.same = ref.registry == images.registry_host
+        self.client = ours if self.same else images.registry_client(ref.registry)
+
+    def manifest(self) -> tuple[bytes, str]:
+        assert self.ref.digest is not None  # _base checked
+        data, media_type, _ = self.client.get_manifest(self.ref.repository, self.ref.digest)
+        return data, media_type
+
+    def blob(self, digest: str) -> bytes:
+        return self.client.read_blob(self.ref.repository, digest)
+
+    def link(self, client: RegistryClient, repository: str, blob: dict[str, Any]) -> None:
+        digest, size = str(blob["digest"]), int(blob["size"])
+        if client.has_blob(repository, digest):
+            return
+        if self.same and client.mount_blob(repository, digest, self.ref.repository):
+            return
+        with self.client.open_blob(self.ref.repository, digest) as stream:  # another registry, or no mounts
+            client.push_blob(repository, digest, io.BufferedReader(stream, 1 << 20), size)
+
+    def close(self) -> None:
+        if not self.same:
+            self.client.close()
+
+
+class _LayoutOrigin(_Origin):
+    """A base in an OCI image layout directory on this worker: its blobs are uploaded from there."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(str(root))
+        self.root = root
+
+    def _path(self, digest: str) -> Path:
+        match = _DIGEST.fullmatch(digest)
+        if match is None:
+            raise CommitFailed(f"image {self.image!r} names {digest!r}, which is not a sha256 digest")
+        path = self.root / "blobs" / "sha256" / match.group(1)
+        if not path.is_file():
+            raise CommitFailed(f"image {self.image!r} lacks the blob {digest} its manifest names")
+        return path
+
+    def manifest(self) -> tuple[bytes, str]:
+        index = json.loads((self.root / "index.json").read_bytes())
+        manifests = index.get("manifests") or []
+        if len(manifests) != 1:
+            raise CommitUnavailable(f"image {self.image!r} is a layout of {len(manifests)} images, not of one")
+        return self.blob(str(manifests[0]["digest"])), str(manifests[0].get("mediaType") or OCI_MANIFEST)
+
+    def blob(self, digest: str) -> bytes:
+        data = self._path(digest).read_bytes()
+        if _sha256(data) != digest:
+            raise CommitFailed(f"image {self.image!r}: the blob {digest} does not match its digest")
+        return data
+
+    def link(self, client: RegistryClient, repository: str, blob: dict[str, Any]) -> None:
+        digest, size = str(blob["digest"]), int(blob["size"])
+        path = self._path(digest)
+        if not client.has_blob(repository, digest):
+            client.push_blob(repository, digest, path, size)
+
+
 def _push(
     images: ImagePulls,
-    base_ref: ImageRef,
+    based_on: ImageRef | Path,
     tar: Path,
     work: Path,
     *,
@@ -214,17 +315,15 @@ def _push(
     tag: str,
 ) -> CommittedImage:
     """Gzip the changes, link the base's blobs into ``repository``, push the new layer, config and manifest."""
-    image, source, digest = str(base_ref), base_ref.repository, base_ref.digest
-    assert digest is not None  # _base checked
     client = images.registry_client()
-    # the base's own registry: the controlplane's (its blobs are linked), or another (they are copied)
-    origin = client if base_ref.registry == images.registry_host else images.registry_client(base_ref.registry)
+    origin = _LayoutOrigin(based_on) if isinstance(based_on, Path) else _RegistryOrigin(images, based_on, client)
+    image = origin.image
     try:
-        base_bytes, media_type, _ = origin.get_manifest(source, digest)
+        base_bytes, media_type = origin.manifest()
         base = json.loads(base_bytes)
         if media_type not in (OCI_MANIFEST, DOCKER_MANIFEST) or not isinstance(base.get("layers"), list):
             raise CommitUnavailable(f"image {image!r} is an index of several images ({media_type}), not one image")
-        config = json.loads(origin.read_blob(source, base["config"]["digest"]))
+        config = json.loads(origin.blob(base["config"]["digest"]))
         diff_ids = (config.get("rootfs") or {}).get("diff_ids")
         if not isinstance(diff_ids, list) or len(diff_ids) != len(base["layers"]):
             raise CommitFailed(f"image {image!r}: its config does not list one diff id for each of its layers")
@@ -233,7 +332,7 @@ def _push(
         if blob_path is None or blob_digest is None or blob_size is None:
             raise CommitFailed(f"gzipping the changes of sandbox {sandbox_id} gave no blob")
         for blob in base["layers"]:
-            _link(client, repository, origin, source, blob)
+            origin.link(client, repository, blob)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         config["created"] = now
         config["rootfs"] = {"type": "layers", "diff_ids": [*diff_ids, layer.diff_id]}
@@ -259,28 +358,16 @@ def _push(
     except (ValueError, KeyError, TypeError) as exc:
         raise CommitFailed(f"image {image!r}: its manifest or config is not what an image's is: {exc!r}") from exc
     except OSError as exc:
-        raise CommitFailed(f"gzipping the changes of sandbox {sandbox_id} failed: {exc}") from exc
+        raise CommitFailed(f"reading the image of sandbox {sandbox_id} or its changes failed: {exc}") from exc
     finally:
-        client.close()
         origin.close()
+        client.close()
     size = len(config_bytes) + sum(int(b["size"]) for b in manifest["layers"])
     ref = f"{images.registry_host}/{repository}@{pushed}"
     log.info("sandbox %s committed as %s (%d layers, %d bytes)", sandbox_id, ref, len(manifest["layers"]), size)
     return CommittedImage(
         ref=ref, repository=repository, tag=tag, size_bytes=size, layers=len(manifest["layers"]), diff_id=layer.diff_id
     )
-
-
-def _link(client: RegistryClient, repository: str, origin: RegistryClient, source: str, blob: dict[str, Any]) -> None:
-    """Make the base's layer blob one of ``repository``'s: there already, mounted from ``source`` (the same
-    registry), or copied from ``origin``'s ``source`` through this worker."""
-    digest, size = str(blob["digest"]), int(blob["size"])
-    if client.has_blob(repository, digest):
-        return
-    if origin is client and client.mount_blob(repository, digest, source):
-        return
-    with origin.open_blob(source, digest) as stream:  # another registry, or one that does not mount
-        client.push_blob(repository, digest, io.BufferedReader(stream, 1 << 20), size)
 
 
 def _sha256(data: bytes) -> str:
