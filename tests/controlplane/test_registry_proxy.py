@@ -292,6 +292,40 @@ async def test_pushes_and_pulls_are_scoped_to_placed_builds_calls_and_workspaces
     assert refused.status == 403
 
 
+async def test_a_worker_running_a_sandbox_pulls_its_workspaces_images_and_pushes_its_sandbox_images_only(
+    cp: Cp, tmp_path: Path
+) -> None:
+    alice, _ = await cp.user("team-a")
+    bob, _ = await cp.user("team-b")
+    builder, builder_token = await cp.worker("build")
+    layers, config = _image(tmp_path, "base")
+    await cp.build_of(alice, builder)
+    digest = await asyncio.to_thread(_push, cp.url, RegistryAuth(builder, builder_token), _repo(alice), layers, config)
+    worker, token = await cp.worker("cpu")
+    as_worker = RegistryAuth(worker, token)
+    sandboxes = f"levers9/{(alice.workspace_id or '').lower()}/sandboxes"
+    image = _image(tmp_path, "made")
+    # nothing of team-a on it yet: neither
+    refused = await _refused(lambda: _pull(cp.url, as_worker, _repo(alice), digest, layers[0]))
+    assert "no call or sandbox of that workspace is placed on it" in refused.message
+    assert (await _refused(lambda: _push(cp.url, as_worker, sandboxes, *image))).status == 403
+    # a sandbox of team-a holds room on it: it pulls team-a's images, and pushes to team-a's sandboxes only
+    workers, now = cp.services.scheduler.workers, cp.services.scheduler.ctx.now_ms
+    assert await workers.hold_sandbox(
+        "h1", worker, cpu=100, mem=64, gpus=0, now_ms=now(), workspace=alice.workspace_id or ""
+    )
+    assert await workers.sandbox_workspaces(worker) == {(alice.workspace_id or "").lower()}
+    pulled = await asyncio.to_thread(_pull, cp.url, as_worker, _repo(alice), digest, layers[0])
+    assert pulled == layers[0].path.read_bytes()
+    await asyncio.to_thread(_push, cp.url, as_worker, sandboxes, *image)
+    for other in (_repo(alice), f"levers9/{(bob.workspace_id or '').lower()}/sandboxes"):
+        assert (await _refused(lambda repo=other: _push(cp.url, as_worker, repo, *image))).status == 403
+    # the sandbox ended: neither again
+    assert await workers.release_sandbox("h1", now_ms=now())
+    assert await workers.sandbox_workspaces(worker) == set()
+    assert (await _refused(lambda: _push(cp.url, as_worker, sandboxes, *image))).status == 403
+
+
 async def test_tokens_are_asked_for_and_nothing_outside_the_workspaces_is_served(cp: Cp) -> None:
     alice, alice_token = await cp.user("team-a")
     repo = _repo(alice)

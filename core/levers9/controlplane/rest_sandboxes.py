@@ -190,6 +190,14 @@ async def expose_port(
     return JSONResponse({"port": port, "url": base + exposed["path"]})
 
 
+@router.post("/{sandbox_id}/image", status_code=201, responses=_SANDBOX_ERRORS)
+async def make_image(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+    """Its filesystem as it is now made an image in the workspace's repository of the controlplane's registry
+    (it runs on): ``image`` (pinned by digest) is what a later sandbox's or function's ``image`` takes. 409
+    ``image_unavailable`` for a sandbox of the worker's own filesystem (image ``host``)."""
+    return JSONResponse(await service.make_image(principal, sandbox_id), status_code=201)
+
+
 @router.post("/{sandbox_id}/snapshots", status_code=201, responses=_SANDBOX_ERRORS)
 async def snapshot_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
     """Snapshot its memory and files (it runs on; created with ``snapshots``); restore it with a create whose

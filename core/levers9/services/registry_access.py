@@ -17,9 +17,12 @@ Repositories served are ``<registry.repository_prefix>/<workspace id>/<name>`` o
 - a worker pulls W's repositories while a call of W is placed on it (now, in Redis, from any
   replica; or lately, from this replica's memory of what it sent: see
   :meth:`~levers9.services.dataplane.DataPlane.placed_workspaces`), or when its pool is bound to W;
+- a worker pulls W's repositories too while a sandbox of W holds room on it (from before the sandbox's
+  container starts: :meth:`~levers9.state.redis.workers.WorkerRegistry.sandbox_workspaces`);
 - a worker pushes (uploads blobs, puts manifests) to W's repositories only while a task of W's
   ``build`` stub is placed on it (:meth:`~levers9.services.dataplane.DataPlane.building_workspaces`):
-  a build that has ended no longer counts;
+  a build that has ended no longer counts; and to ``<prefix>/W/sandboxes`` alone while a sandbox of W
+  holds room on it (an image made of a sandbox's filesystem);
 - every other token kind (an agent's) pulls and pushes nothing.
 
 Failures: no token, or one unknown, revoked or expired, is
@@ -155,23 +158,31 @@ async def authorize(dp: DataPlane, caller: RegistryCaller, repository: str, acti
                 f"{dp.services.config.registry.repository_prefix}/{own.lower()}/..."
             )
         return
-    reason = await _worker_refusal(dp, worker, workspace, action)
+    reason = await _worker_refusal(dp, worker, workspace, action, repository)
     if reason is not None:
         dp.refuse(worker.worker_id, f"image {action}", [repository], reason)  # a security event, counted
         raise PermissionDenied(f"worker {worker.worker_id} may not {action} {repository}: {reason}")
 
 
-async def _worker_refusal(dp: DataPlane, worker: fleet.WorkerIdentity, workspace: str, action: Action) -> str | None:
-    """Why ``worker`` may not ``action`` the repositories of ``workspace``; None when it may."""
+async def _worker_refusal(
+    dp: DataPlane, worker: fleet.WorkerIdentity, workspace: str, action: Action, repository: str
+) -> str | None:
+    """Why ``worker`` may not ``action`` ``repository``, one of ``workspace``'s; None when it may."""
     bound = worker.spec.workspace
     if bound is not None and bound.lower() != workspace:
         return f"its pool {worker.spec.name} serves another workspace"
+    workers = dp.services.scheduler.workers
     if action == PUSH:
-        if workspace not in {w.lower() for w in await dp.building_workspaces(worker.worker_id)}:
-            return "no build of that workspace is placed on it"
-        return None
+        if workspace in {w.lower() for w in await dp.building_workspaces(worker.worker_id)}:
+            return None
+        sandboxes = f"{dp.services.config.registry.repository_prefix}/{workspace}/sandboxes"
+        if repository == sandboxes and workspace in await workers.sandbox_workspaces(worker.worker_id):
+            return None  # an image made of one of the workspace's sandboxes running there
+        return "no build of that workspace is placed on it, nor a sandbox of it making an image there"
     if bound is not None:
         return None  # its pool is the workspace's own
-    if workspace not in {w.lower() for w in await dp.placed_workspaces(worker.worker_id)}:
-        return "no call of that workspace is placed on it"
-    return None
+    if workspace in {w.lower() for w in await dp.placed_workspaces(worker.worker_id)}:
+        return None
+    if workspace in await workers.sandbox_workspaces(worker.worker_id):
+        return None  # a sandbox of the workspace runs there, or is starting from the image
+    return "no call or sandbox of that workspace is placed on it"

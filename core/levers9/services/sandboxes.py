@@ -91,6 +91,12 @@ ERROR_TYPES: dict[str, tuple[int, str]] = {
     "TooManyProcesses": (429, "too_many_processes"),
     "SandboxesFull": (503, "sandboxes_full"),
     "StartFailed": (502, "start_failed"),
+    "SandboxBusy": (409, "sandbox_busy"),
+    "SnapshotUnavailable": (409, "snapshot_unavailable"),
+    "SnapshotMissing": (404, "snapshot_missing"),
+    "SnapshotFailed": (502, "snapshot_failed"),
+    "CommitUnavailable": (409, "image_unavailable"),
+    "CommitFailed": (502, "image_failed"),
 }
 
 #: how long a create waits for a pool's registered workers to announce their sandbox servers
@@ -218,7 +224,10 @@ class SandboxService:
         or cannot be reached; a refusal of the sandbox itself raises."""
         workers, now = self.services.scheduler.workers, self.services.scheduler.ctx.now_ms
         hold = f"sbh_{secrets.token_hex(8)}"
-        if not await workers.hold_sandbox(hold, worker_id, cpu=room[0], mem=room[1], gpus=0, now_ms=now()):
+        held = await workers.hold_sandbox(
+            hold, worker_id, cpu=room[0], mem=room[1], gpus=0, now_ms=now(), workspace=workspace_id
+        )
+        if not held:
             asked.append(f"worker {worker_id} of pool {pool}: no room for {room[0]} millicores and {room[1]} MiB")
             return None
         try:
@@ -430,6 +439,22 @@ class SandboxService:
         if gone:
             raise SandboxProblem(409, "sandbox_gone", gone)
         return tunnel_address(record.worker_id, address)
+
+    # ------------------------------------------------------------------ images
+
+    async def make_image(self, principal: Principal, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's filesystem as it is now, an image in its workspace's repository ``<prefix>/<workspace>/
+        sandboxes`` of the controlplane's registry (it runs on): ``{"image": ref@digest, "size_bytes", "layers"}``,
+        a reference a sandbox's or a function's ``image`` takes."""
+        record = await self._record(principal, sandbox_id)
+        prefix = self.services.config.registry.repository_prefix
+        body = json.dumps({"repository": f"{prefix}/{record.workspace_id.lower()}/sandboxes"}).encode()
+        answer = await self._ask(record, "POST", f"/sandboxes/{sandbox_id}/image", body=body)
+        answered = await answer.json()
+        if answer.status != 201:
+            raise problem_of(answered, answer.status)
+        log.info("sandbox %s of workspace %s: image %s made", sandbox_id, record.workspace_id, answered.get("image"))
+        return {key: answered[key] for key in ("image", "size_bytes", "layers") if key in answered}
 
     # -------------------------------------------------------------- snapshots
 

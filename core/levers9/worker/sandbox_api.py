@@ -5,10 +5,13 @@ ephemeral port, with uvicorn in the worker's own event loop (no thread, no signa
 The controlplane reaches it the way the gateway reaches a box's port: through the worker's tunnel
 (:mod:`levers9.worker.tunnel`) to an address on the worker's loopback.
 
-The switch: a worker serves it only when ``LEVERS9_SANDBOXES`` is a positive count (the most
-sandboxes at once; :class:`levers9.worker.session.WorkerProcess` opens it with its pool and closes it,
-ending every sandbox, before the pool). Unset, the default, nothing is served and nothing changes for
-existing pools; nothing hands the URL and secret to the controlplane yet (its registration will).
+The switch: a worker serves it only when its pool's ``sandboxes`` is a positive count (the most sandboxes
+at once; the controlplane sends it at registration as ``max_sandboxes``) or ``LEVERS9_SANDBOXES`` on the
+worker says so (it wins). :class:`levers9.worker.session.WorkerProcess` opens it with its pool and closes it,
+ending every sandbox, before the pool. Unset, the default, nothing is served and nothing changes for
+existing pools. Every session the worker opens starts by announcing the port and the secret
+(``WorkerMessage.sandbox_api``), and the controlplane keeps them for the replicas that relay to it
+(:mod:`levers9.services.sandbox_hosts`).
 
 Every request carries ``Authorization: Bearer <secret>``, the per-worker secret made when the API
 starts (:attr:`SandboxAPI.secret`; never logged, compared in constant time); anything else is 401

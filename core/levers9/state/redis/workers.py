@@ -172,11 +172,23 @@ class WorkerRegistry:
         """The requests placed on ``worker`` now (holding room there, running, or waiting in its queue)."""
         return sorted(str(r) for r in await self.redis.smembers(f"{self.prefix}wr:{worker}"))
 
-    async def hold_sandbox(self, sandbox_id: str, worker: str, *, cpu: int, mem: int, gpus: int, now_ms: int) -> bool:
-        """A sandbox takes ``cpu``/``mem``/``gpus`` of ``worker``'s room; False when the worker has not that much
-        free (or is not running). Idempotent for one sandbox id."""
-        held = await self.scripts("sandbox_hold", sandbox_id, worker, cpu, mem, gpus, now_ms)
+    async def hold_sandbox(
+        self, sandbox_id: str, worker: str, *, cpu: int, mem: int, gpus: int, now_ms: int, workspace: str = ""
+    ) -> bool:
+        """A sandbox of ``workspace`` takes ``cpu``/``mem``/``gpus`` of ``worker``'s room; False when the worker
+        has not that much free (or is not running). Idempotent for one sandbox id."""
+        held = await self.scripts("sandbox_hold", sandbox_id, worker, cpu, mem, gpus, now_ms, workspace)
         return bool(int(held))
+
+    async def sandbox_workspaces(self, worker: str) -> set[str]:
+        """The workspaces (lower-cased, as image refs name them) whose sandboxes hold room on ``worker`` now."""
+        held = [_text(s) for s in await self.redis.smembers(f"{self.prefix}wsb:{worker}")]
+        found: set[str] = set()
+        for sandbox in held:
+            workspace = await self.redis.hget(f"{self.prefix}sbh:{sandbox}", "ws")
+            if workspace:
+                found.add(_text(workspace).lower())
+        return found
 
     async def release_sandbox(self, sandbox_id: str, *, now_ms: int) -> bool:
         """The sandbox's room goes back to its worker; False when it held none (released already)."""
@@ -257,3 +269,7 @@ def _state(wid: str, row: list[str | None]) -> WorkerState | None:
         idle_since_ms=int(idle_since or 0),
         registered_ms=int(registered or 0),
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,4 +1,4 @@
--- ARGV: prefix, sandbox id, worker, cpu, mem, gpus, now_ms.
+-- ARGV: prefix, sandbox id, worker, cpu, mem, gpus, now_ms, workspace.
 -- A sandbox about to start on `worker` takes its room there, as a placed call does, when the worker is
 -- running, alive and has that much free: the scheduler then places no call into it, and a worker running
 -- sandboxes is never idle (never released for idleness). The hold is kept under sbh:<sandbox> and in the
@@ -18,6 +18,7 @@ redis.call('HINCRBY', key, 'running', 1)
 redis.call('HINCRBY', key, 'long', 1)
 redis.call('HSET', key, 'idle_since', 0)
 reindex(wid, w[5])
-redis.call('HSET', hkey, 'worker', wid, 'pool', w[5], 'cpu', cpu, 'mem', mem, 'gpus', gpus, 'since', now)
+redis.call('HSET', hkey, 'worker', wid, 'pool', w[5], 'cpu', cpu, 'mem', mem, 'gpus', gpus, 'since', now,
+  'ws', ARGV[8] or '')
 redis.call('SADD', P .. 'wsb:' .. wid, sid)
 return 1
