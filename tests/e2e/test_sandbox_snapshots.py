@@ -72,7 +72,8 @@ def _ticks(client: httpx.Client, sid: str, process: int, count: int) -> list[tup
 def test_a_snapshot_is_restored_on_the_other_worker_with_its_process_running(
     two_workers: tuple[Up, httpx.Client],
 ) -> None:
-    _, client = two_workers
+    up, client = two_workers
+    stored = up.home / "data" / "checkpoints" / "sandbox-snapshots"  # the checkpoint storage `up` tells workers
     made = client.post("/sandboxes", json={"snapshots": True, "timeout_s": 300})
     assert made.status_code == 201, made.text
     original = made.json()
@@ -91,6 +92,7 @@ def test_a_snapshot_is_restored_on_the_other_worker_with_its_process_running(
     assert (snap["sandbox_id"], snap["runtime"]) == (sid, "gvisor")
     assert "key" not in snap  # where it is stored is the operator's business
     assert [s["id"] for s in client.get("/sandbox-snapshots").json()["snapshots"]] == [snap["id"]]
+    assert [p.name for p in stored.rglob("*") if p.is_file()] == [f"{snap['id']}.tar"]  # in the storage
 
     restored = client.post("/sandboxes", json={"snapshot": snap["id"]})
     assert restored.status_code == 201, restored.text
@@ -110,6 +112,7 @@ def test_a_snapshot_is_restored_on_the_other_worker_with_its_process_running(
     deleted = client.delete(f"/sandbox-snapshots/{snap['id']}")
     assert deleted.status_code in (200, 204), deleted.text
     assert client.get("/sandbox-snapshots").json()["snapshots"] == []
+    assert [p for p in stored.rglob("*") if p.is_file()] == []  # the object went too
     again = client.post("/sandboxes", json={"snapshot": snap["id"]})
     assert again.status_code == 404, again.text
     assert snap["id"] in again.text
