@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Literal
 
+import typer
 from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
@@ -57,6 +58,12 @@ class Col:
     header: str
     justify: Literal["left", "right"] = "left"
     wrap: bool = False
+
+
+def failed(message: str, code: int = 1) -> typer.Exit:
+    """``error: message`` on stderr, and the exit to raise (``raise failed(...)``) with ``code``."""
+    err.print(f"error: {message}", markup=False, highlight=False)
+    return typer.Exit(code)
 
 
 def plain(cell: Cell) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from levers9.cli.client_cmds import context_option, when
-from levers9.cli.output import Col, err, out, print_json, print_table
+from levers9.cli.output import Col, err, failed, out, print_json, print_table
 
 if TYPE_CHECKING:
     from levers9.sdk.sandbox import SandboxInstance
@@ -39,11 +39,6 @@ app = typer.Typer(
 )
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"error: {message}", markup=False, highlight=False)
-    return typer.Exit(code)
-
-
 def _guarded(action: Callable[[], T]) -> T:
     """``action``'s result; the SDK's errors (refused, not found, unreachable, no context) exit 1, explained."""
     from levers9.hooks.errors import Levers9Error
@@ -51,7 +46,7 @@ def _guarded(action: Callable[[], T]) -> T:
     try:
         return action()
     except (Levers9Error, OSError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise failed(str(exc)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -147,7 +142,7 @@ def exec_(
     for pair in env:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise _fail(f"--env {pair!r}: expected NAME=VALUE", 2)
+            raise failed(f"--env {pair!r}: expected NAME=VALUE", 2)
         variables[key] = value
     sandbox = _sandbox(sandbox_id, context)
     process = _guarded(lambda: sandbox.process.exec(*command, cwd=cwd, env=variables or None))
@@ -175,7 +170,7 @@ def logs(
     if pid is not None:
         if pid not in found:
             known = ", ".join(str(p) for p in sorted(found)) or "none"
-            raise _fail(f"no process with pid {pid} in sandbox {sandbox_id} (its processes' pids: {known})")
+            raise failed(f"no process with pid {pid} in sandbox {sandbox_id} (its processes' pids: {known})")
         found = {pid: found[pid]}
     if not found:
         err.print(f"sandbox {sandbox_id} has run no processes", markup=False)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from levers9.cli.client_cmds import context_option, when
-from levers9.cli.output import Col, err, iso, out, print_json, print_table
+from levers9.cli.output import Col, err, failed, iso, out, print_json, print_table
 
 if TYPE_CHECKING:
     from levers9.sdk.volumes import VolumeFiles
@@ -39,11 +39,6 @@ app = typer.Typer(
 )
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"error: {message}", markup=False, highlight=False)
-    return typer.Exit(code)
-
-
 def _guarded(action: Callable[[], T]) -> T:
     """``action``'s result; the SDK's errors (not found, refused, invalid, unreachable) exit 1, explained."""
     from levers9.sdk.errors import ControlPlaneError, InvalidFunction
@@ -51,7 +46,7 @@ def _guarded(action: Callable[[], T]) -> T:
     try:
         return action()
     except (FileNotFoundError, PermissionError, ValueError, InvalidFunction, ControlPlaneError) as exc:
-        raise _fail(str(exc)) from None
+        raise failed(str(exc)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -139,7 +134,9 @@ def rm(
     """Remove a file or directory of a volume."""
     remote = _remote(target)
     if remote is None or remote[1] in ("", "/"):
-        raise _fail(f"{target!r}: name a path in a volume, VOLUME:PATH (removing a whole volume is `volume delete`)", 2)
+        raise failed(
+            f"{target!r}: name a path in a volume, VOLUME:PATH (removing a whole volume is `volume delete`)", 2
+        )
     files = _files(remote[0], context)
     removed = _guarded(lambda: files.remove(remote[1], recursive=recursive))
     out.print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {target}", markup=False, highlight=False)
@@ -154,7 +151,7 @@ def cp(
     """Copy files between this machine and a volume, either way: `cp a.bin weights:models/`, `cp weights:x .`"""
     src, dst = _remote(source), _remote(destination)
     if (src is None) == (dst is None):
-        raise _fail("one of SOURCE and DESTINATION must be a volume's path (VOLUME:PATH) and the other local", 2)
+        raise failed("one of SOURCE and DESTINATION must be a volume's path (VOLUME:PATH) and the other local", 2)
     if dst is not None:
         _upload(Path(source), dst[0], dst[1], recursive, context)
     else:
@@ -164,12 +161,12 @@ def cp(
 
 def _upload(local: Path, volume: str, path: str, recursive: bool, context: str | None) -> None:
     if not local.exists():
-        raise _fail(f"{local}: no such file or directory")
+        raise failed(f"{local}: no such file or directory")
     files = _files(volume, context)
     into_dir = path.endswith("/") or path in ("", "/")
     if local.is_dir():
         if not recursive:
-            raise _fail(f"{local} is a directory; copy it with -r", 2)
+            raise failed(f"{local} is a directory; copy it with -r", 2)
         base = path.rstrip("/") + "/" + local.name if into_dir else path
         pairs = [(f, f"{base}/{f.relative_to(local).as_posix()}") for f in sorted(local.rglob("*")) if f.is_file()]
     else:
@@ -194,7 +191,7 @@ def _download(volume: str, path: str, local: Path, recursive: bool, context: str
         pairs = [(top[0].path, target, top[0].size)]
     else:
         if not recursive:
-            raise _fail(f"{volume}:{path} is a directory; copy it with -r", 2)
+            raise failed(f"{volume}:{path} is a directory; copy it with -r", 2)
         entries = _guarded(lambda: files.listdir(path, recursive=True))
         prefix = path.strip("/")
         base = local / (Path(prefix).name or volume) if local.is_dir() else local
