@@ -80,10 +80,16 @@ def test_a_bad_option_is_refused_by_name(options: dict[str, object], named: str)
     assert isinstance(caught.value, ValueError)
 
 
-def test_volumes_are_refused_not_dropped() -> None:
-    with pytest.raises(ValueError, match="volumes: sandboxes do not mount volumes yet"):
-        levers9.Sandbox(volumes=[levers9.Volume(name="weights", mount_path="/weights")])
-    assert levers9.Sandbox(volumes=[]).timeout_s == 600.0
+def test_volumes_are_sent_and_cloud_buckets_refused_not_dropped() -> None:
+    sandbox = levers9.Sandbox(volumes=[levers9.Volume(name="weights", mount_path="/weights")])
+    assert sandbox._body("host", "3.11", None)["volumes"] == [{"name": "weights", "mount_path": "/weights"}]
+    assert "volumes" not in levers9.Sandbox(volumes=[])._body("host", "3.11", None)
+    with pytest.raises(ValueError, match="volumes: sandboxes do not mount cloud buckets yet"):
+        levers9.Sandbox(volumes=[levers9.CloudBucket(name="my-bucket", mount_path="/b")])
+    with pytest.raises(ValueError, match=r"volumes.*both mount at or below /w"):
+        levers9.Sandbox(
+            volumes=[levers9.Volume(name="a", mount_path="/w"), levers9.Volume(name="b", mount_path="/w/x")]
+        )
 
 
 def test_a_context_without_http_is_refused_naming_the_file_the_context_and_the_field(

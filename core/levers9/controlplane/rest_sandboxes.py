@@ -43,6 +43,12 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class VolumeIn(_In):
+    name: str = Field(min_length=1, description="One of the workspace's volumes (made when new, as a function's)")
+    mount_path: str = Field(description="Where the sandbox sees it: an absolute path other than /")
+    read_only: bool = False
+
+
 class SandboxCreate(_In):
     image: str | None = Field(None, description="An image reference (a built blueprint's); default: the worker's own")
     python_version: str | None = Field(None, description="The image's Python, such as 3.11")
@@ -60,6 +66,7 @@ class SandboxCreate(_In):
     name: str | None = None
     pool: str | None = Field(None, description="Default: every pool with sandboxes, by priority")
     snapshots: bool | None = Field(None, description="Boot it so that it can be snapshotted (snapshot_memory)")
+    volumes: list[VolumeIn] | None = Field(None, description="The workspace's volumes it mounts")
     snapshot: str | None = Field(None, description="A snapshot's id: the sandbox resumes from it, processes running")
 
 

@@ -371,6 +371,7 @@ class Server:
             services,
             lambda worker, host, port, timeout: tunnels.connect(worker, host, port, timeout_s=timeout),
             registry_host=lambda: dataplane.registry_host,
+            http_url=ls.advertised_http(),
         )
         # built images are named by this controlplane's HTTP address, which relays /v2/ to the registry; a
         # stub may name only its own workspace's images there, whether or not the registry is up

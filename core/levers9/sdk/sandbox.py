@@ -19,8 +19,8 @@ How the options reach the controlplane (``POST /api/v1/sandboxes``): ``cpu`` in 
 how long the sandbox lives (``-1``: until terminated); ``idle_timeout`` ends one nobody has used for that
 long (0: never). ``image`` is an image ref, ``"host"`` (the worker's own root filesystem and Python, the
 default, as for ``@levers9.function``), or a :class:`~levers9.Blueprint`, built first through the
-controlplane as a function's is. Volumes are not mounted in sandboxes yet: a non-empty ``volumes`` is
-refused rather than dropped, and so is a GPU type (a sandbox takes ``gpu_count`` GPUs of its pool's kind;
+controlplane as a function's is. ``volumes`` are the workspace's volumes (``levers9.Volume``, made when
+new, as a function's); a cloud bucket is refused rather than dropped, and so is a GPU type (a sandbox takes ``gpu_count`` GPUs of its pool's kind;
 pick the pool with ``pool=``). ``snapshots=True`` boots the sandbox so that ``snapshot_memory()`` can take
 it (the controlplane refuses a snapshot of one booted without); :func:`list_snapshots` and
 :func:`delete_snapshot` manage the workspace's stored snapshots.
@@ -61,6 +61,20 @@ ENDED_STATES = frozenset({"ended", "gone"})
 
 def _fail(option: str, message: str) -> SandboxRequestError:
     return SandboxRequestError(f"levers9.Sandbox: {option}: {message}")
+
+
+def _volumes(volumes: object) -> list[dict[str, Any]]:
+    """``volumes=``: the workspace's volumes (``levers9.Volume``, made when new, as for a function), each at its own
+    path; a cloud bucket is refused, not dropped: sandboxes mount volumes only."""
+    from levers9.sdk.errors import InvalidFunction
+    from levers9.sdk.volumes import CloudBucket, volume_configs
+
+    if isinstance(volumes, list | tuple) and any(isinstance(v, CloudBucket) for v in volumes):
+        raise _fail("volumes", "sandboxes do not mount cloud buckets yet; give levers9.Volume objects only")
+    try:
+        return volume_configs("levers9.Sandbox", volumes)
+    except InvalidFunction as exc:
+        raise _fail("volumes", str(exc).removeprefix("levers9.Sandbox: volumes: ")) from None
 
 
 def _seconds(option: str, value: object, *, never: str) -> float:
@@ -117,11 +131,7 @@ class Sandbox:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise _fail("name", f"{name!r} is not a name; use a non-empty string")
         self.name = name
-        if volumes:
-            raise _fail(
-                "volumes",
-                "sandboxes do not mount volumes yet; copy files in with sb.fs.upload_file, or leave volumes empty",
-            )
+        self.volumes = _volumes(volumes)
         if isinstance(secrets, str):
             secrets = [secrets]
         if secrets is not None and not all(isinstance(s, str) and s for s in secrets):
@@ -184,6 +194,8 @@ class Sandbox:
             body["pool"] = self.pool
         if self.snapshots:
             body["snapshots"] = True
+        if self.volumes:
+            body["volumes"] = self.volumes
         if snapshot is not None:
             body["snapshot"] = snapshot
         return body

@@ -24,6 +24,10 @@ A sandbox lives on one worker of a pool whose ``sandboxes`` is above 0
   its sandboxes ``gone``: their info says so and every other request is
   ``sandbox_gone`` (409) naming the worker, at once, never a wait.
 
+The volumes a sandbox names are its workspace's (made when new, as a function's); each goes to the worker
+as it mounts it: the file system itself for a pool with direct access, else the volume's WebDAV URL on this
+controlplane and a token for that worker and volume alone (:mod:`levers9.services.volume_access`).
+
 The secrets a sandbox names are read from its workspace's secrets here and
 travel to the worker in the create request, over the worker's tunnel; they are
 never stored with the sandbox or logged. GPUs are not given to sandboxes yet
@@ -52,7 +56,7 @@ from levers9.checkpoint.storage import storage_from_url
 from levers9.services.access import own_workspace
 from levers9.services.auth import Principal
 from levers9.services.core import Services
-from levers9.services.fleet import checkpoint_storage_url
+from levers9.services.fleet import checkpoint_storage_url, mounts_volumes_directly
 from levers9.services.image_refs import check_image
 from levers9.services.sandbox_hosts import SandboxHost, SandboxHosts, SandboxRecord
 from levers9.services.sandbox_relay import (
@@ -65,6 +69,7 @@ from levers9.services.sandbox_relay import (
 )
 from levers9.services.stubs import InvalidStub
 from levers9.services.tunnels import tunnel_address
+from levers9.services.volume_access import DAV_PREFIX, VolumeToken, mint_token
 from levers9.state.errors import DecryptionError, NotFound
 from levers9.state.sql.records import SandboxSnapshotRecord
 
@@ -99,6 +104,8 @@ ERROR_TYPES: dict[str, tuple[int, str]] = {
     "CommitFailed": (502, "image_failed"),
 }
 
+#: what each of a create's volumes takes
+_VOLUME_KEYS = frozenset({"name", "mount_path", "read_only"})
 #: how long a create waits for a pool's registered workers to announce their sandbox servers
 ANNOUNCE_WAIT_S = 5.0
 
@@ -122,7 +129,7 @@ _PASSED = frozenset(
     }
 )
 #: what a create takes besides: the pool, the secrets' names, a snapshot to restore (its id)
-_OWN = frozenset({"pool", "secrets", "snapshot"})
+_OWN = frozenset({"pool", "secrets", "snapshot", "volumes"})
 
 
 class SandboxProblem(Exception):
@@ -164,9 +171,16 @@ class SandboxService:
     """Sandboxes over the workers that serve them (see the module); one per replica, closed with it."""
 
     def __init__(
-        self, services: Services, connect: Connect, *, registry_host: Callable[[], str | None] = lambda: None
+        self,
+        services: Services,
+        connect: Connect,
+        *,
+        registry_host: Callable[[], str | None] = lambda: None,
+        http_url: str = "",
     ) -> None:
         self.services = services
+        #: the controlplane's advertised HTTP URL: its WebDAV, for workers that reach volumes through it
+        self.http_url = http_url.rstrip("/")
         #: the host the controlplane's registry names the workspaces' built images by (None: it has none)
         self.registry_host = registry_host
         self.hosts = SandboxHosts(services.redis, services.box, prefix=services.scheduler.workers.prefix)
@@ -204,7 +218,7 @@ class SandboxService:
             restored = stored.info
         room = _room(request, restored)
         request.update(cpu_millicores=room[0], memory_mib=room[1])
-        encoded = json.dumps(request).encode()
+        volumes = await self._volumes(workspace_id, body.get("volumes", []))
         asked: list[str] = []
         for pool in pools:
             candidates = await self._serving(pool)
@@ -212,7 +226,8 @@ class SandboxService:
             if not candidates:
                 asked.append(f"pool {pool}: no running worker serves sandboxes")
             for worker_id in candidates:
-                info = await self._start_on(worker_id, pool, workspace_id, room, encoded, asked)
+                encoded = json.dumps({**request, "volumes": self._mounts(worker_id, pool, workspace_id, volumes)})
+                info = await self._start_on(worker_id, pool, workspace_id, room, encoded.encode(), asked)
                 if info is not None:
                     return info
         raise SandboxProblem(503, "no_sandbox_worker", "no worker took the sandbox: " + "; ".join(asked))
@@ -261,6 +276,45 @@ class SandboxService:
             if hold:
                 await workers.release_sandbox(hold, now_ms=now())
         return None
+
+    async def _volumes(self, workspace_id: str, given: object) -> list[tuple[str, str, str, bool]]:
+        """(mount path, volume id, name, read only) of each volume a create names, made when new (as a function's)."""
+        if not isinstance(given, list):
+            raise _bad("volumes must be a list of {name, mount_path[, read_only]}")
+        found = []
+        for volume in given:
+            if not isinstance(volume, dict) or not {"name", "mount_path"} <= set(volume) <= _VOLUME_KEYS:
+                raise _bad(f"volumes holds {volume!r}; each is {{name, mount_path[, read_only]}}")
+            name, where, read_only = volume["name"], volume["mount_path"], volume.get("read_only", False)
+            if not isinstance(name, str) or not isinstance(where, str) or not isinstance(read_only, bool):
+                raise _bad(f"volumes holds {volume!r}; name and mount_path are text, read_only true or false")
+            record, _ = await self.services.volumes.get_or_create(workspace_id, name)
+            found.append((where, record.id, record.name, read_only))
+        return found
+
+    def _mounts(
+        self, worker_id: str, pool: str, workspace_id: str, volumes: list[tuple[str, str, str, bool]]
+    ) -> list[dict[str, Any]]:
+        """The volumes as ``worker_id`` mounts them: the file system itself (a pool with direct access), or each
+        volume over the controlplane's WebDAV with a token for this worker and volume alone."""
+        spec = self.services.pools[pool]
+        direct = mounts_volumes_directly(spec) or not self.http_url
+        mounts = []
+        for where, volume_id, name, read_only in volumes:
+            mount: dict[str, Any] = {
+                "mount_path": where,
+                "volume_id": volume_id,
+                "volume_name": name,
+                "read_only": read_only,
+            }
+            if not direct:
+                token = VolumeToken(worker_id, workspace_id, volume_id, read_only)
+                mount.update(
+                    webdav_url=f"{self.http_url}{DAV_PREFIX}/{volume_id}/",
+                    webdav_token=mint_token(self.services, token),
+                )
+            mounts.append(mount)
+        return mounts
 
     def _check_image(self, workspace_id: str, image: object) -> None:
         """The rule every stub's image is held to: a sandbox's image is resolved on its worker, with the worker's

@@ -104,6 +104,7 @@ from levers9.worker.sandboxes import (
     SandboxSpec,
     StartFailed,
 )
+from levers9.worker.volumes import VolumeSpec
 from levers9.worker.warm.sandbox_client import SandboxError, SandboxGone, SandboxSession
 
 __all__ = ["WORKSPACE_HEADER", "SandboxAPI"]
@@ -541,9 +542,36 @@ _SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
+_VOLUME_FIELDS: dict[str, type] = {
+    "mount_path": str,
+    "volume_id": str,
+    "volume_name": str,
+    "read_only": bool,
+    "webdav_url": str,
+    "webdav_token": str,
+}
+
+
+def _volumes(given: object) -> tuple[VolumeSpec, ...]:
+    """A create's ``volumes``: each the workspace's volume as the controlplane resolved it (its id, and the WebDAV
+    URL and this worker's token for it when the worker does not mount the volumes' file system itself)."""
+    if not isinstance(given, list) or not all(isinstance(v, dict) for v in given):
+        raise BadInput("volumes must be a list of objects, each with mount_path and volume_id")
+    out = []
+    for volume in given:
+        unknown = sorted(set(volume) - set(_VOLUME_FIELDS))
+        if unknown:
+            raise BadInput(f"volumes: unknown fields {unknown}; a volume takes {sorted(_VOLUME_FIELDS)}")
+        for name, kind in _VOLUME_FIELDS.items():
+            if name in volume and not isinstance(volume[name], kind):
+                raise BadInput(f"volumes: {name} is {volume[name]!r}, of the wrong type")
+        out.append(VolumeSpec(**volume))
+    return tuple(out)
+
+
 def _spec(body: dict[str, Any], workspace: str | None) -> SandboxSpec:
     """A :class:`SandboxSpec` from a create request's body, each field checked by name."""
-    known = {*_SPEC_FIELDS, "workspace_id", "env", "secrets", "ports", "allow_list", "snapshot"}
+    known = {*_SPEC_FIELDS, "workspace_id", "env", "secrets", "ports", "allow_list", "snapshot", "volumes"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise BadInput(f"unknown fields {unknown}; a sandbox takes {sorted(known)}")
@@ -574,6 +602,7 @@ def _spec(body: dict[str, Any], workspace: str | None) -> SandboxSpec:
     return SandboxSpec(
         workspace_id=workspace_id,
         snapshot=snapshot,
+        volumes=_volumes(body.get("volumes", [])),
         env=_strings(body.get("env", {}), "env"),
         secret_env=_strings(body.get("secrets", {}), "secrets"),
         ports=tuple(ports),

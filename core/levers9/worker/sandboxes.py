@@ -133,6 +133,7 @@ from levers9.worker.sandbox_snapshots import (
     new_snapshot_id,
     snapshot_key,
 )
+from levers9.worker.volumes import VolumeSpec
 from levers9.worker.warm.launch import Launcher, PortPicker, StartFailed, container_id
 from levers9.worker.warm.runner_client import RunnerClient
 from levers9.worker.warm.sandbox_client import SandboxGone, SandboxProcess, SandboxSession
@@ -221,6 +222,8 @@ class SandboxSpec:
     snapshots: bool = False
     #: restore this snapshot instead of starting afresh (its image, Python, cpu and memory are the snapshot's)
     snapshot: SnapshotInfo | None = None
+    #: the workspace's volumes it mounts (the worker mounts them as for a call's container); never with snapshots
+    volumes: tuple[VolumeSpec, ...] = ()
 
     def _check_snapshots(self) -> None:
         if self.snapshots or self.snapshot is not None:
@@ -235,10 +238,27 @@ class SandboxSpec:
                         f"{name} cannot be given with snapshots (or a snapshot to restore): a sandbox that can be "
                         f"snapshotted has no network at all; leave {name} unset"
                     )
+        if (self.snapshots or self.snapshot is not None) and self.volumes:
+            raise SandboxRefused(
+                "volumes cannot be given with snapshots (or a snapshot to restore): a mounted file system is not part "
+                "of a sandbox's memory; leave volumes empty, or snapshots unset"
+            )
         if self.snapshot is not None and self.snapshot.workspace_id != self.workspace_id:
             raise SandboxRefused(
                 f"snapshot {self.snapshot.id} belongs to another workspace; restore a snapshot of {self.workspace_id}"
             )
+
+    def _check_volumes(self) -> None:
+        seen: set[str] = set()
+        for volume in self.volumes:
+            where = volume.mount_path
+            if not where.startswith("/") or where == "/" or "\0" in where or ".." in where.split("/") or where in seen:
+                raise SandboxRefused(
+                    f"volumes mounts one at {where!r}; each needs its own absolute path other than / (no ..)"
+                )
+            if volume.bucket or not volume.volume_id:
+                raise SandboxRefused(f"volumes: the mount at {where!r} names no volume; sandboxes mount volumes only")
+            seen.add(where)
 
     def check(self) -> None:
         """SandboxRefused naming the first field that cannot be used."""
@@ -254,6 +274,7 @@ class SandboxSpec:
         for name, seconds in (("timeout_s", self.timeout_s), ("idle_timeout_s", self.idle_timeout_s)):
             if not 0 <= seconds < 10**7:
                 raise SandboxRefused(f"{name} is {seconds}; give seconds from 0 (none) up to 10000000")
+        self._check_volumes()
         for port in self.ports:
             if not 1 <= port <= 65535:
                 raise SandboxRefused(f"ports holds {port}; a port is from 1 to 65535")
@@ -437,6 +458,7 @@ class Sandboxes:
             secret_env=dict(spec.secret_env),
             kind=SANDBOX_KIND,
             ports=spec.ports,
+            volumes=spec.volumes,
         )
         handler_dir = self.state_dir / "sandboxes" / sid  # mounted at the handler's place, empty: no handler
         handler_dir.mkdir(parents=True, mode=0o700)
