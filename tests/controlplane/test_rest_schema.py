@@ -17,7 +17,16 @@ import httpx
 from tests.controlplane.conftest import Api, bearer
 
 #: what each path parameter is filled with: a value of the right form naming nothing
-FILL = {"task_id": "task_nope", "token_id": "tok_nope", "name": "nope", "version": "7"}
+FILL = {
+    "task_id": "task_nope",
+    "token_id": "tok_nope",
+    "name": "nope",
+    "version": "7",
+    "sandbox_id": "sb-nope",
+    "process": "1",
+    "port": "8000",
+    "snapshot_id": "sbs_nope",
+}
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 

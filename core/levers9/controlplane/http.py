@@ -42,8 +42,8 @@ from starlette.routing import Match
 
 from levers9.__about__ import __version__
 from levers9.controlplane.rest_routes import router
+from levers9.controlplane.rest_sandboxes import MAX_MILLICORES, MAX_PROCESS, MAX_SECONDS, snapshots_router
 from levers9.controlplane.rest_sandboxes import router as sandbox_router
-from levers9.controlplane.rest_sandboxes import snapshots_router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
 from levers9.controlplane.wheels import OwnWheels
 from levers9.services.agent_pools.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
@@ -64,13 +64,21 @@ ACCEPTED: dict[str, str] = {
     "body.ttl_s": f"a number of seconds above 0 and at most {MAX_TOKEN_TTL_S} (ten years); "
     "omit it for a token that never expires",
     "path.version": f"a whole number from 1 to {MAX_VERSION}",
-    "body.gpu_count": f"a whole number from 1 to {MAX_GPUS}; omit it for 1 with a GPU",
+    "body.gpu_count": f"a whole number up to {MAX_GPUS} (a cluster's pool: at least 1; omit it for 1 with a GPU)",
     "body.cpu": f"a number of CPU cores above 0 and at most {MAX_CPUS}",
     "body.memory": f"a whole number of MiB from 1 to {MAX_MEMORY_MIB}, or a size like 16GiB",
     "body.min_workers": f"a whole number from 0 to {MAX_WORKERS}",
     "body.max_workers": f"a whole number from 0 to {MAX_WORKERS}",
     "body.idle_timeout_s": f"a number of seconds from 0 to {MAX_IDLE_S:.0f} (30 days)",
     "query.limit": f"a whole number from 1 to {MAX_TASKS_LISTED}",
+    # sandboxes
+    "body.cpu_millicores": f"a whole number of millicores from 1 to {MAX_MILLICORES}",
+    "body.memory_mib": f"a whole number of MiB from 16 to {MAX_MEMORY_MIB}",
+    "body.timeout_s": f"a number of seconds from 0 (no deadline) to {MAX_SECONDS}",
+    "body.seconds": f"a number of seconds from 0 (no deadline) to {MAX_SECONDS}",
+    "body.signal": "a signal's number, from 1 to 64",
+    "path.process": f"a process's number in its sandbox, from 1 to {MAX_PROCESS}",
+    "path.port": "a port, from 1 to 65535",
 }
 
 
@@ -174,6 +182,12 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _error(500, "internal", "internal error; the controlplane's log has the details")
 
 
+async def _no_tunnels(worker_id: str, host: str, port: int, timeout_s: float) -> tuple[Any, Any]:
+    raise ConnectionError(
+        f"worker {worker_id} is reached through a controlplane replica's tunnel, not this REST server"
+    )
+
+
 def create_http_app(
     services: Services,
     *,
@@ -201,8 +215,9 @@ def create_http_app(
     # levers9's own wheel under /api/v1/wheels (without an advertised HTTP URL, links use the request's)
     app.state.wheels = wheels if wheels is not None else OwnWheels()
     app.include_router(router)
-    # sandboxes, relayed to their workers through the workers' tunnels (a replica's; none served alone)
-    app.state.sandboxes = sandboxes
+    # sandboxes, relayed to their workers through the workers' tunnels; served alone (no tunnels), a sandbox's
+    # worker is answered unreachable
+    app.state.sandboxes = sandboxes if sandboxes is not None else SandboxService(services, _no_tunnels)
     app.include_router(sandbox_router)
     app.include_router(snapshots_router)
     # volumes over WebDAV, for workers that do not mount the volumes' file system themselves

@@ -4,8 +4,8 @@
 Bodies are JSON but a file's (``PUT .../files``: the file's bytes, streamed both ways); a process's output is
 NDJSON, streamed as the process writes. Errors are the API's error body with the types
 :data:`levers9.services.sandboxes.ERROR_TYPES` lists (``sandbox_not_found``, ``sandbox_gone``...), from the
-app's handler for :class:`~levers9.services.sandboxes.SandboxProblem`. Without a sandbox service (the REST app
-served alone, with no workers' tunnels) every route answers 503 ``no_sandbox_worker``.
+app's handler for :class:`~levers9.services.sandboxes.SandboxProblem`. The REST app served alone (no
+workers' tunnels) answers what it can from the records, and a sandbox's worker as unreachable.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.controlplane.rest_routes import ALWAYS, USER_ERRORS, Caller, Responses
 from levers9.controlplane.rest_schemas import ErrorBody
-from levers9.services.sandboxes import Relayed, SandboxProblem, SandboxService
+from levers9.services.agent_pools.clusters import MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB
+from levers9.services.sandboxes import Relayed, SandboxService
 
 __all__ = ["router", "snapshots_router"]
 
@@ -39,6 +40,12 @@ _SANDBOX_ERRORS: Responses = {
 }
 
 
+#: the bounds of the numbers the sandbox routes take (the worker's own limits, or above them)
+MAX_MILLICORES = 1_000_000
+MAX_SECONDS = 10_000_000
+MAX_PROCESS = 2**31 - 1
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -52,16 +59,22 @@ class VolumeIn(_In):
 class SandboxCreate(_In):
     image: str | None = Field(None, description="An image reference (a built blueprint's); default: the worker's own")
     python_version: str | None = Field(None, description="The image's Python, such as 3.11")
-    cpu_millicores: int | None = Field(None, ge=1, description="Default 1000")
-    memory_mib: int | None = Field(None, ge=16, description="Default 1024")
-    gpu_count: int | None = Field(None, ge=0, description="0: sandboxes get no GPU yet")
+    cpu_millicores: int | None = Field(None, ge=1, le=MAX_MILLICORES, description="Default 1000")
+    memory_mib: int | None = Field(None, ge=16, le=MAX_MEMORY_MIB, description="Default 1024")
+    gpu_count: int | None = Field(None, ge=0, le=MAX_GPUS, description="0: sandboxes get no GPU yet")
     env: dict[str, str] | None = None
     secrets: list[str] | None = Field(None, description="Names of the workspace's secrets, set as variables")
-    ports: list[int] | None = Field(None, description="Ports a server in the sandbox listens on")
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
+        None, description="Ports a server in the sandbox listens on"
+    )
     block_network: bool | None = None
     allow_list: list[str] | None = None
-    timeout_s: float | None = Field(None, ge=0, description="Seconds it lives; 0: until terminated. Default 300")
-    idle_timeout_s: float | None = Field(None, ge=0, description="Seconds unused before it ends; 0: never")
+    timeout_s: float | None = Field(
+        None, ge=0, le=MAX_SECONDS, description="Seconds it lives; 0: until terminated. Default 300"
+    )
+    idle_timeout_s: float | None = Field(
+        None, ge=0, le=MAX_IDLE_S, description="Seconds unused before it ends; 0: never"
+    )
     workdir: str | None = None
     name: str | None = None
     pool: str | None = Field(None, description="Default: every pool with sandboxes, by priority")
@@ -71,7 +84,7 @@ class SandboxCreate(_In):
 
 
 class TtlIn(_In):
-    seconds: float = Field(ge=0, description="It ends this many seconds from now; 0: no deadline")
+    seconds: float = Field(ge=0, le=MAX_SECONDS, description="It ends this many seconds from now; 0: no deadline")
 
 
 class ExecIn(_In):
@@ -86,15 +99,13 @@ class KillIn(_In):
 
 
 def _service(request: Request) -> SandboxService:
-    service: SandboxService | None = getattr(request.app.state, "sandboxes", None)
-    if service is None:
-        raise SandboxProblem(
-            503, "no_sandbox_worker", "this REST server reaches no workers (served without a controlplane)"
-        )
+    service: SandboxService = request.app.state.sandboxes
     return service
 
 
 Service = Annotated[SandboxService, Depends(_service)]
+#: a process's number in its sandbox (1, 2, ...)
+ProcessId = Annotated[int, FastPath(ge=1, le=MAX_PROCESS)]
 PathQuery = Annotated[str, Query(description="An absolute path inside the sandbox")]
 
 
@@ -155,13 +166,15 @@ async def list_processes(service: Service, principal: Caller, sandbox_id: str) -
 
 
 @router.get("/{sandbox_id}/processes/{process}", responses=_SANDBOX_ERRORS)
-async def process_status(service: Service, principal: Caller, sandbox_id: str, process: int) -> Response:
+async def process_status(service: Service, principal: Caller, sandbox_id: str, process: ProcessId) -> Response:
     """Whether it runs, and its exit code once it ended."""
     return await _answer(await service.relay(principal, sandbox_id, "GET", f"/processes/{process}"))
 
 
 @router.post("/{sandbox_id}/processes/{process}/kill", responses=_SANDBOX_ERRORS)
-async def kill_process(service: Service, principal: Caller, sandbox_id: str, process: int, body: KillIn) -> Response:
+async def kill_process(
+    service: Service, principal: Caller, sandbox_id: str, process: ProcessId, body: KillIn
+) -> Response:
     """Send it a signal (default SIGKILL)."""
     path = f"/processes/{process}/kill"
     return await _answer(await service.relay(principal, sandbox_id, "POST", path, body=_json(body)))
@@ -172,7 +185,7 @@ async def kill_process(service: Service, principal: Caller, sandbox_id: str, pro
     response_class=StreamingResponse,
     responses={**_SANDBOX_ERRORS, 200: {"content": {"application/x-ndjson": {}}, "description": "Its output"}},
 )
-async def process_output(service: Service, principal: Caller, sandbox_id: str, process: int) -> StreamingResponse:
+async def process_output(service: Service, principal: Caller, sandbox_id: str, process: ProcessId) -> StreamingResponse:
     """Its output as it comes, a JSON line per piece (``stream``, ``data``, ``encoding``, ``partial``), then
     ``{"exit": code}``, or ``{"error": {...}}`` when the sandbox went first."""
     path = f"/processes/{process}/output"
