@@ -691,7 +691,7 @@ def machine() -> list[str]:
 def ratio_rows(kind: str, runtime: str, t: dict[str, list[float]]) -> str:
     bare, ours, prep = (statistics.median(t[k]) for k in ("bare", "levers9", "prepare"))
     if runtime == "runc":
-        what = "`runc run` of `echo hi` (runc exec: see below)"
+        what = "`runc run` of `echo hi`: `runc exec` cannot join the bundle's network namespace"
     else:
         what = f"{median_ms(t['bare run'])} + {median_ms(t['bare exec'])}"
     return (
