@@ -74,20 +74,26 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def served(runtime: str, tmp_path: Path, **kw: Any) -> AsyncIterator[Served]:
-    async with _world(runtime, tmp_path) as world:
-        pool = world.pool
-        sandboxes = Sandboxes(pool.launcher, pool.client, pool._ports, state_dir=pool.state_dir, **kw)
-        api = SandboxAPI(sandboxes)
-        await api.start()
-        headers = {"Authorization": f"Bearer {api.secret}"}
-        http = httpx.AsyncClient(base_url=api.url, headers=headers, timeout=120)
-        try:
-            yield Served(world, sandboxes, api, http)
-        finally:
-            await http.aclose()
-            await api.close()
-            await sandboxes.close()
-            assert not (pool.state_dir / "sandboxes").exists()
+    async with _world(runtime, tmp_path) as world, served_on(world, **kw) as s:
+        yield s
+
+
+@contextlib.asynccontextmanager
+async def served_on(world: World, **kw: Any) -> AsyncIterator[Served]:
+    """Sandboxes on ``world``'s pool (its launcher, ports and GPUs), served over HTTP, closed at the end."""
+    pool = world.pool
+    sandboxes = Sandboxes(pool.launcher, pool.client, pool._ports, state_dir=pool.state_dir, gpus=pool.gpu_ledger, **kw)
+    api = SandboxAPI(sandboxes)
+    await api.start()
+    headers = {"Authorization": f"Bearer {api.secret}"}
+    http = httpx.AsyncClient(base_url=api.url, headers=headers, timeout=120)
+    try:
+        yield Served(world, sandboxes, api, http)
+    finally:
+        await http.aclose()
+        await api.close()
+        await sandboxes.close()
+        assert not (pool.state_dir / "sandboxes").exists()
 
 
 def _error(answer: httpx.Response) -> tuple[int, str, str]:

@@ -71,9 +71,13 @@ naming the ref). :meth:`Sandboxes.commit` makes a running sandbox's filesystem a
 controlplane's registry (:mod:`levers9.worker.sandbox_images`: the base's layers and one layer of its
 changes, read while its container is paused; it keeps running).
 
-GPUs: a :class:`Sandboxes` hands out only the GPUs it is given, apart from the warm pool's; the worker
-gives it none for now (``gpu_count`` above 0 is then :class:`SandboxesFull`), until the pool and the
-sandboxes share one account of the worker's GPUs.
+GPUs: a sandbox's ``gpu_count`` devices come from the worker's one
+:class:`~levers9.worker.gpu_ledger.GpuLedger`, shared with the warm pool: too few free stops the pool's idle
+GPU containers for it (never a busy one), and when that cannot free enough, or they are not back within
+:data:`GPU_CLAIM_TIMEOUT_S`, the create is :class:`SandboxesFull` (the controlplane asks the next worker).
+The devices are the sandbox's until it is removed; the container sees exactly them
+(``NVIDIA_VISIBLE_DEVICES`` by uuid, their device nodes). A sandbox with GPUs cannot take memory snapshots
+(gVisor does not checkpoint a GPU's memory): ``snapshots`` with ``gpu_count`` is :class:`SandboxRefused`.
 
 The worker keeps a :class:`Sandboxes` only when ``LEVERS9_SANDBOXES`` (``WorkerOptions.sandboxes``) is a
 positive count, its ``max_sandboxes``; unset, the default, it has none and nothing changes for its pool
@@ -113,8 +117,9 @@ from levers9.engine import host_guard
 from levers9.engine.network import veth_name
 from levers9.files import write_atomic
 from levers9.hooks.errors import Levers9Error
-from levers9.hooks.types import CheckpointImage, ContainerStatus, GpuDevice
+from levers9.hooks.types import CheckpointImage, ContainerStatus
 from levers9.worker.calls import SANDBOX_KIND, StubSpec
+from levers9.worker.gpu_ledger import GpuLedger
 from levers9.worker.images import ImagePullFailed, ImagePulls, names_registry
 from levers9.worker.sandbox_images import (
     CommitRefused,
@@ -156,6 +161,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SANDBOXES = 32
+#: how long a sandbox waits for GPUs held by the warm pool's idle containers, stopped for it, to come back
+GPU_CLAIM_TIMEOUT_S = 30.0
 #: ended sandboxes remembered, so a late request hears why it ended
 KEPT_ENDED = 256
 #: the longest the watcher sleeps between two looks at a sandbox with an idle timeout
@@ -271,6 +278,11 @@ class SandboxSpec:
                 raise SandboxRefused(f"{name} is {value}; it must be at least {low}")
         if self.gpu_count < 0:
             raise SandboxRefused(f"gpu_count is {self.gpu_count}; it must be 0 or more")
+        if self.gpu_count and self.snapshots:
+            raise SandboxRefused(
+                f"snapshots is on with gpu_count {self.gpu_count}; a memory snapshot cannot hold a GPU's memory, "
+                "so a sandbox with GPUs takes none (leave snapshots off)"
+            )
         for name, seconds in (("timeout_s", self.timeout_s), ("idle_timeout_s", self.idle_timeout_s)):
             if not 0 <= seconds < 10**7:
                 raise SandboxRefused(f"{name} is {seconds}; give seconds from 0 (none) up to 10000000")
@@ -392,7 +404,7 @@ class Sandboxes:
         ports: PortPicker,
         *,
         state_dir: Path,
-        gpus: list[GpuDevice] = [],  # noqa: B006 (only read, never mutated)
+        gpus: GpuLedger | None = None,
         max_sandboxes: int = DEFAULT_MAX_SANDBOXES,
         images: ImagePulls | None = None,
         storage: CheckpointStorage | None = None,
@@ -406,7 +418,8 @@ class Sandboxes:
         self.max_sandboxes = max_sandboxes
         #: pulls registry images, and the controlplane's registry a commit pushes to; None: neither
         self.images = images
-        self._free_gpus = list(gpus)
+        #: the worker's GPUs, shared with its warm pool; None: this worker gives sandboxes no GPU
+        self.gpus = gpus if gpus is not None else GpuLedger()
         #: where snapshots go; None: the launcher's checkpoint storage, if the worker has one
         self.storage = storage
         self._live: dict[str, Sandbox] = {}
@@ -436,8 +449,8 @@ class Sandboxes:
                 f"this worker already runs {len(self._live)} sandboxes, its most (max_sandboxes); "
                 "terminate one or create it on another worker"
             )
-        if spec.gpu_count > len(self._free_gpus):
-            raise SandboxesFull(f"the sandbox needs {spec.gpu_count} GPUs; this worker has {len(self._free_gpus)} free")
+        if spec.gpu_count > self.gpus.total:
+            raise SandboxesFull(f"the sandbox needs {spec.gpu_count} GPUs; this worker has {self.gpus.total}")
         if self.images is not None and names_registry(spec.image):
             try:
                 await self.images.ensure(spec.image)
@@ -460,9 +473,20 @@ class Sandboxes:
             ports=spec.ports,
             volumes=spec.volumes,
         )
+        gpus = await self.gpus.claim(spec.gpu_count, timeout_s=GPU_CLAIM_TIMEOUT_S)
+        if gpus is None:
+            raise SandboxesFull(
+                f"the sandbox needs {spec.gpu_count} GPUs; {self.gpus.free} of this worker's {self.gpus.total} are "
+                "free and its busy containers hold the rest"
+            )
         handler_dir = self.state_dir / "sandboxes" / sid  # mounted at the handler's place, empty: no handler
-        handler_dir.mkdir(parents=True, mode=0o700)
-        gpus, self._free_gpus = self._free_gpus[: spec.gpu_count], self._free_gpus[spec.gpu_count :]
+        try:
+            if len(self._live) >= self.max_sandboxes or self._closed:  # others came while this one waited
+                raise SandboxesFull(f"this worker already runs {len(self._live)} sandboxes, its most (max_sandboxes)")
+            handler_dir.mkdir(parents=True, mode=0o700)
+        except (OSError, SandboxesFull):
+            self.gpus.give(gpus)
+            raise
         box = WarmContainer(cid=container_id(stub), port=self.ports.pick(), token=secrets.token_urlsafe(32), gpus=gpus)
         sandbox = Sandbox(sid, spec, WarmStub(key=sid, spec=stub, handler_dir=handler_dir), box, time.time())
         self._live[sid] = sandbox
@@ -892,8 +916,8 @@ class Sandboxes:
             if box.signal_dir is not None:
                 shutil.rmtree(box.signal_dir, ignore_errors=True)
             self.ports.release(box.port)
-            self._free_gpus = sorted([*self._free_gpus, *box.gpus], key=lambda g: g.index)
-            box.gpus = []
+            gpus, box.gpus = box.gpus, []
+            self.gpus.give(gpus)
             shutil.rmtree(sandbox.group.handler_dir, ignore_errors=True)
 
 

@@ -396,6 +396,7 @@ class WorkerProcess:
             pool._ports,  # one picker: a sandbox's runner port is never a call's
             state_dir=pool.state_dir,
             max_sandboxes=most,
+            gpus=pool.gpu_ledger,  # one account of the worker's GPUs: a device is a call's or a sandbox's
             images=self.images,  # a sandbox's registry image is pulled as a stub's is; an image made of one pushed
         )
         self.sandboxes.on_end = self.outbox.sandbox_ended  # the controlplane frees the room it held

@@ -15,6 +15,12 @@ results and exceptions are passed on as the bytes the runner produced (see
 one workspace; its secrets reach it as environment variables and are never
 logged. Closing the pool leaves nothing behind: no container, handler file or
 signal directory.
+
+GPUs come from the worker's :class:`~levers9.worker.gpu_ledger.GpuLedger`, which
+the pool shares with the worker's sandboxes: a container holds its devices
+from its start until it is removed, a call waiting for GPUs starts when any
+come back (from a container of the pool or a sandbox), and a sandbox's claim
+stops idle GPU containers of the pool, never a busy one.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from levers9.hooks.facade import Hooks
 from levers9.hooks.types import GpuDevice, RuntimeCapabilities, RuntimeContext
 from levers9.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 from levers9.worker.calls import Call, Outcome, StubSpec, cancelled_outcome, error_outcome
+from levers9.worker.gpu_ledger import GpuLedger
 from levers9.worker.volumes import WorkerVolumes
 from levers9.worker.warm.launch import Launcher, PortPicker, StartFailed, container_id, write_handler
 from levers9.worker.warm.runner_client import RunnerClient
@@ -85,6 +92,7 @@ class WarmPool:
         scale_after_s: float = 0.05,
         checkpointing: Checkpointing | None = None,
         volumes: WorkerVolumes | None = None,
+        gpu_ledger: GpuLedger | None = None,
     ) -> None:
         self.hooks = hooks
         #: checkpoints of stubs that ask for them; None: every container starts cold
@@ -116,7 +124,12 @@ class WarmPool:
         self._keys: dict[int, tuple[StubSpec, str]] = {}
         self._calls: dict[str, tuple[WarmStub, QueuedCall]] = {}
         self._stopping: set[WarmContainer] = set()
-        self._free_gpus = list(self.gpus)
+        #: the worker's one account of its GPUs, shared with its sandboxes (made from ``gpus`` when not given)
+        self.gpu_ledger = gpu_ledger if gpu_ledger is not None else GpuLedger(self.gpus)
+        if gpu_ledger is not None and list(gpu_ledger.devices) != sorted(self.gpus, key=lambda g: g.index):
+            raise ValueError("gpu_ledger accounts other devices than gpus")
+        self.gpu_ledger.on_freed(self._gpus_freed)
+        self.gpu_ledger.reclaim_with(self._reclaim_gpus)
         self._ports = PortPicker()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -297,19 +310,21 @@ class WarmPool:
 
     def _has_room(self, stub: StubSpec) -> bool:
         total = sum(len(g.containers) for g in self._stubs.values()) + len(self._stopping)
-        return total < self.limits.max_containers and len(self._free_gpus) >= stub.gpu_count
+        return total < self.limits.max_containers and self.gpu_ledger.can_take(stub.gpu_count)
 
     def _make_room(self, group: WarmStub) -> None:
         """Stop the longest-idle container of another stub; what it frees is used when it is gone."""
         if self._stopping:
             return  # room is on its way; decide again when it has come
-        needs_gpus = len(self._free_gpus) < group.spec.gpu_count
+        needs_gpus = self.gpu_ledger.free < group.spec.gpu_count
         victim = idle_to_stop(self._stubs.values(), group, needs_gpus=needs_gpus)
         if victim is not None:
             self._request_stop(victim, "making room for another function")
 
     def _launch(self, group: WarmStub) -> None:
-        gpus, self._free_gpus = self._free_gpus[: group.spec.gpu_count], self._free_gpus[group.spec.gpu_count :]
+        gpus = self.gpu_ledger.take(group.spec.gpu_count)
+        if gpus is None:  # _has_room said yes a moment ago, on this loop: a bug, never a shared device
+            raise RuntimeError(f"no {group.spec.gpu_count} GPUs free for {group.spec.name}, though room was found")
         box = WarmContainer(
             cid=container_id(group.spec), port=self._ports.pick(), token=secrets.token_urlsafe(32), gpus=gpus
         )
@@ -325,6 +340,26 @@ class WarmPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def _gpus_freed(self) -> None:
+        """Devices came back to the ledger (a sandbox ended, say): a call waiting for GPUs may start now."""
+        if self._room_wanted and not self._closed:
+            asyncio.get_running_loop().call_soon(self._rebalance)
+
+    def _reclaim_gpus(self, needed: int) -> int:
+        """For a claim on the ledger (a sandbox's): stop idle containers holding GPUs, longest idle first, when
+        that brings ``needed`` more devices back; how many are on their way back (see GpuLedger.reclaim_with)."""
+        boxes = [box for group in self._stubs.values() for box in group.containers.values() if box.gpus]
+        coming = sum(len(box.gpus) for box in [*self._stopping, *boxes] if box.phase is Phase.STOPPING)
+        idle = sorted((box for box in boxes if box.phase is Phase.IDLE), key=lambda box: box.idle_since)
+        if coming + sum(len(box.gpus) for box in idle) < needed:
+            return coming  # busy containers hold the rest: stopping idle ones would free too few
+        for box in idle:
+            if coming >= needed:
+                break
+            coming += len(box.gpus)
+            self._request_stop(box, "making room for a sandbox")
+        return coming
 
     def _request_stop(self, box: WarmContainer, reason: str) -> None:
         """Stop a container: an idle one at once; a starting one when it is up; a busy one by ending its call."""
@@ -402,7 +437,8 @@ class WarmPool:
             if box.signal_dir is not None:
                 shutil.rmtree(box.signal_dir, ignore_errors=True)
             self._stopping.discard(box)
-            self._free_gpus = sorted([*self._free_gpus, *box.gpus], key=lambda g: g.index)
+            gpus, box.gpus = box.gpus, []
+            self.gpu_ledger.give(gpus)
             self._ports.release(box.port, box.http_port)
             if not group.containers and group.in_flight == 0 and self._stubs.get(group.key) is group:
                 self._drop_group(group)
