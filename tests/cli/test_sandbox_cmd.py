@@ -84,6 +84,14 @@ def test_create_prints_the_new_sandbox_id(api: FakeSandboxAPI, cli: Callable[...
     assert result.returncode == 1
     assert "levers9.Sandbox: memory: " in result.stderr
     assert len(api.seen("POST", "/sandboxes")) == 1
+    result = cli("sandbox", "create", "--gpu", "h100", "--gpu", "A100-80GB", "--gpu", "cpu", "--gpu-count", "2")
+    assert result.returncode == 0, result.stderr
+    sent = api.seen("POST", "/sandboxes")[-1].json()
+    assert (sent["gpu"], sent["gpu_count"]) == (["H100", "A100-80", "cpu"], 2)
+    result = cli("sandbox", "create", "--gpu", "H101")
+    assert result.returncode == 1
+    assert "levers9.Sandbox: gpu: " in result.stderr
+    assert len(api.seen("POST", "/sandboxes")) == 2
 
 
 def test_exec_streams_both_outputs_and_exits_with_the_process_code(

@@ -206,7 +206,9 @@ def test_bad_requests_name_what_is_wrong(sandbox_up: Up) -> None:
     assert (status, kind) == (400, "invalid_request")
     assert "NOT_A_SECRET" in message
     assert _error(client.post("/sandboxes", json={"env": {"LEVERS9_TOKEN": "x"}}))[:2] == (400, "invalid_request")
-    assert _error(client.post("/sandboxes", json={"gpu_count": 1}))[:2] == (400, "not_supported")
+    status, kind, message = _error(client.post("/sandboxes", json={"gpu_count": 1}))  # a count alone: any GPU
+    assert (status, kind) == (503, "no_sandbox_worker")
+    assert "has no GPU; the sandbox takes 1x any GPU" in message
     assert client.post("/sandboxes", json={"cpu_millicores": "lots"}).status_code == 422
     # an image is resolved on the worker with its privileges: the worker's own root, or a path, is no image
     for image in ("/", "/var/lib"):
@@ -276,7 +278,7 @@ def test_a_sandbox_whose_worker_dies_is_gone_with_a_clear_error_not_a_hang(lever
     while (info := client.get(f"/sandboxes/{sid}").json())["state"] != "gone":
         assert time.monotonic() < deadline, info
         time.sleep(0.5)
-    assert str(worker) in info["reason"]
+    assert str(worker) in str(info["reason"])
     status, kind, message = _error(client.post(f"/sandboxes/{sid}/processes", json={"argv": ["true"]}))
     assert (status, kind) == (409, "sandbox_gone")
     assert f"worker {worker}" in message

@@ -31,7 +31,6 @@ def test_options_become_the_create_body() -> None:
         "python_version": "3.11",
         "cpu_millicores": 500,
         "memory_mib": 1024,
-        "gpu_count": 0,
         "env": {"A": "1"},
         "secrets": ["hf"],
         "ports": [8000],
@@ -44,8 +43,11 @@ def test_options_become_the_create_body() -> None:
     }
     assert levers9.Sandbox(cpu=2, keep_warm_seconds=90)._body("img", "3.12", "snap-1")["snapshot"] == "snap-1"
     assert levers9.Sandbox(cpu=2, keep_warm_seconds=90)._body("img", "3.12", None)["cpu_millicores"] == 2000
-    assert levers9.Sandbox(gpu="any").gpu_count == 1
-    assert levers9.Sandbox(gpu_count=2).gpu_count == 2
+    assert (levers9.Sandbox(gpu="any").gpu, levers9.Sandbox(gpu="any").gpu_count) == (["any"], 1)
+    assert (levers9.Sandbox(gpu_count=2).gpu, levers9.Sandbox(gpu_count=2).gpu_count) == (["any"], 2)
+    gpus = levers9.Sandbox(gpu=["h100", "A100-80GB", "cpu"], gpu_count=2)._body("host", "3.11", None)
+    assert (gpus["gpu"], gpus["gpu_count"]) == (["H100", "A100-80", "cpu"], 2)
+    assert "gpu" not in levers9.Sandbox(gpu_count=0)._body("host", "3.11", None)
 
 
 @pytest.mark.parametrize(
@@ -59,8 +61,11 @@ def test_options_become_the_create_body() -> None:
         ({"keep_warm_seconds": "10"}, "keep_warm_seconds"),
         ({"idle_timeout": -1}, "idle_timeout"),
         ({"volumes": [object()]}, "volumes"),
-        ({"gpu": "H100"}, "gpu"),
+        ({"gpu": "H101"}, "gpu"),
+        ({"gpu": ["cpu", "H100"]}, "gpu"),
+        ({"gpu": "H100", "gpu_count": 3}, "gpu_count"),
         ({"gpu_count": -1}, "gpu_count"),
+        ({"gpu": "H100", "snapshots": True}, "snapshots"),
         ({"ports": [0]}, "ports"),
         ({"ports": ["80"]}, "ports"),
         ({"env": {"A": 1}}, "env"),

@@ -108,6 +108,12 @@ def create(
     timeout: float = typer.Option(600, "--timeout", help="Seconds it lives; -1 until killed."),
     name: str | None = typer.Option(None, "--name", help="A name to find it by in `sandbox list`."),
     pool: str | None = typer.Option(None, "--pool", help="The pool to run it on (default: the first with sandboxes)."),
+    gpu: list[str] | None = typer.Option(
+        None,
+        "--gpu",
+        help="A GPU type; repeat it for a preference (--gpu H100 --gpu A100-80), end with cpu to fall back.",
+    ),
+    gpu_count: int | None = typer.Option(None, "--gpu-count", help="GPUs it takes (1, 2, 4 or 8; 1 with --gpu)."),
     context: str | None = context_option(),
 ) -> None:
     """Start a sandbox and print its id (drive it with `sandbox exec`, or levers9.Sandbox().connect(ID))."""
@@ -115,7 +121,15 @@ def create(
 
     sandbox = _guarded(
         lambda: levers9.Sandbox(
-            image=image, cpu=cpu, memory=memory, keep_warm_seconds=timeout, name=name, pool=pool, context=context
+            image=image,
+            cpu=cpu,
+            memory=memory,
+            gpu=gpu or None,
+            gpu_count=gpu_count,
+            keep_warm_seconds=timeout,
+            name=name,
+            pool=pool,
+            context=context,
         ).create()
     )
     out.print(sandbox.id, markup=False, highlight=False)

@@ -61,7 +61,12 @@ class SandboxCreate(_In):
     python_version: str | None = Field(None, description="The image's Python, such as 3.11")
     cpu_millicores: int | None = Field(None, ge=1, le=MAX_MILLICORES, description="Default 1000")
     memory_mib: int | None = Field(None, ge=16, le=MAX_MEMORY_MIB, description="Default 1024")
-    gpu_count: int | None = Field(None, ge=0, le=MAX_GPUS, description="0: sandboxes get no GPU yet")
+    gpu: list[str] | str | None = Field(
+        None,
+        description="GPU types in order of preference (the first with a free GPU), 'any', or a list ending in "
+        "'cpu' to run without a GPU when none can be had; as a function's gpu",
+    )
+    gpu_count: int | None = Field(None, ge=0, le=MAX_GPUS, description="GPUs it takes; 1 when gpu is given alone")
     env: dict[str, str] | None = None
     secrets: list[str] | None = Field(None, description="Names of the workspace's secrets, set as variables")
     ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(

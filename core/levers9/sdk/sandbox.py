@@ -20,8 +20,10 @@ how long the sandbox lives (``-1``: until terminated); ``idle_timeout`` ends one
 long (0: never). ``image`` is an image ref, ``"host"`` (the worker's own root filesystem and Python, the
 default, as for ``@levers9.function``), or a :class:`~levers9.Blueprint`, built first through the
 controlplane as a function's is. ``volumes`` are the workspace's volumes (``levers9.Volume``, made when
-new, as a function's); a cloud bucket is refused rather than dropped, and so is a GPU type (a sandbox takes ``gpu_count`` GPUs of its pool's kind;
-pick the pool with ``pool=``). ``snapshots=True`` boots the sandbox so that ``snapshot_memory()`` can take
+new, as a function's); a cloud bucket is refused rather than dropped. ``gpu`` is a function's GPU preference
+(a type, a list in order of preference, ``"any"``, or a list ending in ``"cpu"`` to start without a GPU when
+none can be had) and ``gpu_count`` how many (1 when left out): the sandbox starts on the first worker with
+that many free GPUs of the first listed type it can have. ``snapshots=True`` boots the sandbox so that ``snapshot_memory()`` can take
 it (the controlplane refuses a snapshot of one booted without); :func:`list_snapshots` and
 :func:`delete_snapshot` manage the workspace's stored snapshots.
 
@@ -92,7 +94,7 @@ class Sandbox:
         cpu: float | str = 1.0,
         memory: int | str = 128,
         gpu: str | Sequence[str] | None = None,
-        gpu_count: int = 0,
+        gpu_count: int | None = None,
         keep_warm_seconds: float = 600,
         idle_timeout: float = 0,
         name: str | None = None,
@@ -115,7 +117,9 @@ class Sandbox:
             )
         except NotAQuantity as exc:
             raise SandboxRequestError(f"levers9.Sandbox: {exc}") from None
-        self.gpu_count = _gpu_count(gpu, gpu_count)
+        self.gpu, self.gpu_count = _gpu(gpu, gpu_count)
+        if snapshots and self.gpu:
+            raise _fail("snapshots", "a sandbox with GPUs takes no memory snapshot; leave gpu out or snapshots off")
         if not isinstance(image, str | Blueprint) or (isinstance(image, str) and not image.strip()):
             raise _fail("image", f"{image!r} is not an image; use an image ref, 'host', or a levers9.Blueprint")
         self.image = image
@@ -178,7 +182,6 @@ class Sandbox:
             "python_version": python_version,
             "cpu_millicores": self.cpu_millicores,
             "memory_mib": self.memory_mib,
-            "gpu_count": self.gpu_count,
             "env": self.env,
             "secrets": self.secrets,
             "ports": self.ports,
@@ -186,6 +189,8 @@ class Sandbox:
             "timeout_s": self.timeout_s,
             "idle_timeout_s": self.idle_timeout_s,
         }
+        if self.gpu:
+            body.update(gpu=self.gpu, gpu_count=self.gpu_count)
         if self.allow_list is not None:
             body["allow_list"] = self.allow_list
         if self.name is not None:
@@ -291,18 +296,24 @@ def delete_snapshot(snapshot_id: str, context: str | None = None) -> None:
     http.run(http.request("DELETE", f"/sandbox-snapshots/{snapshot_id}", what=f"delete snapshot {snapshot_id}"))
 
 
-def _gpu_count(gpu: str | Sequence[str] | None, gpu_count: int) -> int:
-    if isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 0:
-        raise _fail("gpu_count", f"{gpu_count!r} is not a count of GPUs; use 0, 1, 2, 4 or 8")
-    if gpu is None or gpu == [] or gpu == "":
-        return gpu_count
-    if isinstance(gpu, str) and gpu.strip().lower() == "any":
-        return gpu_count or 1
-    raise _fail(
-        "gpu",
-        f"{gpu!r}: a sandbox takes a number of its pool's GPUs, not a GPU type; use gpu_count=N (or gpu='any') "
-        "and pick a pool of that GPU with pool=NAME",
-    )
+def _gpu(gpu: str | Sequence[str] | None, gpu_count: int | None) -> tuple[list[str], int]:
+    """(the GPU preference as sent, how many): checked against the catalog here, as a function's is."""
+    from levers9.gpu.preference import parse_gpu
+
+    if gpu is None and isinstance(gpu_count, int) and not isinstance(gpu_count, bool) and gpu_count > 0:
+        gpu = "any"  # a count alone: GPUs of any type
+    if gpu is None and gpu_count == 0:
+        gpu_count = None
+    try:
+        request = parse_gpu(gpu, gpu_count=gpu_count)
+    except (TypeError, ValueError) as exc:
+        raise _fail("gpu_count" if "gpu_count" in str(exc) else "gpu", str(exc)) from None
+    if not request.wants_gpu:
+        return [], 0
+    preference = list(request.types) or ["any"]
+    if request.fallback_cpu:
+        preference.append("cpu")
+    return preference, request.count
 
 
 def _port(port: object) -> int:

@@ -71,6 +71,8 @@ class SandboxRecord:
     created_at: float
     #: the hold on its worker's room in the scheduler ("" for none): released when it ends
     hold: str = ""
+    #: the canonical type of its GPUs ("" for none; their count is in its worker's info)
+    gpu: str = ""
 
 
 class SandboxHosts:
@@ -131,6 +133,7 @@ class SandboxHosts:
             "pool": record.pool,
             "created": repr(record.created_at),
             "hold": record.hold,
+            "gpu": record.gpu,
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._record_key(record.id), mapping=mapping)  # type: ignore[arg-type]
@@ -149,6 +152,7 @@ class SandboxHosts:
             pool=value.get("pool", ""),
             created_at=float(value.get("created") or 0.0),
             hold=value.get("hold", ""),
+            gpu=value.get("gpu", ""),
         )
 
     async def of_workspace(self, workspace_id: str) -> list[SandboxRecord]:

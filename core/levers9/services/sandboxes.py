@@ -30,8 +30,17 @@ controlplane and a token for that worker and volume alone (:mod:`levers9.service
 
 The secrets a sandbox names are read from its workspace's secrets here and
 travel to the worker in the create request, over the worker's tunnel; they are
-never stored with the sandbox or logged. GPUs are not given to sandboxes yet
-(``gpu_count`` above 0 is ``not_supported``, 400).
+never stored with the sandbox or logged.
+
+GPUs: ``gpu`` is the preference a function's is (:mod:`levers9.gpu.preference`: a type, a list of them
+in order, ``any``, ending in ``cpu`` for a CPU fallback) and ``gpu_count`` how many (1 when left out).
+The workers asked go best first: every worker of the first listed type (in every pool, by priority),
+then the next type's, then (with the fallback) workers without a GPU for it; a CPU sandbox goes to
+workers without GPUs before any with, which it would keep from GPU work. The GPUs are held on the
+worker's room like its CPU and memory, so the scheduler places no GPU call on them, and the worker gives
+the sandbox exactly those devices (:mod:`levers9.worker.gpu_ledger`). No worker of an acceptable type at
+all is ``no_sandbox_worker`` naming what each worker has. A sandbox with GPUs takes no memory
+snapshot (``snapshots`` with a GPU is ``invalid_request``), so none is ever restored with GPUs.
 
 Failures are :class:`SandboxProblem` (status, type, message), which the
 transports answer as they are; bad input is ``invalid_request`` naming the
@@ -53,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from levers9.checkpoint.storage import storage_from_url
+from levers9.gpu.preference import GpuRequest, parse_gpu
 from levers9.services.access import own_workspace
 from levers9.services.auth import Principal
 from levers9.services.core import Services
@@ -71,6 +81,7 @@ from levers9.services.stubs import InvalidStub
 from levers9.services.tunnels import tunnel_address
 from levers9.services.volume_access import DAV_PREFIX, VolumeToken, mint_token
 from levers9.state.errors import DecryptionError, NotFound
+from levers9.state.redis.workers import WorkerState
 from levers9.state.sql.records import SandboxSnapshotRecord
 
 __all__ = ["ERROR_TYPES", "Relayed", "SandboxProblem", "SandboxService"]
@@ -116,7 +127,6 @@ _PASSED = frozenset(
         "python_version",
         "cpu_millicores",
         "memory_mib",
-        "gpu_count",
         "env",
         "ports",
         "block_network",
@@ -129,7 +139,7 @@ _PASSED = frozenset(
     }
 )
 #: what a create takes besides: the pool, the secrets' names, a snapshot to restore (its id)
-_OWN = frozenset({"pool", "secrets", "snapshot", "volumes"})
+_OWN = frozenset({"pool", "secrets", "snapshot", "volumes", "gpu", "gpu_count"})
 
 
 class SandboxProblem(Exception):
@@ -197,10 +207,11 @@ class SandboxService:
         unknown = sorted(set(body) - _PASSED - _OWN)
         if unknown:
             raise _bad(f"unknown fields {unknown}; a sandbox takes {sorted(_PASSED | _OWN)}")
-        gpus = body.get("gpu_count", 0)
-        if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
-            raise SandboxProblem(
-                400, "not_supported", "gpu_count: sandboxes get no GPU yet; leave gpu_count at 0 (or use a function)"
+        gpus = _gpu_request(body)
+        if gpus.wants_gpu and body.get("snapshots"):
+            raise _bad(
+                "snapshots: a sandbox with GPUs takes no memory snapshot (it cannot hold a GPU's memory); "
+                "leave gpu out or snapshots off"
             )
         request = {key: value for key, value in body.items() if key in _PASSED}
         self._check_image(workspace_id, request.get("image", "host"))
@@ -214,36 +225,62 @@ class SandboxService:
                     f"snapshot {stored.id} restores on pool {stored.pool!r}, whose workers took it; "
                     f"leave pool out, or name {stored.pool!r}"
                 )
+            if gpus.wants_gpu:
+                raise _bad("gpu: a sandbox restored from a snapshot gets no GPU (a snapshot holds no GPU's memory)")
             pools, request["snapshot"] = [stored.pool], stored.info
             restored = stored.info
         room = _room(request, restored)
         request.update(cpu_millicores=room[0], memory_mib=room[1])
         volumes = await self._volumes(workspace_id, body.get("volumes", []))
         asked: list[str] = []
-        for pool in pools:
-            candidates = await self._serving(pool)
-            random.shuffle(candidates)
-            if not candidates:
+        for place in await self._places(pools, gpus, asked):
+            mounts = self._mounts(place.worker_id, place.pool, workspace_id, volumes)
+            encoded = json.dumps({**request, "gpu_count": place.gpus, "volumes": mounts})
+            info = await self._start_on(place, workspace_id, room, encoded.encode(), asked)
+            if info is not None:
+                return info
+        wanted = f" ({_wanted(gpus)})" if gpus.wants_gpu else ""
+        raise SandboxProblem(503, "no_sandbox_worker", f"no worker took the sandbox{wanted}: " + "; ".join(asked))
+
+    async def _places(
+        self, pools: builtins.list[str], gpus: GpuRequest, asked: builtins.list[str]
+    ) -> builtins.list[_Place]:
+        """The workers to ask, best first (see the module docstring); why each other one is not asked is appended
+        to ``asked``."""
+        ranked: builtins.list[tuple[int, int, float, _Place]] = []
+        for order, pool in enumerate(pools):
+            serving = await self._serving(pool)
+            if not serving:
                 asked.append(f"pool {pool}: no running worker serves sandboxes")
-            for worker_id in candidates:
-                encoded = json.dumps({**request, "volumes": self._mounts(worker_id, pool, workspace_id, volumes)})
-                info = await self._start_on(worker_id, pool, workspace_id, room, encoded.encode(), asked)
-                if info is not None:
-                    return info
-        raise SandboxProblem(503, "no_sandbox_worker", "no worker took the sandbox: " + "; ".join(asked))
+            for state in serving:
+                info = state.info
+                gpu = info.gpu if info.gpu and info.gpu_count > 0 else None
+                fits = _fits(gpus, gpu)
+                if not fits:
+                    has = f"{info.gpu_count} {gpu}" if gpu else "no GPU"
+                    asked.append(f"worker {info.id} of pool {pool}: has {has}; the sandbox takes {_wanted(gpus)}")
+                for rank, given in fits:
+                    if given > info.gpu_count:
+                        asked.append(f"worker {info.id} of pool {pool}: has {info.gpu_count} {gpu}, not {given}")
+                        continue
+                    place = _Place(info.id, pool, given, (gpu or "") if given else "")
+                    ranked.append((rank, order, random.random(), place))
+        return [place for *_, place in sorted(ranked, key=lambda entry: entry[:3])]
 
     async def _start_on(
-        self, worker_id: str, pool: str, workspace_id: str, room: tuple[int, int], encoded: bytes, asked: list[str]
+        self, place: _Place, workspace_id: str, room: tuple[int, int], encoded: bytes, asked: builtins.list[str]
     ) -> dict[str, Any] | None:
-        """The sandbox's info once ``worker_id`` started it; None (why appended to ``asked``) when it has no room
+        """The sandbox's info once ``place`` started it; None (why appended to ``asked``) when it has no room
         or cannot be reached; a refusal of the sandbox itself raises."""
+        worker_id, pool = place.worker_id, place.pool
         workers, now = self.services.scheduler.workers, self.services.scheduler.ctx.now_ms
         hold = f"sbh_{secrets.token_hex(8)}"
         held = await workers.hold_sandbox(
-            hold, worker_id, cpu=room[0], mem=room[1], gpus=0, now_ms=now(), workspace=workspace_id
+            hold, worker_id, cpu=room[0], mem=room[1], gpus=place.gpus, now_ms=now(), workspace=workspace_id
         )
         if not held:
-            asked.append(f"worker {worker_id} of pool {pool}: no room for {room[0]} millicores and {room[1]} MiB")
+            wanted = f", {place.gpus} {place.gpu}" if place.gpus else ""
+            asked.append(f"worker {worker_id} of pool {pool}: no room for {room[0]} millicores, {room[1]} MiB{wanted}")
             return None
         try:
             host = await self._host(worker_id)
@@ -259,6 +296,7 @@ class SandboxService:
                     pool=pool,
                     created_at=float(answered.get("created_at") or time.time()),
                     hold=hold,
+                    gpu=place.gpu,
                 )
                 await self.hosts.record(record)
                 hold = ""  # the sandbox's now: released when it ends
@@ -333,16 +371,16 @@ class SandboxService:
         except InvalidStub as exc:
             raise _bad(str(exc)) from None
 
-    async def _serving(self, pool: str) -> list[str]:
+    async def _serving(self, pool: str) -> builtins.list[WorkerState]:
         """The pool's running workers that serve sandboxes. A worker announces its server in the first message
         of its session, a moment after it registered: one registered that has not yet is waited for a little."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ANNOUNCE_WAIT_S
         while True:
-            workers = [w.info.id for w in await self.services.scheduler.workers.in_pool(pool) if w.status == "running"]
-            serving = await self.hosts.serving(workers)
+            workers = [w for w in await self.services.scheduler.workers.in_pool(pool) if w.status == "running"]
+            serving = await self.hosts.serving([w.info.id for w in workers])
             if len(serving) == len(workers) or loop.time() >= deadline:
-                return [w for w in workers if w in serving]
+                return [w for w in workers if w.info.id in serving]
             await asyncio.sleep(0.1)
 
     def _pools(self, workspace_id: str, named: object) -> list[str]:
@@ -653,6 +691,53 @@ class SandboxService:
             raise SandboxProblem(502, "worker_unreachable", f"sandbox {record.id}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class _Place:
+    """A worker to ask for a sandbox, and the GPUs it would give it."""
+
+    worker_id: str
+    pool: str
+    #: GPUs the sandbox takes there (0: none, on a worker without GPUs or as the CPU fallback)
+    gpus: int
+    #: their canonical type ("" for none)
+    gpu: str
+
+
+def _gpu_request(body: dict[str, Any]) -> GpuRequest:
+    """A create's ``gpu`` and ``gpu_count`` read as a function's are; ``gpu_count`` alone asks for any GPU."""
+    gpu, count = body.get("gpu"), body.get("gpu_count")
+    if gpu is None and isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        gpu = "any"
+    if count == 0 and gpu is None:
+        count = None
+    try:
+        return parse_gpu(gpu, gpu_count=count)
+    except (TypeError, ValueError) as exc:  # UnknownGpuType is a ValueError, listing the closest names
+        field = "gpu_count" if "gpu_count" in str(exc) else "gpu"
+        raise _bad(f"{field}: {exc}") from None
+
+
+def _fits(gpus: GpuRequest, worker_gpu: str | None) -> builtins.list[tuple[int, int]]:
+    """(rank, GPUs given) of each way a worker with ``worker_gpu`` can take the request, best first; none
+    when it cannot. A CPU sandbox ranks workers without GPUs first; with the CPU fallback, any worker may
+    take it GPU-less after every acceptable GPU worker was asked for GPUs."""
+    if gpus.cpu_only:
+        return [(0 if worker_gpu is None else 1, 0)]
+    fits = []
+    rank = gpus.rank(worker_gpu)
+    if rank is not None and worker_gpu is not None:
+        fits.append((rank, gpus.count))
+    if gpus.fallback_cpu:
+        fits.append((len(gpus.types) + 1 + (worker_gpu is not None), 0))
+    return fits
+
+
+def _wanted(gpus: GpuRequest) -> str:
+    """The GPUs a create asks for, for its errors (a sandbox never waits, so no fallback delay is named)."""
+    text = f"{gpus.count}x " + ("any GPU" if gpus.any_gpu else ", else ".join(gpus.types))
+    return text + (", else no GPU" if gpus.fallback_cpu else "")
+
+
 def _room(request: dict[str, Any], snapshot: dict[str, Any] | None) -> tuple[int, int]:
     """(millicores, MiB) the sandbox holds on its worker: a snapshot's own, else the request's (1000 and 1024 by
     default, the worker's defaults too); sent to the worker explicitly, so both count the same."""
@@ -666,7 +751,7 @@ def _room(request: dict[str, Any], snapshot: dict[str, Any] | None) -> tuple[int
 
 def _info(answered: dict[str, Any], record: SandboxRecord) -> dict[str, Any]:
     info = {key: value for key, value in answered.items() if key != "container_id"}
-    info.update(pool=record.pool, worker_id=record.worker_id, workspace_id=record.workspace_id)
+    info.update(pool=record.pool, worker_id=record.worker_id, workspace_id=record.workspace_id, gpu=record.gpu or None)
     return info
 
 

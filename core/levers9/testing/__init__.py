@@ -86,13 +86,15 @@ starts levers9; :class:`~levers9.testing.cloud_boot.CloudBooter` boots your
 fake cloud's instances (its ``wait_for`` raises
 :class:`~levers9.testing.cloud_boot.BootFailed` the moment a boot fails);
 :func:`~levers9.testing.recorded_gpus.nvidia_smi` gives a machine's GPUs as
-``nvidia-smi`` prints them, for every NVIDIA type of the catalog; and
+``nvidia-smi`` prints them, for every NVIDIA type of the catalog (and
+:func:`~levers9.testing.boot.install_nvidia_smi` an ``nvidia-smi`` that prints
+them, for a process of your own test); and
 :class:`~levers9.testing.fake_cloud.FakeCloud` keeps the instances and faults
 your wire fake serves. docs/plugins.md §11, "Booting your machines end to
 end", has a complete example.
 """
 
-from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot
+from levers9.testing.boot import BootError, EmulatedBoot, emulated_boot, install_nvidia_smi
 from levers9.testing.cloud_boot import BootFailed, CloudBooter
 from levers9.testing.contract_boot import BootPlatform
 from levers9.testing.fake_cloud import FakeCloud, FakeCloudError, FakeInstance
@@ -116,6 +118,7 @@ __all__ = [
     "Registrar",
     "Registration",
     "emulated_boot",
+    "install_nvidia_smi",
     "nvidia_smi",
     "recorded_card",
 ]

@@ -88,7 +88,7 @@ import yaml
 
 from levers9.bootstrap import STATE_DIR
 
-__all__ = ["BootError", "EmulatedBoot", "emulated_boot", "renderer_of"]
+__all__ = ["BootError", "EmulatedBoot", "emulated_boot", "install_nvidia_smi", "renderer_of"]
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +209,9 @@ def prepare(user_data: str, root: Path) -> list[str]:
     )
 
 
-def _install_nvidia_smi(root: Path, gpus: str) -> None:
-    """An ``nvidia-smi`` under ``root`` that prints ``gpus`` for the query GPU discovery makes, and fails otherwise."""
+def install_nvidia_smi(root: Path, gpus: str) -> Path:
+    """An ``nvidia-smi`` at ``root/usr/bin`` (returned) that prints ``gpus`` (:func:`levers9.testing.nvidia_smi`'s
+    lines) for the query GPU discovery makes, and fails otherwise; put its directory first on a PATH."""
     table = root / "usr" / "share" / "levers9-boot" / "gpus.csv"
     table.parent.mkdir(parents=True, exist_ok=True)
     table.write_text(gpus if gpus.endswith("\n") else gpus + "\n")
@@ -226,6 +227,7 @@ def _install_nvidia_smi(root: Path, gpus: str) -> None:
         "exit 2\n"
     )
     tool.chmod(0o755)
+    return tool
 
 
 def boot_environment(root: Path) -> dict[str, str]:
@@ -388,7 +390,7 @@ class EmulatedBoot:
         self.isolation = self._isolate(ports, isolate)
         (root / "tmp").mkdir(parents=True, exist_ok=True)
         if gpus is not None:
-            _install_nvidia_smi(root, gpus)
+            install_nvidia_smi(root, gpus)
         prefix: list[str] = ["nsenter", f"--net={self._netns}", "--"] if self._netns else []
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(

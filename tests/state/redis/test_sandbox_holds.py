@@ -54,3 +54,23 @@ async def test_no_hold_on_a_worker_that_is_gone_or_draining_and_a_removed_worker
     await reg.register(WorkerInfo("w2", "cpu", 2000, 4096), now_ms=NOW, ttl_ms=TTL)
     assert await reg.cordon("w2") is True
     assert await reg.hold_sandbox("sb-2", "w2", cpu=100, mem=64, gpus=0, now_ms=NOW) is False
+
+
+async def test_a_gpu_sandbox_holds_its_gpus_from_calls_until_released(redis_factory: RedisFactory) -> None:
+    client = redis_factory()
+    backlog, reg = Backlog(client, "t:"), WorkerRegistry(client, "t:")
+    await reg.register(WorkerInfo("g1", "gpu", 8000, 16384, gpu="H100", gpu_count=2), now_ms=NOW, ttl_ms=TTL)
+    assert await reg.hold_sandbox("sb-1", "g1", cpu=100, mem=64, gpus=3, now_ms=NOW) is False  # more than it has
+    assert await reg.hold_sandbox("sb-1", "g1", cpu=100, mem=64, gpus=2, now_ms=NOW) is True
+    worker = await reg.get("g1")
+    assert worker is not None
+    assert worker.gpu_free == 0
+    assert await reg.hold_sandbox("sb-2", "g1", cpu=100, mem=64, gpus=1, now_ms=NOW) is False
+    # a call of one GPU has the CPU and memory it needs there, but no GPU: it is not placed
+    await backlog.enqueue([QueuedRequest("r1", 1000, 512, 1, (Group(0, ("gpu",), 1),), NOW, "ws")])
+    assert (await backlog.place(NOW)).placed == []
+    assert await reg.release_sandbox("sb-1", now_ms=NOW + 10) is True
+    worker = await reg.get("g1")
+    assert worker is not None
+    assert worker.gpu_free == 2
+    assert [p.request for p in (await backlog.place(NOW + 2000)).placed] == ["r1"]
