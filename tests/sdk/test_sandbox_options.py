@@ -85,12 +85,26 @@ def test_a_bad_option_is_refused_by_name(options: dict[str, object], named: str)
     assert isinstance(caught.value, ValueError)
 
 
-def test_volumes_are_sent_and_cloud_buckets_refused_not_dropped() -> None:
+def test_volumes_and_cloud_buckets_are_sent() -> None:
     sandbox = levers9.Sandbox(volumes=[levers9.Volume(name="weights", mount_path="/weights")])
     assert sandbox._body("host", "3.11", None)["volumes"] == [{"name": "weights", "mount_path": "/weights"}]
     assert "volumes" not in levers9.Sandbox(volumes=[])._body("host", "3.11", None)
-    with pytest.raises(ValueError, match="volumes: sandboxes do not mount cloud buckets yet"):
-        levers9.Sandbox(volumes=[levers9.CloudBucket(name="my-bucket", mount_path="/b")])
+    config = levers9.CloudBucketConfig(access_key="K", secret_key="S", endpoint="http://s3.local:9000", read_only=True)
+    bucket = levers9.Sandbox(volumes=[levers9.CloudBucket(name="my-bucket", mount_path="/b", config=config)])
+    assert bucket._body("host", "3.11", None)["volumes"] == [
+        {
+            "name": "my-bucket",
+            "mount_path": "/b",
+            "bucket": {
+                "read_only": True,
+                "force_path_style": False,
+                "access_key": "K",
+                "secret_key": "S",
+                "endpoint": "http://s3.local:9000",
+                "region": "",
+            },
+        }
+    ]
     with pytest.raises(ValueError, match=r"volumes.*both mount at or below /w"):
         levers9.Sandbox(
             volumes=[levers9.Volume(name="a", mount_path="/w"), levers9.Volume(name="b", mount_path="/w/x")]

@@ -50,10 +50,22 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BucketIn(_In):
+    read_only: bool = False
+    force_path_style: bool = False
+    access_key: str = Field("", description="The name of the workspace secret holding the access key id")
+    secret_key: str = Field("", description="The name of the workspace secret holding the secret access key")
+    endpoint: str = Field("", description="An S3-compatible store's http(s)://HOST[:PORT]; empty: AWS S3")
+    region: str = Field("", max_length=64)
+
+
 class VolumeIn(_In):
-    name: str = Field(min_length=1, description="One of the workspace's volumes (made when new, as a function's)")
+    name: str = Field(
+        min_length=1, description="One of the workspace's volumes (made when new, as a function's), or a bucket's name"
+    )
     mount_path: str = Field(description="Where the sandbox sees it: an absolute path other than /")
     read_only: bool = False
+    bucket: BucketIn | None = Field(None, description="Set for a cloud bucket (S3 or compatible) named by name")
 
 
 class SandboxCreate(_In):

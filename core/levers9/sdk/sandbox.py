@@ -20,7 +20,7 @@ how long the sandbox lives (``-1``: until terminated); ``idle_timeout`` ends one
 long (0: never). ``image`` is an image ref, ``"host"`` (the worker's own root filesystem and Python, the
 default, as for ``@levers9.function``), or a :class:`~levers9.Blueprint`, built first through the
 controlplane as a function's is. ``volumes`` are the workspace's volumes (``levers9.Volume``, made when
-new, as a function's); a cloud bucket is refused rather than dropped. ``gpu`` is a function's GPU preference
+new, as a function's) and ``levers9.CloudBucket`` objects. ``gpu`` is a function's GPU preference
 (a type, a list in order of preference, ``"any"``, or a list ending in ``"cpu"`` to start without a GPU when
 none can be had) and ``gpu_count`` how many (1 when left out): the sandbox starts on the first worker with
 that many free GPUs of the first listed type it can have. ``snapshots=True`` boots the sandbox so that ``snapshot_memory()`` can take
@@ -66,13 +66,11 @@ def _fail(option: str, message: str) -> SandboxRequestError:
 
 
 def _volumes(volumes: object) -> list[dict[str, Any]]:
-    """``volumes=``: the workspace's volumes (``levers9.Volume``, made when new, as for a function), each at its own
-    path; a cloud bucket is refused, not dropped: sandboxes mount volumes only."""
+    """``volumes=``: the workspace's volumes (``levers9.Volume``, made when new) and cloud buckets
+    (``levers9.CloudBucket``, their keys named as workspace secrets), each at its own path, as for a function."""
     from levers9.sdk.errors import InvalidFunction
-    from levers9.sdk.volumes import CloudBucket, volume_configs
+    from levers9.sdk.volumes import volume_configs
 
-    if isinstance(volumes, list | tuple) and any(isinstance(v, CloudBucket) for v in volumes):
-        raise _fail("volumes", "sandboxes do not mount cloud buckets yet; give levers9.Volume objects only")
     try:
         return volume_configs("levers9.Sandbox", volumes)
     except InvalidFunction as exc:

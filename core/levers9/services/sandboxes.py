@@ -26,7 +26,9 @@ A sandbox lives on one worker of a pool whose ``sandboxes`` is above 0
 
 The volumes a sandbox names are its workspace's (made when new, as a function's); each goes to the worker
 as it mounts it: the file system itself for a pool with direct access, else the volume's WebDAV URL on this
-controlplane and a token for that worker and volume alone (:mod:`levers9.services.volume_access`).
+controlplane and a token for that worker and volume alone (:mod:`levers9.services.volume_access`). A cloud
+bucket goes with its settings and the values of the secrets its keys name, which the worker hands to its
+mount of the bucket alone, never to the sandbox's processes (as for a function's bucket).
 
 The secrets a sandbox names are read from its workspace's secrets here and
 travel to the worker in the create request, over the worker's tunnel; they are
@@ -61,6 +63,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from levers9.checkpoint.storage import storage_from_url
 from levers9.gpu.preference import GpuRequest, parse_gpu
 from levers9.services.access import own_workspace
@@ -77,7 +81,7 @@ from levers9.services.sandbox_relay import (
     WorkerLink,
     WorkerUnreachable,
 )
-from levers9.services.stubs import InvalidStub
+from levers9.services.stubs import BucketSetting, InvalidStub
 from levers9.services.tunnels import tunnel_address
 from levers9.services.volume_access import DAV_PREFIX, VolumeToken, mint_token
 from levers9.state.errors import DecryptionError, NotFound
@@ -116,7 +120,7 @@ ERROR_TYPES: dict[str, tuple[int, str]] = {
 }
 
 #: what each of a create's volumes takes
-_VOLUME_KEYS = frozenset({"name", "mount_path", "read_only"})
+_VOLUME_KEYS = frozenset({"name", "mount_path", "read_only", "bucket"})
 #: how long a create waits for a pool's registered workers to announce their sandbox servers
 ANNOUNCE_WAIT_S = 5.0
 
@@ -315,40 +319,70 @@ class SandboxService:
                 await workers.release_sandbox(hold, now_ms=now())
         return None
 
-    async def _volumes(self, workspace_id: str, given: object) -> list[tuple[str, str, str, bool]]:
-        """(mount path, volume id, name, read only) of each volume a create names, made when new (as a function's)."""
+    async def _volumes(self, workspace_id: str, given: object) -> builtins.list[dict[str, Any]]:
+        """Each volume a create names, as every worker mounts it: a volume of the workspace (made when new, as a
+        function's) by id, or a cloud bucket with its keys read from the workspace's secrets it names."""
         if not isinstance(given, list):
-            raise _bad("volumes must be a list of {name, mount_path[, read_only]}")
-        found = []
+            raise _bad("volumes must be a list of {name, mount_path[, read_only][, bucket]}")
+        found: builtins.list[dict[str, Any]] = []
         for volume in given:
             if not isinstance(volume, dict) or not {"name", "mount_path"} <= set(volume) <= _VOLUME_KEYS:
-                raise _bad(f"volumes holds {volume!r}; each is {{name, mount_path[, read_only]}}")
+                raise _bad(f"volumes holds {volume!r}; each is {{name, mount_path[, read_only][, bucket]}}")
             name, where, read_only = volume["name"], volume["mount_path"], volume.get("read_only", False)
             if not isinstance(name, str) or not isinstance(where, str) or not isinstance(read_only, bool):
                 raise _bad(f"volumes holds {volume!r}; name and mount_path are text, read_only true or false")
+            if volume.get("bucket") is not None:
+                found.append(await self._bucket(workspace_id, name, where, read_only, volume["bucket"]))
+                continue
             record, _ = await self.services.volumes.get_or_create(workspace_id, name)
-            found.append((where, record.id, record.name, read_only))
+            found.append(
+                {"mount_path": where, "volume_id": record.id, "volume_name": record.name, "read_only": read_only}
+            )
         return found
 
+    async def _bucket(self, workspace_id: str, name: str, where: str, read_only: bool, given: object) -> dict[str, Any]:
+        """A cloud bucket's mount: its settings checked as a function's are, its keys the values of the secrets
+        they name (sent to the worker, which gives them to its mount alone, never to the sandbox)."""
+        try:
+            bucket = BucketSetting.model_validate(given)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise _bad(f"volumes: cloud bucket {name!r}: {problems}") from None
+        keys: dict[str, str] = {}
+        for field, secret in (("access_key_id", bucket.access_key), ("secret_access_key", bucket.secret_key)):
+            if not secret:
+                continue
+            value = await self.services.secrets.get(workspace_id, secret)
+            if value is None:
+                raise _bad(
+                    f"volumes: cloud bucket {name!r} names secret {secret!r}, which this workspace does not have; "
+                    "create it first (levers9 secret create)"
+                )
+            keys[field] = value
+        return {
+            "mount_path": where,
+            "bucket": name,
+            "read_only": read_only or bucket.read_only,
+            "endpoint": bucket.endpoint,
+            "region": bucket.region,
+            "force_path_style": bucket.force_path_style,
+            **keys,
+        }
+
     def _mounts(
-        self, worker_id: str, pool: str, workspace_id: str, volumes: list[tuple[str, str, str, bool]]
-    ) -> list[dict[str, Any]]:
+        self, worker_id: str, pool: str, workspace_id: str, volumes: builtins.list[dict[str, Any]]
+    ) -> builtins.list[dict[str, Any]]:
         """The volumes as ``worker_id`` mounts them: the file system itself (a pool with direct access), or each
-        volume over the controlplane's WebDAV with a token for this worker and volume alone."""
+        volume over the controlplane's WebDAV with a token for this worker and volume alone; buckets as given."""
         spec = self.services.pools[pool]
         direct = mounts_volumes_directly(spec) or not self.http_url
         mounts = []
-        for where, volume_id, name, read_only in volumes:
-            mount: dict[str, Any] = {
-                "mount_path": where,
-                "volume_id": volume_id,
-                "volume_name": name,
-                "read_only": read_only,
-            }
-            if not direct:
-                token = VolumeToken(worker_id, workspace_id, volume_id, read_only)
+        for volume in volumes:
+            mount = dict(volume)
+            if not direct and "volume_id" in volume:
+                token = VolumeToken(worker_id, workspace_id, volume["volume_id"], volume["read_only"])
                 mount.update(
-                    webdav_url=f"{self.http_url}{DAV_PREFIX}/{volume_id}/",
+                    webdav_url=f"{self.http_url}{DAV_PREFIX}/{volume['volume_id']}/",
                     webdav_token=mint_token(self.services, token),
                 )
             mounts.append(mount)

@@ -549,12 +549,19 @@ _VOLUME_FIELDS: dict[str, type] = {
     "read_only": bool,
     "webdav_url": str,
     "webdav_token": str,
+    "bucket": str,
+    "endpoint": str,
+    "region": str,
+    "force_path_style": bool,
+    "access_key_id": str,
+    "secret_access_key": str,
 }
 
 
 def _volumes(given: object) -> tuple[VolumeSpec, ...]:
     """A create's ``volumes``: each the workspace's volume as the controlplane resolved it (its id, and the WebDAV
-    URL and this worker's token for it when the worker does not mount the volumes' file system itself)."""
+    URL and this worker's token for it when the worker does not mount the volumes' file system itself), or a
+    cloud bucket with its store and keys (for the worker's mount of it alone)."""
     if not isinstance(given, list) or not all(isinstance(v, dict) for v in given):
         raise BadInput("volumes must be a list of objects, each with mount_path and volume_id")
     out = []

@@ -263,8 +263,11 @@ class SandboxSpec:
                 raise SandboxRefused(
                     f"volumes mounts one at {where!r}; each needs its own absolute path other than / (no ..)"
                 )
-            if volume.bucket or not volume.volume_id:
-                raise SandboxRefused(f"volumes: the mount at {where!r} names no volume; sandboxes mount volumes only")
+            if bool(volume.bucket) == bool(volume.volume_id):
+                raise SandboxRefused(
+                    f"volumes: the mount at {where!r} names {'both' if volume.bucket else 'neither'} a volume (volume_id) "
+                    "and a cloud bucket (bucket); give one"
+                )
             seen.add(where)
 
     def check(self) -> None:
