@@ -63,6 +63,7 @@ import logging
 import os
 import re
 import secrets
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -405,11 +406,7 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
         except (OSError, subprocess.TimeoutExpired) as exc:
             answer = (False, str(exc))
         finally:
-            subprocess.run(
-                [runsc, "--root", str(root), "delete", "-force", probe_id], capture_output=True, timeout=60, check=False
-            )
-            subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
-            _remove_probe_cgroups(probe_id)
+            remove_probe(runsc, root, probe_id, netns)
     if answer[0]:
         log.info("gvisor: runsc %s runs sandboxes with its own network stack here", runsc)
     else:
@@ -421,6 +418,55 @@ def sandbox_network_works(runtime: RuntimeContext, runsc: str, platform: str) ->
         )
     _NETWORK_CACHE[key] = answer
     return answer
+
+
+def remove_probe(runsc: str, root: Path, probe_id: str, netns: str, *, timeout_s: float = 60) -> None:
+    """Remove all the probe sandbox left, each step whatever the one before did.
+
+    A probe that hung (runsc on the KVM platform did, here) leaves a sandbox that ``runsc delete`` may not end
+    either; its processes (the sandbox and its gofer) are then killed by what names them: the network
+    namespace they run in and the probe's id on their command lines. Then the namespace and the cgroups go.
+    """
+    try:
+        subprocess.run(
+            [runsc, "--root", str(root), "delete", "-force", probe_id],
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("gvisor: deleting probe sandbox %s failed (%s); killing its processes", probe_id, exc)
+    for pid in _probe_processes(probe_id, netns):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
+    _remove_probe_cgroups(probe_id)
+
+
+def _probe_processes(probe_id: str, netns: str) -> list[int]:
+    """The processes in the probe's network namespace, those naming its id, and all their descendants (never
+    this one)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=30, check=False)
+        found.update(int(word) for word in listed.stdout.split() if word.isdigit())
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if probe_id.encode() in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    grown = True
+    while grown:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grown = bool(more)
+    found.discard(os.getpid())
+    return sorted(found)
 
 
 def _remove_probe_cgroups(probe_id: str) -> None:
