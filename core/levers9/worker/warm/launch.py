@@ -207,9 +207,11 @@ class Launcher:
             gpus=box.gpus,
             mounts=[] if self.capabilities.host_filesystem else self.mounts(group),
             network="host" if self.capabilities.host_network else "bridge",
-            # only the runner's port is forwarded to the worker's loopback: the gateway reaches a serving
-            # container's HTTP server and a box's ports at the container's own address on the bridge
-            ports=[box.port],
+            # On the host's network the runner's port is the worker's loopback's. On a bridge the worker, the
+            # gateway and the sandboxes' relay reach the container at its own address there: the runner (which
+            # answers only the box's token), a serving container's HTTP server and a box's ports. No port
+            # forwarder process is started for it (one was, at 170 ms a container start).
+            ports=[box.port] if self.capabilities.host_network else [],
         )
 
     def environment(self, group: WarmStub, box: WarmContainer) -> dict[str, str]:

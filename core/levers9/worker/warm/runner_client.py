@@ -6,9 +6,10 @@ runner produced, never unpickled here, and every frame is read with a size
 limit (see :mod:`levers9.runner.frames`). A connection is proved with the
 container's token (the ``hello`` frame) before any call is sent.
 
-A runner is reached at ``host:port`` (the address the runtime reports for the
-container's forwarded port) or, for a checkpointed container, at the unix
-socket in its signal directory.
+A runner is reached at ``host:port``: the container's own address on the
+worker's bridge and the runner's port (or the address the runtime reports for a
+forwarded port, on the host's network), or, for a checkpointed container, at
+the unix socket in its signal directory.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class RunnerClient:
                     f"container {box.cid} exited{code} before its runner answered; "
                     f"its output:\n{await self.launcher.log_tail(box.cid)}"
                 )
-            address = state.address
+            address = state.address or (f"{state.ip}:{box.port}" if state.ip else None)
             if box.signal_dir is not None:
                 sock = box.signal_dir / SIGNAL_SOCKET
                 address = f"unix:{sock}" if sock.exists() else None
