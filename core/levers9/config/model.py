@@ -452,6 +452,15 @@ class PoolConfig(_Strict):
         "runtime must give containers their own filesystem: gvisor (the default for a pool with sandboxes, whose "
         "code nobody checked) or runc.",
     )
+    sandboxes_warm: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Sandboxes each worker of the pool keeps started, their runner up and nothing run in them, for "
+        "the next creates of the shape last asked there (image, Python, cpu, memory; no GPU, ports, volumes, "
+        "network rules or snapshots): such a create takes one instead of starting a container. At most sandboxes; "
+        "0: every create starts its own. Each holds an idle container's memory on its worker.",
+    )
     workspace: str | None = Field(
         None,
         min_length=1,
@@ -511,6 +520,11 @@ class PoolConfig(_Strict):
             )
         if self.sandboxes and "runtime" not in self.model_fields_set:
             self.runtime = "gvisor"  # sandboxes run code nobody checked: gVisor unless the operator chose otherwise
+        if self.sandboxes_warm > self.sandboxes:
+            raise ValueError(
+                f"sandboxes_warm is {self.sandboxes_warm}, above sandboxes ({self.sandboxes}): keep at most as many "
+                "warm as a worker runs (sandboxes: 0 turns sandboxes off)"
+            )
         if self.sandboxes and self.runtime == "process":
             raise ValueError(
                 "sandboxes need a runtime that gives each container its own filesystem (runc, gvisor); the process "

@@ -186,6 +186,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             volumes_metadata_url=done.volumes_metadata_url,
             volumes_env=done.volumes_env,
             max_sandboxes=done.max_sandboxes,
+            warm_sandboxes=done.warm_sandboxes,
         )
 
     @unary

@@ -289,6 +289,7 @@ class SandboxRunner:
             "delete": self._delete,
             "detach": self._detach,
             "attach": self._attach,
+            "configure": self._configure,
         }
 
     # ----------------------------------------------------------------- the loop
@@ -545,6 +546,14 @@ class SandboxRunner:
         with self._lock:
             infos = [p.info().fields() for p in self._processes.values()]
         return "processes", b"", {"processes": infos}
+
+    def _configure(self, frame: frames.Frame) -> _Answer:
+        env = frame.header.get("env")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise Refused("BadRequest", f"configure: env must map strings to strings, got {_show(env)}")
+        with self._lock:
+            self.environ.update(env)
+        return "done", b"", {}
 
     def _detach(self, frame: frames.Frame) -> _Answer:
         if not isinstance(self.sender, Relay):

@@ -47,6 +47,11 @@ kind           fields                                          answer
                                                                (see *Detaching* below)
 ``attach``     (none)                                          ``attached``: ``processes`` (as
                                                                ``list``'s); then output flows again
+``configure``  ``env`` (strings): merged over the container's  ``done``
+               for every process started after it (a warm
+               sandbox taken for a create: its variables
+               and secrets, which its container was started
+               without)
 =============  ==============================================  ======================================
 
 Any request may instead be answered ``failed``: ``op`` (the request's kind),
@@ -199,6 +204,7 @@ REQUESTS = {
     "delete": "done",
     "detach": "detached",
     "attach": "attached",
+    "configure": "done",
 }
 
 #: the runner's own refusals (the operating system's are errno names)

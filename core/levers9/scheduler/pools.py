@@ -39,6 +39,8 @@ class PoolSpec:
     volume_access: str | None = None
     #: the most sandboxes one worker of the pool runs at once (``sandboxes``); 0: the pool serves none
     sandboxes: int = 0
+    #: sandboxes each worker keeps started for the next creates (``sandboxes_warm``)
+    sandboxes_warm: int = 0
 
     @property
     def name(self) -> str:
@@ -81,6 +83,7 @@ class PoolSpec:
             builds=config.builds,
             volume_access=config.volume_access,
             sandboxes=config.sandboxes,
+            sandboxes_warm=config.sandboxes_warm,
         )
 
 

@@ -141,6 +141,8 @@ class Registration:
     volumes_env: dict[str, str] = field(default_factory=dict, repr=False)
     #: the pool's ``sandboxes``: the most the worker runs at once (0: none; see :mod:`levers9.services.sandboxes`)
     max_sandboxes: int = 0
+    #: the pool's ``sandboxes_warm``: sandboxes kept started for the next creates
+    warm_sandboxes: int = 0
 
 
 @dataclass(frozen=True)
@@ -388,6 +390,7 @@ async def _register(
         # loopback only, reached through the tunnel (the gateway still connects to its containers directly)
         tunnel=tunnel or spec.sandboxes > 0,
         max_sandboxes=spec.sandboxes,
+        warm_sandboxes=spec.sandboxes_warm,
         cpu_millicores=info.cpu_millicores,
         memory_mib=info.memory_mib,
         **_volumes_access(services, spec),

@@ -43,6 +43,7 @@ _OPTIONS: dict[str, tuple[str, type]] = {
     "LEVERS9_WORKER_STATE_DIR": ("state_dir", Path),
     "LEVERS9_MACHINE_IDENTITY": ("machine_identity", str),
     "LEVERS9_SANDBOXES": ("sandboxes", int),
+    "LEVERS9_SANDBOXES_WARM": ("sandboxes_warm", int),
 }
 
 

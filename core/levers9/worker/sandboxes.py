@@ -141,7 +141,7 @@ from levers9.worker.sandbox_snapshots import (
 from levers9.worker.volumes import VolumeSpec
 from levers9.worker.warm.launch import Launcher, PortPicker, StartFailed, container_id
 from levers9.worker.warm.runner_client import RunnerClient
-from levers9.worker.warm.sandbox_client import SandboxGone, SandboxProcess, SandboxSession
+from levers9.worker.warm.sandbox_client import SandboxError, SandboxGone, SandboxProcess, SandboxSession
 from levers9.worker.warm.scaling import WarmContainer, WarmStub
 
 __all__ = [
@@ -163,6 +163,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_SANDBOXES = 32
 #: how long a sandbox waits for GPUs held by the warm pool's idle containers, stopped for it, to come back
 GPU_CLAIM_TIMEOUT_S = 30.0
+#: after a warm sandbox failed to start, how long before another is tried
+WARM_BACKOFF_S = 30.0
 #: ended sandboxes remembered, so a late request hears why it ended
 KEPT_ENDED = 256
 #: the longest the watcher sleeps between two looks at a sandbox with an idle timeout
@@ -325,6 +327,29 @@ class SandboxSpec:
         return found
 
 
+@dataclass(frozen=True)
+class WarmShape:
+    """What a warm sandbox was started with, which a create must ask for exactly to take it."""
+
+    image: str
+    python_version: str
+    cpu_millicores: int
+    memory_mib: int
+    #: the workspace whose image it is ("" for the worker's own filesystem, ``host``, which is nobody's)
+    workspace_id: str
+
+    @classmethod
+    def of(cls, spec: SandboxSpec) -> WarmShape | None:
+        """The shape of ``spec``; None for one no warm sandbox serves: anything fixed when its container starts
+        beyond the shape (GPUs, ports, volumes, network rules, snapshots, a restore)."""
+        if spec.snapshot is not None or spec.snapshots or spec.gpu_count or spec.ports or spec.volumes:
+            return None
+        if spec.confined:
+            return None
+        workspace = "" if spec.image == "host" else spec.workspace_id
+        return cls(spec.image, spec.python_version, spec.cpu_millicores, spec.memory_mib, workspace)
+
+
 @dataclass(eq=False)
 class Sandbox:
     """One sandbox: its container, its session and where it is in its life."""
@@ -411,6 +436,7 @@ class Sandboxes:
         max_sandboxes: int = DEFAULT_MAX_SANDBOXES,
         images: ImagePulls | None = None,
         storage: CheckpointStorage | None = None,
+        warm: int = 0,
     ) -> None:
         if max_sandboxes < 1:
             raise ValueError(f"max_sandboxes is {max_sandboxes}; it must be at least 1")
@@ -431,29 +457,26 @@ class Sandboxes:
         self._tasks: set[asyncio.Task[None]] = set()
         #: told the id of every sandbox that ends, once (the worker reports it, so the room it held is freed)
         self.on_end: Callable[[str], None] | None = None
+        #: how many sandboxes to keep started for the next creates (of :attr:`_shape`); 0: none
+        self.warm = max(0, min(warm, max_sandboxes))
+        #: the shape of the last create a warm sandbox could have served: what is kept warm
+        self._shape: WarmShape | None = None
+        #: started sandboxes waiting to be taken, their runner up and nothing run in them
+        self._warm: list[tuple[WarmShape, Sandbox]] = []
+        self._warming = 0
+        self._warm_tasks: set[asyncio.Task[None]] = set()
+        #: loop time before which no warm sandbox is started again (one failed to start)
+        self._warm_after = 0.0
 
     # ----------------------------------------------------------------- create
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Boot a sandbox (or restore ``spec.snapshot``) and return it running; SandboxRefused, SandboxesFull,
         StartFailed, SnapshotUnavailable or SnapshotMissing (a StartFailed) say why not."""
-        spec.check()
-        if spec.snapshot is not None:
-            spec = self._restoring(spec, spec.snapshot)
-        if self._closed:
-            raise SandboxesFull("this worker is stopping and takes no new sandbox")
-        if self.launcher.capabilities.host_filesystem:
-            raise SandboxRefused(
-                f"this pool's runtime ({self.launcher.runtime.name}) runs containers on the host's filesystem, which "
-                "a sandbox must not see; sandboxes need a runtime that isolates them (runc or gvisor)"
-            )
-        if len(self._live) >= self.max_sandboxes:
-            raise SandboxesFull(
-                f"this worker already runs {len(self._live)} sandboxes, its most (max_sandboxes); "
-                "terminate one or create it on another worker"
-            )
-        if spec.gpu_count > self.gpus.total:
-            raise SandboxesFull(f"the sandbox needs {spec.gpu_count} GPUs; this worker has {self.gpus.total}")
+        spec = self._admit(spec)
+        taken = await self._take_warm(spec)
+        if taken is not None:
+            return taken
         if self.images is not None and names_registry(spec.image):
             try:
                 await self.images.ensure(spec.image)
@@ -517,7 +540,150 @@ class Sandboxes:
         sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
         sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
         log.info("sandbox %s of workspace %s runs in container %s", sid, spec.workspace_id, box.cid)
+        self._refill()
         return sandbox
+
+    def _admit(self, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` checked (a restore's made from its snapshot), or why this worker takes no such sandbox now."""
+        spec.check()
+        if spec.snapshot is not None:
+            spec = self._restoring(spec, spec.snapshot)
+        if self._closed:
+            raise SandboxesFull("this worker is stopping and takes no new sandbox")
+        if self.launcher.capabilities.host_filesystem:
+            raise SandboxRefused(
+                f"this pool's runtime ({self.launcher.runtime.name}) runs containers on the host's filesystem, which "
+                "a sandbox must not see; sandboxes need a runtime that isolates them (runc or gvisor)"
+            )
+        if len(self._live) >= self.max_sandboxes:
+            raise SandboxesFull(
+                f"this worker already runs {len(self._live)} sandboxes, its most (max_sandboxes); "
+                "terminate one or create it on another worker"
+            )
+        if spec.gpu_count > self.gpus.total:
+            raise SandboxesFull(f"the sandbox needs {spec.gpu_count} GPUs; this worker has {self.gpus.total}")
+        return spec
+
+    # ----------------------------------------------------------------- warm sandboxes
+
+    async def _take_warm(self, spec: SandboxSpec) -> Sandbox | None:
+        """A warm sandbox of ``spec``'s shape, made this sandbox (its variables and secrets set in its runner);
+        None when there is none (the shape is then what is kept warm next)."""
+        shape = WarmShape.of(spec)
+        if shape is None or not self.warm:
+            return None
+        self._shape = shape
+        while True:
+            found = next((entry for entry in self._warm if entry[0] == shape), None)
+            if found is None:
+                return None
+            self._warm.remove(found)
+            sandbox = found[1]
+            session = sandbox.session
+            if session is None or session.gone is not None:  # its container died while it waited
+                self._discard(sandbox)
+                continue
+            sid = f"sb-{secrets.token_hex(8)}"
+            stub = dataclasses.replace(
+                sandbox.group.spec,
+                stub_id=sid,
+                workspace_id=spec.workspace_id,
+                name=spec.name or sid,
+                env=dict(spec.env),
+                secret_env=dict(spec.secret_env),
+            )
+            sandbox.id, sandbox.spec, sandbox.created_at = sid, spec, time.time()
+            sandbox.group = WarmStub(key=sid, spec=stub, handler_dir=sandbox.group.handler_dir)
+            session.name = sid
+            self._live[sid] = sandbox
+            try:
+                if spec.env or spec.secret_env:
+                    await session.configure({**spec.env, **spec.secret_env})
+            except (SandboxError, SandboxGone) as exc:
+                self._live.pop(sid, None)
+                log.warning("a warm sandbox could not be taken for %s (%s); starting one", sid, exc)
+                self._discard(sandbox)
+                continue
+            loop = asyncio.get_running_loop()
+            sandbox.state, sandbox.touched = "running", loop.time()
+            sandbox.deadline = loop.time() + spec.timeout_s if spec.timeout_s else 0.0
+            sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
+            sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
+            log.info("sandbox %s of workspace %s took warm container %s", sid, spec.workspace_id, sandbox.box.cid)
+            self._refill()
+            return sandbox
+
+    def _refill(self) -> None:
+        """Start warm sandboxes of the current shape up to :attr:`warm`, ending those of another shape."""
+        if self._closed or self._shape is None or not self.warm:
+            return
+        for entry in [e for e in self._warm if e[0] != self._shape]:
+            self._warm.remove(entry)
+            self._discard(entry[1])
+        if asyncio.get_running_loop().time() < self._warm_after:
+            return
+        for _ in range(self.warm - len(self._warm) - self._warming):
+            self._warming += 1
+            task = asyncio.ensure_future(self._start_warm(self._shape))
+            task.set_name("levers9-sandbox-warm")
+            self._warm_tasks.add(task)
+            task.add_done_callback(self._warm_tasks.discard)
+
+    async def _start_warm(self, shape: WarmShape) -> None:
+        wid = f"sbw-{secrets.token_hex(7)}"
+        spec = SandboxSpec(
+            workspace_id=shape.workspace_id or "warm",
+            image=shape.image,
+            python_version=shape.python_version,
+            cpu_millicores=shape.cpu_millicores,
+            memory_mib=shape.memory_mib,
+            timeout_s=0,
+        )
+        stub = StubSpec(
+            stub_id=wid,
+            workspace_id=spec.workspace_id,
+            name=wid,
+            image=spec.image,
+            handler=b"",
+            python_version=spec.python_version,
+            cpu_millicores=spec.cpu_millicores,
+            memory_mib=spec.memory_mib,
+            kind=SANDBOX_KIND,
+        )
+        handler_dir = self.state_dir / "sandboxes" / wid
+        box = WarmContainer(cid=container_id(stub), port=self.ports.pick(), token=secrets.token_urlsafe(32), gpus=[])
+        sandbox = Sandbox(wid, spec, WarmStub(key=wid, spec=stub, handler_dir=handler_dir), box, time.time())
+        sandbox.state = "warm"
+        try:
+            handler_dir.mkdir(parents=True, mode=0o700)
+            if self.images is not None and names_registry(spec.image):
+                await self.images.ensure(spec.image)
+            await self.launcher.boot(sandbox.group, box)
+            reader, writer = await self.client.connect(box)
+            sandbox.session = SandboxSession(reader, writer, name=wid).start()
+            sandbox.ip = (await self.launcher.state(box.cid)).ip or ""
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                log.warning("a warm sandbox did not start (%s); none is started for %g s", exc, WARM_BACKOFF_S)
+                self._warm_after = asyncio.get_running_loop().time() + WARM_BACKOFF_S
+            await asyncio.shield(self._remove(sandbox))
+            if not isinstance(exc, Exception):
+                raise  # cancelled: the worker is closing
+            return
+        finally:
+            self._warming -= 1
+        if self._closed or shape != self._shape:
+            await self._remove(sandbox)
+            return
+        self._warm.append((shape, sandbox))
+        log.debug("warm sandbox container %s is ready", box.cid)
+
+    def _discard(self, sandbox: Sandbox) -> None:
+        """Remove a warm sandbox nobody took (never reported: no create knew it)."""
+        task = asyncio.ensure_future(self._remove(sandbox))
+        task.set_name(f"levers9-sandbox-discard-{sandbox.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _confine(self, sandbox: Sandbox) -> None:
         """Cut its network (host_guard's rules for its veth, named by its container's id); SandboxRefused if not."""
@@ -835,9 +1001,16 @@ class Sandboxes:
     async def close(self) -> None:
         """End every sandbox: the worker is stopping."""
         self._closed = True
+        warm, self._warm = [s for _, s in self._warm], []
         await asyncio.gather(
-            *(self._end(s, "ended", "the worker stopped") for s in list(self._live.values())), return_exceptions=True
+            *(self._end(s, "ended", "the worker stopped") for s in list(self._live.values())),
+            *(self._remove(s) for s in warm),
+            return_exceptions=True,
         )
+        # warm sandboxes still starting are stopped (each removes what it made); discards finish
+        for task in self._warm_tasks:
+            task.cancel()
+        await asyncio.gather(*list(self._warm_tasks), *list(self._tasks), return_exceptions=True)
         # and those that ended just before, still being removed
         await asyncio.gather(*(s.ending for s in self._ended.values() if s.ending is not None), return_exceptions=True)
         for made in ("sandboxes", "sandbox-signals", "sandbox-images"):

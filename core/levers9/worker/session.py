@@ -141,6 +141,8 @@ class WorkerOptions:
     machine_identity: str = ""
     #: the most sandboxes served at once on the worker's loopback (levers9.worker.sandbox_api); 0: none
     sandboxes: int = 0
+    #: sandboxes kept started for the next creates; None: the pool's (``RegisterResponse.warm_sandboxes``)
+    sandboxes_warm: int | None = None
 
 
 #: the exit code of a worker the controlplane refuses at Register for good (another levers9 version)
@@ -382,10 +384,11 @@ class WorkerProcess:
         self.max_payload = made.max_payload
         self.pool, self.builds, self.images = made.pool, made.builds, made.images
         most = self.options.sandboxes or response.max_sandboxes
+        warm = response.warm_sandboxes if self.options.sandboxes_warm is None else self.options.sandboxes_warm
         if most > 0:
-            await self._open_sandboxes(made.pool, most)
+            await self._open_sandboxes(made.pool, most, warm=min(most, warm))
 
-    async def _open_sandboxes(self, pool: WarmPool, most: int) -> None:
+    async def _open_sandboxes(self, pool: WarmPool, most: int, *, warm: int = 0) -> None:
         """Sandboxes on the pool's runtime, served on the loopback: the pool's ``sandboxes`` as the controlplane
         sent it at registration (``max_sandboxes``), or ``LEVERS9_SANDBOXES`` on the worker, which wins."""
         from levers9.worker.sandbox_api import SandboxAPI  # uvicorn and starlette: only where switched on
@@ -396,6 +399,7 @@ class WorkerProcess:
             pool._ports,  # one picker: a sandbox's runner port is never a call's
             state_dir=pool.state_dir,
             max_sandboxes=most,
+            warm=warm,
             gpus=pool.gpu_ledger,  # one account of the worker's GPUs: a device is a call's or a sandbox's
             images=self.images,  # a sandbox's registry image is pulled as a stub's is; an image made of one pushed
         )

@@ -62,7 +62,7 @@ class MachineIdentity(_message.Message):
     def __init__(self, document: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib", "registry_url", "volumes_metadata_url", "volumes_env", "max_sandboxes")
+    __slots__ = ("worker_id", "keepalive_s", "runtime", "runtime_settings_json", "checkpoint_storage_url", "checkpoint_cache_max_bytes", "checkpoint_cache_dir", "max_payload_bytes", "session_token", "tunnel", "cpu_millicores", "memory_mib", "registry_url", "volumes_metadata_url", "volumes_env", "max_sandboxes", "warm_sandboxes")
     class VolumesEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class RegisterResponse(_message.Message):
     VOLUMES_METADATA_URL_FIELD_NUMBER: _ClassVar[int]
     VOLUMES_ENV_FIELD_NUMBER: _ClassVar[int]
     MAX_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    WARM_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     keepalive_s: float
     runtime: str
@@ -102,7 +103,8 @@ class RegisterResponse(_message.Message):
     volumes_metadata_url: str
     volumes_env: _containers.ScalarMap[str, str]
     max_sandboxes: int
-    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., registry_url: _Optional[str] = ..., volumes_metadata_url: _Optional[str] = ..., volumes_env: _Optional[_Mapping[str, str]] = ..., max_sandboxes: _Optional[int] = ...) -> None: ...
+    warm_sandboxes: int
+    def __init__(self, worker_id: _Optional[str] = ..., keepalive_s: _Optional[float] = ..., runtime: _Optional[str] = ..., runtime_settings_json: _Optional[str] = ..., checkpoint_storage_url: _Optional[str] = ..., checkpoint_cache_max_bytes: _Optional[int] = ..., checkpoint_cache_dir: _Optional[str] = ..., max_payload_bytes: _Optional[int] = ..., session_token: _Optional[str] = ..., tunnel: _Optional[bool] = ..., cpu_millicores: _Optional[int] = ..., memory_mib: _Optional[int] = ..., registry_url: _Optional[str] = ..., volumes_metadata_url: _Optional[str] = ..., volumes_env: _Optional[_Mapping[str, str]] = ..., max_sandboxes: _Optional[int] = ..., warm_sandboxes: _Optional[int] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("id", "runtime", "status", "path", "size_bytes", "gpu", "workspace_id", "stub_id")

@@ -250,6 +250,10 @@ class SandboxSession:
             self._carry = {}
         return [self._processes[n] for n in numbers]
 
+    async def configure(self, env: dict[str, str]) -> None:
+        """Set variables (and secrets) for every process started after this, over the container's own."""
+        await self._request("configure", env=dict(env), parse=_nothing)
+
     async def close(self, reason: str = "") -> None:
         """Hang up: the runner kills its processes and ends (and the container with it)."""
         self._end(SandboxGone(reason or f"the sandbox {self.name} was closed"))
