@@ -400,6 +400,48 @@ async def worker_first_exec(w: Worker, root: Path, runs: int) -> dict[str, list[
     return times
 
 
+async def until_warm(w: Worker, timeout_s: float = 120) -> None:
+    """Wait until the worker holds a warm sandbox (started behind the last create)."""
+    deadline = time.monotonic() + timeout_s
+    while not w.sandboxes._warm:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no warm sandbox was ready within {timeout_s:g} s")
+        await asyncio.sleep(0.02)
+
+
+async def worker_first_exec_warm(w: Worker, root: Path, runs: int) -> dict[str, list[float]]:
+    """As :func:`worker_first_exec`, with ``sandboxes_warm: 1``: each counted create finds a warm sandbox of its
+    shape (started behind the create before it; the bare run goes first, then the wait for it)."""
+    times: dict[str, list[float]] = defaultdict(list)
+    w.sandboxes.warm = 1
+    try:
+        first = await w.create()  # its shape is what is kept warm
+        await echo_hi(first)
+        await w.sandboxes.terminate(first.id)
+        for i in range(1, runs + 1):
+            prepare_s, run_s, exec_s = await bare_once(w, root)
+            await until_warm(w)
+            waiting = {s.box.cid for _, s in w.sandboxes._warm}
+            t0 = time.perf_counter()
+            sandbox = await w.create()
+            await echo_hi(sandbox)
+            total = time.perf_counter() - t0
+            if sandbox.box.cid not in waiting:
+                raise AssertionError("the create did not take the warm sandbox")
+            await w.sandboxes.terminate(sandbox.id)
+            times["bare"].append(run_s + exec_s)
+            times["bare run"].append(run_s)
+            times["bare exec"].append(exec_s)
+            times["prepare"].append(prepare_s)
+            times["levers9"].append(total)
+            log(
+                f"  {w.name} worker run {i}, warm: bare {(run_s + exec_s) * 1000:.0f} ms, levers9 {total * 1000:.0f} ms"
+            )
+    finally:
+        w.sandboxes.warm = 0
+    return times
+
+
 async def worker_exec_rtt(w: Worker, count: int) -> list[float]:
     sandbox = await w.create()
     try:
@@ -556,9 +598,9 @@ class Rest:
 
 
 @contextlib.contextmanager
-def levers9_up(runtime: str, root: Path) -> Iterator[Rest]:
-    home = root / f"up-{runtime}"
-    up = Up(home, runtime=runtime, min_workers=1, max_workers=1, cpu=4, sandboxes=4)
+def levers9_up(runtime: str, root: Path, *, warm: int = 0) -> Iterator[Rest]:
+    home = root / f"up-{runtime}{'-warm' if warm else ''}"
+    up = Up(home, runtime=runtime, min_workers=1, max_workers=1, cpu=4, sandboxes=4, sandboxes_warm=warm)
     http: httpx.Client | None = None
     try:
         up.start()
@@ -579,6 +621,29 @@ def levers9_up(runtime: str, root: Path) -> Iterator[Rest]:
         left = _reap(home)
         if left:
             log(f"  killed what levers9 up ({runtime}) left running: {left}")
+
+
+def rest_first_exec_warm(rest: Rest, runs: int) -> list[float]:
+    """Create to first exec over REST on a pool with ``sandboxes_warm: 1``: a first create sets the shape kept
+    warm; each counted one comes 3 s after the last (time for the worker to start the next warm sandbox)."""
+    sid = rest.create()
+    rest.output(sid, rest.start(sid, argv=["true"]))
+    rest.delete(sid)
+    times = []
+    for i in range(1, runs + 1):
+        time.sleep(3)
+        t0 = time.perf_counter()
+        sid = rest.create()
+        out, err, code = rest.output(sid, rest.start(sid, argv=["echo", "hi"]))
+        elapsed = time.perf_counter() - t0
+        rest.delete(sid)
+        if (out, err, code) != ("hi\n", "", 0):
+            raise AssertionError(f"echo hi over REST gave {out!r}, {err!r}, exit {code}")
+        times.append(elapsed)
+        log(f"  REST run {i}, warm: {elapsed * 1000:.0f} ms")
+    if "took warm container" not in rest.up.log():
+        raise AssertionError("the worker's log says no create took a warm sandbox")
+    return times
 
 
 def rest_first_exec(rest: Rest, runs: int) -> list[float]:
@@ -717,7 +782,10 @@ async def run_worker_level(args: argparse.Namespace, root: Path, out: list[str])
         async with worker(runtime, root, storage) as w:
             log(f"worker level, {runtime}: create to first exec")
             t = await worker_first_exec(w, root, args.runs)
-            out.append(ratio_rows("worker", runtime, t))
+            out.append(ratio_rows("worker, cold (a container started)", runtime, t))
+            w.parts.on = False
+            t = await worker_first_exec_warm(w, root, args.runs)
+            out.append(ratio_rows("worker, warm (`sandboxes_warm: 1`)", runtime, t))
             breakdowns += [
                 "",
                 *w.parts.table(
@@ -774,6 +842,10 @@ def run_rest_level(args: argparse.Namespace, root: Path, out: list[str]) -> None
             args.breakdowns += ["", *rest.parts.table(f"{runtime}, REST: where an exec's round trip goes", REST_STEPS)]
             if runtime == "gvisor" and "restore" in args.only:
                 args.results["restore"]["REST"] = rest_restore(rest, args.restores)
+        if runtime == "gvisor" or args.rest_all:
+            log(f"REST on levers9 up, {runtime}, sandboxes_warm: 1")
+            with levers9_up(runtime, root, warm=1) as rest:
+                args.results["first"][f"{runtime}, warm (`sandboxes_warm: 1`)"] = rest_first_exec_warm(rest, args.runs)
 
 
 def report(args: argparse.Namespace, out: list[str]) -> None:
