@@ -122,12 +122,13 @@ USER_ERRORS: Responses = _user_errors()
 _bearer = HTTPBearer(auto_error=False, description="A user token: `Authorization: Bearer l9_user_...`")
 
 
-def _services(request: Request) -> Services:
+# the dependencies are coroutines: FastAPI runs a plain function in a worker thread, a hop per request
+async def _services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
-def _dataplane(request: Request) -> DataPlane:
+async def _dataplane(request: Request) -> DataPlane:
     dataplane: DataPlane = request.app.state.dataplane
     return dataplane
 

@@ -115,7 +115,7 @@ class KillIn(_In):
     signal: int = Field(9, ge=1, le=64)
 
 
-def _service(request: Request) -> SandboxService:
+async def _service(request: Request) -> SandboxService:  # async: FastAPI runs a plain def in a thread
     service: SandboxService = request.app.state.sandboxes
     return service
 
@@ -170,10 +170,35 @@ async def update_ttl(service: Service, principal: Caller, sandbox_id: str, body:
     return await _answer(await service.relay(principal, sandbox_id, "POST", "/ttl", body=_json(body)))
 
 
-@router.post("/{sandbox_id}/processes", status_code=201, responses=_SANDBOX_ERRORS)
-async def exec_process(service: Service, principal: Caller, sandbox_id: str, body: ExecIn) -> Response:
-    """Start a process (``argv``) or Python code (``code``); its id in the sandbox."""
-    return await _answer(await service.relay(principal, sandbox_id, "POST", "/processes", body=_json(body)))
+@router.post(
+    "/{sandbox_id}/processes",
+    status_code=201,
+    responses={
+        **_SANDBOX_ERRORS,
+        201: {
+            "content": {"application/json": {}, "application/x-ndjson": {}},
+            "description": "Started: ``{process, pid, argv}``; with ``wait``, that object as the first NDJSON line, "
+            "then its output as the output route gives it, to its exit line",
+        },
+    },
+)
+async def exec_process(
+    service: Service,
+    principal: Caller,
+    sandbox_id: str,
+    body: ExecIn,
+    wait: Annotated[
+        bool, Query(description="Answer NDJSON: the process, then its output as it comes, to its exit")
+    ] = False,
+) -> Response:
+    """Start a process (``argv``) or Python code (``code``); its id in the sandbox. With ``wait`` one request
+    does what exec then the output route do: its output is this answer's (another reader is refused)."""
+    if not wait:
+        return await _answer(await service.relay(principal, sandbox_id, "POST", "/processes", body=_json(body)))
+    relayed = await service.relay(
+        principal, sandbox_id, "POST", "/processes?wait=true", body=_json(body), streamed=True
+    )
+    return StreamingResponse(relayed.body, status_code=201, media_type="application/x-ndjson")
 
 
 @router.get("/{sandbox_id}/processes", responses=_SANDBOX_ERRORS)

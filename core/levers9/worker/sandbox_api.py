@@ -28,7 +28,10 @@ Routes (JSON in and out; ``{id}`` a sandbox, ``{process}`` the sandbox's own pro
 ``DELETE /sandboxes/{id}``               terminate; its info
 ``POST /sandboxes/{id}/ttl``             ``{"seconds": s}``: it ends ``s`` from now (0: no deadline)
 ``POST /sandboxes/{id}/processes``       ``{"argv": [...]}`` or ``{"code": "..."}``, ``cwd``, ``env``;
-                                         201 ``{"process", "pid", "argv"}``
+                                         201 ``{"process", "pid", "argv"}``; with ``?wait=true`` 201 NDJSON:
+                                         that object as the first line, then the process's output as
+                                         ``.../output`` gives it, to its exit line (its output is this
+                                         answer's: another reader is 409 ``OutputBusy``)
 ``GET /sandboxes/{id}/processes``        ``{"processes": [status...]}``
 ``GET .../processes/{process}``          its status (:class:`~levers9.runner.sandbox_wire.ProcessInfo`)
 ``POST .../processes/{process}/kill``    ``{"signal": n}`` (default SIGKILL); ``{"running": bool}``
@@ -105,7 +108,7 @@ from levers9.worker.sandboxes import (
     StartFailed,
 )
 from levers9.worker.volumes import VolumeSpec
-from levers9.worker.warm.sandbox_client import SandboxError, SandboxGone, SandboxSession
+from levers9.worker.warm.sandbox_client import SandboxError, SandboxGone, SandboxProcess, SandboxSession
 
 __all__ = ["WORKSPACE_HEADER", "SandboxAPI"]
 
@@ -259,6 +262,7 @@ class SandboxAPI:
     # ----------------------------------------------------------------- routes: processes
 
     async def exec(self, request: Request) -> Response:
+        wait = _flag(request, "wait", False)
         sandbox, session = self._use(request)
         body = await _json(request)
         cwd = body.get("cwd") or sandbox.spec.workdir
@@ -277,7 +281,13 @@ class SandboxAPI:
                     raise BadInput("give argv, a non-empty list of strings (the program and its arguments), or code")
                 process = await session.exec(*argv, cwd=cwd, env=env)
         sandbox.processes[process.id] = process
-        return JSONResponse({"process": process.id, "pid": process.pid, "argv": process.argv}, status_code=201)
+        started = {"process": process.id, "pid": process.pid, "argv": process.argv}
+        if not wait:
+            return JSONResponse(started, status_code=201)
+        # its output is this answer's from the start: no other reader can take a piece of it first
+        sandbox.reading.add(process.id)
+        lines = self._lines(sandbox, process.id, process, first=_line(started))
+        return StreamingResponse(lines, status_code=201, media_type="application/x-ndjson")
 
     async def processes(self, request: Request) -> Response:
         sandbox, session = self._use(request)
@@ -310,20 +320,25 @@ class SandboxAPI:
         if number in sandbox.reading:
             raise SandboxError("output", "OutputBusy", f"the output of process {number} is being read already")
         sandbox.reading.add(number)
+        return StreamingResponse(self._lines(sandbox, number, process), media_type="application/x-ndjson")
 
-        async def lines() -> AsyncIterator[bytes]:
-            try:
-                with self.sandboxes.held(sandbox):
-                    try:
-                        async for chunk in process.output():
-                            yield _line(_chunk(chunk.stream, chunk.data, chunk.partial))
-                        yield _line({"exit": await process.wait()})
-                    except SandboxGone as exc:
-                        yield _line({"error": {"code": "SandboxGone", "message": str(exc), "path": ""}})
-            finally:
-                sandbox.reading.discard(number)
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    async def _lines(
+        self, sandbox: Sandbox, number: int, process: SandboxProcess, *, first: bytes = b""
+    ) -> AsyncIterator[bytes]:
+        """The process's output as NDJSON lines to its exit line (``first`` before them); the caller marked
+        ``number`` as being read, and it is unmarked here however the stream ends."""
+        try:
+            if first:
+                yield first
+            with self.sandboxes.held(sandbox):
+                try:
+                    async for chunk in process.output():
+                        yield _line(_chunk(chunk.stream, chunk.data, chunk.partial))
+                    yield _line({"exit": await process.wait()})
+                except SandboxGone as exc:
+                    yield _line({"error": {"code": "SandboxGone", "message": str(exc), "path": ""}})
+        finally:
+            sandbox.reading.discard(number)
 
     # ----------------------------------------------------------------- routes: files
 
