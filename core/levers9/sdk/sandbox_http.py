@@ -134,7 +134,7 @@ class SandboxHTTP:
 
     # ------------------------------------------------------------------ requests
 
-    def _unreachable(self, what: str, exc: Exception, timeout: float | None) -> SandboxConnectionError:
+    def unreachable(self, what: str, exc: Exception, timeout: float | None) -> SandboxConnectionError:
         if isinstance(exc, httpx.TimeoutException):
             reason = f"no answer within {timeout:g} s" if timeout else f"timed out ({type(exc).__name__})"
         else:
@@ -167,7 +167,7 @@ class SandboxHTTP:
                 timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
             )
         except httpx.HTTPError as exc:
-            raise self._unreachable(what, exc, timeout) from None
+            raise self.unreachable(what, exc, timeout) from None
         if response.status_code >= 400:
             raise error_for(
                 response.status_code, response.content, what=what, sandbox_id=sandbox_id, unsupported=unsupported
@@ -187,19 +187,20 @@ class SandboxHTTP:
         *,
         what: str,
         params: dict[str, str] | None = None,
+        json: Any = None,
         read_timeout: float | None = REQUEST_TIMEOUT_S,
         sandbox_id: str = "",
     ) -> AsyncIterator[httpx.Response]:
         """A streamed answer, its status checked; ``read_timeout`` None waits for each piece as long as it takes."""
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S, read=read_timeout)
         try:
-            async with self._http().stream(method, path, params=params, timeout=timeout) as response:
+            async with self._http().stream(method, path, params=params, json=json, timeout=timeout) as response:
                 if response.status_code >= 400:
                     body = await response.aread()
                     raise error_for(response.status_code, body, what=what, sandbox_id=sandbox_id)
                 yield response
         except httpx.HTTPError as exc:
-            raise self._unreachable(what, exc, read_timeout) from None
+            raise self.unreachable(what, exc, read_timeout) from None
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -9,6 +9,11 @@ held up by a full output window while nobody iterates), one found by ``list_proc
 of its output or ``wait``. If another program is reading it already (409 OutputBusy), ``wait`` and
 ``status`` still work (the exit code is polled) and its streams raise that error.
 
+``exec`` and ``run_code`` start a process with one request that waits (``POST .../processes?wait=true``):
+its answer's first line is the process, returned as soon as it comes, and the rest, its output to its exit
+line, is read in the background as the output route's would be. A controlplane that answers the plain start
+(JSON, no ``wait``) is read as before: the output apart, with the output route.
+
 ``wait`` waits for the process's end on its output stream (no polling), ``wait(timeout)`` raises
 :class:`~levers9.sdk.sandbox_errors.ProcessTimeout` with the process still running, and a sandbox that
 ends under the process raises :class:`~levers9.sdk.sandbox_errors.SandboxEnded` (or ``SandboxGone``)
@@ -18,13 +23,16 @@ naming it. ``.aio`` on the manager and on a process gives the same operations as
 from __future__ import annotations
 
 import asyncio
+import json
 import signal as signals
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
+
 from levers9.sdk.sandbox_errors import ProcessTimeout, SandboxError, SandboxProcessError, SandboxRequestError
-from levers9.sdk.sandbox_http import SandboxRef
+from levers9.sdk.sandbox_http import REQUEST_TIMEOUT_S, SandboxRef
 from levers9.sdk.sandbox_output import BOTH, ProcessOutput, SandboxProcessStream, read_output
 
 __all__ = [
@@ -101,20 +109,38 @@ class SandboxProcess:
             ) as response:
                 yield response.aiter_lines()
 
-        async def busy(_: SandboxError) -> int | None:
-            while True:
-                code, state = await self._status()
-                if state != "running":
-                    return code
-                await asyncio.sleep(BUSY_POLL_S)
-
         await read_output(
             lines,
             self._output,
             what=f"output of {self._what}",
             sandbox_id=sandbox.id,
-            on_busy=busy,
+            on_busy=self._busy,
             on_break=sandbox.explain,
+        )
+
+    async def _busy(self, _: SandboxError) -> int | None:
+        """The exit code, polled: another program reads the output."""
+        while True:
+            code, state = await self._status()
+            if state != "running":
+                return code
+            await asyncio.sleep(BUSY_POLL_S)
+
+    async def _read_rest(self, lines: AsyncIterator[str]) -> None:
+        """Read the output from ``lines``, the rest of the exec's own answer (one that waits), to its end."""
+        sandbox = self._sandbox
+        self._started = True
+        what = f"output of {self._what}"
+
+        @asynccontextmanager
+        async def rest() -> AsyncIterator[AsyncIterator[str]]:
+            try:
+                yield lines
+            except httpx.HTTPError as exc:
+                raise sandbox.http.unreachable(what, exc, None) from None
+
+        await read_output(
+            rest, self._output, what=what, sandbox_id=sandbox.id, on_busy=self._busy, on_break=sandbox.explain
         )
 
     def _view(self, name: str) -> SandboxProcessStream:
@@ -233,6 +259,23 @@ class AsyncSandboxProcess:
         return await self.sync._sandbox.http.run_async(self.sync._status())
 
 
+#: the exec answers being read in the background (a task the loop alone refers to could be collected)
+_readers: set[asyncio.Future[None]] = set()
+
+
+def _started(raw: bytes, what: str) -> dict[str, Any]:
+    """The started process's fields (``process``, ``pid``, ``argv``) out of the exec's answer or its first line."""
+    try:
+        info = json.loads(raw)
+        int(info["process"])
+    except (ValueError, KeyError, TypeError):
+        raise SandboxError(
+            f"{what}: the controlplane's answer is not a started process: {raw[:200]!r}", status=201
+        ) from None
+    started: dict[str, Any] = info
+    return started
+
+
 def _check_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
     if env is None:
         return None
@@ -265,10 +308,52 @@ class SandboxProcessManager:
         return process
 
     async def _start(self, body: dict[str, Any], what: str) -> SandboxProcess:
-        answer = await self._sandbox.request("POST", "/processes", what=what, json=body)
-        process = self._known(answer)
-        process._read()
-        return process
+        """Start it with one request that waits (``?wait=true``): its answer is the process, then its output
+        to its exit, read in the background; the process is returned once the first line came."""
+        started: asyncio.Future[SandboxProcess] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._exec_waiting(body, what, started))
+        _readers.add(task)
+        task.add_done_callback(_readers.discard)
+        try:
+            return await asyncio.shield(started)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+
+    async def _exec_waiting(self, body: dict[str, Any], what: str, started: asyncio.Future[SandboxProcess]) -> None:
+        sandbox = self._sandbox
+        path = sandbox.path("/processes")
+        try:
+            async with sandbox.http.stream(
+                "POST", path, what=what, params={"wait": "true"}, json=body, read_timeout=None, sandbox_id=sandbox.id
+            ) as response:
+                if not response.headers.get("content-type", "").startswith("application/x-ndjson"):
+                    # a controlplane without the exec that waits answers the plain start: read the output apart
+                    process = self._known(_started(await response.aread(), what))
+                    process._read()
+                    started.set_result(process)
+                    return
+                lines = response.aiter_lines()
+                try:
+                    first = await asyncio.wait_for(anext(lines), REQUEST_TIMEOUT_S)
+                except TimeoutError:
+                    timeout = httpx.ReadTimeout(f"no answer within {REQUEST_TIMEOUT_S:g} s")
+                    raise sandbox.http.unreachable(what, timeout, REQUEST_TIMEOUT_S) from None
+                except StopAsyncIteration:
+                    raise SandboxError(f"{what}: the controlplane's answer (201) is empty", status=201) from None
+                process = self._known(_started(first.encode(), what))
+                started.set_result(process)
+                await process._read_rest(lines)
+        except asyncio.CancelledError:
+            started.cancel()
+            raise
+        except BaseException as exc:  # before the first line: the caller's error; after it, the output's
+            if not started.done():
+                if isinstance(exc, httpx.HTTPError):
+                    exc = sandbox.http.unreachable(what, exc, REQUEST_TIMEOUT_S)
+                started.set_exception(exc)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
 
     @staticmethod
     def _exec_body(args: Sequence[str], cwd: str | None, env: Mapping[str, str] | None) -> dict[str, Any]:
