@@ -702,10 +702,16 @@ class SandboxService:
         content_type: str = "application/json",
         streamed: bool = False,
     ) -> WorkerAnswer:
-        gone = await self._worker_gone(record)
+        # two Redis reads at once (each a round trip); a worker that left wins over its host's problem
+        gone, host = await asyncio.gather(
+            self._worker_gone(record), self._host(record.worker_id), return_exceptions=True
+        )
+        if isinstance(gone, BaseException):
+            raise gone
         if gone:
             raise SandboxProblem(409, "sandbox_gone", gone)
-        host = await self._host(record.worker_id)
+        if isinstance(host, BaseException):
+            raise host
         try:
             return await self.link.request(
                 record.worker_id,
