@@ -550,7 +550,7 @@ class OciEngine(ContainerRecords):
         if (cdir / shim.PID_FILE).exists() and self._exit(container_id) is None:
             with contextlib.suppress(Levers9Error, subprocess.TimeoutExpired):
                 self.kill(container_id, signal.SIGKILL)
-        self._wait_for_shim(container_id)
+        self._wait_for_shim(container_id, until_gone=True)  # a removed container leaves no process, its shim neither
         self._run(container_id, "delete", "--force", timeout=60)
         # whatever the runtime no longer knows about but still runs (a crash half way) goes too
         for name in (CONTAINER_PID, shim.CHILD_FILE):

@@ -274,7 +274,9 @@ class ProcessEngine(ContainerRecords):
         cdir = self._dir(container_id)
         if (cdir / shim.PID_FILE).exists() and self._exit(container_id) is None:
             self.kill(container_id, signal.SIGKILL)
-        self._wait_for_shim(container_id)
+        # until the shim is gone, not just until it wrote how the container ended: a removed container leaves no
+        # process (run 9 beside a CPU hog found a shim still finishing after remove had returned)
+        self._wait_for_shim(container_id, until_gone=True)
         # what the command started and left behind lives on in its process group after it exits
         child = _pid(cdir / shim.CHILD_FILE)
         if child:
