@@ -676,7 +676,7 @@ class Sandboxes:
             await self._remove(sandbox)
             return
         self._warm.append((shape, sandbox))
-        log.debug("warm sandbox container %s is ready", box.cid)
+        log.info("warm sandbox container %s is ready", box.cid)
 
     def _discard(self, sandbox: Sandbox) -> None:
         """Remove a warm sandbox nobody took (never reported: no create knew it)."""
