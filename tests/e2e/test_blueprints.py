@@ -14,7 +14,6 @@ import gzip
 import json
 import re
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Callable
@@ -144,16 +143,7 @@ def test_a_step_secret_reaches_the_step_only(levers9_up: Up, debian_base: BaseLa
     levers9_up.builds = True
     levers9_up.start()
     secret = "s3cr3t-value-never-in-a-layer"
-    made = subprocess.run(
-        [sys.executable, "-m", "levers9", "secret", "create", "TOKEN"],
-        input=secret,
-        env=levers9_up.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=levers9_up.root,
-    )
-    assert made.returncode == 0, made.stderr
+    levers9_up.secret("TOKEN", secret)
     app = levers9_up.root / "secretive.py"
     app.write_text(
         textwrap.dedent("""\
@@ -246,16 +236,7 @@ def test_a_blueprint_on_a_registry_base(
         assert copied.returncode == 0, copied.stderr
         base_ref = f"{private.address}/team/base@{digest}"
         for name, value in (("REG_USER", "puller"), ("REG_PASSWORD", "pa55word")):
-            made = subprocess.run(
-                [sys.executable, "-m", "levers9", "secret", "create", name],
-                input=value,
-                env=levers9_up.env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                cwd=levers9_up.root,
-            )
-            assert made.returncode == 0, made.stderr
+            levers9_up.secret(name, value)
         credentials = ', credentials=["REG_USER", "REG_PASSWORD"]'
     app = levers9_up.root / "layered.py"
     app.write_text(

@@ -10,8 +10,6 @@ bucket refuses writes. Nothing stays mounted once `up` has stopped.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from levers9.volumes.juicefs import fuse_mounts_below
 from tests.fixtures.levers9_up import Up
@@ -58,16 +56,7 @@ def test_a_function_reads_and_writes_a_cloud_bucket_and_a_read_only_one_refuses_
     levers9_up.use_runtime("runc")
     levers9_up.start()
     for name, value in (("BUCKET_KEY", ACCESS_KEY), ("BUCKET_SECRET", SECRET_KEY)):
-        made = subprocess.run(
-            [sys.executable, "-m", "levers9", "secret", "create", name],
-            input=value,
-            env=levers9_up.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=levers9_up.root,
-        )
-        assert made.returncode == 0, made.stderr
+        levers9_up.secret(name, value)
     app = levers9_up.root / "bucket_app.py"
     app.write_text(APP.format(endpoint=moto_s3.endpoint, bucket=bucket))
     run = levers9_up.levers9("run", f"{app.name}::main", timeout=600)

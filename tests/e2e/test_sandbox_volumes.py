@@ -10,8 +10,6 @@ moto's S3 server at the wire, its keys in workspace secrets, mounted by the work
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -81,16 +79,7 @@ def test_a_sandbox_reads_and_writes_a_cloud_bucket_whose_keys_it_never_sees(leve
     levers9_up.sandboxes = 2
     levers9_up.start()
     for name, value in (("BUCKET_KEY", ACCESS_KEY), ("BUCKET_SECRET", SECRET_KEY)):
-        made = subprocess.run(
-            [sys.executable, "-m", "levers9", "secret", "create", name],
-            input=value,
-            env=levers9_up.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=levers9_up.root,
-        )
-        assert made.returncode == 0, made.stderr
+        levers9_up.secret(name, value)
     config = {
         "access_key": "BUCKET_KEY",
         "secret_key": "BUCKET_SECRET",

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import subprocess
-import sys
 import time
 
 import httpx
@@ -47,16 +45,7 @@ def test_the_next_create_of_a_shape_takes_the_warm_sandbox_with_its_own_secrets(
     levers9_up.sandboxes, levers9_up.sandboxes_warm = 2, 1
     levers9_up.min_workers = levers9_up.max_workers = 1
     levers9_up.start()
-    made = subprocess.run(
-        [sys.executable, "-m", "levers9", "secret", "create", "API_TOKEN"],
-        input="t0ken-of-the-second",
-        env=levers9_up.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=levers9_up.root,
-    )
-    assert made.returncode == 0, made.stderr
+    levers9_up.secret("API_TOKEN", "t0ken-of-the-second")
     shape = {"cpu_millicores": 250, "memory_mib": 256}
     with contextlib.closing(_client(levers9_up)) as client:
         first = _create(client, env={"WHO": "first"}, **shape)
