@@ -373,6 +373,22 @@ async def bare_once(w: Worker, root: Path) -> tuple[float, float, float]:
         shutil.rmtree(handler_dir, ignore_errors=True)
 
 
+def record_first_exec(
+    times: dict[str, list[float]], bare: tuple[float, float, float], total: float, label: str
+) -> None:
+    """One run's figures: the bare (prepare, run, exec) beside levers9's create to first exec, all seconds."""
+    prepare_s, run_s, exec_s = bare
+    times["bare"].append(run_s + exec_s)
+    times["bare run"].append(run_s)
+    times["bare exec"].append(exec_s)
+    times["prepare"].append(prepare_s)
+    times["levers9"].append(total)
+    log(
+        f"  {label}: bare {(run_s + exec_s) * 1000:.0f} ms (+ prepare {prepare_s * 1000:.0f}), "
+        f"levers9 {total * 1000:.0f} ms"
+    )
+
+
 async def worker_first_exec(w: Worker, root: Path, runs: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = defaultdict(list)
     for i in range(runs + 1):
@@ -388,15 +404,7 @@ async def worker_first_exec(w: Worker, root: Path, runs: int) -> dict[str, list[
         if i == 0:  # the warm-up
             w.parts.runs.pop()
             continue
-        times["bare"].append(run_s + exec_s)
-        times["bare run"].append(run_s)
-        times["bare exec"].append(exec_s)
-        times["prepare"].append(prepare_s)
-        times["levers9"].append(total)
-        log(
-            f"  {w.name} worker run {i}: bare {(run_s + exec_s) * 1000:.0f} ms (+ prepare {prepare_s * 1000:.0f}), "
-            f"levers9 {total * 1000:.0f} ms"
-        )
+        record_first_exec(times, (prepare_s, run_s, exec_s), total, f"{w.name} worker run {i}")
     return times
 
 
@@ -429,14 +437,7 @@ async def worker_first_exec_warm(w: Worker, root: Path, runs: int) -> dict[str, 
             if sandbox.box.cid not in waiting:
                 raise AssertionError("the create did not take the warm sandbox")
             await w.sandboxes.terminate(sandbox.id)
-            times["bare"].append(run_s + exec_s)
-            times["bare run"].append(run_s)
-            times["bare exec"].append(exec_s)
-            times["prepare"].append(prepare_s)
-            times["levers9"].append(total)
-            log(
-                f"  {w.name} worker run {i}, warm: bare {(run_s + exec_s) * 1000:.0f} ms, levers9 {total * 1000:.0f} ms"
-            )
+            record_first_exec(times, (prepare_s, run_s, exec_s), total, f"{w.name} worker run {i}, warm")
     finally:
         w.sandboxes.warm = 0
     return times
