@@ -53,6 +53,7 @@ async def test_a_sandbox_takes_the_pools_idle_gpus_and_a_waiting_call_gets_them_
         assert await _env(s, created["id"], "NVIDIA_VISIBLE_DEVICES") == "GPU-sandbox-test-0,GPU-sandbox-test-1"
         assert await _env(s, created["id"], "CUDA_VISIBLE_DEVICES") == "0,1"
         assert not any(g.containers for g in world.pool._stubs.values())  # the idle one was stopped for it
+        assert world.pool.stopped_for_room_total == 1
 
         waiting = asyncio.ensure_future(world.value(kept))
         done, _ = await asyncio.wait({waiting}, timeout=1.0)

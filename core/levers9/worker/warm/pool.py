@@ -120,6 +120,8 @@ class WarmPool:
         self.client = RunnerClient(self.launcher, max_result_bytes=max_result_bytes, start_timeout_s=start_timeout_s)
         #: containers started since the pool was made, for tests and metrics
         self.started_total = 0
+        #: idle containers stopped to make room for another stub's call (or a sandbox's GPUs), for tests and metrics
+        self.stopped_for_room_total = 0
         self._stubs: dict[str, WarmStub] = {}
         self._keys: dict[int, tuple[StubSpec, str]] = {}
         self._calls: dict[str, tuple[WarmStub, QueuedCall]] = {}
@@ -319,6 +321,7 @@ class WarmPool:
         needs_gpus = self.gpu_ledger.free < group.spec.gpu_count
         victim = idle_to_stop(self._stubs.values(), group, needs_gpus=needs_gpus)
         if victim is not None:
+            self.stopped_for_room_total += 1
             self._request_stop(victim, "making room for another function")
 
     def _launch(self, group: WarmStub) -> None:
@@ -358,6 +361,7 @@ class WarmPool:
             if coming >= needed:
                 break
             coming += len(box.gpus)
+            self.stopped_for_room_total += 1
             self._request_stop(box, "making room for a sandbox")
         return coming
 
