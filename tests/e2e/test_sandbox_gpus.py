@@ -17,10 +17,18 @@ import httpx
 import pytest
 
 from levers9.testing import install_nvidia_smi, nvidia_smi
-from tests.e2e.test_sandboxes import _client, _create, _error, _exec, _output
+from tests.e2e.test_sandboxes import _client, _error, _exec, _output
 from tests.fixtures.levers9_up import Up, _finish
 
 pytestmark = pytest.mark.e2e
+
+
+def _create(client: httpx.Client, **fields: object) -> dict[str, object]:
+    """A sandbox made for this test (its `levers9 up`, stopped at the end, ends it)."""
+    answer = client.post("/sandboxes", json={"timeout_s": 300, **fields})
+    assert answer.status_code == 201, answer.text
+    info: dict[str, object] = answer.json()
+    return info
 
 
 @pytest.fixture
@@ -62,7 +70,7 @@ def test_gpu_sandboxes_take_the_workers_gpus_by_preference_and_say_when_none_is_
         assert (status, kind) == (503, "no_sandbox_worker")
         assert "1x H100" in message
         assert "no room for" in message
-        assert "1 H100" in message
+        assert "and 1 H100" in message
         status, kind, message = _error(client.post("/sandboxes", json={"gpu": "A100-80"}))
         assert (status, kind) == (503, "no_sandbox_worker")
         assert "has 2 H100; the sandbox takes 1x A100-80" in message

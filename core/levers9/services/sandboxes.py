@@ -283,8 +283,9 @@ class SandboxService:
             hold, worker_id, cpu=room[0], mem=room[1], gpus=place.gpus, now_ms=now(), workspace=workspace_id
         )
         if not held:
-            wanted = f", {place.gpus} {place.gpu}" if place.gpus else ""
-            asked.append(f"worker {worker_id} of pool {pool}: no room for {room[0]} millicores, {room[1]} MiB{wanted}")
+            wanted = f"{room[0]} millicores, {room[1]} MiB and {place.gpus} {place.gpu}" if place.gpus else ""
+            wanted = wanted or f"{room[0]} millicores and {room[1]} MiB"
+            asked.append(f"worker {worker_id} of pool {pool}: no room for {wanted}")
             return None
         try:
             host = await self._host(worker_id)
