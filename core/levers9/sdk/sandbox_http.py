@@ -14,7 +14,8 @@ So one ``httpx.AsyncClient`` per context serves both, on the loop that made it.
 Invariant, no hangs: every request has a timeout (:data:`REQUEST_TIMEOUT_S`, :data:`CREATE_TIMEOUT_S`
 for a start, which may pull an image; a file transfer's timeout bounds each read and write, not the
 whole file) except the NDJSON output stream, which ends when its process does or carries an error
-when the sandbox goes first. A failure to reach the controlplane is a
+when the sandbox goes first (an exec that waits is one too, after its first line, which must come within
+:data:`REQUEST_TIMEOUT_S`). A failure to reach the controlplane is a
 :class:`~levers9.sdk.sandbox_errors.SandboxConnectionError` naming the URL and the context; a refusal
 is the exception :func:`~levers9.sdk.sandbox_errors.error_for` picks from its error body.
 """
