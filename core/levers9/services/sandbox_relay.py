@@ -181,7 +181,8 @@ class WorkerLink:
         content_type: str = "application/json",
         streamed: bool = False,
     ) -> WorkerAnswer:
-        """``method path`` on the worker; ``streamed`` answers (process output) have no read timeout."""
+        """``method path`` on the worker; ``streamed`` answers (process output) have no read timeout once
+        their head came (within :data:`ANSWER_TIMEOUT_S`, as every answer's)."""
         headers = [
             (b"Authorization", f"Bearer {secret}".encode()),
             (WORKSPACE_HEADER.encode(), workspace_id.encode()),
@@ -199,11 +200,16 @@ class WorkerLink:
         }
         url = f"http://{worker_id}:{port}{path}"
         stream = self._pool.stream(method, url, headers=headers, content=body, extensions={"timeout": timeouts})
+        # a streamed answer's head is bounded all the same (an exec that waits answers once its process
+        # started); an upload's is not, its body goes first and may take long
+        head_s = ANSWER_TIMEOUT_S if streamed and isinstance(body, bytes) else None
         try:
-            response = await stream.__aenter__()
-        except httpcore.TimeoutException as exc:
+            async with asyncio.timeout(head_s):
+                response = await stream.__aenter__()
+        except (httpcore.TimeoutException, TimeoutError) as exc:
             await stream.__aexit__(None, None, None)
-            raise WorkerUnreachable(f"worker {worker_id} did not answer in time ({exc})") from None
+            why = str(exc) or f"no answer within {ANSWER_TIMEOUT_S:g} s"
+            raise WorkerUnreachable(f"worker {worker_id} did not answer in time ({why})") from None
         except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
             await stream.__aexit__(None, None, None)
             raise WorkerUnreachable(f"worker {worker_id}'s sandbox server cannot be reached: {exc}") from None
