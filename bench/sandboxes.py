@@ -689,6 +689,28 @@ def rest_exec_rtt(rest: Rest, count: int) -> list[float]:
         rest.delete(sid)
 
 
+def rest_exec_wait_rtt(rest: Rest, count: int) -> list[float]:
+    """An exec's round trip in one request, as the SDK makes it: ``POST .../processes?wait=true``, its NDJSON
+    answer read to the exit line (the process first, then its output)."""
+    sid = rest.create()
+    try:
+        times = []
+        for i in range(count + 10):
+            t0 = time.perf_counter()
+            with rest.http.stream("POST", f"/sandboxes/{sid}/processes?wait=true", json={"argv": ["true"]}) as answer:
+                if answer.status_code != 201:
+                    raise AssertionError(f"exec with wait: {answer.status_code} {answer.read()!r}")
+                lines = [json.loads(line) for line in answer.iter_lines() if line]
+            elapsed = time.perf_counter() - t0
+            if "process" not in lines[0] or lines[-1] != {"exit": 0} or len(lines) != 2:
+                raise AssertionError(f"true with wait over REST gave {lines}")
+            if i >= 10:
+                times.append(elapsed)
+        return times
+    finally:
+        rest.delete(sid)
+
+
 def rest_restore(rest: Rest, runs: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = defaultdict(list)
     for i in range(runs + 1):
@@ -840,7 +862,10 @@ def run_rest_level(args: argparse.Namespace, root: Path, out: list[str]) -> None
                 args.results["first"][runtime] = t
                 args.breakdowns += ["", *rest.parts.table(f"{runtime}, REST: where create to first exec goes", steps)]
             rest.parts.runs = []
-            args.results["rtt"][f"{runtime}, REST"] = rest_exec_rtt(rest, args.execs)
+            args.results["rtt"][f"{runtime}, REST, two requests (start, then output)"] = rest_exec_rtt(rest, args.execs)
+            args.results["rtt"][f"{runtime}, REST, one request (`?wait=true`, what the SDK sends)"] = (
+                rest_exec_wait_rtt(rest, args.execs)
+            )
             args.breakdowns += ["", *rest.parts.table(f"{runtime}, REST: where an exec's round trip goes", REST_STEPS)]
             if runtime == "gvisor" and "restore" in args.only:
                 args.results["restore"]["REST"] = rest_restore(rest, args.restores)
