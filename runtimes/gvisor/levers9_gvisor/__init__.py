@@ -66,6 +66,7 @@ import secrets
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -436,9 +437,13 @@ def remove_probe(runsc: str, root: Path, probe_id: str, netns: str, *, timeout_s
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("gvisor: deleting probe sandbox %s failed (%s); killing its processes", probe_id, exc)
-    for pid in _probe_processes(probe_id, netns):
+    killed = _probe_processes(probe_id, netns)
+    for pid in killed:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10  # a cgroup with a process still in it cannot be removed
+    while any(Path(f"/proc/{pid}").exists() for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
     _remove_probe_cgroups(probe_id)
