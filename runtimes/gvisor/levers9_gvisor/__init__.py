@@ -442,11 +442,20 @@ def remove_probe(runsc: str, root: Path, probe_id: str, netns: str, *, timeout_s
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10  # a cgroup with a process still in it cannot be removed
-    while any(Path(f"/proc/{pid}").exists() for pid in killed) and time.monotonic() < deadline:
+    while any(_running(pid) for pid in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
     _remove_probe_cgroups(probe_id)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has: it is in no cgroup any more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
 def _probe_processes(probe_id: str, netns: str) -> list[int]:
