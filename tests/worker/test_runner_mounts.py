@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import cloudpickle
@@ -21,7 +22,8 @@ CLOUDPICKLE = Path(cloudpickle.__file__).parent
 
 
 def _tree_files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
+    """The sources in the tree (its bytecode, compiled for this Python, is checked apart)."""
+    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir() and p.suffix != ".pyc"}
 
 
 def test_the_tree_holds_the_runner_what_it_imports_and_cloudpickle_and_nothing_else(tmp_path: Path) -> None:
@@ -40,6 +42,10 @@ def test_the_tree_holds_the_runner_what_it_imports_and_cloudpickle_and_nothing_e
         source = (PACKAGE / rel.removeprefix("levers9/")) if rel.startswith("levers9/") else CLOUDPICKLE.parent / rel
         assert copy.read_bytes() == source.read_bytes(), rel
     assert all(stat.S_IMODE(d.stat().st_mode) == 0o755 for d in [tree, *tree.rglob("*")] if d.is_dir())
+    # every source has its bytecode for this Python beside it, so a container's Python compiles nothing
+    tag = sys.implementation.cache_tag
+    compiled = {str(p.relative_to(tree)) for p in tree.rglob("*.pyc")}
+    assert compiled == {str(Path(rel).parent / "__pycache__" / f"{Path(rel).stem}.{tag}.pyc") for rel in expected}
 
 
 def test_a_second_start_reuses_the_tree_and_leaves_no_scratch(tmp_path: Path) -> None:

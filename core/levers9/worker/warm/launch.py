@@ -54,6 +54,7 @@ Connecting to the runner once it is up is :mod:`levers9.worker.warm.runner_clien
 from __future__ import annotations
 
 import asyncio
+import compileall
 import contextlib
 import hashlib
 import importlib.util
@@ -378,7 +379,7 @@ def container_tree(copies: Path) -> Path:
     found = _package_dirs()
     files = {f"levers9/{rel}": src for rel, src in _container_files(Path(found["levers9"])).items()}
     files |= {f"cloudpickle/{rel}": src for rel, src in _package_files(Path(found["cloudpickle"])).items()}
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"compiled by {sys.implementation.cache_tag}\0".encode())
     for rel in sorted(files):
         digest.update(rel.encode() + b"\0" + files[rel].read_bytes() + b"\0")
     target = copies / digest.hexdigest()[:16]
@@ -390,9 +391,15 @@ def container_tree(copies: Path) -> Path:
         (scratch / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         shutil.copyfile(src, scratch / rel)
         (scratch / rel).chmod(0o644)
+    # Compiled once here, for this worker's Python (the host image's): a container's Python reads the bytecode
+    # instead of compiling every module of the runner and cloudpickle at each start, since it cannot write any
+    # (the tree is mounted read-only). Another Python version finds no bytecode of its own and compiles, as before.
+    compileall.compile_dir(str(scratch), quiet=2, workers=1)
     for path in [scratch, *scratch.rglob("*")]:
         if path.is_dir():
             path.chmod(0o755)
+        else:
+            path.chmod(0o644)
     try:
         os.replace(scratch, target)
     except OSError:
