@@ -18,17 +18,10 @@ import pytest
 
 from levers9.testing import install_nvidia_smi, nvidia_smi
 from tests.e2e.test_sandboxes import _client, _error, _exec, _output
+from tests.e2e.test_sandboxes import create_sandbox as _create
 from tests.fixtures.levers9_up import Up, _finish
 
 pytestmark = pytest.mark.e2e
-
-
-def _create(client: httpx.Client, **fields: object) -> dict[str, object]:
-    """A sandbox made for this test (its `levers9 up`, stopped at the end, ends it)."""
-    answer = client.post("/sandboxes", json={"timeout_s": 300, **fields})
-    assert answer.status_code == 201, answer.text
-    info: dict[str, object] = answer.json()
-    return info
 
 
 @pytest.fixture

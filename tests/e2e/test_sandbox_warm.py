@@ -16,17 +16,10 @@ import httpx
 import pytest
 
 from tests.e2e.test_sandboxes import _client, _exec, _output
+from tests.e2e.test_sandboxes import create_sandbox as _create
 from tests.fixtures.levers9_up import Up
 
 pytestmark = pytest.mark.e2e
-
-
-def _create(client: httpx.Client, **fields: object) -> dict[str, object]:
-    """A sandbox made for this test (its `levers9 up`, stopped at the end, ends it)."""
-    answer = client.post("/sandboxes", json={"timeout_s": 300, **fields})
-    assert answer.status_code == 201, answer.text
-    info: dict[str, object] = answer.json()
-    return info
 
 
 def _worker_log(up: Up) -> str:

@@ -66,10 +66,17 @@ _made: list[tuple[httpx.Client, object]] = []
 
 
 def _create(client: httpx.Client, **fields: object) -> dict[str, object]:
+    """A sandbox made for a test of this module; the autouse fixture terminates it after the test."""
+    info = create_sandbox(client, **fields)
+    _made.append((client, info["id"]))
+    return info
+
+
+def create_sandbox(client: httpx.Client, **fields: object) -> dict[str, object]:
+    """A sandbox made over REST (300 s to live unless ``fields`` say otherwise), its info."""
     answer = client.post("/sandboxes", json={"timeout_s": 300, **fields})
     assert answer.status_code == 201, answer.text
     info: dict[str, object] = answer.json()
-    _made.append((client, info["id"]))
     return info
 
 

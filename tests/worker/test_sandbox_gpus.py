@@ -12,24 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from levers9.hooks.types import GpuDevice
 from tests.worker.test_pool import PYTHON, _world, call_of
 from tests.worker.test_sandboxes import Served, _error, served_on
+from tests.worker.test_sandboxes import until as _until
 
 GPUS = [
     GpuDevice(index=i, uuid=f"GPU-sandbox-test-{i}", model="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in (0, 1)
 ]
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 60) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "the condition never held"
-        await asyncio.sleep(0.05)
 
 
 async def _env(s: Served, sid: str, name: str) -> str:

@@ -9,8 +9,6 @@ snapshots), starts its own. The world's leftover check (tests/worker/test_pool.p
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,14 +17,7 @@ from levers9.worker.sandboxes import Sandboxes
 from levers9.worker.warm.sandbox_client import SandboxError
 from tests.worker.test_pool import _world
 from tests.worker.test_sandboxes import Served, served_on
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 120) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "the condition never held"
-        await asyncio.sleep(0.05)
+from tests.worker.test_sandboxes import until as _until
 
 
 def _warm(sandboxes: Sandboxes) -> list[str]:

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,15 @@ async def served_on(world: World, **kw: Any) -> AsyncIterator[Served]:
         await api.close()
         await sandboxes.close()
         assert not (pool.state_dir / "sandboxes").exists()
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 120) -> None:
+    """Wait until ``condition()`` holds, failing after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "the condition never held"
+        await asyncio.sleep(0.05)
 
 
 def _error(answer: httpx.Response) -> tuple[int, str, str]:
