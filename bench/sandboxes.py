@@ -429,7 +429,7 @@ async def worker_first_exec_warm(w: Worker, root: Path, runs: int) -> dict[str, 
         for i in range(1, runs + 1):
             prepare_s, run_s, exec_s = await bare_once(w, root)
             await until_warm(w)
-            waiting = {s.box.cid for _, s in w.sandboxes._warm}
+            waiting = {s.box.cid for s in w.sandboxes._warm}
             t0 = time.perf_counter()
             sandbox = await w.create()
             await echo_hi(sandbox)

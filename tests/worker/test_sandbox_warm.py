@@ -22,7 +22,7 @@ from tests.worker.test_sandboxes import until as _until
 
 def _warm(sandboxes: Sandboxes) -> list[str]:
     """The container ids of the warm sandboxes waiting now."""
-    return [sandbox.box.cid for _, sandbox in sandboxes._warm]
+    return [sandbox.box.cid for sandbox in sandboxes._warm]
 
 
 async def _sh(s: Served, sid: str, script: str) -> str:
@@ -51,7 +51,7 @@ async def test_the_next_create_of_a_shape_takes_a_warm_sandbox_with_its_own_vari
         assert len(sandboxes._live) == 2  # warm ones are not counted as the worker's sandboxes
 
         # a bad configure is refused by the runner, naming the field (the worker never sends one)
-        [(_, spare)] = sandboxes._warm
+        [spare] = sandboxes._warm
         assert spare.session is not None
         with pytest.raises(SandboxError, match="configure: env must map strings to strings"):
             await spare.session._request("configure", env={"A": 1}, parse=lambda frame: None)
@@ -78,7 +78,7 @@ async def test_another_shape_or_network_rules_start_their_own_and_a_dead_warm_on
         assert _warm(sandboxes) == [larger]
 
         # the warm container dies while it waits: the next create starts its own, and a new one is warmed
-        [(_, waiting)] = sandboxes._warm
+        [waiting] = sandboxes._warm
         assert waiting.session is not None
         await s.sandboxes.launcher.stop(waiting.box, hung_up=False)
         await _until(lambda: waiting.session is not None and waiting.session.gone is not None)

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from levers9.gpu.catalog import canonical
 
-__all__ = ["ALLOWED_GPU_COUNTS", "DEFAULT_FALLBACK_AFTER_S", "GpuRequest", "parse_gpu"]
+__all__ = ["ALLOWED_GPU_COUNTS", "DEFAULT_FALLBACK_AFTER_S", "GpuRequest", "parse_gpu", "parse_gpu_or_count"]
 
 #: GPUs per job. A job runs on one machine and machines carry 1, 2, 4 or 8 GPUs; these
 #: sizes match how GPUs are wired inside a machine (NVLink or PCIe-switch pairs and quads),
@@ -228,6 +228,23 @@ def parse_gpu(
         fallback_cpu=fallback_cpu,
         fallback_after_s=DEFAULT_FALLBACK_AFTER_S if fallback_after is None else float(fallback_after),
     )
+
+
+def parse_gpu_or_count(gpu: str | Sequence[str] | None, gpu_count: int | None) -> GpuRequest:
+    """:func:`parse_gpu` for a request where a count alone asks for GPUs of any type (a sandbox's
+    ``gpu_count=2``) and ``gpu_count=0`` without a ``gpu`` for none.
+
+    :raises ValueError: naming the field first (``gpu: ...`` or ``gpu_count: ...``), then what is accepted.
+    """
+    if gpu is None and isinstance(gpu_count, int) and not isinstance(gpu_count, bool) and gpu_count > 0:
+        gpu = "any"
+    if gpu is None and gpu_count == 0:
+        gpu_count = None
+    try:
+        return parse_gpu(gpu, gpu_count=gpu_count)
+    except (TypeError, ValueError) as exc:  # UnknownGpuType is a ValueError, listing the closest names
+        field = "gpu_count" if "gpu_count" in str(exc) else "gpu"
+        raise ValueError(f"{field}: {exc}") from None
 
 
 def _entries(gpu: object) -> list[str]:

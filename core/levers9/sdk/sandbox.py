@@ -296,16 +296,12 @@ def delete_snapshot(snapshot_id: str, context: str | None = None) -> None:
 
 def _gpu(gpu: str | Sequence[str] | None, gpu_count: int | None) -> tuple[list[str], int]:
     """(the GPU preference as sent, how many): checked against the catalog here, as a function's is."""
-    from levers9.gpu.preference import parse_gpu
+    from levers9.gpu.preference import parse_gpu_or_count
 
-    if gpu is None and isinstance(gpu_count, int) and not isinstance(gpu_count, bool) and gpu_count > 0:
-        gpu = "any"  # a count alone: GPUs of any type
-    if gpu is None and gpu_count == 0:
-        gpu_count = None
     try:
-        request = parse_gpu(gpu, gpu_count=gpu_count)
-    except (TypeError, ValueError) as exc:
-        raise _fail("gpu_count" if "gpu_count" in str(exc) else "gpu", str(exc)) from None
+        request = parse_gpu_or_count(gpu, gpu_count)  # a count alone: GPUs of any type
+    except ValueError as exc:
+        raise SandboxRequestError(f"levers9.Sandbox: {exc}") from None
     if not request.wants_gpu:
         return [], 0
     preference = list(request.types) or ["any"]

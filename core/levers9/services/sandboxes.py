@@ -66,7 +66,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from levers9.checkpoint.storage import storage_from_url
-from levers9.gpu.preference import GpuRequest, parse_gpu
+from levers9.gpu.preference import GpuRequest, parse_gpu_or_count
 from levers9.services.access import own_workspace
 from levers9.services.auth import Principal
 from levers9.services.core import Services
@@ -746,16 +746,10 @@ class _Place:
 
 def _gpu_request(body: dict[str, Any]) -> GpuRequest:
     """A create's ``gpu`` and ``gpu_count`` read as a function's are; ``gpu_count`` alone asks for any GPU."""
-    gpu, count = body.get("gpu"), body.get("gpu_count")
-    if gpu is None and isinstance(count, int) and not isinstance(count, bool) and count > 0:
-        gpu = "any"
-    if count == 0 and gpu is None:
-        count = None
     try:
-        return parse_gpu(gpu, gpu_count=count)
-    except (TypeError, ValueError) as exc:  # UnknownGpuType is a ValueError, listing the closest names
-        field = "gpu_count" if "gpu_count" in str(exc) else "gpu"
-        raise _bad(f"{field}: {exc}") from None
+        return parse_gpu_or_count(body.get("gpu"), body.get("gpu_count"))
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
 
 
 def _fits(gpus: GpuRequest, worker_gpu: str | None) -> builtins.list[tuple[int, int]]:

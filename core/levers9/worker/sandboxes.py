@@ -447,7 +447,7 @@ class Sandboxes:
         self.max_sandboxes = max_sandboxes
         #: pulls registry images, and the controlplane's registry a commit pushes to; None: neither
         self.images = images
-        #: the worker's GPUs, shared with its warm pool; None: this worker gives sandboxes no GPU
+        #: the worker's GPUs, shared with its warm pool (not given: none, and a sandbox asking any is refused)
         self.gpus = gpus if gpus is not None else GpuLedger()
         #: where snapshots go; None: the launcher's checkpoint storage, if the worker has one
         self.storage = storage
@@ -461,8 +461,8 @@ class Sandboxes:
         self.warm = max(0, min(warm, max_sandboxes))
         #: the shape of the last create a warm sandbox could have served: what is kept warm
         self._shape: WarmShape | None = None
-        #: started sandboxes waiting to be taken, their runner up and nothing run in them
-        self._warm: list[tuple[WarmShape, Sandbox]] = []
+        #: started sandboxes waiting to be taken, their runner up and nothing run in them (each of its spec's shape)
+        self._warm: list[Sandbox] = []
         self._warming = 0
         self._warm_tasks: set[asyncio.Task[None]] = set()
         #: loop time before which no warm sandbox is started again (one failed to start)
@@ -483,22 +483,7 @@ class Sandboxes:
             except ImagePullFailed as exc:
                 raise StartFailed(f"the sandbox's image could not be pulled: {exc}") from exc
         sid = f"sb-{secrets.token_hex(8)}"
-        stub = StubSpec(
-            stub_id=sid,
-            workspace_id=spec.workspace_id,
-            name=spec.name or sid,
-            image=spec.image,
-            handler=b"",
-            python_version=spec.python_version,
-            cpu_millicores=spec.cpu_millicores,
-            memory_mib=spec.memory_mib,
-            gpu_count=spec.gpu_count,
-            env=dict(spec.env),
-            secret_env=dict(spec.secret_env),
-            kind=SANDBOX_KIND,
-            ports=spec.ports,
-            volumes=spec.volumes,
-        )
+        stub = _stub(sid, spec)
         gpus = await self.gpus.claim(spec.gpu_count, timeout_s=GPU_CLAIM_TIMEOUT_S)
         if gpus is None:
             raise SandboxesFull(
@@ -533,15 +518,18 @@ class Sandboxes:
             reason = f"it did not start: {exc}" if failed else "its start was interrupted"
             await self._end(sandbox, "ended", reason)
             raise
-        loop = asyncio.get_running_loop()
-        sandbox.state = "running"
-        sandbox.touched = loop.time()
-        sandbox.deadline = loop.time() + spec.timeout_s if spec.timeout_s else 0.0
-        sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
-        sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
+        self._running(sandbox)
         log.info("sandbox %s of workspace %s runs in container %s", sid, spec.workspace_id, box.cid)
         self._refill()
         return sandbox
+
+    def _running(self, sandbox: Sandbox) -> None:
+        """It runs from now: its deadline counts from now, and its watcher starts."""
+        now = asyncio.get_running_loop().time()
+        sandbox.state, sandbox.touched = "running", now
+        sandbox.deadline = now + sandbox.spec.timeout_s if sandbox.spec.timeout_s else 0.0
+        sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
+        sandbox.watcher.set_name(f"levers9-sandbox-watch-{sandbox.id}")
 
     def _admit(self, spec: SandboxSpec) -> SandboxSpec:
         """``spec`` checked (a restore's made from its snapshot), or why this worker takes no such sandbox now."""
@@ -574,26 +562,17 @@ class Sandboxes:
             return None
         self._shape = shape
         while True:
-            found = next((entry for entry in self._warm if entry[0] == shape), None)
-            if found is None:
+            sandbox = next((s for s in self._warm if WarmShape.of(s.spec) == shape), None)
+            if sandbox is None:
                 return None
-            self._warm.remove(found)
-            sandbox = found[1]
+            self._warm.remove(sandbox)
             session = sandbox.session
             if session is None or session.gone is not None:  # its container died while it waited
                 self._discard(sandbox)
                 continue
             sid = f"sb-{secrets.token_hex(8)}"
-            stub = dataclasses.replace(
-                sandbox.group.spec,
-                stub_id=sid,
-                workspace_id=spec.workspace_id,
-                name=spec.name or sid,
-                env=dict(spec.env),
-                secret_env=dict(spec.secret_env),
-            )
             sandbox.id, sandbox.spec, sandbox.created_at = sid, spec, time.time()
-            sandbox.group = WarmStub(key=sid, spec=stub, handler_dir=sandbox.group.handler_dir)
+            sandbox.group = WarmStub(key=sid, spec=_stub(sid, spec), handler_dir=sandbox.group.handler_dir)
             session.name = sid
             self._live[sid] = sandbox
             try:
@@ -604,11 +583,7 @@ class Sandboxes:
                 log.warning("a warm sandbox could not be taken for %s (%s); starting one", sid, exc)
                 self._discard(sandbox)
                 continue
-            loop = asyncio.get_running_loop()
-            sandbox.state, sandbox.touched = "running", loop.time()
-            sandbox.deadline = loop.time() + spec.timeout_s if spec.timeout_s else 0.0
-            sandbox.watcher = asyncio.ensure_future(self._watch(sandbox))
-            sandbox.watcher.set_name(f"levers9-sandbox-watch-{sid}")
+            self._running(sandbox)
             log.info("sandbox %s of workspace %s took warm container %s", sid, spec.workspace_id, sandbox.box.cid)
             self._refill()
             return sandbox
@@ -617,9 +592,9 @@ class Sandboxes:
         """Start warm sandboxes of the current shape up to :attr:`warm`, ending those of another shape."""
         if self._closed or self._shape is None or not self.warm:
             return
-        for entry in [e for e in self._warm if e[0] != self._shape]:
-            self._warm.remove(entry)
-            self._discard(entry[1])
+        for other in [s for s in self._warm if WarmShape.of(s.spec) != self._shape]:
+            self._warm.remove(other)
+            self._discard(other)
         if asyncio.get_running_loop().time() < self._warm_after:
             return
         for _ in range(self.warm - len(self._warm) - self._warming):
@@ -639,17 +614,7 @@ class Sandboxes:
             memory_mib=shape.memory_mib,
             timeout_s=0,
         )
-        stub = StubSpec(
-            stub_id=wid,
-            workspace_id=spec.workspace_id,
-            name=wid,
-            image=spec.image,
-            handler=b"",
-            python_version=spec.python_version,
-            cpu_millicores=spec.cpu_millicores,
-            memory_mib=spec.memory_mib,
-            kind=SANDBOX_KIND,
-        )
+        stub = _stub(wid, spec)
         handler_dir = self.state_dir / "sandboxes" / wid
         box = WarmContainer(cid=container_id(stub), port=self.ports.pick(), token=secrets.token_urlsafe(32), gpus=[])
         sandbox = Sandbox(wid, spec, WarmStub(key=wid, spec=stub, handler_dir=handler_dir), box, time.time())
@@ -675,7 +640,7 @@ class Sandboxes:
         if self._closed or shape != self._shape:
             await self._remove(sandbox)
             return
-        self._warm.append((shape, sandbox))
+        self._warm.append(sandbox)
         log.info("warm sandbox container %s is ready", box.cid)
 
     def _discard(self, sandbox: Sandbox) -> None:
@@ -1001,7 +966,7 @@ class Sandboxes:
     async def close(self) -> None:
         """End every sandbox: the worker is stopping."""
         self._closed = True
-        warm, self._warm = [s for _, s in self._warm], []
+        warm, self._warm = self._warm, []
         await asyncio.gather(
             *(self._end(s, "ended", "the worker stopped") for s in list(self._live.values())),
             *(self._remove(s) for s in warm),
@@ -1095,6 +1060,26 @@ class Sandboxes:
             gpus, box.gpus = box.gpus, []
             self.gpus.give(gpus)
             shutil.rmtree(sandbox.group.handler_dir, ignore_errors=True)
+
+
+def _stub(sid: str, spec: SandboxSpec) -> StubSpec:
+    """The warm pool's description of a sandbox's container (no handler: the runner serves processes and files)."""
+    return StubSpec(
+        stub_id=sid,
+        workspace_id=spec.workspace_id,
+        name=spec.name or sid,
+        image=spec.image,
+        handler=b"",
+        python_version=spec.python_version,
+        cpu_millicores=spec.cpu_millicores,
+        memory_mib=spec.memory_mib,
+        gpu_count=spec.gpu_count,
+        env=dict(spec.env),
+        secret_env=dict(spec.secret_env),
+        kind=SANDBOX_KIND,
+        ports=spec.ports,
+        volumes=spec.volumes,
+    )
 
 
 def _confining(spec: SandboxSpec) -> str:

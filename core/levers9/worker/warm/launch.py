@@ -390,7 +390,6 @@ def container_tree(copies: Path) -> Path:
     for rel, src in files.items():
         (scratch / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         shutil.copyfile(src, scratch / rel)
-        (scratch / rel).chmod(0o644)
     # Compiled once here, for this worker's Python (the host image's): a container's Python reads the bytecode
     # instead of compiling every module of the runner and cloudpickle at each start, since it cannot write any
     # (the tree is mounted read-only). Another Python version finds no bytecode of its own and compiles, as before.

@@ -92,7 +92,6 @@ class WarmPool:
         scale_after_s: float = 0.05,
         checkpointing: Checkpointing | None = None,
         volumes: WorkerVolumes | None = None,
-        gpu_ledger: GpuLedger | None = None,
     ) -> None:
         self.hooks = hooks
         #: checkpoints of stubs that ask for them; None: every container starts cold
@@ -126,10 +125,8 @@ class WarmPool:
         self._keys: dict[int, tuple[StubSpec, str]] = {}
         self._calls: dict[str, tuple[WarmStub, QueuedCall]] = {}
         self._stopping: set[WarmContainer] = set()
-        #: the worker's one account of its GPUs, shared with its sandboxes (made from ``gpus`` when not given)
-        self.gpu_ledger = gpu_ledger if gpu_ledger is not None else GpuLedger(self.gpus)
-        if gpu_ledger is not None and list(gpu_ledger.devices) != sorted(self.gpus, key=lambda g: g.index):
-            raise ValueError("gpu_ledger accounts other devices than gpus")
+        #: the worker's one account of its GPUs, which the worker shares with its sandboxes
+        self.gpu_ledger = GpuLedger(self.gpus)
         self.gpu_ledger.on_freed(self._gpus_freed)
         self.gpu_ledger.reclaim_with(self._reclaim_gpus)
         self._ports = PortPicker()
