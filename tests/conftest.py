@@ -32,9 +32,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.browser import browser, output_dir, page, pages, screenshot, viewport  # noqa: F401
 from tests.fixtures.debian_base import debian_base, debian_bases  # noqa: F401
 from tests.fixtures.dockerd import dockerd, tiny_image  # noqa: F401
 from tests.fixtures.levers9_up import levers9_up, shared_up  # noqa: F401
+from tests.fixtures.oidc_provider import oidc_provider  # noqa: F401
 from tests.fixtures.postgres import database_url, postgres_server, postgres_url  # noqa: F401
 from tests.fixtures.redis import redis_factory, redis_server, redis_url  # noqa: F401
 from tests.fixtures.registry import registry, registry_factory  # noqa: F401
