@@ -160,7 +160,7 @@ async def test_workspace_users_see_only_their_own_workspace_and_cannot_create_on
 
     response = await api.client.post("/api/v1/workspaces", json={"name": "mine"}, headers=bearer(token))
     assert response.status_code == 403
-    assert "only an operator token" in response.json()["error"]["message"]
+    assert "only an operator or a signed-in person may create workspaces" in response.json()["error"]["message"]
     assert await api.services.workspaces.by_name("mine") is None
 
 
@@ -208,6 +208,7 @@ async def test_tokens_are_listed_for_the_callers_workspace_without_secrets(api: 
             "kind",
             "workspace_id",
             "subject",
+            "role",
             "created_at",
             "expires_at",
             "revoked_at",

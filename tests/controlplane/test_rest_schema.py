@@ -26,6 +26,7 @@ FILL = {
     "process": "1",
     "port": "8000",
     "snapshot_id": "sbs_nope",
+    "email": "nobody@example.com",
 }
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 

@@ -5,7 +5,8 @@ every plugin installed, so this module imports only typer and the light parts
 of the core, and each command imports what it needs when it runs. A test
 checks that no cloud or cluster SDK is imported by ``--help`` or ``plugins``.
 
-**Global options anywhere.** ``-c/--context NAME`` and ``--config FILE`` may
+**Global options anywhere.** ``-c/--context NAME``, ``-e/--env NAME`` (the
+environment to act in) and ``--config FILE`` may
 stand before or after the subcommand (``levers9 -c prod tasks`` and
 ``levers9 tasks -c prod``; ``levers9 --config F server`` and ``levers9
 server --config F``): :func:`global_options_first` moves either to the front
@@ -89,10 +90,19 @@ def _main(
         "--context",
         help="Context of the client commands (default: $LEVERS9_CONTEXT, else the current one).",
     ),
+    environment: str | None = typer.Option(
+        None,
+        "-e",
+        "--env",
+        "--environment",
+        help="Environment of the workspace to act in (default: $LEVERS9_ENVIRONMENT, else the context's, else main).",
+    ),
 ) -> None:
     """levers9: run containers on any compute, through provider and runtime plugins."""
     if context is not None:
         os.environ["LEVERS9_CONTEXT"] = context
+    if environment is not None:
+        os.environ["LEVERS9_ENVIRONMENT"] = environment
     if config is not None:
         # Commands find the config through the environment, so workers and agents
         # started from this process inherit the same choice.
@@ -134,7 +144,7 @@ app.add_typer(kubernetes_cmd.app, name="kubernetes")
 
 
 #: the global options that may also stand after the subcommand, and whether each takes a value
-_GLOBAL_OPTIONS = {"--config": True, "-c": True, "--context": True}
+_GLOBAL_OPTIONS = {"--config": True, "-c": True, "--context": True, "-e": True, "--env": True, "--environment": True}
 
 
 def global_options_first(argv: Sequence[str]) -> list[str]:

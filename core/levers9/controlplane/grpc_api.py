@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from levers9.controlplane.grpc_auth import user_principal
 from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.controlplane.grpc_messages import (
     build_event,
@@ -46,11 +47,11 @@ from levers9.controlplane.wheels import OwnWheels
 from levers9.proto.v1 import common_pb2, controlplane_pb2, controlplane_pb2_grpc
 from levers9.services import deployments, machines, pools, secrets, tasks, workspaces
 from levers9.services.agent_pools import clusters, joined_machines
-from levers9.services.auth import Principal, bearer
+from levers9.services.auth import Principal
 from levers9.services.builds import Builds, NoBuildPool
 from levers9.services.dataplane import DataPlane
 from levers9.services.revocation import StreamGuard
-from levers9.state.sql.records import TaskStatus, TokenKind
+from levers9.state.sql.records import Role, TaskStatus
 
 __all__ = ["ControlPlaneService", "blob_upload"]
 
@@ -82,15 +83,13 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         #: levers9's own wheel, which join commands fetch (None: they assume levers9 on the box)
         self.wheels = wheels
 
-    async def _caller(self, context: Context) -> Principal:
-        """Any user token (an operator's too)."""
-        return await self.services.auth.verify(bearer(context.invocation_metadata()), TokenKind.USER)
+    async def _caller(self, context: Context, needed: Role) -> Principal:
+        """Any user token (an operator's too) whose role allows ``needed``."""
+        return await user_principal(self.services, context.invocation_metadata(), needed, bound=False)
 
-    async def _user(self, context: Context) -> Principal:
-        """A user token bound to a workspace."""
-        principal = await self._caller(context)
-        principal.require_workspace()
-        return principal
+    async def _user(self, context: Context, needed: Role) -> Principal:
+        """A user token bound to a workspace, whose role there allows ``needed``."""
+        return await user_principal(self.services, context.invocation_metadata(), needed)
 
     def _guard(self, principal: Principal, *, lasting: bool = True) -> contextlib.AbstractContextManager[StreamGuard]:
         """Hold ``principal``'s token for a stream: it ends with "token revoked" once the token is revoked, and
@@ -101,7 +100,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def WhoAmI(
         self, request: controlplane_pb2.WhoAmIRequest, context: Context
     ) -> controlplane_pb2.WhoAmIResponse:
-        caller = await workspaces.whoami(self.services, await self._user(context))
+        caller = await workspaces.whoami(self.services, await self._user(context, Role.VIEWER))
         return controlplane_pb2.WhoAmIResponse(
             workspace_id=caller.workspace_id,
             workspace_name=caller.workspace_name,
@@ -118,7 +117,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def BuildImage(
         self, request: controlplane_pb2.BuildImageRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.BuildImageEvent]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         events = self._builds().build(principal, request.spec, dict(request.contents))
         with self._guard(principal, lasting=False) as guard:
             async for event in guard.iterate(events):  # closes ``events`` however it ends
@@ -128,7 +127,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def ListImages(
         self, request: controlplane_pb2.ListImagesRequest, context: Context
     ) -> controlplane_pb2.ListImagesResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         return controlplane_pb2.ListImagesResponse(
             images=[
                 controlplane_pb2.BuiltImage(
@@ -148,7 +147,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def GetOrCreateStub(
         self, request: controlplane_pb2.GetOrCreateStubRequest, context: Context
     ) -> controlplane_pb2.GetOrCreateStubResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         stub_id, created = await self.dp.get_or_create_stub(principal, stub_config(request.config), request.handler)
         return controlplane_pb2.GetOrCreateStubResponse(stub_id=stub_id, created=created)
 
@@ -156,7 +155,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def Deploy(
         self, request: controlplane_pb2.DeployRequest, context: Context
     ) -> controlplane_pb2.DeployResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         deployed = await deployments.deploy(self.dp, principal, request.stub_id, request.name)
         return controlplane_pb2.DeployResponse(deployment_id=deployed.deployment_id, version=deployed.version)
 
@@ -164,7 +163,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def ListDeployments(
         self, request: controlplane_pb2.ListDeploymentsRequest, context: Context
     ) -> controlplane_pb2.ListDeploymentsResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         return controlplane_pb2.ListDeploymentsResponse(
             deployments=[
                 controlplane_pb2.DeploymentInfo(
@@ -182,14 +181,14 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def StopDeployment(
         self, request: controlplane_pb2.StopDeploymentRequest, context: Context
     ) -> controlplane_pb2.DeploymentVersion:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         return deployment_version(await deployments.stop_version(self.dp, principal, request.name, request.version))
 
     @streaming
     async def Invoke(
         self, request: controlplane_pb2.InvokeRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         [task_id], replayed = await self.dp.submit_once(
             principal, request.stub_id, [request.args], request.submission_id
         )
@@ -218,7 +217,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def Submit(
         self, request: controlplane_pb2.SubmitRequest, context: Context
     ) -> controlplane_pb2.SubmitResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         ids, _ = await self._submit(principal, request)
         return controlplane_pb2.SubmitResponse(task_ids=ids)
 
@@ -226,7 +225,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def SubmitAndWatch(
         self, request: controlplane_pb2.SubmitRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         ids, replayed = await self._submit(principal, request)
         if not ids:
             yield controlplane_pb2.TaskEvents()
@@ -252,7 +251,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def Watch(
         self, request: controlplane_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvent]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         with self._guard(principal) as guard:
             async for result in guard.iterate(self.dp.watch(principal, list(request.task_ids))):
                 yield task_event(result)
@@ -261,7 +260,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def WatchMany(
         self, request: controlplane_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.TaskEvents]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         with self._guard(principal) as guard:
             async for batch in guard.iterate(self.dp.watch_batches(principal, list(request.task_ids))):
                 for message in event_batches(batch):
@@ -271,7 +270,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def ListTasks(
         self, request: controlplane_pb2.ListTasksRequest, context: Context
     ) -> controlplane_pb2.ListTasksResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         statuses = [request.status] if request.status else None
         records = await tasks.list_tasks(self.dp, principal, statuses=statuses, limit=request.limit or 100)
         names = await tasks.function_names(self.dp, records)
@@ -281,7 +280,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
 
     @unary
     async def GetTask(self, request: controlplane_pb2.GetTaskRequest, context: Context) -> controlplane_pb2.Task:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         record = await tasks.get_task(self.dp, principal, request.task_id)
         names = await tasks.function_names(self.dp, [record])
         return task_message(record, names.get(record.stub_id or "", ""))
@@ -291,7 +290,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.CancelTaskRequest, context: Context
     ) -> controlplane_pb2.CancelTaskResponse:
         """The same operation as REST's ``POST /api/v1/tasks/ID/cancel``."""
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         cancelled, _ = await tasks.cancel_task(self.dp, principal, request.task_id)
         return controlplane_pb2.CancelTaskResponse(cancelled=cancelled)
 
@@ -300,7 +299,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.PutSecretRequest, context: Context
     ) -> controlplane_pb2.SecretInfo:
         """Create or replace a secret of the caller's workspace; the answer never carries the value."""
-        principal = await self._user(context)
+        principal = await self._user(context, Role.OWNER)
         info, _ = await secrets.put_secret(self.services, principal, request.name, request.value)
         return secret_info(info)
 
@@ -308,7 +307,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def ListSecrets(
         self, request: controlplane_pb2.ListSecretsRequest, context: Context
     ) -> controlplane_pb2.ListSecretsResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         found = await secrets.list_secrets(self.services, principal)
         return controlplane_pb2.ListSecretsResponse(secrets=[secret_info(s) for s in found])
 
@@ -317,7 +316,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.DeleteSecretRequest, context: Context
     ) -> controlplane_pb2.DeleteSecretResponse:
         """NOT_FOUND when the workspace has no such secret (whatever other workspaces have), as over REST."""
-        principal = await self._user(context)
+        principal = await self._user(context, Role.OWNER)
         await secrets.delete_secret(self.services, principal, request.name)
         return controlplane_pb2.DeleteSecretResponse(deleted=True)
 
@@ -326,7 +325,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.CreateJoinedMachineRequest, context: Context
     ) -> controlplane_pb2.CreateJoinedMachineResponse:
         """The same as REST's ``POST /api/v1/joined-machines``; the join token is in this answer only."""
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.OWNER)
         ttl = request.ttl_s or joined_machines.JOIN_TTL_S
         made = await joined_machines.create(
             self.services, principal, request.pool, request.name or None, ttl_s=ttl, existing_ok=request.existing_ok
@@ -357,7 +356,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def ListJoinedMachines(
         self, request: controlplane_pb2.ListJoinedMachinesRequest, context: Context
     ) -> controlplane_pb2.ListJoinedMachinesResponse:
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.VIEWER)
         found = await joined_machines.list_machines(self.services, principal)
         return controlplane_pb2.ListJoinedMachinesResponse(machines=[joined_machine(v) for v in found])
 
@@ -365,7 +364,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def RemoveJoinedMachine(
         self, request: controlplane_pb2.RemoveJoinedMachineRequest, context: Context
     ) -> controlplane_pb2.RemoveJoinedMachineResponse:
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.OWNER)
         removed = await joined_machines.remove(self.services, principal, request.name)
         return controlplane_pb2.RemoveJoinedMachineResponse(
             machine=joined_machine(joined_machines.JoinedMachineView(removed.machine)),
@@ -378,7 +377,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.JoinClusterRequest, context: Context
     ) -> controlplane_pb2.JoinClusterResponse:
         """The same as REST's ``POST /api/v1/clusters``; the join token is in this answer only."""
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.OWNER)
         made = await clusters.join(self.services, principal, cluster_options(request))
         view = clusters.ClusterView(
             made.cluster,
@@ -399,7 +398,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def ListClusters(
         self, request: controlplane_pb2.ListClustersRequest, context: Context
     ) -> controlplane_pb2.ListClustersResponse:
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.VIEWER)
         found = await clusters.list_clusters(self.services, principal)
         return controlplane_pb2.ListClustersResponse(clusters=[cluster_message(v) for v in found])
 
@@ -408,7 +407,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.RemoveClusterRequest, context: Context
     ) -> controlplane_pb2.RemoveClusterResponse:
         """The same as REST's ``DELETE /api/v1/clusters/{name}``."""
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.OWNER)
         removed = await clusters.remove(self.services, principal, request.name)
         return controlplane_pb2.RemoveClusterResponse(
             cluster=cluster_message(clusters.ClusterView(removed.cluster, removed.cluster.pool)),
@@ -421,7 +420,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def PutBlob(
         self, request_iterator: AsyncIterator[common_pb2.BlobChunk], context: Context
     ) -> common_pb2.BlobRef:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         with self._guard(principal, lasting=False) as guard:
             first, pieces = await guard.wait(blob_upload(request_iterator))
             size = first.total_bytes
@@ -433,7 +432,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def GetBlob(
         self, request: common_pb2.GetBlobRequest, context: Context
     ) -> AsyncIterator[common_pb2.BlobChunk]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         with self._guard(principal, lasting=False) as guard:
             async for piece in guard.iterate(self.dp.read_blob(principal.require_workspace(), request.blob_id)):
                 yield common_pb2.BlobChunk(data=piece)
@@ -442,7 +441,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
     async def StreamLogs(
         self, request: controlplane_pb2.StreamLogsRequest, context: Context
     ) -> AsyncIterator[controlplane_pb2.LogChunk]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         with self._guard(principal, lasting=request.follow) as guard:
             async for data in guard.iterate(
                 tasks.task_logs(self.dp, principal, request.task_id, follow=request.follow)
@@ -454,7 +453,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.ListPoolsRequest, context: Context
     ) -> controlplane_pb2.ListPoolsResponse:
         """The pools REST's ``GET /api/v1/pools`` lists for the same token."""
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.VIEWER)
         return controlplane_pb2.ListPoolsResponse(
             pools=[pool_info(p) for p in await pools.list_pools(self.services, principal)]
         )
@@ -464,7 +463,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.ListWorkersRequest, context: Context
     ) -> controlplane_pb2.ListWorkersResponse:
         """The workers REST's ``GET /api/v1/workers`` lists for the same token."""
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.VIEWER)
         found = await pools.list_workers(self.services, principal, request.pool or None)
         return controlplane_pb2.ListWorkersResponse(workers=[worker_summary(w) for w in found])
 
@@ -473,7 +472,7 @@ class ControlPlaneService(controlplane_pb2_grpc.ControlPlaneServicer):
         self, request: controlplane_pb2.ListMachinesRequest, context: Context
     ) -> controlplane_pb2.ListMachinesResponse:
         """The machines levers9 started from its providers (operators only); see :func:`machines.started_machines`."""
-        principal = await self._caller(context)
+        principal = await self._caller(context, Role.VIEWER)
         found = await machines.started_machines(
             self.services, principal, pool=request.pool or None, states=list(request.states) or None
         )

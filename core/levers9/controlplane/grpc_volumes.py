@@ -13,12 +13,13 @@ from typing import Any
 
 import grpc
 
+from levers9.controlplane.grpc_auth import user_principal
 from levers9.controlplane.grpc_errors import streaming, unary
 from levers9.proto.v1 import volume_pb2, volume_pb2_grpc
 from levers9.services import volumes
-from levers9.services.auth import Principal, bearer
+from levers9.services.auth import Principal
 from levers9.services.core import Services
-from levers9.state.sql.records import TokenKind, VolumeRecord
+from levers9.state.sql.records import Role, VolumeRecord
 from levers9.volumes.paths import Entry
 
 __all__ = ["VolumesService"]
@@ -42,17 +43,15 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     def __init__(self, services: Services) -> None:
         self.services = services
 
-    async def _user(self, context: Context) -> Principal:
-        principal = await self.services.auth.verify(bearer(context.invocation_metadata()), TokenKind.USER)
-        principal.require_workspace()
-        return principal
+    async def _user(self, context: Context, needed: Role) -> Principal:
+        return await user_principal(self.services, context.invocation_metadata(), needed)
 
     @unary
     async def GetOrCreateVolume(
         self, request: volume_pb2.GetOrCreateVolumeRequest, context: Context
     ) -> volume_pb2.VolumeInfo:
         record, created = await volumes.get_or_create_volume(
-            self.services.volumes, self.services.volume_files, await self._user(context), request.name
+            self.services.volumes, self.services.volume_files, await self._user(context, Role.MEMBER), request.name
         )
         return _info(record, created)
 
@@ -60,20 +59,20 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     async def ListVolumes(
         self, request: volume_pb2.ListVolumesRequest, context: Context
     ) -> volume_pb2.ListVolumesResponse:
-        found = await volumes.list_volumes(self.services.volumes, await self._user(context))
+        found = await volumes.list_volumes(self.services.volumes, await self._user(context, Role.VIEWER))
         return volume_pb2.ListVolumesResponse(volumes=[_info(r) for r in found])
 
     @unary
     async def DeleteVolume(
         self, request: volume_pb2.DeleteVolumeRequest, context: Context
     ) -> volume_pb2.DeleteVolumeResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         await volumes.delete_volume(self.services.volumes, self.services.volume_files, principal, request.name)
         return volume_pb2.DeleteVolumeResponse()
 
     @unary
     async def ListPath(self, request: volume_pb2.ListPathRequest, context: Context) -> volume_pb2.ListPathResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         found = await volumes.list_path(
             self.services.volumes,
             self.services.volume_files,
@@ -88,7 +87,7 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     async def RemovePath(
         self, request: volume_pb2.RemovePathRequest, context: Context
     ) -> volume_pb2.RemovePathResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         removed = await volumes.remove_path(
             self.services.volumes,
             self.services.volume_files,
@@ -103,7 +102,7 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     async def ReadFile(
         self, request: volume_pb2.ReadFileRequest, context: Context
     ) -> AsyncIterator[volume_pb2.FileChunk]:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.VIEWER)
         with self.services.auth.streams.open(principal.token_id) as guard:
             size, pieces = await guard.wait(
                 volumes.read_file(
@@ -121,7 +120,7 @@ class VolumesService(volume_pb2_grpc.VolumesServicer):
     async def WriteFile(
         self, request_iterator: AsyncIterator[volume_pb2.FileChunk], context: Context
     ) -> volume_pb2.WriteFileResponse:
-        principal = await self._user(context)
+        principal = await self._user(context, Role.MEMBER)
         with self.services.auth.streams.open(principal.token_id) as guard:
             first = await guard.wait(anext(request_iterator, None))
             if first is None:

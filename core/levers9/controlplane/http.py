@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from levers9.__about__ import __version__
+from levers9.controlplane.rest_members import router as members_router
 from levers9.controlplane.rest_routes import router
 from levers9.controlplane.rest_sandboxes import MAX_MILLICORES, MAX_PROCESS, MAX_SECONDS, snapshots_router
 from levers9.controlplane.rest_sandboxes import router as sandbox_router
@@ -215,6 +216,7 @@ def create_http_app(
     # levers9's own wheel under /api/v1/wheels (without an advertised HTTP URL, links use the request's)
     app.state.wheels = wheels if wheels is not None else OwnWheels()
     app.include_router(router)
+    app.include_router(members_router)
     # sandboxes, relayed to their workers through the workers' tunnels; served alone (no tunnels), a sandbox's
     # worker is answered unreachable
     app.state.sandboxes = sandboxes if sandboxes is not None else SandboxService(services, _no_tunnels)

@@ -14,9 +14,10 @@ answer, and 422 for validation), and the route's own beside them.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from levers9.controlplane.rest_schemas import (
@@ -68,15 +69,31 @@ from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.errors import ERRORS
-from levers9.state.sql.records import MachineState, TaskStatus
+from levers9.state.sql.records import MachineState, Role, TaskStatus
 
-__all__ = ["ALWAYS", "USER_ERRORS", "Caller", "Responses", "router"]
+__all__ = [
+    "ALWAYS",
+    "ENVIRONMENT_HEADER",
+    "USER_ERRORS",
+    "Caller",
+    "Member",
+    "Owner",
+    "Responses",
+    "ServicesDep",
+    "Viewer",
+    "error_doc",
+    "router",
+]
 
 Responses = dict[int | str, dict[str, Any]]
 
 
-def _error(description: str) -> dict[str, Any]:
+def error_doc(description: str) -> dict[str, Any]:
+    """An error answer of a route, for its OpenAPI ``responses``."""
     return {"model": ErrorBody, "description": description}
+
+
+_error = error_doc
 
 
 #: what any route may answer, whatever it does
@@ -133,16 +150,41 @@ async def _dataplane(request: Request) -> DataPlane:
     return dataplane
 
 
-async def _caller(
-    services: Annotated[Services, Depends(_services)],
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    return await authenticate_user(services, None if credentials is None else credentials.credentials)
+#: the header naming the environment a request acts in, for a token issued for its whole workspace
+ENVIRONMENT_HEADER = "X-Levers9-Environment"
+
+
+def _caller(needed: Role) -> Callable[..., Awaitable[Principal]]:
+    """The dependency that authenticates a route's caller and checks its role allows ``needed``."""
+
+    async def caller(
+        services: Annotated[Services, Depends(_services)],
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        environment: Annotated[
+            str | None,
+            Header(
+                alias=ENVIRONMENT_HEADER,
+                description="The environment to act in (a token issued for its whole workspace; default main).",
+            ),
+        ] = None,
+    ) -> Principal:
+        token = None if credentials is None else credentials.credentials
+        return await authenticate_user(services, token, needed, environment=environment)
+
+    caller.__name__ = f"caller_{needed.value}"
+    caller.needed_role = needed  # type: ignore[attr-defined]  # read by the tests of the routes' roles
+    return caller
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
 DataPlaneDep = Annotated[DataPlane, Depends(_dataplane)]
-Caller = Annotated[Principal, Depends(_caller)]
+#: a caller who may read (any member of the workspace)
+Viewer = Annotated[Principal, Depends(_caller(Role.VIEWER))]
+#: a caller who may run, deploy and stop
+Member = Annotated[Principal, Depends(_caller(Role.MEMBER))]
+#: a caller who may manage the workspace: its members, secrets, tokens and environments
+Owner = Annotated[Principal, Depends(_caller(Role.OWNER))]
+Caller = Viewer
 
 #: the routes that take no token, so answer none of the user token's errors
 _open = APIRouter(prefix="/api/v1", responses=ALWAYS)
@@ -212,19 +254,19 @@ _user = APIRouter(prefix="/api/v1", responses={**ALWAYS, **USER_ERRORS})
 
 
 @_user.get("/workspaces")
-async def list_workspaces(services: ServicesDep, principal: Caller) -> list[WorkspaceOut]:
+async def list_workspaces(services: ServicesDep, principal: Viewer) -> list[WorkspaceOut]:
     return [WorkspaceOut.model_validate(r) for r in await workspaces.list_workspaces(services, principal)]
 
 
 @_user.post("/workspaces", status_code=201)
-async def create_workspace(services: ServicesDep, principal: Caller, body: WorkspaceCreate) -> WorkspaceOut:
+async def create_workspace(services: ServicesDep, principal: Owner, body: WorkspaceCreate) -> WorkspaceOut:
     return WorkspaceOut.model_validate(await workspaces.create_workspace(services, principal, body.name))
 
 
 @_user.get("/tokens")
 async def list_tokens(
     services: ServicesDep,
-    principal: Caller,
+    principal: Owner,
     workspace: Annotated[
         str | None,
         Query(description="Operators: the workspace's name (omitted: the tokens bound to no workspace)."),
@@ -235,7 +277,7 @@ async def list_tokens(
 
 
 @_user.post("/tokens", status_code=201)
-async def create_token(services: ServicesDep, principal: Caller, body: TokenCreate) -> IssuedToken:
+async def create_token(services: ServicesDep, principal: Owner, body: TokenCreate) -> IssuedToken:
     record, token = await workspaces.issue_token(
         services, principal, body.workspace, subject=body.subject, ttl_s=body.ttl_s
     )
@@ -243,20 +285,20 @@ async def create_token(services: ServicesDep, principal: Caller, body: TokenCrea
 
 
 @_user.delete("/tokens/{token_id}")
-async def revoke_token(services: ServicesDep, principal: Caller, token_id: str) -> TokenOut:
+async def revoke_token(services: ServicesDep, principal: Owner, token_id: str) -> TokenOut:
     """Takes effect at once on this replica and within the auth cache's lifetime on the others."""
     return token_out(await workspaces.revoke_token(services, principal, token_id))
 
 
 @_user.get("/pools")
-async def list_pools(services: ServicesDep, principal: Caller) -> list[PoolOut]:
+async def list_pools(services: ServicesDep, principal: Viewer) -> list[PoolOut]:
     return [pool_out(p) for p in await pools.list_pools(services, principal)]
 
 
 @_user.get("/workers")
 async def list_workers(
     services: ServicesDep,
-    principal: Caller,
+    principal: Viewer,
     pool: Annotated[str | None, Query(description="Only this pool's workers.")] = None,
 ) -> list[WorkerOut]:
     return [worker_out(w) for w in await pools.list_workers(services, principal, pool)]
@@ -265,7 +307,7 @@ async def list_workers(
 @_user.get("/machines")
 async def list_machines(
     services: ServicesDep,
-    principal: Caller,
+    principal: Viewer,
     pool: Annotated[str | None, Query(description="Only this pool's machines.")] = None,
     state: Annotated[list[MachineState] | None, Query(description="Only machines in these states.")] = None,
 ) -> list[MachineOut]:
@@ -279,7 +321,7 @@ async def list_machines(
 @_user.get("/tasks")
 async def list_tasks(
     dataplane: DataPlaneDep,
-    principal: Caller,
+    principal: Viewer,
     status: Annotated[list[TaskStatus] | None, Query(description="Only tasks with these statuses.")] = None,
     limit: Annotated[
         int, Query(ge=1, le=MAX_TASKS_LISTED, description=f"At most this many (1-{MAX_TASKS_LISTED}), newest first.")
@@ -290,17 +332,17 @@ async def list_tasks(
 
 
 @_user.get("/tasks/{task_id}", responses={404: _error("No such task, or another workspace's")})
-async def get_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> TaskDetail:
+async def get_task(dataplane: DataPlaneDep, principal: Viewer, task_id: str) -> TaskDetail:
     return TaskDetail.model_validate(await tasks.get_task(dataplane, principal, task_id))
 
 
 @_user.get("/tasks/{task_id}/history", responses={404: _error("No such task, or another workspace's")})
-async def task_history(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> list[PlacementOut]:
+async def task_history(dataplane: DataPlaneDep, principal: Viewer, task_id: str) -> list[PlacementOut]:
     return [PlacementOut.model_validate(e) for e in await tasks.task_history(dataplane, principal, task_id)]
 
 
 @_user.post("/tasks/{task_id}/cancel", responses={404: _error("No such task, or another workspace's")})
-async def cancel_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) -> CancelOut:
+async def cancel_task(dataplane: DataPlaneDep, principal: Member, task_id: str) -> CancelOut:
     """Stop the task: its worker is told to end it (its process and the processes it started).
 
     Cancelling a task that already finished is not an error: it answers ``cancelled: false``.
@@ -311,13 +353,13 @@ async def cancel_task(dataplane: DataPlaneDep, principal: Caller, task_id: str) 
 
 
 @_user.get("/secrets")
-async def list_secrets(services: ServicesDep, principal: Caller) -> list[SecretOut]:
+async def list_secrets(services: ServicesDep, principal: Viewer) -> list[SecretOut]:
     """The workspace's secrets, by name: names and times only, never values."""
     return [secret_out(s) for s in await secrets.list_secrets(services, principal)]
 
 
 @_user.post("/secrets", status_code=201, responses={200: {"model": SecretOut, "description": "Replaced"}})
-async def put_secret(services: ServicesDep, principal: Caller, body: SecretCreate, response: Response) -> SecretOut:
+async def put_secret(services: ServicesDep, principal: Owner, body: SecretCreate, response: Response) -> SecretOut:
     """Create a secret (201), or replace the value of one of the same name (200). The value is not echoed.
 
     Functions naming it in ``secrets=[...]`` see it as an environment variable; containers already
@@ -330,14 +372,14 @@ async def put_secret(services: ServicesDep, principal: Caller, body: SecretCreat
 
 
 @_user.delete("/secrets/{name}", status_code=204, responses={404: _error("The workspace has no secret of that name")})
-async def delete_secret(services: ServicesDep, principal: Caller, name: str) -> Response:
+async def delete_secret(services: ServicesDep, principal: Owner, name: str) -> Response:
     """Delete a secret of the caller's workspace; 204, or 404 when it has none of that name."""
     await secrets.delete_secret(services, principal, name)
     return Response(status_code=204)
 
 
 @_user.get("/clusters")
-async def list_clusters(services: ServicesDep, principal: Caller) -> list[ClusterOut]:
+async def list_clusters(services: ServicesDep, principal: Viewer) -> list[ClusterOut]:
     """The caller's workspace's attached clusters, connected or not, with their agents' last report."""
     return [cluster_out(v) for v in await clusters.list_clusters(services, principal)]
 
@@ -345,7 +387,7 @@ async def list_clusters(services: ServicesDep, principal: Caller) -> list[Cluste
 @_user.post(
     "/clusters", status_code=201, responses={409: _error("The workspace has a cluster of that name, or a pool has it")}
 )
-async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJoin) -> ClusterJoined:
+async def join_cluster(services: ServicesDep, principal: Owner, body: ClusterJoin) -> ClusterJoined:
     """Attach a Kubernetes cluster to the caller's workspace: its pool, and its agent's join token (this answer
     only). ``levers9 cluster join`` renders the manifest that starts the agent from this answer."""
     options = clusters.ClusterOptions(**body.model_dump())
@@ -367,7 +409,7 @@ async def join_cluster(services: ServicesDep, principal: Caller, body: ClusterJo
 
 
 @_user.delete("/clusters/{name}", responses={404: _error("The workspace has no cluster of that name")})
-async def remove_cluster(services: ServicesDep, principal: Caller, name: str) -> ClusterRemoved:
+async def remove_cluster(services: ServicesDep, principal: Owner, name: str) -> ClusterRemoved:
     """Stop the cluster's workers, revoke its agent (which then deletes its worker Jobs) and forget it; 404 for
     no such cluster."""
     removed = await clusters.remove(services, principal, name)
@@ -380,14 +422,14 @@ async def remove_cluster(services: ServicesDep, principal: Caller, name: str) ->
 
 
 @_user.get("/joined-machines")
-async def list_joined_machines(services: ServicesDep, principal: Caller) -> list[JoinedMachineOut]:
+async def list_joined_machines(services: ServicesDep, principal: Viewer) -> list[JoinedMachineOut]:
     """The caller's joined machines (an operator's: those serving shared pools) with their agents' last report."""
     return [joined_machine_out(v) for v in await joined_machines.list_machines(services, principal)]
 
 
 @_user.post("/joined-machines", status_code=201, responses={409: _error("A machine of that name exists")})
 async def create_joined_machine(
-    services: ServicesDep, principal: Caller, body: JoinedMachineCreate, request: Request
+    services: ServicesDep, principal: Owner, body: JoinedMachineCreate, request: Request
 ) -> JoinedMachineCreated:
     """Record a machine for a pool of provider agent_machine and issue its join token (in this answer only)."""
     made = await joined_machines.create(services, principal, body.pool, body.name, ttl_s=body.ttl_s)
@@ -411,7 +453,7 @@ async def create_joined_machine(
 
 
 @_user.delete("/joined-machines/{name}", responses={404: _error("No joined machine of that name")})
-async def remove_joined_machine(services: ServicesDep, principal: Caller, name: str) -> JoinedMachineRemoved:
+async def remove_joined_machine(services: ServicesDep, principal: Owner, name: str) -> JoinedMachineRemoved:
     """Drain and stop the machine's workers, revoke its agent and cut its stream; 404 for no such machine."""
     removed = await joined_machines.remove(services, principal, name)
     return JoinedMachineRemoved(
@@ -422,14 +464,14 @@ async def remove_joined_machine(services: ServicesDep, principal: Caller, name: 
 
 
 @_user.get("/deployments")
-async def list_deployments(dataplane: DataPlaneDep, principal: Caller) -> list[DeploymentOut]:
+async def list_deployments(dataplane: DataPlaneDep, principal: Viewer) -> list[DeploymentOut]:
     return [deployment_out(d) for d in await deployments.list_deployments(dataplane, principal)]
 
 
 @_user.post("/deployments/{name}/versions/{version}/stop", responses={404: _error("No such deployment or version")})
 async def stop_deployment_version(
     dataplane: DataPlaneDep,
-    principal: Caller,
+    principal: Member,
     name: str,
     version: Annotated[int, Path(ge=1, le=MAX_VERSION, description=f"The version, 1 to {MAX_VERSION}.")],
 ) -> DeploymentVersionOut:

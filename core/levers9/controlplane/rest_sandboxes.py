@@ -18,7 +18,7 @@ from fastapi import Path as FastPath
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from levers9.controlplane.rest_routes import ALWAYS, USER_ERRORS, Caller, Responses
+from levers9.controlplane.rest_routes import ALWAYS, USER_ERRORS, Member, Responses, Viewer
 from levers9.controlplane.rest_schemas import ErrorBody
 from levers9.services.agent_pools.clusters import MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB
 from levers9.services.sandboxes import Relayed, SandboxService
@@ -138,7 +138,7 @@ async def _answer(relayed: Relayed) -> Response:
 
 
 @router.post("", status_code=201, responses=_SANDBOX_ERRORS)
-async def create_sandbox(service: Service, principal: Caller, body: SandboxCreate) -> JSONResponse:
+async def create_sandbox(service: Service, principal: Member, body: SandboxCreate) -> JSONResponse:
     """Start a sandbox on a worker of a pool with sandboxes; its info."""
     info = await service.create(principal, body.model_dump(exclude_none=True))
     return JSONResponse(info, status_code=201)
@@ -146,26 +146,26 @@ async def create_sandbox(service: Service, principal: Caller, body: SandboxCreat
 
 @router.get("", responses=_SANDBOX_ERRORS)
 async def list_sandboxes(
-    service: Service, principal: Caller, all: Annotated[bool, Query(description="Ended ones too")] = False
+    service: Service, principal: Viewer, all: Annotated[bool, Query(description="Ended ones too")] = False
 ) -> JSONResponse:
     """The workspace's sandboxes, oldest first."""
     return JSONResponse({"sandboxes": await service.list(principal, include_ended=all)})
 
 
 @router.get("/{sandbox_id}", responses=_SANDBOX_ERRORS)
-async def get_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+async def get_sandbox(service: Service, principal: Viewer, sandbox_id: str) -> JSONResponse:
     """Its info: ``state`` (starting, running, ended, gone) and why it ended."""
     return JSONResponse(await service.get(principal, sandbox_id))
 
 
 @router.delete("/{sandbox_id}", responses=_SANDBOX_ERRORS)
-async def terminate_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+async def terminate_sandbox(service: Service, principal: Member, sandbox_id: str) -> JSONResponse:
     """End it now: its processes, its container and its files go."""
     return JSONResponse(await service.terminate(principal, sandbox_id))
 
 
 @router.post("/{sandbox_id}/ttl", responses=_SANDBOX_ERRORS)
-async def update_ttl(service: Service, principal: Caller, sandbox_id: str, body: TtlIn) -> Response:
+async def update_ttl(service: Service, principal: Member, sandbox_id: str, body: TtlIn) -> Response:
     """A new deadline, counted from now."""
     return await _answer(await service.relay(principal, sandbox_id, "POST", "/ttl", body=_json(body)))
 
@@ -184,7 +184,7 @@ async def update_ttl(service: Service, principal: Caller, sandbox_id: str, body:
 )
 async def exec_process(
     service: Service,
-    principal: Caller,
+    principal: Member,
     sandbox_id: str,
     body: ExecIn,
     wait: Annotated[
@@ -202,20 +202,20 @@ async def exec_process(
 
 
 @router.get("/{sandbox_id}/processes", responses=_SANDBOX_ERRORS)
-async def list_processes(service: Service, principal: Caller, sandbox_id: str) -> Response:
+async def list_processes(service: Service, principal: Viewer, sandbox_id: str) -> Response:
     """The processes started in it, running or ended."""
     return await _answer(await service.relay(principal, sandbox_id, "GET", "/processes"))
 
 
 @router.get("/{sandbox_id}/processes/{process}", responses=_SANDBOX_ERRORS)
-async def process_status(service: Service, principal: Caller, sandbox_id: str, process: ProcessId) -> Response:
+async def process_status(service: Service, principal: Viewer, sandbox_id: str, process: ProcessId) -> Response:
     """Whether it runs, and its exit code once it ended."""
     return await _answer(await service.relay(principal, sandbox_id, "GET", f"/processes/{process}"))
 
 
 @router.post("/{sandbox_id}/processes/{process}/kill", responses=_SANDBOX_ERRORS)
 async def kill_process(
-    service: Service, principal: Caller, sandbox_id: str, process: ProcessId, body: KillIn
+    service: Service, principal: Member, sandbox_id: str, process: ProcessId, body: KillIn
 ) -> Response:
     """Send it a signal (default SIGKILL)."""
     path = f"/processes/{process}/kill"
@@ -227,7 +227,7 @@ async def kill_process(
     response_class=StreamingResponse,
     responses={**_SANDBOX_ERRORS, 200: {"content": {"application/x-ndjson": {}}, "description": "Its output"}},
 )
-async def process_output(service: Service, principal: Caller, sandbox_id: str, process: ProcessId) -> StreamingResponse:
+async def process_output(service: Service, principal: Viewer, sandbox_id: str, process: ProcessId) -> StreamingResponse:
     """Its output as it comes, a JSON line per piece (``stream``, ``data``, ``encoding``, ``partial``), then
     ``{"exit": code}``, or ``{"error": {...}}`` when the sandbox went first."""
     path = f"/processes/{process}/output"
@@ -238,7 +238,7 @@ async def process_output(service: Service, principal: Caller, sandbox_id: str, p
 @router.post("/{sandbox_id}/ports/{port}", responses=_SANDBOX_ERRORS)
 async def expose_port(
     service: Service,
-    principal: Caller,
+    principal: Member,
     sandbox_id: str,
     port: Annotated[int, FastPath(ge=1, le=65535)],
     request: Request,
@@ -253,7 +253,7 @@ async def expose_port(
 
 
 @router.post("/{sandbox_id}/image", status_code=201, responses=_SANDBOX_ERRORS)
-async def make_image(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+async def make_image(service: Service, principal: Member, sandbox_id: str) -> JSONResponse:
     """Its filesystem as it is now made an image in the workspace's repository of the controlplane's registry
     (it runs on): ``image`` (pinned by digest) is what a later sandbox's or function's ``image`` takes. 409
     ``image_unavailable`` for a sandbox of the worker's own filesystem (image ``host``)."""
@@ -261,7 +261,7 @@ async def make_image(service: Service, principal: Caller, sandbox_id: str) -> JS
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, responses=_SANDBOX_ERRORS)
-async def snapshot_sandbox(service: Service, principal: Caller, sandbox_id: str) -> JSONResponse:
+async def snapshot_sandbox(service: Service, principal: Member, sandbox_id: str) -> JSONResponse:
     """Snapshot its memory and files (it runs on; created with ``snapshots``); restore it with a create whose
     ``snapshot`` is the answer's ``id``, on any worker of the same pool."""
     return JSONResponse({"snapshot": await service.snapshot(principal, sandbox_id)}, status_code=201)
@@ -273,13 +273,13 @@ snapshots_router = APIRouter(
 
 
 @snapshots_router.get("", responses=_SANDBOX_ERRORS)
-async def list_snapshots(service: Service, principal: Caller) -> JSONResponse:
+async def list_snapshots(service: Service, principal: Member) -> JSONResponse:
     """The workspace's stored sandbox snapshots, oldest first."""
     return JSONResponse({"snapshots": await service.snapshots(principal)})
 
 
 @snapshots_router.delete("/{snapshot_id}", responses=_SANDBOX_ERRORS)
-async def delete_snapshot(service: Service, principal: Caller, snapshot_id: str) -> JSONResponse:
+async def delete_snapshot(service: Service, principal: Member, snapshot_id: str) -> JSONResponse:
     """Delete a snapshot: its object in the storage, then its record."""
     await service.delete_snapshot(principal, snapshot_id)
     return JSONResponse({})
@@ -291,7 +291,7 @@ def _files_path(what: str, path: str, **flags: bool | None) -> str:
 
 
 @router.put("/{sandbox_id}/files", responses=_SANDBOX_ERRORS)
-async def put_file(service: Service, principal: Caller, sandbox_id: str, path: PathQuery, request: Request) -> Response:
+async def put_file(service: Service, principal: Member, sandbox_id: str, path: PathQuery, request: Request) -> Response:
     """The request's body becomes the file (created or replaced), streamed."""
     relayed = await service.relay(
         principal,
@@ -309,7 +309,7 @@ async def put_file(service: Service, principal: Caller, sandbox_id: str, path: P
     response_class=StreamingResponse,
     responses={**_SANDBOX_ERRORS, 200: {"content": {"application/octet-stream": {}}, "description": "The file"}},
 )
-async def get_file(service: Service, principal: Caller, sandbox_id: str, path: PathQuery) -> StreamingResponse:
+async def get_file(service: Service, principal: Viewer, sandbox_id: str, path: PathQuery) -> StreamingResponse:
     """The file's bytes, streamed."""
     relayed = await service.relay(principal, sandbox_id, "GET", _files_path("", path), streamed=True)
     return StreamingResponse(relayed.body, media_type="application/octet-stream")
@@ -317,7 +317,7 @@ async def get_file(service: Service, principal: Caller, sandbox_id: str, path: P
 
 @router.delete("/{sandbox_id}/files", responses=_SANDBOX_ERRORS)
 async def delete_file(
-    service: Service, principal: Caller, sandbox_id: str, path: PathQuery, recursive: bool = False
+    service: Service, principal: Member, sandbox_id: str, path: PathQuery, recursive: bool = False
 ) -> Response:
     """Remove a file, or a directory with ``recursive``."""
     target = _files_path("", path, recursive=recursive or None)
@@ -325,20 +325,20 @@ async def delete_file(
 
 
 @router.get("/{sandbox_id}/files/stat", responses=_SANDBOX_ERRORS)
-async def stat_file(service: Service, principal: Caller, sandbox_id: str, path: PathQuery) -> Response:
+async def stat_file(service: Service, principal: Viewer, sandbox_id: str, path: PathQuery) -> Response:
     """A file's or directory's entry: name, size, mode, whether a directory, when changed."""
     return await _answer(await service.relay(principal, sandbox_id, "GET", _files_path("/stat", path)))
 
 
 @router.get("/{sandbox_id}/files/list", responses=_SANDBOX_ERRORS)
-async def list_files(service: Service, principal: Caller, sandbox_id: str, path: PathQuery) -> Response:
+async def list_files(service: Service, principal: Viewer, sandbox_id: str, path: PathQuery) -> Response:
     """A directory's entries."""
     return await _answer(await service.relay(principal, sandbox_id, "GET", _files_path("/list", path)))
 
 
 @router.post("/{sandbox_id}/files/mkdir", responses=_SANDBOX_ERRORS)
 async def make_directory(
-    service: Service, principal: Caller, sandbox_id: str, path: PathQuery, parents: bool = True
+    service: Service, principal: Member, sandbox_id: str, path: PathQuery, parents: bool = True
 ) -> Response:
     """Make a directory (and its parents, unless ``parents=false``)."""
     target = _files_path("/mkdir", path, parents=None if parents else False)

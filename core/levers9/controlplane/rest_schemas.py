@@ -30,7 +30,16 @@ from levers9.services.deployments import MAX_VERSION, DeploymentView
 from levers9.services.pools import PoolView, WorkerView
 from levers9.services.secrets import MAX_NAME, check_secret_name, check_secret_value
 from levers9.services.workspaces import MAX_TOKEN_TTL_S
-from levers9.state.sql.records import MachineState, SecretInfo, TaskRecord, TaskStatus, TokenKind, TokenRecord
+from levers9.state.sql.records import (
+    MachineState,
+    Role,
+    SecretInfo,
+    TaskRecord,
+    TaskStatus,
+    TokenKind,
+    TokenRecord,
+    WorkspaceRecord,
+)
 
 __all__ = [
     "MAX_TASKS_LISTED",
@@ -112,6 +121,54 @@ class WorkspaceOut(_Out):
     id: str
     name: str
     created_at: datetime
+    #: people whose verified email has this domain may join when they sign in (null: by invitation only)
+    join_domain: str | None = None
+    join_role: Role = Role.MEMBER
+
+
+class MeOut(BaseModel):
+    """Who the token acts as: never the token itself."""
+
+    workspace_id: str
+    workspace: str
+    environment: str
+    role: Role
+    token_id: str
+    #: the person the token acts for; empty for a service token
+    email: str
+
+
+class MemberPut(_In):
+    role: Role = Field(Role.MEMBER, description="viewer (reads), member (runs and deploys) or owner (manages).")
+
+
+class MemberOut(_Out):
+    email: str
+    name: str
+    role: Role
+    created_at: datetime
+
+
+class JoinPut(_In):
+    domain: str | None = Field(
+        None, max_length=253, description="An email domain such as example.com; null: people join by invitation only."
+    )
+    role: Role = Field(Role.MEMBER, description="The role people joining by their domain get: viewer or member.")
+
+
+class EnvironmentCreate(_In):
+    name: str = Field(min_length=1, max_length=32, description="1-32 letters, digits, '-' or '_'.")
+
+
+class EnvironmentOut(BaseModel):
+    name: str
+    #: the id its apps, tasks, secrets and volumes are stored under
+    id: str
+    created_at: datetime
+
+
+def environment_out(record: WorkspaceRecord) -> EnvironmentOut:
+    return EnvironmentOut(name=record.environment, id=record.id, created_at=record.created_at)
 
 
 class TokenCreate(_In):
@@ -129,6 +186,9 @@ class TokenCreate(_In):
     subject: str | None = Field(
         None, min_length=1, max_length=128, description="Who the token is for, shown in listings."
     )
+    role: Role | None = Field(
+        None, description="The most the token may do (viewer, member or owner); omitted: the caller's own role."
+    )
 
 
 class TokenOut(_Out):
@@ -136,6 +196,8 @@ class TokenOut(_Out):
     kind: TokenKind
     workspace_id: str | None
     subject: str | None
+    #: the most it may do (null: a token made before roles, which acts as an owner)
+    role: Role | None = None
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
@@ -449,6 +511,7 @@ def token_out(record: TokenRecord) -> TokenOut:
             "kind": record.kind,
             "workspace_id": record.workspace_id,
             "subject": record.subject,
+            "role": record.role,
             "created_at": record.created_at,
             "expires_at": record.expires_at,
             "revoked_at": record.revoked_at,

@@ -30,9 +30,12 @@ container, or waits for one, within the stub's ``start_timeout``; that
 container gets no more requests and the scaler replaces it. A request the
 container already had when it failed is answered 502 and never sent again, so
 a call runs at most once. A deployment is
-looked up in the workspace of the bearer token; ``/endpoint/@WORKSPACE/NAME``
-names the workspace instead, which is how a public endpoint is called with no
-token. Another workspace's deployment is answered 404, exactly as one that
+looked up in the workspace of the bearer token (in the environment its
+``X-Levers9-Environment`` header names, for a token of a whole workspace);
+``/endpoint/@WORKSPACE/NAME`` names the workspace instead (``@WORKSPACE:ENV``
+one of its environments), which is how a public endpoint is called with no
+token. Calling a deployment that is not public needs the member role (403 for a
+viewer). Another workspace's deployment is answered 404, exactly as one that
 does not exist, and so is a non-public one asked for without a token (401).
 
 This is a plain ASGI app rather than FastAPI routes: every request to an
@@ -57,7 +60,7 @@ from levers9.gateway.upstream import RequestTooLarge, Upstream, UpstreamError, U
 from levers9.payloads import JSON_CALL
 from levers9.runner import http_errors as errors
 from levers9.services import access, deployments, tasks, workspaces
-from levers9.services.auth import Principal, Unauthenticated
+from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
 from levers9.services.deployments import MAX_VERSION
@@ -65,7 +68,8 @@ from levers9.services.errors import error_answer
 from levers9.services.metrics import Metrics
 from levers9.services.sandboxes import SandboxProblem, SandboxService
 from levers9.services.stubs import InvalidStub
-from levers9.state.sql.records import TokenKind
+from levers9.state.errors import NotFound
+from levers9.state.sql.records import Role, TokenKind
 
 __all__ = ["MAX_VERSION", "AtHand", "GatewayApp"]
 
@@ -84,6 +88,8 @@ RESOLVE_CACHE_S = 1.0
 #: counted for a request whose caller went away before it was answered (nginx's convention)
 CLIENT_GONE = 499
 #: a segment of this form after NAME is a version, valid or not (see the module's docstring)
+#: the environment a request acts in, for a token issued for its whole workspace (as the REST API's)
+_ENVIRONMENT_HEADER = b"x-levers9-environment"
 _VERSION_ATTEMPT = re.compile(r"v[+-]?\d+")
 #: a valid version: v and a positive decimal number without leading zeros (and at most MAX_VERSION)
 _VERSION = re.compile(r"v([1-9][0-9]*)", re.ASCII)
@@ -202,6 +208,11 @@ class GatewayApp:
         principal = await self._principal(scope)
         if principal is None:
             raise _unauthenticated("no token: a sandbox's port takes its workspace's: 'authorization: Bearer <token>'")
+        if not principal.role.allows(Role.MEMBER):
+            raise _Answer(
+                errors.PERMISSION_DENIED,
+                f"a sandbox's ports need the member role; this token acts as a {principal.role.value}",
+            )
         if len(parts) < 2 or not parts[0] or not parts[1].isdigit():
             raise _Answer(errors.NOT_FOUND, "name a sandbox and one of its exposed ports: /sandbox/ID/PORT/...")
         sandbox_id, port = parts[0], int(parts[1])
@@ -254,8 +265,8 @@ class GatewayApp:
         principal = None
         if token is not None:
             principal = self.services.auth.cached(token, TokenKind.USER)
-            if principal is None:
-                return None
+            if principal is None or not principal.role.allows(Role.MEMBER) or _header(headers, _ENVIRONMENT_HEADER):
+                return None  # the ASGI path picks the environment, or refuses the role
         parts = rest.split("/")
         now = time.monotonic()
         if parts[0].startswith("@"):
@@ -342,8 +353,15 @@ class GatewayApp:
             return None
         try:
             principal = await self.services.auth.verify(token, TokenKind.USER)
+            environment = _header(scope["headers"], _ENVIRONMENT_HEADER)
+            if environment and environment.lower() != principal.environment:
+                principal = await access.in_environment(self.services, principal, environment)
         except Unauthenticated as exc:
             raise _unauthenticated(str(exc)) from None
+        except (PermissionDenied, NotFound) as exc:
+            raise _Answer(
+                errors.PERMISSION_DENIED if isinstance(exc, PermissionDenied) else errors.NOT_FOUND, str(exc)
+            ) from None
         return principal
 
     async def _workspace(self, name: str) -> str | None:
@@ -352,6 +370,9 @@ class GatewayApp:
         if hit is not None and hit[0] > now:
             return hit[1]
         found = await workspaces.workspace_id_named(self.services, name)
+        if found is None and ":" in name:  # @WORKSPACE:ENVIRONMENT names an environment (stored as WORKSPACE/ENV)
+            workspace, _, environment = name.rpartition(":")
+            found = await workspaces.workspace_id_named(self.services, f"{workspace}/{environment.lower()}")
         if len(self._workspaces) > 10_000:
             self._workspaces.clear()
         self._workspaces[name] = (now + 10.0, found)
@@ -362,6 +383,12 @@ class GatewayApp:
         record, settings = await self.dataplane.stub(stub_id)
         if not access.may_call_served(target.principal, target.workspace_id, public=settings.public):
             raise self._not_found(target)
+        if not settings.public and target.principal is not None and not target.principal.role.allows(Role.MEMBER):
+            raise _Answer(
+                errors.PERMISSION_DENIED,
+                f"deployment {target.name!r} runs code: calling it needs the member role, and this token acts as a "
+                f"{target.principal.role.value}",
+            )
         if record.kind not in kinds:
             raise _Answer(
                 errors.NOT_FOUND,
@@ -525,6 +552,13 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
         if name == b"authorization":
             scheme, _, given = value.decode("latin-1").partition(" ")
             return given.strip() if scheme.lower() == "bearer" and given.strip() else None
+    return None
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1").strip() or None
     return None
 
 

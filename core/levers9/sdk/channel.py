@@ -95,10 +95,9 @@ def control_plane(channel: grpc.aio.Channel) -> controlplane_pb2_grpc.ControlPla
 
 
 def call_metadata(ctx: Context) -> tuple[tuple[str, str], ...]:
-    """The metadata every call carries: the bearer token, when the context has one."""
-    if not ctx.token:
-        return ()
-    return (("authorization", f"Bearer {ctx.token}"),)
+    """The metadata every call carries: the bearer token, when the context has one, and the environment to act
+    in, when it is not main."""
+    return ctx.credentials()
 
 
 def untrusted_message(ctx: Context, target: str) -> str:

@@ -453,7 +453,7 @@ def client_for(context: str | None = None) -> Client:
     ctx = _resolved.get(selector)
     if ctx is None:
         ctx = _resolved[selector] = current_context(context)
-    key = f"{ctx.name}|{ctx.grpc}|{ctx.token}|{ctx.ca_file}|{ctx.reconnect_s}"
+    key = f"{ctx.name}|{ctx.grpc}|{ctx.token}|{ctx.environment}|{ctx.ca_file}|{ctx.reconnect_s}"
     with _lock:
         client = _clients.get(key)
         if client is None:

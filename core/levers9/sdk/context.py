@@ -10,8 +10,8 @@ The SDK imports this module inside every user program, so it stays on the
 standard library and PyYAML.
 
 Selection, strongest first: an explicit name (``-c NAME``), ``$LEVERS9_CONTEXT``,
-the file's ``current``. ``$LEVERS9_GRPC``, ``$LEVERS9_TOKEN``, ``$LEVERS9_CA_FILE``
-and ``$LEVERS9_RECONNECT_S`` then override the chosen context's fields, which is
+the file's ``current``. ``$LEVERS9_GRPC``, ``$LEVERS9_TOKEN``, ``$LEVERS9_CA_FILE``,
+``$LEVERS9_ENVIRONMENT`` and ``$LEVERS9_RECONNECT_S`` then override the chosen context's fields, which is
 how a CI job or a container points the SDK somewhere without writing a file;
 with no file and no selection, ``$LEVERS9_GRPC`` alone is enough.
 
@@ -62,6 +62,8 @@ ENV_GRPC = "LEVERS9_GRPC"
 ENV_TOKEN = "LEVERS9_TOKEN"
 ENV_CA_FILE = "LEVERS9_CA_FILE"
 ENV_RECONNECT_S = "LEVERS9_RECONNECT_S"
+#: the environment to act in; ``levers9 -e NAME`` sets it for one command
+ENV_ENVIRONMENT = "LEVERS9_ENVIRONMENT"
 
 #: how long a call keeps trying to reach any replica before it fails, by default
 DEFAULT_RECONNECT_S = 120.0
@@ -70,7 +72,7 @@ DEFAULT_RECONNECT_S = 120.0
 ENV_ONLY_NAME = "env"
 
 _NO_CONTEXT = "no levers9 context: run `levers9 up` (one machine) or `levers9 context add ...`"
-_FIELDS = ("grpc", "http", "token", "workspace", "ca_file", "reconnect_s")
+_FIELDS = ("grpc", "http", "token", "workspace", "environment", "ca_file", "reconnect_s")
 
 
 class ContextError(Levers9Error):
@@ -89,12 +91,25 @@ class Context:
     token: str = field(default="", repr=False)
     #: the workspace the token belongs to; informational, the token decides
     workspace: str = ""
+    #: the environment of the workspace commands act in (empty: main); a token issued for one environment
+    #: acts only there, whatever this says
+    environment: str = ""
     #: PEM CA bundle that verifies a TLS controlplane; empty means the system trust store
     ca_file: str = ""
     #: seconds a call keeps trying to reach any replica before it fails
     reconnect_s: float = DEFAULT_RECONNECT_S
     #: the file wrote ``grpc`` as a YAML list: it is written back as one
     grpc_is_list: bool = field(default=False, repr=False, compare=False)
+
+    def credentials(self) -> tuple[tuple[str, str], ...]:
+        """What every request carries, as gRPC metadata or HTTP headers: the bearer token, when there is one,
+        and the environment to act in, when it is not main."""
+        pairs: list[tuple[str, str]] = []
+        if self.token:
+            pairs.append(("authorization", f"Bearer {self.token}"))
+        if self.environment and self.environment.lower() != "main":
+            pairs.append(("x-levers9-environment", self.environment))
+        return tuple(pairs)
 
     @property
     def addresses(self) -> list[str]:
@@ -253,6 +268,8 @@ def _env_overrides(env: Any) -> dict[str, Any]:
         overrides["token"] = env[ENV_TOKEN]
     if env.get(ENV_CA_FILE):
         overrides["ca_file"] = env[ENV_CA_FILE]
+    if env.get(ENV_ENVIRONMENT, "").strip():
+        overrides["environment"] = env[ENV_ENVIRONMENT].strip()
     if env.get(ENV_RECONNECT_S, "").strip():
         raw = env[ENV_RECONNECT_S].strip()
         try:

@@ -47,7 +47,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 _loop_lock = threading.Lock()
 _loop_ref: asyncio.AbstractEventLoop | None = None
-_transports: dict[tuple[str, str, str, str], SandboxHTTP] = {}
+_transports: dict[tuple[str, str, str, str, str], SandboxHTTP] = {}
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -73,7 +73,7 @@ def transport_for(context: str | None = None) -> SandboxHTTP:
             f"REST API, so the context needs its HTTP URL (`levers9 context add {ctx.name} --grpc ... "
             "--http http://HOST:PORT`; `levers9 up` writes it)"
         )
-    key = (ctx.name, ctx.http, ctx.token, ctx.ca_file)
+    key = (ctx.name, ctx.http, ctx.token, ctx.environment, ctx.ca_file)
     with _loop_lock:
         transport = _transports.get(key)
         if transport is None:
@@ -87,7 +87,7 @@ class SandboxHTTP:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.base = ctx.http.rstrip("/") + "/api/v1"
-        self._headers = {"Authorization": f"Bearer {ctx.token}"} if ctx.token else {}
+        self._headers = dict(ctx.credentials())
         self._client: httpx.AsyncClient | None = None
 
     def _http(self) -> httpx.AsyncClient:

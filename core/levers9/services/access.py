@@ -10,7 +10,18 @@
 * worker, agent and machine tokens never reach the user APIs: their holders run
   other people's code;
 * a deployed endpoint or box is served to its own workspace's tokens, and to
-  anyone (a token of another workspace, or none) only when it is public.
+  anyone (a token of another workspace, or none) only when it is public;
+* within a workspace, a caller's :class:`~levers9.state.sql.records.Role` bounds
+  what it may do (:func:`require_role`): viewers read, members run and deploy,
+  owners manage members, secrets, tokens and environments. Every operation of
+  every transport names the role it needs when it authenticates (REST's
+  ``Viewer``/``Member``/``Owner`` dependencies, gRPC's ``_user(context, role)``);
+  tests/controlplane/test_roles.py holds the table of what each needs and tries
+  each with each role. An operator may do everything;
+* an environment is a workspace of its own for isolation (see
+  :class:`~levers9.services.auth.Principal`): a token acts in its own
+  environment, or, when issued for the workspace rather than one environment,
+  in the one its request names (:func:`authenticate_user`'s ``environment``).
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ from levers9.services.auth import PermissionDenied, Principal
 from levers9.services.core import Services
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerState
-from levers9.state.sql.records import TaskRecord, TokenKind
+from levers9.state.sql.records import MAIN_ENVIRONMENT, Role, TaskRecord, TokenKind
 
 __all__ = [
     "authenticate_user",
@@ -28,21 +39,62 @@ __all__ = [
     "own_workspace",
     "owned_task",
     "require_operator",
+    "require_role",
     "visible",
     "worker_visible",
     "workspace_named",
 ]
 
 
-async def authenticate_user(services: Services, token: str | None) -> Principal:
-    """The user behind ``token``; 403 for any other kind (worker, agent, machine), 401 for no valid token."""
+async def authenticate_user(
+    services: Services, token: str | None, needed: Role = Role.VIEWER, *, environment: str | None = None
+) -> Principal:
+    """The user behind ``token``, acting in ``environment`` (None: the token's own), allowed what ``needed``
+    allows; 403 for any other kind of token (worker, agent, machine) or too small a role, 401 for no valid token,
+    404 for an environment its workspace does not have."""
     principal = await services.auth.verify(token)
     if principal.kind is not TokenKind.USER:
         raise PermissionDenied(
             f"this API takes user tokens; a {principal.kind.value} token belongs to a worker, agent or machine "
             "and cannot manage workspaces, tokens or tasks"
         )
+    if environment and environment.lower() != principal.environment:
+        principal = await in_environment(services, principal, environment)
+    require_role(principal, needed)
     return principal
+
+
+async def in_environment(services: Services, principal: Principal, environment: str) -> Principal:
+    """``principal`` acting in another environment of its workspace."""
+    name = environment.lower()
+    if principal.workspace_root is None:
+        raise PermissionDenied(
+            f"an operator token is bound to no workspace, so it has no environment {name!r}; use a workspace's token"
+        )
+    if principal.environment_bound:
+        raise PermissionDenied(
+            f"this token was issued for environment {principal.environment!r} only; it cannot act in {name!r} "
+            "(use a token of the workspace, such as the one `levers9 login` saves)"
+        )
+    found = await services.auth.environment(principal.workspace_root, name)
+    if found is None:
+        raise NotFound("environment", name)
+    return principal.in_environment(found)
+
+
+def require_role(principal: Principal, needed: Role, action: str | None = None) -> None:
+    """PermissionDenied unless ``principal``'s role allows what ``needed`` does."""
+    if not principal.role.allows(needed):
+        doing = f" to {action}" if action else ""
+        raise PermissionDenied(
+            f"this needs the {needed.value} role{doing}; this token acts as a {principal.role.value} of its "
+            "workspace (an owner can change that with `levers9 workspace members`)"
+        )
+
+
+def environment_label(principal: Principal) -> str:
+    """How messages name where the caller acts: ``main`` is not mentioned."""
+    return "" if principal.environment == MAIN_ENVIRONMENT else f" (environment {principal.environment})"
 
 
 def is_operator(principal: Principal) -> bool:

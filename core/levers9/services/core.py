@@ -36,6 +36,7 @@ from levers9.state.redis.watch import watch
 from levers9.state.sql.apps import AppStore, DeploymentStore, StubStore
 from levers9.state.sql.database import Database, open_database
 from levers9.state.sql.machines import MachineStore
+from levers9.state.sql.members import MemberStore, UserStore
 from levers9.state.sql.sandbox_snapshots import SandboxSnapshotStore
 from levers9.state.sql.secrets import SecretStore
 from levers9.state.sql.tasks import TaskStore
@@ -57,6 +58,8 @@ __all__ = ["Services", "open_services"]
 
 @dataclass
 class Services:
+    """Everything the service layer works with: the stores, the scheduler and the authenticator."""
+
     loaded: LoadedConfig
     db: Database
     redis: Redis
@@ -88,6 +91,14 @@ class Services:
     redis_supervisor: RedisSupervisor | None = None
     #: notices a configured Redis that may have lost writes (see :meth:`watch_redis`); None without one
     redis_watch: asyncio.Task[None] | None = None
+
+    @property
+    def users(self) -> UserStore:
+        return UserStore(self.db)
+
+    @property
+    def members(self) -> MemberStore:
+        return MemberStore(self.db)
 
     @property
     def config(self) -> Config:
@@ -220,7 +231,7 @@ async def open_services(
         redis=redis,
         box=box,
         scheduler=scheduler,
-        auth=Authenticator(tokens),
+        auth=Authenticator(tokens, workspaces=workspaces),
         workspaces=workspaces,
         tokens=tokens,
         apps=AppStore(db),

@@ -13,10 +13,13 @@ from levers9.state.sql.database import Database, alembic_config, open_database
 from levers9.state.sql.models import metadata
 
 #: the newest migration; a new migration file changes this
-HEAD = "0009"
+HEAD = "0010"
 
 EVERY_TABLE = {
     "workspaces",
+    "users",
+    "identities",
+    "members",
     "blobs",
     "blob_chunks",
     "tokens",

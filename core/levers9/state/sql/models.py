@@ -45,7 +45,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from levers9.state.sql.records import CheckpointStatus, MachineState, TaskStatus, TokenKind
+from levers9.state.sql.records import ROLE_ORDER, CheckpointStatus, MachineState, TaskStatus, TokenKind
 
 NAMING_CONVENTION: dict[str, str] = {
     "ix": "ix_%(column_0_label)s",
@@ -60,6 +60,7 @@ TOKEN_KINDS = tuple(kind.value for kind in TokenKind)
 MACHINE_STATES = tuple(state.value for state in MachineState)
 CHECKPOINT_STATUSES = tuple(status.value for status in CheckpointStatus)
 JOINED_MACHINE_STATES = ("pending", "joined", "removed")
+ROLES = tuple(role.value for role in ROLE_ORDER)
 
 
 def new_id(prefix: str) -> str:
@@ -111,16 +112,63 @@ metadata = Base.metadata
 
 
 class Workspace(Base):
+    """A workspace, or (``parent_id`` set) one of its environments: see
+    :class:`~levers9.state.sql.records.WorkspaceRecord`. An environment's ``name`` is ``WORKSPACE/ENVIRONMENT``,
+    which no workspace name can be (they may not contain ``/``)."""
+
     __tablename__ = "workspaces"
+    __table_args__ = (
+        UniqueConstraint("parent_id", "environment"),
+        CheckConstraint(_one_of("join_role", ROLES), name="join_role"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+    environment: Mapped[str] = mapped_column(String(64), server_default="main")
+    join_domain: Mapped[str | None] = mapped_column(String(253))
+    join_role: Mapped[str] = mapped_column(String(16), server_default="member")
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: lowercased; how invitations and email-domain joins find a person
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+
+
+class Identity(Base):
+    """An OpenID Connect issuer's stable id (``sub``) for a user: a second sign-in finds the same person even
+    if their email changed."""
+
+    __tablename__ = "identities"
+
+    issuer: Mapped[str] = mapped_column(String(512), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime]
+
+
+class Member(Base):
+    __tablename__ = "members"
+    __table_args__ = (CheckConstraint(_one_of("role", ROLES), name="role"),)
+
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
+    role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
 
 
 class Token(Base):
     __tablename__ = "tokens"
-    __table_args__ = (CheckConstraint(_one_of("kind", TOKEN_KINDS), name="kind"),)
+    __table_args__ = (
+        CheckConstraint(_one_of("kind", TOKEN_KINDS), name="kind"),
+        CheckConstraint(_one_of("role", ROLES), name="role"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     workspace_id: Mapped[str | None] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
@@ -133,6 +181,9 @@ class Token(Base):
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
+    user_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    #: None for tokens made before roles existed (they act as owners)
+    role: Mapped[str | None] = mapped_column(String(16))
 
 
 class App(Base):

@@ -39,6 +39,33 @@ class TokenKind(StrEnum):
     MACHINE = "machine"
 
 
+class Role(StrEnum):
+    """What a member of a workspace may do; each role may do everything the ones before it may.
+
+    * viewer: reads (tasks, logs, apps, pools, volumes' files, secrets' names);
+    * member: runs, deploys and stops (calls, deployments, sandboxes, volumes' writes);
+    * owner: manages the workspace: members, secrets, tokens and environments.
+    """
+
+    VIEWER = "viewer"
+    MEMBER = "member"
+    OWNER = "owner"
+
+    @property
+    def rank(self) -> int:
+        return ROLE_ORDER.index(self)
+
+    def allows(self, needed: Role) -> bool:
+        """Whether this role may do what ``needed`` may."""
+        return self.rank >= needed.rank
+
+
+#: the roles from least to most allowed
+ROLE_ORDER: tuple[Role, ...] = (Role.VIEWER, Role.MEMBER, Role.OWNER)
+#: an environment every workspace has, where everything made before environments existed lives
+MAIN_ENVIRONMENT = "main"
+
+
 class MachineState(StrEnum):
     REQUESTED = "requested"
     STARTING = "starting"
@@ -73,8 +100,46 @@ def parse_enum(enum: type[E], value: str, what: str) -> E:
 
 @dataclass(frozen=True, slots=True)
 class WorkspaceRecord:
+    """A workspace, or one of its environments.
+
+    An environment is stored as a workspace row of its own (``parent_id`` names its workspace), so everything
+    that is isolated by workspace id (apps, tasks, secrets, volumes, sandboxes, images) is isolated by
+    environment with no other change. A workspace's own row is its ``main`` environment.
+    """
+
     id: str
     name: str
+    created_at: datetime
+    #: the workspace this is an environment of; None for a workspace (its main environment)
+    parent_id: str | None = None
+    environment: str = "main"
+    #: people whose verified email has this domain may join (as ``join_role``); None: by invitation only
+    join_domain: str | None = None
+    join_role: str = "member"
+
+    @property
+    def root_id(self) -> str:
+        """The workspace's id, for the workspace or any of its environments."""
+        return self.parent_id or self.id
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    """A person who signs in; tokens they hold act for them, within their role in each workspace."""
+
+    id: str
+    email: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    workspace_id: str
+    user_id: str
+    email: str
+    name: str
+    role: Role
     created_at: datetime
 
 
@@ -90,6 +155,11 @@ class TokenRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    #: the person it acts for (None: a service token, or one made before sign-in existed)
+    user_id: str | None = None
+    #: the most it may do; a person's token also never more than their role in the workspace.
+    #: None: a token made before roles existed, which may do what an owner may
+    role: Role | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from levers9.state.errors import AlreadyExists, DataDirectoryFull, NotFound
 from levers9.state.sql._common import check_name, retry_on_race
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Token, Workspace, new_id, utcnow
-from levers9.state.sql.records import TokenKind, TokenRecord, WorkspaceRecord, parse_enum
+from levers9.state.sql.records import MAIN_ENVIRONMENT, Role, TokenKind, TokenRecord, WorkspaceRecord, parse_enum
 
 #: ``last_used_at`` is only rewritten when it is older than this, so verifying a
 #: token on every RPC does not turn every RPC into a database write
@@ -30,8 +30,41 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 MAX_TOKEN_TTL_S = 10 * 365 * 86_400
 
 
-def _workspace(row: Workspace) -> WorkspaceRecord:
-    return WorkspaceRecord(id=row.id, name=row.name, created_at=row.created_at)
+def workspace_record(row: Workspace) -> WorkspaceRecord:
+    return WorkspaceRecord(
+        id=row.id,
+        name=row.name,
+        created_at=row.created_at,
+        parent_id=row.parent_id,
+        environment=row.environment or MAIN_ENVIRONMENT,
+        join_domain=row.join_domain,
+        join_role=row.join_role or Role.MEMBER.value,
+    )
+
+
+_workspace = workspace_record
+
+
+def check_workspace_name(name: str) -> str:
+    check_name(name, "workspace name", 128)
+    if "/" in name:
+        raise ValueError(
+            f"workspace name {name!r} is not valid: it may not contain '/' (WORKSPACE/ENV names an environment)"
+        )
+    return name
+
+
+def check_environment_name(name: str) -> str:
+    """Environment names are short slugs: they appear in URLs, contexts and ``-e NAME``."""
+    if (
+        not (1 <= len(name) <= 32)
+        or not all(c.isascii() and (c.isalnum() or c in "-_") for c in name)
+        or not name[0].isalnum()
+    ):
+        raise ValueError(
+            f"environment name {name!r} is not valid: 1-32 letters, digits, '-' or '_', starting with a letter or digit"
+        )
+    return name.lower()
 
 
 def _token(row: Token) -> TokenRecord:
@@ -44,6 +77,8 @@ def _token(row: Token) -> TokenRecord:
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
+        user_id=row.user_id,
+        role=None if row.role is None else Role(row.role),
     )
 
 
@@ -66,7 +101,7 @@ class WorkspaceStore:
         self._db = db
 
     async def create(self, name: str) -> WorkspaceRecord:
-        check_name(name, "workspace name", 128)
+        check_workspace_name(name)
         try:
             async with self._db.transaction() as session:
                 row = Workspace(id=new_id("ws"), name=name, created_at=utcnow())
@@ -78,7 +113,7 @@ class WorkspaceStore:
 
     async def get_or_create(self, name: str) -> WorkspaceRecord:
         """The workspace called ``name``, made if missing (the default workspace of a fresh install)."""
-        check_name(name, "workspace name", 128)
+        check_workspace_name(name)
 
         async def attempt() -> WorkspaceRecord:
             async with self._db.transaction() as session:
@@ -102,9 +137,93 @@ class WorkspaceStore:
             return None if row is None else _workspace(row)
 
     async def list(self) -> builtins.list[WorkspaceRecord]:
-        """Every workspace, by name: for operators, who are the only ones allowed to see them all."""
+        """Every workspace (not their environments), by name: for operators, who alone may see them all."""
         async with self._db.transaction() as session:
-            rows = await session.scalars(select(Workspace).order_by(Workspace.name))
+            rows = await session.scalars(
+                select(Workspace).where(Workspace.parent_id.is_(None)).order_by(Workspace.name)
+            )
+            return [_workspace(row) for row in rows]
+
+    # ----------------------------------------------------------------- environments
+
+    async def environment(self, workspace_id: str, environment: str) -> WorkspaceRecord | None:
+        """The environment ``environment`` of the workspace ``workspace_id`` (``main``: the workspace's own row)."""
+        env = environment.lower()
+        async with self._db.transaction() as session:
+            if env == MAIN_ENVIRONMENT:
+                row = await session.get(Workspace, workspace_id)
+                return None if row is None or row.parent_id is not None else _workspace(row)
+            row = await session.scalar(
+                select(Workspace).where(Workspace.parent_id == workspace_id, Workspace.environment == env)
+            )
+            return None if row is None else _workspace(row)
+
+    async def environments(self, workspace_id: str) -> builtins.list[WorkspaceRecord]:
+        """The workspace's environments: ``main`` (its own row) first, then the others by name."""
+        async with self._db.transaction() as session:
+            root = await session.get(Workspace, workspace_id)
+            if root is None or root.parent_id is not None:
+                raise NotFound("workspace", workspace_id)
+            rows = await session.scalars(
+                select(Workspace).where(Workspace.parent_id == workspace_id).order_by(Workspace.environment)
+            )
+            return [_workspace(root), *(_workspace(row) for row in rows)]
+
+    async def create_environment(self, workspace_id: str, environment: str) -> WorkspaceRecord:
+        env = check_environment_name(environment)
+        if env == MAIN_ENVIRONMENT:
+            raise AlreadyExists("every workspace has the environment main")
+        try:
+            async with self._db.transaction() as session:
+                root = await session.get(Workspace, workspace_id)
+                if root is None or root.parent_id is not None:
+                    raise NotFound("workspace", workspace_id)
+                row = Workspace(
+                    id=new_id("ws"),
+                    name=f"{root.name}/{env}",
+                    created_at=utcnow(),
+                    parent_id=root.id,
+                    environment=env,
+                    join_role=Role.MEMBER.value,
+                )
+                session.add(row)
+                await session.flush()
+                return _workspace(row)
+        except IntegrityError:
+            raise AlreadyExists(f"the workspace already has an environment named {env!r}") from None
+
+    async def delete_environment(self, environment_id: str) -> bool:
+        """Delete an environment's row, and with it (by cascade) its apps, tasks, secrets, volumes' records and
+        tokens; the caller checks first that nothing in it still runs. ``main`` cannot be deleted."""
+        async with self._db.transaction() as session:
+            row = await session.get(Workspace, environment_id)
+            if row is None or row.parent_id is None:
+                return False
+            await session.delete(row)
+            return True
+
+    async def set_join(self, workspace_id: str, domain: str | None, role: Role | str) -> WorkspaceRecord:
+        """Let people whose verified email is at ``domain`` join with ``role`` (None: by invitation only)."""
+        wanted = parse_enum(Role, str(role), "role")
+        if domain is not None:
+            domain = domain.strip().lower().lstrip("@")
+            if "." not in domain or "@" in domain or not domain.isprintable() or len(domain) > 253:
+                raise ValueError(f"join domain {domain!r} is not a domain name such as example.com")
+        async with self._db.transaction() as session:
+            row = await session.get(Workspace, workspace_id)
+            if row is None or row.parent_id is not None:
+                raise NotFound("workspace", workspace_id)
+            row.join_domain, row.join_role = domain, wanted.value
+            await session.flush()
+            return _workspace(row)
+
+    async def joinable(self, email: str) -> builtins.list[WorkspaceRecord]:
+        """The workspaces anyone with this verified email may join, by its domain."""
+        domain = email.strip().lower().rpartition("@")[2]
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Workspace).where(Workspace.parent_id.is_(None), Workspace.join_domain == domain)
+            )
             return [_workspace(row) for row in rows]
 
 
@@ -114,6 +233,10 @@ class TokenStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
+    @property
+    def db(self) -> Database:
+        return self._db
+
     async def issue(
         self,
         kind: str,
@@ -121,9 +244,15 @@ class TokenStore:
         workspace_id: str | None = None,
         subject: str | None = None,
         ttl_s: float | None = None,
+        user_id: str | None = None,
+        role: Role | str | None = None,
     ) -> tuple[TokenRecord, str]:
-        """A new token: its record and the token itself, which is returned this once and never stored."""
+        """A new token: its record and the token itself, which is returned this once and never stored.
+
+        ``user_id``: the person it acts for; ``role``: the most it may do (None: an owner's, as tokens made before
+        roles did)."""
         token_kind = parse_enum(TokenKind, kind, "token kind")
+        token_role = None if role is None else parse_enum(Role, str(role), "role")
         if ttl_s is not None and not 0 < ttl_s <= MAX_TOKEN_TTL_S:  # NaN fails this too
             raise ValueError(
                 f"ttl_s must be above 0 and at most {MAX_TOKEN_TTL_S} seconds (ten years), or None for a token "
@@ -144,6 +273,8 @@ class TokenStore:
                 expires_at=None if ttl_s is None else now + timedelta(seconds=ttl_s),
                 revoked_at=None,
                 last_used_at=None,
+                user_id=user_id,
+                role=None if token_role is None else token_role.value,
             )
             session.add(row)
             await session.flush()
@@ -257,6 +388,8 @@ class TokenStore:
                 expires_at=None,
                 revoked_at=None,
                 last_used_at=None,
+                user_id=row.user_id,
+                role=row.role,
             )
             session.add(new_row)
             await session.flush()
@@ -282,6 +415,26 @@ class TokenStore:
             )
             count: int = result.rowcount  # type: ignore[attr-defined]
             return count == 1
+
+    async def revoke_user(self, workspace_ids: Iterable[str], user_id: str) -> builtins.list[str]:
+        """Revoke every live token ``user_id`` holds in these workspaces or environments; the ids revoked."""
+        scopes = list(workspace_ids)
+        async with self._db.transaction() as session:
+            ids = list(
+                await session.scalars(
+                    select(Token.id).where(
+                        Token.user_id == user_id, Token.workspace_id.in_(scopes), Token.revoked_at.is_(None)
+                    )
+                )
+            )
+            if ids:
+                await session.execute(
+                    update(Token)
+                    .where(Token.id.in_(ids))
+                    .values(revoked_at=utcnow())
+                    .execution_options(synchronize_session=False)
+                )
+            return ids
 
     async def revoke_subject(self, subject: str) -> int:
         """Revoke every live token of ``subject`` (a machine being terminated); returns how many."""
