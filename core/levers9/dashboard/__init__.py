@@ -1,0 +1,1 @@
+"""The web dashboard: server-rendered pages over the service layer, and signing people in."""
