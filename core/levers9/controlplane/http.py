@@ -47,6 +47,8 @@ from levers9.controlplane.rest_sandboxes import MAX_MILLICORES, MAX_PROCESS, MAX
 from levers9.controlplane.rest_sandboxes import router as sandbox_router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
 from levers9.controlplane.wheels import OwnWheels
+from levers9.dashboard.auth_routes import router as auth_router
+from levers9.dashboard.routes import router as dashboard_router
 from levers9.services.agent_pools.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
 from levers9.services.core import Services
 from levers9.services.dataplane import DataPlane
@@ -217,6 +219,9 @@ def create_http_app(
     app.state.wheels = wheels if wheels is not None else OwnWheels()
     app.include_router(router)
     app.include_router(members_router)
+    # the dashboard's pages and signing people in (HTML, outside the API's document)
+    app.include_router(dashboard_router)
+    app.include_router(auth_router)
     # sandboxes, relayed to their workers through the workers' tunnels; served alone (no tunnels), a sandbox's
     # worker is answered unreachable
     app.state.sandboxes = sandboxes if sandboxes is not None else SandboxService(services, _no_tunnels)
