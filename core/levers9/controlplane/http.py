@@ -41,11 +41,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from levers9.__about__ import __version__
+from levers9.controlplane.rest_auth import router as auth_api_router
 from levers9.controlplane.rest_members import router as members_router
 from levers9.controlplane.rest_routes import router
 from levers9.controlplane.rest_sandboxes import MAX_MILLICORES, MAX_PROCESS, MAX_SECONDS, snapshots_router
 from levers9.controlplane.rest_sandboxes import router as sandbox_router
 from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, ErrorDetail
+from levers9.controlplane.rest_usage import router as usage_router
 from levers9.controlplane.wheels import OwnWheels
 from levers9.dashboard.auth_routes import router as auth_router
 from levers9.dashboard.routes import router as dashboard_router
@@ -219,6 +221,8 @@ def create_http_app(
     app.state.wheels = wheels if wheels is not None else OwnWheels()
     app.include_router(router)
     app.include_router(members_router)
+    app.include_router(auth_api_router)
+    app.include_router(usage_router)
     # the dashboard's pages and signing people in (HTML, outside the API's document)
     app.include_router(dashboard_router)
     app.include_router(auth_router)
