@@ -273,7 +273,7 @@ snapshots_router = APIRouter(
 
 
 @snapshots_router.get("", responses=_SANDBOX_ERRORS)
-async def list_snapshots(service: Service, principal: Member) -> JSONResponse:
+async def list_snapshots(service: Service, principal: Viewer) -> JSONResponse:
     """The workspace's stored sandbox snapshots, oldest first."""
     return JSONResponse({"snapshots": await service.snapshots(principal)})
 

@@ -201,6 +201,13 @@ class Authenticator:
     def forget_environment(self, workspace_id: str, name: str) -> None:
         self._environments.pop((workspace_id, name), None)
 
+    def forget_user(self, user_id: str) -> None:
+        """A person's role changed: drop their tokens' cached principals here, so the new role holds at once on
+        this replica (on the others within ``cache_s``)."""
+        for key, (_, _, principal) in list(self._cache.items()):
+            if principal.user_id == user_id:
+                del self._cache[key]
+
     def forget(self, token_id: str) -> None:
         """Drop a revoked token from the cache at once (on this replica)."""
         for key, (_, _, principal) in list(self._cache.items()):

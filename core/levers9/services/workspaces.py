@@ -132,9 +132,11 @@ async def invite(
     root = await _root(services, principal, workspace, "invite people to")
     user = await services.users.get_or_create(email)
     try:
-        return await services.members.put(root, user.id, role)
+        made = await services.members.put(root, user.id, role)
     except LastOwner as exc:
         raise Conflict(str(exc)) from None
+    services.auth.forget_user(user.id)  # a new role holds at once here, within the auth cache's life elsewhere
+    return made
 
 
 async def remove_member(services: Services, principal: Principal, email: str, workspace: str | None = None) -> int:
