@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from google.protobuf import message_factory
 
 from levers9.controlplane.grpc_api import ControlPlaneService
 from levers9.controlplane.grpc_volumes import VolumesService
@@ -30,16 +31,16 @@ from levers9.services.hub import Hub
 from levers9.state.sql.records import Role
 from tests.controlplane.conftest import bearer
 
-V, M, O = Role.VIEWER, Role.MEMBER, Role.OWNER
+V, M, OWN = Role.VIEWER, Role.MEMBER, Role.OWNER
 #: the routes that take no token at all
 OPEN = {("GET", "/api/v1/health"), ("GET", "/api/v1/wheels"), ("GET", "/api/v1/wheels/{name}")}
 #: the role each REST route needs
 REST: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/workspaces"): V,
-    ("POST", "/api/v1/workspaces"): O,
-    ("GET", "/api/v1/tokens"): O,
-    ("POST", "/api/v1/tokens"): O,
-    ("DELETE", "/api/v1/tokens/{token_id}"): O,
+    ("POST", "/api/v1/workspaces"): OWN,
+    ("GET", "/api/v1/tokens"): OWN,
+    ("POST", "/api/v1/tokens"): OWN,
+    ("DELETE", "/api/v1/tokens/{token_id}"): OWN,
     ("GET", "/api/v1/pools"): V,
     ("GET", "/api/v1/workers"): V,
     ("GET", "/api/v1/machines"): V,
@@ -48,24 +49,24 @@ REST: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/tasks/{task_id}/history"): V,
     ("POST", "/api/v1/tasks/{task_id}/cancel"): M,
     ("GET", "/api/v1/secrets"): V,
-    ("POST", "/api/v1/secrets"): O,
-    ("DELETE", "/api/v1/secrets/{name}"): O,
+    ("POST", "/api/v1/secrets"): OWN,
+    ("DELETE", "/api/v1/secrets/{name}"): OWN,
     ("GET", "/api/v1/clusters"): V,
-    ("POST", "/api/v1/clusters"): O,
-    ("DELETE", "/api/v1/clusters/{name}"): O,
+    ("POST", "/api/v1/clusters"): OWN,
+    ("DELETE", "/api/v1/clusters/{name}"): OWN,
     ("GET", "/api/v1/joined-machines"): V,
-    ("POST", "/api/v1/joined-machines"): O,
-    ("DELETE", "/api/v1/joined-machines/{name}"): O,
+    ("POST", "/api/v1/joined-machines"): OWN,
+    ("DELETE", "/api/v1/joined-machines/{name}"): OWN,
     ("GET", "/api/v1/deployments"): V,
     ("POST", "/api/v1/deployments/{name}/versions/{version}/stop"): M,
     ("GET", "/api/v1/me"): V,
     ("GET", "/api/v1/members"): V,
-    ("PUT", "/api/v1/members/{email}"): O,
-    ("DELETE", "/api/v1/members/{email}"): O,
-    ("PUT", "/api/v1/workspace/join"): O,
+    ("PUT", "/api/v1/members/{email}"): OWN,
+    ("DELETE", "/api/v1/members/{email}"): OWN,
+    ("PUT", "/api/v1/workspace/join"): OWN,
     ("GET", "/api/v1/environments"): V,
-    ("POST", "/api/v1/environments"): O,
-    ("DELETE", "/api/v1/environments/{name}"): O,
+    ("POST", "/api/v1/environments"): OWN,
+    ("DELETE", "/api/v1/environments/{name}"): OWN,
     # sandboxes: reading is a viewer's, everything that starts, changes or stops something a member's
     ("POST", "/api/v1/sandboxes"): M,
     ("GET", "/api/v1/sandboxes"): V,
@@ -107,15 +108,15 @@ GRPC: dict[str, dict[str, Role]] = {
         "ListTasks": V,
         "GetTask": V,
         "CancelTask": M,
-        "PutSecret": O,
+        "PutSecret": OWN,
         "ListSecrets": V,
-        "DeleteSecret": O,
-        "CreateJoinedMachine": O,
+        "DeleteSecret": OWN,
+        "CreateJoinedMachine": OWN,
         "ListJoinedMachines": V,
-        "RemoveJoinedMachine": O,
-        "JoinCluster": O,
+        "RemoveJoinedMachine": OWN,
+        "JoinCluster": OWN,
         "ListClusters": V,
-        "RemoveCluster": O,
+        "RemoveCluster": OWN,
         "PutBlob": M,
         "GetBlob": V,
         "StreamLogs": V,
@@ -226,7 +227,7 @@ async def test_each_rest_route_refuses_a_role_below_the_one_it_needs(team: Team)
 
 def _empty(method: Any) -> Any:
     """An empty request of the method's input type."""
-    return method.input_type._concrete_class()
+    return message_factory.GetMessageClass(method.input_type)()
 
 
 async def _call_grpc(team: Team, service: str, name: str, token: str) -> grpc.StatusCode:
@@ -237,7 +238,8 @@ async def _call_grpc(team: Team, service: str, name: str, token: str) -> grpc.St
     method = descriptor.methods_by_name[name]
     full = f"/{descriptor.full_name}/{name}"
     request = _empty(method)
-    serialize, deserialize = type(request).SerializeToString, method.output_type._concrete_class.FromString
+    serialize = type(request).SerializeToString
+    deserialize = message_factory.GetMessageClass(method.output_type).FromString
     metadata = (("authorization", f"Bearer {token}"),)
     try:
         if method.client_streaming and method.server_streaming:
@@ -285,28 +287,32 @@ async def test_a_tokens_role_caps_its_persons_and_a_removed_person_loses_every_t
     capped = await _person(services, workspace.id, "careful@team.example", Role.OWNER, token_role=Role.VIEWER)
     assert (await team.client.get("/api/v1/members", headers=bearer(capped))).status_code == 200
     response = await team.client.post("/api/v1/environments", headers=bearer(capped), json={"name": "staging"})
-    assert response.status_code == 403 and "needs the owner role" in response.json()["error"]["message"]
+    assert response.status_code == 403
+    assert "needs the owner role" in response.json()["error"]["message"]
     # a member cannot issue a token that does more than they may
     response = await team.client.post("/api/v1/tokens", headers=bearer(team.tokens[M]), json={"role": "owner"})
     assert response.status_code == 403
     # the owner demotes the member to viewer: the member's token reads, and runs nothing, at once
     response = await team.client.put(
-        "/api/v1/members/member@team.example", headers=bearer(team.tokens[O]), json={"role": "viewer"}
+        "/api/v1/members/member@team.example", headers=bearer(team.tokens[OWN]), json={"role": "viewer"}
     )
-    assert response.status_code == 200 and response.json()["role"] == "viewer"
+    assert response.status_code == 200
+    assert response.json()["role"] == "viewer"
     response = await team.client.post("/api/v1/tasks/task_nope/cancel", headers=bearer(team.tokens[M]))
-    assert response.status_code == 403 and "acts as a viewer" in response.json()["error"]["message"]
+    assert response.status_code == 403
+    assert "acts as a viewer" in response.json()["error"]["message"]
     # removed: every token the person held is revoked (and so refused at once on this replica)
-    response = await team.client.delete("/api/v1/members/member@team.example", headers=bearer(team.tokens[O]))
+    response = await team.client.delete("/api/v1/members/member@team.example", headers=bearer(team.tokens[OWN]))
     assert response.status_code == 204
     assert (await team.client.get("/api/v1/me", headers=bearer(team.tokens[M]))).status_code == 401
     # the last owner can neither leave nor be demoted
-    response = await team.client.delete("/api/v1/members/careful@team.example", headers=bearer(team.tokens[O]))
+    response = await team.client.delete("/api/v1/members/careful@team.example", headers=bearer(team.tokens[OWN]))
     assert response.status_code == 204
-    response = await team.client.delete("/api/v1/members/owner@team.example", headers=bearer(team.tokens[O]))
-    assert response.status_code == 409 and "only owner" in response.json()["error"]["message"]
+    response = await team.client.delete("/api/v1/members/owner@team.example", headers=bearer(team.tokens[OWN]))
+    assert response.status_code == 409
+    assert "only owner" in response.json()["error"]["message"]
     response = await team.client.put(
-        "/api/v1/members/owner@team.example", headers=bearer(team.tokens[O]), json={"role": "member"}
+        "/api/v1/members/owner@team.example", headers=bearer(team.tokens[OWN]), json={"role": "member"}
     )
     assert response.status_code == 409
     members = (await team.client.get("/api/v1/members", headers=bearer(team.tokens[V]))).json()
