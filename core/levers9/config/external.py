@@ -52,9 +52,11 @@ SUBSTITUTED: tuple[Loc, ...] = (
     ("listen", "tls", "cert_file"),
     ("listen", "tls", "key_file"),
     ("listen", "tls", "ca_file"),
+    ("auth", "oidc", "client_secret"),
+    ("auth", "oidc", "client_secret_file"),
 )
 #: the fields that may instead be read from the file their ``_file`` twin names
-FILE_TWINS: tuple[Loc, ...] = (("state", "database_url"), ("state", "redis_url"))
+FILE_TWINS: tuple[Loc, ...] = (("state", "database_url"), ("state", "redis_url"), ("auth", "oidc", "client_secret"))
 
 #: ``$$`` or ``${...}``; a lone ``$`` is not matched and stays as written
 _REFERENCE = re.compile(r"\$(?:\$|\{([^}]*)\})")

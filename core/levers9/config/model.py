@@ -589,6 +589,91 @@ class ImagesConfig(_Strict):
     )
 
 
+def _loopback_host(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1") or host.endswith(".localhost")
+
+
+def _web_address(value: str, what: str) -> str:
+    """``value`` as an http(s) base URL (no query or fragment); plain http only on a loopback host."""
+    parts = urllib.parse.urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"{value!r} is not {what}; accepted: https://host[:port][/path]")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not one
+    except ValueError as exc:
+        raise ValueError(f"{value!r}: {exc}; accepted: https://host[:port][/path], the port 1-65535") from None
+    if parts.scheme == "http" and not _loopback_host(parts.hostname):
+        raise ValueError(
+            f"{value!r} is plain http on a host other than loopback: sign-in would carry codes and cookies in "
+            "clear; use https://"
+        )
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+class OidcConfig(_Strict):
+    """An OpenID Connect issuer people sign in to the dashboard with (any standard one: its discovery document at
+    ISSUER/.well-known/openid-configuration says the rest)."""
+
+    issuer: str = Field(
+        description="The issuer's URL, exactly as its ID tokens' iss claim names it (https://accounts.example.com)."
+    )
+    client_id: str = Field(min_length=1, max_length=512, description="The client id registered with the issuer.")
+    client_secret: str | None = Field(
+        None,
+        repr=False,
+        description="The client's secret (none: a public client, PKCE only); ${NAME} is replaced by the "
+        "environment variable NAME.",
+    )
+    # read when the file is loaded, into client_secret (levers9.config.external): None once loaded
+    client_secret_file: str | None = Field(None, description="File holding client_secret, instead of it.")
+    scopes: str = Field(
+        "openid email profile", description="Scopes asked for, space-separated; must include openid and email."
+    )
+    name: str = Field(
+        "", max_length=64, description="What the sign-in button says (Sign in with NAME); empty: the issuer's host."
+    )
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str) -> str:
+        return _web_address(value, "an OpenID Connect issuer URL")
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, value: str) -> str:
+        scopes = value.split()
+        missing = [s for s in ("openid", "email") if s not in scopes]
+        if missing:
+            raise ValueError(
+                f"{value!r} lacks {' and '.join(missing)}: sign-in needs an ID token (openid) with the "
+                "person's email (email)"
+            )
+        return " ".join(scopes)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or (urllib.parse.urlsplit(self.issuer).hostname or self.issuer)
+
+
+class AuthConfig(_Strict):
+    """How people sign in to the dashboard: one-time links (always) and an OpenID Connect issuer (optional)."""
+
+    public_url: str | None = Field(
+        None,
+        description="The dashboard's address as browsers reach it (https://levers9.example.com), for redirect "
+        "URIs and sign-in links; empty: the address each request came to.",
+    )
+    oidc: OidcConfig | None = Field(None, description="An OpenID Connect issuer to sign in with; none: links only.")
+    link_ttl_s: float = Field(
+        900, gt=0, le=7 * 86_400, description="How long a one-time sign-in link works, in seconds (at most 7 days)."
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else _web_address(value, "the dashboard's address")
+
+
 class Config(_Strict):
     version: Literal[1] = Field(1, description="Config format version.")
     data_dir: str = Field(
@@ -607,6 +692,7 @@ class Config(_Strict):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     images: ImagesConfig = Field(default_factory=ImagesConfig)
     volumes: VolumesConfig = Field(default_factory=VolumesConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="How people sign in to the dashboard.")
 
     @property
     def database_url(self) -> str:
