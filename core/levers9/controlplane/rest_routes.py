@@ -279,7 +279,7 @@ async def list_tokens(
 @_user.post("/tokens", status_code=201)
 async def create_token(services: ServicesDep, principal: Owner, body: TokenCreate) -> IssuedToken:
     record, token = await workspaces.issue_token(
-        services, principal, body.workspace, subject=body.subject, ttl_s=body.ttl_s
+        services, principal, body.workspace, subject=body.subject, ttl_s=body.ttl_s, role=body.role
     )
     return IssuedToken.model_validate({**token_out(record).model_dump(), "token": token})
 
