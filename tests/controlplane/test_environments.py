@@ -8,7 +8,6 @@ deleting an environment is refused while something in it runs and then takes its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -34,7 +33,7 @@ async def _owner(api: Api, name: str) -> tuple[WorkspaceRecord, str]:
 
 
 @pytest.fixture
-async def staging(api: Api) -> AsyncIterator[tuple[WorkspaceRecord, str]]:
+async def staging(api: Api) -> tuple[WorkspaceRecord, str]:
     workspace, owner = await _owner(api, "acme")
     response = await api.client.post("/api/v1/environments", headers=bearer(owner), json={"name": "Staging"})
     assert response.status_code == 201, response.text
