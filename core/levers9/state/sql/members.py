@@ -36,7 +36,8 @@ def check_email(value: str) -> str:
     """An email address, lowercased; ValueError naming what is wrong."""
     email = value.strip().lower()
     local, at, domain = email.partition("@")
-    if not at or not local or "." not in domain.strip(".") or len(email) > 320 or not email.isprintable():
+    bad = not email.isprintable() or any(c.isspace() for c in email) or "@" in domain
+    if not at or not local or "." not in domain.strip(".") or len(email) > 320 or bad:
         raise ValueError(f"email {value!r} is not an address: it must look like name@example.com")
     return email
 
