@@ -67,6 +67,8 @@ REST: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/environments"): V,
     ("POST", "/api/v1/environments"): OWN,
     ("DELETE", "/api/v1/environments/{name}"): OWN,
+    ("GET", "/api/v1/usage"): V,
+    ("POST", "/api/v1/auth/links"): V,
     # sandboxes: reading is a viewer's, everything that starts, changes or stops something a member's
     ("POST", "/api/v1/sandboxes"): M,
     ("GET", "/api/v1/sandboxes"): V,

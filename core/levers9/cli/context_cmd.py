@@ -90,6 +90,9 @@ def add(
     token: str = typer.Option(..., "--token", help="The API token; '-' reads it from standard input."),
     http: str = typer.Option("", "--http", help="The controlplane's HTTP URL, e.g. http://127.0.0.1:1994."),
     workspace: str = typer.Option("", "--workspace", help="The token's workspace, for display."),
+    environment: str = typer.Option(
+        "", "--environment", "--env", help="The environment of the workspace to act in (default: main)."
+    ),
     ca_file: str = typer.Option(
         "", "--ca-file", help="PEM CA bundle that verifies the controlplane's certificate (default: system CAs)."
     ),
@@ -116,6 +119,7 @@ def add(
             http=http,
             token=token,
             workspace=workspace,
+            environment=environment,
             ca_file=ca_file,
             reconnect_s=reconnect_s,
         )
@@ -123,6 +127,50 @@ def add(
     except ContextError as exc:
         _fail(exc)
     out.print(f"context {name!r} saved in {path}; it is now current", markup=False)
+
+
+@app.command("show")
+def show(
+    name: str | None = typer.Argument(None, help="The context (default: the current one)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    offline: bool = typer.Option(False, "--offline", help="Do not ask the controlplane who the token acts as."),
+) -> None:
+    """The context commands use: its addresses, workspace, environment, and (asked of the controlplane) the role
+    and person its token acts as. Never the token."""
+    from levers9.sdk.context import ContextError, current_context
+
+    try:
+        ctx = current_context(name)
+    except ContextError as exc:
+        _fail(exc)
+    shown: dict[str, object] = {
+        "name": ctx.name,
+        "grpc": ctx.grpc,
+        "http": ctx.http or None,
+        "workspace": ctx.workspace or None,
+        "environment": ctx.environment or "main",
+        "token": bool(ctx.token),
+        "ca_file": ctx.ca_file or None,
+    }
+    if not offline and ctx.http and ctx.token:
+        from levers9.cli.rest_client import Rest, RestFailed
+
+        try:
+            client = Rest(ctx)
+            try:
+                me = client.get("/me")
+            finally:
+                client.close()
+            shown.update(workspace=me["workspace"], environment=me["environment"], role=me["role"])
+            shown["person"] = me["email"] or None
+        except RestFailed as exc:
+            shown["server"] = f"not asked: {exc}"
+    if as_json:
+        print_json(shown)
+        return
+    for key, value in shown.items():
+        text = ("yes" if value else "no") if key == "token" else ("-" if value is None else str(value))
+        out.print(f"{key + ':':<13}{text}", markup=False, highlight=False)
 
 
 @app.command("remove")

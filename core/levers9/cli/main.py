@@ -56,6 +56,7 @@ from levers9.cli import (
     server_cmd,
     volume_cmd,
     worker_image_cmd,
+    workspace_cmd,
 )
 
 app = typer.Typer(
@@ -115,6 +116,8 @@ app.command("check")(check_cmd.check)
 app.command("offers")(offers_cmd.offers)
 app.add_typer(gpu_cmd.app, name="gpu")
 app.add_typer(context_cmd.app, name="context")
+app.add_typer(workspace_cmd.workspace_app, name="workspace")
+app.add_typer(workspace_cmd.environment_app, name="environment")
 app.command("tasks")(client_cmds.tasks)
 app.command("logs")(client_cmds.logs)
 app.command("cancel")(client_cmds.cancel)

@@ -36,6 +36,7 @@ from levers9.hooks.types import Availability, GpuOffer
 from levers9.scheduler.pools import PoolSpec
 from levers9.scheduler.request import PlacementRequest
 from levers9.state.redis.backlog import Group
+from levers9.state.sql.records import root_workspace
 
 __all__ = ["Candidate", "NoPoolOffers", "PoolOrder", "candidates", "groups", "pool_price", "pool_prices"]
 
@@ -90,7 +91,7 @@ def _why_not(request: PlacementRequest, pool: PoolSpec) -> str | None:
 
 def _visible(request: PlacementRequest, pool: PoolSpec) -> bool:
     """A workspace's attached cluster is invisible to every other workspace, even in error messages."""
-    return pool.workspace is None or pool.workspace == request.workspace
+    return pool.workspace is None or pool.workspace == root_workspace(request.workspace)
 
 
 def pool_price(pool: PoolSpec, offers: Iterable[GpuOffer]) -> float | None:

@@ -124,7 +124,7 @@ def own_workspace(principal: Principal, action: str) -> str:
 
 def visible(principal: Principal, owner: str | None) -> bool:
     """Shared pools and workers are everyone's; an attached cluster's are its workspace's (and operators')."""
-    return owner is None or is_operator(principal) or owner == principal.workspace_id
+    return owner is None or is_operator(principal) or owner == principal.workspace_root
 
 
 def worker_visible(services: Services, principal: Principal, state: WorkerState) -> bool:

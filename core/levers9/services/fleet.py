@@ -77,7 +77,7 @@ from levers9.services.tunnels import decide_tunnel
 from levers9.state.errors import Conflict, NotFound
 from levers9.state.redis.workers import WorkerInfo
 from levers9.state.sql.checkpoints import CheckpointStore
-from levers9.state.sql.records import CheckpointRecord, MachineRecord, StubRecord, TokenKind
+from levers9.state.sql.records import CheckpointRecord, MachineRecord, StubRecord, TokenKind, root_workspace
 
 __all__ = [
     "Registration",
@@ -433,7 +433,7 @@ async def calling_worker(services: Services, principal: Principal, worker_id: st
 
 def may_serve(spec: PoolSpec, workspace_id: str, what: str) -> None:
     """PermissionDenied unless a worker of ``spec`` may act for ``workspace_id`` (an attached pool: only its own)."""
-    if spec.workspace is not None and spec.workspace != workspace_id:
+    if spec.workspace is not None and spec.workspace != root_workspace(workspace_id):
         raise PermissionDenied(f"{what} belongs to a workspace pool {spec.name} does not serve")
 
 

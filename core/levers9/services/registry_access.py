@@ -43,7 +43,7 @@ from levers9.services import fleet
 from levers9.services.auth import PermissionDenied, Principal, Unauthenticated
 from levers9.services.dataplane import DataPlane
 from levers9.state.errors import NotFound
-from levers9.state.sql.records import TokenKind
+from levers9.state.sql.records import TokenKind, root_workspace
 
 __all__ = [
     "PULL",
@@ -169,7 +169,7 @@ async def _worker_refusal(
 ) -> str | None:
     """Why ``worker`` may not ``action`` ``repository``, one of ``workspace``'s; None when it may."""
     bound = worker.spec.workspace
-    if bound is not None and bound.lower() != workspace:
+    if bound is not None and bound.lower() != root_workspace(workspace).lower():
         return f"its pool {worker.spec.name} serves another workspace"
     workers = dp.services.scheduler.workers
     if action == PUSH:

@@ -86,7 +86,7 @@ from levers9.services.tunnels import tunnel_address
 from levers9.services.volume_access import DAV_PREFIX, VolumeToken, mint_token
 from levers9.state.errors import DecryptionError, NotFound
 from levers9.state.redis.workers import WorkerState
-from levers9.state.sql.records import SandboxSnapshotRecord
+from levers9.state.sql.records import SandboxSnapshotRecord, root_workspace
 
 __all__ = ["ERROR_TYPES", "Relayed", "SandboxProblem", "SandboxService"]
 
@@ -421,7 +421,11 @@ class SandboxService:
     def _pools(self, workspace_id: str, named: object) -> list[str]:
         pools = self.services.pools
         usable = sorted(
-            (spec for spec in pools.values() if spec.sandboxes > 0 and spec.workspace in (None, workspace_id)),
+            (
+                spec
+                for spec in pools.values()
+                if spec.sandboxes > 0 and spec.workspace in (None, root_workspace(workspace_id))
+            ),
             key=lambda spec: (-spec.priority, spec.name),
         )
         names = [spec.name for spec in usable]

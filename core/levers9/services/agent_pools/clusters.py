@@ -293,7 +293,7 @@ def _workspace_user(principal: Principal, doing: str) -> str:
             "token of that workspace; an operator's shared cluster is a pool of the config file, whose agent joins "
             "with 'levers9 cluster join NAME --pool POOL'"
         )
-    return principal.workspace_id
+    return principal.workspace_root or principal.workspace_id
 
 
 def _configured_record(name: str, spec: PoolSpec) -> ClusterRecord:
@@ -411,7 +411,7 @@ ATTACHED_CLUSTERS = AttachedClusterKind()
 async def list_clusters(services: Services, principal: Principal) -> list[ClusterView]:
     """The caller's workspace's attached clusters (an operator's: the configured shared ones), connected or not,
     with their agents' last report."""
-    workspace = principal.workspace_id
+    workspace = principal.workspace_root
     if workspace is None:
         records = [_configured_record(name, spec) for name, spec in sorted(_configured(services).items())]
     else:

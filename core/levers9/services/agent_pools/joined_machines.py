@@ -186,7 +186,7 @@ def _usable(spec: PoolSpec, principal: Principal) -> bool:
     the pools it attached."""
     if spec.configured:
         return principal.workspace_id is None
-    return spec.workspace == principal.workspace_id
+    return spec.workspace == principal.workspace_root
 
 
 def _check_pool(services: Services, principal: Principal, pool: str) -> PoolSpec:
@@ -237,7 +237,7 @@ async def create(
     if name:
         check_machine_name(name)
         try:
-            found = await store.by_name(principal.workspace_id, name)
+            found = await store.by_name(principal.workspace_root, name)
         except NotFound:
             pass
         else:
@@ -258,7 +258,7 @@ async def create(
         return await store.create(
             issued.agent_id,
             name=name or issued.agent_id,
-            workspace_id=principal.workspace_id,
+            workspace_id=principal.workspace_root,
             pool=pool,
             provider=PROVIDER,
             created_by=principal.token_id,
@@ -283,7 +283,7 @@ def _ssh(spec: PoolSpec) -> dict[str, Any]:
 
 async def list_machines(services: Services, principal: Principal) -> list[JoinedMachineView]:
     """The caller's workspace's live machines (an operator's: the operator's own), with their live inventory."""
-    records = await JoinedMachineStore(services.db).list(principal.workspace_id)
+    records = await JoinedMachineStore(services.db).list(principal.workspace_root)
     views = []
     for record in records:
         agent = await services.agents.get(record.id)
@@ -298,7 +298,7 @@ async def remove(services: Services, principal: Principal, name: str) -> Removed
     if principal.kind is not TokenKind.USER:
         raise PermissionDenied(f"only a user token may remove machines, not a {principal.kind.value} token")
     store = JoinedMachineStore(services.db)
-    record = await store.by_name(principal.workspace_id, name)
+    record = await store.by_name(principal.workspace_root, name)
     agent_id = record.id
     why = f"joined machine {record.name} ({agent_id}) is being removed"
     terminated: list[str] = []

@@ -64,6 +64,14 @@ class Role(StrEnum):
 ROLE_ORDER: tuple[Role, ...] = (Role.VIEWER, Role.MEMBER, Role.OWNER)
 #: an environment every workspace has, where everything made before environments existed lives
 MAIN_ENVIRONMENT = "main"
+#: an environment's id is its workspace's id, this, and a random part: its workspace is read off the id itself,
+#: which the scheduler and the workers' checks do without a lookup (:func:`root_workspace`)
+ENVIRONMENT_SEPARATOR = "."
+
+
+def root_workspace(workspace_id: str) -> str:
+    """The workspace of ``workspace_id``, which names a workspace (its main environment) or an environment."""
+    return workspace_id.partition(ENVIRONMENT_SEPARATOR)[0]
 
 
 class MachineState(StrEnum):

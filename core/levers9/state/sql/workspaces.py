@@ -8,6 +8,7 @@ the API.
 from __future__ import annotations
 
 import builtins
+import uuid
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -20,7 +21,15 @@ from levers9.state.errors import AlreadyExists, DataDirectoryFull, NotFound
 from levers9.state.sql._common import check_name, retry_on_race
 from levers9.state.sql.database import Database
 from levers9.state.sql.models import Token, Workspace, new_id, utcnow
-from levers9.state.sql.records import MAIN_ENVIRONMENT, Role, TokenKind, TokenRecord, WorkspaceRecord, parse_enum
+from levers9.state.sql.records import (
+    ENVIRONMENT_SEPARATOR,
+    MAIN_ENVIRONMENT,
+    Role,
+    TokenKind,
+    TokenRecord,
+    WorkspaceRecord,
+    parse_enum,
+)
 
 #: ``last_used_at`` is only rewritten when it is older than this, so verifying a
 #: token on every RPC does not turn every RPC into a database write
@@ -179,7 +188,7 @@ class WorkspaceStore:
                 if root is None or root.parent_id is not None:
                     raise NotFound("workspace", workspace_id)
                 row = Workspace(
-                    id=new_id("ws"),
+                    id=f"{root.id}{ENVIRONMENT_SEPARATOR}{uuid.uuid4().hex[:8]}",
                     name=f"{root.name}/{env}",
                     created_at=utcnow(),
                     parent_id=root.id,
