@@ -1,0 +1,130 @@
+"""Members, roles and environments as a user meets them through `levers9 up`: the CLI, a function, REST.
+
+One `levers9 up` (its `default` workspace; the local pool serves it): an owner makes an environment and a secret of
+the same name in main and in staging; a function run with `-e staging` (the SDK's context environment) sees
+staging's value, run without sees main's, and both run on the workspace's pool. A viewer reads and is refused what a
+member does, each on one error line naming the role. The context never shows its token.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import httpx
+import pytest
+
+from tests.fixtures.levers9_up import Up
+
+pytestmark = pytest.mark.timeout(600)
+
+APP = """
+import os, levers9
+
+@levers9.function(secrets=["API_KEY"])
+def key():
+    return os.environ.get("API_KEY")
+
+print("KEY", key.remote())
+"""
+
+
+def _cli(
+    up: Up, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "levers9", *args],
+        env={**up.env, **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=up.root,
+    )
+
+
+def _app(up: Up, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    path = up.root / "key_app.py"
+    path.write_text(textwrap.dedent(APP))
+    return subprocess.run(
+        [sys.executable, str(path)], env={**up.env, **env}, capture_output=True, text=True, timeout=300, cwd=up.root
+    )
+
+
+def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
+    up = levers9_up
+    up.start()
+
+    made = _cli(up, "environment", "create", "staging")
+    assert made.returncode == 0, made.stderr
+    listed = json.loads(_cli(up, "environment", "list", "--json").stdout)
+    assert [e["name"] for e in listed] == ["main", "staging"]
+
+    for args, value in (
+        (("secret", "create", "API_KEY"), "main-value"),
+        (("-e", "staging", "secret", "create", "API_KEY"), "staging-value"),
+    ):
+        created = _cli(up, *args, stdin=value + "\n")
+        assert created.returncode == 0, created.stderr
+    in_staging = _app(up, {"LEVERS9_ENVIRONMENT": "staging"})
+    assert in_staging.returncode == 0, in_staging.stderr
+    assert "KEY staging-value" in in_staging.stdout
+    in_main = _app(up, {})
+    assert in_main.returncode == 0, in_main.stderr
+    assert "KEY main-value" in in_main.stdout
+    # the staging task is staging's: main's listing does not show it
+    main_tasks = json.loads(_cli(up, "tasks", "--json").stdout)
+    staging_tasks = json.loads(_cli(up, "-e", "staging", "tasks", "--json").stdout)
+    assert len(main_tasks) == len(staging_tasks) == 1
+    assert main_tasks[0]["id"] != staging_tasks[0]["id"]
+
+    # an unknown environment is one clear line
+    unknown = _cli(up, "tasks", "-e", "nope")
+    assert unknown.returncode != 0
+    assert "environment" in unknown.stderr
+    assert "nope" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+    # members: the owner invites a viewer; a viewer's token reads and is refused the rest
+    invited = _cli(up, "workspace", "invite", "vera@example.com", "--role", "viewer")
+    assert invited.returncode == 0, invited.stderr
+    assert "vera@example.com is a viewer" in invited.stdout
+    members = json.loads(_cli(up, "workspace", "members", "--json").stdout)
+    assert ("vera@example.com", "viewer") in [(m["email"], m["role"]) for m in members]
+    viewer = httpx.post(
+        f"http://127.0.0.1:{up.http_port}/api/v1/tokens",
+        headers={"authorization": f"Bearer {up.token()}"},
+        json={"role": "viewer", "subject": "read-only dashboard"},
+        timeout=10,
+    )
+    assert viewer.status_code == 201, viewer.text
+    as_viewer = {"LEVERS9_TOKEN": viewer.json()["token"]}
+    assert _cli(up, "tasks", env=as_viewer).returncode == 0
+    refused = _cli(up, "-e", "staging", "secret", "create", "OTHER", stdin="x\n", env=as_viewer)
+    assert refused.returncode != 0
+    assert "needs the owner role" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    ran = _app(up, as_viewer)
+    assert ran.returncode != 0
+    assert "needs the member role" in ran.stderr
+
+    # the context says where it acts and as whom, never the token
+    shown = _cli(up, "-e", "staging", "context", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    context = json.loads(shown.stdout)
+    assert (context["workspace"], context["environment"], context["role"], context["token"]) == (
+        "default",
+        "staging",
+        "owner",
+        True,
+    )
+    assert up.token() not in shown.stdout
+
+    # nothing runs in staging now (its task ended): deleting it succeeds, and takes its secret with it
+    deleted = _cli(up, "environment", "delete", "staging", "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    gone = _cli(up, "-e", "staging", "secret", "list")
+    assert gone.returncode != 0
+    assert "environment" in gone.stderr
