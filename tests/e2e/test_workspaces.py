@@ -128,3 +128,50 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     gone = _cli(up, "-e", "staging", "secret", "list")
     assert gone.returncode != 0
     assert "environment" in gone.stderr
+
+
+ENDPOINTS = """
+import levers9
+
+@levers9.endpoint
+def where(name: str = "you") -> str:
+    return "{where}, " + name
+
+@levers9.endpoint(public=True)
+def hello() -> str:
+    return "hello from {where}"
+"""
+
+
+def test_the_gateway_serves_each_environment_its_own_deployments(levers9_up: Up) -> None:
+    up = levers9_up
+    up.start()
+    assert _cli(up, "environment", "create", "staging").returncode == 0
+    for env, where in (({}, "main"), ({"LEVERS9_ENVIRONMENT": "staging"}, "staging")):
+        app = up.root / f"endpoints_{where}.py"
+        app.write_text(textwrap.dedent(ENDPOINTS.format(where=where)))
+        deployed = _cli(up, "deploy", str(app), "--json", env=env)
+        assert deployed.returncode == 0, deployed.stderr + up.log()[-2000:]
+    base = f"http://127.0.0.1:{up.http_port}"
+    owner = {"authorization": f"Bearer {up.token()}"}
+    staging = {**owner, "X-Levers9-Environment": "staging"}
+    with httpx.Client(base_url=base, timeout=120) as http:
+        assert http.post("/endpoint/where", headers=owner, json={"name": "ada"}).json() == "main, ada"
+        assert http.post("/endpoint/where", headers=staging, json={"name": "ada"}).json() == "staging, ada"
+        # public ones by name, no token: @WORKSPACE for main, @WORKSPACE:ENV for another environment
+        assert http.post("/endpoint/@default/hello", json={}).json() == "hello from main"
+        assert http.post("/endpoint/@default:staging/hello", json={}).json() == "hello from staging"
+        assert http.post("/endpoint/@default:prod/hello", json={}).status_code == 404
+        # a viewer reads the deployments and may call a public endpoint, but not run one that is not public
+        issued = http.post("/api/v1/tokens", headers=owner, json={"role": "viewer"})
+        assert issued.status_code == 201, issued.text
+        viewer = {"authorization": f"Bearer {issued.json()['token']}"}
+        refused = http.post("/endpoint/where", headers=viewer, json={})
+        assert refused.status_code == 403
+        assert "member role" in refused.json()["error"]["message"]
+        assert http.post("/endpoint/hello", headers=viewer, json={}).json() == "hello from main"
+        assert http.get("/api/v1/deployments", headers=viewer).status_code == 200
+        # an unknown environment in the header is a 404 naming it, not main's deployment
+        lost = http.post("/endpoint/where", headers={**owner, "X-Levers9-Environment": "prod"}, json={})
+        assert lost.status_code == 404
+        assert "prod" in lost.json()["error"]["message"]
