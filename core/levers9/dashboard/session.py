@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import urllib.parse
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +37,7 @@ __all__ = [
     "check_csrf",
     "clear_session_cookie",
     "csrf_token",
+    "read_form",
     "session_token",
     "set_session_cookie",
     "start_session",
@@ -90,15 +92,39 @@ def csrf_token(session: str) -> str:
     return hmac.new(session.encode(), b"levers9 csrf", hashlib.sha256).hexdigest()
 
 
+#: the most bytes of a form body :func:`read_form` reads (the dashboard's forms are a few short fields)
+MAX_FORM_BYTES = 64 * 1024
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The fields of an ``application/x-www-form-urlencoded`` body (the last value of a repeated name); {} for a
+    body of another type. Parsed here, not by Starlette, whose form parser needs python-multipart, which levers9
+    does not depend on. The body is cached on ``request``, so reading it again gives the same fields.
+    Raises ValueError (naming the body) for a body over :data:`MAX_FORM_BYTES` or not UTF-8."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        return {}
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_FORM_BYTES:
+        raise ValueError(f"body: a form of at most {MAX_FORM_BYTES} bytes is accepted, got {length}")
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise ValueError(f"body: a form of at most {MAX_FORM_BYTES} bytes is accepted, got {len(body)}")
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        raise ValueError("body: the form is not UTF-8 text") from None
+    return {name: value for name, value in urllib.parse.parse_qsl(text, keep_blank_values=True)}
+
+
 async def check_csrf(request: Request, session: str) -> None:
-    """Raise CsrfRefused unless the request carries the session's CSRF token (header, or form field)."""
+    """Raise CsrfRefused unless the request carries the session's CSRF token (header, or form field of a
+    url-encoded form, see :func:`read_form`)."""
     given = request.headers.get(CSRF_HEADER)
-    if given is None and request.headers.get("content-type", "").startswith(
-        ("application/x-www-form-urlencoded", "multipart/form-data")
-    ):
-        form = await request.form()
-        value = form.get(CSRF_FIELD)
-        given = value if isinstance(value, str) else None
+    if given is None:
+        try:
+            given = (await read_form(request)).get(CSRF_FIELD)
+        except ValueError:
+            given = None
     if not given or not hmac.compare_digest(given, csrf_token(session)):
         raise CsrfRefused("this request lacks the page's CSRF token: reload the page and try again")
 

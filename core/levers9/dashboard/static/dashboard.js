@@ -1,0 +1,84 @@
+// levers9 dashboard: the little the pages need a script for, written for levers9 (no library).
+//
+// * [data-live=URL]: a region the server re-renders; its server-sent events ("region") replace the region's
+//   HTML, so a page updates without a reload. "end" closes the stream (the session ended); the browser's own
+//   reconnection covers a dropped connection.
+// * pre[data-logs=URL]: a task's output; each "log" event is appended as text. "end": the task finished.
+// * form[data-upload]: a file sent with PUT to the form's action and the file's name, with the page's CSRF token
+//   in a header (no multipart parsing on the server).
+// Everything the server sends is HTML it escaped itself, or text inserted as text.
+"use strict";
+
+function liveRegions() {
+  document.querySelectorAll("[data-live]").forEach(function (region) {
+    var source = new EventSource(region.getAttribute("data-live"));
+    source.addEventListener("region", function (event) {
+      region.innerHTML = event.data;
+      region.setAttribute("data-updated", String(Date.now()));
+    });
+    source.addEventListener("end", function () {
+      source.close();
+    });
+    window.addEventListener("pagehide", function () { source.close(); });
+  });
+}
+
+function liveLogs() {
+  document.querySelectorAll("pre[data-logs]").forEach(function (pre) {
+    var state = document.getElementById(pre.getAttribute("aria-describedby") || "");
+    var source = new EventSource(pre.getAttribute("data-logs"));
+    var follow = true;
+    pre.addEventListener("scroll", function () {
+      follow = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    });
+    source.addEventListener("log", function (event) {
+      pre.appendChild(document.createTextNode(event.data));
+      if (follow) { pre.scrollTop = pre.scrollHeight; }
+    });
+    source.addEventListener("end", function (event) {
+      source.close();
+      if (state) { state.textContent = event.data || "The output ended."; }
+    });
+    source.onerror = function () {
+      if (source.readyState === EventSource.CLOSED && state) { state.textContent = "The output stream closed."; }
+    };
+    window.addEventListener("pagehide", function () { source.close(); });
+  });
+}
+
+function uploads() {
+  document.querySelectorAll("form[data-upload]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var input = form.querySelector("input[type=file]");
+      var csrf = form.querySelector("input[name=csrf]");
+      var state = form.querySelector("[data-upload-state]");
+      if (!input || !input.files || input.files.length === 0) {
+        if (state) { state.textContent = "Choose a file first."; }
+        return;
+      }
+      var file = input.files[0];
+      var url = form.getAttribute("action") + "/" + encodeURIComponent(file.name);
+      if (state) { state.textContent = "Uploading " + file.name + "…"; }
+      fetch(url, {
+        method: "PUT",
+        body: file,
+        credentials: "same-origin",
+        headers: { "X-CSRF-Token": csrf ? csrf.value : "", "Content-Type": "application/octet-stream" }
+      }).then(function (response) {
+        return response.text().then(function (text) {
+          if (response.ok) { window.location.reload(); return; }
+          if (state) { state.textContent = "Upload refused (" + response.status + "): " + text; }
+        });
+      }).catch(function (error) {
+        if (state) { state.textContent = "Upload failed: " + error; }
+      });
+    });
+  });
+}
+
+document.addEventListener("DOMContentLoaded", function () {
+  liveRegions();
+  liveLogs();
+  uploads();
+});

@@ -1,0 +1,237 @@
+"""The dashboard's pages over real Services through the HTTP app (httpx's ASGI transport): sessions, roles,
+CSRF, the security headers, escaping, 404 pages and the static files. The browser tests (tests/e2e) drive the
+same pages in Chromium against a real `levers9 up`."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from levers9.dashboard import live
+from levers9.dashboard.pages import CONTENT_SECURITY_POLICY
+from levers9.dashboard.session import CSRF_HEADER, SESSION_COOKIE, csrf_token
+from levers9.state.sql.records import Role, WorkspaceRecord
+from tests.controlplane.conftest import Api
+
+PAGES = [
+    "deployments",
+    "tasks",
+    "pools",
+    "machines",
+    "volumes",
+    "secrets",
+    "tokens",
+    "members",
+    "environments",
+    "usage",
+]
+
+
+async def _person(api: Api, workspace: str, email: str, role: Role, name: str = "") -> tuple[WorkspaceRecord, str]:
+    """A person who is a ``role`` of ``workspace`` (made if missing), and a session token for them there."""
+    record = await api.services.workspaces.get_or_create(workspace)
+    user = await api.services.users.signed_in("https://issuer.test", email, email, name)
+    await api.services.members.put(record.id, user.id, Role.OWNER if role is Role.OWNER else role)
+    _, token = await api.services.tokens.issue(
+        "user", workspace_id=record.id, subject=f"dashboard session ({email})", user_id=user.id, role=Role.OWNER
+    )
+    return record, token
+
+
+def _as(api: Api, token: str) -> httpx.AsyncClient:
+    api.client.cookies.clear()
+    api.client.cookies.set(SESSION_COOKIE, token, domain="levers9.test")
+    return api.client
+
+
+def _secure(response: httpx.Response) -> None:
+    assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "script-src 'self'" in CONTENT_SECURITY_POLICY
+    assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["referrer-policy"] == "same-origin"
+    assert response.headers["cache-control"] == "no-store"
+
+
+async def test_root_and_dashboard_send_people_without_a_session_to_sign_in(api: Api) -> None:
+    response = await api.client.get("/")
+    assert response.status_code == 307
+    assert response.headers["location"] == "/dashboard/"
+    response = await api.client.get("/dashboard/")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/auth/sign-in?next=%2Fdashboard%2F"
+    _secure(response)
+    response = await api.client.get("/dashboard/e/main/tasks?status=running")
+    assert response.headers["location"] == "/auth/sign-in?next=%2Fdashboard%2Fe%2Fmain%2Ftasks%3Fstatus%3Drunning"
+    # a token that does not verify is no session either
+    response = await _as(api, "l9_user_not-a-token").get("/dashboard/e/main/tasks")
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/auth/sign-in?next=")
+    # and a POST without one changes nothing: 401
+    response = await api.client.post("/dashboard/e/main/secrets", data={"name": "A", "value": "b"})
+    assert response.status_code == 401
+
+
+async def test_every_page_renders_for_an_owner_with_the_security_headers_and_no_token(api: Api) -> None:
+    _, token = await _person(api, "team", "owner@example.com", Role.OWNER)
+    client = _as(api, token)
+    response = await client.get("/dashboard/")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/dashboard/e/main/deployments"
+    for name in PAGES:
+        response = await client.get(f"/dashboard/e/main/{name}")
+        assert response.status_code == 200, (name, response.text[:2000])
+        _secure(response)
+        assert response.headers["content-type"].startswith("text/html")
+        html = response.text
+        assert token not in html, name
+        assert "owner@example.com" in html
+        assert ">team<" in html
+        assert f'name="csrf" value="{csrf_token(token)}"' in html  # the sign-out form at least
+        assert 'href="#main"' in html  # the skip link
+        assert "<script>" not in html
+        assert " style=" not in html
+    for name in ("dashboard.css", "dashboard.js", "favicon.svg"):
+        response = await client.get(f"/dashboard/static/{name}")
+        assert response.status_code == 200
+        assert response.content
+        _secure_static = response.headers["x-content-type-options"] == "nosniff"
+        assert _secure_static
+    assert (await client.get("/dashboard/static/..%2Fpages.py")).status_code == 404
+    response = await client.get("/dashboard/no/such/page")
+    assert response.status_code == 404
+    assert "text/html" in response.headers["content-type"]
+    _secure(response)
+
+
+async def test_an_unknown_environment_and_another_workspaces_task_are_404_pages(api: Api) -> None:
+    _, token = await _person(api, "team", "owner@example.com", Role.OWNER)
+    other = await api.services.workspaces.get_or_create("other")
+    theirs = await api.services.tasks.create(other.id, {"id": "x"})
+    client = _as(api, token)
+    response = await client.get(f"/dashboard/e/main/tasks/{theirs.id}")
+    assert response.status_code == 404
+    assert "text/html" in response.headers["content-type"]
+    assert theirs.id in response.text  # the page names what it did not find, exactly as for a missing one
+    missing = await client.get("/dashboard/e/main/tasks/task_missing")
+    assert missing.status_code == 404
+    _secure(response)
+    response = await client.get("/dashboard/e/nowhere/tasks")
+    assert response.status_code == 404
+    assert "nowhere" in response.text
+
+
+async def test_state_changes_need_the_csrf_token_and_the_role(api: Api) -> None:
+    workspace, owner = await _person(api, "team", "owner@example.com", Role.OWNER)
+    _, viewer = await _person(api, "team", "viewer@example.com", Role.VIEWER)
+    client = _as(api, owner)
+    # no token: refused before anything happens
+    response = await client.post("/dashboard/e/main/secrets", data={"name": "API_KEY", "value": "s3cret"})
+    assert response.status_code == 403
+    assert "CSRF" in response.text
+    _secure(response)
+    # another session's token is not this one's
+    response = await client.post(
+        "/dashboard/e/main/secrets", data={"name": "API_KEY", "value": "s3cret", "csrf": csrf_token(viewer)}
+    )
+    assert response.status_code == 403
+    assert await api.services.secrets.list(workspace.id) == []
+    # the form field, or the header
+    response = await client.post(
+        "/dashboard/e/main/secrets", data={"name": "API_KEY", "value": "s3cret", "csrf": csrf_token(owner)}
+    )
+    assert response.status_code == 200
+    assert "API_KEY" in response.text
+    assert "s3cret" not in response.text
+    response = await client.post("/dashboard/e/main/secrets/API_KEY/delete", headers={CSRF_HEADER: csrf_token(owner)})
+    assert response.status_code == 303
+    assert await api.services.secrets.list(workspace.id) == []
+    # a viewer: 403 with or without its own CSRF token, and the page offers no such form
+    client = _as(api, viewer)
+    page = await client.get("/dashboard/e/main/secrets")
+    assert page.status_code == 200
+    assert 'action="/dashboard/e/main/secrets"' not in page.text
+    for data in ({"name": "B", "value": "c"}, {"name": "B", "value": "c", "csrf": csrf_token(viewer)}):
+        response = await client.post("/dashboard/e/main/secrets", data=data)
+        assert response.status_code == 403
+    assert await api.services.secrets.list(workspace.id) == []
+    response = await client.post("/dashboard/e/main/deployments/app/versions/1/stop", data={"csrf": csrf_token(viewer)})
+    assert response.status_code == 403
+    assert "member role" in response.text
+
+
+async def test_a_bad_form_value_is_a_400_page_naming_the_field(api: Api) -> None:
+    _, owner = await _person(api, "team", "owner@example.com", Role.OWNER)
+    client = _as(api, owner)
+    csrf = csrf_token(owner)
+    response = await client.post("/dashboard/e/main/tokens", data={"subject": "ci", "role": "king", "csrf": csrf})
+    assert response.status_code == 400
+    assert "role:" in response.text
+    response = await client.post("/dashboard/e/main/tokens", data={"subject": "", "csrf": csrf})
+    assert response.status_code == 400
+    assert "subject:" in response.text
+    response = await client.get("/dashboard/e/main/tasks?status=sleeping")
+    assert response.status_code == 400
+    assert "status:" in response.text
+    response = await client.get("/dashboard/e/main/usage?since=yesterday")
+    assert response.status_code == 400
+    assert "since:" in response.text
+
+
+async def test_a_token_is_shown_once_on_the_page_that_issued_it(api: Api) -> None:
+    workspace, owner = await _person(api, "team", "owner@example.com", Role.OWNER)
+    client = _as(api, owner)
+    response = await client.post(
+        "/dashboard/e/main/tokens", data={"subject": "ci", "role": "viewer", "csrf": csrf_token(owner)}
+    )
+    assert response.status_code == 200
+    found = re.search(r'id="issued-token"[^>]*>(l9_user_[^<]+)<', response.text)
+    assert found is not None
+    assert found.group(1) not in str(response.url)
+    assert "location" not in response.headers
+    issued = await api.services.auth.verify(found.group(1))
+    assert issued.role is Role.VIEWER
+    assert issued.workspace_id == workspace.id
+    again = await client.get("/dashboard/e/main/tokens")
+    assert found.group(1) not in again.text
+    assert "ci" in again.text
+
+
+async def test_values_are_escaped(api: Api) -> None:
+    hostile = '<img src=x onerror="alert(1)">'
+    _, owner = await _person(api, "team", "owner@example.com", Role.OWNER, name=hostile)
+    response = await _as(api, owner).get("/dashboard/e/main/members")
+    assert response.status_code == 200
+    assert hostile not in response.text
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in response.text
+
+
+def test_an_event_carries_every_line_of_its_data() -> None:
+    assert live.event("log", "one\r\ntwo\n") == b"event: log\ndata: one\ndata: two\ndata: \n\n"
+    assert live.event("region", "<p>x</p>") == b"event: region\ndata: <p>x</p>\n\n"
+
+
+@pytest.mark.parametrize("region", sorted(live.REGIONS))
+async def test_each_live_region_renders_what_its_page_shows(api: Api, region: str) -> None:
+    """A region's HTML is its page's (the stream sends this; tests/e2e watch it change in a browser)."""
+    workspace, owner = await _person(api, "team", "owner@example.com", Role.OWNER)
+    task = await api.services.tasks.create(workspace.id, {"id": "x"})
+    page = "tasks/" + task.id if region == "task" else region
+    client = _as(api, owner)
+    html = (await client.get(f"/dashboard/e/main/{page}")).text
+    principal = await api.services.auth.verify(owner)
+    request = _Request(api)
+    params = {"id": [task.id]} if region == "task" else {}
+    fragment = await live.render_region(request, principal, region, params, csrf=csrf_token(owner))  # type: ignore[arg-type]
+    assert fragment.strip()
+    assert fragment in html
+
+
+class _Request:
+    """What a region's builders read of a request: the app's state."""
+
+    def __init__(self, api: Api) -> None:
+        transport = api.client._transport
+        self.app = transport.app  # type: ignore[attr-defined]
