@@ -44,9 +44,11 @@ from levers9.cli import (
     cluster_cmd,
     config_cmd,
     context_cmd,
+    dashboard_cmd,
     deploy_cmd,
     gpu_cmd,
     kubernetes_cmd,
+    login_cmd,
     machine_cmd,
     offers_cmd,
     plugins_cmd,
@@ -132,6 +134,8 @@ app.command("stop")(deploy_cmd.stop)
 app.command("server")(server_cmd.server)
 app.command("worker")(server_cmd.worker)
 app.command("up")(server_cmd.up)
+app.command("login")(login_cmd.login)
+app.command("dashboard")(dashboard_cmd.dashboard)
 app.add_typer(server_cmd.token_app, name="token")
 app.add_typer(secret_cmd.app, name="secret")
 app.add_typer(volume_cmd.app, name="volume")

@@ -288,13 +288,14 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str, *, 
     try:
         await server.start()
         assert server.services is not None
-        token, workspace = await _user_token(server.services, context_name)
+        token, workspace, workspace_id, person_id = await _user_token(server.services, context_name)
         host = "127.0.0.1" if listeners.host in ("0.0.0.0", "::", "") else listeners.host
+        http_url = f"{'https' if listeners.tls else 'http'}://{host}:{listeners.http_port}"
         path = save_context(
             Context(
                 name=context_name,
                 grpc=f"{'grpcs://' if listeners.tls else ''}{host}:{listeners.grpc_port}",
-                http=f"{'https' if listeners.tls else 'http'}://{host}:{listeners.http_port}",
+                http=http_url,
                 token=token,
                 workspace=workspace,
                 # the CA that verifies this controlplane, for the SDK and CLI (none: the system trust store)
@@ -310,7 +311,8 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str, *, 
             f"metrics :{listeners.metrics_port}\n"
             f"pools: {pools or 'none'}\n"
             f"context {context_name!r} (workspace {workspace}) written to {path}\n"
-            "next: levers9 run examples/hello.py   (Ctrl-C here stops levers9 and "
+            + await _sign_in_line(server.services, http_url, workspace_id, person_id)
+            + "next: levers9 run examples/hello.py   (Ctrl-C here stops levers9 and "
             + ("leaves its machines running: --keep-machines)" if keep_machines else "terminates its machines)"),
             err=False,
         )
@@ -334,24 +336,40 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-async def _user_token(services: object, context_name: str) -> tuple[str, str]:
-    """The context's token if it still works, else a new user token of the default workspace."""
+async def _user_token(services: object, context_name: str) -> tuple[str, str, str, str]:
+    """(token, workspace name, workspace id, person id) of `up`'s context: its person's token if it still works,
+    else a new one. The person (owner@levers9.localhost) is made once, an owner of the default workspace."""
     from levers9.sdk.context import ContextError, current_context
     from levers9.services.core import Services
 
     assert isinstance(services, Services)
     from levers9.cli.starter import UP_WORKSPACE
+    from levers9.dashboard.auth_signin import up_person
 
     workspace = await services.workspaces.get_or_create(UP_WORKSPACE)
+    person = await up_person(services, workspace)
     try:
         existing = current_context(context_name)
         record = await services.tokens.verify(existing.token, kind="user") if existing.token else None
-        if record is not None and record.workspace_id == workspace.id:
-            return existing.token, workspace.name
+        if record is not None and record.workspace_id == workspace.id and record.user_id == person.id:
+            return existing.token, workspace.name, workspace.id, person.id
     except ContextError:
         pass
-    _, token = await services.tokens.issue("user", workspace_id=workspace.id, subject=f"levers9 up ({context_name})")
-    return token, workspace.name
+    _, token = await services.tokens.issue(
+        "user", workspace_id=workspace.id, subject=f"levers9 up ({context_name})", user_id=person.id
+    )
+    return token, workspace.name, workspace.id, person.id
+
+
+async def _sign_in_line(services: object, http_url: str, workspace_id: str, person_id: str) -> str:
+    """The banner's line with a one-time sign-in link to the dashboard (printed on the terminal only)."""
+    from levers9.dashboard.auth_signin import make_link, ttl_words
+    from levers9.services.core import Services
+
+    assert isinstance(services, Services)
+    base = services.config.auth.public_url or http_url
+    link = await make_link(services, person_id, workspace_id, base)
+    return f"dashboard: {link.url} (sign-in link, once, {ttl_words(services.config.auth.link_ttl_s)})\n"
 
 
 token_app = typer.Typer(help="Issue, list and revoke API tokens (needs the controlplane's database, so run it there).")
