@@ -140,6 +140,10 @@ def where(name: str = "you") -> str:
 @levers9.endpoint(public=True)
 def hello() -> str:
     return "hello from {where}"
+
+@levers9.queue
+def double(item: int) -> int:
+    return item * 2
 """
 
 
@@ -171,6 +175,15 @@ def test_the_gateway_serves_each_environment_its_own_deployments(levers9_up: Up)
         assert "member role" in refused.json()["error"]["message"]
         assert http.post("/endpoint/hello", headers=viewer, json={}).json() == "hello from main"
         assert http.get("/api/v1/deployments", headers=viewer).status_code == 200
+        # a queue: a viewer may not enqueue, but reads the status of an item a member enqueued
+        assert http.post("/queue/double", headers=viewer, json={"item": 2}).status_code == 403
+        queued = http.post("/queue/double", headers=owner, json={"item": 21})
+        assert queued.status_code == 202, queued.text
+        item = f"/queue/double/tasks/{queued.json()['task_id']}"
+        read = http.get(item, headers=viewer)
+        assert read.status_code == 200, read.text
+        # a sandbox's ports run code too
+        assert http.get("/sandbox/sb-nope/8000/", headers=viewer).status_code == 403
         # an unknown environment in the header is a 404 naming it, not main's deployment
         lost = http.post("/endpoint/where", headers={**owner, "X-Levers9-Environment": "prod"}, json={})
         assert lost.status_code == 404

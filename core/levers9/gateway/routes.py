@@ -241,6 +241,9 @@ class GatewayApp:
         """Answer one gateway request; the status it was answered with."""
         target = await self._target(parts, scope)
         stub = await self._stub(target, kinds, route)
+        reading = kinds[0] not in ("endpoint", "box") and scope["method"] in ("GET", "HEAD")
+        if not stub.settings.public and not reading:
+            _require_member(target)  # an endpoint's call, a box's request or an enqueue runs code; a viewer reads
         if kinds[0] == "endpoint":
             return await self._endpoint(stub, target, scope, receive, send)
         if kinds[0] == "box":
@@ -383,12 +386,6 @@ class GatewayApp:
         record, settings = await self.dataplane.stub(stub_id)
         if not access.may_call_served(target.principal, target.workspace_id, public=settings.public):
             raise self._not_found(target)
-        if not settings.public and target.principal is not None and not target.principal.role.allows(Role.MEMBER):
-            raise _Answer(
-                errors.PERMISSION_DENIED,
-                f"deployment {target.name!r} runs code: calling it needs the member role, and this token acts as a "
-                f"{target.principal.role.value}",
-            )
         if record.kind not in kinds:
             raise _Answer(
                 errors.NOT_FOUND,
@@ -553,6 +550,16 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
             scheme, _, given = value.decode("latin-1").partition(" ")
             return given.strip() if scheme.lower() == "bearer" and given.strip() else None
     return None
+
+
+def _require_member(target: _Target) -> None:
+    principal = target.principal
+    if principal is not None and not principal.role.allows(Role.MEMBER):
+        raise _Answer(
+            errors.PERMISSION_DENIED,
+            f"deployment {target.name!r} runs code: calling it needs the member role, and this token acts as a "
+            f"{principal.role.value}",
+        )
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
