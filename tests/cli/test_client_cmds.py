@@ -25,11 +25,12 @@ import grpc
 import grpc.aio
 import pytest
 
-from levers9.cli.client_cmds import when
+from levers9.cli.client_cmds import TASK_STATUSES, when
 from levers9.proto.v1 import controlplane_pb2 as pb
 from levers9.proto.v1 import controlplane_pb2_grpc
 from levers9.sdk.channel import MAX_MESSAGE_BYTES, call_metadata, explain, open_channel, parse_target
 from levers9.sdk.context import Context, save_context
+from levers9.state.sql.records import TaskStatus
 from tests.conftest import Result
 from tests.fixtures.ports import free_port
 
@@ -212,6 +213,14 @@ def test_tasks_json_with_filters(server: Server, cli: Cli) -> None:
     assert tasks[1]["worker_id"] == "", "every field is present, defaults included"
     request = server.servicer.requests["ListTasks"][-1]
     assert (request.limit, request.status) == (5, "running")
+
+
+@pytest.mark.parametrize("status", [s.value for s in TaskStatus])
+def test_tasks_takes_every_status_a_task_can_have(server: Server, cli: Cli, status: str) -> None:
+    assert tuple(s.value for s in TaskStatus) == TASK_STATUSES
+    result = cli("tasks", "--status", status, "--json")
+    assert result.returncode == 0, result.stderr
+    assert server.servicer.requests["ListTasks"][-1].status == status
 
 
 def test_tasks_rejects_an_unknown_status(server: Server, cli: Cli) -> None:

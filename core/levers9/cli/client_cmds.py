@@ -29,7 +29,9 @@ Metadata = tuple[tuple[str, str], ...]
 
 #: list calls answer from the database; a controlplane silent this long is stuck, not busy
 UNARY_TIMEOUT_S = 30.0
-TASK_STATUSES = ("pending", "running", "complete", "error", "cancelled", "expired")
+#: every status a task can have (levers9.state.sql.records.TaskStatus, written out: the CLI starts without the
+#: state package; tests/cli/test_client_cmds.py holds them equal)
+TASK_STATUSES = ("pending", "running", "complete", "error", "cancelled", "timeout")
 _STATUS_STYLE = {
     "pending": "yellow",
     "running": "cyan",
