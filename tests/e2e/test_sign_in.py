@@ -105,6 +105,16 @@ async def test_the_link_up_prints_signs_in_once(up: Up, pages: Pages) -> None:
         if path.is_file() and not path.name.startswith("up-") and path.stat().st_size < 50_000_000:
             assert code.encode() not in path.read_bytes(), path
 
+    # `levers9 dashboard` asks for a fresh link for the context's person
+    made = up.levers9("dashboard", "--no-browser")
+    assert made.returncode == 0, made.stderr
+    fresh = re.search(r"(http://127\.0\.0\.1:\d+/auth/link/\S+)", made.stdout)
+    assert fresh is not None, made.stdout
+    assert fresh.group(1) != link
+    third = await pages.open()
+    await sign_in_with_link(third, fresh.group(1))
+    assert await session_of(third) is not None
+
     # a restart keeps the person and their token, and prints a new link
     up.stop()
     token = up.token()
