@@ -117,6 +117,15 @@ def test_a_gpu_no_pool_offers_is_refused_naming_the_pools_and_their_gpus() -> No
     assert message.endswith("GPU types the pools offer: A100-80, H100, L40S")
 
 
+def test_a_cpu_request_nothing_fits_says_nothing_of_gpus() -> None:
+    with pytest.raises(NoPoolOffers) as info:
+        candidates(req(None, cpu_millicores=64_000), {"cpu": spec("cpu")})
+    assert str(info.value) == (
+        "no pool can run request t1 (CPU only, 64 CPU, 1024 MiB). Configured pools:\n"
+        "  - cpu (CPU, toy): workers have 8 CPUs, the request needs 64"
+    )  # which GPUs the pools have says nothing about a request for none
+
+
 def test_no_pools_at_all() -> None:
     with pytest.raises(NoPoolOffers, match="no pools are configured"):
         candidates(req(None), {})

@@ -186,7 +186,9 @@ def _nothing_fits(request: PlacementRequest, refused: list[tuple[PoolSpec, str]]
     head += ")"
     if not refused:
         return head + ": no pools are configured; add one under pools: in the config"
-    offered = sorted({p.gpu for p, _ in refused if p.gpu})
     lines = [f"  - {pool.describe()}: {why}" for pool, why in refused]
-    tail = f"GPU types the pools offer: {', '.join(offered)}" if offered else "the pools offer no GPUs"
-    return head + ". Configured pools:\n" + "\n".join(lines) + "\n" + tail
+    message = head + ". Configured pools:\n" + "\n".join(lines)
+    if not request.gpu.wants_gpu:
+        return message  # which GPUs the pools have says nothing about a request for none
+    offered = sorted({p.gpu for p, _ in refused if p.gpu})
+    return message + "\n" + (f"GPU types the pools offer: {', '.join(offered)}" if offered else "the pools offer no GPUs")
