@@ -235,3 +235,69 @@ class _Request:
     def __init__(self, api: Api) -> None:
         transport = api.client._transport
         self.app = transport.app  # type: ignore[attr-defined]
+
+
+async def test_owners_manage_members_environments_and_tokens_from_the_pages(api: Api) -> None:
+    workspace, owner = await _person(api, "team", "owner@example.com", Role.OWNER)
+    client = _as(api, owner)
+    csrf = {"csrf": csrf_token(owner)}
+    # invite, change a role, remove
+    response = await client.post(
+        "/dashboard/e/main/members", data={"email": "new@example.com", "role": "viewer", **csrf}
+    )
+    assert response.status_code == 303
+    roles = {m.email: m.role for m in await api.services.members.list(workspace.id)}
+    assert roles["new@example.com"] is Role.VIEWER
+    await client.post("/dashboard/e/main/members", data={"email": "new@example.com", "role": "member", **csrf})
+    roles = {m.email: m.role for m in await api.services.members.list(workspace.id)}
+    assert roles["new@example.com"] is Role.MEMBER
+    response = await client.post("/dashboard/e/main/members/new@example.com/remove", data=csrf)
+    assert response.status_code == 303
+    assert "new@example.com" not in {m.email for m in await api.services.members.list(workspace.id)}
+    # the last owner stays: a 409 page
+    response = await client.post("/dashboard/e/main/members/owner@example.com/remove", data=csrf)
+    assert response.status_code == 409
+    # an environment: created, its pages are its own, deleted
+    response = await client.post("/dashboard/e/main/environments", data={"name": "staging", **csrf})
+    assert response.status_code == 303
+    staging = await api.services.workspaces.environment(workspace.id, "staging")
+    assert staging is not None
+    await api.services.secrets.put(staging.id, "ONLY_STAGING", "x")
+    assert "ONLY_STAGING" in (await client.get("/dashboard/e/staging/secrets")).text
+    assert "ONLY_STAGING" not in (await client.get("/dashboard/e/main/secrets")).text
+    page = (await client.get("/dashboard/e/main/secrets")).text
+    assert 'href="/dashboard/e/staging/secrets"' in page  # the switcher keeps the section
+    response = await client.post("/dashboard/e/main/environments/main/delete", data=csrf)
+    assert response.status_code == 409
+    response = await client.post("/dashboard/e/main/environments/staging/delete", data=csrf)
+    assert response.status_code == 303
+    assert (await client.get("/dashboard/e/staging/secrets")).status_code == 404
+    # a token issued, then revoked
+    _, other = await api.services.tokens.issue("user", workspace_id=workspace.id, subject="ci")
+    principal = await api.services.auth.verify(other)
+    response = await client.post(f"/dashboard/e/main/tokens/{principal.token_id}/revoke", data=csrf)
+    assert response.status_code == 303
+    revoked = await api.services.tokens.get(principal.token_id)
+    assert revoked is not None
+    assert revoked.revoked_at is not None
+
+
+async def test_a_member_stops_a_version_but_manages_nothing(api: Api) -> None:
+    _, member = await _person(api, "team", "member@example.com", Role.MEMBER)
+    client = _as(api, member)
+    csrf = {"csrf": csrf_token(member)}
+    # no such deployment: the role allows it, the service says 404
+    response = await client.post("/dashboard/e/main/deployments/app/versions/1/stop", data=csrf)
+    assert response.status_code == 404
+    for path, data in (
+        ("/dashboard/e/main/members", {"email": "x@example.com", "role": "owner"}),
+        ("/dashboard/e/main/environments", {"name": "mine"}),
+        ("/dashboard/e/main/tokens", {"subject": "mine"}),
+        ("/dashboard/e/main/secrets", {"name": "MINE", "value": "x"}),
+    ):
+        response = await client.post(path, data={**data, **csrf})
+        assert response.status_code == 403, path
+        assert "owner role" in response.text
+    tokens = await client.get("/dashboard/e/main/tokens")
+    assert tokens.status_code == 200
+    assert "Owners list, issue and revoke" in tokens.text

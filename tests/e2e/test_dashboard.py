@@ -56,7 +56,7 @@ import os, time, levers9
 
 @levers9.function()
 def {name}(go):
-    print("first line before go", flush=True)
+    print("first line before go <b>not bold</b>", flush=True)
     while not os.path.exists(go):
         time.sleep(0.1)
     print("second line after go", flush=True)
@@ -187,6 +187,7 @@ async def test_a_running_tasks_output_is_followed_live(shared_up: Up, pages: Pag
     await expect(logs).to_contain_text("first line before go", timeout=60_000)
     await expect(page.locator("#task-status")).to_have_text("running", timeout=SHOWN_S)
     assert "second line" not in (await logs.inner_text())
+    assert await logs.locator("b").count() == 0  # the output is text, never markup
     await _not_reloaded(page)
     await pages.screenshot("task-running-desktop", page)
 
@@ -277,3 +278,86 @@ async def test_the_keyboard_reaches_the_skip_link_and_every_section(shared_up: U
     await page.keyboard.press("Enter")
     await page.wait_for_url(re.compile(r"/dashboard/e/main/usage$"))
     assert pages.log(page).problems(on=_base(up)) == []
+
+
+async def test_a_volume_is_browsed_uploaded_to_and_downloaded_from(shared_up: Up, pages: Pages) -> None:
+    up = shared_up
+    made = await asyncio.to_thread(up.levers9, "volume", "create", "dash-vol")
+    assert made.returncode == 0, made.stderr
+    page = await _session(pages, up, up.token())
+    await page.goto(f"{_base(up)}/dashboard/e/main/volumes")
+    await page.get_by_role("link", name="dash-vol").click()
+    await expect(page.get_by_text("This folder is empty.")).to_be_visible()
+    upload = up.root / "notes.txt"
+    upload.write_text("hello volume\n")
+    await page.locator("#upload-file").set_input_files(str(upload))
+    await page.get_by_role("button", name="Upload").click()
+    link = page.get_by_role("link", name="notes.txt")
+    await expect(link).to_be_visible(timeout=SHOWN_S)
+    await pages.screenshot("volume-desktop", page)
+    href = await link.get_attribute("href")
+    assert href is not None
+    downloaded = httpx.get(f"{_base(up)}{href}", cookies={"levers9_session": up.token()}, timeout=30)
+    assert downloaded.status_code == 200
+    assert downloaded.content == b"hello volume\n"
+    assert "attachment" in downloaded.headers["content-disposition"]
+    assert pages.log(page).problems(on=_base(up)) == []
+
+    # a viewer browses and downloads, but has no upload form, and a forged upload is refused
+    viewer = await asyncio.to_thread(_viewer_token, up)
+    as_viewer = await _session(pages, up, viewer)
+    await as_viewer.goto(f"{_base(up)}/dashboard/e/main/volumes/dash-vol/files")
+    await expect(as_viewer.get_by_role("link", name="notes.txt")).to_be_visible()
+    assert await as_viewer.locator("#upload-file").count() == 0
+    csrf = await as_viewer.locator('input[name="csrf"]').first.get_attribute("value")
+    assert csrf
+    forged = httpx.put(
+        f"{_base(up)}/dashboard/e/main/volumes/dash-vol/upload/evil.txt",
+        content=b"x",
+        headers={"X-CSRF-Token": csrf},
+        cookies={"levers9_session": viewer},
+        timeout=30,
+    )
+    assert forged.status_code == 403, forged.text
+    await as_viewer.reload()
+    assert await as_viewer.get_by_role("link", name="evil.txt").count() == 0
+
+
+async def test_a_sessions_live_streams_are_bounded_and_end_when_it_is_revoked(shared_up: Up) -> None:
+    """Over HTTP without a browser: the region's events, the ninth stream of a session refused, and the end of
+    every stream when the session's token is revoked."""
+    up = shared_up
+    made = httpx.post(
+        f"{_base(up)}/api/v1/tokens",
+        json={"role": "viewer", "subject": "revoked viewer"},
+        headers={"authorization": f"Bearer {up.token()}"},
+        timeout=30,
+    )
+    assert made.status_code == 201, made.text
+    token, token_id = made.json()["token"], made.json()["id"]
+    url = f"{_base(up)}/dashboard/e/main/live/deployments"
+    async with httpx.AsyncClient(cookies={"levers9_session": token}, timeout=30) as client:
+        streams = []
+        try:
+            for _ in range(8):
+                stream = await client.send(client.build_request("GET", url), stream=True)
+                assert stream.status_code == 200
+                streams.append(stream)
+            lines = streams[0].aiter_lines()
+            assert await anext(lines) == "event: region"
+            ninth = await client.get(url)
+            assert ninth.status_code == 429
+            assert "8 live views" in ninth.text
+            revoked = httpx.delete(
+                f"{_base(up)}/api/v1/tokens/{token_id}", headers={"authorization": f"Bearer {up.token()}"}, timeout=30
+            )
+            assert revoked.status_code == 200, revoked.text
+            rest = [line async for line in lines]  # the stream ends: this loop finishes
+            assert "event: end" in rest
+            assert "data: Your session ended: sign in again." in rest
+        finally:
+            for stream in streams:
+                await stream.aclose()
+        # and the revoked session is no session
+        again = await client.get(url)
+        assert again.status_code == 303

@@ -58,7 +58,12 @@ _open: Counter[str] = Counter()
 
 async def _deployments(services: Services, dp: DataPlane, principal: Principal, params: Params) -> dict[str, Any]:
     found = await deployments.list_deployments(dp, principal)
-    return {"deployments": found, "can_stop": principal.role.allows(Role.MEMBER)}
+    apps = {}
+    for app_id in {view.deployment.app_id for view in found}:
+        # the app of one of the caller's own deployments: nothing another workspace could learn from
+        record = await services.apps.get(app_id)
+        apps[app_id] = record.name if record is not None else ""
+    return {"deployments": found, "apps": apps, "can_stop": principal.role.allows(Role.MEMBER)}
 
 
 async def _tasks(services: Services, dp: DataPlane, principal: Principal, params: Params) -> dict[str, Any]:
