@@ -101,6 +101,7 @@ async def test_the_link_up_prints_signs_in_once(up: Up, pages: Pages) -> None:
 
     # the link is printed on the terminal (the log file here is up's stdout) and written to no other file
     code = link.rsplit("/", 1)[1]
+    assert up.log().count(code) == 1  # the banner's line; no log line of up names it, not even its use
     for path in up.root.rglob("*"):
         if path.is_file() and not path.name.startswith("up-") and path.stat().st_size < 50_000_000:
             assert code.encode() not in path.read_bytes(), path

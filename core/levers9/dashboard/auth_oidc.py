@@ -144,7 +144,6 @@ def _token_request(oidc: OidcConfig, document: dict[str, Any], form: dict[str, s
 
 async def finish(oidc: OidcConfig, redirect_uri: str, *, code: str, nonce: str, verifier: str) -> Identity:
     """Trade ``code`` for the ID token, check it (see the module docstring) and answer whom it names."""
-    from authlib.jose.errors import JoseError
     from authlib.oidc.core import CodeIDToken
     from joserfc import jwt
     from joserfc.errors import JoseError as JoserfcError
@@ -205,7 +204,7 @@ async def finish(oidc: OidcConfig, redirect_uri: str, *, code: str, nonce: str, 
         )
         try:
             claims.validate(leeway=LEEWAY_S)
-        except JoseError as exc:
+        except (JoserfcError, ValueError) as exc:  # authlib 1.9's claims raise joserfc's errors
             raise SignInFailed(f"the ID token from {oidc.issuer} was not accepted: {exc}", 400) from None
         values: dict[str, Any] = dict(claims)
         if (not values.get("email") or "email_verified" not in values) and tokens.get("access_token"):
