@@ -275,3 +275,29 @@ async def test_oidc_without_an_issuer_is_a_page_not_an_error(site: Site) -> None
     assert "no identity provider" in start.text
     callback = await site.client.get("/auth/oidc/callback?error=access_denied")
     assert callback.status_code == 404
+
+
+async def test_over_tls_the_session_cookie_is_secure(site: Site) -> None:
+    made = await site.client.post("https://127.0.0.1:1994/api/v1/auth/links", headers=bearer(site.token))
+    assert made.json()["url"].startswith("https://127.0.0.1:1994/auth/link/")
+    used = await site.client.post(made.json()["url"])
+    assert used.status_code == 303
+    assert "Secure" in used.headers["set-cookie"]
+
+
+async def test_the_public_url_names_links_and_makes_cookies_secure_behind_a_proxy(tmp_path: Path) -> None:
+    config = ONE_POOL_CONFIG + "auth:\n  public_url: https://levers9.example.com/\n  link_ttl_s: 60\n"
+    async with opened_services(tmp_path, config, f"sqlite:///{tmp_path / 'levers9.db'}") as services:
+        workspace = await services.workspaces.get_or_create("team")
+        person = await services.users.get_or_create("ada@example.org")
+        await services.members.put(workspace.id, person.id, Role.MEMBER)
+        _, token = await services.tokens.issue("user", workspace_id=workspace.id, user_id=person.id)
+        transport = httpx.ASGITransport(app=create_http_app(services))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:1994") as client:
+            made = await client.post("/api/v1/auth/links", headers=bearer(token))
+            url = made.json()["url"]
+            assert url.startswith("https://levers9.example.com/auth/link/")
+            # the proxy in front speaks TLS to the browser and plain HTTP to levers9
+            used = await client.post(urllib.parse.urlsplit(url).path)
+            assert used.status_code == 303
+            assert "Secure" in used.headers["set-cookie"]
