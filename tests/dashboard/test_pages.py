@@ -12,7 +12,7 @@ import pytest
 from levers9.dashboard import live
 from levers9.dashboard.pages import CONTENT_SECURITY_POLICY
 from levers9.dashboard.session import CSRF_HEADER, SESSION_COOKIE, csrf_token
-from levers9.state.sql.records import Role, WorkspaceRecord
+from levers9.state.sql.records import PlacementEvent, Role, WorkspaceRecord
 from tests.controlplane.conftest import Api
 
 PAGES = [
@@ -301,3 +301,26 @@ async def test_a_member_stops_a_version_but_manages_nothing(api: Api) -> None:
     tokens = await client.get("/dashboard/e/main/tokens")
     assert tokens.status_code == 200
     assert "Owners list, issue and revoke" in tokens.text
+
+
+async def test_the_pools_page_says_why_a_pool_starts_nothing_and_a_task_page_why_a_placement_missed(api: Api) -> None:
+    workspace, owner = await _person(api, "team", "owner@example.com", Role.OWNER)
+    await api.services.scheduler.ctx.unavailable.mark("gpu-l4", "L4", None, "quota_exceeded: no L4 left", 60)
+    client = _as(api, owner)
+    pools = await client.get("/dashboard/e/main/pools")
+    assert pools.status_code == 200
+    assert 'data-pool="gpu-l4"' in pools.text
+    assert "quota_exceeded: no L4 left" in pools.text
+    task = await api.services.tasks.create(workspace.id, {"id": "x"})
+    await api.services.tasks.record(
+        [
+            PlacementEvent(task.id, "skipped", pool="gpu-l4", gpu="L4", reason="quota_exceeded: no L4 left"),
+            PlacementEvent(task.id, "placed", pool="cpu", worker_id="wkr_1"),
+        ]
+    )
+    page = await client.get(f"/dashboard/e/main/tasks/{task.id}")
+    assert page.status_code == 200
+    history = page.text.split("Placement history", 1)[1]
+    assert history.index("skipped") < history.index("placed")
+    assert "quota_exceeded: no L4 left" in history
+    assert "wkr_1" in history

@@ -85,7 +85,11 @@ async def _pools(services: Services, dp: DataPlane, principal: Principal, params
     workers = await pools.list_workers(services, principal)
     offers = {p.name: services.scheduler.offers.get(p.name) for p in found}
     report = await health.health(services)
-    return {"pools": found, "workers": workers, "offers": offers, "health": report}
+    # each provider plugin as the controlplane's hooks see it (levers9 check's provider question, without asking
+    # the provider's own check hook every second): unhealthy after timeouts or a failed start, with the reason
+    plugins = services.hooks.health()
+    providers = {p.provider: plugins.get(p.provider) for p in found}
+    return {"pools": found, "workers": workers, "offers": offers, "health": report, "providers": providers}
 
 
 async def _machines(services: Services, dp: DataPlane, principal: Principal, params: Params) -> dict[str, Any]:
