@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -244,6 +245,34 @@ def test_broken_plugins_are_failed_rows_and_the_rest_is_checked(
     assert f"{config}:27: pools.typo.settings.mdoe: unknown field 'mdoe'" in rows["typo"]["credentials and settings"]
     assert all(rows[name]["usable"] == "no" for name in list(rows)[1:])
     assert "1 of 6 pool(s) usable" in result.stderr
+
+
+def test_on_a_terminal_each_pool_is_a_block_of_lines_as_wide_as_the_terminal(
+    cli: Callable[..., Any], tmp_path: Path, installed: Installed
+) -> None:
+    """Verdicts are sentences: as table cells a few characters wide they became cells of 30 lines; on a
+    terminal each pool is a heading and one wrapped line per check instead."""
+    install_fakes(installed)
+    config = write_config(
+        tmp_path,
+        "  cpu:\n    provider: local\n    runtime: process\n    workspace: team\n"
+        "  unloadable:\n    provider: broken\n    runtime: process\n    workspace: team\n",
+    )
+    result = cli("check", "--config", str(config), env={"COLUMNS": "100", "FORCE_COLOR": "1"})
+    assert result.returncode == 1
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    lines = [line.rstrip() for line in shown.splitlines()]
+    assert all(len(line) <= 100 for line in lines), lines
+    headings = [line for line in lines if not line.startswith(" ")]
+    assert headings == [
+        "cpu  local · runtime process · usable: yes",
+        "unloadable  broken · runtime process · usable: no",
+    ]
+    block = lines[lines.index(headings[1]) :]
+    assert block[1].startswith("  credentials and settings: FAIL:")
+    text = " ".join(line.strip() for line in block)
+    assert "ImportError: needs libfoo" in text
+    assert len(block) < 15, block  # a few lines per check, not a column of words
 
 
 def test_unavailable_runtime_says_why_in_its_own_words(cli: Callable[..., Any], tmp_path: Path) -> None:

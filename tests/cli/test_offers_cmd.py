@@ -170,6 +170,9 @@ def test_failing_pools_come_last_with_their_error(
     assert "no-kubeconfig" in result.stderr  # the kubeconfig it could not read, by path
     # an attached cluster's offers come from its agent, which no config file reaches: none, and no failure
     assert "pool lab (attached_cluster)" not in result.stderr
+    # each failure is said once: by the command, not also by the hook facade's log
+    assert result.stderr.count("L9_NO_SUCH_KEY") == 1, result.stderr
+    assert result.stderr.count("the offers API answered 503") == 1, result.stderr
 
     result = cli("offers", "--config", str(config), "--json")
     assert result.returncode == 1

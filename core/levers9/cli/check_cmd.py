@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from levers9.cli.output import Cell, Col, err, print_json, print_table
+from levers9.cli.output import Cell, Col, err, out, print_json, print_table
 from levers9.hooks.agent_providers import AGENT_MACHINE
 
 if TYPE_CHECKING:
@@ -556,4 +556,33 @@ def _print(results: list[PoolCheck]) -> None:
         Col("scheduler now", wrap=True),
         Col("usable"),
     ]
-    print_table(columns, rows)
+    if out.is_terminal:
+        _report(columns, rows)
+    else:
+        print_table(columns, rows)  # piped: one tab-separated line per pool, values whole
+
+
+def _report(columns: list[Col], rows: list[list[Cell]]) -> None:
+    """On a terminal: a block per pool, each check on its own line wrapped to the terminal's width. The verdicts
+    are sentences, often long: as table cells a few characters wide they became cells of 30 lines."""
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    labels = [c.header for c in columns]
+    width = max(len(label) for label in labels[2:]) + 1
+    for row in rows:
+        pool, provider, runtime, usable = (row[i] for i in (0, 1, 3, 7))
+        head = Text.assemble(
+            (str(pool), "bold"),
+            f"  {provider} · runtime {runtime} · usable: ",
+            usable if isinstance(usable, Text) else str(usable),
+        )
+        out.print(head)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=width, no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        for i in (2, 4, 5, 6):
+            cell = row[i]
+            grid.add_row(labels[i] + ":", cell if isinstance(cell, Text) else Text(str(cell)))
+        out.print(Padding(grid, (0, 0, 0, 2)), width=max(out.width, 40))

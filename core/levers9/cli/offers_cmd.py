@@ -29,6 +29,7 @@ Invariants, and what each failure means:
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,14 @@ def offers(
     pool_set = load_pool_set(config)
     try:
         names = select_pools(pool_set, pool)
-        rows, failed, notes = asyncio.run(_collect(pool_set, names, wanted))
+        # the hook facade logs (as a warning) each pool whose provider failed; this command prints each itself, once
+        facade = logging.getLogger("levers9.plugins")
+        level = facade.level
+        facade.setLevel(logging.ERROR)
+        try:
+            rows, failed, notes = asyncio.run(_collect(pool_set, names, wanted))
+        finally:
+            facade.setLevel(level)
     finally:
         pool_set.close()
     if as_json:
