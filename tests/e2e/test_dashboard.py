@@ -361,3 +361,31 @@ async def test_a_sessions_live_streams_are_bounded_and_end_when_it_is_revoked(sh
         # and the revoked session is no session
         again = await client.get(url)
         assert again.status_code == 303
+
+
+async def test_closing_a_live_view_frees_its_place(shared_up: Up) -> None:
+    """A stream whose client went is ended by the server: the session may open as many again."""
+    up = shared_up
+    token = await asyncio.to_thread(_viewer_token, up)
+    url = f"{_base(up)}/dashboard/e/main/live/tasks"
+
+    async def open_eight(client: httpx.AsyncClient) -> list[int]:
+        """The statuses of 8 streams opened at once (each 200 one read to its first event), all closed again."""
+        streams = []
+        try:
+            for _ in range(8):
+                stream = await client.send(client.build_request("GET", url), stream=True)
+                streams.append(stream)
+                if stream.status_code == 200:
+                    assert await anext(stream.aiter_lines()) == "event: region"
+        finally:
+            for stream in streams:
+                await stream.aclose()
+        return [stream.status_code for stream in streams]
+
+    async with httpx.AsyncClient(cookies={"levers9_session": token}, timeout=30) as client:
+        assert await open_eight(client) == [200] * 8
+        deadline = time.monotonic() + 30
+        while (statuses := await open_eight(client)) != [200] * 8:
+            assert time.monotonic() < deadline, f"closed live views were not freed: {statuses}"
+            await asyncio.sleep(0.25)
