@@ -301,3 +301,14 @@ async def test_the_public_url_names_links_and_makes_cookies_secure_behind_a_prox
             used = await client.post(urllib.parse.urlsplit(url).path)
             assert used.status_code == 303
             assert "Secure" in used.headers["set-cookie"]
+
+
+async def test_another_sites_form_cannot_spend_a_link(site: Site) -> None:
+    made = await site.client.post("/api/v1/auth/links", headers=bearer(site.token))
+    path = urllib.parse.urlsplit(made.json()["url"]).path
+    forged = await site.client.post(path, headers={"origin": "https://evil.example"})
+    assert forged.status_code == 403
+    assert SESSION_COOKIE not in forged.cookies
+    used = await site.client.post(path, headers={"origin": "http://127.0.0.1:1994"})  # not spent by the refusal
+    assert used.status_code == 303
+    assert SESSION_COOKIE in used.cookies

@@ -197,6 +197,18 @@ async def test_people_sign_in_through_openid_connect(up: Up, oidc_provider: Oidc
     assert answer.status == 400
     await expect(forged.locator("main")).to_contain_text("was not started here")
 
+    # a state started in one browser, brought to another (someone signing a victim in as themselves): refused
+    started = await pages.open()
+    await started.goto(f"{base(up)}/auth/oidc/start")
+    await started.wait_for_url(lambda url: url.startswith(oidc_provider.issuer))
+    state = urllib.parse.parse_qs(urllib.parse.urlsplit(started.url).query)["state"][0]
+    victim = await pages.open()
+    answer = await victim.goto(f"{base(up)}/auth/oidc/callback?code=theirs&state={state}")
+    assert answer is not None
+    assert answer.status == 400
+    await expect(victim.locator("main")).to_contain_text("started in another browser")
+    assert await session_of(victim) is None
+
 
 def read_lines(stream: object, into: list[str], seen: threading.Event) -> None:
     for line in stream:  # type: ignore[attr-defined]

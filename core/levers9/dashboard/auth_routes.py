@@ -19,8 +19,10 @@ Invariants, and what each failure means:
 * where a person goes afterwards (``next``) is only ever a path of this site
   (:func:`levers9.dashboard.auth_codes.local_path`): no open redirect;
 * every state-changing request made from a session (sign-out, switch, allowing the CLI) carries the session's
-  CSRF token; the link's POST and the CLI exchange need none, since no session exists yet and the one-time code
-  itself is the secret;
+  CSRF token; the link's POST and the CLI exchange have no session yet, and the one-time code itself is the
+  secret. So that nobody signs someone else's browser in as themselves (login CSRF): a link's POST from
+  another site's page (its ``Origin``) is refused, and an OpenID Connect state is bound to the browser that
+  started it by a cookie (:data:`STATE_COOKIE`, a hash of the state) that its callback must bring back;
 * a failure (a spent or expired link, a denied or forged OpenID Connect callback, an issuer that cannot be
   reached) is a page saying what happened and where to start again, never a traceback; the CLI exchange answers
   JSON errors (``{"error": {"type", "message"}}``);
@@ -32,6 +34,8 @@ Invariants, and what each failure means:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import re
 import secrets
@@ -41,6 +45,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from levers9.config.model import OidcConfig
 from levers9.dashboard import auth_oidc
 from levers9.dashboard.auth_codes import check_challenge, check_verifier, local_path, s256
 from levers9.dashboard.auth_signin import (
@@ -74,6 +79,8 @@ __all__ = ["router"]
 router = APIRouter(include_in_schema=False)
 
 SIGN_IN = "/auth/sign-in"
+#: the cookie that binds an OpenID Connect sign-in's state to the browser that started it
+STATE_COOKIE = "levers9_oidc_state"
 #: an OAuth state or a CLI's state: URL-safe characters, as RFC 3986 leaves unreserved
 _STATE = re.compile(r"^[A-Za-z0-9\-._~]{8,256}$")
 
@@ -101,6 +108,18 @@ async def _session(request: Request, services: Services) -> tuple[str, Principal
     if principal.kind is not TokenKind.USER or principal.workspace_root is None:
         return None
     return token, principal
+
+
+def _same_origin(request: Request, services: Services) -> bool:
+    """Whether a POST came from a page of this site: a browser names the page's origin in ``Origin``; another
+    site's form posting someone's own link code (signing a visitor in as the attacker) names its own. No Origin
+    (not a browser, or an old one) is let through: the code is the secret."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    allowed = {base_url(services, request).rstrip("/")}
+    allowed.add(str(request.base_url).rstrip("/"))
+    return any(origin == urllib.parse.urlunsplit((*urllib.parse.urlsplit(a)[:2], "", "", "")) for a in allowed)
 
 
 def _to_sign_in(next_path: str) -> Response:
@@ -168,6 +187,10 @@ def _spent_link(request: Request) -> Response:
 @router.post("/auth/link/{code}")
 async def use_link(request: Request, code: str) -> Response:
     services = _services(request)
+    if not _same_origin(request, services):
+        return _page_error(
+            request, "Refused", "This sign-in was sent from another site; open the link itself to sign in.", 403
+        )
     payload = await codes(services).take(LINK, code)
     if payload is None:
         return _spent_link(request)
@@ -206,7 +229,19 @@ async def oidc_start(request: Request, next: str | None = None) -> Response:
     except auth_oidc.SignInFailed as exc:
         await codes(services).take(OIDC_STATE, state)
         return _page_error(request, "Sign-in failed", str(exc), exc.status)
-    return secure(RedirectResponse(url, status_code=303))
+    response = RedirectResponse(url, status_code=303)
+    # the state is bound to this browser too: a callback with someone else's state and code (signing this
+    # browser in as them) finds no cookie of its own
+    response.set_cookie(
+        STATE_COOKIE,
+        hashlib.sha256(state.encode()).hexdigest(),
+        max_age=int(OIDC_STATE_TTL_S),
+        path="/auth/oidc/",
+        secure=_secure_cookie(request, services),
+        httponly=True,
+        samesite="lax",
+    )
+    return secure(response)
 
 
 @router.get("/auth/oidc/callback")
@@ -223,7 +258,24 @@ async def oidc_callback(
         return _page_error(
             request, "No identity provider", "This levers9 has no identity provider configured (auth.oidc).", 404
         )
+    bound = request.cookies.get(STATE_COOKIE)
     saved = await codes(services).take(OIDC_STATE, state) if state else None
+    response = await _oidc_callback(request, services, oidc, code, state, saved, bound, error, error_description)
+    response.delete_cookie(STATE_COOKIE, path="/auth/oidc/", httponly=True, samesite="lax")
+    return response
+
+
+async def _oidc_callback(
+    request: Request,
+    services: Services,
+    oidc: OidcConfig,
+    code: str | None,
+    state: str | None,
+    saved: dict[str, Any] | None,
+    bound: str | None,
+    error: str | None,
+    error_description: str | None,
+) -> Response:
     if error:
         said = f"{error}: {error_description}" if error_description else error
         return _page_error(
@@ -241,6 +293,14 @@ async def oidc_callback(
             request,
             "Sign-in failed",
             "This sign-in was not started here, was finished already or took too long. Start again.",
+            400,
+        )
+    assert state is not None
+    if bound is None or not hmac.compare_digest(bound, hashlib.sha256(state.encode()).hexdigest()):
+        return _page_error(
+            request,
+            "Sign-in failed",
+            "This sign-in was started in another browser (or its cookie was refused): start again here.",
             400,
         )
     if not code:
