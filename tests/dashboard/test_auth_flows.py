@@ -312,3 +312,11 @@ async def test_another_sites_form_cannot_spend_a_link(site: Site) -> None:
     used = await site.client.post(path, headers={"origin": "http://127.0.0.1:1994"})  # not spent by the refusal
     assert used.status_code == 303
     assert SESSION_COOKIE in used.cookies
+
+
+async def test_the_sign_in_page_says_who_is_signed_in_already(site: Site) -> None:
+    site.client.cookies.set(SESSION_COOKIE, await site.session())
+    page = await site.client.get("/auth/sign-in?next=/dashboard/e/main/tasks")
+    assert page.status_code == 200
+    assert "You are signed in as ada@example.org in workspace team" in page.text
+    assert 'href="/dashboard/e/main/tasks"' in page.text

@@ -152,12 +152,20 @@ async def _enter(
 async def sign_in_page(request: Request, next: str | None = None) -> Response:
     services = _services(request)
     oidc = services.config.auth.oidc
+    session = await _session(request, services)
+    signed_in = None
+    if session is not None and session[1].user_id is not None and session[1].workspace_root is not None:
+        person = await services.users.get(session[1].user_id)
+        workspace = await services.workspaces.get(session[1].workspace_root)
+        if person is not None and workspace is not None:
+            signed_in = (person.email, workspace.name)
     return render(
         request,
         "auth_sign_in.html",
         title="Sign in",
         provider=oidc.display_name if oidc is not None else None,
         next=local_path(next),
+        signed_in=signed_in,
         error=None,
     )
 
