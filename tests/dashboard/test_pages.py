@@ -324,3 +324,18 @@ async def test_the_pools_page_says_why_a_pool_starts_nothing_and_a_task_page_why
     assert history.index("skipped") < history.index("placed")
     assert "quota_exceeded: no L4 left" in history
     assert "wkr_1" in history
+
+
+async def test_a_session_of_one_environment_is_offered_no_other(api: Api) -> None:
+    workspace, _ = await _person(api, "team", "owner@example.com", Role.OWNER)
+    staging = await api.services.workspaces.create_environment(workspace.id, "staging")
+    user = await api.services.users.by_email("owner@example.com")
+    assert user is not None
+    _, token = await api.services.tokens.issue("user", workspace_id=staging.id, subject="staging only", user_id=user.id)
+    client = _as(api, token)
+    response = await client.get("/dashboard/")
+    assert response.headers["location"] == "/dashboard/e/staging/deployments"
+    page = await client.get("/dashboard/e/staging/tasks")
+    assert page.status_code == 200
+    assert 'href="/dashboard/e/main/tasks"' not in page.text
+    assert (await client.get("/dashboard/e/main/tasks")).status_code == 403

@@ -353,14 +353,17 @@ async def test_a_sessions_live_streams_are_bounded_and_end_when_it_is_revoked(sh
             )
             assert revoked.status_code == 200, revoked.text
             rest = [line async for line in lines]  # the stream ends: this loop finishes
-            assert "event: end" in rest
+            assert "event: signed-out" in rest
             assert "data: Your session ended: sign in again." in rest
         finally:
             for stream in streams:
                 await stream.aclose()
-        # and the revoked session is no session
+        # and the revoked session is no session: a page redirects to sign in, a stream says signed-out at once
         again = await client.get(url)
-        assert again.status_code == 303
+        assert again.text == "event: signed-out\ndata: Your session ended: sign in again.\n\n"
+        page = await client.get(f"{_base(up)}/dashboard/e/main/deployments")
+        assert page.status_code == 303
+        assert page.headers["location"].startswith("/auth/sign-in?next=")
 
 
 async def test_closing_a_live_view_frees_its_place(shared_up: Up) -> None:
@@ -389,3 +392,24 @@ async def test_closing_a_live_view_frees_its_place(shared_up: Up) -> None:
         while (statuses := await open_eight(client)) != [200] * 8:
             assert time.monotonic() < deadline, f"closed live views were not freed: {statuses}"
             await asyncio.sleep(0.25)
+
+
+async def test_an_open_page_goes_to_sign_in_when_its_session_is_revoked(shared_up: Up, pages: Pages) -> None:
+    up = shared_up
+    made = httpx.post(
+        f"{_base(up)}/api/v1/tokens",
+        json={"role": "viewer", "subject": "signed out viewer"},
+        headers={"authorization": f"Bearer {up.token()}"},
+        timeout=30,
+    )
+    assert made.status_code == 201, made.text
+    page = await _session(pages, up, made.json()["token"])
+    await page.goto(f"{_base(up)}/dashboard/e/main/tasks")
+    await expect(page.locator("#tasks")).to_be_visible()
+    revoked = httpx.delete(
+        f"{_base(up)}/api/v1/tokens/{made.json()['id']}", headers={"authorization": f"Bearer {up.token()}"}, timeout=30
+    )
+    assert revoked.status_code == 200, revoked.text
+    # the live region's stream ends with signed-out; the page reloads and is sent to sign in, to come back here
+    await page.wait_for_url(re.compile(r"/auth/sign-in\?next=%2Fdashboard%2Fe%2Fmain%2Ftasks$"), timeout=SHOWN_S)
+    assert pages.log(page).problems(on=_base(up)) == []

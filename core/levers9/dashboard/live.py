@@ -8,8 +8,10 @@ deployment made from the CLI appears, a task's status changes and a stopped vers
 
 Invariants:
 
-* a stream is held on the session's token (``services.auth.streams``): revoking the token, or the replica
-  stopping, ends it with an ``end`` event, and the script does not reconnect after ``end``;
+* a stream is held on the session's token (``services.auth.streams``): revoking the token ends it with a
+  ``signed-out`` event (the script reloads the page, which leads to signing in; a stream asked for without a
+  valid session gets that one event too), the replica stopping with an ``end`` event; the script does not
+  reconnect after either;
 * one session holds at most :data:`MAX_STREAMS_PER_SESSION` streams on this replica; one more is a 429;
 * a stream stops when the client goes (checked every :data:`EVERY_S`) or when a builder raises (the object
   went: its ``end`` event says why);
@@ -40,7 +42,16 @@ from levers9.services.errors import error_answer
 from levers9.services.revocation import ReplicaStopping, TokenRevoked
 from levers9.state.sql.records import Role
 
-__all__ = ["EVERY_S", "MAX_STREAMS_PER_SESSION", "REGIONS", "log_stream", "region_stream", "render_region"]
+__all__ = [
+    "EVERY_S",
+    "MAX_STREAMS_PER_SESSION",
+    "REGIONS",
+    "SIGNED_OUT",
+    "log_stream",
+    "region_stream",
+    "render_region",
+    "signed_out_stream",
+]
 
 #: how often a live region is rendered again
 EVERY_S = 1.0
@@ -159,12 +170,28 @@ def _counted(token_id: str) -> Any:
             del _open[token_id]
 
 
-def _ended(exc: BaseException) -> str:
+#: the event that tells a page its session ended (the script reloads it, which leads to signing in)
+SIGNED_OUT = "signed-out"
+SIGNED_OUT_TEXT = "Your session ended: sign in again."
+
+
+def _ended(exc: BaseException) -> bytes:
+    """The last event of a stream that ``exc`` ended."""
     if isinstance(exc, TokenRevoked):
-        return "Your session ended: sign in again."
+        return event(SIGNED_OUT, SIGNED_OUT_TEXT)
     if isinstance(exc, ReplicaStopping):
-        return "The controlplane is restarting: reload the page."
-    return str(exc)
+        return event("end", "The controlplane is restarting: reload the page.")
+    return event("end", str(exc))
+
+
+def signed_out_stream() -> Response:
+    """The whole stream of a request whose session is gone: one :data:`SIGNED_OUT` event (a redirect to the
+    sign-in page would be no event stream, and the page's script could not tell what happened)."""
+
+    async def events() -> AsyncIterator[bytes]:
+        yield event(SIGNED_OUT, SIGNED_OUT_TEXT)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=_STREAM_HEADERS)
 
 
 async def region_stream(request: Request, principal: Principal, region: str, params: Params, *, csrf: str) -> Response:
@@ -190,11 +217,11 @@ async def region_stream(request: Request, principal: Principal, region: str, par
                         last = html
                     await guard.wait(asyncio.sleep(EVERY_S))
             except (TokenRevoked, ReplicaStopping) as exc:
-                yield event("end", _ended(exc))
+                yield _ended(exc)
             except Exception as exc:
                 if error_answer(exc) is None:
                     raise
-                yield event("end", _ended(exc))
+                yield _ended(exc)
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=_STREAM_HEADERS)
 
@@ -247,7 +274,7 @@ def log_stream(request: Request, principal: Principal, task_id: str) -> Response
                     if text:
                         yield event("log", text)
             except (TokenRevoked, ReplicaStopping) as exc:
-                yield event("end", _ended(exc))
+                yield _ended(exc)
             finally:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

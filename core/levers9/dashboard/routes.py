@@ -16,7 +16,7 @@ Invariants, and what each failure means:
   after the session and before anything else, role included: without it, 403 and nothing changes. A viewer's
   forged stop is 403 with or without the token;
 * a form's bad value is a 400 page naming the field; a domain error is the page of its status
-  (:data:`levers9.services.errors.ERRORS`), never the REST API's JSON;
+  (:data:`levers9.services.errors.ERRORS`), never the REST API's JSON; anything else is logged and a 500 page;
 * live regions (:mod:`levers9.dashboard.live`) and task logs are server-sent events held on the session's token:
   revoking it ends them.
 """
@@ -24,6 +24,7 @@ Invariants, and what each failure means:
 from __future__ import annotations
 
 import functools
+import logging
 import mimetypes
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,8 @@ from levers9.services.errors import error_answer
 from levers9.state.sql.records import MAIN_ENVIRONMENT, Role, TaskStatus
 
 __all__ = ["router"]
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(include_in_schema=False)
 
@@ -104,7 +107,10 @@ async def _session(request: Request, env: str | None, section: str) -> Session:
     except Unauthenticated:
         raise SignIn from None
     caller = await workspaces.whoami(services, principal)
-    names = [e.environment for e in await workspaces.list_environments(services, principal)]
+    if principal.environment_bound:  # a token of one environment acts in no other: offer none
+        names = [principal.environment]
+    else:
+        names = [e.environment for e in await workspaces.list_environments(services, principal)]
     chrome = Chrome(
         workspace=caller.workspace_name,
         environment=principal.environment,
@@ -151,7 +157,8 @@ def page(handler: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Res
         except Exception as exc:
             answer = error_answer(exc)
             if answer is None:
-                raise
+                log.exception("dashboard page %s %s failed", request.method, request.url.path)
+                return _error_page(request, 500, "Something went wrong", "The controlplane's log has the details.")
             status, _ = answer
             titles = {404: "Not found", 403: "Not allowed", 409: "Conflict", 400: "Not valid", 401: "Signed out"}
             return _error_page(request, status, titles.get(status, "Refused"), str(exc))
@@ -280,7 +287,10 @@ async def task_page(request: Request, env: str, task_id: str) -> Response:
 @page
 async def task_logs_stream(request: Request, env: str, task_id: str) -> Response:
     """The task's output as server-sent events (``log``, then ``end`` once it finished), from its start."""
-    session = await _session(request, env, "tasks")
+    try:
+        session = await _session(request, env, "tasks")
+    except SignIn:
+        return live.signed_out_stream()
     await tasks.get_task(_dataplane(request), session.principal, task_id)
     return live.log_stream(request, session.principal, task_id)
 
@@ -318,7 +328,10 @@ async def machines_page(request: Request, env: str) -> Response:
 @page
 async def live_region(request: Request, env: str, region: str) -> Response:
     """A region's server-sent events: its HTML whenever it changed (see :mod:`levers9.dashboard.live`)."""
-    session = await _session(request, env, region if region in live.REGIONS else "deployments")
+    try:
+        session = await _session(request, env, region if region in live.REGIONS else "deployments")
+    except SignIn:
+        return live.signed_out_stream()
     params = {name: request.query_params.getlist(name) for name in request.query_params}
     if region == "tasks":
         params["status"] = _statuses(request)

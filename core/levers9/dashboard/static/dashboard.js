@@ -1,8 +1,8 @@
 // levers9 dashboard: the little the pages need a script for, written for levers9 (no library).
 //
 // * [data-live=URL]: a region the server re-renders; its server-sent events ("region") replace the region's
-//   HTML, so a page updates without a reload. "end" closes the stream (the session ended); the browser's own
-//   reconnection covers a dropped connection.
+//   HTML, so a page updates without a reload. "end" closes the stream; "signed-out" (the session ended)
+//   reloads the page, which leads to signing in. The browser's own reconnection covers a dropped connection.
 // * pre[data-logs=URL]: a task's output; each "log" event is appended as text. "end": the task finished.
 // * form[data-upload]: a file sent with PUT to the form's action and the file's name, with the page's CSRF token
 //   in a header (no multipart parsing on the server).
@@ -19,8 +19,17 @@ function liveRegions() {
     source.addEventListener("end", function () {
       source.close();
     });
+    source.addEventListener("signed-out", signedOut(source));
     window.addEventListener("pagehide", function () { source.close(); });
   });
+}
+
+// The session ended (signed out, revoked, expired): reloading leads to the sign-in page, and back here after.
+function signedOut(source) {
+  return function () {
+    source.close();
+    window.location.reload();
+  };
 }
 
 function liveLogs() {
@@ -39,6 +48,7 @@ function liveLogs() {
       source.close();
       if (state) { state.textContent = event.data || "The output ended."; }
     });
+    source.addEventListener("signed-out", signedOut(source));
     source.onerror = function () {
       if (source.readyState === EventSource.CLOSED && state) { state.textContent = "The output stream closed."; }
     };
