@@ -93,8 +93,9 @@ def test_versions_answer_until_stopped_and_a_cold_call_waits_for_its_container(l
         assert bad.status_code == 400
         assert bad.json()["error"]["type"] == "invalid_json"
         wrong = client.post("/endpoint/greet/v2", json={"nobody": 1})
-        assert wrong.status_code == 500
-        assert (wrong.json()["error"]["type"], wrong.json()["error"]["exception"]) == ("handler_error", "TypeError")
+        assert wrong.status_code == 422  # the caller's mistake, with what the function takes
+        assert wrong.json()["error"]["type"] == "invalid_arguments"
+        assert "unexpected keyword argument 'nobody'; it takes greet(" in wrong.json()["error"]["message"]
 
 
 def test_a_generator_endpoint_streams_its_items_as_they_come(shared_up: Up) -> None:

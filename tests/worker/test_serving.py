@@ -85,8 +85,24 @@ def test_errors_are_answered_with_their_kind(serve: Callable[[App], str]) -> Non
         "message": "ValueError: x must not be negative",
         "exception": "ValueError",
     }
-    wrong_args = httpx.post(url, json={"y": 1})
-    assert (wrong_args.status_code, wrong_args.json()["error"]["exception"]) == (500, "TypeError")
+    # arguments the signature does not take are the caller's mistake: 422 with the signature, the function not run
+    missing = httpx.post(url, json={"y": 1})
+    assert missing.status_code == 422
+    assert missing.json()["error"] == {
+        "type": "invalid_arguments",
+        "message": "missing a required argument: 'x'; it takes picky(x: int) -> object",
+    }
+    too_many = httpx.post(url, json=[1, 2])
+    assert (too_many.status_code, too_many.json()["error"]["type"]) == (422, "invalid_arguments")
+
+    def greet(name: str = "you") -> str:
+        return f"hello, {name}"
+
+    unknown = httpx.post(serve(function_app(greet, concurrency=1)), json={"z": 1})
+    assert unknown.status_code == 422
+    assert unknown.json()["error"]["message"] == (
+        "got an unexpected keyword argument 'z'; it takes greet(name: str = 'you') -> str"
+    )
     not_json = httpx.post(url, json={"x": 0})
     assert (not_json.status_code, not_json.json()["error"]["type"]) == (500, "result_not_json")
     assert httpx.post(url, json={"x": 3}).json() == 3  # and it still serves

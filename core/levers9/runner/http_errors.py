@@ -31,6 +31,7 @@ __all__ = [
     "HANDLER_ERROR",
     "INSUFFICIENT_STORAGE",
     "INTERNAL",
+    "INVALID_ARGUMENTS",
     "INVALID_JSON",
     "INVALID_REQUEST",
     "INVALID_TRANSITION",
@@ -58,6 +59,8 @@ METHOD_NOT_ALLOWED = "method_not_allowed"
 INVALID_REQUEST = "invalid_request"
 #: 400: the body is not JSON, or nests arrays and objects too deeply to be read
 INVALID_JSON = "invalid_json"
+#: 422: the arguments do not fit the function's signature (an unknown or missing one); the message gives it
+INVALID_ARGUMENTS = "invalid_arguments"
 #: 413: the body is over the size limit
 TOO_LARGE = "too_large"
 #: 429: as many requests as ``max_pending`` already wait for a container (``retry-after`` is set)
@@ -90,6 +93,7 @@ ERROR_TYPES: dict[str, int] = {
     INVALID_REQUEST: 400,
     INVALID_JSON: 400,
     TOO_LARGE: 413,
+    INVALID_ARGUMENTS: 422,
     OVERLOADED: 429,
     NO_CONTAINER: 504,
     TIMEOUT: 504,

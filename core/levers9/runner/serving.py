@@ -17,7 +17,9 @@ Every error this server answers itself is JSON, ``{"error": {"type": ...,
 "message": ...}}``, of a type listed in :mod:`levers9.runner.http_errors` (the
 same the gateway uses): a malformed request ``invalid_request``, a body that
 is not JSON or nests too deeply to be read ``invalid_json`` (400, never a
-crash), the function raising ``handler_error`` (500, with ``exception``
+crash), arguments the function's signature does not take ``invalid_arguments``
+(422, naming the signature, before the function runs), the function raising
+``handler_error`` (500, with ``exception``
 naming its class), a return value that is not JSON ``result_not_json``.
 
 The server is a small HTTP/1.1 implementation on asyncio, with keep-alive and
@@ -420,6 +422,8 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own __call__)
     )
+    signature = _signature(handler)
+    name = getattr(handler, "__name__", "the function")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -431,6 +435,13 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
         if arguments is None:
             return
         args, kwargs = arguments
+        if signature is not None:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                # the caller's mistake, not the function's: said before the function runs, with what it takes
+                await _error(send, errors.INVALID_ARGUMENTS, f"{exc}; it takes {name}{signature}")
+                return
         loop = asyncio.get_running_loop()
         try:
             if is_async:
@@ -451,6 +462,19 @@ def function_app(handler: Callable[..., Any], concurrency: int) -> App:
         await _answer_json(send, result)
 
     return app
+
+
+def _signature(handler: Callable[..., Any]) -> inspect.Signature | None:
+    """The handler's signature, its annotations evaluated where they can be (``x: int``, not ``x: 'int'``);
+    None for a callable without one, whose own TypeError is then all there is."""
+    try:
+        return inspect.signature(handler, eval_str=True)  # the container's Python may be older than 3.10's
+    except (NameError, SyntaxError, TypeError, ValueError):
+        pass
+    try:
+        return inspect.signature(handler)
+    except (TypeError, ValueError):
+        return None
 
 
 async def _read_body(receive: Receive, send: Send) -> bytes | None:
