@@ -122,6 +122,23 @@ def test_calls_a_function_with_string_arguments(app_dir: Path) -> None:
     assert invoke(f"{path}::quiet").stdout == "said nothing\n", "None is not printed"
 
 
+def test_arguments_are_python_literals_text_for_str_and_name_value_for_keywords(app_dir: Path) -> None:
+    path = write(
+        app_dir,
+        "typed.py",
+        """
+        def show(a, b, code: str, *rest, flag=False):
+            return repr((a, b, code, rest, flag))
+        """,
+    )
+    result = invoke(f"{path}::show", "7", "[1, 'x']", "007", "2.5", "hello world", "None", "flag=True")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "(7, [1, 'x'], '007', (2.5, 'hello world', None), True)\n"
+    # NAME=VALUE is a keyword only when NAME is a parameter; otherwise it is text like any other
+    result = invoke(f"{path}::show", "x=1", "b", "c")
+    assert result.stdout == "('x=1', 'b', 'c', (), False)\n"
+
+
 def test_wrong_arguments_show_the_signature(app_dir: Path) -> None:
     path = write(app_dir, "tool.py", "def greet(name, punctuation='!'):\n    return name\n")
     result = invoke(f"{path}::greet", "a", "b", "c")

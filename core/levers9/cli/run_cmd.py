@@ -4,8 +4,13 @@ The app is ordinary Python that uses the SDK; this command only chooses the
 context (through ``$LEVERS9_CONTEXT``, which the SDK reads, so code the app
 starts inherits it too) and starts the app the way ``python FILE`` would: its
 directory first on ``sys.path``, ``sys.argv`` its own. With ``::FUNCTION`` the
-file is imported instead and that function called with the remaining arguments
-as strings, which saves writing an argument parser for a quick entry point.
+file is imported instead and that function called with the remaining arguments,
+which saves writing an argument parser for a quick entry point: a levers9
+function (``@levers9.function``) is called remotely, ``.remote(...)``, a plain
+function in this process. Each argument is a Python literal (``7``, ``2.5``,
+``'text'``, ``[1, 2]``, ``{"k": 1}``, ``True``, ``None``) or else the text as
+it is; a parameter annotated ``str`` always gets the text; ``NAME=VALUE``
+passes a keyword argument when NAME is one of the function's parameters.
 
 Arguments after FILE belong to the app, options included, except ``-c`` and
 ``--context``; put ``--`` before the app's arguments when they use those too.
@@ -14,9 +19,12 @@ The SDK's client is told to announce itself (:data:`levers9.sdk.client.ANNOUNCE`
 when the app's first call is not connected within half a second, stderr says
 which addresses it is connecting to, and a controlplane that is not there at
 all (every address refusing) fails the app in seconds with a message saying
-so, rather than after the context's ``reconnect_s``. Such a
-``ControlPlaneError`` that the app does not catch is printed as its one line,
-without a traceback through the SDK.
+so, rather than after the context's ``reconnect_s``. A levers9
+error the app does not catch (the context, the controlplane, a refused token, a
+call that cannot be scheduled, a remote function that raised) is printed as one
+``error:`` line, without a traceback through the SDK; ``--debug`` (or
+``$LEVERS9_DEBUG=1``) prints the traceback too. Any other exception is the
+app's own, and its traceback (the app's frames only) is printed as Python would.
 """
 
 from __future__ import annotations
@@ -33,17 +41,37 @@ from levers9.cli.output import err
 
 #: click settings for the command: unknown options are the app's, not errors
 CONTEXT_SETTINGS: dict[str, Any] = {"ignore_unknown_options": True}
+#: print a levers9 error's traceback too (--debug, $LEVERS9_DEBUG)
+DEBUG = False
 
 
 def run(
-    target: str = typer.Argument(..., metavar="FILE[::FUNCTION]", help="The app file, and a function in it to call."),
-    args: list[str] | None = typer.Argument(None, metavar="ARGS", help="Arguments for the app or the function."),
+    target: str = typer.Argument(
+        ...,
+        metavar="FILE[::FUNCTION]",
+        help="The app file; with ::FUNCTION, a function in it to call (a levers9 function runs remotely).",
+    ),
+    args: list[str] | None = typer.Argument(
+        None,
+        metavar="ARGS",
+        help="The app's arguments; for ::FUNCTION its arguments, each a Python literal (7, 'a b', [1, 2]) or else "
+        "text, NAME=VALUE for a keyword argument; a parameter annotated str gets the text as typed.",
+    ),
     context: str | None = context_option(),
+    debug: bool = typer.Option(
+        False, "--debug", help="On a levers9 error, print its traceback too (also $LEVERS9_DEBUG=1)."
+    ),
 ) -> None:
-    """Run a Python app that uses levers9, against the chosen context's controlplane."""
+    """Run a Python app that uses levers9, against the chosen context's controlplane.
+
+    `levers9 run app.py` runs the file as `python app.py` would; `levers9 run app.py::square 7` calls square(7),
+    remotely when square is a levers9 function, and prints what it returns."""
     import os
 
     from levers9.sdk.context import ENV_CONTEXT
+
+    global DEBUG
+    DEBUG = debug or os.environ.get("LEVERS9_DEBUG", "") not in ("", "0")
 
     app_args = list(args or [])
     file_text, _, function = target.rpartition("::") if "::" in target else (target, "", "")
@@ -97,9 +125,11 @@ def _call_function(path: Path, function: str, app_args: list[str]) -> None:
         fail(f"{path} has no function {function!r} (functions: {names})")
     if not callable(target_fn):
         fail(f"{path}: {function!r} is a {type(target_fn).__name__}, not a function")
-    _check_arguments(path, function, target_fn, app_args)
+    positional, keywords = _arguments(path, function, target_fn, app_args)
+    remote = getattr(target_fn, "remote", None)
+    call = remote if callable(remote) else target_fn
     try:
-        result = target_fn(*app_args)
+        result = call(*positional, **keywords)
         if _awaitable(result):
             import asyncio
 
@@ -143,18 +173,57 @@ def import_file(path: Path) -> ModuleType:
     return module
 
 
-def _check_arguments(path: Path, function: str, fn: Any, args: list[str]) -> None:
-    """Refuse arguments the function cannot take before calling it, naming its signature."""
+def _arguments(path: Path, function: str, fn: Any, args: list[str]) -> tuple[list[Any], dict[str, Any]]:
+    """The call's arguments from the command line's (see the module's doc), refused before the call when the
+    function cannot take them, naming its signature."""
     import inspect
 
     try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # no signature to check against (a builtin, an odd callable): let the call decide
+        signature: inspect.Signature | None = inspect.signature(getattr(fn, "fn", fn), eval_str=True)
+    except (NameError, SyntaxError, TypeError, ValueError):
+        try:
+            signature = inspect.signature(getattr(fn, "fn", fn))
+        except (TypeError, ValueError):
+            signature = None  # no signature (a builtin, an odd callable): literals, and the call decides
+    params = list(signature.parameters.values()) if signature is not None else []
+    named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for text in args:
+        name, eq, value = text.partition("=")
+        if eq and name in named:
+            keywords[name] = _value(value, named[name])
+            continue
+        index = len(positional)
+        fitting = (
+            params[index]
+            if index < len(params)
+            and params[index].kind
+            in (
+                inspect.Parameter.POSITIONAL_ONLY,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            )
+            else next((p for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+        )
+        positional.append(_value(text, fitting))
+    if signature is not None:
+        try:
+            signature.bind(*positional, **keywords)
+        except TypeError as exc:
+            fail(f"{path}::{function}{signature}: {exc} (given {len(args)}: {' '.join(args) or 'none'})")
+    return positional, keywords
+
+
+def _value(text: str, param: Any) -> Any:
+    """``text`` as a Python literal, or as it is when it is none or the parameter is annotated ``str``."""
+    import ast
+
+    if param is not None and param.annotation in (str, "str"):
+        return text
     try:
-        signature.bind(*args)
-    except TypeError as exc:
-        fail(f"{path}::{function}{signature}: {exc} (given {len(args)}: {' '.join(args) or 'none'})")
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
 
 
 def _functions(module: ModuleType) -> list[str]:
@@ -187,10 +256,15 @@ def _app_failed(exc: BaseException) -> NoReturn:
     """
     import traceback
 
-    from levers9.sdk.errors import ControlPlaneError
+    from levers9.hooks.errors import Levers9Error
 
-    if type(exc) is ControlPlaneError:
-        fail(str(exc))
+    if isinstance(exc, Levers9Error):  # the context, the controlplane, the call: levers9's, not the app's bug
+        if DEBUG:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        message = (
+            str(exc) if type(exc).__name__ in ("ControlPlaneError", "ContextError") else f"{type(exc).__name__}: {exc}"
+        )
+        fail(message + ("" if DEBUG else " (--debug shows the traceback)"))
 
     traceback.print_exception(type(exc), exc, _app_frames(exc.__traceback__), file=sys.stderr)
     raise typer.Exit(1) from None
