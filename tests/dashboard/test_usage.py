@@ -131,3 +131,16 @@ async def test_the_rest_route_answers_a_viewer_and_names_a_bad_field(api: Api) -
     assert response.status_code == 422
     assert "query.since" in response.text
     assert (await api.client.get("/api/v1/usage")).status_code == 401
+
+
+async def test_the_usage_page_shows_the_hours_of_the_days_chosen(api: Api) -> None:
+    team = await api.services.workspaces.get_or_create("team")
+    await _task(api.services, team.id, cpu=3000, started=T0, finished=T0 + HOUR / 2)
+    _, token = await api.services.tokens.issue("user", workspace_id=team.id, subject="v", role=Role.VIEWER)
+    api.client.cookies.set("levers9_session", token, domain="levers9.test")
+    page = await api.client.get("/dashboard/e/main/usage", params={"since": "2026-12-01", "until": "2026-12-01"})
+    assert page.status_code == 200
+    assert '<strong id="cpu-hours">1.500</strong>' in page.text
+    assert '<strong id="gpu-hours">0.000</strong>' in page.text
+    before = await api.client.get("/dashboard/e/main/usage", params={"since": "2026-11-01", "until": "2026-11-30"})
+    assert '<strong id="cpu-hours">0.000</strong>' in before.text
