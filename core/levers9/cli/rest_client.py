@@ -66,7 +66,13 @@ class Rest:
             body = None
         if response.status_code >= 400:
             message = body.get("error", {}).get("message") if isinstance(body, dict) else None
-            raise RestFailed(message or f"HTTP {response.status_code} from {method} {path}", response.status_code)
+            message = message or f"HTTP {response.status_code} from {method} {path}"
+            if response.status_code == 401:
+                message = (
+                    f"the controlplane at {self.ctx.http} did not accept the token of context {self.ctx.name!r}: {message}; "
+                    "sign in again with `levers9 login` (or set one with `levers9 context add`)"
+                )
+            raise RestFailed(message, response.status_code)
         return body
 
     def get(self, path: str, **params: Any) -> Any:
