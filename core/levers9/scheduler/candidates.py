@@ -191,4 +191,6 @@ def _nothing_fits(request: PlacementRequest, refused: list[tuple[PoolSpec, str]]
     if not request.gpu.wants_gpu:
         return message  # which GPUs the pools have says nothing about a request for none
     offered = sorted({p.gpu for p, _ in refused if p.gpu})
-    return message + "\n" + (f"GPU types the pools offer: {', '.join(offered)}" if offered else "the pools offer no GPUs")
+    return (
+        message + "\n" + (f"GPU types the pools offer: {', '.join(offered)}" if offered else "the pools offer no GPUs")
+    )
