@@ -413,3 +413,17 @@ async def test_an_open_page_goes_to_sign_in_when_its_session_is_revoked(shared_u
     # the live region's stream ends with signed-out; the page reloads and is sent to sign in, to come back here
     await page.wait_for_url(re.compile(r"/auth/sign-in\?next=%2Fdashboard%2Fe%2Fmain%2Ftasks$"), timeout=SHOWN_S)
     assert pages.log(page).problems(on=_base(up)) == []
+
+
+async def test_a_live_update_keeps_the_keyboards_place(shared_up: Up, pages: Pages) -> None:
+    up = shared_up
+    await _deploy(up, "dash_focus_a")
+    page = await _session(pages, up, up.token())
+    await page.goto(f"{_base(up)}/dashboard/e/main/deployments")
+    stop = page.get_by_role("button", name="Stop dash_focus_a version 1")
+    await stop.focus()
+    await _deploy(up, "dash_focus_b")  # the region is replaced with one more row
+    await expect(page.locator('tr[data-deployment="dash_focus_b"]')).to_be_visible(timeout=SHOWN_S)
+    label = await page.evaluate("document.activeElement.getAttribute('aria-label')")
+    assert label == "Stop dash_focus_a version 1"
+    assert pages.log(page).problems(on=_base(up)) == []

@@ -13,8 +13,10 @@ function liveRegions() {
   document.querySelectorAll("[data-live]").forEach(function (region) {
     var source = new EventSource(region.getAttribute("data-live"));
     source.addEventListener("region", function (event) {
+      var focused = focusKey(region);
       region.innerHTML = event.data;
       region.setAttribute("data-updated", String(Date.now()));
+      if (focused) { refocus(region, focused); }
     });
     source.addEventListener("end", function () {
       source.close();
@@ -22,6 +24,30 @@ function liveRegions() {
     source.addEventListener("signed-out", signedOut(source));
     window.addEventListener("pagehide", function () { source.close(); });
   });
+}
+
+// What names the focused control inside a region, so the same control has the focus after the region is
+// replaced (a keyboard user's place is kept): its id, else its accessible label, else its text.
+function focusKey(region) {
+  var active = document.activeElement;
+  if (!active || active === document.body || !region.contains(active)) { return null; }
+  return {
+    id: active.id || "",
+    label: active.getAttribute("aria-label") || "",
+    text: (active.textContent || "").trim(),
+    tag: active.tagName
+  };
+}
+
+function refocus(region, key) {
+  var candidates = region.querySelectorAll("a, button, input, select, textarea, [tabindex]");
+  for (var i = 0; i < candidates.length; i++) {
+    var element = candidates[i];
+    var same = key.id ? element.id === key.id
+      : key.label ? element.getAttribute("aria-label") === key.label
+      : element.tagName === key.tag && (element.textContent || "").trim() === key.text;
+    if (same) { element.focus(); return; }
+  }
 }
 
 // The session ended (signed out, revoked, expired): reloading leads to the sign-in page, and back here after.
