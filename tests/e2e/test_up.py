@@ -562,3 +562,31 @@ def test_ctrl_c_stops_up_in_order_without_restarting_its_redis_or_registry(lever
     assert "starting it again" not in said, said
     assert "restarted the embedded" not in said, said
     assert _processes_mentioning(str(home)) == []
+
+
+def test_up_says_what_it_starts_and_levers9_down_stops_it(levers9_up: Up) -> None:
+    """A newcomer sees `up` at work before its banner, and stops a background `up` with `levers9 down`."""
+    up = levers9_up
+    up.start(wait_workers=0)
+    said = up.log()
+    banner = said.index("levers9 is up")
+    steps = ["loading the config and the plugins", "opening the database and Redis", "serving HTTP"]
+    assert all(0 <= said.find(step) < banner for step in steps), said[:2000]
+    state = json.loads((up.home / "up.json").read_text())
+    assert up.process is not None
+    assert state["pid"] == up.process.pid
+    done = up.levers9("down")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"stopping levers9 up (pid {up.process.pid}, {state['http']}) ...",
+        "levers9 up stopped",
+    ]
+    assert up.process.wait(10) == 0
+    assert not (up.home / "up.json").exists()
+    again = up.levers9("down")
+    assert again.returncode == 0
+    assert again.stdout.strip() == f"no levers9 up is running for {up.home}"
+    # a file naming a process that is gone (an up that was killed) is not trusted, and is removed
+    (up.home / "up.json").write_text(json.dumps({**state, "started": 1}))
+    assert up.levers9("down").stdout.strip() == f"no levers9 up is running for {up.home}"
+    assert not (up.home / "up.json").exists()

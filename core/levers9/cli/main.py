@@ -46,6 +46,7 @@ from levers9.cli import (
     context_cmd,
     dashboard_cmd,
     deploy_cmd,
+    down_cmd,
     gpu_cmd,
     kubernetes_cmd,
     login_cmd,
@@ -134,6 +135,7 @@ app.command("stop")(deploy_cmd.stop)
 app.command("server")(server_cmd.server)
 app.command("worker")(server_cmd.worker)
 app.command("up")(server_cmd.up)
+app.command("down")(down_cmd.down)
 app.command("login")(login_cmd.login)
 app.command("dashboard")(dashboard_cmd.dashboard)
 app.add_typer(server_cmd.token_app, name="token")

@@ -234,7 +234,7 @@ def up(
     """Start levers9 on this machine: the controlplane and a local pool, SQLite and embedded Redis.
 
     Writes a starter config (~/.levers9/levers9.yaml) when there is none, and a
-    context with a token to ~/.levers9/config, then runs until Ctrl-C (or SIGTERM),
+    context with a token to ~/.levers9/config, then runs until Ctrl-C (or SIGTERM, or `levers9 down`),
     which terminates the machines of its pools (local workers, cloud machines,
     local_k8s Jobs) unless --keep-machines; workers on joined machines
     (agent_machine, attached_cluster) are left running and reconnect.
@@ -243,6 +243,7 @@ def up(
     from levers9.config.load import default_config_path
 
     _logging(log_level)
+    _say("loading the config and the plugins ...")
     path = default_config_path()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,6 +277,8 @@ def _memory_mib() -> int:
 async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str, *, keep_machines: bool = False) -> None:
     import signal
 
+    from levers9.cli import up_state
+    from levers9.config.model import default_home
     from levers9.controlplane.server import SWITCH_INTERVAL_S, Server
     from levers9.sdk.context import Context, save_context
 
@@ -285,8 +288,9 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str, *, 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    home = default_home()
     try:
-        await server.start()
+        await server.start(progress=lambda step: _say(f"{step} ..."))
         assert server.services is not None
         token, workspace, workspace_id, person_id = await _user_token(server.services, context_name)
         host = "127.0.0.1" if listeners.host in ("0.0.0.0", "::", "") else listeners.host
@@ -317,8 +321,10 @@ async def _up(loaded: LoadedConfig, listeners: Listeners, context_name: str, *, 
             err=False,
         )
         sys.stdout.flush()
+        up_state.record(home, f"{host}:{listeners.grpc_port}", http_url)  # for `levers9 down`
         await server.until_stopped(stop)
     finally:
+        up_state.clear(home)
         try:
             if server.services is not None:
                 from levers9.cli.up_machines import stop_or_keep_machines

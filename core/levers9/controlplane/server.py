@@ -35,7 +35,7 @@ import socket
 import ssl
 import sys
 import urllib.parse
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -280,7 +280,10 @@ class Server:
         self.budget: Budget | None = None
         self._restore_exception_handler: Any = None
 
-    async def start(self) -> None:
+    async def start(self, progress: Callable[[str], None] | None = None) -> None:
+        """Open the state, start the parts and listen; ``progress`` hears each step as it begins (`levers9 up`
+        prints them, so a start of several seconds is not a silent one)."""
+        say = progress or (lambda _step: None)
         ls = self.listeners
         # Before anything opens: a controlplane that may not (or cannot) serve must not start machines.
         check_plaintext(ls.host, ls.tls, ls.plaintext)
@@ -294,6 +297,7 @@ class Server:
         self.tls = ListenerTls(ls.tls) if ls.tls is not None else None
         ca = self.tls.ca_pem if self.tls is not None else ""
         name = replica_name(self.replica_name, listen.replica_name)  # stable; the process has its own identity
+        say("opening the database and Redis")
         services = self.services = await open_services(
             self.loaded, controlplane_url=ls.advertised_grpc(), controlplane_ca=ca, identity=process_identity(name)
         )
@@ -307,7 +311,9 @@ class Server:
             server = self._grpc_server(services, credentials, wheels)
             http_socket, metrics_socket = self._bind_http()
             self._restore_exception_handler = quiet_accept_failures(asyncio.get_running_loop())
+            say("starting the scheduler, the pools and gRPC")
             await self._start_parts(services, server)
+            say("serving HTTP")
             await self._serve_http(services, wheels, http_socket, metrics_socket)
             self._tasks.append(asyncio.create_task(self._refresh_metrics(), name="metrics"))
             # last: a restart of the embedded Redis runs what the steps above did to fill it
