@@ -104,6 +104,12 @@ async def test_every_page_renders_for_an_owner_with_the_security_headers_and_no_
     assert response.status_code == 404
     assert "text/html" in response.headers["content-type"]
     _secure(response)
+    # the framework's own answers there carry the headers too: a method a page does not take, OPTIONS, HEAD
+    for method, path in (("PATCH", "/dashboard/e/main/tasks"), ("OPTIONS", "/auth/sign-in"), ("HEAD", "/")):
+        response = await client.request(method, path)
+        _secure(response)
+    # and the API's answers are left as they were
+    assert "content-security-policy" not in (await client.get("/api/v1/health")).headers
 
 
 async def test_an_unknown_environment_and_another_workspaces_task_are_404_pages(api: Api) -> None:

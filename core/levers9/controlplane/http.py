@@ -50,6 +50,7 @@ from levers9.controlplane.rest_schemas import MAX_TASKS_LISTED, MAX_VERSION, Err
 from levers9.controlplane.rest_usage import router as usage_router
 from levers9.controlplane.wheels import OwnWheels
 from levers9.dashboard.auth_routes import router as auth_router
+from levers9.dashboard.pages import SecuredPaths
 from levers9.dashboard.routes import router as dashboard_router
 from levers9.services.agent_pools.clusters import MAX_CPUS, MAX_GPUS, MAX_IDLE_S, MAX_MEMORY_MIB, MAX_WORKERS
 from levers9.services.core import Services
@@ -239,4 +240,6 @@ def create_http_app(
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
+    # the dashboard's and sign-in's security headers on every answer there, the framework's own (405, 404) too
+    app.add_middleware(SecuredPaths)
     return app

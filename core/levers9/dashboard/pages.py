@@ -125,6 +125,33 @@ class Chrome:
         return NAV
 
 
+#: the paths whose every answer carries :data:`SECURITY_HEADERS`, whatever answers it (a route, a 405, a 404)
+SECURED_PREFIXES = ("/dashboard", "/auth")
+
+
+class SecuredPaths:
+    """ASGI middleware: every response under :data:`SECURED_PREFIXES` (and ``/``) gets the headers a route did not
+    set, so the framework's own answers there (HEAD, OPTIONS, a 405, a 404) are as locked down as the pages."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._headers = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not (path == "/" or path.startswith(SECURED_PREFIXES)):
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []), *(h for h in self._headers if h[0] not in present)]
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 def secure(response: Response) -> Response:
     """``response`` with :data:`SECURITY_HEADERS` (those it already has are kept: a static file's caching)."""
     for name, value in SECURITY_HEADERS.items():
