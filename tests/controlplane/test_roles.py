@@ -30,6 +30,7 @@ from levers9.services.dataplane import DataPlane
 from levers9.services.hub import Hub
 from levers9.state.sql.records import Role
 from tests.controlplane.conftest import bearer
+from tests.controlplane.test_rest_schema import FILL
 
 V, M, OWN = Role.VIEWER, Role.MEMBER, Role.OWNER
 #: the routes that take no token at all
@@ -135,17 +136,6 @@ GRPC: dict[str, dict[str, Role]] = {
         "ReadFile": V,
         "WriteFile": M,
     },
-}
-FILL = {
-    "task_id": "task_nope",
-    "token_id": "tok_nope",
-    "name": "nope",
-    "version": "7",
-    "sandbox_id": "sb-nope",
-    "process": "1",
-    "port": "8000",
-    "snapshot_id": "sbs_nope",
-    "email": "nobody@example.com",
 }
 
 

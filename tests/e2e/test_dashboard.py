@@ -20,6 +20,7 @@ import httpx
 import pytest
 from playwright.async_api import Page, expect
 
+from tests.dashboard.test_pages import PAGES
 from tests.fixtures.browser import DESKTOP, PHONE, Pages
 from tests.fixtures.levers9_up import Up
 
@@ -28,18 +29,6 @@ pytestmark = pytest.mark.timeout(600)
 #: how long the page may take to show what changed (a region is re-rendered every second)
 SHOWN_S = 20_000  # milliseconds, Playwright's unit
 
-PAGES = [
-    "deployments",
-    "tasks",
-    "pools",
-    "machines",
-    "volumes",
-    "secrets",
-    "tokens",
-    "members",
-    "environments",
-    "usage",
-]
 NAV = ["Deployments", "Tasks", "Pools", "Machines", "Volumes", "Secrets", "Tokens", "Members", "Environments", "Usage"]
 
 APP = """

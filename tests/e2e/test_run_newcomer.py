@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,6 @@ from tests.fixtures.levers9_up import Up
 
 pytestmark = pytest.mark.timeout(600)
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.py"
-
-
-def _run(up: Up, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "levers9", *args],
-        env={**up.env, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=up.root,
-    )
 
 
 def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -48,29 +36,29 @@ def test_run_calls_a_levers9_function_remotely_and_fails_on_one_line(levers9_up:
     app = up.root / "hello.py"
     shutil.copy(HELLO, app)
 
-    done = _run(up, "run", f"{app}::square", "7")
+    done = up.levers9("run", f"{app}::square", "7")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "49"
-    tasks = json.loads(_run(up, "tasks", "--json").stdout)
+    tasks = json.loads(up.levers9("tasks", "--json").stdout)
     assert [t["function"] for t in tasks] == ["square"]  # it ran remotely, as a task
     assert tasks[0]["status"] == "complete"
 
     # a revoked or wrong token: one line naming the token, and --debug adds the traceback
     bad = {"LEVERS9_TOKEN": "l9_user_not-a-real-token"}
-    line = _one_error_line(_run(up, "run", str(app), env=bad))
+    line = _one_error_line(up.levers9("run", str(app), env=bad))
     assert "token" in line
-    debug = _run(up, "run", "--debug", str(app), env=bad)
+    debug = up.levers9("run", "--debug", str(app), env=bad)
     assert debug.returncode == 1
     assert "Traceback" in debug.stderr
 
     # no context at all
-    line = _one_error_line(_run(up, "run", str(app), env={"LEVERS9_HOME": str(up.root / "empty-home")}))
+    line = _one_error_line(up.levers9("run", str(app), env={"LEVERS9_HOME": str(up.root / "empty-home")}))
     assert "no levers9 context" in line
 
     # no controlplane there: refused at once, not after the context's reconnect window (an hour here, which
     # _run's own bound would cut short: the answer comes from every address refusing, not from waiting)
     up.stop()
-    done = _run(up, "run", f"{app}::square", "7", env={"LEVERS9_RECONNECT_S": "3600"})
+    done = up.levers9("run", f"{app}::square", "7", env={"LEVERS9_RECONNECT_S": "3600"})
     line = _one_error_line(done)
     assert "no levers9 controlplane" in line
     assert "connecting to" in done.stderr  # it said what it was waiting for

@@ -31,20 +31,6 @@ print("KEY", key.remote())
 """
 
 
-def _cli(
-    up: Up, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "levers9", *args],
-        env={**up.env, **(env or {})},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=up.root,
-    )
-
-
 def _app(up: Up, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     path = up.root / "key_app.py"
     path.write_text(textwrap.dedent(APP))
@@ -57,16 +43,16 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     up = levers9_up
     up.start()
 
-    made = _cli(up, "environment", "create", "staging")
+    made = up.levers9("environment", "create", "staging")
     assert made.returncode == 0, made.stderr
-    listed = json.loads(_cli(up, "environment", "list", "--json").stdout)
+    listed = json.loads(up.levers9("environment", "list", "--json").stdout)
     assert [e["name"] for e in listed] == ["main", "staging"]
 
     for args, value in (
         (("secret", "create", "API_KEY"), "main-value"),
         (("-e", "staging", "secret", "create", "API_KEY"), "staging-value"),
     ):
-        created = _cli(up, *args, stdin=value + "\n")
+        created = up.levers9(*args, stdin=value + "\n")
         assert created.returncode == 0, created.stderr
     in_staging = _app(up, {"LEVERS9_ENVIRONMENT": "staging"})
     assert in_staging.returncode == 0, in_staging.stderr
@@ -75,23 +61,23 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     assert in_main.returncode == 0, in_main.stderr
     assert "KEY main-value" in in_main.stdout
     # the staging task is staging's: main's listing does not show it
-    main_tasks = json.loads(_cli(up, "tasks", "--json").stdout)
-    staging_tasks = json.loads(_cli(up, "-e", "staging", "tasks", "--json").stdout)
+    main_tasks = json.loads(up.levers9("tasks", "--json").stdout)
+    staging_tasks = json.loads(up.levers9("-e", "staging", "tasks", "--json").stdout)
     assert len(main_tasks) == len(staging_tasks) == 1
     assert main_tasks[0]["id"] != staging_tasks[0]["id"]
 
     # an unknown environment is one clear line
-    unknown = _cli(up, "tasks", "-e", "nope")
+    unknown = up.levers9("tasks", "-e", "nope")
     assert unknown.returncode != 0
     assert "environment" in unknown.stderr
     assert "nope" in unknown.stderr
     assert "Traceback" not in unknown.stderr
 
     # members: the owner invites a viewer; a viewer's token reads and is refused the rest
-    invited = _cli(up, "workspace", "invite", "vera@example.com", "--role", "viewer")
+    invited = up.levers9("workspace", "invite", "vera@example.com", "--role", "viewer")
     assert invited.returncode == 0, invited.stderr
     assert "vera@example.com is a viewer" in invited.stdout
-    members = json.loads(_cli(up, "workspace", "members", "--json").stdout)
+    members = json.loads(up.levers9("workspace", "members", "--json").stdout)
     assert ("vera@example.com", "viewer") in [(m["email"], m["role"]) for m in members]
     viewer = httpx.post(
         f"http://127.0.0.1:{up.http_port}/api/v1/tokens",
@@ -101,8 +87,8 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     )
     assert viewer.status_code == 201, viewer.text
     as_viewer = {"LEVERS9_TOKEN": viewer.json()["token"]}
-    assert _cli(up, "tasks", env=as_viewer).returncode == 0
-    refused = _cli(up, "-e", "staging", "secret", "create", "OTHER", stdin="x\n", env=as_viewer)
+    assert up.levers9("tasks", env=as_viewer).returncode == 0
+    refused = up.levers9("-e", "staging", "secret", "create", "OTHER", stdin="x\n", env=as_viewer)
     assert refused.returncode != 0
     assert "needs the owner role" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
@@ -111,7 +97,7 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     assert "needs the member role" in ran.stderr
 
     # the context says where it acts and as whom, never the token
-    shown = _cli(up, "-e", "staging", "context", "show", "--json")
+    shown = up.levers9("-e", "staging", "context", "show", "--json")
     assert shown.returncode == 0, shown.stderr
     context = json.loads(shown.stdout)
     assert (context["workspace"], context["environment"], context["role"], context["token"]) == (
@@ -123,9 +109,9 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     assert up.token() not in shown.stdout
 
     # nothing runs in staging now (its task ended): deleting it succeeds, and takes its secret with it
-    deleted = _cli(up, "environment", "delete", "staging", "--yes")
+    deleted = up.levers9("environment", "delete", "staging", "--yes")
     assert deleted.returncode == 0, deleted.stderr
-    gone = _cli(up, "-e", "staging", "secret", "list")
+    gone = up.levers9("-e", "staging", "secret", "list")
     assert gone.returncode != 0
     assert "environment" in gone.stderr
 
@@ -150,11 +136,11 @@ def double(item: int) -> int:
 def test_the_gateway_serves_each_environment_its_own_deployments(levers9_up: Up) -> None:
     up = levers9_up
     up.start()
-    assert _cli(up, "environment", "create", "staging").returncode == 0
+    assert up.levers9("environment", "create", "staging").returncode == 0
     for env, where in (({}, "main"), ({"LEVERS9_ENVIRONMENT": "staging"}, "staging")):
         app = up.root / f"endpoints_{where}.py"
         app.write_text(textwrap.dedent(ENDPOINTS.format(where=where)))
-        deployed = _cli(up, "deploy", str(app), "--json", env=env)
+        deployed = up.levers9("deploy", str(app), "--json", env=env)
         assert deployed.returncode == 0, deployed.stderr + up.log()[-2000:]
     base = f"http://127.0.0.1:{up.http_port}"
     owner = {"authorization": f"Bearer {up.token()}"}

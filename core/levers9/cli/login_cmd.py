@@ -21,7 +21,6 @@ line and exit 1 (the sign-in failed or timed out) or 2 (a bad option, no address
 from __future__ import annotations
 
 import http.server
-import ipaddress
 import os
 import secrets
 import socket
@@ -33,6 +32,8 @@ from typing import Any
 
 import typer
 
+from levers9.addresses import is_loopback
+
 __all__ = ["login"]
 
 #: how long the command waits for the browser, by default
@@ -40,17 +41,6 @@ WAIT_S = 600.0
 
 _PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>levers9 login</title>
 <link rel="icon" href="data:,"></head><body><h1>{title}</h1><p>{text}</p></body></html>"""
-
-
-def _loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class _Callback:
@@ -121,7 +111,7 @@ def _address(url: str | None, context: str | None) -> tuple[str, str]:
     parts = urllib.parse.urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise _fail(f"--url: {url!r} is not an address like https://levers9.example.com", 2)
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise _fail(
             f"--url: {url!r} is plain http: the sign-in's token would cross the network in clear; use https:// "
             "(plain http is only for a controlplane on this computer)",

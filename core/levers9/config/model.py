@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from levers9.addresses import is_loopback
 from levers9.config.fields import Port
 from levers9.config.quantities import format_bytes, parse_bytes, parse_memory_mib
 from levers9.config.redis_url import parse as parse_redis_url
@@ -589,10 +590,6 @@ class ImagesConfig(_Strict):
     )
 
 
-def _loopback_host(host: str) -> bool:
-    return host in ("localhost", "127.0.0.1", "::1") or host.endswith(".localhost")
-
-
 def _web_address(value: str, what: str) -> str:
     """``value`` as an http(s) base URL (no query or fragment); plain http only on a loopback host."""
     parts = urllib.parse.urlsplit(value.strip())
@@ -602,7 +599,7 @@ def _web_address(value: str, what: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not one
     except ValueError as exc:
         raise ValueError(f"{value!r}: {exc}; accepted: https://host[:port][/path], the port 1-65535") from None
-    if parts.scheme == "http" and not _loopback_host(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise ValueError(
             f"{value!r} is plain http on a host other than loopback: sign-in would carry codes and cookies in "
             "clear; use https://"

@@ -32,7 +32,6 @@ replace ``listen.host``.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import ssl
@@ -48,6 +47,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from levers9.addresses import is_loopback
 from levers9.hooks.errors import Levers9Error
 
 if TYPE_CHECKING:
@@ -256,17 +256,6 @@ class ListenerTls:
                 connection.context = current
         except Exception:  # an exception here would fail the handshake: go on with the context it has
             log.exception("reloading the TLS certificate for HTTP failed")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only: localhost, 127.0.0.0/8 or ::1."""
-    name = host.strip().strip("[]").rstrip(".").lower()
-    if name in ("localhost", "localhost.localdomain") or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False  # a name may resolve to any interface
 
 
 def check_plaintext(host: str, tls: TlsConfig | None, plaintext: bool) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import re
 import secrets
 import urllib.parse
@@ -45,6 +44,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from levers9.addresses import is_loopback
 from levers9.config.model import OidcConfig
 from levers9.dashboard import auth_oidc
 from levers9.dashboard.auth_codes import check_challenge, check_verifier, local_path, s256
@@ -524,22 +524,11 @@ def _json_error(status: int, kind: str, message: str) -> Response:
     return secure(JSONResponse({"error": {"type": kind, "message": message}}, status_code=status))
 
 
-def _loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 @router.post("/auth/cli/exchange")
 async def cli_exchange(request: Request, body: Annotated[dict[str, Any], Body()]) -> Response:
     """Trade a ``levers9 login`` code and its PKCE verifier for a token of the person, once."""
     services = _services(request)
-    if request.url.scheme != "https" and not _loopback(request.url.hostname):
+    if request.url.scheme != "https" and not is_loopback(request.url.hostname):
         return _json_error(
             403,
             "insecure_transport",

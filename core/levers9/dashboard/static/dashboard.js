@@ -50,11 +50,19 @@ function refocus(region, key) {
   }
 }
 
+// The page is being left (a form submitted, a link followed): a stream's "signed-out" must not reload it then. The
+// sign-out form's own answer clears the cookie; a reload racing it would cancel that answer and keep the cookie.
+var leaving = false;
+document.addEventListener("submit", function (event) {
+  if (!event.defaultPrevented) { leaving = true; }
+});
+window.addEventListener("beforeunload", function () { leaving = true; });
+
 // The session ended (signed out, revoked, expired): reloading leads to the sign-in page, and back here after.
 function signedOut(source) {
   return function () {
     source.close();
-    window.location.reload();
+    if (!leaving) { window.location.reload(); }
   };
 }
 
