@@ -96,6 +96,19 @@ def test_environments_members_and_roles_through_the_cli(levers9_up: Up) -> None:
     assert ran.returncode != 0
     assert "needs the member role" in ran.stderr
 
+    # the controlplane machine's own `levers9 token create` makes role-bound tokens too
+    made = up.levers9("token", "create", "--role", "viewer")
+    assert made.returncode == 0, made.stderr
+    me = httpx.get(
+        f"http://127.0.0.1:{up.http_port}/api/v1/me",
+        headers={"authorization": f"Bearer {made.stdout.strip()}"},
+        timeout=10,
+    ).json()
+    assert (me["workspace"], me["role"]) == ("default", "viewer")
+    wrong = up.levers9("token", "create", "--role", "admin")
+    assert wrong.returncode == 2
+    assert "--role must be viewer, member or owner" in wrong.stderr
+
     # the context says where it acts and as whom, never the token
     shown = up.levers9("-e", "staging", "context", "show", "--json")
     assert shown.returncode == 0, shown.stderr

@@ -409,6 +409,9 @@ def token_create(
     operator: bool = typer.Option(
         False, "--operator", help="An operator's user token: bound to no workspace; sees every pool and worker."
     ),
+    role: str | None = typer.Option(
+        None, "--role", help="For a workspace's user token: viewer, member or owner (default: owner)."
+    ),
 ) -> None:
     """Print a new token (shown once; only its hash is stored). Its id, for `token revoke`, goes to stderr."""
     from levers9.state.sql.workspaces import MAX_TOKEN_TTL_S
@@ -425,6 +428,13 @@ def token_create(
     if ttl is not None and not 0 < ttl <= MAX_TOKEN_TTL_S:
         typer.echo(f"--ttl must be above 0 and at most {MAX_TOKEN_TTL_S} seconds (ten years), got {ttl}", err=True)
         raise typer.Exit(2)
+    if role is not None and (role not in ("viewer", "member", "owner") or kind != "user" or operator):
+        typer.echo(
+            f"--role must be viewer, member or owner, for a workspace's user token (not --operator or --kind worker); "
+            f"got {role!r}",
+            err=True,
+        )
+        raise typer.Exit(2)
 
     async def issue(db: Database) -> tuple[str, str]:
         from levers9.state.sql.workspaces import TokenStore, WorkspaceStore
@@ -436,7 +446,7 @@ def token_create(
         else:
             ws = await WorkspaceStore(db).get_or_create(workspace)
             record, token = await TokenStore(db).issue(
-                "user", workspace_id=ws.id, subject="levers9 token create", ttl_s=ttl
+                "user", workspace_id=ws.id, subject="levers9 token create", ttl_s=ttl, role=role
             )
         return record.id, token
 
