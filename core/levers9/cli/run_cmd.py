@@ -261,10 +261,9 @@ def _app_failed(exc: BaseException) -> NoReturn:
     if isinstance(exc, Levers9Error):  # the context, the controlplane, the call: levers9's, not the app's bug
         if DEBUG:
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        message = (
-            str(exc) if type(exc).__name__ in ("ControlPlaneError", "ContextError") else f"{type(exc).__name__}: {exc}"
-        )
-        fail(message + ("" if DEBUG else " (--debug shows the traceback)"))
+        if type(exc).__name__ in ("ControlPlaneError", "ContextError"):
+            fail(str(exc))  # where the controlplane is, or is not: the message is all there is to it
+        fail(f"{type(exc).__name__}: {exc}" + ("" if DEBUG else " (--debug shows the traceback)"))
 
     traceback.print_exception(type(exc), exc, _app_frames(exc.__traceback__), file=sys.stderr)
     raise typer.Exit(1) from None

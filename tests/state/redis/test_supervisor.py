@@ -143,3 +143,28 @@ async def test_a_server_stopped_after_its_supervisor_closed_is_not_started_again
     managed.process.wait(10)
     await asyncio.sleep(0.3)
     assert (managed.process.pid, supervisor.restarts, recovered) == (pid, 0, [])
+
+
+async def test_a_data_directory_too_deep_for_a_socket_gets_one_in_a_short_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unix socket's path is at most 107 bytes: an embedded Redis under a deep data directory (a test's tmp path
+    past pytest-999, a home with a long name) failed to start. Its socket now lives in a short directory of its own,
+    removed when it stops; restarts use the same socket."""
+    monkeypatch.delenv("LEVERS9_EMBEDDED_REDIS", raising=False)
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "redis"
+    started = ManagedRedis.start(deep)
+    assert started is not None
+    short = started.socket.parent
+    try:
+        assert len(os.fsencode(started.socket)) <= 107
+        assert short != deep
+        assert (short.stat().st_mode & 0o777) == 0o700
+        client = connect(started.url)
+        try:
+            assert await client.ping()
+        finally:
+            await client.aclose()
+    finally:
+        started.stop()
+    assert not short.exists()

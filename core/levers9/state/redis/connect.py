@@ -13,6 +13,7 @@ and the backlog is rebuilt from it at start. Two kinds:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -177,6 +178,11 @@ def _sentinel_classes() -> tuple[type, type[Redis]]:
     return BlockingSentinelPool, SentinelRedis
 
 
+#: the longest path a unix socket may have (sun_path is 108 bytes on Linux, its last one the terminating NUL);
+#: a data directory deeper than that leaves room for none, so the socket goes to a short directory of its own
+MAX_SOCKET_PATH = 107
+
+
 class ManagedRedis:
     """A ``redis-server`` child process private to this controlplane: a unix socket, no persistence.
 
@@ -207,6 +213,13 @@ class ManagedRedis:
             ) from None
         self.binary = binary
         self.socket = workdir / "redis.sock"
+        #: a short directory of its own for the socket when the data directory's path is too long for one
+        self._short: Path | None = None
+        if len(os.fsencode(self.socket)) > MAX_SOCKET_PATH:
+            import tempfile
+
+            self._short = Path(tempfile.mkdtemp(prefix="levers9-redis-"))  # 0700, this process's own
+            self.socket = self._short / "redis.sock"
         self._log = workdir / "redis.log"
         self._log_from = 0
         self.process = self._spawn()
@@ -323,6 +336,9 @@ class ManagedRedis:
                 self.process.kill()
                 self.process.wait()
         self.socket.unlink(missing_ok=True)
+        if self._short is not None:
+            with contextlib.suppress(OSError):
+                self._short.rmdir()
         self._lock.close()
 
 
