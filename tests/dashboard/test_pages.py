@@ -89,6 +89,7 @@ async def test_every_page_renders_for_an_owner_with_the_security_headers_and_no_
         assert token not in html, name
         assert "owner@example.com" in html
         assert ">team<" in html
+        assert 'href="/auth/workspaces"' in html  # the workspace's name leads to the switcher
         assert f'name="csrf" value="{csrf_token(token)}"' in html  # the sign-out form at least
         assert 'href="#main"' in html  # the skip link
         assert "<script>" not in html
