@@ -38,9 +38,7 @@ async def user_principal(
     ``bound``: it must act in a workspace (an operator's token, bound to none, is refused)."""
     pairs = list(metadata or ())
     principal = await services.auth.verify(bearer(pairs), TokenKind.USER)
-    environment = environment_of(pairs)
-    if environment and environment.lower() != principal.environment:
-        principal = await in_environment(services, principal, environment)
+    principal = await in_environment(services, principal, environment_of(pairs))
     require_role(principal, needed)
     if bound:
         principal.require_workspace()

@@ -75,7 +75,6 @@ __all__ = [
     "ALWAYS",
     "ENVIRONMENT_HEADER",
     "USER_ERRORS",
-    "Caller",
     "Member",
     "Owner",
     "Responses",
@@ -172,7 +171,6 @@ def _caller(needed: Role) -> Callable[..., Awaitable[Principal]]:
         return await authenticate_user(services, token, needed, environment=environment)
 
     caller.__name__ = f"caller_{needed.value}"
-    caller.needed_role = needed  # type: ignore[attr-defined]  # read by the tests of the routes' roles
     return caller
 
 
@@ -184,7 +182,6 @@ Viewer = Annotated[Principal, Depends(_caller(Role.VIEWER))]
 Member = Annotated[Principal, Depends(_caller(Role.MEMBER))]
 #: a caller who may manage the workspace: its members, secrets, tokens and environments
 Owner = Annotated[Principal, Depends(_caller(Role.OWNER))]
-Caller = Viewer
 
 #: the routes that take no token, so answer none of the user token's errors
 _open = APIRouter(prefix="/api/v1", responses=ALWAYS)

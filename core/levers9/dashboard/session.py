@@ -24,7 +24,6 @@ import urllib.parse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from levers9.services.auth import Principal
 from levers9.services.core import Services
 from levers9.state.sql.records import Role, TokenKind
 
@@ -127,7 +126,3 @@ async def check_csrf(request: Request, session: str) -> None:
             given = None
     if not given or not hmac.compare_digest(given, csrf_token(session)):
         raise CsrfRefused("this request lacks the page's CSRF token: reload the page and try again")
-
-
-def principal_label(principal: Principal) -> str:
-    return f"{principal.role.value} in {principal.environment}"

@@ -356,9 +356,9 @@ class GatewayApp:
             return None
         try:
             principal = await self.services.auth.verify(token, TokenKind.USER)
-            environment = _header(scope["headers"], _ENVIRONMENT_HEADER)
-            if environment and environment.lower() != principal.environment:
-                principal = await access.in_environment(self.services, principal, environment)
+            principal = await access.in_environment(
+                self.services, principal, _header(scope["headers"], _ENVIRONMENT_HEADER)
+            )
         except Unauthenticated as exc:
             raise _unauthenticated(str(exc)) from None
         except (PermissionDenied, NotFound) as exc:

@@ -30,7 +30,7 @@ from levers9.services.auth import PermissionDenied, Principal
 from levers9.services.core import Services
 from levers9.state.errors import NotFound
 from levers9.state.redis.workers import WorkerState
-from levers9.state.sql.records import MAIN_ENVIRONMENT, Role, TaskRecord, TokenKind
+from levers9.state.sql.records import Role, TaskRecord, TokenKind
 
 __all__ = [
     "authenticate_user",
@@ -58,15 +58,16 @@ async def authenticate_user(
             f"this API takes user tokens; a {principal.kind.value} token belongs to a worker, agent or machine "
             "and cannot manage workspaces, tokens or tasks"
         )
-    if environment and environment.lower() != principal.environment:
-        principal = await in_environment(services, principal, environment)
+    principal = await in_environment(services, principal, environment)
     require_role(principal, needed)
     return principal
 
 
-async def in_environment(services: Services, principal: Principal, environment: str) -> Principal:
-    """``principal`` acting in another environment of its workspace."""
-    name = environment.lower()
+async def in_environment(services: Services, principal: Principal, environment: str | None) -> Principal:
+    """``principal`` acting in the environment a request names (None or its own: as it is)."""
+    name = (environment or "").strip().lower()
+    if not name or name == principal.environment:
+        return principal
     if principal.workspace_root is None:
         raise PermissionDenied(
             f"an operator token is bound to no workspace, so it has no environment {name!r}; use a workspace's token"
@@ -90,11 +91,6 @@ def require_role(principal: Principal, needed: Role, action: str | None = None) 
             f"this needs the {needed.value} role{doing}; this token acts as a {principal.role.value} of its "
             "workspace (an owner can change that with `levers9 workspace members`)"
         )
-
-
-def environment_label(principal: Principal) -> str:
-    """How messages name where the caller acts: ``main`` is not mentioned."""
-    return "" if principal.environment == MAIN_ENVIRONMENT else f" (environment {principal.environment})"
 
 
 def is_operator(principal: Principal) -> bool:
